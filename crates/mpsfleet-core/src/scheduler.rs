@@ -1,0 +1,666 @@
+//! GPU placement: packs tasks onto GPUs by MPS memory, client and compute limits.
+//!
+//! The scheduler keeps an index of free capacity per pool so that one placement costs a few
+//! ordered-set operations, not a scan of the fleet:
+//!
+//! - `mps`: GPUs in `NVIDIA_MPS` mode that can take another client, ordered by remaining memory;
+//!   binpack takes the first that fits (best fit), spread the last (emptiest).
+//! - `idle_gpus`: `IDLE` GPUs of MPS-capable hosts, ordered by total memory and then by how many
+//!   idle GPUs their host has, so binpack opens the smallest GPU that fits on the busiest host.
+//! - `idle_hosts`: schedulable hosts with at least one idle GPU, ordered by that count, for
+//!   whole-GPU tasks (all of a task's GPUs come from one host).
+//! - `cpu_hosts`: schedulable hosts ordered by how many GPU-less tasks they run.
+//!
+//! Every key ends with the GPU's or host's index, and indices follow registration order, so the
+//! same state always gives the same decision, including after a restart that rebuilds the index.
+//! Services pass a group: among the fitting candidates the scheduler prefers the host and then
+//! the GPU with the fewest replicas of that group, so one daemon failure cannot take a whole
+//! service down.
+
+use mpsfleet_types::{GpuDemand, HostId, PlacementStrategy, SharingMode};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+
+/// Index of a pool in the scheduler.
+pub type PoolIx = u32;
+/// Index of a host, in registration order.
+pub type HostIx = u32;
+/// Index of a GPU across the fleet.
+pub type GpuIx = u32;
+/// Index of a spread group (a service).
+pub type GroupIx = u32;
+
+const GPU_BITS: u32 = 24;
+/// The most GPUs one scheduler indexes (2^24): keys pack the GPU index into 24 bits.
+pub const MAX_GPUS: usize = 1 << GPU_BITS;
+const MAX_MEMORY_MIB: u64 = (1 << 32) - 1;
+
+/// Placement settings of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolConfig {
+    pub strategy: PlacementStrategy,
+    /// Bound on the sum of the clients' compute percentages on one GPU.
+    pub compute_bound: Option<u32>,
+}
+
+/// One GPU of a host being added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSpec {
+    pub memory_mib: u64,
+    pub max_clients: u32,
+}
+
+/// A host being added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    pub id: HostId,
+    pub pool: PoolIx,
+    pub mps_available: bool,
+    pub gpus: Vec<GpuSpec>,
+}
+
+/// What to place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub pool: PoolIx,
+    pub demand: GpuDemand,
+    pub group: Option<GroupIx>,
+}
+
+/// Where a task was placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub host: HostIx,
+    /// Fleet-wide GPU indices; empty for a task without GPUs.
+    pub gpus: Vec<GpuIx>,
+}
+
+/// Why a task could not be placed now. It waits and is retried when capacity appears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unplaced {
+    NoSchedulableHost {
+        pool: String,
+    },
+    NoMpsHost {
+        pool: String,
+    },
+    InsufficientGpuMemory {
+        pool: String,
+        memory_mib: u64,
+        clients: u32,
+        largest_free_mib: u64,
+    },
+    NotEnoughIdleGpus {
+        pool: String,
+        count: u32,
+        most_idle_on_one_host: u32,
+    },
+    /// Capacity exists but the client or compute limits leave no GPU for this task.
+    GpuLimits {
+        pool: String,
+        memory_mib: u64,
+        clients: u32,
+        compute_percent: u32,
+    },
+}
+
+impl fmt::Display for Unplaced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unplaced::NoSchedulableHost { pool } => {
+                write!(f, "no ACTIVE, uncordoned, healthy host in pool {pool}")
+            }
+            Unplaced::NoMpsHost { pool } => {
+                write!(f, "no schedulable host in pool {pool} has MPS available")
+            }
+            Unplaced::InsufficientGpuMemory { pool, memory_mib, clients, largest_free_mib } => write!(
+                f,
+                "no GPU in pool {pool} has {memory_mib} MiB free for {clients} MPS client(s); \
+                 the largest free is {largest_free_mib} MiB"
+            ),
+            Unplaced::NotEnoughIdleGpus { pool, count, most_idle_on_one_host } => write!(
+                f,
+                "no host in pool {pool} has {count} idle GPU(s); the most idle on one host is \
+                 {most_idle_on_one_host}"
+            ),
+            Unplaced::GpuLimits { pool, memory_mib, clients, compute_percent } => write!(
+                f,
+                "no GPU in pool {pool} with {memory_mib} MiB free can take {clients} more MPS \
+                 client(s) using {compute_percent}% compute within its client and compute limits"
+            ),
+        }
+    }
+}
+
+/// The scheduler's error for bad calls (not for tasks that wait).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchedulerError {
+    UnknownPool(PoolIx),
+    DuplicateHost(HostId),
+    TooManyGpus { limit: usize },
+    GpuMemoryTooLarge { host: HostId, memory_mib: u64 },
+}
+
+impl fmt::Display for SchedulerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchedulerError::UnknownPool(p) => write!(f, "unknown pool index {p}"),
+            SchedulerError::DuplicateHost(h) => write!(f, "host {h} is already indexed"),
+            SchedulerError::TooManyGpus { limit } => {
+                write!(f, "the fleet would exceed {limit} GPUs, the most one scheduler indexes")
+            }
+            SchedulerError::GpuMemoryTooLarge { host, memory_mib } => {
+                write!(f, "host {host} reports a GPU of {memory_mib} MiB, above {MAX_MEMORY_MIB}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SchedulerError {}
+
+/// What is placed on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuState {
+    pub host: HostIx,
+    pub total_mib: u64,
+    pub used_mib: u64,
+    pub clients: u32,
+    pub max_clients: u32,
+    pub compute_percent: u32,
+    /// Whole-GPU tasks holding this GPU (0 or 1 unless state was loaded over limits).
+    pub dedicated: u32,
+}
+
+impl GpuState {
+    pub fn mode(&self) -> SharingMode {
+        if self.dedicated > 0 {
+            SharingMode::Dedicated
+        } else if self.clients > 0 {
+            SharingMode::NvidiaMps
+        } else {
+            SharingMode::Idle
+        }
+    }
+    pub fn remaining_mib(&self) -> u64 {
+        self.total_mib.saturating_sub(self.used_mib)
+    }
+}
+
+#[derive(Debug)]
+struct HostSlot {
+    id: HostId,
+    pool: PoolIx,
+    first_gpu: GpuIx,
+    gpu_count: u32,
+    mps_available: bool,
+    schedulable: bool,
+    idle: u32,
+    cpu_tasks: u32,
+}
+
+#[derive(Debug)]
+struct PoolSlot {
+    name: String,
+    config: PoolConfig,
+    mps: BTreeSet<u64>,
+    /// Shared GPUs with memory left but no client or compute room, keyed like `mps`; kept only
+    /// to tell a waiting task which limit holds it back.
+    limited: BTreeSet<u64>,
+    idle_gpus: BTreeSet<u64>,
+    idle_hosts: BTreeSet<u64>,
+    cpu_hosts: BTreeSet<u64>,
+    schedulable_hosts: u32,
+    mps_hosts: u32,
+}
+
+#[derive(Debug, Default)]
+struct GroupCounts {
+    by_host: HashMap<HostIx, u32>,
+    by_gpu: HashMap<GpuIx, u32>,
+}
+
+/// The placement engine. Pure: no I/O, no clock.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    pools: Vec<PoolSlot>,
+    pool_ix: HashMap<String, PoolIx>,
+    hosts: Vec<HostSlot>,
+    host_ix: HashMap<HostId, HostIx>,
+    gpus: Vec<GpuState>,
+    groups: Vec<GroupCounts>,
+    group_ix: HashMap<String, GroupIx>,
+}
+
+fn mps_key(remaining: u64, gpu: GpuIx) -> u64 {
+    (remaining.min(MAX_MEMORY_MIB) << GPU_BITS) | u64::from(gpu)
+}
+
+fn idle_gpu_key(total: u64, host_idle: u32, gpu: GpuIx) -> u64 {
+    (total.min(MAX_MEMORY_MIB) << 32) | (u64::from(host_idle.min(255)) << GPU_BITS) | u64::from(gpu)
+}
+
+fn host_key(count: u32, host: HostIx) -> u64 {
+    (u64::from(count) << 32) | u64::from(host)
+}
+
+fn key_gpu(key: u64) -> GpuIx {
+    (key & ((1 << GPU_BITS) - 1)) as GpuIx
+}
+
+fn key_host(key: u64) -> HostIx {
+    key as u32
+}
+
+impl Scheduler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a pool or changes its settings; returns its index.
+    pub fn upsert_pool(&mut self, name: &str, config: PoolConfig) -> PoolIx {
+        if let Some(&ix) = self.pool_ix.get(name) {
+            if self.pools[ix as usize].config != config {
+                // Membership of the MPS index depends on the compute bound: rebuild it.
+                let members: Vec<GpuIx> = self.pool_gpus(ix).collect();
+                members.iter().for_each(|&g| self.detach_gpu(g));
+                self.pools[ix as usize].config = config;
+                members.iter().for_each(|&g| self.attach_gpu(g));
+            }
+            return ix;
+        }
+        let ix = self.pools.len() as PoolIx;
+        self.pools.push(PoolSlot {
+            name: name.to_string(),
+            config,
+            mps: BTreeSet::new(),
+            limited: BTreeSet::new(),
+            idle_gpus: BTreeSet::new(),
+            idle_hosts: BTreeSet::new(),
+            cpu_hosts: BTreeSet::new(),
+            schedulable_hosts: 0,
+            mps_hosts: 0,
+        });
+        self.pool_ix.insert(name.to_string(), ix);
+        ix
+    }
+
+    pub fn pool(&self, name: &str) -> Option<PoolIx> {
+        self.pool_ix.get(name).copied()
+    }
+
+    /// Interns a spread group (a service name).
+    pub fn group(&mut self, name: &str) -> GroupIx {
+        if let Some(&g) = self.group_ix.get(name) {
+            return g;
+        }
+        let g = self.groups.len() as GroupIx;
+        self.groups.push(GroupCounts::default());
+        self.group_ix.insert(name.to_string(), g);
+        g
+    }
+
+    /// Adds a host, not yet schedulable. Hosts must be added in registration order.
+    pub fn add_host(&mut self, spec: HostSpec) -> Result<HostIx, SchedulerError> {
+        if spec.pool as usize >= self.pools.len() {
+            return Err(SchedulerError::UnknownPool(spec.pool));
+        }
+        if self.host_ix.contains_key(&spec.id) {
+            return Err(SchedulerError::DuplicateHost(spec.id));
+        }
+        if self.gpus.len() + spec.gpus.len() > MAX_GPUS {
+            return Err(SchedulerError::TooManyGpus { limit: MAX_GPUS });
+        }
+        if let Some(g) = spec.gpus.iter().find(|g| g.memory_mib > MAX_MEMORY_MIB) {
+            return Err(SchedulerError::GpuMemoryTooLarge { host: spec.id, memory_mib: g.memory_mib });
+        }
+        let ix = self.hosts.len() as HostIx;
+        let first_gpu = self.gpus.len() as GpuIx;
+        for g in &spec.gpus {
+            self.gpus.push(GpuState {
+                host: ix,
+                total_mib: g.memory_mib,
+                used_mib: 0,
+                clients: 0,
+                max_clients: g.max_clients,
+                compute_percent: 0,
+                dedicated: 0,
+            });
+        }
+        self.host_ix.insert(spec.id.clone(), ix);
+        self.hosts.push(HostSlot {
+            id: spec.id,
+            pool: spec.pool,
+            first_gpu,
+            gpu_count: spec.gpus.len() as u32,
+            mps_available: spec.mps_available,
+            schedulable: false,
+            idle: spec.gpus.len() as u32,
+            cpu_tasks: 0,
+        });
+        Ok(ix)
+    }
+
+    pub fn host(&self, id: &HostId) -> Option<HostIx> {
+        self.host_ix.get(id).copied()
+    }
+
+    pub fn host_id(&self, host: HostIx) -> &HostId {
+        &self.hosts[host as usize].id
+    }
+
+    /// The host's GPUs in inventory order, as fleet-wide indices.
+    pub fn host_gpus(&self, host: HostIx) -> std::ops::Range<GpuIx> {
+        let h = &self.hosts[host as usize];
+        h.first_gpu..h.first_gpu + h.gpu_count
+    }
+
+    pub fn gpu(&self, gpu: GpuIx) -> &GpuState {
+        &self.gpus[gpu as usize]
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn is_schedulable(&self, host: HostIx) -> bool {
+        self.hosts[host as usize].schedulable
+    }
+
+    /// Opens or closes a host to new placements (ACTIVE, uncordoned and not impaired).
+    /// What already runs there stays accounted.
+    pub fn set_schedulable(&mut self, host: HostIx, schedulable: bool) {
+        if self.hosts[host as usize].schedulable == schedulable {
+            return;
+        }
+        self.detach_host(host);
+        self.hosts[host as usize].schedulable = schedulable;
+        self.attach_host(host);
+    }
+
+    /// Places one task, updating the index, or says why it must wait.
+    pub fn place(&mut self, req: &Request) -> Result<Placement, Unplaced> {
+        let pool = &self.pools[req.pool as usize];
+        if pool.schedulable_hosts == 0 {
+            return Err(Unplaced::NoSchedulableHost { pool: pool.name.clone() });
+        }
+        let placement = match req.demand {
+            GpuDemand::None => self.choose_cpu_host(req),
+            GpuDemand::Whole { count } => self.choose_whole(req, count),
+            GpuDemand::Mps { memory_mib, clients, compute_percent } => {
+                self.choose_mps(req, memory_mib, clients, compute_percent)
+            }
+        }?;
+        self.reserve(req, &placement);
+        Ok(placement)
+    }
+
+    /// Accounts a placement without checking limits: used when loading stored tasks and by
+    /// `place` itself.
+    pub fn reserve(&mut self, req: &Request, placement: &Placement) {
+        self.account(req, placement, true);
+    }
+
+    /// Gives back what a placement held (the task stopped or its batch was not committed).
+    pub fn release(&mut self, req: &Request, placement: &Placement) {
+        self.account(req, placement, false);
+    }
+
+    fn account(&mut self, req: &Request, placement: &Placement, add: bool) {
+        let host = placement.host;
+        if let Some(g) = req.group {
+            let counts = &mut self.groups[g as usize];
+            bump(&mut counts.by_host, host, add);
+            for &gpu in &placement.gpus {
+                bump(&mut counts.by_gpu, gpu, add);
+            }
+        }
+        if let GpuDemand::None = req.demand {
+            self.detach_host(host);
+            let h = &mut self.hosts[host as usize];
+            h.cpu_tasks = if add { h.cpu_tasks + 1 } else { h.cpu_tasks.saturating_sub(1) };
+            self.attach_host(host);
+            return;
+        }
+        for &gpu in &placement.gpus {
+            let was_idle = self.gpus[gpu as usize].mode() == SharingMode::Idle;
+            self.detach_gpu(gpu);
+            let s = &mut self.gpus[gpu as usize];
+            match req.demand {
+                GpuDemand::Mps { memory_mib, clients, compute_percent } if add => {
+                    s.used_mib += memory_mib;
+                    s.clients += clients;
+                    s.compute_percent += compute_percent;
+                }
+                GpuDemand::Mps { memory_mib, clients, compute_percent } => {
+                    s.used_mib = s.used_mib.saturating_sub(memory_mib);
+                    s.clients = s.clients.saturating_sub(clients);
+                    s.compute_percent = s.compute_percent.saturating_sub(compute_percent);
+                }
+                GpuDemand::Whole { .. } if add => s.dedicated += 1,
+                GpuDemand::Whole { .. } => s.dedicated = s.dedicated.saturating_sub(1),
+                GpuDemand::None => {}
+            }
+            let is_idle = s.mode() == SharingMode::Idle;
+            if was_idle != is_idle {
+                // The host's idle count is part of its GPUs' and its own keys.
+                self.detach_host(host);
+                let h = &mut self.hosts[host as usize];
+                h.idle = if is_idle { h.idle + 1 } else { h.idle - 1 };
+                self.attach_host(host);
+            } else {
+                self.attach_gpu(gpu);
+            }
+        }
+    }
+
+    fn pool_gpus(&self, pool: PoolIx) -> impl Iterator<Item = GpuIx> + '_ {
+        self.hosts.iter().filter(move |h| h.pool == pool).flat_map(|h| h.first_gpu..h.first_gpu + h.gpu_count)
+    }
+
+    /// Removes a GPU's keys from its pool's indexes (as computed from its current state).
+    fn detach_gpu(&mut self, gpu: GpuIx) {
+        let s = self.gpus[gpu as usize];
+        let h = &self.hosts[s.host as usize];
+        if !h.schedulable {
+            return;
+        }
+        let pool = &mut self.pools[h.pool as usize];
+        match s.mode() {
+            SharingMode::NvidiaMps => {
+                let key = mps_key(s.remaining_mib(), gpu);
+                if !pool.mps.remove(&key) {
+                    pool.limited.remove(&key);
+                }
+            }
+            SharingMode::Idle => {
+                pool.idle_gpus.remove(&idle_gpu_key(s.total_mib, h.idle, gpu));
+            }
+            SharingMode::Dedicated => {}
+        }
+    }
+
+    /// Inserts a GPU's keys for its current state, if it can take more work.
+    fn attach_gpu(&mut self, gpu: GpuIx) {
+        let s = self.gpus[gpu as usize];
+        let h = &self.hosts[s.host as usize];
+        if !h.schedulable || !h.mps_available {
+            return;
+        }
+        let pool = &mut self.pools[h.pool as usize];
+        match s.mode() {
+            SharingMode::NvidiaMps => {
+                let compute_full = pool.config.compute_bound.is_some_and(|b| s.compute_percent >= b);
+                let key = mps_key(s.remaining_mib(), gpu);
+                if s.remaining_mib() > 0 && s.clients < s.max_clients && !compute_full {
+                    pool.mps.insert(key);
+                } else if s.remaining_mib() > 0 {
+                    pool.limited.insert(key);
+                }
+            }
+            SharingMode::Idle => {
+                if s.max_clients > 0 {
+                    pool.idle_gpus.insert(idle_gpu_key(s.total_mib, h.idle, gpu));
+                }
+            }
+            SharingMode::Dedicated => {}
+        }
+    }
+
+    fn detach_host(&mut self, host: HostIx) {
+        let h = &self.hosts[host as usize];
+        if !h.schedulable {
+            return;
+        }
+        let (pool_ix, idle, cpu, mps) = (h.pool, h.idle, h.cpu_tasks, h.mps_available);
+        for gpu in self.host_gpus(host) {
+            self.detach_gpu(gpu);
+        }
+        let pool = &mut self.pools[pool_ix as usize];
+        pool.idle_hosts.remove(&host_key(idle, host));
+        pool.cpu_hosts.remove(&host_key(cpu, host));
+        pool.schedulable_hosts -= 1;
+        pool.mps_hosts -= u32::from(mps);
+    }
+
+    fn attach_host(&mut self, host: HostIx) {
+        let h = &self.hosts[host as usize];
+        if !h.schedulable {
+            return;
+        }
+        let (pool_ix, idle, cpu, mps) = (h.pool, h.idle, h.cpu_tasks, h.mps_available);
+        let pool = &mut self.pools[pool_ix as usize];
+        if idle > 0 {
+            pool.idle_hosts.insert(host_key(idle, host));
+        }
+        pool.cpu_hosts.insert(host_key(cpu, host));
+        pool.schedulable_hosts += 1;
+        pool.mps_hosts += u32::from(mps);
+        for gpu in self.host_gpus(host) {
+            self.attach_gpu(gpu);
+        }
+    }
+
+    /// The replicas of a group on a candidate's host and GPU; lower is better.
+    fn spread_score(&self, group: Option<GroupIx>, host: HostIx, gpu: Option<GpuIx>) -> (u32, u32) {
+        let Some(g) = group else { return (0, 0) };
+        let counts = &self.groups[g as usize];
+        let on_host = counts.by_host.get(&host).copied().unwrap_or(0);
+        let on_gpu = gpu.and_then(|gpu| counts.by_gpu.get(&gpu).copied()).unwrap_or(0);
+        (on_host, on_gpu)
+    }
+
+    /// Picks the first candidate in strategy order, or for a group the one with the fewest
+    /// replicas of that group (first in strategy order among equals).
+    fn pick<I: Iterator<Item = (HostIx, Option<GpuIx>)>>(
+        &self,
+        group: Option<GroupIx>,
+        candidates: I,
+    ) -> Option<(HostIx, Option<GpuIx>)> {
+        let mut best: Option<((u32, u32), (HostIx, Option<GpuIx>))> = None;
+        for c in candidates {
+            let score = self.spread_score(group, c.0, c.1);
+            if score == (0, 0) {
+                return Some(c);
+            }
+            if best.as_ref().is_none_or(|(b, _)| score < *b) {
+                best = Some((score, c));
+            }
+        }
+        best.map(|(_, c)| c)
+    }
+
+    fn choose_cpu_host(&self, req: &Request) -> Result<Placement, Unplaced> {
+        let pool = &self.pools[req.pool as usize];
+        let candidates = pool.cpu_hosts.iter().map(|&k| (key_host(k), None));
+        let (host, _) = self
+            .pick(req.group, candidates)
+            .ok_or_else(|| Unplaced::NoSchedulableHost { pool: pool.name.clone() })?;
+        Ok(Placement { host, gpus: Vec::new() })
+    }
+
+    fn choose_whole(&self, req: &Request, count: u32) -> Result<Placement, Unplaced> {
+        let pool = &self.pools[req.pool as usize];
+        let fitting = pool.idle_hosts.range(host_key(count, 0)..);
+        let candidates: Box<dyn Iterator<Item = &u64>> = match pool.config.strategy {
+            PlacementStrategy::Binpack => Box::new(fitting),
+            PlacementStrategy::Spread => Box::new(fitting.rev()),
+        };
+        let Some((host, _)) = self.pick(req.group, candidates.map(|&k| (key_host(k), None))) else {
+            let most = pool.idle_hosts.last().map_or(0, |&k| (k >> 32) as u32);
+            return Err(Unplaced::NotEnoughIdleGpus {
+                pool: pool.name.clone(),
+                count,
+                most_idle_on_one_host: most,
+            });
+        };
+        let gpus: Vec<GpuIx> = self
+            .host_gpus(host)
+            .filter(|&g| self.gpus[g as usize].mode() == SharingMode::Idle)
+            .take(count as usize)
+            .collect();
+        Ok(Placement { host, gpus })
+    }
+
+    fn choose_mps(
+        &self,
+        req: &Request,
+        memory: u64,
+        clients: u32,
+        compute: u32,
+    ) -> Result<Placement, Unplaced> {
+        let pool = &self.pools[req.pool as usize];
+        if pool.mps_hosts == 0 {
+            return Err(Unplaced::NoMpsHost { pool: pool.name.clone() });
+        }
+        let bound = pool.config.compute_bound;
+        let fits = |gpu: GpuIx| {
+            let s = &self.gpus[gpu as usize];
+            s.remaining_mib() >= memory
+                && s.clients + clients <= s.max_clients
+                && bound.is_none_or(|b| s.compute_percent + compute <= b)
+        };
+        let shared = pool.mps.range(mps_key(memory, 0)..).map(|&k| key_gpu(k));
+        let idle = pool.idle_gpus.range(idle_gpu_key(memory, 0, 0)..).map(|&k| key_gpu(k));
+        let candidates: Box<dyn Iterator<Item = GpuIx>> = match pool.config.strategy {
+            // Best fit among shared GPUs, then open the smallest idle GPU that fits.
+            PlacementStrategy::Binpack => Box::new(shared.chain(idle)),
+            // The emptiest GPU: idle ones first, then the shared GPU with the most room.
+            PlacementStrategy::Spread => Box::new(idle.rev().chain(shared.rev())),
+        };
+        let candidates = candidates.filter(|&g| fits(g)).map(|g| (self.gpus[g as usize].host, Some(g)));
+        if let Some((host, Some(gpu))) = self.pick(req.group, candidates) {
+            return Ok(Placement { host, gpus: vec![gpu] });
+        }
+        let largest_shared = pool.mps.last().max(pool.limited.last()).map_or(0, |&k| k >> GPU_BITS);
+        let largest_idle = pool.idle_gpus.last().map_or(0, |&k| k >> 32);
+        let largest_free_mib = largest_shared.max(largest_idle);
+        if largest_free_mib >= memory {
+            return Err(Unplaced::GpuLimits {
+                pool: pool.name.clone(),
+                memory_mib: memory,
+                clients,
+                compute_percent: compute,
+            });
+        }
+        Err(Unplaced::InsufficientGpuMemory {
+            pool: pool.name.clone(),
+            memory_mib: memory,
+            clients,
+            largest_free_mib,
+        })
+    }
+}
+
+fn bump<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: K, add: bool) {
+    if add {
+        *map.entry(key).or_insert(0) += 1;
+    } else if let Some(v) = map.get_mut(&key) {
+        *v -= 1;
+        if *v == 0 {
+            map.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,62 @@
+//! Request and response shapes of the REST API that are not resources themselves.
+
+use crate::ids::{HostId, TaskDefRef};
+use crate::task::Task;
+use serde::{Deserialize, Serialize};
+
+/// Every error the API returns: a stable code, a message a person can act on, and the field
+/// at fault when there is one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Response of `POST /v1/taskdefs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisterTaskDefResponse {
+    /// `family:revision`.
+    pub task_definition: TaskDefRef,
+    /// ECS fields accepted but not used by mpsfleet, as JSON paths.
+    pub ignored_fields: Vec<String>,
+}
+
+/// Response of `POST /v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunTaskResponse {
+    pub tasks: Vec<Task>,
+    pub placed: u32,
+    pub pending: u32,
+}
+
+/// Response of `POST /v1/agent/register`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegisterHostResponse {
+    pub host_id: HostId,
+    /// Bearer credential for this host only; shown once.
+    pub credential: String,
+}
+
+/// Body of `POST /v1/agent/status`: a heartbeat, optionally with onboarding done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatusReport {
+    /// GPUs discovered, daemons started and first probe passed: the host may take work.
+    #[serde(default)]
+    pub onboarded: bool,
+}
+
+/// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet
+/// STOPPED, with the definitions they need, and the store revision the answer reflects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignments {
+    pub revision: u64,
+    pub tasks: Vec<Task>,
+    pub task_definitions: Vec<crate::taskdef::TaskDefinition>,
+}

@@ -1,0 +1,158 @@
+//! Hosts and their GPUs, as registered by an agent and shown by `host describe`.
+
+use crate::ids::{GpuUuid, HostId, PoolName};
+use serde::{Deserialize, Serialize};
+
+/// Host lifecycle: `REGISTERING -> ONBOARDING -> ACTIVE -> DRAINING -> DEREGISTERED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HostStatus {
+    Registering,
+    Onboarding,
+    Active,
+    Draining,
+    Deregistered,
+}
+
+/// Health of a host or of one of its checks; severity order
+/// `IMPAIRED > INSUFFICIENT_DATA > INITIALIZING > OK`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthStatus {
+    Ok,
+    Initializing,
+    InsufficientData,
+    Impaired,
+}
+
+/// Per-GPU sharing mode, as ECS reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SharingMode {
+    Idle,
+    NvidiaMps,
+    Dedicated,
+}
+
+impl SharingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SharingMode::Idle => "IDLE",
+            SharingMode::NvidiaMps => "NVIDIA_MPS",
+            SharingMode::Dedicated => "DEDICATED",
+        }
+    }
+}
+
+impl HostStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostStatus::Registering => "REGISTERING",
+            HostStatus::Onboarding => "ONBOARDING",
+            HostStatus::Active => "ACTIVE",
+            HostStatus::Draining => "DRAINING",
+            HostStatus::Deregistered => "DEREGISTERED",
+        }
+    }
+}
+
+impl HealthStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthStatus::Ok => "OK",
+            HealthStatus::Initializing => "INITIALIZING",
+            HealthStatus::InsufficientData => "INSUFFICIENT_DATA",
+            HealthStatus::Impaired => "IMPAIRED",
+        }
+    }
+}
+
+/// The default ceiling on MPS clients per GPU on Volta and newer.
+pub const DEFAULT_MAX_MPS_CLIENTS: u32 = 48;
+
+/// One GPU as the agent discovered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInventory {
+    pub uuid: GpuUuid,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    /// For example "9.0".
+    #[serde(default)]
+    pub compute_capability: String,
+    /// MPS client contexts this GPU accepts; 48 on Volta and newer unless the host says so.
+    #[serde(default = "default_max_clients")]
+    pub max_mps_clients: u32,
+}
+
+fn default_max_clients() -> u32 {
+    DEFAULT_MAX_MPS_CLIENTS
+}
+
+/// What an agent sends when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostRegistration {
+    pub pool: PoolName,
+    pub hostname: String,
+    pub gpus: Vec<GpuInventory>,
+    /// Whether `nvidia-cuda-mps-control` is there to share GPUs.
+    pub mps_available: bool,
+    /// True when the GPUs were declared rather than discovered through NVML.
+    pub emulated: bool,
+}
+
+/// The stored host record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Host {
+    pub id: HostId,
+    pub pool: PoolName,
+    pub hostname: String,
+    pub status: HostStatus,
+    pub health_status: HealthStatus,
+    pub cordoned: bool,
+    pub emulated: bool,
+    pub mps_available: bool,
+    pub gpus: Vec<GpuInventory>,
+    /// Registration order; keeps placement deterministic across restarts.
+    pub seq: u64,
+    pub registered_at_ms: u64,
+    /// SHA-256 of the host's credential, hex.
+    pub credential_sha256: String,
+}
+
+/// A GPU as `host describe` shows it: inventory plus what is placed on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    pub gpu_id: GpuUuid,
+    pub index: u32,
+    pub model: String,
+    pub sharing_mode: SharingMode,
+    pub total_memory_mib: u64,
+    pub remaining_memory_mib: u64,
+    pub client_count: u32,
+    pub max_clients: u32,
+    pub compute_percent_sum: u32,
+}
+
+/// A host as the API returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostView {
+    pub id: HostId,
+    pub pool: PoolName,
+    pub hostname: String,
+    pub status: HostStatus,
+    pub health_status: HealthStatus,
+    pub cordoned: bool,
+    pub emulated: bool,
+    pub mps_available: bool,
+    pub gpus: Vec<GpuView>,
+    pub task_count: u32,
+    pub registered_at_ms: u64,
+    /// Last heartbeat seen by this server process, milliseconds since the epoch.
+    pub last_heartbeat_ms: Option<u64>,
+}

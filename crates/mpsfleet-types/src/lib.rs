@@ -1,0 +1,17 @@
+//! The vocabulary of mpsfleet: ids, task definitions, tasks, hosts, pools, services and the
+//! JSON shapes the API speaks. Plain data with serde; no I/O, no clock, no async.
+
+pub mod api;
+pub mod host;
+pub mod ids;
+pub mod pool;
+pub mod service;
+pub mod task;
+pub mod taskdef;
+
+pub use host::*;
+pub use ids::*;
+pub use pool::*;
+pub use service::*;
+pub use task::*;
+pub use taskdef::*;

@@ -1,0 +1,141 @@
+//! Tasks: one run of a task definition, with ECS's statuses and stop codes.
+
+use crate::host::HealthStatus;
+use crate::ids::{GpuUuid, HostId, PoolName, ServiceName, TaskDefRef, TaskId};
+use serde::{Deserialize, Serialize};
+
+/// ECS's task statuses, used for both `lastStatus` and `desiredStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskStatus {
+    Provisioning,
+    Pending,
+    Activating,
+    Running,
+    Deactivating,
+    Stopping,
+    Deprovisioning,
+    Stopped,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Provisioning => "PROVISIONING",
+            TaskStatus::Pending => "PENDING",
+            TaskStatus::Activating => "ACTIVATING",
+            TaskStatus::Running => "RUNNING",
+            TaskStatus::Deactivating => "DEACTIVATING",
+            TaskStatus::Stopping => "STOPPING",
+            TaskStatus::Deprovisioning => "DEPROVISIONING",
+            TaskStatus::Stopped => "STOPPED",
+        }
+    }
+}
+
+/// Machine-readable reason a task stopped (ECS's codes plus mpsfleet's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StopCode {
+    /// Stopped on request (`task stop`).
+    UserInitiated,
+    /// Stopped by a service (scale-in, update, delete, replacement).
+    ServiceSchedulerInitiated,
+    /// An essential container exited.
+    EssentialContainerExited,
+    /// The task could not be started (bad command, missing user, ...).
+    TaskFailedToStart,
+    /// The task asked for MPS and its GPU's daemon was not answering: not started unlimited.
+    MpsDaemonUnavailable,
+    /// The liveness check failed past its retries.
+    Unhealthy,
+    /// The host it ran on was drained or replaced.
+    HostReplaced,
+    /// The host it ran on left the fleet and the task's fate is unknown.
+    HostLost,
+}
+
+impl StopCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopCode::UserInitiated => "UserInitiated",
+            StopCode::ServiceSchedulerInitiated => "ServiceSchedulerInitiated",
+            StopCode::EssentialContainerExited => "EssentialContainerExited",
+            StopCode::TaskFailedToStart => "TaskFailedToStart",
+            StopCode::MpsDaemonUnavailable => "MpsDaemonUnavailable",
+            StopCode::Unhealthy => "Unhealthy",
+            StopCode::HostReplaced => "HostReplaced",
+            StopCode::HostLost => "HostLost",
+        }
+    }
+}
+
+/// The stored and returned task record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    pub id: TaskId,
+    pub task_definition: TaskDefRef,
+    pub pool: PoolName,
+    /// The service that owns the task, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<ServiceName>,
+    pub last_status: TaskStatus,
+    pub desired_status: TaskStatus,
+    pub health_status: HealthStatus,
+    #[serde(default)]
+    pub host_id: Option<HostId>,
+    #[serde(default)]
+    pub gpu_ids: Vec<GpuUuid>,
+    /// Why the task is waiting for placement; None once placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<String>,
+    #[serde(default)]
+    pub stop_code: Option<StopCode>,
+    #[serde(default)]
+    pub stopped_reason: Option<String>,
+    /// Who asked for it: `run:<request>` or `service:<name>`.
+    pub started_by: String,
+    pub created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_ms: Option<u64>,
+}
+
+impl Task {
+    /// Whether the task holds GPU capacity: placed and not yet stopped.
+    pub fn holds_capacity(&self) -> bool {
+        self.host_id.is_some() && self.last_status != TaskStatus::Stopped
+    }
+}
+
+/// Body of `POST /v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunTask {
+    /// `family` (latest revision) or `family:revision`.
+    pub task_definition: String,
+    pub count: u32,
+    pub pool: String,
+}
+
+/// Body of `POST /v1/tasks/{id}/stop`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StopTask {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What an agent reports about one of its tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStateReport {
+    pub last_status: TaskStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_status: Option<HealthStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_code: Option<StopCode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_reason: Option<String>,
+}

@@ -1,0 +1,169 @@
+//! Task definitions: the validated, ECS-shaped spec and the GPU demand derived from it.
+//!
+//! The JSON a user registers is parsed and checked by `mpsfleet_core::taskdef`; what comes out
+//! is a [`TaskDefinition`], which serializes back in ECS's own field names so that
+//! `taskdef describe` shows what ECS would.
+
+use crate::ids::Family;
+use serde::{Deserialize, Serialize};
+
+/// One registered revision of a task definition family.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskDefinition {
+    pub family: Family,
+    pub revision: u32,
+    pub container_definitions: Vec<ContainerDefinition>,
+    /// Registration time, milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub registered_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entry_point: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub environment: Vec<KeyValuePair>,
+    pub essential: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Seconds between SIGTERM and SIGKILL when the task is stopped (ECS default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_timeout: Option<u32>,
+    /// Liveness, as in ECS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    /// mpsfleet's own: must pass once before liveness and readiness start counting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_check: Option<HealthCheck>,
+    /// mpsfleet's own: failing takes the task out of "ready" without stopping it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_check: Option<HealthCheck>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resource_requirements: Vec<ResourceRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValuePair {
+    pub name: String,
+    pub value: String,
+}
+
+/// ECS health check shape. `command[0]` is `CMD` or `CMD-SHELL` as in ECS, or one of
+/// mpsfleet's probe kinds `HTTP-GET <url>` and `TCP-CONNECT <host:port>`.
+/// Times are seconds; defaults are ECS's (30, 5, 3, 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    pub command: Vec<String>,
+    pub interval: u32,
+    pub timeout: u32,
+    pub retries: u32,
+    pub start_period: u32,
+}
+
+/// The GPU entry of `resourceRequirements`, already checked: exactly one of the two forms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ResourceRequirement {
+    #[serde(rename = "GPU")]
+    Gpu(GpuRequirement),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GpuRequirement {
+    /// `{"type":"GPU","sharingStrategy":{"nvidiaMps":{...}}}`
+    Mps {
+        #[serde(rename = "sharingStrategy")]
+        sharing_strategy: SharingStrategy,
+    },
+    /// `{"type":"GPU","value":"2"}`: whole GPUs (ECS writes the count as a string).
+    Whole { value: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingStrategy {
+    pub nvidia_mps: NvidiaMps,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NvidiaMps {
+    /// Pinned device memory limit in MiB; what placement reserves.
+    pub memory: u64,
+    /// Active thread percentage cap, 1..=100; a limit, not a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_compute_percent: Option<u8>,
+}
+
+/// What a whole task asks of the GPUs of one host, derived from its containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum GpuDemand {
+    /// No GPU: the task runs on any schedulable host of its pool.
+    None,
+    /// `count` whole GPUs of one host, each DEDICATED to this task.
+    Whole { count: u32 },
+    /// One GPU shared through MPS. `memory_mib` is the sum over the MPS containers, `clients`
+    /// how many of them there are (each is one MPS client), `compute_percent` the sum of their
+    /// maxComputePercent with an undeclared limit counted as 100.
+    #[serde(rename_all = "camelCase")]
+    Mps { memory_mib: u64, clients: u32, compute_percent: u32 },
+}
+
+impl TaskDefinition {
+    pub fn reference(&self) -> crate::ids::TaskDefRef {
+        crate::ids::TaskDefRef { family: self.family.clone(), revision: self.revision }
+    }
+
+    /// The task's GPU demand. Assumes a validated definition (all GPU containers use one form).
+    pub fn gpu_demand(&self) -> GpuDemand {
+        let mut demand = GpuDemand::None;
+        for c in &self.container_definitions {
+            for ResourceRequirement::Gpu(req) in &c.resource_requirements {
+                demand = match (demand, req) {
+                    (GpuDemand::None, GpuRequirement::Whole { value }) => {
+                        GpuDemand::Whole { count: value.parse().unwrap_or(0) }
+                    }
+                    (GpuDemand::Whole { count }, GpuRequirement::Whole { value }) => {
+                        GpuDemand::Whole { count: count + value.parse::<u32>().unwrap_or(0) }
+                    }
+                    (GpuDemand::None, GpuRequirement::Mps { sharing_strategy: s }) => GpuDemand::Mps {
+                        memory_mib: s.nvidia_mps.memory,
+                        clients: 1,
+                        compute_percent: compute_of(&s.nvidia_mps),
+                    },
+                    (
+                        GpuDemand::Mps { memory_mib, clients, compute_percent },
+                        GpuRequirement::Mps { sharing_strategy: s },
+                    ) => GpuDemand::Mps {
+                        memory_mib: memory_mib + s.nvidia_mps.memory,
+                        clients: clients + 1,
+                        compute_percent: compute_percent + compute_of(&s.nvidia_mps),
+                    },
+                    // Mixed forms are refused at registration; keep the first form seen.
+                    (d, _) => d,
+                };
+            }
+        }
+        demand
+    }
+}
+
+fn compute_of(mps: &NvidiaMps) -> u32 {
+    u32::from(mps.max_compute_percent.unwrap_or(100))
+}
+
+impl ContainerDefinition {
+    /// The container's GPU requirement, if it has one.
+    pub fn gpu(&self) -> Option<&GpuRequirement> {
+        self.resource_requirements.iter().map(|ResourceRequirement::Gpu(g)| g).next()
+    }
+}
