@@ -219,6 +219,9 @@ struct GroupCounts {
     by_gpu: HashMap<GpuIx, u32>,
 }
 
+/// A host, and for GPU tasks the GPU, that could take a task.
+type Candidate = (HostIx, Option<GpuIx>);
+
 /// The placement engine. Pure: no I/O, no clock.
 #[derive(Debug, Default)]
 pub struct Scheduler {
@@ -551,12 +554,12 @@ impl Scheduler {
 
     /// Picks the first candidate in strategy order, or for a group the one with the fewest
     /// replicas of that group (first in strategy order among equals).
-    fn pick<I: Iterator<Item = (HostIx, Option<GpuIx>)>>(
+    fn pick<I: Iterator<Item = Candidate>>(
         &self,
         group: Option<GroupIx>,
         candidates: I,
-    ) -> Option<(HostIx, Option<GpuIx>)> {
-        let mut best: Option<((u32, u32), (HostIx, Option<GpuIx>))> = None;
+    ) -> Option<Candidate> {
+        let mut best: Option<((u32, u32), Candidate)> = None;
         for c in candidates {
             let score = self.spread_score(group, c.0, c.1);
             if score == (0, 0) {
