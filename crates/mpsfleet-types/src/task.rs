@@ -1,6 +1,5 @@
 //! Tasks: one run of a task definition, with ECS's statuses and stop codes.
 
-use crate::host::HealthStatus;
 use crate::ids::{GpuUuid, HostId, PoolName, ServiceName, TaskDefRef, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +28,25 @@ impl TaskStatus {
             TaskStatus::Stopping => "STOPPING",
             TaskStatus::Deprovisioning => "DEPROVISIONING",
             TaskStatus::Stopped => "STOPPED",
+        }
+    }
+}
+
+/// A task's health as its liveness check sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskHealth {
+    Unknown,
+    Healthy,
+    Unhealthy,
+}
+
+impl TaskHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskHealth::Unknown => "UNKNOWN",
+            TaskHealth::Healthy => "HEALTHY",
+            TaskHealth::Unhealthy => "UNHEALTHY",
         }
     }
 }
@@ -81,7 +99,7 @@ pub struct Task {
     pub group: Option<ServiceName>,
     pub last_status: TaskStatus,
     pub desired_status: TaskStatus,
-    pub health_status: HealthStatus,
+    pub health_status: TaskHealth,
     #[serde(default)]
     pub host_id: Option<HostId>,
     #[serde(default)]
@@ -133,7 +151,7 @@ pub struct StopTask {
 pub struct TaskStateReport {
     pub last_status: TaskStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health_status: Option<HealthStatus>,
+    pub health_status: Option<TaskHealth>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_code: Option<StopCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,8 +4,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{
-    GpuDemand, GpuUuid, HealthStatus, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId,
-    TaskStatus,
+    GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskHealth, TaskId, TaskStatus,
 };
 use std::time::Instant;
 
@@ -144,7 +143,7 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
             group: None,
             last_status: TaskStatus::Pending,
             desired_status: TaskStatus::Running,
-            health_status: HealthStatus::Ok,
+            health_status: TaskHealth::Unknown,
             host_id: None,
             gpu_ids: Vec::new(),
             pending_reason: None,

@@ -1,6 +1,9 @@
 //! `mpsfleet`: the one binary. Parses the command line and calls into the library crates.
 
 mod bench;
+mod cli;
+mod output;
+mod server;
 
 use clap::{Parser, Subcommand};
 
@@ -13,14 +16,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the control plane.
+    Server(server::ServerArgs),
+    /// Register, list and describe task definitions.
+    Taskdef(cli::Global<cli::TaskdefCommand>),
+    /// Run, list, describe and stop tasks.
+    Task(cli::Global<cli::TaskCommand>),
+    /// List, describe and cordon hosts.
+    Host(cli::Global<cli::HostCommand>),
+    /// Create, list and describe pools.
+    Pool(cli::Global<cli::PoolCommand>),
+    /// Keep N tasks of a task definition running.
+    Service(cli::Global<cli::ServiceCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
+        Command::Server(args) => server::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Taskdef(g) => cli::run(g.opts, cli::Resource::Taskdef(g.command)),
+        Command::Task(g) => cli::run(g.opts, cli::Resource::Task(g.command)),
+        Command::Host(g) => cli::run(g.opts, cli::Resource::Host(g.command)),
+        Command::Pool(g) => cli::run(g.opts, cli::Resource::Pool(g.command)),
+        Command::Service(g) => cli::run(g.opts, cli::Resource::Service(g.command)),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -1,0 +1,248 @@
+//! A typed client of the mpsfleet REST API.
+
+use mpsfleet_types::api::*;
+use mpsfleet_types::*;
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error.
+    #[error("{} ({code}, HTTP {status})", body.message, code = body.code)]
+    Api { status: u16, body: ErrorBody },
+    /// The server could not be reached or the connection broke.
+    #[error("cannot reach the mpsfleet server at {url}: {message}")]
+    Transport { url: String, message: String },
+    /// The server's answer was not what this client understands.
+    #[error("unexpected answer from {url}: {message}")]
+    Decode { url: String, message: String },
+}
+
+impl ClientError {
+    /// The API error code, when the server answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+/// Query filters of `task list`.
+#[derive(Debug, Clone, Default)]
+pub struct TaskQuery {
+    pub pool: Option<String>,
+    pub service: Option<String>,
+    pub host: Option<String>,
+    pub status: Option<String>,
+    pub limit: Option<usize>,
+}
+
+impl TaskQuery {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let limit = self.limit.map(|l| l.to_string());
+        [
+            ("pool", &self.pool),
+            ("service", &self.service),
+            ("host", &self.host),
+            ("status", &self.status),
+            ("limit", &limit),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
+}
+
+impl Client {
+    /// `base` is the server's address, such as `http://127.0.0.1:7070`.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| ClientError::Transport { url: base.to_string(), message: e.to_string() })?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The same client with another bearer token (an agent's host credential).
+    pub fn with_token(&self, token: String) -> Self {
+        Client { token: Some(token), ..self.clone() }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<T> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.request(method, &url);
+        if !query.is_empty() {
+            req = req.query(query);
+        }
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp =
+            req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        if !status.is_success() {
+            let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
+                code: "Unknown".into(),
+                message: String::from_utf8_lossy(&bytes).trim().to_string(),
+                field: None,
+            });
+            return Err(ClientError::Api { status: status.as_u16(), body });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode { url, message: e.to_string() })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call(Method::GET, path, &[], None).await
+    }
+
+    async fn send<T: DeserializeOwned, B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| ClientError::Decode { url: path.into(), message: e.to_string() })?;
+        self.call(method, path, &[], Some(bytes)).await
+    }
+
+    pub async fn healthz(&self) -> Result<serde_json::Value> {
+        self.get("/v1/healthz").await
+    }
+
+    // task definitions
+    pub async fn register_taskdef(&self, json: Vec<u8>) -> Result<RegisterTaskDefResponse> {
+        self.call(Method::POST, "/v1/taskdefs", &[], Some(json)).await
+    }
+    pub async fn list_taskdefs(&self, family: Option<&str>) -> Result<Vec<TaskDefinition>> {
+        let q: Vec<(&str, String)> = family.map(|f| ("family", f.to_string())).into_iter().collect();
+        self.call(Method::GET, "/v1/taskdefs", &q, None).await
+    }
+    pub async fn describe_taskdef(&self, reference: &str) -> Result<TaskDefinition> {
+        self.get(&format!("/v1/taskdefs/{}", seg(reference))).await
+    }
+
+    // pools
+    pub async fn create_pool(&self, req: &CreatePool) -> Result<Pool> {
+        self.send(Method::POST, "/v1/pools", req).await
+    }
+    pub async fn list_pools(&self) -> Result<Vec<Pool>> {
+        self.get("/v1/pools").await
+    }
+    pub async fn describe_pool(&self, name: &str) -> Result<Pool> {
+        self.get(&format!("/v1/pools/{}", seg(name))).await
+    }
+
+    // hosts
+    pub async fn list_hosts(&self, pool: Option<&str>) -> Result<Vec<HostView>> {
+        let q: Vec<(&str, String)> = pool.map(|p| ("pool", p.to_string())).into_iter().collect();
+        self.call(Method::GET, "/v1/hosts", &q, None).await
+    }
+    pub async fn describe_host(&self, id: &str) -> Result<HostView> {
+        self.get(&format!("/v1/hosts/{}", seg(id))).await
+    }
+    pub async fn cordon_host(&self, id: &str, cordon: bool) -> Result<HostView> {
+        let verb = if cordon { "cordon" } else { "uncordon" };
+        self.call(Method::POST, &format!("/v1/hosts/{}/{verb}", seg(id)), &[], None).await
+    }
+
+    // tasks
+    pub async fn run_task(&self, req: &RunTask) -> Result<RunTaskResponse> {
+        self.send(Method::POST, "/v1/tasks", req).await
+    }
+    pub async fn list_tasks(&self, q: &TaskQuery) -> Result<Vec<Task>> {
+        self.call(Method::GET, "/v1/tasks", &q.pairs(), None).await
+    }
+    pub async fn describe_task(&self, id: &str) -> Result<Task> {
+        self.get(&format!("/v1/tasks/{}", seg(id))).await
+    }
+    pub async fn stop_task(&self, id: &str, reason: Option<String>) -> Result<Task> {
+        self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
+    }
+
+    // services
+    pub async fn create_service(&self, req: &CreateService) -> Result<ServiceView> {
+        self.send(Method::POST, "/v1/services", req).await
+    }
+    pub async fn update_service(&self, name: &str, req: &UpdateService) -> Result<ServiceView> {
+        self.send(Method::PATCH, &format!("/v1/services/{}", seg(name)), req).await
+    }
+    pub async fn list_services(&self) -> Result<Vec<ServiceView>> {
+        self.get("/v1/services").await
+    }
+    pub async fn describe_service(&self, name: &str) -> Result<ServiceView> {
+        self.get(&format!("/v1/services/{}", seg(name))).await
+    }
+    pub async fn delete_service(&self, name: &str) -> Result<ServiceView> {
+        self.call(Method::DELETE, &format!("/v1/services/{}", seg(name)), &[], None).await
+    }
+
+    // agent-facing
+    pub async fn register_host(&self, reg: &HostRegistration) -> Result<RegisterHostResponse> {
+        self.send(Method::POST, "/v1/agent/register", reg).await
+    }
+    pub async fn report_host_status(&self, report: &HostStatusReport) -> Result<serde_json::Value> {
+        self.send(Method::POST, "/v1/agent/status", report).await
+    }
+    /// Long-polls for the host's tasks newer than `after`, waiting up to `wait_seconds`.
+    pub async fn assignments(&self, after: u64, wait_seconds: u64) -> Result<Assignments> {
+        let q = [("after", after.to_string()), ("waitSeconds", wait_seconds.to_string())];
+        self.call(Method::GET, "/v1/agent/assignments", &q, None).await
+    }
+    pub async fn report_task(&self, id: &TaskId, report: &TaskStateReport) -> Result<Task> {
+        self.send(Method::POST, &format!("/v1/agent/tasks/{id}/status"), report).await
+    }
+}
+
+/// Escapes one path segment.
+fn seg(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}

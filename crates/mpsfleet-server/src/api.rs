@@ -1,0 +1,399 @@
+//! The REST API under `/v1`: routing, authentication and JSON in and out.
+//!
+//! Handlers are thin: they authenticate, parse, and call one `Cluster` method on a blocking
+//! thread (the store commits synchronously), holding the cluster lock for that call only.
+
+use crate::auth::{self, Principal};
+use crate::cluster::{Cluster, TaskFilter};
+use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use mpsfleet_types::api::{HostStatusReport, RunTaskResponse};
+use mpsfleet_types::*;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Longest an agent's long-poll may wait.
+pub const MAX_WAIT_SECONDS: u64 = 60;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub cluster: Arc<Mutex<Cluster>>,
+    /// The store revision after the last change; long-polls wait on it.
+    pub changed: watch::Sender<u64>,
+}
+
+impl AppState {
+    pub fn new(cluster: Cluster) -> Self {
+        let rev = cluster.revision();
+        AppState { cluster: Arc::new(Mutex::new(cluster)), changed: watch::Sender::new(rev) }
+    }
+
+    /// Runs `f` on the cluster on a blocking thread, after authenticating `headers` and
+    /// checking the caller is allowed by `allow`. Wakes long-polls if anything changed.
+    async fn call<T: Send + 'static>(
+        &self,
+        headers: &HeaderMap,
+        allow: fn(&Principal) -> bool,
+        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?.to_string();
+        let cluster = self.cluster.clone();
+        let changed = self.changed.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = cluster.lock().map_err(|_| {
+                ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
+            })?;
+            let who = c.authenticate(&token)?;
+            if !allow(&who) {
+                return Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))));
+            }
+            let before = c.revision();
+            let out = f(&mut c, who);
+            if c.revision() != before {
+                changed.send_replace(c.revision());
+            }
+            out
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))?
+    }
+}
+
+fn describe(p: &Principal) -> String {
+    match p {
+        Principal::Admin => "the admin token".into(),
+        Principal::Joiner => "the join token".into(),
+        Principal::Host(h) => format!("the credential of host {h}"),
+    }
+}
+
+fn admin(p: &Principal) -> bool {
+    *p == Principal::Admin
+}
+
+fn joiner(p: &Principal) -> bool {
+    matches!(p, Principal::Joiner | Principal::Admin)
+}
+
+fn host(p: &Principal) -> bool {
+    matches!(p, Principal::Host(_))
+}
+
+fn host_id(p: Principal) -> Result<HostId, ApiError> {
+    match p {
+        Principal::Host(h) => Ok(h),
+        _ => Err(ApiError::Forbidden("only a host credential may report for a host".into())),
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::MalformedBody(e.to_string()))
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/healthz", get(healthz))
+        .route("/v1/taskdefs", post(register_taskdef).get(list_taskdefs))
+        .route("/v1/taskdefs/{reference}", get(describe_taskdef))
+        .route("/v1/pools", post(create_pool).get(list_pools))
+        .route("/v1/pools/{name}", get(describe_pool))
+        .route("/v1/hosts", get(list_hosts))
+        .route("/v1/hosts/{id}", get(describe_host))
+        .route("/v1/hosts/{id}/cordon", post(cordon_host))
+        .route("/v1/hosts/{id}/uncordon", post(uncordon_host))
+        .route("/v1/tasks", post(run_tasks).get(list_tasks))
+        .route("/v1/tasks/{id}", get(describe_task))
+        .route("/v1/tasks/{id}/stop", post(stop_task))
+        .route("/v1/services", post(create_service).get(list_services))
+        .route("/v1/services/{name}", get(describe_service).patch(update_service).delete(delete_service))
+        .route("/v1/agent/register", post(register_host))
+        .route("/v1/agent/status", post(host_status))
+        .route("/v1/agent/assignments", get(assignments))
+        .route("/v1/agent/tasks/{id}/status", post(report_task))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("route", "for this method and path")
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+fn created<T: Serialize>(value: T) -> Response {
+    (StatusCode::CREATED, Json(value)).into_response()
+}
+
+// ---- task definitions -------------------------------------------------------------------
+
+async fn register_taskdef(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let r = st.call(&headers, admin, move |c, _| c.register_taskdef(&body)).await?;
+    Ok(created(r))
+}
+
+#[derive(Deserialize)]
+struct FamilyQuery {
+    family: Option<String>,
+}
+
+async fn list_taskdefs(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<FamilyQuery>,
+) -> Result<Json<Vec<TaskDefinition>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?))
+}
+
+async fn describe_taskdef(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(reference): Path<String>,
+) -> Result<Json<TaskDefinition>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.taskdef("taskDefinition", &reference).cloned()).await?))
+}
+
+// ---- pools ------------------------------------------------------------------------------
+
+async fn create_pool(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CreatePool = parse(&body)?;
+    Ok(created(st.call(&headers, admin, move |c, _| c.create_pool(req)).await?))
+}
+
+async fn list_pools(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<Pool>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.pools())).await?))
+}
+
+async fn describe_pool(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<Pool>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.pool(&name)).await?))
+}
+
+// ---- hosts ------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct PoolQuery {
+    pool: Option<String>,
+}
+
+async fn list_hosts(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<PoolQuery>,
+) -> Result<Json<Vec<HostView>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
+}
+
+async fn describe_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<HostView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.host(&id)).await?))
+}
+
+async fn cordon_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<HostView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.set_cordoned(&id, true)).await?))
+}
+
+async fn uncordon_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<HostView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.set_cordoned(&id, false)).await?))
+}
+
+// ---- tasks ------------------------------------------------------------------------------
+
+async fn run_tasks(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: RunTask = parse(&body)?;
+    let out = st.call(&headers, admin, move |c, _| c.run_tasks(req)).await?;
+    Ok(created(RunTaskResponse { tasks: out.tasks, placed: out.placed, pending: out.pending }))
+}
+
+async fn list_tasks(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Vec<Task>>, ApiError> {
+    let status = match q.get("status") {
+        None => None,
+        Some(s) => Some(
+            serde_json::from_value::<TaskStatus>(serde_json::Value::String(s.to_uppercase()))
+                .map_err(|_| ApiError::invalid("status", format!("unknown task status {s:?}")))?,
+        ),
+    };
+    let limit = match q.get("limit") {
+        None => 1000,
+        Some(l) => l.parse::<usize>().ok().filter(|l| (1..=1_000_000).contains(l)).ok_or_else(|| {
+            ApiError::invalid("limit", format!("must be an integer from 1 to 1000000, got {l:?}"))
+        })?,
+    };
+    let filter = TaskFilter {
+        pool: q.get("pool").cloned(),
+        service: q.get("service").cloned(),
+        host: q.get("host").cloned(),
+        status,
+        limit,
+    };
+    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.tasks(&filter))).await?))
+}
+
+async fn describe_task(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Task>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.task(&id)).await?))
+}
+
+async fn stop_task(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Task>, ApiError> {
+    let req: StopTask = if body.is_empty() { StopTask::default() } else { parse(&body)? };
+    Ok(Json(st.call(&headers, admin, move |c, _| c.stop_task(&id, req.reason)).await?))
+}
+
+// ---- services ---------------------------------------------------------------------------
+
+async fn create_service(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CreateService = parse(&body)?;
+    Ok(created(st.call(&headers, admin, move |c, _| c.create_service(req)).await?))
+}
+
+async fn list_services(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<ServiceView>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.services())).await?))
+}
+
+async fn describe_service(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.service(&name)).await?))
+}
+
+async fn update_service(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<ServiceView>, ApiError> {
+    let req: UpdateService = parse(&body)?;
+    Ok(Json(st.call(&headers, admin, move |c, _| c.update_service(&name, req)).await?))
+}
+
+async fn delete_service(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.delete_service(&name)).await?))
+}
+
+// ---- agents -----------------------------------------------------------------------------
+
+async fn register_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let reg: HostRegistration = parse(&body)?;
+    Ok(created(st.call(&headers, joiner, move |c, _| c.register_host(reg)).await?))
+}
+
+async fn host_status(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let report: HostStatusReport = if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
+    st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, report)).await?;
+    Ok(Json(serde_json::json!({ "ok": true })))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AssignmentsQuery {
+    /// The epoch the agent already has; the call waits until there is a newer one.
+    #[serde(default)]
+    after: u64,
+    #[serde(default)]
+    wait_seconds: u64,
+}
+
+/// Long-poll: answers at once if the host's assignments changed after `after`, otherwise
+/// when they change or `waitSeconds` pass.
+async fn assignments(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<AssignmentsQuery>,
+) -> Result<Response, ApiError> {
+    if q.wait_seconds > MAX_WAIT_SECONDS {
+        return Err(ApiError::invalid(
+            "waitSeconds",
+            format!("must be at most {MAX_WAIT_SECONDS}, got {}", q.wait_seconds),
+        ));
+    }
+    let mut changes = st.changed.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
+    loop {
+        let (epoch, a) = st.call(&headers, host, |c, who| c.assignments(&host_id(who)?)).await?;
+        if epoch > q.after || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(a).into_response());
+        }
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+            continue; // timed out: answer with what there is
+        }
+    }
+}
+
+async fn report_task(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Task>, ApiError> {
+    let report: TaskStateReport = parse(&body)?;
+    Ok(Json(st.call(&headers, host, move |c, who| c.report_task(&host_id(who)?, &id, report)).await?))
+}

@@ -1,0 +1,1130 @@
+//! The cluster: the server's in-memory state over the durable store.
+//!
+//! Every change follows one pattern: compute the new records, commit them to the store as one
+//! batch with compare-and-swap on each record's version, and only then apply them in memory.
+//! So what the API acknowledges is on disk, and a crash between the two steps loses nothing:
+//! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
+//! queues, indexes) is recomputed from the records rather than stored.
+
+use crate::auth::{self, Principal};
+use crate::error::ApiError;
+use mpsfleet_core::clock::Clock;
+use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
+use mpsfleet_core::taskdef::parse_task_definition;
+use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
+use mpsfleet_types::api::{Assignments, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::*;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Store kinds.
+const POOL: &str = "pool";
+const HOST: &str = "host";
+const TASKDEF: &str = "taskdef";
+const TASK: &str = "task";
+const SERVICE: &str = "service";
+const AUTH: &str = "auth";
+
+/// The most tasks one `task run` may start.
+pub const MAX_RUN_COUNT: u32 = 10_000;
+/// The most replicas a service may ask for.
+pub const MAX_DESIRED_COUNT: u32 = 10_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct AuthRecord {
+    sha256: String,
+}
+
+/// A record and the store version it was read or written at.
+#[derive(Debug, Clone)]
+struct Versioned<T> {
+    value: T,
+    version: Revision,
+}
+
+#[derive(Debug)]
+struct TaskEntry {
+    task: Task,
+    version: Revision,
+    /// Creation order, for FIFO pending queues and stable listings.
+    seq: u64,
+    /// Where the scheduler accounted it, while it holds capacity.
+    placement: Option<Placement>,
+}
+
+#[derive(Debug)]
+struct HostEntry {
+    host: Host,
+    version: Revision,
+    last_heartbeat_ms: Option<u64>,
+    /// Bumped whenever the tasks the agent should run change; agents long-poll on it.
+    epoch: u64,
+    /// Live (not STOPPED) tasks placed here.
+    tasks: BTreeSet<TaskId>,
+}
+
+/// What new tasks are made of.
+struct NewTasks {
+    task_definition: TaskDefRef,
+    pool: PoolName,
+    group: Option<ServiceName>,
+    started_by: String,
+}
+
+/// Tasks created and placed in memory, not yet committed.
+#[derive(Default)]
+struct Batch {
+    ops: Vec<Op>,
+    created: Vec<(Task, Option<Placement>, Request)>,
+}
+
+/// What the API returned for one run request.
+pub struct RunOutcome {
+    pub tasks: Vec<Task>,
+    pub placed: u32,
+    pub pending: u32,
+}
+
+/// The whole control-plane state. Callers serialise access (one writer at a time).
+pub struct Cluster {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    sched: Scheduler,
+    pools: BTreeMap<PoolName, Versioned<Pool>>,
+    hosts: Vec<HostEntry>,
+    taskdefs: BTreeMap<(Family, u32), Versioned<TaskDefinition>>,
+    tasks: HashMap<TaskId, TaskEntry>,
+    /// Unplaced live tasks by pool, in creation order.
+    pending: BTreeMap<PoolName, BTreeMap<u64, TaskId>>,
+    services: BTreeMap<ServiceName, Versioned<Service>>,
+    /// Live tasks of each service.
+    service_tasks: HashMap<ServiceName, BTreeSet<TaskId>>,
+    admin_sha256: String,
+    join_sha256: String,
+    host_credentials: HashMap<String, HostIx>,
+    next_seq: u64,
+    id_base: u64,
+    id_counter: u64,
+    revision: Revision,
+}
+
+/// Tokens created at first start, to be shown once.
+pub struct FirstStart {
+    pub admin_token: String,
+    pub join_token: String,
+}
+
+impl Cluster {
+    /// Loads the state from the store, creating the admin and join tokens on first start.
+    /// On first start, `keep_tokens` is called with the new tokens before their digests are
+    /// committed, so that a crash in between cannot leave a token nobody knows.
+    pub fn load(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        keep_tokens: impl FnOnce(&FirstStart) -> Result<(), ApiError>,
+    ) -> Result<Cluster, ApiError> {
+        let admin = store.get(AUTH, "admin")?;
+        let join = store.get(AUTH, "join")?;
+        let (admin_sha256, join_sha256) = match (admin, join) {
+            (Some(a), Some(j)) => (decode::<AuthRecord>(&a)?.sha256, decode::<AuthRecord>(&j)?.sha256),
+            _ => {
+                let admin_token = auth::new_token("mpsf_adm_")?;
+                let join_token = auth::new_token("mpsf_join_")?;
+                let (a, j) = (auth::digest(&admin_token), auth::digest(&join_token));
+                keep_tokens(&FirstStart { admin_token, join_token })?;
+                store.commit(&[
+                    Op::put_json(AUTH, "admin", &AuthRecord { sha256: a.clone() }, Precondition::Any)?,
+                    Op::put_json(AUTH, "join", &AuthRecord { sha256: j.clone() }, Precondition::Any)?,
+                ])?;
+                (a, j)
+            }
+        };
+        let mut c = Cluster {
+            revision: store.revision()?,
+            store,
+            clock,
+            sched: Scheduler::new(),
+            pools: BTreeMap::new(),
+            hosts: Vec::new(),
+            taskdefs: BTreeMap::new(),
+            tasks: HashMap::new(),
+            pending: BTreeMap::new(),
+            services: BTreeMap::new(),
+            service_tasks: HashMap::new(),
+            admin_sha256,
+            join_sha256,
+            host_credentials: HashMap::new(),
+            next_seq: 0,
+            id_base: auth::random_u64()?,
+            id_counter: 0,
+        };
+        c.rebuild()?;
+        // Capacity may have changed since the tasks waited (or a crash came between a stop and
+        // the retry): place what fits and refresh the reasons of the rest.
+        c.resync()?;
+        Ok(c)
+    }
+
+    fn rebuild(&mut self) -> Result<(), ApiError> {
+        for r in self.store.list(POOL)? {
+            let pool: Pool = decode(&r)?;
+            self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
+            self.pools.insert(pool.name.clone(), Versioned { value: pool, version: r.version });
+        }
+        let mut hosts: Vec<Versioned<Host>> = Vec::new();
+        for r in self.store.list(HOST)? {
+            hosts.push(Versioned { value: decode(&r)?, version: r.version });
+        }
+        // Registration order keeps placement decisions the same after a restart.
+        hosts.sort_by_key(|h| h.value.seq);
+        for h in hosts {
+            self.index_host(h.value, h.version)?;
+        }
+        for r in self.store.list(TASKDEF)? {
+            let td: TaskDefinition = decode(&r)?;
+            self.taskdefs
+                .insert((td.family.clone(), td.revision), Versioned { value: td, version: r.version });
+        }
+        for r in self.store.list(SERVICE)? {
+            let svc: Service = decode(&r)?;
+            self.sched.group(svc.name.as_str());
+            self.services.insert(svc.name.clone(), Versioned { value: svc, version: r.version });
+        }
+        let mut tasks: Vec<(Task, Revision)> = Vec::new();
+        for r in self.store.list(TASK)? {
+            tasks.push((decode(&r)?, r.version));
+        }
+        tasks.sort_by_key(|(t, _)| (t.created_at_ms, t.id));
+        for (task, version) in tasks {
+            let placement = if task.holds_capacity() { self.placement_of(&task) } else { None };
+            if let Some(p) = &placement {
+                let req = self.request_for(&task)?;
+                self.sched.reserve(&req, p);
+            }
+            self.insert_task(task, version, placement);
+        }
+        Ok(())
+    }
+
+    // ---- auth ---------------------------------------------------------------------------
+
+    pub fn authenticate(&self, token: &str) -> Result<Principal, ApiError> {
+        let d = auth::digest(token);
+        if d == self.admin_sha256 {
+            Ok(Principal::Admin)
+        } else if d == self.join_sha256 {
+            Ok(Principal::Joiner)
+        } else if let Some(&h) = self.host_credentials.get(&d) {
+            Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
+        } else {
+            Err(ApiError::Unauthorized("unknown token"))
+        }
+    }
+
+    // ---- commit helper ------------------------------------------------------------------
+
+    fn commit(&mut self, ops: &[Op]) -> Result<Revision, ApiError> {
+        let rev = self.store.commit(ops)?;
+        self.revision = rev;
+        Ok(rev)
+    }
+
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    // ---- pools --------------------------------------------------------------------------
+
+    pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, ApiError> {
+        let name = PoolName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
+        if self.pools.contains_key(&name) {
+            return Err(ApiError::AlreadyExists { kind: "pool", id: name.to_string() });
+        }
+        if let Some(c) = req.compute_overcommit_percent {
+            if !(1..=4800).contains(&c) {
+                return Err(ApiError::invalid(
+                    "computeOvercommitPercent",
+                    format!("must be an integer from 1 to 4800, got {c}"),
+                ));
+            }
+        }
+        let pool = Pool {
+            name: name.clone(),
+            mode: req.mode.unwrap_or(OwnershipMode::Managed),
+            strategy: req.strategy.unwrap_or_default(),
+            compute_overcommit_percent: req.compute_overcommit_percent,
+            created_at_ms: self.now(),
+        };
+        let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
+        self.sched.upsert_pool(name.as_str(), pool_config(&pool));
+        self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
+        Ok(pool)
+    }
+
+    pub fn pools(&self) -> Vec<Pool> {
+        self.pools.values().map(|p| p.value.clone()).collect()
+    }
+
+    pub fn pool(&self, name: &str) -> Result<Pool, ApiError> {
+        self.pools
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, p)| p.value.clone())
+            .ok_or_else(|| ApiError::not_found("pool", name))
+    }
+
+    fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, ApiError> {
+        let p = PoolName::new(name).map_err(|e| ApiError::invalid(field, e.to_string()))?;
+        if !self.pools.contains_key(&p) {
+            return Err(ApiError::invalid(
+                field,
+                format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
+            ));
+        }
+        Ok(p)
+    }
+
+    // ---- task definitions ---------------------------------------------------------------
+
+    pub fn register_taskdef(&mut self, body: &[u8]) -> Result<RegisterTaskDefResponse, ApiError> {
+        let parsed = parse_task_definition(body)
+            .map_err(|e| ApiError::InvalidTaskDefinition { field: e.field, message: e.message })?;
+        let mut td = parsed.definition;
+        td.revision = self.latest_revision(&td.family).map_or(1, |r| r + 1);
+        td.registered_at_ms = self.now();
+        let key = taskdef_key(&td.family, td.revision);
+        let rev = self.commit(&[Op::put_json(TASKDEF, key, &td, Precondition::Absent)?])?;
+        let reference = td.reference();
+        self.taskdefs.insert((td.family.clone(), td.revision), Versioned { value: td, version: rev });
+        Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: parsed.ignored_fields })
+    }
+
+    fn latest_revision(&self, family: &Family) -> Option<u32> {
+        self.taskdefs
+            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
+            .next_back()
+            .map(|((_, r), _)| *r)
+    }
+
+    /// Resolves `family` (latest revision) or `family:revision`.
+    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&TaskDefinition, ApiError> {
+        let (family, revision) = match reference.rsplit_once(':') {
+            Some(_) => {
+                let r = TaskDefRef::parse(reference).map_err(|e| ApiError::invalid(field, e.to_string()))?;
+                (r.family, Some(r.revision))
+            }
+            None => (Family::new(reference).map_err(|e| ApiError::invalid(field, e.to_string()))?, None),
+        };
+        let revision = revision.or_else(|| self.latest_revision(&family));
+        revision
+            .and_then(|r| self.taskdefs.get(&(family.clone(), r)))
+            .map(|v| &v.value)
+            .ok_or_else(|| ApiError::not_found("task definition", reference))
+    }
+
+    pub fn taskdefs(&self, family: Option<&str>) -> Vec<TaskDefinition> {
+        self.taskdefs
+            .values()
+            .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
+            .map(|v| v.value.clone())
+            .collect()
+    }
+
+    // ---- hosts --------------------------------------------------------------------------
+
+    pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, ApiError> {
+        let pool = self.pool_name("pool", reg.pool.as_str())?;
+        if reg.hostname.is_empty() || reg.hostname.len() > 255 {
+            return Err(ApiError::invalid("hostname", "must be 1 to 255 characters"));
+        }
+        if reg.gpus.len() > 64 {
+            return Err(ApiError::invalid(
+                "gpus",
+                format!("at most 64 GPUs per host, got {}", reg.gpus.len()),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, g) in reg.gpus.iter().enumerate() {
+            if !seen.insert(g.uuid.clone()) {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].uuid"),
+                    format!("duplicate GPU {}", g.uuid),
+                ));
+            }
+            if g.memory_mib == 0 || g.memory_mib > 16_777_216 {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].memoryMib"),
+                    format!("must be from 1 to 16777216 MiB, got {}", g.memory_mib),
+                ));
+            }
+            if g.max_mps_clients > 1024 {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].maxMpsClients"),
+                    format!("must be at most 1024, got {}", g.max_mps_clients),
+                ));
+            }
+        }
+        let taken = self.hosts.iter().flat_map(|h| h.host.gpus.iter()).find(|g| seen.contains(&g.uuid));
+        if let Some(g) = taken {
+            return Err(ApiError::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
+        }
+        let seq = self.hosts.len() as u64;
+        let id = HostId::new(format!("h-{:012x}", auth::random_u64()? >> 16))
+            .map_err(|e| ApiError::StoreCorrupt(e.to_string()))?;
+        let credential = auth::new_token("mpsf_host_")?;
+        let host = Host {
+            id: id.clone(),
+            pool,
+            hostname: reg.hostname,
+            status: HostStatus::Onboarding,
+            health_status: HealthStatus::Initializing,
+            cordoned: false,
+            emulated: reg.emulated,
+            mps_available: reg.mps_available,
+            gpus: reg.gpus,
+            seq,
+            registered_at_ms: self.now(),
+            credential_sha256: auth::digest(&credential),
+        };
+        let rev = self.commit(&[Op::put_json(HOST, id.as_str(), &host, Precondition::Absent)?])?;
+        self.index_host(host, rev)?;
+        Ok(RegisterHostResponse { host_id: id, credential })
+    }
+
+    fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, ApiError> {
+        let pool = self.sched.pool(host.pool.as_str()).ok_or_else(|| {
+            ApiError::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
+        })?;
+        let ix = self
+            .sched
+            .add_host(HostSpec {
+                id: host.id.clone(),
+                pool,
+                mps_available: host.mps_available,
+                gpus: host
+                    .gpus
+                    .iter()
+                    .map(|g| GpuSpec { memory_mib: g.memory_mib, max_clients: g.max_mps_clients })
+                    .collect(),
+            })
+            .map_err(|e| ApiError::invalid("gpus", e.to_string()))?;
+        self.sched.set_schedulable(ix, can_place(&host));
+        self.host_credentials.insert(host.credential_sha256.clone(), ix);
+        self.hosts.push(HostEntry {
+            host,
+            version,
+            last_heartbeat_ms: None,
+            epoch: 1,
+            tasks: BTreeSet::new(),
+        });
+        Ok(ix)
+    }
+
+    fn host_ix(&self, id: &str) -> Result<HostIx, ApiError> {
+        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| ApiError::not_found("host", id))
+    }
+
+    /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE.
+    pub fn host_status(&mut self, host: &HostId, report: HostStatusReport) -> Result<(), ApiError> {
+        let ix = self.host_ix(host.as_str())?;
+        let now = self.now();
+        let entry = &mut self.hosts[ix as usize];
+        entry.last_heartbeat_ms = Some(now);
+        if report.onboarded && entry.host.status == HostStatus::Onboarding {
+            let mut h = entry.host.clone();
+            h.status = HostStatus::Active;
+            h.health_status = HealthStatus::Ok;
+            self.write_host(ix, h)?;
+        }
+        Ok(())
+    }
+
+    pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
+        let ix = self.host_ix(id)?;
+        let mut h = self.hosts[ix as usize].host.clone();
+        if h.cordoned != cordoned {
+            h.cordoned = cordoned;
+            self.write_host(ix, h)?;
+        }
+        Ok(self.host_view(ix))
+    }
+
+    fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), ApiError> {
+        let expect = Precondition::Version(self.hosts[ix as usize].version);
+        let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
+        let schedulable = can_place(&host);
+        let pool = host.pool.clone();
+        let entry = &mut self.hosts[ix as usize];
+        entry.host = host;
+        entry.version = rev;
+        let opened = schedulable && !self.sched.is_schedulable(ix);
+        self.sched.set_schedulable(ix, schedulable);
+        if opened {
+            self.place_pending(&pool)?;
+        }
+        Ok(())
+    }
+
+    pub fn host_view(&self, ix: HostIx) -> HostView {
+        let e = &self.hosts[ix as usize];
+        let gpus = self
+            .sched
+            .host_gpus(ix)
+            .zip(&e.host.gpus)
+            .map(|(g, inv)| {
+                let s = self.sched.gpu(g);
+                GpuView {
+                    gpu_id: inv.uuid.clone(),
+                    index: inv.index,
+                    model: inv.model.clone(),
+                    sharing_mode: s.mode(),
+                    total_memory_mib: s.total_mib,
+                    remaining_memory_mib: s.remaining_mib(),
+                    client_count: s.clients,
+                    max_clients: s.max_clients,
+                    compute_percent_sum: s.compute_percent,
+                }
+            })
+            .collect();
+        HostView {
+            id: e.host.id.clone(),
+            pool: e.host.pool.clone(),
+            hostname: e.host.hostname.clone(),
+            status: e.host.status,
+            health_status: e.host.health_status,
+            cordoned: e.host.cordoned,
+            emulated: e.host.emulated,
+            mps_available: e.host.mps_available,
+            gpus,
+            task_count: e.tasks.len() as u32,
+            registered_at_ms: e.host.registered_at_ms,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+        }
+    }
+
+    pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
+        (0..self.hosts.len() as HostIx)
+            .filter(|&ix| pool.is_none_or(|p| self.hosts[ix as usize].host.pool.as_str() == p))
+            .map(|ix| self.host_view(ix))
+            .collect()
+    }
+
+    pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
+        Ok(self.host_view(self.host_ix(id)?))
+    }
+
+    /// The tasks an agent should run (or stop), and the host's change epoch.
+    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
+        let ix = self.host_ix(host.as_str())?;
+        let e = &self.hosts[ix as usize];
+        let tasks: Vec<Task> =
+            e.tasks.iter().filter_map(|id| self.tasks.get(id)).map(|t| t.task.clone()).collect();
+        let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
+        let task_definitions = refs
+            .iter()
+            .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
+            .map(|v| v.value.clone())
+            .collect();
+        Ok((e.epoch, Assignments { revision: e.epoch, tasks, task_definitions }))
+    }
+
+    pub fn host_epoch(&self, host: &HostId) -> Option<u64> {
+        self.sched.host(host).map(|ix| self.hosts[ix as usize].epoch)
+    }
+
+    // ---- tasks --------------------------------------------------------------------------
+
+    fn next_task_id(&mut self) -> TaskId {
+        loop {
+            self.id_counter += 1;
+            let id = TaskId(splitmix(self.id_base.wrapping_add(self.id_counter)));
+            if !self.tasks.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn request_for(&mut self, task: &Task) -> Result<Request, ApiError> {
+        let pool = self.sched.pool(task.pool.as_str()).ok_or_else(|| {
+            ApiError::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
+        })?;
+        let demand = self
+            .taskdefs
+            .get(&(task.task_definition.family.clone(), task.task_definition.revision))
+            .map(|v| v.value.gpu_demand())
+            .ok_or_else(|| {
+                ApiError::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
+            })?;
+        let group = task.group.as_ref().map(|g| self.sched.group(g.as_str()));
+        Ok(Request { pool, demand, group })
+    }
+
+    /// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).
+    fn placement_of(&self, task: &Task) -> Option<Placement> {
+        let host = self.sched.host(task.host_id.as_ref()?)?;
+        let inv = &self.hosts[host as usize].host.gpus;
+        let first = self.sched.host_gpus(host).start;
+        let gpus = task
+            .gpu_ids
+            .iter()
+            .filter_map(|u| inv.iter().position(|g| &g.uuid == u).map(|p| first + p as u32))
+            .collect();
+        Some(Placement { host, gpus })
+    }
+
+    fn apply_placement(
+        &self,
+        task: &mut Task,
+        outcome: &Result<Placement, mpsfleet_core::scheduler::Unplaced>,
+    ) {
+        match outcome {
+            Ok(p) => {
+                let entry = &self.hosts[p.host as usize];
+                let first = self.sched.host_gpus(p.host).start;
+                task.host_id = Some(entry.host.id.clone());
+                task.gpu_ids =
+                    p.gpus.iter().map(|&g| entry.host.gpus[(g - first) as usize].uuid.clone()).collect();
+                task.pending_reason = None;
+            }
+            Err(why) => {
+                task.host_id = None;
+                task.gpu_ids.clear();
+                task.pending_reason = Some(why.to_string());
+            }
+        }
+    }
+
+    fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let id = task.id;
+        let live = task.last_status != TaskStatus::Stopped;
+        if live {
+            if let Some(p) = &placement {
+                let e = &mut self.hosts[p.host as usize];
+                e.tasks.insert(id);
+                e.epoch += 1;
+            } else {
+                self.pending.entry(task.pool.clone()).or_default().insert(seq, id);
+            }
+            if let Some(g) = &task.group {
+                self.service_tasks.entry(g.clone()).or_default().insert(id);
+            }
+        }
+        self.tasks.insert(id, TaskEntry { task, version, seq, placement });
+    }
+
+    /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
+    /// Nothing is committed here: see [`Cluster::start_tasks`].
+    fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), ApiError> {
+        let now = self.now();
+        for _ in 0..count {
+            let mut task = Task {
+                id: self.next_task_id(),
+                task_definition: spec.task_definition.clone(),
+                pool: spec.pool.clone(),
+                group: spec.group.clone(),
+                last_status: TaskStatus::Pending,
+                desired_status: TaskStatus::Running,
+                health_status: TaskHealth::Unknown,
+                host_id: None,
+                gpu_ids: Vec::new(),
+                pending_reason: None,
+                stop_code: None,
+                stopped_reason: None,
+                started_by: spec.started_by.clone(),
+                created_at_ms: now,
+                started_at_ms: None,
+                stopped_at_ms: None,
+            };
+            let req = self.request_for(&task)?;
+            let outcome = self.sched.place(&req);
+            self.apply_placement(&mut task, &outcome);
+            batch.ops.push(Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)?);
+            batch.created.push((task, outcome.ok(), req));
+        }
+        Ok(())
+    }
+
+    /// Gives back the capacity an uncommitted batch took.
+    fn rollback(&mut self, batch: &Batch) {
+        for (_, placement, req) in batch.created.iter().rev() {
+            if let Some(p) = placement {
+                self.sched.release(req, p);
+            }
+        }
+    }
+
+    /// Creates and commits new tasks as one atomic batch; on any failure nothing stays.
+    fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, ApiError> {
+        let mut batch = Batch::default();
+        let created = self.create_tasks(&spec, count, &mut batch);
+        let committed = created.and_then(|()| self.commit(&batch.ops));
+        let rev = match committed {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.rollback(&batch);
+                return Err(e);
+            }
+        };
+        let mut out = Vec::with_capacity(batch.created.len());
+        for (task, placement, _) in batch.created {
+            out.push(task.clone());
+            self.insert_task(task, rev, placement);
+        }
+        Ok(out)
+    }
+
+    pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, ApiError> {
+        if req.count == 0 || req.count > MAX_RUN_COUNT {
+            return Err(ApiError::invalid(
+                "count",
+                format!("must be an integer from 1 to {MAX_RUN_COUNT}, got {}", req.count),
+            ));
+        }
+        let pool = self.pool_name("pool", &req.pool)?;
+        let td = self.taskdef("taskDefinition", &req.task_definition)?.reference();
+        let spec = NewTasks {
+            task_definition: td,
+            pool,
+            group: None,
+            started_by: format!("run:{:016x}", auth::random_u64()?),
+        };
+        let tasks = self.start_tasks(spec, req.count)?;
+        let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
+        Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
+    }
+
+    pub fn task(&self, id: &str) -> Result<Task, ApiError> {
+        TaskId::parse(id)
+            .ok()
+            .and_then(|id| self.tasks.get(&id))
+            .map(|e| e.task.clone())
+            .ok_or_else(|| ApiError::not_found("task", id))
+    }
+
+    pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
+        let mut out: Vec<&TaskEntry> = self
+            .tasks
+            .values()
+            .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
+            .filter(|e| {
+                filter
+                    .service
+                    .as_deref()
+                    .is_none_or(|s| e.task.group.as_ref().is_some_and(|g| g.as_str() == s))
+            })
+            .filter(|e| {
+                filter
+                    .host
+                    .as_deref()
+                    .is_none_or(|h| e.task.host_id.as_ref().is_some_and(|x| x.as_str() == h))
+            })
+            .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
+            .collect();
+        out.sort_by_key(|e| e.seq);
+        out.into_iter().take(filter.limit).map(|e| e.task.clone()).collect()
+    }
+
+    /// The record a stop request produces: an unplaced task stops at once; a placed one is
+    /// asked to stop and its agent reports when it has.
+    fn stopped_record(&self, task: &Task, code: StopCode, reason: &str) -> Task {
+        let mut t = task.clone();
+        t.desired_status = TaskStatus::Stopped;
+        if t.host_id.is_none() || t.last_status == TaskStatus::Stopped {
+            t.last_status = TaskStatus::Stopped;
+            t.pending_reason = None;
+            t.stopped_at_ms.get_or_insert(self.now());
+        }
+        t.stop_code.get_or_insert(code);
+        t.stopped_reason.get_or_insert_with(|| reason.to_string());
+        t
+    }
+
+    pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, ApiError> {
+        let task = self.task(id)?;
+        if task.desired_status == TaskStatus::Stopped {
+            return Ok(task);
+        }
+        let reason = reason.unwrap_or_else(|| "stopped by the user".to_string());
+        let t = self.stopped_record(&task, StopCode::UserInitiated, &reason);
+        self.write_tasks(vec![t])?;
+        self.reconcile_group(task.group.as_ref())?;
+        self.task(id)
+    }
+
+    /// Commits new versions of existing tasks and applies them: capacity released for those
+    /// that stopped, epochs bumped for the hosts whose agents must act.
+    fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), ApiError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let mut ops = Vec::with_capacity(tasks.len());
+        for t in &tasks {
+            let version = self.tasks.get(&t.id).map_or(0, |e| e.version);
+            ops.push(Op::put_json(TASK, t.id.to_string(), t, Precondition::Version(version))?);
+        }
+        let rev = self.commit(&ops)?;
+        let mut freed = BTreeSet::new();
+        for t in tasks {
+            let id = t.id;
+            let Some(old) = self.tasks.remove(&id) else { continue };
+            let stopped_now =
+                t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
+            let mut placement = old.placement;
+            if stopped_now {
+                if let Some(p) = placement.take() {
+                    let req = self.request_for(&old.task)?;
+                    self.sched.release(&req, &p);
+                    self.hosts[p.host as usize].tasks.remove(&id);
+                }
+                if let Some(q) = self.pending.get_mut(&t.pool) {
+                    q.remove(&old.seq);
+                }
+                if let Some(g) = &t.group {
+                    if let Some(s) = self.service_tasks.get_mut(g) {
+                        s.remove(&id);
+                    }
+                }
+                freed.insert(t.pool.clone());
+            }
+            if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
+                self.hosts[h as usize].epoch += 1;
+            }
+            self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
+        }
+        for pool in freed {
+            self.place_pending(&pool)?;
+        }
+        Ok(())
+    }
+
+    /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
+    pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), ApiError> {
+        let Some(queue) = self.pending.get(pool) else { return Ok(()) };
+        let waiting: Vec<TaskId> = queue.values().copied().collect();
+        let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
+        let mut ops = Vec::new();
+        for id in waiting {
+            let Some(e) = self.tasks.get(&id) else { continue };
+            if e.task.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            let mut task = e.task.clone();
+            let version = e.version;
+            let req = self.request_for(&task)?;
+            match self.sched.place(&req) {
+                Ok(p) => {
+                    self.apply_placement(&mut task, &Ok(p.clone()));
+                    ops.push(Op::put_json(TASK, id.to_string(), &task, Precondition::Version(version))?);
+                    placed.push((task, p, req));
+                }
+                // The reason is derived state: refreshed in memory, not written on every retry.
+                Err(why) => {
+                    if let Some(e) = self.tasks.get_mut(&id) {
+                        e.task.pending_reason = Some(why.to_string());
+                    }
+                }
+            }
+        }
+        if placed.is_empty() {
+            return Ok(());
+        }
+        let rev = match self.commit(&ops) {
+            Ok(rev) => rev,
+            Err(e) => {
+                for (_, p, req) in placed.iter().rev() {
+                    self.sched.release(req, p);
+                }
+                return Err(e);
+            }
+        };
+        for (task, p, _) in placed {
+            let Some(old) = self.tasks.remove(&task.id) else { continue };
+            if let Some(q) = self.pending.get_mut(&task.pool) {
+                q.remove(&old.seq);
+            }
+            let e = &mut self.hosts[p.host as usize];
+            e.tasks.insert(task.id);
+            e.epoch += 1;
+            self.tasks.insert(task.id, TaskEntry { task, version: rev, seq: old.seq, placement: Some(p) });
+        }
+        Ok(())
+    }
+
+    /// An agent's report about one of its tasks.
+    pub fn report_task(
+        &mut self,
+        host: &HostId,
+        id: &str,
+        report: TaskStateReport,
+    ) -> Result<Task, ApiError> {
+        let task = self.task(id)?;
+        if task.host_id.as_ref() != Some(host) {
+            return Err(ApiError::Forbidden(format!("task {id} is not placed on host {host}")));
+        }
+        if task.last_status == TaskStatus::Stopped {
+            return Ok(task);
+        }
+        if report.last_status < task.last_status {
+            return Err(ApiError::Conflict(format!(
+                "task {id} is {}; it cannot go back to {}",
+                task.last_status.as_str(),
+                report.last_status.as_str()
+            )));
+        }
+        let now = self.now();
+        let mut t = task.clone();
+        t.last_status = report.last_status;
+        if let Some(h) = report.health_status {
+            t.health_status = h;
+        }
+        if t.last_status == TaskStatus::Running {
+            t.started_at_ms.get_or_insert(now);
+        }
+        if t.last_status == TaskStatus::Stopped {
+            t.desired_status = TaskStatus::Stopped;
+            t.stopped_at_ms = Some(now);
+            if let Some(code) = report.stop_code {
+                t.stop_code = Some(code);
+            }
+            if let Some(reason) = report.stopped_reason {
+                t.stopped_reason = Some(reason);
+            }
+            t.stop_code.get_or_insert(StopCode::EssentialContainerExited);
+        }
+        if t == task {
+            return Ok(task);
+        }
+        self.write_tasks(vec![t])?;
+        if report.last_status == TaskStatus::Stopped {
+            self.reconcile_group(task.group.as_ref())?;
+        }
+        self.task(id)
+    }
+
+    // ---- services -----------------------------------------------------------------------
+
+    pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, ApiError> {
+        let name = ServiceName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
+        if self.services.contains_key(&name) {
+            return Err(ApiError::AlreadyExists { kind: "service", id: name.to_string() });
+        }
+        check_desired(req.desired_count)?;
+        let pool = self.pool_name("pool", &req.pool)?;
+        let td = self.taskdef("taskDefinition", &req.task_definition)?.reference();
+        let now = self.now();
+        let svc = Service {
+            name: name.clone(),
+            pool,
+            task_definition: td,
+            desired_count: req.desired_count,
+            status: ServiceStatus::Active,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
+        self.sched.group(name.as_str());
+        self.services.insert(name.clone(), Versioned { value: svc, version: rev });
+        self.reconcile_service(&name)?;
+        self.service(name.as_str())
+    }
+
+    pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, ApiError> {
+        let current = self.service_record(name)?;
+        if current.value.status == ServiceStatus::Draining {
+            return Err(ApiError::Conflict(format!("service {name} is being deleted")));
+        }
+        let mut svc = current.value.clone();
+        if let Some(d) = req.desired_count {
+            check_desired(d)?;
+            svc.desired_count = d;
+        }
+        if let Some(td) = &req.task_definition {
+            svc.task_definition = self.taskdef("taskDefinition", td)?.reference();
+        }
+        if svc != current.value {
+            svc.updated_at_ms = self.now();
+            self.write_service(svc)?;
+        }
+        let name = current.value.name;
+        self.reconcile_service(&name)?;
+        self.service(name.as_str())
+    }
+
+    /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
+    pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, ApiError> {
+        let current = self.service_record(name)?;
+        let mut svc = current.value.clone();
+        if svc.status != ServiceStatus::Draining {
+            svc.status = ServiceStatus::Draining;
+            svc.desired_count = 0;
+            svc.updated_at_ms = self.now();
+            self.write_service(svc.clone())?;
+        }
+        let view = self.view_of(&svc);
+        self.reconcile_service(&svc.name)?;
+        Ok(view)
+    }
+
+    fn service_record(&self, name: &str) -> Result<Versioned<Service>, ApiError> {
+        self.services
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| ApiError::not_found("service", name))
+    }
+
+    fn write_service(&mut self, svc: Service) -> Result<(), ApiError> {
+        let version = self.services.get(&svc.name).map_or(0, |v| v.version);
+        let rev =
+            self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
+        self.services.insert(svc.name.clone(), Versioned { value: svc, version: rev });
+        Ok(())
+    }
+
+    fn view_of(&self, svc: &Service) -> ServiceView {
+        let live = self.service_tasks.get(&svc.name);
+        let count = |f: &dyn Fn(&Task) -> bool| {
+            live.map_or(0, |ids| {
+                ids.iter().filter_map(|id| self.tasks.get(id)).filter(|e| f(&e.task)).count()
+            }) as u32
+        };
+        ServiceView {
+            service: svc.clone(),
+            running_count: count(&|t| t.last_status == TaskStatus::Running),
+            pending_count: count(&|t| t.last_status < TaskStatus::Running),
+        }
+    }
+
+    pub fn service(&self, name: &str) -> Result<ServiceView, ApiError> {
+        Ok(self.view_of(&self.service_record(name)?.value))
+    }
+
+    pub fn services(&self) -> Vec<ServiceView> {
+        self.services.values().map(|v| self.view_of(&v.value)).collect()
+    }
+
+    fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), ApiError> {
+        match group {
+            Some(g) => self.reconcile_service(g),
+            None => Ok(()),
+        }
+    }
+
+    /// Brings a service to its desired count of tasks of its current definition: starts
+    /// what is missing, stops extras (waiting ones first, then the newest) and tasks of an
+    /// older definition. A deleted service goes once its last task has stopped.
+    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), ApiError> {
+        let Some(svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
+        let mut current: Vec<(bool, u64, TaskId)> = Vec::new();
+        let mut to_stop: Vec<Task> = Vec::new();
+        let mut remaining = 0;
+        for id in self.service_tasks.get(name).into_iter().flatten() {
+            let Some(e) = self.tasks.get(id) else { continue };
+            remaining += 1;
+            if e.task.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            if e.task.task_definition == svc.task_definition {
+                current.push((e.task.host_id.is_some(), e.seq, *id));
+            } else {
+                to_stop.push(self.stopped_record(
+                    &e.task,
+                    StopCode::ServiceSchedulerInitiated,
+                    "replaced by a newer task definition",
+                ));
+            }
+        }
+        let desired = svc.desired_count as usize;
+        if current.len() > desired {
+            // Keep placed before waiting, older before newer.
+            current.sort_by_key(|&(placed, seq, _)| (!placed, seq));
+            for &(_, _, id) in &current[desired..] {
+                if let Some(e) = self.tasks.get(&id) {
+                    to_stop.push(self.stopped_record(
+                        &e.task,
+                        StopCode::ServiceSchedulerInitiated,
+                        "service scaled in",
+                    ));
+                }
+            }
+        }
+        self.write_tasks(to_stop)?;
+        if current.len() < desired {
+            let spec = NewTasks {
+                task_definition: svc.task_definition.clone(),
+                pool: svc.pool.clone(),
+                group: Some(name.clone()),
+                started_by: format!("service:{name}"),
+            };
+            self.start_tasks(spec, (desired - current.len()) as u32)?;
+        }
+        if svc.status == ServiceStatus::Draining && remaining == 0 {
+            let version = self.services.get(name).map_or(0, |v| v.version);
+            self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
+            self.services.remove(name);
+            self.service_tasks.remove(name);
+        }
+        Ok(())
+    }
+
+    /// The periodic safety net: reconcile every service and retry every pending queue.
+    pub fn resync(&mut self) -> Result<(), ApiError> {
+        let names: Vec<ServiceName> = self.services.keys().cloned().collect();
+        for n in names {
+            self.reconcile_service(&n)?;
+        }
+        let pools: Vec<PoolName> =
+            self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect();
+        for p in pools {
+            self.place_pending(&p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Filters of `GET /v1/tasks`.
+#[derive(Debug, Clone)]
+pub struct TaskFilter {
+    pub pool: Option<String>,
+    pub service: Option<String>,
+    pub host: Option<String>,
+    pub status: Option<TaskStatus>,
+    pub limit: usize,
+}
+
+fn check_desired(d: u32) -> Result<(), ApiError> {
+    if d > MAX_DESIRED_COUNT {
+        return Err(ApiError::invalid(
+            "desiredCount",
+            format!("must be an integer from 0 to {MAX_DESIRED_COUNT}, got {d}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a host may receive new placements.
+pub fn can_place(h: &Host) -> bool {
+    h.status == HostStatus::Active && !h.cordoned && h.health_status != HealthStatus::Impaired
+}
+
+fn pool_config(p: &Pool) -> PoolConfig {
+    PoolConfig { strategy: p.strategy, compute_bound: p.compute_overcommit_percent }
+}
+
+fn taskdef_key(family: &Family, revision: u32) -> String {
+    format!("{family}:{revision:010}")
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

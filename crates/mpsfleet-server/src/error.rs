@@ -1,0 +1,89 @@
+//! API errors: one enum, one exhaustive mapping to HTTP status and stable code.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use mpsfleet_store::StoreError;
+use mpsfleet_types::api::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{field}: {message}")]
+    InvalidTaskDefinition { field: String, message: String },
+    #[error("{field}: {message}")]
+    InvalidParameter { field: String, message: String },
+    #[error("request body is not valid JSON: {0}")]
+    MalformedBody(String),
+    #[error("{kind} {id} not found")]
+    NotFound { kind: &'static str, id: String },
+    #[error("{kind} {id} already exists")]
+    AlreadyExists { kind: &'static str, id: String },
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("state store unavailable: {0}")]
+    StoreUnavailable(String),
+    #[error("state store data is damaged: {0}")]
+    StoreCorrupt(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidParameter { field: field.into(), message: message.into() }
+    }
+
+    pub fn not_found(kind: &'static str, id: impl ToString) -> Self {
+        ApiError::NotFound { kind, id: id.to_string() }
+    }
+
+    /// The HTTP status and the stable code clients may match on.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::InvalidTaskDefinition { .. } => (StatusCode::BAD_REQUEST, "InvalidTaskDefinition"),
+            ApiError::InvalidParameter { .. } => (StatusCode::BAD_REQUEST, "InvalidParameter"),
+            ApiError::MalformedBody(_) => (StatusCode::BAD_REQUEST, "MalformedBody"),
+            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "Conflict"),
+            ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "StoreUnavailable"),
+            ApiError::StoreCorrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "StoreCorrupt"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        let field = match self {
+            ApiError::InvalidTaskDefinition { field, .. } | ApiError::InvalidParameter { field, .. } => {
+                Some(field.clone())
+            }
+            _ => None,
+        };
+        ErrorBody { code: self.status_and_code().1.to_string(), message: self.to_string(), field }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict { .. } => ApiError::Conflict(format!("{e}; retry the request")),
+            StoreError::Corrupt { .. } => ApiError::StoreCorrupt(e.to_string()),
+            _ => ApiError::StoreUnavailable(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, _) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        (status, axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,106 @@
+//! The mpsfleet control plane: opens the state store, rebuilds the cluster from it, and serves
+//! the REST API until told to stop.
+
+pub mod api;
+pub mod auth;
+pub mod cluster;
+pub mod error;
+
+use cluster::{Cluster, FirstStart};
+use error::ApiError;
+use mpsfleet_core::clock::Clock;
+use mpsfleet_store::{SqliteStore, Store};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// File names inside the data directory.
+pub const STATE_FILE: &str = "state.db";
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+pub const JOIN_TOKEN_FILE: &str = "join.token";
+
+/// How often services are reconciled and pending tasks retried as a safety net.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A cluster opened from its data directory.
+pub struct Opened {
+    pub cluster: Cluster,
+    /// Set on first start: the tokens to show once.
+    pub first_start: Option<FirstStart>,
+}
+
+/// Opens (creating if needed) the data directory and its SQLite state, rebuilding the cluster.
+/// On first start the admin and join tokens are written 0600 next to the state.
+pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> {
+    create_private_dir(data_dir).map_err(|e| {
+        ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
+    })?;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
+    let mut first_start = None;
+    let cluster = Cluster::load(store, clock, |tokens| {
+        for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &tokens.join_token)]
+        {
+            let path = data_dir.join(file);
+            auth::write_secret(&path, token)
+                .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", path.display())))?;
+        }
+        first_start = Some(FirstStart {
+            admin_token: tokens.admin_token.clone(),
+            join_token: tokens.join_token.clone(),
+        });
+        Ok(())
+    })?;
+    Ok(Opened { cluster, first_start })
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    cluster: Cluster,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = api::AppState::new(cluster);
+    let resync = tokio::spawn(resync_loop(state.clone()));
+    let app = api::router(state);
+    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    resync.abort();
+    result
+}
+
+async fn resync_loop(state: api::AppState) {
+    let mut tick = tokio::time::interval(RESYNC_INTERVAL);
+    loop {
+        tick.tick().await;
+        let st = state.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let mut c = st.cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
+            let before = c.revision();
+            let r = c.resync();
+            if c.revision() != before {
+                st.changed.send_replace(c.revision());
+            }
+            r
+        })
+        .await;
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "resync failed; retrying at the next interval"),
+            Err(e) => tracing::error!(error = %e, "resync task failed"),
+        }
+    }
+}
+
+/// Where the data directory lives when none is given.
+pub fn default_data_dir() -> PathBuf {
+    PathBuf::from(".mpsfleet")
+}

@@ -1,0 +1,428 @@
+//! The resource commands of the CLI: `taskdef`, `task`, `host`, `pool`, `service`.
+
+use crate::output::{self, opt, Format};
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::*;
+use std::path::PathBuf;
+
+/// Options every resource command takes, then the command.
+#[derive(Args)]
+pub struct Global<C: Subcommand> {
+    #[command(flatten)]
+    pub opts: Opts,
+    #[command(subcommand)]
+    pub command: C,
+}
+
+#[derive(Args)]
+pub struct Opts {
+    /// The server's address.
+    #[arg(long, global = true, env = "MPSFLEET_SERVER", default_value = "http://127.0.0.1:7070")]
+    server: String,
+    /// Bearer token; when not given, read from ./.mpsfleet/admin.token if there is one.
+    #[arg(long, global = true, env = "MPSFLEET_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    output: Format,
+}
+
+#[derive(Subcommand)]
+pub enum TaskdefCommand {
+    /// Register a task definition from ECS-shaped JSON; prints family:revision.
+    Register {
+        #[arg(long)]
+        file: PathBuf,
+    },
+    List {
+        #[arg(long)]
+        family: Option<String>,
+    },
+    /// Describe `family` (latest revision) or `family:revision`.
+    Describe { reference: String },
+}
+
+#[derive(Subcommand)]
+pub enum TaskCommand {
+    /// Start tasks of a task definition in a pool.
+    Run {
+        /// `family` (latest revision) or `family:revision`.
+        #[arg(long)]
+        taskdef: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[arg(long)]
+        pool: String,
+    },
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        service: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        /// Only tasks whose lastStatus is this (RUNNING, PENDING, STOPPED, ...).
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    Describe {
+        id: String,
+    },
+    Stop {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum HostCommand {
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    Describe {
+        id: String,
+    },
+    /// Stop placing new tasks on the host; what runs there keeps running.
+    Cordon {
+        id: String,
+    },
+    Uncordon {
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PoolCommand {
+    Create {
+        name: String,
+        /// Who owns host recovery: mpsfleet (managed) or the operator (self-managed).
+        #[arg(long, value_parser = ["managed", "self-managed"])]
+        mode: Option<String>,
+        #[arg(long, value_parser = ["binpack", "spread"])]
+        strategy: Option<String>,
+        /// Bound on the sum of maxComputePercent of the MPS clients of one GPU.
+        #[arg(long)]
+        compute_overcommit_percent: Option<u32>,
+    },
+    List,
+    Describe {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ServiceCommand {
+    Create {
+        name: String,
+        #[arg(long)]
+        taskdef: String,
+        #[arg(long)]
+        desired: u32,
+        #[arg(long)]
+        pool: String,
+    },
+    Update {
+        name: String,
+        #[arg(long)]
+        taskdef: Option<String>,
+        #[arg(long)]
+        desired: Option<u32>,
+    },
+    List,
+    Describe {
+        name: String,
+    },
+    /// Stop the service's tasks and remove it.
+    Delete {
+        name: String,
+    },
+}
+
+pub enum Resource {
+    Taskdef(TaskdefCommand),
+    Task(TaskCommand),
+    Host(HostCommand),
+    Pool(PoolCommand),
+    Service(ServiceCommand),
+}
+
+fn client(opts: &Opts) -> Result<Client> {
+    let token = match &opts.token {
+        Some(t) => Some(t.clone()),
+        None => std::fs::read_to_string(".mpsfleet/admin.token").ok().map(|t| t.trim().to_string()),
+    };
+    Ok(Client::new(&opts.server, token)?)
+}
+
+pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let c = client(&opts)?;
+    runtime.block_on(async {
+        match cmd {
+            Resource::Taskdef(cmd) => taskdef(&c, opts.output, cmd).await,
+            Resource::Task(cmd) => task(&c, opts.output, cmd).await,
+            Resource::Host(cmd) => host(&c, opts.output, cmd).await,
+            Resource::Pool(cmd) => pool(&c, opts.output, cmd).await,
+            Resource::Service(cmd) => service(&c, opts.output, cmd).await,
+        }
+    })
+}
+
+async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {
+    match cmd {
+        TaskdefCommand::Register { file } => {
+            let json = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let r = c.register_taskdef(json).await?;
+            match f {
+                Format::Json => output::print(f, &r, &[], vec![]),
+                Format::Table => {
+                    println!("{}", r.task_definition);
+                    if !r.ignored_fields.is_empty() {
+                        eprintln!(
+                            "ignored (accepted, not used by mpsfleet): {}",
+                            r.ignored_fields.join(", ")
+                        );
+                    }
+                }
+            }
+        }
+        TaskdefCommand::List { family } => {
+            let list = c.list_taskdefs(family.as_deref()).await?;
+            let rows = list
+                .iter()
+                .map(|t| {
+                    vec![t.reference().to_string(), t.container_definitions.len().to_string(), demand(t)]
+                })
+                .collect();
+            output::print(f, &list, &["TASK DEFINITION", "CONTAINERS", "GPU"], rows);
+        }
+        TaskdefCommand::Describe { reference } => {
+            let t = c.describe_taskdef(&reference).await?;
+            // A task definition is a document: JSON is the readable form either way.
+            output::print(Format::Json, &t, &[], vec![]);
+        }
+    }
+    Ok(())
+}
+
+fn demand(t: &TaskDefinition) -> String {
+    match t.gpu_demand() {
+        GpuDemand::None => "-".into(),
+        GpuDemand::Whole { count } => format!("{count} whole"),
+        GpuDemand::Mps { memory_mib, clients, .. } => format!("MPS {memory_mib} MiB, {clients} client(s)"),
+    }
+}
+
+fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
+    tasks
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.to_string(),
+                t.task_definition.to_string(),
+                t.last_status.as_str().into(),
+                t.desired_status.as_str().into(),
+                t.health_status.as_str().into(),
+                opt(&t.host_id),
+                if t.gpu_ids.is_empty() {
+                    "-".into()
+                } else {
+                    t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
+                },
+                t.pending_reason.clone().or_else(|| t.stopped_reason.clone()).unwrap_or_default(),
+            ]
+        })
+        .collect()
+}
+
+const TASK_HEADERS: [&str; 8] =
+    ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON"];
+
+async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
+    match cmd {
+        TaskCommand::Run { taskdef, count, pool } => {
+            let r = c.run_task(&RunTask { task_definition: taskdef, count, pool }).await?;
+            match f {
+                Format::Json => output::print(f, &r, &[], vec![]),
+                Format::Table => {
+                    print!("{}", output::table(&TASK_HEADERS, &task_rows(&r.tasks)));
+                    println!("{} placed, {} waiting for capacity", r.placed, r.pending);
+                }
+            }
+        }
+        TaskCommand::List { pool, service, host, status, limit } => {
+            let tasks = c.list_tasks(&TaskQuery { pool, service, host, status, limit }).await?;
+            output::print(f, &tasks, &TASK_HEADERS, task_rows(&tasks));
+        }
+        TaskCommand::Describe { id } => {
+            let t = c.describe_task(&id).await?;
+            output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+        }
+        TaskCommand::Stop { id, reason } => {
+            let t = c.stop_task(&id, reason).await?;
+            output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+        }
+    }
+    Ok(())
+}
+
+fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
+    hosts
+        .iter()
+        .map(|h| {
+            let free: u64 = h.gpus.iter().map(|g| g.remaining_memory_mib).sum();
+            let total: u64 = h.gpus.iter().map(|g| g.total_memory_mib).sum();
+            vec![
+                h.id.to_string(),
+                h.pool.to_string(),
+                h.hostname.clone(),
+                h.status.as_str().into(),
+                h.health_status.as_str().into(),
+                if h.cordoned { "yes".into() } else { "no".into() },
+                if h.emulated { "emulated".into() } else { "real".into() },
+                h.gpus.len().to_string(),
+                format!("{free}/{total}"),
+                h.task_count.to_string(),
+            ]
+        })
+        .collect()
+}
+
+async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
+    const HEADERS: [&str; 10] = [
+        "ID",
+        "POOL",
+        "HOSTNAME",
+        "STATUS",
+        "HEALTH",
+        "CORDONED",
+        "GPUS ARE",
+        "GPUS",
+        "FREE/TOTAL MiB",
+        "TASKS",
+    ];
+    let one = match cmd {
+        HostCommand::List { pool } => {
+            let hosts = c.list_hosts(pool.as_deref()).await?;
+            output::print(f, &hosts, &HEADERS, host_rows(&hosts));
+            return Ok(());
+        }
+        HostCommand::Describe { id } => c.describe_host(&id).await?,
+        HostCommand::Cordon { id } => c.cordon_host(&id, true).await?,
+        HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
+    };
+    match f {
+        Format::Json => output::print(f, &one, &[], vec![]),
+        Format::Table => {
+            print!("{}", output::table(&HEADERS, &host_rows(std::slice::from_ref(&one))));
+            println!();
+            let rows: Vec<Vec<String>> = one
+                .gpus
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.index.to_string(),
+                        g.gpu_id.to_string(),
+                        g.model.clone(),
+                        g.sharing_mode.as_str().into(),
+                        g.total_memory_mib.to_string(),
+                        g.remaining_memory_mib.to_string(),
+                        format!("{}/{}", g.client_count, g.max_clients),
+                        g.compute_percent_sum.to_string(),
+                    ]
+                })
+                .collect();
+            let headers =
+                ["INDEX", "GPU", "MODEL", "SHARING", "TOTAL MiB", "FREE MiB", "CLIENTS", "COMPUTE %"];
+            print!("{}", output::table(&headers, &rows));
+        }
+    }
+    Ok(())
+}
+
+fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
+    pools
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.to_string(),
+                p.mode.as_str().into(),
+                p.strategy.as_str().into(),
+                p.compute_overcommit_percent.map_or_else(|| "none".into(), |c| format!("{c}%")),
+            ]
+        })
+        .collect()
+}
+
+async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
+    const HEADERS: [&str; 4] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND"];
+    let one = match cmd {
+        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent } => {
+            let mode =
+                mode.map(
+                    |m| if m == "managed" { OwnershipMode::Managed } else { OwnershipMode::SelfManaged },
+                );
+            let strategy = strategy.map(|s| {
+                if s == "spread" {
+                    PlacementStrategy::Spread
+                } else {
+                    PlacementStrategy::Binpack
+                }
+            });
+            c.create_pool(&CreatePool { name, mode, strategy, compute_overcommit_percent }).await?
+        }
+        PoolCommand::List => {
+            let pools = c.list_pools().await?;
+            output::print(f, &pools, &HEADERS, pool_rows(&pools));
+            return Ok(());
+        }
+        PoolCommand::Describe { name } => c.describe_pool(&name).await?,
+    };
+    output::print(f, &one, &HEADERS, pool_rows(std::slice::from_ref(&one)));
+    Ok(())
+}
+
+fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|s| {
+            vec![
+                s.service.name.to_string(),
+                s.service.pool.to_string(),
+                s.service.task_definition.to_string(),
+                format!("{:?}", s.service.status).to_uppercase(),
+                s.service.desired_count.to_string(),
+                s.running_count.to_string(),
+                s.pending_count.to_string(),
+            ]
+        })
+        .collect()
+}
+
+async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
+    const HEADERS: [&str; 7] = ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING"];
+    let one = match cmd {
+        ServiceCommand::Create { name, taskdef, desired, pool } => {
+            c.create_service(&CreateService { name, pool, task_definition: taskdef, desired_count: desired })
+                .await?
+        }
+        ServiceCommand::Update { name, taskdef, desired } => {
+            c.update_service(&name, &UpdateService { task_definition: taskdef, desired_count: desired })
+                .await?
+        }
+        ServiceCommand::List => {
+            let list = c.list_services().await?;
+            output::print(f, &list, &HEADERS, service_rows(&list));
+            return Ok(());
+        }
+        ServiceCommand::Describe { name } => c.describe_service(&name).await?,
+        ServiceCommand::Delete { name } => c.delete_service(&name).await?,
+    };
+    output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
+    Ok(())
+}

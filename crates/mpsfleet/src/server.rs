@@ -1,0 +1,63 @@
+//! `mpsfleet server`: open the data directory, serve the API until SIGINT or SIGTERM.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use mpsfleet_core::clock::SystemClock;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// Address to listen on; port 0 picks a free port (the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Directory for the state database and the tokens.
+    #[arg(long, env = "MPSFLEET_DATA_DIR", default_value = ".mpsfleet")]
+    data_dir: PathBuf,
+}
+
+pub fn run(args: ServerArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServerArgs) -> Result<()> {
+    let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))
+        .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let dir = args.data_dir.display();
+    if let Some(first) = &opened.first_start {
+        println!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})");
+        println!("admin token: {}", first.admin_token);
+        println!("join token:  {}", first.join_token);
+    }
+    println!("mpsfleet server listening on http://{addr}");
+    println!("use the CLI from another terminal:");
+    println!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)");
+    tracing::info!(listen = %addr, data_dir = %dir, "serving");
+    mpsfleet_server::serve(listener, opened.cluster, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

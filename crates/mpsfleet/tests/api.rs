@@ -1,0 +1,318 @@
+//! Process tests of the API: the real binary on 127.0.0.1, real SQLite, driven over HTTP.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::{ClientError, TaskQuery};
+use mpsfleet_types::*;
+use std::time::Duration;
+
+fn api_error(e: ClientError) -> (u16, String, Option<String>, String) {
+    match e {
+        ClientError::Api { status, body } => (status, body.code, body.field, body.message),
+        other => panic!("expected an API error, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+
+    // Task definitions: the status, the code and the field at fault.
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#"{"family":"x","containerDefinitions":[{"name":"a","command":["x"],"resourceRequirements":[{"type":"GPU","value":"1","sharingStrategy":{"nvidiaMps":{"memory":1}}}]}]}"#,
+            "containerDefinitions[0].resourceRequirements[0]",
+            "cannot be used together",
+        ),
+        (
+            r#"{"family":"x","containerDefinitions":[{"name":"a","command":["x"],"resourceRequirements":[{"type":"GPU","sharingStrategy":{"nvidiaMps":{"memory":0}}}]}]}"#,
+            "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps.memory",
+            "got 0",
+        ),
+        (
+            r#"{"family":"x","containerDefinitions":[{"name":"a","command":["x"],"resourceRequirements":[{"type":"GPU","sharingStrategy":{"nvidiaMps":{"memory":10,"maxComputePercent":101}}}]}]}"#,
+            "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps.maxComputePercent",
+            "1 to 100",
+        ),
+        (
+            r#"{"family":"x","containerDefinitions":[{"name":"a","command":["x"],"healthCheck":{"command":["CMD","true"],"interval":4}}]}"#,
+            "containerDefinitions[0].healthCheck.interval",
+            "5 to 300",
+        ),
+        (
+            r#"{"family":"x","containerDefinitions":[{"name":"a","comand":["x"]}]}"#,
+            "containerDefinitions[0].comand",
+            "unknown field",
+        ),
+        ("{not json", "$", "invalid json"),
+    ];
+    for (json, field, fragment) in cases {
+        let (status, code, got_field, message) =
+            api_error(admin.register_taskdef(json.as_bytes().to_vec()).await.unwrap_err());
+        assert_eq!((status, code.as_str()), (400, "InvalidTaskDefinition"), "{json}");
+        assert_eq!(got_field.as_deref(), Some(*field), "{json}");
+        assert!(message.contains(fragment), "{message:?} lacks {fragment:?}");
+    }
+    assert!(admin.list_taskdefs(None).await.unwrap().is_empty(), "a refused definition was stored");
+
+    admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
+    let run =
+        |count: u32, pool: &str, td: &str| RunTask { task_definition: td.into(), count, pool: pool.into() };
+    for (req, field) in [
+        (run(0, "gpu", "infer"), "count"),
+        (run(10_001, "gpu", "infer"), "count"),
+        (run(1, "nope", "infer"), "pool"),
+        (run(1, "gpu", "infer:x"), "taskDefinition"),
+    ] {
+        let (status, code, got_field, _) = api_error(admin.run_task(&req).await.unwrap_err());
+        assert_eq!((status, code.as_str(), got_field.as_deref()), (400, "InvalidParameter", Some(field)));
+    }
+    let (status, code, _, _) = api_error(admin.run_task(&run(1, "gpu", "other")).await.unwrap_err());
+    assert_eq!((status, code.as_str()), (404, "NotFound"));
+    assert!(admin.list_tasks(&TaskQuery::default()).await.unwrap().is_empty(), "a refused run left tasks");
+
+    // A body that is not JSON, or misses a field, is refused by name.
+    let (status, code, _, message) = api_error(
+        admin
+            .create_pool(&CreatePool {
+                name: "bad name".into(),
+                mode: None,
+                strategy: None,
+                compute_overcommit_percent: None,
+            })
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((status, code.as_str()), (400, "InvalidParameter"));
+    assert!(message.contains("letters, digits"), "{message}");
+    let (_, _, field, _) = api_error(
+        admin
+            .create_pool(&CreatePool {
+                name: "p2".into(),
+                mode: None,
+                strategy: None,
+                compute_overcommit_percent: Some(0),
+            })
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(field.as_deref(), Some("computeOvercommitPercent"));
+    let (status, code, _, _) = api_error(
+        admin
+            .create_service(&CreateService {
+                name: "s".into(),
+                pool: "gpu".into(),
+                task_definition: "infer".into(),
+                desired_count: 10_001,
+            })
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((status, code.as_str()), (400, "InvalidParameter"));
+    assert!(admin.list_services().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_limit_who_may_do_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
+
+    let (status, code, _, _) = api_error(server.anonymous().list_pools().await.unwrap_err());
+    assert_eq!((status, code.as_str()), (401, "Unauthorized"));
+    let wrong = mpsfleet_client::Client::new(&server.url, Some("mpsf_adm_nope".into())).unwrap();
+    assert_eq!(api_error(wrong.list_pools().await.unwrap_err()).0, 401);
+
+    let (host_a, agent_a) = add_host(&server, "gpu", "a", 1).await;
+    let (_host_b, agent_b) = add_host(&server, "gpu", "b", 1).await;
+    // A host credential is not an admin token.
+    assert_eq!(api_error(agent_a.list_pools().await.unwrap_err()).0, 403);
+    // The join token registers hosts and nothing else.
+    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    assert_eq!(api_error(joiner.list_tasks(&TaskQuery::default()).await.unwrap_err()).0, 403);
+
+    let out = admin
+        .run_task(&RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
+    let task = &out.tasks[0];
+    let (on, other) =
+        if task.host_id.as_ref() == Some(&host_a) { (&agent_a, &agent_b) } else { (&agent_b, &agent_a) };
+    let report = TaskStateReport {
+        last_status: TaskStatus::Running,
+        health_status: None,
+        stop_code: None,
+        stopped_reason: None,
+    };
+    let (status, code, _, _) = api_error(other.report_task(&task.id, &report).await.unwrap_err());
+    assert_eq!((status, code.as_str()), (403, "Forbidden"), "a host reported for a task of another host");
+    let running = on.report_task(&task.id, &report).await.unwrap();
+    assert_eq!(running.last_status, TaskStatus::Running);
+    assert!(running.started_at_ms.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("big", 100_000)).await.unwrap();
+
+    let out = admin
+        .run_task(&RunTask { task_definition: "big:1".into(), count: 3, pool: "gpu".into() })
+        .await
+        .unwrap();
+    assert_eq!((out.placed, out.pending), (0, 3));
+    assert!(out
+        .tasks
+        .iter()
+        .all(|t| t.pending_reason.as_deref() == Some("no ACTIVE, uncordoned, healthy host in pool gpu")));
+
+    // One host with two H200s takes two 100,000 MiB tasks (one per GPU); the third waits.
+    let (host, agent) = add_host(&server, "gpu", "n1", 2).await;
+    let tasks = admin.list_tasks(&TaskQuery::default()).await.unwrap();
+    let placed: Vec<&Task> = tasks.iter().filter(|t| t.host_id.is_some()).collect();
+    assert_eq!(placed.len(), 2);
+    assert_ne!(placed[0].gpu_ids, placed[1].gpu_ids, "two 100,000 MiB tasks on one 143,771 MiB GPU");
+    let waiting = tasks.iter().find(|t| t.host_id.is_none()).unwrap();
+    assert_eq!(
+        waiting.pending_reason.as_deref(),
+        Some("no GPU in pool gpu has 100000 MiB free for 1 MPS client(s); the largest free is 43771 MiB")
+    );
+    let view = admin.describe_host(host.as_str()).await.unwrap();
+    assert!(view
+        .gpus
+        .iter()
+        .all(|g| g.sharing_mode == SharingMode::NvidiaMps && g.remaining_memory_mib == 43_771));
+
+    // The agent long-polls and sees its two tasks; a stop frees a GPU and the third is placed.
+    let a = agent.assignments(0, 1).await.unwrap();
+    assert_eq!(a.tasks.len(), 2);
+    assert_eq!(a.task_definitions.len(), 1);
+    let stopped = admin.stop_task(&placed[0].id.to_string(), None).await.unwrap();
+    assert_eq!((stopped.desired_status, stopped.last_status), (TaskStatus::Stopped, TaskStatus::Pending));
+    let report = TaskStateReport {
+        last_status: TaskStatus::Stopped,
+        health_status: None,
+        stop_code: Some(StopCode::UserInitiated),
+        stopped_reason: None,
+    };
+    agent.report_task(&placed[0].id, &report).await.unwrap();
+    let third = admin.describe_task(&waiting.id.to_string()).await.unwrap();
+    assert_eq!(third.host_id.as_ref(), Some(&host));
+    assert_eq!(third.gpu_ids, placed[0].gpu_ids, "the freed GPU takes the waiting task");
+
+    // Cordoned hosts take nothing new.
+    admin.cordon_host(host.as_str(), true).await.unwrap();
+    admin.register_taskdef(mps_taskdef("small", 10)).await.unwrap();
+    let out = admin
+        .run_task(&RunTask { task_definition: "small".into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
+    assert_eq!(out.pending, 1);
+    admin.cordon_host(host.as_str(), false).await.unwrap();
+    let t = admin.describe_task(&out.tasks[0].id.to_string()).await.unwrap();
+    assert!(t.host_id.is_some(), "uncordoning should place the waiting task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_wakes_when_a_task_is_assigned() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
+    let (_, agent) = add_host(&server, "gpu", "n1", 1).await;
+    let first = agent.assignments(0, 0).await.unwrap();
+    assert!(first.tasks.is_empty());
+
+    let poll = tokio::spawn(async move { agent.assignments(first.revision, 30).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!poll.is_finished(), "the long-poll answered before anything changed");
+    admin.run_task(&RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into() }).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect("long-poll did not wake")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.tasks.len(), 1);
+    assert!(got.revision > first.revision);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_keep_their_count_and_spread_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("web", 1000)).await.unwrap();
+    let (h1, a1) = add_host(&server, "gpu", "n1", 2).await;
+    let (h2, a2) = add_host(&server, "gpu", "n2", 2).await;
+
+    let svc = admin
+        .create_service(&CreateService {
+            name: "web".into(),
+            pool: "gpu".into(),
+            task_definition: "web".into(),
+            desired_count: 4,
+        })
+        .await
+        .unwrap();
+    assert_eq!(svc.pending_count, 4);
+    let q = TaskQuery { service: Some("web".into()), ..Default::default() };
+    let tasks = admin.list_tasks(&q).await.unwrap();
+    assert_eq!(tasks.len(), 4);
+    let on = |h: &HostId| tasks.iter().filter(|t| t.host_id.as_ref() == Some(h)).count();
+    assert_eq!((on(&h1), on(&h2)), (2, 2), "replicas spread over both hosts");
+    let mut gpus: Vec<&GpuUuid> = tasks.iter().flat_map(|t| &t.gpu_ids).collect();
+    gpus.sort();
+    gpus.dedup();
+    assert_eq!(gpus.len(), 4, "one replica per GPU");
+
+    // A replica that exits is replaced.
+    let victim = &tasks[0];
+    let agent = if victim.host_id.as_ref() == Some(&h1) { &a1 } else { &a2 };
+    let exited = TaskStateReport {
+        last_status: TaskStatus::Stopped,
+        health_status: None,
+        stop_code: Some(StopCode::EssentialContainerExited),
+        stopped_reason: Some("exit status 1".into()),
+    };
+    agent.report_task(&victim.id, &exited).await.unwrap();
+    let live: Vec<Task> = admin
+        .list_tasks(&q)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.desired_status == TaskStatus::Running)
+        .collect();
+    assert_eq!(live.len(), 4, "the service did not replace its stopped task");
+    assert!(live.iter().all(|t| t.id != victim.id));
+
+    // Scale in: extras are asked to stop; scale to zero and delete.
+    let svc = admin
+        .update_service("web", &UpdateService { desired_count: Some(1), task_definition: None })
+        .await
+        .unwrap();
+    assert_eq!(svc.service.desired_count, 1);
+    let live = admin
+        .list_tasks(&q)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.desired_status == TaskStatus::Running)
+        .count();
+    assert_eq!(live, 1);
+    let deleted = admin.delete_service("web").await.unwrap();
+    assert_eq!(deleted.service.status, ServiceStatus::Draining);
+    let all_stopping =
+        admin.list_tasks(&q).await.unwrap().iter().all(|t| t.desired_status == TaskStatus::Stopped);
+    assert!(all_stopping);
+}
