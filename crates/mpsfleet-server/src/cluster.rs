@@ -1074,6 +1074,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// Drops change-feed entries older than the last `keep` revisions (objects stay).
+    pub fn compact_feed(&mut self, keep: u64) -> Result<(), ApiError> {
+        Ok(self.store.compact(self.revision.saturating_sub(keep))?)
+    }
+
     /// The periodic safety net: reconcile every service and retry every pending queue.
     pub fn resync(&mut self) -> Result<(), ApiError> {
         let names: Vec<ServiceName> = self.services.keys().cloned().collect();

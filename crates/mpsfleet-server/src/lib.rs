@@ -24,6 +24,9 @@ pub const JOIN_TOKEN_FILE: &str = "join.token";
 /// How often services are reconciled and pending tasks retried as a safety net.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How many recent revisions of the change feed are kept for watchers.
+pub const FEED_RETAINED_REVISIONS: u64 = 100_000;
+
 /// A cluster opened from its data directory.
 pub struct Opened {
     pub cluster: Cluster,
@@ -85,7 +88,7 @@ async fn resync_loop(state: api::AppState) {
         let res = tokio::task::spawn_blocking(move || {
             let mut c = st.cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
             let before = c.revision();
-            let r = c.resync();
+            let r = c.resync().and_then(|()| c.compact_feed(FEED_RETAINED_REVISIONS));
             if c.revision() != before {
                 st.changed.send_replace(c.revision());
             }
