@@ -92,6 +92,12 @@ if ! apt-get "${apt_opts[@]}" -qq update >"$work/update.log" 2>&1; then
   die "apt-get update failed for $mirror $suite non-free"
 fi
 
+# apt-get update exits 0 even when it fetched nothing (it only warns): look for the index.
+if ! compgen -G "$work/lists/*_Packages*" >/dev/null; then
+  cat "$work/update.log" >&2
+  die "no package index fetched from $mirror $suite non-free (is the mirror reachable? set MPS_DEBIAN_MIRROR to override)"
+fi
+
 log "downloading nvidia-cuda-mps"
 if ! (cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download nvidia-cuda-mps) >"$work/download.log" 2>&1; then
   cat "$work/download.log" >&2

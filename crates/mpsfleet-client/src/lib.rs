@@ -111,12 +111,7 @@ impl Client {
             .await
             .map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
         if !status.is_success() {
-            let body = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
-                code: "Unknown".into(),
-                message: String::from_utf8_lossy(&bytes).trim().to_string(),
-                field: None,
-            });
-            return Err(ClientError::Api { status: status.as_u16(), body });
+            return Err(api_error(status.as_u16(), &bytes));
         }
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode { url, message: e.to_string() })
     }
@@ -190,6 +185,39 @@ impl Client {
         self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
     }
 
+    /// The tail of a task container's stdout or stderr (fetched by the server from its agent).
+    pub async fn task_logs(
+        &self,
+        id: &str,
+        container: Option<&str>,
+        stderr: bool,
+        tail: u64,
+    ) -> Result<Vec<u8>> {
+        let url = format!("{}/v1/tasks/{}/logs", self.base, seg(id));
+        let mut q = vec![
+            ("stream", if stderr { "stderr" } else { "stdout" }.to_string()),
+            ("tail", tail.to_string()),
+        ];
+        if let Some(c) = container {
+            q.push(("container", c.to_string()));
+        }
+        let mut req = self.http.get(&url).query(&q);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp =
+            req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        if !status.is_success() {
+            return Err(api_error(status.as_u16(), &bytes));
+        }
+        Ok(bytes.to_vec())
+    }
+
     // services
     pub async fn create_service(&self, req: &CreateService) -> Result<ServiceView> {
         self.send(Method::POST, "/v1/services", req).await
@@ -222,6 +250,15 @@ impl Client {
     pub async fn report_task(&self, id: &TaskId, report: &TaskStateReport) -> Result<Task> {
         self.send(Method::POST, &format!("/v1/agent/tasks/{id}/status"), report).await
     }
+}
+
+fn api_error(status: u16, bytes: &[u8]) -> ClientError {
+    let body = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
+        code: "Unknown".into(),
+        message: String::from_utf8_lossy(bytes).trim().to_string(),
+        field: None,
+    });
+    ClientError::Api { status, body }
 }
 
 /// Escapes one path segment.

@@ -583,12 +583,12 @@ impl Scheduler {
 
     fn choose_whole(&self, req: &Request, count: u32) -> Result<Placement, Unplaced> {
         let pool = &self.pools[req.pool as usize];
-        let fitting = pool.idle_hosts.range(host_key(count, 0)..);
-        let candidates: Box<dyn Iterator<Item = &u64>> = match pool.config.strategy {
-            PlacementStrategy::Binpack => Box::new(fitting),
-            PlacementStrategy::Spread => Box::new(fitting.rev()),
+        let fitting = pool.idle_hosts.range(host_key(count, 0)..).map(|&k| (key_host(k), None));
+        let chosen = match pool.config.strategy {
+            PlacementStrategy::Binpack => self.pick(req.group, fitting),
+            PlacementStrategy::Spread => self.pick(req.group, fitting.rev()),
         };
-        let Some((host, _)) = self.pick(req.group, candidates.map(|&k| (key_host(k), None))) else {
+        let Some((host, _)) = chosen else {
             let most = pool.idle_hosts.last().map_or(0, |&k| (k >> 32) as u32);
             return Err(Unplaced::NotEnoughIdleGpus {
                 pool: pool.name.clone(),
@@ -624,14 +624,16 @@ impl Scheduler {
         };
         let shared = pool.mps.range(mps_key(memory, 0)..).map(|&k| key_gpu(k));
         let idle = pool.idle_gpus.range(idle_gpu_key(memory, 0, 0)..).map(|&k| key_gpu(k));
-        let candidates: Box<dyn Iterator<Item = GpuIx>> = match pool.config.strategy {
+        let candidate = |g: GpuIx| fits(g).then(|| (self.gpus[g as usize].host, Some(g)));
+        let chosen = match pool.config.strategy {
             // Best fit among shared GPUs, then open the smallest idle GPU that fits.
-            PlacementStrategy::Binpack => Box::new(shared.chain(idle)),
+            PlacementStrategy::Binpack => self.pick(req.group, shared.chain(idle).filter_map(candidate)),
             // The emptiest GPU: idle ones first, then the shared GPU with the most room.
-            PlacementStrategy::Spread => Box::new(idle.rev().chain(shared.rev())),
+            PlacementStrategy::Spread => {
+                self.pick(req.group, idle.rev().chain(shared.rev()).filter_map(candidate))
+            }
         };
-        let candidates = candidates.filter(|&g| fits(g)).map(|g| (self.gpus[g as usize].host, Some(g)));
-        if let Some((host, Some(gpu))) = self.pick(req.group, candidates) {
+        if let Some((host, Some(gpu))) = chosen {
             return Ok(Placement { host, gpus: vec![gpu] });
         }
         let largest_shared = pool.mps.last().max(pool.limited.last()).map_or(0, |&k| k >> GPU_BITS);

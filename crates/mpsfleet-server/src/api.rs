@@ -27,6 +27,8 @@ pub const MAX_WAIT_SECONDS: u64 = 60;
 #[derive(Clone)]
 pub struct AppState {
     pub cluster: Arc<Mutex<Cluster>>,
+    /// For calls to agents (task logs).
+    pub http: reqwest::Client,
     /// The store revision after the last change; long-polls wait on it.
     pub changed: watch::Sender<u64>,
 }
@@ -34,7 +36,11 @@ pub struct AppState {
 impl AppState {
     pub fn new(cluster: Cluster) -> Self {
         let rev = cluster.revision();
-        AppState { cluster: Arc::new(Mutex::new(cluster)), changed: watch::Sender::new(rev) }
+        AppState {
+            cluster: Arc::new(Mutex::new(cluster)),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
+            changed: watch::Sender::new(rev),
+        }
     }
 
     /// Runs `f` on the cluster on a blocking thread, after authenticating `headers` and
@@ -113,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
+        .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/services", post(create_service).get(list_services))
         .route("/v1/services/{name}", get(describe_service).patch(update_service).delete(delete_service))
         .route("/v1/agent/register", post(register_host))
@@ -285,6 +292,68 @@ async fn stop_task(
 ) -> Result<Json<Task>, ApiError> {
     let req: StopTask = if body.is_empty() { StopTask::default() } else { parse(&body)? };
     Ok(Json(st.call(&headers, admin, move |c, _| c.stop_task(&id, req.reason)).await?))
+}
+
+/// The most log bytes one call returns.
+pub const MAX_LOG_TAIL: u64 = 16 << 20;
+
+#[derive(Deserialize, Serialize)]
+struct LogsQuery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<String>,
+    #[serde(default = "default_stream")]
+    stream: String,
+    #[serde(default = "default_tail")]
+    tail: u64,
+}
+
+fn default_stream() -> String {
+    "stdout".into()
+}
+
+fn default_tail() -> u64 {
+    64 << 10
+}
+
+/// The tail of a container's stdout or stderr, fetched from the task's agent.
+async fn task_logs(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, ApiError> {
+    if q.stream != "stdout" && q.stream != "stderr" {
+        return Err(ApiError::invalid("stream", format!("must be stdout or stderr, got {:?}", q.stream)));
+    }
+    if q.tail == 0 || q.tail > MAX_LOG_TAIL {
+        return Err(ApiError::invalid(
+            "tail",
+            format!("must be from 1 to {MAX_LOG_TAIL} bytes, got {}", q.tail),
+        ));
+    }
+    let (task, url, token) = st.call(&headers, admin, move |c, _| c.logs_source(&id)).await?;
+    let unreachable =
+        |e: &dyn std::fmt::Display| ApiError::Unavailable(format!("cannot fetch logs from {url}: {e}"));
+    let resp = st
+        .http
+        .get(format!("{url}/v1/logs/{}", task.id))
+        .bearer_auth(token)
+        .query(&q)
+        .send()
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
+    if status == StatusCode::NOT_FOUND {
+        return Err(ApiError::not_found(
+            "logs of task",
+            format!("{} ({})", task.id, String::from_utf8_lossy(&body).trim()),
+        ));
+    }
+    if !status.is_success() {
+        return Err(unreachable(&format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim())));
+    }
+    Ok(([("content-type", "text/plain; charset=utf-8")], body).into_response())
 }
 
 // ---- services ---------------------------------------------------------------------------

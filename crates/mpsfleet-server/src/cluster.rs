@@ -58,7 +58,11 @@ struct HostEntry {
     host: Host,
     version: Revision,
     last_heartbeat_ms: Option<u64>,
-    /// Bumped whenever the tasks the agent should run change; agents long-poll on it.
+    /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
+    checks: Vec<HostCheck>,
+    logs_url: Option<String>,
+    /// The store revision of the last change to the tasks the agent should run; agents
+    /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
     epoch: u64,
     /// Live (not STOPPED) tasks placed here.
     tasks: BTreeSet<TaskId>,
@@ -377,6 +381,7 @@ impl Cluster {
         let id = HostId::new(format!("h-{:012x}", auth::random_u64()? >> 16))
             .map_err(|e| ApiError::StoreCorrupt(e.to_string()))?;
         let credential = auth::new_token("mpsf_host_")?;
+        let agent_token = auth::new_token("mpsf_agent_")?;
         let host = Host {
             id: id.clone(),
             pool,
@@ -390,10 +395,11 @@ impl Cluster {
             seq,
             registered_at_ms: self.now(),
             credential_sha256: auth::digest(&credential),
+            agent_token: agent_token.clone(),
         };
         let rev = self.commit(&[Op::put_json(HOST, id.as_str(), &host, Precondition::Absent)?])?;
         self.index_host(host, rev)?;
-        Ok(RegisterHostResponse { host_id: id, credential })
+        Ok(RegisterHostResponse { host_id: id, credential, agent_token })
     }
 
     fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, ApiError> {
@@ -419,7 +425,9 @@ impl Cluster {
             host,
             version,
             last_heartbeat_ms: None,
-            epoch: 1,
+            checks: Vec::new(),
+            logs_url: None,
+            epoch: self.revision,
             tasks: BTreeSet::new(),
         });
         Ok(ix)
@@ -435,6 +443,8 @@ impl Cluster {
         let now = self.now();
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
+        entry.checks = report.checks;
+        entry.logs_url = report.logs_url;
         if report.onboarded && entry.host.status == HostStatus::Onboarding {
             let mut h = entry.host.clone();
             h.status = HostStatus::Active;
@@ -504,6 +514,8 @@ impl Cluster {
             task_count: e.tasks.len() as u32,
             registered_at_ms: e.host.registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
+            checks: e.checks.clone(),
+            logs_url: e.logs_url.clone(),
         }
     }
 
@@ -512,6 +524,23 @@ impl Cluster {
             .filter(|&ix| pool.is_none_or(|p| self.hosts[ix as usize].host.pool.as_str() == p))
             .map(|ix| self.host_view(ix))
             .collect()
+    }
+
+    /// Where to fetch a task's logs: the agent's address and the token it accepts.
+    pub fn logs_source(&self, id: &str) -> Result<(Task, String, String), ApiError> {
+        let task = self.task(id)?;
+        let host =
+            task.host_id.as_ref().and_then(|h| self.sched.host(h)).ok_or_else(|| {
+                ApiError::Conflict(format!("task {id} never ran on a host: it has no logs"))
+            })?;
+        let e = &self.hosts[host as usize];
+        let url = e.logs_url.clone().ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "the agent of host {} has not reported where it serves logs",
+                e.host.id
+            ))
+        })?;
+        Ok((task, url, e.host.agent_token.clone()))
     }
 
     pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
@@ -608,7 +637,7 @@ impl Cluster {
             if let Some(p) = &placement {
                 let e = &mut self.hosts[p.host as usize];
                 e.tasks.insert(id);
-                e.epoch += 1;
+                e.epoch = e.epoch.max(version);
             } else {
                 self.pending.entry(task.pool.clone()).or_default().insert(seq, id);
             }
@@ -632,6 +661,7 @@ impl Cluster {
                 last_status: TaskStatus::Pending,
                 desired_status: TaskStatus::Running,
                 health_status: TaskHealth::Unknown,
+                ready: false,
                 host_id: None,
                 gpu_ids: Vec::new(),
                 pending_reason: None,
@@ -759,7 +789,7 @@ impl Cluster {
     }
 
     /// Commits new versions of existing tasks and applies them: capacity released for those
-    /// that stopped, epochs bumped for the hosts whose agents must act.
+    /// that stopped, epochs moved for the hosts whose agents must act.
     fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), ApiError> {
         if tasks.is_empty() {
             return Ok(());
@@ -794,7 +824,7 @@ impl Cluster {
                 freed.insert(t.pool.clone());
             }
             if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
-                self.hosts[h as usize].epoch += 1;
+                self.hosts[h as usize].epoch = rev;
             }
             self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
         }
@@ -851,7 +881,7 @@ impl Cluster {
             }
             let e = &mut self.hosts[p.host as usize];
             e.tasks.insert(task.id);
-            e.epoch += 1;
+            e.epoch = rev;
             self.tasks.insert(task.id, TaskEntry { task, version: rev, seq: old.seq, placement: Some(p) });
         }
         Ok(())
@@ -884,10 +914,14 @@ impl Cluster {
         if let Some(h) = report.health_status {
             t.health_status = h;
         }
+        if let Some(r) = report.ready {
+            t.ready = r;
+        }
         if t.last_status == TaskStatus::Running {
             t.started_at_ms.get_or_insert(now);
         }
         if t.last_status == TaskStatus::Stopped {
+            t.ready = false;
             t.desired_status = TaskStatus::Stopped;
             t.stopped_at_ms = Some(now);
             if let Some(code) = report.stop_code {

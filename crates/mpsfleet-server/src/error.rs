@@ -29,6 +29,9 @@ pub enum ApiError {
     StoreCorrupt(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// Something the request needs (an agent, say) cannot be reached now.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -54,6 +57,7 @@ impl ApiError {
             ApiError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "StoreUnavailable"),
             ApiError::StoreCorrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "StoreCorrupt"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+            ApiError::Unavailable(_) => (StatusCode::BAD_GATEWAY, "Unavailable"),
         }
     }
 

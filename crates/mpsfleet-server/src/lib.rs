@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod cluster;
 pub mod error;
+pub mod provider;
 
 use cluster::{Cluster, FirstStart};
 use error::ApiError;

@@ -40,15 +40,24 @@ pub struct RegisterHostResponse {
     pub host_id: HostId,
     /// Bearer credential for this host only; shown once.
     pub credential: String,
+    /// What the server presents when it calls the agent (for task logs); the agent accepts
+    /// no other caller.
+    pub agent_token: String,
 }
 
-/// Body of `POST /v1/agent/status`: a heartbeat, optionally with onboarding done.
+/// Body of `POST /v1/agent/status`: a heartbeat, optionally with onboarding done, and the
+/// agent's latest checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HostStatusReport {
     /// GPUs discovered, daemons started and first probe passed: the host may take work.
     #[serde(default)]
     pub onboarded: bool,
+    #[serde(default)]
+    pub checks: Vec<crate::host::HostCheck>,
+    /// Where the agent serves task logs (`http://ADDR`), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_url: Option<String>,
 }
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet

@@ -121,6 +121,24 @@ pub struct Host {
     pub registered_at_ms: u64,
     /// SHA-256 of the host's credential, hex.
     pub credential_sha256: String,
+    /// The bearer the server presents to the agent's own endpoint (task logs). Kept as is:
+    /// the server needs it to call the agent; the data dir is private (0700).
+    #[serde(default)]
+    pub agent_token: String,
+}
+
+/// One health check of a host as its agent reports it, e.g. the MPS daemon of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostCheck {
+    /// `MPS_DAEMON`, `GPU` or `AGENT`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_id: Option<GpuUuid>,
+    pub status: HealthStatus,
+    pub reason: String,
+    /// When the status last changed, milliseconds since the epoch.
+    pub since_ms: u64,
 }
 
 /// A GPU as `host describe` shows it: inventory plus what is placed on it.
@@ -155,4 +173,10 @@ pub struct HostView {
     pub registered_at_ms: u64,
     /// Last heartbeat seen by this server process, milliseconds since the epoch.
     pub last_heartbeat_ms: Option<u64>,
+    /// The agent's latest checks (kept in memory; empty until the agent reports).
+    #[serde(default)]
+    pub checks: Vec<HostCheck>,
+    /// Where the agent serves task logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_url: Option<String>,
 }

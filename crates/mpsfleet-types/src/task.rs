@@ -100,6 +100,9 @@ pub struct Task {
     pub last_status: TaskStatus,
     pub desired_status: TaskStatus,
     pub health_status: TaskHealth,
+    /// The readiness check passes (true without a readiness check once RUNNING).
+    #[serde(default)]
+    pub ready: bool,
     #[serde(default)]
     pub host_id: Option<HostId>,
     #[serde(default)]
@@ -152,6 +155,8 @@ pub struct TaskStateReport {
     pub last_status: TaskStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_status: Option<TaskHealth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_code: Option<StopCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

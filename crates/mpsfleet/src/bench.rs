@@ -144,6 +144,7 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
             last_status: TaskStatus::Pending,
             desired_status: TaskStatus::Running,
             health_status: TaskHealth::Unknown,
+            ready: false,
             host_id: None,
             gpu_ids: Vec::new(),
             pending_reason: None,

@@ -18,10 +18,11 @@ pub struct Global<C: Subcommand> {
 
 #[derive(Args)]
 pub struct Opts {
-    /// The server's address.
-    #[arg(long, global = true, env = "MPSFLEET_SERVER", default_value = "http://127.0.0.1:7070")]
-    server: String,
-    /// Bearer token; when not given, read from ./.mpsfleet/admin.token if there is one.
+    /// The server's address [default: from the client config `mpsfleet up` writes, else
+    /// http://127.0.0.1:7070].
+    #[arg(long, global = true, env = "MPSFLEET_SERVER")]
+    server: Option<String>,
+    /// Bearer token [default: from the client config, else ./.mpsfleet/admin.token].
     #[arg(long, global = true, env = "MPSFLEET_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Output format.
@@ -76,6 +77,19 @@ pub enum TaskCommand {
         id: String,
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Print the end of a task container's output (fetched from its host's agent).
+    Logs {
+        id: String,
+        /// The container [default: the task's first].
+        #[arg(long)]
+        container: Option<String>,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// How many bytes from the end.
+        #[arg(long, default_value_t = 65536)]
+        tail: u64,
     },
 }
 
@@ -152,12 +166,28 @@ pub enum Resource {
     Service(ServiceCommand),
 }
 
+/// Server and token: flags or variables first, then the client config `mpsfleet up`
+/// writes, then a server started from this directory with the default data dir.
 fn client(opts: &Opts) -> Result<Client> {
-    let token = match &opts.token {
-        Some(t) => Some(t.clone()),
-        None => std::fs::read_to_string(".mpsfleet/admin.token").ok().map(|t| t.trim().to_string()),
-    };
-    Ok(Client::new(&opts.server, token)?)
+    #[derive(serde::Deserialize)]
+    struct Config {
+        server: String,
+        token: String,
+    }
+    let config: Option<Config> = crate::up::client_config_path()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice::<Config>(&b).ok());
+    let server = opts
+        .server
+        .clone()
+        .or_else(|| config.as_ref().map(|c| c.server.clone()))
+        .unwrap_or_else(|| "http://127.0.0.1:7070".to_string());
+    let token = opts
+        .token
+        .clone()
+        .or_else(|| config.map(|c| c.token))
+        .or_else(|| std::fs::read_to_string(".mpsfleet/admin.token").ok().map(|t| t.trim().to_string()));
+    Ok(Client::new(&server, token)?)
 }
 
 pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
@@ -263,6 +293,11 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
         TaskCommand::Describe { id } => {
             let t = c.describe_task(&id).await?;
             output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+        }
+        TaskCommand::Logs { id, container, stderr, tail } => {
+            let bytes = c.task_logs(&id, container.as_deref(), stderr, tail).await?;
+            use std::io::Write;
+            std::io::stdout().write_all(&bytes)?;
         }
         TaskCommand::Stop { id, reason } => {
             let t = c.stop_task(&id, reason).await?;

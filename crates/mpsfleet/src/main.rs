@@ -1,9 +1,11 @@
 //! `mpsfleet`: the one binary. Parses the command line and calls into the library crates.
 
+mod agent;
 mod bench;
 mod cli;
 mod output;
 mod server;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -16,8 +18,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a server and local hosts on this machine; Ctrl-C stops everything.
+    Up(up::UpArgs),
     /// Run the control plane.
     Server(server::ServerArgs),
+    /// Run the node agent on a GPU host.
+    Agent(agent::AgentArgs),
     /// Register, list and describe task definitions.
     Taskdef(cli::Global<cli::TaskdefCommand>),
     /// Run, list, describe and stop tasks.
@@ -34,9 +40,17 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // `mpsfleet shim …` runs one task container under the agent; not a user command.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == "shim") {
+        let code = mpsfleet_agent::runtime::shim_main_from_args(args);
+        return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(args) => up::run(args),
         Command::Server(args) => server::run(args),
+        Command::Agent(args) => agent::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Taskdef(g) => cli::run(g.opts, cli::Resource::Taskdef(g.command)),
         Command::Task(g) => cli::run(g.opts, cli::Resource::Task(g.command)),

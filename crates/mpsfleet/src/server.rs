@@ -50,7 +50,8 @@ async fn serve(args: ServerArgs) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut term) = signal(SignalKind::terminate()) else {
         let _ = tokio::signal::ctrl_c().await;

@@ -147,6 +147,7 @@ async fn tokens_limit_who_may_do_what() {
     let report = TaskStateReport {
         last_status: TaskStatus::Running,
         health_status: None,
+        ready: None,
         stop_code: None,
         stopped_reason: None,
     };
@@ -201,6 +202,7 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
     let report = TaskStateReport {
         last_status: TaskStatus::Stopped,
         health_status: None,
+        ready: None,
         stop_code: Some(StopCode::UserInitiated),
         stopped_reason: None,
     };
@@ -282,6 +284,7 @@ async fn services_keep_their_count_and_spread_replicas() {
     let exited = TaskStateReport {
         last_status: TaskStatus::Stopped,
         health_status: None,
+        ready: None,
         stop_code: Some(StopCode::EssentialContainerExited),
         stopped_reason: Some("exit status 1".into()),
     };

@@ -108,10 +108,13 @@ pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (Ho
         mps_available: true,
         emulated: true,
     };
-    let RegisterHostResponse { host_id, credential } =
+    let RegisterHostResponse { host_id, credential, .. } =
         joiner.register_host(&reg).await.expect("register host");
     let agent = joiner.with_token(credential);
-    agent.report_host_status(&HostStatusReport { onboarded: true }).await.expect("onboard");
+    agent
+        .report_host_status(&HostStatusReport { onboarded: true, ..Default::default() })
+        .await
+        .expect("onboard");
     (host_id, agent)
 }
 
@@ -125,4 +128,132 @@ pub async fn create_pool(admin: &Client, name: &str) {
         })
         .await
         .expect("create pool");
+}
+
+/// The real `nvidia-cuda-mps-control`: `MPSFLEET_MPS_CONTROL`, PATH, or the copy
+/// `scripts/install-mps.sh` keeps in `target/mps`. None (and a printed reason) when absent.
+pub fn mps_control() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MPSFLEET_MPS_CONTROL") {
+        return Some(PathBuf::from(p));
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|d| d.join("nvidia-cuda-mps-control")).find(|p| p.is_file())
+    });
+    let local =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mps/usr/bin/nvidia-cuda-mps-control");
+    let found = on_path.or_else(|| local.is_file().then_some(local));
+    if found.is_none() {
+        println!("skipped: nvidia-cuda-mps-control not found; run scripts/install-mps.sh");
+    }
+    found
+}
+
+/// A running `mpsfleet agent` process. Killed (SIGKILL) when dropped.
+pub struct Agent {
+    pub child: Child,
+    pub data_dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent with `gpus` emulated H200s and the real MPS daemon at `mps`.
+    pub fn start(server: &Server, data_dir: &Path, gpus: u32, mps: &Path, extra: &[&str]) -> Agent {
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
+        let child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .arg("agent")
+            .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", "gpu"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args([
+                "--emulate-gpus",
+                &format!("H200:{H200_MIB}:{gpus}"),
+                "--heartbeat-ms",
+                "200",
+                "--stop-tasks-on-exit",
+            ])
+            .arg("--mps-control")
+            .arg(mps)
+            .args(extra)
+            .env("MPSFLEET_LOG", "info")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start mpsfleet agent");
+        Agent { child, data_dir: data_dir.to_path_buf() }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait (bounded).
+    pub fn terminate(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        for _ in 0..600 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.kill9();
+    }
+
+    /// The agent's log, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    /// A clean stop, so the agent quits its MPS daemons (a test that wants kill -9 calls it).
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// Polls `f` every 100 ms until it returns Some, or panics with `what` after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A task definition from a JSON value.
+pub fn taskdef(value: serde_json::Value) -> Vec<u8> {
+    value.to_string().into_bytes()
+}
+
+/// Processes whose command line or environment mention `needle` (e.g. a test's temp dir).
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if pid == std::process::id() {
+            continue;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')) {
+            continue; // a zombie holds nothing
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if text.contains(needle) || String::from_utf8_lossy(&env).contains(needle) {
+            out.push((pid, text));
+        }
+    }
+    out
 }

@@ -1,0 +1,340 @@
+//! The agent's main loop: register (or reuse the identity in the data dir), supervise the MPS
+//! daemons, heartbeat with their checks, long-poll for assignments, and run them.
+//!
+//! Three activities share one [`Shared`] state:
+//! - the heartbeat (async): posts the host's checks every `heartbeat` interval;
+//! - the assignments long-poll (async): hands each new answer to the task loop;
+//! - the task loop (a thread, see [`crate::tasks`]): starts, watches, probes, stops and
+//!   reports tasks. Everything it decides is written to the task table in the data dir first,
+//!   so an agent restart (even kill -9) adopts running tasks and reports what happened while
+//!   it was down.
+
+use crate::discovery::{self, Discovered};
+use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervisor};
+use crate::tasks::{Gpus, TaskLoop};
+use mpsfleet_client::Client;
+use mpsfleet_core::clock::{Clock, SystemClock};
+use mpsfleet_types::api::HostStatusReport;
+use mpsfleet_types::*;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which MPS control the agent drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MpsMode {
+    /// The real `nvidia-cuda-mps-control` at this path.
+    Real(PathBuf),
+    /// The in-process model of the MPS protocol (for trying mpsfleet without the binary).
+    Model,
+    /// No MPS: the host takes only whole-GPU and GPU-less tasks.
+    Unavailable,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub server: String,
+    /// Needed the first time only: afterwards the host's credential is in the data dir.
+    pub join_token: Option<String>,
+    pub pool: String,
+    pub data_dir: PathBuf,
+    pub hostname: String,
+    /// `MODEL:MEMORY_MIB:COUNT`, used when NVML finds no GPU.
+    pub emulate_gpus: Option<String>,
+    pub mps: MpsMode,
+    /// One daemon for all GPUs instead of one per GPU.
+    pub daemon_per_host: bool,
+    pub policy: MpsPolicy,
+    pub heartbeat: Duration,
+    /// Stop every task when the agent stops (what `mpsfleet up` wants); by default tasks keep
+    /// running across agent restarts.
+    pub stop_tasks_on_exit: bool,
+    /// The command that runs a task's shim: `[<mpsfleet binary>, "shim"]`.
+    pub shim: Vec<OsString>,
+    /// Where the agent serves task logs to the server (port 0: any free port).
+    pub logs_listen: std::net::SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Discovery(#[from] discovery::DiscoveryError),
+    #[error("{what} {}: {source}", path.display())]
+    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("this host is not registered yet and no join token was given (--join-token)")]
+    NoJoinToken,
+    #[error("the data dir {} belongs to a host of server {theirs}, not {ours}", path.display())]
+    OtherServer { path: PathBuf, theirs: String, ours: String },
+    #[error("cannot register with {server}: {source}")]
+    Register { server: String, source: mpsfleet_client::ClientError },
+    #[error(transparent)]
+    Client(#[from] mpsfleet_client::ClientError),
+    #[error("mps: {0}")]
+    Mps(#[from] crate::mps::MpsError),
+    #[error("task runtime: {0}")]
+    Runtime(String),
+}
+
+/// What the agent keeps about itself in its data dir.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Identity {
+    host_id: HostId,
+    credential: String,
+    /// What the server presents when it fetches logs from this agent.
+    agent_token: String,
+    server: String,
+}
+
+const IDENTITY_FILE: &str = "identity.json";
+/// The longest pipe directory whose socket path still fits in `sun_path`.
+const MAX_PIPE_DIR: usize = 88;
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> AgentError + 'a {
+    move |source| AgentError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), mode 0600.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Runs the agent until `shutdown` completes.
+pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) -> Result<(), AgentError> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    std::fs::create_dir_all(&cfg.data_dir).map_err(io("cannot create the data dir", &cfg.data_dir))?;
+    let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
+    let client = Client::new(&cfg.server, None)?;
+    let identity = identity(&cfg, &client, &found).await?;
+    let agent = client.with_token(identity.credential.clone());
+    tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
+
+    let supervisors = start_supervisors(&cfg, &found, clock.clone())?;
+    let gpus = Gpus::new(&found.gpus, &supervisors, cfg.daemon_per_host);
+    let runtime =
+        crate::runtime::Runtime::new(cfg.shim.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let task_loop = TaskLoop::start(
+        cfg.data_dir.join("tasks"),
+        runtime,
+        gpus,
+        agent.clone(),
+        tokio::runtime::Handle::current(),
+        clock.clone(),
+    )
+    .map_err(|e| AgentError::Runtime(e.to_string()))?;
+
+    let listener = tokio::net::TcpListener::bind(cfg.logs_listen).await.map_err(|source| AgentError::Io {
+        what: "cannot listen for logs on",
+        path: cfg.logs_listen.to_string().into(),
+        source,
+    })?;
+    let logs_url =
+        format!("http://{}", listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?);
+    let app = crate::logs::router(cfg.data_dir.join("tasks"), identity.agent_token.clone());
+    let logs = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "logs endpoint stopped");
+        }
+    });
+    let heartbeat = tokio::spawn(heartbeat_loop(agent.clone(), supervisors.clone(), cfg.heartbeat, logs_url));
+    let assignments = tokio::spawn(assignments_loop(agent.clone(), task_loop.sender()));
+    shutdown.await;
+    tracing::info!("stopping");
+    heartbeat.abort();
+    assignments.abort();
+    logs.abort();
+    // Wait until both are gone, so that their references to the supervisors are dropped.
+    let _ = heartbeat.await;
+    let _ = assignments.await;
+    let stop_tasks = cfg.stop_tasks_on_exit;
+    tokio::task::spawn_blocking(move || {
+        task_loop.shutdown(stop_tasks);
+        // Every other holder is gone now; a supervisor shared by several GPUs (one daemon per
+        // host) is shut down when its last reference is taken.
+        let map = Arc::into_inner(supervisors).unwrap_or_default();
+        for s in map.into_values() {
+            if let Some(s) = Arc::into_inner(s) {
+                if let Err(e) = s.shutdown() {
+                    tracing::warn!(error = %e, "mps daemon did not stop cleanly");
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|e| AgentError::Runtime(e.to_string()))?;
+    Ok(())
+}
+
+/// A short, stable key for this host's emulated GPU UUIDs, derived from its data dir.
+fn host_key(data_dir: &Path) -> String {
+    let abs = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    let h = abs
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("{:08x}", h as u32)
+}
+
+async fn identity(cfg: &AgentConfig, client: &Client, found: &Discovered) -> Result<Identity, AgentError> {
+    let path = cfg.data_dir.join(IDENTITY_FILE);
+    if let Ok(bytes) = std::fs::read(&path) {
+        let id: Identity = serde_json::from_slice(&bytes).map_err(|e| AgentError::Io {
+            what: "cannot read the host identity",
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })?;
+        if id.server.trim_end_matches('/') != cfg.server.trim_end_matches('/') {
+            tracing::warn!(theirs = %id.server, ours = %cfg.server, "server address changed; keeping the identity");
+        }
+        return Ok(id);
+    }
+    let join = cfg.join_token.clone().ok_or(AgentError::NoJoinToken)?;
+    let reg = HostRegistration {
+        pool: PoolName::new(cfg.pool.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?,
+        hostname: cfg.hostname.clone(),
+        gpus: found.gpus.clone(),
+        mps_available: cfg.mps != MpsMode::Unavailable,
+        emulated: found.emulated || cfg.mps == MpsMode::Model,
+    };
+    let joiner = client.with_token(join);
+    let mut delay = Duration::from_millis(200);
+    let resp = loop {
+        match joiner.register_host(&reg).await {
+            Ok(r) => break r,
+            // The server may still be starting: retry transport errors, not refusals.
+            Err(e @ mpsfleet_client::ClientError::Transport { .. }) if delay < Duration::from_secs(10) => {
+                tracing::warn!(error = %e, "cannot reach the server; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(source) => return Err(AgentError::Register { server: cfg.server.clone(), source }),
+        }
+    };
+    let id = Identity {
+        host_id: resp.host_id,
+        credential: resp.credential,
+        agent_token: resp.agent_token,
+        server: cfg.server.clone(),
+    };
+    let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    write_atomic(&path, &bytes).map_err(io("cannot write the host identity", &path))?;
+    Ok(id)
+}
+
+/// One supervisor per GPU (or one for the host), keyed by GPU UUID.
+pub type Supervisors = Arc<BTreeMap<GpuUuid, Arc<Supervisor>>>;
+
+fn start_supervisors(
+    cfg: &AgentConfig,
+    found: &Discovered,
+    clock: Arc<dyn Clock>,
+) -> Result<Supervisors, AgentError> {
+    let (control, bin): (Arc<dyn MpsControl>, PathBuf) = match &cfg.mps {
+        MpsMode::Real(bin) => (Arc::new(RealMps), bin.clone()),
+        MpsMode::Model => (Arc::new(ModelMps::new()), PathBuf::from("nvidia-cuda-mps-control")),
+        MpsMode::Unavailable => return Ok(Arc::new(BTreeMap::new())),
+    };
+    let mps_root = cfg.data_dir.canonicalize().unwrap_or_else(|_| cfg.data_dir.clone()).join("mps");
+    let pipe_root = if mps_root.as_os_str().len() + 4 <= MAX_PIPE_DIR {
+        mps_root.clone()
+    } else {
+        // Socket paths must fit in 108 bytes: fall back to a short directory of our own.
+        std::env::temp_dir().join(format!("mpsf-{}", host_key(&cfg.data_dir)))
+    };
+    let mut out = BTreeMap::new();
+    let groups: Vec<(String, Vec<&GpuInventory>)> = if cfg.daemon_per_host {
+        vec![("all".to_string(), found.gpus.iter().collect())]
+    } else {
+        found.gpus.iter().map(|g| (g.index.to_string(), vec![g])).collect()
+    };
+    for (name, gpus) in groups {
+        let mut dc = DaemonConfig::new(bin.clone(), pipe_root.join(&name), mps_root.join("log").join(&name));
+        dc.visible_devices = Some(gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(","));
+        dc.probe_timeout = cfg.policy.probe_timeout;
+        dc.validate()?;
+        let label = if gpus.len() == 1 { gpus[0].uuid.to_string() } else { format!("host daemon {name}") };
+        let sup = Arc::new(Supervisor::spawn(label, control.clone(), dc, cfg.policy.clone(), clock.clone())?);
+        for g in gpus {
+            out.insert(g.uuid.clone(), sup.clone());
+        }
+    }
+    Ok(Arc::new(out))
+}
+
+/// The host's checks now: one `MPS_DAEMON` check per GPU.
+fn checks(supervisors: &Supervisors) -> Vec<HostCheck> {
+    supervisors
+        .iter()
+        .map(|(gpu, s)| {
+            let c = s.check();
+            HostCheck {
+                name: "MPS_DAEMON".into(),
+                gpu_id: Some(gpu.clone()),
+                status: c.status,
+                reason: c.reason,
+                since_ms: c.since_ms,
+            }
+        })
+        .collect()
+}
+
+/// Onboarded once every daemon has answered (a host without MPS at once).
+fn onboarded(checks: &[HostCheck]) -> bool {
+    checks.iter().all(|c| c.status != HealthStatus::Initializing)
+}
+
+async fn heartbeat_loop(agent: Client, supervisors: Supervisors, every: Duration, logs_url: String) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing_since_logged = false;
+    loop {
+        tick.tick().await;
+        let checks = checks(&supervisors);
+        let report =
+            HostStatusReport { onboarded: onboarded(&checks), checks, logs_url: Some(logs_url.clone()) };
+        match agent.report_host_status(&report).await {
+            Ok(_) => failing_since_logged = false,
+            Err(e) if !failing_since_logged => {
+                tracing::warn!(error = %e, "heartbeat failed; retrying every interval");
+                failing_since_logged = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Long-polls the server for this host's tasks and hands every answer to the task loop.
+/// Backs off on errors (server restarts, network trouble) up to 5 s.
+async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::tasks::Input>) {
+    let mut after = 0;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match agent.assignments(after, 30).await {
+            Ok(a) => {
+                backoff = Duration::from_millis(100);
+                after = a.revision;
+                if tx.send(crate::tasks::Input::Assignments(a)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "assignments long-poll failed");
+                // A restarted server starts epochs again: ask for everything.
+                after = 0;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The mpsfleet node agent: discovers GPUs, supervises one MPS control daemon per GPU, runs
+//! tasks as processes with the MPS environment wired in, probes them, and reports.
+//!
+//! [`agent::run`] is the entry point; [`tasks`] is the task loop; [`mps`] drives and supervises
+//! the daemons; [`runtime`] runs containers under a shim and probes them; [`env`] builds a
+//! task's environment; [`discovery`] finds the GPUs.
+
+pub mod agent;
+pub mod discovery;
+pub mod env;
+pub mod logs;
+pub mod mps;
+pub mod runtime;
+pub mod tasks;
+
+pub use agent::{run, AgentConfig, AgentError, MpsMode};

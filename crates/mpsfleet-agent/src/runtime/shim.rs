@@ -1,0 +1,341 @@
+//! The shim: the small process that owns one container's process, so that the task outlives
+//! the agent and its exit status is written down even while no agent is running.
+//!
+//! The agent spawns `mpsfleet shim --dir DIR [--uid N --gid N] -- ARGV...` in a process group
+//! of its own. The shim starts ARGV in a *new* process group (its pgid is the task's pid, which
+//! is what a stop signals), with stdout and stderr appended to `DIR/stdout.log` and
+//! `DIR/stderr.log`, the working directory `/` and the shim's own environment. It then writes
+//! `DIR/proc.json` (pid and start times) and `DIR/pid`, waits for the process and writes
+//! `DIR/exit.json`. Every record is written to a temporary file and renamed into place, so a
+//! reader sees the whole record or none of it. The shim is never in the task's process group,
+//! so stopping a task never kills the shim before it has recorded the exit.
+
+use mpsfleet_core::clock::{Clock, SystemClock};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// File names inside a container's state directory.
+pub const STDOUT_LOG: &str = "stdout.log";
+pub const STDERR_LOG: &str = "stderr.log";
+/// The shim's own diagnostics (what it prints before and after the task runs).
+pub const SHIM_LOG: &str = "shim.log";
+pub const PROC_RECORD: &str = "proc.json";
+pub const PID_FILE: &str = "pid";
+pub const EXIT_RECORD: &str = "exit.json";
+
+/// The shim's exit code when it could not do its job (bad arguments, unwritable state dir).
+pub const SHIM_FAILURE: i32 = 125;
+
+/// Arguments of `mpsfleet shim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShimArgs {
+    /// The container's state directory (must exist).
+    pub dir: PathBuf,
+    /// Run the task as this uid and gid (only when the shim runs as root). Supplementary groups
+    /// are cleared, as std does when it switches uid from root.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// The task's argv; `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<OsString>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ShimArgsError {
+    #[error("shim: missing --dir")]
+    MissingDir,
+    #[error("shim: missing `--` and the command to run after it")]
+    MissingCommand,
+    #[error("shim: {flag} needs a value")]
+    MissingValue { flag: String },
+    #[error("shim: {flag} must be a number, got {value:?}")]
+    BadNumber { flag: String, value: String },
+    #[error("shim: --uid and --gid must be given together")]
+    UidWithoutGid,
+    #[error("shim: unknown argument {arg:?}")]
+    Unknown { arg: String },
+}
+
+impl ShimArgs {
+    /// Parses what follows `shim` on the command line:
+    /// `--dir DIR [--uid N --gid N] -- ARGV...`.
+    pub fn parse<I: IntoIterator<Item = OsString>>(args: I) -> Result<ShimArgs, ShimArgsError> {
+        let mut args = args.into_iter();
+        let (mut dir, mut uid, mut gid) = (None, None, None);
+        loop {
+            let Some(arg) = args.next() else { return Err(ShimArgsError::MissingCommand) };
+            let flag = arg.to_string_lossy().into_owned();
+            match flag.as_str() {
+                "--" => break,
+                "--dir" => {
+                    dir = Some(PathBuf::from(
+                        args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?,
+                    ))
+                }
+                "--uid" | "--gid" => {
+                    let value = args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?;
+                    let value = value.to_string_lossy().into_owned();
+                    let n = value
+                        .parse::<u32>()
+                        .map_err(|_| ShimArgsError::BadNumber { flag: flag.clone(), value })?;
+                    if flag == "--uid" {
+                        uid = Some(n)
+                    } else {
+                        gid = Some(n)
+                    }
+                }
+                _ => return Err(ShimArgsError::Unknown { arg: flag }),
+            }
+        }
+        let argv: Vec<OsString> = args.collect();
+        let dir = dir.ok_or(ShimArgsError::MissingDir)?;
+        if argv.is_empty() {
+            return Err(ShimArgsError::MissingCommand);
+        }
+        if uid.is_some() != gid.is_some() {
+            return Err(ShimArgsError::UidWithoutGid);
+        }
+        Ok(ShimArgs { dir, uid, gid, argv })
+    }
+
+    /// The inverse of [`ShimArgs::parse`].
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut out = vec![OsString::from("--dir"), self.dir.clone().into_os_string()];
+        if let (Some(uid), Some(gid)) = (self.uid, self.gid) {
+            out.extend(["--uid".into(), uid.to_string().into(), "--gid".into(), gid.to_string().into()]);
+        }
+        out.push("--".into());
+        out.extend(self.argv.iter().cloned());
+        out
+    }
+}
+
+/// `DIR/proc.json`: which process is the task, and how to tell it from a later process that
+/// reuses its pid (the start time, field 22 of `/proc/PID/stat`, in clock ticks since boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcRecord {
+    pub pid: u32,
+    pub start_time: u64,
+    pub shim_pid: u32,
+    pub shim_start_time: u64,
+}
+
+/// `DIR/exit.json`: how the task's process ended, or why it never started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitRecord {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub finished_at_ms: u64,
+    /// Set when the command could not be executed at all (nothing ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ExitRecord {
+    /// Whether the command could not be started (as opposed to ran and exited).
+    pub fn failed_to_start(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// A short human reason: `exit status 3`, `killed by signal 9 (SIGKILL)`,
+    /// `failed to start: no such file or directory: foo`.
+    pub fn reason(&self) -> String {
+        if let Some(error) = &self.error {
+            return format!("failed to start: {error}");
+        }
+        match (self.code, self.signal) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+                Ok(s) => format!("killed by signal {sig} ({})", s.as_str()),
+                Err(_) => format!("killed by signal {sig}"),
+            },
+            (None, None) => "exited with an unknown status".to_string(),
+        }
+    }
+}
+
+/// Runs the shim; returns the shim's own exit code (0 once the exit record is written, even if
+/// the task failed; [`SHIM_FAILURE`] when the shim itself could not work).
+pub fn shim_main(args: ShimArgs) -> i32 {
+    match run(&args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("mpsfleet shim: {e}");
+            SHIM_FAILURE
+        }
+    }
+}
+
+/// Parses `args` (what follows `shim`) and runs the shim; prints argument errors to stderr.
+pub fn shim_main_from_args<I: IntoIterator<Item = OsString>>(args: I) -> i32 {
+    match ShimArgs::parse(args) {
+        Ok(a) => shim_main(a),
+        Err(e) => {
+            eprintln!("mpsfleet {e}");
+            SHIM_FAILURE
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShimError {
+    #[error("no command to run for {dir}")]
+    EmptyCommand { dir: PathBuf },
+    #[error("cannot {what} {path}: {source}")]
+    Io { what: &'static str, path: PathBuf, source: io::Error },
+}
+
+fn run(args: &ShimArgs) -> Result<(), ShimError> {
+    let Some(program) = args.argv.first() else {
+        return Err(ShimError::EmptyCommand { dir: args.dir.clone() });
+    };
+    let open_log = |name: &str| {
+        let path = args.dir.join(name);
+        OpenOptions::new().create(true).append(true).open(&path).map_err(|source| ShimError::Io {
+            what: "open log",
+            path,
+            source,
+        })
+    };
+    let stdout = open_log(STDOUT_LOG)?;
+    let stderr = open_log(STDERR_LOG)?;
+    let mut cmd = Command::new(program);
+    cmd.args(&args.argv[1..])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .current_dir("/")
+        .process_group(0);
+    if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
+        cmd.uid(uid).gid(gid);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let record = ExitRecord {
+                code: None,
+                signal: None,
+                finished_at_ms: SystemClock.now_ms(),
+                error: Some(describe_spawn_error(&e, program)),
+            };
+            return write_json(&args.dir.join(EXIT_RECORD), &record);
+        }
+    };
+    let pid = child.id();
+    let shim_pid = std::process::id();
+    // The child cannot be reaped before we wait for it, so its /proc entry is there.
+    let record = ProcRecord {
+        pid,
+        start_time: super::procfs::stat(pid).map(|s| s.start_time).unwrap_or(0),
+        shim_pid,
+        shim_start_time: super::procfs::stat(shim_pid).map(|s| s.start_time).unwrap_or(0),
+    };
+    if let Err(e) = write_json(&args.dir.join(PROC_RECORD), &record)
+        .and_then(|()| write_atomic(&args.dir.join(PID_FILE), format!("{pid}\n").as_bytes()))
+    {
+        // Without the record nobody can find the process: do not leave it running unseen.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    let status = child.wait().map_err(|source| ShimError::Io {
+        what: "wait for the task process of",
+        path: args.dir.clone(),
+        source,
+    })?;
+    let record = ExitRecord {
+        code: status.code(),
+        signal: status.signal(),
+        finished_at_ms: SystemClock.now_ms(),
+        error: None,
+    };
+    write_json(&args.dir.join(EXIT_RECORD), &record)
+}
+
+fn describe_spawn_error(e: &io::Error, program: &OsString) -> String {
+    let program = program.to_string_lossy();
+    match e.kind() {
+        io::ErrorKind::NotFound => format!("no such file or directory: {program}"),
+        io::ErrorKind::PermissionDenied => format!("permission denied: {program}"),
+        _ => format!("cannot execute {program}: {e}"),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ShimError> {
+    let mut bytes = serde_json::to_vec(value).unwrap_or_default();
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
+}
+
+/// Writes `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ShimError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let io = |what, source| ShimError::Io { what, path: path.to_path_buf(), source };
+    let mut f = File::create(&tmp).map_err(|e| io("create", e))?;
+    f.write_all(bytes).map_err(|e| io("write", e))?;
+    f.sync_all().map_err(|e| io("sync", e))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| io("rename into place", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn parse_round_trips() {
+        let a = ShimArgs {
+            dir: "/var/lib/x".into(),
+            uid: Some(65534),
+            gid: Some(65534),
+            argv: os(&["sh", "-c", "echo -- hi"]),
+        };
+        assert_eq!(ShimArgs::parse(a.to_args()), Ok(a.clone()));
+        let b = ShimArgs { uid: None, gid: None, ..a };
+        assert_eq!(ShimArgs::parse(b.to_args()), Ok(b));
+    }
+
+    #[test]
+    fn parse_rejects_bad_input() {
+        let check = |args: &[&str], want: ShimArgsError| assert_eq!(ShimArgs::parse(os(args)), Err(want));
+        check(&["--", "true"], ShimArgsError::MissingDir);
+        check(&["--dir", "/x"], ShimArgsError::MissingCommand);
+        check(&["--dir", "/x", "--"], ShimArgsError::MissingCommand);
+        check(&["--dir"], ShimArgsError::MissingValue { flag: "--dir".into() });
+        check(
+            &["--dir", "/x", "--uid", "abc", "--", "true"],
+            ShimArgsError::BadNumber { flag: "--uid".into(), value: "abc".into() },
+        );
+        check(&["--dir", "/x", "--uid", "1", "--", "true"], ShimArgsError::UidWithoutGid);
+        check(&["--bogus"], ShimArgsError::Unknown { arg: "--bogus".into() });
+    }
+
+    #[test]
+    fn exit_reasons() {
+        let rec = |code, signal, error: Option<&str>| ExitRecord {
+            code,
+            signal,
+            finished_at_ms: 0,
+            error: error.map(str::to_string),
+        };
+        assert_eq!(rec(Some(3), None, None).reason(), "exit status 3");
+        assert_eq!(rec(None, Some(9), None).reason(), "killed by signal 9 (SIGKILL)");
+        assert_eq!(rec(None, Some(15), None).reason(), "killed by signal 15 (SIGTERM)");
+        assert_eq!(
+            rec(None, None, Some("no such file or directory: foo")).reason(),
+            "failed to start: no such file or directory: foo"
+        );
+    }
+}

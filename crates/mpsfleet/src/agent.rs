@@ -1,0 +1,116 @@
+//! `mpsfleet agent`: the node agent's command line.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use mpsfleet_agent::mps::MpsPolicy;
+use mpsfleet_agent::{AgentConfig, MpsMode};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// The control plane's address.
+    #[arg(long, env = "MPSFLEET_SERVER")]
+    server: String,
+    /// The join token (first start only: the host's own credential is kept in the data dir).
+    #[arg(long, env = "MPSFLEET_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    #[arg(long, default_value = "default")]
+    pool: String,
+    /// The agent's state: identity, task table, task logs, MPS pipe and log directories.
+    #[arg(long, env = "MPSFLEET_AGENT_DATA_DIR", default_value = ".mpsfleet-agent")]
+    data_dir: PathBuf,
+    /// The name this host registers under [default: the machine's hostname].
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Declare GPUs when NVML finds none: MODEL:MEMORY_MIB:COUNT, e.g. H200:143771:2.
+    #[arg(long)]
+    emulate_gpus: Option<String>,
+    /// Path of nvidia-cuda-mps-control [default: found on PATH].
+    #[arg(long, conflicts_with = "mps_model")]
+    mps_control: Option<PathBuf>,
+    /// Use the in-process model of MPS instead of the real daemon (the host shows as emulated).
+    #[arg(long)]
+    mps_model: bool,
+    /// One MPS daemon for all GPUs instead of one per GPU.
+    #[arg(long)]
+    daemon_per_host: bool,
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 5000)]
+    mps_probe_interval_ms: u64,
+    /// Hard timeout of each MPS probe; a daemon that does not answer in time counts as failed.
+    #[arg(long, default_value_t = 3000)]
+    mps_probe_timeout_ms: u64,
+    /// Consecutive probe failures before the GPU's MPS check turns IMPAIRED.
+    #[arg(long, default_value_t = 3)]
+    mps_failure_threshold: u32,
+    /// Local daemon restarts (within 10 minutes) before giving up.
+    #[arg(long, default_value_t = 3)]
+    mps_max_restarts: u32,
+    /// Stop every task when the agent stops (by default tasks outlive agent restarts).
+    #[arg(long)]
+    stop_tasks_on_exit: bool,
+    /// Where to serve task logs to the server; use an address the server can reach.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    logs_listen: std::net::SocketAddr,
+}
+
+pub fn run(args: AgentArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mps = if args.mps_model {
+        MpsMode::Model
+    } else {
+        match crate::up::find_mps_control(args.mps_control.as_deref()) {
+            Some(p) => MpsMode::Real(p),
+            None => {
+                tracing::warn!(
+                    "nvidia-cuda-mps-control not found (PATH or --mps-control): this host takes no MPS tasks"
+                );
+                MpsMode::Unavailable
+            }
+        }
+    };
+    let policy = MpsPolicy {
+        probe_interval: Duration::from_millis(args.mps_probe_interval_ms),
+        probe_timeout: Duration::from_millis(args.mps_probe_timeout_ms),
+        failure_threshold: args.mps_failure_threshold,
+        max_local_restarts: args.mps_max_restarts,
+        ..MpsPolicy::default()
+    };
+    policy.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    anyhow::ensure!(
+        args.heartbeat_ms >= 100,
+        "--heartbeat-ms must be at least 100, got {}",
+        args.heartbeat_ms
+    );
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let hostname = args.hostname.unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_or_else(|_| "localhost".into(), |h| h.trim().into())
+    });
+    let cfg = AgentConfig {
+        server: args.server,
+        join_token: args.join_token,
+        pool: args.pool,
+        data_dir: args.data_dir,
+        hostname,
+        emulate_gpus: args.emulate_gpus,
+        mps,
+        daemon_per_host: args.daemon_per_host,
+        policy,
+        heartbeat: Duration::from_millis(args.heartbeat_ms),
+        stop_tasks_on_exit: args.stop_tasks_on_exit,
+        shim: vec![exe.into_os_string(), "shim".into()],
+        logs_listen: args.logs_listen,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! `mpsfleet up`: a server and N local hosts on this machine, for trying everything out.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use mpsfleet_core::clock::SystemClock;
+use mpsfleet_server::provider::{CapacityProvider, LocalProvider};
+use mpsfleet_types::{CreatePool, OwnershipMode};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Local hosts to start (agents as child processes).
+    #[arg(long, default_value_t = 2)]
+    hosts: u32,
+    /// Emulated GPUs per host when NVML finds none.
+    #[arg(long, default_value_t = 2)]
+    gpus_per_host: u32,
+    /// The emulated GPU: MODEL:MEMORY_MIB (an H200 by default).
+    #[arg(long, default_value = "H200:143771")]
+    gpu: String,
+    /// Ownership mode of the pool `up` creates.
+    #[arg(long, value_parser = ["managed", "self-managed"], default_value = "managed")]
+    mode: String,
+    #[arg(long, default_value = "default")]
+    pool: String,
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    #[arg(long, default_value = ".mpsfleet")]
+    data_dir: PathBuf,
+    /// Path of nvidia-cuda-mps-control (default: PATH, then target/mps from scripts/install-mps.sh).
+    #[arg(long)]
+    mps_control: Option<PathBuf>,
+}
+
+/// Where the CLI looks for its server and token when neither flag nor variable is given.
+pub fn client_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("mpsfleet").join("config.json"))
+}
+
+/// Finds the real MPS control binary: the flag, PATH, or the copy scripts/install-mps.sh makes.
+pub fn find_mps_control(flag: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = flag {
+        return Some(p.to_path_buf());
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|d| d.join("nvidia-cuda-mps-control")).find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let local = PathBuf::from("target/mps/usr/bin/nvidia-cuda-mps-control");
+        local.is_file().then(|| local.canonicalize().unwrap_or(local))
+    })
+}
+
+pub fn run(args: UpArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    anyhow::ensure!((1..=64).contains(&args.hosts), "--hosts must be from 1 to 64, got {}", args.hosts);
+    anyhow::ensure!(
+        (1..=64).contains(&args.gpus_per_host),
+        "--gpus-per-host must be from 1 to 64, got {}",
+        args.gpus_per_host
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(up(args))
+}
+
+async fn up(args: UpArgs) -> Result<()> {
+    let dir = &args.data_dir;
+    let mut opened = mpsfleet_server::open(dir, Arc::new(SystemClock))
+        .with_context(|| format!("cannot open the data dir {}", dir.display()))?;
+    let mode = if args.mode == "managed" { OwnershipMode::Managed } else { OwnershipMode::SelfManaged };
+    if opened.cluster.pool(&args.pool).is_err() {
+        opened.cluster.create_pool(CreatePool {
+            name: args.pool.clone(),
+            mode: Some(mode),
+            strategy: None,
+            compute_overcommit_percent: None,
+        })?;
+    }
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
+    let admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE).context("cannot read the admin token")?;
+    let join_token = read(mpsfleet_server::JOIN_TOKEN_FILE).context("cannot read the join token")?;
+
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| {
+        format!("cannot listen on {} (is another server running? try --listen)", args.listen)
+    })?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, async {
+        let _ = stop_rx.await;
+    }));
+
+    // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
+    let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
+    let hosts = if real_gpus { 1 } else { args.hosts };
+    let mut agent_args = vec![
+        "--server".to_string(),
+        url.clone(),
+        "--join-token".into(),
+        join_token,
+        "--pool".into(),
+        args.pool.clone(),
+        "--stop-tasks-on-exit".into(),
+    ];
+    if !real_gpus {
+        agent_args.extend(["--emulate-gpus".into(), format!("{}:{}", args.gpu, args.gpus_per_host)]);
+    }
+    let mps = find_mps_control(args.mps_control.as_deref());
+    match &mps {
+        Some(p) => agent_args.extend(["--mps-control".into(), p.display().to_string()]),
+        None => agent_args.push("--mps-model".into()),
+    }
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let provider = LocalProvider::new(exe, dir.join("hosts"), agent_args, Duration::from_secs(40));
+    for i in 0..hosts {
+        provider.launch(&format!("local-{i}"))?;
+    }
+
+    if let Some(path) = client_config_path() {
+        let config = serde_json::json!({ "server": url, "token": admin_token });
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).ok();
+        }
+        mpsfleet_server::auth::write_secret(&path, &config.to_string())
+            .with_context(|| format!("cannot write the client config {}", path.display()))?;
+        println!("client config: {} (the CLI in another terminal uses it)", path.display());
+    }
+    println!("mpsfleet up: server {url}, pool {} ({}), {hosts} host(s)", args.pool, args.mode);
+    if real_gpus {
+        println!("GPUs: real, found through NVML (one host: this machine)");
+        if args.hosts > 1 {
+            println!("note: --hosts {} ignored: every local host would see the same GPUs", args.hosts);
+        }
+    } else {
+        println!(
+            "GPUs: emulated, {} x {} per host (no NVIDIA GPU found through NVML)",
+            args.gpus_per_host, args.gpu
+        );
+    }
+    match &mps {
+        Some(p) => println!("MPS: the real daemon, {}", p.display()),
+        None => println!(
+            "MPS: emulated by the in-process model (nvidia-cuda-mps-control not found); \
+             run 'bash scripts/install-mps.sh' to use the real daemon"
+        ),
+    }
+    println!("admin token: {admin_token}");
+    println!("agent logs: {}/hosts/*/agent.log", dir.display());
+    println!("try: mpsfleet host list; press Ctrl-C to stop everything");
+
+    tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+    println!("stopping {} agent(s), their tasks and MPS daemons...", provider.hosts().len());
+    tokio::task::spawn_blocking(move || {
+        for name in provider.hosts() {
+            if let Err(e) = provider.terminate(&name) {
+                eprintln!("warning: {e}");
+            }
+        }
+    })
+    .await?;
+    let _ = stop_tx.send(());
+    server.await??;
+    println!("stopped");
+    Ok(())
+}

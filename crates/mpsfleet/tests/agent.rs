@@ -1,0 +1,382 @@
+//! Process tests of the agent: the real server and agent binaries, the real MPS control
+//! daemon (from scripts/install-mps.sh), tasks as real processes.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn task_in(admin: &Client, id: &TaskId, status: TaskStatus) -> Task {
+    eventually(WAIT, &format!("task {id} to be {}", status.as_str()), || async {
+        admin.describe_task(&id.to_string()).await.ok().filter(|t| t.last_status == status)
+    })
+    .await
+}
+
+async fn run_one(admin: &Client, family: &str) -> Task {
+    let out = admin
+        .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
+    out.tasks.into_iter().next().unwrap()
+}
+
+/// A task that writes its environment to `out` and then sleeps.
+fn env_dumper(family: &str, out: &Path, mps: serde_json::Value) -> Vec<u8> {
+    taskdef(serde_json::json!({
+        "family": family,
+        "containerDefinitions": [{
+            "name": "main",
+            "command": ["/bin/sh", "-c", format!("echo started $MPSFLEET_TASK_ID; env > {}.tmp && mv {0}.tmp {0}; exec sleep 600", out.display())],
+            "environment": [{"name": "GREETING", "value": "hello"}],
+            "stopTimeout": 5,
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": mps}}]
+        }]
+    }))
+}
+
+fn env_of(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+fn var<'a>(env: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+}
+
+/// The pid of the daemon the agent started for GPU `index` (from its daemon record).
+fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
+    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["pid"].as_u64().expect("pid in daemon.json") as u32
+}
+
+fn alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'))
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let agent = Agent::start(&server, &dir.path().join("a"), 2, &mps, &[]);
+
+    let out = dir.path().join("env.txt");
+    admin
+        .register_taskdef(env_dumper(
+            "dump",
+            &out,
+            serde_json::json!({"memory": 4096, "maxComputePercent": 25}),
+        ))
+        .await
+        .unwrap();
+    let out2 = dir.path().join("env2.txt");
+    admin.register_taskdef(env_dumper("dump2", &out2, serde_json::json!({"memory": 2048}))).await.unwrap();
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+    let t = run_one(&admin, "dump").await;
+    let t = task_in(&admin, &t.id, TaskStatus::Running).await;
+    let t2 = run_one(&admin, "dump2").await;
+    task_in(&admin, &t2.id, TaskStatus::Running).await;
+    eventually(WAIT, "the task to write its environment", || async { out.exists().then_some(()) }).await;
+    eventually(WAIT, "the second task to write its environment", || async { out2.exists().then_some(()) })
+        .await;
+
+    let env = env_of(&out);
+    assert_eq!(var(&env, "GREETING"), Some("hello"), "{}", agent.log());
+    assert_eq!(var(&env, "CUDA_VISIBLE_DEVICES"), Some(t.gpu_ids[0].as_str()));
+    assert_eq!(var(&env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), Some("0=4096M"));
+    assert_eq!(var(&env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("25"));
+    assert_eq!(var(&env_of(&out2), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), None, "only when declared");
+
+    // The pipe directory is where this GPU's daemon answers: ask it through that directory.
+    let pipe = var(&env, "CUDA_MPS_PIPE_DIRECTORY").expect("CUDA_MPS_PIPE_DIRECTORY").to_string();
+    let mut ask = Command::new(&mps)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    ask.stdin.take().unwrap().write_all(b"get_default_active_thread_percentage\n").unwrap();
+    let answer = ask.wait_with_output().unwrap();
+    assert!(answer.status.success(), "no daemon answered on {pipe}");
+    assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
+    // `task logs` reaches the agent through the server.
+    let logs = admin.task_logs(&t.id.to_string(), None, false, 4096).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&logs).trim(), format!("started {}", t.id));
+    let err = admin.task_logs(&t.id.to_string(), Some("../../etc"), false, 4096).await.unwrap_err();
+    assert!(matches!(err, mpsfleet_client::ClientError::Api { .. }), "{err}");
+    let view = admin.describe_host(t.host_id.as_ref().unwrap().as_str()).await.unwrap();
+    let check = view.checks.iter().find(|c| c.gpu_id.as_ref() == Some(&t.gpu_ids[0])).expect("an MPS check");
+    assert_eq!((check.name.as_str(), check.status), ("MPS_DAEMON", HealthStatus::Ok));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let agent_dir = dir.path().join("a");
+    let agent = Agent::start(
+        &server,
+        &agent_dir,
+        1,
+        &mps,
+        &["--mps-probe-timeout-ms", "500", "--mps-probe-interval-ms", "60000"],
+    );
+    let out = dir.path().join("env.txt");
+    admin.register_taskdef(env_dumper("dump", &out, serde_json::json!({"memory": 1024}))).await.unwrap();
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+
+    // A stopped daemon accepts connections and never answers: the check must time out.
+    let pid = daemon_pid(&agent_dir, 0);
+    signal(pid, "-STOP");
+    let t = run_one(&admin, "dump").await;
+    let t = task_in(&admin, &t.id, TaskStatus::Stopped).await;
+    signal(pid, "-CONT");
+    assert_eq!(t.stop_code, Some(StopCode::MpsDaemonUnavailable), "{}", agent.log());
+    let reason = t.stopped_reason.unwrap_or_default();
+    assert!(reason.contains("timed out"), "{reason}");
+    assert!(!out.exists(), "the task ran although its daemon did not answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let agent_dir = dir.path().join("a");
+    let mut agent = Agent::start(&server, &agent_dir, 1, &mps, &[]);
+    let marker = dir.path().join("exit-now");
+    let pids = dir.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    for (family, script) in [
+        ("stays", format!("echo $$ > {}/stays; exec sleep 600", pids.display())),
+        (
+            "leaves",
+            format!(
+                "echo $$ > {}/leaves; while [ ! -e {} ]; do sleep 0.1; done; exit 3",
+                pids.display(),
+                marker.display()
+            ),
+        ),
+    ] {
+        admin
+            .register_taskdef(taskdef(serde_json::json!({
+                "family": family,
+                "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script], "stopTimeout": 5,
+                    "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]
+            })))
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+    let stays = run_one(&admin, "stays").await;
+    let leaves = run_one(&admin, "leaves").await;
+    task_in(&admin, &stays.id, TaskStatus::Running).await;
+    task_in(&admin, &leaves.id, TaskStatus::Running).await;
+    let pid_of = |name: &str| -> u32 {
+        std::fs::read_to_string(pids.join(name)).unwrap_or_default().trim().parse().unwrap_or(0)
+    };
+    eventually(WAIT, "both tasks to write their pids", || async {
+        (pid_of("stays") > 0 && pid_of("leaves") > 0).then_some(())
+    })
+    .await;
+    let (stays_pid, leaves_pid) = (pid_of("stays"), pid_of("leaves"));
+
+    agent.kill9();
+    assert!(alive(stays_pid) && alive(leaves_pid), "killing the agent killed its tasks");
+    std::fs::write(&marker, b"").unwrap();
+    eventually(WAIT, "the second task to exit while the agent is down", || async {
+        (!alive(leaves_pid)).then_some(())
+    })
+    .await;
+
+    let agent = Agent::start(&server, &agent_dir, 1, &mps, &[]);
+    let left = task_in(&admin, &leaves.id, TaskStatus::Stopped).await;
+    assert_eq!(left.stop_code, Some(StopCode::EssentialContainerExited), "{}", agent.log());
+    assert!(
+        left.stopped_reason.as_deref().unwrap_or_default().contains("status 3"),
+        "{:?}",
+        left.stopped_reason
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still = admin.describe_task(&stays.id.to_string()).await.unwrap();
+    assert_eq!(still.last_status, TaskStatus::Running);
+    assert!(alive(stays_pid), "the restarted agent restarted or killed a running task");
+    assert_eq!(admin.list_hosts(None).await.unwrap().len(), 1, "the agent registered a second time");
+
+    // The adopted task can still be stopped through the API.
+    admin.stop_task(&stays.id.to_string(), None).await.unwrap();
+    let stopped = task_in(&admin, &stays.id, TaskStatus::Stopped).await;
+    assert_eq!(stopped.stop_code, Some(StopCode::UserInitiated));
+    assert!(!alive(stays_pid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let _agent = Agent::start(&server, &dir.path().join("a"), 1, &mps, &[]);
+    let alive_file = dir.path().join("alive");
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "probed",
+            "containerDefinitions": [{"name": "main", "command": ["sleep", "600"], "stopTimeout": 2,
+                "healthCheck": {"command": ["CMD-SHELL", format!("test -e {}", alive_file.display())],
+                    "interval": 5, "timeout": 2, "retries": 1, "startPeriod": 0},
+                "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]
+        })))
+        .await
+        .unwrap();
+    std::fs::write(&alive_file, b"").unwrap();
+    admin
+        .create_service(&CreateService {
+            name: "probed".into(),
+            pool: "gpu".into(),
+            task_definition: "probed".into(),
+            desired_count: 1,
+        })
+        .await
+        .unwrap();
+    let q = TaskQuery { service: Some("probed".into()), ..Default::default() };
+    let first = eventually(WAIT, "a healthy replica", || async {
+        admin.list_tasks(&q).await.ok()?.into_iter().find(|t| t.health_status == TaskHealth::Healthy)
+    })
+    .await;
+    std::fs::remove_file(&alive_file).unwrap();
+    let dead = task_in(&admin, &first.id, TaskStatus::Stopped).await;
+    assert_eq!(dead.stop_code, Some(StopCode::Unhealthy));
+    std::fs::write(&alive_file, b"").unwrap();
+    eventually(WAIT, "a replacement replica RUNNING", || async {
+        admin
+            .list_tasks(&q)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|t| t.id != first.id && t.last_status == TaskStatus::Running)
+    })
+    .await;
+}
+
+/// Kills `mpsfleet up` if the test fails before it stops it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
+    if mps_control().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .env("HOME", dir.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = up.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut up = KillOnDrop(up);
+    let mut url = None;
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.starts_with("try:")) {
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("up printed its summary");
+        if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
+            url = Some(u.to_string());
+        }
+        lines.push(line);
+    }
+    assert!(lines.iter().any(|l| l.contains("MPS: the real daemon")), "{lines:?}");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(".config/mpsfleet/config.json")).unwrap())
+            .unwrap();
+    let admin = Client::new(url.as_deref().unwrap(), config["token"].as_str().map(String::from)).unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        eventually(WAIT, "two ACTIVE hosts", || async {
+            admin
+                .list_hosts(None)
+                .await
+                .ok()
+                .filter(|h| h.len() == 2 && h.iter().all(|h| h.status == HostStatus::Active))
+        })
+        .await;
+        admin.register_taskdef(mps_taskdef("web", 8192)).await.unwrap();
+        admin
+            .create_service(&CreateService {
+                name: "web".into(),
+                pool: "default".into(),
+                task_definition: "web".into(),
+                desired_count: 6,
+            })
+            .await
+            .unwrap();
+        let running = eventually(WAIT, "6 RUNNING tasks", || async {
+            let ts = admin.list_tasks(&TaskQuery::default()).await.ok()?;
+            (ts.iter().filter(|t| t.last_status == TaskStatus::Running).count() == 6).then_some(ts)
+        })
+        .await;
+        let hosts: std::collections::BTreeSet<_> = running.iter().filter_map(|t| t.host_id.clone()).collect();
+        let gpus: std::collections::BTreeSet<_> = running.iter().flat_map(|t| t.gpu_ids.clone()).collect();
+        assert_eq!((hosts.len(), gpus.len()), (2, 4), "replicas spread over both hosts and all GPUs");
+    });
+
+    assert!(!processes_mentioning(&data.display().to_string()).is_empty(), "up started nothing?");
+    signal(up.0.id(), "-INT");
+    let status = up.0.wait().unwrap();
+    assert!(status.success(), "up exited with {status}");
+    let left = processes_mentioning(&data.display().to_string());
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
