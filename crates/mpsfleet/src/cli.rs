@@ -376,6 +376,15 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
             let headers =
                 ["INDEX", "GPU", "MODEL", "SHARING", "TOTAL MiB", "FREE MiB", "CLIENTS", "COMPUTE %"];
             print!("{}", output::table(&headers, &rows));
+            if !one.checks.is_empty() {
+                println!();
+                let rows: Vec<Vec<String>> = one
+                    .checks
+                    .iter()
+                    .map(|c| vec![c.name.clone(), opt(&c.gpu_id), c.status.as_str().into(), c.reason.clone()])
+                    .collect();
+                print!("{}", output::table(&["CHECK", "GPU", "STATUS", "REASON"], &rows));
+            }
         }
     }
     Ok(())

@@ -245,6 +245,48 @@ async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server_dir = dir.path().join("server");
+    let mut server = Server::start(&server_dir);
+    let listen = server.url.trim_start_matches("http://").to_string();
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let agent = Agent::start(&server, &dir.path().join("a"), 1, &mps, &[]);
+    let marker = dir.path().join("exit-now");
+    let script = format!("while [ ! -e {} ]; do sleep 0.1; done; exit 4", marker.display());
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "waits",
+            "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script],
+                "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]
+        })))
+        .await
+        .unwrap();
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+    let t = run_one(&admin, "waits").await;
+    task_in(&admin, &t.id, TaskStatus::Running).await;
+
+    server.kill9();
+    std::fs::write(&marker, b"").unwrap();
+    // Give the agent time to see the exit and fail to report it at least once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let server = Server::start_on(&server_dir, &listen);
+    let admin = server.admin();
+    let stopped = task_in(&admin, &t.id, TaskStatus::Stopped).await;
+    assert_eq!(stopped.stop_code, Some(StopCode::EssentialContainerExited), "{}", agent.log());
+    assert!(
+        stopped.stopped_reason.as_deref().unwrap_or_default().contains("status 4"),
+        "{:?}",
+        stopped.stopped_reason
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
     let Some(mps) = mps_control() else { return };
     let dir = tempfile::tempdir().unwrap();

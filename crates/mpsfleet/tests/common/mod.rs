@@ -23,8 +23,13 @@ pub struct Server {
 impl Server {
     /// Starts the binary on a free port and waits until it listens.
     pub fn start(data_dir: &Path) -> Server {
+        Server::start_on(data_dir, "127.0.0.1:0")
+    }
+
+    /// Starts the binary on `listen` (to restart a server at the address its agents know).
+    pub fn start_on(data_dir: &Path, listen: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["server", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .env("MPSFLEET_LOG", "warn")
             .stdout(Stdio::piped())

@@ -1,0 +1,77 @@
+//! GPU-only: a CUDA program run by the agent as an MPS task cannot allocate past the memory its
+//! task definition declares. Skipped, with the reason printed, where there is no NVIDIA GPU.
+
+mod common;
+
+use common::*;
+use mpsfleet_types::*;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const PROGRAM: &str = r#"
+#include <cstdio>
+#include <cuda_runtime.h>
+int main() {
+    void *p = nullptr;
+    // The task declares 1024 MiB: 1536 MiB must fail, 512 MiB must succeed.
+    cudaError_t over = cudaMalloc(&p, 1536ull << 20);
+    if (over == cudaSuccess) cudaFree(p);
+    cudaError_t under = cudaMalloc(&p, 512ull << 20);
+    printf("over_limit=%s under_limit=%s\n", over == cudaSuccess ? "ok" : "fail",
+           under == cudaSuccess ? "ok" : "fail");
+    return 0;
+}
+"#;
+
+fn which(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cuda_program_cannot_allocate_past_its_declared_memory() {
+    if let Err(e) = mpsfleet_agent::discovery::nvml() {
+        println!("skipped: no NVIDIA GPU on this machine ({e})");
+        return;
+    }
+    let Some(nvcc) = which("nvcc") else {
+        println!("skipped: a GPU is present but nvcc (CUDA toolkit) is not on PATH");
+        return;
+    };
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("alloc.cu");
+    let bin = dir.path().join("alloc");
+    std::fs::write(&src, PROGRAM).unwrap();
+    assert!(Command::new(nvcc).arg(&src).arg("-o").arg(&bin).status().unwrap().success(), "nvcc failed");
+
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let _agent = Agent::start(&server, &dir.path().join("a"), 1, &mps, &[]);
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "alloc",
+            "containerDefinitions": [{"name": "main", "command": [bin.display().to_string()],
+                "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]
+        })))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(120), "an ACTIVE host", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.iter().any(|h| h.status == HostStatus::Active))
+    })
+    .await;
+    let t = admin
+        .run_task(&RunTask { task_definition: "alloc".into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
+    let id = t.tasks[0].id.to_string();
+    let done = eventually(Duration::from_secs(120), "the CUDA task to finish", || async {
+        admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
+    })
+    .await;
+    let out = String::from_utf8_lossy(&admin.task_logs(&id, None, false, 4096).await.unwrap()).to_string();
+    println!("task {id}: {:?}; output: {out}", done.stopped_reason);
+    assert!(out.contains("over_limit=fail under_limit=ok"), "{out}");
+}
