@@ -85,13 +85,15 @@ impl Client {
         Client { token: Some(token), ..self.clone() }
     }
 
-    async fn call<T: DeserializeOwned>(
+    /// Sends a request and returns the body of a successful answer; an error answer becomes
+    /// [`ClientError::Api`].
+    async fn fetch(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
-    ) -> Result<T> {
+    ) -> Result<(String, Vec<u8>)> {
         let url = format!("{}{}", self.base, path);
         let mut req = self.http.request(method, &url);
         if !query.is_empty() {
@@ -113,6 +115,17 @@ impl Client {
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &bytes));
         }
+        Ok((url, bytes.to_vec()))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<T> {
+        let (url, bytes) = self.fetch(method, path, query, body).await?;
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode { url, message: e.to_string() })
     }
 
@@ -193,7 +206,6 @@ impl Client {
         stderr: bool,
         tail: u64,
     ) -> Result<Vec<u8>> {
-        let url = format!("{}/v1/tasks/{}/logs", self.base, seg(id));
         let mut q = vec![
             ("stream", if stderr { "stderr" } else { "stdout" }.to_string()),
             ("tail", tail.to_string()),
@@ -201,21 +213,7 @@ impl Client {
         if let Some(c) = container {
             q.push(("container", c.to_string()));
         }
-        let mut req = self.http.get(&url).query(&q);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp =
-            req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
-        let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
-        if !status.is_success() {
-            return Err(api_error(status.as_u16(), &bytes));
-        }
-        Ok(bytes.to_vec())
+        Ok(self.fetch(Method::GET, &format!("/v1/tasks/{}/logs", seg(id)), &q, None).await?.1)
     }
 
     // services

@@ -653,25 +653,15 @@ impl Cluster {
     fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), ApiError> {
         let now = self.now();
         for _ in 0..count {
-            let mut task = Task {
-                id: self.next_task_id(),
-                task_definition: spec.task_definition.clone(),
-                pool: spec.pool.clone(),
-                group: spec.group.clone(),
-                last_status: TaskStatus::Pending,
-                desired_status: TaskStatus::Running,
-                health_status: TaskHealth::Unknown,
-                ready: false,
-                host_id: None,
-                gpu_ids: Vec::new(),
-                pending_reason: None,
-                stop_code: None,
-                stopped_reason: None,
-                started_by: spec.started_by.clone(),
-                created_at_ms: now,
-                started_at_ms: None,
-                stopped_at_ms: None,
-            };
+            let id = self.next_task_id();
+            let mut task = Task::new(
+                id,
+                spec.task_definition.clone(),
+                spec.pool.clone(),
+                spec.group.clone(),
+                spec.started_by.clone(),
+                now,
+            );
             let req = self.request_for(&task)?;
             let outcome = self.sched.place(&req);
             self.apply_placement(&mut task, &outcome);

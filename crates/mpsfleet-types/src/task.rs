@@ -124,6 +124,36 @@ pub struct Task {
 }
 
 impl Task {
+    /// A new task, waiting to be placed: `PENDING`, desired `RUNNING`, health unknown.
+    pub fn new(
+        id: TaskId,
+        task_definition: TaskDefRef,
+        pool: PoolName,
+        group: Option<ServiceName>,
+        started_by: String,
+        created_at_ms: u64,
+    ) -> Task {
+        Task {
+            id,
+            task_definition,
+            pool,
+            group,
+            last_status: TaskStatus::Pending,
+            desired_status: TaskStatus::Running,
+            health_status: TaskHealth::Unknown,
+            ready: false,
+            host_id: None,
+            gpu_ids: Vec::new(),
+            pending_reason: None,
+            stop_code: None,
+            stopped_reason: None,
+            started_by,
+            created_at_ms,
+            started_at_ms: None,
+            stopped_at_ms: None,
+        }
+    }
+
     /// Whether the task holds GPU capacity: placed and not yet stopped.
     pub fn holds_capacity(&self) -> bool {
         self.host_id.is_some() && self.last_status != TaskStatus::Stopped

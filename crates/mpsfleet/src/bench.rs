@@ -3,9 +3,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, PoolConfig, Request, Scheduler};
-use mpsfleet_types::{
-    GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskHealth, TaskId, TaskStatus,
-};
+use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
 use std::time::Instant;
 
 #[derive(Subcommand)]
@@ -136,25 +134,7 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
     let (mut placed, mut unplaced) = (0u64, 0u64);
     for (i, r) in requests.iter().enumerate() {
         let outcome = s.place(r);
-        let mut task = Task {
-            id: TaskId(i as u64),
-            task_definition: family.clone(),
-            pool: pool_name.clone(),
-            group: None,
-            last_status: TaskStatus::Pending,
-            desired_status: TaskStatus::Running,
-            health_status: TaskHealth::Unknown,
-            ready: false,
-            host_id: None,
-            gpu_ids: Vec::new(),
-            pending_reason: None,
-            stop_code: None,
-            stopped_reason: None,
-            started_by: String::new(),
-            created_at_ms: 0,
-            started_at_ms: None,
-            stopped_at_ms: None,
-        };
+        let mut task = Task::new(TaskId(i as u64), family.clone(), pool_name.clone(), None, String::new(), 0);
         match outcome {
             Ok(p) => {
                 placed += 1;

@@ -70,15 +70,32 @@ fn signal(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
-    let Some(mps) = mps_control() else { return };
+/// A server with pool `gpu` and one ACTIVE host of `gpus` emulated GPUs with the real daemon.
+struct OneHost {
+    dir: tempfile::TempDir,
+    server: Server,
+    admin: Client,
+    agent: Agent,
+    mps: std::path::PathBuf,
+}
+
+async fn one_host(gpus: u32, extra: &[&str]) -> Option<OneHost> {
+    let mps = mps_control()?;
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("server"));
     let admin = server.admin();
     create_pool(&admin, "gpu").await;
-    let agent = Agent::start(&server, &dir.path().join("a"), 2, &mps, &[]);
+    let agent = Agent::start(&server, &dir.path().join("a"), gpus, &mps, extra);
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+    Some(OneHost { dir, server, admin, agent, mps })
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
+    let Some(OneHost { dir, admin, agent, mps, server: _server }) = one_host(2, &[]).await else { return };
     let out = dir.path().join("env.txt");
     admin
         .register_taskdef(env_dumper(
@@ -90,10 +107,6 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
         .unwrap();
     let out2 = dir.path().join("env2.txt");
     admin.register_taskdef(env_dumper("dump2", &out2, serde_json::json!({"memory": 2048}))).await.unwrap();
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
     let t = run_one(&admin, "dump").await;
     let t = task_in(&admin, &t.id, TaskStatus::Running).await;
     let t2 = run_one(&admin, "dump2").await;
@@ -134,25 +147,11 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
-    let Some(mps) = mps_control() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("server"));
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let agent_dir = dir.path().join("a");
-    let agent = Agent::start(
-        &server,
-        &agent_dir,
-        1,
-        &mps,
-        &["--mps-probe-timeout-ms", "500", "--mps-probe-interval-ms", "60000"],
-    );
+    let extra = ["--mps-probe-timeout-ms", "500", "--mps-probe-interval-ms", "60000"];
+    let Some(OneHost { dir, admin, agent, server: _server, .. }) = one_host(1, &extra).await else { return };
+    let agent_dir = agent.data_dir.clone();
     let out = dir.path().join("env.txt");
     admin.register_taskdef(env_dumper("dump", &out, serde_json::json!({"memory": 1024}))).await.unwrap();
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
 
     // A stopped daemon accepts connections and never answers: the check must time out.
     let pid = daemon_pid(&agent_dir, 0);
@@ -168,13 +167,8 @@ async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
-    let Some(mps) = mps_control() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("server"));
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let agent_dir = dir.path().join("a");
-    let mut agent = Agent::start(&server, &agent_dir, 1, &mps, &[]);
+    let Some(OneHost { dir, server, admin, mut agent, mps }) = one_host(1, &[]).await else { return };
+    let agent_dir = agent.data_dir.clone();
     let marker = dir.path().join("exit-now");
     let pids = dir.path().join("pids");
     std::fs::create_dir(&pids).unwrap();
@@ -198,10 +192,6 @@ async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
             .await
             .unwrap();
     }
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
     let stays = run_one(&admin, "stays").await;
     let leaves = run_one(&admin, "leaves").await;
     task_in(&admin, &stays.id, TaskStatus::Running).await;
@@ -246,14 +236,9 @@ async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
-    let Some(mps) = mps_control() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let server_dir = dir.path().join("server");
-    let mut server = Server::start(&server_dir);
+    let Some(OneHost { dir, mut server, admin, agent, .. }) = one_host(1, &[]).await else { return };
+    let server_dir = server.data_dir.clone();
     let listen = server.url.trim_start_matches("http://").to_string();
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let agent = Agent::start(&server, &dir.path().join("a"), 1, &mps, &[]);
     let marker = dir.path().join("exit-now");
     let script = format!("while [ ! -e {} ]; do sleep 0.1; done; exit 4", marker.display());
     admin
@@ -264,10 +249,6 @@ async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
         })))
         .await
         .unwrap();
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
     let t = run_one(&admin, "waits").await;
     task_in(&admin, &t.id, TaskStatus::Running).await;
 
@@ -288,12 +269,9 @@ async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
-    let Some(mps) = mps_control() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("server"));
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let _agent = Agent::start(&server, &dir.path().join("a"), 1, &mps, &[]);
+    let Some(OneHost { dir, admin, server: _server, agent: _agent, .. }) = one_host(1, &[]).await else {
+        return;
+    };
     let alive_file = dir.path().join("alive");
     admin
         .register_taskdef(taskdef(serde_json::json!({
