@@ -101,6 +101,20 @@ fn host_id(p: Principal) -> Result<HostId, ApiError> {
     }
 }
 
+/// A query string parsed into `T`, refused with a JSON error naming the problem.
+struct Q<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for Q<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(Q(v)),
+            Err(e) => Err(ApiError::invalid("query", e.body_text())),
+        }
+    }
+}
+
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::MalformedBody(e.to_string()))
 }
@@ -127,11 +141,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/assignments", get(assignments))
         .route("/v1/agent/tasks/{id}/status", post(report_task))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
 async fn not_found() -> ApiError {
     ApiError::not_found("route", "for this method and path")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -161,7 +180,7 @@ struct FamilyQuery {
 async fn list_taskdefs(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<FamilyQuery>,
+    Q(q): Q<FamilyQuery>,
 ) -> Result<Json<Vec<TaskDefinition>>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?))
 }
@@ -207,7 +226,7 @@ struct PoolQuery {
 async fn list_hosts(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<PoolQuery>,
+    Q(q): Q<PoolQuery>,
 ) -> Result<Json<Vec<HostView>>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
 }
@@ -251,7 +270,7 @@ async fn run_tasks(
 async fn list_tasks(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Q(q): Q<HashMap<String, String>>,
 ) -> Result<Json<Vec<Task>>, ApiError> {
     let status = match q.get("status") {
         None => None,
@@ -320,10 +339,13 @@ async fn task_logs(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<LogsQuery>,
+    Q(q): Q<LogsQuery>,
 ) -> Result<Response, ApiError> {
     if q.stream != "stdout" && q.stream != "stderr" {
         return Err(ApiError::invalid("stream", format!("must be stdout or stderr, got {:?}", q.stream)));
+    }
+    if let Some(c) = &q.container {
+        mpsfleet_types::check_name("container name", c).map_err(|e| ApiError::invalid("container", e.to_string()))?;
     }
     if q.tail == 0 || q.tail > MAX_LOG_TAIL {
         return Err(ApiError::invalid(
@@ -436,7 +458,7 @@ struct AssignmentsQuery {
 async fn assignments(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<AssignmentsQuery>,
+    Q(q): Q<AssignmentsQuery>,
 ) -> Result<Response, ApiError> {
     if q.wait_seconds > MAX_WAIT_SECONDS {
         return Err(ApiError::invalid(

@@ -15,6 +15,8 @@ pub enum ApiError {
     MalformedBody(String),
     #[error("{kind} {id} not found")]
     NotFound { kind: &'static str, id: String },
+    #[error("this path does not take this method")]
+    MethodNotAllowed,
     #[error("{kind} {id} already exists")]
     AlreadyExists { kind: &'static str, id: String },
     #[error("{0}")]
@@ -50,6 +52,7 @@ impl ApiError {
             ApiError::InvalidParameter { .. } => (StatusCode::BAD_REQUEST, "InvalidParameter"),
             ApiError::MalformedBody(_) => (StatusCode::BAD_REQUEST, "MalformedBody"),
             ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             ApiError::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),

@@ -139,7 +139,9 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
     let logs = admin.task_logs(&t.id.to_string(), None, false, 4096).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&logs).trim(), format!("started {}", t.id));
     let err = admin.task_logs(&t.id.to_string(), Some("../../etc"), false, 4096).await.unwrap_err();
-    assert!(matches!(err, mpsfleet_client::ClientError::Api { .. }), "{err}");
+    assert_eq!(err.code(), Some("InvalidParameter"), "{err}");
+    let err = admin.task_logs(&t.id.to_string(), Some("other"), false, 4096).await.unwrap_err();
+    assert_eq!(err.code(), Some("NotFound"), "{err}");
     let view = admin.describe_host(t.host_id.as_ref().unwrap().as_str()).await.unwrap();
     let check = view.checks.iter().find(|c| c.gpu_id.as_ref() == Some(&t.gpu_ids[0])).expect("an MPS check");
     assert_eq!((check.name.as_str(), check.status), ("MPS_DAEMON", HealthStatus::Ok));

@@ -319,3 +319,33 @@ async fn services_keep_their_count_and_spread_replicas() {
         admin.list_tasks(&q).await.unwrap().iter().all(|t| t.desired_status == TaskStatus::Stopped);
     assert!(all_stopping);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_json_with_a_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let http = reqwest::Client::new();
+    let token = server.admin_token();
+    let anonymous = http.get(format!("{}/v1/agent/assignments", server.url)).send().await.unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let cases = [
+        (reqwest::Method::GET, "/v1/tasks?limit=lots", 400, "InvalidParameter"),
+        (reqwest::Method::GET, "/v1/agent/assignments?after=x", 400, "InvalidParameter"),
+        (reqwest::Method::DELETE, "/v1/pools", 405, "MethodNotAllowed"),
+        (reqwest::Method::GET, "/v1/nothing-here", 404, "NotFound"),
+        (reqwest::Method::POST, "/v1/pools", 400, "MalformedBody"),
+    ];
+    for (method, path, status, code) in cases {
+        let resp = http
+            .request(method.clone(), format!("{}{path}", server.url))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{method} {path}");
+        let body: mpsfleet_types::api::ErrorBody =
+            resp.json().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert_eq!(body.code, code, "{method} {path}: {}", body.message);
+        assert!(!body.message.is_empty());
+    }
+}
