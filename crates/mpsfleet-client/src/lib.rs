@@ -170,6 +170,12 @@ impl Client {
     pub async fn describe_pool(&self, name: &str) -> Result<Pool> {
         self.get(&format!("/v1/pools/{}", seg(name))).await
     }
+    pub async fn update_pool(&self, name: &str, req: &UpdatePool) -> Result<Pool> {
+        self.send(Method::PATCH, &format!("/v1/pools/{}", seg(name)), req).await
+    }
+    pub async fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation> {
+        self.get(&format!("/v1/pools/{}/explain", seg(name))).await
+    }
 
     // hosts
     pub async fn list_hosts(&self, pool: Option<&str>) -> Result<Vec<HostView>> {

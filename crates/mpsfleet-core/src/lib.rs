@@ -1,6 +1,10 @@
-//! mpsfleet's pure core: task definition validation, GPU placement and the clock seam.
+//! mpsfleet's pure core: task definition validation, GPU placement, host health evaluation,
+//! remediation planning, the responsibility record, and the clock seam.
 //! Nothing here does I/O or reads the time by itself.
 
 pub mod clock;
+pub mod explain;
+pub mod health;
+pub mod remediation;
 pub mod scheduler;
 pub mod taskdef;

@@ -125,7 +125,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/taskdefs", post(register_taskdef).get(list_taskdefs))
         .route("/v1/taskdefs/{reference}", get(describe_taskdef))
         .route("/v1/pools", post(create_pool).get(list_pools))
-        .route("/v1/pools/{name}", get(describe_pool))
+        .route("/v1/pools/{name}", get(describe_pool).patch(update_pool))
+        .route("/v1/pools/{name}/explain", get(explain_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{id}", get(describe_host))
         .route("/v1/hosts/{id}/cordon", post(cordon_host))
@@ -214,6 +215,24 @@ async fn describe_pool(
     Path(name): Path<String>,
 ) -> Result<Json<Pool>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| c.pool(&name)).await?))
+}
+
+async fn update_pool(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Pool>, ApiError> {
+    let req: UpdatePool = parse(&body)?;
+    Ok(Json(st.call(&headers, admin, move |c, _| c.update_pool(&name, req)).await?))
+}
+
+async fn explain_pool(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<mpsfleet_core::explain::Explanation>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.explain_pool(&name)).await?))
 }
 
 // ---- hosts ------------------------------------------------------------------------------
@@ -345,7 +364,8 @@ async fn task_logs(
         return Err(ApiError::invalid("stream", format!("must be stdout or stderr, got {:?}", q.stream)));
     }
     if let Some(c) = &q.container {
-        mpsfleet_types::check_name("container name", c).map_err(|e| ApiError::invalid("container", e.to_string()))?;
+        mpsfleet_types::check_name("container name", c)
+            .map_err(|e| ApiError::invalid("container", e.to_string()))?;
     }
     if q.tail == 0 || q.tail > MAX_LOG_TAIL {
         return Err(ApiError::invalid(

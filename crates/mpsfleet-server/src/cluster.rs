@@ -249,25 +249,63 @@ impl Cluster {
         if self.pools.contains_key(&name) {
             return Err(ApiError::AlreadyExists { kind: "pool", id: name.to_string() });
         }
-        if let Some(c) = req.compute_overcommit_percent {
-            if !(1..=4800).contains(&c) {
-                return Err(ApiError::invalid(
-                    "computeOvercommitPercent",
-                    format!("must be an integer from 1 to 4800, got {c}"),
-                ));
-            }
-        }
+        let mode = req.mode.unwrap_or(OwnershipMode::Managed);
         let pool = Pool {
             name: name.clone(),
-            mode: req.mode.unwrap_or(OwnershipMode::Managed),
+            mode,
             strategy: req.strategy.unwrap_or_default(),
             compute_overcommit_percent: req.compute_overcommit_percent,
+            health_policy: req.health_policy.unwrap_or_default(),
+            remediation_policy: req.remediation_policy.unwrap_or_default(),
+            // A managed pool without a provider is repaired by draining only; `up` sets `local`.
+            provider: req.provider,
             created_at_ms: self.now(),
         };
+        check_pool(&pool)?;
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
         Ok(pool)
+    }
+
+    /// Changes a pool's placement settings or policies; nothing restarts. Placement changes
+    /// apply to the next placement, policy changes to the next evaluation.
+    pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, ApiError> {
+        let current = self
+            .pools
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| ApiError::not_found("pool", name))?;
+        let mut pool = current.value.clone();
+        if let Some(s) = req.strategy {
+            pool.strategy = s;
+        }
+        if req.compute_overcommit_percent.is_some() {
+            pool.compute_overcommit_percent = req.compute_overcommit_percent;
+        }
+        if let Some(h) = req.health_policy {
+            pool.health_policy = h;
+        }
+        if let Some(r) = req.remediation_policy {
+            pool.remediation_policy = r;
+        }
+        if req.provider.is_some() {
+            pool.provider = req.provider;
+        }
+        check_pool(&pool)?;
+        if pool != current.value {
+            let expect = Precondition::Version(current.version);
+            let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
+            self.sched.upsert_pool(name, pool_config(&pool));
+            self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
+            self.place_pending(&pool.name)?;
+        }
+        Ok(pool)
+    }
+
+    pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, ApiError> {
+        Ok(mpsfleet_core::explain::explain(&self.pool(name)?))
     }
 
     pub fn pools(&self) -> Vec<Pool> {
@@ -1126,6 +1164,25 @@ pub struct TaskFilter {
     pub host: Option<String>,
     pub status: Option<TaskStatus>,
     pub limit: usize,
+}
+
+/// Checks a pool's settings; errors name the field and its range.
+fn check_pool(p: &Pool) -> Result<(), ApiError> {
+    if let Some(c) = p.compute_overcommit_percent {
+        if !(1..=4800).contains(&c) {
+            return Err(ApiError::invalid(
+                "computeOvercommitPercent",
+                format!("must be an integer from 1 to 4800, got {c}"),
+            ));
+        }
+    }
+    let policy = |e: mpsfleet_types::policy::PolicyError| ApiError::invalid(e.field, e.message);
+    p.health_policy.validate().map_err(policy)?;
+    p.remediation_policy.validate().map_err(policy)?;
+    if let Some(provider) = &p.provider {
+        provider.validate().map_err(policy)?;
+    }
+    Ok(())
 }
 
 fn check_desired(d: u32) -> Result<(), ApiError> {

@@ -4,6 +4,8 @@
 pub mod api;
 pub mod host;
 pub mod ids;
+pub mod incident;
+pub mod policy;
 pub mod pool;
 pub mod service;
 pub mod task;
@@ -11,6 +13,8 @@ pub mod taskdef;
 
 pub use host::*;
 pub use ids::*;
+pub use incident::*;
+pub use policy::*;
 pub use pool::*;
 pub use service::*;
 pub use task::*;

@@ -1,6 +1,7 @@
 //! Pools: named groups of hosts with one ownership mode and placement settings.
 
 use crate::ids::PoolName;
+use crate::policy::{HealthPolicy, Provider, RemediationPolicy};
 use serde::{Deserialize, Serialize};
 
 /// Who owns host recovery in a pool.
@@ -52,13 +53,23 @@ pub struct Pool {
     /// limit counts as 100). None: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_overcommit_percent: Option<u32>,
+    /// How hosts are watched and when one is declared bad.
+    #[serde(default)]
+    pub health_policy: HealthPolicy,
+    /// The safety limits on automatic replacement (managed pools).
+    #[serde(default)]
+    pub remediation_policy: RemediationPolicy,
+    /// What launches and terminates hosts; managed pools only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
     pub created_at_ms: u64,
 }
 
 /// Body of `POST /v1/pools`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePool {
+    #[serde(default)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<OwnershipMode>,
@@ -66,4 +77,27 @@ pub struct CreatePool {
     pub strategy: Option<PlacementStrategy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_overcommit_percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_policy: Option<HealthPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_policy: Option<RemediationPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
+}
+
+/// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are
+/// replaced whole (fields left out of a given policy take their defaults).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdatePool {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<PlacementStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_overcommit_percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_policy: Option<HealthPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_policy: Option<RemediationPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
 }

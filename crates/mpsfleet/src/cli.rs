@@ -123,9 +123,26 @@ pub enum PoolCommand {
         /// Bound on the sum of maxComputePercent of the MPS clients of one GPU.
         #[arg(long)]
         compute_overcommit_percent: Option<u32>,
+        /// JSON with any of healthPolicy, remediationPolicy and provider (see docs/pools.md).
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Change a pool's policies or placement settings (JSON as for create); nothing restarts.
+    Update {
+        name: String,
+        #[arg(long, value_parser = ["binpack", "spread"])]
+        strategy: Option<String>,
+        #[arg(long)]
+        compute_overcommit_percent: Option<u32>,
+        #[arg(long)]
+        file: Option<PathBuf>,
     },
     List,
     Describe {
+        name: String,
+    },
+    /// Who notices, decides, repairs and replaces in this pool, from its configuration.
+    Explain {
         name: String,
     },
 }
@@ -390,6 +407,22 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
     Ok(())
 }
 
+/// A JSON body from a file, or the type's defaults without one.
+fn read_json<T: serde::de::DeserializeOwned + Default>(file: Option<&PathBuf>) -> Result<T> {
+    let Some(path) = file else { return Ok(T::default()) };
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a valid pool settings document", path.display()))
+}
+
+fn strategy_of(s: &str) -> PlacementStrategy {
+    if s == "spread" {
+        PlacementStrategy::Spread
+    } else {
+        PlacementStrategy::Binpack
+    }
+}
+
 fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
     pools
         .iter()
@@ -399,27 +432,50 @@ fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
                 p.mode.as_str().into(),
                 p.strategy.as_str().into(),
                 p.compute_overcommit_percent.map_or_else(|| "none".into(), |c| format!("{c}%")),
+                p.provider.as_ref().map_or_else(
+                    || "-".into(),
+                    |p| format!("{} ({} hosts)", p.kind.as_str(), p.desired_hosts),
+                ),
             ]
         })
         .collect()
 }
 
 async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
-    const HEADERS: [&str; 4] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND"];
+    const HEADERS: [&str; 5] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER"];
     let one = match cmd {
-        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent } => {
-            let mode =
+        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent, file } => {
+            let mut req: CreatePool = read_json(file.as_ref())?;
+            req.name = name;
+            req.mode =
                 mode.map(
                     |m| if m == "managed" { OwnershipMode::Managed } else { OwnershipMode::SelfManaged },
                 );
-            let strategy = strategy.map(|s| {
-                if s == "spread" {
-                    PlacementStrategy::Spread
-                } else {
-                    PlacementStrategy::Binpack
+            req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
+            req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
+            c.create_pool(&req).await?
+        }
+        PoolCommand::Update { name, strategy, compute_overcommit_percent, file } => {
+            let mut req: UpdatePool = read_json(file.as_ref())?;
+            req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
+            req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
+            c.update_pool(&name, &req).await?
+        }
+        PoolCommand::Explain { name } => {
+            let e = c.explain_pool(&name).await?;
+            match f {
+                Format::Json => output::print(f, &e, &[], vec![]),
+                Format::Table => {
+                    println!("pool {} ({}): host recovery is owned by {}\n", e.pool, e.mode, e.owner);
+                    let rows = e
+                        .steps()
+                        .iter()
+                        .map(|(step, r)| vec![step.to_string(), r.who.clone(), r.what.clone()])
+                        .collect::<Vec<_>>();
+                    print!("{}", output::table(&["STEP", "WHO", "WHAT"], &rows));
                 }
-            });
-            c.create_pool(&CreatePool { name, mode, strategy, compute_overcommit_percent }).await?
+            }
+            return Ok(());
         }
         PoolCommand::List => {
             let pools = c.list_pools().await?;

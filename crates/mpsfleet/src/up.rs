@@ -83,8 +83,15 @@ async fn up(args: UpArgs) -> Result<()> {
         opened.cluster.create_pool(CreatePool {
             name: args.pool.clone(),
             mode: Some(mode),
+            // Managed pools are repaired with new local hosts; self-managed ones by the operator.
+            provider: (mode == OwnershipMode::Managed).then(|| mpsfleet_types::policy::Provider {
+                kind: mpsfleet_types::policy::ProviderKind::Local,
+                exec: None,
+                desired_hosts: args.hosts,
+            }),
             strategy: None,
             compute_overcommit_percent: None,
+            ..Default::default()
         })?;
     }
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
@@ -123,7 +130,7 @@ async fn up(args: UpArgs) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let provider = LocalProvider::new(exe, dir.join("hosts"), agent_args, Duration::from_secs(40));
     for i in 0..hosts {
-        provider.launch(&format!("local-{i}"))?;
+        provider.launch(&mpsfleet_server::provider::LaunchRequest::named(format!("local-{i}")))?;
     }
 
     if let Some(path) = client_config_path() {

@@ -83,6 +83,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 mode: None,
                 strategy: None,
                 compute_overcommit_percent: None,
+                ..Default::default()
             })
             .await
             .unwrap_err(),
@@ -96,6 +97,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 mode: None,
                 strategy: None,
                 compute_overcommit_percent: Some(0),
+                ..Default::default()
             })
             .await
             .unwrap_err(),
@@ -348,4 +350,103 @@ async fn every_error_is_json_with_a_code() {
         assert_eq!(body.code, code, "{method} {path}: {}", body.message);
         assert!(!body.message.is_empty());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_policies_are_validated_updated_and_explained() {
+    use mpsfleet_types::policy::*;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+
+    let bad = |health: HealthPolicy| CreatePool {
+        name: "p".into(),
+        health_policy: Some(health),
+        ..Default::default()
+    };
+    let cases = [
+        (
+            HealthPolicy { mps_probe_timeout_ms: 6_000, ..Default::default() },
+            "healthPolicy.mpsProbeTimeoutMs",
+        ),
+        (HealthPolicy { mps_failure_threshold: 0, ..Default::default() }, "healthPolicy.mpsFailureThreshold"),
+        (
+            HealthPolicy { agent_heartbeat_grace_ms: 10, ..Default::default() },
+            "healthPolicy.agentHeartbeatGraceMs",
+        ),
+    ];
+    for (policy, field) in cases {
+        let (status, code, got, message) = api_error(admin.create_pool(&bad(policy)).await.unwrap_err());
+        assert_eq!(
+            (status, code.as_str(), got.as_deref()),
+            (400, "InvalidParameter", Some(field)),
+            "{message}"
+        );
+    }
+    let breaker = CreatePool {
+        name: "p".into(),
+        remediation_policy: Some(RemediationPolicy { storm_breaker_percent: 101, ..Default::default() }),
+        ..Default::default()
+    };
+    let (_, _, field, _) = api_error(admin.create_pool(&breaker).await.unwrap_err());
+    assert_eq!(field.as_deref(), Some("remediationPolicy.stormBreakerPercent"));
+    assert!(admin.list_pools().await.unwrap().is_empty(), "a refused pool was stored");
+
+    let managed = CreatePool {
+        name: "gpu".into(),
+        mode: Some(OwnershipMode::Managed),
+        provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 3 }),
+        ..Default::default()
+    };
+    admin.create_pool(&managed).await.unwrap();
+    let e = admin.explain_pool("gpu").await.unwrap();
+    assert_eq!(e.owner, "mpsfleet");
+    assert!(e.detector.what.contains("every 5s"), "{}", e.detector.what);
+
+    // A policy change takes effect at once, without restarting anything.
+    let faster = UpdatePool {
+        health_policy: Some(HealthPolicy {
+            mps_probe_interval_ms: 2_000,
+            mps_probe_timeout_ms: 1_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = admin.update_pool("gpu", &faster).await.unwrap();
+    assert_eq!(p.health_policy.mps_probe_interval_ms, 2_000);
+    let e = admin.explain_pool("gpu").await.unwrap();
+    assert!(
+        e.detector.what.contains("every 2s") && e.detector.what.contains("timeout of 1s"),
+        "{}",
+        e.detector.what
+    );
+    let wrong = UpdatePool {
+        health_policy: Some(HealthPolicy {
+            mps_probe_timeout_ms: 2_000,
+            mps_probe_interval_ms: 2_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        api_error(admin.update_pool("gpu", &wrong).await.unwrap_err()).2.as_deref(),
+        Some("healthPolicy.mpsProbeTimeoutMs")
+    );
+    assert_eq!(
+        admin.describe_pool("gpu").await.unwrap().health_policy.mps_probe_interval_ms,
+        2_000,
+        "a refused update changed the pool"
+    );
+
+    admin
+        .create_pool(&CreatePool {
+            name: "ops".into(),
+            mode: Some(OwnershipMode::SelfManaged),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let e = admin.explain_pool("ops").await.unwrap();
+    assert_eq!((e.owner.as_str(), e.decision.who.as_str()), ("operator", "operator"));
+    assert!(e.replacement.what.starts_with("none: the operator"));
 }

@@ -130,6 +130,7 @@ pub async fn create_pool(admin: &Client, name: &str) {
             mode: None,
             strategy: None,
             compute_overcommit_percent: None,
+            ..Default::default()
         })
         .await
         .expect("create pool");

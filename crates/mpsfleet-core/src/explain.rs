@@ -1,0 +1,275 @@
+//! `pool explain`: the responsibility record of a pool, derived from its configuration.
+//!
+//! Every sentence is built from the pool's actual policy values, so the record cannot drift
+//! from what the detector, the agents and the remediation controller do.
+
+use crate::health::fmt_ms;
+use mpsfleet_types::policy::{Provider, ProviderKind};
+use mpsfleet_types::{OwnershipMode, Pool};
+use serde::{Deserialize, Serialize};
+
+/// One step of the record: who is responsible, and what exactly happens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Responsibility {
+    /// `mpsfleet`, `agent` or `operator`.
+    pub who: String,
+    pub what: String,
+    /// The configuration values the sentence was built from.
+    pub settings: serde_json::Value,
+}
+
+/// The record, with the keys the API and `-o json` promise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub pool: String,
+    pub mode: String,
+    /// Who owns host recovery: `mpsfleet` or `operator`.
+    pub owner: String,
+    pub detector: Responsibility,
+    pub decision: Responsibility,
+    pub local_repair: Responsibility,
+    pub replacement: Responsibility,
+    pub resumption: Responsibility,
+    pub safety_limits: Responsibility,
+}
+
+impl Explanation {
+    /// The steps in order, with their names, for a table.
+    pub fn steps(&self) -> [(&'static str, &Responsibility); 6] {
+        [
+            ("detector", &self.detector),
+            ("decision", &self.decision),
+            ("local repair", &self.local_repair),
+            ("replacement", &self.replacement),
+            ("resumption", &self.resumption),
+            ("safety limits", &self.safety_limits),
+        ]
+    }
+}
+
+fn r(who: &str, what: String, settings: serde_json::Value) -> Responsibility {
+    Responsibility { who: who.to_string(), what, settings }
+}
+
+pub fn explain(pool: &Pool) -> Explanation {
+    let h = &pool.health_policy;
+    let rem = &pool.remediation_policy;
+    let managed = pool.mode == OwnershipMode::Managed;
+    let owner = if managed { "mpsfleet" } else { "operator" };
+
+    let detector = r(
+        "agent",
+        format!(
+            "the agent on each host probes every GPU's nvidia-cuda-mps-control every {} with a hard \
+             timeout of {} (a daemon that does not answer in time counts as failed), sees the daemon \
+             process exit at once, and watches control.log for servers exiting with an error; the \
+             GPU's MPS_DAEMON check turns IMPAIRED after {} consecutive failures. The server turns a \
+             host's AGENT check IMPAIRED after {} without a heartbeat. GPU checks come from NVML \
+             (critical Xid and ECC events) where the agent can read them",
+            fmt_ms(h.mps_probe_interval_ms),
+            fmt_ms(h.mps_probe_timeout_ms),
+            h.mps_failure_threshold,
+            fmt_ms(h.agent_heartbeat_grace_ms),
+        ),
+        serde_json::json!({
+            "checks": ["AGENT", "MPS_DAEMON", "GPU"],
+            "mpsProbeIntervalMs": h.mps_probe_interval_ms,
+            "mpsProbeTimeoutMs": h.mps_probe_timeout_ms,
+            "mpsFailureThreshold": h.mps_failure_threshold,
+            "agentHeartbeatGraceMs": h.agent_heartbeat_grace_ms,
+        }),
+    );
+
+    let decision = r(
+        owner,
+        if managed {
+            format!(
+                "an impaired host gets no new tasks at once; when a check has stayed IMPAIRED for {}, \
+                 mpsfleet declares the host bad and opens an incident, and mpsfleet decides to \
+                 replace it; a shorter failure opens no incident",
+                fmt_ms(h.toleration_ms)
+            )
+        } else {
+            format!(
+                "an impaired host gets no new tasks at once; when a check has stayed IMPAIRED for {}, \
+                 mpsfleet opens an incident owned by the operator and reports it (events, webhook); \
+                 the operator decides what to do",
+                fmt_ms(h.toleration_ms)
+            )
+        },
+        serde_json::json!({ "tolerationMs": h.toleration_ms, "decidedBy": owner }),
+    );
+
+    let local_repair = r(
+        "agent",
+        if h.local_daemon_restarts == 0 {
+            "none: the agent does not restart a failed MPS daemon".to_string()
+        } else {
+            format!(
+                "the agent restarts a dead or hung MPS daemon itself (stale sockets cleaned), up to {} \
+                 times in 10 minutes, before its check stays IMPAIRED",
+                h.local_daemon_restarts
+            )
+        },
+        serde_json::json!({ "localDaemonRestarts": h.local_daemon_restarts }),
+    );
+
+    let replacement = match (managed, &pool.provider) {
+        (true, Some(p)) => r(
+            "mpsfleet",
+            format!(
+                "mpsfleet cordons the host, marks it DRAINING, asks the {} provider for a new host \
+                 ({}), moves the tasks, then has the provider terminate the old host; the pool is kept \
+                 at {} host(s)",
+                p.kind.as_str(),
+                provider_detail(p),
+                p.desired_hosts
+            ),
+            serde_json::json!({ "provider": p.kind.as_str(), "desiredHosts": p.desired_hosts }),
+        ),
+        (true, None) => r(
+            "mpsfleet",
+            "mpsfleet cordons the host, marks it DRAINING and moves the tasks to healthy hosts; no \
+             capacity provider is configured, so no new host is launched and the old one is not \
+             terminated: the operator adds and removes machines"
+                .to_string(),
+            serde_json::json!({ "provider": null }),
+        ),
+        (false, _) => r(
+            "operator",
+            "none: the operator. Nothing is drained, moved or replaced automatically; the operator \
+             runs 'mpsfleet host drain HOST' or 'mpsfleet host replace HOST', which run the same \
+             steps on demand and record them on the incident"
+                .to_string(),
+            serde_json::json!({ "provider": pool.provider.as_ref().map(|p| p.kind.as_str()) }),
+        ),
+    };
+
+    let resumption = r(
+        owner,
+        format!(
+            "{}: tasks of services move to healthy capacity; a service with resumption 'restart' gets \
+             its replacements at once (at-least-once: the old copy may still run on a host that lost \
+             only its daemon), one with 'fenced' only after the provider confirms the old host is \
+             terminated (at-most-once). Tasks started with 'task run' are stopped with stop code \
+             HostReplaced and not restarted. A moved task starts again from its beginning: mpsfleet \
+             promises no uninterrupted execution, and application state and re-initialisation stay \
+             the application's",
+            if managed {
+                "automatically, once the host is declared bad"
+            } else {
+                "only when the operator acts"
+            }
+        ),
+        serde_json::json!({ "services": ["restart", "fenced"], "standaloneTasks": "stopped (HostReplaced)" }),
+    );
+
+    let rl = &rem.rate_limit;
+    let safety_limits = r(
+        "mpsfleet",
+        if managed {
+            format!(
+                "no automatic replacement while more than {}% of the pool's hosts are unhealthy (at \
+                 least one host may always be replaced); at most {} replacement(s) in flight and {} per \
+                 {}; an incident blocked by a limit says so and why",
+                rem.storm_breaker_percent,
+                rem.max_in_flight,
+                rl.max,
+                fmt_ms(rl.per_ms)
+            )
+        } else {
+            "none needed: nothing is replaced automatically in a self-managed pool".to_string()
+        },
+        serde_json::json!({
+            "stormBreakerPercent": rem.storm_breaker_percent,
+            "maxInFlight": rem.max_in_flight,
+            "rateLimit": { "max": rl.max, "perMs": rl.per_ms },
+        }),
+    );
+
+    Explanation {
+        pool: pool.name.to_string(),
+        mode: pool.mode.as_str().to_string(),
+        owner: owner.to_string(),
+        detector,
+        decision,
+        local_repair,
+        replacement,
+        resumption,
+        safety_limits,
+    }
+}
+
+fn provider_detail(p: &Provider) -> String {
+    match (p.kind, &p.exec) {
+        (ProviderKind::Local, _) => "agents as local processes".into(),
+        (ProviderKind::Exec, Some(e)) => format!("runs {}", e.launch.join(" ")),
+        (ProviderKind::Exec, None) => "no commands configured".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::policy::*;
+    use mpsfleet_types::*;
+
+    fn pool(mode: OwnershipMode, provider: Option<Provider>) -> Pool {
+        Pool {
+            name: PoolName::new("gpu").unwrap(),
+            mode,
+            strategy: PlacementStrategy::Binpack,
+            compute_overcommit_percent: None,
+            health_policy: HealthPolicy {
+                mps_probe_interval_ms: 2_000,
+                mps_probe_timeout_ms: 1_500,
+                ..Default::default()
+            },
+            remediation_policy: RemediationPolicy { storm_breaker_percent: 30, ..Default::default() },
+            provider,
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn managed_pools_are_repaired_by_mpsfleet_with_their_settings() {
+        let p = Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 4 };
+        let e = explain(&pool(OwnershipMode::Managed, Some(p)));
+        assert_eq!(e.owner, "mpsfleet");
+        assert!(
+            e.detector.what.contains("every 2s") && e.detector.what.contains("timeout of 1.5s"),
+            "{}",
+            e.detector.what
+        );
+        assert_eq!(e.decision.who, "mpsfleet");
+        assert!(e.replacement.what.contains("local provider") && e.replacement.what.contains("4 host(s)"));
+        assert!(e.safety_limits.what.contains("more than 30%"));
+        assert!(e.resumption.what.contains("starts again from its beginning"));
+    }
+
+    #[test]
+    fn self_managed_pools_leave_decision_and_replacement_to_the_operator() {
+        let e = explain(&pool(OwnershipMode::SelfManaged, None));
+        assert_eq!(e.owner, "operator");
+        assert_eq!(e.decision.who, "operator");
+        assert!(e.replacement.what.starts_with("none: the operator"), "{}", e.replacement.what);
+        assert!(e.resumption.what.contains("only when the operator acts"));
+        let json = serde_json::to_value(&e).unwrap();
+        for key in
+            ["detector", "decision", "localRepair", "replacement", "resumption", "safetyLimits", "owner"]
+        {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+    }
+
+    #[test]
+    fn no_local_repair_is_said_plainly() {
+        let mut p = pool(OwnershipMode::Managed, None);
+        p.health_policy.local_daemon_restarts = 0;
+        let e = explain(&p);
+        assert!(e.local_repair.what.starts_with("none"));
+        assert!(e.replacement.what.contains("no capacity provider"));
+    }
+}

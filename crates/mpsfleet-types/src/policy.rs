@@ -1,0 +1,404 @@
+//! A pool's health policy, remediation policy and capacity provider, plus a service's
+//! resumption boundary: the configuration that `pool explain` turns into the responsibility
+//! record. Every struct loads with defaults when a stored pool predates it.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A policy field out of range; `field` is its JSON path, e.g. `healthPolicy.mpsProbeTimeoutMs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn err(field: &str, message: String) -> PolicyError {
+    PolicyError { field: field.to_string(), message }
+}
+
+/// Checks `lo <= value <= hi`; `unit` is appended to the bounds in the message ("ms" or "").
+fn in_range(field: &str, value: u64, lo: u64, hi: u64, unit: &str) -> Result<(), PolicyError> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be between {lo}{unit} and {hi}{unit}, got {value}{unit}")))
+    }
+}
+
+/// How a pool detects an unhealthy host and when it declares it bad.
+///
+/// The probe fields are what agents in the pool use for their MPS daemons; the server uses
+/// the heartbeat grace and the toleration window (see `mpsfleet_core::health`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HealthPolicy {
+    /// How long an agent may stay silent before its AGENT check turns IMPAIRED.
+    /// 1s to 10m; default 10s (two missed 5s heartbeats).
+    pub agent_heartbeat_grace_ms: u64,
+    /// How often each MPS control daemon is probed. 1s to 5m; default 5s.
+    pub mps_probe_interval_ms: u64,
+    /// Hard timeout of one probe; a hang counts as a failure. 100ms to 60s and less than the
+    /// interval; default 3s.
+    pub mps_probe_timeout_ms: u64,
+    /// Consecutive probe failures before the MPS_DAEMON check turns IMPAIRED. 1 to 100;
+    /// default 3.
+    pub mps_failure_threshold: u32,
+    /// Local daemon restarts the agent tries before it gives up. 0 to 100; default 3.
+    pub local_daemon_restarts: u32,
+    /// How long a check must stay IMPAIRED before the host is declared bad; a shorter failure
+    /// opens no incident. 0 to 1h; default 10s: the agent already needs
+    /// `mpsFailureThreshold` failed probes (15s by default) to report IMPAIRED, and then
+    /// restarts the daemon itself, which shows in the next probe (one interval plus one
+    /// timeout, 8s by default). 10s lets a local restart that works clear the check before
+    /// anything is replaced, while a dead agent is still declared bad 20s after its last
+    /// heartbeat (grace plus toleration).
+    pub toleration_ms: u64,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            agent_heartbeat_grace_ms: 10_000,
+            mps_probe_interval_ms: 5_000,
+            mps_probe_timeout_ms: 3_000,
+            mps_failure_threshold: 3,
+            local_daemon_restarts: 3,
+            toleration_ms: 10_000,
+        }
+    }
+}
+
+impl HealthPolicy {
+    /// Checks every field; the error names the first bad one and its allowed range.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let p = "healthPolicy";
+        in_range(&format!("{p}.agentHeartbeatGraceMs"), self.agent_heartbeat_grace_ms, 1_000, 600_000, "ms")?;
+        in_range(&format!("{p}.mpsProbeIntervalMs"), self.mps_probe_interval_ms, 1_000, 300_000, "ms")?;
+        in_range(&format!("{p}.mpsProbeTimeoutMs"), self.mps_probe_timeout_ms, 100, 60_000, "ms")?;
+        if self.mps_probe_timeout_ms >= self.mps_probe_interval_ms {
+            return Err(err(
+                &format!("{p}.mpsProbeTimeoutMs"),
+                format!(
+                    "must be less than {p}.mpsProbeIntervalMs ({}ms), got {}ms",
+                    self.mps_probe_interval_ms, self.mps_probe_timeout_ms
+                ),
+            ));
+        }
+        in_range(&format!("{p}.mpsFailureThreshold"), self.mps_failure_threshold.into(), 1, 100, "")?;
+        in_range(&format!("{p}.localDaemonRestarts"), self.local_daemon_restarts.into(), 0, 100, "")?;
+        in_range(&format!("{p}.tolerationMs"), self.toleration_ms, 0, 3_600_000, "ms")
+    }
+}
+
+/// At most `max` replacements requested per `per_ms` in one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RateLimit {
+    /// 1 to 1000; default 5.
+    pub max: u32,
+    /// 1m to 24h; default 10m.
+    pub per_ms: u64,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        Self { max: 5, per_ms: 600_000 }
+    }
+}
+
+/// The safety limits on automatic remediation in a managed pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RemediationPolicy {
+    /// No automatic replacement for hosts beyond `max(1, ceil(total * percent / 100))`
+    /// unhealthy ones: when more of the pool is unhealthy than that, the cause is more likely
+    /// shared (network, driver roll-out, control plane) than the hosts. 1 to 100; default 20.
+    pub storm_breaker_percent: u32,
+    /// Replacements in flight at once in the pool. 1 to 100; default 2: two independent
+    /// failures recover in parallel, and with the default breaker a 10-host pool may have two
+    /// unhealthy hosts anyway.
+    pub max_in_flight: u32,
+    /// Default 5 per 10m: enough for a few genuine failures, few enough that a detector bug
+    /// cannot churn through a pool.
+    pub rate_limit: RateLimit,
+}
+
+impl Default for RemediationPolicy {
+    fn default() -> Self {
+        Self { storm_breaker_percent: 20, max_in_flight: 2, rate_limit: RateLimit::default() }
+    }
+}
+
+impl RemediationPolicy {
+    /// Checks every field; the error names the first bad one and its allowed range.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let p = "remediationPolicy";
+        in_range(&format!("{p}.stormBreakerPercent"), self.storm_breaker_percent.into(), 1, 100, "")?;
+        in_range(&format!("{p}.maxInFlight"), self.max_in_flight.into(), 1, 100, "")?;
+        in_range(&format!("{p}.rateLimit.max"), self.rate_limit.max.into(), 1, 1_000, "")?;
+        in_range(&format!("{p}.rateLimit.perMs"), self.rate_limit.per_ms, 60_000, 86_400_000, "ms")
+    }
+}
+
+/// What launches and terminates hosts of a managed pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Agents as child processes of the server (`mpsfleet up`).
+    #[default]
+    Local,
+    /// Operator-supplied commands.
+    Exec,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Local => "local",
+            ProviderKind::Exec => "exec",
+        }
+    }
+}
+
+/// The commands of an `exec` provider, each an argv (no shell).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExecCommands {
+    pub launch: Vec<String>,
+    pub terminate: Vec<String>,
+    pub describe: Vec<String>,
+}
+
+/// A managed pool's capacity provider.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Provider {
+    pub kind: ProviderKind,
+    /// Required for `exec`, refused for `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecCommands>,
+    /// Hosts the provider keeps in the pool. 0 to 10000.
+    #[serde(default)]
+    pub desired_hosts: u32,
+}
+
+impl Provider {
+    /// Checks the provider; the error names the first bad field.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        match (self.kind, &self.exec) {
+            (ProviderKind::Local, Some(_)) => {
+                return Err(err("provider.exec", "only allowed when provider.kind is \"exec\"".into()));
+            }
+            (ProviderKind::Exec, None) => {
+                return Err(err("provider.exec", "required when provider.kind is \"exec\"".into()));
+            }
+            (ProviderKind::Exec, Some(exec)) => {
+                for (name, argv) in
+                    [("launch", &exec.launch), ("terminate", &exec.terminate), ("describe", &exec.describe)]
+                {
+                    let field = format!("provider.exec.{name}");
+                    match argv.first() {
+                        None => {
+                            return Err(err(
+                                &field,
+                                "must name a command (an argv of at least 1 item)".into(),
+                            ))
+                        }
+                        Some(cmd) if cmd.trim().is_empty() => {
+                            return Err(err(&format!("{field}[0]"), "must not be empty".into()));
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            (ProviderKind::Local, None) => {}
+        }
+        in_range("provider.desiredHosts", self.desired_hosts.into(), 0, 10_000, "")
+    }
+}
+
+/// When a service's tasks on a bad host are started elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumptionBoundary {
+    /// At once, while the old copy may still run (at-least-once).
+    #[default]
+    Restart,
+    /// Only once the old host is confirmed terminated or has fenced itself (at-most-once).
+    Fenced,
+}
+
+impl ResumptionBoundary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumptionBoundary::Restart => "restart",
+            ResumptionBoundary::Fenced => "fenced",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Validates the three policies built from defaults with `patch` (a JSON object keyed
+    /// `healthPolicy`, `remediationPolicy`, `provider`) merged in; `want` is None for valid or
+    /// `(field, message)`.
+    #[track_caller]
+    fn check(patch: serde_json::Value, want: Option<(&str, &str)>) {
+        let part = |key: &str| patch.get(key).cloned().unwrap_or(json!({}));
+        let health: HealthPolicy = serde_json::from_value(part("healthPolicy")).unwrap();
+        let remediation: RemediationPolicy = serde_json::from_value(part("remediationPolicy")).unwrap();
+        let provider: Provider =
+            serde_json::from_value(patch.get("provider").cloned().unwrap_or(json!({"kind": "local"})))
+                .unwrap();
+        let got = health.validate().and_then(|()| remediation.validate()).and_then(|()| provider.validate());
+        match (got, want) {
+            (Ok(()), None) => {}
+            (Ok(()), Some((field, message))) => panic!("accepted {patch}, want {field}: {message}"),
+            (Err(e), None) => panic!("refused {patch}: {e}"),
+            (Err(e), Some((field, message))) => {
+                assert_eq!(e.field, field, "{patch}: {e}");
+                assert_eq!(e.message, message, "{patch}");
+                assert_eq!(e.to_string(), format!("{field}: {message}"));
+            }
+        }
+    }
+
+    #[test]
+    fn validation_table() {
+        let h = |v| json!({ "healthPolicy": v });
+        let r = |v| json!({ "remediationPolicy": v });
+        let p = |v| json!({ "provider": v });
+        check(json!({}), None);
+        check(h(json!({"agentHeartbeatGraceMs": 1000, "tolerationMs": 0, "localDaemonRestarts": 0})), None);
+        check(h(json!({"mpsProbeIntervalMs": 300000, "mpsProbeTimeoutMs": 60000})), None);
+        check(
+            h(json!({"agentHeartbeatGraceMs": 999})),
+            Some(("healthPolicy.agentHeartbeatGraceMs", "must be between 1000ms and 600000ms, got 999ms")),
+        );
+        check(
+            h(json!({"agentHeartbeatGraceMs": 600001})),
+            Some(("healthPolicy.agentHeartbeatGraceMs", "must be between 1000ms and 600000ms, got 600001ms")),
+        );
+        check(
+            h(json!({"mpsProbeIntervalMs": 300001})),
+            Some(("healthPolicy.mpsProbeIntervalMs", "must be between 1000ms and 300000ms, got 300001ms")),
+        );
+        check(
+            h(json!({"mpsProbeTimeoutMs": 99})),
+            Some(("healthPolicy.mpsProbeTimeoutMs", "must be between 100ms and 60000ms, got 99ms")),
+        );
+        check(
+            h(json!({"mpsProbeTimeoutMs": 5000})),
+            Some((
+                "healthPolicy.mpsProbeTimeoutMs",
+                "must be less than healthPolicy.mpsProbeIntervalMs (5000ms), got 5000ms",
+            )),
+        );
+        check(
+            h(json!({"mpsFailureThreshold": 0})),
+            Some(("healthPolicy.mpsFailureThreshold", "must be between 1 and 100, got 0")),
+        );
+        check(
+            h(json!({"localDaemonRestarts": 101})),
+            Some(("healthPolicy.localDaemonRestarts", "must be between 0 and 100, got 101")),
+        );
+        check(
+            h(json!({"tolerationMs": 3600001})),
+            Some(("healthPolicy.tolerationMs", "must be between 0ms and 3600000ms, got 3600001ms")),
+        );
+        check(r(json!({"stormBreakerPercent": 100, "maxInFlight": 100})), None);
+        check(
+            r(json!({"stormBreakerPercent": 0})),
+            Some(("remediationPolicy.stormBreakerPercent", "must be between 1 and 100, got 0")),
+        );
+        check(
+            r(json!({"maxInFlight": 0})),
+            Some(("remediationPolicy.maxInFlight", "must be between 1 and 100, got 0")),
+        );
+        check(
+            r(json!({"rateLimit": {"max": 1001}})),
+            Some(("remediationPolicy.rateLimit.max", "must be between 1 and 1000, got 1001")),
+        );
+        check(
+            r(json!({"rateLimit": {"perMs": 59999}})),
+            Some((
+                "remediationPolicy.rateLimit.perMs",
+                "must be between 60000ms and 86400000ms, got 59999ms",
+            )),
+        );
+        let exec =
+            json!({"launch": ["/bin/launch"], "terminate": ["/bin/term", "x"], "describe": ["/bin/d"]});
+        check(p(json!({"kind": "local", "desiredHosts": 10000})), None);
+        check(p(json!({"kind": "exec", "exec": exec.clone()})), None);
+        check(
+            p(json!({"kind": "local", "desiredHosts": 10001})),
+            Some(("provider.desiredHosts", "must be between 0 and 10000, got 10001")),
+        );
+        check(
+            p(json!({"kind": "local", "exec": exec.clone()})),
+            Some(("provider.exec", "only allowed when provider.kind is \"exec\"")),
+        );
+        check(p(json!({"kind": "exec"})), Some(("provider.exec", "required when provider.kind is \"exec\"")));
+        check(
+            p(json!({"kind": "exec", "exec": {"launch": ["l"], "terminate": ["t"]}})),
+            Some(("provider.exec.describe", "must name a command (an argv of at least 1 item)")),
+        );
+        check(
+            p(json!({"kind": "exec", "exec": {"launch": [" "], "terminate": ["t"], "describe": ["d"]}})),
+            Some(("provider.exec.launch[0]", "must not be empty")),
+        );
+    }
+
+    #[test]
+    fn older_records_load_with_defaults() {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct OldPool {
+            #[serde(default)]
+            health_policy: HealthPolicy,
+            #[serde(default)]
+            remediation_policy: RemediationPolicy,
+            #[serde(default)]
+            resumption_boundary: ResumptionBoundary,
+        }
+        let old: OldPool = serde_json::from_str(r#"{"name": "p"}"#).unwrap();
+        assert_eq!(old.health_policy, HealthPolicy::default());
+        assert_eq!(old.remediation_policy, RemediationPolicy::default());
+        assert_eq!(old.resumption_boundary, ResumptionBoundary::Restart);
+        let partial: RemediationPolicy = serde_json::from_str(r#"{"rateLimit": {"max": 9}}"#).unwrap();
+        assert_eq!(partial.rate_limit, RateLimit { max: 9, per_ms: 600_000 });
+        assert_eq!(partial.max_in_flight, 2);
+        HealthPolicy::default().validate().unwrap();
+        RemediationPolicy::default().validate().unwrap();
+    }
+
+    #[test]
+    fn json_names() {
+        let v = serde_json::to_value(HealthPolicy::default()).unwrap();
+        assert_eq!(
+            v,
+            json!({"agentHeartbeatGraceMs": 10000, "mpsProbeIntervalMs": 5000, "mpsProbeTimeoutMs": 3000,
+                   "mpsFailureThreshold": 3, "localDaemonRestarts": 3, "tolerationMs": 10000})
+        );
+        let v = serde_json::to_value(RemediationPolicy::default()).unwrap();
+        assert_eq!(
+            v,
+            json!({"stormBreakerPercent": 20, "maxInFlight": 2, "rateLimit": {"max": 5, "perMs": 600000}})
+        );
+        assert_eq!(serde_json::to_value(ResumptionBoundary::Fenced).unwrap(), json!("fenced"));
+        assert_eq!(serde_json::to_value(ResumptionBoundary::Restart).unwrap(), json!("restart"));
+        let p = Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 2 };
+        assert_eq!(serde_json::to_value(p).unwrap(), json!({"kind": "local", "desiredHosts": 2}));
+    }
+}
