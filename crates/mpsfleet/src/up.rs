@@ -84,7 +84,7 @@ async fn up(args: UpArgs) -> Result<()> {
             name: args.pool.clone(),
             mode: Some(mode),
             // Managed pools are repaired with new local hosts; self-managed ones by the operator.
-            provider: (mode == OwnershipMode::Managed).then(|| mpsfleet_types::policy::Provider {
+            provider: (mode == OwnershipMode::Managed).then_some(mpsfleet_types::policy::Provider {
                 kind: mpsfleet_types::policy::ProviderKind::Local,
                 exec: None,
                 desired_hosts: args.hosts,
