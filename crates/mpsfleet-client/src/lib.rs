@@ -190,6 +190,19 @@ impl Client {
         self.call(Method::POST, &format!("/v1/hosts/{}/{verb}", seg(id)), &[], None).await
     }
 
+    /// `drain` or `replace`: the operator's remediation of a host; returns its incident.
+    pub async fn host_action(&self, id: &str, action: &str) -> Result<IncidentView> {
+        self.call(Method::POST, &format!("/v1/hosts/{}/{}", seg(id), seg(action)), &[], None).await
+    }
+
+    // incidents
+    pub async fn list_incidents(&self) -> Result<Vec<IncidentView>> {
+        self.get("/v1/incidents").await
+    }
+    pub async fn describe_incident(&self, id: &str) -> Result<IncidentView> {
+        self.get(&format!("/v1/incidents/{}", seg(id))).await
+    }
+
     // tasks
     pub async fn run_task(&self, req: &RunTask) -> Result<RunTaskResponse> {
         self.send(Method::POST, "/v1/tasks", req).await

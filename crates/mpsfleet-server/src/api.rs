@@ -4,8 +4,9 @@
 //! thread (the store commits synchronously), holding the cluster lock for that call only.
 
 use crate::auth::{self, Principal};
-use crate::cluster::{Cluster, TaskFilter};
+use crate::cluster::{Cluster, ProviderJob, ProviderOutcome, TaskFilter};
 use crate::error::ApiError;
+use crate::provider;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -54,7 +55,7 @@ impl AppState {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?.to_string();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
-        tokio::task::spawn_blocking(move || {
+        let (out, jobs) = tokio::task::spawn_blocking(move || {
             let mut c = cluster.lock().map_err(|_| {
                 ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
             })?;
@@ -67,10 +68,87 @@ impl AppState {
             if c.revision() != before {
                 changed.send_replace(c.revision());
             }
-            out
+            Ok((out, c.take_jobs()))
         })
         .await
-        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))?
+        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??;
+        run_jobs(self.clone(), jobs);
+        out
+    }
+
+    /// Runs `f` on the cluster outside any request (the controllers' ticks).
+    pub async fn tick(
+        &self,
+        f: impl FnOnce(&mut Cluster) -> Result<Vec<ProviderJob>, ApiError> + Send + 'static,
+    ) -> Result<(), ApiError> {
+        let cluster = self.cluster.clone();
+        let changed = self.changed.clone();
+        let jobs = tokio::task::spawn_blocking(move || {
+            let mut c = cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
+            let before = c.revision();
+            let jobs = f(&mut c);
+            if c.revision() != before {
+                changed.send_replace(c.revision());
+            }
+            let mut jobs = jobs?;
+            jobs.extend(c.take_jobs());
+            Ok::<_, ApiError>(jobs)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("controller failed: {e}")))??;
+        run_jobs(self.clone(), jobs);
+        Ok(())
+    }
+}
+
+/// Runs provider calls (slow: processes, cloud CLIs) on blocking threads, each with retries,
+/// and feeds the outcome back to the cluster, which may ask for more.
+pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
+    for job in jobs {
+        let st = state.clone();
+        tokio::spawn(async move {
+            let st2 = st.clone();
+            let job2 = job.clone();
+            let outcome = tokio::task::spawn_blocking(move || {
+                let job = job2;
+                let (provider, req) = {
+                    let Ok(mut c) = st2.cluster.lock() else {
+                        return ProviderOutcome::Failed("state lock poisoned".into());
+                    };
+                    let (pool, name) = match &job {
+                        ProviderJob::Launch { pool, name, .. }
+                        | ProviderJob::Terminate { pool, name, .. } => (pool, name),
+                    };
+                    (c.provider_for(pool), c.launch_request(pool, name))
+                };
+                let Some(p) = provider else {
+                    return ProviderOutcome::Failed("the pool has no capacity provider".into());
+                };
+                let sleep = std::thread::sleep;
+                let result = match &job {
+                    ProviderJob::Launch { .. } => {
+                        provider::launch_with_retries(p.as_ref(), &req, &provider::Retry::default(), sleep)
+                            .result
+                            .map(|_| ())
+                    }
+                    ProviderJob::Terminate { name, .. } => {
+                        provider::terminate_with_retries(p.as_ref(), name, &provider::Retry::default(), sleep)
+                            .result
+                            .map(|_| ())
+                    }
+                };
+                match result {
+                    Ok(()) => ProviderOutcome::Done,
+                    Err(e) => ProviderOutcome::Failed(e.to_string()),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| ProviderOutcome::Failed(e.to_string()));
+            let res = st.tick(move |c| c.provider_done(&job, outcome)).await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "recording a provider outcome failed");
+            }
+        });
     }
 }
 
@@ -131,6 +209,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}", get(describe_host))
         .route("/v1/hosts/{id}/cordon", post(cordon_host))
         .route("/v1/hosts/{id}/uncordon", post(uncordon_host))
+        .route("/v1/hosts/{id}/drain", post(drain_host))
+        .route("/v1/hosts/{id}/replace", post(replace_host))
+        .route("/v1/incidents", get(list_incidents))
+        .route("/v1/incidents/{id}", get(describe_incident))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
@@ -272,6 +354,40 @@ async fn uncordon_host(
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| c.set_cordoned(&id, false)).await?))
+}
+
+async fn drain_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<IncidentView>, ApiError> {
+    let i = st.call(&headers, admin, move |c, _| c.operator_action(&id, OperatorAction::Drain)).await?;
+    Ok(Json(IncidentView::of(i)))
+}
+
+async fn replace_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<IncidentView>, ApiError> {
+    let i = st.call(&headers, admin, move |c, _| c.operator_action(&id, OperatorAction::Replace)).await?;
+    Ok(Json(IncidentView::of(i)))
+}
+
+async fn list_incidents(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<IncidentView>>, ApiError> {
+    let list = st.call(&headers, admin, |c, _| Ok(c.incidents())).await?;
+    Ok(Json(list.into_iter().map(IncidentView::of).collect()))
+}
+
+async fn describe_incident(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<IncidentView>, ApiError> {
+    Ok(Json(IncidentView::of(st.call(&headers, admin, move |c, _| c.incident(&id)).await?)))
 }
 
 // ---- tasks ------------------------------------------------------------------------------

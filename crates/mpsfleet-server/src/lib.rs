@@ -75,10 +75,26 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let state = api::AppState::new(cluster);
     let resync = tokio::spawn(resync_loop(state.clone()));
+    let health = tokio::spawn(health_loop(state.clone()));
     let app = api::router(state);
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     resync.abort();
+    health.abort();
     result
+}
+
+/// How often host health is evaluated (heartbeat grace) and incidents are driven.
+pub const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+
+async fn health_loop(state: api::AppState) {
+    let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = state.tick(|c| c.health_tick()).await {
+            tracing::warn!(error = %e, "health evaluation failed; retrying at the next tick");
+        }
+    }
 }
 
 async fn resync_loop(state: api::AppState) {

@@ -359,3 +359,19 @@ mod tests {
         assert_eq!(i.affected(TaskId(1)).and_then(|a| a.replacement), Some(TaskId(11)));
     }
 }
+
+/// An incident as the API returns it: the record plus its derived durations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IncidentView {
+    #[serde(flatten)]
+    pub incident: Incident,
+    pub durations: Durations,
+}
+
+impl IncidentView {
+    pub fn of(incident: Incident) -> Self {
+        let durations = incident.durations();
+        IncidentView { incident, durations }
+    }
+}

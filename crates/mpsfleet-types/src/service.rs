@@ -18,6 +18,9 @@ pub struct Service {
     pub pool: PoolName,
     pub task_definition: TaskDefRef,
     pub desired_count: u32,
+    /// When tasks on a bad host are started elsewhere: at once, or after it is terminated.
+    #[serde(default)]
+    pub resumption: crate::policy::ResumptionBoundary,
     pub status: ServiceStatus,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
@@ -41,6 +44,8 @@ pub struct CreateService {
     pub pool: String,
     pub task_definition: String,
     pub desired_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumption: Option<crate::policy::ResumptionBoundary>,
 }
 
 /// Body of `PATCH /v1/services/{name}`.

@@ -109,6 +109,20 @@ pub enum HostCommand {
     Uncordon {
         id: String,
     },
+    /// Cordon and drain the host: its service tasks move, its other tasks stop.
+    Drain {
+        id: String,
+    },
+    /// Drain the host, launch a replacement through the pool's provider, terminate the old one.
+    Replace {
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum IncidentCommand {
+    List,
+    Describe { id: String },
 }
 
 #[derive(Subcommand)]
@@ -157,6 +171,10 @@ pub enum ServiceCommand {
         desired: u32,
         #[arg(long)]
         pool: String,
+        /// When tasks on a bad host start elsewhere: at once (restart) or only after the old
+        /// host is confirmed terminated (fenced).
+        #[arg(long, value_parser = ["restart", "fenced"], default_value = "restart")]
+        resumption: String,
     },
     Update {
         name: String,
@@ -181,6 +199,7 @@ pub enum Resource {
     Host(HostCommand),
     Pool(PoolCommand),
     Service(ServiceCommand),
+    Incident(IncidentCommand),
 }
 
 /// Server and token: flags or variables first, then the client config `mpsfleet up`
@@ -217,6 +236,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Host(cmd) => host(&c, opts.output, cmd).await,
             Resource::Pool(cmd) => pool(&c, opts.output, cmd).await,
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
+            Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
         }
     })
 }
@@ -368,6 +388,8 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::Describe { id } => c.describe_host(&id).await?,
         HostCommand::Cordon { id } => c.cordon_host(&id, true).await?,
         HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
+        HostCommand::Drain { id } => return print_incident(f, c.host_action(&id, "drain").await?),
+        HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
     };
     match f {
         Format::Json => output::print(f, &one, &[], vec![]),
@@ -507,9 +529,15 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
 async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     const HEADERS: [&str; 7] = ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING"];
     let one = match cmd {
-        ServiceCommand::Create { name, taskdef, desired, pool } => {
-            c.create_service(&CreateService { name, pool, task_definition: taskdef, desired_count: desired })
-                .await?
+        ServiceCommand::Create { name, taskdef, desired, pool, resumption } => {
+            let resumption = Some(if resumption == "fenced" {
+                mpsfleet_types::policy::ResumptionBoundary::Fenced
+            } else {
+                mpsfleet_types::policy::ResumptionBoundary::Restart
+            });
+            let req =
+                CreateService { name, pool, task_definition: taskdef, desired_count: desired, resumption };
+            c.create_service(&req).await?
         }
         ServiceCommand::Update { name, taskdef, desired } => {
             c.update_service(&name, &UpdateService { task_definition: taskdef, desired_count: desired })
@@ -525,4 +553,92 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
     Ok(())
+}
+
+fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {
+    let secs = |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+    list.iter()
+        .map(|v| {
+            let i = &v.incident;
+            vec![
+                i.id.clone(),
+                i.host_id.to_string(),
+                i.pool.to_string(),
+                i.owner.as_str().into(),
+                i.state.as_str().into(),
+                format!("{}: {}", i.trigger.check, i.trigger.reason),
+                secs(v.durations.detect_ms),
+                secs(v.durations.recover_ms),
+            ]
+        })
+        .collect()
+}
+
+const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "RECOVER"];
+
+fn print_incident(f: Format, v: IncidentView) -> Result<()> {
+    match f {
+        Format::Json => output::print(f, &v, &[], vec![]),
+        Format::Table => {
+            print!("{}", output::table(&INCIDENT_HEADERS, &incident_rows(std::slice::from_ref(&v))));
+            let i = &v.incident;
+            if let IncidentState::Blocked { reason } = &i.state {
+                println!("\nblocked: {reason}");
+            }
+            if !i.trigger.evidence.is_empty() {
+                println!("\nevidence: {}", i.trigger.evidence);
+            }
+            let start = i.timeline.first().map_or(0, |t| t.at_ms);
+            let rows: Vec<Vec<String>> = i
+                .timeline
+                .iter()
+                .map(|t| {
+                    vec![
+                        format!("+{:.3}s", t.at_ms.saturating_sub(start) as f64 / 1000.0),
+                        t.step.as_str().into(),
+                        t.detail.clone(),
+                    ]
+                })
+                .collect();
+            println!();
+            print!("{}", output::table(&["AT", "STEP", "DETAIL"], &rows));
+            if !i.affected_tasks.is_empty() {
+                let rows: Vec<Vec<String>> = i
+                    .affected_tasks
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            a.task_id.to_string(),
+                            opt(&a.service),
+                            opt(&a.replacement),
+                            opt(&a.replacement_host),
+                        ]
+                    })
+                    .collect();
+                println!();
+                print!("{}", output::table(&["TASK", "SERVICE", "REPLACEMENT", "ON HOST"], &rows));
+            }
+            let d = &v.durations;
+            let secs =
+                |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.3}s", ms as f64 / 1000.0));
+            println!(
+                "\ntime to detect {}, to decide {}, to recover {}",
+                secs(d.detect_ms),
+                secs(d.decide_ms),
+                secs(d.recover_ms)
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {
+    match cmd {
+        IncidentCommand::List => {
+            let list = c.list_incidents().await?;
+            output::print(f, &list, &INCIDENT_HEADERS, incident_rows(&list));
+            Ok(())
+        }
+        IncidentCommand::Describe { id } => print_incident(f, c.describe_incident(&id).await?),
+    }
 }

@@ -34,6 +34,8 @@ enum Command {
     Pool(cli::Global<cli::PoolCommand>),
     /// Keep N tasks of a task definition running.
     Service(cli::Global<cli::ServiceCommand>),
+    /// Incidents: hosts declared bad, and what was done about them.
+    Incident(cli::Global<cli::IncidentCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -57,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Host(g) => cli::run(g.opts, cli::Resource::Host(g.command)),
         Command::Pool(g) => cli::run(g.opts, cli::Resource::Pool(g.command)),
         Command::Service(g) => cli::run(g.opts, cli::Resource::Service(g.command)),
+        Command::Incident(g) => cli::run(g.opts, cli::Resource::Incident(g.command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -35,6 +35,18 @@ async fn serve(args: ServerArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let mut cluster = opened.cluster;
+    // Pools that name a provider get one built from this context when they first need it.
+    let join_token = std::fs::read_to_string(args.data_dir.join(mpsfleet_server::JOIN_TOKEN_FILE))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
+        server_url: format!("http://{addr}"),
+        join_token,
+        exe: std::env::current_exe().context("cannot find this program's path")?,
+        hosts_dir: args.data_dir.join("hosts"),
+        local_agent_args: Vec::new(),
+    });
     let dir = args.data_dir.display();
     if let Some(first) = &opened.first_start {
         println!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})");
@@ -45,7 +57,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
     println!("use the CLI from another terminal:");
     println!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)");
     tracing::info!(listen = %addr, data_dir = %dir, "serving");
-    mpsfleet_server::serve(listener, opened.cluster, shutdown_signal()).await?;
+    mpsfleet_server::serve(listener, cluster, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -3,8 +3,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_core::clock::SystemClock;
+use mpsfleet_server::cluster::ProviderContext;
 use mpsfleet_server::provider::{CapacityProvider, LocalProvider};
-use mpsfleet_types::{CreatePool, OwnershipMode};
+use mpsfleet_types::{CreatePool, OwnershipMode, PoolName};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,10 +103,6 @@ async fn up(args: UpArgs) -> Result<()> {
         format!("cannot listen on {} (is another server running? try --listen)", args.listen)
     })?;
     let url = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, async {
-        let _ = stop_rx.await;
-    }));
 
     // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
     let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
@@ -114,7 +111,7 @@ async fn up(args: UpArgs) -> Result<()> {
         "--server".to_string(),
         url.clone(),
         "--join-token".into(),
-        join_token,
+        join_token.clone(),
         "--pool".into(),
         args.pool.clone(),
         "--stop-tasks-on-exit".into(),
@@ -128,7 +125,27 @@ async fn up(args: UpArgs) -> Result<()> {
         None => agent_args.push("--mps-model".into()),
     }
     let exe = std::env::current_exe().context("cannot find this program's path")?;
-    let provider = LocalProvider::new(exe, dir.join("hosts"), agent_args, Duration::from_secs(40));
+    // One provider for the first hosts and for the replacements the server launches, so that
+    // Ctrl-C stops them all.
+    let provider = Arc::new(LocalProvider::new(
+        exe.clone(),
+        dir.join("hosts"),
+        agent_args.clone(),
+        Duration::from_secs(40),
+    ));
+    let pool = PoolName::new(args.pool.clone())?;
+    opened.cluster.set_provider(pool, provider.clone());
+    opened.cluster.set_provider_context(ProviderContext {
+        server_url: url.clone(),
+        join_token,
+        exe,
+        hosts_dir: dir.join("hosts"),
+        local_agent_args: agent_args,
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, async {
+        let _ = stop_rx.await;
+    }));
     for i in 0..hosts {
         provider.launch(&mpsfleet_server::provider::LaunchRequest::named(format!("local-{i}")))?;
     }

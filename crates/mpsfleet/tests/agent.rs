@@ -292,6 +292,7 @@ async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
             pool: "gpu".into(),
             task_definition: "probed".into(),
             desired_count: 1,
+            resumption: None,
         })
         .await
         .unwrap();
@@ -382,6 +383,7 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
                 pool: "default".into(),
                 task_definition: "web".into(),
                 desired_count: 6,
+                resumption: None,
             })
             .await
             .unwrap();

@@ -110,6 +110,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 pool: "gpu".into(),
                 task_definition: "infer".into(),
                 desired_count: 10_001,
+                resumption: None,
             })
             .await
             .unwrap_err(),
@@ -266,6 +267,7 @@ async fn services_keep_their_count_and_spread_replicas() {
             pool: "gpu".into(),
             task_definition: "web".into(),
             desired_count: 4,
+            resumption: None,
         })
         .await
         .unwrap();

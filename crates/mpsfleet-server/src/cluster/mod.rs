@@ -6,13 +6,19 @@
 //! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
 //! queues, indexes) is recomputed from the records rather than stored.
 
+mod health;
+
+pub use health::{replacement_name, ProviderJob, ProviderOutcome};
+
 use crate::auth::{self, Principal};
 use crate::error::ApiError;
+use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, LocalProvider};
 use mpsfleet_core::clock::Clock;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
 use mpsfleet_core::taskdef::parse_task_definition;
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
 use mpsfleet_types::api::{Assignments, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::*;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -61,6 +67,8 @@ struct HostEntry {
     /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
     checks: Vec<HostCheck>,
     logs_url: Option<String>,
+    /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
+    health: mpsfleet_core::health::HostHealth,
     /// The store revision of the last change to the tasks the agent should run; agents
     /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
     epoch: u64,
@@ -104,6 +112,14 @@ pub struct Cluster {
     services: BTreeMap<ServiceName, Versioned<Service>>,
     /// Live tasks of each service.
     service_tasks: HashMap<ServiceName, BTreeSet<TaskId>>,
+    incidents: BTreeMap<String, Versioned<Incident>>,
+    /// Provider calls in progress or done, by incident (see `health.rs`).
+    provider_progress: HashMap<String, health::ProviderProgress>,
+    /// Provider calls decided inside an API call, for the caller to run.
+    pending_jobs: Vec<ProviderJob>,
+    /// The capacity provider of each pool that has one.
+    providers: HashMap<PoolName, Arc<dyn CapacityProvider>>,
+    provider_ctx: Option<ProviderContext>,
     admin_sha256: String,
     join_sha256: String,
     host_credentials: HashMap<String, HostIx>,
@@ -156,6 +172,11 @@ impl Cluster {
             pending: BTreeMap::new(),
             services: BTreeMap::new(),
             service_tasks: HashMap::new(),
+            incidents: BTreeMap::new(),
+            provider_progress: HashMap::new(),
+            pending_jobs: Vec::new(),
+            providers: HashMap::new(),
+            provider_ctx: None,
             admin_sha256,
             join_sha256,
             host_credentials: HashMap::new(),
@@ -190,6 +211,7 @@ impl Cluster {
             self.taskdefs
                 .insert((td.family.clone(), td.revision), Versioned { value: td, version: r.version });
         }
+        self.load_incidents()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -236,6 +258,66 @@ impl Cluster {
 
     pub fn revision(&self) -> Revision {
         self.revision
+    }
+
+    /// Sets the capacity provider of a pool (providers are processes and commands, not records).
+    pub fn set_provider(&mut self, pool: PoolName, provider: Arc<dyn CapacityProvider>) {
+        self.providers.insert(pool, provider);
+    }
+
+    /// What the server needs to build the providers its pools name.
+    pub fn set_provider_context(&mut self, ctx: ProviderContext) {
+        self.provider_ctx = Some(ctx);
+    }
+
+    fn has_provider(&self, pool: &PoolName) -> bool {
+        self.providers.contains_key(pool) || self.pools.get(pool).is_some_and(|p| p.value.provider.is_some())
+    }
+
+    /// The pool's capacity provider, built from its configuration the first time.
+    pub fn provider_for(&mut self, pool: &PoolName) -> Option<Arc<dyn CapacityProvider>> {
+        if let Some(p) = self.providers.get(pool) {
+            return Some(p.clone());
+        }
+        let cfg = self.pools.get(pool)?.value.provider.clone()?;
+        let ctx = self.provider_ctx.as_ref()?;
+        let provider: Arc<dyn CapacityProvider> = match (cfg.kind, cfg.exec) {
+            (ProviderKind::Local, _) => Arc::new(LocalProvider::new(
+                ctx.exe.clone(),
+                ctx.hosts_dir.clone(),
+                ctx.local_agent_args.clone(),
+                std::time::Duration::from_secs(40),
+            )),
+            (ProviderKind::Exec, Some(e)) => {
+                match ExecProvider::new(ExecConfig::new(e.launch, e.terminate, e.describe)) {
+                    Ok(p) => Arc::new(p),
+                    Err(err) => {
+                        tracing::error!(pool = %pool, error = %err, "exec provider not usable");
+                        return None;
+                    }
+                }
+            }
+            (ProviderKind::Exec, None) => return None,
+        };
+        self.providers.insert(pool.clone(), provider.clone());
+        Some(provider)
+    }
+
+    /// The launch request for a new host of `pool`.
+    pub fn launch_request(&self, pool: &PoolName, name: &str) -> LaunchRequest {
+        let ctx = self.provider_ctx.as_ref();
+        LaunchRequest {
+            name: name.to_string(),
+            pool: pool.to_string(),
+            server: ctx.map(|c| c.server_url.clone()).unwrap_or_default(),
+            join_token: ctx.map(|c| c.join_token.clone()).unwrap_or_default(),
+            agent_args: Vec::new(),
+        }
+    }
+
+    /// Provider calls decided during the last API calls, for the caller to run.
+    pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
+        std::mem::take(&mut self.pending_jobs)
     }
 
     fn now(&self) -> u64 {
@@ -459,12 +541,14 @@ impl Cluster {
             .map_err(|e| ApiError::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
         self.host_credentials.insert(host.credential_sha256.clone(), ix);
+        let registered_at_ms = host.registered_at_ms;
         self.hosts.push(HostEntry {
             host,
             version,
             last_heartbeat_ms: None,
             checks: Vec::new(),
             logs_url: None,
+            health: HostEntry::fresh_health(registered_at_ms),
             epoch: self.revision,
             tasks: BTreeSet::new(),
         });
@@ -489,6 +573,9 @@ impl Cluster {
             h.health_status = HealthStatus::Ok;
             self.write_host(ix, h)?;
         }
+        self.evaluate_host(ix)?;
+        let jobs = self.remediate()?;
+        self.pending_jobs.extend(jobs);
         Ok(())
     }
 
@@ -552,7 +639,7 @@ impl Cluster {
             task_count: e.tasks.len() as u32,
             registered_at_ms: e.host.registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
-            checks: e.checks.clone(),
+            checks: if e.health.checks.is_empty() { e.checks.clone() } else { e.health.host_checks() },
             logs_url: e.logs_url.clone(),
         }
     }
@@ -830,36 +917,44 @@ impl Cluster {
         let rev = self.commit(&ops)?;
         let mut freed = BTreeSet::new();
         for t in tasks {
-            let id = t.id;
-            let Some(old) = self.tasks.remove(&id) else { continue };
-            let stopped_now =
-                t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
-            let mut placement = old.placement;
-            if stopped_now {
-                if let Some(p) = placement.take() {
-                    let req = self.request_for(&old.task)?;
-                    self.sched.release(&req, &p);
-                    self.hosts[p.host as usize].tasks.remove(&id);
-                }
-                if let Some(q) = self.pending.get_mut(&t.pool) {
-                    q.remove(&old.seq);
-                }
-                if let Some(g) = &t.group {
-                    if let Some(s) = self.service_tasks.get_mut(g) {
-                        s.remove(&id);
-                    }
-                }
-                freed.insert(t.pool.clone());
+            let pool = t.pool.clone();
+            if self.apply_task_update(t, rev)? {
+                freed.insert(pool);
             }
-            if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
-                self.hosts[h as usize].epoch = rev;
-            }
-            self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
         }
         for pool in freed {
             self.place_pending(&pool)?;
         }
         Ok(())
+    }
+
+    /// Applies a committed new version of an existing task; true when it just stopped (its
+    /// capacity is free again).
+    fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, ApiError> {
+        let id = t.id;
+        let Some(old) = self.tasks.remove(&id) else { return Ok(false) };
+        let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
+        let mut placement = old.placement;
+        if stopped_now {
+            if let Some(p) = placement.take() {
+                let req = self.request_for(&old.task)?;
+                self.sched.release(&req, &p);
+                self.hosts[p.host as usize].tasks.remove(&id);
+            }
+            if let Some(q) = self.pending.get_mut(&t.pool) {
+                q.remove(&old.seq);
+            }
+            if let Some(g) = &t.group {
+                if let Some(s) = self.service_tasks.get_mut(g) {
+                    s.remove(&id);
+                }
+            }
+        }
+        if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
+            self.hosts[h as usize].epoch = rev;
+        }
+        self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
+        Ok(stopped_now)
     }
 
     /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
@@ -986,6 +1081,7 @@ impl Cluster {
             pool,
             task_definition: td,
             desired_count: req.desired_count,
+            resumption: req.resumption.unwrap_or_default(),
             status: ServiceStatus::Active,
             created_at_ms: now,
             updated_at_ms: now,
@@ -1156,6 +1252,20 @@ impl Cluster {
     }
 }
 
+/// What the server knows that providers need: its own address and join token, and how to
+/// start a local agent.
+#[derive(Debug, Clone)]
+pub struct ProviderContext {
+    pub server_url: String,
+    pub join_token: String,
+    /// The `mpsfleet` binary, for `local` providers.
+    pub exe: std::path::PathBuf,
+    /// Where `local` hosts keep their data dirs.
+    pub hosts_dir: std::path::PathBuf,
+    /// Extra `mpsfleet agent` arguments for `local` hosts.
+    pub local_agent_args: Vec<String>,
+}
+
 /// Filters of `GET /v1/tasks`.
 #[derive(Debug, Clone)]
 pub struct TaskFilter {
@@ -1195,9 +1305,10 @@ fn check_desired(d: u32) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Whether a host may receive new placements.
+/// Whether a host may receive new placements: ACTIVE, not cordoned, and healthy (an impaired
+/// host, or one whose agent has gone quiet, gets nothing new).
 pub fn can_place(h: &Host) -> bool {
-    h.status == HostStatus::Active && !h.cordoned && h.health_status != HealthStatus::Impaired
+    h.status == HostStatus::Active && !h.cordoned && h.health_status == HealthStatus::Ok
 }
 
 fn pool_config(p: &Pool) -> PoolConfig {

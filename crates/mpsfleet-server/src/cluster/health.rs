@@ -1,0 +1,521 @@
+//! Host health and incidents in the server: evaluates each host's checks on every heartbeat
+//! and on a tick, takes impaired hosts out of placement at once, opens an incident when a
+//! host is declared bad, and drives each incident with the pure planner of
+//! `mpsfleet_core::remediation`, executing its actions and recording them.
+//!
+//! Capacity provider calls (launch, terminate) are slow and run outside the cluster lock:
+//! the planner's actions are turned into [`ProviderJob`]s that the caller runs and reports
+//! back with [`Cluster::provider_done`].
+
+use super::*;
+use mpsfleet_core::health::{evaluate, HealthInput, HostHealth, Verdict};
+use mpsfleet_core::remediation::{
+    self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
+    WorldView,
+};
+
+pub(super) const INCIDENT: &str = "incident";
+
+/// A provider call the remediation wants made, outside the cluster lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderJob {
+    Launch { incident: String, pool: PoolName, name: String },
+    Terminate { incident: String, pool: PoolName, name: String },
+}
+
+/// What a provider call came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderOutcome {
+    Done,
+    Failed(String),
+}
+
+/// In-memory progress of one incident's provider calls (the timeline is the durable record;
+/// after a restart, a requested replacement that never joined is requested again).
+#[derive(Debug, Clone, Default)]
+pub(super) struct ProviderProgress {
+    pub launch: Option<Result<(), String>>,
+    pub launching: bool,
+    pub terminate: Option<Result<(), String>>,
+    pub terminating: bool,
+}
+
+impl Cluster {
+    pub(super) fn load_incidents(&mut self) -> Result<(), ApiError> {
+        for r in self.store.list(INCIDENT)? {
+            let i: Incident = decode(&r)?;
+            self.incidents.insert(i.id.clone(), Versioned { value: i, version: r.version });
+        }
+        Ok(())
+    }
+
+    pub fn incidents(&self) -> Vec<Incident> {
+        let mut v: Vec<Incident> = self.incidents.values().map(|v| v.value.clone()).collect();
+        v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
+        v
+    }
+
+    pub fn incident(&self, id: &str) -> Result<Incident, ApiError> {
+        self.incidents.get(id).map(|v| v.value.clone()).ok_or_else(|| ApiError::not_found("incident", id))
+    }
+
+    fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
+        self.incidents
+            .values()
+            .map(|v| &v.value)
+            .find(|i| &i.host_id == host && i.state != IncidentState::Resolved)
+    }
+
+    fn write_incident(&mut self, incident: Incident) -> Result<(), ApiError> {
+        let expect = match self.incidents.get(&incident.id) {
+            Some(v) => Precondition::Version(v.version),
+            None => Precondition::Absent,
+        };
+        let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
+        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        Ok(())
+    }
+
+    /// Evaluates every host (heartbeat grace runs out without any report) and drives every
+    /// incident; returns the provider calls to make.
+    pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
+        for ix in 0..self.hosts.len() as HostIx {
+            self.evaluate_host(ix)?;
+        }
+        self.remediate()
+    }
+
+    /// Re-evaluates one host: a changed health status is written and applied to placement at
+    /// once; a host declared bad gets an incident (one per episode).
+    pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), ApiError> {
+        let now = self.now();
+        let e = &self.hosts[ix as usize];
+        if !matches!(e.host.status, HostStatus::Active | HostStatus::Draining) {
+            return Ok(());
+        }
+        let Some(pool) = self.pools.get(&e.host.pool).map(|p| p.value.clone()) else { return Ok(()) };
+        let input = HealthInput {
+            checks: &e.checks,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+            registered_at_ms: e.host.registered_at_ms,
+        };
+        let health = evaluate(&e.health, &input, &pool.health_policy, now);
+        let changed = health.status != e.host.health_status;
+        let verdict = health.verdict.clone();
+        self.hosts[ix as usize].health = health;
+        if changed {
+            let mut h = self.hosts[ix as usize].host.clone();
+            tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.hosts[ix as usize].health.status.as_str(), "host health changed");
+            h.health_status = self.hosts[ix as usize].health.status;
+            self.write_host(ix, h)?;
+        }
+        if let Verdict::DeclaredBad { trigger, impaired_since_ms } = verdict {
+            let host_id = self.hosts[ix as usize].host.id.clone();
+            if self.open_incident_of(&host_id).is_none() {
+                let id = format!("inc-{:012x}", auth::random_u64()? >> 16);
+                let owner = IncidentOwner::for_mode(pool.mode);
+                let incident = Incident::open(
+                    id,
+                    host_id.clone(),
+                    pool.name.clone(),
+                    owner,
+                    trigger,
+                    impaired_since_ms,
+                    now,
+                );
+                tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
+                self.write_incident(incident)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An operator's `host drain` or `host replace`: recorded on the host's incident (one is
+    /// opened if there is none), then the same steps as a managed pool's run.
+    pub fn operator_action(&mut self, host: &str, action: OperatorAction) -> Result<Incident, ApiError> {
+        let ix = self.host_ix(host)?;
+        let h = self.hosts[ix as usize].host.clone();
+        if h.status == HostStatus::Deregistered {
+            return Err(ApiError::Conflict(format!("host {} is already deregistered", h.id)));
+        }
+        let now = self.now();
+        let mut incident = match self.open_incident_of(&h.id) {
+            Some(i) => i.clone(),
+            None => {
+                let owner = self
+                    .pools
+                    .get(&h.pool)
+                    .map_or(IncidentOwner::Operator, |p| IncidentOwner::for_mode(p.value.mode));
+                let trigger = Trigger {
+                    check: "OPERATOR".into(),
+                    gpu_id: None,
+                    reason: format!("operator asked to {} the host", action.as_str()),
+                    evidence: String::new(),
+                    first_failure_at_ms: None,
+                };
+                Incident::open(
+                    format!("inc-{:012x}", auth::random_u64()? >> 16),
+                    h.id.clone(),
+                    h.pool.clone(),
+                    owner,
+                    trigger,
+                    now,
+                    now,
+                )
+            }
+        };
+        incident.operator_requested = Some(action);
+        // A failed replacement is tried again on an explicit `replace`.
+        if action == OperatorAction::Replace {
+            if let Some(p) = self.provider_progress.get_mut(&incident.id) {
+                if matches!(p.launch, Some(Err(_))) {
+                    p.launch = None;
+                }
+            }
+        }
+        let id = incident.id.clone();
+        self.write_incident(incident)?;
+        let jobs = self.remediate()?;
+        self.pending_jobs.extend(jobs);
+        self.incident(&id)
+    }
+
+    /// Plans and executes every unresolved incident until nothing more can happen now.
+    pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
+        let mut jobs = Vec::new();
+        let open: Vec<String> = self
+            .incidents()
+            .into_iter()
+            .filter(|i| i.state != IncidentState::Resolved)
+            .map(|i| i.id)
+            .collect();
+        for id in open {
+            // A few rounds: executing one action can make the next possible at once.
+            for _ in 0..8 {
+                let Some(incident) = self.incidents.get(&id).map(|v| v.value.clone()) else { break };
+                let Some(world) = self.world_of(&incident) else { break };
+                let Some(pool) = self.pools.get(&incident.pool).map(|p| p.value.clone()) else { break };
+                let now = self.now();
+                let plan = remediation::plan(&incident, &world, &pool.remediation_policy, pool.mode, now);
+                if plan.actions.is_empty() {
+                    break;
+                }
+                let mut incident = incident;
+                for planned in &plan.actions {
+                    self.execute(&mut incident, &planned.action, &mut jobs)?;
+                    remediation::record(&mut incident, planned, now);
+                }
+                if incident.state == IncidentState::Resolved {
+                    incident.resolved_at_ms.get_or_insert(now);
+                }
+                self.write_incident(incident)?;
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// What the planner needs to know about an incident's host, pool, tasks and provider.
+    fn world_of(&self, incident: &Incident) -> Option<WorldView> {
+        let ix = self.sched.host(&incident.host_id)?;
+        let e = &self.hosts[ix as usize];
+        let pool_hosts: Vec<&HostEntry> = self
+            .hosts
+            .iter()
+            .filter(|h| h.host.pool == incident.pool && h.host.status != HostStatus::Deregistered)
+            .collect();
+        let unhealthy =
+            pool_hosts.iter().filter(|h| !matches!(h.health.verdict, Verdict::Healthy)).count() as u32;
+        let mut open: Vec<&Incident> = self
+            .incidents
+            .values()
+            .map(|v| &v.value)
+            .filter(|i| i.pool == incident.pool && i.state != IncidentState::Resolved)
+            .collect();
+        open.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
+        let rank = open.iter().position(|i| i.id == incident.id).unwrap_or(0) as u32;
+        let in_flight = open
+            .iter()
+            .filter(|i| {
+                i.id != incident.id && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
+            })
+            .count() as u32;
+        let recent: Vec<u64> = self
+            .incidents
+            .values()
+            .filter(|v| v.value.pool == incident.pool)
+            .filter_map(|v| v.value.first(Step::ReplacementRequested).map(|t| t.at_ms))
+            .collect();
+        let pool = self.pools.get(&incident.pool)?;
+        let grace = pool.value.health_policy.agent_heartbeat_grace_ms;
+        let now = self.now();
+        let agent_reachable = e.last_heartbeat_ms.is_some_and(|t| now.saturating_sub(t) <= grace)
+            && e.host.status != HostStatus::Deregistered;
+        let tasks: Vec<HostTask> = self
+            .tasks
+            .values()
+            .filter(|t| t.task.host_id.as_ref() == Some(&incident.host_id))
+            .map(|t| HostTask {
+                id: t.task.id,
+                owner: match &t.task.group {
+                    Some(g) => TaskOwner::Service {
+                        name: g.clone(),
+                        boundary: self.services.get(g).map(|s| s.value.resumption).unwrap_or_default(),
+                    },
+                    None => TaskOwner::Standalone,
+                },
+                last_status: t.task.last_status,
+                desired_status: t.task.desired_status,
+            })
+            .collect();
+        let progress = self.provider_progress.get(&incident.id).cloned().unwrap_or_default();
+        let replacement_name = replacement_name(incident);
+        let joined = self
+            .hosts
+            .iter()
+            .find(|h| h.host.hostname == replacement_name && h.host.pool == incident.pool)
+            .filter(|h| h.host.status == HostStatus::Active && h.host.health_status == HealthStatus::Ok);
+        let replacement = match (joined, &progress.launch) {
+            (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host.id.clone()) },
+            (None, Some(Err(reason))) => ReplacementState::Failed { reason: reason.clone() },
+            (None, Some(Ok(()))) => ReplacementState::Requested,
+            (None, None) if progress.launching => ReplacementState::Requested,
+            (None, None)
+                if incident.has(Step::ReplacementRequested) && !self.has_provider(&incident.pool) =>
+            {
+                ReplacementState::Failed { reason: "the pool has no capacity provider".into() }
+            }
+            (None, None) if incident.has(Step::ReplacementRequested) => ReplacementState::Requested,
+            (None, None) => ReplacementState::NotRequested,
+        };
+        let termination = if e.host.status == HostStatus::Deregistered {
+            TerminationState::Confirmed
+        } else if progress.terminating || progress.terminate.is_some() {
+            // A failed termination is requested again at the next plan (terminate is idempotent).
+            if matches!(progress.terminate, Some(Err(_))) && !progress.terminating {
+                TerminationState::NotRequested
+            } else {
+                TerminationState::Requested
+            }
+        } else {
+            TerminationState::NotRequested
+        };
+        let replacement_tasks = incident
+            .affected_tasks
+            .iter()
+            .filter_map(|a| a.replacement)
+            .filter_map(|r| self.tasks.get(&r).map(|t| (r, t.task.last_status)))
+            .collect();
+        Some(WorldView {
+            pool: PoolView {
+                total_hosts: pool_hosts.len() as u32,
+                unhealthy_hosts: unhealthy,
+                replacements_in_flight: in_flight,
+                recent_replacements_ms: recent,
+                incident_rank: rank,
+            },
+            host: HostState {
+                status: e.host.status,
+                cordoned: e.host.cordoned,
+                healthy: matches!(e.health.verdict, Verdict::Healthy)
+                    && e.host.health_status == HealthStatus::Ok,
+                agent_reachable,
+            },
+            tasks,
+            replacement,
+            termination,
+            replacement_tasks,
+        })
+    }
+
+    fn execute(
+        &mut self,
+        incident: &mut Incident,
+        action: &Action,
+        jobs: &mut Vec<ProviderJob>,
+    ) -> Result<(), ApiError> {
+        let Some(ix) = self.sched.host(&incident.host_id) else { return Ok(()) };
+        match action {
+            Action::Record(_) | Action::Resolve | Action::Block { .. } => {}
+            Action::Cordon => {
+                let mut h = self.hosts[ix as usize].host.clone();
+                h.cordoned = true;
+                self.write_host(ix, h)?;
+            }
+            Action::MarkDraining => {
+                let mut h = self.hosts[ix as usize].host.clone();
+                h.status = HostStatus::Draining;
+                self.write_host(ix, h)?;
+            }
+            Action::RequestReplacement => match self.provider_for(&incident.pool.clone()) {
+                Some(_) => {
+                    self.provider_progress.entry(incident.id.clone()).or_default().launching = true;
+                    jobs.push(ProviderJob::Launch {
+                        incident: incident.id.clone(),
+                        pool: incident.pool.clone(),
+                        name: replacement_name(incident),
+                    });
+                }
+                None => {
+                    self.provider_progress.entry(incident.id.clone()).or_default().launch =
+                        Some(Err("the pool has no capacity provider".into()));
+                }
+            },
+            Action::StartReplacements { tasks } => {
+                let moved = self.move_tasks(ix, tasks, &incident.id)?;
+                for (old, new, host) in moved {
+                    incident.set_replacement(old, new, host);
+                }
+            }
+            Action::StopStandalone { task_ids, stop_code } => {
+                let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
+                let reason = format!("host {} was replaced (incident {})", incident.host_id, incident.id);
+                let stopped: Vec<Task> = task_ids
+                    .iter()
+                    .filter_map(|id| self.tasks.get(id))
+                    .map(|e| self.forced_stop(&e.task, *stop_code, &reason, gone))
+                    .collect();
+                self.write_tasks(stopped)?;
+            }
+            Action::TerminateOldHost => {
+                if self.provider_for(&incident.pool.clone()).is_some() {
+                    self.provider_progress.entry(incident.id.clone()).or_default().terminating = true;
+                    jobs.push(ProviderJob::Terminate {
+                        incident: incident.id.clone(),
+                        pool: incident.pool.clone(),
+                        name: self.hosts[ix as usize].host.hostname.clone(),
+                    });
+                } else {
+                    // Without a provider the operator removes the machine; the host leaves the
+                    // fleet's records now so the incident can finish.
+                    self.deregister(ix, "no capacity provider: the operator removes the machine")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A stop that does not wait for an agent that will never answer.
+    fn forced_stop(&self, task: &Task, code: StopCode, reason: &str, host_gone: bool) -> Task {
+        let mut t = self.stopped_record(task, code, reason);
+        if host_gone && t.last_status != TaskStatus::Stopped {
+            t.last_status = TaskStatus::Stopped;
+            t.stopped_at_ms = Some(self.now());
+        }
+        t
+    }
+
+    /// Moves service tasks off a host in one commit: each old copy is stopped
+    /// (`HostReplaced`) and a new task of its service is created and placed elsewhere.
+    fn move_tasks(
+        &mut self,
+        ix: HostIx,
+        moves: &[MoveTask],
+        incident: &str,
+    ) -> Result<Vec<(TaskId, TaskId, Option<HostId>)>, ApiError> {
+        let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
+        let host_id = self.hosts[ix as usize].host.id.clone();
+        let reason = format!("moved off host {host_id} (incident {incident})");
+        let mut batch = Batch::default();
+        let mut stops = Vec::new();
+        let mut pairs = Vec::new();
+        for m in moves {
+            let Some(old) = self.tasks.get(&m.task_id).map(|e| e.task.clone()) else { continue };
+            let Some(svc) = self.services.get(&m.service).map(|s| s.value.clone()) else { continue };
+            let stopped = self.forced_stop(&old, StopCode::HostReplaced, &reason, gone);
+            let version = self.tasks.get(&old.id).map_or(0, |e| e.version);
+            batch.ops.push(Op::put_json(TASK, old.id.to_string(), &stopped, Precondition::Version(version))?);
+            stops.push(stopped);
+            let spec = NewTasks {
+                task_definition: svc.task_definition.clone(),
+                pool: svc.pool.clone(),
+                group: Some(svc.name.clone()),
+                started_by: format!("service:{}", svc.name),
+            };
+            let before = batch.created.len();
+            if let Err(e) = self.create_tasks(&spec, 1, &mut batch) {
+                self.rollback(&batch);
+                return Err(e);
+            }
+            if let Some((new, _, _)) = batch.created.get(before) {
+                pairs.push((old.id, new.id, new.host_id.clone()));
+            }
+        }
+        let rev = match self.commit(&batch.ops) {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.rollback(&batch);
+                return Err(e);
+            }
+        };
+        for t in stops {
+            self.apply_task_update(t, rev)?;
+        }
+        for (task, placement, _) in batch.created {
+            self.insert_task(task, rev, placement);
+        }
+        Ok(pairs)
+    }
+
+    /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is
+    /// recorded as stopped (the machine is gone).
+    fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), ApiError> {
+        let mut h = self.hosts[ix as usize].host.clone();
+        if h.status == HostStatus::Deregistered {
+            return Ok(());
+        }
+        h.status = HostStatus::Deregistered;
+        self.write_host(ix, h)?;
+        let ids: Vec<TaskId> = self.hosts[ix as usize].tasks.iter().copied().collect();
+        let stopped: Vec<Task> = ids
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .filter(|e| e.task.desired_status == TaskStatus::Stopped)
+            .map(|e| self.forced_stop(&e.task, StopCode::HostReplaced, reason, true))
+            .collect();
+        self.write_tasks(stopped)
+    }
+
+    /// A provider call finished; the incident moves on at the next remediation.
+    pub fn provider_done(
+        &mut self,
+        job: &ProviderJob,
+        outcome: ProviderOutcome,
+    ) -> Result<Vec<ProviderJob>, ApiError> {
+        let result = match outcome {
+            ProviderOutcome::Done => Ok(()),
+            ProviderOutcome::Failed(reason) => Err(reason),
+        };
+        match job {
+            ProviderJob::Launch { incident, .. } => {
+                let p = self.provider_progress.entry(incident.clone()).or_default();
+                p.launching = false;
+                p.launch = Some(result);
+            }
+            ProviderJob::Terminate { incident, .. } => {
+                let p = self.provider_progress.entry(incident.clone()).or_default();
+                p.terminating = false;
+                p.terminate = Some(result.clone());
+                if result.is_ok() {
+                    if let Some(host) = self.incidents.get(incident).map(|i| i.value.host_id.clone()) {
+                        if let Some(ix) = self.sched.host(&host) {
+                            self.deregister(ix, "the provider terminated the host")?;
+                        }
+                    }
+                }
+            }
+        }
+        self.remediate()
+    }
+}
+
+/// The name the replacement host of an incident joins under (deterministic, so a restarted
+/// server recognises it).
+pub fn replacement_name(incident: &Incident) -> String {
+    format!("{}-r", incident.id)
+}
+
+impl HostEntry {
+    pub(super) fn fresh_health(registered_at_ms: u64) -> HostHealth {
+        HostHealth::new(registered_at_ms)
+    }
+}

@@ -1,0 +1,504 @@
+//! Capacity providers: what launches, terminates and describes the hosts that run
+//! `mpsfleet agent`, and the retry policy that provider calls are wrapped in. `local` runs
+//! agents as child processes of this machine (`mpsfleet up`, tests); `exec` runs
+//! operator-supplied commands that speak a JSON contract on stdin and stdout, so any cloud CLI
+//! or script can be plugged in (docs/providers.md).
+//!
+//! Provider calls block (they wait for processes); async callers run them on
+//! `tokio::task::spawn_blocking`.
+
+mod exec;
+mod local;
+
+pub use exec::{ExecConfig, ExecConfigError, ExecProvider, CONTRACT_VERSION, DEFAULT_TIMEOUT};
+pub use local::LocalProvider;
+
+use serde::Serialize;
+use std::fmt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+/// The three provider operations, as named in `MPSFLEET_PROVIDER_OP` and in error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderOp {
+    Launch,
+    Terminate,
+    Describe,
+}
+
+impl ProviderOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderOp::Launch => "launch",
+            ProviderOp::Terminate => "terminate",
+            ProviderOp::Describe => "describe",
+        }
+    }
+}
+
+impl fmt::Display for ProviderOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything a new host needs to run `mpsfleet agent` and join.
+///
+/// Empty `pool`, `server` and `join_token` mean "not given here": the local provider then
+/// passes no such flag (its own `agent_args` may carry them); the exec provider refuses them.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct LaunchRequest {
+    /// The host's name in mpsfleet; also the idempotency key of the launch.
+    pub name: String,
+    pub pool: String,
+    /// The control plane's URL as the new host reaches it.
+    pub server: String,
+    /// Secret: never logged, never in argv or the environment of provider commands.
+    pub join_token: String,
+    /// Extra arguments for `mpsfleet agent`, after the ones derived from the fields above.
+    pub agent_args: Vec<String>,
+}
+
+impl LaunchRequest {
+    /// A request carrying only a name (the local provider with its own agent arguments).
+    pub fn named(name: impl Into<String>) -> Self {
+        LaunchRequest { name: name.into(), ..LaunchRequest::default() }
+    }
+
+    /// The complete argument list after `mpsfleet agent`: `--server`, `--join-token`,
+    /// `--pool` and `--hostname` for the non-empty fields, then `agent_args`.
+    pub fn agent_argv(&self) -> Vec<String> {
+        let mut argv = self.join_flags();
+        argv.extend(self.agent_args.iter().cloned());
+        argv
+    }
+
+    /// `--server`, `--join-token`, `--pool` and `--hostname` for the non-empty fields.
+    fn join_flags(&self) -> Vec<String> {
+        let mut argv = Vec::new();
+        for (flag, value) in [
+            ("--server", &self.server),
+            ("--join-token", &self.join_token),
+            ("--pool", &self.pool),
+            ("--hostname", &self.name),
+        ] {
+            if !value.is_empty() {
+                argv.extend([flag.to_string(), value.clone()]);
+            }
+        }
+        argv
+    }
+}
+
+impl fmt::Debug for LaunchRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LaunchRequest")
+            .field("name", &self.name)
+            .field("pool", &self.pool)
+            .field("server", &self.server)
+            .field("join_token", &if self.join_token.is_empty() { "" } else { "<redacted>" })
+            .field("agent_args", &self.agent_args)
+            .finish()
+    }
+}
+
+/// What a provider answered to a launch it accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchedHost {
+    /// The provider's own id for the machine (instance id, pid…); kept by the caller so that a
+    /// restarted server can [`ExecProvider::adopt`] the host again.
+    pub provider_id: String,
+    /// `Pending` or `Running`.
+    pub state: ProviderHostState,
+}
+
+/// What a provider knows about one of its hosts. `Running` means the machine is up, not that
+/// its agent has joined: the server sees the join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderHostState {
+    /// Accepted, still booting.
+    Pending,
+    Running,
+    /// Termination accepted, not yet confirmed.
+    Terminating,
+    /// Gone; `detail` says how (exit status, provider's reason).
+    Terminated {
+        detail: String,
+    },
+    /// The provider cannot tell (for example it no longer knows the id).
+    Unknown {
+        detail: String,
+    },
+}
+
+impl ProviderHostState {
+    /// The contract's spelling: `PENDING`, `RUNNING`, `TERMINATING`, `TERMINATED`, `UNKNOWN`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProviderHostState::Pending => "PENDING",
+            ProviderHostState::Running => "RUNNING",
+            ProviderHostState::Terminating => "TERMINATING",
+            ProviderHostState::Terminated { .. } => "TERMINATED",
+            ProviderHostState::Unknown { .. } => "UNKNOWN",
+        }
+    }
+}
+
+impl fmt::Display for ProviderHostState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProviderHostState::Terminated { detail } | ProviderHostState::Unknown { detail }
+                if !detail.is_empty() =>
+            {
+                write!(f, "{} ({detail})", self.as_str())
+            }
+            _ => f.write_str(self.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("cannot launch host {name}: {message}")]
+    Launch { name: String, message: String },
+    #[error("unknown host {0}")]
+    Unknown(String),
+    #[error("host {0} is already launched")]
+    AlreadyLaunched(String),
+    #[error("cannot run the {op} command `{command}` for host {name}: {source}")]
+    Spawn {
+        op: ProviderOp,
+        name: String,
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the {op} command `{command}` for host {name} failed ({status}): {stderr}")]
+    Failed { op: ProviderOp, name: String, command: String, status: ExitStatus, stderr: String },
+    #[error(
+        "the {op} command `{command}` for host {name} timed out after {}s and was killed: {stderr}",
+        timeout.as_secs_f64()
+    )]
+    TimedOut { op: ProviderOp, name: String, command: String, timeout: Duration, stderr: String },
+    #[error(
+        "the {op} command `{command}` for host {name} exited 0 but printed invalid output: \
+         {reason}; stdout: {stdout}; stderr: {stderr}"
+    )]
+    BadOutput {
+        op: ProviderOp,
+        name: String,
+        command: String,
+        reason: String,
+        stdout: String,
+        stderr: String,
+    },
+    #[error("host {name} is not running: {state}")]
+    NotRunning { name: String, state: ProviderHostState },
+}
+
+impl ProviderError {
+    /// The host the error is about.
+    pub fn host(&self) -> &str {
+        match self {
+            ProviderError::Unknown(name) | ProviderError::AlreadyLaunched(name) => name,
+            ProviderError::Launch { name, .. }
+            | ProviderError::Spawn { name, .. }
+            | ProviderError::Failed { name, .. }
+            | ProviderError::TimedOut { name, .. }
+            | ProviderError::BadOutput { name, .. }
+            | ProviderError::NotRunning { name, .. } => name,
+        }
+    }
+}
+
+impl Retryable for ProviderError {
+    /// Failures of the provider command itself (non-zero exit, timeout, bad output) may pass;
+    /// a missing or non-executable command, an unknown or duplicate host, or a host that
+    /// stopped while booting will not.
+    fn is_transient(&self) -> bool {
+        match self {
+            ProviderError::Failed { .. }
+            | ProviderError::TimedOut { .. }
+            | ProviderError::BadOutput { .. } => true,
+            ProviderError::Spawn { source, .. } => {
+                !matches!(source.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
+            }
+            ProviderError::NotRunning { state, .. } => {
+                matches!(state, ProviderHostState::Pending | ProviderHostState::Unknown { .. })
+            }
+            ProviderError::Launch { .. } | ProviderError::Unknown(_) | ProviderError::AlreadyLaunched(_) => {
+                false
+            }
+        }
+    }
+}
+
+/// Launches, terminates and describes hosts that run `mpsfleet agent`. Calls block.
+pub trait CapacityProvider: Send + Sync {
+    /// Starts a new host; returns once the provider accepted it (`Pending`) or it is up
+    /// (`Running`), not when its agent has joined (the server sees it join).
+    fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError>;
+    /// Asks for the host to stop; returns `Terminated` once it is gone, or `Terminating` when
+    /// the provider only accepted the request ([`CapacityProvider::describe`] confirms later).
+    fn terminate(&self, name: &str) -> Result<ProviderHostState, ProviderError>;
+    fn describe(&self, name: &str) -> Result<ProviderHostState, ProviderError>;
+    /// Names of the hosts this provider launched and was not asked to terminate.
+    fn hosts(&self) -> Vec<String>;
+}
+
+/// How often and how patiently to retry: attempt `n` (from 1) that fails transiently is
+/// followed by a wait of `initial_backoff * 2^(n-1)`, capped at `max_backoff`, until
+/// `max_attempts` attempts in all. No jitter, so that schedules are reproducible; the server
+/// rate-limits replacements anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Attempts in all, the first included; 0 counts as 1.
+    pub max_attempts: u32,
+}
+
+impl Default for Retry {
+    /// For provider commands: 1 s, 2 s, 4 s, 8 s between five attempts.
+    fn default() -> Self {
+        Retry {
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            max_attempts: 5,
+        }
+    }
+}
+
+impl Retry {
+    /// For waiting on a booting machine: every 5 s at first, then every 30 s, for about 15
+    /// minutes.
+    pub fn boot() -> Self {
+        Retry {
+            initial_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(30),
+            max_attempts: 32,
+        }
+    }
+
+    /// The wait after failed attempt `attempt` (from 1).
+    pub fn backoff_after(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+    }
+}
+
+/// Whether an error may pass if the operation is tried again.
+pub trait Retryable {
+    fn is_transient(&self) -> bool;
+}
+
+/// One failed attempt, as shown on an incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptRecord {
+    /// From 1.
+    pub attempt: u32,
+    pub error: String,
+    /// The wait before the next attempt; `None` when none followed (last attempt, or an error
+    /// that retrying cannot fix).
+    pub backoff_ms: Option<u64>,
+}
+
+/// The outcome of [`with_retries`]: the final result and every failed attempt before it (the
+/// final failure included).
+#[derive(Debug)]
+pub struct Retried<T, E> {
+    pub result: Result<T, E>,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl<T, E> Retried<T, E> {
+    pub fn into_result(self) -> Result<T, E> {
+        self.result
+    }
+}
+
+/// Runs `op(attempt)` (attempt from 1) until it succeeds, fails with an error that is not
+/// transient, or `policy.max_attempts` attempts were made; between attempts calls
+/// `sleep(backoff)`. Pure apart from `op` and `sleep`: tests pass a recording sleeper, the
+/// server `std::thread::sleep` inside `spawn_blocking`.
+pub fn with_retries<T, E, F, S>(mut op: F, policy: &Retry, mut sleep: S) -> Retried<T, E>
+where
+    F: FnMut(u32) -> Result<T, E>,
+    E: Retryable + fmt::Display,
+    S: FnMut(Duration),
+{
+    let max_attempts = policy.max_attempts.max(1);
+    let mut attempts = Vec::new();
+    let mut attempt = 1;
+    loop {
+        match op(attempt) {
+            Ok(value) => return Retried { result: Ok(value), attempts },
+            Err(e) => {
+                let backoff =
+                    (attempt < max_attempts && e.is_transient()).then(|| policy.backoff_after(attempt));
+                attempts.push(AttemptRecord {
+                    attempt,
+                    error: e.to_string(),
+                    backoff_ms: backoff.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX)),
+                });
+                match backoff {
+                    Some(b) => sleep(b),
+                    None => return Retried { result: Err(e), attempts },
+                }
+            }
+        }
+        attempt += 1;
+    }
+}
+
+/// `provider.launch(req)` with retries. Safe to retry because the name is the launch's
+/// idempotency key (docs/providers.md).
+pub fn launch_with_retries(
+    provider: &dyn CapacityProvider,
+    req: &LaunchRequest,
+    policy: &Retry,
+    sleep: impl FnMut(Duration),
+) -> Retried<LaunchedHost, ProviderError> {
+    with_retries(|_| provider.launch(req), policy, sleep)
+}
+
+/// `provider.terminate(name)` with retries.
+pub fn terminate_with_retries(
+    provider: &dyn CapacityProvider,
+    name: &str,
+    policy: &Retry,
+    sleep: impl FnMut(Duration),
+) -> Retried<ProviderHostState, ProviderError> {
+    with_retries(|_| provider.terminate(name), policy, sleep)
+}
+
+/// Describes `name` until the provider says `RUNNING`, for slow boots: `PENDING` and
+/// `UNKNOWN` answers and failed describe commands are retried per `policy` (see
+/// [`Retry::boot`]); `TERMINATING` or `TERMINATED` ends the wait at once with
+/// [`ProviderError::NotRunning`].
+pub fn wait_until_running(
+    provider: &dyn CapacityProvider,
+    name: &str,
+    policy: &Retry,
+    sleep: impl FnMut(Duration),
+) -> Retried<(), ProviderError> {
+    with_retries(
+        |_| match provider.describe(name)? {
+            ProviderHostState::Running => Ok(()),
+            state => Err(ProviderError::NotRunning { name: name.to_string(), state }),
+        },
+        policy,
+        sleep,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Fail(bool);
+    impl fmt::Display for Fail {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(if self.0 { "transient" } else { "permanent" })
+        }
+    }
+    impl Retryable for Fail {
+        fn is_transient(&self) -> bool {
+            self.0
+        }
+    }
+
+    fn policy(initial_ms: u64, max_ms: u64, attempts: u32) -> Retry {
+        Retry {
+            initial_backoff: Duration::from_millis(initial_ms),
+            max_backoff: Duration::from_millis(max_ms),
+            max_attempts: attempts,
+        }
+    }
+
+    /// Runs `with_retries` over scripted outcomes (`Ok` or `Err(transient?)`); returns the
+    /// attempts made, the sleeps in ms, the backoffs recorded and whether it succeeded.
+    fn check(p: Retry, outcomes: &[Result<(), bool>], expected_sleeps_ms: &[u64], expect_ok: bool) {
+        let mut calls = 0;
+        let mut slept = Vec::new();
+        let r = with_retries(
+            |attempt| {
+                calls += 1;
+                assert_eq!(attempt, calls);
+                outcomes[attempt as usize - 1].map_err(Fail)
+            },
+            &p,
+            |d| slept.push(d.as_millis() as u64),
+        );
+        assert_eq!(slept, expected_sleeps_ms, "sleeps for {outcomes:?}");
+        assert_eq!(r.result.is_ok(), expect_ok);
+        let failed = calls as usize - usize::from(expect_ok);
+        assert_eq!(r.attempts.len(), failed);
+        for (i, a) in r.attempts.iter().enumerate() {
+            assert_eq!(a.attempt as usize, i + 1);
+            assert_eq!(a.backoff_ms, expected_sleeps_ms.get(i).copied());
+        }
+    }
+
+    #[test]
+    fn provider_retry_schedules() {
+        // First try succeeds: no sleeps, no records.
+        check(policy(100, 1000, 3), &[Ok(())], &[], true);
+        // Two transient failures, then success: doubling backoff.
+        check(policy(100, 1000, 5), &[Err(true), Err(true), Ok(())], &[100, 200], true);
+        // Backoff capped at max.
+        check(policy(300, 1000, 6), &[Err(true); 6], &[300, 600, 1000, 1000, 1000], false);
+        // A permanent error stops at once.
+        check(policy(100, 1000, 5), &[Err(true), Err(false)], &[100], false);
+        // max_attempts 0 means one attempt.
+        check(policy(100, 1000, 0), &[Err(true)], &[], false);
+    }
+
+    #[test]
+    fn provider_retry_backoff_saturates() {
+        let p = policy(1000, 60_000, 100);
+        assert_eq!(p.backoff_after(1), Duration::from_secs(1));
+        assert_eq!(p.backoff_after(7), Duration::from_secs(60));
+        assert_eq!(p.backoff_after(40), Duration::from_secs(60));
+        assert_eq!(p.backoff_after(u32::MAX), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn provider_attempt_record_json() {
+        let a = AttemptRecord { attempt: 2, error: "boom".into(), backoff_ms: Some(200) };
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            serde_json::json!({"attempt": 2, "error": "boom", "backoffMs": 200})
+        );
+    }
+
+    #[test]
+    fn provider_launch_request_argv_and_debug() {
+        let req = LaunchRequest {
+            name: "gpu-1".into(),
+            pool: "train".into(),
+            server: "http://cp:7070".into(),
+            join_token: "s3cret".into(),
+            agent_args: vec!["--mps-model".into()],
+        };
+        assert_eq!(
+            req.agent_argv(),
+            [
+                "--server",
+                "http://cp:7070",
+                "--join-token",
+                "s3cret",
+                "--pool",
+                "train",
+                "--hostname",
+                "gpu-1",
+                "--mps-model"
+            ]
+        );
+        assert!(!format!("{req:?}").contains("s3cret"));
+        assert_eq!(LaunchRequest::named("x").agent_argv(), ["--hostname", "x"]);
+    }
+}
