@@ -14,6 +14,10 @@ pub struct ServerArgs {
     /// Directory for the state database and the tokens.
     #[arg(long, env = "MPSFLEET_DATA_DIR", default_value = ".mpsfleet")]
     data_dir: PathBuf,
+    /// Extra `mpsfleet agent` arguments for hosts that `local` providers start, as one
+    /// whitespace-separated string (for example "--emulate-gpus H200:143771:2").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    local_agent_args: String,
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
@@ -45,7 +49,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         join_token,
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
-        local_agent_args: Vec::new(),
+        local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),
     });
     let dir = args.data_dir.display();
     if let Some(first) = &opened.first_start {

@@ -80,20 +80,28 @@ async fn up(args: UpArgs) -> Result<()> {
     let mut opened = mpsfleet_server::open(dir, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the data dir {}", dir.display()))?;
     let mode = if args.mode == "managed" { OwnershipMode::Managed } else { OwnershipMode::SelfManaged };
+    // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
+    let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
+    let hosts = if real_gpus { 1 } else { args.hosts };
+    let local = mpsfleet_types::policy::Provider {
+        kind: mpsfleet_types::policy::ProviderKind::Local,
+        exec: None,
+        desired_hosts: hosts,
+    };
     if opened.cluster.pool(&args.pool).is_err() {
         opened.cluster.create_pool(CreatePool {
             name: args.pool.clone(),
             mode: Some(mode),
             // Managed pools are repaired with new local hosts; self-managed ones by the operator.
-            provider: (mode == OwnershipMode::Managed).then_some(mpsfleet_types::policy::Provider {
-                kind: mpsfleet_types::policy::ProviderKind::Local,
-                exec: None,
-                desired_hosts: args.hosts,
-            }),
+            provider: (mode == OwnershipMode::Managed).then_some(local.clone()),
             strategy: None,
             compute_overcommit_percent: None,
             ..Default::default()
         })?;
+    } else if mode == OwnershipMode::Managed {
+        // The pool of an earlier `up`: keep it at this run's size.
+        let update = mpsfleet_types::UpdatePool { provider: Some(local), ..Default::default() };
+        opened.cluster.update_pool(&args.pool, update)?;
     }
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
     let admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE).context("cannot read the admin token")?;
@@ -104,18 +112,8 @@ async fn up(args: UpArgs) -> Result<()> {
     })?;
     let url = format!("http://{}", listener.local_addr()?);
 
-    // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
-    let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
-    let hosts = if real_gpus { 1 } else { args.hosts };
-    let mut agent_args = vec![
-        "--server".to_string(),
-        url.clone(),
-        "--join-token".into(),
-        join_token.clone(),
-        "--pool".into(),
-        args.pool.clone(),
-        "--stop-tasks-on-exit".into(),
-    ];
+    // The server, join token, pool and name come with each launch request; these are the rest.
+    let mut agent_args = vec!["--stop-tasks-on-exit".to_string()];
     if !real_gpus {
         agent_args.extend(["--emulate-gpus".into(), format!("{}:{}", args.gpu, args.gpus_per_host)]);
     }
@@ -137,7 +135,7 @@ async fn up(args: UpArgs) -> Result<()> {
     opened.cluster.set_provider(pool, provider.clone());
     opened.cluster.set_provider_context(ProviderContext {
         server_url: url.clone(),
-        join_token,
+        join_token: join_token.clone(),
         exe,
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
@@ -146,8 +144,18 @@ async fn up(args: UpArgs) -> Result<()> {
     let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, async {
         let _ = stop_rx.await;
     }));
-    for i in 0..hosts {
-        provider.launch(&mpsfleet_server::provider::LaunchRequest::named(format!("local-{i}")))?;
+    // A managed pool is kept at its size by the server (through this provider); the hosts of a
+    // self-managed pool are the operator's, started here.
+    if mode == OwnershipMode::SelfManaged {
+        for i in 0..hosts {
+            provider.launch(&mpsfleet_server::provider::LaunchRequest {
+                name: format!("local-{i}"),
+                pool: args.pool.clone(),
+                server: url.clone(),
+                join_token: join_token.clone(),
+                agent_args: Vec::new(),
+            })?;
+        }
     }
 
     if let Some(path) = client_config_path() {

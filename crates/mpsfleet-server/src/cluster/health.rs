@@ -16,6 +16,9 @@ use mpsfleet_core::remediation::{
 
 pub(super) const INCIDENT: &str = "incident";
 
+/// Tasks moved off a host: the old copy, its replacement, and where that was placed.
+type Moved = Vec<(TaskId, TaskId, Option<HostId>)>;
+
 /// A provider call the remediation wants made, outside the cluster lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderJob {
@@ -82,7 +85,43 @@ impl Cluster {
         for ix in 0..self.hosts.len() as HostIx {
             self.evaluate_host(ix)?;
         }
-        self.remediate()
+        let mut jobs = self.remediate()?;
+        jobs.extend(self.keep_capacity());
+        Ok(jobs)
+    }
+
+    /// Pools with a provider are kept at their desired host count: hosts the provider runs
+    /// (replacements included) count, so a replacement in flight is not launched twice. A
+    /// self-managed pool's bad host is not terminated automatically, so this never replaces
+    /// one there; it only starts the pool's hosts.
+    fn keep_capacity(&mut self) -> Vec<ProviderJob> {
+        let pools: Vec<(PoolName, u32)> = self
+            .pools
+            .values()
+            .filter_map(|p| p.value.provider.as_ref().map(|prov| (p.value.name.clone(), prov.desired_hosts)))
+            .collect();
+        let mut jobs = Vec::new();
+        for (pool, desired) in pools {
+            let Some(provider) = self.provider_for(&pool) else { continue };
+            let launched = provider.hosts();
+            let in_flight = self.capacity_launches.get(&pool).map_or(0, |l| l.len());
+            let mut missing = (desired as usize).saturating_sub(launched.len() + in_flight);
+            let mut k = 0;
+            while missing > 0 {
+                let name = format!("{pool}-{k}");
+                k += 1;
+                let taken = launched.contains(&name)
+                    || self.hosts.iter().any(|h| h.host.hostname == name)
+                    || self.capacity_launches.get(&pool).is_some_and(|l| l.contains(&name));
+                if taken {
+                    continue;
+                }
+                self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
+                jobs.push(ProviderJob::Launch { incident: String::new(), pool: pool.clone(), name });
+                missing -= 1;
+            }
+        }
+        jobs
     }
 
     /// Re-evaluates one host: a changed health status is written and applied to placement at
@@ -202,8 +241,12 @@ impl Cluster {
                 }
                 let mut incident = incident;
                 for planned in &plan.actions {
-                    self.execute(&mut incident, &planned.action, &mut jobs)?;
+                    let moved = self.execute(&mut incident, &planned.action, &mut jobs)?;
                     remediation::record(&mut incident, planned, now);
+                    // The affected tasks exist once recorded: note where each one went.
+                    for (old, new, host) in moved {
+                        incident.set_replacement(old, new, host);
+                    }
                 }
                 if incident.state == IncidentState::Resolved {
                     incident.resolved_at_ms.get_or_insert(now);
@@ -327,13 +370,15 @@ impl Cluster {
         })
     }
 
+    /// Executes one action; returns the (old, new, host) of tasks it moved.
     fn execute(
         &mut self,
         incident: &mut Incident,
         action: &Action,
         jobs: &mut Vec<ProviderJob>,
-    ) -> Result<(), ApiError> {
-        let Some(ix) = self.sched.host(&incident.host_id) else { return Ok(()) };
+    ) -> Result<Moved, ApiError> {
+        let Some(ix) = self.sched.host(&incident.host_id) else { return Ok(Vec::new()) };
+        let mut moved = Vec::new();
         match action {
             Action::Record(_) | Action::Resolve | Action::Block { .. } => {}
             Action::Cordon => {
@@ -360,12 +405,7 @@ impl Cluster {
                         Some(Err("the pool has no capacity provider".into()));
                 }
             },
-            Action::StartReplacements { tasks } => {
-                let moved = self.move_tasks(ix, tasks, &incident.id)?;
-                for (old, new, host) in moved {
-                    incident.set_replacement(old, new, host);
-                }
-            }
+            Action::StartReplacements { tasks } => moved = self.move_tasks(ix, tasks, &incident.id)?,
             Action::StopStandalone { task_ids, stop_code } => {
                 let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
                 let reason = format!("host {} was replaced (incident {})", incident.host_id, incident.id);
@@ -391,7 +431,7 @@ impl Cluster {
                 }
             }
         }
-        Ok(())
+        Ok(moved)
     }
 
     /// A stop that does not wait for an agent that will never answer.
@@ -406,12 +446,7 @@ impl Cluster {
 
     /// Moves service tasks off a host in one commit: each old copy is stopped
     /// (`HostReplaced`) and a new task of its service is created and placed elsewhere.
-    fn move_tasks(
-        &mut self,
-        ix: HostIx,
-        moves: &[MoveTask],
-        incident: &str,
-    ) -> Result<Vec<(TaskId, TaskId, Option<HostId>)>, ApiError> {
+    fn move_tasks(&mut self, ix: HostIx, moves: &[MoveTask], incident: &str) -> Result<Moved, ApiError> {
         let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
         let host_id = self.hosts[ix as usize].host.id.clone();
         let reason = format!("moved off host {host_id} (incident {incident})");
@@ -486,6 +521,15 @@ impl Cluster {
             ProviderOutcome::Failed(reason) => Err(reason),
         };
         match job {
+            // A launch to keep the pool at its size (no incident).
+            ProviderJob::Launch { incident, pool, name } if incident.is_empty() => {
+                if let Some(l) = self.capacity_launches.get_mut(pool) {
+                    l.remove(name);
+                }
+                if let Err(reason) = result {
+                    tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
+                }
+            }
             ProviderJob::Launch { incident, .. } => {
                 let p = self.provider_progress.entry(incident.clone()).or_default();
                 p.launching = false;

@@ -120,6 +120,8 @@ pub struct Cluster {
     /// The capacity provider of each pool that has one.
     providers: HashMap<PoolName, Arc<dyn CapacityProvider>>,
     provider_ctx: Option<ProviderContext>,
+    /// Hosts being launched to keep managed pools at their size, by pool.
+    capacity_launches: HashMap<PoolName, BTreeSet<String>>,
     admin_sha256: String,
     join_sha256: String,
     host_credentials: HashMap<String, HostIx>,
@@ -177,6 +179,7 @@ impl Cluster {
             pending_jobs: Vec::new(),
             providers: HashMap::new(),
             provider_ctx: None,
+            capacity_launches: HashMap::new(),
             admin_sha256,
             join_sha256,
             host_credentials: HashMap::new(),

@@ -28,9 +28,15 @@ impl Server {
 
     /// Starts the binary on `listen` (to restart a server at the address its agents know).
     pub fn start_on(data_dir: &Path, listen: &str) -> Server {
+        Server::start_with(data_dir, listen, &[])
+    }
+
+    /// Starts the binary with extra `server` arguments.
+    pub fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(["server", "--listen", listen, "--data-dir"])
             .arg(data_dir)
+            .args(extra)
             .env("MPSFLEET_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -262,4 +268,22 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
         }
     }
     out
+}
+
+/// Stops (SIGTERM, then SIGKILL after 20 s) every process that mentions `needle`: hosts a
+/// server's local provider started outlive the server by design.
+pub fn stop_processes_mentioning(needle: &str) {
+    let signal_all = |sig: &str| {
+        for (pid, _) in processes_mentioning(needle) {
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        }
+    };
+    signal_all("-TERM");
+    for _ in 0..200 {
+        if processes_mentioning(needle).is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal_all("-KILL");
 }

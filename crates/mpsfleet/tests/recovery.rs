@@ -1,0 +1,258 @@
+//! Recovery with the real MPS daemon: hosts started by the server's local provider, a daemon
+//! killed for good, and what the pool's ownership mode makes of it.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::policy::*;
+use mpsfleet_types::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Fast detection for tests: probes every 300 ms with a 200 ms timeout, IMPAIRED after 2
+/// failures; `restarts` local daemon restarts.
+fn agent_args(mps: &Path, restarts: u32) -> String {
+    format!(
+        "--emulate-gpus H200:143771:2 --mps-control {} --mps-max-restarts {restarts} --mps-probe-interval-ms 300 \
+         --mps-probe-timeout-ms 200 --mps-failure-threshold 2 --heartbeat-ms 200 --stop-tasks-on-exit",
+        mps.display()
+    )
+}
+
+/// A server whose local provider starts `hosts` hosts in pool `gpu`. Stops every process it
+/// started when dropped.
+struct Fleet {
+    dir: tempfile::TempDir,
+    _server: Server,
+    admin: Client,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        stop_processes_mentioning(&self.dir.path().display().to_string());
+    }
+}
+
+impl Fleet {
+    fn host_dir(&self, hostname: &str) -> PathBuf {
+        self.dir.path().join("server/hosts").join(hostname)
+    }
+}
+
+async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> {
+    let mps = mps_control()?;
+    let dir = tempfile::tempdir().unwrap();
+    let args = agent_args(&mps, restarts);
+    let server =
+        Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
+    let admin = server.admin();
+    let health = HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: restarts,
+        toleration_ms: 500,
+    };
+    admin
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            mode: Some(mode),
+            health_policy: Some(health),
+            provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: hosts }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let fleet = Fleet { dir, _server: server, admin };
+    eventually(WAIT, "the provider's hosts to be ACTIVE", || async {
+        let hs = fleet.admin.list_hosts(None).await.ok()?;
+        (hs.len() == hosts as usize && hs.iter().all(|h| h.status == HostStatus::Active)).then_some(())
+    })
+    .await;
+    Some(fleet)
+}
+
+async fn service_of(admin: &Client, name: &str, count: u32) -> Vec<Task> {
+    admin.register_taskdef(mps_taskdef(name, 1024)).await.unwrap();
+    admin
+        .create_service(&CreateService {
+            name: name.into(),
+            pool: "gpu".into(),
+            task_definition: name.into(),
+            desired_count: count,
+            resumption: None,
+        })
+        .await
+        .unwrap();
+    running(admin, name, count).await
+}
+
+/// Waits until the service has `count` RUNNING tasks and returns them.
+async fn running(admin: &Client, service: &str, count: u32) -> Vec<Task> {
+    let q = TaskQuery { service: Some(service.into()), ..Default::default() };
+    eventually(WAIT, &format!("{count} RUNNING tasks of {service}"), || async {
+        let ts: Vec<Task> = admin
+            .list_tasks(&q)
+            .await
+            .ok()?
+            .into_iter()
+            .filter(|t| t.last_status == TaskStatus::Running && t.desired_status == TaskStatus::Running)
+            .collect();
+        (ts.len() == count as usize).then_some(ts)
+    })
+    .await
+}
+
+/// Kills the MPS daemon of the task's GPU (its pid is in the daemon record).
+async fn kill_daemon_of(fleet: &Fleet, task: &Task) -> HostView {
+    let host = fleet.admin.describe_host(task.host_id.as_ref().unwrap().as_str()).await.unwrap();
+    let index = host.gpus.iter().find(|g| g.gpu_id == task.gpu_ids[0]).unwrap().index;
+    let record = fleet.host_dir(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let pid = v["pid"].as_u64().unwrap();
+    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    host
+}
+
+async fn incident_of(admin: &Client, host: &HostId) -> IncidentView {
+    eventually(WAIT, &format!("an incident for host {host}"), || async {
+        admin.list_incidents().await.ok()?.into_iter().find(|i| &i.incident.host_id == host)
+    })
+    .await
+}
+
+/// Waits for the incident to be resolved; on timeout, fails with the incident as it stands.
+async fn resolved(admin: &Client, id: &str) -> IncidentView {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let i = admin.describe_incident(id).await.unwrap();
+        if i.incident.state == IncidentState::Resolved {
+            return i;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let tasks = admin.list_tasks(&TaskQuery::default()).await.unwrap();
+            panic!(
+                "incident {id} not resolved: {}\ntasks: {}",
+                serde_json::to_string_pretty(&i).unwrap(),
+                serde_json::to_string_pretty(&tasks).unwrap()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn steps(i: &Incident) -> Vec<Step> {
+    i.timeline.iter().map(|t| t.step).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_pool_replaces_a_host_whose_daemon_died_for_good() {
+    let Some(fleet) = fleet(OwnershipMode::Managed, 2, 0).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 2).await;
+    let host = kill_daemon_of(&fleet, &tasks[0]).await;
+
+    let opened = incident_of(admin, &host.id).await;
+    assert_eq!(opened.incident.owner, IncidentOwner::Mpsfleet);
+    assert_eq!(opened.incident.trigger.check, "MPS_DAEMON");
+    assert!(opened.incident.trigger.reason.contains("daemon exited"), "{:?}", opened.incident.trigger);
+    let id = opened.incident.id.clone();
+    let done = resolved(admin, &id).await;
+    let s = steps(&done.incident);
+    for step in [
+        Step::Detected,
+        Step::Decided,
+        Step::Cordoned,
+        Step::DrainStarted,
+        Step::ReplacementRequested,
+        Step::ReplacementReady,
+        Step::TasksRescheduled,
+        Step::OldHostTerminated,
+        Step::TasksRunningAgain,
+        Step::Resolved,
+    ] {
+        assert!(s.contains(&step), "{step:?} missing from {s:?}");
+    }
+    assert!(
+        done.durations.detect_ms.is_some() && done.durations.recover_ms.is_some(),
+        "{:?}",
+        done.durations
+    );
+    println!("durations: {:?}", done.durations);
+
+    // The service is back at its count, on healthy hosts; the old host is gone.
+    let now = running(admin, "web", 2).await;
+    assert!(now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)), "a replica still runs on the bad host");
+    let old = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert_eq!(old.status, HostStatus::Deregistered);
+    let replacement = mpsfleet_types::Incident::clone(&done.incident).id + "-r";
+    assert!(admin
+        .list_hosts(None)
+        .await
+        .unwrap()
+        .iter()
+        .any(|h| h.hostname == replacement && h.status == HostStatus::Active));
+    let moved = &done.incident.affected_tasks;
+    assert!(moved.iter().any(|a| a.task_id == tasks[0].id && a.replacement.is_some()), "{moved:?}");
+    assert!(
+        processes_mentioning(&fleet.host_dir(&host.hostname).display().to_string()).is_empty(),
+        "the old host's agent or daemons still run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_managed_pool_reports_and_waits_for_the_operator() {
+    let Some(fleet) = fleet(OwnershipMode::SelfManaged, 2, 0).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 2).await;
+    let host = kill_daemon_of(&fleet, &tasks[0]).await;
+
+    let opened = incident_of(admin, &host.id).await;
+    assert_eq!(opened.incident.owner, IncidentOwner::Operator);
+    assert_eq!(opened.incident.state, IncidentState::Open);
+    let view = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert_eq!(view.health_status, HealthStatus::Impaired);
+    assert!(!view.cordoned && view.status == HostStatus::Active, "nothing is done without the operator");
+
+    // New work avoids the impaired host; the tasks on it are not moved.
+    admin.register_taskdef(mps_taskdef("batch", 1024)).await.unwrap();
+    let out = admin
+        .run_task(&RunTask { task_definition: "batch".into(), count: 3, pool: "gpu".into() })
+        .await
+        .unwrap();
+    assert!(out.tasks.iter().all(|t| t.host_id.as_ref() != Some(&host.id)), "placed on an impaired host");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = admin.describe_task(&tasks[0].id.to_string()).await.unwrap();
+    assert_eq!((still.desired_status, still.host_id.as_ref()), (TaskStatus::Running, Some(&host.id)));
+    assert_eq!(
+        admin.describe_incident(&opened.incident.id).await.unwrap().incident.state,
+        IncidentState::Open
+    );
+
+    // The operator replaces the host: the managed steps run, recorded on the same incident.
+    let acted = admin.host_action(host.id.as_str(), "replace").await.unwrap();
+    assert_eq!(acted.incident.id, opened.incident.id);
+    assert_eq!(acted.incident.operator_requested, Some(OperatorAction::Replace));
+    let id = opened.incident.id.clone();
+    let done = resolved(admin, &id).await;
+    assert!(steps(&done.incident).contains(&Step::OldHostTerminated), "{:?}", steps(&done.incident));
+    let now = running(admin, "web", 2).await;
+    assert!(now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_restarted_by_local_repair_opens_no_incident() {
+    let Some(fleet) = fleet(OwnershipMode::Managed, 1, 3).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 1).await;
+    let host = kill_daemon_of(&fleet, &tasks[0]).await;
+    // The agent restarts the daemon at once; the check never stays IMPAIRED for the toleration.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let view = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert_eq!(view.health_status, HealthStatus::Ok, "{:?}", view.checks);
+    assert!(admin.list_incidents().await.unwrap().is_empty(), "a repaired failure opened an incident");
+}
