@@ -26,8 +26,9 @@ fn agent_args(mps: &Path, restarts: u32) -> String {
 /// started when dropped.
 struct Fleet {
     dir: tempfile::TempDir,
-    _server: Server,
+    server: Server,
     admin: Client,
+    agent_args: String,
 }
 
 impl Drop for Fleet {
@@ -67,7 +68,7 @@ async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> 
         })
         .await
         .unwrap();
-    let fleet = Fleet { dir, _server: server, admin };
+    let fleet = Fleet { dir, server, admin, agent_args: args };
     eventually(WAIT, "the provider's hosts to be ACTIVE", || async {
         let hs = fleet.admin.list_hosts(None).await.ok()?;
         (hs.len() == hosts as usize && hs.iter().all(|h| h.status == HostStatus::Active)).then_some(())
@@ -255,4 +256,43 @@ async fn a_daemon_restarted_by_local_repair_opens_no_incident() {
     let view = admin.describe_host(host.id.as_str()).await.unwrap();
     assert_eq!(view.health_status, HealthStatus::Ok, "{:?}", view.checks);
     assert!(admin.list_incidents().await.unwrap().is_empty(), "a repaired failure opened an incident");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_remediation_finishes_it_exactly_once() {
+    let Some(mut fleet) = fleet(OwnershipMode::Managed, 2, 0).await else { return };
+    let tasks = service_of(&fleet.admin, "web", 2).await;
+    let host = kill_daemon_of(&fleet, &tasks[0]).await;
+    let admin = fleet.admin.clone();
+    let opened = eventually(WAIT, "remediation to start", || async {
+        admin.list_incidents().await.ok()?.into_iter().find(|i| {
+            i.incident.host_id == host.id && i.incident.timeline.iter().any(|t| t.step == Step::Cordoned)
+        })
+    })
+    .await;
+
+    let listen = fleet.server.url.trim_start_matches("http://").to_string();
+    let data = fleet.server.data_dir.clone();
+    fleet.server.kill9();
+    let args = fleet.agent_args.clone();
+    fleet.server = Server::start_with(&data, &listen, &["--local-agent-args", &args]);
+    let admin = fleet.server.admin();
+    let done = resolved(&admin, &opened.incident.id).await;
+
+    for step in
+        [Step::Decided, Step::Cordoned, Step::ReplacementRequested, Step::OldHostTerminated, Step::Resolved]
+    {
+        let n = done.incident.timeline.iter().filter(|t| t.step == step).count();
+        assert_eq!(n, 1, "{step:?} recorded {n} times: {:?}", steps(&done.incident));
+    }
+    let hosts = admin.list_hosts(None).await.unwrap();
+    let replacements = hosts.iter().filter(|h| h.hostname == format!("{}-r", done.incident.id)).count();
+    assert_eq!(replacements, 1, "{hosts:?}");
+    assert_eq!(
+        hosts.iter().filter(|h| h.status == HostStatus::Active).count(),
+        2,
+        "the pool is back at its size"
+    );
+    let now = running(&admin, "web", 2).await;
+    assert!(now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)));
 }

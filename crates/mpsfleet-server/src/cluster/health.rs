@@ -102,16 +102,34 @@ impl Cluster {
             .collect();
         let mut jobs = Vec::new();
         for (pool, desired) in pools {
-            let Some(provider) = self.provider_for(&pool) else { continue };
-            let launched = provider.hosts();
+            if self.provider_for(&pool).is_none() {
+                continue;
+            }
+            // A launched host counts as in flight until it registers.
+            let registered: BTreeSet<String> = self.hosts.iter().map(|h| h.host.hostname.clone()).collect();
+            if let Some(l) = self.capacity_launches.get_mut(&pool) {
+                l.retain(|name| !registered.contains(name));
+            }
+            // Registered hosts (from the store, so this survives a restart), launches in flight,
+            // and replacements requested by incidents that have not joined yet.
+            let live = self
+                .hosts
+                .iter()
+                .filter(|h| h.host.pool == pool && h.host.status != HostStatus::Deregistered)
+                .count();
             let in_flight = self.capacity_launches.get(&pool).map_or(0, |l| l.len());
-            let mut missing = (desired as usize).saturating_sub(launched.len() + in_flight);
+            let replacing = self
+                .incidents
+                .values()
+                .filter(|i| i.value.pool == pool && i.value.state != IncidentState::Resolved)
+                .filter(|i| i.value.has(Step::ReplacementRequested) && !i.value.has(Step::ReplacementReady))
+                .count();
+            let mut missing = (desired as usize).saturating_sub(live + in_flight + replacing);
             let mut k = 0;
             while missing > 0 {
                 let name = format!("{pool}-{k}");
                 k += 1;
-                let taken = launched.contains(&name)
-                    || self.hosts.iter().any(|h| h.host.hostname == name)
+                let taken = self.hosts.iter().any(|h| h.host.hostname == name)
                     || self.capacity_launches.get(&pool).is_some_and(|l| l.contains(&name));
                 if taken {
                     continue;
@@ -229,6 +247,7 @@ impl Cluster {
             .map(|i| i.id)
             .collect();
         for id in open {
+            self.resume_launch(&id, &mut jobs);
             // A few rounds: executing one action can make the next possible at once.
             for _ in 0..8 {
                 let Some(incident) = self.incidents.get(&id).map(|v| v.value.clone()) else { break };
@@ -255,6 +274,26 @@ impl Cluster {
             }
         }
         Ok(jobs)
+    }
+
+    /// After a server restart the provider calls in flight are forgotten: a replacement the
+    /// timeline says was requested, and that has not joined, is asked for again (launch is
+    /// idempotent by name).
+    fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) {
+        let Some(i) = self.incidents.get(id).map(|v| v.value.clone()) else { return };
+        if self.provider_progress.contains_key(id)
+            || !i.has(Step::ReplacementRequested)
+            || i.has(Step::ReplacementReady)
+            || self.provider_for(&i.pool).is_none()
+        {
+            return;
+        }
+        self.provider_progress.entry(id.to_string()).or_default().launching = true;
+        jobs.push(ProviderJob::Launch {
+            incident: id.to_string(),
+            pool: i.pool.clone(),
+            name: replacement_name(&i),
+        });
     }
 
     /// What the planner needs to know about an incident's host, pool, tasks and provider.
@@ -523,10 +562,11 @@ impl Cluster {
         match job {
             // A launch to keep the pool at its size (no incident).
             ProviderJob::Launch { incident, pool, name } if incident.is_empty() => {
-                if let Some(l) = self.capacity_launches.get_mut(pool) {
-                    l.remove(name);
-                }
+                // A launched host stays in flight until it registers; a failed one is retried.
                 if let Err(reason) = result {
+                    if let Some(l) = self.capacity_launches.get_mut(pool) {
+                        l.remove(name);
+                    }
                     tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
                 }
             }

@@ -39,6 +39,47 @@ impl LocalProvider {
     }
 }
 
+/// `<base>/<name>/agent.pid`: the agent's pid and process start time.
+const PID_FILE: &str = "agent.pid";
+
+/// Field 22 of `/proc/PID/stat`: when the process started, to tell it from a reused pid.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn read_pid_file(path: &std::path::Path) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut parts = text.split_whitespace();
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+impl LocalProvider {
+    /// Stops an agent this process did not start (a restarted server's), by its pid file.
+    fn stop_by_pid_file(&self, name: &str) -> Result<String, ProviderError> {
+        let Some((pid, start)) = read_pid_file(&self.base_dir.join(name).join(PID_FILE)) else {
+            return Err(ProviderError::Unknown(name.to_string()));
+        };
+        if start_time(pid) != Some(start) {
+            return Ok("not running".into());
+        }
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        let step = Duration::from_millis(50);
+        let mut waited = Duration::ZERO;
+        while waited < self.grace {
+            if start_time(pid) != Some(start) {
+                return Ok("stopped with SIGTERM".into());
+            }
+            std::thread::sleep(step);
+            waited += step;
+        }
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        Ok(format!("killed with SIGKILL after a {}s grace period", self.grace.as_secs()))
+    }
+}
+
 impl CapacityProvider for LocalProvider {
     fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
         let name = req.name.as_str();
@@ -47,6 +88,13 @@ impl CapacityProvider for LocalProvider {
             return Err(ProviderError::AlreadyLaunched(name.to_string()));
         }
         let dir = self.base_dir.join(name);
+        // Launch is idempotent by name, across server restarts too: an agent an earlier server
+        // started for this name is still this host.
+        if let Some((pid, start)) = read_pid_file(&dir.join(PID_FILE)) {
+            if start_time(pid) == Some(start) {
+                return Ok(LaunchedHost { provider_id: pid.to_string(), state: ProviderHostState::Running });
+            }
+        }
         std::fs::create_dir_all(&dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -70,6 +118,10 @@ impl CapacityProvider for LocalProvider {
             .spawn()
             .map_err(|e| err(format!("cannot start {}: {e}", self.exe.display())))?;
         let provider_id = child.id().to_string();
+        // So that a restarted server (whose children these no longer are) can stop it.
+        if let Some(start) = start_time(child.id()) {
+            let _ = std::fs::write(dir.join(PID_FILE), format!("{} {start}\n", child.id()));
+        }
         let mut hosts = self.lock();
         hosts.stopped.remove(name);
         hosts.running.insert(name.to_string(), child);
@@ -82,10 +134,14 @@ impl CapacityProvider for LocalProvider {
             match hosts.running.remove(name) {
                 Some(child) => child,
                 None => {
-                    return match hosts.stopped.get(name) {
-                        Some(detail) => Ok(ProviderHostState::Terminated { detail: detail.clone() }),
-                        None => Err(ProviderError::Unknown(name.to_string())),
+                    if let Some(detail) = hosts.stopped.get(name) {
+                        return Ok(ProviderHostState::Terminated { detail: detail.clone() });
                     }
+                    drop(hosts);
+                    // Launched by an earlier server process: found through its pid file.
+                    let detail = self.stop_by_pid_file(name)?;
+                    self.lock().stopped.insert(name.to_string(), detail.clone());
+                    return Ok(ProviderHostState::Terminated { detail });
                 }
             }
         };

@@ -275,7 +275,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
 pub fn stop_processes_mentioning(needle: &str) {
     let signal_all = |sig: &str| {
         for (pid, _) in processes_mentioning(needle) {
-            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
         }
     };
     signal_all("-TERM");
