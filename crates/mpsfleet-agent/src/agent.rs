@@ -48,6 +48,10 @@ pub struct AgentConfig {
     pub mps: MpsMode,
     /// One daemon for all GPUs instead of one per GPU.
     pub daemon_per_host: bool,
+    /// The MPS policy until the server sends the pool's (the answer to the first heartbeat);
+    /// from then on the pool's health policy decides the probe interval and timeout, the
+    /// failure threshold and the local restarts, and this keeps only the restart window and
+    /// backoff.
     pub policy: MpsPolicy,
     pub heartbeat: Duration,
     /// Stop every task when the agent stops (what `mpsfleet up` wants); by default tasks keep
@@ -146,7 +150,13 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
             tracing::error!(error = %e, "logs endpoint stopped");
         }
     });
-    let heartbeat = tokio::spawn(heartbeat_loop(agent.clone(), supervisors.clone(), cfg.heartbeat, logs_url));
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        agent.clone(),
+        supervisors.clone(),
+        cfg.heartbeat,
+        logs_url,
+        cfg.policy.clone(),
+    ));
     let assignments = tokio::spawn(assignments_loop(agent.clone(), task_loop.sender()));
     shutdown.await;
     tracing::info!("stopping");
@@ -294,17 +304,56 @@ fn onboarded(checks: &[HostCheck]) -> bool {
     checks.iter().all(|c| c.status != HealthStatus::Initializing)
 }
 
-async fn heartbeat_loop(agent: Client, supervisors: Supervisors, every: Duration, logs_url: String) {
+/// The MPS policy a pool's health policy asks for: its probe interval and timeout, failure
+/// threshold and local restarts; the restart window and backoff stay `base`'s.
+pub fn pool_mps_policy(health: &HealthPolicy, base: &MpsPolicy) -> MpsPolicy {
+    MpsPolicy {
+        probe_interval: Duration::from_millis(health.mps_probe_interval_ms),
+        probe_timeout: Duration::from_millis(health.mps_probe_timeout_ms),
+        failure_threshold: health.mps_failure_threshold,
+        max_local_restarts: health.local_daemon_restarts,
+        ..base.clone()
+    }
+}
+
+/// Posts the host's checks every `every`; each answer carries the pool's health policy, which
+/// is applied to every supervisor when it differs from `policy`, the one in force (an invalid
+/// one is logged and ignored).
+async fn heartbeat_loop(
+    agent: Client,
+    supervisors: Supervisors,
+    every: Duration,
+    logs_url: String,
+    mut policy: MpsPolicy,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing_since_logged = false;
+    // The last policy refused, so that it is logged once, not on every heartbeat.
+    let mut refused: Option<MpsPolicy> = None;
     loop {
         tick.tick().await;
         let checks = checks(&supervisors);
         let report =
             HostStatusReport { onboarded: onboarded(&checks), checks, logs_url: Some(logs_url.clone()) };
         match agent.report_host_status(&report).await {
-            Ok(_) => failing_since_logged = false,
+            Ok(answer) => {
+                failing_since_logged = false;
+                let wanted = pool_mps_policy(&answer.health_policy, &policy);
+                if wanted != policy && refused.as_ref() != Some(&wanted) {
+                    match apply_policy(&supervisors, &wanted) {
+                        Ok(()) => {
+                            tracing::info!(policy = ?wanted, "applied the pool's mps health policy");
+                            policy = wanted;
+                            refused = None;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, policy = ?wanted, "ignoring the pool's mps health policy");
+                            refused = Some(wanted);
+                        }
+                    }
+                }
+            }
             Err(e) if !failing_since_logged => {
                 tracing::warn!(error = %e, "heartbeat failed; retrying every interval");
                 failing_since_logged = true;
@@ -312,6 +361,15 @@ async fn heartbeat_loop(agent: Client, supervisors: Supervisors, every: Duration
             Err(_) => {}
         }
     }
+}
+
+/// Sets `policy` on every supervisor; an invalid one is refused before any is changed.
+fn apply_policy(supervisors: &Supervisors, policy: &MpsPolicy) -> Result<(), crate::mps::MpsError> {
+    policy.validate()?;
+    for s in supervisors.values() {
+        s.set_policy(policy.clone())?;
+    }
+    Ok(())
 }
 
 /// Long-polls the server for this host's tasks and hands every answer to the task loop.

@@ -256,7 +256,8 @@ impl Client {
     pub async fn register_host(&self, reg: &HostRegistration) -> Result<RegisterHostResponse> {
         self.send(Method::POST, "/v1/agent/register", reg).await
     }
-    pub async fn report_host_status(&self, report: &HostStatusReport) -> Result<serde_json::Value> {
+    /// A heartbeat; the answer carries the pool's current health policy.
+    pub async fn report_host_status(&self, report: &HostStatusReport) -> Result<HostStatusAnswer> {
         self.send(Method::POST, "/v1/agent/status", report).await
     }
     /// Long-polls for the host's tasks newer than `after`, waiting up to `wait_seconds`.

@@ -330,7 +330,7 @@ pub fn plan(
     }
 
     if automatic && !started {
-        if let Some(reason) = storm_breaker(&world.pool, policy) {
+        if let Some(reason) = storm_breaker(&world.pool, policy, now_ms) {
             p.wait("fewer unhealthy hosts in the pool (storm breaker)");
             block(&mut p, reason);
             return p.finish(None);
@@ -531,13 +531,18 @@ fn block(p: &mut Planner<'_>, reason: String) {
     }
 }
 
-/// The storm breaker's refusal for an incident that has not started, if any.
-fn storm_breaker(pool: &PoolView, policy: &RemediationPolicy) -> Option<String> {
+/// The storm breaker's refusal for an incident that has not started, if any. While it is
+/// tripped, at most `allowed` hosts are replaced: the earliest incidents, and only while fewer
+/// than `allowed` replacements were requested in the pool within the rate-limit window (so a
+/// storm is not worked through one host after another).
+fn storm_breaker(pool: &PoolView, policy: &RemediationPolicy, now_ms: u64) -> Option<String> {
     let percent = u64::from(policy.storm_breaker_percent);
     let total = u64::from(pool.total_hosts);
     let unhealthy = u64::from(pool.unhealthy_hosts);
     let allowed = (total * percent).div_ceil(100).max(1);
-    if unhealthy <= allowed || u64::from(pool.incident_rank) < allowed {
+    let window_start = now_ms.saturating_sub(policy.rate_limit.per_ms);
+    let recent = pool.recent_replacements_ms.iter().filter(|&&t| t >= window_start).count() as u64;
+    if unhealthy <= allowed || (u64::from(pool.incident_rank) < allowed && recent < allowed) {
         return None;
     }
     let share = (unhealthy * 100).div_ceil(total.max(1));
@@ -1177,5 +1182,34 @@ mod tests {
         assert!(w.contains("the replacement host to be ready"), "{w}");
         assert!(w.contains("before moving 1 fenced task(s)"), "{w}");
         assert!(w.contains("1 of 1 replacement task(s) to reach RUNNING"), "{w}");
+    }
+
+    #[test]
+    fn a_storm_is_not_worked_through_one_host_after_another() {
+        let policy = RemediationPolicy::default();
+        let pool = |rank, recent: Vec<u64>| PoolView {
+            total_hosts: 5,
+            unhealthy_hosts: 3,
+            replacements_in_flight: 0,
+            recent_replacements_ms: recent,
+            incident_rank: rank,
+        };
+        let now = 1_000_000;
+        assert!(
+            crate::remediation::storm_breaker(&pool(0, vec![]), &policy, now).is_none(),
+            "the first may go"
+        );
+        assert!(
+            crate::remediation::storm_breaker(&pool(0, vec![999_000]), &policy, now).is_some(),
+            "one already replaced in the window"
+        );
+        assert!(
+            crate::remediation::storm_breaker(&pool(0, vec![1]), &policy, now).is_none(),
+            "a replacement outside the window"
+        );
+        assert!(
+            crate::remediation::storm_breaker(&pool(1, vec![]), &policy, now).is_some(),
+            "only the earliest"
+        );
     }
 }

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mpsfleet_types::api::{HostStatusReport, RunTaskResponse};
+use mpsfleet_types::api::{HostStatusAnswer, HostStatusReport, RunTaskResponse};
 use mpsfleet_types::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -32,21 +32,25 @@ pub struct AppState {
     pub http: reqwest::Client,
     /// The store revision after the last change; long-polls wait on it.
     pub changed: watch::Sender<u64>,
+    /// Committed changes, for `GET /v1/events`.
+    pub events: crate::events::Events,
 }
 
 impl AppState {
     pub fn new(cluster: Cluster) -> Self {
         let rev = cluster.revision();
+        let events = cluster.events().clone();
         AppState {
             cluster: Arc::new(Mutex::new(cluster)),
             http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
             changed: watch::Sender::new(rev),
+            events,
         }
     }
 
     /// Runs `f` on the cluster on a blocking thread, after authenticating `headers` and
     /// checking the caller is allowed by `allow`. Wakes long-polls if anything changed.
-    async fn call<T: Send + 'static>(
+    pub(crate) async fn call<T: Send + 'static>(
         &self,
         headers: &HeaderMap,
         allow: fn(&Principal) -> bool,
@@ -160,7 +164,7 @@ fn describe(p: &Principal) -> String {
     }
 }
 
-fn admin(p: &Principal) -> bool {
+pub(crate) fn admin(p: &Principal) -> bool {
     *p == Principal::Admin
 }
 
@@ -180,7 +184,7 @@ fn host_id(p: Principal) -> Result<HostId, ApiError> {
 }
 
 /// A query string parsed into `T`, refused with a JSON error naming the problem.
-struct Q<T>(T);
+pub(crate) struct Q<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for Q<T> {
     type Rejection = ApiError;
@@ -213,6 +217,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}/replace", post(replace_host))
         .route("/v1/incidents", get(list_incidents))
         .route("/v1/incidents/{id}", get(describe_incident))
+        .route("/v1/events", get(crate::events::stream))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
@@ -573,10 +578,9 @@ async fn host_status(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<HostStatusAnswer>, ApiError> {
     let report: HostStatusReport = if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
-    st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, report)).await?;
-    Ok(Json(serde_json::json!({ "ok": true })))
+    Ok(Json(st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, report)).await?))
 }
 
 #[derive(Deserialize)]

@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod cluster;
 pub mod error;
+pub mod events;
 pub mod provider;
 
 use cluster::{Cluster, FirstStart};
@@ -67,19 +68,44 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
+/// How the server runs, beyond its listener and state.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// An `http://` URL that gets each `incident.*` and `host.health` event POSTed as JSON.
+    pub webhook: Option<String>,
+}
+
 /// Serves the API on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
-    cluster: Cluster,
+    mut cluster: Cluster,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let webhook = match &options.webhook {
+        Some(url) => Some(
+            events::Webhook::new(url)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+        ),
+        None => None,
+    };
+    let deliver = webhook.clone().map(|w| tokio::spawn(w.run()));
+    let events = events::Events::new(webhook);
+    cluster.set_events(events.clone());
     let state = api::AppState::new(cluster);
     let resync = tokio::spawn(resync_loop(state.clone()));
     let health = tokio::spawn(health_loop(state.clone()));
     let app = api::router(state);
+    let shutdown = async move {
+        shutdown.await;
+        events.stop(); // open event streams end, so that the graceful shutdown can finish
+    };
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     resync.abort();
     health.abort();
+    if let Some(d) = deliver {
+        d.abort();
+    }
     result
 }
 

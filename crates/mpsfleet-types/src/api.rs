@@ -60,6 +60,16 @@ pub struct HostStatusReport {
     pub logs_url: Option<String>,
 }
 
+/// Response of `POST /v1/agent/status`: what the agent must apply now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatusAnswer {
+    /// The host's pool's current health policy: the agent probes its MPS daemons with it
+    /// (interval, timeout, failure threshold, local restarts) from the next probe on.
+    #[serde(default)]
+    pub health_policy: crate::policy::HealthPolicy,
+}
+
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet
 /// STOPPED, with the definitions they need, and the store revision the answer reflects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,6 +2,7 @@
 //! JSON shapes the API speaks. Plain data with serde; no I/O, no clock, no async.
 
 pub mod api;
+pub mod event;
 pub mod host;
 pub mod ids;
 pub mod incident;

@@ -37,15 +37,20 @@ pub struct AgentArgs {
     daemon_per_host: bool,
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// How often each MPS daemon is probed, until the server sends the pool's policy
+    /// (healthPolicy.mpsProbeIntervalMs).
     #[arg(long, default_value_t = 5000)]
     mps_probe_interval_ms: u64,
     /// Hard timeout of each MPS probe; a daemon that does not answer in time counts as failed.
+    /// Used until the server sends the pool's policy (healthPolicy.mpsProbeTimeoutMs).
     #[arg(long, default_value_t = 3000)]
     mps_probe_timeout_ms: u64,
-    /// Consecutive probe failures before the GPU's MPS check turns IMPAIRED.
+    /// Consecutive probe failures before the GPU's MPS check turns IMPAIRED, until the server
+    /// sends the pool's policy (healthPolicy.mpsFailureThreshold).
     #[arg(long, default_value_t = 3)]
     mps_failure_threshold: u32,
-    /// Local daemon restarts (within 10 minutes) before giving up.
+    /// Local daemon restarts (within 10 minutes) before giving up, until the server sends the
+    /// pool's policy (healthPolicy.localDaemonRestarts).
     #[arg(long, default_value_t = 3)]
     mps_max_restarts: u32,
     /// Stop every task when the agent stops (by default tasks outlive agent restarts).

@@ -18,6 +18,10 @@ pub struct ServerArgs {
     /// whitespace-separated string (for example "--emulate-gpus H200:143771:2").
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     local_agent_args: String,
+    /// An http:// URL that gets each incident.* and host.health event POSTed as JSON (three
+    /// attempts each; see docs/api.md, "Events and webhook").
+    #[arg(long)]
+    webhook: Option<String>,
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
@@ -61,7 +65,8 @@ async fn serve(args: ServerArgs) -> Result<()> {
     println!("use the CLI from another terminal:");
     println!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)");
     tracing::info!(listen = %addr, data_dir = %dir, "serving");
-    mpsfleet_server::serve(listener, cluster, shutdown_signal()).await?;
+    let options = mpsfleet_server::ServeOptions { webhook: args.webhook };
+    mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

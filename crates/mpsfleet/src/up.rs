@@ -141,7 +141,7 @@ async fn up(args: UpArgs) -> Result<()> {
         local_agent_args: agent_args,
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, async {
+    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, Default::default(), async {
         let _ = stop_rx.await;
     }));
     // A managed pool is kept at its size by the server (through this provider); the hosts of a

@@ -147,10 +147,65 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
     assert_eq!((check.name.as_str(), check.status), ("MPS_DAEMON", HealthStatus::Ok));
 }
 
+/// Replaces pool `gpu`'s health policy and waits until the agent says it applied it.
+async fn set_health_policy(admin: &Client, agent: &Agent, policy: HealthPolicy) {
+    let before = agent.log().matches(APPLIED).count();
+    let req = UpdatePool { health_policy: Some(policy.clone()), ..Default::default() };
+    let pool = admin.update_pool("gpu", &req).await.unwrap();
+    assert_eq!(pool.health_policy, policy);
+    eventually(WAIT, "the agent to apply the pool's policy", || async {
+        (agent.log().matches(APPLIED).count() > before).then_some(())
+    })
+    .await;
+}
+
+const APPLIED: &str = "applied the pool's mps health policy";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_update_changes_the_agents_mps_probes_without_a_restart() {
+    let Some(OneHost { dir: _dir, admin, agent, server: _server, .. }) = one_host(1, &[]).await else {
+        return;
+    };
+    let agent_dir = agent.data_dir.clone();
+    let pid = daemon_pid(&agent_dir, 0);
+    // A high threshold keeps the stopped daemon from being restarted while we look.
+    let policy = HealthPolicy {
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 300,
+        mps_failure_threshold: 100,
+        ..Default::default()
+    };
+    set_health_policy(&admin, &agent, policy).await;
+
+    // A stopped daemon never answers: the probe fails after the pool's timeout, not the flag's.
+    signal(pid, "-STOP");
+    let reason = eventually(WAIT, "the MPS check to time out after 300ms", || async {
+        let hosts = admin.list_hosts(None).await.ok()?;
+        let view = admin.describe_host(hosts.first()?.id.as_str()).await.ok()?;
+        let check = view.checks.iter().find(|c| c.name == "MPS_DAEMON")?;
+        check.reason.contains("timed out").then(|| check.reason.clone())
+    })
+    .await;
+    signal(pid, "-CONT");
+    assert!(reason.contains("probe timed out after 300ms"), "{reason}\n{}", agent.log());
+    eventually(WAIT, "the MPS check to be answering again", || async {
+        let hosts = admin.list_hosts(None).await.ok()?;
+        let view = admin.describe_host(hosts.first()?.id.as_str()).await.ok()?;
+        let check = view.checks.iter().find(|c| c.name == "MPS_DAEMON")?;
+        (check.reason == "daemon answering").then_some(())
+    })
+    .await;
+    assert_eq!(daemon_pid(&agent_dir, 0), pid, "the daemon was never restarted");
+    assert!(alive(pid));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
-    let extra = ["--mps-probe-timeout-ms", "500", "--mps-probe-interval-ms", "60000"];
-    let Some(OneHost { dir, admin, agent, server: _server, .. }) = one_host(1, &extra).await else { return };
+    let Some(OneHost { dir, admin, agent, server: _server, .. }) = one_host(1, &[]).await else { return };
+    // Probes far apart: the stopped daemon is not restarted during the test.
+    let policy =
+        HealthPolicy { mps_probe_timeout_ms: 500, mps_probe_interval_ms: 300_000, ..Default::default() };
+    set_health_policy(&admin, &agent, policy).await;
     let agent_dir = agent.data_dir.clone();
     let out = dir.path().join("env.txt");
     admin.register_taskdef(env_dumper("dump", &out, serde_json::json!({"memory": 1024}))).await.unwrap();

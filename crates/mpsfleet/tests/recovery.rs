@@ -110,12 +110,17 @@ async fn running(admin: &Client, service: &str, count: u32) -> Vec<Task> {
 
 /// Kills the MPS daemon of the task's GPU (its pid is in the daemon record).
 async fn kill_daemon_of(fleet: &Fleet, task: &Task) -> HostView {
+    signal_daemon_of(fleet, task, "-9").await
+}
+
+/// Sends `signal` to the MPS daemon of the task's GPU.
+async fn signal_daemon_of(fleet: &Fleet, task: &Task, signal: &str) -> HostView {
     let host = fleet.admin.describe_host(task.host_id.as_ref().unwrap().as_str()).await.unwrap();
     let index = host.gpus.iter().find(|g| g.gpu_id == task.gpu_ids[0]).unwrap().index;
     let record = fleet.host_dir(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
     let pid = v["pid"].as_u64().unwrap();
-    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
     host
 }
 
@@ -295,4 +300,124 @@ async fn a_server_killed_mid_remediation_finishes_it_exactly_once() {
     );
     let now = running(&admin, "web", 2).await;
     assert!(now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_daemon_is_detected_through_the_probe_timeout() {
+    let Some(fleet) = fleet(OwnershipMode::SelfManaged, 1, 0).await else { return };
+    let tasks = service_of(&fleet.admin, "web", 1).await;
+    let host = signal_daemon_of(&fleet, &tasks[0], "-STOP").await;
+    let opened = incident_of(&fleet.admin, &host.id).await;
+    signal_daemon_of(&fleet, &tasks[0], "-CONT").await;
+    assert_eq!(opened.incident.trigger.check, "MPS_DAEMON");
+    assert!(
+        opened.incident.trigger.reason.contains("timed out after 200ms"),
+        "{:?}",
+        opened.incident.trigger
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_storm_breaker_lets_one_of_three_failed_hosts_be_replaced() {
+    let Some(fleet) = fleet(OwnershipMode::Managed, 5, 0).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 5).await;
+    let mut by_host: Vec<&Task> = Vec::new();
+    for t in &tasks {
+        if by_host.iter().all(|o| o.host_id != t.host_id) {
+            by_host.push(t);
+        }
+    }
+    assert_eq!(by_host.len(), 5, "replicas spread over the five hosts");
+    let mut failed = Vec::new();
+    for t in &by_host[..3] {
+        failed.push(kill_daemon_of(&fleet, t).await.id);
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let incidents = loop {
+        let list = admin.list_incidents().await.unwrap();
+        let resolved = list.iter().filter(|i| i.incident.state == IncidentState::Resolved).count();
+        let blocked =
+            list.iter().filter(|i| matches!(i.incident.state, IncidentState::Blocked { .. })).count();
+        if list.len() == 3 && resolved == 1 && blocked == 2 {
+            break list;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let states: Vec<_> = list
+                .iter()
+                .map(|i| {
+                    (
+                        &i.incident.state,
+                        i.incident
+                            .timeline
+                            .iter()
+                            .map(|t| (t.at_ms, t.step, t.detail.clone()))
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            panic!("expected one resolved and two blocked incidents, got {states:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for i in &incidents {
+        assert!(failed.contains(&i.incident.host_id));
+        if let IncidentState::Blocked { reason } = &i.incident.state {
+            assert!(reason.contains("storm breaker"), "{reason}");
+            assert!(
+                !steps(&i.incident).contains(&Step::ReplacementRequested),
+                "a blocked incident replaced its host"
+            );
+        }
+    }
+    let replacements =
+        admin.list_hosts(None).await.unwrap().iter().filter(|h| h.hostname.ends_with("-r")).count();
+    assert_eq!(replacements, 1, "the breaker allows one replacement");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_services_wait_for_termination_and_restart_services_do_not() {
+    let Some(fleet) = fleet(OwnershipMode::Managed, 2, 0).await else { return };
+    let admin = &fleet.admin;
+    for (name, resumption) in
+        [("fenced", ResumptionBoundary::Fenced), ("restart", ResumptionBoundary::Restart)]
+    {
+        admin.register_taskdef(mps_taskdef(name, 1024)).await.unwrap();
+        admin
+            .create_service(&CreateService {
+                name: name.into(),
+                pool: "gpu".into(),
+                task_definition: name.into(),
+                desired_count: 2,
+                resumption: Some(resumption),
+            })
+            .await
+            .unwrap();
+    }
+    let fenced = running(admin, "fenced", 2).await;
+    running(admin, "restart", 2).await;
+    let host = kill_daemon_of(&fleet, &fenced[0]).await;
+    let id = incident_of(admin, &host.id).await.incident.id;
+    let done = resolved(admin, &id).await;
+    let terminated = done.incident.first(Step::OldHostTerminated).expect("old host terminated").at_ms;
+    // At most once: every fenced task started after the failure started after the old copy on
+    // the bad host had stopped (the host was terminated, or its agent stopped the task on the way
+    // down), whether the incident moved it or its service replaced it.
+    let old = admin.describe_task(&fenced[0].id.to_string()).await.unwrap();
+    let old_stopped = old.stopped_at_ms.expect("the fenced task on the bad host stopped");
+    let fenced_now = running(admin, "fenced", 2).await;
+    let new_fenced: Vec<&Task> = fenced_now.iter().filter(|t| t.id != fenced[1].id).collect();
+    assert!(!new_fenced.is_empty(), "the fenced task on the bad host was not replaced");
+    for t in new_fenced {
+        assert!(t.created_at_ms >= old_stopped, "a fenced replacement started while the old copy still ran");
+    }
+    // The restart task was moved at once, before termination.
+    let moved = done
+        .incident
+        .affected_tasks
+        .iter()
+        .find(|a| a.service.as_ref().is_some_and(|s| s.as_str() == "restart"));
+    let new = moved.and_then(|a| a.replacement).expect("the restart task was moved by the incident");
+    let t = admin.describe_task(&new.to_string()).await.unwrap();
+    assert!(t.created_at_ms < terminated, "a restart replacement waited for termination");
 }

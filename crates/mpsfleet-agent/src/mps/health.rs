@@ -645,6 +645,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lowered_threshold_applies_to_the_next_failure() {
+        let p = policy();
+        let (s, _) = step(DaemonHealth::new(0), Tick, 0, &p);
+        let (s, _) = step(s, RestartSucceeded, 1, &p);
+        let (s, _) = step(s, ProbeOk, 10, &p);
+        let (s, e) = step(s, timed_out(), 20, &p);
+        assert!(!e.contains(&Effect::Restart), "{e:?}");
+        assert_eq!((s.check.status, s.check.consecutive_failures), (Ok, 1));
+        // The policy changes between steps; the counters carry on.
+        let lowered = MpsPolicy { failure_threshold: 2, ..policy() };
+        let (s, e) = step(s, timed_out(), 30, &lowered);
+        assert!(e.contains(&Effect::Restart), "{e:?}");
+        assert_eq!((s.check.status, s.check.consecutive_failures, s.check.restarts), (Impaired, 2, 1));
+    }
+
+    #[test]
     fn policy_validation_names_the_field() {
         assert!(MpsPolicy::default().validate().is_ok());
         let p = MpsPolicy { failure_threshold: 0, ..MpsPolicy::default() };

@@ -39,7 +39,8 @@ pub struct DaemonConfig {
     pub default_active_thread_percentage: Option<u8>,
     /// Applied at start with `set_default_device_pinned_mem_limit 0 <N>M`.
     pub default_pinned_mem_limit_mib: Option<u64>,
-    /// Hard timeout of every control command.
+    /// Hard timeout of every control command, at start: a running daemon's is changed with
+    /// [`MpsDaemon::set_probe_timeout`].
     pub probe_timeout: Duration,
     /// How long `stop` lets the daemon quit (`quit -t`) before killing its process group.
     pub quit_timeout: Duration,
@@ -312,6 +313,10 @@ pub trait MpsDaemon: Send + Sync {
     /// [`MpsControl::adopt`] it; do not use the handle any more. A no-op where nothing would
     /// stop the daemon anyway.
     fn detach(&self) {}
+
+    /// Replaces the hard timeout of the control commands that start from now on (the pool's
+    /// policy changed); a command already running keeps its own.
+    fn set_probe_timeout(&self, timeout: Duration);
 
     /// Asks the daemon for its servers and their states.
     fn probe(&self) -> Result<ProbeOutcome, MpsError> {

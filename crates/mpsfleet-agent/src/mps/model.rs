@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use mpsfleet_types::DEFAULT_MAX_MPS_CLIENTS;
 
@@ -332,6 +333,10 @@ impl MpsDaemon for ModelDaemon {
 
     fn try_exit(&self) -> Option<ExitInfo> {
         lock(&self.state).exit
+    }
+
+    fn set_probe_timeout(&self, timeout: Duration) {
+        lock(&self.state).cfg.probe_timeout = timeout;
     }
 
     fn stop(&self) -> Result<(), MpsError> {

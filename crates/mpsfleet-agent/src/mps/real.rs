@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -82,6 +83,11 @@ impl MpsControl for RealMps {
 /// Output is read once the client has ended, so it must fit in a pipe buffer (64 KiB); every
 /// control command prints far less.
 pub fn run_control(cfg: &DaemonConfig, command: &str) -> Result<String, MpsError> {
+    run_control_within(cfg, command, cfg.probe_timeout)
+}
+
+/// [`run_control`] with `timeout` instead of `cfg.probe_timeout`.
+pub fn run_control_within(cfg: &DaemonConfig, command: &str, timeout: Duration) -> Result<String, MpsError> {
     let mut child = Command::new(&cfg.control_bin)
         .env(PIPE_ENV, &cfg.pipe_dir)
         .env(LOG_ENV, &cfg.log_dir)
@@ -99,10 +105,10 @@ pub fn run_control(cfg: &DaemonConfig, command: &str) -> Result<String, MpsError
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() >= cfg.probe_timeout => {
+            Ok(None) if started.elapsed() >= timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(MpsError::Timeout { command: command.to_string(), timeout: cfg.probe_timeout });
+                return Err(MpsError::Timeout { command: command.to_string(), timeout });
             }
             Ok(None) => {
                 std::thread::sleep(pause);
@@ -399,6 +405,24 @@ impl DaemonRecord {
     }
 }
 
+/// A daemon's control-command timeout, changeable while it runs (the pool's policy changed).
+#[derive(Debug)]
+struct CommandTimeout(AtomicU64);
+
+impl CommandTimeout {
+    fn new(timeout: Duration) -> Self {
+        Self(AtomicU64::new(timeout.as_millis() as u64))
+    }
+
+    fn get(&self) -> Duration {
+        Duration::from_millis(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, timeout: Duration) {
+        self.0.store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
 struct Inner {
     /// `None` once reaped, or once detached.
     child: Option<Child>,
@@ -410,6 +434,8 @@ struct Inner {
 /// A control daemon started by [`RealMps`].
 pub struct RealDaemon {
     cfg: DaemonConfig,
+    /// Starts as `cfg.probe_timeout`.
+    timeout: CommandTimeout,
     pid: u32,
     inner: Mutex<Inner>,
     log: Mutex<ControlLogWatcher>,
@@ -470,6 +496,7 @@ impl RealDaemon {
         let record = DaemonRecord::of_process(pid, cfg);
         let daemon = RealDaemon {
             cfg: cfg.clone(),
+            timeout: CommandTimeout::new(cfg.probe_timeout),
             pid,
             inner: Mutex::new(Inner {
                 child: Some(child),
@@ -575,7 +602,11 @@ impl MpsDaemon for RealDaemon {
     }
 
     fn control(&self, command: &str) -> Result<String, MpsError> {
-        run_control(&self.cfg, command)
+        run_control_within(&self.cfg, command, self.timeout.get())
+    }
+
+    fn set_probe_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
     }
 
     fn try_exit(&self) -> Option<ExitInfo> {
@@ -592,7 +623,7 @@ impl MpsDaemon for RealDaemon {
         let pgid = Pid::from_raw(self.pid as i32);
         if peek_exit(self.pid).is_none() {
             let secs = self.cfg.quit_timeout.as_secs().max(1);
-            match run_control(&self.cfg, &format!("quit -t {secs}")) {
+            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
                 Ok(_) => {
                     let started = monotonic_now();
                     let limit = self.cfg.quit_timeout + Duration::from_secs(1);
@@ -658,6 +689,8 @@ struct AdoptedState {
 /// still belongs to it. Its output still goes to `control.log`: it inherited the file.
 pub struct AdoptedDaemon {
     cfg: DaemonConfig,
+    /// Starts as `cfg.probe_timeout`.
+    timeout: CommandTimeout,
     record: DaemonRecord,
     state: Mutex<AdoptedState>,
     log: Mutex<ControlLogWatcher>,
@@ -711,6 +744,7 @@ impl AdoptedDaemon {
         }
         let daemon = AdoptedDaemon {
             cfg: cfg.clone(),
+            timeout: CommandTimeout::new(cfg.probe_timeout),
             log: Mutex::new(ControlLogWatcher::from_end(cfg.log_dir.join("control.log"))),
             record,
             state: Mutex::new(AdoptedState { exit: None, done: false }),
@@ -776,7 +810,11 @@ impl MpsDaemon for AdoptedDaemon {
     }
 
     fn control(&self, command: &str) -> Result<String, MpsError> {
-        run_control(&self.cfg, command)
+        run_control_within(&self.cfg, command, self.timeout.get())
+    }
+
+    fn set_probe_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
     }
 
     fn try_exit(&self) -> Option<ExitInfo> {
@@ -795,7 +833,7 @@ impl MpsDaemon for AdoptedDaemon {
         let pid = self.record.pid;
         if self.record.alive() {
             let secs = self.cfg.quit_timeout.as_secs().max(1);
-            match run_control(&self.cfg, &format!("quit -t {secs}")) {
+            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
                 Ok(_) => {
                     self.wait_gone(self.cfg.quit_timeout + Duration::from_secs(1));
                 }

@@ -25,7 +25,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Shared {
     label: String,
     cfg: DaemonConfig,
-    policy: MpsPolicy,
+    /// The policy in force; [`Supervisor::set_policy`] replaces it, the loop reads it on every
+    /// wake.
+    policy: Mutex<MpsPolicy>,
     control: Arc<dyn MpsControl>,
     clock: Arc<dyn Clock>,
     daemon: Mutex<Option<Arc<dyn MpsDaemon>>>,
@@ -69,7 +71,7 @@ impl Supervisor {
         let shared = Arc::new(Shared {
             label: label.clone(),
             cfg,
-            policy,
+            policy: Mutex::new(policy),
             control,
             clock,
             daemon: Mutex::new(None),
@@ -86,6 +88,37 @@ impl Supervisor {
             })
             .map_err(|source| MpsError::Thread { label, source })?;
         Ok(Supervisor { shared, thread: Some(thread) })
+    }
+
+    /// Replaces the policy without restarting anything: the next probe runs with the new
+    /// interval and timeout (a control command already running keeps its timeout), and the
+    /// state machine keeps its counters, so a lowered failure threshold applies from the next
+    /// failure on and a raised restart budget frees a daemon given up on. `cfg`'s start,
+    /// quit and log settings stay as they are. An invalid policy is refused and the old one
+    /// stays in force.
+    pub fn set_policy(&self, policy: MpsPolicy) -> Result<(), MpsError> {
+        policy.validate()?;
+        let timeout = policy.probe_timeout;
+        {
+            let mut current = lock(&self.shared.policy);
+            if *current == policy {
+                return Ok(());
+            }
+            tracing::info!(gpu = %self.shared.label, from = ?*current, to = ?policy, "mps policy changed");
+            *current = policy;
+        }
+        // For `ensure_answering` and `control` at once; the loop also sets it before each probe,
+        // which covers a daemon started while this ran.
+        if let Some(d) = self.current() {
+            d.set_probe_timeout(timeout);
+        }
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> MpsPolicy {
+        lock(&self.shared.policy).clone()
     }
 
     /// The latest check.
@@ -207,8 +240,8 @@ impl Drop for Supervisor {
 
 /// The loop: wake every tick, look for an exit and log events, probe when due, run effects.
 fn run(shared: &Shared, mut state: DaemonHealth) {
-    let interval_ms = shared.policy.probe_interval.as_millis() as u64;
-    let mut next_probe_ms = 0u64;
+    // When the last probe ran; `None`: probe at once (a new daemon).
+    let mut last_probe_ms: Option<u64> = None;
     let mut events: Vec<Event> = vec![Event::Tick];
     // Only the first start looks for a daemon to adopt; later ones replace a failed daemon.
     let mut adopt = true;
@@ -216,6 +249,9 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
         if *lock(&shared.stopping) {
             return;
         }
+        let policy = lock(&shared.policy).clone();
+        let interval_ms = policy.probe_interval.as_millis() as u64;
+        let probe_due = last_probe_ms.is_none_or(|t| shared.clock.now_ms() >= t.saturating_add(interval_ms));
         let daemon = lock(&shared.daemon).clone();
         if let Some(d) = &daemon {
             for e in d.poll_log() {
@@ -233,7 +269,8 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                     tracing::warn!(gpu = %shared.label, error = %e, "reaping the mps daemon");
                 }
                 events.push(Event::DaemonExited { reason: exit.to_string() });
-            } else if state.wants_probe() && shared.clock.now_ms() >= next_probe_ms {
+            } else if state.wants_probe() && probe_due {
+                d.set_probe_timeout(policy.probe_timeout);
                 events.push(match d.probe() {
                     Ok(outcome) => match outcome.problem() {
                         None => Event::ProbeOk,
@@ -241,7 +278,7 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                     },
                     Err(e) => Event::ProbeFailed { reason: e.to_string() },
                 });
-                next_probe_ms = shared.clock.now_ms() + interval_ms;
+                last_probe_ms = Some(shared.clock.now_ms());
             }
         }
         events.push(Event::Tick);
@@ -249,7 +286,7 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
         while !events.is_empty() {
             for event in std::mem::take(&mut events) {
                 let now = shared.clock.now_ms();
-                let (next, effects) = health::step(state, event, now, &shared.policy);
+                let (next, effects) = health::step(state, event, now, &policy);
                 state = next;
                 for effect in effects {
                     match effect {
@@ -258,8 +295,8 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                             if *lock(&shared.stopping) {
                                 return;
                             }
-                            events.push(restart(shared, std::mem::take(&mut adopt)));
-                            next_probe_ms = 0;
+                            events.push(restart(shared, &policy, std::mem::take(&mut adopt)));
+                            last_probe_ms = None;
                         }
                     }
                 }
@@ -275,8 +312,9 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
 }
 
 /// Stops whatever is left of the daemon and starts a new one; with `adopt`, first tries to
-/// adopt one an earlier agent left running.
-fn restart(shared: &Shared, adopt: bool) -> Event {
+/// adopt one an earlier agent left running. The daemon gets `policy`'s probe timeout.
+fn restart(shared: &Shared, policy: &MpsPolicy, adopt: bool) -> Event {
+    let cfg = DaemonConfig { probe_timeout: policy.probe_timeout, ..shared.cfg.clone() };
     let old = lock(&shared.daemon).take();
     if let Some(old) = old {
         if let Err(e) = old.stop() {
@@ -284,7 +322,7 @@ fn restart(shared: &Shared, adopt: bool) -> Event {
         }
     }
     if adopt {
-        match shared.control.adopt(&shared.cfg) {
+        match shared.control.adopt(&cfg) {
             Ok(Some(d)) => {
                 let pid = d.pid();
                 tracing::info!(gpu = %shared.label, pid, "adopted running mps control daemon");
@@ -297,7 +335,7 @@ fn restart(shared: &Shared, adopt: bool) -> Event {
             }
         }
     }
-    match shared.control.start(&shared.cfg) {
+    match shared.control.start(&cfg) {
         Ok(d) => {
             tracing::info!(gpu = %shared.label, pid = d.pid(), "mps control daemon started");
             *lock(&shared.daemon) = Some(Arc::from(d));
@@ -410,6 +448,43 @@ mod tests {
         assert_eq!(err, "mps daemon s5 not answering after 2 attempts: probe timed out after 3s");
         model.resume_daemon(sup.pipe_dir());
         assert!(sup.ensure_answering(0, Duration::ZERO).is_ok());
+        sup.shutdown().unwrap();
+    }
+
+    #[test]
+    fn set_policy_applies_at_the_next_probe_without_restarting_the_daemon() {
+        let model = ModelMps::new();
+        let (sup, pipe) = start(&model, "s7");
+        wait_for(&sup, "ok", |c| c.status == HealthStatus::Ok);
+        let pid = sup.daemon_pid().expect("a daemon");
+
+        let invalid = MpsPolicy { failure_threshold: 0, ..policy() };
+        assert!(sup.set_policy(invalid).unwrap_err().to_string().contains("failure_threshold"));
+        assert_eq!(sup.policy(), policy(), "an invalid policy changes nothing");
+
+        // One failure is enough now, with the new timeout, and no restart is allowed.
+        let strict = MpsPolicy {
+            probe_timeout: Duration::from_millis(700),
+            failure_threshold: 1,
+            max_local_restarts: 0,
+            ..policy()
+        };
+        sup.set_policy(strict.clone()).unwrap();
+        assert_eq!(sup.policy(), strict);
+        assert_eq!(sup.daemon_pid(), Some(pid), "setting the policy restarts nothing");
+        model.hang_daemon(&pipe);
+        let c = wait_for(&sup, "impaired", |c| c.status == HealthStatus::Impaired);
+        assert_eq!((c.consecutive_failures, c.restarts), (1, 0), "{c:?}");
+        assert!(c.reason.contains("probe timed out after 700ms"), "{c:?}");
+        let err = sup.ensure_answering(0, Duration::ZERO).unwrap_err().to_string();
+        assert!(err.ends_with("probe timed out after 700ms"), "{err}");
+        assert_eq!(sup.daemon_pid(), Some(pid), "the same daemon, never restarted");
+
+        // It comes back on its own; the counters carried on.
+        model.resume_daemon(&pipe);
+        let c = wait_for(&sup, "ok again", |c| c.status == HealthStatus::Ok);
+        assert_eq!((c.consecutive_failures, c.restarts), (0, 0), "{c:?}");
+        assert_eq!(sup.daemon_pid(), Some(pid));
         sup.shutdown().unwrap();
     }
 

@@ -75,6 +75,8 @@ impl Cluster {
             None => Precondition::Absent,
         };
         let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
+        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.len()));
+        self.events.incident(old, &incident, self.now());
         self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
         Ok(())
     }
@@ -300,10 +302,12 @@ impl Cluster {
     fn world_of(&self, incident: &Incident) -> Option<WorldView> {
         let ix = self.sched.host(&incident.host_id)?;
         let e = &self.hosts[ix as usize];
+        // The pool as it stands: hosts on their way out (DRAINING, DEREGISTERED) do not count, so
+        // replacements joining do not dilute the storm breaker's share.
         let pool_hosts: Vec<&HostEntry> = self
             .hosts
             .iter()
-            .filter(|h| h.host.pool == incident.pool && h.host.status != HostStatus::Deregistered)
+            .filter(|h| h.host.pool == incident.pool && h.host.status == HostStatus::Active)
             .collect();
         let unhealthy =
             pool_hosts.iter().filter(|h| !matches!(h.health.verdict, Verdict::Healthy)).count() as u32;

@@ -17,7 +17,9 @@ use mpsfleet_core::clock::Clock;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
 use mpsfleet_core::taskdef::parse_task_definition;
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
-use mpsfleet_types::api::{Assignments, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::api::{
+    Assignments, HostStatusAnswer, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse,
+};
 use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::*;
 use serde::{Deserialize, Serialize};
@@ -129,6 +131,8 @@ pub struct Cluster {
     id_base: u64,
     id_counter: u64,
     revision: Revision,
+    /// Where committed changes are announced (`GET /v1/events`, the webhook).
+    events: crate::events::Events,
 }
 
 /// Tokens created at first start, to be shown once.
@@ -186,6 +190,7 @@ impl Cluster {
             next_seq: 0,
             id_base: auth::random_u64()?,
             id_counter: 0,
+            events: crate::events::Events::default(),
         };
         c.rebuild()?;
         // Capacity may have changed since the tasks waited (or a crash came between a stop and
@@ -261,6 +266,15 @@ impl Cluster {
 
     pub fn revision(&self) -> Revision {
         self.revision
+    }
+
+    /// Where committed changes are announced from now on.
+    pub fn set_events(&mut self, events: crate::events::Events) {
+        self.events = events;
+    }
+
+    pub fn events(&self) -> &crate::events::Events {
+        &self.events
     }
 
     /// Sets the capacity provider of a pool (providers are processes and commands, not records).
@@ -562,8 +576,13 @@ impl Cluster {
         HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| ApiError::not_found("host", id))
     }
 
-    /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE.
-    pub fn host_status(&mut self, host: &HostId, report: HostStatusReport) -> Result<(), ApiError> {
+    /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE. Answers with the host's
+    /// pool's current health policy, which the agent applies to its MPS daemons.
+    pub fn host_status(
+        &mut self,
+        host: &HostId,
+        report: HostStatusReport,
+    ) -> Result<HostStatusAnswer, ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let now = self.now();
         let entry = &mut self.hosts[ix as usize];
@@ -579,7 +598,9 @@ impl Cluster {
         self.evaluate_host(ix)?;
         let jobs = self.remediate()?;
         self.pending_jobs.extend(jobs);
-        Ok(())
+        let pool = &self.hosts[ix as usize].host.pool;
+        let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
+        Ok(HostStatusAnswer { health_policy })
     }
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
@@ -595,6 +616,8 @@ impl Cluster {
     fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), ApiError> {
         let expect = Precondition::Version(self.hosts[ix as usize].version);
         let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
+        let old = &self.hosts[ix as usize].host;
+        self.events.host((old.status, old.health_status), &host, self.now());
         let schedulable = can_place(&host);
         let pool = host.pool.clone();
         let entry = &mut self.hosts[ix as usize];
@@ -955,6 +978,9 @@ impl Cluster {
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
             self.hosts[h as usize].epoch = rev;
+        }
+        if stopped_now {
+            self.events.task_stopped(&t, self.now());
         }
         self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
         Ok(stopped_now)

@@ -1,0 +1,428 @@
+//! Events for operators: what changed in incidents, hosts and tasks, published after the
+//! change is committed, to `GET /v1/events` (server-sent events) and to an optional webhook.
+//!
+//! `Cluster` calls [`Events`] from the few places that write incidents, hosts and tasks. The
+//! calls never block: the stream is a `tokio::sync::broadcast` channel (a subscriber that
+//! falls behind its buffer is told how many events it missed), and the webhook is a bounded
+//! queue drained by one task (when full, the oldest event is dropped and logged).
+
+use crate::api::{self, AppState};
+use crate::error::ApiError;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::stream::Stream;
+use mpsfleet_types::event::{Event, EventType, HostEvent};
+use mpsfleet_types::{HealthStatus, Host, HostStatus, Incident, IncidentState, IncidentView, Task};
+use serde::Deserialize;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch, Notify};
+
+/// Events kept for each stream subscriber before it is told it lagged.
+pub const STREAM_BUFFER: usize = 1024;
+
+/// Events waiting for the webhook before the oldest is dropped.
+pub const WEBHOOK_QUEUE: usize = 1024;
+
+/// How often an idle stream gets a keep-alive comment.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Webhook delivery: this many attempts, waiting `WEBHOOK_BACKOFF[n]` after failed attempt n.
+pub const WEBHOOK_ATTEMPTS: usize = 3;
+pub const WEBHOOK_BACKOFF: [Duration; 3] =
+    [Duration::from_millis(500), Duration::from_secs(1), Duration::from_secs(2)];
+
+/// Longest one webhook request may take.
+pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a webhook could not be set up or an event not delivered.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("invalid webhook url {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("cannot reach the webhook {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("the webhook {url} answered http {status}")]
+    Refused { url: String, status: u16 },
+}
+
+/// Where events go: the stream's channel and, when configured, the webhook's queue.
+#[derive(Clone)]
+pub struct Events {
+    tx: broadcast::Sender<Event>,
+    webhook: Option<Arc<Webhook>>,
+    /// Set once when the server stops, so that open streams end and shutdown can finish.
+    stopping: watch::Sender<bool>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::new(None)
+    }
+}
+
+impl Events {
+    pub fn new(webhook: Option<Arc<Webhook>>) -> Self {
+        Events { tx: broadcast::channel(STREAM_BUFFER).0, webhook, stopping: watch::Sender::new(false) }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.tx.subscribe()
+    }
+
+    /// Ends every open stream (the server is stopping).
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Whether anyone would see an event; when not, the hooks build nothing.
+    fn listened(&self) -> bool {
+        self.webhook.is_some() || self.tx.receiver_count() > 0
+    }
+
+    pub fn publish(&self, ev: Event) {
+        if let Some(w) = &self.webhook {
+            if ev.kind.is_incident() || ev.kind == EventType::HostHealth {
+                w.push(ev.clone());
+            }
+        }
+        let _ = self.tx.send(ev); // no subscriber: nobody to tell
+    }
+
+    /// After an incident write: `before` is the stored incident's state and timeline length.
+    pub fn incident(&self, before: Option<(&IncidentState, usize)>, after: &Incident, at_ms: u64) {
+        if self.listened() {
+            incident_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
+        }
+    }
+
+    /// After a host write: `before` is the stored host's status and health.
+    pub fn host(&self, before: (HostStatus, HealthStatus), after: &Host, at_ms: u64) {
+        if self.listened() {
+            host_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
+        }
+    }
+
+    /// After a task update that stopped the task.
+    pub fn task_stopped(&self, task: &Task, at_ms: u64) {
+        if self.listened() {
+            self.publish(Event { task: Some(task.clone()), ..Event::new(EventType::TaskStopped, at_ms) });
+        }
+    }
+}
+
+/// The events of one incident write: opened; or resolved / blocked when it just became so;
+/// otherwise one `incident.updated` per step recorded (or one without a step when only the
+/// state moved).
+pub fn incident_events(before: Option<(&IncidentState, usize)>, after: &Incident, at_ms: u64) -> Vec<Event> {
+    let view = || Some(IncidentView::of(after.clone()));
+    let last = || after.timeline.last().cloned();
+    let Some((state, len)) = before else {
+        return vec![Event {
+            incident: view(),
+            step: last(),
+            ..Event::new(EventType::IncidentOpened, at_ms)
+        }];
+    };
+    let kind = match (&after.state, state) {
+        (IncidentState::Resolved, IncidentState::Resolved) => None,
+        (IncidentState::Resolved, _) => Some(EventType::IncidentResolved),
+        (IncidentState::Blocked { reason }, IncidentState::Blocked { reason: old }) if reason == old => None,
+        (IncidentState::Blocked { .. }, _) => Some(EventType::IncidentBlocked),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        return vec![Event { incident: view(), step: last(), ..Event::new(kind, at_ms) }];
+    }
+    let steps = after.timeline.get(len..).unwrap_or_default();
+    if steps.is_empty() {
+        if &after.state == state {
+            return Vec::new();
+        }
+        return vec![Event { incident: view(), ..Event::new(EventType::IncidentUpdated, at_ms) }];
+    }
+    steps
+        .iter()
+        .map(|s| Event {
+            incident: view(),
+            step: Some(s.clone()),
+            ..Event::new(EventType::IncidentUpdated, at_ms)
+        })
+        .collect()
+}
+
+/// The events of one host write: `host.status` and/or `host.health` for what changed.
+pub fn host_events(before: (HostStatus, HealthStatus), after: &Host, at_ms: u64) -> Vec<Event> {
+    let (status, health) = before;
+    let host = |previous_status, previous_health_status| HostEvent {
+        id: after.id.clone(),
+        pool: after.pool.clone(),
+        hostname: after.hostname.clone(),
+        status: after.status,
+        health_status: after.health_status,
+        cordoned: after.cordoned,
+        previous_status,
+        previous_health_status,
+    };
+    let mut out = Vec::new();
+    if after.status != status {
+        out.push(Event { host: Some(host(Some(status), None)), ..Event::new(EventType::HostStatus, at_ms) });
+    }
+    if after.health_status != health {
+        out.push(Event { host: Some(host(None, Some(health))), ..Event::new(EventType::HostHealth, at_ms) });
+    }
+    out
+}
+
+// ---- webhook ----------------------------------------------------------------------------
+
+/// A bounded queue of events for one webhook URL, drained by [`Webhook::run`].
+pub struct Webhook {
+    url: String,
+    queue: Mutex<VecDeque<Event>>,
+    wake: Notify,
+}
+
+impl Webhook {
+    /// A webhook posting to `url` (plain `http://`: this build has no TLS).
+    pub fn new(url: &str) -> Result<Arc<Webhook>, WebhookError> {
+        let invalid = |reason: &str| WebhookError::InvalidUrl { url: url.into(), reason: reason.into() };
+        let parsed = reqwest::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+        if parsed.scheme() != "http" {
+            return Err(invalid("must be an http:// url (https is not built in)"));
+        }
+        if parsed.host_str().is_none() {
+            return Err(invalid("has no host"));
+        }
+        Ok(Arc::new(Webhook { url: url.into(), queue: Mutex::new(VecDeque::new()), wake: Notify::new() }))
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Queues `ev`; never blocks on delivery. When the queue is full the oldest event goes.
+    fn push(&self, ev: Event) {
+        let Ok(mut q) = self.queue.lock() else { return };
+        if q.len() >= WEBHOOK_QUEUE {
+            if let Some(old) = q.pop_front() {
+                tracing::warn!(
+                    url = %self.url, dropped = old.kind.as_str(), at_ms = old.at_ms,
+                    "webhook queue full; dropped the oldest event"
+                );
+            }
+        }
+        q.push_back(ev);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    async fn next(&self) -> Event {
+        loop {
+            if let Some(ev) = self.queue.lock().ok().and_then(|mut q| q.pop_front()) {
+                return ev;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// Delivers queued events one at a time, in order, until the task is aborted.
+    pub async fn run(self: Arc<Self>) {
+        let http = reqwest::Client::builder().timeout(WEBHOOK_TIMEOUT).build().unwrap_or_default();
+        loop {
+            let ev = self.next().await;
+            if let Err(e) = self.deliver(&http, &ev).await {
+                tracing::warn!(error = %e, event = ev.kind.as_str(), "webhook delivery failed; event dropped");
+            }
+        }
+    }
+
+    async fn deliver(&self, http: &reqwest::Client, ev: &Event) -> Result<(), WebhookError> {
+        let mut last = None;
+        for attempt in 0..WEBHOOK_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(WEBHOOK_BACKOFF[attempt - 1]).await;
+            }
+            let e = match http.post(&self.url).json(ev).send().await {
+                Err(e) => WebhookError::Unreachable { url: self.url.clone(), reason: e.to_string() },
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => WebhookError::Refused { url: self.url.clone(), status: r.status().as_u16() },
+            };
+            tracing::debug!(error = %e, attempt = attempt + 1, "webhook attempt failed");
+            last = Some(e);
+        }
+        Err(last.unwrap_or(WebhookError::Unreachable { url: self.url.clone(), reason: "no attempt".into() }))
+    }
+}
+
+// ---- GET /v1/events ---------------------------------------------------------------------
+
+#[derive(Deserialize)]
+pub(crate) struct EventsQuery {
+    /// Comma-separated event types; all when absent.
+    types: Option<String>,
+}
+
+/// The event types a stream wants, as a bit set over [`EventType::ALL`].
+#[derive(Clone, Copy)]
+struct Filter(u32);
+
+impl Filter {
+    fn parse(types: Option<&str>) -> Result<Filter, ApiError> {
+        let Some(types) = types else { return Ok(Filter(u32::MAX)) };
+        let mut bits = 0;
+        for name in types.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let t = EventType::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+                ApiError::invalid(
+                    "types",
+                    format!("unknown event type {name:?}; known: {}", known.join(", ")),
+                )
+            })?;
+            bits |= Filter::bit(t);
+        }
+        if bits == 0 {
+            return Err(ApiError::invalid("types", "names no event type"));
+        }
+        Ok(Filter(bits))
+    }
+
+    fn bit(t: EventType) -> u32 {
+        1 << EventType::ALL.iter().position(|x| *x == t).unwrap_or(0)
+    }
+
+    fn wants(self, t: EventType) -> bool {
+        self.0 & Filter::bit(t) != 0
+    }
+}
+
+fn sse(ev: &Event) -> SseEvent {
+    SseEvent::default()
+        .event(ev.kind.as_str())
+        .json_data(ev)
+        .unwrap_or_else(|e| SseEvent::default().comment(format!("cannot encode an event: {e}")))
+}
+
+/// `GET /v1/events[?types=a,b]`: a server-sent event stream of [`Event`]s, admin only.
+pub(crate) async fn stream(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    api::Q(q): api::Q<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let filter = Filter::parse(q.types.as_deref())?;
+    st.call(&headers, api::admin, |_, _| Ok(())).await?;
+    let rx = st.events.subscribe();
+    let stopping = st.events.stopping.subscribe();
+    let events = futures_util::stream::unfold((rx, stopping), move |(mut rx, mut stopping)| async move {
+        loop {
+            let got = tokio::select! {
+                got = rx.recv() => got,
+                _ = stopping.wait_for(|s| *s) => return None,
+            };
+            let out = match got {
+                Ok(ev) if filter.wants(ev.kind) => sse(&ev),
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    SseEvent::default().event("lagged").data(serde_json::json!({ "dropped": n }).to_string())
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            return Some((Ok(out), (rx, stopping)));
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::{HostId, IncidentOwner, PoolName, Step, TimelineEntry, Trigger};
+
+    fn incident(state: IncidentState, steps: &[Step]) -> Incident {
+        Incident {
+            id: "i-1".into(),
+            host_id: HostId::new("h-1").unwrap(),
+            pool: PoolName::new("gpu").unwrap(),
+            owner: IncidentOwner::Operator,
+            trigger: Trigger {
+                check: "AGENT".into(),
+                gpu_id: None,
+                reason: "silent".into(),
+                evidence: String::new(),
+                first_failure_at_ms: None,
+            },
+            state,
+            operator_requested: None,
+            timeline: steps
+                .iter()
+                .map(|s| TimelineEntry { at_ms: 1, step: *s, detail: String::new() })
+                .collect(),
+            affected_tasks: Vec::new(),
+            opened_at_ms: 1,
+            resolved_at_ms: None,
+        }
+    }
+
+    fn kinds(v: &[Event]) -> Vec<EventType> {
+        v.iter().map(|e| e.kind).collect()
+    }
+
+    #[test]
+    fn incident_writes_become_events() {
+        let open = incident(IncidentState::Open, &[Step::Detected]);
+        assert_eq!(kinds(&incident_events(None, &open, 5)), [EventType::IncidentOpened]);
+        let more = incident(IncidentState::Remediating, &[Step::Detected, Step::Decided, Step::Cordoned]);
+        let ev = incident_events(Some((&IncidentState::Open, 1)), &more, 5);
+        assert_eq!(kinds(&ev), [EventType::IncidentUpdated, EventType::IncidentUpdated]);
+        assert_eq!(ev[1].step.as_ref().map(|s| s.step), Some(Step::Cordoned));
+        assert!(incident_events(Some((&IncidentState::Open, 1)), &open, 5).is_empty());
+        let blocked = IncidentState::Blocked { reason: "storm".into() };
+        let b = incident(blocked.clone(), &[Step::Detected, Step::Blocked]);
+        assert_eq!(
+            kinds(&incident_events(Some((&IncidentState::Open, 1)), &b, 5)),
+            [EventType::IncidentBlocked]
+        );
+        assert!(incident_events(Some((&blocked, 2)), &b, 5).is_empty());
+        let r = incident(IncidentState::Resolved, &[Step::Detected, Step::Resolved]);
+        assert_eq!(kinds(&incident_events(Some((&blocked, 2)), &r, 5)), [EventType::IncidentResolved]);
+    }
+
+    #[test]
+    fn host_writes_become_events() {
+        let host: Host = serde_json::from_value(serde_json::json!({
+            "id": "h-1", "pool": "gpu", "hostname": "n1", "status": "DRAINING", "healthStatus": "IMPAIRED",
+            "cordoned": true, "emulated": true, "mpsAvailable": true, "gpus": [], "seq": 0,
+            "registeredAtMs": 1, "credentialSha256": ""
+        }))
+        .unwrap();
+        let ev = host_events((HostStatus::Active, HealthStatus::Ok), &host, 9);
+        assert_eq!(kinds(&ev), [EventType::HostStatus, EventType::HostHealth]);
+        assert_eq!(ev[0].host.as_ref().unwrap().id, HostId::new("h-1").unwrap());
+        assert_eq!(ev[1].host.as_ref().unwrap().previous_health_status, Some(HealthStatus::Ok));
+        assert!(host_events((HostStatus::Draining, HealthStatus::Impaired), &host, 9).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_webhook_queue_drops_the_oldest() {
+        let w = Webhook::new("http://127.0.0.1:9/hook").unwrap();
+        for i in 0..WEBHOOK_QUEUE as u64 + 3 {
+            w.push(Event::new(EventType::HostHealth, i));
+        }
+        assert_eq!(w.queue.lock().unwrap().len(), WEBHOOK_QUEUE);
+        assert_eq!(w.next().await.at_ms, 3);
+        assert!(Webhook::new("https://example.com/hook").is_err());
+        assert!(Webhook::new("not a url").is_err());
+    }
+
+    #[test]
+    fn filters_name_known_types() {
+        let f = Filter::parse(Some("incident.opened, host.health")).unwrap();
+        assert!(f.wants(EventType::HostHealth) && !f.wants(EventType::TaskStopped));
+        assert!(Filter::parse(None).unwrap().wants(EventType::TaskStopped));
+        assert!(Filter::parse(Some("incident.nope")).is_err());
+        assert!(Filter::parse(Some(",")).is_err());
+    }
+}

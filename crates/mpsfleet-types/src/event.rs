@@ -1,0 +1,137 @@
+//! Events the server publishes on `GET /v1/events` and to the webhook: incidents opening,
+//! moving and closing, hosts changing health or status, tasks stopping.
+
+use crate::host::{HealthStatus, HostStatus};
+use crate::ids::{HostId, PoolName};
+use crate::incident::{IncidentView, TimelineEntry};
+use crate::task::Task;
+use serde::{Deserialize, Serialize};
+
+/// What happened; the SSE `event:` name and the `type` field of the JSON body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    #[serde(rename = "incident.opened")]
+    IncidentOpened,
+    /// A step was recorded (or the state moved) without resolving or blocking.
+    #[serde(rename = "incident.updated")]
+    IncidentUpdated,
+    #[serde(rename = "incident.resolved")]
+    IncidentResolved,
+    #[serde(rename = "incident.blocked")]
+    IncidentBlocked,
+    /// A host's `healthStatus` changed.
+    #[serde(rename = "host.health")]
+    HostHealth,
+    /// A host's lifecycle `status` changed.
+    #[serde(rename = "host.status")]
+    HostStatus,
+    /// A task reached `STOPPED`.
+    #[serde(rename = "task.stopped")]
+    TaskStopped,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 7] = [
+        EventType::IncidentOpened,
+        EventType::IncidentUpdated,
+        EventType::IncidentResolved,
+        EventType::IncidentBlocked,
+        EventType::HostHealth,
+        EventType::HostStatus,
+        EventType::TaskStopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::IncidentOpened => "incident.opened",
+            EventType::IncidentUpdated => "incident.updated",
+            EventType::IncidentResolved => "incident.resolved",
+            EventType::IncidentBlocked => "incident.blocked",
+            EventType::HostHealth => "host.health",
+            EventType::HostStatus => "host.status",
+            EventType::TaskStopped => "task.stopped",
+        }
+    }
+
+    /// The type named `s`, if there is one.
+    pub fn parse(s: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Whether this is one of the `incident.*` types.
+    pub fn is_incident(self) -> bool {
+        matches!(
+            self,
+            EventType::IncidentOpened
+                | EventType::IncidentUpdated
+                | EventType::IncidentResolved
+                | EventType::IncidentBlocked
+        )
+    }
+}
+
+/// A host as events show it: identity, lifecycle and health, and what changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostEvent {
+    pub id: HostId,
+    pub pool: PoolName,
+    pub hostname: String,
+    pub status: HostStatus,
+    pub health_status: HealthStatus,
+    pub cordoned: bool,
+    /// The status before this event (`host.status` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_status: Option<HostStatus>,
+    /// The health before this event (`host.health` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_health_status: Option<HealthStatus>,
+}
+
+/// One event: `{"type", "at_ms", "incident"?, "step"?, "host"?, "task"?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// Server time of the change, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The incident after the change (`incident.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<IncidentView>,
+    /// The timeline entry the change recorded, if it recorded one (`incident.*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<TimelineEntry>,
+    /// `host.*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostEvent>,
+    /// The task after it stopped (`task.stopped`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<Task>,
+}
+
+impl Event {
+    /// An event of `kind` at `at_ms` with no subject yet.
+    pub fn new(kind: EventType, at_ms: u64) -> Event {
+        Event { kind, at_ms, incident: None, step: None, host: None, task: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names_round_trip() {
+        for t in EventType::ALL {
+            assert_eq!(EventType::parse(t.as_str()), Some(t));
+            assert_eq!(serde_json::to_value(t).unwrap(), serde_json::json!(t.as_str()));
+        }
+        assert_eq!(EventType::parse("incident.closed"), None);
+    }
+
+    #[test]
+    fn body_names_its_type_and_time() {
+        let v = serde_json::to_value(Event::new(EventType::TaskStopped, 5)).unwrap();
+        assert_eq!(v, serde_json::json!({"type": "task.stopped", "at_ms": 5}));
+    }
+}

@@ -1,0 +1,231 @@
+//! Process tests of the event stream (`GET /v1/events`) and the webhook: the real binary, a
+//! host that goes silent past its heartbeat grace, and what an operator's pager would see.
+
+mod common;
+
+use common::*;
+use mpsfleet_types::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A self-managed pool whose hosts are declared bad 1 s after their last heartbeat.
+async fn quick_pool(admin: &mpsfleet_client::Client) {
+    admin
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            mode: Some(OwnershipMode::SelfManaged),
+            health_policy: Some(HealthPolicy {
+                agent_heartbeat_grace_ms: 1000,
+                toleration_ms: 0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("create pool");
+}
+
+/// One server-sent event: its `event:` name and its `data:` as JSON.
+type Sse = (String, serde_json::Value);
+
+/// Reads an SSE response, parsing complete events as they arrive.
+struct EventReader {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl EventReader {
+    async fn open(server: &Server, query: &str) -> EventReader {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/v1/events{query}", server.url))
+            .bearer_auth(server.admin_token())
+            .send()
+            .await
+            .expect("open the event stream");
+        assert_eq!(resp.status(), 200);
+        let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+        EventReader { resp, buf: String::new() }
+    }
+
+    /// The next event (keep-alive comments skipped), or panics after `limit`.
+    async fn next(&mut self, limit: Duration) -> Sse {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut name, mut data) = (String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if name.is_empty() && data.is_empty() {
+                    continue; // a comment
+                }
+                return (name, serde_json::from_str(&data).expect("event data is JSON"));
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("no event within {limit:?}; have {:?}", self.buf))
+                .expect("read the event stream")
+                .expect("the event stream ended");
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Events until one of type `name` passes `pred`; returns it and those before it.
+    async fn until(
+        &mut self,
+        name: &str,
+        limit: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<Sse> {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            assert!(!left.is_zero(), "no {name} event within {limit:?}; saw {seen:?}");
+            let ev = self.next(left).await;
+            let done = ev.0 == name && pred(&ev.1);
+            seen.push(ev);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_host_is_announced_on_the_event_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    quick_pool(&admin).await;
+
+    // Only the admin may listen, and the filter names known types.
+    let http = reqwest::Client::new();
+    let anon = http.get(format!("{}/v1/events", server.url)).send().await.unwrap();
+    assert_eq!(anon.status(), 401);
+    let bad = http
+        .get(format!("{}/v1/events?types=incident.nope", server.url))
+        .bearer_auth(server.admin_token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    let mut all = EventReader::open(&server, "").await;
+    let mut incidents = EventReader::open(&server, "?types=incident.opened").await;
+    let (host, _agent) = add_host(&server, "gpu", "n1", 1).await;
+    let id = host.to_string();
+    let about_host = |v: &serde_json::Value| v["host"]["id"] == id.as_str();
+
+    // Onboarding: ONBOARDING -> ACTIVE, INITIALIZING -> OK.
+    all.until("host.status", Duration::from_secs(10), |v| about_host(v) && v["host"]["status"] == "ACTIVE")
+        .await;
+
+    // The agent goes silent: past the 1 s grace its health turns, and an incident opens.
+    let seen = all
+        .until("incident.opened", Duration::from_secs(20), |v| v["incident"]["hostId"] == id.as_str())
+        .await;
+    let health = seen
+        .iter()
+        .find(|(n, v)| n == "host.health" && about_host(v) && v["host"]["healthStatus"] == "IMPAIRED")
+        .unwrap_or_else(|| panic!("no host.health IMPAIRED before the incident: {seen:?}"));
+    assert_eq!(health.1["type"], "host.health");
+    assert!(health.1["at_ms"].as_u64().unwrap() > 0);
+    let (_, opened) = seen.last().unwrap();
+    assert_eq!(opened["type"], "incident.opened");
+    assert_eq!(opened["incident"]["owner"], "operator");
+
+    // The filtered stream sees the incident and nothing else.
+    let (name, only) = incidents.next(Duration::from_secs(10)).await;
+    assert_eq!(name, "incident.opened");
+    assert_eq!(only["incident"]["id"], opened["incident"]["id"]);
+}
+
+/// The bodies a webhook received, with the request's number (from 0).
+type Received = Arc<Mutex<Vec<(u32, String)>>>;
+
+/// A tiny HTTP server that records POST bodies; it answers 500 to the first request.
+fn hook_server() -> (u16, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut len = 0usize;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|read| read > 0) && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            let status = if n == 0 { "500 Internal Server Error" } else { "200 OK" };
+            record.lock().unwrap().push((n as u32, String::from_utf8_lossy(&body).into_owned()));
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_gets_the_incident_after_a_retry() {
+    let (port, seen) = hook_server();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let server = Server::start_with(dir.path(), "127.0.0.1:0", &["--webhook", &url]);
+    let admin = server.admin();
+    quick_pool(&admin).await;
+    let (host, _agent) = add_host(&server, "gpu", "n1", 1).await;
+    let id = host.to_string();
+
+    let bodies = eventually(Duration::from_secs(30), "an incident.opened webhook", || {
+        let seen = seen.clone();
+        async move {
+            let got = seen.lock().unwrap().clone();
+            got.iter().any(|(_, b)| b.contains("\"incident.opened\"")).then_some(got)
+        }
+    })
+    .await;
+    // The first delivery was refused with 500 and sent again.
+    assert!(bodies.len() >= 2, "{bodies:?}");
+    assert_eq!(bodies[0].1, bodies[1].1, "the refused event is retried as is");
+    let events: Vec<serde_json::Value> =
+        bodies.iter().map(|(_, b)| serde_json::from_str(b).expect("webhook body is JSON")).collect();
+    for e in &events {
+        let t = e["type"].as_str().unwrap();
+        assert!(t.starts_with("incident.") || t == "host.health", "only incidents and health: {t}");
+    }
+    let opened = events.iter().find(|e| e["type"] == "incident.opened").unwrap();
+    assert_eq!(opened["incident"]["hostId"], id.as_str());
+    assert!(
+        events.iter().any(|e| e["type"] == "host.health" && e["host"]["id"] == id.as_str()),
+        "{events:?}"
+    );
+
+    // A bad URL is refused at start.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["server", "--listen", "127.0.0.1:0", "--webhook", "https://example.com/hook", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("webhook"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
