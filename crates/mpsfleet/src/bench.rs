@@ -214,6 +214,10 @@ fn recovery(b: RecoveryBench) -> Result<()> {
     for trial in 1..=b.trials {
         let dir = std::env::temp_dir().join(format!("mpsf-bench-{}-{trial}", std::process::id()));
         let result = rt.block_on(recovery_trial(&b, &mps, &dir));
+        if result.is_err() && std::env::var_os("MPSFLEET_BENCH_KEEP").is_some() {
+            eprintln!("kept {} for inspection", dir.display());
+            return result.map(|_| ());
+        }
         stop_everything_in(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         let (d, c, r) = result?;
@@ -358,6 +362,8 @@ async fn recovery_trial(
         anyhow::ensure!(tokio::time::Instant::now() < until, wait("the service"));
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
+    // Let the hosts settle (first probes of the pool's policy) before the failure.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let victim = &tasks[0];
     let host = admin.describe_host(victim.host_id.as_ref().map_or("", |h| h.as_str())).await?;
     let index = host.gpus.iter().find(|g| Some(&g.gpu_id) == victim.gpu_ids.first()).map_or(0, |g| g.index);
