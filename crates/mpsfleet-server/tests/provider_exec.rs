@@ -1,38 +1,14 @@
 //! The exec capacity provider against real processes: small shell scripts in a temp dir that
 //! implement (or break) the contract in docs/providers.md.
 
+use common::provider;
 use mpsfleet_server::provider::{
-    CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, ProviderError, ProviderHostState, ProviderOp,
-    Retryable,
+    CapacityProvider, LaunchRequest, ProviderError, ProviderHostState, ProviderOp, Retryable,
 };
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// Writes an executable script through a child `sh`, so that this (multi-threaded) test
-/// process never holds a writable descriptor of a file it is about to exec (ETXTBSY).
-fn script(dir: &Path, name: &str, body: &str) -> String {
-    let path = dir.join(name);
-    let mut child = Command::new("/bin/sh")
-        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(format!("#!/bin/sh\n{body}\n").as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
-    path.display().to_string()
-}
-
-/// A provider whose three operations all run `program`, with FAKE_CLOUD set to `dir`.
-fn provider(dir: &Path, program: &str, timeout: Duration) -> ExecProvider {
-    let argv = |op: &str| vec![program.to_string(), op.to_string()];
-    let mut config = ExecConfig::new(argv("launch"), argv("terminate"), argv("describe"));
-    config.timeout = timeout;
-    config.env.insert("FAKE_CLOUD".into(), dir.display().to_string());
-    ExecProvider::new(config).unwrap()
-}
 
 fn request(name: &str) -> LaunchRequest {
     LaunchRequest {
@@ -328,4 +304,9 @@ esac"#,
     );
     assert!(p.hosts().is_empty(), "a host described as terminated is no longer listed");
     assert_eq!(p.terminate("gpu-10").unwrap(), ProviderHostState::Terminating);
+}
+
+/// The script's path as a string, for an argv.
+fn script(dir: &Path, name: &str, body: &str) -> String {
+    common::script(dir, name, body).display().to_string()
 }

@@ -4,25 +4,10 @@
 use mpsfleet_server::provider::{
     CapacityProvider, LaunchRequest, LocalProvider, ProviderError, ProviderHostState,
 };
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+mod common;
 
-/// Writes an executable script through a child `sh` (no writable descriptor in this process
-/// that a concurrent fork could inherit: ETXTBSY).
-fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
-    let path = dir.join(name);
-    let mut child = Command::new("/bin/sh")
-        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(format!("#!/bin/sh\n{body}\n").as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
-    path
-}
+use common::script;
+use std::time::Duration;
 
 /// Polls `cond` every 20 ms for up to 10 s.
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {

@@ -1,37 +1,15 @@
 //! Retries with backoff around real provider commands: transient failures that pass, ones that
 //! do not, hung commands and slow boots, with a recording sleeper instead of real waits.
 
+use common::provider;
 use mpsfleet_server::provider::{
     launch_with_retries, terminate_with_retries, wait_until_running, AttemptRecord, CapacityProvider,
-    ExecConfig, ExecProvider, LaunchRequest, ProviderError, ProviderHostState, Retry,
+    LaunchRequest, ProviderError, ProviderHostState, Retry,
 };
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// Writes an executable script through a child `sh` (no writable descriptor in this process
-/// that a concurrent fork could inherit: ETXTBSY).
-fn script(dir: &Path, name: &str, body: &str) -> String {
-    let path = dir.join(name);
-    let mut child = Command::new("/bin/sh")
-        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(format!("#!/bin/sh\n{body}\n").as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
-    path.display().to_string()
-}
-
-fn provider(dir: &Path, program: &str, timeout: Duration) -> ExecProvider {
-    let argv = |op: &str| vec![program.to_string(), op.to_string()];
-    let mut config = ExecConfig::new(argv("launch"), argv("terminate"), argv("describe"));
-    config.timeout = timeout;
-    config.env.insert("FAKE_CLOUD".into(), dir.display().to_string());
-    ExecProvider::new(config).unwrap()
-}
 
 fn request(name: &str) -> LaunchRequest {
     LaunchRequest {
@@ -169,4 +147,9 @@ fn provider_wait_until_running_stops_when_the_host_is_gone() {
     assert_eq!(err.to_string(), "host gpu-6 is not running: TERMINATED (InsufficientInstanceCapacity)");
     assert_eq!(r.attempts.len(), 1);
     assert_eq!(count(dir.path(), "describe"), 1);
+}
+
+/// The script's path as a string, for an argv.
+fn script(dir: &Path, name: &str, body: &str) -> String {
+    common::script(dir, name, body).display().to_string()
 }
