@@ -459,3 +459,34 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
     let left = processes_mentioning(&data.display().to_string());
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_service_is_held_back() {
+    let Some(OneHost { admin, server: _server, agent: _agent, .. }) = one_host(1, &[]).await else { return };
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "crash",
+            "containerDefinitions": [{"name": "main", "command": ["false"],
+                "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]
+        })))
+        .await
+        .unwrap();
+    admin
+        .create_service(&CreateService {
+            name: "crash".into(),
+            pool: "gpu".into(),
+            task_definition: "crash".into(),
+            desired_count: 1,
+            resumption: None,
+        })
+        .await
+        .unwrap();
+    let q = TaskQuery { service: Some("crash".into()), limit: Some(1000), ..Default::default() };
+    // Each failure and replacement takes well under a second here, so without the backoff this
+    // window would see many more than the burst of five.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let tasks = admin.list_tasks(&q).await.unwrap();
+    let failed = tasks.iter().filter(|t| t.last_status == TaskStatus::Stopped).count();
+    assert!(failed >= 3, "the service should have replaced its failing task: {} stopped", failed);
+    assert!(tasks.len() <= 6, "{} tasks in 8 s: the crash loop was not held back", tasks.len());
+}

@@ -36,6 +36,11 @@ const AUTH: &str = "auth";
 
 /// The most tasks one `task run` may start.
 pub const MAX_RUN_COUNT: u32 = 10_000;
+/// A service whose tasks failed this many times within the window gets no replacement until
+/// the oldest failure leaves the window (crash-loop backoff).
+pub const SERVICE_RESTART_BURST: usize = 5;
+pub const SERVICE_RESTART_WINDOW_MS: u64 = 30_000;
+
 /// The most replicas a service may ask for.
 pub const MAX_DESIRED_COUNT: u32 = 10_000;
 
@@ -114,6 +119,8 @@ pub struct Cluster {
     services: BTreeMap<ServiceName, Versioned<Service>>,
     /// Live tasks of each service.
     service_tasks: HashMap<ServiceName, BTreeSet<TaskId>>,
+    /// When each service's tasks last failed (in memory; for the crash-loop backoff).
+    service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
     incidents: BTreeMap<String, Versioned<Incident>>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
     provider_progress: HashMap<String, health::ProviderProgress>,
@@ -178,6 +185,7 @@ impl Cluster {
             pending: BTreeMap::new(),
             services: BTreeMap::new(),
             service_tasks: HashMap::new(),
+            service_failures: HashMap::new(),
             incidents: BTreeMap::new(),
             provider_progress: HashMap::new(),
             pending_jobs: Vec::new(),
@@ -1089,6 +1097,13 @@ impl Cluster {
         }
         self.write_tasks(vec![t])?;
         if report.last_status == TaskStatus::Stopped {
+            let failed = !matches!(
+                report.stop_code,
+                Some(StopCode::UserInitiated | StopCode::ServiceSchedulerInitiated | StopCode::HostReplaced)
+            );
+            if let (true, Some(g)) = (failed, &task.group) {
+                self.service_failures.entry(g.clone()).or_default().push_back(now);
+            }
             self.reconcile_group(task.group.as_ref())?;
         }
         self.task(id)
@@ -1243,7 +1258,7 @@ impl Cluster {
             }
         }
         self.write_tasks(to_stop)?;
-        if current.len() < desired {
+        if current.len() < desired && !self.failing_too_fast(name) {
             let spec = NewTasks {
                 task_definition: svc.task_definition.clone(),
                 pool: svc.pool.clone(),
@@ -1264,6 +1279,22 @@ impl Cluster {
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
     pub fn compact_feed(&mut self, keep: u64) -> Result<(), ApiError> {
         Ok(self.store.compact(self.revision.saturating_sub(keep))?)
+    }
+
+    /// Whether a service's tasks have failed so often lately that replacing them again now
+    /// would only feed a crash loop: at most `SERVICE_RESTART_BURST` failures per
+    /// `SERVICE_RESTART_WINDOW_MS`; the periodic resync replaces them once the window allows.
+    fn failing_too_fast(&mut self, name: &ServiceName) -> bool {
+        let now = self.now();
+        let Some(failures) = self.service_failures.get_mut(name) else { return false };
+        while failures.front().is_some_and(|&t| now.saturating_sub(t) > SERVICE_RESTART_WINDOW_MS) {
+            failures.pop_front();
+        }
+        let too_fast = failures.len() >= SERVICE_RESTART_BURST;
+        if too_fast {
+            tracing::warn!(service = %name, failures = failures.len(), "tasks failing fast; replacement held back");
+        }
+        too_fast
     }
 
     /// The periodic safety net: reconcile every service and retry every pending queue.
