@@ -124,7 +124,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
 
     let supervisors = start_supervisors(&cfg, &found, clock.clone())?;
-    let gpus = Gpus::new(&found.gpus, &supervisors, cfg.daemon_per_host);
+    let gpus = Gpus::new(&supervisors);
     let runtime =
         crate::runtime::Runtime::new(cfg.shim.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?;
     let task_loop = TaskLoop::start(

@@ -41,11 +41,7 @@ pub struct Gpus {
 }
 
 impl Gpus {
-    pub fn new(
-        _inventory: &[GpuInventory],
-        supervisors: &BTreeMap<GpuUuid, Arc<Supervisor>>,
-        _daemon_per_host: bool,
-    ) -> Gpus {
+    pub fn new(supervisors: &BTreeMap<GpuUuid, Arc<Supervisor>>) -> Gpus {
         Gpus { supervisors: supervisors.clone() }
     }
 

@@ -245,21 +245,10 @@ pub enum MpsError {
     },
 }
 
-/// "3s", "1.5s", "500ms", "10m": durations as people write them in reasons.
+/// "3s", "1.5s", "500ms", "10m": durations as people write them in reasons (the server's
+/// format).
 pub fn fmt_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    let (secs, sub_ms) = (ms / 1000, ms % 1000);
-    let (mins, sub_min_s) = (secs / 60, secs % 60);
-    if sub_ms == 0 && sub_min_s == 0 && mins > 0 {
-        format!("{mins}m")
-    } else if sub_ms == 0 {
-        format!("{secs}s")
-    } else if secs == 0 {
-        format!("{ms}ms")
-    } else {
-        let s = format!("{secs}.{sub_ms:03}");
-        format!("{}s", s.trim_end_matches('0'))
-    }
+    mpsfleet_core::health::fmt_ms(d.as_millis() as u64)
 }
 
 /// Starts MPS control daemons: the seam between the agent and `nvidia-cuda-mps-control`.

@@ -8,7 +8,7 @@
 //! back with [`Cluster::provider_done`].
 
 use super::*;
-use mpsfleet_core::health::{evaluate, HealthInput, HostHealth, Verdict};
+use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
     WorldView,
@@ -600,10 +600,4 @@ impl Cluster {
 /// server recognises it).
 pub fn replacement_name(incident: &Incident) -> String {
     format!("{}-r", incident.id)
-}
-
-impl HostEntry {
-    pub(super) fn fresh_health(registered_at_ms: u64) -> HostHealth {
-        HostHealth::new(registered_at_ms)
-    }
 }

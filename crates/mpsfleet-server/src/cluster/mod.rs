@@ -573,7 +573,7 @@ impl Cluster {
             last_heartbeat_ms: None,
             checks: Vec::new(),
             logs_url: None,
-            health: HostEntry::fresh_health(registered_at_ms),
+            health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
             epoch: self.revision,
             tasks: BTreeSet::new(),
         });
@@ -719,10 +719,6 @@ impl Cluster {
             .map(|v| v.value.clone())
             .collect();
         Ok((e.epoch, Assignments { revision: e.epoch, tasks, task_definitions }))
-    }
-
-    pub fn host_epoch(&self, host: &HostId) -> Option<u64> {
-        self.sched.host(host).map(|ix| self.hosts[ix as usize].epoch)
     }
 
     // ---- tasks --------------------------------------------------------------------------
