@@ -10,6 +10,7 @@
 //!   it was down.
 
 use crate::discovery::{self, Discovered};
+use crate::gpu_health::GpuWatch;
 use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervisor};
 use crate::tasks::{Gpus, TaskLoop};
 use mpsfleet_client::Client;
@@ -124,6 +125,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
 
     let supervisors = start_supervisors(&cfg, &found, clock.clone())?;
+    let gpu_watch = Arc::new(
+        GpuWatch::start(&found, &cfg.data_dir, clock.clone())
+            .map_err(|e| AgentError::Runtime(e.to_string()))?,
+    );
     let gpus = Gpus::new(&supervisors);
     let runtime =
         crate::runtime::Runtime::new(cfg.shim.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?;
@@ -153,6 +158,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     let heartbeat = tokio::spawn(heartbeat_loop(
         agent.clone(),
         supervisors.clone(),
+        gpu_watch.clone(),
         cfg.heartbeat,
         logs_url,
         cfg.policy.clone(),
@@ -282,8 +288,9 @@ fn start_supervisors(
     Ok(Arc::new(out))
 }
 
-/// The host's checks now: one `MPS_DAEMON` check per GPU.
-fn checks(supervisors: &Supervisors) -> Vec<HostCheck> {
+/// The host's checks now: one `MPS_DAEMON` check per GPU (with MPS), then one `GPU` check per
+/// GPU.
+fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch) -> Vec<HostCheck> {
     supervisors
         .iter()
         .map(|(gpu, s)| {
@@ -296,10 +303,12 @@ fn checks(supervisors: &Supervisors) -> Vec<HostCheck> {
                 since_ms: c.since_ms,
             }
         })
+        .chain(gpu_watch.checks())
         .collect()
 }
 
-/// Onboarded once every daemon has answered (a host without MPS at once).
+/// Onboarded once no check is INITIALIZING: every daemon has answered (a host without MPS at
+/// once) and every GPU is watched.
 fn onboarded(checks: &[HostCheck]) -> bool {
     checks.iter().all(|c| c.status != HealthStatus::Initializing)
 }
@@ -322,6 +331,7 @@ pub fn pool_mps_policy(health: &HealthPolicy, base: &MpsPolicy) -> MpsPolicy {
 async fn heartbeat_loop(
     agent: Client,
     supervisors: Supervisors,
+    gpu_watch: Arc<GpuWatch>,
     every: Duration,
     logs_url: String,
     mut policy: MpsPolicy,
@@ -333,7 +343,7 @@ async fn heartbeat_loop(
     let mut refused: Option<MpsPolicy> = None;
     loop {
         tick.tick().await;
-        let checks = checks(&supervisors);
+        let checks = checks(&supervisors, &gpu_watch);
         let report =
             HostStatusReport { onboarded: onboarded(&checks), checks, logs_url: Some(logs_url.clone()) };
         match agent.report_host_status(&report).await {

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod discovery;
 pub mod env;
+pub mod gpu_health;
 pub mod logs;
 pub mod mps;
 pub mod runtime;
