@@ -128,7 +128,14 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                 let Some(p) = provider else {
                     return ProviderOutcome::Failed("the pool has no capacity provider".into());
                 };
-                let sleep = std::thread::sleep;
+                let sleep = |failed: &provider::AttemptRecord, backoff| {
+                    if let Ok(mut c) = st2.cluster.lock() {
+                        if let Err(e) = c.provider_attempt_failed(&job, failed) {
+                            tracing::error!(error = %e, "recording a provider retry failed");
+                        }
+                    }
+                    std::thread::sleep(backoff)
+                };
                 let result = match &job {
                     ProviderJob::Launch { .. } => {
                         provider::launch_with_retries(p.as_ref(), &req, &provider::Retry::default(), sleep)

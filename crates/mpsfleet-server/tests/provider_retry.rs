@@ -49,7 +49,7 @@ fn provider_launch_retries_with_backoff_until_transient_failures_pass() {
     );
     let p = provider(dir.path(), &script(dir.path(), "flaky", &body), Duration::from_secs(10));
     let mut slept = Vec::new();
-    let r = launch_with_retries(&p, &request("gpu-1"), &policy(100, 1000, 5), |d| slept.push(d));
+    let r = launch_with_retries(&p, &request("gpu-1"), &policy(100, 1000, 5), |_, d| slept.push(d));
 
     assert_eq!(r.result.unwrap().provider_id, "i-7");
     assert_eq!(count(dir.path(), "launch"), 3);
@@ -70,7 +70,8 @@ fn provider_launch_gives_up_after_max_attempts_with_every_attempt_recorded() {
     let body = format!("{COUNTER}echo \"quota exceeded (call $n)\" >&2; exit 3");
     let p = provider(dir.path(), &script(dir.path(), "broken", &body), Duration::from_secs(10));
     let mut slept = Vec::new();
-    let r = launch_with_retries(&p, &request("gpu-2"), &policy(250, 400, 4), |d| slept.push(d.as_millis()));
+    let r =
+        launch_with_retries(&p, &request("gpu-2"), &policy(250, 400, 4), |_, d| slept.push(d.as_millis()));
 
     let err = r.result.unwrap_err();
     assert!(matches!(&err, ProviderError::Failed { status, .. } if status.code() == Some(3)), "{err:?}");
@@ -93,7 +94,7 @@ fn provider_hung_commands_time_out_on_each_attempt() {
     let body = format!("{COUNTER}sleep 300");
     let p = provider(dir.path(), &script(dir.path(), "hang", &body), Duration::from_millis(300));
     p.adopt("gpu-3", "i-3");
-    let r = terminate_with_retries(&p, "gpu-3", &policy(10, 10, 2), |_| {});
+    let r = terminate_with_retries(&p, "gpu-3", &policy(10, 10, 2), |_, _| {});
     assert!(matches!(r.result, Err(ProviderError::TimedOut { .. })));
     assert_eq!(count(dir.path(), "terminate"), 2);
     let errors: Vec<&AttemptRecord> = r.attempts.iter().collect();
@@ -106,7 +107,7 @@ fn provider_missing_program_is_not_retried() {
     let dir = tempfile::tempdir().unwrap();
     let p = provider(dir.path(), "/nonexistent/gpu-hosts", Duration::from_secs(10));
     let mut slept = 0;
-    let r = launch_with_retries(&p, &request("gpu-4"), &policy(10, 10, 5), |_| slept += 1);
+    let r = launch_with_retries(&p, &request("gpu-4"), &policy(10, 10, 5), |_, _| slept += 1);
     assert!(matches!(r.result, Err(ProviderError::Spawn { .. })));
     assert_eq!((r.attempts.len(), slept), (1, 0));
     assert_eq!(r.attempts[0].backoff_ms, None);
@@ -126,7 +127,7 @@ esac"#
     let p = provider(dir.path(), &script(dir.path(), "slow", &body), Duration::from_secs(10));
     assert_eq!(p.launch(&request("gpu-5")).unwrap().state, ProviderHostState::Pending);
     let mut slept = Vec::new();
-    let r = wait_until_running(&p, "gpu-5", &policy(1000, 3000, 10), |d| slept.push(d.as_secs()));
+    let r = wait_until_running(&p, "gpu-5", &policy(1000, 3000, 10), |_, d| slept.push(d.as_secs()));
     r.result.unwrap();
     assert_eq!(count(dir.path(), "describe"), 4);
     assert_eq!(slept, [1, 2, 3]);
@@ -142,7 +143,7 @@ fn provider_wait_until_running_stops_when_the_host_is_gone() {
         format!(r#"{COUNTER}echo '{{"state": "TERMINATED", "detail": "InsufficientInstanceCapacity"}}'"#);
     let p = provider(dir.path(), &script(dir.path(), "gone", &body), Duration::from_secs(10));
     p.adopt("gpu-6", "i-6");
-    let r = wait_until_running(&p, "gpu-6", &policy(1000, 3000, 10), |_| panic!("no wait expected"));
+    let r = wait_until_running(&p, "gpu-6", &policy(1000, 3000, 10), |_, _| panic!("no wait expected"));
     let err = r.result.unwrap_err();
     assert_eq!(err.to_string(), "host gpu-6 is not running: TERMINATED (InsufficientInstanceCapacity)");
     assert_eq!(r.attempts.len(), 1);

@@ -86,6 +86,8 @@ pub enum Step {
     Cordoned,
     DrainStarted,
     ReplacementRequested,
+    /// A provider call (launch or terminate) failed and is tried again after a backoff.
+    ProviderRetry,
     ReplacementReady,
     TasksRescheduled,
     TasksRunningAgain,
@@ -103,6 +105,7 @@ impl Step {
             Step::Cordoned => "CORDONED",
             Step::DrainStarted => "DRAIN_STARTED",
             Step::ReplacementRequested => "REPLACEMENT_REQUESTED",
+            Step::ProviderRetry => "PROVIDER_RETRY",
             Step::ReplacementReady => "REPLACEMENT_READY",
             Step::TasksRescheduled => "TASKS_RESCHEDULED",
             Step::TasksRunningAgain => "TASKS_RUNNING_AGAIN",

@@ -229,3 +229,51 @@ async fn the_webhook_gets_the_incident_after_a_retry() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_provider_attempts_show_on_the_incident_as_they_happen() {
+    use mpsfleet_types::policy::{ExecCommands, Provider, ProviderKind};
+    let dir = tempfile::tempdir().unwrap();
+    // A provider that cannot launch anything: every attempt exits 1 with a reason.
+    let launch = dir.path().join("launch.sh");
+    std::fs::write(&launch, "#!/bin/sh\necho 'no capacity in zone a' >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&launch, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cmd = vec![launch.display().to_string()];
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    admin
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            mode: Some(OwnershipMode::Managed),
+            health_policy: Some(HealthPolicy {
+                agent_heartbeat_grace_ms: 1000,
+                toleration_ms: 0,
+                ..Default::default()
+            }),
+            provider: Some(Provider {
+                kind: ProviderKind::Exec,
+                exec: Some(ExecCommands { launch: cmd.clone(), terminate: cmd.clone(), describe: cmd }),
+                desired_hosts: 1,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("create pool");
+    // The host goes silent after onboarding; its incident asks the provider for a replacement.
+    let (host, _agent) = add_host(&server, "gpu", "n1", 1).await;
+    let retries = eventually(Duration::from_secs(30), "two provider retries on the incident", || async {
+        let i = admin.list_incidents().await.ok()?.into_iter().find(|i| i.incident.host_id == host)?;
+        let retries: Vec<TimelineEntry> =
+            i.incident.timeline.into_iter().filter(|t| t.step == Step::ProviderRetry).collect();
+        (retries.len() >= 2).then_some(retries)
+    })
+    .await;
+    assert!(retries[0].detail.contains("attempt 1 failed"), "{retries:?}");
+    assert!(retries[0].detail.contains("no capacity in zone a"), "{retries:?}");
+    assert!(retries[0].detail.contains("next attempt in 1s"), "{retries:?}");
+    assert!(
+        retries[1].detail.contains("attempt 2 failed") && retries[1].detail.contains("next attempt in 2s")
+    );
+    assert!(retries[1].at_ms >= retries[0].at_ms + 900, "the second attempt waited its backoff: {retries:?}");
+}

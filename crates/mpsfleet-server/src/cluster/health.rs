@@ -8,6 +8,7 @@
 //! back with [`Cluster::provider_done`].
 
 use super::*;
+use crate::provider::AttemptRecord;
 use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
@@ -551,6 +552,32 @@ impl Cluster {
             .map(|e| self.forced_stop(&e.task, StopCode::HostReplaced, reason, true))
             .collect();
         self.write_tasks(stopped)
+    }
+
+    /// A provider call failed and will be tried again after `failed.backoff_ms`: noted on the
+    /// incident's timeline (and so announced as an event) before the wait, so a slow or failing
+    /// provider shows while it happens. Calls that keep the pool at its size have no incident;
+    /// they are only logged.
+    pub fn provider_attempt_failed(
+        &mut self,
+        job: &ProviderJob,
+        failed: &AttemptRecord,
+    ) -> Result<(), ApiError> {
+        let (op, incident, name) = match job {
+            ProviderJob::Launch { incident, name, .. } => ("launch", incident, name),
+            ProviderJob::Terminate { incident, name, .. } => ("terminate", incident, name),
+        };
+        let retry_in = failed.backoff_ms.map_or_else(
+            || "no further attempt".to_string(),
+            |ms| format!("next attempt in {}", mpsfleet_core::health::fmt_ms(ms)),
+        );
+        let detail = format!("{op} {name}: attempt {} failed: {}; {retry_in}", failed.attempt, failed.error);
+        tracing::warn!(%incident, "{detail}");
+        let Some(mut i) = self.incidents.get(incident.as_str()).map(|v| v.value.clone()) else {
+            return Ok(());
+        };
+        i.timeline.push(TimelineEntry { at_ms: self.now(), step: Step::ProviderRetry, detail });
+        self.write_incident(i)
     }
 
     /// A provider call finished; the incident moves on at the next remediation.

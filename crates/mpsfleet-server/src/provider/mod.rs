@@ -321,13 +321,14 @@ impl<T, E> Retried<T, E> {
 
 /// Runs `op(attempt)` (attempt from 1) until it succeeds, fails with an error that is not
 /// transient, or `policy.max_attempts` attempts were made; between attempts calls
-/// `sleep(backoff)`. Pure apart from `op` and `sleep`: tests pass a recording sleeper, the
+/// `sleep(failed_attempt, backoff)`, which may also record the failure (the server notes it on
+/// the incident before it waits). Pure apart from `op` and `sleep`: tests pass a recording sleeper, the
 /// server `std::thread::sleep` inside `spawn_blocking`.
 pub fn with_retries<T, E, F, S>(mut op: F, policy: &Retry, mut sleep: S) -> Retried<T, E>
 where
     F: FnMut(u32) -> Result<T, E>,
     E: Retryable + fmt::Display,
-    S: FnMut(Duration),
+    S: FnMut(&AttemptRecord, Duration),
 {
     let max_attempts = policy.max_attempts.max(1);
     let mut attempts = Vec::new();
@@ -338,14 +339,17 @@ where
             Err(e) => {
                 let backoff =
                     (attempt < max_attempts && e.is_transient()).then(|| policy.backoff_after(attempt));
-                attempts.push(AttemptRecord {
+                let record = AttemptRecord {
                     attempt,
                     error: e.to_string(),
                     backoff_ms: backoff.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX)),
-                });
-                match backoff {
-                    Some(b) => sleep(b),
-                    None => return Retried { result: Err(e), attempts },
+                };
+                if let Some(b) = backoff {
+                    sleep(&record, b);
+                }
+                attempts.push(record);
+                if backoff.is_none() {
+                    return Retried { result: Err(e), attempts };
                 }
             }
         }
@@ -359,7 +363,7 @@ pub fn launch_with_retries(
     provider: &dyn CapacityProvider,
     req: &LaunchRequest,
     policy: &Retry,
-    sleep: impl FnMut(Duration),
+    sleep: impl FnMut(&AttemptRecord, Duration),
 ) -> Retried<LaunchedHost, ProviderError> {
     with_retries(|_| provider.launch(req), policy, sleep)
 }
@@ -369,7 +373,7 @@ pub fn terminate_with_retries(
     provider: &dyn CapacityProvider,
     name: &str,
     policy: &Retry,
-    sleep: impl FnMut(Duration),
+    sleep: impl FnMut(&AttemptRecord, Duration),
 ) -> Retried<ProviderHostState, ProviderError> {
     with_retries(|_| provider.terminate(name), policy, sleep)
 }
@@ -382,7 +386,7 @@ pub fn wait_until_running(
     provider: &dyn CapacityProvider,
     name: &str,
     policy: &Retry,
-    sleep: impl FnMut(Duration),
+    sleep: impl FnMut(&AttemptRecord, Duration),
 ) -> Retried<(), ProviderError> {
     with_retries(
         |_| match provider.describe(name)? {
@@ -431,7 +435,12 @@ mod tests {
                 outcomes[attempt as usize - 1].map_err(Fail)
             },
             &p,
-            |d| slept.push(d.as_millis() as u64),
+            |failed, d| {
+                // The sleeper sees the failed attempt it follows, with the same backoff.
+                assert_eq!(failed.backoff_ms, Some(d.as_millis() as u64));
+                assert_eq!(failed.attempt as usize, slept.len() + 1);
+                slept.push(d.as_millis() as u64)
+            },
         );
         assert_eq!(slept, expected_sleeps_ms, "sleeps for {outcomes:?}");
         assert_eq!(r.result.is_ok(), expect_ok);
