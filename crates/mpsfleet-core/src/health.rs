@@ -332,8 +332,7 @@ mod tests {
         },
     }
 
-    /// Evaluates `steps` in order from a fresh host registered at 0 (default policy: grace 10s,
-    /// toleration 10s) and checks the final host status, verdict and per-check statuses (name,
+    /// Evaluates `steps` in order from a fresh host registered at 0 (grace 10s, toleration 10s) and checks the final host status, verdict and per-check statuses (name,
     /// status, reason fragment).
     #[track_caller]
     fn check(
@@ -343,7 +342,7 @@ mod tests {
         want: Want,
         want_checks: &[(&str, HealthStatus, &str)],
     ) {
-        let policy = HealthPolicy::default();
+        let policy = HealthPolicy { toleration_ms: 10_000, ..HealthPolicy::default() };
         let mut h = HostHealth::new(0);
         for s in steps {
             let input =
@@ -557,8 +556,8 @@ mod tests {
         let checks = vec![reported(MPS_DAEMON, gpu(0), Impaired, 900)];
         let input = HealthInput { checks: &checks, last_heartbeat_ms: Some(1_000), registered_at_ms: 0 };
         let h = evaluate(&HostHealth::new(0), &input, &policy, 1_000);
-        // Grace ends at 11_001, toleration at 11_000.
-        assert_eq!(next_change_at_ms(&h, &input, &policy), Some(11_000));
+        // Toleration ends at 3_000, before the grace (11_001).
+        assert_eq!(next_change_at_ms(&h, &input, &policy), Some(3_000));
         let ok = evaluate(&HostHealth::new(0), &HealthInput { checks: &[], ..input }, &policy, 1_000);
         assert_eq!(next_change_at_ms(&ok, &HealthInput { checks: &[], ..input }, &policy), Some(11_001));
     }

@@ -54,12 +54,13 @@ pub struct HealthPolicy {
     /// Local daemon restarts the agent tries before it gives up. 0 to 100; default 3.
     pub local_daemon_restarts: u32,
     /// How long a check must stay IMPAIRED before the host is declared bad; a shorter failure
-    /// opens no incident. 0 to 1h; default 10s: the agent already needs
-    /// `mpsFailureThreshold` failed probes (15s by default) to report IMPAIRED, and then
-    /// restarts the daemon itself, which shows in the next probe (one interval plus one
-    /// timeout, 8s by default). 10s lets a local restart that works clear the check before
-    /// anything is replaced, while a dead agent is still declared bad 20s after its last
-    /// heartbeat (grace plus toleration).
+    /// opens no incident. 0 to 1h; default 2s. The agent is the first guard against flapping:
+    /// it reports a daemon IMPAIRED only after `mpsFailureThreshold` consecutive failures, and
+    /// at that moment restarts it (killing the failed daemon at once, then probing the new one
+    /// at once), so a local repair that works clears the check well within 2s. What stays
+    /// IMPAIRED past that is a daemon that will not come back (local restarts exhausted), a
+    /// GPU fault, or an agent silent past its grace (declared bad 12s after its last
+    /// heartbeat by default).
     pub toleration_ms: u64,
 }
 
@@ -71,7 +72,7 @@ impl Default for HealthPolicy {
             mps_probe_timeout_ms: 3_000,
             mps_failure_threshold: 3,
             local_daemon_restarts: 3,
-            toleration_ms: 10_000,
+            toleration_ms: 2_000,
         }
     }
 }
@@ -389,7 +390,7 @@ mod tests {
         assert_eq!(
             v,
             json!({"agentHeartbeatGraceMs": 10000, "mpsProbeIntervalMs": 5000, "mpsProbeTimeoutMs": 3000,
-                   "mpsFailureThreshold": 3, "localDaemonRestarts": 3, "tolerationMs": 10000})
+                   "mpsFailureThreshold": 3, "localDaemonRestarts": 3, "tolerationMs": 2000})
         );
         let v = serde_json::to_value(RemediationPolicy::default()).unwrap();
         assert_eq!(

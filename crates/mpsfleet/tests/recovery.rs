@@ -44,12 +44,6 @@ impl Fleet {
 }
 
 async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> {
-    let mps = mps_control()?;
-    let dir = tempfile::tempdir().unwrap();
-    let args = agent_args(&mps, restarts);
-    let server =
-        Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
-    let admin = server.admin();
     let health = HealthPolicy {
         agent_heartbeat_grace_ms: 3_000,
         mps_probe_interval_ms: 1_000,
@@ -58,6 +52,16 @@ async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> 
         local_daemon_restarts: restarts,
         toleration_ms: 500,
     };
+    fleet_with(mode, hosts, health).await
+}
+
+async fn fleet_with(mode: OwnershipMode, hosts: u32, health: HealthPolicy) -> Option<Fleet> {
+    let mps = mps_control()?;
+    let dir = tempfile::tempdir().unwrap();
+    let args = agent_args(&mps, health.local_daemon_restarts);
+    let server =
+        Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
+    let admin = server.admin();
     admin
         .create_pool(&CreatePool {
             name: "gpu".into(),
@@ -113,13 +117,23 @@ async fn kill_daemon_of(fleet: &Fleet, task: &Task) -> HostView {
     signal_daemon_of(fleet, task, "-9").await
 }
 
-/// Sends `signal` to the MPS daemon of the task's GPU.
-async fn signal_daemon_of(fleet: &Fleet, task: &Task, signal: &str) -> HostView {
+/// The pid of the MPS daemon of the task's GPU, from its daemon record (None while there is
+/// none, e.g. during a restart).
+async fn daemon_pid_of(fleet: &Fleet, task: &Task) -> (HostView, Option<u64>) {
     let host = fleet.admin.describe_host(task.host_id.as_ref().unwrap().as_str()).await.unwrap();
     let index = host.gpus.iter().find(|g| g.gpu_id == task.gpu_ids[0]).unwrap().index;
     let record = fleet.host_dir(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    let pid = v["pid"].as_u64().unwrap();
+    let pid = std::fs::read(&record)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["pid"].as_u64());
+    (host, pid)
+}
+
+/// Sends `signal` to the MPS daemon of the task's GPU.
+async fn signal_daemon_of(fleet: &Fleet, task: &Task, signal: &str) -> HostView {
+    let (host, pid) = daemon_pid_of(fleet, task).await;
+    let pid = pid.expect("a daemon record");
     assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
     host
 }
@@ -261,6 +275,30 @@ async fn a_daemon_restarted_by_local_repair_opens_no_incident() {
     let view = admin.describe_host(host.id.as_str()).await.unwrap();
     assert_eq!(view.health_status, HealthStatus::Ok, "{:?}", view.checks);
     assert!(admin.list_incidents().await.unwrap().is_empty(), "a repaired failure opened an incident");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_daemon_replaced_by_local_repair_opens_no_incident() {
+    // The default toleration (2 s) and probe timeout (3 s): asking a hung daemon to `quit`
+    // would alone outlast the toleration; the agent kills it instead, and starts and probes a
+    // new one at once.
+    let health =
+        HealthPolicy { mps_probe_interval_ms: 4_000, mps_failure_threshold: 2, ..Default::default() };
+    let toleration = health.toleration_ms;
+    let Some(fleet) = fleet_with(OwnershipMode::Managed, 1, health).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 1).await;
+    let (_, before) = daemon_pid_of(&fleet, &tasks[0]).await;
+    let host = signal_daemon_of(&fleet, &tasks[0], "-STOP").await;
+    eventually(WAIT, "a new daemon answering", || async {
+        let (view, pid) = daemon_pid_of(&fleet, &tasks[0]).await;
+        (pid.is_some() && pid != before && view.health_status == HealthStatus::Ok).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(toleration + 1_000)).await;
+    let view = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert_eq!(view.health_status, HealthStatus::Ok, "{:?}", view.checks);
+    assert!(admin.list_incidents().await.unwrap().is_empty(), "a repaired hang opened an incident");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

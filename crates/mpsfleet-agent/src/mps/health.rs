@@ -273,7 +273,9 @@ pub fn step(
     s.check.status = status;
     s.check.reason = reason;
     if s.check != before {
-        effects.push(Effect::Report(s.check.clone()));
+        // Published before a restart runs: the server learns of the failure at once, not
+        // after the restart (which may take a while) is over.
+        effects.insert(0, Effect::Report(s.check.clone()));
     }
     (s, effects)
 }

@@ -291,6 +291,13 @@ pub trait MpsDaemon: Send + Sync {
     /// reaps it. Idempotent.
     fn stop(&self) -> Result<(), MpsError>;
 
+    /// Kills the daemon's process group at once and reaps it, without asking it to `quit`:
+    /// for a daemon that already failed (exited or stopped answering), where `quit` would only
+    /// wait out its timeout before the local restart. Idempotent.
+    fn kill(&self) -> Result<(), MpsError> {
+        self.stop()
+    }
+
     /// New events from the daemon's control.log since the last call.
     fn poll_log(&self) -> Vec<LogEvent>;
 

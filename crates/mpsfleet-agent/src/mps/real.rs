@@ -590,6 +590,38 @@ impl RealDaemon {
     pub fn config(&self) -> &DaemonConfig {
         &self.cfg
     }
+
+    /// Stops the daemon: with `ask`, `quit -t` first and a bounded wait; then its process group
+    /// is killed and the leader reaped.
+    fn end(&self, ask: bool) -> Result<(), MpsError> {
+        let mut inner = lock(&self.inner);
+        let Some(mut child) = inner.child.take() else { return Ok(()) };
+        let pgid = Pid::from_raw(self.pid as i32);
+        if ask && peek_exit(self.pid).is_none() {
+            let secs = self.cfg.quit_timeout.as_secs().max(1);
+            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
+                Ok(_) => {
+                    let started = monotonic_now();
+                    let limit = self.cfg.quit_timeout + Duration::from_secs(1);
+                    while peek_exit(self.pid).is_none() && started.elapsed() < limit {
+                        std::thread::sleep(POLL);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pid = self.pid, error = %e, "mps daemon did not take quit; killing it")
+                }
+            }
+        }
+        // Whatever is left of the group (servers, a daemon that ignored quit) goes now; the
+        // unreaped leader keeps the group id ours until then.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let status =
+            child.wait().map_err(|source| MpsError::Io { path: self.cfg.control_bin.clone(), source })?;
+        inner.exit.get_or_insert(exit_info(status));
+        DaemonRecord::remove_if_of(&self.cfg.log_dir, self.pid, inner.start_time);
+        tracing::debug!(pid = self.pid, exit = ?inner.exit, "stopped mps control daemon");
+        Ok(())
+    }
 }
 
 impl MpsDaemon for RealDaemon {
@@ -618,33 +650,11 @@ impl MpsDaemon for RealDaemon {
     }
 
     fn stop(&self) -> Result<(), MpsError> {
-        let mut inner = lock(&self.inner);
-        let Some(mut child) = inner.child.take() else { return Ok(()) };
-        let pgid = Pid::from_raw(self.pid as i32);
-        if peek_exit(self.pid).is_none() {
-            let secs = self.cfg.quit_timeout.as_secs().max(1);
-            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
-                Ok(_) => {
-                    let started = monotonic_now();
-                    let limit = self.cfg.quit_timeout + Duration::from_secs(1);
-                    while peek_exit(self.pid).is_none() && started.elapsed() < limit {
-                        std::thread::sleep(POLL);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(pid = self.pid, error = %e, "mps daemon did not take quit; killing it")
-                }
-            }
-        }
-        // Whatever is left of the group (servers, a daemon that ignored quit) goes now; the
-        // unreaped leader keeps the group id ours until then.
-        let _ = killpg(pgid, Signal::SIGKILL);
-        let status =
-            child.wait().map_err(|source| MpsError::Io { path: self.cfg.control_bin.clone(), source })?;
-        inner.exit.get_or_insert(exit_info(status));
-        DaemonRecord::remove_if_of(&self.cfg.log_dir, self.pid, inner.start_time);
-        tracing::debug!(pid = self.pid, exit = ?inner.exit, "stopped mps control daemon");
-        Ok(())
+        self.end(true)
+    }
+
+    fn kill(&self) -> Result<(), MpsError> {
+        self.end(false)
     }
 
     fn poll_log(&self) -> Vec<LogEvent> {
@@ -798,6 +808,33 @@ impl AdoptedDaemon {
         }
         true
     }
+
+    /// Like [`RealDaemon`]'s: `quit -t` first only with `ask`.
+    fn end(&self, ask: bool) -> Result<(), MpsError> {
+        let mut state = lock(&self.state);
+        if state.done {
+            return Ok(());
+        }
+        let pid = self.record.pid;
+        if ask && self.record.alive() {
+            let secs = self.cfg.quit_timeout.as_secs().max(1);
+            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
+                Ok(_) => {
+                    self.wait_gone(self.cfg.quit_timeout + Duration::from_secs(1));
+                }
+                Err(e) => tracing::warn!(pid, error = %e, "adopted mps daemon did not take quit; killing it"),
+            }
+        }
+        self.kill_group();
+        if !self.wait_gone(KILL_WAIT) {
+            tracing::warn!(pid, "adopted mps daemon still runs after SIGKILL");
+        }
+        state.exit.get_or_insert(ExitInfo::Vanished);
+        state.done = true;
+        DaemonRecord::remove_if_of(&self.cfg.log_dir, pid, Some(self.record.start_time));
+        tracing::debug!(pid, "stopped adopted mps control daemon");
+        Ok(())
+    }
 }
 
 impl MpsDaemon for AdoptedDaemon {
@@ -826,29 +863,11 @@ impl MpsDaemon for AdoptedDaemon {
     }
 
     fn stop(&self) -> Result<(), MpsError> {
-        let mut state = lock(&self.state);
-        if state.done {
-            return Ok(());
-        }
-        let pid = self.record.pid;
-        if self.record.alive() {
-            let secs = self.cfg.quit_timeout.as_secs().max(1);
-            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
-                Ok(_) => {
-                    self.wait_gone(self.cfg.quit_timeout + Duration::from_secs(1));
-                }
-                Err(e) => tracing::warn!(pid, error = %e, "adopted mps daemon did not take quit; killing it"),
-            }
-        }
-        self.kill_group();
-        if !self.wait_gone(KILL_WAIT) {
-            tracing::warn!(pid, "adopted mps daemon still runs after SIGKILL");
-        }
-        state.exit.get_or_insert(ExitInfo::Vanished);
-        state.done = true;
-        DaemonRecord::remove_if_of(&self.cfg.log_dir, pid, Some(self.record.start_time));
-        tracing::debug!(pid, "stopped adopted mps control daemon");
-        Ok(())
+        self.end(true)
+    }
+
+    fn kill(&self) -> Result<(), MpsError> {
+        self.end(false)
     }
 
     fn poll_log(&self) -> Vec<LogEvent> {

@@ -315,9 +315,11 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
 /// adopt one an earlier agent left running. The daemon gets `policy`'s probe timeout.
 fn restart(shared: &Shared, policy: &MpsPolicy, adopt: bool) -> Event {
     let cfg = DaemonConfig { probe_timeout: policy.probe_timeout, ..shared.cfg.clone() };
+    // A restart only follows a failure (the daemon exited or stopped answering), so `quit`
+    // would only wait out its timeout: the old daemon's group is killed at once.
     let old = lock(&shared.daemon).take();
     if let Some(old) = old {
-        if let Err(e) = old.stop() {
+        if let Err(e) = old.kill() {
             tracing::warn!(gpu = %shared.label, error = %e, "stopping the old mps daemon");
         }
     }
