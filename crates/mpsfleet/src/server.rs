@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_core::clock::SystemClock;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,14 +57,19 @@ async fn serve(args: ServerArgs) -> Result<()> {
         local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),
     });
     let dir = args.data_dir.display();
+    // The banner goes to stdout; a reader that has gone away (a closed pipe) must not stop the
+    // server, so write errors are ignored rather than panicking like `println!`.
+    let mut banner = String::new();
     if let Some(first) = &opened.first_start {
-        println!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})");
-        println!("admin token: {}", first.admin_token);
-        println!("join token:  {}", first.join_token);
+        banner +=
+            &format!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})\n");
+        banner += &format!("admin token: {}\njoin token:  {}\n", first.admin_token, first.join_token);
     }
-    println!("mpsfleet server listening on http://{addr}");
-    println!("use the CLI from another terminal:");
-    println!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)");
+    banner += &format!("mpsfleet server listening on http://{addr}\nuse the CLI from another terminal:\n");
+    banner += &format!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)\n");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
+    drop(out);
     tracing::info!(listen = %addr, data_dir = %dir, "serving");
     let options = mpsfleet_server::ServeOptions { webhook: args.webhook };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;

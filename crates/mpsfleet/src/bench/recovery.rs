@@ -13,7 +13,7 @@ pub struct RecoveryBench {
     /// Hosts in the pool (two emulated GPUs each); the service has two replicas per host.
     #[arg(long, default_value_t = 3)]
     hosts: u32,
-    /// Override the pool's toleration (default policy: 10000 ms).
+    /// Override the pool's toleration (default policy: 2000 ms).
     #[arg(long)]
     toleration_ms: Option<u64>,
     /// Path of nvidia-cuda-mps-control (default: PATH, then target/mps).
@@ -112,12 +112,17 @@ async fn recovery_trial(
     use mpsfleet_types::*;
     use std::io::BufRead;
     std::fs::create_dir_all(dir)?;
-    // A control binary that fails once `broken` exists: the killed daemon cannot come back.
+    // A control binary that refuses the one pipe directory named in `broken` (once that file
+    // exists): the killed daemon cannot come back, every other daemon and probe is untouched.
     let wrapper = dir.join("mps-control");
     let broken = dir.join("broken");
     std::fs::write(
         &wrapper,
-        format!("#!/bin/sh\n[ -e {} ] && exit 1\nexec {} \"$@\"\n", broken.display(), mps.display()),
+        format!(
+            "#!/bin/sh\n[ -e {b} ] && [ \"$CUDA_MPS_PIPE_DIRECTORY\" = \"$(cat {b})\" ] && exit 1\nexec {m} \"$@\"\n",
+            b = broken.display(),
+            m = mps.display()
+        ),
     )?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
@@ -133,11 +138,14 @@ async fn recovery_trial(
         .stdout(std::process::Stdio::piped())
         .spawn()?;
     let stdout = server.stdout.take().ok_or_else(|| anyhow::anyhow!("no server output"))?;
-    let url = std::io::BufReader::new(stdout)
-        .lines()
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let url = lines
+        .by_ref()
         .map_while(Result::ok)
         .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string))
         .ok_or_else(|| anyhow::anyhow!("the server did not start"))?;
+    // Keep reading what else the server prints, so that it never writes into a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
     let token = std::fs::read_to_string(data.join("admin.token"))?.trim().to_string();
     let admin = mpsfleet_client::Client::new(&url, Some(token))?;
     let mut health = HealthPolicy::default();
@@ -200,11 +208,11 @@ async fn recovery_trial(
     let host = admin.describe_host(victim.host_id.as_ref().map_or("", |h| h.as_str())).await?;
     let index = host.gpus.iter().find(|g| Some(&g.gpu_id) == victim.gpu_ids.first()).map_or(0, |g| g.index);
     let record = data.join("hosts").join(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
-    let pid = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&record)?)?["pid"]
-        .as_u64()
-        .ok_or_else(|| anyhow::anyhow!("no pid in {}", record.display()))?;
-    let pipe_dir = data.canonicalize()?.join("hosts").join(&host.hostname).join(format!("mps/{index}"));
-    std::fs::write(&broken, pipe_dir.display().to_string())?;
+    let daemon: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
+    let (Some(pid), Some(pipe_dir)) = (daemon["pid"].as_u64(), daemon["pipe_dir"].as_str()) else {
+        anyhow::bail!("no pid or pipe_dir in {}", record.display());
+    };
+    std::fs::write(&broken, pipe_dir)?;
     let killed_at = epoch_ms();
     std::process::Command::new("kill").args(["-9", &pid.to_string()]).status()?;
     let until = deadline(60);
