@@ -7,6 +7,7 @@
 //! queues, indexes) is recomputed from the records rather than stored.
 
 mod health;
+mod introspect;
 
 pub use health::{replacement_name, ProviderJob, ProviderOutcome};
 

@@ -1,0 +1,18 @@
+//! Accessors for tools that drive a `Cluster` in-process (the fleet simulator): nothing here
+//! is used by the server itself.
+
+use super::*;
+
+impl Cluster {
+    /// Makes new task ids a pure function of `base` and the order in which tasks are created,
+    /// instead of a random base chosen at load. Ids already taken are skipped as usual.
+    pub fn reseed_task_ids(&mut self, base: u64) {
+        self.id_base = base;
+        self.id_counter = 0;
+    }
+
+    /// How many hosts the cluster knows, every status included.
+    pub fn host_count(&self) -> usize {
+        self.hosts.len()
+    }
+}

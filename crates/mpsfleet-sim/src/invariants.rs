@@ -1,0 +1,231 @@
+//! The invariants a run checks after every step, as pure functions over what the step
+//! changed, and the recovery bound.
+
+use crate::engine::{Demand, FETCH_LATENCY_MS, HEALTH_TICK_MS, RESYNC_MS, TASK_START_MS};
+use mpsfleet_server::cluster::SERVICE_RESTART_WINDOW_MS;
+use mpsfleet_types::{
+    HealthPolicy, Incident, IncidentOwner, IncidentState, OwnershipMode, RemediationPolicy, Step, TaskId,
+};
+use std::collections::BTreeSet;
+
+/// The first invariant a run broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub at_ms: u64,
+    pub detail: String,
+}
+
+/// Counts the checks made and remembers which hosts' processes changed since the last step.
+#[derive(Debug, Default)]
+pub struct Checker {
+    pub checks: u64,
+    pub dirty_hosts: BTreeSet<usize>,
+}
+
+/// What runs on one GPU.
+#[derive(Debug, Clone, Default)]
+pub struct GpuLoad {
+    pub mps_memory_mib: u64,
+    pub mps_clients: u32,
+    pub whole: u32,
+    pub tasks: Vec<TaskId>,
+}
+
+impl GpuLoad {
+    pub fn add(&mut self, d: Demand, task: TaskId) {
+        if d.mps {
+            self.mps_memory_mib += d.memory_mib;
+            self.mps_clients += 1;
+        } else {
+            self.whole += 1;
+        }
+        self.tasks.push(task);
+    }
+}
+
+/// No GPU over its memory or MPS client limit; MPS and whole-GPU tasks never share a GPU; a
+/// whole GPU holds one task; no task runs twice.
+pub fn gpu_limits(gpus: &[GpuLoad], memory_mib: u64, max_clients: u32) -> Option<String> {
+    for (g, l) in gpus.iter().enumerate() {
+        if l.mps_memory_mib > memory_mib {
+            return Some(format!(
+                "gpu {g} holds {} MiB of MPS tasks, more than its {memory_mib} MiB",
+                l.mps_memory_mib
+            ));
+        }
+        if l.mps_clients > max_clients {
+            return Some(format!(
+                "gpu {g} has {} MPS clients, more than its limit of {max_clients}",
+                l.mps_clients
+            ));
+        }
+        if l.whole > 0 && l.mps_clients > 0 {
+            return Some(format!(
+                "gpu {g} runs {} MPS and {} whole-GPU task(s) at once",
+                l.mps_clients, l.whole
+            ));
+        }
+        if l.whole > 1 {
+            return Some(format!("gpu {g} is dedicated to {} tasks", l.whole));
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(t) = l.tasks.iter().find(|t| !seen.insert(**t)) {
+            return Some(format!("task {t} runs twice on gpu {g}"));
+        }
+    }
+    None
+}
+
+/// Every incident carries its detector (trigger, evidence, DETECTED first), its decision
+/// (DECIDED before any action, by the owner the pool's mode names), its action (a reason when
+/// BLOCKED, RESOLVED with a detail) and its resumption (moved service tasks have replacements
+/// and TASKS_RUNNING_AGAIN before the incident resolves); a self-managed pool moves nothing
+/// by itself.
+pub fn incident_record(i: &Incident, mode: OwnershipMode) -> Option<String> {
+    if i.trigger.check.is_empty() || i.trigger.evidence.is_empty() {
+        return Some("no detector: the trigger names no check or evidence".into());
+    }
+    if i.timeline.first().map(|e| e.step) != Some(Step::Detected) {
+        return Some("the timeline does not start with DETECTED".into());
+    }
+    if i.owner != IncidentOwner::for_mode(mode) {
+        return Some(format!("owner {} in a {} pool", i.owner.as_str(), mode.as_str()));
+    }
+    let pos = |s: Step| i.timeline.iter().position(|e| e.step == s);
+    if let Some(c) = pos(Step::Cordoned) {
+        match pos(Step::Decided) {
+            Some(d) if d < c => {}
+            _ => return Some("remediation started without a DECIDED step before it".into()),
+        }
+    }
+    let automatic = i.operator_requested.is_none();
+    if mode == OwnershipMode::SelfManaged && automatic {
+        for s in [Step::Decided, Step::Cordoned, Step::ReplacementRequested, Step::TasksRescheduled] {
+            if i.has(s) {
+                return Some(format!("self-managed pool, no operator command, yet {}", s.as_str()));
+            }
+        }
+    }
+    match &i.state {
+        IncidentState::Blocked { reason } if reason.trim().is_empty() => {
+            return Some("BLOCKED without a reason".into());
+        }
+        IncidentState::Resolved => {
+            let last = i.timeline.iter().rev().find(|e| e.step == Step::Resolved);
+            if last.is_none_or(|e| e.detail.trim().is_empty()) {
+                return Some("RESOLVED without a RESOLVED step saying how".into());
+            }
+            if i.has(Step::TasksRescheduled) && !i.has(Step::TasksRunningAgain) {
+                return Some("resolved with tasks moved but no TASKS_RUNNING_AGAIN".into());
+            }
+            if let Some(a) = i.affected_tasks.iter().find(|a| a.service.is_some() && a.replacement.is_none())
+            {
+                return Some(format!("resolved, but moved task {} has no replacement", a.task_id));
+            }
+            if mode == OwnershipMode::Managed
+                && automatic
+                && i.has(Step::Cordoned)
+                && !i.has(Step::OldHostTerminated)
+            {
+                return Some("a replaced host resolved without OLD_HOST_TERMINATED".into());
+            }
+        }
+        _ => {}
+    }
+    None
+}
+
+/// The storm breaker's limits on automatic replacements in one pool: at most `maxInFlight`
+/// replacements requested and not yet ready, and at most `rateLimit.max` requested within any
+/// `rateLimit.perMs` window.
+pub fn replacement_limits(pool: &[&Incident], policy: &RemediationPolicy, now_ms: u64) -> Option<String> {
+    let automatic = pool.iter().filter(|i| i.operator_requested.is_none());
+    let in_flight = automatic
+        .clone()
+        .filter(|i| i.state != IncidentState::Resolved)
+        .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
+        .count() as u32;
+    if in_flight > policy.max_in_flight {
+        return Some(format!(
+            "{in_flight} replacements in flight, more than remediationPolicy.maxInFlight ({})",
+            policy.max_in_flight
+        ));
+    }
+    let per = policy.rate_limit.per_ms;
+    let recent = automatic
+        .filter_map(|i| i.first(Step::ReplacementRequested).map(|e| e.at_ms))
+        .filter(|&t| t <= now_ms && now_ms - t < per)
+        .count() as u32;
+    if recent > policy.rate_limit.max {
+        return Some(format!(
+            "{recent} replacements requested within {per} ms, more than remediationPolicy.rateLimit.max ({})",
+            policy.rate_limit.max
+        ));
+    }
+    None
+}
+
+/// How long a service may stay below its desired count while its pool has room for the
+/// missing tasks, derived from the health policy and the server's constants:
+///
+/// - detecting a broken GPU the scheduler still places on: `mpsFailureThreshold` probes
+///   `mpsProbeIntervalMs` apart, the last timing out (`mpsProbeTimeoutMs`), one heartbeat to
+///   report it, `tolerationMs`, one health tick; until then starts there fail closed;
+/// - the crash-loop hold-back those failures can trigger (`SERVICE_RESTART_WINDOW_MS`) and
+///   the resync that ends it (`RESYNC_INTERVAL`);
+/// - the replacement's start: its agent's long-poll answer, a heartbeat, the slowest start;
+/// - 10 s of slack for the order in which these land.
+pub fn recovery_bound_ms(policy: &HealthPolicy, heartbeat_ms: u64) -> u64 {
+    let detect = policy.mps_probe_interval_ms * u64::from(policy.mps_failure_threshold)
+        + policy.mps_probe_timeout_ms
+        + heartbeat_ms
+        + policy.toleration_ms
+        + HEALTH_TICK_MS;
+    let hold_back = SERVICE_RESTART_WINDOW_MS + RESYNC_MS;
+    let start = 2 * FETCH_LATENCY_MS + heartbeat_ms + TASK_START_MS.1;
+    detect + hold_back + start + 10_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(mps: &[u64], whole: u32) -> GpuLoad {
+        let mut l = GpuLoad::default();
+        for (i, &m) in mps.iter().enumerate() {
+            l.add(Demand { mps: true, memory_mib: m }, TaskId(i as u64));
+        }
+        for i in 0..whole {
+            l.add(Demand { mps: false, memory_mib: 0 }, TaskId(100 + u64::from(i)));
+        }
+        l
+    }
+
+    #[test]
+    fn gpu_limits_table() {
+        let check = |gpus: Vec<GpuLoad>, want: Option<&str>| {
+            let got = gpu_limits(&gpus, 1000, 2);
+            match want {
+                None => assert_eq!(got, None),
+                Some(w) => assert!(got.as_deref().is_some_and(|g| g.contains(w)), "{got:?} lacks {w}"),
+            }
+        };
+        check(vec![load(&[500, 500], 0)], None);
+        check(vec![load(&[], 1)], None);
+        check(vec![load(&[600, 500], 0)], Some("more than its 1000 MiB"));
+        check(vec![load(&[1, 1, 1], 0)], Some("MPS clients"));
+        check(vec![load(&[1], 1)], Some("at once"));
+        check(vec![load(&[], 2)], Some("dedicated to 2"));
+        let mut twice = load(&[1], 0);
+        twice.add(Demand { mps: true, memory_mib: 1 }, TaskId(0));
+        check(vec![twice], Some("runs twice"));
+    }
+
+    #[test]
+    fn the_bound_follows_the_policy() {
+        let p = HealthPolicy::default();
+        let slower = HealthPolicy { mps_probe_interval_ms: 10_000, ..p.clone() };
+        assert_eq!(recovery_bound_ms(&slower, 5_000) - recovery_bound_ms(&p, 5_000), 5_000 * 3);
+    }
+}

@@ -1,0 +1,190 @@
+//! A deterministic fleet simulation: the real control plane (`mpsfleet_server::cluster::Cluster`
+//! over a `MemoryStore`, on a `ManualClock`) against many simulated hosts in one process, with
+//! faults injected from a seed and invariants checked after every step.
+//!
+//! - [`config`]: the fleet, the scenarios, the faults they plan from the seed.
+//! - [`engine`]: the loop; simulated agents (heartbeats with `MPS_DAEMON` and `GPU` checks, the
+//!   agent's own MPS health state machine, tasks), the capacity provider, the MPS model.
+//! - [`invariants`]: what must hold after every step, and the service recovery bound.
+//! - [`report`]: counters and the report.
+//!
+//! Same configuration and seed, same run: the report and the trace are equal byte for byte
+//! (the wall time is reported apart). See docs/sim.md.
+
+pub mod config;
+pub mod engine;
+pub mod invariants;
+pub mod report;
+pub mod rng;
+
+pub use config::{parse_duration, Config, Fault, FaultKind, ProviderModel, Scenario};
+pub use invariants::Violation;
+pub use report::Report;
+
+/// What a run came to.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub report: Report,
+    /// The run's events in virtual time: injected faults and what the fleet did about them.
+    pub trace: Vec<String>,
+    /// The faults the run injected.
+    pub faults: Vec<Fault>,
+    pub violation: Option<Violation>,
+    /// When an invariant broke: the fewest faults, replayed up to the failure, that still
+    /// break it, and that replay's trace.
+    pub minimal: Option<Minimal>,
+    /// Wall time of the run itself (not of the minimisation), in ms; not part of the report.
+    pub wall_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Minimal {
+    pub faults: Vec<Fault>,
+    pub trace: Vec<String>,
+    pub replays: u32,
+}
+
+/// Runs one simulation; on a broken invariant, minimises the trace when the config asks.
+pub fn run(cfg: &Config) -> Result<Outcome, String> {
+    let started = wall_clock_ms();
+    let mut sim = engine::Sim::new(cfg.clone())?;
+    sim.run();
+    let wall_ms = wall_clock_ms().saturating_sub(started);
+    let report = Report::build(cfg, &sim.stats, sim.checker.checks, sim.steps, sim.violation.as_ref());
+    let violation = sim.violation.clone();
+    let faults = sim.faults.clone();
+    let minimal = match &violation {
+        Some(v) if cfg.minimise => Some(minimise(cfg, &faults, v)?),
+        _ => None,
+    };
+    Ok(Outcome { report, trace: std::mem::take(&mut sim.trace), faults, violation, minimal, wall_ms })
+}
+
+/// Replays `faults` up to the failure and reports whether the same invariant breaks.
+fn reproduces(cfg: &Config, faults: &[Fault], v: &Violation) -> Result<Option<Vec<String>>, String> {
+    // Up to the failure, with some slack: without a fault the same failure may come later.
+    let stop_at_ms = Some(v.at_ms + REPLAY_SLACK_MS);
+    let replay = Config { faults: Some(faults.to_vec()), stop_at_ms, minimise: false, ..cfg.clone() };
+    let mut sim = engine::Sim::new(replay)?;
+    sim.run();
+    Ok(sim.violation.as_ref().filter(|x| x.invariant == v.invariant).map(|_| std::mem::take(&mut sim.trace)))
+}
+
+/// How far past the original failure a replay may run and still count.
+pub const REPLAY_SLACK_MS: u64 = 60_000;
+
+/// The most replays one minimisation makes.
+pub const MAX_REPLAYS: u32 = 64;
+
+/// Keeps the prefix of faults up to the failure, then drops faults, in halves and then one
+/// at a time, while the same invariant still breaks.
+pub fn minimise(cfg: &Config, faults: &[Fault], v: &Violation) -> Result<Minimal, String> {
+    let mut replays = 0;
+    let mut cur: Vec<Fault> = faults.iter().filter(|f| f.at_ms <= v.at_ms).cloned().collect();
+    replays += 1;
+    let Some(mut trace) = reproduces(cfg, &cur, v)? else {
+        // Not reproducible from the prefix alone: the full run is the shortest we know.
+        return Ok(Minimal { faults: faults.to_vec(), trace: Vec::new(), replays });
+    };
+    let mut chunk = cur.len().div_ceil(2).max(1);
+    loop {
+        let mut i = 0;
+        while i < cur.len() && replays < MAX_REPLAYS {
+            let end = (i + chunk).min(cur.len());
+            let candidate: Vec<Fault> = cur[..i].iter().chain(&cur[end..]).cloned().collect();
+            replays += 1;
+            match reproduces(cfg, &candidate, v)? {
+                Some(t) => {
+                    cur = candidate;
+                    trace = t;
+                }
+                None => i = end,
+            }
+        }
+        if chunk == 1 || replays >= MAX_REPLAYS {
+            break;
+        }
+        chunk = chunk.div_ceil(2);
+    }
+    Ok(Minimal { faults: cur, trace, replays })
+}
+
+/// How a failed run is shown: the seed, the invariant, and the minimal trace.
+pub fn failure_text(cfg: &Config, o: &Outcome) -> String {
+    let Some(v) = &o.violation else { return String::new() };
+    let mut s = format!(
+        "invariant {} broken at {} (seed {}, scenario {}): {}\n",
+        v.invariant,
+        config::fmt_time(v.at_ms),
+        cfg.seed,
+        cfg.scenario,
+        v.detail
+    );
+    if let Some(m) = &o.minimal {
+        s.push_str(&format!(
+            "shortest reproducing trace: {} of {} injected fault(s) ({} replays):\n",
+            m.faults.len(),
+            o.faults.len(),
+            m.replays
+        ));
+        for f in &m.faults {
+            s.push_str(&format!("  inject {f}\n"));
+        }
+        let tail = m.trace.len().saturating_sub(40);
+        if tail > 0 {
+            s.push_str(&format!("  ... {tail} earlier events\n"));
+        }
+        for line in &m.trace[tail..] {
+            s.push_str(&format!("  {line}\n"));
+        }
+    }
+    s.push_str(&format!(
+        "replay: mpsfleet sim --hosts {} --gpus-per-host {} --duration {}ms --seed {} --fault-rate {} --scenario {}\n",
+        cfg.hosts, cfg.gpus_per_host, cfg.duration_ms, cfg.seed, cfg.fault_rate, cfg.scenario
+    ));
+    s
+}
+
+/// The wall clock, read only to report how long a run took.
+#[allow(clippy::disallowed_methods)] // measuring the simulator itself, never the simulated time
+fn wall_clock_ms() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The deliberately broken world (agents start MPS tasks without their daemon) is caught, reported with its seed, and minimised to a trace shorter than the run's.
+    #[test]
+    fn a_broken_invariant_is_caught_with_its_seed_and_a_short_trace() {
+        let cfg = Config {
+            hosts: 12,
+            gpus_per_host: 2,
+            duration_ms: 40 * 60_000,
+            seed: 77,
+            fault_rate: 0.0,
+            scenario: Scenario::DaemonCrash,
+            break_invariant: true,
+            ..Config::default()
+        };
+        let o = run(&cfg).expect("runs");
+        let v = o.violation.as_ref().expect("the checker catches the broken world");
+        assert_eq!(v.invariant, "mps-fail-closed");
+        assert!(v.detail.contains("without its limits"), "{}", v.detail);
+        let m = o.minimal.as_ref().expect("minimised");
+        assert!(!m.faults.is_empty() && m.faults.len() < o.faults.len(), "{:?}", m.faults);
+        // The run stops at the failure: a prefix of the 40 minutes, replayed from one fault.
+        assert!(v.at_ms < cfg.duration_ms);
+        assert!(m.trace.len() <= o.trace.len());
+        assert!(m.faults.iter().all(|f| matches!(f.kind, FaultKind::DaemonCrash { .. })));
+        let text = failure_text(&cfg, &o);
+        assert!(text.contains("seed 77"), "{text}");
+        assert!(text.contains(&format!("shortest reproducing trace: {} of 4 injected", m.faults.len())), "{text}");
+        // Without the bug the same run holds every invariant.
+        let ok = run(&Config { break_invariant: false, ..cfg }).expect("runs");
+        assert!(ok.violation.is_none(), "{:?}", ok.violation);
+    }
+}

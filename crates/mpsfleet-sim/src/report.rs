@@ -1,0 +1,310 @@
+//! What a run counts while it goes, and the report it prints at the end.
+
+use crate::config::{fmt_time, Config};
+use crate::invariants::Violation;
+use mpsfleet_types::{Incident, IncidentState, Step};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One incident as the simulator saw it open, and how it ended.
+#[derive(Debug, Clone, Default)]
+struct IncStat {
+    cause: &'static str,
+    onset_ms: Option<u64>,
+    opened_ms: u64,
+    recover_ms: Option<u64>,
+    state: &'static str,
+    replacement_requested: bool,
+    host_terminated: bool,
+    breaker: bool,
+}
+
+/// Counters kept during a run.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub faults: BTreeMap<&'static str, u64>,
+    pub heartbeats: u64,
+    pub reports: u64,
+    pub rejected_reports: u64,
+    pub server_errors: u64,
+    pub provider_launches: u64,
+    pub provider_terminations: u64,
+    pub provider_failures: u64,
+    pub provider_attempts_failed: u64,
+    pub control_plane_restarts: u64,
+    pub tasks_killed: u64,
+    pub fail_closed: u64,
+    pub incident_ties: u64,
+    pub work_lost_ms: u128,
+    pub deficit_ms: u128,
+    pub replicas_running_at_end: u32,
+    pub replicas_desired: u32,
+    pub services_at_end: Vec<(String, u32, u32)>,
+    /// (pool, active hosts, hosts, incidents BLOCKED)
+    pub pools_at_end: Vec<(String, usize, usize, usize)>,
+    /// By incident id (the server's, random): only ever read in an order of our own.
+    incidents: BTreeMap<String, IncStat>,
+}
+
+impl Stats {
+    pub fn fault(&mut self, cause: &'static str) {
+        *self.faults.entry(cause).or_default() += 1;
+    }
+
+    pub fn incident_opened(
+        &mut self,
+        id: &str,
+        cause: &'static str,
+        onset: Option<u64>,
+        opened: u64,
+        _label: String,
+    ) {
+        self.incidents.insert(
+            id.to_string(),
+            IncStat { cause, onset_ms: onset, opened_ms: opened, state: "OPEN", ..IncStat::default() },
+        );
+    }
+
+    pub fn incident_final(&mut self, id: &str, i: &Incident) {
+        let Some(s) = self.incidents.get_mut(id) else { return };
+        s.state = i.state.as_str();
+        s.recover_ms = if i.state == IncidentState::Resolved { i.durations().recover_ms } else { None };
+        s.replacement_requested = i.has(Step::ReplacementRequested);
+        s.host_terminated = i.has(Step::OldHostTerminated);
+        s.breaker = i.timeline.iter().any(|e| e.step == Step::Blocked && e.detail.contains("storm breaker"));
+    }
+}
+
+/// Median and 99th percentile, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub median_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
+}
+
+fn percentiles(mut v: Vec<u64>) -> Percentiles {
+    v.sort_unstable();
+    let at = |q: f64| -> Option<u64> {
+        if v.is_empty() {
+            return None;
+        }
+        let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+        Some(v[i])
+    };
+    Percentiles { count: v.len(), median_ms: at(0.5), p99_ms: at(0.99) }
+}
+
+/// The outcome of a run. Everything here is a function of the configuration and the seed;
+/// the wall time is kept apart ([`crate::Outcome::wall_ms`]).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub hosts: u32,
+    pub gpus_per_host: u32,
+    pub duration_ms: u64,
+    pub fault_rate: f64,
+    pub heartbeat_ms: u64,
+    pub steps: u64,
+    pub faults_injected: BTreeMap<String, u64>,
+    pub incidents: usize,
+    pub incidents_by_cause: BTreeMap<String, u64>,
+    pub incidents_by_state: BTreeMap<String, u64>,
+    /// Incidents opened in the same millisecond as another of their pool (ranked by the
+    /// server's random ids: see docs/sim.md, determinism).
+    pub incident_ties: u64,
+    /// From the injected fault to the incident opening.
+    pub time_to_detect: Percentiles,
+    /// From DETECTED to TASKS_RUNNING_AGAIN (or RESOLVED), resolved incidents.
+    pub time_to_recover: Percentiles,
+    /// Progress of tasks killed by failures or moved off bad hosts (they start again).
+    pub task_hours_lost: f64,
+    /// Service replicas missing after the warm-up, integrated over time.
+    pub replica_hours_below_desired: f64,
+    pub replacements_requested: u64,
+    pub hosts_terminated: u64,
+    pub breaker_trips: u64,
+    pub provider_launches: u64,
+    /// Calls that failed after all their attempts, and attempts that failed.
+    pub provider_failures: u64,
+    pub provider_attempts_failed: u64,
+    pub control_plane_restarts: u64,
+    pub tasks_killed: u64,
+    pub fail_closed_starts: u64,
+    pub heartbeats: u64,
+    pub task_reports: u64,
+    pub rejected_reports: u64,
+    pub server_errors: u64,
+    pub replicas_running_at_end: u32,
+    pub replicas_desired: u32,
+    pub services_at_end: Vec<(String, u32, u32)>,
+    pub pools_at_end: Vec<(String, usize, usize, usize)>,
+    pub invariant_checks: u64,
+    pub violation: Option<String>,
+}
+
+impl Report {
+    pub fn build(
+        cfg: &Config,
+        stats: &Stats,
+        checks: u64,
+        steps: u64,
+        violation: Option<&Violation>,
+    ) -> Report {
+        let mut by_cause: BTreeMap<String, u64> = BTreeMap::new();
+        let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
+        let mut detect = Vec::new();
+        let mut recover = Vec::new();
+        let (mut replacements, mut terminated, mut breaker) = (0, 0, 0);
+        for s in stats.incidents.values() {
+            *by_cause.entry(s.cause.to_string()).or_default() += 1;
+            *by_state.entry(s.state.to_string()).or_default() += 1;
+            if let Some(onset) = s.onset_ms {
+                detect.push(s.opened_ms.saturating_sub(onset));
+            }
+            if let Some(r) = s.recover_ms {
+                recover.push(r);
+            }
+            replacements += u64::from(s.replacement_requested);
+            terminated += u64::from(s.host_terminated);
+            breaker += u64::from(s.breaker);
+        }
+        Report {
+            scenario: cfg.scenario.name().to_string(),
+            seed: cfg.seed,
+            hosts: cfg.hosts,
+            gpus_per_host: cfg.gpus_per_host,
+            duration_ms: cfg.duration_ms,
+            fault_rate: cfg.fault_rate,
+            heartbeat_ms: cfg.heartbeat_ms,
+            steps,
+            faults_injected: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            incidents: stats.incidents.len(),
+            incidents_by_cause: by_cause,
+            incidents_by_state: by_state,
+            incident_ties: stats.incident_ties,
+            time_to_detect: percentiles(detect),
+            time_to_recover: percentiles(recover),
+            task_hours_lost: hours(stats.work_lost_ms),
+            replica_hours_below_desired: hours(stats.deficit_ms),
+            replacements_requested: replacements,
+            hosts_terminated: terminated,
+            breaker_trips: breaker,
+            provider_launches: stats.provider_launches,
+            provider_failures: stats.provider_failures,
+            provider_attempts_failed: stats.provider_attempts_failed,
+            control_plane_restarts: stats.control_plane_restarts,
+            tasks_killed: stats.tasks_killed,
+            fail_closed_starts: stats.fail_closed,
+            heartbeats: stats.heartbeats,
+            task_reports: stats.reports,
+            rejected_reports: stats.rejected_reports,
+            server_errors: stats.server_errors,
+            replicas_running_at_end: stats.replicas_running_at_end,
+            replicas_desired: stats.replicas_desired,
+            services_at_end: stats.services_at_end.clone(),
+            pools_at_end: stats.pools_at_end.clone(),
+            invariant_checks: checks,
+            violation: violation.map(|v| format!("{} at {}: {}", v.invariant, fmt_time(v.at_ms), v.detail)),
+        }
+    }
+
+    /// The human report (every line a function of the seed and the configuration).
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let ms = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |x| format!("{:.1}s", x as f64 / 1000.0));
+        let _ = writeln!(
+            s,
+            "scenario {}  seed {}  hosts {} x {} GPUs  duration {}  fault rate {}/host/h  heartbeat {}ms",
+            self.scenario,
+            self.seed,
+            self.hosts,
+            self.gpus_per_host,
+            fmt_time(self.duration_ms),
+            self.fault_rate,
+            self.heartbeat_ms
+        );
+        let list = |m: &BTreeMap<String, u64>| {
+            if m.is_empty() {
+                "none".to_string()
+            } else {
+                m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+            }
+        };
+        let _ = writeln!(s, "faults injected:      {}", list(&self.faults_injected));
+        let _ = writeln!(s, "incidents:            {} ({})", self.incidents, list(&self.incidents_by_state));
+        let _ = writeln!(s, "  by cause:           {}", list(&self.incidents_by_cause));
+        if self.incident_ties > 0 {
+            let _ = writeln!(s, "  same-ms openings:   {} (ranked by the server's random ids)", self.incident_ties);
+        }
+        let _ = writeln!(
+            s,
+            "time to detect:       median {}  p99 {}  (n={})",
+            ms(self.time_to_detect.median_ms),
+            ms(self.time_to_detect.p99_ms),
+            self.time_to_detect.count
+        );
+        let _ = writeln!(
+            s,
+            "time to recover:      median {}  p99 {}  (n={})",
+            ms(self.time_to_recover.median_ms),
+            ms(self.time_to_recover.p99_ms),
+            self.time_to_recover.count
+        );
+        let _ = writeln!(
+            s,
+            "task-hours lost:      {:.2} of work killed, {:.2} replica-hours below desired",
+            self.task_hours_lost, self.replica_hours_below_desired
+        );
+        let _ = writeln!(
+            s,
+            "replacements:         {} requested, {} old hosts terminated, {} provider launches ({} calls failed, {} attempts)",
+            self.replacements_requested,
+            self.hosts_terminated,
+            self.provider_launches,
+            self.provider_failures,
+            self.provider_attempts_failed
+        );
+        let _ = writeln!(s, "breaker trips:        {}", self.breaker_trips);
+        let _ = writeln!(
+            s,
+            "tasks:                {} killed by faults, {} refused to start without their daemon",
+            self.tasks_killed, self.fail_closed_starts
+        );
+        let _ = writeln!(
+            s,
+            "replicas at end:      {} of {} running",
+            self.replicas_running_at_end, self.replicas_desired
+        );
+        for (pool, active, total, blocked) in &self.pools_at_end {
+            let _ =
+                writeln!(s, "  pool {pool}: {active} of {total} hosts ACTIVE, {blocked} incident(s) BLOCKED");
+        }
+        let _ = writeln!(
+            s,
+            "control plane:        {} heartbeats, {} task reports ({} refused), {} errors, {} restarts",
+            self.heartbeats,
+            self.task_reports,
+            self.rejected_reports,
+            self.server_errors,
+            self.control_plane_restarts
+        );
+        let _ = writeln!(s, "invariant checks:     {} over {} steps", self.invariant_checks, self.steps);
+        match &self.violation {
+            None => {
+                let _ = writeln!(s, "invariants:           all held");
+            }
+            Some(v) => {
+                let _ = writeln!(s, "INVARIANT BROKEN:     {v}");
+            }
+        }
+        s
+    }
+}
+
+fn hours(ms: u128) -> f64 {
+    (ms as f64 / 3_600_000.0 * 100.0).round() / 100.0
+}
