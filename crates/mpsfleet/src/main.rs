@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod output;
 mod server;
+mod sim;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Command {
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Simulate a fleet against the real control-plane logic, with faults, in virtual time.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Server(args) => server::run(args),
         Command::Agent(args) => agent::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Sim(args) => sim::run(args),
         Command::Taskdef(g) => cli::run(g.opts, cli::Resource::Taskdef(g.command)),
         Command::Task(g) => cli::run(g.opts, cli::Resource::Task(g.command)),
         Command::Host(g) => cli::run(g.opts, cli::Resource::Host(g.command)),

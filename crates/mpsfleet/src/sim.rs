@@ -1,0 +1,76 @@
+//! `mpsfleet sim`: runs the fleet simulation (crate `mpsfleet-sim`) and prints its report.
+
+use crate::output::Format;
+use anyhow::{anyhow, bail};
+use mpsfleet_sim::{parse_duration, Config, Scenario};
+
+#[derive(clap::Args)]
+pub struct SimArgs {
+    /// Simulated hosts (two thirds in a managed pool, the rest self-managed).
+    #[arg(long, default_value_t = 50)]
+    hosts: u32,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_host: u32,
+    /// Virtual time to simulate, e.g. 24h, 90m.
+    #[arg(long, default_value = "1h")]
+    duration: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Random host faults per host per virtual hour, of the scenario's kinds.
+    #[arg(long, default_value_t = 0.01)]
+    fault_rate: f64,
+    /// steady, daemon-crash, hang, server-fault, xid, partition, vanish, provider-flaky,
+    /// driver-rollout, control-plane-restart or mixed.
+    #[arg(long, default_value = "mixed")]
+    scenario: String,
+    /// How often simulated agents heartbeat (the agent's own default is 1000).
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Print the whole event trace after the report.
+    #[arg(long)]
+    trace: bool,
+    /// Output format: `json` prints the report as one JSON line.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    output: Format,
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let cfg = Config {
+        hosts: args.hosts,
+        gpus_per_host: args.gpus_per_host,
+        duration_ms: parse_duration(&args.duration).map_err(|e| anyhow!("--duration: {e}"))?,
+        seed: args.seed,
+        fault_rate: args.fault_rate,
+        scenario: Scenario::parse(&args.scenario).map_err(|e| anyhow!("--scenario: {e}"))?,
+        heartbeat_ms: args.heartbeat_ms,
+        ..Config::default()
+    };
+    if !(cfg.fault_rate >= 0.0 && cfg.fault_rate.is_finite()) {
+        bail!("--fault-rate must be a number of faults per host per hour, 0 or more");
+    }
+    if !(100..=10_000).contains(&cfg.heartbeat_ms) {
+        bail!("--heartbeat-ms must be from 100 to 10000 (the pool's heartbeat grace is 10s)");
+    }
+    let out = mpsfleet_sim::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
+    match args.output {
+        Format::Json => {
+            let mut v = serde_json::to_value(&out.report)?;
+            v["wallMs"] = serde_json::json!(out.wall_ms);
+            println!("{}", serde_json::to_string(&v)?);
+        }
+        Format::Table => {
+            print!("{}", out.report.render());
+            println!("wall time:            {:.1}s", out.wall_ms as f64 / 1000.0);
+            if args.trace {
+                for line in &out.trace {
+                    println!("{line}");
+                }
+            }
+        }
+    }
+    if out.violation.is_some() {
+        eprint!("{}", mpsfleet_sim::failure_text(&cfg, &out));
+        bail!("an invariant broke (seed {})", cfg.seed);
+    }
+    Ok(())
+}
