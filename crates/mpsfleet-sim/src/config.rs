@@ -346,7 +346,7 @@ pub fn plan_faults(cfg: &Config) -> Vec<Fault> {
             }
         }
     }
-    out.sort_by(|a, b| (a.at_ms, a.slot).cmp(&(b.at_ms, b.slot)));
+    out.sort_by_key(|f| (f.at_ms, f.slot));
     out
 }
 

@@ -307,7 +307,7 @@ impl Sim {
             if size == 0 && i > 0 {
                 continue;
             }
-            let provider = (mode == OwnershipMode::Managed).then(|| Provider {
+            let provider = (mode == OwnershipMode::Managed).then_some(Provider {
                 kind: ProviderKind::Local,
                 exec: None,
                 desired_hosts: size,
@@ -383,8 +383,10 @@ impl Sim {
             // and heartbeat each at its own phase.
             // The first beat comes after the daemons answered, so hosts turn ACTIVE (and fill
             // up, binpack) in slot order.
-            self.hosts[h].phase_ms =
-                DAEMON_RESTART_MS + 200 + u64::from(k) * self.cfg.heartbeat_ms / u64::from(n) + u64::from(k % 7);
+            self.hosts[h].phase_ms = DAEMON_RESTART_MS
+                + 200
+                + u64::from(k) * self.cfg.heartbeat_ms / u64::from(n)
+                + u64::from(k % 7);
             self.at(0, Ev::Boot(h));
         }
         for i in 0..self.faults.len() {
@@ -1107,7 +1109,9 @@ impl Sim {
             if task.desired_status == TaskStatus::Stopped {
                 match local {
                     Some(false) => {
-                        self.hosts[h].tasks.get_mut(&task.id).map(|l| l.stopping = true);
+                        if let Some(l) = self.hosts[h].tasks.get_mut(&task.id) {
+                            l.stopping = true;
+                        }
                         let d = self.hosts[h].rng.range(TASK_STOP_MS.0, TASK_STOP_MS.1);
                         self.at(self.now + d, Ev::Stopped { h, t: task.id });
                     }
@@ -1375,7 +1379,9 @@ impl Sim {
                 // The server ranks incidents opened in the same millisecond by their random ids:
                 // which goes first is not a function of the seed.
                 self.stats.incident_ties += 1;
-                self.log(format!("incident on {label} opened in the same millisecond as another in its pool"));
+                self.log(format!(
+                    "incident on {label} opened in the same millisecond as another in its pool"
+                ));
             }
             self.stats.incident_opened(&i.id, cause, onset, i.opened_at_ms, label.clone());
             self.log(format!(

@@ -182,7 +182,10 @@ mod tests {
         assert!(m.faults.iter().all(|f| matches!(f.kind, FaultKind::DaemonCrash { .. })));
         let text = failure_text(&cfg, &o);
         assert!(text.contains("seed 77"), "{text}");
-        assert!(text.contains(&format!("shortest reproducing trace: {} of 4 injected", m.faults.len())), "{text}");
+        assert!(
+            text.contains(&format!("shortest reproducing trace: {} of 4 injected", m.faults.len())),
+            "{text}"
+        );
         // Without the bug the same run holds every invariant.
         let ok = run(&Config { break_invariant: false, ..cfg }).expect("runs");
         assert!(ok.violation.is_none(), "{:?}", ok.violation);

@@ -238,7 +238,11 @@ impl Report {
         let _ = writeln!(s, "incidents:            {} ({})", self.incidents, list(&self.incidents_by_state));
         let _ = writeln!(s, "  by cause:           {}", list(&self.incidents_by_cause));
         if self.incident_ties > 0 {
-            let _ = writeln!(s, "  same-ms openings:   {} (ranked by the server's random ids)", self.incident_ties);
+            let _ = writeln!(
+                s,
+                "  same-ms openings:   {} (ranked by the server's random ids)",
+                self.incident_ties
+            );
         }
         let _ = writeln!(
             s,

@@ -35,10 +35,6 @@ fn pool_recovered(o: &Outcome, pool: &str) -> bool {
         .all(|(_, r, d)| r >= d)
 }
 
-fn blocked(o: &Outcome, pool: &str) -> usize {
-    o.report.pools_at_end.iter().find(|p| p.0 == pool).map_or(0, |p| p.3)
-}
-
 #[test]
 fn steady() {
     let o = sim(Scenario::Steady, 1);
@@ -155,7 +151,8 @@ fn driver_rollout_of_half_a_pool_trips_the_breaker() {
     // 8 of 15 hosts: the first three (20% of 15) proceed, the others are BLOCKED by the breaker
     // and, once the storm is over, by the rate limit.
     assert!(o.report.breaker_trips >= 1, "{}\n{}", o.report.render(), o.trace.join("\n"));
-    let storm_blocked = o.trace.iter().filter(|l| l.contains("BLOCKED") && l.contains("storm breaker")).count();
+    let storm_blocked =
+        o.trace.iter().filter(|l| l.contains("BLOCKED") && l.contains("storm breaker")).count();
     assert!(storm_blocked >= 1);
     assert_eq!(o.report.incident_ties, 0);
     // Held back, not dropped: by the end every bad host is replaced.
