@@ -526,7 +526,7 @@ impl Sim {
                 }
             }
             Ev::Heal(h) => {
-                if self.hosts[h].partitioned_until == Some(self.now) {
+                if self.hosts[h].up && self.hosts[h].partitioned_until == Some(self.now) {
                     self.hosts[h].partitioned_until = None;
                     let label = self.hosts[h].label.clone();
                     self.log(format!("heal {label}: the agent reaches the control plane again"));
