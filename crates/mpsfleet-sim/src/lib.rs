@@ -120,6 +120,16 @@ pub fn failure_text(cfg: &Config, o: &Outcome) -> String {
         cfg.scenario,
         v.detail
     );
+    if o.minimal.is_none() {
+        s.push_str(&format!(
+            "trace ({} injected fault(s)):\n",
+            o.faults.iter().filter(|f| f.at_ms <= v.at_ms).count()
+        ));
+        let tail = o.trace.len().saturating_sub(40);
+        for line in &o.trace[tail..] {
+            s.push_str(&format!("  {line}\n"));
+        }
+    }
     if let Some(m) = &o.minimal {
         s.push_str(&format!(
             "shortest reproducing trace: {} of {} injected fault(s) ({} replays):\n",

@@ -29,6 +29,10 @@ pub struct SimArgs {
     /// Print the whole event trace after the report.
     #[arg(long)]
     trace: bool,
+    /// On a broken invariant, print the run's trace without looking for a shorter one (each
+    /// try replays the run up to the failure).
+    #[arg(long)]
+    no_minimise: bool,
     /// Output format: `json` prints the report as one JSON line.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     output: Format,
@@ -43,6 +47,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         fault_rate: args.fault_rate,
         scenario: Scenario::parse(&args.scenario).map_err(|e| anyhow!("--scenario: {e}"))?,
         heartbeat_ms: args.heartbeat_ms,
+        minimise: !args.no_minimise,
         ..Config::default()
     };
     if !(cfg.fault_rate >= 0.0 && cfg.fault_rate.is_finite()) {
