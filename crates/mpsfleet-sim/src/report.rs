@@ -78,6 +78,7 @@ impl Stats {
 
 /// Median and 99th percentile, in ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Percentiles {
     pub count: usize,
     pub median_ms: Option<u64>,
