@@ -6,7 +6,6 @@
 use crate::error::ApiError;
 use mpsfleet_types::HostId;
 use sha2::{Digest, Sha256};
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
@@ -33,10 +32,13 @@ pub fn digest(token: &str) -> String {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    s
 }
 
 /// A random 64-bit number, for task ids.
@@ -65,4 +67,12 @@ pub fn bearer(header: Option<&str>) -> Result<&str, ApiError> {
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(ApiError::Unauthorized("Authorization header must be 'Bearer <token>'"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn digest_is_lowercase_hex_sha256() {
+        assert_eq!(super::digest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
 }

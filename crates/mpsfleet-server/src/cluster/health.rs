@@ -145,21 +145,49 @@ impl Cluster {
         jobs
     }
 
+    /// What the health of an ACTIVE or DRAINING host comes to with these checks and last
+    /// heartbeat; `None` for a host that is not evaluated (other statuses, or no pool).
+    pub(super) fn assess_host(
+        &self,
+        ix: HostIx,
+        checks: &[HostCheck],
+        last_heartbeat_ms: Option<u64>,
+        now: u64,
+    ) -> Option<mpsfleet_core::health::HostHealth> {
+        let e = &self.hosts[ix as usize];
+        if !matches!(e.host.status, HostStatus::Active | HostStatus::Draining) {
+            return None;
+        }
+        let policy = &self.pools.get(&e.host.pool)?.value.health_policy;
+        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms: e.host.registered_at_ms };
+        Some(evaluate(&e.health, &input, policy, now))
+    }
+
+    /// Whether evaluating the host again, with the report and heartbeat it was last evaluated
+    /// from, must give the same health: every check OK and the last heartbeat within the grace
+    /// (the only input that moves with time while all is OK).
+    fn stays_healthy(&self, ix: HostIx, now: u64) -> bool {
+        let e = &self.hosts[ix as usize];
+        let Some(pool) = self.pools.get(&e.host.pool) else { return false };
+        e.health.status == HealthStatus::Ok
+            && e.host.health_status == HealthStatus::Ok
+            && matches!(e.health.verdict, Verdict::Healthy)
+            && matches!(e.host.status, HostStatus::Active | HostStatus::Draining)
+            && e.last_heartbeat_ms
+                .is_some_and(|t| now.saturating_sub(t) <= pool.value.health_policy.agent_heartbeat_grace_ms)
+    }
+
     /// Re-evaluates one host: a changed health status is written and applied to placement at
     /// once; a host declared bad gets an incident (one per episode).
     pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), ApiError> {
         let now = self.now();
         let e = &self.hosts[ix as usize];
-        if !matches!(e.host.status, HostStatus::Active | HostStatus::Draining) {
+        if e.evaluated && self.stays_healthy(ix, now) {
             return Ok(());
         }
-        let Some(pool) = self.pools.get(&e.host.pool).map(|p| p.value.clone()) else { return Ok(()) };
-        let input = HealthInput {
-            checks: &e.checks,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            registered_at_ms: e.host.registered_at_ms,
-        };
-        let health = evaluate(&e.health, &input, &pool.health_policy, now);
+        let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, now) else { return Ok(()) };
+        self.hosts[ix as usize].evaluated = true;
+        let e = &self.hosts[ix as usize];
         let changed = health.status != e.host.health_status;
         let verdict = health.verdict.clone();
         self.hosts[ix as usize].health = health;
@@ -171,18 +199,13 @@ impl Cluster {
         }
         if let Verdict::DeclaredBad { trigger, impaired_since_ms } = verdict {
             let host_id = self.hosts[ix as usize].host.id.clone();
+            let pool = &self.hosts[ix as usize].host.pool;
+            let Some(mode) = self.pools.get(pool).map(|p| p.value.mode) else { return Ok(()) };
             if self.open_incident_of(&host_id).is_none() {
                 let id = format!("inc-{:012x}", auth::random_u64()? >> 16);
-                let owner = IncidentOwner::for_mode(pool.mode);
-                let incident = Incident::open(
-                    id,
-                    host_id.clone(),
-                    pool.name.clone(),
-                    owner,
-                    trigger,
-                    impaired_since_ms,
-                    now,
-                );
+                let owner = IncidentOwner::for_mode(mode);
+                let incident =
+                    Incident::open(id, host_id.clone(), pool.clone(), owner, trigger, impaired_since_ms, now);
                 tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
                 self.write_incident(incident)?;
             }

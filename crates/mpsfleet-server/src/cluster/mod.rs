@@ -77,6 +77,8 @@ struct HostEntry {
     logs_url: Option<String>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     health: mpsfleet_core::health::HostHealth,
+    /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
+    evaluated: bool,
     /// The store revision of the last change to the tasks the agent should run; agents
     /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
     epoch: u64,
@@ -253,12 +255,16 @@ impl Cluster {
     // ---- auth ---------------------------------------------------------------------------
 
     pub fn authenticate(&self, token: &str) -> Result<Principal, ApiError> {
-        let d = auth::digest(token);
+        self.authenticate_digest(&auth::digest(token))
+    }
+
+    /// [`Cluster::authenticate`] for a token whose digest the caller computed (outside the lock).
+    pub fn authenticate_digest(&self, d: &str) -> Result<Principal, ApiError> {
         if d == self.admin_sha256 {
             Ok(Principal::Admin)
         } else if d == self.join_sha256 {
             Ok(Principal::Joiner)
-        } else if let Some(&h) = self.host_credentials.get(&d) {
+        } else if let Some(&h) = self.host_credentials.get(d) {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
         } else {
             Err(ApiError::Unauthorized("unknown token"))
@@ -575,6 +581,7 @@ impl Cluster {
             checks: Vec::new(),
             logs_url: None,
             health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
+            evaluated: false,
             epoch: self.revision,
             tasks: BTreeSet::new(),
         });
@@ -592,12 +599,17 @@ impl Cluster {
         host: &HostId,
         report: HostStatusReport,
     ) -> Result<HostStatusAnswer, ApiError> {
+        let report = match self.quiet_heartbeat(host, report)? {
+            Ok(answer) => return Ok(answer),
+            Err(report) => report,
+        };
         let ix = self.host_ix(host.as_str())?;
         let now = self.now();
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
+        entry.evaluated = false;
         if report.onboarded && entry.host.status == HostStatus::Onboarding {
             let mut h = entry.host.clone();
             h.status = HostStatus::Active;
@@ -607,9 +619,50 @@ impl Cluster {
         self.evaluate_host(ix)?;
         let jobs = self.remediate()?;
         self.pending_jobs.extend(jobs);
+        Ok(self.status_answer(ix))
+    }
+
+    /// A heartbeat that commits nothing and leaves remediation nothing to do, applied in
+    /// memory: the host's report is kept and its health re-evaluated, exactly as
+    /// [`Cluster::host_status`] would. Gives the report back, changing nothing, when it would
+    /// commit (onboarding, a changed health status, a new incident) or while any incident is
+    /// open (remediation then runs with it).
+    pub fn quiet_heartbeat(
+        &mut self,
+        host: &HostId,
+        report: HostStatusReport,
+    ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
+        let ix = self.host_ix(host.as_str())?;
+        let e = &self.hosts[ix as usize];
+        if (report.onboarded && e.host.status == HostStatus::Onboarding)
+            || self.incidents.values().any(|i| i.value.state != IncidentState::Resolved)
+        {
+            return Ok(Err(report));
+        }
+        let now = self.now();
+        let health = self.assess_host(ix, &report.checks, Some(now), now);
+        if let Some(h) = &health {
+            let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
+            if h.status != e.host.health_status || declared_bad {
+                return Ok(Err(report));
+            }
+        }
+        let entry = &mut self.hosts[ix as usize];
+        entry.last_heartbeat_ms = Some(now);
+        entry.checks = report.checks;
+        entry.logs_url = report.logs_url;
+        entry.evaluated = health.is_some();
+        if let Some(h) = health {
+            entry.health = h;
+        }
+        Ok(Ok(self.status_answer(ix)))
+    }
+
+    /// What a heartbeat is answered with: the host's pool's health policy.
+    fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
         let pool = &self.hosts[ix as usize].host.pool;
         let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
-        Ok(HostStatusAnswer { health_policy })
+        HostStatusAnswer { health_policy }
     }
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
@@ -724,10 +777,13 @@ impl Cluster {
 
     // ---- tasks --------------------------------------------------------------------------
 
+    /// Ids count up from a random base chosen at load, skipping any already taken: consecutive
+    /// ids keep a batch's store rows together at one end of the store's key index, where
+    /// scattered ids would rewrite a page per task.
     fn next_task_id(&mut self) -> TaskId {
         loop {
             self.id_counter += 1;
-            let id = TaskId(splitmix(self.id_base.wrapping_add(self.id_counter)));
+            let id = TaskId(self.id_base.wrapping_add(self.id_counter));
             if !self.tasks.contains_key(&id) {
                 return id;
             }
@@ -808,6 +864,10 @@ impl Cluster {
     /// Nothing is committed here: see [`Cluster::start_tasks`].
     fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), ApiError> {
         let now = self.now();
+        // Every task of the spec makes the same request.
+        let mut same: Option<Request> = None;
+        batch.ops.reserve(count as usize);
+        batch.created.reserve(count as usize);
         for _ in 0..count {
             let id = self.next_task_id();
             let mut task = Task::new(
@@ -818,7 +878,10 @@ impl Cluster {
                 spec.started_by.clone(),
                 now,
             );
-            let req = self.request_for(&task)?;
+            let req = match same {
+                Some(r) => r,
+                None => *same.insert(self.request_for(&task)?),
+            };
             let outcome = self.sched.place(&req);
             self.apply_placement(&mut task, &outcome);
             batch.ops.push(Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)?);
@@ -1374,11 +1437,4 @@ fn pool_config(p: &Pool) -> PoolConfig {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
