@@ -3,11 +3,15 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
+mod ingest;
 mod recovery;
+mod submit;
+use ingest::{ingest, IngestBench};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
 use recovery::{recovery, RecoveryBench};
 use std::time::Instant;
+use submit::{submit, SubmitBench};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -15,6 +19,10 @@ pub enum BenchCommand {
     Scheduler(SchedulerBench),
     /// Kill an MPS daemon for good in a managed pool and time detection, decision and recovery.
     Recovery(RecoveryBench),
+    /// Heartbeats with checks from many simulated hosts to the real server, over HTTP.
+    Ingest(IngestBench),
+    /// `task run` batches to the real server until a number of tasks are placed and committed.
+    Submit(SubmitBench),
 }
 
 #[derive(Args)]
@@ -38,6 +46,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Scheduler(b) => scheduler(b),
         BenchCommand::Recovery(b) => recovery(b),
+        BenchCommand::Ingest(b) => ingest(b),
+        BenchCommand::Submit(b) => submit(b),
     }
 }
 
@@ -172,4 +182,298 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
     println!("{report}");
     drop(records);
     Ok(())
+}
+
+/// A real `mpsfleet server` process on 127.0.0.1 with its data dir in a temporary directory,
+/// killed and removed on drop.
+struct ServerProcess {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    addr: std::net::SocketAddr,
+    url: String,
+    admin_token: String,
+    join_token: String,
+}
+
+impl ServerProcess {
+    fn start(name: &str) -> Result<ServerProcess> {
+        use std::io::BufRead;
+        let dir = std::env::temp_dir().join(format!("mpsf-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let data = dir.join("server");
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .env("MPSFLEET_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("server.log"))?)
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no server output"))?;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string));
+        // Keep draining what the server prints so that it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        let mut server = ServerProcess {
+            child,
+            addr: "127.0.0.1:0".parse()?,
+            url: String::new(),
+            admin_token: String::new(),
+            join_token: String::new(),
+            dir,
+        };
+        let Some(url) = url else {
+            bail!("the server did not start; see {}", server.dir.join("server.log").display());
+        };
+        server.addr = url.trim_start_matches("http://").parse()?;
+        server.url = url;
+        let read = |f: &str| std::fs::read_to_string(data.join(f)).map(|t| t.trim().to_string());
+        server.admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE)?;
+        server.join_token = read(mpsfleet_server::JOIN_TOKEN_FILE)?;
+        Ok(server)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn admin(&self) -> Result<mpsfleet_client::Client> {
+        Ok(mpsfleet_client::Client::new(&self.url, Some(self.admin_token.clone()))?)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::env::var_os("MPSFLEET_BENCH_KEEP").is_some() {
+            eprintln!("kept {} for inspection", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A `Vm…:` line of `/proc/<pid>/status`, in MiB (VmRSS: now, VmHWM: the high-water mark).
+fn proc_vm_mib(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+fn proc_cpu_seconds(pid: &str) -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let per_second = *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+            .unwrap_or(100.0)
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / per_second
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// The value at quantile `q` of sorted samples.
+fn quantile(sorted: &[u32], q: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// A keep-alive HTTP/1.1 connection that sends prepared requests and reads one answer per
+/// request: the load generator's client, kept minimal so that it costs little next to the
+/// server it measures.
+struct HttpConn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl HttpConn {
+    async fn connect(addr: std::net::SocketAddr) -> Result<HttpConn> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(HttpConn { stream, buf: Vec::with_capacity(16 * 1024) })
+    }
+
+    /// A complete request: method, path, bearer token and a JSON body.
+    fn request(method: &str, path: &str, host: &str, token: &str, body: &[u8]) -> Vec<u8> {
+        let mut r = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(body);
+        r
+    }
+
+    /// Sends `request` and returns the answer's status and body.
+    async fn send(&mut self, request: &[u8]) -> Result<(u16, &[u8])> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(request).await?;
+        self.buf.clear();
+        let (head, length) = loop {
+            if self.buf.capacity() - self.buf.len() < 4096 {
+                self.buf.reserve(self.buf.capacity());
+            }
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                bail!("the server closed the connection");
+            }
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end])?;
+                let length = head
+                    .lines()
+                    .filter_map(|l| l.split_once(':'))
+                    .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+                    .ok_or_else(|| anyhow::anyhow!("an answer without content-length: {head}"))?;
+                break (end + 4, length);
+            }
+        };
+        let status = std::str::from_utf8(self.buf.get(9..12).unwrap_or_default())?.parse::<u16>()?;
+        while self.buf.len() < head + length {
+            self.buf.reserve(head + length - self.buf.len());
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                bail!("the server closed the connection mid-answer");
+            }
+        }
+        Ok((status, &self.buf[head..head + length]))
+    }
+}
+
+/// A registration for an emulated host of `gpus` H200s, named by `n`.
+fn emulated_host(pool: &str, n: u32, gpus: u32) -> Result<mpsfleet_types::HostRegistration> {
+    Ok(mpsfleet_types::HostRegistration {
+        pool: PoolName::new(pool)?,
+        hostname: format!("bench-{n:06}"),
+        gpus: (0..gpus)
+            .map(|g| {
+                Ok(mpsfleet_types::GpuInventory {
+                    uuid: GpuUuid::new(format!("GPU-{n:08x}-{g:04x}"))?,
+                    index: g,
+                    model: "NVIDIA H200".into(),
+                    memory_mib: 143_771,
+                    compute_capability: "9.0".into(),
+                    max_mps_clients: 48,
+                })
+            })
+            .collect::<Result<_>>()?,
+        mps_available: true,
+        emulated: true,
+    })
+}
+
+/// What an agent whose daemons all answer reports: onboarded, one `MPS_DAEMON` check per GPU.
+fn healthy_report(
+    reg: &mpsfleet_types::HostRegistration,
+    since_ms: u64,
+) -> mpsfleet_types::api::HostStatusReport {
+    mpsfleet_types::api::HostStatusReport {
+        onboarded: true,
+        checks: reg
+            .gpus
+            .iter()
+            .map(|g| mpsfleet_types::HostCheck {
+                name: "MPS_DAEMON".into(),
+                gpu_id: Some(g.uuid.clone()),
+                status: mpsfleet_types::HealthStatus::Ok,
+                reason: "daemon answers".into(),
+                since_ms,
+            })
+            .collect(),
+        logs_url: Some("http://127.0.0.1:9".into()),
+    }
+}
+
+/// Registers hosts `0..count` through the API with the join token, `parallel` at a time;
+/// returns each host's registration and credential, in order.
+async fn register_hosts(
+    server: &ServerProcess,
+    pool: &str,
+    count: u32,
+    gpus: u32,
+    parallel: u32,
+) -> Result<Vec<(mpsfleet_types::HostRegistration, String)>> {
+    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token.clone()))?;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..parallel.max(1) {
+        let (joiner, next, pool) = (joiner.clone(), next.clone(), pool.to_string());
+        workers.spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= count {
+                    return Ok::<_, anyhow::Error>(out);
+                }
+                let reg = emulated_host(&pool, n, gpus)?;
+                let answer = joiner.register_host(&reg).await?;
+                if (n + 1) % 5000 == 0 {
+                    println!("registered {} hosts", n + 1);
+                }
+                out.push((n, reg, answer.credential));
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(count as usize);
+    while let Some(done) = workers.join_next().await {
+        all.extend(done??);
+    }
+    all.sort_by_key(|(n, _, _)| *n);
+    Ok(all.into_iter().map(|(_, reg, cred)| (reg, cred)).collect())
+}
+
+/// Sends each prepared request once over `parallel` keep-alive connections; every answer must
+/// be `200 OK`.
+async fn send_each_once(
+    addr: std::net::SocketAddr,
+    requests: std::sync::Arc<Vec<Vec<u8>>>,
+    parallel: usize,
+) -> Result<()> {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..parallel.max(1) {
+        let (requests, next) = (requests.clone(), next.clone());
+        workers.spawn(async move {
+            let mut conn = HttpConn::connect(addr).await?;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(r) = requests.get(i) else { return Ok::<_, anyhow::Error>(()) };
+                let (status, body) = conn.send(r).await?;
+                if status != 200 {
+                    bail!("HTTP {status}: {}", String::from_utf8_lossy(body));
+                }
+            }
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark reads the wall clock
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

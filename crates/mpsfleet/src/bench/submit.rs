@@ -1,0 +1,170 @@
+//! `mpsfleet bench submit`: `task run` batches to the real server, placed and committed.
+
+use super::{
+    epoch_ms, healthy_report, proc_vm_mib, quantile, register_hosts, round1, send_each_once, HttpConn,
+    ServerProcess,
+};
+use anyhow::{bail, Result};
+use clap::Args;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// `mpsfleet bench submit`: starts `mpsfleet server` (SQLite, temporary data dir), registers
+/// enough emulated hosts through the API and makes them ACTIVE with one status report each,
+/// registers a task definition with a small MPS demand, then sends `POST /v1/tasks` batches from
+/// concurrent clients until `--tasks` tasks are acknowledged (each batch answers after its
+/// commit). Every task must be placed.
+#[derive(Args)]
+pub struct SubmitBench {
+    #[arg(long, default_value_t = 1_000_000)]
+    tasks: u64,
+    /// Tasks per request (the API takes at most 10,000).
+    #[arg(long, default_value_t = mpsfleet_server::cluster::MAX_RUN_COUNT)]
+    batch: u32,
+    /// Clients sending batches at once.
+    #[arg(long, default_value_t = 2)]
+    clients: u32,
+    /// MPS memory of each task, in MiB (each takes one MPS client of an H200's 48).
+    #[arg(long, default_value_t = 1024)]
+    memory_mib: u64,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_host: u32,
+}
+
+pub fn submit(b: SubmitBench) -> Result<()> {
+    anyhow::ensure!(b.tasks >= 1, "--tasks must be at least 1");
+    anyhow::ensure!(
+        (1..=mpsfleet_server::cluster::MAX_RUN_COUNT).contains(&b.batch),
+        "--batch must be from 1 to {}",
+        mpsfleet_server::cluster::MAX_RUN_COUNT
+    );
+    anyhow::ensure!(b.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
+    anyhow::ensure!((1..=143_771).contains(&b.memory_mib), "--memory-mib must be from 1 to 143771");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let server = ServerProcess::start("submit")?;
+    rt.block_on(run(&b, &server))
+}
+
+#[derive(serde::Deserialize)]
+struct Counts {
+    placed: u64,
+    pending: u64,
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
+    let pid = server.pid().to_string();
+    let admin = server.admin()?;
+    // The hosts get one report and no heartbeats after it: the grace covers the whole run.
+    let health = mpsfleet_types::HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
+    admin
+        .create_pool(&mpsfleet_types::CreatePool {
+            name: "bench".into(),
+            health_policy: Some(health),
+            ..Default::default()
+        })
+        .await?;
+    // Each GPU takes 48 one-client tasks at most (or fewer by memory).
+    let per_gpu = (143_771 / b.memory_mib).min(48);
+    let per_host = per_gpu * u64::from(b.gpus_per_host);
+    let hosts = u32::try_from(b.tasks.div_ceil(per_host) + 1)?;
+    let t = Instant::now();
+    let registered = register_hosts(server, "bench", hosts, b.gpus_per_host, 16).await?;
+    let authority = server.addr.to_string();
+    let since = epoch_ms();
+    let reports = registered
+        .iter()
+        .map(|(reg, credential)| {
+            let body = serde_json::to_vec(&healthy_report(reg, since))?;
+            Ok(HttpConn::request("POST", "/v1/agent/status", &authority, credential, &body))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    send_each_once(server.addr, Arc::new(reports), 8).await?;
+    let active = admin
+        .list_hosts(Some("bench"))
+        .await?
+        .iter()
+        .filter(|h| h.status == mpsfleet_types::HostStatus::Active)
+        .count();
+    anyhow::ensure!(active == hosts as usize, "{active} of {hosts} hosts are ACTIVE");
+    println!(
+        "{hosts} hosts of {} GPUs registered and ACTIVE in {:.1}s (room for {} tasks)",
+        b.gpus_per_host,
+        t.elapsed().as_secs_f64(),
+        u64::from(hosts) * per_host
+    );
+    let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
+        "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
+        "sharingStrategy": {"nvidiaMps": {"memory": b.memory_mib}}}]}]});
+    admin.register_taskdef(td.to_string().into_bytes()).await?;
+
+    let rss_before = proc_vm_mib(&pid, "VmRSS:");
+    let left = Arc::new(AtomicU64::new(b.tasks));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..b.clients {
+        let (left, done, authority, token) =
+            (left.clone(), done.clone(), authority.clone(), server.admin_token.clone());
+        let (addr, batch, total) = (server.addr, u64::from(b.batch), b.tasks);
+        clients.spawn(async move {
+            let mut conn = HttpConn::connect(addr).await?;
+            let mut latencies = Vec::new();
+            loop {
+                let take =
+                    left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(l.min(batch)));
+                let n = match take {
+                    Ok(l) if l > 0 => l.min(batch),
+                    _ => return Ok::<_, anyhow::Error>(latencies),
+                };
+                let body = format!(r#"{{"taskDefinition":"bench","count":{n},"pool":"bench"}}"#);
+                let req = HttpConn::request("POST", "/v1/tasks", &authority, &token, body.as_bytes());
+                let t = Instant::now();
+                let (status, answer) = conn.send(&req).await?;
+                if status != 201 {
+                    bail!("HTTP {status}: {}", String::from_utf8_lossy(answer));
+                }
+                let counts: Counts = serde_json::from_slice(answer)?;
+                latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                if counts.placed != n || counts.pending != 0 {
+                    bail!(
+                        "{} of {n} tasks were placed ({} pending): the pool is too small",
+                        counts.placed,
+                        counts.pending
+                    );
+                }
+                let before = done.fetch_add(n, Ordering::Relaxed);
+                if (before + n) / 100_000 != before / 100_000 || before + n == total {
+                    println!("{} tasks placed and committed", before + n);
+                }
+            }
+        });
+    }
+    let mut latencies = Vec::new();
+    while let Some(c) = clients.join_next().await {
+        latencies.extend(c??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS:"), proc_vm_mib(&pid, "VmHWM:"));
+    let ms = |us: u32| (us as f64 / 100.0).round() / 10.0;
+    let report = serde_json::json!({
+        "bench": "submit",
+        "tasks": b.tasks,
+        "batch": b.batch,
+        "clients": b.clients,
+        "hosts": hosts,
+        "seconds": (secs * 1000.0).round() / 1000.0,
+        "tasks_per_sec": (b.tasks as f64 / secs).round(),
+        "batch_p50_ms": ms(quantile(&latencies, 0.5)),
+        "batch_p99_ms": ms(quantile(&latencies, 0.99)),
+        "server_rss_before_mib": round1(rss_before),
+        "server_rss_mib": round1(rss),
+        "server_peak_rss_mib": round1(hwm),
+        "server_bytes_per_task": ((rss - rss_before) * 1_048_576.0 / b.tasks as f64).round(),
+    });
+    println!("{report}");
+    Ok(())
+}
