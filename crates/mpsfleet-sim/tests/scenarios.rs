@@ -203,4 +203,11 @@ fn same_seed_same_report_and_trace() {
     assert_eq!(a.trace.join("\n"), b.trace.join("\n"));
     let other = mpsfleet_sim::config::plan_faults(&Config { seed: 13, ..cfg.clone() });
     assert_ne!(a.faults, other);
+    // Across control-plane restarts too (the cluster is loaded again from the store).
+    let restarts = Config { scenario: Scenario::ControlPlaneRestart, fault_rate: 0.0, ..cfg };
+    let a = run(&restarts).expect("runs");
+    let b = run(&restarts).expect("runs");
+    assert_eq!(a.report.control_plane_restarts, 4);
+    assert_eq!(a.report.render(), b.report.render());
+    assert_eq!(a.trace, b.trace);
 }
