@@ -17,7 +17,7 @@ use mpsfleet_agent::mps::health::{self as mh, DaemonHealth, Effect, Event as Mps
 use mpsfleet_core::clock::ManualClock;
 use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
 use mpsfleet_server::provider::{
-    CapacityProvider, LaunchRequest, LaunchedHost, ProviderError, ProviderHostState, Retry,
+    AttemptRecord, CapacityProvider, LaunchRequest, LaunchedHost, ProviderError, ProviderHostState, Retry,
 };
 use mpsfleet_store::{MemoryStore, Revision, Store};
 use mpsfleet_types::api::HostStatusReport;
@@ -191,6 +191,7 @@ enum Ev {
     ClientsExit { h: usize, g: usize },
     Heal(usize),
     ProviderDone { job: ProviderJob, ok: bool, epoch: u32, launch: Option<usize> },
+    ProviderRetry { job: ProviderJob, record: AttemptRecord, epoch: u32 },
 }
 
 /// Per service, what the world really runs.
@@ -538,6 +539,12 @@ impl Sim {
                 }
             }
             Ev::ProviderDone { job, ok, epoch, launch } => self.provider_done(job, ok, epoch, launch),
+            Ev::ProviderRetry { job, record, epoch } => {
+                if epoch == self.epoch {
+                    let r = self.c().provider_attempt_failed(&job, &record);
+                    self.after_call(r.map(|()| Vec::new()).map_err(err));
+                }
+            }
         }
     }
 
@@ -585,22 +592,31 @@ impl Sim {
 
     /// One provider call with `Retry::default()`'s attempts and backoff, each attempt taking
     /// the model's delay and failing with its probability (raised while a fault degrades it).
-    fn provider_call(&mut self, range: (u64, u64)) -> (u64, bool) {
+    fn provider_call(&mut self, job: &ProviderJob, range: (u64, u64)) -> (u64, bool) {
         let retry = Retry::default();
         let (fail, extra) = match self.provider_degraded {
             Some((p, extra, until)) if self.now < until => (f64::from(p) / 100.0, extra),
             _ => (self.cfg.provider.failure_probability, 0),
         };
+        let max_attempts = retry.max_attempts.max(1);
         let mut delay = 0;
-        for attempt in 1..=retry.max_attempts.max(1) {
+        for attempt in 1..=max_attempts {
             delay += self.provider_rng.range(range.0, range.1) + extra;
             if !self.provider_rng.chance(fail) {
                 return (delay, true);
             }
             self.stats.provider_attempts_failed += 1;
-            if attempt < retry.max_attempts {
-                let backoff = retry.initial_backoff * 2u32.pow(attempt - 1);
-                delay += backoff.min(retry.max_backoff).as_millis() as u64;
+            if attempt < max_attempts {
+                // `run_jobs` records each failed attempt on the incident before its backoff.
+                let backoff = retry.backoff_after(attempt).as_millis() as u64;
+                let record = AttemptRecord {
+                    attempt,
+                    error: "the provider refused the call".into(),
+                    backoff_ms: Some(backoff),
+                };
+                let epoch = self.epoch;
+                self.at(self.now + delay, Ev::ProviderRetry { job: job.clone(), record, epoch });
+                delay += backoff;
             }
         }
         (delay, false)
@@ -618,7 +634,7 @@ impl Sim {
                         None => (name.clone(), None),
                     }
                 };
-                let (delay, ok) = self.provider_call(self.cfg.provider.launch_ms);
+                let (delay, ok) = self.provider_call(&job, self.cfg.provider.launch_ms);
                 // Launch is idempotent by name: a host already launched under it is the answer.
                 let existing = self.by_name.get(name).copied().filter(|&h| !self.hosts[h].gone);
                 let launch = match existing {
@@ -639,7 +655,7 @@ impl Sim {
                 self.at(self.now + delay, Ev::ProviderDone { job, ok, epoch, launch });
             }
             ProviderJob::Terminate { .. } => {
-                let (delay, ok) = self.provider_call(self.cfg.provider.terminate_ms);
+                let (delay, ok) = self.provider_call(&job, self.cfg.provider.terminate_ms);
                 self.stats.provider_terminations += 1;
                 let epoch = self.epoch;
                 self.at(self.now + delay, Ev::ProviderDone { job, ok, epoch, launch: None });
