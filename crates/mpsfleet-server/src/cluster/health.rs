@@ -326,22 +326,34 @@ impl Cluster {
     fn world_of(&self, incident: &Incident) -> Option<WorldView> {
         let ix = self.sched.host(&incident.host_id)?;
         let e = &self.hosts[ix as usize];
-        // The pool as it stands: hosts on their way out (DRAINING, DEREGISTERED) do not count, so
-        // replacements joining do not dilute the storm breaker's share.
-        let pool_hosts: Vec<&HostEntry> = self
-            .hosts
-            .iter()
-            .filter(|h| h.host.pool == incident.pool && h.host.status == HostStatus::Active)
-            .collect();
-        let unhealthy =
-            pool_hosts.iter().filter(|h| !matches!(h.health.verdict, Verdict::Healthy)).count() as u32;
         let mut open: Vec<&Incident> = self
             .incidents
             .values()
             .map(|v| &v.value)
             .filter(|i| i.pool == incident.pool && i.state != IncidentState::Resolved)
             .collect();
-        open.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
+        // Earliest opened first; incidents opened in the same millisecond by their hosts'
+        // registration order (not by their random ids), so the ranking is reproducible.
+        let seq_of = |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
+        open.sort_by_cached_key(|i| (i.opened_at_ms, seq_of(i), i.id.clone()));
+        // The storm breaker's pool: hosts that are ACTIVE or DRAINING, less the replacements of
+        // unresolved incidents (so that joining replacements do not dilute the share). A host
+        // is unhealthy while its health is not, and while an incident about it is unresolved:
+        // a host being drained still counts, so a correlated failure declared host by host
+        // cannot slip past the breaker one incident at a time.
+        let replacements: BTreeSet<String> = open.iter().map(|i| replacement_name(i)).collect();
+        let in_incident: BTreeSet<&HostId> = open.iter().map(|i| &i.host_id).collect();
+        let pool_hosts: Vec<&HostEntry> = self
+            .hosts
+            .iter()
+            .filter(|h| h.host.pool == incident.pool)
+            .filter(|h| matches!(h.host.status, HostStatus::Active | HostStatus::Draining))
+            .filter(|h| !replacements.contains(&h.host.hostname))
+            .collect();
+        let unhealthy = pool_hosts
+            .iter()
+            .filter(|h| !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host.id))
+            .count() as u32;
         let rank = open.iter().position(|i| i.id == incident.id).unwrap_or(0) as u32;
         let in_flight = open
             .iter()
@@ -360,10 +372,12 @@ impl Cluster {
         let now = self.now();
         let agent_reachable = e.last_heartbeat_ms.is_some_and(|t| now.saturating_sub(t) <= grace)
             && e.host.status != HostStatus::Deregistered;
-        let tasks: Vec<HostTask> = self
+        // The host's live tasks (stopped ones matter to no step), from its own index rather than
+        // a scan of every task record.
+        let tasks: Vec<HostTask> = e
             .tasks
-            .values()
-            .filter(|t| t.task.host_id.as_ref() == Some(&incident.host_id))
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
             .map(|t| HostTask {
                 id: t.task.id,
                 owner: match &t.task.group {
