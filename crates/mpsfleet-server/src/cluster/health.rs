@@ -166,7 +166,7 @@ impl Cluster {
     /// Whether evaluating the host again, with the report and heartbeat it was last evaluated
     /// from, must give the same health: every check OK and the last heartbeat within the grace
     /// (the only input that moves with time while all is OK).
-    fn stays_healthy(&self, ix: HostIx, now: u64) -> bool {
+    pub(super) fn stays_healthy(&self, ix: HostIx, now: u64) -> bool {
         let e = &self.hosts[ix as usize];
         let Some(pool) = self.pools.get(&e.host.pool) else { return false };
         e.health.status == HealthStatus::Ok

@@ -640,6 +640,18 @@ impl Cluster {
             return Ok(Err(report));
         }
         let now = self.now();
+        if e.evaluated && e.checks == report.checks && self.stays_healthy(ix, now) {
+            // The same checks, all OK: evaluating them with this heartbeat gives the health the
+            // host has, but for the time of the agent's last heartbeat.
+            let entry = &mut self.hosts[ix as usize];
+            entry.last_heartbeat_ms = Some(now);
+            entry.logs_url = report.logs_url;
+            let agent = mpsfleet_core::health::AGENT;
+            if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
+                c.reported_since_ms = now;
+            }
+            return Ok(Ok(self.status_answer(ix)));
+        }
         let health = self.assess_host(ix, &report.checks, Some(now), now);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
@@ -1437,4 +1449,82 @@ fn pool_config(p: &Pool) -> PoolConfig {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_core::clock::ManualClock;
+    use mpsfleet_core::health::{evaluate, HealthInput};
+    use std::time::Duration;
+
+    fn report(status: HealthStatus, since_ms: u64) -> HostStatusReport {
+        HostStatusReport {
+            onboarded: true,
+            checks: vec![HostCheck {
+                name: "MPS_DAEMON".into(),
+                gpu_id: Some(GpuUuid::new("GPU-00000000-0000").unwrap()),
+                status,
+                reason: format!("daemon {}", status.as_str()),
+                since_ms,
+            }],
+            logs_url: None,
+        }
+    }
+
+    /// Heartbeats applied without a commit (the same checks again, or new ones that keep the
+    /// host OK) leave the health a full evaluation gives, and those that change it commit.
+    #[test]
+    fn every_heartbeat_leaves_the_health_a_full_evaluation_gives() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store, clock.clone(), |_| Ok(())).unwrap();
+        c.create_pool(CreatePool { name: "p".into(), ..Default::default() }).unwrap();
+        let reg = HostRegistration {
+            pool: PoolName::new("p").unwrap(),
+            hostname: "h".into(),
+            gpus: vec![GpuInventory {
+                uuid: GpuUuid::new("GPU-00000000-0000").unwrap(),
+                index: 0,
+                model: "H200".into(),
+                memory_mib: 143_771,
+                compute_capability: "9.0".into(),
+                max_mps_clients: 48,
+            }],
+            mps_available: true,
+            emulated: true,
+        };
+        let host = c.register_host(reg).unwrap().host_id;
+        c.host_status(&host, report(HealthStatus::Ok, 5)).unwrap();
+        let policy = HealthPolicy::default();
+        let steps = [
+            (HealthStatus::Ok, 5, false),
+            (HealthStatus::Ok, 5, false),
+            (HealthStatus::Ok, 7, false),
+            (HealthStatus::Impaired, 9, true),
+            (HealthStatus::Impaired, 9, false),
+            (HealthStatus::Ok, 11, true),
+            (HealthStatus::Ok, 11, false),
+        ];
+        for (i, (status, since, commits)) in steps.into_iter().enumerate() {
+            clock.advance(Duration::from_secs(1));
+            let now = clock.now_ms();
+            let r = report(status, since);
+            let before = c.hosts[0].health.clone();
+            let input = HealthInput {
+                checks: &r.checks,
+                last_heartbeat_ms: Some(now),
+                registered_at_ms: c.hosts[0].host.registered_at_ms,
+            };
+            let expected = evaluate(&before, &input, &policy, now);
+            let rev = c.revision();
+            c.host_status(&host, r).unwrap();
+            assert_eq!(c.hosts[0].health, expected, "step {i}");
+            assert_eq!(c.hosts[0].host.health_status, expected.status, "step {i}");
+            assert_eq!(c.revision() != rev, commits, "step {i}");
+            // The health tick finds nothing to change either.
+            c.health_tick().unwrap();
+            assert_eq!(c.hosts[0].health, expected, "step {i}, after the tick");
+        }
+    }
 }
