@@ -17,7 +17,9 @@
 //! - Times are the server's: a check's `since_ms` is when the server first saw its current
 //!   status, so agent clock skew cannot shorten the toleration. The agent's own `since_ms` is
 //!   kept as evidence (and a change of it means the check flipped in between two reports).
-//!   A server restart starts the toleration again for checks already IMPAIRED.
+//!   A server restart starts the toleration again for checks already IMPAIRED, and the
+//!   server passes its load time as `registered_at_ms` when that is later, so agents get their
+//!   heartbeat grace again instead of being counted silent since they registered.
 //! - Once declared bad, the verdict keeps its first trigger while any check is IMPAIRED, so
 //!   one episode opens one incident; it returns to healthy only when no check is IMPAIRED.
 

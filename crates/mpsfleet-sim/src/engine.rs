@@ -1392,8 +1392,8 @@ impl Sim {
                 .map_or((None, "no injected fault"), |(t, c)| (Some(t), c));
             let tie = self.incidents.values().any(|x| x.pool == i.pool && x.opened_at_ms == i.opened_at_ms);
             if tie {
-                // The server ranks incidents opened in the same millisecond by their random ids:
-                // which goes first is not a function of the seed.
+                // The server ranks incidents opened in the same millisecond by their hosts'
+                // registration order; counted, because the storm breaker lets the first through.
                 self.stats.incident_ties += 1;
                 self.log(format!(
                     "incident on {label} opened in the same millisecond as another in its pool"

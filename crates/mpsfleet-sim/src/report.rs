@@ -114,8 +114,8 @@ pub struct Report {
     pub incidents: usize,
     pub incidents_by_cause: BTreeMap<String, u64>,
     pub incidents_by_state: BTreeMap<String, u64>,
-    /// Incidents opened in the same millisecond as another of their pool (ranked by the
-    /// server's random ids: see docs/sim.md, determinism).
+    /// Incidents opened in the same millisecond as another of their pool (ranked by their
+    /// hosts' registration order).
     pub incident_ties: u64,
     /// From the injected fault to the incident opening.
     pub time_to_detect: Percentiles,
@@ -241,7 +241,7 @@ impl Report {
         if self.incident_ties > 0 {
             let _ = writeln!(
                 s,
-                "  same-ms openings:   {} (ranked by the server's random ids)",
+                "  same-ms openings:   {} (ranked by host registration order)",
                 self.incident_ties
             );
         }

@@ -170,6 +170,32 @@ fn control_plane_restart() {
 }
 
 #[test]
+fn a_restarted_control_plane_waits_for_slow_heartbeats() {
+    // 5 s heartbeats, longer than the 2 s toleration: after each of the four reloads the
+    // server must give the agents their grace again, not count their silence from
+    // registration. The same run with 1 s heartbeats opens the same incidents.
+    let run_with = |heartbeat_ms| {
+        let cfg = Config {
+            hosts: 12,
+            gpus_per_host: 2,
+            duration_ms: 40 * 60_000,
+            seed: 10,
+            fault_rate: 0.0,
+            scenario: Scenario::ControlPlaneRestart,
+            heartbeat_ms,
+            ..Config::default()
+        };
+        let o = run(&cfg).expect("runs");
+        assert!(o.violation.is_none(), "{}", mpsfleet_sim::failure_text(&cfg, &o));
+        o
+    };
+    let (slow, fast) = (run_with(5_000), run_with(1_000));
+    assert_eq!(slow.report.control_plane_restarts, 4);
+    assert_eq!(slow.report.incidents_by_cause, fast.report.incidents_by_cause, "{}", slow.report.render());
+    assert_eq!(count(&slow.report.incidents_by_cause, "no injected fault"), 0, "{}", slow.report.render());
+}
+
+#[test]
 fn mixed() {
     let cfg = Config {
         hosts: 20,

@@ -159,7 +159,8 @@ impl Cluster {
             return None;
         }
         let policy = &self.pools.get(&e.host.pool)?.value.health_policy;
-        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms: e.host.registered_at_ms };
+        let registered_at_ms = e.host.registered_at_ms.max(self.loaded_at_ms);
+        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms };
         Some(evaluate(&e.health, &input, policy, now))
     }
 
@@ -334,7 +335,8 @@ impl Cluster {
             .collect();
         // Earliest opened first; incidents opened in the same millisecond by their hosts'
         // registration order (not by their random ids), so the ranking is reproducible.
-        let seq_of = |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
+        let seq_of =
+            |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
         open.sort_by_cached_key(|i| (i.opened_at_ms, seq_of(i), i.id.clone()));
         // The storm breaker's pool: hosts that are ACTIVE or DRAINING, less the replacements of
         // unresolved incidents (so that joining replacements do not dilute the share). A host

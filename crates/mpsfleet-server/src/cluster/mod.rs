@@ -112,6 +112,10 @@ pub struct RunOutcome {
 pub struct Cluster {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
+    /// When this process loaded the state. Heartbeats live in memory only, so a host's
+    /// heartbeat grace runs from here (or its registration, if later): a restarted server
+    /// waits for the agents instead of declaring every host silent since it registered.
+    loaded_at_ms: u64,
     sched: Scheduler,
     pools: BTreeMap<PoolName, Versioned<Pool>>,
     hosts: Vec<HostEntry>,
@@ -179,6 +183,7 @@ impl Cluster {
         let mut c = Cluster {
             revision: store.revision()?,
             store,
+            loaded_at_ms: clock.now_ms(),
             clock,
             sched: Scheduler::new(),
             pools: BTreeMap::new(),
