@@ -630,8 +630,8 @@ impl Cluster {
     /// A heartbeat that commits nothing and leaves remediation nothing to do, applied in
     /// memory: the host's report is kept and its health re-evaluated, exactly as
     /// [`Cluster::host_status`] would. Gives the report back, changing nothing, when it would
-    /// commit (onboarding, a changed health status, a new incident) or while any incident is
-    /// open (remediation then runs with it).
+    /// commit (onboarding, a changed health status, a new incident) or while an unresolved
+    /// incident is about this host or names it as a replacement (remediation then runs with it).
     pub fn quiet_heartbeat(
         &mut self,
         host: &HostId,
@@ -639,8 +639,15 @@ impl Cluster {
     ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
+        // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
+        // bad host, its replacement); the 250 ms health tick plans every incident anyway.
+        let hostname = &e.host.hostname;
         if (report.onboarded && e.host.status == HostStatus::Onboarding)
-            || self.incidents.values().any(|i| i.value.state != IncidentState::Resolved)
+            || self.incidents.values().any(|i| {
+                let i = &i.value;
+                i.state != IncidentState::Resolved
+                    && (i.host_id == *host || health::replacement_name(i) == *hostname)
+            })
         {
             return Ok(Err(report));
         }
