@@ -27,6 +27,13 @@ pub enum ProviderJob {
     Terminate { incident: String, pool: PoolName, name: String },
 }
 
+/// A pool's hosts as the storm breaker counts them (see `Cluster::pool_counts`).
+#[derive(Debug, Clone, Copy, Default)]
+struct PoolCounts {
+    total: u32,
+    unhealthy: u32,
+}
+
 /// What a provider call came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderOutcome {
@@ -267,24 +274,40 @@ impl Cluster {
     /// Plans and executes every unresolved incident until nothing more can happen now.
     pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
         let mut jobs = Vec::new();
-        let open: Vec<String> = self
-            .incidents()
-            .into_iter()
-            .filter(|i| i.state != IncidentState::Resolved)
-            .map(|i| i.id)
+        // Unresolved incidents, earliest opened first (the same order as `incidents()`, without
+        // cloning the history of resolved ones).
+        let mut open: Vec<(u64, String)> = self
+            .incidents
+            .values()
+            .filter(|v| v.value.state != IncidentState::Resolved)
+            .map(|v| (v.value.opened_at_ms, v.value.id.clone()))
             .collect();
-        for id in open {
+        open.sort();
+        // Each pool's storm-breaker counts, worked out once per pool and again only after an
+        // incident of that pool acted: incidents that wait (most of them, most of the time) do
+        // not each walk every host of the pool on every tick.
+        let mut counts: BTreeMap<PoolName, PoolCounts> = BTreeMap::new();
+        for (_, id) in open {
             self.resume_launch(&id, &mut jobs);
             // A few rounds: executing one action can make the next possible at once.
             for _ in 0..8 {
                 let Some(incident) = self.incidents.get(&id).map(|v| v.value.clone()) else { break };
-                let Some(world) = self.world_of(&incident) else { break };
+                let c = match counts.get(&incident.pool) {
+                    Some(c) => *c,
+                    None => {
+                        let c = self.pool_counts(&incident.pool);
+                        counts.insert(incident.pool.clone(), c);
+                        c
+                    }
+                };
+                let Some(world) = self.world_of(&incident, c) else { break };
                 let Some(pool) = self.pools.get(&incident.pool).map(|p| p.value.clone()) else { break };
                 let now = self.now();
                 let plan = remediation::plan(&incident, &world, &pool.remediation_policy, pool.mode, now);
                 if plan.actions.is_empty() {
                     break;
                 }
+                counts.remove(&incident.pool);
                 let mut incident = incident;
                 for planned in &plan.actions {
                     let moved = self.execute(&mut incident, &planned.action, &mut jobs)?;
@@ -323,8 +346,35 @@ impl Cluster {
         });
     }
 
+    /// The storm breaker's view of a pool: hosts that are ACTIVE or DRAINING, less the
+    /// replacements of unresolved incidents (so that joining replacements do not dilute the
+    /// share). A host is unhealthy while its health is not, and while an incident about it is
+    /// unresolved: a host being drained still counts, so a correlated failure declared host by
+    /// host cannot slip past the breaker one incident at a time.
+    fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
+        let open = self.incidents.values().map(|v| &v.value);
+        let open: Vec<&Incident> =
+            open.filter(|i| &i.pool == pool && i.state != IncidentState::Resolved).collect();
+        let replacements: BTreeSet<String> = open.iter().map(|i| replacement_name(i)).collect();
+        let in_incident: BTreeSet<&HostId> = open.iter().map(|i| &i.host_id).collect();
+        let mut c = PoolCounts::default();
+        for h in &self.hosts {
+            if &h.host.pool != pool
+                || !matches!(h.host.status, HostStatus::Active | HostStatus::Draining)
+                || replacements.contains(&h.host.hostname)
+            {
+                continue;
+            }
+            c.total += 1;
+            if !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host.id) {
+                c.unhealthy += 1;
+            }
+        }
+        c
+    }
+
     /// What the planner needs to know about an incident's host, pool, tasks and provider.
-    fn world_of(&self, incident: &Incident) -> Option<WorldView> {
+    fn world_of(&self, incident: &Incident, counts: PoolCounts) -> Option<WorldView> {
         let ix = self.sched.host(&incident.host_id)?;
         let e = &self.hosts[ix as usize];
         let mut open: Vec<&Incident> = self
@@ -338,24 +388,6 @@ impl Cluster {
         let seq_of =
             |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
         open.sort_by_cached_key(|i| (i.opened_at_ms, seq_of(i), i.id.clone()));
-        // The storm breaker's pool: hosts that are ACTIVE or DRAINING, less the replacements of
-        // unresolved incidents (so that joining replacements do not dilute the share). A host
-        // is unhealthy while its health is not, and while an incident about it is unresolved:
-        // a host being drained still counts, so a correlated failure declared host by host
-        // cannot slip past the breaker one incident at a time.
-        let replacements: BTreeSet<String> = open.iter().map(|i| replacement_name(i)).collect();
-        let in_incident: BTreeSet<&HostId> = open.iter().map(|i| &i.host_id).collect();
-        let pool_hosts: Vec<&HostEntry> = self
-            .hosts
-            .iter()
-            .filter(|h| h.host.pool == incident.pool)
-            .filter(|h| matches!(h.host.status, HostStatus::Active | HostStatus::Draining))
-            .filter(|h| !replacements.contains(&h.host.hostname))
-            .collect();
-        let unhealthy = pool_hosts
-            .iter()
-            .filter(|h| !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host.id))
-            .count() as u32;
         let rank = open.iter().position(|i| i.id == incident.id).unwrap_or(0) as u32;
         let in_flight = open
             .iter()
@@ -433,8 +465,8 @@ impl Cluster {
             .collect();
         Some(WorldView {
             pool: PoolView {
-                total_hosts: pool_hosts.len() as u32,
-                unhealthy_hosts: unhealthy,
+                total_hosts: counts.total,
+                unhealthy_hosts: counts.unhealthy,
                 replacements_in_flight: in_flight,
                 recent_replacements_ms: recent,
                 incident_rank: rank,
@@ -666,4 +698,10 @@ impl Cluster {
 /// server recognises it).
 pub fn replacement_name(incident: &Incident) -> String {
     format!("{}-r", incident.id)
+}
+
+/// Whether `hostname` is [`replacement_name`] of the incident, without building the name
+/// (this runs for every unresolved incident on every heartbeat).
+pub(super) fn is_replacement_of(hostname: &str, incident: &Incident) -> bool {
+    hostname.strip_suffix("-r") == Some(incident.id.as_str())
 }

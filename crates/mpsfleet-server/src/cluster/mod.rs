@@ -646,7 +646,7 @@ impl Cluster {
             || self.incidents.values().any(|i| {
                 let i = &i.value;
                 i.state != IncidentState::Resolved
-                    && (i.host_id == *host || health::replacement_name(i) == *hostname)
+                    && (i.host_id == *host || health::is_replacement_of(hostname, i))
             })
         {
             return Ok(Err(report));
