@@ -7,29 +7,9 @@ use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::*;
 use std::io::Write;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Starts an agent with `gpus` emulated H200s and the in-process MPS model.
-fn start_agent(server: &Server, data_dir: &Path, gpus: u32) -> Agent {
-    let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
-    let child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .arg("agent")
-        .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", "gpu"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--emulate-gpus", &format!("H200:{H200_MIB}:{gpus}"), "--heartbeat-ms", "200"])
-        .args(["--stop-tasks-on-exit", "--mps-model"])
-        .env("MPSFLEET_LOG", "info")
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start mpsfleet agent");
-    Agent { child, data_dir: data_dir.to_path_buf() }
-}
 
 /// Appends `line` to the agent's `gpu-events`.
 fn inject(agent: &Agent, line: &str) {
@@ -58,7 +38,7 @@ async fn a_host_fatal_xid_impairs_the_gpu_and_an_application_xid_does_not() {
     let server = Server::start(&dir.path().join("server"));
     let admin = server.admin();
     create_pool(&admin, "gpu").await;
-    let agent = start_agent(&server, &dir.path().join("a"), 2);
+    let agent = Agent::start_with_model(&server, &dir.path().join("a"), 2);
 
     // Every GPU reports its GPU check, OK, naming the events file.
     let view = eventually(WAIT, "both GPU checks OK on an OK host", || async {

@@ -169,6 +169,17 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent with `gpus` emulated H200s and the real MPS daemon at `mps`.
     pub fn start(server: &Server, data_dir: &Path, gpus: u32, mps: &Path, extra: &[&str]) -> Agent {
+        let mut args = vec![std::ffi::OsString::from("--mps-control"), mps.into()];
+        args.extend(extra.iter().map(Into::into));
+        Agent::spawn(server, data_dir, gpus, &args)
+    }
+
+    /// Starts an agent with `gpus` emulated H200s and the in-process MPS model.
+    pub fn start_with_model(server: &Server, data_dir: &Path, gpus: u32) -> Agent {
+        Agent::spawn(server, data_dir, gpus, &["--mps-model".into()])
+    }
+
+    fn spawn(server: &Server, data_dir: &Path, gpus: u32, mps_args: &[std::ffi::OsString]) -> Agent {
         let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
         let child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .arg("agent")
@@ -182,9 +193,7 @@ impl Agent {
                 "200",
                 "--stop-tasks-on-exit",
             ])
-            .arg("--mps-control")
-            .arg(mps)
-            .args(extra)
+            .args(mps_args)
             .env("MPSFLEET_LOG", "info")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
