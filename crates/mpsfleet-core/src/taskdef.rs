@@ -9,9 +9,30 @@ use mpsfleet_types::{
     ResourceRequirement, SharingStrategy, TaskDefinition,
 };
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
+// Size limits. ECS caps a task definition at 64 KiB of JSON and 10 containers and sets no count
+// on environment variables or command elements; the limits below admit every definition that
+// fits in ECS's 64 KiB, and bound the work one registration can cause (see docs/api.md).
+
+/// The most bytes a task definition document may have: four times ECS's 64 KiB, room for
+/// pretty-printed JSON and for the fields a described definition carries.
+pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
 /// ECS's limit on containers per task definition.
 pub const MAX_CONTAINERS: usize = 10;
+/// The most environment variables one container may set (64 KiB holds fewer than 2,800).
+pub const MAX_ENVIRONMENT: usize = 4096;
+/// The most elements of one `command`, `entryPoint` or check command array.
+pub const MAX_ARGS: usize = 4096;
+/// The most environment variables and command elements (checks' included) of all containers
+/// of a definition together.
+pub const MAX_ENTRIES: usize = 16_384;
+/// The most bytes of one environment variable value or one command element.
+pub const MAX_STRING_BYTES: usize = 65_536;
+/// The most bytes of an environment variable name.
+pub const MAX_ENV_NAME_BYTES: usize = 4096;
+/// The most bytes of a container's `user`.
+pub const MAX_USER_BYTES: usize = 255;
 /// The most whole GPUs one task may ask for.
 pub const MAX_WHOLE_GPUS: u64 = 64;
 /// The most MPS memory (MiB) one container, or all MPS containers of a task together, may ask
@@ -121,7 +142,18 @@ const CHECK_KEYS: &[&str] = &["command", "interval", "timeout", "retries", "star
 const CHECK_KINDS: &[&str] = &["CMD", "CMD-SHELL", "HTTP-GET", "TCP-CONNECT"];
 
 /// Parses and validates an ECS-shaped task definition.
+///
+/// The work is linear in the size of the document, which is at most [`MAX_DOCUMENT_BYTES`].
 pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefinition, TaskDefError> {
+    if json.len() > MAX_DOCUMENT_BYTES {
+        return Err(err(
+            "$",
+            format!(
+                "must be at most {MAX_DOCUMENT_BYTES} bytes of JSON (ECS allows 65536), got {} bytes",
+                json.len()
+            ),
+        ));
+    }
     let doc: Value = serde_json::from_slice(json).map_err(|e| err("$", format!("invalid json: {e}")))?;
     let top =
         doc.as_object().ok_or_else(|| err("$", format!("must be a json object, got {}", describe(&doc))))?;
@@ -145,11 +177,13 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     }
 
     let mut containers: Vec<ContainerDefinition> = Vec::with_capacity(list.len());
+    let mut names: HashMap<String, usize> = HashMap::with_capacity(list.len());
     let mut gpu = GpuTally::default();
+    let mut entries = Entries(0);
     for (i, value) in list.iter().enumerate() {
         let path = format!("{list_path}[{i}]");
-        let (container, gpu_index) = parse_container(value, &path, &mut ignored)?;
-        if let Some(first) = containers.iter().position(|c| c.name == container.name) {
+        let (container, gpu_index) = parse_container(value, &path, &mut ignored, &mut entries)?;
+        if let Some(first) = names.get(&container.name) {
             return Err(err(
                 format!("{path}.name"),
                 format!(
@@ -158,6 +192,7 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
                 ),
             ));
         }
+        names.insert(container.name.clone(), i);
         if let Some(j) = gpu_index {
             gpu.add(&container, &format!("{path}.resourceRequirements[{j}]"))?;
         }
@@ -178,10 +213,32 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     })
 }
 
+/// Environment variables and command elements counted so far, against [`MAX_ENTRIES`].
+struct Entries(usize);
+
+impl Entries {
+    /// Counts the `n` entries of the array at `path`.
+    fn add(&mut self, n: usize, path: &str) -> Result<()> {
+        self.0 = self.0.saturating_add(n);
+        if self.0 > MAX_ENTRIES {
+            return Err(err(
+                path,
+                format!(
+                    "brings the definition to {} environment variables and command elements in all, \
+                     more than the limit of {MAX_ENTRIES}",
+                    self.0
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn parse_container(
     value: &Value,
     path: &str,
     ignored: &mut Vec<String>,
+    entries: &mut Entries,
 ) -> Result<(ContainerDefinition, Option<usize>)> {
     let obj = as_object(value, path)?;
     check_keys(obj, path, CONTAINER_USED, CONTAINER_IGNORED, ignored)?;
@@ -190,8 +247,8 @@ fn parse_container(
     let name = as_str(require(obj, path, "name")?, &name_path)?;
     check_name("container name", name).map_err(|e| name_error(&name_path, name, &e))?;
 
-    let command = optional_string_array(obj, path, "command")?;
-    let entry_point = optional_string_array(obj, path, "entryPoint")?;
+    let command = optional_string_array(obj, path, "command", entries)?;
+    let entry_point = optional_string_array(obj, path, "entryPoint", entries)?;
     if command.is_empty() && entry_point.is_empty() {
         return Err(err(
             join(path, "command"),
@@ -201,7 +258,7 @@ fn parse_container(
     }
 
     let environment = match obj.get("environment") {
-        Some(v) => parse_environment(v, &join(path, "environment"))?,
+        Some(v) => parse_environment(v, &join(path, "environment"), entries)?,
         None => Vec::new(),
     };
 
@@ -217,6 +274,12 @@ fn parse_container(
             if user.is_empty() {
                 return Err(err(user_path, "must not be empty, got \"\""));
             }
+            if user.len() > MAX_USER_BYTES {
+                return Err(err(
+                    user_path,
+                    format!("must be at most {MAX_USER_BYTES} bytes, got {} bytes", user.len()),
+                ));
+            }
             if user.contains('\0') {
                 return Err(err(user_path, "must not contain NUL characters"));
             }
@@ -230,9 +293,9 @@ fn parse_container(
         None => None,
     };
 
-    let health_check = optional_check(obj, path, "healthCheck")?;
-    let startup_check = optional_check(obj, path, "startupCheck")?;
-    let readiness_check = optional_check(obj, path, "readinessCheck")?;
+    let health_check = optional_check(obj, path, "healthCheck", entries)?;
+    let startup_check = optional_check(obj, path, "startupCheck", entries)?;
+    let readiness_check = optional_check(obj, path, "readinessCheck", entries)?;
 
     let (resource_requirements, gpu_index) = match obj.get("resourceRequirements") {
         Some(v) => parse_resources(v, &join(path, "resourceRequirements"), ignored)?,
@@ -255,9 +318,18 @@ fn parse_container(
     Ok((container, gpu_index))
 }
 
-fn parse_environment(value: &Value, path: &str) -> Result<Vec<KeyValuePair>> {
+fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result<Vec<KeyValuePair>> {
     let list = as_array(value, path)?;
+    if list.len() > MAX_ENVIRONMENT {
+        return Err(err(
+            path,
+            format!("must have at most {MAX_ENVIRONMENT} environment variables, got {}", list.len()),
+        ));
+    }
+    entries.add(list.len(), path)?;
     let mut out: Vec<KeyValuePair> = Vec::with_capacity(list.len());
+    // Name -> index of the entry that set it.
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
     for (k, entry) in list.iter().enumerate() {
         let entry_path = format!("{path}[{k}]");
         let obj = as_object(entry, &entry_path)?;
@@ -267,15 +339,22 @@ fn parse_environment(value: &Value, path: &str) -> Result<Vec<KeyValuePair>> {
         if name.is_empty() {
             return Err(err(name_path, "must not be empty, got \"\""));
         }
+        if name.len() > MAX_ENV_NAME_BYTES {
+            return Err(err(
+                name_path,
+                format!("must be at most {MAX_ENV_NAME_BYTES} bytes, got {} bytes", name.len()),
+            ));
+        }
         if name.contains('=') || name.contains('\0') {
             return Err(err(name_path, format!("must not contain '=' or NUL, got {}", quote(name))));
         }
         let value_path = join(&entry_path, "value");
         let val = as_str(require(obj, &entry_path, "value")?, &value_path)?;
+        check_string_len(val, &value_path)?;
         if val.contains('\0') {
             return Err(err(value_path, "must not contain NUL characters"));
         }
-        if let Some(first) = out.iter().position(|kv| kv.name == name) {
+        if let Some(first) = seen.insert(name, k) {
             return Err(err(
                 name_path,
                 format!("duplicate environment variable {}, already set by {path}[{first}]", quote(name)),
@@ -286,18 +365,23 @@ fn parse_environment(value: &Value, path: &str) -> Result<Vec<KeyValuePair>> {
     Ok(out)
 }
 
-fn optional_check(obj: &Map<String, Value>, path: &str, key: &str) -> Result<Option<HealthCheck>> {
+fn optional_check(
+    obj: &Map<String, Value>,
+    path: &str,
+    key: &str,
+    entries: &mut Entries,
+) -> Result<Option<HealthCheck>> {
     match obj.get(key) {
-        Some(v) => parse_check(v, &join(path, key)).map(Some),
+        Some(v) => parse_check(v, &join(path, key), entries).map(Some),
         None => Ok(None),
     }
 }
 
-fn parse_check(value: &Value, path: &str) -> Result<HealthCheck> {
+fn parse_check(value: &Value, path: &str, entries: &mut Entries) -> Result<HealthCheck> {
     let obj = as_object(value, path)?;
     check_keys(obj, path, CHECK_KEYS, &[], &mut Vec::new())?;
     let command_path = join(path, "command");
-    let command = string_array(require(obj, path, "command")?, &command_path)?;
+    let command = string_array(require(obj, path, "command")?, &command_path, entries)?;
     check_probe_command(&command, &command_path)?;
     let int_or = |key: &str, lo: u64, hi: u64, default: u32| -> Result<u32> {
         match obj.get(key) {
@@ -622,13 +706,18 @@ fn as_bool(value: &Value, path: &str) -> Result<bool> {
     value.as_bool().ok_or_else(|| err(path, format!("must be true or false, got {}", describe(value))))
 }
 
-fn string_array(value: &Value, path: &str) -> Result<Vec<String>> {
-    as_array(value, path)?
-        .iter()
+fn string_array(value: &Value, path: &str, entries: &mut Entries) -> Result<Vec<String>> {
+    let list = as_array(value, path)?;
+    if list.len() > MAX_ARGS {
+        return Err(err(path, format!("must have at most {MAX_ARGS} elements, got {}", list.len())));
+    }
+    entries.add(list.len(), path)?;
+    list.iter()
         .enumerate()
         .map(|(k, v)| {
             let item_path = format!("{path}[{k}]");
             let s = as_str(v, &item_path)?;
+            check_string_len(s, &item_path)?;
             if s.contains('\0') {
                 return Err(err(item_path, "must not contain NUL characters"));
             }
@@ -637,11 +726,23 @@ fn string_array(value: &Value, path: &str) -> Result<Vec<String>> {
         .collect()
 }
 
-fn optional_string_array(obj: &Map<String, Value>, prefix: &str, key: &str) -> Result<Vec<String>> {
+fn optional_string_array(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    key: &str,
+    entries: &mut Entries,
+) -> Result<Vec<String>> {
     match obj.get(key) {
-        Some(v) => string_array(v, &join(prefix, key)),
+        Some(v) => string_array(v, &join(prefix, key), entries),
         None => Ok(Vec::new()),
     }
+}
+
+fn check_string_len(s: &str, path: &str) -> Result<()> {
+    if s.len() > MAX_STRING_BYTES {
+        return Err(err(path, format!("must be at most {MAX_STRING_BYTES} bytes, got {} bytes", s.len())));
+    }
+    Ok(())
 }
 
 /// An integer in `lo..=hi`; floats, strings and anything else are refused with the range.

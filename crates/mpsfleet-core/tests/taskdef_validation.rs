@@ -605,6 +605,141 @@ mod taskdef {
         );
     }
 
+    // ---- size limits ----
+
+    fn env(n: usize) -> Value {
+        Value::Array((0..n).map(|i| json!({"name": format!("V{i}"), "value": "x"})).collect())
+    }
+
+    fn args(n: usize) -> Value {
+        Value::Array((0..n).map(|i| Value::String(format!("a{i}"))).collect())
+    }
+
+    #[test]
+    fn document_is_at_most_256_kib() {
+        use mpsfleet_core::taskdef::MAX_DOCUMENT_BYTES;
+        // Padding inside an environment value, so that the document is valid but for its size.
+        let sized = |len: usize| {
+            let base = one(json!({"environment": [{"name": "PAD", "value": ""}]}));
+            let pad = len - base.len();
+            one(json!({"environment": [{"name": "PAD", "value": "x".repeat(pad)}]}))
+        };
+        assert_eq!(sized(MAX_DOCUMENT_BYTES).len(), MAX_DOCUMENT_BYTES);
+        // At the limit the value is over its own limit; split it into values that are not.
+        let chunks = |len: usize| {
+            let base = one(json!({"environment": env(8)}));
+            let per = (len - base.len()) / 8;
+            let extra = (len - base.len()) % 8;
+            let e: Vec<Value> = (0..8)
+                .map(|i| json!({"name": format!("V{i}"), "value": format!("x{}", "y".repeat(per + usize::from(i == 0) * extra))}))
+                .collect();
+            one(json!({"environment": e}))
+        };
+        let at = chunks(MAX_DOCUMENT_BYTES);
+        assert_eq!(at.len(), MAX_DOCUMENT_BYTES);
+        ok(&at);
+        let over = chunks(MAX_DOCUMENT_BYTES + 1);
+        assert_eq!(over.len(), MAX_DOCUMENT_BYTES + 1);
+        check(&over, "$", "must be at most 262144 bytes of JSON (ECS allows 65536), got 262145 bytes");
+        // Refused by size before it is parsed: not even valid JSON is needed.
+        check(&"[".repeat(MAX_DOCUMENT_BYTES + 1), "$", "at most 262144 bytes");
+        check(&sized(MAX_DOCUMENT_BYTES + 1), "$", "at most 262144 bytes");
+    }
+
+    #[test]
+    fn environment_has_at_most_4096_variables() {
+        assert_eq!(
+            ok(&one(json!({"environment": env(4096)}))).definition.container_definitions[0].environment.len(),
+            4096
+        );
+        check(
+            &one(json!({"environment": env(4097)})),
+            "containerDefinitions[0].environment",
+            "must have at most 4096 environment variables, got 4097",
+        );
+    }
+
+    #[test]
+    fn command_arrays_have_at_most_4096_elements() {
+        ok(&one(json!({"command": args(4096)})));
+        check(
+            &one(json!({"command": args(4097)})),
+            "containerDefinitions[0].command",
+            "must have at most 4096 elements, got 4097",
+        );
+        check(
+            &one(json!({"entryPoint": args(4097)})),
+            "containerDefinitions[0].entryPoint",
+            "must have at most 4096 elements, got 4097",
+        );
+        let mut probe = vec![Value::String("CMD".into())];
+        probe.extend(args(4096).as_array().unwrap().iter().cloned());
+        check(
+            &one(json!({"healthCheck": {"command": probe}})),
+            "containerDefinitions[0].healthCheck.command",
+            "must have at most 4096 elements, got 4097",
+        );
+    }
+
+    #[test]
+    fn entries_of_all_containers_are_at_most_16384() {
+        // Four containers of 4096 command elements each is the limit; one more is over. (Short
+        // command elements are the only entries that many fit in the document limit.)
+        let c = |i: usize| json!({"name": format!("c{i}"), "command": args(4096)});
+        ok(&task((0..4).map(c).collect()));
+        let mut over: Vec<Value> = (0..4).map(c).collect();
+        over.push(json!({"name": "c4", "command": ["run"]}));
+        check(
+            &task(over),
+            "containerDefinitions[4].command",
+            "brings the definition to 16385 environment variables and command elements in all, more than the limit of 16384",
+        );
+    }
+
+    #[test]
+    fn strings_have_length_limits() {
+        let big = "x".repeat(65_537);
+        ok(&one(json!({"environment": [{"name": "A", "value": "x".repeat(65_536)}]})));
+        check(
+            &one(json!({"environment": [{"name": "A", "value": big}]})),
+            "containerDefinitions[0].environment[0].value",
+            "must be at most 65536 bytes, got 65537 bytes",
+        );
+        check(
+            &one(json!({"command": ["run", big]})),
+            "containerDefinitions[0].command[1]",
+            "must be at most 65536 bytes, got 65537 bytes",
+        );
+        ok(&one(json!({"environment": [{"name": "N".repeat(4096), "value": ""}]})));
+        check(
+            &one(json!({"environment": [{"name": "N".repeat(4097), "value": ""}]})),
+            "containerDefinitions[0].environment[0].name",
+            "must be at most 4096 bytes, got 4097 bytes",
+        );
+        ok(&one(json!({"user": "u".repeat(255)})));
+        check(
+            &one(json!({"user": "u".repeat(256)})),
+            "containerDefinitions[0].user",
+            "must be at most 255 bytes, got 256 bytes",
+        );
+        check(
+            &top(json!({"family": "f".repeat(256)})),
+            "family",
+            "at most 255 characters, got 256 characters",
+        );
+    }
+
+    #[test]
+    fn duplicate_environment_variable_at_the_end_of_the_largest_environment() {
+        let mut e = env(4096);
+        e.as_array_mut().unwrap()[4095] = json!({"name": "V0", "value": "again"});
+        check(
+            &one(json!({"environment": e})),
+            "containerDefinitions[0].environment[4095].name",
+            "duplicate environment variable \"V0\", already set by containerDefinitions[0].environment[0]",
+        );
+    }
+
     // ---- happy paths ----
 
     #[test]
