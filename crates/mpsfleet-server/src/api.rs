@@ -4,7 +4,9 @@
 //! thread (the store commits synchronously), holding the cluster lock for that call only.
 
 use crate::auth::{self, Principal};
-use crate::cluster::{Cluster, ProviderJob, ProviderOutcome, TaskFilter};
+use crate::cluster::{
+    Cluster, HostRequest, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, ValidTaskDef, Waiting,
+};
 use crate::error::ApiError;
 use crate::provider;
 use axum::body::Bytes;
@@ -34,6 +36,8 @@ pub struct AppState {
     pub changed: watch::Sender<u64>,
     /// Committed changes, for `GET /v1/events`.
     pub events: crate::events::Events,
+    /// Host registrations waiting for their group commit.
+    pub registrations: Arc<RegistrationQueue>,
 }
 
 impl AppState {
@@ -45,6 +49,7 @@ impl AppState {
             http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
             changed: watch::Sender::new(rev),
             events,
+            registrations: Arc::new(RegistrationQueue::default()),
         }
     }
 
@@ -56,14 +61,15 @@ impl AppState {
         allow: fn(&Principal) -> bool,
         f: impl FnOnce(&mut Cluster, Principal) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?.to_string();
+        let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
+        let digest = auth::digest(token);
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         let (out, jobs) = tokio::task::spawn_blocking(move || {
             let mut c = cluster.lock().map_err(|_| {
                 ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
             })?;
-            let who = c.authenticate(&token)?;
+            let who = c.authenticate_digest(&digest)?;
             if !allow(&who) {
                 return Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))));
             }
@@ -263,7 +269,12 @@ async fn register_taskdef(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let r = st.call(&headers, admin, move |c, _| c.register_taskdef(&body)).await?;
+    // Parsing, validation and encoding are linear in the body, which may be large: done here,
+    // before the cluster lock, which is then held for the commit only.
+    let valid = tokio::task::spawn_blocking(move || ValidTaskDef::parse(&body))
+        .await
+        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??;
+    let r = st.call(&headers, admin, move |c, _| c.register_valid_taskdef(valid)).await?;
     Ok(created(r))
 }
 
@@ -578,7 +589,74 @@ async fn register_host(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let reg: HostRegistration = parse(&body)?;
-    Ok(created(st.call(&headers, joiner, move |c, _| c.register_host(reg)).await?))
+    let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
+    let token_sha256 = auth::digest(token);
+    let request = HostRequest::new(reg)?;
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    if st.registrations.push(Waiting { token_sha256, request, answer }) {
+        let st = st.clone();
+        tokio::task::spawn_blocking(move || commit_registrations(&st));
+    }
+    let answer = answered
+        .await
+        .map_err(|_| ApiError::Internal("the registration commit stopped unanswered".into()))?;
+    Ok(created(answer?))
+}
+
+/// Group commit of host registrations: takes every registration waiting, registers them with
+/// one store commit under the cluster lock, answers each, and repeats until none waits. Those
+/// that arrive during a commit make the next group.
+fn commit_registrations(st: &AppState) {
+    loop {
+        let group = st.registrations.take();
+        if group.is_empty() {
+            return;
+        }
+        let (answers, jobs) = {
+            let Ok(mut c) = st.cluster.lock() else {
+                for w in group {
+                    let _ = w.answer.send(Err(ApiError::Internal(
+                        "state lock poisoned by an earlier failure; restart the server".into(),
+                    )));
+                }
+                continue;
+            };
+            let before = c.revision();
+            let mut requests = Vec::with_capacity(group.len());
+            let mut refused = Vec::new();
+            let mut senders = Vec::with_capacity(group.len());
+            for w in group {
+                let allowed = c.authenticate_digest(&w.token_sha256).and_then(|who| {
+                    if joiner(&who) {
+                        Ok(who)
+                    } else {
+                        Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))))
+                    }
+                });
+                match allowed {
+                    Ok(who) => {
+                        requests.push((who, w.request));
+                        senders.push(w.answer);
+                    }
+                    Err(e) => refused.push((w.answer, e)),
+                }
+            }
+            let results = c.register_hosts(requests);
+            if c.revision() != before {
+                st.changed.send_replace(c.revision());
+            }
+            let answers: Vec<_> = senders
+                .into_iter()
+                .zip(results)
+                .chain(refused.into_iter().map(|(tx, e)| (tx, Err(e))))
+                .collect();
+            (answers, c.take_jobs())
+        };
+        for (tx, result) in answers {
+            let _ = tx.send(result);
+        }
+        run_jobs(st.clone(), jobs);
+    }
 }
 
 async fn host_status(

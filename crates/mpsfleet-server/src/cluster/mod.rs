@@ -8,15 +8,16 @@
 
 mod health;
 mod introspect;
+mod register;
 
 pub use health::{replacement_name, ProviderJob, ProviderOutcome};
+pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
 
 use crate::auth::{self, Principal};
 use crate::error::ApiError;
 use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, LocalProvider};
 use mpsfleet_core::clock::Clock;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
-use mpsfleet_core::taskdef::parse_task_definition;
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
 use mpsfleet_types::api::{
     Assignments, HostStatusAnswer, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse,
@@ -141,6 +142,8 @@ pub struct Cluster {
     admin_sha256: String,
     join_sha256: String,
     host_credentials: HashMap<String, HostIx>,
+    /// The host of every registered GPU.
+    gpu_hosts: HashMap<GpuUuid, HostIx>,
     next_seq: u64,
     id_base: u64,
     id_counter: u64,
@@ -203,6 +206,7 @@ impl Cluster {
             admin_sha256,
             join_sha256,
             host_credentials: HashMap::new(),
+            gpu_hosts: HashMap::new(),
             next_seq: 0,
             id_base: auth::random_u64()?,
             id_counter: 0,
@@ -452,17 +456,10 @@ impl Cluster {
 
     // ---- task definitions ---------------------------------------------------------------
 
+    /// Parses and registers a definition. The API parses before it takes the cluster lock and
+    /// calls [`Cluster::register_valid_taskdef`].
     pub fn register_taskdef(&mut self, body: &[u8]) -> Result<RegisterTaskDefResponse, ApiError> {
-        let parsed = parse_task_definition(body)
-            .map_err(|e| ApiError::InvalidTaskDefinition { field: e.field, message: e.message })?;
-        let mut td = parsed.definition;
-        td.revision = self.latest_revision(&td.family).map_or(1, |r| r + 1);
-        td.registered_at_ms = self.now();
-        let key = taskdef_key(&td.family, td.revision);
-        let rev = self.commit(&[Op::put_json(TASKDEF, key, &td, Precondition::Absent)?])?;
-        let reference = td.reference();
-        self.taskdefs.insert((td.family.clone(), td.revision), Versioned { value: td, version: rev });
-        Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: parsed.ignored_fields })
+        self.register_valid_taskdef(ValidTaskDef::parse(body)?)
     }
 
     fn latest_revision(&self, family: &Family) -> Option<u32> {
@@ -498,47 +495,42 @@ impl Cluster {
 
     // ---- hosts --------------------------------------------------------------------------
 
+    /// Registers one host for the join token. The API checks and mints before it takes the
+    /// cluster lock ([`HostRequest::new`]) and registers concurrent hosts with one commit
+    /// ([`Cluster::register_hosts`]).
     pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, ApiError> {
-        let pool = self.pool_name("pool", reg.pool.as_str())?;
-        if reg.hostname.is_empty() || reg.hostname.len() > 255 {
-            return Err(ApiError::invalid("hostname", "must be 1 to 255 characters"));
+        let req = HostRequest::new(reg)?;
+        self.register_hosts(vec![(Principal::Joiner, req)])
+            .pop()
+            .unwrap_or_else(|| Err(ApiError::Internal("a registration went unanswered".into())))
+    }
+
+    /// One registration by `who`: its checks against the state and against the earlier
+    /// registrations of its group commit (`batch`), and the host record it makes. The checks
+    /// that need no state are in [`HostRequest::new`], done before the lock.
+    fn admit_host(
+        &self,
+        who: &Principal,
+        req: HostRequest,
+        batch: &register::HostBatch,
+    ) -> Result<(Host, RegisterHostResponse), ApiError> {
+        let _ = who; // the join token and the admin token register any host
+        let pool = self.pool_name("pool", req.reg.pool.as_str())?;
+        for g in &req.reg.gpus {
+            if self.gpu_hosts.contains_key(&g.uuid) || batch.claims_gpu(&g.uuid) {
+                return Err(ApiError::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
+            }
         }
-        if reg.gpus.len() > 64 {
+        if !self.room_for_gpus(batch, req.reg.gpus.len()) {
             return Err(ApiError::invalid(
                 "gpus",
-                format!("at most 64 GPUs per host, got {}", reg.gpus.len()),
+                format!("the cluster holds at most {} GPUs", mpsfleet_core::scheduler::MAX_GPUS),
             ));
         }
-        let mut seen = BTreeSet::new();
-        for (i, g) in reg.gpus.iter().enumerate() {
-            if !seen.insert(g.uuid.clone()) {
-                return Err(ApiError::invalid(
-                    format!("gpus[{i}].uuid"),
-                    format!("duplicate GPU {}", g.uuid),
-                ));
-            }
-            if g.memory_mib == 0 || g.memory_mib > 16_777_216 {
-                return Err(ApiError::invalid(
-                    format!("gpus[{i}].memoryMib"),
-                    format!("must be from 1 to 16777216 MiB, got {}", g.memory_mib),
-                ));
-            }
-            if g.max_mps_clients > 1024 {
-                return Err(ApiError::invalid(
-                    format!("gpus[{i}].maxMpsClients"),
-                    format!("must be at most 1024, got {}", g.max_mps_clients),
-                ));
-            }
+        if self.sched.host(&req.id).is_some() || batch.claims_id(&req.id) {
+            return Err(ApiError::Conflict(format!("host id {} is taken; retry the request", req.id)));
         }
-        let taken = self.hosts.iter().flat_map(|h| h.host.gpus.iter()).find(|g| seen.contains(&g.uuid));
-        if let Some(g) = taken {
-            return Err(ApiError::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
-        }
-        let seq = self.hosts.len() as u64;
-        let id = HostId::new(format!("h-{:012x}", auth::random_u64()? >> 16))
-            .map_err(|e| ApiError::StoreCorrupt(e.to_string()))?;
-        let credential = auth::new_token("mpsf_host_")?;
-        let agent_token = auth::new_token("mpsf_agent_")?;
+        let HostRequest { reg, id, credential, credential_sha256, agent_token } = req;
         let host = Host {
             id: id.clone(),
             pool,
@@ -549,14 +541,12 @@ impl Cluster {
             emulated: reg.emulated,
             mps_available: reg.mps_available,
             gpus: reg.gpus,
-            seq,
+            seq: (self.hosts.len() + batch.len()) as u64,
             registered_at_ms: self.now(),
-            credential_sha256: auth::digest(&credential),
+            credential_sha256,
             agent_token: agent_token.clone(),
         };
-        let rev = self.commit(&[Op::put_json(HOST, id.as_str(), &host, Precondition::Absent)?])?;
-        self.index_host(host, rev)?;
-        Ok(RegisterHostResponse { host_id: id, credential, agent_token })
+        Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
     }
 
     fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, ApiError> {
@@ -578,6 +568,7 @@ impl Cluster {
             .map_err(|e| ApiError::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
         self.host_credentials.insert(host.credential_sha256.clone(), ix);
+        self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
         let registered_at_ms = host.registered_at_ms;
         self.hosts.push(HostEntry {
             host,

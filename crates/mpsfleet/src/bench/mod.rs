@@ -5,11 +5,13 @@ use clap::{Args, Subcommand};
 
 mod ingest;
 mod recovery;
+mod register;
 mod submit;
 use ingest::{ingest, IngestBench};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
 use recovery::{recovery, RecoveryBench};
+use register::{register, RegisterBench};
 use std::time::Instant;
 use submit::{submit, SubmitBench};
 
@@ -23,6 +25,8 @@ pub enum BenchCommand {
     Ingest(IngestBench),
     /// `task run` batches to the real server until a number of tasks are placed and committed.
     Submit(SubmitBench),
+    /// Host registrations from concurrent clients to the real server, until all are committed.
+    Register(RegisterBench),
 }
 
 #[derive(Args)]
@@ -48,6 +52,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Recovery(b) => recovery(b),
         BenchCommand::Ingest(b) => ingest(b),
         BenchCommand::Submit(b) => submit(b),
+        BenchCommand::Register(b) => register(b),
     }
 }
 

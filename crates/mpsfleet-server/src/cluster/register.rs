@@ -1,0 +1,414 @@
+//! Registration without slow work under the cluster lock.
+//!
+//! A task definition is parsed, validated and encoded before the lock is taken
+//! ([`ValidTaskDef`]); under it only the revision is chosen and the record committed. A host
+//! registration is checked on its own and given its id and secrets before the lock too
+//! ([`HostRequest`]); concurrent registrations then share one store commit (one fsync): the
+//! [`RegistrationQueue`] collects them while a commit is in progress and
+//! [`Cluster::register_hosts`] checks each against the state and the earlier members of its
+//! group, commits the ones that pass as one batch and answers each only after that commit.
+
+use super::{Cluster, Versioned, HOST, TASKDEF};
+use crate::auth::{self, Principal};
+use crate::error::ApiError;
+use mpsfleet_core::scheduler::MAX_GPUS;
+use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
+use mpsfleet_store::{Op, Precondition};
+use mpsfleet_types::api::{RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration};
+use std::collections::HashSet;
+
+/// The most GPUs one host may register.
+pub const MAX_HOST_GPUS: usize = 64;
+/// The most bytes of a host's name.
+pub const MAX_HOSTNAME_BYTES: usize = 255;
+/// The most bytes of a GPU's `model` and `computeCapability`.
+pub const MAX_GPU_TEXT_BYTES: usize = 255;
+/// The most MiB a GPU may report.
+pub const MAX_GPU_MEMORY_MIB: u64 = 16_777_216;
+/// The most MPS clients a GPU may accept.
+pub const MAX_GPU_MPS_CLIENTS: u32 = 1024;
+/// The most registrations one group commit takes; the rest wait for the next.
+pub const MAX_GROUP: usize = 1024;
+
+// ---- task definitions -------------------------------------------------------------------
+
+/// A task definition that passed validation, with its containers already encoded as JSON.
+pub struct ValidTaskDef {
+    parsed: ParsedTaskDefinition,
+    containers_json: Vec<u8>,
+}
+
+impl ValidTaskDef {
+    /// Parses, validates and encodes `body`: the work proportional to its size, done before
+    /// the cluster lock is taken.
+    pub fn parse(body: &[u8]) -> Result<ValidTaskDef, ApiError> {
+        let parsed = parse_task_definition(body)
+            .map_err(|e| ApiError::InvalidTaskDefinition { field: e.field, message: e.message })?;
+        let containers_json = serde_json::to_vec(&parsed.definition.container_definitions)
+            .map_err(|e| ApiError::Internal(format!("encoding a task definition: {e}")))?;
+        Ok(ValidTaskDef { parsed, containers_json })
+    }
+
+    /// The stored record, as `TaskDefinition` encodes it, from the encoded containers.
+    fn record(&self, family: &Family, revision: u32, registered_at_ms: u64) -> Result<Vec<u8>, ApiError> {
+        let family = serde_json::to_string(family)
+            .map_err(|e| ApiError::Internal(format!("encoding a task definition: {e}")))?;
+        let mut out = Vec::with_capacity(self.containers_json.len() + family.len() + 96);
+        out.extend_from_slice(b"{\"family\":");
+        out.extend_from_slice(family.as_bytes());
+        out.extend_from_slice(format!(",\"revision\":{revision},\"containerDefinitions\":").as_bytes());
+        out.extend_from_slice(&self.containers_json);
+        out.extend_from_slice(format!(",\"registeredAtMs\":{registered_at_ms}}}").as_bytes());
+        Ok(out)
+    }
+}
+
+impl Cluster {
+    /// Registers a validated definition as the next revision of its family.
+    pub fn register_valid_taskdef(&mut self, v: ValidTaskDef) -> Result<RegisterTaskDefResponse, ApiError> {
+        let family = v.parsed.definition.family.clone();
+        let revision = self.latest_revision(&family).map_or(1, |r| r + 1);
+        let registered_at_ms = self.now();
+        let value = v.record(&family, revision, registered_at_ms)?;
+        let key = super::taskdef_key(&family, revision);
+        let rev =
+            self.commit(&[Op::Put { kind: TASKDEF.into(), key, value, expect: Precondition::Absent }])?;
+        let mut td = v.parsed.definition;
+        td.revision = revision;
+        td.registered_at_ms = registered_at_ms;
+        let reference = td.reference();
+        self.taskdefs.insert((family, revision), Versioned { value: td, version: rev });
+        Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
+    }
+}
+
+// ---- hosts ------------------------------------------------------------------------------
+
+/// A host registration that passed the checks that need no state, with its id and secrets.
+pub struct HostRequest {
+    pub(super) reg: HostRegistration,
+    pub(super) id: HostId,
+    pub(super) credential: String,
+    pub(super) credential_sha256: String,
+    pub(super) agent_token: String,
+}
+
+impl HostRequest {
+    /// Checks `reg` on its own (names, GPU counts and figures, a GPU listed twice) and mints
+    /// the host's id, credential and agent token: done before the cluster lock is taken.
+    pub fn new(reg: HostRegistration) -> Result<HostRequest, ApiError> {
+        if reg.hostname.is_empty() || reg.hostname.len() > MAX_HOSTNAME_BYTES {
+            return Err(ApiError::invalid(
+                "hostname",
+                format!("must be 1 to {MAX_HOSTNAME_BYTES} characters, got {}", reg.hostname.len()),
+            ));
+        }
+        if reg.gpus.len() > MAX_HOST_GPUS {
+            return Err(ApiError::invalid(
+                "gpus",
+                format!("at most {MAX_HOST_GPUS} GPUs per host, got {}", reg.gpus.len()),
+            ));
+        }
+        let mut seen = HashSet::with_capacity(reg.gpus.len());
+        for (i, g) in reg.gpus.iter().enumerate() {
+            if !seen.insert(&g.uuid) {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].uuid"),
+                    format!("duplicate GPU {}", g.uuid),
+                ));
+            }
+            if g.memory_mib == 0 || g.memory_mib > MAX_GPU_MEMORY_MIB {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].memoryMib"),
+                    format!("must be from 1 to {MAX_GPU_MEMORY_MIB} MiB, got {}", g.memory_mib),
+                ));
+            }
+            if g.max_mps_clients > MAX_GPU_MPS_CLIENTS {
+                return Err(ApiError::invalid(
+                    format!("gpus[{i}].maxMpsClients"),
+                    format!("must be at most {MAX_GPU_MPS_CLIENTS}, got {}", g.max_mps_clients),
+                ));
+            }
+            for (field, text) in [("model", &g.model), ("computeCapability", &g.compute_capability)] {
+                if text.len() > MAX_GPU_TEXT_BYTES {
+                    return Err(ApiError::invalid(
+                        format!("gpus[{i}].{field}"),
+                        format!("must be at most {MAX_GPU_TEXT_BYTES} bytes, got {} bytes", text.len()),
+                    ));
+                }
+            }
+        }
+        let id = HostId::new(format!("h-{:012x}", auth::random_u64()? >> 16))
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let credential = auth::new_token("mpsf_host_")?;
+        let credential_sha256 = auth::digest(&credential);
+        let agent_token = auth::new_token("mpsf_agent_")?;
+        Ok(HostRequest { reg, id, credential, credential_sha256, agent_token })
+    }
+}
+
+/// The hosts of one group commit, in order, and what they claim.
+#[derive(Default)]
+pub(super) struct HostBatch {
+    members: Vec<Member>,
+    gpus: HashSet<GpuUuid>,
+    ids: HashSet<HostId>,
+    gpu_count: usize,
+}
+
+struct Member {
+    host: Host,
+    op: Op,
+    answer: RegisterHostResponse,
+    /// Where the answer goes in the caller's list.
+    slot: usize,
+}
+
+impl HostBatch {
+    pub(super) fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// GPUs of the hosts in the batch.
+    pub(super) fn gpu_count(&self) -> usize {
+        self.gpu_count
+    }
+
+    pub(super) fn claims_gpu(&self, uuid: &GpuUuid) -> bool {
+        self.gpus.contains(uuid)
+    }
+
+    pub(super) fn claims_id(&self, id: &HostId) -> bool {
+        self.ids.contains(id)
+    }
+
+    /// Adds a host that passed its checks: its record is encoded here, and it claims its id and
+    /// GPUs for the later members.
+    pub(super) fn add(
+        &mut self,
+        host: Host,
+        answer: RegisterHostResponse,
+        slot: usize,
+    ) -> Result<(), ApiError> {
+        let op = Op::put_json(HOST, host.id.as_str(), &host, Precondition::Absent)?;
+        self.gpus.extend(host.gpus.iter().map(|g| g.uuid.clone()));
+        self.ids.insert(host.id.clone());
+        self.gpu_count += host.gpus.len();
+        self.members.push(Member { host, op, answer, slot });
+        Ok(())
+    }
+}
+
+impl Cluster {
+    /// Registers hosts, each for the caller beside it, with one store commit. Each request is
+    /// checked against the state and
+    /// the earlier requests of the list (of two claiming one GPU, the second is refused); one
+    /// that fails its checks gets its error and does not affect the others. The ones that pass
+    /// are committed as one batch and indexed only after the commit returns. Should that commit
+    /// fail, each is committed on its own, so that one record's failure fails only its request.
+    /// Answers are in the order of `requests`.
+    pub fn register_hosts(
+        &mut self,
+        requests: Vec<(Principal, HostRequest)>,
+    ) -> Vec<Result<RegisterHostResponse, ApiError>> {
+        let mut out: Vec<Result<RegisterHostResponse, ApiError>> = Vec::with_capacity(requests.len());
+        let mut batch = HostBatch::default();
+        for (slot, (who, req)) in requests.into_iter().enumerate() {
+            // A placeholder until the batch is committed.
+            out.push(Err(ApiError::Internal("registration not committed".into())));
+            let admitted =
+                self.admit_host(&who, req, &batch).and_then(|(host, answer)| batch.add(host, answer, slot));
+            if let Err(e) = admitted {
+                out[slot] = Err(e);
+            }
+        }
+        if batch.members.is_empty() {
+            return out;
+        }
+        let ops: Vec<Op> = batch.members.iter().map(|m| m.op.clone()).collect();
+        match self.commit(&ops) {
+            Ok(rev) => {
+                for m in batch.members {
+                    out[m.slot] = self.index_host(m.host, rev).map(|_| m.answer);
+                }
+            }
+            Err(e) if batch.members.len() == 1 => {
+                let slot = batch.members[0].slot;
+                out[slot] = Err(e);
+            }
+            Err(_) => {
+                for m in batch.members {
+                    out[m.slot] = match self.commit(std::slice::from_ref(&m.op)) {
+                        Ok(rev) => self.index_host(m.host, rev).map(|_| m.answer),
+                        Err(e) => Err(e),
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the scheduler has room for `gpus` more GPUs after the batch's.
+    pub(super) fn room_for_gpus(&self, batch: &HostBatch, gpus: usize) -> bool {
+        self.sched.gpu_count() + batch.gpu_count() + gpus <= MAX_GPUS
+    }
+}
+
+// ---- group commit -----------------------------------------------------------------------
+
+/// One registration waiting for its group commit.
+pub struct Waiting {
+    /// SHA-256 of the caller's bearer token: it is authenticated under the lock.
+    pub token_sha256: String,
+    pub request: HostRequest,
+    pub answer: tokio::sync::oneshot::Sender<Result<RegisterHostResponse, ApiError>>,
+}
+
+/// Registrations collected while a group commit is in progress. The first to arrive when none
+/// is in progress is told to start one ([`RegistrationQueue::push`] returns true); that commit
+/// takes whatever waits when it starts, so registrations arriving during one commit share the
+/// next.
+#[derive(Default)]
+pub struct RegistrationQueue {
+    state: std::sync::Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    waiting: Vec<Waiting>,
+    committing: bool,
+}
+
+impl RegistrationQueue {
+    /// Queues `w`; true when the caller is to run the commits ([`RegistrationQueue::take`]
+    /// until it returns nothing).
+    pub fn push(&self, w: Waiting) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.waiting.push(w);
+        !std::mem::replace(&mut s.committing, true)
+    }
+
+    /// The next group (at most [`MAX_GROUP`]), or nothing, and then the commits have stopped:
+    /// the next push starts them again.
+    pub fn take(&self) -> Vec<Waiting> {
+        let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.waiting.is_empty() {
+            s.committing = false;
+            return Vec::new();
+        }
+        let n = s.waiting.len().min(MAX_GROUP);
+        s.waiting.drain(..n).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::TaskDefinition;
+    use std::sync::Arc;
+
+    #[test]
+    fn task_definition_record_decodes_as_the_definition() {
+        let body =
+            br#"{"family": "web", "containerDefinitions": [{"name": "main", "command": ["run", "\"q\""],
+            "environment": [{"name": "A", "value": "\u00e9"}],
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 512}}}]}]}"#;
+        let v = ValidTaskDef::parse(body).unwrap();
+        let mut want = v.parsed.definition.clone();
+        want.revision = 7;
+        want.registered_at_ms = 1_700_000_000_123;
+        let record = v.record(&want.family, 7, 1_700_000_000_123).unwrap();
+        let got: TaskDefinition = serde_json::from_slice(&record).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(record, serde_json::to_vec(&want).unwrap(), "the record is what TaskDefinition encodes");
+    }
+
+    fn registration(pool: &str, name: &str, gpus: &[&str]) -> HostRegistration {
+        let gpus: Vec<_> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, u)| serde_json::json!({"uuid": u, "index": i, "model": "H200", "memoryMib": 143_771}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "pool": pool, "hostname": name, "gpus": gpus, "mpsAvailable": true, "emulated": true
+        }))
+        .unwrap()
+    }
+
+    fn cluster() -> (Cluster, Arc<mpsfleet_store::MemoryStore>) {
+        let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
+        let store = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store.clone(), clock, |_| Ok(())).unwrap();
+        c.create_pool(mpsfleet_types::CreatePool { name: "p".into(), ..Default::default() }).unwrap();
+        (c, store)
+    }
+
+    /// One commit for the group; a member that fails its checks (a GPU an earlier member or a
+    /// registered host has, an unknown pool) gets its error and the others are registered.
+    #[test]
+    fn a_group_commits_once_and_refuses_only_its_bad_members() {
+        use mpsfleet_store::Store;
+        let (mut c, store) = cluster();
+        c.register_host(registration("p", "old", &["GPU-old"])).unwrap();
+        let before = store.revision().unwrap();
+        let requests = [
+            registration("p", "a", &["GPU-a0", "GPU-a1"]),
+            registration("p", "b", &["GPU-b0", "GPU-a1"]),
+            registration("nope", "c", &["GPU-c0"]),
+            registration("p", "d", &["GPU-old"]),
+            registration("p", "e", &["GPU-b0"]),
+        ];
+        let requests =
+            requests.into_iter().map(|r| (Principal::Joiner, HostRequest::new(r).unwrap())).collect();
+        let out = c.register_hosts(requests);
+        assert_eq!(store.revision().unwrap(), before + 1, "one commit for the whole group");
+        let code = |r: &Result<RegisterHostResponse, ApiError>| match r {
+            Ok(_) => "ok",
+            Err(e) => e.status_and_code().1,
+        };
+        let codes: Vec<_> = out.iter().map(code).collect();
+        assert_eq!(codes, ["ok", "AlreadyExists", "InvalidParameter", "AlreadyExists", "ok"]);
+        assert!(out[1].as_ref().unwrap_err().to_string().contains("GPU-a1"), "{:?}", out[1]);
+        assert!(out[3].as_ref().unwrap_err().to_string().contains("GPU-old"), "{:?}", out[3]);
+        // "e" may have GPU-b0: "b", which listed it, was refused.
+        let names: Vec<_> = c.hosts(None).into_iter().map(|h| h.hostname).collect();
+        assert_eq!(names, ["old", "a", "e"]);
+        // Committed and indexed: the records are in the store, and the credentials work.
+        assert_eq!(store.list(HOST).unwrap().len(), 3);
+        for r in [&out[0], &out[4]] {
+            let r = r.as_ref().unwrap();
+            assert_eq!(c.authenticate(&r.credential).unwrap(), Principal::Host(r.host_id.clone()));
+        }
+        // Registration order is kept across a restart.
+        let reloaded =
+            Cluster::load(store.clone(), Arc::new(mpsfleet_core::clock::ManualClock::new(2)), |_| Ok(()))
+                .unwrap();
+        let names: Vec<_> = reloaded.hosts(None).into_iter().map(|h| h.hostname).collect();
+        assert_eq!(names, ["old", "a", "e"]);
+        // And the GPU index is rebuilt with it.
+        let mut reloaded = reloaded;
+        let again = reloaded.register_host(registration("p", "f", &["GPU-a0"])).unwrap_err();
+        assert_eq!(again.status_and_code().1, "AlreadyExists");
+    }
+
+    #[test]
+    fn queue_starts_one_committer_and_stops_when_empty() {
+        let q = RegistrationQueue::default();
+        let w = || {
+            let reg: HostRegistration = serde_json::from_value(serde_json::json!({
+                "pool": "p", "hostname": "h", "gpus": [], "mpsAvailable": false, "emulated": true
+            }))
+            .unwrap();
+            let (tx, _rx) = tokio::sync::oneshot::channel();
+            Waiting { token_sha256: String::new(), request: HostRequest::new(reg).unwrap(), answer: tx }
+        };
+        assert!(q.push(w()), "the first starts the commits");
+        assert!(!q.push(w()), "one is running");
+        assert_eq!(q.take().len(), 2);
+        assert!(!q.push(w()), "still running until a take finds nothing");
+        assert_eq!(q.take().len(), 1);
+        assert!(q.take().is_empty());
+        assert!(q.push(w()), "stopped: the next push starts them again");
+    }
+}
