@@ -15,6 +15,7 @@ use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervi
 use crate::tasks::{Gpus, TaskLoop};
 use mpsfleet_client::Client;
 use mpsfleet_core::clock::{Clock, SystemClock};
+pub use mpsfleet_core::lifecycle::mps::pool_mps_policy;
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::*;
 use serde::{Deserialize, Serialize};
@@ -82,6 +83,8 @@ pub enum AgentError {
     Mps(#[from] crate::mps::MpsError),
     #[error("task runtime: {0}")]
     Runtime(String),
+    #[error("{0}; exiting so that the agent is restarted")]
+    TaskLoopDied(String),
 }
 
 /// What the agent keeps about itself in its data dir.
@@ -132,7 +135,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     let gpus = Gpus::new(&supervisors);
     let runtime =
         crate::runtime::Runtime::new(cfg.shim.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?;
-    let task_loop = TaskLoop::start(
+    let mut task_loop = TaskLoop::start(
         cfg.data_dir.join("tasks"),
         runtime,
         gpus,
@@ -164,11 +167,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         cfg.policy.clone(),
     ));
     let assignments = tokio::spawn(assignments_loop(agent.clone(), task_loop.sender()));
-    shutdown.await;
+    let ended = until_shutdown(shutdown, task_loop.died()).await;
     tracing::info!("stopping");
     heartbeat.abort();
     assignments.abort();
     logs.abort();
+    if let Err(e) = ended {
+        // Exit for the supervisor to restart the agent; tasks and MPS daemons keep running for
+        // the next agent to adopt, so the daemons are not stopped here.
+        std::mem::forget(supervisors);
+        return Err(e);
+    }
     // Wait until both are gone, so that their references to the supervisors are dropped.
     let _ = heartbeat.await;
     let _ = assignments.await;
@@ -189,6 +198,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     .await
     .map_err(|e| AgentError::Runtime(e.to_string()))?;
     Ok(())
+}
+
+/// Waits for `shutdown`; fails when the task loop dies first, so that the agent exits (and is
+/// restarted) instead of heartbeating while it runs nothing.
+async fn until_shutdown(
+    shutdown: impl Future<Output = ()> + Send,
+    died: impl Future<Output = String> + Send,
+) -> Result<(), AgentError> {
+    tokio::select! {
+        () = shutdown => Ok(()),
+        why = died => Err(AgentError::TaskLoopDied(why)),
+    }
 }
 
 /// A short, stable key for this host's emulated GPU UUIDs, derived from its data dir.
@@ -313,18 +334,6 @@ fn onboarded(checks: &[HostCheck]) -> bool {
     checks.iter().all(|c| c.status != HealthStatus::Initializing)
 }
 
-/// The MPS policy a pool's health policy asks for: its probe interval and timeout, failure
-/// threshold and local restarts; the restart window and backoff stay `base`'s.
-pub fn pool_mps_policy(health: &HealthPolicy, base: &MpsPolicy) -> MpsPolicy {
-    MpsPolicy {
-        probe_interval: Duration::from_millis(health.mps_probe_interval_ms),
-        probe_timeout: Duration::from_millis(health.mps_probe_timeout_ms),
-        failure_threshold: health.mps_failure_threshold,
-        max_local_restarts: health.local_daemon_restarts,
-        ..base.clone()
-    }
-}
-
 /// Posts the host's checks every `every`; each answer carries the pool's health policy, which
 /// is applied to every supervisor when it differs from `policy`, the one in force (an invalid
 /// one is logged and ignored).
@@ -404,5 +413,35 @@ async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::task
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dead_task_loop_ends_the_agent_with_an_error() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut dead = TaskLoop::spawn(tx, rx, |_| panic!("injected loop fault")).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), until_shutdown(std::future::pending(), dead.died()))
+            .await
+            .expect("the agent noticed the dead loop");
+        match ended {
+            Err(e @ AgentError::TaskLoopDied(_)) => assert_eq!(
+                e.to_string(),
+                "the task loop panicked: injected loop fault; exiting so that the agent is restarted"
+            ),
+            other => panic!("expected TaskLoopDied, got {other:?}"),
+        }
+        // A shutdown while the loop lives ends it cleanly.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut alive = TaskLoop::spawn(tx, rx, |rx| {
+            let _ = rx.recv();
+            Ok(())
+        })
+        .unwrap();
+        assert!(until_shutdown(std::future::ready(()), alive.died()).await.is_ok());
+        alive.shutdown(false);
     }
 }

@@ -11,6 +11,7 @@ pub mod env;
 pub mod gpu_health;
 pub mod logs;
 pub mod mps;
+pub mod output;
 pub mod runtime;
 pub mod tasks;
 

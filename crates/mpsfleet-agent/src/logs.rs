@@ -57,6 +57,9 @@ async fn task_logs(
             return plain(StatusCode::BAD_REQUEST, format!("stream must be stdout or stderr, got {other:?}"))
         }
     };
+    if !st.tasks_dir.join(id.to_string()).is_dir() {
+        return plain(StatusCode::NOT_FOUND, format!("task {id} is not known on this host"));
+    }
     let container = match q.container {
         Some(c) => c,
         None => {

@@ -11,11 +11,13 @@
 
 use crate::env::container_env;
 use crate::mps::Supervisor;
+use crate::output::{LogTail, RecentOutput};
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
 use crate::runtime::{
     task_state, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, ContainerView, ExecContext,
     Runtime, TaskPhase, DEFAULT_STOP_TIMEOUT,
 };
+use crate::runtime::shim::OUTPUT_LOG;
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::clock::Clock;
 use mpsfleet_types::api::Assignments;
@@ -33,6 +35,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// The fail-closed check before an MPS task starts: this many retries, this far apart.
 const MPS_CHECK_RETRIES: u32 = 2;
 const MPS_CHECK_DELAY: Duration = Duration::from_millis(300);
+/// A task's recent output goes with its reports when it changed, at most this often (and
+/// always with the final STOPPED report).
+pub const OUTPUT_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// The MPS supervisors by GPU.
 #[derive(Clone, Default)]
@@ -103,12 +108,27 @@ struct Local {
     /// Startup checks that have not passed yet, by container.
     starting: BTreeSet<String>,
     not_ready: BTreeSet<String>,
+    /// The task's recent output, and the log files that feed it.
+    output: RecentOutput,
+    tails: Vec<LogTail>,
+    /// The output's sequence number and the time when it was last acknowledged.
+    output_sent: Option<(u64, u64)>,
 }
 
 pub struct TaskLoop {
     tx: Sender<Input>,
     thread: Option<JoinHandle<()>>,
+    /// Says why, when the loop ends without being asked to (it panicked, or its body failed).
+    died: Option<tokio::sync::oneshot::Receiver<String>>,
 }
+
+/// How a task's containers are launched (a seam for tests; [`launch`] in production).
+type LaunchFn = fn(
+    &Runtime,
+    &Record,
+    Option<(String, Option<Arc<Supervisor>>)>,
+    &[PathBuf],
+) -> Result<BTreeMap<String, ContainerHandle>, (StopCode, String)>;
 
 impl TaskLoop {
     /// Loads the task table from `dir`, adopts the tasks that still run, and starts the loop.
@@ -134,10 +154,45 @@ impl TaskLoop {
             assignments: None,
             report_after_ms: 0,
             report_backoff: TICK,
+            launch,
         };
         state.load();
-        let thread = std::thread::Builder::new().name("tasks".into()).spawn(move || state.run(rx))?;
-        Ok(TaskLoop { tx, thread: Some(thread) })
+        TaskLoop::spawn(tx, rx, move |rx| state.run(rx))
+    }
+
+    /// Runs `body` as the task loop thread. When it returns an error or panics, [`TaskLoop::died`]
+    /// says why: the agent then exits rather than heartbeat while running nothing.
+    pub fn spawn(
+        tx: Sender<Input>,
+        rx: Receiver<Input>,
+        body: impl FnOnce(Receiver<Input>) -> Result<(), String> + Send + 'static,
+    ) -> std::io::Result<TaskLoop> {
+        let (died_tx, died) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new().name("tasks".into()).spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || body(rx)));
+            let why = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => format!("the task loop stopped: {e}"),
+                Err(panic) => format!("the task loop panicked: {}", panic_message(&*panic)),
+            };
+            tracing::error!(error = %why, "task loop died");
+            let _ = died_tx.send(why);
+        })?;
+        Ok(TaskLoop { tx, thread: Some(thread), died: Some(died) })
+    }
+
+    /// Completes, with the reason, if the loop dies; never when it is shut down.
+    pub fn died(&mut self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let died = self.died.take();
+        async move {
+            match died {
+                Some(rx) => match rx.await {
+                    Ok(why) => why,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        }
     }
 
     pub fn sender(&self) -> Sender<Input> {
@@ -166,10 +221,11 @@ struct State {
     assignments: Option<Assignments>,
     report_after_ms: u64,
     report_backoff: Duration,
+    launch: LaunchFn,
 }
 
 impl State {
-    fn run(mut self, rx: Receiver<Input>) {
+    fn run(mut self, rx: Receiver<Input>) -> Result<(), String> {
         let mut shutting_down: Option<bool> = None;
         loop {
             match rx.recv_timeout(TICK) {
@@ -187,11 +243,11 @@ impl State {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return Err("its input channel closed".into()),
             }
             if let Some(stop_tasks) = shutting_down {
                 self.shutdown(stop_tasks, &rx);
-                return;
+                return Ok(());
             }
             self.watch();
             self.report();
@@ -236,6 +292,7 @@ impl State {
             }
             let id = rec.task.id;
             let mut local = new_local(rec);
+            follow_logs(&self.dir, &mut local, true);
             if local.rec.status != TaskStatus::Stopped {
                 for c in &local.rec.definition.container_definitions {
                     let dir = self.container_dir(&id, &c.name);
@@ -365,11 +422,15 @@ impl State {
         };
         let dirs: Vec<PathBuf> =
             rec.definition.container_definitions.iter().map(|c| self.container_dir(&id, &c.name)).collect();
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
-            let result = launch(&runtime, &rec, supervisor, &dirs);
-            let _ = tx.send(Input::Launched { id, result });
-        });
+        let launch = self.launch;
+        let failed = move |why: String| Input::Launched {
+            id,
+            result: Err((StopCode::TaskFailedToStart, format!("the launch failed: {why}"))),
+        };
+        let job = move || Input::Launched { id, result: launch(&runtime, &rec, supervisor, &dirs) };
+        if let Err(input) = spawn_worker(self.tx.clone(), "launch", job, failed) {
+            self.handle_input(input);
+        }
     }
 
     fn launched(
@@ -383,6 +444,7 @@ impl State {
         match result {
             Ok(handles) => {
                 local.handles = handles;
+                follow_logs(&self.dir, local, false);
                 local.rec.status = TaskStatus::Running;
                 local.rec.task.started_at_ms = Some(now);
                 let probes: Vec<(String, bool, bool)> = local
@@ -502,6 +564,7 @@ impl State {
     fn watch(&mut self) {
         let mut to_stop = Vec::new();
         for (id, local) in self.tasks.iter_mut() {
+            read_output(id, local);
             if local.rec.status != TaskStatus::Running || local.busy {
                 continue;
             }
@@ -560,8 +623,15 @@ impl State {
             _ => None,
         };
         let runtime = self.runtime.clone();
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
+        let names: Vec<String> = handles.iter().map(|(name, _, _)| name.clone()).collect();
+        let failed = move |why: String| Input::Stopped {
+            id,
+            states: names
+                .iter()
+                .map(|n| (n.clone(), ContainerState::Lost { reason: format!("the stop failed: {why}") }))
+                .collect(),
+        };
+        let job = move || {
             if let Some(s) = &supervisor {
                 terminate_clients(s, handles.iter().filter_map(|(_, h, _)| h.pid()));
             }
@@ -573,17 +643,35 @@ impl State {
                 };
                 states.insert(name, state);
             }
-            let _ = tx.send(Input::Stopped { id, states });
-        });
+            Input::Stopped { id, states }
+        };
+        if let Err(input) = spawn_worker(self.tx.clone(), "stop", job, failed) {
+            self.handle_input(input);
+        }
     }
 
     fn stopped(&mut self, id: TaskId, states: BTreeMap<String, ContainerState>) {
         let Some(local) = self.tasks.get_mut(&id) else { return };
         local.busy = false;
         local.handles.clear();
+        // A container whose stop went wrong says so in the task's reason.
+        let lost: Vec<String> = states
+            .iter()
+            .filter_map(|(name, st)| match st {
+                ContainerState::Lost { reason } => Some(format!("container {name}: {reason}")),
+                _ => None,
+            })
+            .collect();
+        if !lost.is_empty() {
+            let reason = local.rec.reason.take().unwrap_or_else(|| "stopped".into());
+            local.rec.reason = Some(format!("{reason} ({})", lost.join("; ")));
+        }
         local.ended.extend(states);
         local.rec.status = TaskStatus::Stopped;
         local.rec.ready = false;
+        // What the containers wrote last goes with the STOPPED report.
+        read_output(&id, local);
+        local.tails.clear();
         let rec = local.rec.clone();
         tracing::info!(task.id = %id, code = ?rec.stop_code, reason = ?rec.reason, "stopped");
         self.persist(&rec);
@@ -598,18 +686,25 @@ impl State {
         let due: Vec<TaskId> = self
             .tasks
             .iter()
-            .filter(|(_, l)| reportable(l.rec.status) && l.rec.reported.as_ref() != Some(&l.rec.current()))
+            .filter(|(_, l)| {
+                reportable(l.rec.status)
+                    && (l.rec.reported.as_ref() != Some(&l.rec.current()) || output_due(l, now))
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in due {
             let Some(local) = self.tasks.get(&id) else { continue };
             let rec = &local.rec;
+            let stopped = rec.status == TaskStatus::Stopped;
+            let with_output = stopped || output_due(local, now);
+            let output_seq = local.output.seq();
             let report = TaskStateReport {
                 last_status: rec.status,
                 health_status: Some(rec.health),
                 ready: Some(rec.ready),
-                stop_code: if rec.status == TaskStatus::Stopped { rec.stop_code } else { None },
-                stopped_reason: if rec.status == TaskStatus::Stopped { rec.reason.clone() } else { None },
+                stop_code: if stopped { rec.stop_code } else { None },
+                stopped_reason: if stopped { rec.reason.clone() } else { None },
+                output: with_output.then(|| local.output.snapshot(now)),
             };
             let client = self.client.clone();
             let result = self.handle.block_on(async move {
@@ -635,9 +730,20 @@ impl State {
             if acknowledged {
                 self.report_backoff = TICK;
                 if let Some(local) = self.tasks.get_mut(&id) {
-                    local.rec.reported = Some(local.rec.current());
-                    let rec = local.rec.clone();
-                    self.persist(&rec);
+                    if with_output {
+                        local.output_sent = Some((output_seq, now));
+                    }
+                    if local.rec.status == TaskStatus::Stopped {
+                        // The server keeps the last snapshot now.
+                        local.output = RecentOutput::default();
+                        local.output_sent = Some((local.output.seq(), now));
+                        local.tails.clear();
+                    }
+                    if local.rec.reported.as_ref() != Some(&local.rec.current()) {
+                        local.rec.reported = Some(local.rec.current());
+                        let rec = local.rec.clone();
+                        self.persist(&rec);
+                    }
                 }
             }
         }
@@ -681,6 +787,42 @@ impl State {
     }
 }
 
+/// Runs `job` on a worker thread and sends its result to the loop. A job that panics sends
+/// `failed(why)` instead, so that its task is never left waiting for an answer; when no thread
+/// can be started, `failed(why)` is returned for the caller to handle at once.
+fn spawn_worker<F>(
+    tx: Sender<Input>,
+    what: &'static str,
+    job: impl FnOnce() -> Input + Send + 'static,
+    failed: F,
+) -> Result<(), Input>
+where
+    F: FnOnce(String) -> Input + Send + Clone + 'static,
+{
+    let on_panic = failed.clone();
+    let spawned = std::thread::Builder::new().name(format!("task-{what}")).spawn(move || {
+        let input = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+            Ok(input) => input,
+            Err(panic) => {
+                let why = format!("the {what} worker panicked: {}", panic_message(&*panic));
+                tracing::error!(error = %why, "task worker failed");
+                on_panic(why)
+            }
+        };
+        let _ = tx.send(input);
+    });
+    spawned.map(|_| ()).map_err(|e| failed(format!("cannot start the {what} worker: {e}")))
+}
+
+/// The message of a panic payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
 fn new_local(rec: Record) -> Local {
     Local {
         rec,
@@ -691,6 +833,41 @@ fn new_local(rec: Record) -> Local {
         stop_after_launch: None,
         starting: BTreeSet::new(),
         not_ready: BTreeSet::new(),
+        output: RecentOutput::default(),
+        tails: Vec::new(),
+        output_sent: None,
+    }
+}
+
+/// Follows the output of every container of the task: from its start for a container just
+/// launched, from its last snapshot's worth for one adopted after a restart.
+fn follow_logs(tasks_dir: &Path, local: &mut Local, from_end: bool) {
+    let id = local.rec.task.id;
+    local.tails = local
+        .rec
+        .definition
+        .container_definitions
+        .iter()
+        .map(|c| LogTail::new(container_dir(tasks_dir, &id, &c.name).join(OUTPUT_LOG), &c.name, from_end))
+        .collect();
+}
+
+/// Reads what the task's containers wrote since the last look into its ring.
+fn read_output(id: &TaskId, local: &mut Local) {
+    for tail in &mut local.tails {
+        if let Err(e) = tail.poll(&mut local.output) {
+            tracing::warn!(task.id = %id, error = %e, "task output not captured");
+        }
+    }
+}
+
+/// Whether the task's output changed since it was last reported, and that was long enough ago.
+fn output_due(local: &Local, now: u64) -> bool {
+    match local.output_sent {
+        None => local.output.seq() > 0,
+        Some((seq, at)) => {
+            seq != local.output.seq() && now.saturating_sub(at) >= OUTPUT_REPORT_EVERY.as_millis() as u64
+        }
     }
 }
 
@@ -783,4 +960,150 @@ fn terminate_clients(s: &Supervisor, pids: impl Iterator<Item = u32>) {
 /// The state directory (logs included) of a task's container under an agent's tasks dir.
 pub fn container_dir(tasks_dir: &Path, id: &TaskId, container: &str) -> PathBuf {
     tasks_dir.join(id.to_string()).join("containers").join(container)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::{Path as UrlPath, State as Shared};
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use mpsfleet_core::clock::SystemClock;
+    use std::sync::Mutex;
+
+    type Seen = Arc<Mutex<Vec<(String, TaskStateReport)>>>;
+
+    /// A server that takes every task report and answers with `task`.
+    fn fake_server(rt: &tokio::runtime::Runtime, task: Task) -> (String, Seen) {
+        let seen: Seen = Arc::default();
+        let app = Router::new()
+            .route(
+                "/v1/agent/tasks/{id}/status",
+                post(|Shared((seen, task)): Shared<(Seen, Task)>, UrlPath(id): UrlPath<String>, Json(r): Json<TaskStateReport>| async move {
+                    seen.lock().unwrap().push((id, r));
+                    Json(task)
+                }),
+            )
+            .with_state((seen.clone(), task));
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        rt.spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    fn assignment(id: TaskId) -> Assignments {
+        let def: TaskDefinition = serde_json::from_value(serde_json::json!({
+            "family": "app", "revision": 1,
+            "containerDefinitions": [{"name": "app", "essential": true, "command": ["sleep", "60"]}],
+        }))
+        .unwrap();
+        let mut task = Task::new(
+            id,
+            def.reference(),
+            PoolName::new("gpu").unwrap(),
+            None,
+            "run:test".into(),
+            0,
+        );
+        task.host_id = Some(HostId::new("h-1").unwrap());
+        Assignments { revision: 1, tasks: vec![task], task_definitions: vec![def] }
+    }
+
+    fn panicking_launch(
+        _: &Runtime,
+        _: &Record,
+        _: Option<(String, Option<Arc<Supervisor>>)>,
+        _: &[PathBuf],
+    ) -> Result<BTreeMap<String, ContainerHandle>, (StopCode, String)> {
+        panic!("injected launch fault")
+    }
+
+    #[test]
+    fn a_panicking_launch_worker_stops_the_task_and_reports_why() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let id = TaskId(7);
+        let a = assignment(id);
+        let (url, seen) = fake_server(&rt, a.tasks[0].clone());
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = channel();
+        let mut state = State {
+            dir: dir.path().to_path_buf(),
+            runtime: Arc::new(Runtime::new(vec!["/bin/false".into()]).unwrap()),
+            gpus: Gpus::default(),
+            client: Client::new(&url, Some("cred".into())).unwrap(),
+            handle: rt.handle().clone(),
+            clock: Arc::new(SystemClock),
+            tx,
+            tasks: BTreeMap::new(),
+            assignments: None,
+            report_after_ms: 0,
+            report_backoff: TICK,
+            launch: panicking_launch,
+        };
+        state.handle_input(Input::Assignments(a));
+        assert!(state.tasks[&id].busy, "the launch is on its worker");
+        let input = rx.recv_timeout(Duration::from_secs(10)).expect("the failed worker still answers");
+        state.handle_input(input);
+        let rec = &state.tasks[&id].rec;
+        assert_eq!(rec.status, TaskStatus::Stopped);
+        assert_eq!(rec.stop_code, Some(StopCode::TaskFailedToStart));
+        let reason = rec.reason.clone().unwrap();
+        assert!(reason.contains("the launch worker panicked: injected launch fault"), "{reason}");
+        // Written down before it is reported, then reported.
+        let on_disk: Record =
+            serde_json::from_slice(&std::fs::read(state.record_path(&id)).unwrap()).unwrap();
+        assert_eq!(on_disk.status, TaskStatus::Stopped);
+        state.report();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].0, id.to_string());
+        assert_eq!(seen[0].1.last_status, TaskStatus::Stopped);
+        assert_eq!(seen[0].1.stop_code, Some(StopCode::TaskFailedToStart));
+        assert_eq!(seen[0].1.stopped_reason.as_deref(), Some(reason.as_str()));
+        assert!(state.tasks[&id].rec.reported.is_some());
+    }
+
+    #[test]
+    fn a_panicking_stop_worker_still_answers_with_lost_containers() {
+        let (tx, rx) = channel();
+        let id = TaskId(9);
+        let failed = move |why: String| Input::Stopped {
+            id,
+            states: BTreeMap::from([("app".to_string(), ContainerState::Lost { reason: why })]),
+        };
+        spawn_worker(tx, "stop", || panic!("injected stop fault"), failed).unwrap_or_else(|_| panic!("spawned"));
+        match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Input::Stopped { id: got, states } => {
+                assert_eq!(got, id);
+                assert_eq!(
+                    states["app"],
+                    ContainerState::Lost { reason: "the stop worker panicked: injected stop fault".into() }
+                );
+            }
+            _ => panic!("expected a Stopped input"),
+        }
+    }
+
+    #[test]
+    fn a_dead_task_loop_says_why() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (tx, rx) = channel();
+        let mut dead = TaskLoop::spawn(tx, rx, |_| panic!("injected loop fault")).unwrap();
+        let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), dead.died()).await }).unwrap();
+        assert_eq!(why, "the task loop panicked: injected loop fault");
+        let (tx, rx) = channel();
+        let mut failed = TaskLoop::spawn(tx, rx, |_| Err("its input channel closed".into())).unwrap();
+        let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), failed.died()).await }).unwrap();
+        assert_eq!(why, "the task loop stopped: its input channel closed");
+        // A loop that is shut down never reports a death.
+        let (tx, rx) = channel();
+        let mut fine = TaskLoop::spawn(tx, rx, |rx| {
+            let _ = rx.recv();
+            Ok(())
+        })
+        .unwrap();
+        let died = fine.died();
+        fine.shutdown(false);
+        assert!(rt.block_on(async { tokio::time::timeout(Duration::from_millis(300), died).await }).is_err());
+    }
 }

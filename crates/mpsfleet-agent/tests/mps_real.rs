@@ -34,17 +34,37 @@ fn find_control_bin() -> Option<PathBuf> {
     unpacked.is_file().then_some(unpacked)
 }
 
-/// The control binary, or a printed skip reason and an early return.
+/// Whether the `CI` variable asks for every test to run: set, and neither empty, `0` nor
+/// `false` (what CI services set is `true` or `1`).
+fn on_ci(var: Option<&std::ffi::OsStr>) -> bool {
+    var.is_some_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// The control binary, or, outside CI, a printed skip reason and an early return. On CI a
+/// missing binary fails the test: these tests exist to run against the real daemon.
 macro_rules! require_bin {
     () => {
         match find_control_bin() {
             Some(bin) => bin,
+            None if on_ci(std::env::var_os("CI").as_deref()) => {
+                panic!("{BIN} not found and CI is set, so this test must not skip: run scripts/install-mps.sh or set MPSFLEET_MPS_CONTROL")
+            }
             None => {
                 eprintln!("skipped: {BIN} not found; run scripts/install-mps.sh");
                 return;
             }
         }
     };
+}
+
+#[test]
+fn ci_is_read_as_ci_services_set_it() {
+    for (value, want) in [(None, false), (Some(""), false), (Some("0"), false), (Some("FALSE"), false)] {
+        assert_eq!(on_ci(value.map(std::ffi::OsStr::new)), want, "{value:?}");
+    }
+    for value in ["true", "1", "yes"] {
+        assert!(on_ci(Some(std::ffi::OsStr::new(value))), "{value}");
+    }
 }
 
 /// Short directories under /tmp (the socket path must stay under 108 bytes).

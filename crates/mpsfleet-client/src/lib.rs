@@ -202,6 +202,19 @@ impl Client {
     pub async fn describe_incident(&self, id: &str) -> Result<IncidentView> {
         self.get(&format!("/v1/incidents/{}", seg(id))).await
     }
+    /// `incident acknowledge`: the operator takes the incident.
+    pub async fn acknowledge_incident(&self, id: &str) -> Result<IncidentView> {
+        self.call(Method::POST, &format!("/v1/incidents/{}/acknowledge", seg(id)), &[], None).await
+    }
+    /// `incident resolve`: the operator closes the incident, saying why.
+    pub async fn resolve_incident(&self, id: &str, reason: &str) -> Result<OperatorCommandResponse> {
+        let body = ResolveIncident { reason: reason.to_string() };
+        self.send(Method::POST, &format!("/v1/incidents/{}/resolve", seg(id)), &body).await
+    }
+    /// `host activate`: a repaired, healthy host back to ACTIVE (its incident resolves).
+    pub async fn activate_host(&self, id: &str) -> Result<OperatorCommandResponse> {
+        self.call(Method::POST, &format!("/v1/hosts/{}/activate", seg(id)), &[], None).await
+    }
 
     // tasks
     pub async fn run_task(&self, req: &RunTask) -> Result<RunTaskResponse> {
@@ -217,14 +230,16 @@ impl Client {
         self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
     }
 
-    /// The tail of a task container's stdout or stderr (fetched by the server from its agent).
+    /// The tail of a task container's stdout or stderr (fetched by the server from its agent),
+    /// or, when the agent cannot be asked, the last output snapshot it reported; the answer
+    /// says which.
     pub async fn task_logs(
         &self,
         id: &str,
         container: Option<&str>,
         stderr: bool,
         tail: u64,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<mpsfleet_types::logs::TaskLogs> {
         let mut q = vec![
             ("stream", if stderr { "stderr" } else { "stdout" }.to_string()),
             ("tail", tail.to_string()),
@@ -232,7 +247,7 @@ impl Client {
         if let Some(c) = container {
             q.push(("container", c.to_string()));
         }
-        Ok(self.fetch(Method::GET, &format!("/v1/tasks/{}/logs", seg(id)), &q, None).await?.1)
+        self.call(Method::GET, &format!("/v1/tasks/{}/logs", seg(id)), &q, None).await
     }
 
     // services

@@ -1,10 +1,12 @@
 //! mpsfleet's pure core: task definition validation, GPU placement, host health evaluation,
-//! remediation planning, the responsibility record, and the clock seam.
+//! remediation planning, the responsibility record, the lifecycles of tasks, hosts and MPS
+//! daemons, and the clock seam.
 //! Nothing here does I/O or reads the time by itself.
 
 pub mod clock;
 pub mod explain;
 pub mod health;
+pub mod lifecycle;
 pub mod remediation;
 pub mod scheduler;
 pub mod taskdef;

@@ -42,7 +42,7 @@
 
 use mpsfleet_types::{
     AffectedTask, HostId, HostStatus, Incident, IncidentState, OperatorAction, OwnershipMode,
-    RemediationPolicy, ResumptionBoundary, ServiceName, Step, StopCode, TaskId, TaskStatus, TimelineEntry,
+    RemediationPolicy, ResumptionBoundary, ServiceName, Step, StopCode, TaskId, TaskStatus,
 };
 
 use crate::health::fmt_ms;
@@ -208,7 +208,7 @@ pub struct Plan {
 /// Writes an executed action to the incident: its timeline step, the state, affected tasks.
 pub fn record(incident: &mut Incident, planned: &Planned, now_ms: u64) {
     if let Some(step) = planned.action.step() {
-        incident.timeline.push(TimelineEntry { at_ms: now_ms, step, detail: planned.detail.clone() });
+        incident.push(now_ms, step, planned.detail.clone(), None);
     }
     match &planned.action {
         Action::Record(_) => {}
@@ -220,27 +220,13 @@ pub fn record(incident: &mut Incident, planned: &Planned, now_ms: u64) {
         Action::StartReplacements { tasks } => {
             incident.state = IncidentState::Remediating;
             for t in tasks {
-                if incident.affected(t.task_id).is_none() {
-                    incident.affected_tasks.push(AffectedTask {
-                        task_id: t.task_id,
-                        service: Some(t.service.clone()),
-                        replacement: None,
-                        replacement_host: None,
-                    });
-                }
+                incident.mark_handled(t.task_id, Some(t.service.clone()));
             }
         }
         Action::StopStandalone { task_ids, .. } => {
             incident.state = IncidentState::Remediating;
             for &task_id in task_ids {
-                if incident.affected(task_id).is_none() {
-                    incident.affected_tasks.push(AffectedTask {
-                        task_id,
-                        service: None,
-                        replacement: None,
-                        replacement_host: None,
-                    });
-                }
+                incident.mark_handled(task_id, None);
             }
         }
         Action::Cordon | Action::MarkDraining | Action::RequestReplacement | Action::TerminateOldHost => {
@@ -393,7 +379,7 @@ pub fn plan(
     let mut movable: Vec<(&HostTask, &ServiceName, ResumptionBoundary)> = world
         .tasks
         .iter()
-        .filter(|t| t.desired_status != TaskStatus::Stopped && incident.affected(t.id).is_none())
+        .filter(|t| t.desired_status != TaskStatus::Stopped && !incident.handled(t.id))
         .filter_map(|t| match &t.owner {
             TaskOwner::Service { name, boundary } => Some((t, name, *boundary)),
             TaskOwner::Standalone => None,
@@ -430,14 +416,19 @@ pub fn plan(
         .tasks
         .iter()
         .filter(|t| t.owner == TaskOwner::Standalone && t.desired_status != TaskStatus::Stopped)
-        .filter(|t| incident.affected(t.id).is_none())
+        .filter(|t| !incident.handled(t.id))
         .map(|t| t.id)
         .collect();
     standalone.sort();
     if host_going && !standalone.is_empty() {
         let ids: Vec<String> = standalone.iter().map(TaskId::to_string).collect();
-        let detail = format!("stopping {} standalone task(s) (HostReplaced): {}", ids.len(), ids.join(", "));
-        p.push(Action::StopStandalone { task_ids: standalone, stop_code: StopCode::HostReplaced }, detail);
+        let stop_code = match intent {
+            Intent::Replace => StopCode::HostReplaced,
+            Intent::Drain | Intent::Report => StopCode::HostDrained,
+        };
+        let detail =
+            format!("stopping {} standalone task(s) ({}): {}", ids.len(), stop_code.as_str(), ids.join(", "));
+        p.push(Action::StopStandalone { task_ids: standalone, stop_code }, detail);
     }
 
     // Tasks that must stop before the host goes: all but the unmoved fenced ones.
@@ -462,7 +453,7 @@ pub fn plan(
 
     if !p.has(Step::TasksRunningAgain) {
         let moved: Vec<&AffectedTask> =
-            incident.affected_tasks.iter().filter(|a| a.service.is_some()).collect();
+            incident.affected_tasks.iter().filter(|a| a.service.is_some() && !a.waiting).collect();
         let running = moved
             .iter()
             .filter(|a| {
@@ -495,12 +486,26 @@ pub fn plan(
         }
     } && p.has(Step::TasksRunningAgain);
     if done && blocked.is_none() {
-        let detail = match intent {
-            Intent::Replace => "host replaced",
-            Intent::Drain | Intent::Report => "host drained; it stays cordoned and DRAINING for the operator",
-        };
-        p.waits.clear();
-        p.push(Action::Resolve, detail);
+        match intent {
+            Intent::Replace => {
+                p.waits.clear();
+                p.push(Action::Resolve, "host replaced");
+            }
+            // A drained host stays cordoned and DRAINING, and the incident open, until the
+            // operator repairs it and runs `host activate` (which resolves it), resolves the
+            // incident, or removes the machine.
+            Intent::Drain | Intent::Report if terminated || world.host.status == HostStatus::Deregistered => {
+                p.waits.clear();
+                p.push(Action::Resolve, "host drained and removed from the fleet");
+            }
+            Intent::Drain | Intent::Report => {
+                p.waits.clear();
+                p.wait(
+                    "the operator: the host is drained; repair it and run `host activate`, or \
+                     `incident resolve` once the machine is removed",
+                );
+            }
+        }
     }
     if let Some(reason) = blocked {
         block(&mut p, reason);
@@ -519,7 +524,7 @@ fn standalone_done(p: &Planner<'_>, world: &WorldView) -> bool {
         .tasks
         .iter()
         .filter(|t| t.owner == TaskOwner::Standalone && t.desired_status != TaskStatus::Stopped)
-        .all(|t| p.incident.affected(t.id).is_some() || planned(t.id))
+        .all(|t| p.incident.handled(t.id) || planned(t.id))
 }
 
 /// Plans a Block unless the incident already is blocked for the same reason and nothing else
@@ -783,8 +788,12 @@ mod tests {
                 format!("Start[{}]", ids(&mut tasks.iter().map(|t| t.task_id)))
             }
             Action::StopStandalone { task_ids, stop_code } => {
-                assert_eq!(*stop_code, StopCode::HostReplaced);
-                format!("Stop[{}]", ids(&mut task_ids.iter().copied()))
+                let code = match stop_code {
+                    StopCode::HostReplaced => "",
+                    StopCode::HostDrained => "drained:",
+                    other => panic!("unexpected stop code {other:?}"),
+                };
+                format!("Stop[{code}{}]", ids(&mut task_ids.iter().copied()))
             }
             Action::TerminateOldHost => "Terminate".into(),
             Action::Resolve => "Resolve".into(),
@@ -1147,13 +1156,16 @@ mod tests {
                 (Nothing, &[]),
                 (
                     Operator(OperatorAction::Drain),
-                    &["DECIDED", "Cordon", "MarkDraining", "Start[1]", "Stop[4]"],
+                    &["DECIDED", "Cordon", "MarkDraining", "Start[1]", "Stop[drained:4]"],
                 ),
                 (ReplacementsRunning, &["TASKS_RUNNING_AGAIN"]),
-                (TasksStop, &["Resolve"]),
+                (TasksStop, &[]),
             ],
         );
-        assert!(s.incident.timeline.last().unwrap().detail.contains("DRAINING for the operator"));
+        // Drained, and open until the operator activates the repaired host or resolves it.
+        assert_ne!(s.incident.state, IncidentState::Resolved);
+        let plan = plan(&s.incident, &s.world, &RemediationPolicy::default(), OwnershipMode::SelfManaged, 0);
+        assert!(plan.waiting_for.as_deref().is_some_and(|w| w.contains("host activate")), "{plan:?}");
 
         check(
             "drain keeps fenced tasks until the host is fenced",

@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mpsfleet_types::api::{HostStatusAnswer, HostStatusReport, RunTaskResponse};
+use mpsfleet_types::api::{
+    HostStatusAnswer, HostStatusReport, OperatorCommandResponse, ResolveIncident, RunTaskResponse,
+};
 use mpsfleet_types::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -38,6 +40,8 @@ pub struct AppState {
     pub events: crate::events::Events,
     /// Host registrations waiting for their group commit.
     pub registrations: Arc<RegistrationQueue>,
+    /// Set when the server starts to shut down: no provider call starts after it.
+    pub stopping: watch::Sender<bool>,
 }
 
 impl AppState {
@@ -50,6 +54,7 @@ impl AppState {
             changed: watch::Sender::new(rev),
             events,
             registrations: Arc::new(RegistrationQueue::default()),
+            stopping: watch::Sender::new(false),
         }
     }
 
@@ -114,6 +119,11 @@ impl AppState {
 /// Runs provider calls (slow: processes, cloud CLIs) on blocking threads, each with retries,
 /// and feeds the outcome back to the cluster, which may ask for more.
 pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
+    if *state.stopping.borrow() && !jobs.is_empty() {
+        // The next server plans them again (remediation repeats nothing it recorded).
+        tracing::info!(jobs = jobs.len(), "shutting down: provider calls left to the next start");
+        return;
+    }
     for job in jobs {
         let st = state.clone();
         tokio::spawn(async move {
@@ -149,7 +159,8 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                             .map(|_| ())
                     }
                     ProviderJob::Terminate { name, .. } => {
-                        provider::terminate_with_retries(p.as_ref(), name, &provider::Retry::default(), sleep)
+                        let (policy, confirm) = (provider::Retry::default(), provider::Retry::boot());
+                        provider::terminate_confirmed(p.as_ref(), name, &policy, &confirm, sleep)
                             .result
                             .map(|_| ())
                     }
@@ -174,6 +185,17 @@ fn describe(p: &Principal) -> String {
         Principal::Admin => "the admin token".into(),
         Principal::Joiner => "the join token".into(),
         Principal::Host(h) => format!("the credential of host {h}"),
+        Principal::Replacement(i) => format!("the replacement token of incident {i}"),
+    }
+}
+
+/// The identity recorded on timelines for a command made with this token.
+pub(crate) fn actor(p: &Principal) -> String {
+    match p {
+        Principal::Admin => "admin".into(),
+        Principal::Joiner => "join-token".into(),
+        Principal::Host(h) => format!("host:{h}"),
+        Principal::Replacement(i) => format!("replacement:{i}"),
     }
 }
 
@@ -182,7 +204,7 @@ pub(crate) fn admin(p: &Principal) -> bool {
 }
 
 fn joiner(p: &Principal) -> bool {
-    matches!(p, Principal::Joiner | Principal::Admin)
+    matches!(p, Principal::Joiner | Principal::Admin | Principal::Replacement(_))
 }
 
 fn host(p: &Principal) -> bool {
@@ -228,8 +250,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}/uncordon", post(uncordon_host))
         .route("/v1/hosts/{id}/drain", post(drain_host))
         .route("/v1/hosts/{id}/replace", post(replace_host))
+        .route("/v1/hosts/{id}/activate", post(activate_host))
         .route("/v1/incidents", get(list_incidents))
         .route("/v1/incidents/{id}", get(describe_incident))
+        .route("/v1/incidents/{id}/acknowledge", post(acknowledge_incident))
+        .route("/v1/incidents/{id}/resolve", post(resolve_incident))
         .route("/v1/events", get(crate::events::stream))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
@@ -384,7 +409,9 @@ async fn drain_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    let i = st.call(&headers, admin, move |c, _| c.operator_action(&id, OperatorAction::Drain)).await?;
+    let i = st
+        .call(&headers, admin, move |c, p| c.operator_action(&id, OperatorAction::Drain, &actor(&p)))
+        .await?;
     Ok(Json(IncidentView::of(i)))
 }
 
@@ -393,8 +420,47 @@ async fn replace_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    let i = st.call(&headers, admin, move |c, _| c.operator_action(&id, OperatorAction::Replace)).await?;
+    let i = st
+        .call(&headers, admin, move |c, p| c.operator_action(&id, OperatorAction::Replace, &actor(&p)))
+        .await?;
     Ok(Json(IncidentView::of(i)))
+}
+
+async fn activate_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<OperatorCommandResponse>, ApiError> {
+    let (host, outcome) = st.call(&headers, admin, move |c, p| c.activate_host(&id, &actor(&p))).await?;
+    Ok(Json(OperatorCommandResponse {
+        host: Some(host),
+        replacement: outcome.as_ref().and_then(|o| o.replacement.clone()),
+        incident: outcome.map(|o| IncidentView::of(o.incident)),
+    }))
+}
+
+async fn acknowledge_incident(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<IncidentView>, ApiError> {
+    let i = st.call(&headers, admin, move |c, p| c.acknowledge_incident(&id, &actor(&p))).await?;
+    Ok(Json(IncidentView::of(i)))
+}
+
+async fn resolve_incident(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<OperatorCommandResponse>, ApiError> {
+    let req: ResolveIncident = parse(&body)?;
+    let o = st.call(&headers, admin, move |c, p| c.resolve_incident(&id, &req.reason, &actor(&p))).await?;
+    Ok(Json(OperatorCommandResponse {
+        host: None,
+        replacement: o.replacement,
+        incident: Some(IncidentView::of(o.incident)),
+    }))
 }
 
 async fn list_incidents(
@@ -492,7 +558,9 @@ fn default_tail() -> u64 {
     64 << 10
 }
 
-/// The tail of a container's stdout or stderr, fetched from the task's agent.
+/// The tail of a container's stdout or stderr, fetched from the task's agent; when the agent
+/// cannot be asked or does not answer (host gone, agent down), the last output snapshot the
+/// agent reported, both streams interleaved. The answer says which it is.
 async fn task_logs(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -512,29 +580,100 @@ async fn task_logs(
             format!("must be from 1 to {MAX_LOG_TAIL} bytes, got {}", q.tail),
         ));
     }
-    let (task, url, token) = st.call(&headers, admin, move |c, _| c.logs_source(&id)).await?;
-    let unreachable =
-        |e: &dyn std::fmt::Display| ApiError::Unavailable(format!("cannot fetch logs from {url}: {e}"));
-    let resp = st
-        .http
-        .get(format!("{url}/v1/logs/{}", task.id))
+    use mpsfleet_types::logs::{LogsSource, OutputStream, TaskLogs};
+    let plan = st.call(&headers, admin, move |c, _| c.logs_plan(&id)).await?;
+    // Why the agent's answer is not shown: the error to return without a snapshot, and the
+    // note to show with one; None when the snapshot would not answer the question either.
+    let (failure, note) = match &plan.agent {
+        Err(why) => (ApiError::Unavailable(why.clone()), Some(why.clone())),
+        Ok((url, token)) => match fetch_agent_logs(&st.http, url, token, &plan.task_id, &q).await {
+            Ok(text) => {
+                return Ok(Json(TaskLogs {
+                    task_id: plan.task_id,
+                    source: LogsSource::Agent,
+                    note: None,
+                    container: q.container.clone(),
+                    stream: Some(if q.stream == "stderr" {
+                        OutputStream::Stderr
+                    } else {
+                        OutputStream::Stdout
+                    }),
+                    text: Some(text),
+                    reported_at_ms: None,
+                    snapshot: None,
+                })
+                .into_response())
+            }
+            Err(AgentLogsFailure::Unreachable(why)) => {
+                let note = format!("host unreachable: {why}");
+                (ApiError::Unavailable(why), Some(note))
+            }
+            Err(AgentLogsFailure::TaskUnknown(e)) => (e, Some("the agent no longer has the task".into())),
+            Err(AgentLogsFailure::Refused(e)) => (e, None),
+        },
+    };
+    let (Some(note), Some((reported_at_ms, snapshot))) = (note, plan.snapshot) else { return Err(failure) };
+    Ok(Json(TaskLogs {
+        task_id: plan.task_id,
+        source: LogsSource::Snapshot,
+        note: Some(note),
+        container: None,
+        stream: None,
+        text: None,
+        reported_at_ms: Some(reported_at_ms),
+        snapshot: Some(snapshot),
+    })
+    .into_response())
+}
+
+/// How long `task logs` waits for an agent before it shows the last snapshot instead.
+const AGENT_LOGS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why an agent gave no logs.
+enum AgentLogsFailure {
+    /// It could not be reached, or failed: the snapshot may stand in.
+    Unreachable(String),
+    /// It does not know the task (its data dir is not the one the task ran in).
+    TaskUnknown(ApiError),
+    /// It refused the request itself (no such container): the snapshot would not help.
+    Refused(ApiError),
+}
+
+/// The tail of one stream of a task's container, from its agent.
+async fn fetch_agent_logs(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    task: &TaskId,
+    q: &LogsQuery,
+) -> Result<String, AgentLogsFailure> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        AgentLogsFailure::Unreachable(format!("cannot fetch logs from {url}: {e}"))
+    };
+    let resp = http
+        .get(format!("{url}/v1/logs/{task}"))
         .bearer_auth(token)
-        .query(&q)
+        .query(q)
+        .timeout(AGENT_LOGS_TIMEOUT)
         .send()
         .await
         .map_err(|e| unreachable(&e))?;
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
+    let said = String::from_utf8_lossy(&body).trim().to_string();
     if status == StatusCode::NOT_FOUND {
-        return Err(ApiError::not_found(
-            "logs of task",
-            format!("{} ({})", task.id, String::from_utf8_lossy(&body).trim()),
-        ));
+        let e = ApiError::not_found("logs of task", format!("{task} ({said})"));
+        // The agent's words for a task it has no record of (see mpsfleet-agent's logs.rs).
+        return Err(if said.contains("is not known on this host") {
+            AgentLogsFailure::TaskUnknown(e)
+        } else {
+            AgentLogsFailure::Refused(e)
+        });
     }
     if !status.is_success() {
-        return Err(unreachable(&format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim())));
+        return Err(unreachable(&format!("HTTP {status}: {said}")));
     }
-    Ok(([("content-type", "text/plain; charset=utf-8")], body).into_response())
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 // ---- services ---------------------------------------------------------------------------

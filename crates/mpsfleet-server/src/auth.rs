@@ -17,6 +17,9 @@ pub enum Principal {
     Joiner,
     /// An agent, for its own host only.
     Host(HostId),
+    /// Holder of an incident's one-time replacement token: may register one host, which
+    /// becomes that incident's replacement.
+    Replacement(String),
 }
 
 /// A new random token with a recognisable prefix, such as `mpsf_adm_…`.

@@ -92,8 +92,9 @@ impl Events {
         let _ = self.tx.send(ev); // no subscriber: nobody to tell
     }
 
-    /// After an incident write: `before` is the stored incident's state and timeline length.
-    pub fn incident(&self, before: Option<(&IncidentState, usize)>, after: &Incident, at_ms: u64) {
+    /// After an incident write: `before` is the stored incident's state and its timeline's
+    /// [`History::pushed`](mpsfleet_types::History::pushed) count.
+    pub fn incident(&self, before: Option<(&IncidentState, u64)>, after: &Incident, at_ms: u64) {
         if self.listened() {
             incident_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
         }
@@ -117,7 +118,7 @@ impl Events {
 /// The events of one incident write: opened; or resolved / blocked when it just became so;
 /// otherwise one `incident.updated` per step recorded (or one without a step when only the
 /// state moved).
-pub fn incident_events(before: Option<(&IncidentState, usize)>, after: &Incident, at_ms: u64) -> Vec<Event> {
+pub fn incident_events(before: Option<(&IncidentState, u64)>, after: &Incident, at_ms: u64) -> Vec<Event> {
     let view = || Some(IncidentView::of(after.clone()));
     let last = || after.timeline.last().cloned();
     let Some((state, len)) = before else {
@@ -137,7 +138,7 @@ pub fn incident_events(before: Option<(&IncidentState, usize)>, after: &Incident
     if let Some(kind) = kind {
         return vec![Event { incident: view(), step: last(), ..Event::new(kind, at_ms) }];
     }
-    let steps = after.timeline.get(len..).unwrap_or_default();
+    let steps = after.timeline.since(len);
     if steps.is_empty() {
         if &after.state == state {
             return Vec::new();
@@ -339,31 +340,30 @@ pub(crate) async fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mpsfleet_types::{HostId, IncidentOwner, PoolName, Step, TimelineEntry, Trigger};
+    use mpsfleet_types::{HostId, IncidentOwner, PoolName, Step, Trigger};
 
     fn incident(state: IncidentState, steps: &[Step]) -> Incident {
-        Incident {
-            id: "i-1".into(),
-            host_id: HostId::new("h-1").unwrap(),
-            pool: PoolName::new("gpu").unwrap(),
-            owner: IncidentOwner::Operator,
-            trigger: Trigger {
-                check: "AGENT".into(),
-                gpu_id: None,
-                reason: "silent".into(),
-                evidence: String::new(),
-                first_failure_at_ms: None,
-            },
-            state,
-            operator_requested: None,
-            timeline: steps
-                .iter()
-                .map(|s| TimelineEntry { at_ms: 1, step: *s, detail: String::new() })
-                .collect(),
-            affected_tasks: Vec::new(),
-            opened_at_ms: 1,
-            resolved_at_ms: None,
+        let trigger = Trigger {
+            check: "AGENT".into(),
+            gpu_id: None,
+            reason: "silent".into(),
+            evidence: String::new(),
+            first_failure_at_ms: None,
+        };
+        let mut i = Incident::open(
+            "i-1".into(),
+            HostId::new("h-1").unwrap(),
+            PoolName::new("gpu").unwrap(),
+            IncidentOwner::Operator,
+            trigger,
+            1,
+            1,
+        );
+        for (n, s) in steps.iter().enumerate().skip(1) {
+            i.push(1, *s, format!("step {n}"), None);
         }
+        i.state = state;
+        i
     }
 
     fn kinds(v: &[Event]) -> Vec<EventType> {

@@ -12,7 +12,7 @@ use cluster::{Cluster, FirstStart};
 use error::ApiError;
 use mpsfleet_core::clock::Clock;
 use mpsfleet_store::{SqliteStore, Store};
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +75,17 @@ pub struct ServeOptions {
     pub webhook: Option<String>,
 }
 
+/// How long requests in flight (agents' long polls, event streams) may take to finish once the
+/// server stops; then their connections are closed.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+
 /// Serves the API on `listener` until `shutdown` completes.
+///
+/// Shutting down stops the controllers first: the health and resync loops finish the tick they
+/// are in and stop, and no provider call starts any more. Only then does the server stop
+/// accepting connections, so that it never judges hosts by the heartbeats it no longer takes
+/// (a restarted server gives them their heartbeat grace again). Requests in flight get
+/// [`SHUTDOWN_DRAIN`].
 pub async fn serve(
     listener: TcpListener,
     mut cluster: Cluster,
@@ -93,16 +103,39 @@ pub async fn serve(
     let events = events::Events::new(webhook);
     cluster.set_events(events.clone());
     let state = api::AppState::new(cluster);
-    let resync = tokio::spawn(resync_loop(state.clone()));
-    let health = tokio::spawn(health_loop(state.clone()));
+    let stopping = state.stopping.clone();
+    let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
+    let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
     let app = api::router(state);
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;
+        tracing::info!("shutting down: stopping the controllers");
+        stopping.send_replace(true);
+        for (name, controller) in [("health", health), ("resync", resync)] {
+            if let Err(e) = controller.await {
+                tracing::error!(controller = name, error = %e, "controller failed");
+            }
+        }
         events.stop(); // open event streams end, so that the graceful shutdown can finish
+        tracing::info!("controllers stopped; no longer accepting connections");
+        let _ = drain_tx.send(());
     };
-    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-    resync.abort();
-    health.abort();
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).into_future();
+    let drained = async {
+        if drain_rx.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_DRAIN).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let result = tokio::select! {
+        result = served => result,
+        () = drained => {
+            tracing::info!(drain = ?SHUTDOWN_DRAIN, "requests still in flight after the drain; closing them");
+            Ok(())
+        }
+    };
     if let Some(d) = deliver {
         d.abort();
     }
@@ -112,26 +145,38 @@ pub async fn serve(
 /// How often host health is evaluated (heartbeat grace) and incidents are driven.
 pub const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
 
-async fn health_loop(state: api::AppState) {
+/// Completes once `stopping` is set (or its sender is gone).
+async fn stopped(stopping: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
+}
+
+async fn health_loop(state: api::AppState, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(HEALTH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stopped(&mut stopping) => return,
+        }
+        // A tick that has started runs to its end: it commits or it does not.
         if let Err(e) = state.tick(|c| c.health_tick()).await {
             tracing::warn!(error = %e, "health evaluation failed; retrying at the next tick");
         }
     }
 }
 
-async fn resync_loop(state: api::AppState) {
+async fn resync_loop(state: api::AppState, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(RESYNC_INTERVAL);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stopped(&mut stopping) => return,
+        }
         let st = state.clone();
         let res = tokio::task::spawn_blocking(move || {
             let mut c = st.cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
             let before = c.revision();
-            let r = c.resync().and_then(|()| c.compact_feed(FEED_RETAINED_REVISIONS));
+            let r = c.resync().and_then(|()| c.compact_history()).and_then(|()| c.prune());
             if c.revision() != before {
                 st.changed.send_replace(c.revision());
             }

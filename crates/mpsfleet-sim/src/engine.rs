@@ -10,11 +10,12 @@
 
 use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, WARMUP_MS};
 use crate::invariants::{self, Checker, GpuLoad, Violation};
-use crate::report::Stats;
+use crate::report::{Shortfall, Stats};
 use crate::rng::Rng;
-use mpsfleet_agent::agent::pool_mps_policy;
-use mpsfleet_agent::mps::health::{self as mh, DaemonHealth, Effect, Event as MpsEvent, MpsPolicy, Phase};
 use mpsfleet_core::clock::ManualClock;
+use mpsfleet_core::lifecycle::mps::{
+    self as mh, pool_mps_policy, DaemonHealth, Effect, Event as MpsEvent, MpsPolicy, Phase,
+};
 use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
 use mpsfleet_server::provider::{
     AttemptRecord, CapacityProvider, LaunchRequest, LaunchedHost, ProviderError, ProviderHostState, Retry,
@@ -23,7 +24,7 @@ use mpsfleet_store::{MemoryStore, Revision, Store};
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::policy::{Provider, ProviderKind};
 use mpsfleet_types::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,11 +150,16 @@ struct LocalTask {
     service: Option<ServiceName>,
     running_since: Option<u64>,
     stopping: bool,
+    /// The stop code the server gave when it asked the task to stop; reported back with the
+    /// exit, as the agent does.
+    stop_code: Option<StopCode>,
 }
 
 struct SimHost {
     label: String,
     name: String,
+    /// The one-time registration token the provider launched the host with (a replacement).
+    token: Option<String>,
     pool: usize,
     slot: Option<u32>,
     id: Option<HostId>,
@@ -203,6 +209,25 @@ struct SvcWorld {
     running: u32,
     last_ms: u64,
     deficit_ms: u128,
+    /// Why the missing replicas are missing, as classified at the end of the last step that
+    /// could change it; `deficit_ms` accrues by these until the next classification.
+    shortfall: Vec<(Shortfall, u32)>,
+}
+
+/// A pool's room for one more task, for the shortfall breakdown.
+struct PoolRoom {
+    mps: bool,
+    whole_gpu: bool,
+    /// An unresolved incident of the pool has asked for a replacement host that is not yet
+    /// running the tasks again.
+    replacement_coming: bool,
+}
+
+/// A service task as the server has it (from the change feed), while it is not STOPPED.
+struct SrvTask {
+    stop_requested: bool,
+    host: Option<HostId>,
+    last: TaskStatus,
 }
 
 pub struct Sim {
@@ -234,6 +259,15 @@ pub struct Sim {
     pub violation: Option<Violation>,
     /// Services below their count with spare capacity, since when.
     below_since: BTreeMap<ServiceName, u64>,
+    /// The server's live service tasks by service, mirrored from the change feed.
+    srv_tasks: BTreeMap<ServiceName, BTreeMap<TaskId, SrvTask>>,
+    /// Stop times of failed tasks per service, as the server's crash-loop hold-back counts them.
+    svc_failures: BTreeMap<ServiceName, VecDeque<u64>>,
+    /// The unresolved incident of each host, by incident id.
+    open_incidents: BTreeMap<HostId, String>,
+    /// Services whose shortfall is classified again at the end of this step; `all_dirty`: all.
+    dirty_svcs: BTreeSet<ServiceName>,
+    all_dirty: bool,
     /// Index of the event being processed, for the report.
     pub steps: u64,
 }
@@ -275,6 +309,11 @@ impl Sim {
             checker: Checker::default(),
             violation: None,
             below_since: BTreeMap::new(),
+            srv_tasks: BTreeMap::new(),
+            svc_failures: BTreeMap::new(),
+            open_incidents: BTreeMap::new(),
+            dirty_svcs: BTreeSet::new(),
+            all_dirty: true,
             steps: 0,
         };
         sim.setup()?;
@@ -372,6 +411,7 @@ impl Sim {
                     running: 0,
                     last_ms: WARMUP_MS,
                     deficit_ms: 0,
+                    shortfall: Vec::new(),
                 },
             );
         }
@@ -426,6 +466,7 @@ impl Sim {
             rng: Rng::fork(self.cfg.seed, &label),
             label,
             name: name.clone(),
+            token: None,
             pool,
             slot,
             id: None,
@@ -483,6 +524,14 @@ impl Sim {
     }
 
     fn handle(&mut self, ev: Ev) {
+        if matches!(
+            ev,
+            Ev::Resync | Ev::Fault(_) | Ev::Boot(_) | Ev::Heal(_) | Ev::ProviderDone { .. }
+        ) {
+            // Hosts, incidents or the crash-loop window may have changed: a safety net over
+            // the per-service marks.
+            self.all_dirty = true;
+        }
         match ev {
             Ev::HealthTick => {
                 let jobs = self.c().health_tick();
@@ -515,8 +564,9 @@ impl Sim {
             Ev::Started { h, t } => self.started(h, t),
             Ev::Stopped { h, t } => {
                 if self.hosts[h].up && self.hosts[h].tasks.contains_key(&t) {
+                    let code = self.hosts[h].tasks.get(&t).and_then(|l| l.stop_code);
                     self.remove_task(h, t, true);
-                    self.report(h, t, stopped(None, None));
+                    self.report(h, t, stopped(code, None));
                 }
             }
             Ev::ClientsExit { h, g } => {
@@ -579,7 +629,7 @@ impl Sim {
 
     fn job_key(&self, job: &ProviderJob) -> String {
         match job {
-            ProviderJob::Launch { incident, pool, name } if incident.is_empty() => format!("0 {pool} {name}"),
+            ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => format!("0 {pool} {name}"),
             ProviderJob::Launch { incident, pool, .. } => {
                 format!("1 {pool} {}", self.incident_label(incident).map(|x| x.1).unwrap_or_default())
             }
@@ -624,7 +674,7 @@ impl Sim {
 
     fn dispatch(&mut self, job: ProviderJob) {
         match &job {
-            ProviderJob::Launch { incident, pool, name } => {
+            ProviderJob::Launch { incident, pool, name, token } => {
                 let pool_ix = self.pool_names.iter().position(|p| p == pool).unwrap_or(0);
                 let (label, slot) = if incident.is_empty() {
                     (name.clone(), None)
@@ -645,6 +695,7 @@ impl Sim {
                 if let Some(h) = launch {
                     // Slot faults follow the host's replacement once it is up.
                     self.hosts[h].slot = slot;
+                    self.hosts[h].token = token.as_ref().map(|t| t.0.clone());
                 }
                 self.stats.provider_launches += 1;
                 self.log(format!(
@@ -723,7 +774,10 @@ impl Sim {
             mps_available: true,
             emulated: true,
         };
-        let r = self.c().register_host(reg);
+        let r = match self.hosts[h].token.clone() {
+            Some(token) => self.c().register_host_with_token(reg, &token),
+            None => self.c().register_host(reg),
+        };
         let id = match r {
             Ok(r) => r.host_id,
             Err(e) => {
@@ -1127,6 +1181,7 @@ impl Sim {
                     Some(false) => {
                         if let Some(l) = self.hosts[h].tasks.get_mut(&task.id) {
                             l.stopping = true;
+                            l.stop_code = Some(task.stop_code.unwrap_or(StopCode::UserInitiated));
                         }
                         let d = self.hosts[h].rng.range(TASK_STOP_MS.0, TASK_STOP_MS.1);
                         self.at(self.now + d, Ev::Stopped { h, t: task.id });
@@ -1136,7 +1191,8 @@ impl Sim {
                         && !self.hosts[h].finished.contains(&task.id) =>
                     {
                         self.hosts[h].finished.insert(task.id);
-                        self.report(h, task.id, stopped(None, None));
+                        let code = task.stop_code.unwrap_or(StopCode::UserInitiated);
+                        self.report(h, task.id, stopped(Some(code), None));
                     }
                     None => {}
                 }
@@ -1204,6 +1260,7 @@ impl Sim {
                 service: task.group.clone(),
                 running_since: None,
                 stopping: false,
+                stop_code: None,
             },
         );
         self.mark(h);
@@ -1242,20 +1299,174 @@ impl Sim {
                 ready: Some(true),
                 stop_code: None,
                 stopped_reason: None,
+                output: None,
             },
         );
     }
 
+    /// Accrues the service's missing replicas since the last change (by cause, as last
+    /// classified), then applies `delta` to its running count.
     fn svc_change(&mut self, s: &ServiceName, delta: i32) {
         let now = self.now;
-        if let Some(w) = self.svcs.get_mut(s) {
-            if now > w.last_ms {
-                let missing = w.desired.saturating_sub(w.running);
-                w.deficit_ms += u128::from(now - w.last_ms) * u128::from(missing);
-                w.last_ms = now;
+        let Some(w) = self.svcs.get_mut(s) else { return };
+        if now > w.last_ms {
+            let dt = u128::from(now - w.last_ms);
+            let missing = w.desired.saturating_sub(w.running);
+            w.deficit_ms += dt * u128::from(missing);
+            let mut left = missing;
+            for &(cause, n) in &w.shortfall {
+                let k = n.min(left);
+                if k > 0 {
+                    *self.stats.shortfall_ms.entry(cause).or_default() += dt * u128::from(k);
+                }
+                left -= k;
             }
-            w.running = (i64::from(w.running) + i64::from(delta)).max(0) as u32;
+            if left > 0 {
+                *self.stats.shortfall_ms.entry(Shortfall::Other).or_default() += dt * u128::from(left);
+            }
+            w.last_ms = now;
         }
+        w.running = (i64::from(w.running) + i64::from(delta)).max(0) as u32;
+        if delta != 0 {
+            self.dirty_svcs.insert(s.clone());
+        }
+    }
+
+    // ---- the shortfall breakdown ------------------------------------------------------------
+
+    /// A service task record from the change feed: kept while live, counted as a failure when
+    /// it stops with a code the server counts against the service.
+    fn mirror_task(&mut self, t: &Task) {
+        let Some(s) = t.group.clone() else { return };
+        self.dirty_svcs.insert(s.clone());
+        let tasks = self.srv_tasks.entry(s.clone()).or_default();
+        if t.last_status == TaskStatus::Stopped {
+            let was_live = tasks.remove(&t.id).is_some();
+            let failed = !matches!(
+                t.stop_code,
+                Some(
+                    StopCode::UserInitiated
+                        | StopCode::ServiceSchedulerInitiated
+                        | StopCode::HostReplaced
+                        | StopCode::HostLost
+                )
+            );
+            if was_live && failed {
+                self.svc_failures.entry(s).or_default().push_back(t.stopped_at_ms.unwrap_or(self.now));
+            }
+        } else {
+            let rec = SrvTask {
+                stop_requested: t.desired_status == TaskStatus::Stopped,
+                host: t.host_id.clone(),
+                last: t.last_status,
+            };
+            tasks.insert(t.id, rec);
+        }
+    }
+
+    /// Classifies the missing replicas of the services marked since the last step; each
+    /// service first accrues its shortfall so far by the classification it had.
+    fn classify_dirty(&mut self) {
+        if self.now < WARMUP_MS {
+            // Nothing is counted yet; classify everything once counting starts.
+            self.all_dirty = true;
+            self.dirty_svcs.clear();
+            return;
+        }
+        let names: Vec<ServiceName> = if std::mem::take(&mut self.all_dirty) {
+            self.dirty_svcs.clear();
+            self.svcs.keys().cloned().collect()
+        } else {
+            std::mem::take(&mut self.dirty_svcs).into_iter().collect()
+        };
+        let window = mpsfleet_server::cluster::SERVICE_RESTART_WINDOW_MS;
+        let now = self.now;
+        for f in self.svc_failures.values_mut() {
+            while f.front().is_some_and(|&t| now.saturating_sub(t) > window) {
+                f.pop_front();
+            }
+        }
+        let mut pools: BTreeMap<String, PoolRoom> = BTreeMap::new();
+        for s in names {
+            self.svc_change(&s, 0);
+            let shortfall = self.classify(&s, &mut pools);
+            if let Some(w) = self.svcs.get_mut(&s) {
+                w.shortfall = shortfall;
+            }
+        }
+    }
+
+    /// Why each missing replica of `s` is missing, now.
+    fn classify(&self, s: &ServiceName, pools: &mut BTreeMap<String, PoolRoom>) -> Vec<(Shortfall, u32)> {
+        let Some(w) = self.svcs.get(s) else { return Vec::new() };
+        if w.running >= w.desired {
+            return Vec::new();
+        }
+        let mut by_cause: BTreeMap<Shortfall, u32> = BTreeMap::new();
+        let mut current = 0;
+        for (id, t) in self.srv_tasks.get(s).into_iter().flatten() {
+            if t.stop_requested {
+                // Its replacement exists already (the service counts it no more).
+                continue;
+            }
+            current += 1;
+            let host = t.host.as_ref().and_then(|id| self.by_id.get(id).copied());
+            if host.is_some_and(|h| self.hosts[h].tasks.get(id).is_some_and(|l| l.running_since.is_some())) {
+                continue;
+            }
+            *by_cause.entry(self.task_shortfall(w, t, host, pools)).or_default() += 1;
+        }
+        let not_created = w.desired.saturating_sub(current);
+        if not_created > 0 {
+            let burst = mpsfleet_server::cluster::SERVICE_RESTART_BURST;
+            let held = self.svc_failures.get(s).is_some_and(|f| f.len() >= burst);
+            let cause = if held { Shortfall::CrashLoopHoldBack } else { Shortfall::Other };
+            *by_cause.entry(cause).or_default() += not_created;
+        }
+        by_cause.into_iter().collect()
+    }
+
+    /// Why a live task of the service that the world does not run is not running.
+    fn task_shortfall(
+        &self,
+        w: &SvcWorld,
+        t: &SrvTask,
+        host: Option<usize>,
+        pools: &mut BTreeMap<String, PoolRoom>,
+    ) -> Shortfall {
+        let Some(id) = &t.host else {
+            let room = pools.entry(w.pool.clone()).or_insert_with(|| self.pool_room(&w.pool));
+            let fits = if w.demand.mps { room.mps } else { room.whole_gpu };
+            return match (fits, room.replacement_coming) {
+                (true, _) => Shortfall::UnplacedWithRoom,
+                (false, true) => Shortfall::ReplacementHost,
+                (false, false) => Shortfall::NoCapacity,
+            };
+        };
+        if let Some(i) = self.open_incidents.get(id).and_then(|i| self.incidents.get(i)) {
+            return match i.state {
+                IncidentState::Blocked { .. } => Shortfall::RemediationBlocked,
+                _ if i.owner == IncidentOwner::Operator => Shortfall::OperatorHold,
+                _ if w.fenced => Shortfall::FencedTermination,
+                _ => Shortfall::OnBadHost,
+            };
+        }
+        match host.map(|h| &self.hosts[h]) {
+            None => Shortfall::HostUnreachable,
+            Some(h) if !h.up || h.partitioned_until.is_some() => Shortfall::HostUnreachable,
+            Some(_) if t.last < TaskStatus::Running => Shortfall::Starting,
+            Some(_) => Shortfall::Other,
+        }
+    }
+
+    /// Whether the pool has room for another task (of either kind) now, and whether a
+    /// replacement host is on its way.
+    fn pool_room(&self, pool: &str) -> PoolRoom {
+        let (mps, whole_gpu) = self.cluster.as_ref().map_or((false, false), |c| spare_capacity(c, pool));
+        let replacement_coming = self.open_incidents.values().filter_map(|i| self.incidents.get(i)).any(|i| {
+            i.pool.as_str() == pool && i.has(Step::ReplacementRequested) && !i.has(Step::TasksRunningAgain)
+        });
+        PoolRoom { mps, whole_gpu, replacement_coming }
     }
 
     /// The process is gone; `lost`: the work it had done is lost (it starts again elsewhere).
@@ -1314,6 +1525,7 @@ impl Sim {
                 match ch.kind.as_str() {
                     "task" => {
                         if let Ok(t) = serde_json::from_slice::<Task>(&value) {
+                            self.mirror_task(&t);
                             if let Some(&h) = t.host_id.as_ref().and_then(|id| self.by_id.get(id)) {
                                 changed_hosts.insert(h);
                             }
@@ -1324,6 +1536,7 @@ impl Sim {
                             incidents.push(i);
                         }
                     }
+                    "host" => self.all_dirty = true,
                     _ => {}
                 }
             }
@@ -1335,6 +1548,7 @@ impl Sim {
                 self.incident_changed(i);
             }
         }
+        self.classify_dirty();
         // The world: what the hosts really run, on the hosts this step may have touched.
         if self.violation.is_none() {
             self.check_world();
@@ -1386,6 +1600,14 @@ impl Sim {
         let h = self.by_id.get(&i.host_id).copied();
         let label = h.map(|h| self.hosts[h].label.clone()).unwrap_or_else(|| "?".into());
         let prev_len = self.incidents.get(&i.id).map(|p| p.timeline.len());
+        self.all_dirty = true;
+        if i.state == IncidentState::Resolved {
+            if self.open_incidents.get(&i.host_id) == Some(&i.id) {
+                self.open_incidents.remove(&i.host_id);
+            }
+        } else {
+            self.open_incidents.insert(i.host_id.clone(), i.id.clone());
+        }
         if prev_len.is_none() {
             let (onset, cause) = h
                 .and_then(|h| self.hosts[h].fault)
@@ -1575,5 +1797,6 @@ fn stopped(code: Option<StopCode>, reason: Option<&str>) -> TaskStateReport {
         ready: Some(false),
         stop_code: code,
         stopped_reason: reason.map(str::to_string),
+        output: None,
     }
 }

@@ -154,7 +154,7 @@ pub fn replacement_limits(pool: &[&Incident], policy: &RemediationPolicy, now_ms
     }
     let per = policy.rate_limit.per_ms;
     let recent = automatic
-        .filter_map(|i| i.first(Step::ReplacementRequested).map(|e| e.at_ms))
+        .filter_map(|i| i.first(Step::ReplacementRequested))
         .filter(|&t| t <= now_ms && now_ms - t < per)
         .count() as u32;
     if recent > policy.rate_limit.max {

@@ -7,6 +7,87 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+/// Why a desired service replica is not running: every replica-second below desired after
+/// the warm-up is counted under one of these (see [`crate::engine`]'s classification).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Shortfall {
+    /// Its task is on a host of a self-managed pool with an open incident: nothing moves it
+    /// until the operator acts.
+    OperatorHold,
+    /// Its task is on a host whose incident is BLOCKED (storm breaker, replacement rate limit,
+    /// failed provider call).
+    RemediationBlocked,
+    /// Its task is on a bad host of a fenced service: no replacement until the old host is
+    /// terminated.
+    FencedTermination,
+    /// Its task is on a bad host being drained or replaced (restart boundary).
+    OnBadHost,
+    /// Its task is on a host that has vanished or lost the control plane, not yet declared bad.
+    HostUnreachable,
+    /// Its task waits for placement and no host in the pool has room, while a replacement
+    /// host is being launched or is joining.
+    ReplacementHost,
+    /// Its task waits for placement and no host in the pool has room.
+    NoCapacity,
+    /// Its task waits for placement although a healthy host in the pool has room.
+    UnplacedWithRoom,
+    /// Its task is placed and starting (assignment on its way, process starting).
+    Starting,
+    /// No task exists for it: its service's tasks failed too fast, and replacing them waits.
+    CrashLoopHoldBack,
+    /// Anything else (a replacement not created yet outside a crash loop, a report in flight).
+    Other,
+}
+
+impl Shortfall {
+    pub const ALL: [Shortfall; 11] = [
+        Shortfall::OperatorHold,
+        Shortfall::RemediationBlocked,
+        Shortfall::FencedTermination,
+        Shortfall::OnBadHost,
+        Shortfall::HostUnreachable,
+        Shortfall::ReplacementHost,
+        Shortfall::NoCapacity,
+        Shortfall::UnplacedWithRoom,
+        Shortfall::Starting,
+        Shortfall::CrashLoopHoldBack,
+        Shortfall::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shortfall::OperatorHold => "operator-hold",
+            Shortfall::RemediationBlocked => "remediation-blocked",
+            Shortfall::FencedTermination => "fenced-termination",
+            Shortfall::OnBadHost => "on-bad-host",
+            Shortfall::HostUnreachable => "host-unreachable",
+            Shortfall::ReplacementHost => "replacement-host",
+            Shortfall::NoCapacity => "no-capacity",
+            Shortfall::UnplacedWithRoom => "unplaced-with-room",
+            Shortfall::Starting => "starting",
+            Shortfall::CrashLoopHoldBack => "crash-loop-hold-back",
+            Shortfall::Other => "other",
+        }
+    }
+
+    /// What the report says about it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Shortfall::OperatorHold => "self-managed host held for the operator",
+            Shortfall::RemediationBlocked => "incident blocked (storm breaker, rate limit, provider)",
+            Shortfall::FencedTermination => "fenced: waiting for the old host's termination",
+            Shortfall::OnBadHost => "on a bad host being drained or replaced",
+            Shortfall::HostUnreachable => "on an unreachable host, not yet declared bad",
+            Shortfall::ReplacementHost => "no room; replacement host launching or joining",
+            Shortfall::NoCapacity => "no room in the pool",
+            Shortfall::UnplacedWithRoom => "unplaced although the pool has room",
+            Shortfall::Starting => "placed, starting",
+            Shortfall::CrashLoopHoldBack => "crash-loop hold-back",
+            Shortfall::Other => "other or unknown",
+        }
+    }
+}
+
 /// One incident as the simulator saw it open, and how it ended.
 #[derive(Debug, Clone, Default)]
 struct IncStat {
@@ -38,6 +119,8 @@ pub struct Stats {
     pub incident_ties: u64,
     pub work_lost_ms: u128,
     pub deficit_ms: u128,
+    /// `deficit_ms` by cause; the parts add up to it.
+    pub shortfall_ms: BTreeMap<Shortfall, u128>,
     pub replicas_running_at_end: u32,
     pub replicas_desired: u32,
     pub services_at_end: Vec<(String, u32, u32)>,
@@ -125,6 +208,8 @@ pub struct Report {
     pub task_hours_lost: f64,
     /// Service replicas missing after the warm-up, integrated over time.
     pub replica_hours_below_desired: f64,
+    /// The same, by cause ([`Shortfall::as_str`]); causes that never occurred are left out.
+    pub replica_hours_by_cause: BTreeMap<String, f64>,
     pub replacements_requested: u64,
     pub hosts_terminated: u64,
     pub breaker_trips: u64,
@@ -191,6 +276,12 @@ impl Report {
             time_to_recover: percentiles(recover),
             task_hours_lost: hours(stats.work_lost_ms),
             replica_hours_below_desired: hours(stats.deficit_ms),
+            replica_hours_by_cause: stats
+                .shortfall_ms
+                .iter()
+                .filter(|(_, &ms)| ms > 0)
+                .map(|(c, &ms)| (c.as_str().to_string(), hours(ms)))
+                .collect(),
             replacements_requested: replacements,
             hosts_terminated: terminated,
             breaker_trips: breaker,
@@ -264,6 +355,11 @@ impl Report {
             "task-hours lost:      {:.2} of work killed, {:.2} replica-hours below desired",
             self.task_hours_lost, self.replica_hours_below_desired
         );
+        for c in Shortfall::ALL {
+            if let Some(h) = self.replica_hours_by_cause.get(c.as_str()) {
+                let _ = writeln!(s, "  {:<20} {h:>9.2} replica-hours  {}", c.as_str(), c.describe());
+            }
+        }
         let _ = writeln!(
             s,
             "replacements:         {} requested, {} old hosts terminated, {} provider launches ({} calls failed, {} attempts)",

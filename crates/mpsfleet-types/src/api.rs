@@ -79,3 +79,26 @@ pub struct Assignments {
     pub tasks: Vec<Task>,
     pub task_definitions: Vec<crate::taskdef::TaskDefinition>,
 }
+
+/// Body of `POST /v1/incidents/{id}/resolve`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResolveIncident {
+    /// Why the operator closes the incident (1 to 1024 characters), kept on its timeline.
+    pub reason: String,
+}
+
+/// Answer of the operator commands `host activate` and `incident resolve`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorCommandResponse {
+    /// The host after the command (`host activate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::host::HostView>,
+    /// The incident the command changed, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<crate::incident::IncidentView>,
+    /// What happened to a replacement host the incident had requested, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<String>,
+}

@@ -1,9 +1,11 @@
 //! Incidents: the record of one host turning bad and what followed, as a timeline of steps
 //! with timestamps, the evidence that triggered it, its owner and the tasks it moved.
 
+use crate::history::{Entry, History, HistoryEvent};
 use crate::ids::{GpuUuid, HostId, PoolName, ServiceName, TaskId};
 use crate::pool::OwnershipMode;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Who is responsible for acting on an incident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -77,10 +79,14 @@ impl IncidentState {
 }
 
 /// One step of the responsibility record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Step {
     Detected,
+    /// An operator took the incident (`incident acknowledge`); nothing else changes.
+    Acknowledged,
+    /// An operator command (`host drain`, `host replace`, `host activate`) was recorded.
+    OperatorCommand,
     Decided,
     LocalRepairAttempt,
     Cordoned,
@@ -92,6 +98,10 @@ pub enum Step {
     TasksRescheduled,
     TasksRunningAgain,
     OldHostTerminated,
+    /// A replacement host that was requested will not be used (the incident ended first).
+    ReplacementCancelled,
+    /// The host is ACTIVE and healthy again (`host activate`).
+    HostActivated,
     Resolved,
     Blocked,
 }
@@ -100,6 +110,8 @@ impl Step {
     pub fn as_str(self) -> &'static str {
         match self {
             Step::Detected => "DETECTED",
+            Step::Acknowledged => "ACKNOWLEDGED",
+            Step::OperatorCommand => "OPERATOR_COMMAND",
             Step::Decided => "DECIDED",
             Step::LocalRepairAttempt => "LOCAL_REPAIR_ATTEMPT",
             Step::Cordoned => "CORDONED",
@@ -110,18 +122,49 @@ impl Step {
             Step::TasksRescheduled => "TASKS_RESCHEDULED",
             Step::TasksRunningAgain => "TASKS_RUNNING_AGAIN",
             Step::OldHostTerminated => "OLD_HOST_TERMINATED",
+            Step::ReplacementCancelled => "REPLACEMENT_CANCELLED",
+            Step::HostActivated => "HOST_ACTIVATED",
             Step::Resolved => "RESOLVED",
             Step::Blocked => "BLOCKED",
         }
     }
 }
 
+/// What one timeline entry says happened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TimelineEntry {
-    pub at_ms: u64,
+pub struct TimelineEvent {
     pub step: Step,
     pub detail: String,
+    /// Who did it, for operator commands: the identity of the token used (e.g. `admin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl HistoryEvent for TimelineEvent {}
+
+/// One entry of an incident's timeline.
+pub type TimelineEntry = Entry<TimelineEvent>;
+
+/// The incident's bounded, coalescing timeline (see [`History`]).
+pub type Timeline = History<TimelineEvent>;
+
+/// The one-time registration token minted for an incident's replacement host, and the host
+/// that registered with it. Only a host registering with that token becomes the replacement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplacementBinding {
+    /// The name the provider is asked to launch the host under (for people and providers).
+    pub name: String,
+    /// SHA-256 of the token, hex; the token itself is only in the launch request.
+    pub token_sha256: String,
+    pub expires_at_ms: u64,
+    /// The host that registered with the token; the token is spent once this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<HostId>,
+    /// The token was revoked before use (the incident ended without it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revoked: bool,
 }
 
 /// A task that was on the host when the incident moved or stopped it.
@@ -138,6 +181,10 @@ pub struct AffectedTask {
     pub replacement: Option<TaskId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement_host: Option<HostId>,
+    /// On the host, and not moved or stopped yet (e.g. a `fenced` task waiting for the old
+    /// host's termination).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 /// An operator command recorded on an incident (`host drain`, `host replace`).
@@ -170,7 +217,16 @@ pub struct Incident {
     pub state: IncidentState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator_requested: Option<OperatorAction>,
-    pub timeline: Vec<TimelineEntry>,
+    /// Who acknowledged the incident, if anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_by: Option<String>,
+    pub timeline: Timeline,
+    /// When each step was first reached. The timeline is bounded and may elide entries; this
+    /// is what the planner and the durations read.
+    #[serde(default)]
+    pub reached: BTreeMap<Step, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<ReplacementBinding>,
     #[serde(default)]
     pub affected_tasks: Vec<AffectedTask>,
     pub opened_at_ms: u64,
@@ -207,7 +263,7 @@ impl Incident {
             Some(gpu) => format!("{} IMPAIRED on {gpu}: {}", trigger.check, trigger.reason),
             None => format!("{} IMPAIRED: {}", trigger.check, trigger.reason),
         };
-        Self {
+        let mut i = Self {
             id,
             host_id,
             pool,
@@ -215,24 +271,81 @@ impl Incident {
             trigger,
             state: IncidentState::Open,
             operator_requested: None,
-            timeline: vec![TimelineEntry { at_ms: detected_at_ms, step: Step::Detected, detail }],
+            acknowledged_by: None,
+            timeline: Timeline::new(),
+            reached: BTreeMap::new(),
+            replacement: None,
             affected_tasks: Vec::new(),
             opened_at_ms,
             resolved_at_ms: None,
+        };
+        i.push(detected_at_ms, Step::Detected, detail, None);
+        i
+    }
+
+    /// Records a step on the timeline (coalesced with the newest entry if it says the same).
+    pub fn push(&mut self, at_ms: u64, step: Step, detail: impl Into<String>, by: Option<String>) {
+        self.reached.entry(step).or_insert(at_ms);
+        self.timeline.push(at_ms, TimelineEvent { step, detail: detail.into(), by });
+    }
+
+    /// Fills `reached` from the timeline for records written before it existed.
+    pub fn normalize(&mut self) {
+        if self.reached.is_empty() {
+            for e in self.timeline.iter() {
+                self.reached.entry(e.step).or_insert(e.at_ms);
+            }
         }
     }
 
-    /// The first timeline entry of `step`.
-    pub fn first(&self, step: Step) -> Option<&TimelineEntry> {
-        self.timeline.iter().find(|e| e.step == step)
+    /// When `step` was first reached.
+    pub fn first(&self, step: Step) -> Option<u64> {
+        self.reached.get(&step).copied()
     }
 
     pub fn has(&self, step: Step) -> bool {
-        self.first(step).is_some()
+        self.reached.contains_key(&step)
+    }
+
+    /// Whether the host that registered with this incident's replacement token is `host`.
+    pub fn is_replacement(&self, host: &HostId) -> bool {
+        self.replacement.as_ref().and_then(|r| r.host_id.as_ref()) == Some(host)
     }
 
     pub fn affected(&self, task_id: TaskId) -> Option<&AffectedTask> {
         self.affected_tasks.iter().find(|a| a.task_id == task_id)
+    }
+
+    /// The task was moved or stopped by this incident (not merely listed as waiting).
+    pub fn handled(&self, task_id: TaskId) -> bool {
+        self.affected(task_id).is_some_and(|a| !a.waiting)
+    }
+
+    /// Lists a task that is on the host as affected (waiting), unless it already is.
+    pub fn note_affected(&mut self, task_id: TaskId, service: Option<ServiceName>) {
+        if self.affected(task_id).is_none() {
+            self.affected_tasks.push(AffectedTask {
+                task_id,
+                service,
+                replacement: None,
+                replacement_host: None,
+                waiting: true,
+            });
+        }
+    }
+
+    /// Marks a task moved or stopped, listing it if it was not.
+    pub fn mark_handled(&mut self, task_id: TaskId, service: Option<ServiceName>) {
+        match self.affected_tasks.iter_mut().find(|a| a.task_id == task_id) {
+            Some(a) => a.waiting = false,
+            None => self.affected_tasks.push(AffectedTask {
+                task_id,
+                service,
+                replacement: None,
+                replacement_host: None,
+                waiting: false,
+            }),
+        }
     }
 
     /// Records the replacement the server started for a moved task (and, once placed, its
@@ -250,7 +363,7 @@ impl Incident {
 
     /// Time to detect, decide and recover, from the timeline.
     pub fn durations(&self) -> Durations {
-        let at = |step| self.first(step).map(|e| e.at_ms);
+        let at = |step| self.first(step);
         let detected = at(Step::Detected);
         let between = |from: Option<u64>, to: Option<u64>| Some(to?.saturating_sub(from?));
         Durations {
@@ -283,11 +396,9 @@ mod tests {
             1_000,
             5_000,
         );
-        i.timeline.extend(steps.iter().map(|&(at_ms, step)| TimelineEntry {
-            at_ms,
-            step,
-            detail: String::new(),
-        }));
+        for &(at_ms, step) in steps {
+            i.push(at_ms, step, "", None);
+        }
         i
     }
 
@@ -329,8 +440,9 @@ mod tests {
         assert_eq!(v["trigger"]["firstFailureAtMs"], json!(400));
         assert_eq!(
             v["timeline"],
-            json!([{"atMs": 1000, "step": "DETECTED", "detail": "MPS_DAEMON IMPAIRED on GPU-0: probe timed out after 3s"}])
+            json!({"entries": [{"atMs": 1000, "step": "DETECTED", "detail": "MPS_DAEMON IMPAIRED on GPU-0: probe timed out after 3s"}]})
         );
+        assert_eq!(v["reached"], json!({"DETECTED": 1000}));
         let back: Incident = serde_json::from_value(v).unwrap();
         assert_eq!(back, i);
         assert_eq!(serde_json::to_value(IncidentState::Open).unwrap(), json!({"status": "OPEN"}));
@@ -338,6 +450,28 @@ mod tests {
         for step in [Step::LocalRepairAttempt, Step::TasksRunningAgain, Step::OldHostTerminated] {
             assert_eq!(serde_json::to_value(step).unwrap(), json!(step.as_str()));
         }
+    }
+
+    /// A record written before timelines were bounded (a plain array, no `reached`) reads, and
+    /// `normalize` gives it the first time of each step.
+    #[test]
+    fn an_old_record_reads_and_normalizes() {
+        let mut v = serde_json::to_value(incident(Some(400), &[(5_000, Step::Decided)])).unwrap();
+        v["timeline"] = json!([
+            {"atMs": 1000, "step": "DETECTED", "detail": "d"},
+            {"atMs": 5000, "step": "DECIDED", "detail": "x"},
+            {"atMs": 6000, "step": "BLOCKED", "detail": "b"},
+            {"atMs": 7000, "step": "BLOCKED", "detail": "b"}
+        ]);
+        v.as_object_mut().unwrap().remove("reached");
+        let mut i: Incident = serde_json::from_value(v).unwrap();
+        assert!(!i.has(Step::Decided));
+        i.normalize();
+        assert_eq!(i.first(Step::Decided), Some(5_000));
+        assert_eq!(i.first(Step::Blocked), Some(6_000));
+        assert_eq!(i.timeline.len(), 3);
+        assert_eq!(i.timeline[2].count, 2);
+        assert_eq!(i.durations().decide_ms, Some(4_000));
     }
 
     #[test]
@@ -349,12 +483,14 @@ mod tests {
             service: svc,
             replacement: None,
             replacement_host: None,
+            waiting: false,
         });
         i.affected_tasks.push(AffectedTask {
             task_id: TaskId(2),
             service: None,
             replacement: None,
             replacement_host: None,
+            waiting: false,
         });
         assert!(i.set_replacement(TaskId(1), TaskId(11), None));
         assert!(!i.set_replacement(TaskId(2), TaskId(12), None));

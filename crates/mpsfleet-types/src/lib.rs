@@ -3,15 +3,18 @@
 
 pub mod api;
 pub mod event;
+pub mod history;
 pub mod host;
 pub mod ids;
 pub mod incident;
+pub mod logs;
 pub mod policy;
 pub mod pool;
 pub mod service;
 pub mod task;
 pub mod taskdef;
 
+pub use history::{Entry, History, HistoryEvent};
 pub use host::*;
 pub use ids::*;
 pub use incident::*;

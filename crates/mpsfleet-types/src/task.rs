@@ -66,8 +66,10 @@ pub enum StopCode {
     MpsDaemonUnavailable,
     /// The liveness check failed past its retries.
     Unhealthy,
-    /// The host it ran on was drained or replaced.
+    /// The host it ran on was replaced.
     HostReplaced,
+    /// The host it ran on was drained by an operator (`host drain`).
+    HostDrained,
     /// The host it ran on left the fleet and the task's fate is unknown.
     HostLost,
 }
@@ -82,6 +84,7 @@ impl StopCode {
             StopCode::MpsDaemonUnavailable => "MpsDaemonUnavailable",
             StopCode::Unhealthy => "Unhealthy",
             StopCode::HostReplaced => "HostReplaced",
+            StopCode::HostDrained => "HostDrained",
             StopCode::HostLost => "HostLost",
         }
     }
@@ -191,4 +194,8 @@ pub struct TaskStateReport {
     pub stop_code: Option<StopCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_reason: Option<String>,
+    /// The task's recent output, sent when it changed (at most every 30 s) and with the final
+    /// STOPPED report; the server keeps the latest for `task logs` once the host is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::logs::LogSnapshot>,
 }

@@ -62,6 +62,9 @@ pub struct AgentArgs {
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
+    // First, before any thread or child exists: a host started by the `local` provider leads
+    // its own session, so that its termination can find all it ran.
+    let own_session = mpsfleet_proc::start_session_if_asked();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
@@ -69,6 +72,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    match own_session {
+        Ok(true) => tracing::debug!("leading a session of its own"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot start a session of its own"),
+    }
     let mps = if args.mps_model {
         MpsMode::Model
     } else {

@@ -4,6 +4,7 @@ use crate::output::{self, opt, Format};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::api::OperatorCommandResponse;
 use mpsfleet_types::*;
 use std::path::PathBuf;
 
@@ -117,12 +118,29 @@ pub enum HostCommand {
     Replace {
         id: String,
     },
+    /// Return a repaired host to ACTIVE (refused while any check is not OK); its incident resolves.
+    Activate {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum IncidentCommand {
     List,
-    Describe { id: String },
+    Describe {
+        id: String,
+    },
+    /// Take the incident: recorded on its timeline with who and when; nothing else changes.
+    Acknowledge {
+        id: String,
+    },
+    /// Close the incident; a replacement host still in flight is cancelled.
+    Resolve {
+        id: String,
+        /// Why the incident is resolved (kept on its timeline).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -332,9 +350,30 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
         }
         TaskCommand::Logs { id, container, stderr, tail } => {
-            let bytes = c.task_logs(&id, container.as_deref(), stderr, tail).await?;
+            let logs = c.task_logs(&id, container.as_deref(), stderr, tail).await?;
+            if f == Format::Json {
+                output::print(f, &logs, &[], Vec::new());
+                return Ok(());
+            }
+            use mpsfleet_types::logs::OutputStream;
             use std::io::Write;
-            std::io::stdout().write_all(&bytes)?;
+            match &logs.snapshot {
+                None => std::io::stdout().write_all(logs.output().as_bytes())?,
+                Some(snapshot) => {
+                    // Both streams, each to its own, as the task wrote them.
+                    eprintln!(
+                        "showing the last snapshot reported at {} ({})",
+                        output::utc_time(logs.reported_at_ms.unwrap_or(snapshot.taken_at_ms)),
+                        logs.note.as_deref().unwrap_or("the agent was not asked")
+                    );
+                    for line in &snapshot.lines {
+                        match line.stream {
+                            OutputStream::Stdout => std::io::stdout().write_all(line.text.as_bytes())?,
+                            OutputStream::Stderr => std::io::stderr().write_all(line.text.as_bytes())?,
+                        }
+                    }
+                }
+            }
         }
         TaskCommand::Stop { id, reason } => {
             let t = c.stop_task(&id, reason).await?;
@@ -390,6 +429,7 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
         HostCommand::Drain { id } => return print_incident(f, c.host_action(&id, "drain").await?),
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
+        HostCommand::Activate { id } => return print_operator_command(f, c.activate_host(&id).await?),
     };
     match f {
         Format::Json => output::print(f, &one, &[], vec![]),
@@ -593,15 +633,26 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                 .timeline
                 .iter()
                 .map(|t| {
+                    let mut detail = t.detail.clone();
+                    if t.count > 1 {
+                        let last = t.latest_ms().saturating_sub(start) as f64 / 1000.0;
+                        detail = format!("{detail} (x{}, last at +{last:.3}s)", t.count);
+                    }
+                    if let Some(by) = &t.by {
+                        detail = format!("{detail} [by {by}]");
+                    }
                     vec![
                         format!("+{:.3}s", t.at_ms.saturating_sub(start) as f64 / 1000.0),
                         t.step.as_str().into(),
-                        t.detail.clone(),
+                        detail,
                     ]
                 })
                 .collect();
             println!();
             print!("{}", output::table(&["AT", "STEP", "DETAIL"], &rows));
+            if i.timeline.elided() > 0 {
+                println!("({} older entries not kept between the first and the latest)", i.timeline.elided());
+            }
             if !i.affected_tasks.is_empty() {
                 let rows: Vec<Vec<String>> = i
                     .affected_tasks
@@ -610,7 +661,7 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                         vec![
                             a.task_id.to_string(),
                             opt(&a.service),
-                            opt(&a.replacement),
+                            if a.waiting { "waiting".into() } else { opt(&a.replacement) },
                             opt(&a.replacement_host),
                         ]
                     })
@@ -640,5 +691,27 @@ async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {
             Ok(())
         }
         IncidentCommand::Describe { id } => print_incident(f, c.describe_incident(&id).await?),
+        IncidentCommand::Acknowledge { id } => print_incident(f, c.acknowledge_incident(&id).await?),
+        IncidentCommand::Resolve { id, reason } => {
+            print_operator_command(f, c.resolve_incident(&id, &reason).await?)
+        }
     }
+}
+
+/// The answer of `host activate` and `incident resolve`: what changed, in words.
+fn print_operator_command(f: Format, r: OperatorCommandResponse) -> Result<()> {
+    if f == Format::Json {
+        output::print(f, &r, &[], vec![]);
+        return Ok(());
+    }
+    if let Some(h) = &r.host {
+        println!("host {} is {} ({})", h.id, h.status.as_str(), h.health_status.as_str());
+    }
+    if let Some(v) = &r.incident {
+        println!("incident {} is {}", v.incident.id, v.incident.state.as_str());
+    }
+    if let Some(what) = &r.replacement {
+        println!("{what}");
+    }
+    Ok(())
 }

@@ -1,4 +1,6 @@
-//! `mpsfleet server`: open the data directory, serve the API until SIGINT or SIGTERM.
+//! `mpsfleet server`: open the data directory, serve the API until SIGINT or SIGTERM. Hosts
+//! that a `local` provider started keep running when the server stops, like the machines of
+//! any other provider; the next server on the same data directory adopts them.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -34,8 +36,15 @@ pub fn run(args: ServerArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve(args))
+    let result = runtime.block_on(serve(args));
+    // A provider call still running (a host's termination waiting out its grace period) is
+    // not waited for: the next server plans it again, and the call is idempotent.
+    runtime.shutdown_timeout(STOP_WAIT);
+    result
 }
+
+/// How long a stopping server waits for blocking work still in flight.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn serve(args: ServerArgs) -> Result<()> {
     let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))

@@ -4,7 +4,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_core::clock::SystemClock;
 use mpsfleet_server::cluster::ProviderContext;
-use mpsfleet_server::provider::{CapacityProvider, LocalProvider};
+use mpsfleet_server::provider::{
+    terminate_with_retries, CapacityProvider, LocalProvider, ProviderError, Retry,
+};
 use mpsfleet_types::{CreatePool, OwnershipMode, PoolName};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +43,40 @@ pub fn client_config_path() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("mpsfleet").join("config.json"))
+}
+
+/// Terminates every host recorded under the provider's directory, those of earlier runs
+/// included, all at once; each termination ends the agent, its shims, tasks and MPS daemons.
+async fn stop_hosts(provider: Arc<LocalProvider>) -> Result<()> {
+    let names = provider.close();
+    println!("stopping {} host(s): agents, their tasks and MPS daemons...", names.len());
+    let stops: Vec<_> = names
+        .into_iter()
+        .map(|name| {
+            let provider = provider.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = provider_terminate(&provider, &name) {
+                    eprintln!("warning: {e}");
+                }
+            })
+        })
+        .collect();
+    for stop in stops {
+        stop.await?;
+    }
+    Ok(())
+}
+
+/// A termination with the provider's retries (processes that outlast SIGKILL for a moment).
+fn provider_terminate(provider: &LocalProvider, name: &str) -> Result<(), ProviderError> {
+    let policy = Retry {
+        initial_backoff: Duration::from_millis(500),
+        max_backoff: Duration::from_secs(2),
+        max_attempts: 3,
+    };
+    terminate_with_retries(provider, name, &policy, |_, backoff| std::thread::sleep(backoff))
+        .into_result()
+        .map(|_| ())
 }
 
 /// Finds the real MPS control binary: the flag, PATH, or the copy scripts/install-mps.sh makes.
@@ -123,8 +159,8 @@ async fn up(args: UpArgs) -> Result<()> {
         None => agent_args.push("--mps-model".into()),
     }
     let exe = std::env::current_exe().context("cannot find this program's path")?;
-    // One provider for the first hosts and for the replacements the server launches, so that
-    // Ctrl-C stops them all.
+    // One provider for the first hosts and for the replacements the server launches; Ctrl-C
+    // stops every host recorded under the data dir, those of earlier runs included.
     let provider = Arc::new(LocalProvider::new(
         exe.clone(),
         dir.join("hosts"),
@@ -191,17 +227,11 @@ async fn up(args: UpArgs) -> Result<()> {
     println!("try: mpsfleet host list; press Ctrl-C to stop everything");
 
     tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
-    println!("stopping {} agent(s), their tasks and MPS daemons...", provider.hosts().len());
-    tokio::task::spawn_blocking(move || {
-        for name in provider.hosts() {
-            if let Err(e) = provider.terminate(&name) {
-                eprintln!("warning: {e}");
-            }
-        }
-    })
-    .await?;
+    // The server first: its controllers stop before any host does, so that the hosts going
+    // away open no incident and launch no replacement.
     let _ = stop_tx.send(());
     server.await??;
+    stop_hosts(provider).await?;
     println!("stopped");
     Ok(())
 }

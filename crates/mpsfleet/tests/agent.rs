@@ -137,7 +137,8 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
     assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
     // `task logs` reaches the agent through the server.
     let logs = admin.task_logs(&t.id.to_string(), None, false, 4096).await.unwrap();
-    assert_eq!(String::from_utf8_lossy(&logs).trim(), format!("started {}", t.id));
+    assert_eq!(logs.source, mpsfleet_types::logs::LogsSource::Agent);
+    assert_eq!(logs.output().trim(), format!("started {}", t.id));
     let err = admin.task_logs(&t.id.to_string(), Some("../../etc"), false, 4096).await.unwrap_err();
     assert_eq!(err.code(), Some("InvalidParameter"), "{err}");
     let err = admin.task_logs(&t.id.to_string(), Some("other"), false, 4096).await.unwrap_err();

@@ -1,9 +1,9 @@
 //! MPS daemon control and supervision: the [`MpsControl`] seam with the real
 //! `nvidia-cuda-mps-control` driver ([`RealMps`]) and an in-process model ([`ModelMps`]), the
-//! control.log watcher, the pure per-GPU health state machine ([`health`]) and the thread that
-//! runs it ([`Supervisor`]).
+//! control.log watcher, the pure per-GPU health state machine ([`health`], from
+//! `mpsfleet_core::lifecycle::mps`) and the thread that runs it ([`Supervisor`]).
 
-pub mod health;
+pub use mpsfleet_core::lifecycle::mps as health;
 pub mod log;
 pub mod model;
 pub mod real;
@@ -243,6 +243,12 @@ pub enum MpsError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<health::PolicyError> for MpsError {
+    fn from(e: health::PolicyError) -> Self {
+        MpsError::InvalidConfig { field: e.field, reason: e.reason }
+    }
 }
 
 /// "3s", "1.5s", "500ms", "10m": durations as people write them in reasons (the server's

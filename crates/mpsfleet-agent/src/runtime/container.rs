@@ -442,14 +442,15 @@ fn read_proc(dir: &Path) -> Result<Option<ProcRecord>, RuntimeError> {
 }
 
 /// The last `tail_bytes` bytes of a container's log (all of it when None); empty when the
-/// container has written nothing yet.
+/// container has written nothing yet. A log that is not a plain file (a task replaced it with
+/// a symlink, say) is refused, not followed.
 pub fn logs(state_dir: &Path, stream: LogStream, tail_bytes: Option<u64>) -> Result<Vec<u8>, RuntimeError> {
     let path = state_dir.join(stream.file_name());
     let io = |what, source| RuntimeError::Io { what, path: path.clone(), source };
-    let mut file = match File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io("open", e)),
+    let mut file = match crate::output::open_log(&path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => return Err(io("open", io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))),
     };
     if let Some(tail) = tail_bytes {
         let len = file.metadata().map_err(|e| io("stat", e))?.len();

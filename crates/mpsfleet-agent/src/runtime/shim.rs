@@ -4,7 +4,9 @@
 //! The agent spawns `mpsfleet shim --dir DIR [--uid N --gid N] -- ARGV...` in a process group
 //! of its own. The shim starts ARGV in a *new* process group (its pgid is the task's pid, which
 //! is what a stop signals), with stdout and stderr appended to `DIR/stdout.log` and
-//! `DIR/stderr.log`, the working directory `/` and the shim's own environment. It then writes
+//! `DIR/stderr.log` through pipes the shim reads (see [`relay`]: each chunk also goes, with its
+//! stream and time, to `DIR/output.log`, in the order read, for the agent's snapshots of recent
+//! output), the working directory `/` and the shim's own environment. It then writes
 //! `DIR/proc.json` (pid and start times) and `DIR/pid`, waits for the process and writes
 //! `DIR/exit.json`. Every record is written to a temporary file and renamed into place, so a
 //! reader sees the whole record or none of it. The shim is never in the task's process group,
@@ -22,6 +24,14 @@ use std::process::{Command, Stdio};
 /// File names inside a container's state directory.
 pub const STDOUT_LOG: &str = "stdout.log";
 pub const STDERR_LOG: &str = "stderr.log";
+/// Both streams, framed, in the order read (see [`crate::output::encode_frame`]).
+pub const OUTPUT_LOG: &str = "output.log";
+/// Where `output.log` goes once it is over [`OUTPUT_LOG_MAX`], replacing the one before.
+pub const OUTPUT_LOG_OLD: &str = "output.1.log";
+/// `output.log` starts again past this size, so that the framed copy stays bounded on disk.
+pub const OUTPUT_LOG_MAX: u64 = 1 << 20;
+/// How long the shim waits, after the task's process exits, for the output still in its pipes.
+const RELAY_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// The shim's own diagnostics (what it prints before and after the task runs).
 pub const SHIM_LOG: &str = "shim.log";
 pub const PROC_RECORD: &str = "proc.json";
@@ -205,11 +215,12 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
     };
     let stdout = open_log(STDOUT_LOG)?;
     let stderr = open_log(STDERR_LOG)?;
+    let output = open_log(OUTPUT_LOG)?;
     let mut cmd = Command::new(program);
     cmd.args(&args.argv[1..])
         .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .current_dir("/")
         .process_group(0);
     if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
@@ -227,6 +238,11 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
             return write_json(&args.dir.join(EXIT_RECORD), &record);
         }
     };
+    let pipes: [(Option<Box<dyn std::io::Read + Send>>, File); 2] = [
+        (child.stdout.take().map(|p| Box::new(p) as _), stdout),
+        (child.stderr.take().map(|p| Box::new(p) as _), stderr),
+    ];
+    let relay = relay::start(&args.dir, output, pipes);
     let pid = child.id();
     let shim_pid = std::process::id();
     // The child cannot be reaped before we wait for it, so its /proc entry is there.
@@ -249,6 +265,9 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
         path: args.dir.clone(),
         source,
     })?;
+    // What the task wrote last is in the logs before its exit is recorded (children it left
+    // behind may hold the pipes open: they are not waited for).
+    relay.drain(RELAY_DRAIN);
     let record = ExitRecord {
         code: status.code(),
         signal: status.signal(),
@@ -256,6 +275,125 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
         error: None,
     };
     write_json(&args.dir.join(EXIT_RECORD), &record)
+}
+
+/// Copies the task's stdout and stderr from their pipes to `stdout.log` and `stderr.log`, and
+/// every chunk, framed with its stream and the time it was read, to `output.log`, in the order
+/// read: two threads, one per pipe, each writing its chunk under one lock. A write that fails
+/// is reported once on the shim's own log and the pipe is still read, so the task never
+/// blocks on a full pipe.
+mod relay {
+    use super::{OUTPUT_LOG, OUTPUT_LOG_MAX, OUTPUT_LOG_OLD};
+    use crate::output::encode_frame;
+    use mpsfleet_core::clock::{Clock, SystemClock};
+    use mpsfleet_types::logs::OutputStream;
+    use std::fs::{File, OpenOptions};
+    use std::io::{Read, Write};
+    use std::path::{Path, PathBuf};
+    use std::sync::mpsc::{channel, Receiver};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    struct Framed {
+        dir: PathBuf,
+        file: File,
+        len: u64,
+        failed: bool,
+    }
+
+    impl Framed {
+        fn append(&mut self, stream: OutputStream, bytes: &[u8]) {
+            let frame = encode_frame(stream, SystemClock.now_ms(), bytes);
+            match self.file.write_all(&frame) {
+                Ok(()) => self.len += frame.len() as u64,
+                Err(e) if !self.failed => {
+                    self.failed = true;
+                    eprintln!("mpsfleet shim: cannot write {}: {e}", self.dir.join(OUTPUT_LOG).display());
+                }
+                Err(_) => {}
+            }
+            if self.len > OUTPUT_LOG_MAX {
+                self.rotate();
+            }
+        }
+
+        /// Starts `output.log` again; the full one becomes `output.1.log`. A new file is only
+        /// created where nothing is (no link is followed); otherwise writing goes on where it was.
+        fn rotate(&mut self) {
+            let (path, old) = (self.dir.join(OUTPUT_LOG), self.dir.join(OUTPUT_LOG_OLD));
+            if std::fs::rename(&path, &old).is_err() {
+                return;
+            }
+            match OpenOptions::new().append(true).create_new(true).open(&path) {
+                Ok(f) => {
+                    self.file = f;
+                    self.len = 0;
+                }
+                Err(e) => {
+                    eprintln!("mpsfleet shim: cannot start {} again: {e}", path.display());
+                    self.len = 0;
+                }
+            }
+        }
+    }
+
+    /// The copying threads; [`Relay::drain`] waits for them.
+    pub struct Relay {
+        done: Receiver<()>,
+        threads: usize,
+    }
+
+    pub fn start(dir: &Path, output: File, pipes: [(Option<Box<dyn Read + Send>>, File); 2]) -> Relay {
+        let len = output.metadata().map(|m| m.len()).unwrap_or(0);
+        let framed = Arc::new(Mutex::new(Framed { dir: dir.to_path_buf(), file: output, len, failed: false }));
+        let (tx, done) = channel();
+        let mut threads = 0;
+        for ((pipe, mut log), stream) in pipes.into_iter().zip([OutputStream::Stdout, OutputStream::Stderr]) {
+            let Some(mut pipe) = pipe else { continue };
+            let (framed, tx) = (framed.clone(), tx.clone());
+            let name = dir.join(stream.as_str());
+            let copy = move || {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut failed = false;
+                loop {
+                    let n = match pipe.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => break,
+                    };
+                    // One lock for both writes, so that the two files agree on the order.
+                    let mut framed = framed.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Err(e) = log.write_all(&buf[..n]) {
+                        if !failed {
+                            failed = true;
+                            eprintln!("mpsfleet shim: cannot write the {} log: {e}", name.display());
+                        }
+                    }
+                    framed.append(stream, &buf[..n]);
+                }
+                let _ = tx.send(());
+            };
+            match std::thread::Builder::new().name(format!("relay-{}", stream.as_str())).spawn(copy) {
+                Ok(_) => threads += 1,
+                Err(e) => eprintln!("mpsfleet shim: cannot relay {}: {e}", stream.as_str()),
+            }
+        }
+        Relay { done, threads }
+    }
+
+    impl Relay {
+        /// Waits up to `limit` for both pipes to be read to their end.
+        pub fn drain(self, limit: Duration) {
+            let deadline = SystemClock.now_ms() + limit.as_millis() as u64;
+            for _ in 0..self.threads {
+                let left = deadline.saturating_sub(SystemClock.now_ms());
+                if self.done.recv_timeout(Duration::from_millis(left)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 fn describe_spawn_error(e: &io::Error, program: &OsString) -> String {

@@ -8,7 +8,7 @@
 //! back with [`Cluster::provider_done`].
 
 use super::*;
-use crate::provider::AttemptRecord;
+use crate::provider::{AttemptRecord, Retry};
 use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
@@ -20,11 +20,50 @@ pub(super) const INCIDENT: &str = "incident";
 /// Tasks moved off a host: the old copy, its replacement, and where that was placed.
 type Moved = Vec<(TaskId, TaskId, Option<HostId>)>;
 
+/// How a controller retries an object whose reconcile failed: 250 ms, doubling up to 30 s.
+pub(super) const CONTROLLER_RETRY: Retry = Retry {
+    initial_backoff: std::time::Duration::from_millis(250),
+    max_backoff: std::time::Duration::from_secs(30),
+    max_attempts: u32::MAX,
+};
+
+/// An object whose last reconcile failed: how often in a row, and when to try again.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RetryState {
+    pub failures: u32,
+    pub next_at_ms: u64,
+}
+
+/// How long a replacement's one-time registration token is valid after it is minted.
+pub const REPLACEMENT_TOKEN_TTL_MS: u64 = 60 * 60 * 1000;
+
 /// A provider call the remediation wants made, outside the cluster lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderJob {
-    Launch { incident: String, pool: PoolName, name: String },
-    Terminate { incident: String, pool: PoolName, name: String },
+    /// `token` is the one-time registration token of an incident's replacement (the launched
+    /// host joins with it instead of the join token); None for launches that keep a pool at
+    /// its size.
+    Launch {
+        incident: String,
+        pool: PoolName,
+        name: String,
+        token: Option<RegistrationToken>,
+    },
+    Terminate {
+        incident: String,
+        pool: PoolName,
+        name: String,
+    },
+}
+
+/// A secret that joins one host: shown to the provider once, never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistrationToken(pub String);
+
+impl std::fmt::Debug for RegistrationToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// A pool's hosts as the storm breaker counts them (see `Cluster::pool_counts`).
@@ -49,12 +88,24 @@ pub(super) struct ProviderProgress {
     pub launching: bool,
     pub terminate: Option<Result<(), String>>,
     pub terminating: bool,
+    /// Terminations of the old host that failed in a row, and when to ask again: a provider
+    /// that keeps failing is asked less and less often, not in a tight loop.
+    pub terminate_failures: u32,
+    pub terminate_retry_at_ms: u64,
 }
+
+/// How a failed termination of an old host is asked for again: 5 s, doubling up to 5 min.
+const TERMINATE_RETRY: Retry = Retry {
+    initial_backoff: std::time::Duration::from_secs(5),
+    max_backoff: std::time::Duration::from_secs(300),
+    max_attempts: u32::MAX,
+};
 
 impl Cluster {
     pub(super) fn load_incidents(&mut self) -> Result<(), ApiError> {
         for r in self.store.list(INCIDENT)? {
-            let i: Incident = decode(&r)?;
+            let mut i: Incident = decode(&r)?;
+            i.normalize();
             self.incidents.insert(i.id.clone(), Versioned { value: i, version: r.version });
         }
         Ok(())
@@ -70,20 +121,23 @@ impl Cluster {
         self.incidents.get(id).map(|v| v.value.clone()).ok_or_else(|| ApiError::not_found("incident", id))
     }
 
-    fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
+    pub(super) fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
         self.incidents
             .values()
             .map(|v| &v.value)
             .find(|i| &i.host_id == host && i.state != IncidentState::Resolved)
     }
 
-    fn write_incident(&mut self, incident: Incident) -> Result<(), ApiError> {
+    /// Commits an incident, then applies it; an incident equal to the stored one is not
+    /// written again (nothing to say, nothing to store).
+    pub(super) fn write_incident(&mut self, incident: Incident) -> Result<(), ApiError> {
         let expect = match self.incidents.get(&incident.id) {
+            Some(v) if v.value == incident => return Ok(()),
             Some(v) => Precondition::Version(v.version),
             None => Precondition::Absent,
         };
         let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
-        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.len()));
+        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.pushed()));
         self.events.incident(old, &incident, self.now());
         self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
         Ok(())
@@ -93,7 +147,12 @@ impl Cluster {
     /// incident; returns the provider calls to make.
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
         for ix in 0..self.hosts.len() as HostIx {
-            self.evaluate_host(ix)?;
+            // One host's failure (a failed commit) is logged and left for the next tick; the
+            // others are evaluated all the same.
+            if let Err(e) = self.evaluate_host(ix) {
+                let host = &self.hosts[ix as usize].host.id;
+                tracing::warn!(host.id = %host, error = %e, "host evaluation failed; retrying at the next tick");
+            }
         }
         let mut jobs = self.remediate()?;
         jobs.extend(self.keep_capacity());
@@ -145,7 +204,12 @@ impl Cluster {
                     continue;
                 }
                 self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
-                jobs.push(ProviderJob::Launch { incident: String::new(), pool: pool.clone(), name });
+                jobs.push(ProviderJob::Launch {
+                    incident: String::new(),
+                    pool: pool.clone(),
+                    name,
+                    token: None,
+                });
                 missing -= 1;
             }
         }
@@ -221,56 +285,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// An operator's `host drain` or `host replace`: recorded on the host's incident (one is
-    /// opened if there is none), then the same steps as a managed pool's run.
-    pub fn operator_action(&mut self, host: &str, action: OperatorAction) -> Result<Incident, ApiError> {
-        let ix = self.host_ix(host)?;
-        let h = self.hosts[ix as usize].host.clone();
-        if h.status == HostStatus::Deregistered {
-            return Err(ApiError::Conflict(format!("host {} is already deregistered", h.id)));
-        }
-        let now = self.now();
-        let mut incident = match self.open_incident_of(&h.id) {
-            Some(i) => i.clone(),
-            None => {
-                let owner = self
-                    .pools
-                    .get(&h.pool)
-                    .map_or(IncidentOwner::Operator, |p| IncidentOwner::for_mode(p.value.mode));
-                let trigger = Trigger {
-                    check: "OPERATOR".into(),
-                    gpu_id: None,
-                    reason: format!("operator asked to {} the host", action.as_str()),
-                    evidence: String::new(),
-                    first_failure_at_ms: None,
-                };
-                Incident::open(
-                    format!("inc-{:012x}", auth::random_u64()? >> 16),
-                    h.id.clone(),
-                    h.pool.clone(),
-                    owner,
-                    trigger,
-                    now,
-                    now,
-                )
-            }
-        };
-        incident.operator_requested = Some(action);
-        // A failed replacement is tried again on an explicit `replace`.
-        if action == OperatorAction::Replace {
-            if let Some(p) = self.provider_progress.get_mut(&incident.id) {
-                if matches!(p.launch, Some(Err(_))) {
-                    p.launch = None;
-                }
-            }
-        }
-        let id = incident.id.clone();
-        self.write_incident(incident)?;
-        let jobs = self.remediate()?;
-        self.pending_jobs.extend(jobs);
-        self.incident(&id)
-    }
-
     /// Plans and executes every unresolved incident until nothing more can happen now.
     pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
         let mut jobs = Vec::new();
@@ -287,11 +301,45 @@ impl Cluster {
         // incident of that pool acted: incidents that wait (most of them, most of the time) do
         // not each walk every host of the pool on every tick.
         let mut counts: BTreeMap<PoolName, PoolCounts> = BTreeMap::new();
+        let now = self.now();
         for (_, id) in open {
-            self.resume_launch(&id, &mut jobs);
+            // An incident whose last pass failed waits out its backoff; the others go on.
+            if self.incident_retry.get(&id).is_some_and(|r| now < r.next_at_ms) {
+                continue;
+            }
+            match self.remediate_one(&id, &mut counts, &mut jobs) {
+                Ok(()) => {
+                    self.incident_retry.remove(&id);
+                }
+                Err(e) => {
+                    // Jobs already decided stay in `jobs` (their progress markers are set) and
+                    // run; the incident is planned again after the backoff.
+                    if let Some(i) = self.incidents.get(&id) {
+                        counts.remove(&i.value.pool);
+                    }
+                    let r = self.incident_retry.entry(id.clone()).or_default();
+                    r.failures += 1;
+                    let backoff = CONTROLLER_RETRY.backoff_after(r.failures).as_millis() as u64;
+                    r.next_at_ms = now + backoff;
+                    tracing::warn!(incident.id = %id, error = %e, failures = r.failures, retry_in_ms = backoff, "remediation failed; retrying after a backoff");
+                }
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// Plans and executes one incident until nothing more can happen now.
+    fn remediate_one(
+        &mut self,
+        id: &str,
+        counts: &mut BTreeMap<PoolName, PoolCounts>,
+        jobs: &mut Vec<ProviderJob>,
+    ) -> Result<(), ApiError> {
+        {
+            self.resume_launch(id, jobs)?;
             // A few rounds: executing one action can make the next possible at once.
             for _ in 0..8 {
-                let Some(incident) = self.incidents.get(&id).map(|v| v.value.clone()) else { break };
+                let Some(incident) = self.incidents.get(id).map(|v| v.value.clone()) else { break };
                 let c = match counts.get(&incident.pool) {
                     Some(c) => *c,
                     None => {
@@ -309,8 +357,9 @@ impl Cluster {
                 }
                 counts.remove(&incident.pool);
                 let mut incident = incident;
+                self.note_affected(&mut incident);
                 for planned in &plan.actions {
-                    let moved = self.execute(&mut incident, &planned.action, &mut jobs)?;
+                    let moved = self.execute(&mut incident, &planned.action, jobs)?;
                     remediation::record(&mut incident, planned, now);
                     // The affected tasks exist once recorded: note where each one went.
                     for (old, new, host) in moved {
@@ -323,27 +372,119 @@ impl Cluster {
                 self.write_incident(incident)?;
             }
         }
-        Ok(jobs)
+        Ok(())
+    }
+
+    /// Lists every live task on the incident's host as affected once the host is being
+    /// drained, so the record shows all of them (fenced tasks waiting for termination too),
+    /// not only those already moved or stopped.
+    fn note_affected(&self, incident: &mut Incident) {
+        if !incident.has(Step::Cordoned) {
+            return;
+        }
+        let Some(ix) = self.sched.host(&incident.host_id) else { return };
+        for id in &self.hosts[ix as usize].tasks {
+            if let Some(t) = self.tasks.get(id).filter(|t| t.task.desired_status != TaskStatus::Stopped) {
+                incident.note_affected(*id, t.task.group.clone());
+            }
+        }
     }
 
     /// After a server restart the provider calls in flight are forgotten: a replacement the
     /// timeline says was requested, and that has not joined, is asked for again (launch is
-    /// idempotent by name).
-    fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) {
-        let Some(i) = self.incidents.get(id).map(|v| v.value.clone()) else { return };
+    /// idempotent by name) with a new registration token (only the token's digest was kept,
+    /// so the old one can no longer be handed out; it is superseded).
+    fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), ApiError> {
+        let Some(i) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(()) };
         if self.provider_progress.contains_key(id)
             || !i.has(Step::ReplacementRequested)
             || i.has(Step::ReplacementReady)
+            || i.replacement.as_ref().is_some_and(|r| r.host_id.is_some() || r.revoked)
             || self.provider_for(&i.pool).is_none()
         {
-            return;
+            return Ok(());
         }
+        let mut i = i;
+        let job = self.mint_replacement(&mut i)?;
+        self.write_incident(i)?;
         self.provider_progress.entry(id.to_string()).or_default().launching = true;
-        jobs.push(ProviderJob::Launch {
-            incident: id.to_string(),
-            pool: i.pool.clone(),
-            name: replacement_name(&i),
+        jobs.push(job);
+        Ok(())
+    }
+
+    /// Mints the one-time registration token of the incident's replacement, binds its digest
+    /// to the incident (replacing any earlier one), and returns the launch to request. The
+    /// caller writes the incident.
+    fn mint_replacement(&mut self, incident: &mut Incident) -> Result<ProviderJob, ApiError> {
+        let token = auth::new_token("mpsf_repl_")?;
+        let digest = auth::digest(&token);
+        if let Some(old) = incident.replacement.take() {
+            self.replacement_tokens.remove(&old.token_sha256);
+        }
+        let name = replacement_name(incident);
+        incident.replacement = Some(ReplacementBinding {
+            name: name.clone(),
+            token_sha256: digest.clone(),
+            expires_at_ms: self.now() + REPLACEMENT_TOKEN_TTL_MS,
+            host_id: None,
+            revoked: false,
         });
+        self.replacement_tokens.insert(digest, incident.id.clone());
+        Ok(ProviderJob::Launch {
+            incident: incident.id.clone(),
+            pool: incident.pool.clone(),
+            name,
+            token: Some(RegistrationToken(token)),
+        })
+    }
+
+    /// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
+    /// is no replacement token at all; an error naming why when it was one and is not usable.
+    pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, ApiError> {
+        let Some(id) = self.replacement_tokens.get(digest) else { return Ok(None) };
+        let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(None) };
+        let Some(b) = i.replacement.as_ref().filter(|b| b.token_sha256 == digest) else { return Ok(None) };
+        if b.host_id.is_some() {
+            return Err(ApiError::Unauthorized("this replacement token was already used"));
+        }
+        if b.revoked || i.state == IncidentState::Resolved {
+            return Err(ApiError::Unauthorized("this replacement token was revoked: its incident ended"));
+        }
+        if self.now() >= b.expires_at_ms {
+            return Err(ApiError::Unauthorized("this replacement token has expired"));
+        }
+        Ok(Some(id.clone()))
+    }
+
+    /// Binds a host that registered with the incident's replacement token: it becomes the
+    /// replacement, and the token is spent. Returns the updated incident for the caller to
+    /// commit with the host.
+    pub(super) fn bind_replacement(&self, incident: &str, host: &HostId) -> Option<Incident> {
+        let mut i = self.incidents.get(incident)?.value.clone();
+        let b = i.replacement.as_mut()?;
+        b.host_id = Some(host.clone());
+        Some(i)
+    }
+
+    /// Applies an incident whose replacement host was committed with it: the token is spent.
+    pub(super) fn apply_replacement_binding(&mut self, incident: Incident, rev: Revision) {
+        if let Some(b) = &incident.replacement {
+            // The digest stays indexed while the incident is kept, so a reuse is refused as
+            // such ("already used") rather than as an unknown token.
+            tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
+        }
+        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+    }
+
+    /// Indexes the replacement tokens of unresolved incidents (at load), spent ones too, so
+    /// that a reuse is refused as such.
+    pub(super) fn index_replacement_tokens(&mut self) {
+        self.replacement_tokens = self
+            .incidents
+            .values()
+            .filter_map(|v| v.value.replacement.as_ref().map(|b| (b, &v.value.id)))
+            .map(|(b, id)| (b.token_sha256.clone(), id.clone()))
+            .collect();
     }
 
     /// The storm breaker's view of a pool: hosts that are ACTIVE or DRAINING, less the
@@ -355,13 +496,14 @@ impl Cluster {
         let open = self.incidents.values().map(|v| &v.value);
         let open: Vec<&Incident> =
             open.filter(|i| &i.pool == pool && i.state != IncidentState::Resolved).collect();
-        let replacements: BTreeSet<String> = open.iter().map(|i| replacement_name(i)).collect();
+        let replacements: BTreeSet<&HostId> =
+            open.iter().filter_map(|i| i.replacement.as_ref().and_then(|r| r.host_id.as_ref())).collect();
         let in_incident: BTreeSet<&HostId> = open.iter().map(|i| &i.host_id).collect();
         let mut c = PoolCounts::default();
         for h in &self.hosts {
             if &h.host.pool != pool
                 || !matches!(h.host.status, HostStatus::Active | HostStatus::Draining)
-                || replacements.contains(&h.host.hostname)
+                || replacements.contains(&h.host.id)
             {
                 continue;
             }
@@ -399,7 +541,7 @@ impl Cluster {
             .incidents
             .values()
             .filter(|v| v.value.pool == incident.pool)
-            .filter_map(|v| v.value.first(Step::ReplacementRequested).map(|t| t.at_ms))
+            .filter_map(|v| v.value.first(Step::ReplacementRequested))
             .collect();
         let pool = self.pools.get(&incident.pool)?;
         let grace = pool.value.health_policy.agent_heartbeat_grace_ms;
@@ -426,11 +568,13 @@ impl Cluster {
             })
             .collect();
         let progress = self.provider_progress.get(&incident.id).cloned().unwrap_or_default();
-        let replacement_name = replacement_name(incident);
-        let joined = self
-            .hosts
-            .iter()
-            .find(|h| h.host.hostname == replacement_name && h.host.pool == incident.pool)
+        // Only the host that registered with this incident's token is its replacement.
+        let joined = incident
+            .replacement
+            .as_ref()
+            .and_then(|r| r.host_id.as_ref())
+            .and_then(|id| self.sched.host(id))
+            .map(|x| &self.hosts[x as usize])
             .filter(|h| h.host.status == HostStatus::Active && h.host.health_status == HealthStatus::Ok);
         let replacement = match (joined, &progress.launch) {
             (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host.id.clone()) },
@@ -448,8 +592,10 @@ impl Cluster {
         let termination = if e.host.status == HostStatus::Deregistered {
             TerminationState::Confirmed
         } else if progress.terminating || progress.terminate.is_some() {
-            // A failed termination is requested again at the next plan (terminate is idempotent).
-            if matches!(progress.terminate, Some(Err(_))) && !progress.terminating {
+            // A failed termination is requested again (terminate is idempotent) once its
+            // backoff has passed.
+            let failed = matches!(progress.terminate, Some(Err(_))) && !progress.terminating;
+            if failed && now >= progress.terminate_retry_at_ms {
                 TerminationState::NotRequested
             } else {
                 TerminationState::Requested
@@ -508,12 +654,9 @@ impl Cluster {
             }
             Action::RequestReplacement => match self.provider_for(&incident.pool.clone()) {
                 Some(_) => {
+                    let job = self.mint_replacement(incident)?;
                     self.provider_progress.entry(incident.id.clone()).or_default().launching = true;
-                    jobs.push(ProviderJob::Launch {
-                        incident: incident.id.clone(),
-                        pool: incident.pool.clone(),
-                        name: replacement_name(incident),
-                    });
+                    jobs.push(job);
                 }
                 None => {
                     self.provider_progress.entry(incident.id.clone()).or_default().launch =
@@ -523,7 +666,12 @@ impl Cluster {
             Action::StartReplacements { tasks } => moved = self.move_tasks(ix, tasks, &incident.id)?,
             Action::StopStandalone { task_ids, stop_code } => {
                 let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
-                let reason = format!("host {} was replaced (incident {})", incident.host_id, incident.id);
+                let reason = match stop_code {
+                    StopCode::HostDrained => {
+                        format!("host {} drained by operator (incident {})", incident.host_id, incident.id)
+                    }
+                    _ => format!("host {} was replaced (incident {})", incident.host_id, incident.id),
+                };
                 let stopped: Vec<Task> = task_ids
                     .iter()
                     .filter_map(|id| self.tasks.get(id))
@@ -647,7 +795,7 @@ impl Cluster {
         let Some(mut i) = self.incidents.get(incident.as_str()).map(|v| v.value.clone()) else {
             return Ok(());
         };
-        i.timeline.push(TimelineEntry { at_ms: self.now(), step: Step::ProviderRetry, detail });
+        i.push(self.now(), Step::ProviderRetry, detail, None);
         self.write_incident(i)
     }
 
@@ -663,7 +811,7 @@ impl Cluster {
         };
         match job {
             // A launch to keep the pool at its size (no incident).
-            ProviderJob::Launch { incident, pool, name } if incident.is_empty() => {
+            ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => {
                 // A launched host stays in flight until it registers; a failed one is retried.
                 if let Err(reason) = result {
                     if let Some(l) = self.capacity_launches.get_mut(pool) {
@@ -672,15 +820,60 @@ impl Cluster {
                     tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
                 }
             }
-            ProviderJob::Launch { incident, .. } => {
+            ProviderJob::Launch { incident, pool, name, .. } => {
                 let p = self.provider_progress.entry(incident.clone()).or_default();
                 p.launching = false;
+                let launched = result.is_ok();
                 p.launch = Some(result);
+                // The incident ended while the launch was in flight: the replacement was
+                // cancelled (its token revoked), so the machine the provider made goes again.
+                let cancelled = self
+                    .incidents
+                    .get(incident)
+                    .and_then(|i| i.value.replacement.as_ref())
+                    .is_some_and(|b| b.revoked && b.host_id.is_none());
+                if launched && cancelled {
+                    self.pending_jobs.push(ProviderJob::Terminate {
+                        incident: incident.clone(),
+                        pool: pool.clone(),
+                        name: name.clone(),
+                    });
+                }
             }
-            ProviderJob::Terminate { incident, .. } => {
+            ProviderJob::Terminate { incident, name, .. } => {
+                let cancelled_replacement = self
+                    .incidents
+                    .get(incident)
+                    .and_then(|i| i.value.replacement.as_ref())
+                    .is_some_and(|b| &b.name == name && b.revoked);
+                if cancelled_replacement {
+                    match &result {
+                        Ok(()) => tracing::info!(%incident, host = %name, "cancelled replacement terminated"),
+                        Err(reason) => {
+                            tracing::error!(%incident, host = %name, %reason, "could not terminate a cancelled replacement; terminate it by hand")
+                        }
+                    }
+                    return self.remediate();
+                }
+                let now = self.now();
                 let p = self.provider_progress.entry(incident.clone()).or_default();
                 p.terminating = false;
                 p.terminate = Some(result.clone());
+                if let Err(reason) = &result {
+                    p.terminate_failures += 1;
+                    let backoff = TERMINATE_RETRY.backoff_after(p.terminate_failures).as_millis() as u64;
+                    p.terminate_retry_at_ms = now + backoff;
+                    let detail = format!(
+                        "terminate {name} failed: {reason}; asked again in {}",
+                        mpsfleet_core::health::fmt_ms(backoff)
+                    );
+                    if let Some(mut i) = self.incidents.get(incident.as_str()).map(|v| v.value.clone()) {
+                        i.push(now, Step::ProviderRetry, detail, None);
+                        self.write_incident(i)?;
+                    }
+                } else {
+                    p.terminate_failures = 0;
+                }
                 if result.is_ok() {
                     if let Some(host) = self.incidents.get(incident).map(|i| i.value.host_id.clone()) {
                         if let Some(ix) = self.sched.host(&host) {
@@ -698,10 +891,4 @@ impl Cluster {
 /// server recognises it).
 pub fn replacement_name(incident: &Incident) -> String {
     format!("{}-r", incident.id)
-}
-
-/// Whether `hostname` is [`replacement_name`] of the incident, without building the name
-/// (this runs for every unresolved incident on every heartbeat).
-pub(super) fn is_replacement_of(hostname: &str, incident: &Incident) -> bool {
-    hostname.strip_suffix("-r") == Some(incident.id.as_str())
 }

@@ -8,15 +8,28 @@
 
 mod health;
 mod introspect;
+mod logs;
+mod operator;
+#[cfg(test)]
+mod recovery_tests;
 mod register;
+mod retention;
 
-pub use health::{replacement_name, ProviderJob, ProviderOutcome};
+pub use health::{
+    replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
+};
+pub use operator::OperatorOutcome;
 pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
+pub use retention::{
+    FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS, MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS,
+    RESOLVED_INCIDENT_RETENTION_MS, SCHEMA_VERSION, STOPPED_TASK_RETENTION_MS,
+};
 
 use crate::auth::{self, Principal};
 use crate::error::ApiError;
 use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, LocalProvider};
 use mpsfleet_core::clock::Clock;
+use mpsfleet_core::lifecycle::task as task_lifecycle;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
 use mpsfleet_types::api::{
@@ -132,10 +145,17 @@ pub struct Cluster {
     incidents: BTreeMap<String, Versioned<Incident>>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
     provider_progress: HashMap<String, health::ProviderProgress>,
+    /// Incidents whose last remediation pass failed, and when to try them again.
+    incident_retry: HashMap<String, health::RetryState>,
+    /// Digests of unspent replacement registration tokens, to their incident.
+    replacement_tokens: HashMap<String, String>,
     /// Provider calls decided inside an API call, for the caller to run.
     pending_jobs: Vec<ProviderJob>,
-    /// The capacity provider of each pool that has one.
+    /// The capacity provider of each pool that has one, built from the pool's configuration
+    /// the first time it is needed (and again after the configuration changes).
     providers: HashMap<PoolName, Arc<dyn CapacityProvider>>,
+    /// Pools whose provider was set with [`Cluster::set_provider`], not built from config.
+    fixed_providers: BTreeSet<PoolName>,
     provider_ctx: Option<ProviderContext>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
@@ -148,8 +168,13 @@ pub struct Cluster {
     id_base: u64,
     id_counter: u64,
     revision: Revision,
+    /// When each retained revision of the change feed was written, and its size (compaction).
+    feed: retention::FeedLedger,
+    compacted_before: Revision,
     /// Where committed changes are announced (`GET /v1/events`, the webhook).
     events: crate::events::Events,
+    /// The last output snapshot of each task, in memory (see `logs.rs`).
+    output: logs::LogSnapshots,
 }
 
 /// Tokens created at first start, to be shown once.
@@ -167,6 +192,7 @@ impl Cluster {
         clock: Arc<dyn Clock>,
         keep_tokens: impl FnOnce(&FirstStart) -> Result<(), ApiError>,
     ) -> Result<Cluster, ApiError> {
+        Self::migrate(store.as_ref())?;
         let admin = store.get(AUTH, "admin")?;
         let join = store.get(AUTH, "join")?;
         let (admin_sha256, join_sha256) = match (admin, join) {
@@ -185,6 +211,8 @@ impl Cluster {
         };
         let mut c = Cluster {
             revision: store.revision()?,
+            feed: retention::FeedLedger::default(),
+            compacted_before: 0,
             store,
             loaded_at_ms: clock.now_ms(),
             clock,
@@ -199,8 +227,11 @@ impl Cluster {
             service_failures: HashMap::new(),
             incidents: BTreeMap::new(),
             provider_progress: HashMap::new(),
+            incident_retry: HashMap::new(),
+            replacement_tokens: HashMap::new(),
             pending_jobs: Vec::new(),
             providers: HashMap::new(),
+            fixed_providers: BTreeSet::new(),
             provider_ctx: None,
             capacity_launches: HashMap::new(),
             admin_sha256,
@@ -211,8 +242,13 @@ impl Cluster {
             id_base: auth::random_u64()?,
             id_counter: 0,
             events: crate::events::Events::default(),
+            output: logs::LogSnapshots::default(),
         };
         c.rebuild()?;
+        // The feed's revisions from before this load count as written now (their sizes are
+        // unknown): they age out of the feed like new ones.
+        let (rev, now) = (c.revision, c.now());
+        c.feed.record(rev, now, 0);
         // Capacity may have changed since the tasks waited (or a crash came between a stop and
         // the retry): place what fits and refresh the reasons of the rest.
         c.resync()?;
@@ -240,6 +276,7 @@ impl Cluster {
                 .insert((td.family.clone(), td.revision), Versioned { value: td, version: r.version });
         }
         self.load_incidents()?;
+        self.index_replacement_tokens();
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -275,6 +312,8 @@ impl Cluster {
             Ok(Principal::Joiner)
         } else if let Some(&h) = self.host_credentials.get(d) {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
+        } else if let Some(incident) = self.replacement_incident(d)? {
+            Ok(Principal::Replacement(incident))
         } else {
             Err(ApiError::Unauthorized("unknown token"))
         }
@@ -284,6 +323,9 @@ impl Cluster {
 
     fn commit(&mut self, ops: &[Op]) -> Result<Revision, ApiError> {
         let rev = self.store.commit(ops)?;
+        if rev != self.revision {
+            self.feed.record(rev, self.clock.now_ms(), retention::batch_bytes(ops));
+        }
         self.revision = rev;
         Ok(rev)
     }
@@ -303,6 +345,7 @@ impl Cluster {
 
     /// Sets the capacity provider of a pool (providers are processes and commands, not records).
     pub fn set_provider(&mut self, pool: PoolName, provider: Arc<dyn CapacityProvider>) {
+        self.fixed_providers.insert(pool.clone());
         self.providers.insert(pool, provider);
     }
 
@@ -420,6 +463,11 @@ impl Cluster {
         if pool != current.value {
             let expect = Precondition::Version(current.version);
             let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
+            // A provider built from the old configuration is built again from the new one
+            // (providers set from outside, such as the simulator's, stay).
+            if pool.provider != current.value.provider && !self.fixed_providers.contains(&pool.name) {
+                self.providers.remove(&pool.name);
+            }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
             self.place_pending(&pool.name)?;
@@ -501,6 +549,23 @@ impl Cluster {
     pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, ApiError> {
         let req = HostRequest::new(reg)?;
         self.register_hosts(vec![(Principal::Joiner, req)])
+            .pop()
+            .unwrap_or_else(|| Err(ApiError::Internal("a registration went unanswered".into())))
+    }
+
+    /// Registers one host with `token` as its bearer (the join token, or an incident's
+    /// one-time replacement token), as `POST /v1/agent/register` does.
+    pub fn register_host_with_token(
+        &mut self,
+        reg: HostRegistration,
+        token: &str,
+    ) -> Result<RegisterHostResponse, ApiError> {
+        let who = self.authenticate(token)?;
+        if !matches!(who, Principal::Joiner | Principal::Admin | Principal::Replacement(_)) {
+            return Err(ApiError::Forbidden("this token cannot register hosts".into()));
+        }
+        let req = HostRequest::new(reg)?;
+        self.register_hosts(vec![(who, req)])
             .pop()
             .unwrap_or_else(|| Err(ApiError::Internal("a registration went unanswered".into())))
     }
@@ -632,12 +697,10 @@ impl Cluster {
         let e = &self.hosts[ix as usize];
         // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
         // bad host, its replacement); the 250 ms health tick plans every incident anyway.
-        let hostname = &e.host.hostname;
         if (report.onboarded && e.host.status == HostStatus::Onboarding)
             || self.incidents.values().any(|i| {
                 let i = &i.value;
-                i.state != IncidentState::Resolved
-                    && (i.host_id == *host || health::is_replacement_of(hostname, i))
+                i.state != IncidentState::Resolved && (i.host_id == *host || i.is_replacement(host))
             })
         {
             return Ok(Err(report));
@@ -690,9 +753,22 @@ impl Cluster {
         Ok(self.host_view(ix))
     }
 
+    /// Commits a host record, then applies it; a record equal to the stored one is not
+    /// written again.
     fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), ApiError> {
+        if self.hosts[ix as usize].host == host {
+            return Ok(());
+        }
         let expect = Precondition::Version(self.hosts[ix as usize].version);
         let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
+        self.apply_host(ix, host, rev);
+        Ok(())
+    }
+
+    /// Applies a committed host record: events, placement eligibility, and a placement retry
+    /// when the host opened up (a failure there is logged; the pending tasks are retried by the
+    /// resync).
+    fn apply_host(&mut self, ix: HostIx, host: Host, rev: Revision) {
         let old = &self.hosts[ix as usize].host;
         self.events.host((old.status, old.health_status), &host, self.now());
         let schedulable = can_place(&host);
@@ -703,9 +779,10 @@ impl Cluster {
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {
-            self.place_pending(&pool)?;
+            if let Err(e) = self.place_pending(&pool) {
+                tracing::warn!(pool = %pool, error = %e, "placement after a host opened failed; the resync retries it");
+            }
         }
-        Ok(())
     }
 
     pub fn host_view(&self, ix: HostIx) -> HostView {
@@ -1127,21 +1204,22 @@ impl Cluster {
         &mut self,
         host: &HostId,
         id: &str,
-        report: TaskStateReport,
+        mut report: TaskStateReport,
     ) -> Result<Task, ApiError> {
         let task = self.task(id)?;
         if task.host_id.as_ref() != Some(host) {
             return Err(ApiError::Forbidden(format!("task {id} is not placed on host {host}")));
         }
-        if task.last_status == TaskStatus::Stopped {
+        if let Some(output) = report.output.take() {
+            self.keep_output(task.id, output, report.last_status == TaskStatus::Stopped);
+        }
+        // A stopped task never comes back (late reports change nothing); none moves back.
+        if task_lifecycle::is_terminal(task.last_status) {
             return Ok(task);
         }
-        if report.last_status < task.last_status {
-            return Err(ApiError::Conflict(format!(
-                "task {id} is {}; it cannot go back to {}",
-                task.last_status.as_str(),
-                report.last_status.as_str()
-            )));
+        let reported = task_lifecycle::Event::AgentReported(report.last_status);
+        if let Err(e) = task_lifecycle::step(task_lifecycle::TaskState::of(&task), reported) {
+            return Err(ApiError::Conflict(format!("task {id}: {e}")));
         }
         let now = self.now();
         let mut t = task.clone();
@@ -1373,15 +1451,21 @@ impl Cluster {
     }
 
     /// The periodic safety net: reconcile every service and retry every pending queue.
+    /// Each service and pool on its own: one that fails is logged with its name and retried
+    /// at the next resync; the others go on.
     pub fn resync(&mut self) -> Result<(), ApiError> {
         let names: Vec<ServiceName> = self.services.keys().cloned().collect();
         for n in names {
-            self.reconcile_service(&n)?;
+            if let Err(e) = self.reconcile_service(&n) {
+                tracing::warn!(service = %n, error = %e, "service reconcile failed; retrying at the next resync");
+            }
         }
         let pools: Vec<PoolName> =
             self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect();
         for p in pools {
-            self.place_pending(&p)?;
+            if let Err(e) = self.place_pending(&p) {
+                tracing::warn!(pool = %p, error = %e, "placement retry failed; retrying at the next resync");
+            }
         }
         Ok(())
     }
@@ -1443,7 +1527,7 @@ fn check_desired(d: u32) -> Result<(), ApiError> {
 /// Whether a host may receive new placements: ACTIVE, not cordoned, and healthy (an impaired
 /// host, or one whose agent has gone quiet, gets nothing new).
 pub fn can_place(h: &Host) -> bool {
-    h.status == HostStatus::Active && !h.cordoned && h.health_status == HealthStatus::Ok
+    mpsfleet_core::lifecycle::host::can_place(h)
 }
 
 fn pool_config(p: &Pool) -> PoolConfig {

@@ -15,7 +15,7 @@ use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::api::{RegisterHostResponse, RegisterTaskDefResponse};
-use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration};
+use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration, Incident};
 use std::collections::HashSet;
 
 /// The most GPUs one host may register.
@@ -214,23 +214,46 @@ impl Cluster {
     ) -> Vec<Result<RegisterHostResponse, ApiError>> {
         let mut out: Vec<Result<RegisterHostResponse, ApiError>> = Vec::with_capacity(requests.len());
         let mut batch = HostBatch::default();
+        // Incidents whose replacement registers in this batch, with the updated record.
+        let mut bound: Vec<Incident> = Vec::new();
         for (slot, (who, req)) in requests.into_iter().enumerate() {
             // A placeholder until the batch is committed.
             out.push(Err(ApiError::Internal("registration not committed".into())));
+            let binding = match &who {
+                Principal::Replacement(incident) if bound.iter().any(|i| &i.id == incident) => {
+                    out[slot] = Err(ApiError::Unauthorized("this replacement token was already used"));
+                    continue;
+                }
+                Principal::Replacement(incident) => self.bind_replacement(incident, &req.id),
+                _ => None,
+            };
             let admitted =
                 self.admit_host(&who, req, &batch).and_then(|(host, answer)| batch.add(host, answer, slot));
-            if let Err(e) = admitted {
-                out[slot] = Err(e);
+            match admitted {
+                Err(e) => out[slot] = Err(e),
+                Ok(()) => bound.extend(binding),
             }
         }
         if batch.members.is_empty() {
             return out;
         }
-        let ops: Vec<Op> = batch.members.iter().map(|m| m.op.clone()).collect();
+        let mut ops: Vec<Op> = batch.members.iter().map(|m| m.op.clone()).collect();
+        for i in &bound {
+            let version = self.incidents.get(&i.id).map_or(0, |v| v.version);
+            match Op::put_json(super::health::INCIDENT, i.id.clone(), i, Precondition::Version(version)) {
+                Ok(op) => ops.push(op),
+                Err(e) => {
+                    tracing::error!(incident.id = %i.id, error = %e, "encoding a replacement binding failed")
+                }
+            }
+        }
         match self.commit(&ops) {
             Ok(rev) => {
                 for m in batch.members {
                     out[m.slot] = self.index_host(m.host, rev).map(|_| m.answer);
+                }
+                for i in bound {
+                    self.apply_replacement_binding(i, rev);
                 }
             }
             Err(e) if batch.members.len() == 1 => {
@@ -239,8 +262,32 @@ impl Cluster {
             }
             Err(_) => {
                 for m in batch.members {
-                    out[m.slot] = match self.commit(std::slice::from_ref(&m.op)) {
-                        Ok(rev) => self.index_host(m.host, rev).map(|_| m.answer),
+                    // A replacement commits with its incident's binding, or not at all.
+                    let binding =
+                        bound.iter().position(|i| i.is_replacement(&m.host.id)).map(|k| bound.remove(k));
+                    let mut ops = vec![m.op.clone()];
+                    if let Some(i) = &binding {
+                        let version = self.incidents.get(&i.id).map_or(0, |v| v.version);
+                        match Op::put_json(
+                            super::health::INCIDENT,
+                            i.id.clone(),
+                            i,
+                            Precondition::Version(version),
+                        ) {
+                            Ok(op) => ops.push(op),
+                            Err(e) => {
+                                out[m.slot] = Err(e.into());
+                                continue;
+                            }
+                        }
+                    }
+                    out[m.slot] = match self.commit(&ops) {
+                        Ok(rev) => {
+                            if let Some(i) = binding {
+                                self.apply_replacement_binding(i, rev);
+                            }
+                            self.index_host(m.host, rev).map(|_| m.answer)
+                        }
                         Err(e) => Err(e),
                     };
                 }

@@ -5,7 +5,8 @@
 //! or script can be plugged in (docs/providers.md).
 //!
 //! Provider calls block (they wait for processes); async callers run them on
-//! `tokio::task::spawn_blocking`.
+//! `tokio::task::spawn_blocking`. A terminate that returns `TERMINATED` means nothing of the
+//! host runs any more: the server moves `fenced` tasks only then.
 
 mod exec;
 mod local;
@@ -195,6 +196,13 @@ pub enum ProviderError {
     },
     #[error("host {name} is not running: {state}")]
     NotRunning { name: String, state: ProviderHostState },
+    /// Processes of a terminated host that SIGKILL did not end (for example in an
+    /// uninterruptible wait); the host does not count as terminated while they live.
+    #[error("host {name} is not terminated: its process(es) {pids:?} still run after SIGKILL")]
+    Lingering { name: String, pids: Vec<u32> },
+    /// A termination the provider accepted is not confirmed yet.
+    #[error("host {name} is not terminated yet: {state}")]
+    NotTerminated { name: String, state: ProviderHostState },
 }
 
 impl ProviderError {
@@ -207,7 +215,9 @@ impl ProviderError {
             | ProviderError::Failed { name, .. }
             | ProviderError::TimedOut { name, .. }
             | ProviderError::BadOutput { name, .. }
-            | ProviderError::NotRunning { name, .. } => name,
+            | ProviderError::NotRunning { name, .. }
+            | ProviderError::Lingering { name, .. }
+            | ProviderError::NotTerminated { name, .. } => name,
         }
     }
 }
@@ -220,7 +230,9 @@ impl Retryable for ProviderError {
         match self {
             ProviderError::Failed { .. }
             | ProviderError::TimedOut { .. }
-            | ProviderError::BadOutput { .. } => true,
+            | ProviderError::BadOutput { .. }
+            | ProviderError::Lingering { .. }
+            | ProviderError::NotTerminated { .. } => true,
             ProviderError::Spawn { source, .. } => {
                 !matches!(source.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
             }
@@ -378,6 +390,34 @@ pub fn terminate_with_retries(
     with_retries(|_| provider.terminate(name), policy, sleep)
 }
 
+/// `provider.terminate(name)` with retries per `policy`; when the provider only accepted the
+/// request (`TERMINATING`), then describes the host per `confirm` (see [`Retry::boot`]) until it
+/// says `TERMINATED`. Succeeds only with `TERMINATED`: what the server takes as the old host's
+/// termination being confirmed, after which `fenced` tasks may run elsewhere.
+pub fn terminate_confirmed(
+    provider: &dyn CapacityProvider,
+    name: &str,
+    policy: &Retry,
+    confirm: &Retry,
+    mut sleep: impl FnMut(&AttemptRecord, Duration),
+) -> Retried<ProviderHostState, ProviderError> {
+    let asked = with_retries(|_| provider.terminate(name), policy, &mut sleep);
+    if !matches!(asked.result, Ok(ProviderHostState::Terminating)) {
+        return asked;
+    }
+    let confirmed = with_retries(
+        |_| match provider.describe(name)? {
+            state @ ProviderHostState::Terminated { .. } => Ok(state),
+            state => Err(ProviderError::NotTerminated { name: name.to_string(), state }),
+        },
+        confirm,
+        &mut sleep,
+    );
+    let mut attempts = asked.attempts;
+    attempts.extend(confirmed.attempts);
+    Retried { result: confirmed.result, attempts }
+}
+
 /// Describes `name` until the provider says `RUNNING`, for slow boots: `PENDING` and
 /// `UNKNOWN` answers and failed describe commands are retried per `policy` (see
 /// [`Retry::boot`]); `TERMINATING` or `TERMINATED` ends the wait at once with
@@ -482,6 +522,48 @@ mod tests {
             serde_json::to_value(&a).unwrap(),
             serde_json::json!({"attempt": 2, "error": "boom", "backoffMs": 200})
         );
+    }
+
+    /// Answers terminate with `TERMINATING`, then describes the host as still terminating
+    /// `pending` times before `TERMINATED`.
+    struct SlowTermination {
+        pending: std::sync::Mutex<u32>,
+    }
+
+    impl CapacityProvider for SlowTermination {
+        fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
+            Err(ProviderError::Unknown(req.name.clone()))
+        }
+        fn terminate(&self, _: &str) -> Result<ProviderHostState, ProviderError> {
+            Ok(ProviderHostState::Terminating)
+        }
+        fn describe(&self, _: &str) -> Result<ProviderHostState, ProviderError> {
+            let mut left = self.pending.lock().unwrap();
+            if *left == 0 {
+                return Ok(ProviderHostState::Terminated { detail: "gone".into() });
+            }
+            *left -= 1;
+            Ok(ProviderHostState::Terminating)
+        }
+        fn hosts(&self) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn provider_termination_counts_only_once_confirmed() {
+        let confirm = policy(10, 10, 4);
+        let p = SlowTermination { pending: std::sync::Mutex::new(2) };
+        let r = terminate_confirmed(&p, "gpu-1", &policy(10, 10, 3), &confirm, |_, _| {});
+        assert_eq!(r.result.unwrap(), ProviderHostState::Terminated { detail: "gone".into() });
+        assert_eq!(r.attempts.len(), 2, "two describes answered TERMINATING: {:?}", r.attempts);
+        assert!(r.attempts[0].error.contains("not terminated yet: TERMINATING"), "{:?}", r.attempts);
+
+        // Never confirmed: the termination fails, so fenced tasks keep waiting.
+        let p = SlowTermination { pending: std::sync::Mutex::new(10) };
+        let r = terminate_confirmed(&p, "gpu-1", &policy(10, 10, 3), &confirm, |_, _| {});
+        assert!(matches!(r.result, Err(ProviderError::NotTerminated { .. })), "{:?}", r.result);
+        assert_eq!(r.attempts.len(), 4);
     }
 
     #[test]

@@ -242,8 +242,7 @@ async fn recovery_trial(
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    let since =
-        |step| incident.first(step).map_or(f64::NAN, |t| t.at_ms.saturating_sub(killed_at) as f64 / 1000.0);
+    let since = |step| incident.first(step).map_or(f64::NAN, |t| t.saturating_sub(killed_at) as f64 / 1000.0);
     let result = (since(Step::Detected), since(Step::Decided), since(Step::TasksRunningAgain));
     let _ = server.kill();
     let _ = server.wait();

@@ -18,8 +18,8 @@ pub struct RegisterBench {
     hosts: u32,
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
-    /// Registrations in flight at once.
-    #[arg(long, default_value_t = 64)]
+    /// Registrations in flight at once (agents of a fleet coming up together).
+    #[arg(long, default_value_t = 256)]
     clients: u32,
 }
 

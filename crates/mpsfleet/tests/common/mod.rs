@@ -142,8 +142,15 @@ pub async fn create_pool(admin: &Client, name: &str) {
         .expect("create pool");
 }
 
+/// Whether the `CI` variable asks for every test to run: set, and neither empty, `0` nor
+/// `false`.
+pub fn on_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
 /// The real `nvidia-cuda-mps-control`: `MPSFLEET_MPS_CONTROL`, PATH, or the copy
-/// `scripts/install-mps.sh` keeps in `target/mps`. None (and a printed reason) when absent.
+/// `scripts/install-mps.sh` keeps in `target/mps`. None (and a printed reason) when absent;
+/// on CI ([`on_ci`]) a missing binary panics instead, so that its tests fail rather than skip.
 pub fn mps_control() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MPSFLEET_MPS_CONTROL") {
         return Some(PathBuf::from(p));
@@ -155,6 +162,11 @@ pub fn mps_control() -> Option<PathBuf> {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mps/usr/bin/nvidia-cuda-mps-control");
     let found = on_path.or_else(|| local.is_file().then_some(local));
     if found.is_none() {
+        assert!(
+            !on_ci(),
+            "nvidia-cuda-mps-control not found and CI is set, so this test must not skip: \
+             run scripts/install-mps.sh or set MPSFLEET_MPS_CONTROL"
+        );
         println!("skipped: nvidia-cuda-mps-control not found; run scripts/install-mps.sh");
     }
     found

@@ -1,12 +1,22 @@
 //! The health of one GPU's MPS daemon as a pure state machine: `step(state, event, now)` returns
-//! the next state and the effects (restart the daemon, report the check) for a shell to run.
-//! No I/O and no clock reads here.
+//! the next state and the effects (restart the daemon, report the check) for a shell to run
+//! (the agent's supervisor thread, or the simulator's agents). No I/O and no clock reads here.
 
 use std::time::Duration;
 
-use mpsfleet_types::HealthStatus;
+use mpsfleet_types::{HealthPolicy, HealthStatus};
 
-use super::fmt_duration;
+fn fmt_duration(d: Duration) -> String {
+    crate::health::fmt_ms(d.as_millis() as u64)
+}
+
+/// An invalid [`MpsPolicy`]: the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid mps policy: {field}: {reason}")]
+pub struct PolicyError {
+    pub field: &'static str,
+    pub reason: String,
+}
 
 /// Detection and local-repair policy for one daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,10 +50,9 @@ impl Default for MpsPolicy {
 
 impl MpsPolicy {
     /// Checks the policy once at start-up; errors name the field.
-    pub fn validate(&self) -> Result<(), super::MpsError> {
-        let invalid = |field: &'static str| {
-            Err(super::MpsError::InvalidConfig { field, reason: "must be greater than 0".into() })
-        };
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let invalid =
+            |field: &'static str| Err(PolicyError { field, reason: "must be greater than 0".into() });
         if self.probe_interval.is_zero() {
             return invalid("probe_interval");
         }
@@ -57,6 +66,18 @@ impl MpsPolicy {
             return invalid("restart_window");
         }
         Ok(())
+    }
+}
+
+/// The MPS policy a pool's health policy asks for: its probe interval and timeout, failure
+/// threshold and local restarts; the restart window and backoff stay `base`'s.
+pub fn pool_mps_policy(health: &HealthPolicy, base: &MpsPolicy) -> MpsPolicy {
+    MpsPolicy {
+        probe_interval: Duration::from_millis(health.mps_probe_interval_ms),
+        probe_timeout: Duration::from_millis(health.mps_probe_timeout_ms),
+        failure_threshold: health.mps_failure_threshold,
+        max_local_restarts: health.local_daemon_restarts,
+        ..base.clone()
     }
 }
 
@@ -663,12 +684,44 @@ mod tests {
     }
 
     #[test]
+    fn a_pools_health_policy_sets_probing_and_restarts_and_keeps_the_window() {
+        let base = MpsPolicy { restart_window: Duration::from_secs(60), ..policy() };
+        let health = HealthPolicy {
+            mps_probe_interval_ms: 2_000,
+            mps_probe_timeout_ms: 500,
+            mps_failure_threshold: 5,
+            local_daemon_restarts: 0,
+            ..HealthPolicy::default()
+        };
+        let got = pool_mps_policy(&health, &base);
+        assert_eq!(
+            got,
+            MpsPolicy {
+                probe_interval: Duration::from_secs(2),
+                probe_timeout: Duration::from_millis(500),
+                failure_threshold: 5,
+                max_local_restarts: 0,
+                restart_window: Duration::from_secs(60),
+                restart_backoff: base.restart_backoff,
+            }
+        );
+        assert!(got.validate().is_ok());
+    }
+
+    #[test]
     fn policy_validation_names_the_field() {
         assert!(MpsPolicy::default().validate().is_ok());
         let p = MpsPolicy { failure_threshold: 0, ..MpsPolicy::default() };
         assert!(p.validate().unwrap_err().to_string().contains("failure_threshold"));
         let p = MpsPolicy { probe_interval: Duration::ZERO, ..MpsPolicy::default() };
         assert!(p.validate().unwrap_err().to_string().contains("probe_interval"));
+        assert_eq!(
+            MpsPolicy { restart_window: Duration::ZERO, ..MpsPolicy::default() }
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "invalid mps policy: restart_window: must be greater than 0"
+        );
     }
 
     #[test]

@@ -1,0 +1,197 @@
+//! The last output snapshot of each task, as its agent reported it, so that `task logs` has
+//! something to show once the task's host is gone or its agent does not answer.
+//!
+//! Agents send a task's snapshot with its state reports when the output changed (at most
+//! every 30 s) and always with the STOPPED report; the latest one per task is kept here.
+//!
+//! - **Bounds.** A snapshot is trimmed to [`SNAPSHOT_MAX_BYTES`] (16 KiB, newest lines kept);
+//!   all of them together stay within [`SNAPSHOTS_MAX_BYTES`] (64 MiB, about 4000 full
+//!   snapshots). Over budget, the snapshots that came with a STOPPED report go first, the
+//!   oldest first, then the others, least recently received first.
+//! - **In memory only.** Snapshots are not written to the store: a server restart loses the
+//!   snapshots of tasks whose agent is gone (a live agent sends its running tasks' snapshots
+//!   again with their next change). One snapshot is far below etcd's 1.5 MiB per write, so
+//!   keeping them under a kind of their own in the store remains possible.
+
+use super::Cluster;
+use crate::error::ApiError;
+use mpsfleet_types::logs::{LogSnapshot, SNAPSHOT_MAX_BYTES};
+use mpsfleet_types::{HostStatus, TaskId};
+use std::collections::{BTreeSet, HashMap};
+
+/// The most all kept snapshots may cost together (as [`LogSnapshot::cost`] counts).
+pub const SNAPSHOTS_MAX_BYTES: usize = 64 << 20;
+
+struct Kept {
+    snapshot: LogSnapshot,
+    received_at_ms: u64,
+    key: EvictKey,
+}
+
+/// Eviction order: final snapshots (false sorts first), then by when they were received.
+type EvictKey = (bool, u64, u64, TaskId);
+
+/// The latest snapshot of each task, within the fleet-wide budget.
+pub struct LogSnapshots {
+    by_task: HashMap<TaskId, Kept>,
+    order: BTreeSet<EvictKey>,
+    total: usize,
+    max: usize,
+    /// Tie-breaker so that keys are unique and follow arrival order.
+    seq: u64,
+}
+
+impl Default for LogSnapshots {
+    fn default() -> LogSnapshots {
+        LogSnapshots::with_budget(SNAPSHOTS_MAX_BYTES)
+    }
+}
+
+impl LogSnapshots {
+    pub fn with_budget(max: usize) -> LogSnapshots {
+        LogSnapshots { by_task: HashMap::new(), order: BTreeSet::new(), total: 0, max, seq: 0 }
+    }
+
+    /// Keeps `snapshot` as the task's latest, `last` when it came with the STOPPED report.
+    pub fn keep(&mut self, id: TaskId, mut snapshot: LogSnapshot, last: bool, now_ms: u64) {
+        self.remove(&id);
+        snapshot.trim_to(SNAPSHOT_MAX_BYTES);
+        self.seq += 1;
+        let key = (!last, now_ms, self.seq, id);
+        self.total += snapshot.cost();
+        self.order.insert(key);
+        self.by_task.insert(id, Kept { snapshot, received_at_ms: now_ms, key });
+        while self.total > self.max {
+            let Some(oldest) = self.order.first().copied() else { break };
+            self.remove(&oldest.3);
+        }
+    }
+
+    fn remove(&mut self, id: &TaskId) {
+        if let Some(old) = self.by_task.remove(id) {
+            self.order.remove(&old.key);
+            self.total -= old.snapshot.cost();
+        }
+    }
+
+    /// The task's latest snapshot and when it was received.
+    pub fn get(&self, id: &TaskId) -> Option<(u64, &LogSnapshot)> {
+        self.by_task.get(id).map(|k| (k.received_at_ms, &k.snapshot))
+    }
+
+    #[cfg(test)]
+    fn total(&self) -> usize {
+        self.total
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_task.len()
+    }
+}
+
+/// Where `task logs` can get a task's output: its agent (address and token), or why not, and
+/// the last snapshot its agent reported, with when it was received.
+pub struct LogsPlan {
+    pub task_id: TaskId,
+    pub agent: Result<(String, String), String>,
+    pub snapshot: Option<(u64, LogSnapshot)>,
+}
+
+impl Cluster {
+    /// Keeps the output snapshot that came with a task report.
+    pub(super) fn keep_output(&mut self, id: TaskId, snapshot: LogSnapshot, last: bool) {
+        let now = self.now();
+        self.output.keep(id, snapshot, last, now);
+    }
+
+    /// Where to read a task's logs from. A task that is no longer known but has a snapshot (it
+    /// was removed) is served from the snapshot; without either it is not found.
+    pub fn logs_plan(&self, id: &str) -> Result<LogsPlan, ApiError> {
+        let snapshot = |task_id: &TaskId| self.output.get(task_id).map(|(at, s)| (at, s.clone()));
+        let task = match self.task(id) {
+            Ok(t) => t,
+            Err(e) => {
+                let Some(task_id) = TaskId::parse(id).ok() else { return Err(e) };
+                let Some(snapshot) = snapshot(&task_id) else { return Err(e) };
+                return Ok(LogsPlan {
+                    task_id,
+                    agent: Err(format!("task {id} is no longer known")),
+                    snapshot: Some(snapshot),
+                });
+            }
+        };
+        let agent = match task.host_id.as_ref() {
+            None => Err(format!("task {id} never ran on a host")),
+            Some(h) => match self.sched.host(h) {
+                None => Err(format!("host {h} is no longer registered")),
+                Some(ix) => {
+                    let e = &self.hosts[ix as usize];
+                    if e.host.status == HostStatus::Deregistered {
+                        Err(format!("host {h} is deregistered"))
+                    } else {
+                        e.logs_url.clone().map(|url| (url, e.host.agent_token.clone())).ok_or_else(|| {
+                            format!("the agent of host {h} has not reported where it serves logs")
+                        })
+                    }
+                }
+            },
+        };
+        Ok(LogsPlan { task_id: task.id, agent, snapshot: snapshot(&task.id) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::logs::{OutputLine, OutputStream, LINE_OVERHEAD_BYTES};
+
+    fn snap(text: &str) -> LogSnapshot {
+        LogSnapshot {
+            taken_at_ms: 1,
+            lines: vec![OutputLine {
+                at_ms: 1,
+                container: "app".into(),
+                stream: OutputStream::Stdout,
+                text: text.into(),
+            }],
+            dropped_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_trimmed_to_its_bound_and_replaced_by_the_next() {
+        let mut s = LogSnapshots::default();
+        let big = "z".repeat(3 * SNAPSHOT_MAX_BYTES);
+        s.keep(TaskId(1), snap(&big), false, 10);
+        let (at, kept) = s.get(&TaskId(1)).unwrap();
+        assert_eq!(at, 10);
+        assert!(kept.cost() <= SNAPSHOT_MAX_BYTES);
+        assert_eq!(s.total(), kept.cost());
+        s.keep(TaskId(1), snap("new\n"), true, 20);
+        assert_eq!(s.get(&TaskId(1)).unwrap().1.text(), "new\n");
+        assert_eq!(s.total(), 4 + LINE_OVERHEAD_BYTES);
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn over_budget_the_oldest_stopped_tasks_go_first() {
+        let one = 10 + LINE_OVERHEAD_BYTES;
+        let mut s = LogSnapshots::with_budget(3 * one);
+        s.keep(TaskId(1), snap("running-1\n"), false, 1);
+        s.keep(TaskId(2), snap("stopped-2\n"), true, 2);
+        s.keep(TaskId(3), snap("stopped-3\n"), true, 3);
+        assert_eq!(s.len(), 3);
+        s.keep(TaskId(4), snap("running-4\n"), false, 4);
+        // The oldest stopped task went, though the running one is older.
+        assert!(s.get(&TaskId(2)).is_none());
+        assert!(s.get(&TaskId(1)).is_some() && s.get(&TaskId(3)).is_some());
+        s.keep(TaskId(5), snap("running-5\n"), false, 5);
+        assert!(s.get(&TaskId(3)).is_none());
+        // No stopped task left: the least recently received goes.
+        s.keep(TaskId(6), snap("running-6\n"), false, 6);
+        assert!(s.get(&TaskId(1)).is_none());
+        assert_eq!(s.len(), 3);
+        assert!(s.total() <= 3 * one);
+    }
+}

@@ -1,0 +1,267 @@
+//! The operator's commands on hosts and incidents: `host drain`, `host replace`,
+//! `host activate`, `incident acknowledge` and `incident resolve`. Each is recorded on the
+//! incident's timeline with who ran it (the identity of the token used) and when, and then the
+//! same planner as automatic remediation runs (`remediation::plan`), so an operator's command
+//! and mpsfleet's own steps read as one record.
+//!
+//! A command that ends an incident while its replacement host is in flight cancels the
+//! replacement: its one-time registration token is revoked (a host that registers with it is
+//! refused), and a launch the provider already made is terminated.
+
+use super::health::INCIDENT;
+use super::*;
+
+/// What an operator command did, for the CLI to print.
+#[derive(Debug, Clone)]
+pub struct OperatorOutcome {
+    pub incident: Incident,
+    /// What happened to the replacement host, when the command affected one.
+    pub replacement: Option<String>,
+}
+
+impl Cluster {
+    /// `host drain` or `host replace`: recorded on the host's incident (one is opened if there
+    /// is none), then the same steps as a managed pool's run. `host replace` is refused up
+    /// front where the pool has no capacity provider to launch a replacement.
+    pub fn operator_action(
+        &mut self,
+        host: &str,
+        action: OperatorAction,
+        by: &str,
+    ) -> Result<Incident, ApiError> {
+        let ix = self.host_ix(host)?;
+        let h = self.hosts[ix as usize].host.clone();
+        if h.status == HostStatus::Deregistered {
+            return Err(ApiError::Conflict(format!("host {} is already deregistered", h.id)));
+        }
+        if action == OperatorAction::Replace && !self.has_provider(&h.pool) {
+            return Err(ApiError::Conflict(format!(
+                "pool {} has no capacity provider, so mpsfleet cannot launch a replacement for host {}: \
+                 repair the host and run `mpsfleet host activate {}`, or run `mpsfleet host drain {}` \
+                 and remove the machine yourself",
+                h.pool, h.id, h.id, h.id
+            )));
+        }
+        let now = self.now();
+        let mut incident = match self.open_incident_of(&h.id) {
+            Some(i) => i.clone(),
+            None => {
+                let owner = self
+                    .pools
+                    .get(&h.pool)
+                    .map_or(IncidentOwner::Operator, |p| IncidentOwner::for_mode(p.value.mode));
+                let trigger = Trigger {
+                    check: "OPERATOR".into(),
+                    gpu_id: None,
+                    reason: format!("operator asked to {} the host", action.as_str()),
+                    evidence: String::new(),
+                    first_failure_at_ms: None,
+                };
+                Incident::open(
+                    format!("inc-{:012x}", auth::random_u64()? >> 16),
+                    h.id.clone(),
+                    h.pool.clone(),
+                    owner,
+                    trigger,
+                    now,
+                    now,
+                )
+            }
+        };
+        incident.operator_requested = Some(action);
+        incident.push(now, Step::OperatorCommand, format!("host {}", action.as_str()), Some(by.to_string()));
+        // A failed replacement is tried again on an explicit `replace`.
+        if action == OperatorAction::Replace {
+            if let Some(p) = self.provider_progress.get_mut(&incident.id) {
+                if matches!(p.launch, Some(Err(_))) {
+                    p.launch = None;
+                }
+            }
+        }
+        let id = incident.id.clone();
+        self.write_incident(incident)?;
+        let jobs = self.remediate()?;
+        self.pending_jobs.extend(jobs);
+        self.incident(&id)
+    }
+
+    /// `host activate`: returns a repaired host to ACTIVE and schedulable. Refused, naming the
+    /// checks, while any check is not OK. An open incident about the host is resolved (the
+    /// host is healthy and in service again), cancelling a replacement in flight.
+    pub fn activate_host(
+        &mut self,
+        host: &str,
+        by: &str,
+    ) -> Result<(HostView, Option<OperatorOutcome>), ApiError> {
+        let ix = self.host_ix(host)?;
+        let e = &self.hosts[ix as usize];
+        let h = e.host.clone();
+        let next =
+            mpsfleet_core::lifecycle::host::step(h.status, mpsfleet_core::lifecycle::host::Event::Activate)
+                .map_err(|err| ApiError::Conflict(format!("host {} cannot be activated: {err}", h.id)))?;
+        let not_ok: Vec<String> = e
+            .health
+            .host_checks()
+            .into_iter()
+            .chain(e.checks.iter().cloned())
+            .filter(|c| c.status != HealthStatus::Ok)
+            .map(|c| match &c.gpu_id {
+                Some(g) => format!("{} on {g} is {}: {}", c.name, c.status.as_str(), c.reason),
+                None => format!("{} is {}: {}", c.name, c.status.as_str(), c.reason),
+            })
+            .collect();
+        let healthy = matches!(e.health.verdict, mpsfleet_core::health::Verdict::Healthy)
+            && e.host.health_status == HealthStatus::Ok;
+        if !not_ok.is_empty() || !healthy {
+            let mut why = not_ok;
+            why.dedup();
+            if why.is_empty() {
+                why.push(format!("host health is {}", e.host.health_status.as_str()));
+            }
+            return Err(ApiError::Conflict(format!(
+                "host {} is not healthy, so it stays out of service: {}; repair it and try again",
+                h.id,
+                why.join("; ")
+            )));
+        }
+        let now = self.now();
+        let mut outcome = None;
+        if let Some(open) = self.open_incident_of(&h.id).cloned() {
+            let mut i = open;
+            i.push(now, Step::HostActivated, "host returned to ACTIVE by operator", Some(by.to_string()));
+            let replacement = self.cancel_replacement(&mut i, now);
+            i.push(now, Step::Resolved, "host is healthy and active again", Some(by.to_string()));
+            i.state = IncidentState::Resolved;
+            i.resolved_at_ms = Some(now);
+            // The host and the incident in one commit: the host is never active under an
+            // incident that says it is being drained.
+            let mut updated = h.clone();
+            updated.status = next;
+            updated.cordoned = false;
+            self.write_host_and_incident(ix, updated, i.clone())?;
+            outcome = Some(OperatorOutcome { incident: i, replacement });
+        } else if h.status != next || h.cordoned {
+            let mut updated = h;
+            updated.status = next;
+            updated.cordoned = false;
+            self.write_host(ix, updated)?;
+        }
+        self.place_all_pending()?;
+        Ok((self.host_view(ix), outcome))
+    }
+
+    /// `incident acknowledge`: an operator has taken the incident; nothing else changes.
+    pub fn acknowledge_incident(&mut self, id: &str, by: &str) -> Result<Incident, ApiError> {
+        let mut i = self.incident(id)?;
+        if i.state == IncidentState::Resolved {
+            return Err(ApiError::Conflict(format!("incident {id} is already resolved")));
+        }
+        if i.acknowledged_by.as_deref() == Some(by) {
+            return Ok(i);
+        }
+        i.acknowledged_by = Some(by.to_string());
+        i.push(self.now(), Step::Acknowledged, "acknowledged by operator", Some(by.to_string()));
+        self.write_incident(i)?;
+        self.incident(id)
+    }
+
+    /// `incident resolve --reason`: the operator closes the incident. The host is left as it
+    /// is (a drained host stays cordoned and DRAINING until `host activate`); a replacement in
+    /// flight is cancelled.
+    pub fn resolve_incident(
+        &mut self,
+        id: &str,
+        reason: &str,
+        by: &str,
+    ) -> Result<OperatorOutcome, ApiError> {
+        let reason = reason.trim();
+        if reason.is_empty() || reason.len() > 1024 {
+            return Err(ApiError::invalid(
+                "reason",
+                "must be 1 to 1024 characters: say why the incident is resolved",
+            ));
+        }
+        let mut i = self.incident(id)?;
+        if i.state == IncidentState::Resolved {
+            return Err(ApiError::Conflict(format!("incident {id} is already resolved")));
+        }
+        let now = self.now();
+        let replacement = self.cancel_replacement(&mut i, now);
+        i.push(now, Step::Resolved, format!("resolved by operator: {reason}"), Some(by.to_string()));
+        i.state = IncidentState::Resolved;
+        i.resolved_at_ms = Some(now);
+        self.write_incident(i.clone())?;
+        Ok(OperatorOutcome { incident: i, replacement })
+    }
+
+    /// Ends the incident's replacement before it is used: revokes its token and, when the
+    /// provider launched (or is launching) it, asks for its termination. Says what it did.
+    fn cancel_replacement(&mut self, i: &mut Incident, now: u64) -> Option<String> {
+        if let Some(host) = i.replacement.as_ref()?.host_id.clone() {
+            return Some(format!("replacement host {host} stays in the pool as an ordinary host"));
+        }
+        let b = i.replacement.as_mut()?;
+        if b.revoked {
+            return None;
+        }
+        b.revoked = true;
+        let name = b.name.clone();
+        let progress = self.provider_progress.entry(i.id.clone()).or_default();
+        let launched = progress.launching || matches!(progress.launch, Some(Ok(())));
+        let launching = progress.launching;
+        let detail = if launched {
+            // A launch still in flight is terminated when it reports back (`provider_done`).
+            if !launching {
+                self.pending_jobs.push(ProviderJob::Terminate {
+                    incident: i.id.clone(),
+                    pool: i.pool.clone(),
+                    name: name.clone(),
+                });
+            }
+            format!(
+                "replacement {name} cancelled: its registration token is revoked and the provider is asked \
+                 to terminate it"
+            )
+        } else {
+            format!("replacement {name} cancelled: its registration token is revoked")
+        };
+        i.push(now, Step::ReplacementCancelled, detail.clone(), None);
+        Some(detail)
+    }
+}
+
+impl Cluster {
+    /// Commits a host and an incident about it as one batch, then applies both.
+    fn write_host_and_incident(
+        &mut self,
+        ix: HostIx,
+        host: Host,
+        incident: Incident,
+    ) -> Result<(), ApiError> {
+        let e = &self.hosts[ix as usize];
+        let expect = match self.incidents.get(&incident.id) {
+            Some(v) => Precondition::Version(v.version),
+            None => Precondition::Absent,
+        };
+        let ops = [
+            Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version))?,
+            Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
+        ];
+        let rev = self.commit(&ops)?;
+        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.pushed()));
+        self.events.incident(old, &incident, self.now());
+        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        self.apply_host(ix, host, rev);
+        Ok(())
+    }
+
+    /// Retries placement in every pool with waiting tasks (capacity came back).
+    pub(super) fn place_all_pending(&mut self) -> Result<(), ApiError> {
+        let pools: Vec<PoolName> =
+            self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect();
+        for p in pools {
+            self.place_pending(&p)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,341 @@
+//! The recovery path under a misbehaving provider, in virtual time: the cluster over a
+//! `MemoryStore` on a `ManualClock`, driven the way the server's loops drive it.
+
+use super::*;
+use crate::provider::{LaunchedHost, ProviderError, ProviderHostState};
+use mpsfleet_core::clock::ManualClock;
+use std::time::Duration;
+
+/// A provider whose every call is made by the test from the jobs (as the simulator does).
+struct Seam;
+
+impl CapacityProvider for Seam {
+    fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
+        Err(ProviderError::Launch { name: req.name.clone(), message: "not called in this test".into() })
+    }
+    fn terminate(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
+        Err(ProviderError::Unknown(name.to_string()))
+    }
+    fn describe(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
+        Err(ProviderError::Unknown(name.to_string()))
+    }
+    fn hosts(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+struct World {
+    c: Cluster,
+    clock: Arc<ManualClock>,
+    join_token: String,
+    gpu: u32,
+}
+
+impl World {
+    fn new(mode: OwnershipMode) -> World {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut join_token = String::new();
+        let mut c = Cluster::load(store, clock.clone(), |t| {
+            join_token = t.join_token.clone();
+            Ok(())
+        })
+        .unwrap();
+        c.create_pool(CreatePool { name: "p".into(), mode: Some(mode), ..Default::default() }).unwrap();
+        if mode == OwnershipMode::Managed {
+            c.set_provider(PoolName::new("p").unwrap(), Arc::new(Seam));
+        }
+        World { c, clock, join_token, gpu: 0 }
+    }
+
+    fn registration(&mut self, hostname: &str) -> HostRegistration {
+        self.gpu += 1;
+        HostRegistration {
+            pool: PoolName::new("p").unwrap(),
+            hostname: hostname.into(),
+            gpus: vec![GpuInventory {
+                uuid: GpuUuid::new(format!("GPU-{:08x}", self.gpu)).unwrap(),
+                index: 0,
+                model: "H200".into(),
+                memory_mib: 143_771,
+                compute_capability: "9.0".into(),
+                max_mps_clients: 48,
+            }],
+            mps_available: true,
+            emulated: true,
+        }
+    }
+
+    fn join(&mut self, hostname: &str, token: &str) -> Result<HostId, ApiError> {
+        let reg = self.registration(hostname);
+        let id = self.c.register_host_with_token(reg, token)?.host_id;
+        self.heartbeat(&id, HealthStatus::Ok);
+        Ok(id)
+    }
+
+    fn heartbeat(&mut self, host: &HostId, mps: HealthStatus) {
+        let gpu = self.c.hosts[self.c.sched.host(host).unwrap() as usize].host.gpus[0].uuid.clone();
+        let report = HostStatusReport {
+            onboarded: true,
+            checks: vec![HostCheck {
+                name: "MPS_DAEMON".into(),
+                gpu_id: Some(gpu),
+                status: mps,
+                reason: format!("daemon {}", mps.as_str()),
+                since_ms: 5,
+            }],
+            logs_url: None,
+        };
+        self.c.host_status(host, report).unwrap();
+    }
+
+    fn advance(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+
+    /// Runs the health loop and the heartbeats for `secs` seconds of virtual time, answering
+    /// every provider job with `answer`; returns the jobs seen.
+    fn run(
+        &mut self,
+        secs: u64,
+        heartbeats: &[(HostId, HealthStatus)],
+        answer: impl Fn(&ProviderJob) -> ProviderOutcome,
+    ) -> Vec<ProviderJob> {
+        let mut seen = Vec::new();
+        for tick in 0..secs * 4 {
+            self.advance(250);
+            if tick % 4 == 0 {
+                for (h, s) in heartbeats {
+                    self.heartbeat(h, *s);
+                }
+            }
+            let mut jobs = self.c.health_tick().unwrap();
+            jobs.extend(self.c.take_jobs());
+            while let Some(job) = jobs.pop() {
+                let outcome = answer(&job);
+                seen.push(job.clone());
+                jobs.extend(self.c.provider_done(&job, outcome).unwrap());
+                jobs.extend(self.c.take_jobs());
+            }
+        }
+        seen
+    }
+
+    fn only_incident(&self) -> Incident {
+        let all = self.c.incidents();
+        assert_eq!(all.len(), 1, "{all:#?}");
+        all.into_iter().next().unwrap()
+    }
+}
+
+fn launch_token(jobs: &[ProviderJob]) -> Option<String> {
+    jobs.iter().find_map(|j| match j {
+        ProviderJob::Launch { token: Some(t), .. } => Some(t.0.clone()),
+        _ => None,
+    })
+}
+
+/// The provider reports the launch as failed while the machine boots anyway, and then fails
+/// every termination: the state stays small, repeats are counted, and only the host that
+/// registered with the incident's token is the replacement. An impostor under the
+/// replacement's name with the join token is an ordinary host, and the token works once.
+#[test]
+fn a_failed_launch_that_boots_anyway_stays_bounded_and_binds_by_token() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let join = w.join_token.clone();
+    let bad = w.join("bad", &join).unwrap();
+    w.run(2, &[(bad.clone(), HealthStatus::Ok)], |_| ProviderOutcome::Done);
+    // The daemon fails for good: the incident opens and a replacement is requested.
+    let jobs = w.run(5, &[(bad.clone(), HealthStatus::Impaired)], |_| {
+        ProviderOutcome::Failed("launch command exited with status 1".into())
+    });
+    let token = launch_token(&jobs).expect("a launch with a registration token");
+    let incident = w.only_incident();
+    assert!(incident.has(Step::ReplacementRequested), "{incident:#?}");
+    assert!(matches!(incident.state, IncidentState::Blocked { .. }), "{:?}", incident.state);
+
+    // Someone with the join token registers under the replacement's name: an ordinary host.
+    let impostor = w.join(&replacement_name(&incident), &join).unwrap();
+    // The machine the provider said had failed boots and joins with its token.
+    let real = w.join("booted-anyway", &token).unwrap();
+    let reused = w.registration("again");
+    let err = w.c.register_host_with_token(reused, &token).unwrap_err();
+    assert!(err.to_string().contains("already used"), "{err}");
+    let i = w.only_incident();
+    assert!(i.is_replacement(&real) && !i.is_replacement(&impostor), "{:?}", i.replacement);
+
+    // Minutes of heartbeats with every termination failing.
+    let rev = w.c.revision();
+    let hb = [
+        (bad.clone(), HealthStatus::Impaired),
+        (real.clone(), HealthStatus::Ok),
+        (impostor, HealthStatus::Ok),
+    ];
+    let jobs = w.run(600, &hb, |j| match j {
+        ProviderJob::Terminate { .. } => {
+            ProviderOutcome::Failed("terminate command exited with status 2".into())
+        }
+        ProviderJob::Launch { .. } => ProviderOutcome::Done,
+    });
+    let terminations = jobs.iter().filter(|j| matches!(j, ProviderJob::Terminate { .. })).count();
+    let commits = w.c.revision() - rev;
+    // 5 s doubling to 5 min: about 8 asks in 10 minutes, each a few commits.
+    assert!((3..=12).contains(&terminations), "{terminations} terminations asked for in 10 minutes");
+    assert!(commits < 100, "{commits} commits in 10 minutes of a stuck incident");
+    let i = w.only_incident();
+    assert!(i.timeline.len() <= TimelineEvent::HEAD + TimelineEvent::TAIL, "{} entries", i.timeline.len());
+    let retries = i.timeline.iter().filter(|e| e.step == Step::ProviderRetry).count();
+    assert!(retries >= 3, "{:#?}", i.timeline);
+    assert!(i.has(Step::ReplacementReady), "{:#?}", i.timeline);
+    // Still open, and saying what it waits for: the operator can resolve it or retry.
+    assert_eq!(i.state, IncidentState::Remediating);
+    // Another hour changes little: the asks are 5 minutes apart now.
+    let rev = w.c.revision();
+    w.run(3_600, &hb, |_| ProviderOutcome::Failed("still failing".into()));
+    assert!(w.c.revision() - rev < 100, "{} commits in an hour", w.c.revision() - rev);
+}
+
+/// An expired replacement token is refused, naming why.
+#[test]
+fn an_expired_replacement_token_is_refused() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let join = w.join_token.clone();
+    let bad = w.join("bad", &join).unwrap();
+    let jobs = w.run(5, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let token = launch_token(&jobs).expect("a launch with a registration token");
+    w.advance(REPLACEMENT_TOKEN_TTL_MS + 1);
+    let reg = w.registration("late");
+    let err = w.c.register_host_with_token(reg, &token).unwrap_err();
+    assert!(err.to_string().contains("expired"), "{err}");
+    assert!(w.only_incident().replacement.as_ref().is_some_and(|b| b.host_id.is_none()));
+}
+
+/// The operator's path in a self-managed pool: the impaired host is drained, then refused
+/// activation while its check is not OK, then activated once repaired; the incident resolves
+/// and the timeline names who did each step.
+#[test]
+fn self_managed_drain_repair_activate() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let id = w.only_incident().id;
+    let err = w.c.operator_action(host.as_str(), OperatorAction::Replace, "admin").unwrap_err();
+    assert!(
+        err.to_string().contains("no capacity provider") && err.to_string().contains("host activate"),
+        "{err}"
+    );
+    w.c.acknowledge_incident(&id, "admin").unwrap();
+    w.c.operator_action(host.as_str(), OperatorAction::Drain, "admin").unwrap();
+    let err = w.c.activate_host(host.as_str(), "admin").unwrap_err();
+    assert!(err.to_string().contains("MPS_DAEMON"), "{err}");
+    w.run(3, &[(host.clone(), HealthStatus::Ok)], |_| ProviderOutcome::Done);
+    let (view, outcome) = w.c.activate_host(host.as_str(), "admin").unwrap();
+    assert_eq!(view.status, HostStatus::Active);
+    assert!(!view.cordoned);
+    let i = outcome.expect("the incident").incident;
+    assert_eq!(i.state, IncidentState::Resolved);
+    let steps: Vec<(Step, Option<&str>)> = i.timeline.iter().map(|e| (e.step, e.by.as_deref())).collect();
+    for want in [
+        (Step::Acknowledged, Some("admin")),
+        (Step::OperatorCommand, Some("admin")),
+        (Step::DrainStarted, None),
+        (Step::HostActivated, Some("admin")),
+        (Step::Resolved, Some("admin")),
+    ] {
+        assert!(steps.contains(&want), "{want:?} missing from {steps:?}");
+    }
+    assert!(can_place(&w.c.hosts[w.c.sched.host(&host).unwrap() as usize].host));
+}
+
+/// A data directory written before timelines were bounded opens: its incidents are rewritten
+/// bounded, with the steps they reached, and the schema version is recorded. A store written
+/// by a newer schema is refused.
+#[test]
+fn an_old_state_is_migrated_and_a_newer_one_refused() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let i = w.only_incident();
+    // The record as schema 1 wrote it: a plain, unbounded timeline and no `reached`.
+    let mut v = serde_json::to_value(&i).unwrap();
+    let old: Vec<serde_json::Value> = (0..300)
+        .map(|k| serde_json::json!({"atMs": 1_000 + k, "step": if k == 0 { "DETECTED" } else { "BLOCKED" }, "detail": format!("entry {k}")}))
+        .collect();
+    v["timeline"] = serde_json::Value::Array(old);
+    v.as_object_mut().unwrap().remove("reached");
+    let store = w.c.store.clone();
+    let version = store.get(super::health::INCIDENT, &i.id).unwrap().unwrap().version;
+    store
+        .commit(&[
+            Op::put(
+                super::health::INCIDENT,
+                i.id.clone(),
+                serde_json::to_vec(&v).unwrap(),
+                Precondition::Version(version),
+            ),
+            Op::delete("meta", "schema", Precondition::Any),
+        ])
+        .unwrap();
+    let c = Cluster::load(store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
+    let back = c.incident(&i.id).unwrap();
+    assert!(back.timeline.len() <= TimelineEvent::HEAD + TimelineEvent::TAIL);
+    assert_eq!(back.timeline.total(), 300);
+    assert_eq!(back.first(Step::Detected), Some(1_000));
+    let stored: serde_json::Value =
+        serde_json::from_slice(&store.get(super::health::INCIDENT, &i.id).unwrap().unwrap().value).unwrap();
+    assert_eq!(stored["reached"]["DETECTED"], serde_json::json!(1_000));
+    assert!(stored["timeline"]["entries"].as_array().unwrap().len() <= 64);
+    let schema: serde_json::Value =
+        serde_json::from_slice(&store.get("meta", "schema").unwrap().unwrap().value).unwrap();
+    assert_eq!(schema["version"], serde_json::json!(SCHEMA_VERSION));
+
+    store.commit(&[Op::put("meta", "schema", br#"{"version": 99}"#.to_vec(), Precondition::Any)]).unwrap();
+    let err = Cluster::load(store, w.clock.clone(), |_| Ok(())).err().expect("a newer schema is refused");
+    assert!(err.to_string().contains("newer mpsfleet (schema 99)"), "{err}");
+}
+
+/// Stopped tasks and resolved incidents leave after their retention, and the change feed
+/// after its age.
+#[test]
+fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    w.run(5, &[(host.clone(), HealthStatus::Ok)], |_| ProviderOutcome::Done);
+    let i = w.only_incident();
+    assert_eq!(i.state, IncidentState::Resolved, "{:#?}", i.timeline);
+    let td = br#"{"family": "t", "containerDefinitions": [{"name": "c", "image": "x", "command": ["sleep", "1"]}]}"#;
+    w.c.register_taskdef(td).unwrap();
+    let run = w.c.run_tasks(RunTask { task_definition: "t".into(), count: 1, pool: "p".into() }).unwrap();
+    let task = run.tasks[0].id;
+    w.c.stop_task(&task.to_string(), None).unwrap();
+    // The agent reports the stop.
+    let report: TaskStateReport =
+        serde_json::from_value(serde_json::json!({"lastStatus": "STOPPED"})).unwrap();
+    w.c.report_task(&host, &task.to_string(), report).unwrap();
+    assert_eq!(w.c.task(&task.to_string()).unwrap().last_status, TaskStatus::Stopped);
+
+    w.c.prune().unwrap();
+    assert!(w.c.task(&task.to_string()).is_ok(), "kept within its retention");
+    assert!(w.c.incident(&i.id).is_ok(), "kept within its retention");
+
+    w.advance(STOPPED_TASK_RETENTION_MS + 1);
+    w.c.prune().unwrap();
+    assert!(w.c.task(&task.to_string()).is_err());
+    assert!(w.c.store.get(TASK, &task.to_string()).unwrap().is_none());
+    assert!(w.c.incident(&i.id).is_ok());
+    w.advance(RESOLVED_INCIDENT_RETENTION_MS);
+    w.c.prune().unwrap();
+    assert!(w.c.incident(&i.id).is_err());
+    assert!(w.c.store.get(super::health::INCIDENT, &i.id).unwrap().is_none());
+
+    // Everything in the feed is older than its age limit now.
+    let rev = w.c.revision();
+    w.c.compact_history().unwrap();
+    let err = w.c.store.changes_since(0, 10).unwrap_err();
+    assert!(matches!(err, mpsfleet_store::StoreError::Compacted { .. }), "{err}");
+    assert!(w.c.store.changes_since(rev, 10).is_ok());
+}

@@ -1,0 +1,219 @@
+//! What keeps a long-running cluster's state bounded: the store's change history is compacted
+//! by age and size (not only by revision count), stopped tasks and resolved incidents are kept
+//! for a documented retention and then removed, and the records' schema version, with the
+//! migration that brings an older data directory up to date.
+//!
+//! Retention (see docs/architecture of state in ARCHITECTURE.md):
+//! - the change feed keeps at most [`FEED_MAX_REVISIONS`] revisions, none older than
+//!   [`FEED_MAX_AGE_MS`], and at most [`FEED_MAX_BYTES`] of values;
+//! - a STOPPED task is kept [`STOPPED_TASK_RETENTION_MS`] after it stopped, and at most the
+//!   newest [`MAX_STOPPED_TASKS`];
+//! - a RESOLVED incident is kept [`RESOLVED_INCIDENT_RETENTION_MS`] after it resolved, and at
+//!   most the newest [`MAX_RESOLVED_INCIDENTS`].
+
+use super::health::INCIDENT;
+use super::*;
+use std::collections::VecDeque;
+
+/// The most revisions of the change feed kept for watchers.
+pub const FEED_MAX_REVISIONS: u64 = 100_000;
+/// No change older than this stays in the feed.
+pub const FEED_MAX_AGE_MS: u64 = 15 * 60 * 1000;
+/// The most bytes of values the feed keeps.
+pub const FEED_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// How long a STOPPED task stays listed after it stopped.
+pub const STOPPED_TASK_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
+/// The most STOPPED tasks kept (the newest).
+pub const MAX_STOPPED_TASKS: usize = 10_000;
+/// How long a RESOLVED incident stays listed after it resolved.
+pub const RESOLVED_INCIDENT_RETENTION_MS: u64 = 7 * 24 * 60 * 60 * 1000;
+/// The most RESOLVED incidents kept (the newest).
+pub const MAX_RESOLVED_INCIDENTS: usize = 1_000;
+/// The most records one pruning commit deletes.
+const PRUNE_BATCH: usize = 500;
+
+/// The schema of the records this build writes. 1: before histories were bounded (incident
+/// timelines as plain arrays); 2: bounded timelines with `reached`.
+pub const SCHEMA_VERSION: u64 = 2;
+const META: &str = "meta";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SchemaRecord {
+    version: u64,
+}
+
+/// When each revision of the feed was committed and how many bytes it wrote, oldest first.
+/// Revisions from before this process loaded count as committed at the load, with no size.
+#[derive(Debug, Default)]
+pub(super) struct FeedLedger {
+    entries: VecDeque<(Revision, u64, u64)>,
+    bytes: u64,
+}
+
+impl FeedLedger {
+    pub(super) fn record(&mut self, rev: Revision, at_ms: u64, bytes: u64) {
+        self.entries.push_back((rev, at_ms, bytes));
+        self.bytes += bytes;
+    }
+
+    /// The first revision to keep at `now`, given the limits, for a store at `current`.
+    fn keep_from(&self, current: Revision, now: u64) -> Revision {
+        let mut from = current.saturating_sub(FEED_MAX_REVISIONS) + 1;
+        let mut bytes = self.bytes;
+        for &(rev, at_ms, b) in &self.entries {
+            if now.saturating_sub(at_ms) <= FEED_MAX_AGE_MS && bytes <= FEED_MAX_BYTES {
+                break;
+            }
+            bytes -= b;
+            from = from.max(rev + 1);
+        }
+        from
+    }
+
+    fn drop_before(&mut self, rev: Revision) {
+        while self.entries.front().is_some_and(|&(r, _, _)| r < rev) {
+            if let Some((_, _, b)) = self.entries.pop_front() {
+                self.bytes -= b;
+            }
+        }
+    }
+}
+
+/// The bytes a batch writes, for the ledger.
+pub(super) fn batch_bytes(ops: &[Op]) -> u64 {
+    ops.iter()
+        .map(|op| match op {
+            Op::Put { kind, key, value, .. } => (kind.len() + key.len() + value.len()) as u64,
+            Op::Delete { kind, key, .. } => (kind.len() + key.len()) as u64,
+        })
+        .sum()
+}
+
+impl Cluster {
+    /// Brings the store's records to [`SCHEMA_VERSION`]; refuses a store written by a newer
+    /// build. Runs before anything is loaded.
+    pub(super) fn migrate(store: &dyn Store) -> Result<(), ApiError> {
+        let version = match store.get(META, "schema")? {
+            Some(r) => decode::<SchemaRecord>(&r)?.version,
+            // No schema record: a new store, or one written before records had a schema.
+            None if store.revision()? == 0 => 0,
+            None => 1,
+        };
+        if version > SCHEMA_VERSION {
+            return Err(ApiError::StoreCorrupt(format!(
+                "the state was written by a newer mpsfleet (schema {version}); this build reads schema \
+                 {SCHEMA_VERSION} or older: run the newer build"
+            )));
+        }
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        if version == 1 {
+            // Incident timelines become bounded histories with the steps reached.
+            let records = store.list(INCIDENT)?;
+            for chunk in records.chunks(PRUNE_BATCH) {
+                let mut ops = Vec::with_capacity(chunk.len());
+                for r in chunk {
+                    let mut i: Incident = decode(r)?;
+                    i.normalize();
+                    ops.push(Op::put_json(INCIDENT, r.key.clone(), &i, Precondition::Version(r.version))?);
+                }
+                store.commit(&ops)?;
+            }
+            tracing::info!(incidents = records.len(), "state migrated from schema 1 to {SCHEMA_VERSION}");
+        }
+        store.commit(&[Op::put_json(
+            META,
+            "schema",
+            &SchemaRecord { version: SCHEMA_VERSION },
+            Precondition::Any,
+        )?])?;
+        Ok(())
+    }
+
+    /// Compacts the change feed by count, age and size.
+    pub fn compact_history(&mut self) -> Result<(), ApiError> {
+        let from = self.feed.keep_from(self.revision, self.now());
+        if from > self.compacted_before {
+            self.store.compact(from)?;
+            self.compacted_before = from;
+            self.feed.drop_before(from);
+        }
+        Ok(())
+    }
+
+    /// Removes stopped tasks and resolved incidents past their retention, oldest first, a
+    /// batch at a time; one failed batch is logged and left for the next resync.
+    pub fn prune(&mut self) -> Result<(), ApiError> {
+        let now = self.now();
+        let mut stopped: Vec<(u64, TaskId)> = self
+            .tasks
+            .values()
+            .filter(|e| e.task.last_status == TaskStatus::Stopped)
+            .map(|e| (e.task.stopped_at_ms.unwrap_or(0), e.task.id))
+            .collect();
+        stopped.sort_unstable();
+        let excess = stopped.len().saturating_sub(MAX_STOPPED_TASKS);
+        let tasks: Vec<TaskId> = stopped
+            .iter()
+            .enumerate()
+            .filter(|(k, (at, _))| *k < excess || now.saturating_sub(*at) > STOPPED_TASK_RETENTION_MS)
+            .map(|(_, (_, id))| *id)
+            .collect();
+        for chunk in tasks.chunks(PRUNE_BATCH) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .filter_map(|id| self.tasks.get(id).map(|e| (id, e.version)))
+                .map(|(id, v)| Op::delete(TASK, id.to_string(), Precondition::Version(v)))
+                .collect();
+            match self.commit(&ops) {
+                Ok(_) => {
+                    for id in chunk {
+                        self.tasks.remove(id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning stopped tasks failed; retrying at the next resync")
+                }
+            }
+        }
+        let mut resolved: Vec<(u64, String)> = self
+            .incidents
+            .values()
+            .filter(|v| v.value.state == IncidentState::Resolved)
+            .map(|v| (v.value.resolved_at_ms.unwrap_or(0), v.value.id.clone()))
+            .collect();
+        resolved.sort_unstable();
+        let excess = resolved.len().saturating_sub(MAX_RESOLVED_INCIDENTS);
+        let incidents: Vec<String> = resolved
+            .into_iter()
+            .enumerate()
+            .filter(|(k, (at, _))| *k < excess || now.saturating_sub(*at) > RESOLVED_INCIDENT_RETENTION_MS)
+            .map(|(_, (_, id))| id)
+            .collect();
+        for chunk in incidents.chunks(PRUNE_BATCH) {
+            let ops: Vec<Op> = chunk
+                .iter()
+                .filter_map(|id| self.incidents.get(id).map(|v| (id, v.version)))
+                .map(|(id, v)| Op::delete(INCIDENT, id.clone(), Precondition::Version(v)))
+                .collect();
+            match self.commit(&ops) {
+                Ok(_) => {
+                    for id in chunk {
+                        if let Some(v) = self.incidents.remove(id) {
+                            if let Some(b) = &v.value.replacement {
+                                self.replacement_tokens.remove(&b.token_sha256);
+                            }
+                        }
+                        self.provider_progress.remove(id);
+                        self.incident_retry.remove(id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning resolved incidents failed; retrying at the next resync")
+                }
+            }
+        }
+        Ok(())
+    }
+}
