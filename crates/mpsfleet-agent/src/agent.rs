@@ -424,9 +424,12 @@ mod tests {
     async fn a_dead_task_loop_ends_the_agent_with_an_error() {
         let (tx, rx) = std::sync::mpsc::channel();
         let mut dead = TaskLoop::spawn(tx, rx, |_| panic!("injected loop fault")).unwrap();
-        let ended = tokio::time::timeout(Duration::from_secs(10), until_shutdown(std::future::pending(), dead.died()))
-            .await
-            .expect("the agent noticed the dead loop");
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            until_shutdown(std::future::pending(), dead.died()),
+        )
+        .await
+        .expect("the agent noticed the dead loop");
         match ended {
             Err(e @ AgentError::TaskLoopDied(_)) => assert_eq!(
                 e.to_string(),

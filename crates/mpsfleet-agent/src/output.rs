@@ -419,7 +419,11 @@ mod tests {
         let path = dir.path().join("output.log");
         let mut all = Vec::new();
         for i in 0..2000u64 {
-            all.extend(frame(if i % 2 == 0 { Stdout } else { Stderr }, i, format!("line {i:04}\n").as_bytes()));
+            all.extend(frame(
+                if i % 2 == 0 { Stdout } else { Stderr },
+                i,
+                format!("line {i:04}\n").as_bytes(),
+            ));
         }
         std::fs::write(&path, &all).unwrap();
         let mut r = RecentOutput::default();

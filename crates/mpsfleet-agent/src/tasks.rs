@@ -13,11 +13,11 @@ use crate::env::container_env;
 use crate::mps::Supervisor;
 use crate::output::{LogTail, RecentOutput};
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
+use crate::runtime::shim::OUTPUT_LOG;
 use crate::runtime::{
     task_state, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, ContainerView, ExecContext,
     Runtime, TaskPhase, DEFAULT_STOP_TIMEOUT,
 };
-use crate::runtime::shim::OUTPUT_LOG;
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::clock::Clock;
 use mpsfleet_types::api::Assignments;
@@ -979,10 +979,14 @@ mod tests {
         let app = Router::new()
             .route(
                 "/v1/agent/tasks/{id}/status",
-                post(|Shared((seen, task)): Shared<(Seen, Task)>, UrlPath(id): UrlPath<String>, Json(r): Json<TaskStateReport>| async move {
-                    seen.lock().unwrap().push((id, r));
-                    Json(task)
-                }),
+                post(
+                    |Shared((seen, task)): Shared<(Seen, Task)>,
+                     UrlPath(id): UrlPath<String>,
+                     Json(r): Json<TaskStateReport>| async move {
+                        seen.lock().unwrap().push((id, r));
+                        Json(task)
+                    },
+                ),
             )
             .with_state((seen.clone(), task));
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -997,14 +1001,8 @@ mod tests {
             "containerDefinitions": [{"name": "app", "essential": true, "command": ["sleep", "60"]}],
         }))
         .unwrap();
-        let mut task = Task::new(
-            id,
-            def.reference(),
-            PoolName::new("gpu").unwrap(),
-            None,
-            "run:test".into(),
-            0,
-        );
+        let mut task =
+            Task::new(id, def.reference(), PoolName::new("gpu").unwrap(), None, "run:test".into(), 0);
         task.host_id = Some(HostId::new("h-1").unwrap());
         Assignments { revision: 1, tasks: vec![task], task_definitions: vec![def] }
     }
@@ -1071,7 +1069,8 @@ mod tests {
             id,
             states: BTreeMap::from([("app".to_string(), ContainerState::Lost { reason: why })]),
         };
-        spawn_worker(tx, "stop", || panic!("injected stop fault"), failed).unwrap_or_else(|_| panic!("spawned"));
+        spawn_worker(tx, "stop", || panic!("injected stop fault"), failed)
+            .unwrap_or_else(|_| panic!("spawned"));
         match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
             Input::Stopped { id: got, states } => {
                 assert_eq!(got, id);
@@ -1089,11 +1088,14 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let (tx, rx) = channel();
         let mut dead = TaskLoop::spawn(tx, rx, |_| panic!("injected loop fault")).unwrap();
-        let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), dead.died()).await }).unwrap();
+        let why =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), dead.died()).await }).unwrap();
         assert_eq!(why, "the task loop panicked: injected loop fault");
         let (tx, rx) = channel();
         let mut failed = TaskLoop::spawn(tx, rx, |_| Err("its input channel closed".into())).unwrap();
-        let why = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), failed.died()).await }).unwrap();
+        let why = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), failed.died()).await })
+            .unwrap();
         assert_eq!(why, "the task loop stopped: its input channel closed");
         // A loop that is shut down never reports a death.
         let (tx, rx) = channel();

@@ -345,7 +345,8 @@ mod relay {
 
     pub fn start(dir: &Path, output: File, pipes: [(Option<Box<dyn Read + Send>>, File); 2]) -> Relay {
         let len = output.metadata().map(|m| m.len()).unwrap_or(0);
-        let framed = Arc::new(Mutex::new(Framed { dir: dir.to_path_buf(), file: output, len, failed: false }));
+        let framed =
+            Arc::new(Mutex::new(Framed { dir: dir.to_path_buf(), file: output, len, failed: false }));
         let (tx, done) = channel();
         let mut threads = 0;
         for ((pipe, mut log), stream) in pipes.into_iter().zip([OutputStream::Stdout, OutputStream::Stderr]) {
