@@ -4,9 +4,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_core::clock::SystemClock;
 use mpsfleet_server::cluster::ProviderContext;
-use mpsfleet_server::provider::{
-    terminate_with_retries, CapacityProvider, LocalProvider, ProviderError, Retry,
-};
+use mpsfleet_server::provider::{terminate_with_retries, CapacityProvider, LocalProvider, Retry};
 use mpsfleet_types::{CreatePool, OwnershipMode, PoolName};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,7 +66,7 @@ async fn stop_hosts(provider: Arc<LocalProvider>) -> Result<()> {
 }
 
 /// A termination with the provider's retries (processes that outlast SIGKILL for a moment).
-fn provider_terminate(provider: &LocalProvider, name: &str) -> Result<(), ProviderError> {
+fn provider_terminate(provider: &LocalProvider, name: &str) -> Result<()> {
     let policy = Retry {
         initial_backoff: Duration::from_millis(500),
         max_backoff: Duration::from_secs(2),
@@ -77,6 +75,7 @@ fn provider_terminate(provider: &LocalProvider, name: &str) -> Result<(), Provid
     terminate_with_retries(provider, name, &policy, |_, backoff| std::thread::sleep(backoff))
         .into_result()
         .map(|_| ())
+        .map_err(Into::into)
 }
 
 /// Finds the real MPS control binary: the flag, PATH, or the copy scripts/install-mps.sh makes.
