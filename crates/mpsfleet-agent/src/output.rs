@@ -485,6 +485,12 @@ mod tests {
             assert!(r.is_empty());
             std::fs::remove_file(&path).unwrap();
         }
+        // The logs endpoint does not follow a symlinked stdout.log either.
+        let container = dir.path().join("container");
+        std::fs::create_dir(&container).unwrap();
+        std::os::unix::fs::symlink(&secret, container.join("stdout.log")).unwrap();
+        let read = crate::runtime::logs(&container, crate::runtime::LogStream::Stdout, None);
+        assert!(read.is_err(), "read through a symlink: {read:?}");
         // A FIFO is refused without blocking.
         let fifo = dir.path().join("fifo.log");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
