@@ -139,7 +139,12 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                         ProviderJob::Launch { pool, name, .. }
                         | ProviderJob::Terminate { pool, name, .. } => (pool, name),
                     };
-                    (c.provider_for(pool), c.launch_request(pool, name))
+                    let mut req = c.launch_request(pool, name);
+                    // A replacement joins with its incident's one-time token, not the join token.
+                    if let ProviderJob::Launch { token: Some(t), .. } = &job {
+                        req.join_token = t.0.clone();
+                    }
+                    (c.provider_for(pool), req)
                 };
                 let Some(p) = provider else {
                     return ProviderOutcome::Failed("the pool has no capacity provider".into());

@@ -466,3 +466,68 @@ async fn fenced_services_wait_for_termination_and_restart_services_do_not() {
     let t = admin.describe_task(&new.to_string()).await.unwrap();
     assert!(t.created_at_ms < terminated, "a restart replacement waited for termination");
 }
+
+/// The operator's path of docs/pools.md in a self-managed pool, as written there: an impaired
+/// host is acknowledged and drained, refused activation while its daemon is hung, repaired,
+/// activated, takes new tasks again, and the incident's timeline shows each step with who ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_path_in_a_self_managed_pool_as_documented() {
+    let Some(fleet) = fleet(OwnershipMode::SelfManaged, 2, 0).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 2).await;
+    let host = signal_daemon_of(&fleet, &tasks[0], "-STOP").await;
+    let on_host: Vec<TaskId> =
+        tasks.iter().filter(|t| t.host_id.as_ref() == Some(&host.id)).map(|t| t.id).collect();
+    let opened = incident_of(admin, &host.id).await;
+    let id = opened.incident.id.clone();
+    assert_eq!(opened.incident.owner, IncidentOwner::Operator);
+
+    let acked = admin.acknowledge_incident(&id).await.unwrap();
+    assert_eq!(acked.incident.acknowledged_by.as_deref(), Some("admin"));
+    admin.host_action(host.id.as_str(), "drain").await.unwrap();
+    // The service's tasks leave the host; the host stays DRAINING and the incident open.
+    eventually(WAIT, "the service's tasks off the drained host", || async {
+        let now = running(admin, "web", 2).await;
+        now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)).then_some(())
+    })
+    .await;
+    let drained = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert_eq!((drained.status, drained.cordoned), (HostStatus::Draining, true));
+    assert_ne!(admin.describe_incident(&id).await.unwrap().incident.state, IncidentState::Resolved);
+
+    let err = admin.activate_host(host.id.as_str()).await.unwrap_err().to_string();
+    assert!(err.contains("MPS_DAEMON") && err.contains("not healthy"), "{err}");
+
+    // The repair: the daemon answers again, and every check turns OK.
+    signal_daemon_of(&fleet, &tasks[0], "-CONT").await;
+    eventually(WAIT, "the repaired host's checks OK", || async {
+        let h = admin.describe_host(host.id.as_str()).await.ok()?;
+        (h.health_status == HealthStatus::Ok && h.checks.iter().all(|c| c.status == HealthStatus::Ok)).then_some(())
+    })
+    .await;
+    let activated = admin.activate_host(host.id.as_str()).await.unwrap();
+    let view = activated.host.expect("the host");
+    assert_eq!((view.status, view.cordoned), (HostStatus::Active, false));
+    let done = activated.incident.expect("the incident");
+    assert_eq!(done.incident.state, IncidentState::Resolved);
+
+    // New tasks land on it again (the other host is cordoned so that the choice is forced).
+    let other = admin.list_hosts(None).await.unwrap().into_iter().find(|h| h.id != host.id).unwrap();
+    admin.cordon_host(other.id.as_str(), true).await.unwrap();
+    admin.register_taskdef(mps_taskdef("after", 1024)).await.unwrap();
+    let out =
+        admin.run_task(&RunTask { task_definition: "after".into(), count: 1, pool: "gpu".into() }).await.unwrap();
+    assert_eq!(out.tasks[0].host_id.as_ref(), Some(&host.id), "{:?}", out.tasks[0]);
+
+    let i = admin.describe_incident(&id).await.unwrap().incident;
+    let by = |s: Step| i.timeline.iter().find(|e| e.step == s).map(|e| e.by.clone());
+    assert_eq!(by(Step::Acknowledged), Some(Some("admin".into())), "{:#?}", i.timeline);
+    assert_eq!(by(Step::OperatorCommand), Some(Some("admin".into())));
+    assert_eq!(by(Step::HostActivated), Some(Some("admin".into())));
+    for s in [Step::Detected, Step::Decided, Step::Cordoned, Step::DrainStarted, Step::TasksRescheduled, Step::Resolved] {
+        assert!(i.has(s), "{s:?} missing: {:#?}", i.timeline);
+    }
+    for t in &on_host {
+        assert!(i.affected(*t).is_some(), "task {t} missing from the affected tasks: {:?}", i.affected_tasks);
+    }
+}

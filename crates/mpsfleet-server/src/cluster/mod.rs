@@ -746,6 +746,13 @@ impl Cluster {
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
         let ix = self.host_ix(id)?;
         let mut h = self.hosts[ix as usize].host.clone();
+        if !cordoned && h.status == HostStatus::Draining {
+            return Err(ApiError::Conflict(format!(
+                "host {} is DRAINING: uncordon does not return it to service; once it is repaired (every \
+                 check OK), run `mpsfleet host activate {}`",
+                h.id, h.id
+            )));
+        }
         if h.cordoned != cordoned {
             h.cordoned = cordoned;
             self.write_host(ix, h)?;
