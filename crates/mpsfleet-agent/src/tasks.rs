@@ -696,7 +696,7 @@ impl State {
             let Some(local) = self.tasks.get(&id) else { continue };
             let rec = &local.rec;
             let stopped = rec.status == TaskStatus::Stopped;
-            let with_output = stopped || output_due(local, now);
+            let with_output = (stopped && local.output.seq() > 0) || output_due(local, now);
             let output_seq = local.output.seq();
             let report = TaskStateReport {
                 last_status: rec.status,

@@ -6,7 +6,7 @@
 //!
 //! - **Bounds.** A snapshot is trimmed to [`SNAPSHOT_MAX_BYTES`] (16 KiB, newest lines kept);
 //!   all of them together stay within [`SNAPSHOTS_MAX_BYTES`] (64 MiB, about 4000 full
-//!   snapshots). Over budget, the snapshots that came with a STOPPED report go first, the
+//!   snapshots; each also counts [`ENTRY_OVERHEAD_BYTES`], and empty ones are not kept). Over budget, the snapshots that came with a STOPPED report go first, the
 //!   oldest first, then the others, least recently received first.
 //! - **In memory only.** Snapshots are not written to the store: a server restart loses the
 //!   snapshots of tasks whose agent is gone (a live agent sends its running tasks' snapshots
@@ -19,8 +19,11 @@ use mpsfleet_types::logs::{LogSnapshot, SNAPSHOT_MAX_BYTES};
 use mpsfleet_types::{HostStatus, TaskId};
 use std::collections::{BTreeSet, HashMap};
 
-/// The most all kept snapshots may cost together (as [`LogSnapshot::cost`] counts).
+/// The most all kept snapshots may cost together: [`LogSnapshot::cost`] plus
+/// [`ENTRY_OVERHEAD_BYTES`] each.
 pub const SNAPSHOTS_MAX_BYTES: usize = 64 << 20;
+/// What keeping one snapshot costs beyond its lines (its key, indexes, allocation).
+pub const ENTRY_OVERHEAD_BYTES: usize = 128;
 
 struct Kept {
     snapshot: LogSnapshot,
@@ -52,13 +55,17 @@ impl LogSnapshots {
         LogSnapshots { by_task: HashMap::new(), order: BTreeSet::new(), total: 0, max, seq: 0 }
     }
 
-    /// Keeps `snapshot` as the task's latest, `last` when it came with the STOPPED report.
+    /// Keeps `snapshot` as the task's latest, `last` when it came with the STOPPED report. An
+    /// empty one (nothing was ever written) is not kept.
     pub fn keep(&mut self, id: TaskId, mut snapshot: LogSnapshot, last: bool, now_ms: u64) {
+        if snapshot.lines.is_empty() && snapshot.dropped_bytes == 0 {
+            return;
+        }
         self.remove(&id);
         snapshot.trim_to(SNAPSHOT_MAX_BYTES);
         self.seq += 1;
         let key = (!last, now_ms, self.seq, id);
-        self.total += snapshot.cost();
+        self.total += snapshot.cost() + ENTRY_OVERHEAD_BYTES;
         self.order.insert(key);
         self.by_task.insert(id, Kept { snapshot, received_at_ms: now_ms, key });
         while self.total > self.max {
@@ -70,7 +77,7 @@ impl LogSnapshots {
     fn remove(&mut self, id: &TaskId) {
         if let Some(old) = self.by_task.remove(id) {
             self.order.remove(&old.key);
-            self.total -= old.snapshot.cost();
+            self.total -= old.snapshot.cost() + ENTRY_OVERHEAD_BYTES;
         }
     }
 
@@ -167,16 +174,21 @@ mod tests {
         let (at, kept) = s.get(&TaskId(1)).unwrap();
         assert_eq!(at, 10);
         assert!(kept.cost() <= SNAPSHOT_MAX_BYTES);
-        assert_eq!(s.total(), kept.cost());
+        assert_eq!(s.total(), kept.cost() + ENTRY_OVERHEAD_BYTES);
         s.keep(TaskId(1), snap("new\n"), true, 20);
         assert_eq!(s.get(&TaskId(1)).unwrap().1.text(), "new\n");
-        assert_eq!(s.total(), 4 + LINE_OVERHEAD_BYTES);
+        assert_eq!(s.total(), 4 + LINE_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES);
         assert_eq!(s.len(), 1);
+        // Nothing written, nothing kept (and the last snapshot stays).
+        s.keep(TaskId(1), LogSnapshot::default(), true, 30);
+        s.keep(TaskId(2), LogSnapshot::default(), true, 30);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.get(&TaskId(1)).unwrap().1.text(), "new\n");
     }
 
     #[test]
     fn over_budget_the_oldest_stopped_tasks_go_first() {
-        let one = 10 + LINE_OVERHEAD_BYTES;
+        let one = 10 + LINE_OVERHEAD_BYTES + ENTRY_OVERHEAD_BYTES;
         let mut s = LogSnapshots::with_budget(3 * one);
         s.keep(TaskId(1), snap("running-1\n"), false, 1);
         s.keep(TaskId(2), snap("stopped-2\n"), true, 2);
