@@ -143,3 +143,66 @@ fn local_provider_unknown_host_and_missing_executable() {
     assert!(err.to_string().starts_with("cannot launch host local-3: cannot start"), "{err}");
     assert!(p.hosts().is_empty());
 }
+
+/// The pids a stand-in agent wrote to `<host dir>/<file>`, one per line.
+fn pids(host_dir: &std::path::Path, file: &str) -> Vec<String> {
+    std::fs::read_to_string(host_dir.join(file)).unwrap_or_default().lines().map(String::from).collect()
+}
+
+/// A stand-in agent that leaves behind what a real one does: a child (like an MPS daemon,
+/// which does not name the host's dir but is the agent's child), and an orphan that names the
+/// host's dir in its environment and ignores SIGTERM (like a shim whose agent died).
+const LEAVES_PROCESSES: &str = "sleep 301 & echo $! > \"$3/child\"
+( MARK=\"$3/tasks/1\" sh -c 'trap \"\" TERM; echo $$ > \"$0\"; while :; do sleep 0.05; done' \"$3/orphan\" & )
+exec sleep 300";
+
+#[test]
+fn local_provider_terminate_ends_every_process_of_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = script(dir.path(), "leaves-processes", LEAVES_PROCESSES);
+    let p = LocalProvider::new(exe, dir.path().join("hosts"), vec![], Duration::from_secs(5));
+    let launched = p.launch(&LaunchRequest::named("local-4")).unwrap();
+    let host_dir = dir.path().join("hosts/local-4");
+    wait_for("the child and the orphan", || {
+        pids(&host_dir, "child").len() == 1 && pids(&host_dir, "orphan").len() == 1
+    });
+    let (child, orphan) = (pids(&host_dir, "child").remove(0), pids(&host_dir, "orphan").remove(0));
+    assert!(alive(&child) && alive(&orphan));
+
+    let stopped = p.terminate("local-4").unwrap();
+    let ProviderHostState::Terminated { detail } = &stopped else { panic!("{stopped:?}") };
+    assert!(detail.starts_with("agent stopped with SIGTERM: signal 15 (SIGTERM); "), "{detail}");
+    assert!(detail.contains("with SIGKILL"), "the orphan ignores SIGTERM: {detail}");
+    for pid in [&launched.provider_id, &child, &orphan] {
+        assert!(!alive(pid), "process {pid} of the host still runs after terminate answered {detail}");
+    }
+    assert_eq!(p.terminate("local-4").unwrap(), stopped, "terminate is idempotent");
+    assert_eq!(p.describe("local-4").unwrap(), stopped);
+}
+
+#[test]
+fn local_provider_finds_and_ends_the_hosts_of_an_earlier_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = script(dir.path(), "leaves-processes", LEAVES_PROCESSES);
+    let host_dir = dir.path().join("hosts/local-5");
+    let first = LocalProvider::new(exe.clone(), dir.path().join("hosts"), vec![], Duration::from_secs(5));
+    let launched = first.launch(&LaunchRequest::named("local-5")).unwrap();
+    wait_for("the orphan", || pids(&host_dir, "orphan").len() == 1);
+    drop(first);
+    assert!(alive(&launched.provider_id), "a host outlives its provider, as a machine does");
+
+    // A restarted server's provider over the same directory.
+    let second = LocalProvider::new(exe, dir.path().join("hosts"), vec![], Duration::from_secs(5));
+    assert_eq!(second.hosts(), ["local-5"]);
+    assert_eq!(second.describe("local-5").unwrap(), ProviderHostState::Running);
+    let again = second.launch(&LaunchRequest::named("local-5")).unwrap();
+    assert_eq!(again.provider_id, launched.provider_id, "launch adopts the running host");
+    let stopped = second.terminate("local-5").unwrap();
+    assert!(matches!(&stopped, ProviderHostState::Terminated { .. }), "{stopped:?}");
+    for pid in [launched.provider_id, pids(&host_dir, "child").remove(0), pids(&host_dir, "orphan").remove(0)]
+    {
+        assert!(!alive(&pid), "process {pid} of the earlier provider's host still runs");
+    }
+    assert!(second.hosts().is_empty());
+    assert!(matches!(second.describe("local-5").unwrap(), ProviderHostState::Terminated { .. }));
+}

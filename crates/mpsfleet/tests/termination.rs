@@ -330,6 +330,7 @@ async fn a_killed_agents_host_is_terminated_whole_before_its_fenced_tasks_run_ag
     let id = incident.incident.id.clone();
     let done = resolved(&fleet.admin, &id, &fleet.hosts_dir()).await;
     assert!(done.incident.has(Step::OldHostTerminated), "{:?}", done.incident.timeline);
+    println!("{} processes of the host before its agent was killed: {before:?}", before.len());
     let now = fleet.running("fenced", desired).await;
     assert!(now.iter().all(|t| t.host_id.as_ref() != Some(&host.id)), "a replica still runs on the old host");
     // Let the sampler see the replicas' processes start.
@@ -379,12 +380,22 @@ async fn a_server_stopped_with_sigint_exits_at_once_and_opens_no_incident() {
     tokio::time::sleep(Duration::from_millis(GRACE_MS + 1_000)).await;
     assert!(agents.iter().all(Proc::alive), "a host's agent stopped with the server");
 
-    // Restarted at the address its agents know, the server gives them their grace again.
+    // Restarted at the address its agents know, the server gives them their grace again: the
+    // agents, held still, heartbeat only 2 s after the restart, when their last heartbeat is
+    // far older than the grace.
+    let signal_agents = |sig| {
+        for a in &agents {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.pid as i32), sig).unwrap();
+        }
+    };
+    signal_agents(nix::sys::signal::SIGSTOP);
     let listen = fleet.server.url.trim_start_matches("http://").to_string();
     let data = fleet.server.data_dir.clone();
     let args = fleet.agent_args.clone();
     fleet.server = Server::start_with(&data, &listen, &["--local-agent-args", &args]);
     fleet.admin = fleet.server.admin();
+    tokio::time::sleep(Duration::from_millis(GRACE_MS - 1_000)).await;
+    signal_agents(nix::sys::signal::SIGCONT);
     tokio::time::sleep(Duration::from_millis(2 * GRACE_MS)).await;
     let incidents = fleet.admin.list_incidents().await.unwrap();
     assert!(incidents.is_empty(), "the server's absence opened incidents: {incidents:?}");

@@ -50,7 +50,10 @@ const REST_GRACE: Duration = Duration::from_secs(2);
 /// How long SIGKILLed processes may take to vanish from `/proc` before termination fails.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// How often a waiting termination looks again: at an agent it started (cheap), and at the
+/// whole process table (a few file reads per process on the machine).
 const STEP: Duration = Duration::from_millis(20);
+const SCAN_STEP: Duration = Duration::from_millis(100);
 
 /// The agent of a host, as its pid file records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,16 +111,19 @@ impl LocalProvider {
     }
 }
 
-/// Every live process of the host whose data dir is `dir`, from one reading of `/proc`: the
-/// members of its session, the processes that name `dir` (in an argument or a variable), and,
-/// transitively, their children and the members of the process groups they lead. Zombies and
-/// this process are left out.
+/// Every live process of the host whose data dir is `dir`, from one reading of `/proc`: its
+/// agent, the members of its session, the processes that name `dir` (in an argument or a
+/// variable), and, transitively, their children and the members of the process groups they
+/// lead. Zombies and this process are left out.
 fn host_processes(dir: &Path, agent: Option<AgentRecord>, table: &[(u32, ProcStat)]) -> BTreeSet<u32> {
     let me = std::process::id();
     let session = agent.and_then(|a| a.session());
     let live = || table.iter().filter(|(pid, s)| *pid != me && !s.is_dead());
+    let agent = agent.filter(|a| live().any(|(pid, s)| *pid == a.pid && s.start_time == a.start_time));
     let mut members: BTreeSet<u32> = live()
-        .filter(|(pid, s)| Some(s.sid) == session || mpsfleet_proc::mentions(*pid, dir))
+        .filter(|(pid, s)| {
+            Some(*pid) == agent.map(|a| a.pid) || Some(s.sid) == session || mpsfleet_proc::mentions(*pid, dir)
+        })
         .map(|(pid, _)| *pid)
         .collect();
     loop {
@@ -143,13 +149,25 @@ fn signal(pids: &BTreeSet<u32>, sig: nix::sys::signal::Signal) {
 }
 
 impl LocalProvider {
-    /// Ends every process of the host in `dir` but its agent (handled by the caller): SIGTERM,
+    /// Ends every process of the host in `dir` but its agent (handled by the caller), and the
+    /// `known` ones (pid, start time) seen before the agent went (its children then): SIGTERM,
     /// [`REST_GRACE`], then SIGKILL until `/proc` shows none. Returns how many there were and
     /// how many needed SIGKILL; fails naming the survivors.
-    fn end_the_rest(&self, name: &str, dir: &Path) -> Result<(usize, usize), ProviderError> {
+    fn end_the_rest(
+        &self,
+        name: &str,
+        dir: &Path,
+        known: &[(u32, u64)],
+    ) -> Result<(usize, usize), ProviderError> {
         use nix::sys::signal::Signal;
         let agent = AgentRecord::read(dir);
-        let scan = || host_processes(dir, agent, &mpsfleet_proc::processes());
+        let scan = || {
+            let mut found = host_processes(dir, agent, &mpsfleet_proc::processes());
+            let still =
+                known.iter().filter(|(pid, start)| mpsfleet_proc::liveness(*pid, *start) == Liveness::Alive);
+            found.extend(still.map(|(pid, _)| *pid));
+            found
+        };
         let first = scan();
         if first.is_empty() {
             return Ok((0, 0));
@@ -158,8 +176,8 @@ impl LocalProvider {
         let mut waited = Duration::ZERO;
         let mut left = first.clone();
         while !left.is_empty() && waited < REST_GRACE.min(self.grace) {
-            std::thread::sleep(STEP);
-            waited += STEP;
+            std::thread::sleep(SCAN_STEP);
+            waited += SCAN_STEP;
             left = scan();
         }
         let mut killed = BTreeSet::new();
@@ -174,8 +192,8 @@ impl LocalProvider {
             // Each round also reaches what the processes started since the last one.
             signal(&left, Signal::SIGKILL);
             killed.extend(left.iter().copied());
-            std::thread::sleep(STEP);
-            waited += STEP;
+            std::thread::sleep(SCAN_STEP);
+            waited += SCAN_STEP;
             left = scan();
         }
         Ok((first.union(&killed).count(), killed.len()))
@@ -184,6 +202,15 @@ impl LocalProvider {
     /// Terminates the host whose agent, if this provider started it, is `child`.
     fn stop_host(&self, name: &str, child: Option<Child>) -> Result<String, ProviderError> {
         let dir = self.base_dir.join(name);
+        // Before the agent goes: its children are found by their parent while it lives.
+        let table = mpsfleet_proc::processes();
+        let start = |pid: u32| table.iter().find(|(p, _)| *p == pid).map(|(_, s)| s.start_time);
+        let agent_pid = AgentRecord::read(&dir).map(|a| a.pid);
+        let known: Vec<(u32, u64)> = host_processes(&dir, AgentRecord::read(&dir), &table)
+            .into_iter()
+            .filter(|pid| Some(*pid) != agent_pid)
+            .filter_map(|pid| Some((pid, start(pid)?)))
+            .collect();
         let agent = match child {
             Some(mut child) => stop_child(&mut child, self.grace),
             // Launched by an earlier provider: found through its pid file.
@@ -194,7 +221,7 @@ impl LocalProvider {
                 None => return Err(ProviderError::Unknown(name.to_string())),
             },
         };
-        let (ended, killed) = self.end_the_rest(name, &dir)?;
+        let (ended, killed) = self.end_the_rest(name, &dir, &known)?;
         Ok(match (ended, killed) {
             (0, _) => agent,
             (n, 0) => format!("agent {agent}; {n} other process(es) of the host stopped with SIGTERM"),
@@ -289,7 +316,7 @@ impl CapacityProvider for LocalProvider {
         // Not under the lock: stopping may take the whole grace period.
         let detail = match (child, earlier) {
             (None, Some(detail)) => {
-                self.end_the_rest(name, &self.base_dir.join(name))?;
+                self.end_the_rest(name, &self.base_dir.join(name), &[])?;
                 detail
             }
             (child, _) => self.stop_host(name, child)?,
