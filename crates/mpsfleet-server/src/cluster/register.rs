@@ -439,6 +439,70 @@ mod tests {
         assert_eq!(again.status_and_code().1, "AlreadyExists");
     }
 
+    /// The checks made before the lock, each naming its field and limit.
+    #[test]
+    fn a_registration_is_checked_before_the_lock_with_field_and_limit() {
+        let check = |patch: serde_json::Value, field: &str, message: &str| {
+            let mut v = serde_json::to_value(registration("p", "h", &["GPU-0", "GPU-1"])).unwrap();
+            for (k, x) in patch.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            let reg: HostRegistration = serde_json::from_value(v).unwrap();
+            match HostRequest::new(reg) {
+                Err(ApiError::InvalidParameter { field: f, message: m }) => {
+                    assert_eq!(f, field);
+                    assert!(m.contains(message), "{m:?} lacks {message:?}");
+                }
+                Err(other) => panic!("{field}: unexpected {other}"),
+                Ok(_) => panic!("{field}: accepted"),
+            }
+        };
+        let gpu = |patch: serde_json::Value| {
+            let mut g = serde_json::json!({"uuid": "GPU-0", "index": 0, "model": "H200", "memoryMib": 1});
+            for (k, x) in patch.as_object().unwrap() {
+                g[k] = x.clone();
+            }
+            serde_json::json!({"gpus": [g]})
+        };
+        check(serde_json::json!({"hostname": ""}), "hostname", "must be 1 to 255 characters, got 0");
+        check(serde_json::json!({"hostname": "h".repeat(256)}), "hostname", "got 256");
+        let many: Vec<_> = (0..65)
+            .map(
+                |i| serde_json::json!({"uuid": format!("GPU-{i}"), "index": i, "model": "m", "memoryMib": 1}),
+            )
+            .collect();
+        check(serde_json::json!({"gpus": many}), "gpus", "at most 64 GPUs per host, got 65");
+        let same = serde_json::json!({"uuid": "GPU-0", "index": 0, "model": "m", "memoryMib": 1});
+        check(serde_json::json!({"gpus": [same.clone(), same]}), "gpus[1].uuid", "duplicate GPU GPU-0");
+        check(gpu(serde_json::json!({"memoryMib": 0})), "gpus[0].memoryMib", "from 1 to 16777216 MiB, got 0");
+        check(
+            gpu(serde_json::json!({"maxMpsClients": 1025})),
+            "gpus[0].maxMpsClients",
+            "at most 1024, got 1025",
+        );
+        check(
+            gpu(serde_json::json!({"model": "m".repeat(256)})),
+            "gpus[0].model",
+            "at most 255 bytes, got 256",
+        );
+        check(
+            gpu(serde_json::json!({"computeCapability": "9".repeat(256)})),
+            "gpus[0].computeCapability",
+            "at most 255 bytes, got 256",
+        );
+        // At the limits it passes, with a fresh id and credential each time.
+        let at = || {
+            let mut v = serde_json::to_value(registration("p", &"h".repeat(255), &[])).unwrap();
+            v["gpus"] = serde_json::json!([{"uuid": "GPU-0", "index": 0, "model": "m".repeat(255),
+                "memoryMib": 16_777_216, "maxMpsClients": 1024}]);
+            HostRequest::new(serde_json::from_value(v).unwrap()).unwrap()
+        };
+        let (a, b) = (at(), at());
+        assert_ne!(a.id, b.id);
+        assert_ne!(a.credential, b.credential);
+        assert_eq!(a.credential_sha256, auth::digest(&a.credential));
+    }
+
     #[test]
     fn queue_starts_one_committer_and_stops_when_empty() {
         let q = RegistrationQueue::default();
