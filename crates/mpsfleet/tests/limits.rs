@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
-/// The pool's heartbeat grace: the shortest the policy allows, so that a stalled lock shows.
-const GRACE_MS: u64 = 1_000;
+/// The pool's heartbeat grace: short, so that a stalled lock shows (before, one definition with
+/// 65,000 environment variables held the lock for seconds), with room for a machine busy with
+/// other work, which delays the agent's heartbeats too.
+const GRACE_MS: u64 = 3_000;
 /// How long the burst lasts: several graces.
-const BURST: Duration = Duration::from_secs(6);
+const BURST: Duration = Duration::from_secs(9);
 const CLIENTS: usize = 6;
 /// Definitions at the limit each client registers (each is stored: kept few).
 const AT_LIMIT_EACH: usize = 4;
@@ -152,6 +154,9 @@ async fn a_burst_of_the_largest_definitions_leaves_heartbeats_and_hosts_alone() 
         let h = admin.describe_host(host.as_str()).await.unwrap();
         let lag = now_ms().saturating_sub(h.last_heartbeat_ms.unwrap_or(0));
         worst_lag_ms = worst_lag_ms.max(lag);
+        if lag > 500 {
+            println!("at {:?}: heartbeat {lag} ms old", started.elapsed());
+        }
         samples += 1;
         assert_eq!(h.status, HostStatus::Active, "during the burst: {h:?}");
         assert_eq!(h.health_status, HealthStatus::Ok, "during the burst: {:?}", h.checks);
