@@ -158,6 +158,11 @@ pub struct ReplacementBinding {
     pub name: String,
     /// SHA-256 of the token, hex; the token itself is only in the launch request.
     pub token_sha256: String,
+    /// Digests of tokens minted earlier for the same replacement (a relaunch after a server
+    /// restart mints a new one, while the machine launched before may still join with its
+    /// own): still valid until one of them is used or they expire.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_token_sha256: Vec<String>,
     pub expires_at_ms: u64,
     /// The host that registered with the token; the token is spent once this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -305,6 +310,13 @@ impl Incident {
 
     pub fn has(&self, step: Step) -> bool {
         self.reached.contains_key(&step)
+    }
+
+    /// Whether `digest` is one of this incident's replacement tokens.
+    pub fn has_replacement_token(&self, digest: &str) -> bool {
+        self.replacement
+            .as_ref()
+            .is_some_and(|b| b.token_sha256 == digest || b.earlier_token_sha256.iter().any(|d| d == digest))
     }
 
     /// Whether the host that registered with this incident's replacement token is `host`.

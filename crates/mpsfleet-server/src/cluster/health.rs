@@ -383,7 +383,7 @@ impl Cluster {
             return;
         }
         let Some(ix) = self.sched.host(&incident.host_id) else { return };
-        for id in &self.hosts[ix as usize].tasks {
+        for id in self.tasks.on_host(ix) {
             if let Some(t) = self.tasks.get(id).filter(|t| t.task.desired_status != TaskStatus::Stopped) {
                 incident.note_affected(*id, t.task.group.clone());
             }
@@ -418,13 +418,21 @@ impl Cluster {
     fn mint_replacement(&mut self, incident: &mut Incident) -> Result<ProviderJob, ApiError> {
         let token = auth::new_token("mpsf_repl_")?;
         let digest = auth::digest(&token);
+        // Tokens minted before stay valid: the machine launched with one may still be booting
+        // (a relaunch by name returns that machine).
+        let mut earlier = Vec::new();
         if let Some(old) = incident.replacement.take() {
-            self.replacement_tokens.remove(&old.token_sha256);
+            earlier = old.earlier_token_sha256;
+            earlier.push(old.token_sha256);
+            if earlier.len() > 8 {
+                earlier.remove(0);
+            }
         }
         let name = replacement_name(incident);
         incident.replacement = Some(ReplacementBinding {
             name: name.clone(),
             token_sha256: digest.clone(),
+            earlier_token_sha256: earlier,
             expires_at_ms: self.now() + REPLACEMENT_TOKEN_TTL_MS,
             host_id: None,
             revoked: false,
@@ -443,7 +451,9 @@ impl Cluster {
     pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, ApiError> {
         let Some(id) = self.replacement_tokens.get(digest) else { return Ok(None) };
         let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(None) };
-        let Some(b) = i.replacement.as_ref().filter(|b| b.token_sha256 == digest) else { return Ok(None) };
+        let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
+            return Ok(None);
+        };
         if b.host_id.is_some() {
             return Err(ApiError::Unauthorized("this replacement token was already used"));
         }
@@ -483,7 +493,11 @@ impl Cluster {
             .incidents
             .values()
             .filter_map(|v| v.value.replacement.as_ref().map(|b| (b, &v.value.id)))
-            .map(|(b, id)| (b.token_sha256.clone(), id.clone()))
+            .flat_map(|(b, id)| {
+                std::iter::once(&b.token_sha256)
+                    .chain(&b.earlier_token_sha256)
+                    .map(move |d| (d.clone(), id.clone()))
+            })
             .collect();
     }
 
@@ -550,8 +564,9 @@ impl Cluster {
             && e.host.status != HostStatus::Deregistered;
         // The host's live tasks (stopped ones matter to no step), from its own index rather than
         // a scan of every task record.
-        let tasks: Vec<HostTask> = e
+        let tasks: Vec<HostTask> = self
             .tasks
+            .on_host(ix)
             .iter()
             .filter_map(|id| self.tasks.get(id))
             .map(|t| HostTask {
@@ -763,7 +778,7 @@ impl Cluster {
         }
         h.status = HostStatus::Deregistered;
         self.write_host(ix, h)?;
-        let ids: Vec<TaskId> = self.hosts[ix as usize].tasks.iter().copied().collect();
+        let ids: Vec<TaskId> = self.tasks.on_host(ix).iter().copied().collect();
         let stopped: Vec<Task> = ids
             .iter()
             .filter_map(|id| self.tasks.get(id))

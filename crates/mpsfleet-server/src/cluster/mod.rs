@@ -14,6 +14,7 @@ mod operator;
 mod recovery_tests;
 mod register;
 mod retention;
+mod tasks;
 
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
@@ -96,8 +97,6 @@ struct HostEntry {
     /// The store revision of the last change to the tasks the agent should run; agents
     /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
     epoch: u64,
-    /// Live (not STOPPED) tasks placed here.
-    tasks: BTreeSet<TaskId>,
 }
 
 /// What new tasks are made of.
@@ -134,12 +133,9 @@ pub struct Cluster {
     pools: BTreeMap<PoolName, Versioned<Pool>>,
     hosts: Vec<HostEntry>,
     taskdefs: BTreeMap<(Family, u32), Versioned<TaskDefinition>>,
-    tasks: HashMap<TaskId, TaskEntry>,
-    /// Unplaced live tasks by pool, in creation order.
-    pending: BTreeMap<PoolName, BTreeMap<u64, TaskId>>,
+    /// Task records with their pending queues and per-host and per-service sets.
+    tasks: tasks::TaskTable,
     services: BTreeMap<ServiceName, Versioned<Service>>,
-    /// Live tasks of each service.
-    service_tasks: HashMap<ServiceName, BTreeSet<TaskId>>,
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
     incidents: BTreeMap<String, Versioned<Incident>>,
@@ -164,7 +160,6 @@ pub struct Cluster {
     host_credentials: HashMap<String, HostIx>,
     /// The host of every registered GPU.
     gpu_hosts: HashMap<GpuUuid, HostIx>,
-    next_seq: u64,
     id_base: u64,
     id_counter: u64,
     revision: Revision,
@@ -220,10 +215,8 @@ impl Cluster {
             pools: BTreeMap::new(),
             hosts: Vec::new(),
             taskdefs: BTreeMap::new(),
-            tasks: HashMap::new(),
-            pending: BTreeMap::new(),
+            tasks: tasks::TaskTable::default(),
             services: BTreeMap::new(),
-            service_tasks: HashMap::new(),
             service_failures: HashMap::new(),
             incidents: BTreeMap::new(),
             provider_progress: HashMap::new(),
@@ -238,7 +231,6 @@ impl Cluster {
             join_sha256,
             host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
-            next_seq: 0,
             id_base: auth::random_u64()?,
             id_counter: 0,
             events: crate::events::Events::default(),
@@ -644,7 +636,6 @@ impl Cluster {
             health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
             evaluated: false,
             epoch: self.revision,
-            tasks: BTreeSet::new(),
         });
         Ok(ix)
     }
@@ -823,7 +814,7 @@ impl Cluster {
             emulated: e.host.emulated,
             mps_available: e.host.mps_available,
             gpus,
-            task_count: e.tasks.len() as u32,
+            task_count: self.tasks.on_host(ix).len() as u32,
             registered_at_ms: e.host.registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
             checks: if e.health.checks.is_empty() { e.checks.clone() } else { e.health.host_checks() },
@@ -863,8 +854,13 @@ impl Cluster {
     pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
-        let tasks: Vec<Task> =
-            e.tasks.iter().filter_map(|id| self.tasks.get(id)).map(|t| t.task.clone()).collect();
+        let tasks: Vec<Task> = self
+            .tasks
+            .on_host(ix)
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|t| t.task.clone())
+            .collect();
         let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
         let task_definitions = refs
             .iter()
@@ -883,7 +879,7 @@ impl Cluster {
         loop {
             self.id_counter += 1;
             let id = TaskId(self.id_base.wrapping_add(self.id_counter));
-            if !self.tasks.contains_key(&id) {
+            if self.tasks.get(&id).is_none() {
                 return id;
             }
         }
@@ -940,23 +936,11 @@ impl Cluster {
     }
 
     fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let id = task.id;
-        let live = task.last_status != TaskStatus::Stopped;
-        if live {
-            if let Some(p) = &placement {
-                let e = &mut self.hosts[p.host as usize];
-                e.tasks.insert(id);
-                e.epoch = e.epoch.max(version);
-            } else {
-                self.pending.entry(task.pool.clone()).or_default().insert(seq, id);
-            }
-            if let Some(g) = &task.group {
-                self.service_tasks.entry(g.clone()).or_default().insert(id);
-            }
+        if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
+            let e = &mut self.hosts[p.host as usize];
+            e.epoch = e.epoch.max(version);
         }
-        self.tasks.insert(id, TaskEntry { task, version, seq, placement });
+        self.tasks.put(task, version, placement);
     }
 
     /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
@@ -1125,23 +1109,14 @@ impl Cluster {
     /// capacity is free again).
     fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, ApiError> {
         let id = t.id;
-        let Some(old) = self.tasks.remove(&id) else { return Ok(false) };
+        let Some(old) = self.tasks.get(&id) else { return Ok(false) };
         let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
-        let mut placement = old.placement;
-        if stopped_now {
-            if let Some(p) = placement.take() {
-                let req = self.request_for(&old.task)?;
-                self.sched.release(&req, &p);
-                self.hosts[p.host as usize].tasks.remove(&id);
-            }
-            if let Some(q) = self.pending.get_mut(&t.pool) {
-                q.remove(&old.seq);
-            }
-            if let Some(g) = &t.group {
-                if let Some(s) = self.service_tasks.get_mut(g) {
-                    s.remove(&id);
-                }
-            }
+        let mut placement = old.placement.clone();
+        // A task that just stopped gives its capacity back.
+        let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
+        if let Some((p, old_task)) = freed {
+            let req = self.request_for(&old_task)?;
+            self.sched.release(&req, &p);
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
             self.hosts[h as usize].epoch = rev;
@@ -1149,14 +1124,13 @@ impl Cluster {
         if stopped_now {
             self.events.task_stopped(&t, self.now());
         }
-        self.tasks.insert(id, TaskEntry { task: t, version: rev, seq: old.seq, placement });
+        self.tasks.put(t, rev, placement);
         Ok(stopped_now)
     }
 
     /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
     pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), ApiError> {
-        let Some(queue) = self.pending.get(pool) else { return Ok(()) };
-        let waiting: Vec<TaskId> = queue.values().copied().collect();
+        let waiting = self.tasks.pending_in(pool);
         let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
         let mut ops = Vec::new();
         for id in waiting {
@@ -1174,11 +1148,7 @@ impl Cluster {
                     placed.push((task, p, req));
                 }
                 // The reason is derived state: refreshed in memory, not written on every retry.
-                Err(why) => {
-                    if let Some(e) = self.tasks.get_mut(&id) {
-                        e.task.pending_reason = Some(why.to_string());
-                    }
-                }
+                Err(why) => self.tasks.set_pending_reason(&id, why.to_string()),
             }
         }
         if placed.is_empty() {
@@ -1194,14 +1164,8 @@ impl Cluster {
             }
         };
         for (task, p, _) in placed {
-            let Some(old) = self.tasks.remove(&task.id) else { continue };
-            if let Some(q) = self.pending.get_mut(&task.pool) {
-                q.remove(&old.seq);
-            }
-            let e = &mut self.hosts[p.host as usize];
-            e.tasks.insert(task.id);
-            e.epoch = rev;
-            self.tasks.insert(task.id, TaskEntry { task, version: rev, seq: old.seq, placement: Some(p) });
+            self.hosts[p.host as usize].epoch = rev;
+            self.tasks.put(task, rev, Some(p));
         }
         Ok(())
     }
@@ -1351,7 +1315,7 @@ impl Cluster {
     }
 
     fn view_of(&self, svc: &Service) -> ServiceView {
-        let live = self.service_tasks.get(&svc.name);
+        let live = Some(self.tasks.of_service(&svc.name));
         let count = |f: &dyn Fn(&Task) -> bool| {
             live.map_or(0, |ids| {
                 ids.iter().filter_map(|id| self.tasks.get(id)).filter(|e| f(&e.task)).count()
@@ -1387,7 +1351,7 @@ impl Cluster {
         let mut current: Vec<(bool, u64, TaskId)> = Vec::new();
         let mut to_stop: Vec<Task> = Vec::new();
         let mut remaining = 0;
-        for id in self.service_tasks.get(name).into_iter().flatten() {
+        for id in self.tasks.of_service(name) {
             let Some(e) = self.tasks.get(id) else { continue };
             remaining += 1;
             if e.task.desired_status == TaskStatus::Stopped {
@@ -1431,7 +1395,6 @@ impl Cluster {
             let version = self.services.get(name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
             self.services.remove(name);
-            self.service_tasks.remove(name);
         }
         Ok(())
     }
@@ -1467,9 +1430,7 @@ impl Cluster {
                 tracing::warn!(service = %n, error = %e, "service reconcile failed; retrying at the next resync");
             }
         }
-        let pools: Vec<PoolName> =
-            self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect();
-        for p in pools {
+        for p in self.tasks.pools_with_pending() {
             if let Err(e) = self.place_pending(&p) {
                 tracing::warn!(pool = %p, error = %e, "placement retry failed; retrying at the next resync");
             }

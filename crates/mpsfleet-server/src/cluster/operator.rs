@@ -257,9 +257,7 @@ impl Cluster {
 
     /// Retries placement in every pool with waiting tasks (capacity came back).
     pub(super) fn place_all_pending(&mut self) -> Result<(), ApiError> {
-        let pools: Vec<PoolName> =
-            self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect();
-        for p in pools {
+        for p in self.tasks.pools_with_pending() {
             self.place_pending(&p)?;
         }
         Ok(())

@@ -202,7 +202,9 @@ impl Cluster {
                     for id in chunk {
                         if let Some(v) = self.incidents.remove(id) {
                             if let Some(b) = &v.value.replacement {
-                                self.replacement_tokens.remove(&b.token_sha256);
+                                for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
+                                    self.replacement_tokens.remove(d);
+                                }
                             }
                         }
                         self.provider_progress.remove(id);
