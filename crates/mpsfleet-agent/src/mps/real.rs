@@ -273,43 +273,9 @@ fn peek_exit(pid: u32) -> Option<ExitInfo> {
     }
 }
 
-/// What `/proc/PID/stat` says about a process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ProcStat {
-    /// The state letter (field 3): `R`, `S`, `T`, `Z`...
-    state: char,
-    /// Process group (field 5).
-    pgrp: u32,
-    /// Start time in clock ticks after boot (field 22): tells a reused PID apart.
-    start_time: u64,
-}
-
-impl ProcStat {
-    fn of(pid: u32) -> Option<ProcStat> {
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        Self::parse(&stat)
-    }
-
-    /// The command name (field 2) may hold spaces and parentheses: fields count from its last ')'.
-    fn parse(stat: &str) -> Option<ProcStat> {
-        let (_, rest) = stat.rsplit_once(')')?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        Some(ProcStat {
-            state: fields.first()?.chars().next()?,
-            pgrp: fields.get(5 - 3)?.parse().ok()?,
-            start_time: fields.get(22 - 3)?.parse().ok()?,
-        })
-    }
-
-    /// Ended, but not yet reaped by its parent.
-    fn dead(&self) -> bool {
-        matches!(self.state, 'Z' | 'X' | 'x')
-    }
-}
-
 /// The start time (field 22 of `/proc/PID/stat`) of a process, `None` when there is none.
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    ProcStat::of(pid).map(|s| s.start_time)
+    mpsfleet_proc::stat(pid).map(|s| s.start_time)
 }
 
 /// Identity of a daemon started by [`RealDaemon::start`], kept as `daemon.json` in its log
@@ -401,7 +367,7 @@ impl DaemonRecord {
 
     /// Whether the recorded process still runs (a zombie or a reused PID does not count).
     pub fn alive(&self) -> bool {
-        ProcStat::of(self.pid).is_some_and(|s| s.start_time == self.start_time && !s.dead())
+        mpsfleet_proc::stat(self.pid).is_some_and(|s| s.start_time == self.start_time && !s.is_dead())
     }
 }
 
@@ -676,7 +642,7 @@ impl MpsDaemon for RealDaemon {
 
 /// Whether a process runs; a zombie has a /proc entry too, but does not count.
 fn process_running(pid: u32) -> bool {
-    ProcStat::of(pid).is_some_and(|s| !s.dead())
+    mpsfleet_proc::stat(pid).is_some_and(|s| !s.is_dead())
 }
 
 impl Drop for RealDaemon {
@@ -784,11 +750,11 @@ impl AdoptedDaemon {
     /// entirely the leftover members are still reached.
     fn kill_group(&self) {
         let pid = self.record.pid;
-        match ProcStat::of(pid) {
+        match mpsfleet_proc::stat(pid) {
             Some(s) if s.start_time != self.record.start_time => {
                 tracing::warn!(pid, "the adopted mps daemon's pid was reused; not signalling it");
             }
-            Some(s) if s.pgrp != pid => {
+            Some(s) if s.pgid != pid => {
                 // Not a group leader (not started by us?): only the process itself.
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             }
@@ -950,15 +916,5 @@ mod tests {
         other.write(dir.path()).unwrap();
         assert!(AdoptedDaemon::adopt(&cfg).unwrap().is_none());
         assert!(dir.path().join("daemon.json").exists());
-    }
-
-    #[test]
-    fn parses_proc_stat_with_odd_names() {
-        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
-        let s = ProcStat::parse(line).unwrap();
-        assert_eq!(s, ProcStat { state: 'S', pgrp: 1234, start_time: 98765 });
-        assert!(!s.dead());
-        assert!(ProcStat::parse("1 (x) Z 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5").unwrap().dead());
-        assert_eq!(ProcStat::parse("1 (x) S 0"), None);
     }
 }
