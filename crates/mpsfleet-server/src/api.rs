@@ -883,14 +883,18 @@ async fn assignments(
         ));
     }
     let mut changes = st.changed.subscribe();
+    let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
         let (epoch, a) = st.call(&headers, host, |c, who| c.assignments(&host_id(who)?)).await?;
-        if epoch > q.after || tokio::time::Instant::now() >= deadline {
+        // A stopping server answers at once, so that it is not kept waiting for the poll.
+        if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(a).into_response());
         }
-        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
-            continue; // timed out: answer with what there is
+        // Timed out, changed or stopping: look again, and answer with what there is.
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, changes.changed()) => {}
+            _ = stopping.wait_for(|s| *s) => {}
         }
     }
 }

@@ -75,8 +75,8 @@ pub struct ServeOptions {
     pub webhook: Option<String>,
 }
 
-/// How long requests in flight (agents' long polls, event streams) may take to finish once the
-/// server stops; then their connections are closed.
+/// How long requests in flight may take to finish once the server stops; then their
+/// connections are closed.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -84,8 +84,8 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 /// Shutting down stops the controllers first: the health and resync loops finish the tick they
 /// are in and stop, and no provider call starts any more. Only then does the server stop
 /// accepting connections, so that it never judges hosts by the heartbeats it no longer takes
-/// (a restarted server gives them their heartbeat grace again). Requests in flight get
-/// [`SHUTDOWN_DRAIN`].
+/// (a restarted server gives them their heartbeat grace again). Agents' long polls answer at
+/// once; other requests in flight get [`SHUTDOWN_DRAIN`].
 pub async fn serve(
     listener: TcpListener,
     mut cluster: Cluster,
