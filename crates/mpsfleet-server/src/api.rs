@@ -317,8 +317,11 @@ async fn list_taskdefs(
     State(st): State<AppState>,
     headers: HeaderMap,
     Q(q): Q<FamilyQuery>,
-) -> Result<Json<Vec<TaskDefinition>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?))
+) -> Result<Response, ApiError> {
+    // Shared records out of the lock, encoded here.
+    let list = st.call(&headers, admin, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
+    let list: Vec<&TaskDefinition> = list.iter().map(AsRef::as_ref).collect();
+    Ok(Json(list).into_response())
 }
 
 async fn describe_taskdef(

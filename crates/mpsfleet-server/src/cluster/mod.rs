@@ -132,7 +132,8 @@ pub struct Cluster {
     sched: Scheduler,
     pools: BTreeMap<PoolName, Versioned<Pool>>,
     hosts: Vec<HostEntry>,
-    taskdefs: BTreeMap<(Family, u32), Versioned<TaskDefinition>>,
+    /// Shared, so that listing definitions copies pointers under the lock, not documents.
+    taskdefs: BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>>,
     /// Task records with their pending queues and per-host and per-service sets.
     tasks: tasks::TaskTable,
     services: BTreeMap<ServiceName, Versioned<Service>>,
@@ -264,8 +265,10 @@ impl Cluster {
         }
         for r in self.store.list(TASKDEF)? {
             let td: TaskDefinition = decode(&r)?;
-            self.taskdefs
-                .insert((td.family.clone(), td.revision), Versioned { value: td, version: r.version });
+            self.taskdefs.insert(
+                (td.family.clone(), td.revision),
+                Versioned { value: Arc::new(td), version: r.version },
+            );
         }
         self.load_incidents()?;
         self.index_replacement_tokens();
@@ -521,11 +524,12 @@ impl Cluster {
         let revision = revision.or_else(|| self.latest_revision(&family));
         revision
             .and_then(|r| self.taskdefs.get(&(family.clone(), r)))
-            .map(|v| &v.value)
+            .map(|v| v.value.as_ref())
             .ok_or_else(|| ApiError::not_found("task definition", reference))
     }
 
-    pub fn taskdefs(&self, family: Option<&str>) -> Vec<TaskDefinition> {
+    /// The definitions (of `family`), shared: the caller encodes them after the lock.
+    pub fn taskdefs(&self, family: Option<&str>) -> Vec<Arc<TaskDefinition>> {
         self.taskdefs
             .values()
             .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
@@ -865,7 +869,7 @@ impl Cluster {
         let task_definitions = refs
             .iter()
             .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
-            .map(|v| v.value.clone())
+            .map(|v| TaskDefinition::clone(&v.value))
             .collect();
         Ok((e.epoch, Assignments { revision: e.epoch, tasks, task_definitions }))
     }

@@ -17,6 +17,7 @@ use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::api::{RegisterHostResponse, RegisterTaskDefResponse};
 use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration, Incident};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// The most GPUs one host may register.
 pub const MAX_HOST_GPUS: usize = 64;
@@ -78,7 +79,7 @@ impl Cluster {
         td.revision = revision;
         td.registered_at_ms = registered_at_ms;
         let reference = td.reference();
-        self.taskdefs.insert((family, revision), Versioned { value: td, version: rev });
+        self.taskdefs.insert((family, revision), Versioned { value: Arc::new(td), version: rev });
         Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
     }
 }
