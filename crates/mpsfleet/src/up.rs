@@ -229,8 +229,10 @@ async fn up(args: UpArgs) -> Result<()> {
     // The server first: its controllers stop before any host does, so that the hosts going
     // away open no incident and launch no replacement.
     let _ = stop_tx.send(());
-    server.await??;
+    let served = server.await;
+    // The hosts go even when the server ended with an error.
     stop_hosts(provider).await?;
+    served??;
     println!("stopped");
     Ok(())
 }
