@@ -703,9 +703,16 @@ impl Cluster {
                         name: self.hosts[ix as usize].host.hostname.clone(),
                     });
                 } else {
-                    // Without a provider the operator removes the machine; the host leaves the
-                    // fleet's records now so the incident can finish.
-                    self.deregister(ix, "no capacity provider: the operator removes the machine")?;
+                    // Without a provider nothing can confirm the machine is gone, so nothing
+                    // is moved on the strength of it: the termination counts as failed (asked
+                    // again after a backoff) until the operator removes the machine and
+                    // resolves the incident.
+                    let now = self.now();
+                    let p = self.provider_progress.entry(incident.id.clone()).or_default();
+                    p.terminate = Some(Err("the pool has no capacity provider to terminate the host".into()));
+                    p.terminate_failures += 1;
+                    p.terminate_retry_at_ms =
+                        now + TERMINATE_RETRY.backoff_after(p.terminate_failures).as_millis() as u64;
                 }
             }
         }
