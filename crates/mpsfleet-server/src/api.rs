@@ -872,6 +872,15 @@ struct AssignmentsQuery {
     wait_seconds: u64,
 }
 
+/// [`mpsfleet_types::api::Assignments`] as it is encoded, over shared definitions.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AssignmentsOut<'a> {
+    revision: u64,
+    tasks: &'a [Task],
+    task_definitions: Vec<&'a TaskDefinition>,
+}
+
 /// Long-poll: answers at once if the host's assignments changed after `after`, otherwise
 /// when they change or `waitSeconds` pass.
 async fn assignments(
@@ -889,10 +898,14 @@ async fn assignments(
     let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
-        let (epoch, a) = st.call(&headers, host, |c, who| c.assignments(&host_id(who)?)).await?;
+        let (epoch, tasks, definitions) =
+            st.call(&headers, host, |c, who| c.shared_assignments(&host_id(who)?)).await?;
         // A stopping server answers at once, so that it is not kept waiting for the poll.
         if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(a).into_response());
+            let task_definitions = definitions.iter().map(AsRef::as_ref).collect();
+            return Ok(
+                Json(AssignmentsOut { revision: epoch, tasks: &tasks, task_definitions }).into_response()
+            );
         }
         // Timed out, changed or stopping: look again, and answer with what there is.
         tokio::select! {
@@ -910,4 +923,32 @@ async fn report_task(
 ) -> Result<Json<Task>, ApiError> {
     let report: TaskStateReport = parse(&body)?;
     Ok(Json(st.call(&headers, host, move |c, who| c.report_task(&host_id(who)?, &id, report)).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The long-poll's answer, encoded from shared definitions, is what `Assignments` encodes.
+    #[test]
+    fn assignments_out_encodes_as_assignments() {
+        let body = br#"{"family": "web", "containerDefinitions": [{"name": "main", "command": ["run"],
+            "environment": [{"name": "A", "value": "b"}]}]}"#;
+        let mut td = mpsfleet_core::taskdef::parse_task_definition(body).unwrap().definition;
+        td.revision = 3;
+        let task = Task::new(TaskId(7), td.reference(), PoolName::new("p").unwrap(), None, "me".into(), 5);
+        let want = mpsfleet_types::api::Assignments {
+            revision: 9,
+            tasks: vec![task.clone()],
+            task_definitions: vec![td.clone()],
+        };
+        let shared = [Arc::new(td)];
+        let tasks = [task];
+        let out = AssignmentsOut {
+            revision: 9,
+            tasks: &tasks,
+            task_definitions: shared.iter().map(AsRef::as_ref).collect(),
+        };
+        assert_eq!(serde_json::to_value(&out).unwrap(), serde_json::to_value(&want).unwrap());
+    }
 }

@@ -856,6 +856,19 @@ impl Cluster {
 
     /// The tasks an agent should run (or stop), and the host's change epoch.
     pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
+        let (epoch, tasks, definitions) = self.shared_assignments(host)?;
+        let task_definitions = definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
+        Ok((epoch, Assignments { revision: epoch, tasks, task_definitions }))
+    }
+
+    /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
+    /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
+    /// every host's long-poll.
+    #[allow(clippy::type_complexity)]
+    pub fn shared_assignments(
+        &self,
+        host: &HostId,
+    ) -> Result<(u64, Vec<Task>, Vec<Arc<TaskDefinition>>), ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
         let tasks: Vec<Task> = self
@@ -869,9 +882,9 @@ impl Cluster {
         let task_definitions = refs
             .iter()
             .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
-            .map(|v| TaskDefinition::clone(&v.value))
+            .map(|v| v.value.clone())
             .collect();
-        Ok((e.epoch, Assignments { revision: e.epoch, tasks, task_definitions }))
+        Ok((e.epoch, tasks, task_definitions))
     }
 
     // ---- tasks --------------------------------------------------------------------------
