@@ -524,10 +524,7 @@ impl Sim {
     }
 
     fn handle(&mut self, ev: Ev) {
-        if matches!(
-            ev,
-            Ev::Resync | Ev::Fault(_) | Ev::Boot(_) | Ev::Heal(_) | Ev::ProviderDone { .. }
-        ) {
+        if matches!(ev, Ev::Resync | Ev::Fault(_) | Ev::Boot(_) | Ev::Heal(_) | Ev::ProviderDone { .. }) {
             // Hosts, incidents or the crash-loop window may have changed: a safety net over
             // the per-service marks.
             self.all_dirty = true;
@@ -629,7 +626,9 @@ impl Sim {
 
     fn job_key(&self, job: &ProviderJob) -> String {
         match job {
-            ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => format!("0 {pool} {name}"),
+            ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => {
+                format!("0 {pool} {name}")
+            }
             ProviderJob::Launch { incident, pool, .. } => {
                 format!("1 {pool} {}", self.incident_label(incident).map(|x| x.1).unwrap_or_default())
             }
@@ -1463,9 +1462,12 @@ impl Sim {
     /// replacement host is on its way.
     fn pool_room(&self, pool: &str) -> PoolRoom {
         let (mps, whole_gpu) = self.cluster.as_ref().map_or((false, false), |c| spare_capacity(c, pool));
-        let replacement_coming = self.open_incidents.values().filter_map(|i| self.incidents.get(i)).any(|i| {
-            i.pool.as_str() == pool && i.has(Step::ReplacementRequested) && !i.has(Step::TasksRunningAgain)
-        });
+        let replacement_coming =
+            self.open_incidents.values().filter_map(|i| self.incidents.get(i)).any(|i| {
+                i.pool.as_str() == pool
+                    && i.has(Step::ReplacementRequested)
+                    && !i.has(Step::TasksRunningAgain)
+            });
         PoolRoom { mps, whole_gpu, replacement_coming }
     }
 

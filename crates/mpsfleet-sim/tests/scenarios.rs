@@ -238,3 +238,62 @@ fn same_seed_same_report_and_trace() {
     assert_eq!(a.report.render(), b.report.render());
     assert_eq!(a.trace, b.trace);
 }
+
+/// The replica-hours below desired, by cause: the parts add up to the total (each is rounded
+/// to 0.01 h), and the text and JSON reports carry them.
+fn shortfall(o: &Outcome, cause: &str) -> f64 {
+    let parts = &o.report.replica_hours_by_cause;
+    let sum: f64 = parts.values().sum();
+    let total = o.report.replica_hours_below_desired;
+    assert!((sum - total).abs() <= 0.01 * parts.len() as f64 + 1e-9, "{parts:?} do not add up to {total}");
+    let json = serde_json::to_value(&o.report).unwrap();
+    assert_eq!(json["replicaHoursByCause"].as_object().map(|m| m.len()), Some(parts.len()), "{json}");
+    let got = parts.get(cause).copied().unwrap_or(0.0);
+    if got > 0.0 {
+        assert!(o.report.render().contains(cause), "{}", o.report.render());
+    }
+    got
+}
+
+#[test]
+fn the_shortfall_is_broken_down_by_cause() {
+    use mpsfleet_sim::{Fault, FaultKind};
+    // Two hosts vanish at 15 min: the first managed one (its replicas wait to be declared lost,
+    // the fenced ones until the host is terminated) and the first self-managed one (its
+    // replicas are held for the operator, to the end of the run).
+    let (managed, _) = mpsfleet_sim::config::pool_sizes(12);
+    let faults = vec![
+        Fault { at_ms: 15 * 60_000, slot: 0, kind: FaultKind::Vanish },
+        Fault { at_ms: 15 * 60_000, slot: managed, kind: FaultKind::Vanish },
+    ];
+    let cfg = Config {
+        hosts: 12,
+        gpus_per_host: 2,
+        duration_ms: 40 * 60_000,
+        seed: 14,
+        fault_rate: 0.0,
+        scenario: Scenario::Vanish,
+        faults: Some(faults),
+        ..Config::default()
+    };
+    let o = run(&cfg).expect("runs");
+    assert!(o.violation.is_none(), "{}", mpsfleet_sim::failure_text(&cfg, &o));
+    let r = &o.report;
+    assert!(r.replica_hours_below_desired > 0.0, "{}", r.render());
+    // The self-managed host's replicas: 25 minutes each, all of it held for the operator.
+    let held = shortfall(&o, "operator-hold");
+    let missing_at_end = r.replicas_desired - r.replicas_running_at_end;
+    assert!(missing_at_end > 0, "{}", r.render());
+    let want = f64::from(missing_at_end) * 25.0 / 60.0;
+    assert!((held - want).abs() < 0.05 * want, "operator-hold {held}, want about {want}\n{}", r.render());
+    // The server still counts them RUNNING: nobody has said otherwise.
+    assert!(pool_recovered(&o, "gpu-self"), "{:?}", r.services_at_end);
+    // The managed host: unreachable until declared bad, then fenced replicas wait for its
+    // termination; by the end its services are whole again.
+    assert!(shortfall(&o, "host-unreachable") > 0.0, "{}", r.render());
+    assert!(shortfall(&o, "fenced-termination") > 0.0, "{}", r.render());
+    assert!(pool_recovered(&o, "gpu"), "{:?}", r.services_at_end);
+    // Nothing goes unexplained, and no replica waited for placement while there was room.
+    assert_eq!(shortfall(&o, "other"), 0.0, "{}", r.render());
+    assert_eq!(shortfall(&o, "unplaced-with-room"), 0.0, "{}", r.render());
+}
