@@ -184,6 +184,11 @@ mod tests {
         let v = o.violation.as_ref().expect("the checker catches the broken world");
         assert_eq!(v.invariant, "mps-fail-closed");
         assert!(v.detail.contains("without its limits"), "{}", v.detail);
+        // A run stopped early still reports its shortfall, and the causes add up to it.
+        let r = &o.report;
+        let parts: f64 = r.replica_hours_by_cause.values().sum();
+        assert!(r.replica_hours_below_desired > 0.0, "{}", r.render());
+        assert!((parts - r.replica_hours_below_desired).abs() < 0.005, "{}", r.render());
         let m = o.minimal.as_ref().expect("minimised");
         assert!(!m.faults.is_empty() && m.faults.len() < o.faults.len(), "{:?}", m.faults);
         // The run stops at the failure: a prefix of the 40 minutes, replayed from one fault.
