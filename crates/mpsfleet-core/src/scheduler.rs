@@ -169,6 +169,9 @@ pub struct GpuState {
     pub compute_percent: u32,
     /// Whole-GPU tasks holding this GPU (0 or 1 unless state was loaded over limits).
     pub dedicated: u32,
+    /// No new MPS task is placed here: its daemon was seen not answering and has not been
+    /// seen answering since (see [`Scheduler::set_mps_open`]).
+    pub mps_closed: bool,
 }
 
 impl GpuState {
@@ -327,6 +330,7 @@ impl Scheduler {
                 max_clients: g.max_clients,
                 compute_percent: 0,
                 dedicated: 0,
+                mps_closed: false,
             });
         }
         self.host_ix.insert(spec.id.clone(), ix);
@@ -378,6 +382,17 @@ impl Scheduler {
         self.detach_host(host);
         self.hosts[host as usize].schedulable = schedulable;
         self.attach_host(host);
+    }
+
+    /// Opens or closes one GPU to new MPS tasks (its daemon answers, or was seen not to);
+    /// whole-GPU placement and what already runs there are unaffected.
+    pub fn set_mps_open(&mut self, gpu: GpuIx, open: bool) {
+        if self.gpus[gpu as usize].mps_closed != open {
+            return;
+        }
+        self.detach_gpu(gpu);
+        self.gpus[gpu as usize].mps_closed = !open;
+        self.attach_gpu(gpu);
     }
 
     /// Places one task, updating the index, or says why it must wait.
@@ -487,6 +502,10 @@ impl Scheduler {
         let s = self.gpus[gpu as usize];
         let h = &self.hosts[s.host as usize];
         if !h.schedulable || !h.mps_available {
+            return;
+        }
+        if s.mps_closed {
+            // In neither MPS index: `detach_gpu` finds nothing to remove, which is harmless.
             return;
         }
         let pool = &mut self.pools[h.pool as usize];

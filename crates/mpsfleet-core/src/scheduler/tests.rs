@@ -41,6 +41,24 @@ fn binpack_fills_the_fullest_gpu_that_fits() {
     assert_eq!(s.gpu(a.gpus[0]).remaining_mib(), H200 - 140_000);
 }
 
+/// A GPU whose daemon was seen not answering takes no new MPS task, shared or idle, until it
+/// is opened again; whole-GPU placement still sees it, and releases there keep it closed.
+#[test]
+fn a_gpu_closed_to_mps_is_skipped_until_opened() {
+    let (mut s, p) = fleet(PlacementStrategy::Binpack, &[&[H200, H200]]);
+    let a = s.place(&req(p, mps(1_000, None))).unwrap();
+    s.set_mps_open(a.gpus[0], false);
+    let b = s.place(&req(p, mps(1_000, None))).unwrap();
+    assert_ne!(b.gpus, a.gpus, "placed on a closed GPU");
+    s.set_mps_open(b.gpus[0], false);
+    assert!(s.place(&req(p, mps(1_000, None))).is_err(), "both GPUs are closed");
+    s.release(&req(p, mps(1_000, None)), &a);
+    assert!(s.place(&req(p, mps(1_000, None))).is_err(), "a release does not reopen a GPU");
+    assert!(s.place(&req(p, GpuDemand::Whole { count: 1 })).is_ok(), "whole-GPU tasks need no daemon");
+    s.set_mps_open(b.gpus[0], true);
+    assert_eq!(s.place(&req(p, mps(1_000, None))).unwrap().gpus, b.gpus);
+}
+
 #[test]
 fn binpack_prefers_the_smallest_idle_gpu_that_fits() {
     let (mut s, p) = fleet(PlacementStrategy::Binpack, &[&[H200], &[24_576]]);

@@ -154,9 +154,75 @@ impl Cluster {
                 tracing::warn!(host.id = %host, error = %e, "host evaluation failed; retrying at the next tick");
             }
         }
+        self.reopen_mps_gpus();
         let mut jobs = self.remediate()?;
         jobs.extend(self.keep_capacity());
         Ok(jobs)
+    }
+
+    /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, or
+    /// after a task there was refused because its daemon did not answer (`refused`): a
+    /// replacement placed back on that GPU would only be refused again. A closed GPU opens
+    /// once the hold (two probe intervals, so a fresh probe is in) has passed and the host's
+    /// latest check of it is OK.
+    pub(super) fn close_mps_gpus(&mut self, ix: HostIx, refused: &[mpsfleet_core::scheduler::GpuIx]) {
+        let e = &self.hosts[ix as usize];
+        let hold = self
+            .pools
+            .get(&e.host.pool)
+            .map_or(2_000, |p| 2 * p.value.health_policy.mps_probe_interval_ms)
+            .max(1_000);
+        let until = self.now() + hold;
+        let mut close: Vec<mpsfleet_core::scheduler::GpuIx> = refused.to_vec();
+        for (g, inv) in self.sched.host_gpus(ix).zip(&e.host.gpus) {
+            let failing = e.checks.iter().any(|c| {
+                c.name == "MPS_DAEMON"
+                    && c.status != HealthStatus::Ok
+                    && c.gpu_id.as_ref().is_none_or(|id| id == &inv.uuid)
+            });
+            if failing {
+                close.push(g);
+            }
+        }
+        for g in close {
+            let at = self.mps_closed.entry(g).or_insert(until);
+            *at = (*at).max(until);
+            self.sched.set_mps_open(g, false);
+        }
+    }
+
+    /// Opens the closed GPUs whose hold has passed and whose daemon the host reports OK.
+    fn reopen_mps_gpus(&mut self) {
+        if self.mps_closed.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let due: Vec<mpsfleet_core::scheduler::GpuIx> =
+            self.mps_closed.iter().filter(|(_, &at)| now >= at).map(|(&g, _)| g).collect();
+        let mut pools = BTreeSet::new();
+        for g in due {
+            let ix = self.sched.gpu(g).host;
+            let e = &self.hosts[ix as usize];
+            let Some(inv) = self.sched.host_gpus(ix).zip(&e.host.gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
+            else {
+                continue;
+            };
+            let ok = e
+                .checks
+                .iter()
+                .filter(|c| c.name == "MPS_DAEMON" && c.gpu_id.as_ref().is_none_or(|id| id == &inv.uuid))
+                .all(|c| c.status == HealthStatus::Ok);
+            if ok {
+                self.mps_closed.remove(&g);
+                self.sched.set_mps_open(g, true);
+                pools.insert(e.host.pool.clone());
+            }
+        }
+        for p in pools {
+            if let Err(e) = self.place_pending(&p) {
+                tracing::warn!(pool = %p, error = %e, "placement after a daemon answered again failed");
+            }
+        }
     }
 
     /// Pools with a provider are kept at their desired host count: hosts the provider runs

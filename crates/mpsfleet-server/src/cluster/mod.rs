@@ -142,6 +142,8 @@ pub struct Cluster {
     incidents: BTreeMap<String, Versioned<Incident>>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
     provider_progress: HashMap<String, health::ProviderProgress>,
+    /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
+    mps_closed: HashMap<mpsfleet_core::scheduler::GpuIx, u64>,
     /// Incidents whose last remediation pass failed, and when to try them again.
     incident_retry: HashMap<String, health::RetryState>,
     /// Digests of unspent replacement registration tokens, to their incident.
@@ -222,6 +224,7 @@ impl Cluster {
             incidents: BTreeMap::new(),
             provider_progress: HashMap::new(),
             incident_retry: HashMap::new(),
+            mps_closed: HashMap::new(),
             replacement_tokens: HashMap::new(),
             pending_jobs: Vec::new(),
             providers: HashMap::new(),
@@ -666,6 +669,8 @@ impl Cluster {
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
         entry.evaluated = false;
+        self.close_mps_gpus(ix, &[]);
+        let entry = &mut self.hosts[ix as usize];
         if report.onboarded && entry.host.status == HostStatus::Onboarding {
             let mut h = entry.host.clone();
             h.status = HostStatus::Active;
@@ -1236,11 +1241,28 @@ impl Cluster {
         if t == task {
             return Ok(task);
         }
+        // Refused because its daemon did not answer: its GPU takes no MPS task until the daemon
+        // is seen answering, so the service's replacement goes elsewhere (or waits) instead of
+        // being refused on the same GPU again.
+        if report.stop_code == Some(StopCode::MpsDaemonUnavailable) {
+            let placed = self.tasks.get(&task.id).and_then(|e| e.placement.clone());
+            if let Some(p) = placed {
+                self.close_mps_gpus(p.host, &p.gpus);
+            }
+        }
         self.write_tasks(vec![t])?;
         if report.last_status == TaskStatus::Stopped {
+            // The host's faults (a daemon that did not answer, a drain, a replacement) are not
+            // the task's: they do not count toward its service's crash-loop hold-back.
             let failed = !matches!(
                 report.stop_code,
-                Some(StopCode::UserInitiated | StopCode::ServiceSchedulerInitiated | StopCode::HostReplaced)
+                Some(
+                    StopCode::UserInitiated
+                        | StopCode::ServiceSchedulerInitiated
+                        | StopCode::HostReplaced
+                        | StopCode::HostDrained
+                        | StopCode::MpsDaemonUnavailable
+                )
             );
             if let (true, Some(g)) = (failed, &task.group) {
                 self.service_failures.entry(g.clone()).or_default().push_back(now);
