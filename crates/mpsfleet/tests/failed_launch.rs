@@ -94,7 +94,7 @@ exit 1
     // Someone with the join token registers under the replacement's name.
     let (impostor, _impostor_agent) = add_host(&server, "gpu", &format!("{id}-r"), 1).await;
 
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let bound = loop {
         let i = admin.describe_incident(&id).await.unwrap().incident;
         if let Some(h) = i.replacement.as_ref().and_then(|r| r.host_id.clone()) {
