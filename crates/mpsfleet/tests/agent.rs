@@ -494,6 +494,11 @@ async fn a_crash_looping_service_is_held_back() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let tasks = admin.list_tasks(&q).await.unwrap();
     let failed = tasks.iter().filter(|t| t.last_status == TaskStatus::Stopped).count();
-    assert!(failed >= 3, "the service should have replaced its failing task: {} stopped", failed);
+    assert!(
+        failed >= 3,
+        "the service should have replaced its failing task: {} stopped: {}",
+        failed,
+        serde_json::to_string_pretty(&tasks).unwrap()
+    );
     assert!(tasks.len() <= 6, "{} tasks in 8 s: the crash loop was not held back", tasks.len());
 }

@@ -34,6 +34,10 @@ pub(super) struct RetryState {
     pub next_at_ms: u64,
 }
 
+/// The longest a GPU stays closed to MPS tasks after its daemon did not answer, once its
+/// check is OK again.
+pub const MPS_CLOSED_HOLD_MS: u64 = 1_000;
+
 /// How long a replacement's one-time registration token is valid after it is minted.
 pub const REPLACEMENT_TOKEN_TTL_MS: u64 = 60 * 60 * 1000;
 
@@ -162,16 +166,17 @@ impl Cluster {
 
     /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, or
     /// after a task there was refused because its daemon did not answer (`refused`): a
-    /// replacement placed back on that GPU would only be refused again. A closed GPU opens
-    /// once the hold (two probe intervals, so a fresh probe is in) has passed and the host's
-    /// latest check of it is OK.
+    /// replacement placed back on that GPU at once would only be refused again. A closed GPU
+    /// opens once the hold (the pool's probe interval, at most [`MPS_CLOSED_HOLD_MS`]) has
+    /// passed and the host's latest check of it is OK: at worst one refused start per GPU per
+    /// hold, never a loop.
     pub(super) fn close_mps_gpus(&mut self, ix: HostIx, refused: &[mpsfleet_core::scheduler::GpuIx]) {
         let e = &self.hosts[ix as usize];
         let hold = self
             .pools
             .get(&e.host.pool)
-            .map_or(2_000, |p| 2 * p.value.health_policy.mps_probe_interval_ms)
-            .max(1_000);
+            .map_or(MPS_CLOSED_HOLD_MS, |p| p.value.health_policy.mps_probe_interval_ms)
+            .clamp(250, MPS_CLOSED_HOLD_MS);
         let until = self.now() + hold;
         let mut close: Vec<mpsfleet_core::scheduler::GpuIx> = refused.to_vec();
         for (g, inv) in self.sched.host_gpus(ix).zip(&e.host.gpus) {
@@ -203,6 +208,10 @@ impl Cluster {
         for g in due {
             let ix = self.sched.gpu(g).host;
             let e = &self.hosts[ix as usize];
+            if e.host.status == HostStatus::Deregistered {
+                self.mps_closed.remove(&g);
+                continue;
+            }
             let Some(inv) = self.sched.host_gpus(ix).zip(&e.host.gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
             else {
                 continue;
@@ -401,44 +410,72 @@ impl Cluster {
         counts: &mut BTreeMap<PoolName, PoolCounts>,
         jobs: &mut Vec<ProviderJob>,
     ) -> Result<(), ApiError> {
-        {
-            self.resume_launch(id, jobs)?;
-            // A few rounds: executing one action can make the next possible at once.
-            for _ in 0..8 {
-                let Some(incident) = self.incidents.get(id).map(|v| v.value.clone()) else { break };
-                let c = match counts.get(&incident.pool) {
-                    Some(c) => *c,
-                    None => {
-                        let c = self.pool_counts(&incident.pool);
-                        counts.insert(incident.pool.clone(), c);
-                        c
+        self.resume_launch(id, jobs)?;
+        // A few rounds: executing one action can make the next possible at once.
+        for _ in 0..8 {
+            let mark = jobs.len();
+            match self.remediate_round(id, counts, jobs) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    // The round's record was not committed, so the provider calls it decided
+                    // are not made (a launch whose token binding is not stored could never
+                    // join) and their progress markers are reset: the next pass decides again.
+                    for job in jobs.drain(mark..) {
+                        if let Some(p) = self.provider_progress.get_mut(id) {
+                            match job {
+                                ProviderJob::Launch { .. } => p.launching = false,
+                                ProviderJob::Terminate { .. } => p.terminating = false,
+                            }
+                        }
                     }
-                };
-                let Some(world) = self.world_of(&incident, c) else { break };
-                let Some(pool) = self.pools.get(&incident.pool).map(|p| p.value.clone()) else { break };
-                let now = self.now();
-                let plan = remediation::plan(&incident, &world, &pool.remediation_policy, pool.mode, now);
-                if plan.actions.is_empty() {
-                    break;
+                    return Err(e);
                 }
-                counts.remove(&incident.pool);
-                let mut incident = incident;
-                self.note_affected(&mut incident);
-                for planned in &plan.actions {
-                    let moved = self.execute(&mut incident, &planned.action, jobs)?;
-                    remediation::record(&mut incident, planned, now);
-                    // The affected tasks exist once recorded: note where each one went.
-                    for (old, new, host) in moved {
-                        incident.set_replacement(old, new, host);
-                    }
-                }
-                if incident.state == IncidentState::Resolved {
-                    incident.resolved_at_ms.get_or_insert(now);
-                }
-                self.write_incident(incident)?;
             }
         }
         Ok(())
+    }
+
+    /// Plans the incident once and executes and records the plan; false when there was
+    /// nothing to do.
+    fn remediate_round(
+        &mut self,
+        id: &str,
+        counts: &mut BTreeMap<PoolName, PoolCounts>,
+        jobs: &mut Vec<ProviderJob>,
+    ) -> Result<bool, ApiError> {
+        let Some(incident) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(false) };
+        let c = match counts.get(&incident.pool) {
+            Some(c) => *c,
+            None => {
+                let c = self.pool_counts(&incident.pool);
+                counts.insert(incident.pool.clone(), c);
+                c
+            }
+        };
+        let Some(world) = self.world_of(&incident, c) else { return Ok(false) };
+        let Some(pool) = self.pools.get(&incident.pool).map(|p| p.value.clone()) else { return Ok(false) };
+        let now = self.now();
+        let plan = remediation::plan(&incident, &world, &pool.remediation_policy, pool.mode, now);
+        if plan.actions.is_empty() {
+            return Ok(false);
+        }
+        counts.remove(&incident.pool);
+        let mut incident = incident;
+        self.note_affected(&mut incident);
+        for planned in &plan.actions {
+            let moved = self.execute(&mut incident, &planned.action, jobs)?;
+            remediation::record(&mut incident, planned, now);
+            // The affected tasks exist once recorded: note where each one went.
+            for (old, new, host) in moved {
+                incident.set_replacement(old, new, host);
+            }
+        }
+        if incident.state == IncidentState::Resolved {
+            incident.resolved_at_ms.get_or_insert(now);
+        }
+        self.write_incident(incident)?;
+        Ok(true)
     }
 
     /// Lists every live task on the incident's host as affected once the host is being
@@ -462,7 +499,15 @@ impl Cluster {
     /// so the old one can no longer be handed out; it is superseded).
     fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), ApiError> {
         let Some(i) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(()) };
-        if self.provider_progress.contains_key(id)
+        // A token that expired before its machine joined is minted again, and the machine
+        // asked for again, once no launch is in flight.
+        let expired = i
+            .replacement
+            .as_ref()
+            .is_some_and(|b| b.host_id.is_none() && !b.revoked && self.now() >= b.expires_at_ms);
+        let progress = self.provider_progress.get(id);
+        if (progress.is_some() && !expired)
+            || progress.is_some_and(|p| p.launching)
             || !i.has(Step::ReplacementRequested)
             || i.has(Step::ReplacementReady)
             || i.replacement.as_ref().is_some_and(|r| r.host_id.is_some() || r.revoked)
@@ -473,7 +518,9 @@ impl Cluster {
         let mut i = i;
         let job = self.mint_replacement(&mut i)?;
         self.write_incident(i)?;
-        self.provider_progress.entry(id.to_string()).or_default().launching = true;
+        let p = self.provider_progress.entry(id.to_string()).or_default();
+        p.launching = true;
+        p.launch = None;
         jobs.push(job);
         Ok(())
     }
@@ -535,11 +582,25 @@ impl Cluster {
     /// Binds a host that registered with the incident's replacement token: it becomes the
     /// replacement, and the token is spent. Returns the updated incident for the caller to
     /// commit with the host.
-    pub(super) fn bind_replacement(&self, incident: &str, host: &HostId) -> Option<Incident> {
-        let mut i = self.incidents.get(incident)?.value.clone();
-        let b = i.replacement.as_mut()?;
+    pub(super) fn bind_replacement(
+        &self,
+        incident: &str,
+        host: &HostId,
+        pool: &PoolName,
+    ) -> Result<Option<Incident>, ApiError> {
+        let Some(mut i) = self.incidents.get(incident).map(|v| v.value.clone()) else { return Ok(None) };
+        if &i.pool != pool {
+            return Err(ApiError::invalid(
+                "pool",
+                format!(
+                    "a replacement token joins pool {}, the pool of incident {}, not {pool}",
+                    i.pool, i.id
+                ),
+            ));
+        }
+        let Some(b) = i.replacement.as_mut() else { return Ok(None) };
         b.host_id = Some(host.clone());
-        Some(i)
+        Ok(Some(i))
     }
 
     /// Applies an incident whose replacement host was committed with it: the token is spent.
@@ -578,7 +639,13 @@ impl Cluster {
             open.filter(|i| &i.pool == pool && i.state != IncidentState::Resolved).collect();
         let replacements: BTreeSet<&HostId> =
             open.iter().filter_map(|i| i.replacement.as_ref().and_then(|r| r.host_id.as_ref())).collect();
-        let in_incident: BTreeSet<&HostId> = open.iter().map(|i| &i.host_id).collect();
+        // A host an operator drained on purpose (maintenance) is not a failure the breaker
+        // should count; one that is also unhealthy still counts through its verdict.
+        let in_incident: BTreeSet<&HostId> = open
+            .iter()
+            .filter(|i| i.operator_requested != Some(OperatorAction::Drain))
+            .map(|i| &i.host_id)
+            .collect();
         let mut c = PoolCounts::default();
         for h in &self.hosts {
             if &h.host.pool != pool
@@ -604,6 +671,7 @@ impl Cluster {
             .values()
             .map(|v| &v.value)
             .filter(|i| i.pool == incident.pool && i.state != IncidentState::Resolved)
+            .filter(|i| i.id == incident.id || i.operator_requested != Some(OperatorAction::Drain))
             .collect();
         // Earliest opened first; incidents opened in the same millisecond by their hosts'
         // registration order (not by their random ids), so the ranking is reproducible.
@@ -656,6 +724,7 @@ impl Cluster {
             .and_then(|r| r.host_id.as_ref())
             .and_then(|id| self.sched.host(id))
             .map(|x| &self.hosts[x as usize])
+            .filter(|h| h.host.pool == incident.pool)
             .filter(|h| h.host.status == HostStatus::Active && h.host.health_status == HealthStatus::Ok);
         let replacement = match (joined, &progress.launch) {
             (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host.id.clone()) },
@@ -964,7 +1033,13 @@ impl Cluster {
                 }
                 if result.is_ok() {
                     if let Some(host) = self.incidents.get(incident).map(|i| i.value.host_id.clone()) {
-                        if let Some(ix) = self.sched.host(&host) {
+                        // Only the machine the job named: a termination of another (a cancelled
+                        // replacement) never deregisters the incident's host.
+                        let named = self
+                            .sched
+                            .host(&host)
+                            .filter(|&ix| &self.hosts[ix as usize].host.hostname == name);
+                        if let Some(ix) = named {
                             self.deregister(ix, "the provider terminated the host")?;
                         }
                     }

@@ -127,9 +127,16 @@ impl Cluster {
         let now = self.now();
         let mut outcome = None;
         if let Some(open) = self.open_incident_of(&h.id).cloned() {
+            let terminating = self.provider_progress.get(&open.id).is_some_and(|p| p.terminating);
+            if terminating {
+                return Err(ApiError::Conflict(format!(
+                    "host {} is being terminated by the pool's provider (incident {}); it cannot return to service",
+                    h.id, open.id
+                )));
+            }
             let mut i = open;
             i.push(now, Step::HostActivated, "host returned to ACTIVE by operator", Some(by.to_string()));
-            let replacement = self.cancel_replacement(&mut i, now);
+            let (replacement, job) = self.cancel_replacement(&mut i, now);
             i.push(now, Step::Resolved, "host is healthy and active again", Some(by.to_string()));
             i.state = IncidentState::Resolved;
             i.resolved_at_ms = Some(now);
@@ -139,6 +146,7 @@ impl Cluster {
             updated.status = next;
             updated.cordoned = false;
             self.write_host_and_incident(ix, updated, i.clone())?;
+            self.pending_jobs.extend(job);
             outcome = Some(OperatorOutcome { incident: i, replacement });
         } else if h.status != next || h.cordoned {
             let mut updated = h;
@@ -186,38 +194,40 @@ impl Cluster {
             return Err(ApiError::Conflict(format!("incident {id} is already resolved")));
         }
         let now = self.now();
-        let replacement = self.cancel_replacement(&mut i, now);
+        let (replacement, job) = self.cancel_replacement(&mut i, now);
         i.push(now, Step::Resolved, format!("resolved by operator: {reason}"), Some(by.to_string()));
         i.state = IncidentState::Resolved;
         i.resolved_at_ms = Some(now);
         self.write_incident(i.clone())?;
+        self.pending_jobs.extend(job);
         Ok(OperatorOutcome { incident: i, replacement })
     }
 
-    /// Ends the incident's replacement before it is used: revokes its token and, when the
-    /// provider launched (or is launching) it, asks for its termination. Says what it did.
-    fn cancel_replacement(&mut self, i: &mut Incident, now: u64) -> Option<String> {
-        if let Some(host) = i.replacement.as_ref()?.host_id.clone() {
-            return Some(format!("replacement host {host} stays in the pool as an ordinary host"));
+    /// Ends the incident's replacement before it is used: revokes its token (in the record the
+    /// caller commits) and, when the provider launched it, gives the termination to ask for once
+    /// that commit is done (one still launching is terminated when it reports back). Says what
+    /// it did.
+    fn cancel_replacement(&mut self, i: &mut Incident, now: u64) -> (Option<String>, Option<ProviderJob>) {
+        let Some(b) = i.replacement.as_ref() else { return (None, None) };
+        if let Some(host) = b.host_id.clone() {
+            return (Some(format!("replacement host {host} stays in the pool as an ordinary host")), None);
         }
-        let b = i.replacement.as_mut()?;
         if b.revoked {
-            return None;
+            return (None, None);
         }
-        b.revoked = true;
         let name = b.name.clone();
-        let progress = self.provider_progress.entry(i.id.clone()).or_default();
-        let launched = progress.launching || matches!(progress.launch, Some(Ok(())));
-        let launching = progress.launching;
-        let detail = if launched {
-            // A launch still in flight is terminated when it reports back (`provider_done`).
-            if !launching {
-                self.pending_jobs.push(ProviderJob::Terminate {
-                    incident: i.id.clone(),
-                    pool: i.pool.clone(),
-                    name: name.clone(),
-                });
-            }
+        if let Some(b) = i.replacement.as_mut() {
+            b.revoked = true;
+        }
+        let progress = self.provider_progress.get(&i.id);
+        let launching = progress.is_some_and(|p| p.launching);
+        let launched = progress.is_some_and(|p| matches!(p.launch, Some(Ok(()))));
+        let job = (launched && !launching).then(|| ProviderJob::Terminate {
+            incident: i.id.clone(),
+            pool: i.pool.clone(),
+            name: name.clone(),
+        });
+        let detail = if launched || launching {
             format!(
                 "replacement {name} cancelled: its registration token is revoked and the provider is asked \
                  to terminate it"
@@ -226,7 +236,7 @@ impl Cluster {
             format!("replacement {name} cancelled: its registration token is revoked")
         };
         i.push(now, Step::ReplacementCancelled, detail.clone(), None);
-        Some(detail)
+        (Some(detail), job)
     }
 }
 

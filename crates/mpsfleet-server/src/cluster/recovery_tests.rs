@@ -339,3 +339,21 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     assert!(matches!(err, mpsfleet_store::StoreError::Compacted { .. }), "{err}");
     assert!(w.c.store.changes_since(rev, 10).is_ok());
 }
+
+/// A replacement token joins its incident's pool only; the refusal spends nothing.
+#[test]
+fn a_replacement_token_joins_its_incidents_pool_only() {
+    let mut w = World::new(OwnershipMode::Managed);
+    w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
+    let join = w.join_token.clone();
+    let bad = w.join("bad", &join).unwrap();
+    let jobs = w.run(5, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let token = launch_token(&jobs).expect("a launch with a registration token");
+    let mut reg = w.registration("elsewhere");
+    reg.pool = PoolName::new("q").unwrap();
+    let err = w.c.register_host_with_token(reg, &token).unwrap_err();
+    assert!(err.to_string().contains("joins pool p"), "{err}");
+    assert!(w.c.hosts(Some("q")).is_empty());
+    let real = w.join("right-pool", &token).unwrap();
+    assert!(w.only_incident().is_replacement(&real));
+}

@@ -225,7 +225,15 @@ impl Cluster {
                     out[slot] = Err(ApiError::Unauthorized("this replacement token was already used"));
                     continue;
                 }
-                Principal::Replacement(incident) => self.bind_replacement(incident, &req.id),
+                Principal::Replacement(incident) => {
+                    match self.bind_replacement(incident, &req.id, &req.reg.pool) {
+                        Ok(i) => i,
+                        Err(e) => {
+                            out[slot] = Err(e);
+                            continue;
+                        }
+                    }
+                }
                 _ => None,
             };
             let admitted =
@@ -244,7 +252,12 @@ impl Cluster {
             match Op::put_json(super::health::INCIDENT, i.id.clone(), i, Precondition::Version(version)) {
                 Ok(op) => ops.push(op),
                 Err(e) => {
-                    tracing::error!(incident.id = %i.id, error = %e, "encoding a replacement binding failed")
+                    // Never a replacement without its binding: nothing of this batch commits.
+                    tracing::error!(incident.id = %i.id, error = %e, "encoding a replacement binding failed");
+                    for m in &batch.members {
+                        out[m.slot] = Err(ApiError::Internal(format!("encoding a replacement binding: {e}")));
+                    }
+                    return out;
                 }
             }
         }

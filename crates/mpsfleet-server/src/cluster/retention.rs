@@ -181,6 +181,9 @@ impl Cluster {
             .incidents
             .values()
             .filter(|v| v.value.state == IncidentState::Resolved)
+            // Kept while a cancelled replacement's launch is still in flight: its answer needs
+            // the record to know the machine is to be terminated.
+            .filter(|v| !self.provider_progress.get(&v.value.id).is_some_and(|p| p.launching))
             .map(|v| (v.value.resolved_at_ms.unwrap_or(0), v.value.id.clone()))
             .collect();
         resolved.sort_unstable();
