@@ -119,7 +119,9 @@ pub fn incident_record(i: &Incident, mode: OwnershipMode) -> Option<String> {
             if i.has(Step::TasksRescheduled) && !i.has(Step::TasksRunningAgain) {
                 return Some("resolved with tasks moved but no TASKS_RUNNING_AGAIN".into());
             }
-            if let Some(a) = i.affected_tasks.iter().find(|a| a.service.is_some() && a.replacement.is_none())
+            // Tasks listed as waiting were on the host and never moved (they stopped there).
+            if let Some(a) =
+                i.affected_tasks.iter().find(|a| a.service.is_some() && !a.waiting && a.replacement.is_none())
             {
                 return Some(format!("resolved, but moved task {} has no replacement", a.task_id));
             }

@@ -186,8 +186,9 @@ pub struct AffectedTask {
     pub replacement: Option<TaskId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement_host: Option<HostId>,
-    /// On the host, and not moved or stopped yet (e.g. a `fenced` task waiting for the old
-    /// host's termination).
+    /// On the host, and not moved or stopped by the incident (e.g. a `fenced` task waiting for
+    /// the old host's termination; on a resolved incident, a task that stopped on the host
+    /// before it was moved).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub waiting: bool,
 }

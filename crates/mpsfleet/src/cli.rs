@@ -661,7 +661,11 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                         vec![
                             a.task_id.to_string(),
                             opt(&a.service),
-                            if a.waiting { "waiting".into() } else { opt(&a.replacement) },
+                            match (a.waiting, &i.state) {
+                                (true, IncidentState::Resolved) => "not moved".into(),
+                                (true, _) => "waiting".into(),
+                                (false, _) => opt(&a.replacement),
+                            },
                             opt(&a.replacement_host),
                         ]
                     })

@@ -502,7 +502,8 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     signal_daemon_of(&fleet, &tasks[0], "-CONT").await;
     eventually(WAIT, "the repaired host's checks OK", || async {
         let h = admin.describe_host(host.id.as_str()).await.ok()?;
-        (h.health_status == HealthStatus::Ok && h.checks.iter().all(|c| c.status == HealthStatus::Ok)).then_some(())
+        (h.health_status == HealthStatus::Ok && h.checks.iter().all(|c| c.status == HealthStatus::Ok))
+            .then_some(())
     })
     .await;
     let activated = admin.activate_host(host.id.as_str()).await.unwrap();
@@ -515,8 +516,10 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     let other = admin.list_hosts(None).await.unwrap().into_iter().find(|h| h.id != host.id).unwrap();
     admin.cordon_host(other.id.as_str(), true).await.unwrap();
     admin.register_taskdef(mps_taskdef("after", 1024)).await.unwrap();
-    let out =
-        admin.run_task(&RunTask { task_definition: "after".into(), count: 1, pool: "gpu".into() }).await.unwrap();
+    let out = admin
+        .run_task(&RunTask { task_definition: "after".into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
     assert_eq!(out.tasks[0].host_id.as_ref(), Some(&host.id), "{:?}", out.tasks[0]);
 
     let i = admin.describe_incident(&id).await.unwrap().incident;
@@ -524,7 +527,14 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     assert_eq!(by(Step::Acknowledged), Some(Some("admin".into())), "{:#?}", i.timeline);
     assert_eq!(by(Step::OperatorCommand), Some(Some("admin".into())));
     assert_eq!(by(Step::HostActivated), Some(Some("admin".into())));
-    for s in [Step::Detected, Step::Decided, Step::Cordoned, Step::DrainStarted, Step::TasksRescheduled, Step::Resolved] {
+    for s in [
+        Step::Detected,
+        Step::Decided,
+        Step::Cordoned,
+        Step::DrainStarted,
+        Step::TasksRescheduled,
+        Step::Resolved,
+    ] {
         assert!(i.has(s), "{s:?} missing: {:#?}", i.timeline);
     }
     for t in &on_host {
