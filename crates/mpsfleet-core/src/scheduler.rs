@@ -95,6 +95,13 @@ pub enum Unplaced {
         count: u32,
         most_idle_on_one_host: u32,
     },
+    /// Nothing else fits, and some GPUs of the pool take no MPS task until their daemon is
+    /// seen answering again ([`Scheduler::set_mps_open`]).
+    MpsDaemonsNotAnswering {
+        pool: String,
+        memory_mib: u64,
+        closed_gpus: u32,
+    },
     /// Capacity exists but the client or compute limits leave no GPU for this task.
     GpuLimits {
         pool: String,
@@ -122,6 +129,11 @@ impl fmt::Display for Unplaced {
                 f,
                 "no host in pool {pool} has {count} idle GPU(s); the most idle on one host is \
                  {most_idle_on_one_host}"
+            ),
+            Unplaced::MpsDaemonsNotAnswering { pool, memory_mib, closed_gpus } => write!(
+                f,
+                "no GPU in pool {pool} can take an MPS task of {memory_mib} MiB now: {closed_gpus} GPU(s) \
+                 wait for their MPS daemon to answer again"
             ),
             Unplaced::GpuLimits { pool, memory_mib, clients, compute_percent } => write!(
                 f,
@@ -214,6 +226,8 @@ struct PoolSlot {
     cpu_hosts: BTreeSet<u64>,
     schedulable_hosts: u32,
     mps_hosts: u32,
+    /// GPUs closed to MPS tasks (their daemon did not answer).
+    mps_closed_gpus: u32,
 }
 
 #[derive(Debug, Default)]
@@ -285,6 +299,7 @@ impl Scheduler {
             cpu_hosts: BTreeSet::new(),
             schedulable_hosts: 0,
             mps_hosts: 0,
+            mps_closed_gpus: 0,
         });
         self.pool_ix.insert(name.to_string(), ix);
         ix
@@ -393,6 +408,9 @@ impl Scheduler {
         self.detach_gpu(gpu);
         self.gpus[gpu as usize].mps_closed = !open;
         self.attach_gpu(gpu);
+        let pool = self.hosts[self.gpus[gpu as usize].host as usize].pool;
+        let closed = &mut self.pools[pool as usize].mps_closed_gpus;
+        *closed = if open { closed.saturating_sub(1) } else { *closed + 1 };
     }
 
     /// Places one task, updating the index, or says why it must wait.
@@ -658,6 +676,13 @@ impl Scheduler {
         let largest_shared = pool.mps.last().max(pool.limited.last()).map_or(0, |&k| k >> GPU_BITS);
         let largest_idle = pool.idle_gpus.last().map_or(0, |&k| k >> 32);
         let largest_free_mib = largest_shared.max(largest_idle);
+        if pool.mps_closed_gpus > 0 {
+            return Err(Unplaced::MpsDaemonsNotAnswering {
+                pool: pool.name.clone(),
+                memory_mib: memory,
+                closed_gpus: pool.mps_closed_gpus,
+            });
+        }
         if largest_free_mib >= memory {
             return Err(Unplaced::GpuLimits {
                 pool: pool.name.clone(),

@@ -51,7 +51,9 @@ fn a_gpu_closed_to_mps_is_skipped_until_opened() {
     let b = s.place(&req(p, mps(1_000, None))).unwrap();
     assert_ne!(b.gpus, a.gpus, "placed on a closed GPU");
     s.set_mps_open(b.gpus[0], false);
-    assert!(s.place(&req(p, mps(1_000, None))).is_err(), "both GPUs are closed");
+    let err = s.place(&req(p, mps(1_000, None))).unwrap_err();
+    assert_eq!(err, Unplaced::MpsDaemonsNotAnswering { pool: "p".into(), memory_mib: 1_000, closed_gpus: 2 });
+    assert!(err.to_string().contains("2 GPU(s) wait for their MPS daemon"), "{err}");
     s.release(&req(p, mps(1_000, None)), &a);
     assert!(s.place(&req(p, mps(1_000, None))).is_err(), "a release does not reopen a GPU");
     assert!(s.place(&req(p, GpuDemand::Whole { count: 1 })).is_ok(), "whole-GPU tasks need no daemon");

@@ -209,7 +209,9 @@ impl Cluster {
             let ix = self.sched.gpu(g).host;
             let e = &self.hosts[ix as usize];
             if e.host.status == HostStatus::Deregistered {
+                // Gone: forgotten, and no longer counted as closed (it takes nothing anyway).
                 self.mps_closed.remove(&g);
+                self.sched.set_mps_open(g, true);
                 continue;
             }
             let Some(inv) = self.sched.host_gpus(ix).zip(&e.host.gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
