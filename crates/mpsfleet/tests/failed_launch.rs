@@ -29,11 +29,21 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Ends every process of the launched machines when dropped, the test failing or not.
+struct Machines(std::path::PathBuf);
+
+impl Drop for Machines {
+    fn drop(&mut self) {
+        stop_processes_mentioning(&self.0.display().to_string());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_reported_failed_that_boots_anyway_stays_small_and_binds_by_token() {
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("machines");
     std::fs::create_dir_all(&hosts).unwrap();
+    let _machines = Machines(hosts.clone());
     // launch: start an agent with the request's token, as a cloud would boot the machine, then
     // report failure anyway. A relaunch of a machine that is up starts nothing new.
     let launch = script(
@@ -133,5 +143,4 @@ exit 1
     // The operator can end it, and says why.
     let done = admin.resolve_incident(&id, "old machine removed by hand").await.unwrap();
     assert_eq!(done.incident.unwrap().incident.state, IncidentState::Resolved);
-    stop_processes_mentioning(&hosts.display().to_string());
 }
