@@ -17,9 +17,7 @@ use mpsfleet_core::lifecycle::mps::{
     self as mh, pool_mps_policy, DaemonHealth, Effect, Event as MpsEvent, MpsPolicy, Phase,
 };
 use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
-use mpsfleet_server::provider::{
-    AttemptRecord, CapacityProvider, LaunchRequest, LaunchedHost, ProviderError, ProviderHostState, Retry,
-};
+use mpsfleet_server::provider::{AttemptRecord, ExternalProvider, Retry};
 use mpsfleet_store::{MemoryStore, Revision, Store};
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::policy::{Provider, ProviderKind};
@@ -90,25 +88,6 @@ pub fn workload(pool: &str, hosts: u32, gpus_per_host: u32) -> Vec<SvcSpec> {
         svc("embed", "embed", gpus / 2, ResumptionBoundary::Fenced),
         svc("train", "train", gpus / 8, ResumptionBoundary::Restart),
     ]
-}
-
-/// The pool's capacity provider as the server sees it: present, but every call is made by the
-/// simulator from the `ProviderJob`s (as `run_jobs` makes them from the same jobs).
-struct SimProviderSeam;
-
-impl CapacityProvider for SimProviderSeam {
-    fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
-        Err(ProviderError::Launch { name: req.name.clone(), message: "called outside the simulator".into() })
-    }
-    fn terminate(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
-        Err(ProviderError::Unknown(name.to_string()))
-    }
-    fn describe(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
-        Err(ProviderError::Unknown(name.to_string()))
-    }
-    fn hosts(&self) -> Vec<String> {
-        Vec::new()
-    }
 }
 
 /// One GPU's MPS control daemon, as the world has it and as the agent's state machine sees it.
@@ -361,7 +340,7 @@ impl Sim {
                 })
                 .map_err(err)?;
             if mode == OwnershipMode::Managed {
-                self.c().set_provider(pool.name.clone(), Arc::new(SimProviderSeam));
+                self.c().set_provider(pool.name.clone(), Arc::new(ExternalProvider));
             }
             for part in [
                 ("detector", mpsfleet_core::explain::explain(&pool).detector.what),
@@ -1117,7 +1096,7 @@ impl Sim {
                 c.reseed_task_ids(self.cfg.seed ^ (u64::from(self.epoch) << 48));
                 for p in &self.pool_names {
                     if p.as_str() == MANAGED_POOL {
-                        c.set_provider(p.clone(), Arc::new(SimProviderSeam));
+                        c.set_provider(p.clone(), Arc::new(ExternalProvider));
                     }
                 }
                 self.cluster = Some(c);

@@ -180,12 +180,7 @@ impl Cluster {
         let until = self.now() + hold;
         let mut close: Vec<mpsfleet_core::scheduler::GpuIx> = refused.to_vec();
         for (g, inv) in self.sched.host_gpus(ix).zip(&e.host.gpus) {
-            let failing = e.checks.iter().any(|c| {
-                c.name == "MPS_DAEMON"
-                    && c.status != HealthStatus::Ok
-                    && c.gpu_id.as_ref().is_none_or(|id| id == &inv.uuid)
-            });
-            if failing {
+            if !mps_daemon_ok(&e.checks, &inv.uuid) {
                 close.push(g);
             }
         }
@@ -218,12 +213,7 @@ impl Cluster {
             else {
                 continue;
             };
-            let ok = e
-                .checks
-                .iter()
-                .filter(|c| c.name == "MPS_DAEMON" && c.gpu_id.as_ref().is_none_or(|id| id == &inv.uuid))
-                .all(|c| c.status == HealthStatus::Ok);
-            if ok {
+            if mps_daemon_ok(&e.checks, &inv.uuid) {
                 self.mps_closed.remove(&g);
                 self.sched.set_mps_open(g, true);
                 pools.insert(e.host.pool.clone());
@@ -1050,6 +1040,17 @@ impl Cluster {
         }
         self.remediate()
     }
+}
+
+/// Whether every MPS daemon check the host reports for this GPU (its own, or the host's
+/// single daemon) is OK.
+fn mps_daemon_ok(checks: &[HostCheck], gpu: &GpuUuid) -> bool {
+    checks
+        .iter()
+        .filter(|c| {
+            c.name == mpsfleet_core::health::MPS_DAEMON && c.gpu_id.as_ref().is_none_or(|id| id == gpu)
+        })
+        .all(|c| c.status == HealthStatus::Ok)
 }
 
 /// The name the replacement host of an incident joins under (deterministic, so a restarted

@@ -2,27 +2,9 @@
 //! `MemoryStore` on a `ManualClock`, driven the way the server's loops drive it.
 
 use super::*;
-use crate::provider::{LaunchedHost, ProviderError, ProviderHostState};
+use crate::provider::ExternalProvider;
 use mpsfleet_core::clock::ManualClock;
 use std::time::Duration;
-
-/// A provider whose every call is made by the test from the jobs (as the simulator does).
-struct Seam;
-
-impl CapacityProvider for Seam {
-    fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
-        Err(ProviderError::Launch { name: req.name.clone(), message: "not called in this test".into() })
-    }
-    fn terminate(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
-        Err(ProviderError::Unknown(name.to_string()))
-    }
-    fn describe(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
-        Err(ProviderError::Unknown(name.to_string()))
-    }
-    fn hosts(&self) -> Vec<String> {
-        Vec::new()
-    }
-}
 
 struct World {
     c: Cluster,
@@ -43,7 +25,7 @@ impl World {
         .unwrap();
         c.create_pool(CreatePool { name: "p".into(), mode: Some(mode), ..Default::default() }).unwrap();
         if mode == OwnershipMode::Managed {
-            c.set_provider(PoolName::new("p").unwrap(), Arc::new(Seam));
+            c.set_provider(PoolName::new("p").unwrap(), Arc::new(ExternalProvider));
         }
         World { c, clock, join_token, gpu: 0 }
     }

@@ -146,38 +146,23 @@ impl Cluster {
     /// batch at a time; one failed batch is logged and left for the next resync.
     pub fn prune(&mut self) -> Result<(), ApiError> {
         let now = self.now();
-        let mut stopped: Vec<(u64, TaskId)> = self
+        let stopped = self
             .tasks
             .values()
             .filter(|e| e.task.last_status == TaskStatus::Stopped)
             .map(|e| (e.task.stopped_at_ms.unwrap_or(0), e.task.id))
             .collect();
-        stopped.sort_unstable();
-        let excess = stopped.len().saturating_sub(MAX_STOPPED_TASKS);
-        let tasks: Vec<TaskId> = stopped
-            .iter()
-            .enumerate()
-            .filter(|(k, (at, _))| *k < excess || now.saturating_sub(*at) > STOPPED_TASK_RETENTION_MS)
-            .map(|(_, (_, id))| *id)
-            .collect();
+        let tasks = past_retention(stopped, MAX_STOPPED_TASKS, STOPPED_TASK_RETENTION_MS, now);
         for chunk in tasks.chunks(PRUNE_BATCH) {
-            let ops: Vec<Op> = chunk
-                .iter()
-                .filter_map(|id| self.tasks.get(id).map(|e| (id, e.version)))
-                .map(|(id, v)| Op::delete(TASK, id.to_string(), Precondition::Version(v)))
-                .collect();
-            match self.commit(&ops) {
-                Ok(_) => {
-                    for id in chunk {
-                        self.tasks.remove(id);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "pruning stopped tasks failed; retrying at the next resync")
+            let keys = chunk.iter().filter_map(|id| self.tasks.get(id).map(|e| (id.to_string(), e.version)));
+            let keys: Vec<(String, Revision)> = keys.collect();
+            if self.commit_deletes(TASK, &keys) {
+                for id in chunk {
+                    self.tasks.remove(id);
                 }
             }
         }
-        let mut resolved: Vec<(u64, String)> = self
+        let resolved = self
             .incidents
             .values()
             .filter(|v| v.value.state == IncidentState::Resolved)
@@ -186,39 +171,68 @@ impl Cluster {
             .filter(|v| !self.provider_progress.get(&v.value.id).is_some_and(|p| p.launching))
             .map(|v| (v.value.resolved_at_ms.unwrap_or(0), v.value.id.clone()))
             .collect();
-        resolved.sort_unstable();
-        let excess = resolved.len().saturating_sub(MAX_RESOLVED_INCIDENTS);
-        let incidents: Vec<String> = resolved
-            .into_iter()
-            .enumerate()
-            .filter(|(k, (at, _))| *k < excess || now.saturating_sub(*at) > RESOLVED_INCIDENT_RETENTION_MS)
-            .map(|(_, (_, id))| id)
-            .collect();
+        let incidents = past_retention(resolved, MAX_RESOLVED_INCIDENTS, RESOLVED_INCIDENT_RETENTION_MS, now);
         for chunk in incidents.chunks(PRUNE_BATCH) {
-            let ops: Vec<Op> = chunk
-                .iter()
-                .filter_map(|id| self.incidents.get(id).map(|v| (id, v.version)))
-                .map(|(id, v)| Op::delete(INCIDENT, id.clone(), Precondition::Version(v)))
-                .collect();
-            match self.commit(&ops) {
-                Ok(_) => {
-                    for id in chunk {
-                        if let Some(v) = self.incidents.remove(id) {
-                            if let Some(b) = &v.value.replacement {
-                                for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
-                                    self.replacement_tokens.remove(d);
-                                }
-                            }
+            let keys = chunk.iter().filter_map(|id| self.incidents.get(id).map(|v| (id.clone(), v.version)));
+            let keys: Vec<(String, Revision)> = keys.collect();
+            if !self.commit_deletes(INCIDENT, &keys) {
+                continue;
+            }
+            for id in chunk {
+                if let Some(v) = self.incidents.remove(id) {
+                    if let Some(b) = &v.value.replacement {
+                        for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
+                            self.replacement_tokens.remove(d);
                         }
-                        self.provider_progress.remove(id);
-                        self.incident_retry.remove(id);
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "pruning resolved incidents failed; retrying at the next resync")
-                }
+                self.provider_progress.remove(id);
+                self.incident_retry.remove(id);
             }
         }
         Ok(())
+    }
+
+    /// Deletes these records (at these versions) in one commit; false, logged, when it fails.
+    fn commit_deletes(&mut self, kind: &str, keys: &[(String, Revision)]) -> bool {
+        let ops: Vec<Op> =
+            keys.iter().map(|(k, v)| Op::delete(kind, k.clone(), Precondition::Version(*v))).collect();
+        match self.commit(&ops) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(kind, error = %e, "pruning failed; retrying at the next resync");
+                false
+            }
+        }
+    }
+}
+
+/// Of records `(when they ended, key)`, those past `age_ms` at `now`, and the oldest beyond
+/// the newest `max`, oldest first.
+fn past_retention<K>(mut ended: Vec<(u64, K)>, max: usize, age_ms: u64, now: u64) -> Vec<K>
+where
+    K: Ord,
+{
+    ended.sort_unstable();
+    let excess = ended.len().saturating_sub(max);
+    ended
+        .into_iter()
+        .enumerate()
+        .filter(|(k, (at, _))| *k < excess || now.saturating_sub(*at) > age_ms)
+        .map(|(_, (_, key))| key)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::past_retention;
+
+    /// Past the age, or beyond the newest `max`: oldest first either way.
+    #[test]
+    fn retention_by_age_and_by_count() {
+        let ended = vec![(50, 'c'), (10, 'a'), (40, 'b'), (90, 'd')];
+        assert_eq!(past_retention(ended.clone(), 10, 30, 100), ['a', 'b', 'c']);
+        assert_eq!(past_retention(ended.clone(), 2, 1_000, 100), ['a', 'b']);
+        assert_eq!(past_retention(ended, 3, 55, 100), ['a', 'b']);
     }
 }

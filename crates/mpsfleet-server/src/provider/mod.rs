@@ -259,6 +259,26 @@ pub trait CapacityProvider: Send + Sync {
     fn hosts(&self) -> Vec<String>;
 }
 
+/// A pool's provider that is present but whose calls are made by the caller from the
+/// [`ProviderJob`](crate::cluster::ProviderJob)s (the simulator, in-process tests): calling it
+/// directly is an error.
+pub struct ExternalProvider;
+
+impl CapacityProvider for ExternalProvider {
+    fn launch(&self, req: &LaunchRequest) -> Result<LaunchedHost, ProviderError> {
+        Err(ProviderError::Launch { name: req.name.clone(), message: "calls are made by the caller".into() })
+    }
+    fn terminate(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
+        Err(ProviderError::Unknown(name.to_string()))
+    }
+    fn describe(&self, name: &str) -> Result<ProviderHostState, ProviderError> {
+        Err(ProviderError::Unknown(name.to_string()))
+    }
+    fn hosts(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
 /// How often and how patiently to retry: attempt `n` (from 1) that fails transiently is
 /// followed by a wait of `initial_backoff * 2^(n-1)`, capped at `max_backoff`, until
 /// `max_attempts` attempts in all. No jitter, so that schedules are reproducible; the server
