@@ -243,6 +243,8 @@ async fn identity(cfg: &AgentConfig, client: &Client, found: &Discovered) -> Res
         gpus: found.gpus.clone(),
         mps_available: cfg.mps != MpsMode::Unavailable,
         emulated: found.emulated || cfg.mps == MpsMode::Model,
+        runtime: RuntimeKind::Process,
+        runtime_version: None,
     };
     let joiner = client.with_token(join);
     let mut delay = Duration::from_millis(200);

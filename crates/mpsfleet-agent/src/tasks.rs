@@ -705,6 +705,7 @@ impl State {
                 stop_code: if stopped { rec.stop_code } else { None },
                 stopped_reason: if stopped { rec.reason.clone() } else { None },
                 output: with_output.then(|| local.output.snapshot(now)),
+                containers: None,
             };
             let client = self.client.clone();
             let result = self.handle.block_on(async move {

@@ -207,6 +207,7 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             family,
             revision: 0,
             container_definitions: containers,
+            network_mode: None,
             registered_at_ms: 0,
         },
         ignored_fields: ignored,
@@ -304,6 +305,13 @@ fn parse_container(
 
     let container = ContainerDefinition {
         name: name.to_string(),
+        image: None,
+        cpu: None,
+        memory: None,
+        memory_reservation: None,
+        working_directory: None,
+        docker_labels: Default::default(),
+        port_mappings: Vec::new(),
         entry_point,
         command,
         environment,

@@ -43,6 +43,8 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
         }],
         mps_available: true,
         emulated: true,
+        runtime: Default::default(),
+        runtime_version: None,
     };
     let host = c.register_host(reg).expect("host").host_id;
     c.host_status(&host, HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None })

@@ -36,6 +36,8 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
         gpus: vec![gpu],
         mps_available: true,
         emulated: true,
+        runtime: Default::default(),
+        runtime_version: None,
     };
     let host = c.register_host(reg).expect("host").host_id;
     let beat = HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None };

@@ -749,6 +749,8 @@ impl Sim {
             gpus,
             mps_available: true,
             emulated: true,
+            runtime: Default::default(),
+            runtime_version: None,
         };
         let r = match self.hosts[h].token.clone() {
             Some(token) => self.c().register_host_with_token(reg, &token),
@@ -1276,6 +1278,7 @@ impl Sim {
                 stop_code: None,
                 stopped_reason: None,
                 output: None,
+                containers: None,
             },
         );
     }
@@ -1777,5 +1780,6 @@ fn stopped(code: Option<StopCode>, reason: Option<&str>) -> TaskStateReport {
         stop_code: code,
         stopped_reason: reason.map(str::to_string),
         output: None,
+        containers: None,
     }
 }

@@ -67,6 +67,29 @@ impl HealthStatus {
     }
 }
 
+/// How a host runs tasks: as processes, or as containers on Docker Engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    #[default]
+    Process,
+    Docker,
+}
+
+impl RuntimeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Process => "process",
+            RuntimeKind::Docker => "docker",
+        }
+    }
+
+    /// Whether the host runs images (and honours the fields only a container runtime can).
+    pub fn runs_images(self) -> bool {
+        self == RuntimeKind::Docker
+    }
+}
+
 /// The default ceiling on MPS clients per GPU on Volta and newer.
 pub const DEFAULT_MAX_MPS_CLIENTS: u32 = 48;
 
@@ -101,6 +124,12 @@ pub struct HostRegistration {
     pub mps_available: bool,
     /// True when the GPUs were declared rather than discovered through NVML.
     pub emulated: bool,
+    /// How the host runs tasks; hosts that predate containers run processes.
+    #[serde(default)]
+    pub runtime: RuntimeKind,
+    /// The runtime's version, e.g. Docker Engine's `20.10.24+dfsg1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
 }
 
 /// The stored host record.
@@ -116,6 +145,10 @@ pub struct Host {
     pub emulated: bool,
     pub mps_available: bool,
     pub gpus: Vec<GpuInventory>,
+    #[serde(default)]
+    pub runtime: RuntimeKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
     /// Registration order; keeps placement deterministic across restarts.
     pub seq: u64,
     pub registered_at_ms: u64,
@@ -131,7 +164,7 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HostCheck {
-    /// `MPS_DAEMON`, `GPU` or `AGENT`.
+    /// `MPS_DAEMON`, `GPU`, `CONTAINER_RUNTIME` or `AGENT`.
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_id: Option<GpuUuid>,
@@ -168,6 +201,10 @@ pub struct HostView {
     pub cordoned: bool,
     pub emulated: bool,
     pub mps_available: bool,
+    #[serde(default)]
+    pub runtime: RuntimeKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
     pub gpus: Vec<GpuView>,
     pub task_count: u32,
     pub registered_at_ms: u64,

@@ -1,6 +1,7 @@
 //! Tasks: one run of a task definition, with ECS's statuses and stop codes.
 
 use crate::ids::{GpuUuid, HostId, PoolName, ServiceName, TaskDefRef, TaskId};
+use crate::taskdef::Protocol;
 use serde::{Deserialize, Serialize};
 
 /// ECS's task statuses, used for both `lastStatus` and `desiredStatus`.
@@ -72,6 +73,10 @@ pub enum StopCode {
     HostDrained,
     /// The host it ran on left the fleet and the task's fate is unknown.
     HostLost,
+    /// A container's image could not be pulled (and no cached copy could be used).
+    CannotPullContainerError,
+    /// A container went past its memory limit and was killed.
+    OutOfMemory,
 }
 
 impl StopCode {
@@ -86,6 +91,8 @@ impl StopCode {
             StopCode::HostReplaced => "HostReplaced",
             StopCode::HostDrained => "HostDrained",
             StopCode::HostLost => "HostLost",
+            StopCode::CannotPullContainerError => "CannotPullContainerError",
+            StopCode::OutOfMemory => "OutOfMemory",
         }
     }
 }
@@ -124,6 +131,45 @@ pub struct Task {
     pub started_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at_ms: Option<u64>,
+    /// What the agent reports of each container: its runtime id, network bindings, exit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<ContainerReport>,
+}
+
+/// One container of a task as its agent reports it (ECS's `containers[]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerReport {
+    pub name: String,
+    /// The image as the definition names it; None for a process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The image's digest or id as the runtime resolved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// The Docker container id, or the process id of a process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_bindings: Vec<NetworkBinding>,
+    /// What the runtime did differently from the definition, and why (an image not used by a
+    /// process host, a GPU device request left out for an emulated GPU, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Where a container port is reachable on the host (ECS's `networkBindings[]`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBinding {
+    pub bind_ip: String,
+    pub container_port: u16,
+    pub host_port: u16,
+    pub protocol: Protocol,
 }
 
 impl Task {
@@ -154,6 +200,7 @@ impl Task {
             created_at_ms,
             started_at_ms: None,
             stopped_at_ms: None,
+            containers: Vec::new(),
         }
     }
 
@@ -198,4 +245,7 @@ pub struct TaskStateReport {
     /// STOPPED report; the server keeps the latest for `task logs` once the host is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<crate::logs::LogSnapshot>,
+    /// The containers as they are now; sent when they changed (None keeps the last ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<Vec<ContainerReport>>,
 }

@@ -6,6 +6,7 @@
 
 use crate::ids::Family;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// One registered revision of a task definition family.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,15 +15,93 @@ pub struct TaskDefinition {
     pub family: Family,
     pub revision: u32,
     pub container_definitions: Vec<ContainerDefinition>,
+    /// ECS `networkMode` as given; None means the default (`bridge` on a container host).
+    /// Only container hosts honour it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_mode: Option<NetworkMode>,
     /// Registration time, milliseconds since the Unix epoch.
     #[serde(default)]
     pub registered_at_ms: u64,
+}
+
+/// ECS `networkMode`. `awsvpc` has no counterpart outside AWS: such a task runs in `bridge`
+/// mode with every port published on a host port Docker chooses (docs/containers.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    Bridge,
+    Host,
+    None,
+    Awsvpc,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Bridge => "bridge",
+            NetworkMode::Host => "host",
+            NetworkMode::None => "none",
+            NetworkMode::Awsvpc => "awsvpc",
+        }
+    }
+}
+
+/// A transport protocol of a port mapping or binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// ECS `portMappings[]`. `host_port` None (or 0 in the document) lets Docker choose in bridge
+/// mode; in host mode it equals `container_port`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapping {
+    pub container_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_port: Option<u16>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// ECS's name of the mapping (Service Connect); kept and shown, not otherwise used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerDefinition {
     pub name: String,
+    /// The image to run (`repository[:tag]` or `repository@digest`). Only container hosts run
+    /// it; on a process host the command runs as a process and the image is reported unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// CPU units (1024 = one vCPU): Docker CPU shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
+    /// Hard memory limit in MiB: the container is killed when it goes past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// Soft memory limit in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reservation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_directory: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub docker_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub port_mappings: Vec<PortMapping>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entry_point: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -161,7 +240,55 @@ fn compute_of(mps: &NvidiaMps) -> u32 {
     u32::from(mps.max_compute_percent.unwrap_or(100))
 }
 
+impl TaskDefinition {
+    /// Whether the task can only run on a container host: some container has no command of its
+    /// own (it runs the image's), or uses a field only a container runtime honours.
+    pub fn needs_container_runtime(&self) -> bool {
+        self.container_definitions.iter().any(ContainerDefinition::needs_container_runtime)
+            || self.network_mode.is_some_and(|m| m != NetworkMode::Bridge)
+    }
+
+    /// The network mode a container host runs the task in.
+    pub fn effective_network_mode(&self) -> NetworkMode {
+        match self.network_mode {
+            None | Some(NetworkMode::Bridge) | Some(NetworkMode::Awsvpc) => NetworkMode::Bridge,
+            Some(m) => m,
+        }
+    }
+
+    /// The host ports the task needs for itself, as ECS accounts them: every static `hostPort`
+    /// in bridge mode, every port in host mode. Sorted, without duplicates.
+    pub fn static_host_ports(&self) -> Vec<(Protocol, u16)> {
+        let mode = self.effective_network_mode();
+        let mut ports: Vec<(Protocol, u16)> = self
+            .container_definitions
+            .iter()
+            .flat_map(|c| &c.port_mappings)
+            .filter_map(|m| match (mode, self.network_mode) {
+                (NetworkMode::None, _) | (_, Some(NetworkMode::Awsvpc)) => None,
+                (NetworkMode::Host, _) => Some((m.protocol, m.host_port.unwrap_or(m.container_port))),
+                _ => m.host_port.filter(|&p| p != 0).map(|p| (m.protocol, p)),
+            })
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+}
+
 impl ContainerDefinition {
+    /// No `command` or `entryPoint` (the image's own is run), or a field that only a container
+    /// runtime honours.
+    pub fn needs_container_runtime(&self) -> bool {
+        (self.command.is_empty() && self.entry_point.is_empty())
+            || self.cpu.is_some()
+            || self.memory.is_some()
+            || self.memory_reservation.is_some()
+            || self.working_directory.is_some()
+            || !self.docker_labels.is_empty()
+            || !self.port_mappings.is_empty()
+    }
+
     /// The container's GPU requirement, if it has one.
     pub fn gpu(&self) -> Option<&GpuRequirement> {
         self.resource_requirements.iter().map(|ResourceRequirement::Gpu(g)| g).next()

@@ -154,6 +154,7 @@ async fn tokens_limit_who_may_do_what() {
         stop_code: None,
         stopped_reason: None,
         output: None,
+        containers: None,
     };
     let (status, code, _, _) = api_error(other.report_task(&task.id, &report).await.unwrap_err());
     assert_eq!((status, code.as_str()), (403, "Forbidden"), "a host reported for a task of another host");
@@ -210,6 +211,7 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
         stop_code: Some(StopCode::UserInitiated),
         stopped_reason: None,
         output: None,
+        containers: None,
     };
     agent.report_task(&placed[0].id, &report).await.unwrap();
     let third = admin.describe_task(&waiting.id.to_string()).await.unwrap();
@@ -294,6 +296,7 @@ async fn services_keep_their_count_and_spread_replicas() {
         stop_code: Some(StopCode::EssentialContainerExited),
         stopped_reason: Some("exit status 1".into()),
         output: None,
+        containers: None,
     };
     agent.report_task(&victim.id, &exited).await.unwrap();
     let live: Vec<Task> = admin

@@ -177,6 +177,8 @@ mod tests {
             emulated: true,
             mps_available: true,
             gpus: Vec::new(),
+            runtime: Default::default(),
+            runtime_version: None,
             seq: 0,
             registered_at_ms: 0,
             credential_sha256: String::new(),

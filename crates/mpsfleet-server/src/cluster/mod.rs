@@ -605,6 +605,8 @@ impl Cluster {
             emulated: reg.emulated,
             mps_available: reg.mps_available,
             gpus: reg.gpus,
+            runtime: reg.runtime,
+            runtime_version: reg.runtime_version,
             seq: (self.hosts.len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
@@ -822,6 +824,8 @@ impl Cluster {
             cordoned: e.host.cordoned,
             emulated: e.host.emulated,
             mps_available: e.host.mps_available,
+            runtime: e.host.runtime,
+            runtime_version: e.host.runtime_version.clone(),
             gpus,
             task_count: self.tasks.on_host(ix).len() as u32,
             registered_at_ms: e.host.registered_at_ms,
@@ -1587,6 +1591,8 @@ mod tests {
             }],
             mps_available: true,
             emulated: true,
+            runtime: Default::default(),
+            runtime_version: None,
         };
         let host = c.register_host(reg).unwrap().host_id;
         c.host_status(&host, report(HealthStatus::Ok, 5)).unwrap();

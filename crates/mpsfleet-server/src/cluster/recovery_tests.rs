@@ -45,6 +45,8 @@ impl World {
             }],
             mps_available: true,
             emulated: true,
+            runtime: Default::default(),
+            runtime_version: None,
         }
     }
 

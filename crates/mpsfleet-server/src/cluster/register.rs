@@ -23,6 +23,8 @@ use std::sync::Arc;
 pub const MAX_HOST_GPUS: usize = 64;
 /// The most bytes of a host's name.
 pub const MAX_HOSTNAME_BYTES: usize = 255;
+/// The most bytes of the container runtime version a host reports.
+pub const MAX_RUNTIME_VERSION_BYTES: usize = 128;
 /// The most bytes of a GPU's `model` and `computeCapability`.
 pub const MAX_GPU_TEXT_BYTES: usize = 255;
 /// The most MiB a GPU may report.
@@ -104,6 +106,17 @@ impl HostRequest {
                 "hostname",
                 format!("must be 1 to {MAX_HOSTNAME_BYTES} characters, got {}", reg.hostname.len()),
             ));
+        }
+        if let Some(v) = &reg.runtime_version {
+            if v.is_empty() || v.len() > MAX_RUNTIME_VERSION_BYTES || v.chars().any(|c| c.is_control()) {
+                return Err(ApiError::invalid(
+                    "runtimeVersion",
+                    format!(
+                        "must be 1 to {MAX_RUNTIME_VERSION_BYTES} printable characters, got {} bytes",
+                        v.len()
+                    ),
+                ));
+            }
         }
         if reg.gpus.len() > MAX_HOST_GPUS {
             return Err(ApiError::invalid(

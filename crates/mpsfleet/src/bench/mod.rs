@@ -386,6 +386,8 @@ fn emulated_host(pool: &str, n: u32, gpus: u32) -> Result<mpsfleet_types::HostRe
             .collect::<Result<_>>()?,
         mps_available: true,
         emulated: true,
+        runtime: Default::default(),
+        runtime_version: None,
     })
 }
 

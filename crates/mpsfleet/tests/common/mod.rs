@@ -118,6 +118,8 @@ pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (Ho
             .collect(),
         mps_available: true,
         emulated: true,
+        runtime: Default::default(),
+        runtime_version: None,
     };
     let RegisterHostResponse { host_id, credential, .. } =
         joiner.register_host(&reg).await.expect("register host");
