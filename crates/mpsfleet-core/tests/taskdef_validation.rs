@@ -180,8 +180,6 @@ mod taskdef {
             got,
             [
                 "containerDefinitions[0].dependsOn",
-                "containerDefinitions[0].image",
-                "containerDefinitions[0].workingDirectory",
                 "containerDefinitions[1].privileged",
                 "tags",
                 "taskRoleArn",
@@ -212,8 +210,9 @@ mod taskdef {
     #[test]
     fn command_or_entry_point_is_required() {
         let f = "containerDefinitions[0].command";
-        check(&one(json!({"command": null})), f, "mpsfleet runs processes, not images");
-        check(&one(json!({"command": [], "entryPoint": []})), f, "not images");
+        let image = "containerDefinitions[0].image";
+        check(&one(json!({"command": null})), image, "is required when neither command nor entryPoint");
+        check(&one(json!({"command": [], "entryPoint": []})), image, "is required when neither");
         check(&one(json!({"command": "run"})), f, "must be an array, got \"run\"");
         check(
             &one(json!({"command": ["run", 5]})),
@@ -798,17 +797,10 @@ mod taskdef {
         assert_eq!(
             ignored,
             [
-                "containerDefinitions[0].cpu",
-                "containerDefinitions[0].image",
                 "containerDefinitions[0].logConfiguration",
-                "containerDefinitions[0].memory",
-                "containerDefinitions[0].portMappings",
-                "containerDefinitions[1].image",
-                "containerDefinitions[1].memoryReservation",
                 "cpu",
                 "executionRoleArn",
                 "memory",
-                "networkMode",
                 "requiresCompatibilities",
                 "taskRoleArn",
             ]
