@@ -2,11 +2,12 @@
 //! tasks as processes with the MPS environment wired in, probes them, and reports.
 //!
 //! [`agent::run`] is the entry point; [`tasks`] is the task loop; [`mps`] drives and supervises
-//! the daemons; [`runtime`] runs containers under a shim and probes them; [`env`] builds a
-//! task's environment; [`discovery`] finds the GPUs.
+//! the daemons; [`runtime`] runs containers under a shim and probes them; [`docker`] runs them
+//! in Docker Engine; [`env`] builds a task's environment; [`discovery`] finds the GPUs.
 
 pub mod agent;
 pub mod discovery;
+pub mod docker;
 pub mod env;
 pub mod gpu_health;
 pub mod logs;

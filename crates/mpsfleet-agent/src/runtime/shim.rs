@@ -145,6 +145,9 @@ pub struct ExitRecord {
     /// Set when the command could not be executed at all (nothing ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The kernel killed it for going past its memory limit (Docker's `State.OOMKilled`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
 }
 
 impl ExitRecord {
@@ -234,6 +237,7 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
                 signal: None,
                 finished_at_ms: SystemClock.now_ms(),
                 error: Some(describe_spawn_error(&e, program)),
+                oom_killed: false,
             };
             return write_json(&args.dir.join(EXIT_RECORD), &record);
         }
@@ -273,6 +277,7 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
         signal: status.signal(),
         finished_at_ms: SystemClock.now_ms(),
         error: None,
+        oom_killed: false,
     };
     write_json(&args.dir.join(EXIT_RECORD), &record)
 }
@@ -468,6 +473,7 @@ mod tests {
             signal,
             finished_at_ms: 0,
             error: error.map(str::to_string),
+            oom_killed: false,
         };
         assert_eq!(rec(Some(3), None, None).reason(), "exit status 3");
         assert_eq!(rec(None, Some(9), None).reason(), "killed by signal 9 (SIGKILL)");

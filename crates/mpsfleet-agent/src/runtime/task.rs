@@ -23,8 +23,16 @@ pub enum TaskPhase {
     },
 }
 
-/// The stop code and reason for a container that ended on its own.
+/// The stop code and reason for a container that ended on its own. A container the kernel
+/// killed for its memory limit stops the task with [`StopCode::OutOfMemory`] (ECS:
+/// `OutOfMemoryError: Container killed due to memory usage`).
 pub fn stop_for_exit(container: &str, exit: &ExitRecord) -> (StopCode, String) {
+    if exit.oom_killed {
+        return (
+            StopCode::OutOfMemory,
+            format!("container {container} was killed: out of memory (went past its memory limit)"),
+        );
+    }
     match &exit.error {
         Some(error) => {
             (StopCode::TaskFailedToStart, format!("container {container} failed to start: {error}"))
@@ -79,7 +87,13 @@ mod tests {
     use super::*;
 
     fn exited(code: i32) -> ContainerState {
-        ContainerState::Exited(ExitRecord { code: Some(code), signal: None, finished_at_ms: 1, error: None })
+        ContainerState::Exited(ExitRecord {
+            code: Some(code),
+            signal: None,
+            finished_at_ms: 1,
+            error: None,
+            oom_killed: false,
+        })
     }
     fn killed(signal: i32) -> ContainerState {
         ContainerState::Exited(ExitRecord {
@@ -87,6 +101,7 @@ mod tests {
             signal: Some(signal),
             finished_at_ms: 1,
             error: None,
+            oom_killed: false,
         })
     }
     fn not_started() -> ContainerState {
@@ -95,6 +110,16 @@ mod tests {
             signal: None,
             finished_at_ms: 1,
             error: Some("no such file or directory: foo".into()),
+            oom_killed: false,
+        })
+    }
+    fn oom() -> ContainerState {
+        ContainerState::Exited(ExitRecord {
+            code: Some(137),
+            signal: None,
+            finished_at_ms: 1,
+            error: None,
+            oom_killed: true,
         })
     }
     fn running() -> ContainerState {
@@ -142,5 +167,11 @@ mod tests {
             stopped(EssentialContainerExited, "all containers exited"),
         );
         check(&[], stopped(TaskFailedToStart, "task has no containers"));
+        check(
+            &[("app", true, oom()), ("side", false, running())],
+            stopped(OutOfMemory, "container app was killed: out of memory (went past its memory limit)"),
+        );
+        // A non-essential container killed for memory does not stop the task.
+        check(&[("app", true, running()), ("side", false, oom())], TaskPhase::Running);
     }
 }

@@ -1,0 +1,1276 @@
+//! The Docker container runtime: runs a task's containers in Docker Engine, over its Unix
+//! socket (bollard), the way the ECS container agent does (shared/design/ecs-on-docker.md).
+//!
+//! [`spec`] maps a container definition to Docker's create call; [`DockerRuntime`] pulls,
+//! creates, starts, watches, stops, finds again and removes containers, follows their output
+//! and cleans up unused images. Every method blocks the calling thread (the task loop calls
+//! them from worker threads) and runs its Docker calls on the tokio runtime given at
+//! [`DockerRuntime::connect`], each under a wall-clock limit.
+//!
+//! Containers are named deterministically ([`spec::container_name`]) and labelled with the
+//! host, task and container, so that after a restart they are found by name
+//! ([`DockerRuntime::adopt`]) or by label ([`DockerRuntime::list_ours`]).
+
+mod follow;
+mod records;
+pub mod spec;
+
+use crate::runtime::{ContainerState, ExitRecord, StopOutcome};
+use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, EventMessage};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, EventsOptions, InspectContainerOptions,
+    ListContainersOptions, ListImagesOptions, LogsOptions, RemoveContainerOptions, RemoveImageOptions,
+    StopContainerOptions,
+};
+use bollard::{ClientVersion, Docker};
+use futures_util::StreamExt;
+use mpsfleet_core::clock::{Clock, SystemClock};
+use mpsfleet_types::logs::OutputStream;
+use mpsfleet_types::task::StopCode;
+use mpsfleet_types::{NetworkBinding, Protocol};
+use records::{ImageRecord, ImageRecords};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+pub use follow::{resume_point, rotated_path, FramedWriter};
+pub use spec::{container_name, create_body, launch_notes};
+
+/// The Docker API version spoken: Docker 20.10 (API 1.41) refuses newer clients, and nothing
+/// used here needs more.
+pub const API_VERSION: ClientVersion = ClientVersion { major_version: 1, minor_version: 41 };
+/// The socket when neither the configuration nor `DOCKER_HOST` names one.
+pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+/// Wall-clock limits on Docker calls (ECS's create and start limits).
+pub const CREATE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+pub const START_TIMEOUT: Duration = Duration::from_secs(3 * 60);
+pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+pub const LOGS_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// How long past the stop timeout a stop call may take before it is given up (ECS: 2 min).
+pub const STOP_GRACE: Duration = Duration::from_secs(2 * 60);
+/// [`DockerRuntime::status`] inspects a running container at least this often even when no
+/// event said it changed (events can be missed while the stream reconnects).
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// What [`DockerRuntime::exec`] keeps of the command's output.
+pub const EXEC_OUTPUT_MAX: usize = 4 << 10;
+
+/// ECS's `ECS_IMAGE_PULL_BEHAVIOR` (section 3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PullBehavior {
+    /// Always pull; when the pull fails, use a cached image if there is one.
+    #[default]
+    Default,
+    /// Always pull; a failed pull fails the launch.
+    Always,
+    /// Pull unless a pull of this reference succeeded before; a failed pull fails the launch.
+    Once,
+    /// Pull only when the image is not there.
+    PreferCached,
+}
+
+impl PullBehavior {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullBehavior::Default => "default",
+            PullBehavior::Always => "always",
+            PullBehavior::Once => "once",
+            PullBehavior::PreferCached => "prefer-cached",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown image pull behavior {0:?}: expected default, always, once or prefer-cached")]
+pub struct UnknownPullBehavior(pub String);
+
+impl FromStr for PullBehavior {
+    type Err = UnknownPullBehavior;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "default" => Ok(PullBehavior::Default),
+            "always" => Ok(PullBehavior::Always),
+            "once" => Ok(PullBehavior::Once),
+            "prefer-cached" => Ok(PullBehavior::PreferCached),
+            other => Err(UnknownPullBehavior(other.to_string())),
+        }
+    }
+}
+
+/// How a real GPU reaches a container (ecs-on-docker.md section 4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuWiring {
+    /// `HostConfig.Runtime` = this runtime and `NVIDIA_VISIBLE_DEVICES` = the GPUs' UUIDs.
+    NvidiaRuntime { runtime: String },
+    /// One device request with capabilities `[["gpu"]]` and the UUIDs as device ids.
+    DeviceRequests,
+}
+
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Docker Engine's Unix socket.
+    pub socket: PathBuf,
+    /// This host's id: part of every container's name and labels.
+    pub host_id: String,
+    pub pull: PullBehavior,
+    pub pull_timeout: Duration,
+    /// None: decided from `docker info` (a runtime named `nvidia` means
+    /// [`GpuWiring::NvidiaRuntime`], else [`GpuWiring::DeviceRequests`]).
+    pub gpu_wiring: Option<GpuWiring>,
+    /// The runtime's own records (see `records.rs`).
+    pub data_dir: PathBuf,
+}
+
+impl DockerConfig {
+    /// A configuration with ECS's defaults and the socket from [`socket_from_env`].
+    pub fn new(host_id: impl Into<String>, data_dir: PathBuf) -> DockerConfig {
+        DockerConfig {
+            socket: socket_from_env(),
+            host_id: host_id.into(),
+            pull: PullBehavior::Default,
+            pull_timeout: DEFAULT_PULL_TIMEOUT,
+            gpu_wiring: None,
+            data_dir,
+        }
+    }
+}
+
+/// The socket named by `DOCKER_HOST=unix://PATH`, else [`DEFAULT_SOCKET`].
+pub fn socket_from_env() -> PathBuf {
+    socket_from(std::env::var("DOCKER_HOST").ok().as_deref())
+}
+
+/// [`socket_from_env`] for a given value of `DOCKER_HOST`.
+pub fn socket_from(docker_host: Option<&str>) -> PathBuf {
+    match docker_host.and_then(|h| h.strip_prefix("unix://")) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => PathBuf::from(DEFAULT_SOCKET),
+    }
+}
+
+/// ECS's image cleanup (`ECS_IMAGE_CLEANUP_INTERVAL` 30 min, `ECS_IMAGE_MINIMUM_CLEANUP_AGE`
+/// 1 h, `ECS_NUM_IMAGES_DELETE_PER_CYCLE` 5): every `interval`, remove up to `max_per_cycle`
+/// images that this runtime launched, that no container (running or stopped) uses, and that
+/// no launch used for `min_age`. Images the runtime never launched are left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImagePolicy {
+    pub interval: Duration,
+    pub min_age: Duration,
+    pub max_per_cycle: usize,
+}
+
+impl Default for ImagePolicy {
+    fn default() -> Self {
+        ImagePolicy {
+            interval: Duration::from_secs(30 * 60),
+            min_age: Duration::from_secs(60 * 60),
+            max_per_cycle: 5,
+        }
+    }
+}
+
+/// One container to launch.
+#[derive(Debug, Clone)]
+pub struct DockerLaunch {
+    pub task: mpsfleet_types::Task,
+    pub definition: mpsfleet_types::TaskDefinition,
+    pub container: mpsfleet_types::ContainerDefinition,
+    /// The container's environment (`crate::env::container_env`).
+    pub env: Vec<(String, String)>,
+    /// The MPS daemon's pipe directory, for an MPS container: mounted at the same path.
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// The task's GPUs are emulated: no GPU runtime or device request is set.
+    pub gpus_emulated: bool,
+    pub stop_timeout: Duration,
+}
+
+/// A launched (or adopted) container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerHandle {
+    pub id: String,
+    pub name: String,
+    pub pid: Option<u32>,
+    pub ip: Option<String>,
+    pub image_digest: Option<String>,
+    pub network_bindings: Vec<NetworkBinding>,
+    pub notes: Vec<String>,
+}
+
+/// A container labelled for this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OurContainer {
+    pub task_id: String,
+    pub container: String,
+    pub id: String,
+    pub running: bool,
+    pub finished_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    pub exit_code: i64,
+    /// The last [`EXEC_OUTPUT_MAX`] bytes of stdout and stderr, as read.
+    pub output: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("cannot reach docker at {socket}: {reason}")]
+    Unreachable { socket: PathBuf, reason: String },
+    #[error("docker {what} timed out after {after:?}")]
+    Timeout { what: String, after: Duration },
+    #[error("docker {what}: {message} (status {status})")]
+    Api { what: String, status: u16, message: String },
+    #[error("docker {what}: {message}")]
+    Other { what: String, message: String },
+    #[error("docker runtime called from inside an async context ({what}); call it from a worker thread")]
+    InAsyncContext { what: String },
+}
+
+impl DockerError {
+    fn status(&self) -> Option<u16> {
+        match self {
+            DockerError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// What Docker said, without our prefix.
+    pub fn message(&self) -> String {
+        match self {
+            DockerError::Api { message, .. } | DockerError::Other { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// What the runtime remembers of one container between [`DockerRuntime::status`] calls.
+#[derive(Debug, Clone)]
+struct Watched {
+    state: ContainerState,
+    inspected_at_ms: u64,
+    /// An event said the container changed since the last inspect.
+    changed: bool,
+}
+
+struct Inner {
+    docker: Docker,
+    cfg: DockerConfig,
+    handle: tokio::runtime::Handle,
+    wiring: OnceLock<GpuWiring>,
+    watched: Mutex<HashMap<String, Watched>>,
+    watcher: OnceLock<()>,
+    records: Mutex<()>,
+}
+
+/// The Docker runtime; cheap to clone.
+#[derive(Clone)]
+pub struct DockerRuntime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for DockerRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerRuntime")
+            .field("socket", &self.inner.cfg.socket)
+            .field("host_id", &self.inner.cfg.host_id)
+            .finish()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemClock.now_ms()
+}
+
+fn map_err(socket: &std::path::Path, what: &str, e: bollard::errors::Error) -> DockerError {
+    use bollard::errors::Error as E;
+    match e {
+        E::DockerResponseServerError { status_code, message } => {
+            DockerError::Api { what: what.to_string(), status: status_code, message }
+        }
+        E::DockerStreamError { error } => DockerError::Other { what: what.to_string(), message: error },
+        E::RequestTimeoutError => DockerError::Timeout { what: what.to_string(), after: Duration::ZERO },
+        e @ (E::SocketNotFoundError(_)
+        | E::IOError { .. }
+        | E::HyperResponseError { .. }
+        | E::HyperLegacyError { .. }
+        | E::HttpClientError { .. }) => {
+            DockerError::Unreachable { socket: socket.to_path_buf(), reason: format!("{what}: {e}") }
+        }
+        e => DockerError::Other { what: what.to_string(), message: e.to_string() },
+    }
+}
+
+/// `repository[:tag]` with `:latest` added when there is neither a tag nor a digest.
+pub fn normalize_reference(image: &str) -> String {
+    if image.contains('@') {
+        return image.to_string();
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if last.contains(':') {
+        image.to_string()
+    } else {
+        format!("{image}:latest")
+    }
+}
+
+/// `2026-12-01T08:50:12.123456789Z` (RFC 3339, as Docker writes times) in ms since the epoch;
+/// None for Docker's zero time and anything unparsable.
+pub fn parse_docker_time(s: &str) -> Option<u64> {
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-');
+    let (y, mo, da): (i64, i64, i64) =
+        (d.next()?.parse().ok()?, d.next()?.parse().ok()?, d.next()?.parse().ok()?);
+    if y < 1970 {
+        return None;
+    }
+    let (clock, offset_s) = match time.find(['Z', '+', '-']) {
+        Some(i) => {
+            let (c, z) = time.split_at(i);
+            let off = if z == "Z" {
+                0
+            } else {
+                let sign = if z.starts_with('-') { -1 } else { 1 };
+                let (h, m) = z[1..].split_once(':')?;
+                sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+            };
+            (c, off)
+        }
+        None => (time, 0),
+    };
+    let (hms, frac) = clock.split_once('.').unwrap_or((clock, ""));
+    let mut t = hms.splitn(3, ':');
+    let (h, mi, se): (i64, i64, i64) =
+        (t.next()?.parse().ok()?, t.next()?.parse().ok()?, t.next()?.parse().ok()?);
+    let ms: i64 = if frac.is_empty() {
+        0
+    } else {
+        let digits: String = frac.chars().take(3).collect();
+        format!("{digits:0<3}").parse().ok()?
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + da - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_s;
+    u64::try_from(secs * 1000 + ms).ok()
+}
+
+/// The container's state as the task loop sees it, from an inspect.
+fn state_of(name: &str, info: &ContainerInspectResponse) -> ContainerState {
+    let Some(s) = &info.state else {
+        return ContainerState::Lost { reason: format!("docker reports no state for container {name}") };
+    };
+    let pid = s.pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0);
+    match s.status {
+        Some(ContainerStateStatusEnum::RUNNING)
+        | Some(ContainerStateStatusEnum::PAUSED)
+        | Some(ContainerStateStatusEnum::RESTARTING) => ContainerState::Running { pid },
+        Some(ContainerStateStatusEnum::CREATED) => ContainerState::Exited(ExitRecord {
+            code: None,
+            signal: None,
+            finished_at_ms: now_ms(),
+            error: Some(
+                s.error
+                    .clone()
+                    .filter(|e| !e.is_empty())
+                    .unwrap_or_else(|| "created but never started".into()),
+            ),
+            oom_killed: false,
+        }),
+        _ if s.running == Some(true) => ContainerState::Running { pid },
+        _ => ContainerState::Exited(ExitRecord {
+            code: s.exit_code.and_then(|c| i32::try_from(c).ok()),
+            signal: None,
+            finished_at_ms: s.finished_at.as_deref().and_then(parse_docker_time).unwrap_or_else(now_ms),
+            error: s.error.clone().filter(|e| !e.is_empty()),
+            oom_killed: s.oom_killed.unwrap_or(false),
+        }),
+    }
+}
+
+fn handle_of(info: &ContainerInspectResponse, name: &str, notes: Vec<String>) -> DockerHandle {
+    let settings = info.network_settings.as_ref();
+    let ip = settings
+        .and_then(|n| n.networks.as_ref())
+        .and_then(|nets| nets.values().filter_map(|e| e.ip_address.clone()).find(|ip| !ip.is_empty()));
+    let mut network_bindings = Vec::new();
+    for (key, bindings) in settings.and_then(|n| n.ports.as_ref()).into_iter().flatten() {
+        let Some((port, proto)) = key.split_once('/') else { continue };
+        let (Ok(container_port), protocol) = (port.parse::<u16>(), proto) else { continue };
+        let protocol = match protocol {
+            "udp" => Protocol::Udp,
+            "tcp" => Protocol::Tcp,
+            _ => continue,
+        };
+        for b in bindings.iter().flatten() {
+            let bind_ip = b.host_ip.clone().unwrap_or_default();
+            // IPv4 only, as ECS reports by default.
+            if !bind_ip.is_empty() && bind_ip.parse::<std::net::Ipv4Addr>().is_err() {
+                continue;
+            }
+            let Some(host_port) = b.host_port.as_deref().and_then(|p| p.parse::<u16>().ok()) else {
+                continue;
+            };
+            let bind_ip = if bind_ip.is_empty() { "0.0.0.0".to_string() } else { bind_ip };
+            network_bindings.push(NetworkBinding { bind_ip, container_port, host_port, protocol });
+        }
+    }
+    network_bindings.sort();
+    network_bindings.dedup();
+    DockerHandle {
+        id: info.id.clone().unwrap_or_default(),
+        name: name.to_string(),
+        pid: info.state.as_ref().and_then(|s| s.pid).and_then(|p| u32::try_from(p).ok()).filter(|&p| p > 0),
+        ip,
+        image_digest: info.image.clone(),
+        network_bindings,
+        notes,
+    }
+}
+
+impl DockerRuntime {
+    /// Makes the client; nothing is sent to Docker until the first call.
+    pub fn connect(cfg: DockerConfig, handle: tokio::runtime::Handle) -> Result<DockerRuntime, DockerError> {
+        let path = cfg.socket.display().to_string();
+        // bollard's own per-request limit is set high: every call has its own limit here.
+        let docker = Docker::connect_with_unix(&path, 3600, &API_VERSION)
+            .map_err(|e| DockerError::Unreachable { socket: cfg.socket.clone(), reason: e.to_string() })?;
+        let wiring = OnceLock::new();
+        if let Some(w) = &cfg.gpu_wiring {
+            let _ = wiring.set(w.clone());
+        }
+        Ok(DockerRuntime {
+            inner: Arc::new(Inner {
+                docker,
+                cfg,
+                handle,
+                wiring,
+                watched: Mutex::new(HashMap::new()),
+                watcher: OnceLock::new(),
+                records: Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &DockerConfig {
+        &self.inner.cfg
+    }
+
+    /// The host id in this runtime's container names and labels.
+    pub fn host_id(&self) -> &str {
+        &self.inner.cfg.host_id
+    }
+
+    /// Runs `fut` on the runtime's tokio runtime, under `limit`.
+    fn block<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+    ) -> Result<T, DockerError> {
+        let socket = self.inner.cfg.socket.clone();
+        self.run(what, async move {
+            match tokio::time::timeout(limit, fut).await {
+                Ok(r) => r.map_err(|e| map_err(&socket, what, e)),
+                Err(_) => Err(DockerError::Timeout { what: what.to_string(), after: limit }),
+            }
+        })
+    }
+
+    /// Runs `fut` to completion on the runtime's tokio runtime, from a worker thread.
+    fn run<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, DockerError>>,
+    ) -> Result<T, DockerError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(DockerError::InAsyncContext { what: what.to_string() });
+        }
+        self.inner.handle.block_on(fut)
+    }
+
+    /// Docker's engine version, e.g. `20.10.24+dfsg1`.
+    pub fn ping(&self, timeout: Duration) -> Result<String, DockerError> {
+        let v = self.block("version", timeout, self.inner.docker.version())?;
+        Ok(v.version.unwrap_or_default())
+    }
+
+    /// How a real GPU is wired: as configured, else from `docker info`.
+    pub fn gpu_wiring(&self) -> Result<GpuWiring, DockerError> {
+        if let Some(w) = self.inner.wiring.get() {
+            return Ok(w.clone());
+        }
+        let info = self.block("info", INSPECT_TIMEOUT, self.inner.docker.info())?;
+        let nvidia = info.runtimes.as_ref().is_some_and(|r| r.contains_key("nvidia"));
+        let w = if nvidia {
+            GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }
+        } else {
+            GpuWiring::DeviceRequests
+        };
+        Ok(self.inner.wiring.get_or_init(|| w).clone())
+    }
+
+    fn inspect(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
+        match self.block(
+            "inspect container",
+            INSPECT_TIMEOUT,
+            self.inner.docker.inspect_container(name_or_id, None::<InspectContainerOptions>),
+        ) {
+            Ok(info) => Ok(Some(info)),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn image_present(&self, reference: &str) -> Result<bool, DockerError> {
+        match self.block("inspect image", INSPECT_TIMEOUT, self.inner.docker.inspect_image(reference)) {
+            Ok(_) => Ok(true),
+            Err(e) if e.status() == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Pulls `reference`; Err carries the registry's message.
+    fn pull(&self, reference: &str) -> Result<(), DockerError> {
+        let docker = self.inner.docker.clone();
+        let options = CreateImageOptions { from_image: Some(reference.to_string()), ..Default::default() };
+        let limit = self.inner.cfg.pull_timeout;
+        let socket = self.inner.cfg.socket.clone();
+        self.run("pull", async move {
+            let pull = async {
+                let mut stream = docker.create_image(Some(options), None, None);
+                while let Some(item) = stream.next().await {
+                    let info = item.map_err(|e| map_err(&socket, "pull", e))?;
+                    if let Some(detail) = info.error_detail {
+                        let message = detail.message.unwrap_or_else(|| "pull failed".into());
+                        return Err(DockerError::Other { what: "pull".into(), message });
+                    }
+                }
+                Ok(())
+            };
+            match tokio::time::timeout(limit, pull).await {
+                Ok(r) => r,
+                Err(_) => Err(DockerError::Timeout { what: format!("pull of {reference}"), after: limit }),
+            }
+        })
+    }
+
+    fn update_records(&self, f: impl FnOnce(&mut ImageRecords)) {
+        let _lock = self.inner.records.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = &self.inner.cfg.data_dir;
+        let mut r = ImageRecords::load(dir);
+        f(&mut r);
+        if let Err(e) = r.save(dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot write the docker image records");
+        }
+    }
+
+    /// Makes sure the image is there per the pull behaviour; notes what was done differently.
+    fn ensure_image(&self, reference: &str, notes: &mut Vec<String>) -> Result<(), (StopCode, String)> {
+        let cannot_pull = |e: DockerError| {
+            (StopCode::CannotPullContainerError, format!("CannotPullContainerError: {}", e.message()))
+        };
+        let pulled_before =
+            ImageRecords::load(&self.inner.cfg.data_dir).images.get(reference).is_some_and(|r| r.pulled);
+        let need_pull = match self.inner.cfg.pull {
+            PullBehavior::Default | PullBehavior::Always => true,
+            PullBehavior::Once => !pulled_before || !self.image_present(reference).unwrap_or(false),
+            PullBehavior::PreferCached => !self.image_present(reference).unwrap_or(false),
+        };
+        if !need_pull {
+            return Ok(());
+        }
+        match self.pull(reference) {
+            Ok(()) => {
+                self.update_records(|r| r.images.entry(reference.to_string()).or_default().pulled = true);
+                Ok(())
+            }
+            Err(e) if self.inner.cfg.pull == PullBehavior::Default => match self.image_present(reference) {
+                Ok(true) => {
+                    notes.push(format!(
+                        "pull of {reference} failed, the cached image was used: {}",
+                        e.message()
+                    ));
+                    Ok(())
+                }
+                _ => Err(cannot_pull(e)),
+            },
+            Err(e) => Err(cannot_pull(e)),
+        }
+    }
+
+    fn remove_quietly(&self, name: &str) {
+        if let Err(e) = self.remove_by_name(name) {
+            tracing::warn!(container = name, error = %e, "cannot remove a half-made container");
+        }
+    }
+
+    /// Pulls (per the pull behaviour), creates and starts the container.
+    pub fn launch(&self, l: &DockerLaunch) -> Result<DockerHandle, (StopCode, String)> {
+        let failed = |prefix: &str, e: DockerError| {
+            (StopCode::TaskFailedToStart, format!("{prefix}: {}", e.message()))
+        };
+        let Some(image) = l.container.image.as_deref().filter(|i| !i.is_empty()) else {
+            return Err((
+                StopCode::TaskFailedToStart,
+                format!("CannotCreateContainerError: container {} has no image", l.container.name),
+            ));
+        };
+        let reference = normalize_reference(image);
+        let mut notes = launch_notes(l);
+        self.ensure_image(&reference, &mut notes)?;
+        let needs_wiring = l.container.gpu().is_some() && !l.gpus_emulated && !l.task.gpu_ids.is_empty();
+        let wiring = if needs_wiring {
+            self.gpu_wiring().map_err(|e| failed("CannotCreateContainerError", e))?
+        } else {
+            GpuWiring::DeviceRequests
+        };
+        let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
+        body.image = Some(reference.clone());
+        self.update_records(|r| r.images.entry(reference.clone()).or_default().last_used_ms = now_ms());
+        self.start_watcher();
+
+        let create = |body| {
+            self.block(
+                "create container",
+                CREATE_TIMEOUT,
+                self.inner.docker.create_container(
+                    Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }),
+                    body,
+                ),
+            )
+        };
+        let created = match create(body.clone()) {
+            // Left from a launch that did not finish (a crash between create and start).
+            Err(e) if e.status() == Some(409) => {
+                self.remove_by_name(&name).map_err(|e| failed("CannotCreateContainerError", e))?;
+                create(body)
+            }
+            other => other,
+        };
+        let created = match created {
+            Ok(c) => c,
+            Err(e) => {
+                if matches!(e, DockerError::Timeout { .. }) {
+                    self.remove_quietly(&name);
+                }
+                return Err(failed("CannotCreateContainerError", e));
+            }
+        };
+        for w in created.warnings.iter().filter(|w| !w.is_empty()) {
+            notes.push(format!("docker: {w}"));
+        }
+        if let Err(e) = self.block(
+            "start container",
+            START_TIMEOUT,
+            self.inner
+                .docker
+                .start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>),
+        ) {
+            self.remove_quietly(&name);
+            return Err(failed("CannotStartContainerError", e));
+        }
+        let handle = match self.inspect(&created.id) {
+            Ok(Some(info)) => {
+                let state = state_of(&name, &info);
+                self.remember(&created.id, state);
+                handle_of(&info, &name, notes)
+            }
+            Ok(None) | Err(_) => DockerHandle {
+                id: created.id.clone(),
+                name: name.clone(),
+                pid: None,
+                ip: None,
+                image_digest: None,
+                network_bindings: Vec::new(),
+                notes,
+            },
+        };
+        let digest = self
+            .block("inspect image", INSPECT_TIMEOUT, self.inner.docker.inspect_image(&reference))
+            .ok()
+            .and_then(|i| {
+                i.repo_digests
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find_map(|d| d.split_once('@').map(|(_, digest)| digest.to_string()))
+            });
+        Ok(DockerHandle { image_digest: digest.or(handle.image_digest.clone()), ..handle })
+    }
+
+    fn remember(&self, id: &str, state: ContainerState) {
+        let mut w = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner());
+        w.insert(id.to_string(), Watched { state, inspected_at_ms: now_ms(), changed: false });
+    }
+
+    /// The container's state: from the last inspect while no event said it changed and that
+    /// inspect is less than [`STATUS_REFRESH`] old, else from a new inspect.
+    pub fn status(&self, h: &DockerHandle) -> Result<ContainerState, DockerError> {
+        self.start_watcher();
+        {
+            let w = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(seen) = w.get(&h.id) {
+                let fresh = now_ms().saturating_sub(seen.inspected_at_ms) < STATUS_REFRESH.as_millis() as u64;
+                if !seen.changed && (fresh || !seen.state.is_running()) {
+                    return Ok(seen.state.clone());
+                }
+            }
+        }
+        // Cleared before the inspect, so that an event during it is not lost.
+        if let Some(seen) = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&h.id) {
+            seen.changed = false;
+        }
+        let state = match self.inspect(&h.id)? {
+            Some(info) => state_of(&h.name, &info),
+            None => ContainerState::Lost { reason: format!("container {} no longer exists", h.name) },
+        };
+        let mut w = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = w.entry(h.id.clone()).or_insert(Watched {
+            state: state.clone(),
+            inspected_at_ms: now_ms(),
+            changed: false,
+        });
+        entry.state = state.clone();
+        entry.inspected_at_ms = now_ms();
+        Ok(state)
+    }
+
+    /// Stops the container as `docker stop -t` does (SIGTERM or the image's STOPSIGNAL,
+    /// SIGKILL after `timeout`), then reads how it ended.
+    pub fn stop(&self, h: &DockerHandle, timeout: Duration) -> Result<StopOutcome, DockerError> {
+        let t = i32::try_from(timeout.as_secs().max(1)).unwrap_or(i32::MAX);
+        let started = now_ms();
+        match self.block(
+            "stop container",
+            timeout + STOP_GRACE,
+            self.inner.docker.stop_container(&h.id, Some(StopContainerOptions { t: Some(t), signal: None })),
+        ) {
+            Ok(()) => {}
+            // 304: already stopped; 404: gone (the inspect below says so).
+            Err(e) if matches!(e.status(), Some(304) | Some(404)) => {}
+            Err(e) => return Err(e),
+        }
+        let took = now_ms().saturating_sub(started);
+        if let Some(seen) = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&h.id) {
+            seen.changed = true;
+        }
+        let state = self.status(h)?;
+        let killed = match &state {
+            ContainerState::Exited(exit) => {
+                exit.code == Some(137) && !exit.oom_killed && took + 500 >= (t as u64) * 1000
+            }
+            _ => false,
+        };
+        Ok(StopOutcome { state, killed })
+    }
+
+    /// Finds the container of `task_id`/`container` by its name.
+    pub fn adopt(
+        &self,
+        task_id: &str,
+        container: &str,
+    ) -> Result<Option<(DockerHandle, ContainerState)>, DockerError> {
+        let name = container_name(&self.inner.cfg.host_id, task_id, container);
+        let Some(info) = self.inspect(&name)? else { return Ok(None) };
+        self.start_watcher();
+        let state = state_of(&name, &info);
+        let handle = handle_of(&info, &name, Vec::new());
+        self.remember(&handle.id, state.clone());
+        Ok(Some((handle, state)))
+    }
+
+    fn remove_by_name(&self, name: &str) -> Result<(), DockerError> {
+        match self.block(
+            "remove container",
+            REMOVE_TIMEOUT,
+            self.inner
+                .docker
+                .remove_container(name, Some(RemoveContainerOptions { v: true, force: true, link: false })),
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) if e.status() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the container (running or not) with its anonymous volumes; a missing one is Ok.
+    pub fn remove(&self, task_id: &str, container: &str) -> Result<(), DockerError> {
+        let name = container_name(&self.inner.cfg.host_id, task_id, container);
+        let id = self.inspect(&name)?.and_then(|i| i.id);
+        self.remove_by_name(&name)?;
+        if let Some(id) = id {
+            self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Every container labelled for this host, running or not.
+    pub fn list_ours(&self) -> Result<Vec<OurContainer>, DockerError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{}={}", spec::LABEL_HOST, self.inner.cfg.host_id)],
+        )]);
+        let list = self.block(
+            "list containers",
+            LIST_TIMEOUT,
+            self.inner.docker.list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            })),
+        )?;
+        let mut out = Vec::new();
+        for c in list {
+            let labels = c.labels.unwrap_or_default();
+            let (Some(task_id), Some(container), Some(id)) =
+                (labels.get(spec::LABEL_TASK), labels.get(spec::LABEL_CONTAINER), c.id)
+            else {
+                continue;
+            };
+            let running = matches!(
+                c.state,
+                Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                    | Some(bollard::models::ContainerSummaryStateEnum::PAUSED)
+                    | Some(bollard::models::ContainerSummaryStateEnum::RESTARTING)
+            );
+            let finished_at_ms = if running {
+                None
+            } else {
+                self.inspect(&id)?
+                    .and_then(|i| i.state)
+                    .and_then(|s| s.finished_at)
+                    .as_deref()
+                    .and_then(parse_docker_time)
+            };
+            out.push(OurContainer {
+                task_id: task_id.clone(),
+                container: container.clone(),
+                id,
+                running,
+                finished_at_ms,
+            });
+        }
+        out.sort_by(|a, b| (&a.task_id, &a.container).cmp(&(&b.task_id, &b.container)));
+        Ok(out)
+    }
+
+    /// Runs `argv` in the container (as its user, in its working directory) and waits up to
+    /// `timeout` for it to exit.
+    pub fn exec(
+        &self,
+        h: &DockerHandle,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutcome, DockerError> {
+        use bollard::exec::{CreateExecOptions, StartExecResults};
+        let docker = self.inner.docker.clone();
+        let socket = self.inner.cfg.socket.clone();
+        let id = h.id.clone();
+        let argv = argv.to_vec();
+        self.run("exec", async move {
+            let work = async {
+                let m = |e| map_err(&socket, "exec", e);
+                let exec = docker
+                    .create_exec(
+                        &id,
+                        CreateExecOptions {
+                            attach_stdout: Some(true),
+                            attach_stderr: Some(true),
+                            cmd: Some(argv),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .map_err(m)?;
+                let mut output: Vec<u8> = Vec::new();
+                if let StartExecResults::Attached { output: mut stream, .. } =
+                    docker.start_exec(&exec.id, None).await.map_err(m)?
+                {
+                    while let Some(chunk) = stream.next().await {
+                        output.extend_from_slice(&chunk.map_err(m)?.into_bytes());
+                        if output.len() > 2 * EXEC_OUTPUT_MAX {
+                            output.drain(..output.len() - EXEC_OUTPUT_MAX);
+                        }
+                    }
+                }
+                // The stream ends when the process does; its exit code may lag a moment.
+                let mut exit = None;
+                for _ in 0..50 {
+                    let inspect = docker.inspect_exec(&exec.id).await.map_err(m)?;
+                    if inspect.running != Some(true) {
+                        exit = inspect.exit_code;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let start = output.len().saturating_sub(EXEC_OUTPUT_MAX);
+                Ok(ExecOutcome {
+                    exit_code: exit.unwrap_or(-1),
+                    output: String::from_utf8_lossy(&output[start..]).into_owned(),
+                })
+            };
+            match tokio::time::timeout(timeout, work).await {
+                Ok(r) => r,
+                Err(_) => Err(DockerError::Timeout { what: "exec".into(), after: timeout }),
+            }
+        })
+    }
+
+    /// The container's log as Docker keeps it (json-file), the two streams interleaved in the
+    /// order written; the last `tail_bytes` bytes when given.
+    pub fn logs(
+        &self,
+        task_id: &str,
+        container: &str,
+        stdout: bool,
+        stderr: bool,
+        tail_bytes: Option<u64>,
+    ) -> Result<Vec<u8>, DockerError> {
+        let name = container_name(&self.inner.cfg.host_id, task_id, container);
+        let docker = self.inner.docker.clone();
+        let socket = self.inner.cfg.socket.clone();
+        let keep = tail_bytes.map(|t| usize::try_from(t).unwrap_or(usize::MAX));
+        self.run("logs", async move {
+            let work = async {
+                let mut out = Vec::new();
+                let mut stream =
+                    docker.logs(&name, Some(LogsOptions { stdout, stderr, ..Default::default() }));
+                while let Some(chunk) = stream.next().await {
+                    out.extend_from_slice(&chunk.map_err(|e| map_err(&socket, "logs", e))?.into_bytes());
+                    if let Some(keep) = keep {
+                        if out.len() > keep.saturating_mul(2).max(1 << 16) {
+                            out.drain(..out.len() - keep);
+                        }
+                    }
+                }
+                if let Some(keep) = keep {
+                    let start = out.len().saturating_sub(keep);
+                    out.drain(..start);
+                }
+                Ok(out)
+            };
+            match tokio::time::timeout(LOGS_TIMEOUT, work).await {
+                Ok(r) => r,
+                Err(_) => Err(DockerError::Timeout { what: "logs".into(), after: LOGS_TIMEOUT }),
+            }
+        })
+    }
+
+    /// A thread that copies the container's stdout and stderr, from its start (or from just
+    /// after the last frame already in `output_log`), as frames stamped with Docker's own
+    /// times, to `output_log`, rotating it as the shim does. It ends when Docker's log stream
+    /// ends (the container stopped) or cannot be read.
+    pub fn follow_output(
+        &self,
+        h: &DockerHandle,
+        output_log: PathBuf,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let mut writer = FramedWriter::open(output_log.clone())?;
+        let after_ms = resume_point(&output_log);
+        let docker = self.inner.docker.clone();
+        let handle = self.inner.handle.clone();
+        let id = h.id.clone();
+        let name = h.name.clone();
+        std::thread::Builder::new().name(format!("docker-follow-{name}")).spawn(move || {
+            handle.block_on(async move {
+                let since = after_ms.map(|ms| i32::try_from(ms / 1000).unwrap_or(i32::MAX)).unwrap_or(0);
+                let mut stream = docker.logs(
+                    &id,
+                    Some(LogsOptions {
+                        follow: true,
+                        stdout: true,
+                        stderr: true,
+                        since,
+                        timestamps: true,
+                        ..Default::default()
+                    }),
+                );
+                let mut failed = false;
+                while let Some(chunk) = stream.next().await {
+                    let (stream_kind, message) = match chunk {
+                        Ok(bollard::container::LogOutput::StdOut { message })
+                        | Ok(bollard::container::LogOutput::Console { message }) => (OutputStream::Stdout, message),
+                        Ok(bollard::container::LogOutput::StdErr { message }) => (OutputStream::Stderr, message),
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::debug!(container = %name, error = %e, "docker log stream ended");
+                            break;
+                        }
+                    };
+                    let (at_ms, bytes) = split_timestamp(&message);
+                    let at_ms = at_ms.unwrap_or_else(now_ms);
+                    // Frames up to the last one written are already in the file (a frame
+                    // written in the same millisecond as the last one is taken as a repeat).
+                    if after_ms.is_some_and(|after| at_ms <= after) {
+                        continue;
+                    }
+                    if let Err(e) = writer.append(stream_kind, at_ms, bytes) {
+                        if !failed {
+                            failed = true;
+                            tracing::warn!(path = %output_log.display(), error = %e, "cannot write container output");
+                        }
+                    }
+                }
+            })
+        })
+    }
+
+    /// Removes up to `policy.max_per_cycle` images this runtime launched that no container
+    /// uses and no launch used for `policy.min_age` (see [`ImagePolicy`]); returns their
+    /// references.
+    pub fn remove_unused_images(
+        &self,
+        policy: &ImagePolicy,
+        now_ms: u64,
+    ) -> Result<Vec<String>, DockerError> {
+        let records = {
+            let _lock = self.inner.records.lock().unwrap_or_else(|p| p.into_inner());
+            ImageRecords::load(&self.inner.cfg.data_dir)
+        };
+        let containers = self.block(
+            "list containers",
+            LIST_TIMEOUT,
+            self.inner
+                .docker
+                .list_containers(Some(ListContainersOptions { all: true, ..Default::default() })),
+        )?;
+        let mut used_ids: HashSet<String> = HashSet::new();
+        let mut used_refs: HashSet<String> = HashSet::new();
+        for c in containers {
+            used_ids.extend(c.image_id);
+            used_refs.extend(c.image.map(|i| normalize_reference(&i)));
+        }
+        let images = self.block(
+            "list images",
+            LIST_TIMEOUT,
+            self.inner.docker.list_images(Some(ListImagesOptions { all: false, ..Default::default() })),
+        )?;
+        let id_of: HashMap<String, String> =
+            images.iter().flat_map(|i| i.repo_tags.iter().map(move |t| (t.clone(), i.id.clone()))).collect();
+        let min_age = policy.min_age.as_millis() as u64;
+        let mut candidates: Vec<(u64, String)> = records
+            .images
+            .iter()
+            .filter(|(reference, rec)| {
+                now_ms.saturating_sub(rec.last_used_ms) > min_age
+                    && !used_refs.contains(*reference)
+                    && id_of.get(*reference).is_some_and(|id| !used_ids.contains(id))
+            })
+            .map(|(reference, rec)| (rec.last_used_ms, reference.clone()))
+            .collect();
+        candidates.sort();
+        let mut removed = Vec::new();
+        for (_, reference) in candidates.into_iter().take(policy.max_per_cycle) {
+            match self.block(
+                "remove image",
+                REMOVE_TIMEOUT,
+                self.inner.docker.remove_image(&reference, None::<RemoveImageOptions>, None),
+            ) {
+                Ok(_) => removed.push(reference),
+                Err(e) if e.status() == Some(404) => removed.push(reference),
+                // In use after all (a container created since the listing), or shared: next cycle.
+                Err(e) => tracing::info!(image = %reference, error = %e, "image not removed"),
+            }
+        }
+        if !removed.is_empty() {
+            self.update_records(|r| {
+                for reference in &removed {
+                    r.images.remove(reference);
+                }
+            });
+        }
+        Ok(removed)
+    }
+
+    /// Starts the events watcher once: it marks containers of this host as changed when
+    /// Docker reports them dead, killed for memory or destroyed, and reconnects with a backoff
+    /// when the stream ends (marking every container changed, since events may be lost).
+    fn start_watcher(&self) {
+        self.inner.watcher.get_or_init(|| {
+            let weak = Arc::downgrade(&self.inner);
+            self.inner.handle.spawn(watch_events(weak));
+        });
+    }
+}
+
+async fn watch_events(inner: Weak<Inner>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (docker, host) = match inner.upgrade() {
+            Some(i) => (i.docker.clone(), i.cfg.host_id.clone()),
+            None => return,
+        };
+        let filters = HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            ("label".to_string(), vec![format!("{}={host}", spec::LABEL_HOST)]),
+            ("event".to_string(), vec!["die".to_string(), "oom".to_string(), "destroy".to_string()]),
+        ]);
+        let mut stream = docker.events(Some(EventsOptions { filters: Some(filters), ..Default::default() }));
+        let mut got_any = false;
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else { break };
+            got_any = true;
+            backoff = Duration::from_millis(100);
+            let Some(inner) = inner.upgrade() else { return };
+            mark_changed(&inner, &event);
+        }
+        drop(stream);
+        let Some(i) = inner.upgrade() else { return };
+        for w in i.watched.lock().unwrap_or_else(|p| p.into_inner()).values_mut() {
+            w.changed = true;
+        }
+        drop(i);
+        if !got_any {
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+fn mark_changed(inner: &Inner, event: &EventMessage) {
+    let Some(id) = event.actor.as_ref().and_then(|a| a.id.as_deref()) else { return };
+    if let Some(w) = inner.watched.lock().unwrap_or_else(|p| p.into_inner()).get_mut(id) {
+        w.changed = true;
+    }
+}
+
+/// Splits Docker's `timestamps=true` prefix (`2026-12-01T08:50:12.123456789Z `) off a log
+/// entry.
+fn split_timestamp(message: &[u8]) -> (Option<u64>, &[u8]) {
+    let Some(space) = message.iter().take(40).position(|&b| b == b' ') else { return (None, message) };
+    match std::str::from_utf8(&message[..space]).ok().and_then(parse_docker_time) {
+        Some(ms) => (Some(ms), &message[space + 1..]),
+        None => (None, message),
+    }
+}
+
+/// Used by the records' "pulled once" check and by tests.
+pub fn image_record(data_dir: &std::path::Path, reference: &str) -> Option<(bool, u64)> {
+    ImageRecords::load(data_dir).images.get(reference).map(|r: &ImageRecord| (r.pulled, r.last_used_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pull_behavior_names() {
+        for b in [PullBehavior::Default, PullBehavior::Always, PullBehavior::Once, PullBehavior::PreferCached]
+        {
+            assert_eq!(b.as_str().parse::<PullBehavior>(), Ok(b));
+        }
+        assert_eq!("sometimes".parse::<PullBehavior>(), Err(UnknownPullBehavior("sometimes".into())));
+    }
+
+    #[test]
+    fn socket_from_docker_host() {
+        assert_eq!(socket_from(None), PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(socket_from(Some("unix:///tmp/d.sock")), PathBuf::from("/tmp/d.sock"));
+        assert_eq!(socket_from(Some("tcp://1.2.3.4:2375")), PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(socket_from(Some("unix://")), PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn references() {
+        let check = |i: &str, want: &str| assert_eq!(normalize_reference(i), want);
+        check("busybox", "busybox:latest");
+        check("busybox:1.36", "busybox:1.36");
+        check("127.0.0.1:5000/x/busybox", "127.0.0.1:5000/x/busybox:latest");
+        check("127.0.0.1:5000/x/busybox:t", "127.0.0.1:5000/x/busybox:t");
+        check("busybox@sha256:abc", "busybox@sha256:abc");
+    }
+
+    #[test]
+    fn docker_times() {
+        assert_eq!(parse_docker_time("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_docker_time("0001-01-01T00:00:00Z"), None);
+        assert_eq!(parse_docker_time("2026-12-01T08:50:12.123456789Z"), Some(1_796_115_012_123));
+        assert_eq!(parse_docker_time("2026-12-01T09:50:12.5+01:00"), Some(1_796_115_012_500));
+        assert_eq!(parse_docker_time("garbage"), None);
+        assert_eq!(split_timestamp(b"1970-01-01T00:00:01.5Z hello"), (Some(1500), &b"hello"[..]));
+        assert_eq!(split_timestamp(b"no stamp"), (None, &b"no stamp"[..]));
+    }
+
+    #[test]
+    fn stopped_states() {
+        let info = |json: serde_json::Value| -> ContainerInspectResponse {
+            serde_json::from_value(json).expect("inspect json")
+        };
+        let s = state_of(
+            "c",
+            &info(serde_json::json!({"State": {"Status": "exited", "Running": false, "ExitCode": 137,
+                "OOMKilled": true, "Error": "", "FinishedAt": "1970-01-01T00:00:02Z", "Pid": 0}})),
+        );
+        assert_eq!(
+            s,
+            ContainerState::Exited(ExitRecord {
+                code: Some(137),
+                signal: None,
+                finished_at_ms: 2000,
+                error: None,
+                oom_killed: true
+            })
+        );
+        let s = state_of(
+            "c",
+            &info(serde_json::json!({"State": {"Status": "running", "Running": true, "Pid": 42}})),
+        );
+        assert_eq!(s, ContainerState::Running { pid: 42 });
+        let s = state_of(
+            "c",
+            &info(serde_json::json!({"State": {"Status": "exited", "ExitCode": 127,
+                "Error": "exec: \"nope\": executable file not found", "FinishedAt": "1970-01-01T00:00:01Z"}})),
+        );
+        assert!(
+            matches!(s, ContainerState::Exited(ExitRecord { error: Some(ref e), code: Some(127), .. }) if e.contains("nope"))
+        );
+    }
+
+    #[test]
+    fn bindings_from_inspect() {
+        let info: ContainerInspectResponse = serde_json::from_value(serde_json::json!({
+            "Id": "abc", "Image": "sha256:1",
+            "State": {"Status": "running", "Running": true, "Pid": 7},
+            "NetworkSettings": {
+                "Ports": {
+                    "8080/tcp": [{"HostIp": "0.0.0.0", "HostPort": "49153"}, {"HostIp": "::", "HostPort": "49153"}],
+                    "53/udp": [{"HostIp": "", "HostPort": "5353"}],
+                    "9/tcp": null
+                },
+                "Networks": {"bridge": {"IPAddress": "10.0.0.2"}}
+            }
+        }))
+        .expect("inspect json");
+        let h = handle_of(&info, "n", vec![]);
+        assert_eq!(h.id, "abc");
+        assert_eq!(h.pid, Some(7));
+        assert_eq!(h.ip.as_deref(), Some("10.0.0.2"));
+        assert_eq!(
+            h.network_bindings,
+            vec![
+                NetworkBinding {
+                    bind_ip: "0.0.0.0".into(),
+                    container_port: 53,
+                    host_port: 5353,
+                    protocol: Protocol::Udp
+                },
+                NetworkBinding {
+                    bind_ip: "0.0.0.0".into(),
+                    container_port: 8080,
+                    host_port: 49153,
+                    protocol: Protocol::Tcp
+                },
+            ]
+        );
+    }
+}
