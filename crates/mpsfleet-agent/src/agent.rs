@@ -9,9 +9,12 @@
 //!   so an agent restart (even kill -9) adopts running tasks and reports what happened while
 //!   it was down.
 
+use crate::container_health::{PingPolicy, RuntimeCheck, SharedCheck};
 use crate::discovery::{self, Discovered};
+use crate::docker::{DockerConfig, DockerRuntime};
 use crate::gpu_health::GpuWatch;
 use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervisor};
+use crate::runtime::engine::Engine;
 use crate::tasks::{Gpus, TaskLoop};
 use mpsfleet_client::Client;
 use mpsfleet_core::clock::{Clock, SystemClock};
@@ -35,6 +38,27 @@ pub enum MpsMode {
     Model,
     /// No MPS: the host takes only whole-GPU and GPU-less tasks.
     Unavailable,
+}
+
+/// Which task runtime the agent uses (`--runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeChoice {
+    /// Docker when its socket answers, else processes; the agent says which.
+    Auto,
+    Process,
+    Docker,
+}
+
+/// How the agent reaches and uses Docker Engine.
+#[derive(Debug, Clone)]
+pub struct DockerSettings {
+    pub socket: PathBuf,
+    pub pull: crate::docker::PullBehavior,
+    pub pull_timeout: Duration,
+    /// How long a stopped task's containers are kept (for `docker inspect` and their logs)
+    /// before they are removed.
+    pub container_retention: Duration,
+    pub images: crate::docker::ImagePolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -63,6 +87,8 @@ pub struct AgentConfig {
     pub shim: Vec<OsString>,
     /// Where the agent serves task logs to the server (port 0: any free port).
     pub logs_listen: std::net::SocketAddr,
+    pub runtime: RuntimeChoice,
+    pub docker: DockerSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +111,8 @@ pub enum AgentError {
     Runtime(String),
     #[error("{0}; exiting so that the agent is restarted")]
     TaskLoopDied(String),
+    #[error("--runtime docker: Docker Engine does not answer on {socket}: {reason}")]
+    NoDocker { socket: PathBuf, reason: String },
 }
 
 /// What the agent keeps about itself in its data dir.
@@ -123,7 +151,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     std::fs::create_dir_all(&cfg.data_dir).map_err(io("cannot create the data dir", &cfg.data_dir))?;
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
     let client = Client::new(&cfg.server, None)?;
-    let identity = identity(&cfg, &client, &found).await?;
+    let engine_version = choose_runtime(&cfg).await?;
+    let identity = identity(&cfg, &client, &found, &engine_version).await?;
     let agent = client.with_token(identity.credential.clone());
     tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
 
@@ -133,8 +162,32 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
             .map_err(|e| AgentError::Runtime(e.to_string()))?,
     );
     let gpus = Gpus::new(&supervisors);
-    let runtime =
-        crate::runtime::Runtime::new(cfg.shim.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let runtime_check: Option<SharedCheck>;
+    let mut background = Vec::new();
+    let runtime = match &engine_version {
+        None => {
+            runtime_check = None;
+            Engine::Process(
+                crate::runtime::Runtime::new(cfg.shim.clone())
+                    .map_err(|e| AgentError::Runtime(e.to_string()))?,
+            )
+        }
+        Some(_) => {
+            let rt = connect_docker(&cfg, Some(identity.host_id.to_string()))?;
+            let policy = PingPolicy::default();
+            let check: SharedCheck =
+                Arc::new(std::sync::Mutex::new(RuntimeCheck::new(policy.threshold, clock.now_ms())));
+            runtime_check = Some(check.clone());
+            background.push(tokio::spawn(crate::container_health::watch(
+                rt.clone(),
+                policy,
+                check,
+                clock.clone(),
+            )));
+            background.push(tokio::spawn(janitor(rt.clone(), cfg.docker.clone(), clock.clone())));
+            Engine::Docker { rt, gpus_emulated: found.emulated }
+        }
+    };
     let mut task_loop = TaskLoop::start(
         cfg.data_dir.join("tasks"),
         runtime,
@@ -162,6 +215,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         agent.clone(),
         supervisors.clone(),
         gpu_watch.clone(),
+        runtime_check,
         cfg.heartbeat,
         logs_url,
         cfg.policy.clone(),
@@ -172,6 +226,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     heartbeat.abort();
     assignments.abort();
     logs.abort();
+    for b in &background {
+        b.abort();
+    }
     if let Err(e) = ended {
         // Exit for the supervisor to restart the agent; tasks and MPS daemons keep running for
         // the next agent to adopt, so the daemons are not stopped here.
@@ -223,7 +280,12 @@ fn host_key(data_dir: &Path) -> String {
     format!("{:08x}", h as u32)
 }
 
-async fn identity(cfg: &AgentConfig, client: &Client, found: &Discovered) -> Result<Identity, AgentError> {
+async fn identity(
+    cfg: &AgentConfig,
+    client: &Client,
+    found: &Discovered,
+    engine_version: &Option<String>,
+) -> Result<Identity, AgentError> {
     let path = cfg.data_dir.join(IDENTITY_FILE);
     if let Ok(bytes) = std::fs::read(&path) {
         let id: Identity = serde_json::from_slice(&bytes).map_err(|e| AgentError::Io {
@@ -243,8 +305,8 @@ async fn identity(cfg: &AgentConfig, client: &Client, found: &Discovered) -> Res
         gpus: found.gpus.clone(),
         mps_available: cfg.mps != MpsMode::Unavailable,
         emulated: found.emulated || cfg.mps == MpsMode::Model,
-        runtime: RuntimeKind::Process,
-        runtime_version: None,
+        runtime: if engine_version.is_some() { RuntimeKind::Docker } else { RuntimeKind::Process },
+        runtime_version: engine_version.clone(),
     };
     let joiner = client.with_token(join);
     let mut delay = Duration::from_millis(200);
@@ -313,7 +375,8 @@ fn start_supervisors(
 
 /// The host's checks now: one `MPS_DAEMON` check per GPU (with MPS), then one `GPU` check per
 /// GPU.
-fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch) -> Vec<HostCheck> {
+fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch, runtime: Option<&SharedCheck>) -> Vec<HostCheck> {
+    let runtime = runtime.and_then(|c| c.lock().ok().map(|c| c.check().clone()));
     supervisors
         .iter()
         .map(|(gpu, s)| {
@@ -327,6 +390,7 @@ fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch) -> Vec<HostCheck> {
             }
         })
         .chain(gpu_watch.checks())
+        .chain(runtime)
         .collect()
 }
 
@@ -343,6 +407,7 @@ async fn heartbeat_loop(
     agent: Client,
     supervisors: Supervisors,
     gpu_watch: Arc<GpuWatch>,
+    runtime_check: Option<SharedCheck>,
     every: Duration,
     logs_url: String,
     mut policy: MpsPolicy,
@@ -354,7 +419,7 @@ async fn heartbeat_loop(
     let mut refused: Option<MpsPolicy> = None;
     loop {
         tick.tick().await;
-        let checks = checks(&supervisors, &gpu_watch);
+        let checks = checks(&supervisors, &gpu_watch, runtime_check.as_ref());
         let report =
             HostStatusReport { onboarded: onboarded(&checks), checks, logs_url: Some(logs_url.clone()) };
         match agent.report_host_status(&report).await {
@@ -384,6 +449,103 @@ async fn heartbeat_loop(
     }
 }
 
+/// Picks the task runtime: `Some(engine version)` for Docker, None for processes. `auto` takes
+/// Docker when its socket answers within 3 s and says which it chose either way.
+async fn choose_runtime(cfg: &AgentConfig) -> Result<Option<String>, AgentError> {
+    if cfg.runtime == RuntimeChoice::Process {
+        tracing::info!(runtime = "process", "tasks run as processes (--runtime process)");
+        return Ok(None);
+    }
+    let socket = cfg.docker.socket.clone();
+    let probe = match connect_docker(cfg, None) {
+        Ok(rt) => {
+            tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match (cfg.runtime, probe) {
+        (_, Ok(version)) => {
+            tracing::info!(runtime = "docker", socket = %socket.display(), version = %version, "tasks run as containers on Docker Engine");
+            Ok(Some(version))
+        }
+        (RuntimeChoice::Docker, Err(reason)) => Err(AgentError::NoDocker { socket, reason }),
+        (_, Err(reason)) => {
+            tracing::info!(
+                runtime = "process",
+                socket = %socket.display(),
+                why = %reason,
+                "Docker Engine does not answer: tasks run as processes; tasks that need an image wait for a \
+                 host with --runtime docker (install docker.io and start it, or point DOCKER_HOST at its socket)"
+            );
+            Ok(None)
+        }
+    }
+}
+
+fn connect_docker(cfg: &AgentConfig, host_id: Option<String>) -> Result<DockerRuntime, AgentError> {
+    let d = &cfg.docker;
+    let config = DockerConfig {
+        socket: d.socket.clone(),
+        host_id: host_id.unwrap_or_else(|| "unregistered".into()),
+        pull: d.pull,
+        pull_timeout: d.pull_timeout,
+        gpu_wiring: None,
+        data_dir: cfg.data_dir.join("docker"),
+    };
+    DockerRuntime::connect(config, tokio::runtime::Handle::current())
+        .map_err(|e| AgentError::NoDocker { socket: d.socket.clone(), reason: e.to_string() })
+}
+
+/// Removes this host's containers of stopped tasks once they are older than the retention,
+/// and images nothing uses by the image policy; one failure is logged and tried again at the
+/// next round.
+async fn janitor(rt: DockerRuntime, settings: DockerSettings, clock: Arc<dyn Clock>) {
+    const EVERY: Duration = Duration::from_secs(60);
+    let mut images_at = clock.now_ms();
+    loop {
+        tokio::time::sleep(EVERY).await;
+        let now = clock.now_ms();
+        let retention = settings.container_retention.as_millis() as u64;
+        let rt2 = rt.clone();
+        let images_due = now.saturating_sub(images_at) >= settings.images.interval.as_millis() as u64;
+        let policy = settings.images.clone();
+        let round = tokio::task::spawn_blocking(move || {
+            match rt2.list_ours() {
+                Ok(list) => {
+                    for c in list.iter().filter(|c| !c.running) {
+                        let old = c.finished_at_ms.is_none_or(|at| now.saturating_sub(at) >= retention);
+                        if !old {
+                            continue;
+                        }
+                        match rt2.remove(&c.task_id, &c.container) {
+                            Ok(()) => {
+                                tracing::info!(task.id = %c.task_id, container = %c.container, "removed the stopped container")
+                            }
+                            Err(e) => {
+                                tracing::warn!(task.id = %c.task_id, container = %c.container, error = %e, "cannot remove the stopped container")
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot list this host's containers"),
+            }
+            if images_due {
+                match rt2.remove_unused_images(&policy, now) {
+                    Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed unused images"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot remove unused images"),
+                }
+            }
+        });
+        let _ = round.await;
+        if images_due {
+            images_at = now;
+        }
+    }
+}
+
 /// Sets `policy` on every supervisor; an invalid one is refused before any is changed.
 fn apply_policy(supervisors: &Supervisors, policy: &MpsPolicy) -> Result<(), crate::mps::MpsError> {
     policy.validate()?;
@@ -397,22 +559,22 @@ fn apply_policy(supervisors: &Supervisors, policy: &MpsPolicy) -> Result<(), cra
 /// Backs off on errors (server restarts, network trouble) up to 5 s.
 async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::tasks::Input>) {
     let mut after = 0;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         match agent.assignments(after, 30).await {
             Ok(a) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 after = a.revision;
                 if tx.send(crate::tasks::Input::Assignments(a)).is_err() {
                     return;
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "assignments long-poll failed");
+                let wait = backoff.fail();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "assignments long-poll failed");
                 // A restarted server starts epochs again: ask for everything.
                 after = 0;
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(wait).await;
             }
         }
     }

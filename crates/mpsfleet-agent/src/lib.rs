@@ -6,6 +6,8 @@
 //! in Docker Engine; [`env`] builds a task's environment; [`discovery`] finds the GPUs.
 
 pub mod agent;
+pub mod backoff;
+pub mod container_health;
 pub mod discovery;
 pub mod docker;
 pub mod env;
@@ -16,4 +18,4 @@ pub mod output;
 pub mod runtime;
 pub mod tasks;
 
-pub use agent::{run, AgentConfig, AgentError, MpsMode};
+pub use agent::{run, AgentConfig, AgentError, DockerSettings, MpsMode, RuntimeChoice};

@@ -9,14 +9,17 @@
 //! reports are retried until the server acknowledges them: what happens while the server is
 //! unreachable, or while the agent is down, is reported once both are back.
 
+use crate::backoff::Backoff;
+use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
 use crate::env::container_env;
 use crate::mps::Supervisor;
 use crate::output::{LogTail, RecentOutput};
+use crate::runtime::engine::{Adopted, Engine, Handle};
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
+use crate::runtime::probes::{ProbeResult, ProbeTarget};
 use crate::runtime::shim::OUTPUT_LOG;
 use crate::runtime::{
-    task_state, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, ContainerView, ExecContext,
-    Runtime, TaskPhase, DEFAULT_STOP_TIMEOUT,
+    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, TaskPhase, DEFAULT_STOP_TIMEOUT,
 };
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::clock::Clock;
@@ -32,6 +35,8 @@ use std::time::Duration;
 
 /// How often running containers are looked at.
 const TICK: Duration = Duration::from_millis(100);
+/// The longest wait between tries of a report the server did not take.
+const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// The fail-closed check before an MPS task starts: this many retries, this far apart.
 const MPS_CHECK_RETRIES: u32 = 2;
 const MPS_CHECK_DELAY: Duration = Duration::from_millis(300);
@@ -58,7 +63,7 @@ impl Gpus {
 /// What the task loop reacts to.
 pub enum Input {
     Assignments(Assignments),
-    Launched { id: TaskId, result: Result<BTreeMap<String, ContainerHandle>, (StopCode, String)> },
+    Launched { id: TaskId, result: Result<BTreeMap<String, Handle>, (StopCode, String)> },
     Stopped { id: TaskId, states: BTreeMap<String, ContainerState> },
     Probe { id: TaskId, event: ProbeEvent },
     Shutdown { stop_tasks: bool },
@@ -97,7 +102,10 @@ impl Record {
 /// A task in memory: its record and what only lives while the agent does.
 struct Local {
     rec: Record,
-    handles: BTreeMap<String, ContainerHandle>,
+    handles: BTreeMap<String, Handle>,
+    /// Each container as reported (runtime id, bindings, exit), and what the server last took.
+    reports: BTreeMap<String, ContainerReport>,
+    reports_sent: Option<Vec<ContainerReport>>,
     /// Containers that are no longer running, and how they ended.
     ended: BTreeMap<String, ContainerState>,
     probes: Vec<ProbeRunner>,
@@ -124,17 +132,17 @@ pub struct TaskLoop {
 
 /// How a task's containers are launched (a seam for tests; [`launch`] in production).
 type LaunchFn = fn(
-    &Runtime,
+    &Engine,
     &Record,
     Option<(String, Option<Arc<Supervisor>>)>,
     &[PathBuf],
-) -> Result<BTreeMap<String, ContainerHandle>, (StopCode, String)>;
+) -> Result<BTreeMap<String, Handle>, (StopCode, String)>;
 
 impl TaskLoop {
     /// Loads the task table from `dir`, adopts the tasks that still run, and starts the loop.
     pub fn start(
         dir: PathBuf,
-        runtime: Runtime,
+        runtime: Engine,
         gpus: Gpus,
         client: Client,
         handle: tokio::runtime::Handle,
@@ -153,7 +161,7 @@ impl TaskLoop {
             tasks: BTreeMap::new(),
             assignments: None,
             report_after_ms: 0,
-            report_backoff: TICK,
+            report_backoff: Backoff::new(TICK, REPORT_BACKOFF_MAX),
             launch,
         };
         state.load();
@@ -210,7 +218,7 @@ impl TaskLoop {
 
 struct State {
     dir: PathBuf,
-    runtime: Arc<Runtime>,
+    runtime: Arc<Engine>,
     gpus: Gpus,
     client: Client,
     handle: tokio::runtime::Handle,
@@ -220,7 +228,7 @@ struct State {
     /// The last assignments received; None until the first answer.
     assignments: Option<Assignments>,
     report_after_ms: u64,
-    report_backoff: Duration,
+    report_backoff: Backoff,
     launch: LaunchFn,
 }
 
@@ -293,26 +301,28 @@ impl State {
             let id = rec.task.id;
             let mut local = new_local(rec);
             follow_logs(&self.dir, &mut local, true);
+            local.reports_sent = local.rec.reported.as_ref().map(|_| Vec::new());
             if local.rec.status != TaskStatus::Stopped {
                 for c in &local.rec.definition.container_definitions {
                     let dir = self.container_dir(&id, &c.name);
-                    match self.runtime.adopt(&dir) {
-                        Ok(AdoptedState::Running { handle, .. }) => {
+                    match self.runtime.adopt(&dir, &id.to_string(), &c.name) {
+                        Adopted::Running(handle) => {
+                            local.reports.insert(c.name.clone(), handle.report(c));
                             local.handles.insert(c.name.clone(), handle);
                         }
-                        Ok(AdoptedState::Exited(exit)) => {
-                            local.ended.insert(c.name.clone(), ContainerState::Exited(exit));
-                        }
-                        Ok(AdoptedState::Lost { reason }) => {
-                            local.ended.insert(c.name.clone(), ContainerState::Lost { reason });
-                        }
-                        Err(e) => {
-                            local
-                                .ended
-                                .insert(c.name.clone(), ContainerState::Lost { reason: e.to_string() });
+                        Adopted::Ended(state) => {
+                            let mut report = ContainerReport {
+                                name: c.name.clone(),
+                                image: c.image.clone(),
+                                ..ContainerReport::default()
+                            };
+                            ended_report(&mut report, &state);
+                            local.reports.insert(c.name.clone(), report);
+                            local.ended.insert(c.name.clone(), state);
                         }
                     }
                 }
+                follow_container_output(&self.runtime, &self.dir, &mut local);
                 tracing::info!(task.id = %id, running = local.handles.len(), ended = local.ended.len(), "adopted");
             }
             let was_starting = local.rec.status == TaskStatus::Pending;
@@ -433,16 +443,17 @@ impl State {
         }
     }
 
-    fn launched(
-        &mut self,
-        id: TaskId,
-        result: Result<BTreeMap<String, ContainerHandle>, (StopCode, String)>,
-    ) {
+    fn launched(&mut self, id: TaskId, result: Result<BTreeMap<String, Handle>, (StopCode, String)>) {
         let now = self.clock.now_ms();
         let Some(local) = self.tasks.get_mut(&id) else { return };
         local.busy = false;
         match result {
             Ok(handles) => {
+                for c in &local.rec.definition.container_definitions {
+                    if let Some(h) = handles.get(&c.name) {
+                        local.reports.insert(c.name.clone(), h.report(c));
+                    }
+                }
                 local.handles = handles;
                 follow_logs(&self.dir, local, false);
                 local.rec.status = TaskStatus::Running;
@@ -460,6 +471,10 @@ impl State {
                 let rec = local.rec.clone();
                 let pending_stop = local.stop_after_launch.take();
                 self.persist(&rec);
+                if let Some(local) = self.tasks.get_mut(&id) {
+                    let runtime = self.runtime.clone();
+                    follow_container_output(&runtime, &self.dir, local);
+                }
                 tracing::info!(task.id = %id, "running");
                 match pending_stop {
                     Some((code, reason)) => self.begin_stop(id, code, reason),
@@ -468,6 +483,14 @@ impl State {
             }
             Err((code, reason)) => {
                 tracing::warn!(task.id = %id, code = code.as_str(), %reason, "not started");
+                for c in &local.rec.definition.container_definitions {
+                    local.reports.entry(c.name.clone()).or_insert_with(|| ContainerReport {
+                        name: c.name.clone(),
+                        image: c.image.clone(),
+                        reason: Some(reason.clone()),
+                        ..ContainerReport::default()
+                    });
+                }
                 local.rec.status = TaskStatus::Stopped;
                 local.rec.stop_code = Some(code);
                 local.rec.reason = Some(reason);
@@ -490,19 +513,32 @@ impl State {
                     continue;
                 }
             };
-            let env = container_env(&local.rec.task, c, None);
-            let ctx = match ExecContext::new(&env, c.user.as_deref()) {
-                Ok(ctx) => ctx,
-                Err(e) => {
-                    tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started");
-                    continue;
+            let target = match (self.runtime.as_ref(), local.handles.get(&c.name)) {
+                (Engine::Docker { rt, .. }, Some(Handle::Docker(h))) => {
+                    let (rt, h) = (rt.clone(), h.clone());
+                    let address = match local.rec.definition.effective_network_mode() {
+                        NetworkMode::Host => None,
+                        _ => h.ip.clone(),
+                    };
+                    let exec = move |argv: &[String], timeout: Duration| docker_probe(&rt, &h, argv, timeout);
+                    ProbeTarget::Container { exec: Arc::new(exec), address }
+                }
+                _ => {
+                    let env = container_env(&local.rec.task, c, None);
+                    match ExecContext::new(&env, c.user.as_deref()) {
+                        Ok(ctx) => ProbeTarget::Host(ctx),
+                        Err(e) => {
+                            tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started");
+                            continue;
+                        }
+                    }
                 }
             };
             let tx = tx.clone();
             let sink = move |event| {
                 let _ = tx.send(Input::Probe { id, event });
             };
-            match ProbeRunner::start(c.name.clone(), probes, ctx, clock.clone(), sink) {
+            match ProbeRunner::start(c.name.clone(), probes, target, clock.clone(), sink) {
                 Ok(r) => local.probes.push(r),
                 Err(e) => {
                     tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started")
@@ -576,6 +612,9 @@ impl State {
                 };
                 if !state.is_running() {
                     local.handles.remove(&name);
+                    if let Some(r) = local.reports.get_mut(&name) {
+                        ended_report(r, &state);
+                    }
                     local.ended.insert(name, state);
                 }
             }
@@ -603,7 +642,7 @@ impl State {
             drop(p);
         }
         let rec = local.rec.clone();
-        let handles: Vec<(String, ContainerHandle, Duration)> = local
+        let handles: Vec<(String, Handle, Duration)> = local
             .handles
             .iter()
             .map(|(name, h)| {
@@ -612,8 +651,7 @@ impl State {
                     .container_definitions
                     .iter()
                     .find(|c| &c.name == name)
-                    .and_then(|c| c.stop_timeout)
-                    .map_or(DEFAULT_STOP_TIMEOUT, |s| Duration::from_secs(u64::from(s)));
+                    .map_or(DEFAULT_STOP_TIMEOUT, stop_timeout);
                 (name.clone(), h.clone(), timeout)
             })
             .collect();
@@ -637,11 +675,7 @@ impl State {
             }
             let mut states = BTreeMap::new();
             for (name, handle, timeout) in handles {
-                let state = match runtime.stop(&handle, timeout) {
-                    Ok(outcome) => outcome.state,
-                    Err(e) => ContainerState::Lost { reason: format!("stop failed: {e}") },
-                };
-                states.insert(name, state);
+                states.insert(name, runtime.stop(&handle, timeout));
             }
             Input::Stopped { id, states }
         };
@@ -666,6 +700,11 @@ impl State {
             let reason = local.rec.reason.take().unwrap_or_else(|| "stopped".into());
             local.rec.reason = Some(format!("{reason} ({})", lost.join("; ")));
         }
+        for (name, state) in &states {
+            if let Some(r) = local.reports.get_mut(name) {
+                ended_report(r, state);
+            }
+        }
         local.ended.extend(states);
         local.rec.status = TaskStatus::Stopped;
         local.rec.ready = false;
@@ -688,7 +727,9 @@ impl State {
             .iter()
             .filter(|(_, l)| {
                 reportable(l.rec.status)
-                    && (l.rec.reported.as_ref() != Some(&l.rec.current()) || output_due(l, now))
+                    && (l.rec.reported.as_ref() != Some(&l.rec.current())
+                        || output_due(l, now)
+                        || containers_due(l))
             })
             .map(|(id, _)| *id)
             .collect();
@@ -698,6 +739,8 @@ impl State {
             let stopped = rec.status == TaskStatus::Stopped;
             let with_output = (stopped && local.output.seq() > 0) || output_due(local, now);
             let output_seq = local.output.seq();
+            let containers =
+                containers_due(local).then(|| local.reports.values().cloned().collect::<Vec<_>>());
             let report = TaskStateReport {
                 last_status: rec.status,
                 health_status: Some(rec.health),
@@ -705,7 +748,7 @@ impl State {
                 stop_code: if stopped { rec.stop_code } else { None },
                 stopped_reason: if stopped { rec.reason.clone() } else { None },
                 output: with_output.then(|| local.output.snapshot(now)),
-                containers: None,
+                containers: containers.clone(),
             };
             let client = self.client.clone();
             let result = self.handle.block_on(async move {
@@ -729,10 +772,13 @@ impl State {
                 }
             };
             if acknowledged {
-                self.report_backoff = TICK;
+                self.report_backoff.reset();
                 if let Some(local) = self.tasks.get_mut(&id) {
                     if with_output {
                         local.output_sent = Some((output_seq, now));
+                    }
+                    if let Some(sent) = containers {
+                        local.reports_sent = Some(sent);
                     }
                     if local.rec.status == TaskStatus::Stopped {
                         // The server keeps the last snapshot now.
@@ -751,13 +797,9 @@ impl State {
     }
 
     fn back_off(&mut self, now: u64, why: &str) {
-        tracing::warn!(
-            error = why,
-            retry_in_ms = self.report_backoff.as_millis() as u64,
-            "cannot report tasks"
-        );
-        self.report_after_ms = now + self.report_backoff.as_millis() as u64;
-        self.report_backoff = (self.report_backoff * 2).min(Duration::from_secs(5));
+        let wait = self.report_backoff.fail();
+        tracing::warn!(error = why, retry_in_ms = wait.as_millis() as u64, "cannot report tasks");
+        self.report_after_ms = now + wait.as_millis() as u64;
     }
 
     fn shutdown(&mut self, stop_tasks: bool, rx: &Receiver<Input>) {
@@ -828,6 +870,8 @@ fn new_local(rec: Record) -> Local {
     Local {
         rec,
         handles: BTreeMap::new(),
+        reports: BTreeMap::new(),
+        reports_sent: None,
         ended: BTreeMap::new(),
         probes: Vec::new(),
         busy: false,
@@ -894,13 +938,14 @@ fn reportable(s: TaskStatus) -> bool {
     matches!(s, TaskStatus::Running | TaskStatus::Stopped)
 }
 
-/// Fail closed: an MPS task starts only when its GPU's daemon answers.
+/// Fail closed: an MPS task starts only when its GPU's daemon answers, checked right before
+/// its containers are created.
 fn launch(
-    runtime: &Runtime,
+    engine: &Engine,
     rec: &Record,
     mps: Option<(String, Option<Arc<Supervisor>>)>,
     dirs: &[PathBuf],
-) -> Result<BTreeMap<String, ContainerHandle>, (StopCode, String)> {
+) -> Result<BTreeMap<String, Handle>, (StopCode, String)> {
     let pipe_dir: Option<PathBuf> = match &mps {
         None => None,
         Some((gpu, None)) => {
@@ -918,32 +963,120 @@ fn launch(
     };
     let mut handles = BTreeMap::new();
     for (c, dir) in rec.definition.container_definitions.iter().zip(dirs) {
-        let argv: Vec<String> = c.entry_point.iter().chain(&c.command).cloned().collect();
-        let launch = ContainerLaunch {
-            task_id: rec.task.id.to_string(),
-            container: c.name.clone(),
-            argv,
-            env: container_env(&rec.task, c, pipe_dir.as_deref()),
-            user: c.user.clone(),
-            stop_timeout: c.stop_timeout.map_or(DEFAULT_STOP_TIMEOUT, |s| Duration::from_secs(u64::from(s))),
-            state_dir: dir.clone(),
+        let stop_timeout = stop_timeout(c);
+        let env = container_env(&rec.task, c, pipe_dir.as_deref());
+        let started = match engine {
+            Engine::Process(runtime) => {
+                if c.command.is_empty() && c.entry_point.is_empty() {
+                    Err((
+                        StopCode::TaskFailedToStart,
+                        format!(
+                            "container {} has no command and this host runs processes, not images                              (start the agent with --runtime docker)",
+                            c.name
+                        ),
+                    ))
+                } else {
+                    let launch = ContainerLaunch {
+                        task_id: rec.task.id.to_string(),
+                        container: c.name.clone(),
+                        argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
+                        env,
+                        user: c.user.clone(),
+                        stop_timeout,
+                        state_dir: dir.clone(),
+                    };
+                    runtime.launch(&launch).map(Handle::Process).map_err(|e| {
+                        (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
+                    })
+                }
+            }
+            Engine::Docker { rt: runtime, gpus_emulated } => {
+                let launch = DockerLaunch {
+                    task: rec.task.clone(),
+                    definition: rec.definition.clone(),
+                    container: c.clone(),
+                    env,
+                    mps_pipe_dir: if c.gpu().is_some() { pipe_dir.clone() } else { None },
+                    gpus_emulated: *gpus_emulated,
+                    stop_timeout,
+                };
+                runtime.launch(&launch).map(Handle::Docker)
+            }
         };
-        match runtime.launch(&launch) {
+        match started {
             Ok(h) => {
                 handles.insert(c.name.clone(), h);
             }
-            Err(e) => {
+            Err(failure) => {
                 for h in handles.values() {
-                    let _ = runtime.stop(h, Duration::from_secs(5));
+                    engine.stop(h, Duration::from_secs(5));
                 }
-                return Err((
-                    StopCode::TaskFailedToStart,
-                    format!("container {} failed to start: {e}", c.name),
-                ));
+                return Err(failure);
             }
         }
     }
     Ok(handles)
+}
+
+/// The container's `stopTimeout`, or ECS's default.
+fn stop_timeout(c: &ContainerDefinition) -> Duration {
+    c.stop_timeout.map_or(DEFAULT_STOP_TIMEOUT, |s| Duration::from_secs(u64::from(s)))
+}
+
+/// A container's report once it has ended: its exit code and why.
+fn ended_report(report: &mut ContainerReport, state: &ContainerState) {
+    match state {
+        ContainerState::Running { .. } => {}
+        ContainerState::Exited(exit) => {
+            report.exit_code = exit.code.map(i64::from);
+            report.reason = Some(exit.reason());
+        }
+        ContainerState::Lost { reason } => report.reason = Some(reason.clone()),
+    }
+}
+
+/// Whether the containers changed since the server last took them.
+fn containers_due(local: &Local) -> bool {
+    match &local.reports_sent {
+        None => !local.reports.is_empty(),
+        Some(sent) => sent.len() != local.reports.len() || sent.iter().ne(local.reports.values()),
+    }
+}
+
+/// An exec probe inside a Docker container.
+fn docker_probe(rt: &DockerRuntime, h: &DockerHandle, argv: &[String], timeout: Duration) -> ProbeResult {
+    match rt.exec(h, argv, timeout) {
+        Ok(out) if out.exit_code == 0 => ProbeResult::Success,
+        Ok(out) => {
+            let output = out.output.trim();
+            let tail: String = output.chars().rev().take(200).collect::<Vec<_>>().into_iter().rev().collect();
+            let program = argv.first().map_or("", String::as_str);
+            if tail.is_empty() {
+                ProbeResult::Failure(format!("{program} exited with status {}", out.exit_code))
+            } else {
+                ProbeResult::Failure(format!("{program} exited with status {}: {tail}", out.exit_code))
+            }
+        }
+        Err(e) => ProbeResult::Failure(e.to_string()),
+    }
+}
+
+/// Copies what a Docker container writes into its state directory's framed output log, where
+/// the task's output ring reads it (the shim does the same for a process).
+fn follow_container_output(engine: &Engine, tasks_dir: &Path, local: &mut Local) {
+    let Engine::Docker { rt, .. } = engine else { return };
+    let id = local.rec.task.id;
+    for (name, handle) in &local.handles {
+        let Handle::Docker(h) = handle else { continue };
+        let dir = container_dir(tasks_dir, &id, name);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
+            continue;
+        }
+        if let Err(e) = rt.follow_output(h, dir.join(OUTPUT_LOG)) {
+            tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
+        }
+    }
 }
 
 /// Asks the MPS server to end the clients' GPU work before their processes are signalled.
@@ -1009,11 +1142,11 @@ mod tests {
     }
 
     fn panicking_launch(
-        _: &Runtime,
+        _: &Engine,
         _: &Record,
         _: Option<(String, Option<Arc<Supervisor>>)>,
         _: &[PathBuf],
-    ) -> Result<BTreeMap<String, ContainerHandle>, (StopCode, String)> {
+    ) -> Result<BTreeMap<String, Handle>, (StopCode, String)> {
         panic!("injected launch fault")
     }
 
@@ -1027,7 +1160,9 @@ mod tests {
         let (tx, rx) = channel();
         let mut state = State {
             dir: dir.path().to_path_buf(),
-            runtime: Arc::new(Runtime::new(vec!["/bin/false".into()]).unwrap()),
+            runtime: Arc::new(Engine::Process(
+                crate::runtime::Runtime::new(vec!["/bin/false".into()]).unwrap(),
+            )),
             gpus: Gpus::default(),
             client: Client::new(&url, Some("cred".into())).unwrap(),
             handle: rt.handle().clone(),
@@ -1036,7 +1171,7 @@ mod tests {
             tasks: BTreeMap::new(),
             assignments: None,
             report_after_ms: 0,
-            report_backoff: TICK,
+            report_backoff: Backoff::new(TICK, REPORT_BACKOFF_MAX),
             launch: panicking_launch,
         };
         state.handle_input(Input::Assignments(a));

@@ -2,7 +2,7 @@
 
 use mpsfleet_agent::runtime::probes::{
     run_probe, ContainerProbes, ProbeAction, ProbeEvent, ProbeKind, ProbeResult, ProbeRunner, ProbeSpec,
-    Transition,
+    ProbeTarget, Transition,
 };
 use mpsfleet_agent::runtime::ExecContext;
 use mpsfleet_core::clock::SystemClock;
@@ -27,7 +27,7 @@ fn shell(script: &str) -> ProbeAction {
 }
 
 fn probe(action: &ProbeAction, timeout: Duration) -> ProbeResult {
-    run_probe(action, timeout, &ctx(&[]), &SystemClock)
+    run_probe(action, timeout, &ProbeTarget::Host(ctx(&[])), &SystemClock)
 }
 
 fn failure(r: ProbeResult) -> String {
@@ -53,8 +53,14 @@ fn runtime_exec_probe_pass_fail_and_env() {
     assert_eq!(failure(probe(&missing, t)), "no such file or directory: /no/such/probe");
     // The probe sees the task's environment, not the agent's.
     let check_env = shell("test \"$PROBE_VAR\" = yes && test -z \"$CARGO_MANIFEST_DIR\"");
-    assert_eq!(run_probe(&check_env, t, &ctx(&[("PROBE_VAR", "yes")]), &SystemClock), ProbeResult::Success);
-    assert!(matches!(run_probe(&check_env, t, &ctx(&[]), &SystemClock), ProbeResult::Failure(_)));
+    assert_eq!(
+        run_probe(&check_env, t, &ProbeTarget::Host(ctx(&[("PROBE_VAR", "yes")])), &SystemClock),
+        ProbeResult::Success
+    );
+    assert!(matches!(
+        run_probe(&check_env, t, &ProbeTarget::Host(ctx(&[])), &SystemClock),
+        ProbeResult::Failure(_)
+    ));
 }
 
 #[test]
@@ -166,10 +172,11 @@ fn spec(kind: ProbeKind, action: ProbeAction, retries: u32, start_period: Durati
 
 fn start(probes: ContainerProbes, env: &[(&str, &str)]) -> (ProbeRunner, Receiver<ProbeEvent>) {
     let (tx, rx) = mpsc::channel();
-    let runner = ProbeRunner::start("app", probes, ctx(env), Arc::new(SystemClock), move |e| {
-        let _ = tx.send(e);
-    })
-    .expect("start");
+    let runner =
+        ProbeRunner::start("app", probes, ProbeTarget::Host(ctx(env)), Arc::new(SystemClock), move |e| {
+            let _ = tx.send(e);
+        })
+        .expect("start");
     (runner, rx)
 }
 

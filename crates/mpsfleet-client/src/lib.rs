@@ -263,6 +263,9 @@ impl Client {
     pub async fn describe_service(&self, name: &str) -> Result<ServiceView> {
         self.get(&format!("/v1/services/{}", seg(name))).await
     }
+    pub async fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>> {
+        self.get(&format!("/v1/services/{}/endpoints", seg(name))).await
+    }
     pub async fn delete_service(&self, name: &str) -> Result<ServiceView> {
         self.call(Method::DELETE, &format!("/v1/services/{}", seg(name)), &[], None).await
     }

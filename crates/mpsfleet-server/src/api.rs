@@ -266,6 +266,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/stop", post(stop_task))
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/services", post(create_service).get(list_services))
+        .route("/v1/services/{name}/endpoints", get(service_endpoints))
         .route("/v1/services/{name}", get(describe_service).patch(update_service).delete(delete_service))
         .route("/v1/agent/register", post(register_host))
         .route("/v1/agent/status", post(host_status))
@@ -708,6 +709,14 @@ async fn describe_service(
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| c.service(&name)).await?))
+}
+
+async fn service_endpoints(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<ServiceEndpoint>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.service_endpoints(&name)).await?))
 }
 
 async fn update_service(

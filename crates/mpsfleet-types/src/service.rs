@@ -57,3 +57,20 @@ pub struct UpdateService {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_count: Option<u32>,
 }
+
+/// Where one running replica of a service can be reached: `mpsfleet service endpoints NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEndpoint {
+    pub task_id: crate::ids::TaskId,
+    pub host_id: crate::ids::HostId,
+    pub container: String,
+    /// `HOST:PORT` to connect to: the host's address with the binding's host port.
+    pub address: String,
+    pub host_port: u16,
+    pub container_port: u16,
+    pub protocol: crate::taskdef::Protocol,
+    /// The task passes its readiness check (true without one).
+    pub ready: bool,
+    pub health_status: crate::task::TaskHealth,
+}

@@ -2,8 +2,9 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use mpsfleet_agent::docker::{ImagePolicy, PullBehavior};
 use mpsfleet_agent::mps::MpsPolicy;
-use mpsfleet_agent::{AgentConfig, MpsMode};
+use mpsfleet_agent::{AgentConfig, DockerSettings, MpsMode, RuntimeChoice};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -59,6 +60,27 @@ pub struct AgentArgs {
     /// Where to serve task logs to the server; use an address the server can reach.
     #[arg(long, default_value = "127.0.0.1:0")]
     logs_listen: std::net::SocketAddr,
+    /// How tasks run: `docker` (containers on Docker Engine), `process`, or `auto` (Docker
+    /// when its socket answers, else processes; the agent says which).
+    #[arg(long, value_parser = ["auto", "docker", "process"], default_value = "auto")]
+    runtime: String,
+    /// Docker Engine's socket [default: DOCKER_HOST's unix:// path, else /var/run/docker.sock].
+    #[arg(long)]
+    docker_socket: Option<PathBuf>,
+    /// When images are pulled, as ECS_IMAGE_PULL_BEHAVIOR: `default` (pull; on failure use a
+    /// cached copy), `always`, `once`, `prefer-cached`.
+    #[arg(long, default_value = "default")]
+    image_pull_behavior: String,
+    /// How long one image pull may take.
+    #[arg(long, default_value_t = 300)]
+    image_pull_timeout_s: u64,
+    /// How long a stopped task's containers are kept before they are removed.
+    #[arg(long, default_value_t = 3600)]
+    container_retention_s: u64,
+    /// Unused images are removed when no task used them for this long (checked every 30 min,
+    /// at most 5 per round).
+    #[arg(long, default_value_t = 3600)]
+    image_min_age_s: u64,
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
@@ -108,6 +130,30 @@ pub fn run(args: AgentArgs) -> Result<()> {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "localhost".into(), |h| h.trim().into())
     });
+    let runtime = match args.runtime.as_str() {
+        "docker" => RuntimeChoice::Docker,
+        "process" => RuntimeChoice::Process,
+        _ => RuntimeChoice::Auto,
+    };
+    let pull: PullBehavior =
+        args.image_pull_behavior.parse().map_err(|e| anyhow::anyhow!("--image-pull-behavior: {e}"))?;
+    anyhow::ensure!(
+        (1..=3600).contains(&args.image_pull_timeout_s),
+        "--image-pull-timeout-s must be 1 to 3600 seconds, got {}",
+        args.image_pull_timeout_s
+    );
+    anyhow::ensure!(
+        args.container_retention_s <= 30 * 24 * 3600,
+        "--container-retention-s must be at most 30 days (2592000), got {}",
+        args.container_retention_s
+    );
+    let docker = DockerSettings {
+        socket: args.docker_socket.unwrap_or_else(mpsfleet_agent::docker::socket_from_env),
+        pull,
+        pull_timeout: Duration::from_secs(args.image_pull_timeout_s),
+        container_retention: Duration::from_secs(args.container_retention_s),
+        images: ImagePolicy { min_age: Duration::from_secs(args.image_min_age_s), ..ImagePolicy::default() },
+    };
     let cfg = AgentConfig {
         server: args.server,
         join_token: args.join_token,
@@ -122,6 +168,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
         stop_tasks_on_exit: args.stop_tasks_on_exit,
         shim: vec![exe.into_os_string(), "shim".into()],
         logs_listen: args.logs_listen,
+        runtime,
+        docker,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;

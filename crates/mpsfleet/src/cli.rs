@@ -205,6 +205,10 @@ pub enum ServiceCommand {
     Describe {
         name: String,
     },
+    /// Where every running replica can be reached: host address and port per binding.
+    Endpoints {
+        name: String,
+    },
     /// Stop the service's tasks and remove it.
     Delete {
         name: String,
@@ -348,6 +352,9 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
         TaskCommand::Describe { id } => {
             let t = c.describe_task(&id).await?;
             output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+            if f == Format::Table {
+                print_containers(&t);
+            }
         }
         TaskCommand::Logs { id, container, stderr, tail } => {
             let logs = c.task_logs(&id, container.as_deref(), stderr, tail).await?;
@@ -383,6 +390,36 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     Ok(())
 }
 
+/// `task describe`'s container section: image, runtime id, bindings and what the runtime noted.
+fn print_containers(t: &Task) {
+    for c in &t.containers {
+        println!();
+        println!("container {}", c.name);
+        let line = |k: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                println!("  {k:<10} {v}");
+            }
+        };
+        line("image", &c.image);
+        line("digest", &c.image_digest);
+        line("id", &c.runtime_id);
+        line("exit code", &c.exit_code.map(|x| x.to_string()));
+        line("reason", &c.reason);
+        for b in &c.network_bindings {
+            println!(
+                "  binding    {}:{} -> {}/{}",
+                b.bind_ip,
+                b.host_port,
+                b.container_port,
+                b.protocol.as_str()
+            );
+        }
+        for n in &c.notes {
+            println!("  note       {n}");
+        }
+    }
+}
+
 fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
     hosts
         .iter()
@@ -397,6 +434,10 @@ fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
                 h.health_status.as_str().into(),
                 if h.cordoned { "yes".into() } else { "no".into() },
                 if h.emulated { "emulated".into() } else { "real".into() },
+                match &h.runtime_version {
+                    Some(v) => format!("{} {v}", h.runtime.as_str()),
+                    None => h.runtime.as_str().into(),
+                },
                 h.gpus.len().to_string(),
                 format!("{free}/{total}"),
                 h.task_count.to_string(),
@@ -406,7 +447,7 @@ fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
 }
 
 async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
-    const HEADERS: [&str; 10] = [
+    const HEADERS: [&str; 11] = [
         "ID",
         "POOL",
         "HOSTNAME",
@@ -414,6 +455,7 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         "HEALTH",
         "CORDONED",
         "GPUS ARE",
+        "RUNTIME",
         "GPUS",
         "FREE/TOTAL MiB",
         "TASKS",
@@ -589,6 +631,27 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             return Ok(());
         }
         ServiceCommand::Describe { name } => c.describe_service(&name).await?,
+        ServiceCommand::Endpoints { name } => {
+            let list = c.service_endpoints(&name).await?;
+            const EP: [&str; 7] =
+                ["ADDRESS", "PROTOCOL", "CONTAINER PORT", "TASK", "CONTAINER", "HOST", "READY"];
+            let rows = list
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.address.clone(),
+                        e.protocol.as_str().into(),
+                        e.container_port.to_string(),
+                        e.task_id.to_string(),
+                        e.container.clone(),
+                        e.host_id.to_string(),
+                        if e.ready { "yes".into() } else { "no".into() },
+                    ]
+                })
+                .collect();
+            output::print(f, &list, &EP, rows);
+            return Ok(());
+        }
         ServiceCommand::Delete { name } => c.delete_service(&name).await?,
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));

@@ -7,6 +7,7 @@
 //! task-level verdict from container states, [`probes`] the checks.
 
 pub mod container;
+pub mod engine;
 pub mod identity;
 pub mod probes;
 mod procfs;

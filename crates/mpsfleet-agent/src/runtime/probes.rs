@@ -311,20 +311,52 @@ impl ProbeTracker {
     }
 }
 
-/// Runs a probe once, within `timeout`. Exec probes run with `ctx`'s environment and user, in a
-/// process group of their own that is killed if they overrun.
+/// Runs `argv` inside a container within a timeout (the container runtime's exec).
+pub type ContainerExec = Arc<dyn Fn(&[String], Duration) -> ProbeResult + Send + Sync>;
+
+/// Where a container's probes run.
+#[derive(Clone)]
+pub enum ProbeTarget {
+    /// A process on this host: exec probes run here with the container's environment and
+    /// user; HTTP and TCP probes connect to the host they name.
+    Host(ExecContext),
+    /// A container: exec probes run inside it (`CMD`/`CMD-SHELL` as ECS runs them); HTTP and
+    /// TCP probes of `localhost` or `127.0.0.1` go to `address`, the container's own address
+    /// (its network namespace is not the host's), when it has one.
+    Container { exec: ContainerExec, address: Option<String> },
+}
+
+impl ProbeTarget {
+    /// The host an HTTP or TCP probe of `host` connects to.
+    fn connect_host<'a>(&'a self, host: &'a str) -> &'a str {
+        match self {
+            ProbeTarget::Container { address: Some(a), .. }
+                if matches!(host, "localhost" | "127.0.0.1" | "::1") =>
+            {
+                a
+            }
+            _ => host,
+        }
+    }
+}
+
+/// Runs a probe once, within `timeout`. Exec probes on the host run with the context's
+/// environment and user, in a process group of their own that is killed if they overrun.
 pub fn run_probe(
     action: &ProbeAction,
     timeout: Duration,
-    ctx: &ExecContext,
+    target: &ProbeTarget,
     clock: &dyn Clock,
 ) -> ProbeResult {
     match action {
-        ProbeAction::Exec { argv } => run_exec(argv, timeout, ctx, clock),
+        ProbeAction::Exec { argv } => match target {
+            ProbeTarget::Host(ctx) => run_exec(argv, timeout, ctx, clock),
+            ProbeTarget::Container { exec, .. } => exec(argv, timeout),
+        },
         ProbeAction::HttpGet { host, port, authority, path } => {
-            run_http(host, *port, authority, path, timeout, clock)
+            run_http(target.connect_host(host), *port, authority, path, timeout, clock)
         }
-        ProbeAction::TcpConnect { host, port } => match connect(host, *port, timeout) {
+        ProbeAction::TcpConnect { host, port } => match connect(target.connect_host(host), *port, timeout) {
             Ok(_) => ProbeResult::Success,
             Err(why) => ProbeResult::Failure(why),
         },
@@ -531,7 +563,7 @@ impl ProbeRunner {
     pub fn start<F>(
         container: impl Into<String>,
         probes: ContainerProbes,
-        ctx: ExecContext,
+        target: ProbeTarget,
         clock: Arc<dyn Clock>,
         on_event: F,
     ) -> Result<ProbeRunner, ProbeError>
@@ -541,7 +573,7 @@ impl ProbeRunner {
         let container = container.into();
         let cancel = Arc::new(Cancel::default());
         let sink: Sink = Arc::new(on_event);
-        let shared = Shared { container: container.clone(), ctx, clock, sink, cancel: cancel.clone() };
+        let shared = Shared { container: container.clone(), target, clock, sink, cancel: cancel.clone() };
         let thread = thread::Builder::new()
             .name(format!("probes-{container}"))
             .spawn(move || shared.run(probes))
@@ -566,7 +598,7 @@ impl Drop for ProbeRunner {
 
 struct Shared {
     container: String,
-    ctx: ExecContext,
+    target: ProbeTarget,
     clock: Arc<dyn Clock>,
     sink: Sink,
     cancel: Arc<Cancel>,
@@ -609,7 +641,7 @@ impl Shared {
             if self.cancel.is_cancelled() {
                 return None;
             }
-            let result = run_probe(&spec.action, spec.timeout, &self.ctx, self.clock.as_ref());
+            let result = run_probe(&spec.action, spec.timeout, &self.target, self.clock.as_ref());
             if self.cancel.is_cancelled() {
                 return None;
             }

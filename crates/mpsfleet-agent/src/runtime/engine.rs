@@ -1,0 +1,155 @@
+//! The task runtime seam: the task loop runs every container through an [`Engine`], either
+//! processes under shims ([`super::container::Runtime`]) or containers on Docker Engine
+//! ([`crate::docker::DockerRuntime`]). Both give the same [`ContainerState`]s, so the task's
+//! verdict ([`super::task::task_state`]) does not depend on the runtime.
+
+use super::container::{AdoptedState, ContainerHandle, ContainerState, Runtime, StopOutcome};
+use crate::docker::{DockerHandle, DockerRuntime};
+use mpsfleet_types::{ContainerDefinition, ContainerReport, RuntimeKind};
+use std::path::Path;
+use std::time::Duration;
+
+/// How this host runs its tasks.
+pub enum Engine {
+    Process(Runtime),
+    /// `gpus_emulated`: the host's GPUs are declared, not real, so containers get no GPU
+    /// runtime or device request (their reports say so).
+    Docker {
+        rt: DockerRuntime,
+        gpus_emulated: bool,
+    },
+}
+
+/// One running container of either runtime.
+#[derive(Debug, Clone)]
+pub enum Handle {
+    Process(ContainerHandle),
+    Docker(DockerHandle),
+}
+
+/// What adoption after an agent restart found for one container.
+#[derive(Debug, Clone)]
+pub enum Adopted {
+    Running(Handle),
+    Ended(ContainerState),
+}
+
+impl Handle {
+    /// The process to name to the MPS server (`terminate_client`): the task's process, or the
+    /// container's first process.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Handle::Process(h) => h.pid(),
+            Handle::Docker(h) => h.pid,
+        }
+    }
+
+    /// The container as the task's report shows it while it runs.
+    pub fn report(&self, def: &ContainerDefinition) -> ContainerReport {
+        match self {
+            Handle::Process(h) => ContainerReport {
+                name: def.name.clone(),
+                image: def.image.clone(),
+                runtime_id: h.pid().map(|p| format!("pid {p}")),
+                notes: process_notes(def),
+                ..ContainerReport::default()
+            },
+            Handle::Docker(h) => ContainerReport {
+                name: def.name.clone(),
+                image: def.image.clone(),
+                image_digest: h.image_digest.clone(),
+                runtime_id: Some(h.id.clone()),
+                network_bindings: h.network_bindings.clone(),
+                notes: h.notes.clone(),
+                ..ContainerReport::default()
+            },
+        }
+    }
+}
+
+/// What a process host does differently from the definition.
+pub fn process_notes(def: &ContainerDefinition) -> Vec<String> {
+    match &def.image {
+        Some(image) => vec![format!(
+            "image {image} is not used: this host runs the command as a process (start the agent \
+             with --runtime docker to run images)"
+        )],
+        None => Vec::new(),
+    }
+}
+
+impl Engine {
+    pub fn kind(&self) -> RuntimeKind {
+        match self {
+            Engine::Process(_) => RuntimeKind::Process,
+            Engine::Docker { .. } => RuntimeKind::Docker,
+        }
+    }
+
+    /// The container's state now. When Docker cannot be asked, the container is taken to be
+    /// still running: an unreachable engine is the `CONTAINER_RUNTIME` check's business, not a
+    /// reason to stop tasks that may well still run.
+    pub fn status(&self, handle: &Handle) -> ContainerState {
+        match (self, handle) {
+            (Engine::Process(rt), Handle::Process(h)) => rt.status(h),
+            (Engine::Docker { rt, .. }, Handle::Docker(h)) => match rt.status(h) {
+                Ok(state) => state,
+                Err(e) => {
+                    tracing::debug!(container = %h.name, error = %e, "cannot ask Docker; taking the container as running");
+                    ContainerState::Running { pid: h.pid.unwrap_or(0) }
+                }
+            },
+            _ => ContainerState::Lost { reason: "the container belongs to another runtime".into() },
+        }
+    }
+
+    /// SIGTERM (or the image's stop signal), up to `timeout`, then SIGKILL; how it ended.
+    pub fn stop(&self, handle: &Handle, timeout: Duration) -> ContainerState {
+        let outcome: Result<StopOutcome, String> = match (self, handle) {
+            (Engine::Process(rt), Handle::Process(h)) => rt.stop(h, timeout).map_err(|e| e.to_string()),
+            (Engine::Docker { rt, .. }, Handle::Docker(h)) => rt.stop(h, timeout).map_err(|e| e.to_string()),
+            _ => Err("the container belongs to another runtime".into()),
+        };
+        match outcome {
+            Ok(o) => o.state,
+            Err(e) => ContainerState::Lost { reason: format!("stop failed: {e}") },
+        }
+    }
+
+    /// Finds a container of a task again after an agent restart: from its state directory
+    /// (processes) or by its name (Docker).
+    pub fn adopt(&self, state_dir: &Path, task_id: &str, container: &str) -> Adopted {
+        match self {
+            Engine::Process(rt) => match rt.adopt(state_dir) {
+                Ok(AdoptedState::Running { handle, .. }) => Adopted::Running(Handle::Process(handle)),
+                Ok(AdoptedState::Exited(exit)) => Adopted::Ended(ContainerState::Exited(exit)),
+                Ok(AdoptedState::Lost { reason }) => Adopted::Ended(ContainerState::Lost { reason }),
+                Err(e) => Adopted::Ended(ContainerState::Lost { reason: e.to_string() }),
+            },
+            Engine::Docker { rt, .. } => match rt.adopt(task_id, container) {
+                Ok(Some((handle, ContainerState::Running { .. }))) => {
+                    Adopted::Running(Handle::Docker(handle))
+                }
+                Ok(Some((_, state))) => Adopted::Ended(state),
+                Ok(None) => Adopted::Ended(ContainerState::Lost {
+                    reason: "its container is gone from Docker (removed while the agent was down)".into(),
+                }),
+                // Docker does not answer now: watch the container by its name; the first
+                // look that reaches Docker decides whether it still runs.
+                Err(e) => {
+                    tracing::warn!(task.id = task_id, container, error = %e, "cannot ask Docker; adopting by name");
+                    let name = crate::docker::container_name(rt.host_id(), task_id, container);
+                    Adopted::Running(Handle::Docker(DockerHandle {
+                        id: name.clone(),
+                        name,
+                        pid: None,
+                        ip: None,
+                        image_digest: None,
+                        network_bindings: Vec::new(),
+                        notes: Vec::new(),
+                    }))
+                }
+            },
+        }
+    }
+}
