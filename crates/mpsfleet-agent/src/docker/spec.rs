@@ -371,13 +371,9 @@ mod tests {
             Some(vec![PortBinding { host_ip: Some(String::new()), host_port: Some(port.into()) }])
         };
         let exposed = Some(vec!["8080/tcp".to_string(), "53/udp".to_string()]);
-        // (networkMode, Docker NetworkMode, exposed, bindings)
-        let table: Vec<(
-            Option<&str>,
-            &str,
-            Option<Vec<String>>,
-            Option<HashMap<String, Option<Vec<PortBinding>>>>,
-        )> = vec![
+        /// (networkMode, Docker's NetworkMode, ExposedPorts, PortBindings)
+        type Row<'a> = (Option<&'a str>, &'a str, Option<Vec<String>>, Option<bollard::models::PortMap>);
+        let table: Vec<Row<'_>> = vec![
             (
                 None,
                 "bridge",
