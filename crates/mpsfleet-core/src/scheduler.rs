@@ -16,8 +16,14 @@
 //! Services pass a group: among the fitting candidates the scheduler prefers the host and then
 //! the GPU with the fewest replicas of that group, so one daemon failure cannot take a whole
 //! service down.
+//!
+//! A request may also carry [`Needs`], as ECS places tasks: a task that runs images goes only to
+//! hosts whose runtime runs them, and static host ports are a per-host resource, so two tasks
+//! needing the same (protocol, port) never share a host. Candidates are filtered by these needs
+//! only when a request has some; a request without needs costs what it did before.
 
-use mpsfleet_types::{GpuDemand, HostId, PlacementStrategy, SharingMode};
+use mpsfleet_types::{GpuDemand, HostId, PlacementStrategy, Protocol, SharingMode};
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
@@ -56,6 +62,8 @@ pub struct HostSpec {
     pub id: HostId,
     pub pool: PoolIx,
     pub mps_available: bool,
+    /// The host's runtime runs images (a container runtime such as Docker).
+    pub runs_images: bool,
     pub gpus: Vec<GpuSpec>,
 }
 
@@ -65,6 +73,115 @@ pub struct Request {
     pub pool: PoolIx,
     pub demand: GpuDemand,
     pub group: Option<GroupIx>,
+    /// What the task needs of its host besides GPUs; [`Needs::NONE`] for most tasks.
+    pub needs: Needs,
+}
+
+/// The most static host ports one task may need ([`HostPorts`] holds them inline).
+pub const MAX_HOST_PORTS: usize = 16;
+
+/// More static host ports than [`MAX_HOST_PORTS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the task needs {count} static host ports, above the limit of {MAX_HOST_PORTS}")]
+pub struct TooManyHostPorts {
+    pub count: usize,
+}
+
+/// A small sorted set of (protocol, port) pairs, held inline so that [`Request`] stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostPorts {
+    keys: [u32; MAX_HOST_PORTS],
+    len: u8,
+}
+
+fn port_key(protocol: Protocol, port: u16) -> u32 {
+    let proto: u32 = match protocol {
+        Protocol::Tcp => 0,
+        Protocol::Udp => 1,
+    };
+    (proto << 16) | u32::from(port)
+}
+
+fn key_port(key: u32) -> (Protocol, u16) {
+    let protocol = if key >> 16 == 0 { Protocol::Tcp } else { Protocol::Udp };
+    (protocol, key as u16)
+}
+
+impl HostPorts {
+    /// No ports.
+    pub const EMPTY: HostPorts = HostPorts { keys: [0; MAX_HOST_PORTS], len: 0 };
+
+    /// The set of the given ports (duplicates count once).
+    pub fn new(ports: &[(Protocol, u16)]) -> Result<HostPorts, TooManyHostPorts> {
+        let mut keys: Vec<u32> = ports.iter().map(|&(p, n)| port_key(p, n)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() > MAX_HOST_PORTS {
+            return Err(TooManyHostPorts { count: keys.len() });
+        }
+        let mut set = HostPorts::EMPTY;
+        set.keys[..keys.len()].copy_from_slice(&keys);
+        set.len = keys.len() as u8;
+        Ok(set)
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The ports in (protocol, port) order.
+    pub fn iter(&self) -> impl Iterator<Item = (Protocol, u16)> + '_ {
+        self.keys().iter().map(|&k| key_port(k))
+    }
+
+    fn keys(&self) -> &[u32] {
+        &self.keys[..self.len()]
+    }
+}
+
+impl fmt::Debug for HostPorts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter().map(|(p, n)| format!("{}/{n}", p.as_str()))).finish()
+    }
+}
+
+/// What a task needs of its host besides GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Needs {
+    /// The task runs images: only a host whose runtime runs images can take it.
+    pub images: bool,
+    /// Static host ports the task holds on its host while it runs.
+    pub ports: HostPorts,
+    /// The task asked for more static host ports than [`MAX_HOST_PORTS`] (how many); it waits
+    /// with [`Unplaced::TooManyHostPorts`] and holds nothing.
+    pub too_many_ports: Option<u32>,
+}
+
+impl Needs {
+    /// Needs nothing: placed by GPU demand alone.
+    pub const NONE: Needs = Needs { images: false, ports: HostPorts::EMPTY, too_many_ports: None };
+
+    /// The needs of a task that runs images (or not) and holds these static host ports; more
+    /// than [`MAX_HOST_PORTS`] make a task that waits with a reason instead of an error.
+    pub fn new(images: bool, ports: &[(Protocol, u16)]) -> Needs {
+        match HostPorts::new(ports) {
+            Ok(ports) => Needs { images, ports, too_many_ports: None },
+            Err(e) => Needs {
+                images,
+                ports: HostPorts::EMPTY,
+                too_many_ports: Some(u32::try_from(e.count).unwrap_or(u32::MAX)),
+            },
+        }
+    }
+
+    /// Whether the task needs nothing beyond GPUs (the fast path).
+    pub fn is_none(&self) -> bool {
+        !self.images && self.ports.is_empty() && self.too_many_ports.is_none()
+    }
 }
 
 /// Where a task was placed.
@@ -109,6 +226,23 @@ pub enum Unplaced {
         clients: u32,
         compute_percent: u32,
     },
+    /// The task runs images and no schedulable host of the pool runs them.
+    NoContainerHost {
+        pool: String,
+    },
+    /// Hosts that run images exist, but only hosts that do not have room for the task.
+    NoFittingContainerHost {
+        pool: String,
+    },
+    /// Every host that otherwise fits holds one of these static host ports already.
+    HostPortsInUse {
+        pool: String,
+        ports: Vec<(Protocol, u16)>,
+    },
+    /// The task needs more static host ports than one task may hold.
+    TooManyHostPorts {
+        count: u32,
+    },
 }
 
 impl fmt::Display for Unplaced {
@@ -139,6 +273,33 @@ impl fmt::Display for Unplaced {
                 f,
                 "no GPU in pool {pool} with {memory_mib} MiB free can take {clients} more MPS \
                  client(s) using {compute_percent}% compute within its client and compute limits"
+            ),
+            Unplaced::NoContainerHost { pool } => write!(
+                f,
+                "no schedulable host in pool {pool} runs containers (the task runs images); \
+                 start an agent with --runtime docker"
+            ),
+            Unplaced::NoFittingContainerHost { pool } => write!(
+                f,
+                "no host in pool {pool} that runs containers has room for the task (the task runs \
+                 images); free capacity there or start an agent with --runtime docker"
+            ),
+            Unplaced::HostPortsInUse { pool, ports } => {
+                let plural = if ports.len() == 1 { "" } else { "s" };
+                write!(f, "no host in pool {pool} that fits has host port{plural} ")?;
+                for (i, (p, n)) in ports.iter().enumerate() {
+                    write!(f, "{}{}/{n}", if i == 0 { "" } else { ", " }, p.as_str())?;
+                }
+                write!(
+                    f,
+                    " free; stop the task holding it, add a host, or map the container port to a \
+                     dynamic host port (hostPort 0)"
+                )
+            }
+            Unplaced::TooManyHostPorts { count } => write!(
+                f,
+                "the task needs {count} static host ports, above the limit of {MAX_HOST_PORTS} per \
+                 task; map the rest to dynamic host ports (hostPort 0)"
             ),
         }
     }
@@ -208,9 +369,13 @@ struct HostSlot {
     first_gpu: GpuIx,
     gpu_count: u32,
     mps_available: bool,
+    runs_images: bool,
     schedulable: bool,
     idle: u32,
     cpu_tasks: u32,
+    /// Static host ports held by the tasks placed here, sorted; a port appears once per task
+    /// holding it (more than once only if stored state was loaded over the limit).
+    ports: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -226,6 +391,8 @@ struct PoolSlot {
     cpu_hosts: BTreeSet<u64>,
     schedulable_hosts: u32,
     mps_hosts: u32,
+    /// Schedulable hosts whose runtime runs images.
+    image_hosts: u32,
     /// GPUs closed to MPS tasks (their daemon did not answer).
     mps_closed_gpus: u32,
 }
@@ -238,6 +405,15 @@ struct GroupCounts {
 
 /// A host, and for GPU tasks the GPU, that could take a task.
 type Candidate = (HostIx, Option<GpuIx>);
+
+/// Why fitting candidates were turned down for a request's needs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Turned {
+    /// Some host did not run images.
+    runtime: bool,
+    /// Bit i: the request's i-th port was in use on some host that runs what the task needs.
+    ports: u16,
+}
 
 /// The placement engine. Pure: no I/O, no clock.
 #[derive(Debug, Default)]
@@ -299,6 +475,7 @@ impl Scheduler {
             cpu_hosts: BTreeSet::new(),
             schedulable_hosts: 0,
             mps_hosts: 0,
+            image_hosts: 0,
             mps_closed_gpus: 0,
         });
         self.pool_ix.insert(name.to_string(), ix);
@@ -355,9 +532,11 @@ impl Scheduler {
             first_gpu,
             gpu_count: spec.gpus.len() as u32,
             mps_available: spec.mps_available,
+            runs_images: spec.runs_images,
             schedulable: false,
             idle: spec.gpus.len() as u32,
             cpu_tasks: 0,
+            ports: Vec::new(),
         });
         Ok(ix)
     }
@@ -419,6 +598,14 @@ impl Scheduler {
         if pool.schedulable_hosts == 0 {
             return Err(Unplaced::NoSchedulableHost { pool: pool.name.clone() });
         }
+        if !req.needs.is_none() {
+            if let Some(count) = req.needs.too_many_ports {
+                return Err(Unplaced::TooManyHostPorts { count });
+            }
+            if req.needs.images && pool.image_hosts == 0 {
+                return Err(Unplaced::NoContainerHost { pool: pool.name.clone() });
+            }
+        }
         let placement = match req.demand {
             GpuDemand::None => self.choose_cpu_host(req),
             GpuDemand::Whole { count } => self.choose_whole(req, count),
@@ -443,6 +630,17 @@ impl Scheduler {
 
     fn account(&mut self, req: &Request, placement: &Placement, add: bool) {
         let host = placement.host;
+        if !req.needs.ports.is_empty() {
+            let held = &mut self.hosts[host as usize].ports;
+            for &k in req.needs.ports.keys() {
+                let at = held.partition_point(|&h| h < k);
+                if add {
+                    held.insert(at, k);
+                } else if held.get(at) == Some(&k) {
+                    held.remove(at);
+                }
+            }
+        }
         if let Some(g) = req.group {
             let counts = &mut self.groups[g as usize];
             bump(&mut counts.by_host, host, add);
@@ -551,7 +749,7 @@ impl Scheduler {
         if !h.schedulable {
             return;
         }
-        let (pool_ix, idle, cpu, mps) = (h.pool, h.idle, h.cpu_tasks, h.mps_available);
+        let (pool_ix, idle, cpu, mps, images) = (h.pool, h.idle, h.cpu_tasks, h.mps_available, h.runs_images);
         for gpu in self.host_gpus(host) {
             self.detach_gpu(gpu);
         }
@@ -560,6 +758,7 @@ impl Scheduler {
         pool.cpu_hosts.remove(&host_key(cpu, host));
         pool.schedulable_hosts -= 1;
         pool.mps_hosts -= u32::from(mps);
+        pool.image_hosts -= u32::from(images);
     }
 
     fn attach_host(&mut self, host: HostIx) {
@@ -567,7 +766,7 @@ impl Scheduler {
         if !h.schedulable {
             return;
         }
-        let (pool_ix, idle, cpu, mps) = (h.pool, h.idle, h.cpu_tasks, h.mps_available);
+        let (pool_ix, idle, cpu, mps, images) = (h.pool, h.idle, h.cpu_tasks, h.mps_available, h.runs_images);
         let pool = &mut self.pools[pool_ix as usize];
         if idle > 0 {
             pool.idle_hosts.insert(host_key(idle, host));
@@ -575,6 +774,7 @@ impl Scheduler {
         pool.cpu_hosts.insert(host_key(cpu, host));
         pool.schedulable_hosts += 1;
         pool.mps_hosts += u32::from(mps);
+        pool.image_hosts += u32::from(images);
         for gpu in self.host_gpus(host) {
             self.attach_gpu(gpu);
         }
@@ -609,23 +809,82 @@ impl Scheduler {
         best.map(|(_, c)| c)
     }
 
+    /// [`Scheduler::pick`] among the candidates whose host meets the request's needs; the
+    /// filter exists only for a request with needs. `turned` collects why hosts were refused.
+    fn pick_for<I: Iterator<Item = Candidate>>(
+        &self,
+        req: &Request,
+        turned: &Cell<Turned>,
+        candidates: I,
+    ) -> Option<Candidate> {
+        if req.needs.is_none() {
+            return self.pick(req.group, candidates);
+        }
+        let meets = |&(host, _): &Candidate| {
+            let h = &self.hosts[host as usize];
+            let mut t = turned.get();
+            if req.needs.images && !h.runs_images {
+                t.runtime = true;
+                turned.set(t);
+                return false;
+            }
+            let mut clash = 0u16;
+            if !h.ports.is_empty() {
+                for (i, k) in req.needs.ports.keys().iter().enumerate() {
+                    if h.ports.binary_search(k).is_ok() {
+                        clash |= 1 << i;
+                    }
+                }
+            }
+            t.ports |= clash;
+            turned.set(t);
+            clash == 0
+        };
+        self.pick(req.group, candidates.filter(meets))
+    }
+
+    /// Why a request with needs waits when fitting candidates existed but its needs turned
+    /// them all down; None when no candidate fitted at all (capacity is the reason).
+    fn turned_reason(&self, req: &Request, turned: Turned) -> Option<Unplaced> {
+        let pool = &self.pools[req.pool as usize].name;
+        if turned.ports != 0 {
+            let ports = req
+                .needs
+                .ports
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| turned.ports & (1 << i) != 0)
+                .map(|(_, p)| p)
+                .collect();
+            return Some(Unplaced::HostPortsInUse { pool: pool.clone(), ports });
+        }
+        turned.runtime.then(|| Unplaced::NoFittingContainerHost { pool: pool.clone() })
+    }
+
     fn choose_cpu_host(&self, req: &Request) -> Result<Placement, Unplaced> {
         let pool = &self.pools[req.pool as usize];
         let candidates = pool.cpu_hosts.iter().map(|&k| (key_host(k), None));
-        let (host, _) = self
-            .pick(req.group, candidates)
-            .ok_or_else(|| Unplaced::NoSchedulableHost { pool: pool.name.clone() })?;
+        let turned = Cell::new(Turned::default());
+        let Some((host, _)) = self.pick_for(req, &turned, candidates) else {
+            return Err(self
+                .turned_reason(req, turned.get())
+                .unwrap_or_else(|| Unplaced::NoSchedulableHost { pool: pool.name.clone() }));
+        };
         Ok(Placement { host, gpus: Vec::new() })
     }
 
     fn choose_whole(&self, req: &Request, count: u32) -> Result<Placement, Unplaced> {
         let pool = &self.pools[req.pool as usize];
         let fitting = pool.idle_hosts.range(host_key(count, 0)..).map(|&k| (key_host(k), None));
+        let turned = Cell::new(Turned::default());
         let chosen = match pool.config.strategy {
-            PlacementStrategy::Binpack => self.pick(req.group, fitting),
-            PlacementStrategy::Spread => self.pick(req.group, fitting.rev()),
+            PlacementStrategy::Binpack => self.pick_for(req, &turned, fitting),
+            PlacementStrategy::Spread => self.pick_for(req, &turned, fitting.rev()),
         };
         let Some((host, _)) = chosen else {
+            if let Some(why) = self.turned_reason(req, turned.get()) {
+                return Err(why);
+            }
             let most = pool.idle_hosts.last().map_or(0, |&k| (k >> 32) as u32);
             return Err(Unplaced::NotEnoughIdleGpus {
                 pool: pool.name.clone(),
@@ -662,16 +921,22 @@ impl Scheduler {
         let shared = pool.mps.range(mps_key(memory, 0)..).map(|&k| key_gpu(k));
         let idle = pool.idle_gpus.range(idle_gpu_key(memory, 0, 0)..).map(|&k| key_gpu(k));
         let candidate = |g: GpuIx| fits(g).then(|| (self.gpus[g as usize].host, Some(g)));
+        let turned = Cell::new(Turned::default());
         let chosen = match pool.config.strategy {
             // Best fit among shared GPUs, then open the smallest idle GPU that fits.
-            PlacementStrategy::Binpack => self.pick(req.group, shared.chain(idle).filter_map(candidate)),
+            PlacementStrategy::Binpack => {
+                self.pick_for(req, &turned, shared.chain(idle).filter_map(candidate))
+            }
             // The emptiest GPU: idle ones first, then the shared GPU with the most room.
             PlacementStrategy::Spread => {
-                self.pick(req.group, idle.rev().chain(shared.rev()).filter_map(candidate))
+                self.pick_for(req, &turned, idle.rev().chain(shared.rev()).filter_map(candidate))
             }
         };
         if let Some((host, Some(gpu))) = chosen {
             return Ok(Placement { host, gpus: vec![gpu] });
+        }
+        if let Some(why) = self.turned_reason(req, turned.get()) {
+            return Err(why);
         }
         let largest_shared = pool.mps.last().max(pool.limited.last()).map_or(0, |&k| k >> GPU_BITS);
         let largest_idle = pool.idle_gpus.last().map_or(0, |&k| k >> 32);

@@ -61,3 +61,60 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
     assert_eq!((late.last_status, late.desired_status), (TaskStatus::Stopped, TaskStatus::Stopped));
     assert_eq!(c.task(&id).unwrap(), stopped, "a stopped task came back to life");
 }
+
+/// Static host ports are a placement resource and image tasks need a container host, as in
+/// ECS: two tasks holding tcp/8080 land on different Docker hosts (never on the process host),
+/// a third waits naming the port, takes the port once a holder stops, and a restart that loads
+/// the placed tasks accounts their ports again.
+#[test]
+fn static_host_ports_keep_tasks_on_different_container_hosts() {
+    let clock = Arc::new(ManualClock::new(1_000));
+    let store = Arc::new(MemoryStore::new());
+    let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).expect("cluster");
+    c.create_pool(CreatePool { name: "gpu".into(), ..CreatePool::default() }).expect("pool");
+    let td = r#"{"family": "web", "containerDefinitions": [{"name": "main", "image": "busybox",
+        "portMappings": [{"containerPort": 80, "hostPort": 8080}]}]}"#;
+    c.register_taskdef(td.as_bytes()).expect("task definition");
+    let register = |c: &mut Cluster, name: &str, runtime: RuntimeKind| {
+        let reg = HostRegistration {
+            pool: PoolName::new("gpu").unwrap(),
+            hostname: name.into(),
+            gpus: Vec::new(),
+            mps_available: false,
+            emulated: true,
+            runtime,
+            runtime_version: None,
+        };
+        let host = c.register_host(reg).expect("host").host_id;
+        let beat = HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None };
+        c.host_status(&host, beat).expect("heartbeat");
+        host
+    };
+    // Registered first, so it would be the first choice of a task that runs no image.
+    let process = register(&mut c, "p1", RuntimeKind::Process);
+    let docker = [register(&mut c, "d1", RuntimeKind::Docker), register(&mut c, "d2", RuntimeKind::Docker)];
+    let run = || RunTask { task_definition: "web".into(), count: 1, pool: "gpu".into() };
+
+    let a = c.run_tasks(run()).expect("run").tasks.remove(0);
+    let b = c.run_tasks(run()).expect("run").tasks.remove(0);
+    let hosts = [a.host_id.clone().expect("a placed"), b.host_id.clone().expect("b placed")];
+    assert_ne!(hosts[0], hosts[1], "two tasks hold tcp/8080 on one host");
+    assert!(hosts.iter().all(|h| docker.contains(h) && *h != process), "{hosts:?}");
+
+    let waiting = c.run_tasks(run()).expect("run").tasks.remove(0);
+    assert_eq!(waiting.host_id, None);
+    let reason = waiting.pending_reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("no host in pool gpu that fits has host port tcp/8080 free"), "{reason}");
+
+    // A restart loads the placed tasks: their ports are held again.
+    let mut c = Cluster::load(store, clock, |_| Ok(())).expect("cluster reloaded");
+    let after = c.run_tasks(run()).expect("run").tasks.remove(0);
+    assert_eq!(after.host_id, None, "a restart forgot the ports in use");
+
+    c.stop_task(&a.id.to_string(), None).expect("stop");
+    c.report_task(&hosts[0], &a.id.to_string(), report("STOPPED")).expect("report");
+    let placed = c.task(&waiting.id.to_string()).unwrap();
+    assert_eq!(placed.host_id.as_ref(), Some(&hosts[0]), "the freed port was not reused: {placed:?}");
+    assert_eq!(placed.pending_reason, None);
+    assert_eq!(c.task(&after.id.to_string()).unwrap().host_id, None, "only one task may take the port");
+}

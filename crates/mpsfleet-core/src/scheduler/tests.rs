@@ -18,6 +18,7 @@ fn fleet(strategy: PlacementStrategy, hosts: &[&[u64]]) -> (Scheduler, PoolIx) {
                 id: HostId::new(format!("h{i}")).unwrap(),
                 pool,
                 mps_available: true,
+                runs_images: false,
                 gpus: gpus.iter().map(|&m| GpuSpec { memory_mib: m, max_clients: 48 }).collect(),
             })
             .unwrap();
@@ -27,7 +28,7 @@ fn fleet(strategy: PlacementStrategy, hosts: &[&[u64]]) -> (Scheduler, PoolIx) {
 }
 
 fn req(pool: PoolIx, demand: GpuDemand) -> Request {
-    Request { pool, demand, group: None }
+    Request { pool, demand, group: None, needs: Needs::NONE }
 }
 
 #[test]
@@ -115,6 +116,7 @@ fn client_limit_is_the_hosts() {
             id: HostId::new("h").unwrap(),
             pool: p,
             mps_available: true,
+            runs_images: false,
             gpus: vec![GpuSpec { memory_mib: H200, max_clients: 2 }],
         })
         .unwrap();
@@ -135,6 +137,7 @@ fn a_two_client_task_does_not_overflow_the_last_slot() {
             id: HostId::new("h").unwrap(),
             pool: p,
             mps_available: true,
+            runs_images: false,
             gpus: vec![GpuSpec { memory_mib: H200, max_clients: 3 }],
         })
         .unwrap();
@@ -179,6 +182,7 @@ fn hosts_without_mps_take_only_whole_gpu_tasks() {
             id: HostId::new("h").unwrap(),
             pool: p,
             mps_available: false,
+            runs_images: false,
             gpus: vec![GpuSpec { memory_mib: H200, max_clients: 48 }],
         })
         .unwrap();
@@ -194,7 +198,9 @@ fn service_replicas_spread_over_hosts_then_gpus() {
     let mut hosts = Vec::new();
     let mut gpus = Vec::new();
     for _ in 0..4 {
-        let pl = s.place(&Request { pool: p, demand: mps(1_000, None), group: Some(g) }).unwrap();
+        let pl = s
+            .place(&Request { pool: p, demand: mps(1_000, None), group: Some(g), needs: Needs::NONE })
+            .unwrap();
         hosts.push(pl.host);
         gpus.push(pl.gpus[0]);
     }
@@ -215,11 +221,189 @@ fn release_restores_the_index() {
     assert_eq!(s.place(&r).unwrap(), a);
 }
 
+// ---- host needs: images and static host ports ------------------------------------------
+
+const TCP_8080: (Protocol, u16) = (Protocol::Tcp, 8080);
+const UDP_8080: (Protocol, u16) = (Protocol::Udp, 8080);
+
+/// A pool of hosts, each with whether its runtime runs images and its GPUs' memory.
+fn mixed(hosts: &[(bool, &[u64])]) -> (Scheduler, PoolIx) {
+    let mut s = Scheduler::new();
+    let pool = s.upsert_pool("gpu", PoolConfig::default());
+    for (i, (runs_images, gpus)) in hosts.iter().enumerate() {
+        let h = s
+            .add_host(HostSpec {
+                id: HostId::new(format!("h{i}")).unwrap(),
+                pool,
+                mps_available: true,
+                runs_images: *runs_images,
+                gpus: gpus.iter().map(|&m| GpuSpec { memory_mib: m, max_clients: 48 }).collect(),
+            })
+            .unwrap();
+        s.set_schedulable(h, true);
+    }
+    (s, pool)
+}
+
+fn needing(pool: PoolIx, demand: GpuDemand, images: bool, ports: &[(Protocol, u16)]) -> Request {
+    Request { pool, demand, group: None, needs: Needs::new(images, ports) }
+}
+
+/// One demand of each chooser: GPU-less, whole GPU, MPS.
+fn every_demand() -> [GpuDemand; 3] {
+    [GpuDemand::None, GpuDemand::Whole { count: 1 }, mps(1_000, None)]
+}
+
+#[test]
+fn image_tasks_go_only_to_hosts_that_run_images() {
+    for demand in every_demand() {
+        let (mut s, p) = mixed(&[(false, &[H200, H200]), (true, &[H200, H200]), (false, &[H200, H200])]);
+        for _ in 0..2 {
+            let pl = s.place(&needing(p, demand, true, &[])).unwrap();
+            assert_eq!(pl.host, 1, "{demand:?} placed on a host that runs no images");
+        }
+    }
+}
+
+#[test]
+fn a_process_task_still_goes_to_any_host() {
+    let (mut s, p) = mixed(&[(false, &[]), (true, &[])]);
+    let hosts: BTreeSet<HostIx> = (0..4).map(|_| s.place(&req(p, GpuDemand::None)).unwrap().host).collect();
+    assert_eq!(hosts, BTreeSet::from([0, 1]), "GPU-less process tasks spread over both runtimes");
+}
+
+#[test]
+fn an_image_task_waits_while_no_host_runs_images() {
+    let (mut s, p) = mixed(&[(false, &[H200]), (true, &[H200])]);
+    s.set_schedulable(1, false);
+    for demand in every_demand() {
+        let err = s.place(&needing(p, demand, true, &[])).unwrap_err();
+        assert_eq!(err, Unplaced::NoContainerHost { pool: "gpu".into() });
+        assert_eq!(
+            err.to_string(),
+            "no schedulable host in pool gpu runs containers (the task runs images); start an agent \
+             with --runtime docker"
+        );
+    }
+    s.set_schedulable(1, true);
+    assert_eq!(s.place(&needing(p, GpuDemand::None, true, &[])).unwrap().host, 1);
+}
+
+#[test]
+fn an_image_task_waits_when_only_process_hosts_have_room() {
+    let (mut s, p) = mixed(&[(false, &[H200]), (true, &[H200])]);
+    s.place(&needing(p, GpuDemand::Whole { count: 1 }, true, &[])).unwrap();
+    let err = s.place(&needing(p, GpuDemand::Whole { count: 1 }, true, &[])).unwrap_err();
+    assert_eq!(err, Unplaced::NoFittingContainerHost { pool: "gpu".into() });
+    assert!(err.to_string().contains("--runtime docker"), "{err}");
+    // The process host's GPU is still free for a task that needs no images.
+    assert_eq!(s.place(&req(p, GpuDemand::Whole { count: 1 })).unwrap().host, 0);
+}
+
+#[test]
+fn two_tasks_with_one_static_port_never_share_a_host() {
+    for demand in every_demand() {
+        let (mut s, p) = mixed(&[(true, &[H200, H200]), (true, &[H200, H200])]);
+        let r = needing(p, demand, true, &[TCP_8080]);
+        let a = s.place(&r).unwrap();
+        let b = s.place(&r).unwrap();
+        assert_ne!(a.host, b.host, "{demand:?}: two tasks hold tcp/8080 on one host");
+        let err = s.place(&r).unwrap_err();
+        assert_eq!(err, Unplaced::HostPortsInUse { pool: "gpu".into(), ports: vec![TCP_8080] });
+        assert!(
+            err.to_string().starts_with("no host in pool gpu that fits has host port tcp/8080 free"),
+            "{err}"
+        );
+        // The hosts still have GPUs for tasks that need no ports.
+        assert!(s.place(&req(p, demand)).is_ok());
+        s.release(&r, &a);
+        assert_eq!(s.place(&r).unwrap().host, a.host, "{demand:?}: the released port is free again");
+    }
+}
+
+#[test]
+fn tcp_and_udp_of_one_port_do_not_conflict() {
+    let (mut s, p) = mixed(&[(true, &[])]);
+    s.place(&needing(p, GpuDemand::None, true, &[TCP_8080])).unwrap();
+    s.place(&needing(p, GpuDemand::None, true, &[UDP_8080])).unwrap();
+    let err = s.place(&needing(p, GpuDemand::None, true, &[(Protocol::Tcp, 9000), UDP_8080])).unwrap_err();
+    assert_eq!(err, Unplaced::HostPortsInUse { pool: "gpu".into(), ports: vec![UDP_8080] });
+}
+
+#[test]
+fn the_reason_names_every_port_taken_on_the_fitting_hosts() {
+    let (mut s, p) = mixed(&[(true, &[]), (true, &[])]);
+    let a = s.place(&needing(p, GpuDemand::None, true, &[TCP_8080])).unwrap();
+    let b = s.place(&needing(p, GpuDemand::None, true, &[(Protocol::Udp, 53)])).unwrap();
+    assert_ne!(a.host, b.host);
+    let err = s
+        .place(&needing(p, GpuDemand::None, true, &[(Protocol::Udp, 53), TCP_8080, (Protocol::Tcp, 9)]))
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("no host in pool gpu that fits has host ports tcp/8080, udp/53 free"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ports_of_stored_placements_are_accounted_on_reserve() {
+    let (mut s, p) = mixed(&[(true, &[H200]), (true, &[H200])]);
+    let r = needing(p, mps(1_000, None), true, &[TCP_8080]);
+    let stored = Placement { host: 0, gpus: vec![0] };
+    s.reserve(&r, &stored);
+    assert_eq!(s.place(&r).unwrap().host, 1, "host 0 holds tcp/8080 for the stored task");
+    assert!(matches!(s.place(&r), Err(Unplaced::HostPortsInUse { .. })));
+    s.release(&r, &stored);
+    assert_eq!(s.place(&r).unwrap(), stored);
+}
+
+#[test]
+fn a_port_loaded_twice_on_one_host_is_free_only_after_both_release() {
+    let (mut s, p) = mixed(&[(true, &[])]);
+    let r = needing(p, GpuDemand::None, true, &[TCP_8080]);
+    let on0 = Placement { host: 0, gpus: Vec::new() };
+    s.reserve(&r, &on0);
+    s.reserve(&r, &on0);
+    s.release(&r, &on0);
+    assert!(s.place(&r).is_err(), "one holder of tcp/8080 remains");
+    s.release(&r, &on0);
+    assert_eq!(s.place(&r).unwrap(), on0);
+}
+
+#[test]
+fn a_group_spreads_among_hosts_that_meet_the_needs() {
+    let (mut s, p) = mixed(&[(false, &[]), (true, &[]), (true, &[])]);
+    let g = s.group("svc");
+    let r = Request { pool: p, demand: GpuDemand::None, group: Some(g), needs: Needs::new(true, &[]) };
+    let hosts: Vec<HostIx> = (0..4).map(|_| s.place(&r).unwrap().host).collect();
+    assert_eq!(hosts, vec![1, 2, 1, 2]);
+}
+
+#[test]
+fn host_ports_hold_at_most_the_limit() {
+    let many: Vec<(Protocol, u16)> = (0..=MAX_HOST_PORTS as u16).map(|n| (Protocol::Tcp, 1000 + n)).collect();
+    assert_eq!(HostPorts::new(&many), Err(TooManyHostPorts { count: MAX_HOST_PORTS + 1 }));
+    assert_eq!(HostPorts::new(&many[..MAX_HOST_PORTS]).unwrap().len(), MAX_HOST_PORTS);
+    let set = HostPorts::new(&[UDP_8080, TCP_8080, (Protocol::Tcp, 80), TCP_8080]).unwrap();
+    let ports: Vec<_> = set.iter().collect();
+    assert_eq!(ports, vec![(Protocol::Tcp, 80), TCP_8080, UDP_8080], "sorted, duplicates once");
+    assert!(Needs::new(false, &[]).is_none());
+    assert!(!Needs::new(false, &[TCP_8080]).is_none());
+
+    let (mut s, p) = mixed(&[(true, &[])]);
+    let err = s.place(&needing(p, GpuDemand::None, true, &many)).unwrap_err();
+    assert_eq!(err, Unplaced::TooManyHostPorts { count: MAX_HOST_PORTS as u32 + 1 });
+    assert!(err.to_string().contains("above the limit of 16"), "{err}");
+}
+
 // ---- properties -------------------------------------------------------------------------
+
+/// A host of a case: its GPUs (memory, client limit), MPS available, runs images.
+type HostCase = (Vec<(u64, u32)>, bool, bool);
 
 #[derive(Debug, Clone)]
 struct FleetCase {
-    hosts: Vec<(Vec<(u64, u32)>, bool)>,
+    hosts: Vec<HostCase>,
     strategy: PlacementStrategy,
     compute_bound: Option<u32>,
     ops: Vec<Op>,
@@ -227,7 +411,7 @@ struct FleetCase {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Place(GpuDemand, Option<u8>),
+    Place(GpuDemand, Option<u8>, Needs),
     /// Release the n-th live placement (modulo their count).
     Release(usize),
     Toggle(usize),
@@ -245,13 +429,27 @@ fn demand() -> impl Strategy<Value = GpuDemand> {
     ]
 }
 
+/// Mostly no needs (the common case); otherwise images and a few of four ports that clash.
+fn needs() -> impl Strategy<Value = Needs> {
+    const PORTS: [(Protocol, u16); 4] =
+        [(Protocol::Tcp, 80), (Protocol::Tcp, 8080), (Protocol::Udp, 8080), (Protocol::Udp, 53)];
+    prop_oneof![
+        2 => Just(Needs::NONE),
+        1 => (any::<bool>(), prop::collection::vec(0usize..4, 0..3)).prop_map(|(images, ix)| {
+            let ports: Vec<_> = ix.iter().map(|&i| PORTS[i]).collect();
+            Needs::new(images, &ports)
+        }),
+    ]
+}
+
 fn case() -> impl Strategy<Value = FleetCase> {
     let host = (
         prop::collection::vec((prop_oneof![Just(24_576u64), Just(81_559), Just(H200)], 1u32..6), 1..5),
         any::<bool>(),
+        any::<bool>(),
     );
     let op = prop_oneof![
-        6 => (demand(), prop::option::of(0u8..3)).prop_map(|(d, g)| Op::Place(d, g)),
+        6 => (demand(), prop::option::of(0u8..3), needs()).prop_map(|(d, g, n)| Op::Place(d, g, n)),
         2 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Toggle),
     ];
@@ -273,12 +471,13 @@ fn case() -> impl Strategy<Value = FleetCase> {
 fn run(case: &FleetCase) -> Vec<Result<Placement, Unplaced>> {
     let mut s = Scheduler::new();
     let p = s.upsert_pool("p", PoolConfig { strategy: case.strategy, compute_bound: case.compute_bound });
-    for (i, (gpus, mps_available)) in case.hosts.iter().enumerate() {
+    for (i, (gpus, mps_available, runs_images)) in case.hosts.iter().enumerate() {
         let h = s
             .add_host(HostSpec {
                 id: HostId::new(format!("h{i}")).unwrap(),
                 pool: p,
                 mps_available: *mps_available,
+                runs_images: *runs_images,
                 gpus: gpus
                     .iter()
                     .map(|&(memory_mib, max_clients)| GpuSpec { memory_mib, max_clients })
@@ -292,14 +491,20 @@ fn run(case: &FleetCase) -> Vec<Result<Placement, Unplaced>> {
     let mut log = Vec::new();
     for op in &case.ops {
         match op {
-            Op::Place(demand, group) => {
-                let r = Request { pool: p, demand: *demand, group: group.map(|g| groups[g as usize]) };
+            Op::Place(demand, group, needs) => {
+                let r = Request {
+                    pool: p,
+                    demand: *demand,
+                    group: group.map(|g| groups[g as usize]),
+                    needs: *needs,
+                };
                 let before: Vec<GpuState> = (0..s.gpu_count() as GpuIx).map(|g| *s.gpu(g)).collect();
                 let out = s.place(&r);
                 match &out {
                     Ok(pl) => {
                         assert!(s.is_schedulable(pl.host), "placed on an unschedulable host");
                         check_fits(&before, &r, pl, case.compute_bound);
+                        check_needs_met(&s, &live, &r, pl);
                         live.push((r, pl.clone()));
                     }
                     Err(why) => {
@@ -349,9 +554,30 @@ fn check_fits(before: &[GpuState], r: &Request, pl: &Placement, bound: Option<u3
     }
 }
 
+/// A fresh placement's host runs images if the task does, and holds none of its ports for a
+/// live task (`live` is the state before this placement).
+fn check_needs_met(s: &Scheduler, live: &[(Request, Placement)], r: &Request, pl: &Placement) {
+    assert!(!r.needs.images || s.hosts[pl.host as usize].runs_images, "image task on a process host");
+    for (other, _) in live.iter().filter(|(_, opl)| opl.host == pl.host) {
+        for port in r.needs.ports.iter() {
+            assert!(
+                !other.needs.ports.iter().any(|q| q == port),
+                "two tasks hold {port:?} on host {}",
+                pl.host
+            );
+        }
+    }
+}
+
+/// Whether a host's runtime and free ports meet a request's needs (brute force).
+fn meets(s: &Scheduler, h: HostIx, r: &Request) -> bool {
+    let host = &s.hosts[h as usize];
+    (!r.needs.images || host.runs_images) && r.needs.ports.keys().iter().all(|k| !host.ports.contains(k))
+}
+
 /// Brute force: when the index says no, no schedulable GPU or host could take the task.
 fn check_really_unplaceable(s: &Scheduler, before: &[GpuState], r: &Request, bound: Option<u32>) {
-    let hosts = (0..before.iter().map(|g| g.host + 1).max().unwrap_or(0)).filter(|&h| s.is_schedulable(h));
+    let hosts = (0..s.hosts.len() as HostIx).filter(|&h| s.is_schedulable(h) && meets(s, h, r));
     for h in hosts {
         let idle = s.host_gpus(h).filter(|&g| before[g as usize].mode() == SharingMode::Idle).count() as u32;
         match r.demand {
@@ -374,8 +600,19 @@ fn check_really_unplaceable(s: &Scheduler, before: &[GpuState], r: &Request, bou
     }
 }
 
-/// GPU accounting equals the sum of the live placements.
+/// GPU and port accounting equal the sum of the live placements.
 fn check_accounting(s: &Scheduler, live: &[(Request, Placement)]) {
+    let mut ports: Vec<Vec<u32>> = vec![Vec::new(); s.hosts.len()];
+    for (r, pl) in live {
+        ports[pl.host as usize].extend_from_slice(r.needs.ports.keys());
+    }
+    for (h, mut want) in ports.into_iter().enumerate() {
+        want.sort_unstable();
+        assert_eq!(s.hosts[h].ports, want, "ports held on host {h}");
+        let mut distinct = want.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), want.len(), "host {h} has a port held twice");
+    }
     let mut used = vec![(0u64, 0u32, 0u32, 0u32); s.gpu_count()];
     for (r, pl) in live {
         for &g in &pl.gpus {

@@ -625,6 +625,7 @@ impl Cluster {
                 id: host.id.clone(),
                 pool,
                 mps_available: host.mps_available,
+                runs_images: host.runtime.runs_images(),
                 gpus: host
                     .gpus
                     .iter()
@@ -915,15 +916,24 @@ impl Cluster {
         let pool = self.sched.pool(task.pool.as_str()).ok_or_else(|| {
             ApiError::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
         })?;
-        let demand = self
+        let (demand, needs) = self
             .taskdefs
             .get(&(task.task_definition.family.clone(), task.task_definition.revision))
-            .map(|v| v.value.gpu_demand())
+            .map(|v| {
+                let td = &v.value;
+                // More static host ports than one task may hold make a task that waits with
+                // that reason (`Unplaced::TooManyHostPorts`), not a refused call.
+                let needs = mpsfleet_core::scheduler::Needs::new(
+                    td.needs_container_runtime(),
+                    &td.static_host_ports(),
+                );
+                (td.gpu_demand(), needs)
+            })
             .ok_or_else(|| {
                 ApiError::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
             })?;
         let group = task.group.as_ref().map(|g| self.sched.group(g.as_str()));
-        Ok(Request { pool, demand, group })
+        Ok(Request { pool, demand, group, needs })
     }
 
     /// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).

@@ -8,7 +8,7 @@ mod recovery;
 mod register;
 mod submit;
 use ingest::{ingest, IngestBench};
-use mpsfleet_core::scheduler::{GpuSpec, HostSpec, PoolConfig, Request, Scheduler};
+use mpsfleet_core::scheduler::{GpuSpec, HostSpec, Needs, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
 use recovery::{recovery, RecoveryBench};
 use register::{register, RegisterBench};
@@ -127,8 +127,13 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
     let mut uuids: Vec<GpuUuid> = Vec::with_capacity((b.hosts * b.gpus_per_host) as usize);
     for h in 0..b.hosts {
         let gpus = vec![GpuSpec { memory_mib: b.gpu_memory_mib, max_clients: 48 }; b.gpus_per_host as usize];
-        let ix =
-            s.add_host(HostSpec { id: HostId::new(format!("h-{h:08x}"))?, pool, mps_available: true, gpus })?;
+        let ix = s.add_host(HostSpec {
+            id: HostId::new(format!("h-{h:08x}"))?,
+            pool,
+            mps_available: true,
+            runs_images: false,
+            gpus,
+        })?;
         s.set_schedulable(ix, true);
         for g in 0..b.gpus_per_host {
             uuids.push(GpuUuid::new(format!("GPU-{h:08x}-{g:04x}"))?);
@@ -144,7 +149,7 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
         .map(|_| {
             let (demand, in_service) = workload_item(&mut rng);
             let group = in_service.then(|| services[rng.below(services.len() as u64) as usize]);
-            Request { pool, demand, group }
+            Request { pool, demand, group, needs: Needs::NONE }
         })
         .collect();
     let family = TaskDefRef::parse("bench:1")?;
