@@ -185,7 +185,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
                 clock.clone(),
             )));
             background.push(tokio::spawn(janitor(rt.clone(), cfg.docker.clone(), clock.clone())));
-            Engine::Docker { rt, gpus_emulated: found.emulated }
+            let process = crate::runtime::Runtime::new(cfg.shim.clone())
+                .map_err(|e| AgentError::Runtime(e.to_string()))?;
+            Engine::Docker { rt, process, gpus_emulated: found.emulated }
         }
     };
     let mut task_loop = TaskLoop::start(

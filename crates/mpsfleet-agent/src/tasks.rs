@@ -305,7 +305,7 @@ impl State {
             if local.rec.status != TaskStatus::Stopped {
                 for c in &local.rec.definition.container_definitions {
                     let dir = self.container_dir(&id, &c.name);
-                    match self.runtime.adopt(&dir, &id.to_string(), &c.name) {
+                    match self.runtime.adopt(&dir, &id.to_string(), c) {
                         Adopted::Running(handle) => {
                             local.reports.insert(c.name.clone(), handle.report(c));
                             local.handles.insert(c.name.clone(), handle);
@@ -966,31 +966,7 @@ fn launch(
         let stop_timeout = stop_timeout(c);
         let env = container_env(&rec.task, c, pipe_dir.as_deref());
         let started = match engine {
-            Engine::Process(runtime) => {
-                if c.command.is_empty() && c.entry_point.is_empty() {
-                    Err((
-                        StopCode::TaskFailedToStart,
-                        format!(
-                            "container {} has no command and this host runs processes, not images                              (start the agent with --runtime docker)",
-                            c.name
-                        ),
-                    ))
-                } else {
-                    let launch = ContainerLaunch {
-                        task_id: rec.task.id.to_string(),
-                        container: c.name.clone(),
-                        argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
-                        env,
-                        user: c.user.clone(),
-                        stop_timeout,
-                        state_dir: dir.clone(),
-                    };
-                    runtime.launch(&launch).map(Handle::Process).map_err(|e| {
-                        (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
-                    })
-                }
-            }
-            Engine::Docker { rt: runtime, gpus_emulated } => {
+            Engine::Docker { rt, gpus_emulated, .. } if c.image.is_some() => {
                 let launch = DockerLaunch {
                     task: rec.task.clone(),
                     definition: rec.definition.clone(),
@@ -1000,7 +976,29 @@ fn launch(
                     gpus_emulated: *gpus_emulated,
                     stop_timeout,
                 };
-                runtime.launch(&launch).map(Handle::Docker)
+                rt.launch(&launch).map(Handle::Docker)
+            }
+            _ if c.command.is_empty() && c.entry_point.is_empty() => Err((
+                StopCode::TaskFailedToStart,
+                format!(
+                    "container {} has no command and this host runs processes, not images \
+                     (start the agent with --runtime docker)",
+                    c.name
+                ),
+            )),
+            _ => {
+                let launch = ContainerLaunch {
+                    task_id: rec.task.id.to_string(),
+                    container: c.name.clone(),
+                    argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
+                    env,
+                    user: c.user.clone(),
+                    stop_timeout,
+                    state_dir: dir.clone(),
+                };
+                engine.processes().launch(&launch).map(Handle::Process).map_err(|e| {
+                    (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
+                })
             }
         };
         match started {

@@ -2,6 +2,9 @@
 //! processes under shims ([`super::container::Runtime`]) or containers on Docker Engine
 //! ([`crate::docker::DockerRuntime`]). Both give the same [`ContainerState`]s, so the task's
 //! verdict ([`super::task::task_state`]) does not depend on the runtime.
+//!
+//! A Docker host runs every container that names an `image` on Docker; a container with a
+//! command and no image runs as a process there too, as it would on a process host.
 
 use super::container::{AdoptedState, ContainerHandle, ContainerState, Runtime, StopOutcome};
 use crate::docker::{DockerHandle, DockerRuntime};
@@ -16,6 +19,7 @@ pub enum Engine {
     /// runtime or device request (their reports say so).
     Docker {
         rt: DockerRuntime,
+        process: Runtime,
         gpus_emulated: bool,
     },
 }
@@ -91,7 +95,7 @@ impl Engine {
     /// reason to stop tasks that may well still run.
     pub fn status(&self, handle: &Handle) -> ContainerState {
         match (self, handle) {
-            (Engine::Process(rt), Handle::Process(h)) => rt.status(h),
+            (Engine::Process(rt) | Engine::Docker { process: rt, .. }, Handle::Process(h)) => rt.status(h),
             (Engine::Docker { rt, .. }, Handle::Docker(h)) => match rt.status(h) {
                 Ok(state) => state,
                 Err(e) => {
@@ -106,7 +110,9 @@ impl Engine {
     /// SIGTERM (or the image's stop signal), up to `timeout`, then SIGKILL; how it ended.
     pub fn stop(&self, handle: &Handle, timeout: Duration) -> ContainerState {
         let outcome: Result<StopOutcome, String> = match (self, handle) {
-            (Engine::Process(rt), Handle::Process(h)) => rt.stop(h, timeout).map_err(|e| e.to_string()),
+            (Engine::Process(rt) | Engine::Docker { process: rt, .. }, Handle::Process(h)) => {
+                rt.stop(h, timeout).map_err(|e| e.to_string())
+            }
             (Engine::Docker { rt, .. }, Handle::Docker(h)) => rt.stop(h, timeout).map_err(|e| e.to_string()),
             _ => Err("the container belongs to another runtime".into()),
         };
@@ -116,40 +122,50 @@ impl Engine {
         }
     }
 
-    /// Finds a container of a task again after an agent restart: from its state directory
-    /// (processes) or by its name (Docker).
-    pub fn adopt(&self, state_dir: &Path, task_id: &str, container: &str) -> Adopted {
+    /// The process runtime: the whole engine of a process host, the one for containers
+    /// without an image on a Docker host.
+    pub fn processes(&self) -> &Runtime {
         match self {
-            Engine::Process(rt) => match rt.adopt(state_dir) {
+            Engine::Process(rt) | Engine::Docker { process: rt, .. } => rt,
+        }
+    }
+
+    /// Finds a container of a task again after an agent restart: from its state directory
+    /// (processes) or by its name (Docker, for a container with an image).
+    pub fn adopt(&self, state_dir: &Path, task_id: &str, def: &ContainerDefinition) -> Adopted {
+        match self {
+            Engine::Docker { rt, .. } if def.image.is_some() => adopt_docker(rt, task_id, &def.name),
+            _ => match self.processes().adopt(state_dir) {
                 Ok(AdoptedState::Running { handle, .. }) => Adopted::Running(Handle::Process(handle)),
                 Ok(AdoptedState::Exited(exit)) => Adopted::Ended(ContainerState::Exited(exit)),
                 Ok(AdoptedState::Lost { reason }) => Adopted::Ended(ContainerState::Lost { reason }),
                 Err(e) => Adopted::Ended(ContainerState::Lost { reason: e.to_string() }),
             },
-            Engine::Docker { rt, .. } => match rt.adopt(task_id, container) {
-                Ok(Some((handle, ContainerState::Running { .. }))) => {
-                    Adopted::Running(Handle::Docker(handle))
-                }
-                Ok(Some((_, state))) => Adopted::Ended(state),
-                Ok(None) => Adopted::Ended(ContainerState::Lost {
-                    reason: "its container is gone from Docker (removed while the agent was down)".into(),
-                }),
-                // Docker does not answer now: watch the container by its name; the first
-                // look that reaches Docker decides whether it still runs.
-                Err(e) => {
-                    tracing::warn!(task.id = task_id, container, error = %e, "cannot ask Docker; adopting by name");
-                    let name = crate::docker::container_name(rt.host_id(), task_id, container);
-                    Adopted::Running(Handle::Docker(DockerHandle {
-                        id: name.clone(),
-                        name,
-                        pid: None,
-                        ip: None,
-                        image_digest: None,
-                        network_bindings: Vec::new(),
-                        notes: Vec::new(),
-                    }))
-                }
-            },
+        }
+    }
+}
+
+fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
+    match rt.adopt(task_id, container) {
+        Ok(Some((handle, ContainerState::Running { .. }))) => Adopted::Running(Handle::Docker(handle)),
+        Ok(Some((_, state))) => Adopted::Ended(state),
+        Ok(None) => Adopted::Ended(ContainerState::Lost {
+            reason: "its container is gone from Docker (removed while the agent was down)".into(),
+        }),
+        // Docker does not answer now: watch the container by its name; the first look that
+        // reaches Docker decides whether it still runs.
+        Err(e) => {
+            tracing::warn!(task.id = task_id, container, error = %e, "cannot ask Docker; adopting by name");
+            let name = crate::docker::container_name(rt.host_id(), task_id, container);
+            Adopted::Running(Handle::Docker(DockerHandle {
+                id: name.clone(),
+                name,
+                pid: None,
+                ip: None,
+                image_digest: None,
+                network_bindings: Vec::new(),
+                notes: Vec::new(),
+            }))
         }
     }
 }

@@ -1237,6 +1237,10 @@ impl Cluster {
         if let Some(r) = report.ready {
             t.ready = r;
         }
+        if let Some(containers) = report.containers.take() {
+            check_container_reports(&containers)?;
+            t.containers = containers;
+        }
         if t.last_status == TaskStatus::Running {
             t.started_at_ms.get_or_insert(now);
         }
@@ -1383,6 +1387,45 @@ impl Cluster {
 
     pub fn service(&self, name: &str) -> Result<ServiceView, ApiError> {
         Ok(self.view_of(&self.service_record(name)?.value))
+    }
+
+    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
+    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
+    /// its hostname until the agent has said.
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, ApiError> {
+        let svc = self.service_record(name)?.value.name.clone();
+        let mut out = Vec::new();
+        for id in self.tasks.of_service(&svc) {
+            let Some(e) = self.tasks.get(id) else { continue };
+            let t = &e.task;
+            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { continue };
+            let entry = &self.hosts[host as usize];
+            let address = host_address(entry);
+            for c in &t.containers {
+                for b in &c.network_bindings {
+                    let ip = if b.bind_ip.is_empty() || b.bind_ip == "0.0.0.0" || b.bind_ip == "::" {
+                        address.clone()
+                    } else {
+                        b.bind_ip.clone()
+                    };
+                    out.push(ServiceEndpoint {
+                        task_id: t.id,
+                        host_id: entry.host.id.clone(),
+                        container: c.name.clone(),
+                        address: format!("{ip}:{}", b.host_port),
+                        host_port: b.host_port,
+                        container_port: b.container_port,
+                        protocol: b.protocol,
+                        ready: t.ready,
+                        health_status: t.health_status,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub fn services(&self) -> Vec<ServiceView> {
@@ -1557,6 +1600,75 @@ fn pool_config(p: &Pool) -> PoolConfig {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
+}
+
+/// The most containers, notes and network bindings one report may carry, and the longest text
+/// of any of their fields: a task has at most 10 containers, each of which publishes at most
+/// 100 ports.
+const MAX_REPORTED_CONTAINERS: usize = 10;
+const MAX_REPORTED_BINDINGS: usize = 200;
+const MAX_REPORTED_NOTES: usize = 16;
+const MAX_REPORTED_TEXT: usize = 4096;
+
+/// Bounds what an agent may store in a task's `containers` (the server keeps it).
+fn check_container_reports(containers: &[ContainerReport]) -> Result<(), ApiError> {
+    if containers.len() > MAX_REPORTED_CONTAINERS {
+        return Err(ApiError::invalid(
+            "containers",
+            format!("at most {MAX_REPORTED_CONTAINERS} containers, got {}", containers.len()),
+        ));
+    }
+    for (i, c) in containers.iter().enumerate() {
+        let texts = [
+            Some(&c.name),
+            c.image.as_ref(),
+            c.image_digest.as_ref(),
+            c.runtime_id.as_ref(),
+            c.reason.as_ref(),
+        ];
+        let long = texts.into_iter().flatten().chain(&c.notes).find(|t| t.len() > MAX_REPORTED_TEXT);
+        if let Some(t) = long {
+            return Err(ApiError::invalid(
+                format!("containers[{i}]"),
+                format!("each text is at most {MAX_REPORTED_TEXT} bytes, got {}", t.len()),
+            ));
+        }
+        if c.notes.len() > MAX_REPORTED_NOTES {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].notes"),
+                format!("at most {MAX_REPORTED_NOTES} notes, got {}", c.notes.len()),
+            ));
+        }
+        if c.network_bindings.len() > MAX_REPORTED_BINDINGS {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkBindings"),
+                format!("at most {MAX_REPORTED_BINDINGS} bindings, got {}", c.network_bindings.len()),
+            ));
+        }
+        if let Some(b) = c.network_bindings.iter().find(|b| b.bind_ip.len() > 64) {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkBindings"),
+                format!("bindIp is at most 64 bytes, got {}", b.bind_ip.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The address a host is reached at: the host part of its agent's logs endpoint, unless that is
+/// unspecified (0.0.0.0), else its hostname.
+fn host_address(entry: &HostEntry) -> String {
+    let from_url = entry.logs_url.as_deref().and_then(|u| {
+        let rest = u.split_once("://").map_or(u, |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let host = match authority.rsplit_once(':') {
+            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => authority,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        (!host.is_empty() && host != "0.0.0.0" && host != "::").then(|| host.to_string())
+    });
+    from_url.unwrap_or_else(|| entry.host.hostname.clone())
 }
 
 #[cfg(test)]
