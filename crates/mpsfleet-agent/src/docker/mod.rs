@@ -228,8 +228,6 @@ pub enum DockerError {
     Api { what: String, status: u16, message: String },
     #[error("docker {what}: {message}")]
     Other { what: String, message: String },
-    #[error("docker runtime called from inside an async context ({what}); call it from a worker thread")]
-    InAsyncContext { what: String },
 }
 
 impl DockerError {
@@ -479,7 +477,7 @@ impl DockerRuntime {
         fut: impl Future<Output = Result<T, bollard::errors::Error>>,
     ) -> Result<T, DockerError> {
         let socket = self.inner.cfg.socket.clone();
-        self.run(what, async move {
+        self.run(async move {
             match tokio::time::timeout(limit, fut).await {
                 Ok(r) => r.map_err(|e| map_err(&socket, what, e)),
                 Err(_) => Err(DockerError::Timeout { what: what.to_string(), after: limit }),
@@ -487,15 +485,10 @@ impl DockerRuntime {
         })
     }
 
-    /// Runs `fut` to completion on the runtime's tokio runtime, from a worker thread.
-    fn run<T>(
-        &self,
-        what: &str,
-        fut: impl Future<Output = Result<T, DockerError>>,
-    ) -> Result<T, DockerError> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(DockerError::InAsyncContext { what: what.to_string() });
-        }
+    /// Runs `fut` to completion on the runtime's tokio runtime. The caller is a plain thread
+    /// or a `spawn_blocking` one (the task loop's workers); an async task must not call this
+    /// (tokio refuses to block inside one).
+    fn run<T>(&self, fut: impl Future<Output = Result<T, DockerError>>) -> Result<T, DockerError> {
         self.inner.handle.block_on(fut)
     }
 
@@ -546,7 +539,7 @@ impl DockerRuntime {
         let options = CreateImageOptions { from_image: Some(reference.to_string()), ..Default::default() };
         let limit = self.inner.cfg.pull_timeout;
         let socket = self.inner.cfg.socket.clone();
-        self.run("pull", async move {
+        self.run(async move {
             let pull = async {
                 let mut stream = docker.create_image(Some(options), None, None);
                 while let Some(item) = stream.next().await {
@@ -710,7 +703,9 @@ impl DockerRuntime {
 
     fn remember(&self, id: &str, state: ContainerState) {
         let mut w = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner());
-        w.insert(id.to_string(), Watched { state, inspected_at_ms: now_ms(), changed: false });
+        // An event that arrived between the inspect and now still counts.
+        let changed = w.get(id).is_some_and(|seen| seen.changed);
+        w.insert(id.to_string(), Watched { state, inspected_at_ms: now_ms(), changed });
     }
 
     /// The container's state: from the last inspect while no event said it changed and that
@@ -877,7 +872,7 @@ impl DockerRuntime {
         let socket = self.inner.cfg.socket.clone();
         let id = h.id.clone();
         let argv = argv.to_vec();
-        self.run("exec", async move {
+        self.run(async move {
             let work = async {
                 let m = |e| map_err(&socket, "exec", e);
                 let exec = docker
@@ -940,7 +935,7 @@ impl DockerRuntime {
         let docker = self.inner.docker.clone();
         let socket = self.inner.cfg.socket.clone();
         let keep = tail_bytes.map(|t| usize::try_from(t).unwrap_or(usize::MAX));
-        self.run("logs", async move {
+        self.run(async move {
             let work = async {
                 let mut out = Vec::new();
                 let mut stream =
@@ -1139,9 +1134,17 @@ async fn watch_events(inner: Weak<Inner>) {
 
 fn mark_changed(inner: &Inner, event: &EventMessage) {
     let Some(id) = event.actor.as_ref().and_then(|a| a.id.as_deref()) else { return };
-    if let Some(w) = inner.watched.lock().unwrap_or_else(|p| p.into_inner()).get_mut(id) {
-        w.changed = true;
-    }
+    // Also for a container not seen yet: a launch may be between its inspect and remembering
+    // the result. The entry goes when the container is removed.
+    let mut watched = inner.watched.lock().unwrap_or_else(|p| p.into_inner());
+    watched
+        .entry(id.to_string())
+        .or_insert_with(|| Watched {
+            state: ContainerState::Lost { reason: "not inspected yet".into() },
+            inspected_at_ms: 0,
+            changed: true,
+        })
+        .changed = true;
 }
 
 /// Splits Docker's `timestamps=true` prefix (`2026-12-01T08:50:12.123456789Z `) off a log
@@ -1154,7 +1157,8 @@ fn split_timestamp(message: &[u8]) -> (Option<u64>, &[u8]) {
     }
 }
 
-/// Used by the records' "pulled once" check and by tests.
+/// What the runtime's records in `data_dir` say of `reference`: (a pull of it succeeded,
+/// last used by a launch, ms since the epoch).
 pub fn image_record(data_dir: &std::path::Path, reference: &str) -> Option<(bool, u64)> {
     ImageRecords::load(data_dir).images.get(reference).map(|r: &ImageRecord| (r.pulled, r.last_used_ms))
 }
