@@ -648,3 +648,82 @@ fn create_and_start_failures_fail_the_task_and_leave_no_container() {
     let err = f.rt.logs(&task_of(&h), "app", false, true, None).expect("logs");
     assert!(String::from_utf8_lossy(&err).contains("/no/such/binary"), "{}", String::from_utf8_lossy(&err));
 }
+
+#[test]
+fn status_is_served_from_the_last_inspect_while_nothing_changed() {
+    let f = Fixture::new("cheap");
+    let h = f.launch(sh("sleep 30"));
+    let started = tokio::time::Instant::now();
+    for _ in 0..2000 {
+        assert!(f.rt.status(&h).expect("status").is_running());
+    }
+    // 2000 inspects over the socket take seconds; served from memory it is a few ms.
+    assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+}
+
+const GPU: &str = "GPU-11111111-2222-3333-4444-555555555555";
+
+fn mps_launch(pipe_dir: &std::path::Path) -> DockerLaunch {
+    let mut l = launch_of(
+        serde_json::json!({
+            "entryPoint": ["sh", "-c"],
+            "command": ["echo \"$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\" > \"$CUDA_MPS_PIPE_DIRECTORY/seen\"; sleep 30"],
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}],
+        }),
+        None,
+    );
+    l.task.gpu_ids = vec![serde_json::from_value(serde_json::json!(GPU)).expect("gpu uuid")];
+    l.env = mpsfleet_agent::env::container_env(&l.task, &l.container, Some(pipe_dir));
+    l.mps_pipe_dir = Some(pipe_dir.to_path_buf());
+    l
+}
+
+#[test]
+fn an_mps_container_gets_the_pipe_directory_and_an_emulated_gpu_gets_no_device_request() {
+    let f = Fixture::new("mps");
+    let pipe = f.dir.join("mps-pipe");
+    std::fs::create_dir_all(&pipe).expect("pipe dir");
+    let mut l = mps_launch(&pipe);
+    l.gpus_emulated = true;
+    let h = f.rt.launch(&l).expect("launch");
+    assert_eq!(
+        h.notes.iter().filter(|n| n.contains(&format!("GPU {GPU} is emulated"))).count(),
+        1,
+        "{:?}",
+        h.notes
+    );
+    let seen = pipe.join("seen");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the container never wrote to the mounted pipe directory"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = std::fs::read_to_string(&seen).expect("read");
+    assert_eq!(text, format!("{} 0=1024M\n", pipe.display()));
+    let hc = f.inspect(&h.id).host_config.expect("host config");
+    assert_eq!(hc.device_requests.unwrap_or_default(), vec![]);
+    assert_eq!(hc.runtime.as_deref(), Some("runc"));
+}
+
+#[test]
+fn a_real_gpu_reaches_docker_as_a_device_request_when_there_is_no_nvidia_runtime() {
+    let mut f = Fixture::new("gpu");
+    // Decide from `docker info`: this engine has no `nvidia` runtime.
+    let mut cfg = f.rt.config().clone();
+    cfg.gpu_wiring = None;
+    f.rt = DockerRuntime::connect(cfg, f.tokio.handle().clone()).expect("connect");
+    assert_eq!(f.rt.gpu_wiring().expect("docker info"), GpuWiring::DeviceRequests);
+    let pipe = f.dir.join("mps-pipe");
+    std::fs::create_dir_all(&pipe).expect("pipe dir");
+    let l = mps_launch(&pipe);
+    // Docker accepts the request at create and needs a GPU driver for it at start; this
+    // machine's engine has none, so the start fails, naming the request.
+    let (code, reason) = f.rt.launch(&l).expect_err("no GPU driver in this engine");
+    assert_eq!(code, StopCode::TaskFailedToStart, "{reason}");
+    assert!(reason.starts_with("CannotStartContainerError: "), "{reason}");
+    assert!(reason.contains("gpu"), "{reason}");
+    assert!(f.rt.list_ours().expect("list").is_empty());
+}
