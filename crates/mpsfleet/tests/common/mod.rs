@@ -310,3 +310,119 @@ pub fn stop_processes_mentioning(needle: &str) {
     }
     signal_all("-KILL");
 }
+
+/// The private Docker Engine and registry of `scripts/docker-env.sh`.
+#[derive(Debug, Clone)]
+pub struct DockerEnv {
+    /// The engine's Unix socket (from `DOCKER_HOST=unix://PATH`).
+    pub socket: PathBuf,
+    /// The busybox test image in the private registry (`MPSFLEET_TEST_IMAGE`).
+    pub image: String,
+    /// The private registry, `HOST:PORT` (`MPSFLEET_TEST_REGISTRY`).
+    pub registry: String,
+}
+
+const DOCKER_ENV_HINT: &str =
+    "run `bash scripts/docker-env.sh start` and `eval \"$(bash scripts/docker-env.sh env)\"` first";
+
+/// The private Docker Engine from the environment; panics (never skips) when it is not set.
+pub fn docker_env() -> DockerEnv {
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| panic!("{name} is not set: {DOCKER_ENV_HINT}"))
+    };
+    let host = var("DOCKER_HOST");
+    let socket = host
+        .strip_prefix("unix://")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("DOCKER_HOST={host} is not unix://PATH: {DOCKER_ENV_HINT}"));
+    assert!(socket.exists(), "{} does not exist: {DOCKER_ENV_HINT}", socket.display());
+    DockerEnv { socket, image: var("MPSFLEET_TEST_IMAGE"), registry: var("MPSFLEET_TEST_REGISTRY") }
+}
+
+impl DockerEnv {
+    /// Runs Debian's docker CLI against this engine (for checks and clean-up in tests only).
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new("/usr/bin/docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run /usr/bin/docker")
+    }
+
+    /// The CLI's stdout, trimmed; panics with its stderr when it fails.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `docker inspect --format FORMAT ID`, or None when the container is not there.
+    pub fn inspect(&self, id: &str, format: &str) -> Option<String> {
+        let out = self.cli(&["inspect", "--type", "container", "--format", format, id]);
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Ids of all containers (running or not) with label `key=value`.
+    pub fn containers_labelled(&self, key: &str, value: &str) -> Vec<String> {
+        let filter = format!("label={key}={value}");
+        self.cli_ok(&["ps", "-aq", "--no-trunc", "--filter", &filter])
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    /// Removes (forcibly) every container of host `host_id`.
+    pub fn remove_containers_of_host(&self, host_id: &str) {
+        let ids = self.containers_labelled("io.mpsfleet.host", host_id);
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(ids.iter().map(String::as_str));
+            let _ = self.cli(&args);
+        }
+    }
+}
+
+impl Agent {
+    /// Starts an agent that runs tasks on Docker Engine (`--runtime docker --docker-socket`),
+    /// in `pool`, registered as `hostname`, with one emulated H200 and `extra` arguments.
+    /// Without `--mps-control` in `extra` it uses the in-process MPS model.
+    pub fn start_docker(
+        server: &Server,
+        data_dir: &Path,
+        pool: &str,
+        hostname: &str,
+        docker: &DockerEnv,
+        extra: &[&str],
+    ) -> Agent {
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpsfleet"));
+        cmd.arg("agent")
+            .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", pool])
+            .args(["--hostname", hostname])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--heartbeat-ms", "200", "--stop-tasks-on-exit", "--runtime", "docker", "--docker-socket"])
+            .arg(&docker.socket);
+        if !extra.iter().any(|a| *a == "--emulate-gpus") {
+            cmd.args(["--emulate-gpus", &format!("H200:{H200_MIB}:1")]);
+        }
+        if !extra.iter().any(|a| *a == "--mps-control" || *a == "--mps-model") {
+            cmd.arg("--mps-model");
+        }
+        let child = cmd
+            .args(extra)
+            .env("MPSFLEET_LOG", "info")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start mpsfleet agent");
+        Agent { child, data_dir: data_dir.to_path_buf() }
+    }
+}

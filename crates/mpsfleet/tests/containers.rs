@@ -1,0 +1,660 @@
+//! Process tests of the container runtime: the real server and agent binaries, the agent
+//! running tasks on the private Docker Engine and registry of `scripts/docker-env.sh`
+//! (`eval "$(bash scripts/docker-env.sh env)"` first), checked from the outside with the
+//! Docker CLI.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::api::RunTaskResponse;
+use mpsfleet_types::*;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+/// The most any one test may take.
+const TEST_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs a test body under [`TEST_LIMIT`]; dropping the body on timeout cleans its fleet up.
+async fn within(body: impl Future<Output = ()>) {
+    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
+        panic!("the test did not finish within {TEST_LIMIT:?}");
+    }
+}
+
+/// A server, one pool and docker agents in it. Dropping it stops the agents (they stop their
+/// tasks on exit) and then removes whatever container of its hosts is left.
+struct Fleet {
+    agents: Vec<Agent>,
+    hosts: Vec<HostId>,
+    docker: DockerEnv,
+    admin: Client,
+    pool: String,
+    server: Server,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.agents.clear();
+        for h in &self.hosts {
+            self.docker.remove_containers_of_host(h.as_str());
+        }
+    }
+}
+
+impl Fleet {
+    /// A fleet of `hosts` docker agents in pool `pool` (hosts `<pool>-h<i>`).
+    async fn start(pool: &str, hosts: usize, extra: &[&str]) -> Fleet {
+        let docker = docker_env();
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        create_pool(&admin, pool).await;
+        let mut fleet = Fleet {
+            agents: Vec::new(),
+            hosts: Vec::new(),
+            docker,
+            admin,
+            pool: pool.to_string(),
+            server,
+            dir,
+        };
+        for i in 0..hosts {
+            let agent = fleet.start_agent(i, extra);
+            fleet.agents.push(agent);
+        }
+        let pool_name = pool.to_string();
+        let admin = fleet.admin.clone();
+        let active = eventually(WAIT, &format!("{hosts} ACTIVE hosts in {pool}"), || async {
+            admin
+                .list_hosts(Some(&pool_name))
+                .await
+                .ok()
+                .filter(|h| h.len() == hosts && h.iter().all(|h| h.status == HostStatus::Active))
+        })
+        .await;
+        fleet.hosts = active.into_iter().map(|h| h.id).collect();
+        fleet
+    }
+
+    /// Starts (or restarts, on the same data dir) agent `i`.
+    fn start_agent(&self, i: usize, extra: &[&str]) -> Agent {
+        Agent::start_docker(
+            &self.server,
+            &self.dir.path().join(format!("a{i}")),
+            &self.pool,
+            &format!("{}-h{i}", self.pool),
+            &self.docker,
+            extra,
+        )
+    }
+
+    fn logs(&self) -> String {
+        self.agents.iter().map(Agent::log).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    async fn register(&self, def: serde_json::Value) {
+        self.admin.register_taskdef(taskdef(def)).await.unwrap();
+    }
+
+    async fn run(&self, family: &str, count: u32) -> RunTaskResponse {
+        self.admin
+            .run_task(&RunTask { task_definition: family.into(), count, pool: self.pool.clone() })
+            .await
+            .unwrap()
+    }
+
+    async fn run_one(&self, family: &str) -> Task {
+        self.run(family, 1).await.tasks.into_iter().next().unwrap()
+    }
+
+    async fn task_in(&self, id: &TaskId, status: TaskStatus) -> Task {
+        let admin = &self.admin;
+        let what = format!("task {id} to be {}", status.as_str());
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(t) = admin.describe_task(&id.to_string()).await {
+                if t.last_status == status {
+                    return t;
+                }
+                assert!(
+                    !(t.last_status == TaskStatus::Stopped && status != TaskStatus::Stopped),
+                    "waiting for {what}, it stopped: {t:?}\n{}",
+                    self.logs()
+                );
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The tail of the task's stdout, as `task logs` shows it (GET /v1/tasks/ID/logs).
+    async fn stdout_of(&self, id: &TaskId) -> Option<String> {
+        let r = reqwest::Client::new()
+            .get(format!("{}/v1/tasks/{id}/logs", self.server.url))
+            .query(&[("stream", "stdout"), ("tail", "4096")])
+            .bearer_auth(self.server.admin_token())
+            .send()
+            .await
+            .ok()?;
+        let logs: mpsfleet_types::logs::TaskLogs = r.error_for_status().ok()?.json().await.ok()?;
+        Some(logs.output())
+    }
+
+    /// Waits until the task's stdout contains `needle`; returns the output.
+    async fn output_with(&self, id: &TaskId, needle: &str) -> String {
+        let mut last = String::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(out) = self.stdout_of(id).await {
+                last = out;
+                if last.contains(needle) {
+                    return last;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "task {id} never printed {needle:?}; its output: {last:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops every task that is not STOPPED yet and waits until they are.
+    async fn stop_all(&self) {
+        let q = TaskQuery { limit: Some(1000), ..Default::default() };
+        let tasks = self.admin.list_tasks(&q).await.unwrap_or_default();
+        for t in tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped) {
+            let _ = self.admin.stop_task(&t.id.to_string(), None).await;
+        }
+        for t in tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped && t.host_id.is_some()) {
+            self.task_in(&t.id, TaskStatus::Stopped).await;
+        }
+    }
+}
+
+/// The first container's report.
+fn report(t: &Task) -> &ContainerReport {
+    t.containers.first().unwrap_or_else(|| panic!("task {} has no container report: {t:?}", t.id))
+}
+
+fn runtime_id(t: &Task) -> String {
+    report(t).runtime_id.clone().unwrap_or_else(|| panic!("task {} has no runtime id: {t:?}", t.id))
+}
+
+/// An HTTP/1.0 GET of `/` from `addr`; the body, or None when nothing answers (yet).
+fn http_get(addr: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.").then(|| body.to_string())
+}
+
+/// Polls `addr` until it answers with a body containing `needle`.
+async fn answers(addr: &str, needle: &str) -> String {
+    eventually(WAIT, &format!("{addr} to serve {needle:?}"), || async {
+        let addr = addr.to_string();
+        let body = tokio::task::spawn_blocking(move || http_get(&addr)).await.ok()??;
+        body.contains(needle).then_some(body)
+    })
+    .await
+}
+
+/// A free TCP port on this machine (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A definition of one container `main` of the test image with `extra` fields.
+fn def(family: &str, image: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut c = serde_json::json!({"name": "main", "image": image});
+    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        c.extend(extra.clone());
+    }
+    serde_json::json!({"family": family, "containerDefinitions": [c]})
+}
+
+/// The task definition that serves `/tmp/index.html` (naming the container) on port 8080.
+fn web(family: &str, image: &str, host_port: Option<u16>) -> serde_json::Value {
+    let mut mapping = serde_json::json!({"containerPort": 8080});
+    if let Some(p) = host_port {
+        mapping["hostPort"] = p.into();
+    }
+    let mut d = def(
+        family,
+        image,
+        serde_json::json!({
+            "command": ["/bin/sh", "-c", "echo served by $(hostname) > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+            "portMappings": [mapping],
+            "stopTimeout": 2,
+        }),
+    );
+    d["networkMode"] = "bridge".into();
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_images_default_command_runs() {
+    within(async {
+        let f = Fleet::start("img", 1, &[]).await;
+        f.register(def("img", &f.docker.image, serde_json::json!({}))).await;
+        let t = f.run_one("img").await;
+        let t = f.task_in(&t.id, TaskStatus::Running).await;
+        f.output_with(&t.id, "hello from the image").await;
+        let id = runtime_id(&t);
+        assert_eq!(report(&t).image.as_deref(), Some(f.docker.image.as_str()));
+        assert_eq!(
+            f.docker.inspect(&id, "{{index .Config.Labels \"io.mpsfleet.task\"}}").as_deref(),
+            Some(t.id.to_string().as_str()),
+            "container {id}"
+        );
+        assert_eq!(f.docker.inspect(&id, "{{.State.Running}}").as_deref(), Some("true"));
+        f.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_win() {
+    within(async {
+        let f = Fleet::start("ovr", 1, &[]).await;
+        f.register(def(
+            "ovr",
+            &f.docker.image,
+            serde_json::json!({
+                "entryPoint": ["/bin/sh", "-c"],
+                "command": ["echo got $FOO $(pwd) $(id -u); exec sleep 600"],
+                "environment": [{"name": "FOO", "value": "bar-from-def"}],
+                "workingDirectory": "/tmp",
+                "user": "65534",
+            }),
+        ))
+        .await;
+        let t = f.run_one("ovr").await;
+        let t = f.task_in(&t.id, TaskStatus::Running).await;
+        let out = f.output_with(&t.id, "got ").await;
+        assert_eq!(out.trim(), "got bar-from-def /tmp 65534", "{out:?}");
+        assert!(!out.contains("hello from the image"), "the image's command ran: {out:?}");
+        let id = runtime_id(&t);
+        assert_eq!(f.docker.inspect(&id, "{{.Config.User}}").as_deref(), Some("65534"));
+        assert_eq!(f.docker.inspect(&id, "{{.Config.WorkingDir}}").as_deref(), Some("/tmp"));
+        f.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_limit_kills_with_out_of_memory() {
+    within(async {
+        let f = Fleet::start("oom", 1, &[]).await;
+        // dd allocates its whole block (256 MiB) against a limit of 8 MiB.
+        f.register(def(
+            "oom",
+            &f.docker.image,
+            serde_json::json!({
+                "memory": 8,
+                "command": ["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=4"],
+            }),
+        ))
+        .await;
+        let t = f.run_one("oom").await;
+        let t = f.task_in(&t.id, TaskStatus::Stopped).await;
+        assert_eq!(t.stop_code, Some(StopCode::OutOfMemory), "{t:?}\n{}", f.logs());
+        let id = runtime_id(&t);
+        assert_eq!(f.docker.inspect(&id, "{{.HostConfig.Memory}}").as_deref(), Some("8388608"));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_mapping_is_reachable_at_the_reported_binding() {
+    within(async {
+        let f = Fleet::start("ports", 1, &[]).await;
+        f.register(web("web", &f.docker.image, None)).await;
+        let t = f.run_one("web").await;
+        let t = f.task_in(&t.id, TaskStatus::Running).await;
+        let b = report(&t).network_bindings.first().cloned().unwrap_or_else(|| panic!("no binding: {t:?}"));
+        assert_eq!(b.container_port, 8080);
+        assert_ne!(b.host_port, 0);
+        let short = &runtime_id(&t)[..12];
+        let body = answers(&format!("127.0.0.1:{}", b.host_port), "served by").await;
+        assert_eq!(body.trim(), format!("served by {short}"));
+
+        // A service of two replicas: two endpoints, each answering from its own container.
+        f.admin
+            .create_service(&CreateService {
+                name: "web".into(),
+                pool: f.pool.clone(),
+                task_definition: "web".into(),
+                desired_count: 2,
+                resumption: None,
+            })
+            .await
+            .unwrap();
+        let admin = &f.admin;
+        let eps = eventually(WAIT, "two endpoints of service web", || async {
+            admin.service_endpoints("web").await.ok().filter(|e| e.len() == 2)
+        })
+        .await;
+        let mut bodies = std::collections::BTreeSet::new();
+        for e in &eps {
+            assert_eq!(e.container_port, 8080);
+            assert!(e.address.ends_with(&format!(":{}", e.host_port)), "{e:?}");
+            bodies.insert(answers(&e.address, "served by").await);
+        }
+        assert_eq!(bodies.len(), 2, "the two endpoints are served by two containers: {bodies:?}");
+        assert!(!bodies.contains(&body), "the single task is not part of the service");
+
+        // The CLI lists the same addresses.
+        let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args([
+                "service",
+                "endpoints",
+                "web",
+                "--server",
+                &f.server.url,
+                "--token",
+                &f.server.admin_token(),
+            ])
+            .env("HOME", f.dir.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        for e in &eps {
+            assert!(text.contains(&e.address), "{} missing in {text}", e.address);
+        }
+        f.admin.delete_service("web").await.unwrap();
+        f.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_needing_one_static_host_port_land_on_different_hosts() {
+    within(async {
+        let f = Fleet::start("static", 2, &[]).await;
+        let port = free_port();
+        f.register(web("static", &f.docker.image, Some(port))).await;
+        // Placed in one call: two hosts hold the port, the third task has none left.
+        let out = f.run("static", 3).await;
+        assert_eq!((out.placed, out.pending), (2, 1), "{out:?}");
+        let placed: Vec<&Task> = out.tasks.iter().filter(|t| t.host_id.is_some()).collect();
+        assert_ne!(placed[0].host_id, placed[1].host_id, "both on one host: {out:?}");
+        let waiting = out.tasks.iter().find(|t| t.host_id.is_none()).unwrap();
+        let reason = waiting.pending_reason.clone().unwrap_or_default();
+        assert!(reason.contains(&port.to_string()), "pending reason {reason:?} does not name port {port}");
+        let described = f.admin.describe_task(&waiting.id.to_string()).await.unwrap();
+        assert_eq!(described.last_status, TaskStatus::Pending);
+        assert!(
+            described.pending_reason.as_deref().unwrap_or_default().contains(&port.to_string()),
+            "{described:?}"
+        );
+
+        // Both hosts of this test share one machine (and one network namespace), so only one
+        // container at a time can really listen on the port here: the first to run answers on
+        // it at its reported binding.
+        let first = eventually(WAIT, "one of the placed tasks RUNNING", || async {
+            for t in &placed {
+                let d = f.admin.describe_task(&t.id.to_string()).await.ok()?;
+                if d.last_status == TaskStatus::Running {
+                    return Some(d);
+                }
+            }
+            None
+        })
+        .await;
+        let b = report(&first).network_bindings.first().cloned().unwrap_or_else(|| panic!("{first:?}"));
+        assert_eq!(b.host_port, port);
+        let short = runtime_id(&first)[..12].to_string();
+        let body = answers(&format!("127.0.0.1:{port}"), "served by").await;
+        assert_eq!(body.trim(), format!("served by {short}"));
+
+        // When it stops, its host's port is free for the waiting task or the other placed
+        // one; the answer comes from a new container on the same port.
+        f.admin.stop_task(&first.id.to_string(), None).await.unwrap();
+        f.task_in(&first.id, TaskStatus::Stopped).await;
+        let second = eventually(WAIT, "another task RUNNING on the port", || async {
+            let ts = f.admin.list_tasks(&TaskQuery { limit: Some(100), ..Default::default() }).await.ok()?;
+            ts.into_iter().find(|t| t.id != first.id && t.last_status == TaskStatus::Running)
+        })
+        .await;
+        let short2 = runtime_id(&second)[..12].to_string();
+        let body = answers(&format!("127.0.0.1:{port}"), &short2).await;
+        assert_eq!(body.trim(), format!("served by {short2}"));
+        f.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_timeout_is_honoured() {
+    within(async {
+        let f = Fleet::start("stopto", 1, &[]).await;
+        f.register(def(
+            "stubborn",
+            &f.docker.image,
+            serde_json::json!({
+                "command": ["/bin/sh", "-c", "trap '' TERM; echo trapped; while true; do sleep 1; done"],
+                "stopTimeout": 3,
+            }),
+        ))
+        .await;
+        f.register(def(
+            "polite",
+            &f.docker.image,
+            serde_json::json!({"command": ["/bin/sh", "-c", "echo up; exec sleep 600"], "stopTimeout": 3}),
+        ))
+        .await;
+
+        let t = f.run_one("stubborn").await;
+        f.task_in(&t.id, TaskStatus::Running).await;
+        f.output_with(&t.id, "trapped").await;
+        let started = tokio::time::Instant::now();
+        f.admin.stop_task(&t.id.to_string(), None).await.unwrap();
+        let t = f.task_in(&t.id, TaskStatus::Stopped).await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_secs(3), "stopped after {took:?}, before its stopTimeout of 3 s");
+        assert!(took < Duration::from_secs(13), "stopped after {took:?}");
+        assert_eq!(t.stop_code, Some(StopCode::UserInitiated));
+        assert_eq!(report(&t).exit_code, Some(137), "{t:?}");
+
+        let p = f.run_one("polite").await;
+        f.task_in(&p.id, TaskStatus::Running).await;
+        f.output_with(&p.id, "up").await;
+        let started = tokio::time::Instant::now();
+        f.admin.stop_task(&p.id.to_string(), None).await.unwrap();
+        let p = f.task_in(&p.id, TaskStatus::Stopped).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "a task that exits on TERM took {took:?} to stop: {p:?}");
+        assert_ne!(report(&p).exit_code, Some(137), "it was killed, not stopped: {p:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_stops_with_cannot_pull() {
+    within(async {
+        let f = Fleet::start("pull", 1, &[]).await;
+        let image = format!("{}/mpsfleet/missing:none", f.docker.registry);
+        f.register(def("missing", &image, serde_json::json!({"command": ["true"]}))).await;
+        let t = f.run_one("missing").await;
+        let t = f.task_in(&t.id, TaskStatus::Stopped).await;
+        assert_eq!(t.stop_code, Some(StopCode::CannotPullContainerError), "{t:?}\n{}", f.logs());
+        let reason = t.stopped_reason.clone().unwrap_or_default().to_lowercase();
+        assert!(
+            reason.contains("manifest unknown") || reason.contains("not found"),
+            "the reason does not carry the registry's answer: {reason:?}"
+        );
+        assert!(f.docker.containers_labelled("io.mpsfleet.task", &t.id.to_string()).is_empty());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_kill9_and_restart_adopts_running_containers_and_reports_exits() {
+    within(async {
+        let mut f = Fleet::start("adopt", 1, &[]).await;
+        f.register(def("stays", &f.docker.image, serde_json::json!({"command": ["sleep", "600"]}))).await;
+        f.register(def(
+            "leaves",
+            &f.docker.image,
+            serde_json::json!({"command": ["/bin/sh", "-c", "sleep 8; exit 3"]}),
+        ))
+        .await;
+        let stays = f.run_one("stays").await;
+        let leaves = f.run_one("leaves").await;
+        let stays = f.task_in(&stays.id, TaskStatus::Running).await;
+        let leaves = f.task_in(&leaves.id, TaskStatus::Running).await;
+        let (stays_id, leaves_id) = (runtime_id(&stays), runtime_id(&leaves));
+        let started_at = f.docker.inspect(&stays_id, "{{.State.StartedAt}}").unwrap();
+
+        f.agents[0].kill9();
+        assert_eq!(
+            f.docker.inspect(&leaves_id, "{{.State.Running}}").as_deref(),
+            Some("true"),
+            "the short task exited before the agent was killed: the test is mistimed"
+        );
+        let docker = f.docker.clone();
+        eventually(WAIT, "the short container to exit while the agent is down", || async {
+            (docker.inspect(&leaves_id, "{{.State.Status}}").as_deref() == Some("exited")).then_some(())
+        })
+        .await;
+        assert_eq!(f.docker.inspect(&leaves_id, "{{.State.ExitCode}}").as_deref(), Some("3"));
+
+        let agent = f.start_agent(0, &[]);
+        f.agents[0] = agent;
+        let left = f.task_in(&leaves.id, TaskStatus::Stopped).await;
+        assert_eq!(left.stop_code, Some(StopCode::EssentialContainerExited), "{left:?}\n{}", f.logs());
+        assert_eq!(report(&left).exit_code, Some(3), "{left:?}");
+        assert_eq!(runtime_id(&left), leaves_id);
+
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let still = f.admin.describe_task(&stays.id.to_string()).await.unwrap();
+        assert_eq!(still.last_status, TaskStatus::Running, "{still:?}");
+        assert_eq!(runtime_id(&still), stays_id, "the adopted task has another container");
+        assert_eq!(f.docker.inspect(&stays_id, "{{.State.Running}}").as_deref(), Some("true"));
+        assert_eq!(f.docker.inspect(&stays_id, "{{.State.StartedAt}}"), Some(started_at), "restarted");
+        assert_eq!(f.docker.inspect(&stays_id, "{{.RestartCount}}").as_deref(), Some("0"));
+        assert_eq!(
+            f.docker.containers_labelled("io.mpsfleet.task", &stays.id.to_string()),
+            vec![stays_id.clone()],
+            "a second container was created for the adopted task"
+        );
+        assert_eq!(f.admin.list_hosts(None).await.unwrap().len(), 1, "the agent registered a second time");
+
+        // The adopted container is stopped through the API.
+        f.admin.stop_task(&stays.id.to_string(), None).await.unwrap();
+        let stopped = f.task_in(&stays.id, TaskStatus::Stopped).await;
+        assert_eq!(stopped.stop_code, Some(StopCode::UserInitiated));
+        assert_eq!(f.docker.inspect(&stays_id, "{{.State.Running}}").as_deref(), Some("false"));
+    })
+    .await;
+}
+
+/// The pid of the MPS daemon the agent started for GPU `index` (from its daemon record).
+fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
+    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    u32::try_from(v["pid"].as_u64().expect("pid in daemon.json")).unwrap()
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+}
+
+const APPLIED: &str = "applied the pool's mps health policy";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_mps_container_is_never_created_without_the_daemon() {
+    let Some(mps) = mps_control() else { return };
+    within(async {
+        let mps_arg = mps.display().to_string();
+        let f = Fleet::start("mpsdock", 1, &["--mps-control", &mps_arg]).await;
+        // Probes far apart and a short timeout: the stopped daemon is not restarted meanwhile.
+        let before = f.agents[0].log().matches(APPLIED).count();
+        let policy =
+            HealthPolicy { mps_probe_timeout_ms: 500, mps_probe_interval_ms: 300_000, ..Default::default() };
+        let req = UpdatePool { health_policy: Some(policy), ..Default::default() };
+        f.admin.update_pool(&f.pool, &req).await.unwrap();
+        let agent = &f.agents[0];
+        eventually(WAIT, "the agent to apply the pool's policy", || async {
+            (agent.log().matches(APPLIED).count() > before).then_some(())
+        })
+        .await;
+        let mps_req =
+            serde_json::json!([{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]);
+        f.register(def(
+            "mpsc",
+            &f.docker.image,
+            serde_json::json!({
+                "command": ["/bin/sh", "-c",
+                    "echo pipe=$CUDA_MPS_PIPE_DIRECTORY; ls $CUDA_MPS_PIPE_DIRECTORY; \
+                     [ -S $CUDA_MPS_PIPE_DIRECTORY/control ] && echo control-is-a-socket; \
+                     echo limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; echo done; exec sleep 600"],
+                "resourceRequirements": mps_req,
+                "stopTimeout": 2,
+            }),
+        ))
+        .await;
+
+        // A stopped daemon accepts connections and never answers.
+        let pid = daemon_pid(&f.agents[0].data_dir, 0);
+        signal(pid, "-STOP");
+        let t = f.run_one("mpsc").await;
+        let t = f.task_in(&t.id, TaskStatus::Stopped).await;
+        signal(pid, "-CONT");
+        assert_eq!(t.stop_code, Some(StopCode::MpsDaemonUnavailable), "{t:?}\n{}", f.logs());
+        assert!(
+            f.docker.containers_labelled("io.mpsfleet.task", &t.id.to_string()).is_empty(),
+            "a container was created for an MPS task whose daemon did not answer"
+        );
+
+        // With the daemon answering, the container runs with its limits and the pipe directory.
+        let t = f.run_one("mpsc").await;
+        let t = f.task_in(&t.id, TaskStatus::Running).await;
+        let out = f.output_with(&t.id, "done").await;
+        let pipe = out
+            .lines()
+            .find_map(|l| l.strip_prefix("pipe="))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| panic!("no CUDA_MPS_PIPE_DIRECTORY inside: {out:?}"))
+            .to_string();
+        assert!(out.lines().any(|l| l == "control"), "the pipe directory inside has no control: {out:?}");
+        assert!(out.contains("control-is-a-socket"), "{out:?}");
+        assert!(out.contains("limit=0=1024M"), "{out:?}");
+        let id = runtime_id(&t);
+        let mounts = f.docker.inspect(&id, "{{range .Mounts}}{{.Source}}:{{.Destination}} {{end}}").unwrap();
+        assert!(
+            mounts.contains(&format!("{pipe}:{pipe}")),
+            "pipe dir not mounted at the same path: {mounts}"
+        );
+        let notes = report(&t).notes.join("; ");
+        assert!(notes.contains("emulated"), "the report does not say the GPU is emulated: {notes:?}");
+        assert_eq!(f.docker.inspect(&id, "{{.HostConfig.DeviceRequests}}").as_deref(), Some("[]"));
+
+        // The socket the container sees is the real daemon's: it answers on that path.
+        let mut ask = Command::new(&mps)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        ask.stdin.take().unwrap().write_all(b"get_default_active_thread_percentage\n").unwrap();
+        let answer = ask.wait_with_output().unwrap();
+        assert!(answer.status.success(), "no daemon answered on {pipe}");
+        assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
+        f.stop_all().await;
+    })
+    .await;
+}
