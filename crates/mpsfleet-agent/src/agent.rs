@@ -207,7 +207,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     })?;
     let logs_url =
         format!("http://{}", listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?);
-    let app = crate::logs::router(cfg.data_dir.join("tasks"), identity.agent_token.clone());
+    let app = crate::logs::router(
+        cfg.data_dir.join("tasks"),
+        identity.agent_token.clone(),
+        engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
+    );
     let logs = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "logs endpoint stopped");

@@ -230,22 +230,24 @@ impl Client {
         self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
     }
 
-    /// The tail of a task container's stdout or stderr (fetched by the server from its agent),
-    /// or, when the agent cannot be asked, the last output snapshot it reported; the answer
-    /// says which.
+    /// The tail of a task container's stdout, stderr or both interleaved (fetched by the
+    /// server from its agent), with `since_ms` only what was written after that time; or,
+    /// when the agent cannot be asked, the last output snapshot it reported. The answer says
+    /// which, and the time of its last output for the next `since_ms`.
     pub async fn task_logs(
         &self,
         id: &str,
         container: Option<&str>,
-        stderr: bool,
+        stream: mpsfleet_types::logs::LogStreams,
         tail: u64,
+        since_ms: Option<u64>,
     ) -> Result<mpsfleet_types::logs::TaskLogs> {
-        let mut q = vec![
-            ("stream", if stderr { "stderr" } else { "stdout" }.to_string()),
-            ("tail", tail.to_string()),
-        ];
+        let mut q = vec![("stream", stream.as_str().to_string()), ("tail", tail.to_string())];
         if let Some(c) = container {
             q.push(("container", c.to_string()));
+        }
+        if let Some(since) = since_ms {
+            q.push(("since_ms", since.to_string()));
         }
         self.call(Method::GET, &format!("/v1/tasks/{}/logs", seg(id)), &q, None).await
     }

@@ -557,6 +557,10 @@ struct LogsQuery {
     stream: String,
     #[serde(default = "default_tail")]
     tail: u64,
+    /// Only output written strictly after this time (ms since the epoch); checked in the
+    /// handler so that a bad value names the parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since_ms: Option<String>,
 }
 
 fn default_stream() -> String {
@@ -567,18 +571,27 @@ fn default_tail() -> u64 {
     64 << 10
 }
 
-/// The tail of a container's stdout or stderr, fetched from the task's agent; when the agent
+/// The tail of a container's stdout, stderr or both interleaved (`stream=all`), fetched from
+/// the task's agent, with `since_ms` only what was written after that time; when the agent
 /// cannot be asked or does not answer (host gone, agent down), the last output snapshot the
-/// agent reported, both streams interleaved. The answer says which it is.
+/// agent reported, both streams interleaved (with `since_ms`, its later lines). The answer
+/// says which it is, and the time of its last output (`lastAtMs`).
 async fn task_logs(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Q(q): Q<LogsQuery>,
 ) -> Result<Response, ApiError> {
-    if q.stream != "stdout" && q.stream != "stderr" {
-        return Err(ApiError::invalid("stream", format!("must be stdout or stderr, got {:?}", q.stream)));
-    }
+    use mpsfleet_types::logs::{LogStreams, LogsSource, TaskLogs};
+    let streams: LogStreams = q.stream.parse().map_err(|e: mpsfleet_types::logs::BadLogStreams| {
+        ApiError::invalid("stream", format!("must be stdout, stderr or all, got {:?}", e.0))
+    })?;
+    let since_ms = match &q.since_ms {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::invalid("since_ms", format!("must be a time in ms since the epoch, got {v:?}"))
+        })?),
+    };
     if let Some(c) = &q.container {
         mpsfleet_types::check_name("container name", c)
             .map_err(|e| ApiError::invalid("container", e.to_string()))?;
@@ -589,29 +602,30 @@ async fn task_logs(
             format!("must be from 1 to {MAX_LOG_TAIL} bytes, got {}", q.tail),
         ));
     }
-    use mpsfleet_types::logs::{LogsSource, OutputStream, TaskLogs};
     let plan = st.call(&headers, admin, move |c, _| c.logs_plan(&id)).await?;
     // Why the agent's answer is not shown: the error to return without a snapshot, and the
     // note to show with one; None when the snapshot would not answer the question either.
     let (failure, note) = match &plan.agent {
         Err(why) => (ApiError::Unavailable(why.clone()), Some(why.clone())),
         Ok((url, token)) => match fetch_agent_logs(&st.http, url, token, &plan.task_id, &q).await {
-            Ok(text) => {
+            Ok(answer) => {
+                let (text, lines) = match answer.body {
+                    AgentLogsBody::Text(t) => (Some(t), None),
+                    AgentLogsBody::Lines(l) => (None, Some(l)),
+                };
                 return Ok(Json(TaskLogs {
                     task_id: plan.task_id,
                     source: LogsSource::Agent,
                     note: None,
                     container: q.container.clone(),
-                    stream: Some(if q.stream == "stderr" {
-                        OutputStream::Stderr
-                    } else {
-                        OutputStream::Stdout
-                    }),
-                    text: Some(text),
+                    stream: Some(streams),
+                    text,
+                    lines,
+                    last_at_ms: answer.last_at_ms,
                     reported_at_ms: None,
                     snapshot: None,
                 })
-                .into_response())
+                .into_response());
             }
             Err(AgentLogsFailure::Unreachable(why)) => {
                 let note = format!("host unreachable: {why}");
@@ -621,7 +635,13 @@ async fn task_logs(
             Err(AgentLogsFailure::Refused(e)) => (e, None),
         },
     };
-    let (Some(note), Some((reported_at_ms, snapshot))) = (note, plan.snapshot) else { return Err(failure) };
+    let (Some(note), Some((reported_at_ms, mut snapshot))) = (note, plan.snapshot) else {
+        return Err(failure);
+    };
+    if let Some(since) = since_ms {
+        snapshot.lines.retain(|l| l.at_ms > since);
+    }
+    let last_at_ms = snapshot.lines.iter().map(|l| l.at_ms).max().or(since_ms);
     Ok(Json(TaskLogs {
         task_id: plan.task_id,
         source: LogsSource::Snapshot,
@@ -629,6 +649,8 @@ async fn task_logs(
         container: None,
         stream: None,
         text: None,
+        lines: None,
+        last_at_ms,
         reported_at_ms: Some(reported_at_ms),
         snapshot: Some(snapshot),
     })
@@ -648,14 +670,27 @@ enum AgentLogsFailure {
     Refused(ApiError),
 }
 
-/// The tail of one stream of a task's container, from its agent.
+/// What an agent answered for `task logs`.
+struct AgentLogs {
+    body: AgentLogsBody,
+    /// Its `x-mpsfleet-last-ms` header.
+    last_at_ms: Option<u64>,
+}
+
+/// One stream's text, or both streams' lines (`stream=all`).
+enum AgentLogsBody {
+    Text(String),
+    Lines(Vec<mpsfleet_types::logs::OutputLine>),
+}
+
+/// The tail of one stream, or both, of a task's container, from its agent.
 async fn fetch_agent_logs(
     http: &reqwest::Client,
     url: &str,
     token: &str,
     task: &TaskId,
     q: &LogsQuery,
-) -> Result<String, AgentLogsFailure> {
+) -> Result<AgentLogs, AgentLogsFailure> {
     let unreachable = |e: &dyn std::fmt::Display| {
         AgentLogsFailure::Unreachable(format!("cannot fetch logs from {url}: {e}"))
     };
@@ -668,6 +703,11 @@ async fn fetch_agent_logs(
         .await
         .map_err(|e| unreachable(&e))?;
     let status = resp.status();
+    let last_at_ms = resp
+        .headers()
+        .get("x-mpsfleet-last-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
     let said = String::from_utf8_lossy(&body).trim().to_string();
     if status == StatusCode::NOT_FOUND {
@@ -679,10 +719,21 @@ async fn fetch_agent_logs(
             AgentLogsFailure::Refused(e)
         });
     }
+    if status == StatusCode::BAD_REQUEST {
+        return Err(AgentLogsFailure::Refused(ApiError::invalid("query", said)));
+    }
     if !status.is_success() {
         return Err(unreachable(&format!("HTTP {status}: {said}")));
     }
-    Ok(String::from_utf8_lossy(&body).into_owned())
+    let body = if q.stream == "all" {
+        AgentLogsBody::Lines(
+            serde_json::from_slice(&body)
+                .map_err(|e| unreachable(&format!("a bad answer for stream=all: {e}")))?,
+        )
+    } else {
+        AgentLogsBody::Text(String::from_utf8_lossy(&body).into_owned())
+    };
+    Ok(AgentLogs { body, last_at_ms })
 }
 
 // ---- services ---------------------------------------------------------------------------

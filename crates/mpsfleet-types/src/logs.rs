@@ -119,6 +119,61 @@ pub enum LogsSource {
     Snapshot,
 }
 
+/// Which output `GET /v1/tasks/{id}/logs` asks for: one stream, or both interleaved in the
+/// order written. Reads the `"stdout"` and `"stderr"` that answers carried before `"all"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogStreams {
+    #[default]
+    Stdout,
+    Stderr,
+    All,
+}
+
+/// A `stream` value that is none of `stdout`, `stderr` and `all`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLogStreams(pub String);
+
+impl std::fmt::Display for BadLogStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream must be stdout, stderr or all, got {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BadLogStreams {}
+
+impl LogStreams {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogStreams::Stdout => "stdout",
+            LogStreams::Stderr => "stderr",
+            LogStreams::All => "all",
+        }
+    }
+
+    /// Whether output written to `stream` is part of it.
+    pub fn includes(self, stream: OutputStream) -> bool {
+        match self {
+            LogStreams::Stdout => stream == OutputStream::Stdout,
+            LogStreams::Stderr => stream == OutputStream::Stderr,
+            LogStreams::All => true,
+        }
+    }
+}
+
+impl std::str::FromStr for LogStreams {
+    type Err = BadLogStreams;
+
+    fn from_str(s: &str) -> Result<LogStreams, BadLogStreams> {
+        match s {
+            "stdout" => Ok(LogStreams::Stdout),
+            "stderr" => Ok(LogStreams::Stderr),
+            "all" => Ok(LogStreams::All),
+            other => Err(BadLogStreams(other.to_string())),
+        }
+    }
+}
+
 /// Response of `GET /v1/tasks/{id}/logs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -132,10 +187,17 @@ pub struct TaskLogs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<OutputStream>,
-    /// From the agent: the tail of that stream (not valid UTF-8 is replaced).
+    pub stream: Option<LogStreams>,
+    /// From the agent, for one stream: the tail of that stream (not valid UTF-8 is replaced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// From the agent, for `all`: the tail of both streams, interleaved in the order written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<Vec<OutputLine>>,
+    /// The time of the last output in the answer (ms since the epoch), or the `since_ms` asked
+    /// for when there is none: what the next call passes as `since_ms` to get only newer output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_at_ms: Option<u64>,
     /// From the snapshot: when the server received it, and the snapshot itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_at_ms: Option<u64>,
@@ -146,10 +208,11 @@ pub struct TaskLogs {
 impl TaskLogs {
     /// The output shown, whichever the source.
     pub fn output(&self) -> String {
-        match (&self.text, &self.snapshot) {
-            (Some(t), _) => t.clone(),
-            (None, Some(s)) => s.text(),
-            (None, None) => String::new(),
+        match (&self.text, &self.lines, &self.snapshot) {
+            (Some(t), _, _) => t.clone(),
+            (None, Some(lines), _) => lines.iter().map(|l| l.text.as_str()).collect(),
+            (None, None, Some(s)) => s.text(),
+            (None, None, None) => String::new(),
         }
     }
 }
@@ -178,6 +241,27 @@ mod tests {
         assert_eq!(s.text(), "llo");
         assert!(s.cost() <= LINE_OVERHEAD_BYTES + 4);
         assert_eq!(s.dropped_bytes, 2 + 3);
+    }
+
+    #[test]
+    fn logs_answers_from_before_all_still_read() {
+        let old = r#"{"taskId":"t-0123456789abcdef","source":"agent","stream":"stderr","text":"x"}"#;
+        let l: TaskLogs = serde_json::from_str(old).unwrap();
+        assert_eq!(l.stream, Some(LogStreams::Stderr));
+        assert_eq!((l.last_at_ms, l.lines.as_ref()), (None, None));
+        assert_eq!(serde_json::to_string(&l).unwrap(), old);
+        for (s, want) in
+            [("stdout", LogStreams::Stdout), ("stderr", LogStreams::Stderr), ("all", LogStreams::All)]
+        {
+            assert_eq!(s.parse::<LogStreams>(), Ok(want));
+            assert_eq!(want.as_str(), s);
+        }
+        assert_eq!(
+            "both".parse::<LogStreams>().unwrap_err().to_string(),
+            r#"stream must be stdout, stderr or all, got "both""#
+        );
+        assert!(LogStreams::All.includes(OutputStream::Stderr));
+        assert!(!LogStreams::Stdout.includes(OutputStream::Stderr));
     }
 
     #[test]

@@ -85,12 +85,19 @@ pub enum TaskCommand {
         /// The container [default: the task's first].
         #[arg(long)]
         container: Option<String>,
-        /// stderr instead of stdout.
+        /// Which output: stdout, stderr, or all (both, interleaved in the order written, each
+        /// printed to its own stream) [default: stdout].
+        #[arg(long, conflicts_with = "stderr")]
+        stream: Option<mpsfleet_types::logs::LogStreams>,
+        /// The same as --stream stderr.
         #[arg(long)]
         stderr: bool,
         /// How many bytes from the end.
         #[arg(long, default_value_t = 65536)]
         tail: u64,
+        /// Keep printing new output as it is written, until the task is STOPPED (or Ctrl-C).
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
 }
 
@@ -356,31 +363,13 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
                 print_containers(&t);
             }
         }
-        TaskCommand::Logs { id, container, stderr, tail } => {
-            let logs = c.task_logs(&id, container.as_deref(), stderr, tail).await?;
-            if f == Format::Json {
-                output::print(f, &logs, &[], Vec::new());
-                return Ok(());
-            }
-            use mpsfleet_types::logs::OutputStream;
-            use std::io::Write;
-            match &logs.snapshot {
-                None => std::io::stdout().write_all(logs.output().as_bytes())?,
-                Some(snapshot) => {
-                    // Both streams, each to its own, as the task wrote them.
-                    eprintln!(
-                        "showing the last snapshot reported at {} ({})",
-                        output::utc_time(logs.reported_at_ms.unwrap_or(snapshot.taken_at_ms)),
-                        logs.note.as_deref().unwrap_or("the agent was not asked")
-                    );
-                    for line in &snapshot.lines {
-                        match line.stream {
-                            OutputStream::Stdout => std::io::stdout().write_all(line.text.as_bytes())?,
-                            OutputStream::Stderr => std::io::stderr().write_all(line.text.as_bytes())?,
-                        }
-                    }
-                }
-            }
+        TaskCommand::Logs { id, container, stream, stderr, tail, follow } => {
+            let stream = match (stream, stderr) {
+                (_, true) => mpsfleet_types::logs::LogStreams::Stderr,
+                (Some(s), false) => s,
+                (None, false) => mpsfleet_types::logs::LogStreams::Stdout,
+            };
+            task_logs(c, f, &id, container.as_deref(), stream, tail, follow).await?;
         }
         TaskCommand::Stop { id, reason } => {
             let t = c.stop_task(&id, reason).await?;
@@ -388,6 +377,77 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How often `task logs --follow` asks for new output.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `task logs`: prints what there is; with `follow`, then asks every [`FOLLOW_EVERY`] for what
+/// was written after the last output printed, until the task is STOPPED (printing the rest)
+/// or Ctrl-C.
+async fn task_logs(
+    c: &Client,
+    f: Format,
+    id: &str,
+    container: Option<&str>,
+    stream: mpsfleet_types::logs::LogStreams,
+    tail: u64,
+    follow: bool,
+) -> Result<()> {
+    use mpsfleet_types::logs::{OutputLine, OutputStream};
+    use std::io::Write;
+    let print_lines = |lines: &[OutputLine]| -> std::io::Result<()> {
+        // Both streams, each to its own, as the task wrote them.
+        for line in lines {
+            match line.stream {
+                OutputStream::Stdout => std::io::stdout().write_all(line.text.as_bytes())?,
+                OutputStream::Stderr => std::io::stderr().write_all(line.text.as_bytes())?,
+            }
+        }
+        std::io::stdout().flush()
+    };
+    // Following starts from the beginning of what the agent keeps (within `tail`).
+    let mut since = follow.then_some(0);
+    let mut noted = false;
+    let mut ending = false;
+    loop {
+        let logs = c.task_logs(id, container, stream, tail, since).await?;
+        if f == Format::Json {
+            output::print(f, &logs, &[], Vec::new());
+        } else {
+            match (&logs.snapshot, &logs.lines) {
+                (Some(snapshot), _) => {
+                    if !noted {
+                        noted = true;
+                        eprintln!(
+                            "showing the last snapshot reported at {} ({})",
+                            output::utc_time(logs.reported_at_ms.unwrap_or(snapshot.taken_at_ms)),
+                            logs.note.as_deref().unwrap_or("the agent was not asked")
+                        );
+                    }
+                    print_lines(&snapshot.lines)?;
+                }
+                (None, Some(lines)) => print_lines(lines)?,
+                (None, None) => {
+                    let mut out = std::io::stdout();
+                    out.write_all(logs.output().as_bytes())?;
+                    out.flush()?;
+                }
+            }
+        }
+        if !follow || ending {
+            return Ok(());
+        }
+        if let Some(last) = logs.last_at_ms {
+            since = Some(last);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+        // Once it is STOPPED, one more call prints what it wrote last.
+        ending = c.describe_task(id).await?.last_status == TaskStatus::Stopped;
+    }
 }
 
 /// `task describe`'s container section: image, runtime id, bindings and what the runtime noted.

@@ -136,12 +136,21 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
     assert!(answer.status.success(), "no daemon answered on {pipe}");
     assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
     // `task logs` reaches the agent through the server.
-    let logs = admin.task_logs(&t.id.to_string(), None, false, 4096).await.unwrap();
+    let logs = admin
+        .task_logs(&t.id.to_string(), None, mpsfleet_types::logs::LogStreams::Stdout, 4096, None)
+        .await
+        .unwrap();
     assert_eq!(logs.source, mpsfleet_types::logs::LogsSource::Agent);
     assert_eq!(logs.output().trim(), format!("started {}", t.id));
-    let err = admin.task_logs(&t.id.to_string(), Some("../../etc"), false, 4096).await.unwrap_err();
+    let err = admin
+        .task_logs(&t.id.to_string(), Some("../../etc"), mpsfleet_types::logs::LogStreams::Stdout, 4096, None)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some("InvalidParameter"), "{err}");
-    let err = admin.task_logs(&t.id.to_string(), Some("other"), false, 4096).await.unwrap_err();
+    let err = admin
+        .task_logs(&t.id.to_string(), Some("other"), mpsfleet_types::logs::LogStreams::Stdout, 4096, None)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some("NotFound"), "{err}");
     let view = admin.describe_host(t.host_id.as_ref().unwrap().as_str()).await.unwrap();
     let of_gpu = |name: &str| {

@@ -71,7 +71,11 @@ async fn a_cuda_program_cannot_allocate_past_its_declared_memory() {
         admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
     })
     .await;
-    let out = admin.task_logs(&id, None, false, 4096).await.unwrap().output();
+    let out = admin
+        .task_logs(&id, None, mpsfleet_types::logs::LogStreams::Stdout, 4096, None)
+        .await
+        .unwrap()
+        .output();
     println!("task {id}: {:?}; output: {out}", done.stopped_reason);
     assert!(out.contains("over_limit=fail under_limit=ok"), "{out}");
 }

@@ -1,11 +1,13 @@
-//! Process test: a task's output outlives its host. The agent reports the task's recent
-//! output with its states; once the agent is gone (SIGKILL, never restarted), `task logs`
-//! shows the last snapshot, both streams interleaved, and says so.
+//! Process tests of `task logs`: a task's output outlives its host (the agent reports the
+//! task's recent output with its states; once the agent is gone, SIGKILL and never restarted,
+//! `task logs` shows the last snapshot, both streams interleaved, and says so); `stream=all`
+//! interleaves both streams in the order written; `since_ms` returns only later output; and
+//! `task logs --follow` prints a task's output as it comes and ends with the task.
 
 mod common;
 
 use common::*;
-use mpsfleet_types::logs::{LogsSource, OutputStream};
+use mpsfleet_types::logs::{LogStreams, LogsSource, OutputStream};
 use mpsfleet_types::*;
 use std::process::Command;
 use std::time::Duration;
@@ -50,7 +52,11 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
     let finished = run("finisher").await;
     // While the agent runs, logs come from it, one stream at a time.
     let live = eventually(WAIT, "the talker's stderr from its agent", || async {
-        admin.task_logs(&talking, None, true, 4096).await.ok().filter(|l| l.output().contains("err-2"))
+        admin
+            .task_logs(&talking, None, LogStreams::Stderr, 4096, None)
+            .await
+            .ok()
+            .filter(|l| l.output().contains("err-2"))
     })
     .await;
     assert_eq!(live.source, LogsSource::Agent);
@@ -71,7 +77,7 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
     tokio::time::sleep(Duration::from_millis(next_report.saturating_sub(now_ms))).await;
     agent.kill9();
 
-    let logs = admin.task_logs(&talking, None, false, 4096).await.unwrap();
+    let logs = admin.task_logs(&talking, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.source, LogsSource::Snapshot, "{logs:?}");
     assert!(logs.note.as_deref().unwrap_or("").starts_with("host unreachable"), "{logs:?}");
     let snapshot = logs.snapshot.as_ref().expect("a snapshot");
@@ -91,7 +97,7 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
     assert!(logs.reported_at_ms.is_some_and(|at| at >= snapshot.taken_at_ms.saturating_sub(5_000)));
 
     // The task that ended sent its last output with its STOPPED report.
-    let logs = admin.task_logs(&finished, None, false, 4096).await.unwrap();
+    let logs = admin.task_logs(&finished, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.source, LogsSource::Snapshot, "{logs:?}");
     assert_eq!(logs.output(), "done-out\ndone-err\n");
 
@@ -109,4 +115,135 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
 
     // The shims outlive the killed agent by design: end the talker.
     stop_processes_mentioning(&dir.path().display().to_string());
+}
+
+/// The lines of an answer for `stream=all`: stream, text.
+fn streams_of(logs: &mpsfleet_types::logs::TaskLogs) -> Vec<(OutputStream, String)> {
+    logs.lines.as_ref().expect("lines for stream=all").iter().map(|l| (l.stream, l.text.clone())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let _agent = Agent::start_with_model(&server, &dir.path().join("a"), 1);
+    eventually(WAIT, "the host to be ACTIVE", || async {
+        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+    })
+    .await;
+    let both =
+        "echo o-1; sleep 0.2; echo e-1 >&2; sleep 0.2; echo o-2; sleep 0.2; echo e-2 >&2; exec sleep 600";
+    let ticker = "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick-$i; sleep 0.2; done; echo bye >&2";
+    for (family, script) in [("both", both), ("ticker", ticker)] {
+        admin
+            .register_taskdef(taskdef(serde_json::json!({
+                "family": family,
+                "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script], "stopTimeout": 2}]
+            })))
+            .await
+            .unwrap();
+    }
+    let run = |family: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let out = admin
+                .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+                .await
+                .unwrap();
+            out.tasks[0].id.to_string()
+        }
+    };
+
+    // Both streams, in the order written, each line with its stream and time.
+    let id = run("both").await;
+    let all = eventually(WAIT, "all four lines from the agent", || async {
+        admin
+            .task_logs(&id, None, LogStreams::All, 4096, None)
+            .await
+            .ok()
+            .filter(|l| l.output().contains("e-2"))
+    })
+    .await;
+    assert_eq!(all.source, LogsSource::Agent, "{all:?}");
+    assert_eq!(all.stream, Some(LogStreams::All));
+    let (o, e) = (OutputStream::Stdout, OutputStream::Stderr);
+    assert_eq!(
+        streams_of(&all),
+        vec![(o, "o-1\n".into()), (e, "e-1\n".into()), (o, "o-2\n".into()), (e, "e-2\n".into())]
+    );
+    let lines = all.lines.clone().unwrap();
+    assert!(lines.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "{lines:?}");
+    assert!(lines.iter().all(|l| l.container == "main"));
+    assert_eq!(all.last_at_ms, Some(lines[3].at_ms));
+    // The tail counts bytes from the end, cutting the oldest line kept.
+    let tail = admin.task_logs(&id, None, LogStreams::All, 5, None).await.unwrap();
+    assert_eq!(streams_of(&tail), vec![(o, "\n".into()), (e, "e-2\n".into())]);
+
+    // since_ms: only what was written strictly after it, for any stream.
+    let later = admin.task_logs(&id, None, LogStreams::All, 4096, Some(lines[1].at_ms)).await.unwrap();
+    assert_eq!(streams_of(&later), vec![(o, "o-2\n".into()), (e, "e-2\n".into())]);
+    assert_eq!(later.last_at_ms, Some(lines[3].at_ms));
+    let out = admin.task_logs(&id, None, LogStreams::Stdout, 4096, Some(lines[0].at_ms)).await.unwrap();
+    assert_eq!((out.output().as_str(), out.last_at_ms), ("o-2\n", Some(lines[2].at_ms)));
+    let err = admin.task_logs(&id, None, LogStreams::Stderr, 4096, Some(0)).await.unwrap();
+    assert_eq!(err.output(), "e-1\ne-2\n");
+    let none = admin.task_logs(&id, None, LogStreams::All, 4096, Some(lines[3].at_ms)).await.unwrap();
+    assert_eq!((streams_of(&none), none.last_at_ms), (vec![], Some(lines[3].at_ms)), "nothing newer");
+
+    // Bad values are refused, naming the parameter.
+    let http = reqwest::Client::new();
+    for (query, field) in [("stream=both", "stream"), ("since_ms=soon", "since_ms"), ("tail=0", "tail")] {
+        let resp = http
+            .get(format!("{}/v1/tasks/{id}/logs?{query}", server.url))
+            .bearer_auth(server.admin_token())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{query}");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(field), "{query}: {body}");
+    }
+
+    // `--follow` prints every line once, each stream to its own, and ends with the task.
+    let ticking = run("ticker").await;
+    eventually(WAIT, "the ticker to be RUNNING", || async {
+        admin.describe_task(&ticking).await.ok().filter(|t| t.last_status == TaskStatus::Running)
+    })
+    .await;
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["task", "logs", &ticking, "--follow", "--stream", "all"])
+        .args(["--server", &server.url, "--token", &server.admin_token()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            pipe.read_to_string(&mut s).map(|_| s)
+        })
+    };
+    let out = drain(Box::new(follow.stdout.take().unwrap()));
+    let err = drain(Box::new(follow.stderr.take().unwrap()));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = follow.try_wait().unwrap() {
+            break status;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let _ = follow.kill();
+            panic!("task logs --follow did not end with its task");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (out, err) = (out.join().unwrap().unwrap(), err.join().unwrap().unwrap());
+    let want: String = (1..=10).map(|i| format!("tick-{i}\n")).collect();
+    assert_eq!(out, want, "stderr: {err}");
+    assert_eq!(err, "bye\n");
+    assert!(status.success(), "{status:?}: {err}");
+    let done = admin.describe_task(&ticking).await.unwrap();
+    assert_eq!(done.last_status, TaskStatus::Stopped);
+    admin.stop_task(&id, None).await.unwrap();
 }
