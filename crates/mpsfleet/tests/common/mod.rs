@@ -410,7 +410,7 @@ impl Agent {
             .arg(data_dir)
             .args(["--heartbeat-ms", "200", "--stop-tasks-on-exit", "--runtime", "docker", "--docker-socket"])
             .arg(&docker.socket);
-        if !extra.iter().any(|a| *a == "--emulate-gpus") {
+        if !extra.contains(&"--emulate-gpus") {
             cmd.args(["--emulate-gpus", &format!("H200:{H200_MIB}:1")]);
         }
         if !extra.iter().any(|a| *a == "--mps-control" || *a == "--mps-model") {
