@@ -14,6 +14,14 @@ fi
 MPSFLEET_MPS_CONTROL="$(bash scripts/install-mps.sh | tail -n 1)"
 export MPSFLEET_MPS_CONTROL
 
+# Docker Engine from Debian's docker.io and a local registry from docker-registry, private to
+# target/docker (own socket, bridge and data root; nothing system-wide is started), with a
+# test image built offline from busybox-static and pushed to the registry on 127.0.0.1. The
+# container-runtime tests read DOCKER_HOST, MPSFLEET_TEST_IMAGE and MPSFLEET_TEST_REGISTRY.
+bash scripts/docker-env.sh start
+eval "$(bash scripts/docker-env.sh env)"
+trap 'bash scripts/docker-env.sh stop >/dev/null 2>&1 || true' EXIT
+
 # The process tests start the real binary; build it (and everything else) once, up front.
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked "$@"

@@ -152,6 +152,21 @@ async fn up(args: UpArgs) -> Result<()> {
     if !real_gpus {
         agent_args.extend(["--emulate-gpus".into(), format!("{}:{}", args.gpu, args.gpus_per_host)]);
     }
+    // Containers: Docker when its socket answers, decided here once so that every host (and
+    // every replacement) runs the same way; images already on the machine are used as they are.
+    let socket = mpsfleet_agent::docker::socket_from_env();
+    let docker = docker_version(&socket).await;
+    match &docker {
+        Ok(_) => agent_args.extend([
+            "--runtime".into(),
+            "docker".into(),
+            "--docker-socket".into(),
+            socket.display().to_string(),
+            "--image-pull-behavior".into(),
+            "prefer-cached".into(),
+        ]),
+        Err(_) => agent_args.extend(["--runtime".into(), "process".into()]),
+    }
     let mps = find_mps_control(args.mps_control.as_deref());
     match &mps {
         Some(p) => agent_args.extend(["--mps-control".into(), p.display().to_string()]),
@@ -221,6 +236,19 @@ async fn up(args: UpArgs) -> Result<()> {
              run 'bash scripts/install-mps.sh' to use the real daemon"
         ),
     }
+    match &docker {
+        Ok(version) => println!(
+            "containers: Docker Engine {version} at {} (images on this machine are used as they are; \
+             others are pulled)",
+            socket.display()
+        ),
+        Err(why) => println!(
+            "containers: none, tasks run as processes (Docker Engine at {}: {why}); to run images, \
+             install it (Debian: apt-get install docker.io) or point DOCKER_HOST at its socket, and \
+             start up again",
+            socket.display()
+        ),
+    }
     println!("admin token: {admin_token}");
     println!("agent logs: {}/hosts/*/agent.log", dir.display());
     println!("try: mpsfleet host list; press Ctrl-C to stop everything");
@@ -235,4 +263,20 @@ async fn up(args: UpArgs) -> Result<()> {
     served??;
     println!("stopped");
     Ok(())
+}
+
+/// Docker Engine's version when its socket answers within 3 s, else why not.
+async fn docker_version(socket: &Path) -> std::result::Result<String, String> {
+    use mpsfleet_agent::docker::{DockerConfig, DockerRuntime};
+    if !socket.exists() {
+        return Err("no such socket".into());
+    }
+    let scratch = std::env::temp_dir();
+    let mut cfg = DockerConfig::new("up", scratch);
+    cfg.socket = socket.to_path_buf();
+    let handle = tokio::runtime::Handle::current();
+    let rt = DockerRuntime::connect(cfg, handle).map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
 }

@@ -3,15 +3,18 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
+mod fleet;
 mod ingest;
 mod recovery;
 mod register;
+mod start;
 mod submit;
 use ingest::{ingest, IngestBench};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, Needs, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
 use recovery::{recovery, RecoveryBench};
 use register::{register, RegisterBench};
+use start::{start, StartBench};
 use std::time::Instant;
 use submit::{submit, SubmitBench};
 
@@ -27,6 +30,8 @@ pub enum BenchCommand {
     Submit(SubmitBench),
     /// Host registrations from concurrent clients to the real server, until all are committed.
     Register(RegisterBench),
+    /// Task accepted to RUNNING on a local host, next to `docker run` of the same image.
+    Start(StartBench),
 }
 
 #[derive(Args)]
@@ -53,6 +58,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Ingest(b) => ingest(b),
         BenchCommand::Submit(b) => submit(b),
         BenchCommand::Register(b) => register(b),
+        BenchCommand::Start(b) => start(b),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `mpsfleet bench recovery`: time from killing an MPS daemon for good to its tasks running elsewhere.
 
+use super::fleet::{median, stop_everything_in, Fleet};
 use anyhow::Result;
 use clap::Args;
 
@@ -19,20 +20,18 @@ pub struct RecoveryBench {
     /// Path of nvidia-cuda-mps-control (default: PATH, then target/mps).
     #[arg(long)]
     mps_control: Option<std::path::PathBuf>,
+    /// How the hosts run the service's tasks: `process`, or `docker` (containers of `--image`
+    /// on the Docker Engine at DOCKER_HOST).
+    #[arg(long, value_parser = ["process", "docker"], default_value = "process")]
+    runtime: String,
+    /// The image the tasks run with `--runtime docker` [default: MPSFLEET_TEST_IMAGE].
+    #[arg(long, env = "MPSFLEET_TEST_IMAGE")]
+    image: Option<String>,
 }
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
-fn epoch_ms() -> u64 {
+pub(super) fn epoch_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 pub fn recovery(b: RecoveryBench) -> Result<()> {
@@ -41,6 +40,10 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
     })?;
     anyhow::ensure!((2..=16).contains(&b.hosts), "--hosts must be from 2 to 16, got {}", b.hosts);
     anyhow::ensure!((1..=100).contains(&b.trials), "--trials must be from 1 to 100, got {}", b.trials);
+    anyhow::ensure!(
+        b.runtime == "process" || b.image.is_some(),
+        "--runtime docker needs --image (or MPSFLEET_TEST_IMAGE)"
+    );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (mut detect, mut decide, mut running) = (Vec::new(), Vec::new(), Vec::new());
     for trial in 1..=b.trials {
@@ -62,6 +65,7 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
         "bench": "recovery",
         "trials": b.trials,
         "hosts": b.hosts,
+        "runtime": b.runtime,
         "toleration_ms": b.toleration_ms.unwrap_or(mpsfleet_types::policy::HealthPolicy::default().toleration_ms),
         "median_detect_s": (median(detect) * 1000.0).round() / 1000.0,
         "median_decide_s": (median(decide) * 1000.0).round() / 1000.0,
@@ -71,46 +75,12 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
     Ok(())
 }
 
-/// SIGTERM (then SIGKILL) every process that mentions `dir`: the trial's server, agents,
-/// daemons and tasks.
-fn stop_everything_in(dir: &std::path::Path) {
-    let needle = dir.display().to_string();
-    let find = || -> Vec<i32> {
-        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
-                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-                let hit = String::from_utf8_lossy(&cmd).contains(&needle)
-                    || String::from_utf8_lossy(&env).contains(&needle);
-                (hit && pid != std::process::id() as i32).then_some(pid)
-            })
-            .collect()
-    };
-    for (signal, wait_ms) in [("-TERM", 15_000u64), ("-KILL", 2_000)] {
-        for pid in find() {
-            let _ = std::process::Command::new("kill")
-                .args([signal, &pid.to_string()])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-        let mut waited = 0;
-        while waited < wait_ms && !find().is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            waited += 100;
-        }
-    }
-}
-
 async fn recovery_trial(
     b: &RecoveryBench,
     mps: &std::path::Path,
     dir: &std::path::Path,
 ) -> Result<(f64, f64, f64)> {
     use mpsfleet_types::*;
-    use std::io::BufRead;
     std::fs::create_dir_all(dir)?;
     // A control binary that refuses the one pipe directory named in `broken` (once that file
     // exists): the killed daemon cannot come back, every other daemon and probe is untouched.
@@ -126,56 +96,44 @@ async fn recovery_trial(
     )?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-    let agent_args = format!(
-        "--emulate-gpus H200:143771:2 --mps-control {} --heartbeat-ms 200 --stop-tasks-on-exit",
-        wrapper.display()
+    let mut agent_args = format!(
+        "--emulate-gpus H200:143771:2 --mps-control {} --heartbeat-ms 200 --stop-tasks-on-exit --runtime {}",
+        wrapper.display(),
+        b.runtime
     );
-    let data = dir.join("server");
-    let mut server = std::process::Command::new(std::env::current_exe()?)
-        .args(["server", "--listen", "127.0.0.1:0", "--local-agent-args", &agent_args, "--data-dir"])
-        .arg(&data)
-        .env("MPSFLEET_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let stdout = server.stdout.take().ok_or_else(|| anyhow::anyhow!("no server output"))?;
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let url = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string))
-        .ok_or_else(|| anyhow::anyhow!("the server did not start"))?;
-    // Keep reading what else the server prints, so that it never writes into a closed pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    let token = std::fs::read_to_string(data.join("admin.token"))?.trim().to_string();
-    let admin = mpsfleet_client::Client::new(&url, Some(token))?;
+    let mut container = serde_json::json!({"name": "main", "command": ["sleep", "3600"], "stopTimeout": 2,
+        "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 4096}}}]});
+    if let (true, Some(image)) = (b.runtime == "docker", &b.image) {
+        agent_args.push_str(" --image-pull-behavior prefer-cached");
+        container["image"] = image.clone().into();
+    }
     let mut health = HealthPolicy::default();
     if let Some(t) = b.toleration_ms {
         health.toleration_ms = t;
     }
-    admin
-        .create_pool(&CreatePool {
-            name: "bench".into(),
-            mode: Some(OwnershipMode::Managed),
-            health_policy: Some(health),
-            provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: b.hosts }),
-            ..Default::default()
-        })
-        .await?;
+    let fleet = Fleet::start(dir, &agent_args, "bench", b.hosts, health).await?;
+    let result = recovery_measure(&fleet, b, &broken, container).await;
+    if b.runtime == "docker" {
+        stop_everything_in(dir);
+        fleet.remove_containers().await?;
+    }
+    let mut server = fleet.server;
+    let _ = server.kill();
+    let _ = server.wait();
+    result
+}
+
+async fn recovery_measure(
+    fleet: &Fleet,
+    b: &RecoveryBench,
+    broken: &std::path::Path,
+    container: serde_json::Value,
+) -> Result<(f64, f64, f64)> {
+    use mpsfleet_types::*;
+    let (admin, data) = (&fleet.admin, &fleet.data);
     let wait = |what: &'static str| anyhow::anyhow!("timed out waiting for {what}");
     let deadline = |s| tokio::time::Instant::now() + std::time::Duration::from_secs(s);
-    let until = deadline(120);
-    loop {
-        let hs = admin.list_hosts(None).await?;
-        if hs.iter().filter(|h| h.status == HostStatus::Active && h.health_status == HealthStatus::Ok).count()
-            == b.hosts as usize
-        {
-            break;
-        }
-        anyhow::ensure!(tokio::time::Instant::now() < until, wait("the hosts"));
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main", "command": ["sleep", "3600"],
-        "stopTimeout": 2, "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 4096}}}]}]});
+    let td = serde_json::json!({"family": "bench", "containerDefinitions": [container]});
     admin.register_taskdef(td.to_string().into_bytes()).await?;
     let replicas = 2 * b.hosts;
     admin
@@ -212,7 +170,7 @@ async fn recovery_trial(
     let (Some(pid), Some(pipe_dir)) = (daemon["pid"].as_u64(), daemon["pipe_dir"].as_str()) else {
         anyhow::bail!("no pid or pipe_dir in {}", record.display());
     };
-    std::fs::write(&broken, pipe_dir)?;
+    std::fs::write(broken, pipe_dir)?;
     let killed_at = epoch_ms();
     std::process::Command::new("kill").args(["-9", &pid.to_string()]).status()?;
     let until = deadline(60);
@@ -243,8 +201,5 @@ async fn recovery_trial(
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     let since = |step| incident.first(step).map_or(f64::NAN, |t| t.saturating_sub(killed_at) as f64 / 1000.0);
-    let result = (since(Step::Detected), since(Step::Decided), since(Step::TasksRunningAgain));
-    let _ = server.kill();
-    let _ = server.wait();
-    Ok(result)
+    Ok((since(Step::Detected), since(Step::Decided), since(Step::TasksRunningAgain)))
 }
