@@ -89,26 +89,29 @@ impl Fleet {
         }
     }
 
-    /// The Docker containers of this fleet's hosts, removed (a trial leaves none behind).
-    pub async fn remove_containers(&self) -> Result<usize> {
-        let hosts: Vec<String> =
-            self.admin.list_hosts(None).await?.into_iter().map(|h| h.id.to_string()).collect();
-        let scratch = self.data.join("bench-docker");
-        let handle = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || -> Result<usize> {
-            let mut removed = 0;
-            for host in hosts {
-                let cfg = mpsfleet_agent::docker::DockerConfig::new(host, scratch.clone());
-                let rt = mpsfleet_agent::docker::DockerRuntime::connect(cfg, handle.clone())?;
-                for c in rt.list_ours()? {
-                    rt.remove(&c.task_id, &c.container)?;
-                    removed += 1;
-                }
-            }
-            Ok(removed)
-        })
-        .await?
+    /// The ids of every host the fleet has had.
+    pub async fn host_ids(&self) -> Result<Vec<String>> {
+        Ok(self.admin.list_hosts(None).await?.into_iter().map(|h| h.id.to_string()).collect())
     }
+}
+
+/// Removes every Docker container of these hosts (a trial leaves none behind); works after
+/// the fleet is gone.
+pub async fn remove_containers(hosts: Vec<String>, scratch: PathBuf) -> Result<usize> {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || -> Result<usize> {
+        let mut removed = 0;
+        for host in hosts {
+            let cfg = mpsfleet_agent::docker::DockerConfig::new(host, scratch.clone());
+            let rt = mpsfleet_agent::docker::DockerRuntime::connect(cfg, handle.clone())?;
+            for c in rt.list_ours()? {
+                rt.remove(&c.task_id, &c.container)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    })
+    .await?
 }
 
 /// SIGTERM (then SIGKILL) every process that mentions `dir`: a trial's server, agents,

@@ -1,6 +1,6 @@
 //! `mpsfleet bench recovery`: time from killing an MPS daemon for good to its tasks running elsewhere.
 
-use super::fleet::{median, stop_everything_in, Fleet};
+use super::fleet::{median, remove_containers, stop_everything_in, Fleet};
 use anyhow::Result;
 use clap::Args;
 
@@ -114,8 +114,9 @@ async fn recovery_trial(
     let fleet = Fleet::start(dir, &agent_args, "bench", b.hosts, health).await?;
     let result = recovery_measure(&fleet, b, &broken, container).await;
     if b.runtime == "docker" {
+        let hosts = fleet.host_ids().await?;
         stop_everything_in(dir);
-        fleet.remove_containers().await?;
+        remove_containers(hosts, dir.join("docker")).await?;
     }
     let mut server = fleet.server;
     let _ = server.kill();

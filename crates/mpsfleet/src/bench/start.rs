@@ -2,7 +2,7 @@
 //! on a local host, and, with `--runtime docker`, the same image started by `docker run` in the
 //! same run, sample for sample, as the baseline.
 
-use super::fleet::{quantile_f, stop_everything_in, Fleet};
+use super::fleet::{quantile_f, remove_containers, stop_everything_in, Fleet};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::time::Duration;
@@ -99,7 +99,8 @@ async fn run(b: &StartBench, dir: &std::path::Path) -> Result<(Vec<f64>, Option<
     }
     .await;
     if docker {
-        fleet.remove_containers().await?;
+        let hosts = fleet.host_ids().await?;
+        remove_containers(hosts, dir.join("docker")).await?;
     }
     let mut server = fleet.server;
     let _ = server.kill();
