@@ -79,3 +79,83 @@ async fn a_cuda_program_cannot_allocate_past_its_declared_memory() {
     println!("task {id}: {:?}; output: {out}", done.stopped_reason);
     assert!(out.contains("over_limit=fail under_limit=ok"), "{out}");
 }
+
+/// GPU-only: an MPS container on a real GPU gets that GPU by UUID (through the NVIDIA runtime
+/// or a device request, whichever the engine has), its daemon's pipe directory mounted at the
+/// same path, and the MPS limits in its environment; inside it the daemon's control socket is
+/// there. Skipped, with the reason printed, where there is no NVIDIA GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_container_gets_its_gpu_by_uuid_and_its_daemons_pipe_directory() {
+    if let Err(e) = mpsfleet_agent::discovery::nvml() {
+        println!("skipped: no NVIDIA GPU on this machine ({e})");
+        return;
+    }
+    let docker = docker_env();
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let mps_arg = mps.display().to_string();
+    // NVML finds the real GPUs (declared ones are used only where it finds none).
+    let _agent = Agent::start_docker(
+        &server,
+        &dir.path().join("a"),
+        "gpu",
+        "gpu-docker",
+        &docker,
+        &["--mps-control", &mps_arg],
+    );
+    let command = "echo pipe=$CUDA_MPS_PIPE_DIRECTORY limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT \
+                   pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; ls $CUDA_MPS_PIPE_DIRECTORY; sleep 600";
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "mpsc",
+            "containerDefinitions": [{"name": "main", "image": docker.image, "entryPoint": ["sh", "-c"],
+                "command": [command],
+                "resourceRequirements": [{"type": "GPU",
+                    "sharingStrategy": {"nvidiaMps": {"memory": 2048, "maxComputePercent": 40}}}]}]
+        })))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(120), "an ACTIVE docker host", || async {
+        admin.list_hosts(None).await.ok().filter(|h| {
+            h.iter()
+                .any(|h| h.status == HostStatus::Active && h.runtime == RuntimeKind::Docker && !h.emulated)
+        })
+    })
+    .await;
+    let t = admin
+        .run_task(&RunTask { task_definition: "mpsc".into(), count: 1, pool: "gpu".into() })
+        .await
+        .unwrap();
+    let id = t.tasks[0].id.to_string();
+    let running = eventually(Duration::from_secs(180), "the MPS container to run", || async {
+        admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Running)
+    })
+    .await;
+    let uuid = running.gpu_ids[0].to_string();
+    let cid = running.containers[0].runtime_id.clone().expect("a container id");
+    let runtime = docker.inspect(&cid, "{{.HostConfig.Runtime}}").unwrap_or_default();
+    let env = docker.inspect(&cid, "{{json .Config.Env}}").unwrap_or_default();
+    let requests = docker.inspect(&cid, "{{json .HostConfig.DeviceRequests}}").unwrap_or_default();
+    let binds = docker.inspect(&cid, "{{json .HostConfig.Binds}}").unwrap_or_default();
+    println!("runtime={runtime} env={env} device_requests={requests} binds={binds}");
+    if runtime == "nvidia" {
+        assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")), "{env}");
+    } else {
+        assert!(requests.contains(&uuid) && requests.contains("gpu"), "{requests}");
+    }
+    let out = eventually(Duration::from_secs(30), "the container's output", || async {
+        let logs =
+            admin.task_logs(&id, None, mpsfleet_types::logs::LogStreams::Stdout, 4096, None).await.ok()?;
+        let text = logs.output();
+        text.contains("control").then_some(text)
+    })
+    .await;
+    assert!(out.contains("limit=0=2048M") && out.contains("pct=40"), "{out}");
+    let pipe = out.split("pipe=").nth(1).and_then(|s| s.split_whitespace().next()).unwrap_or("").to_string();
+    assert!(!pipe.is_empty() && binds.contains(&format!("{pipe}:{pipe}")), "pipe {pipe}, binds {binds}");
+    admin.stop_task(&id, None).await.unwrap();
+    docker.remove_containers_of_host(running.host_id.as_ref().map_or("", |h| h.as_str()));
+}
