@@ -1,7 +1,13 @@
 //! The processes of this machine as `/proc` shows them: is a pid still the process that was
 //! recorded, which session and process group it is in, and whether its command line or
 //! environment names a path. The agent uses it to adopt its tasks; the server's `local`
-//! capacity provider to find and end everything a local host ran.
+//! capacity provider to find and end everything a local host ran. [`child`] runs one child
+//! process under a hard timeout, for the agent (MPS control commands, exec probes) and the
+//! server (exec provider commands) alike.
+
+pub mod child;
+
+pub use child::{ChildError, Limits, Outcome};
 
 use std::ffi::OsStr;
 use std::fs;
