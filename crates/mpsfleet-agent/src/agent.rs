@@ -124,6 +124,10 @@ struct Identity {
     /// What the server presents when it fetches logs from this agent.
     agent_token: String,
     server: String,
+    /// The runtime the host registered with; it stays the host's runtime across restarts.
+    /// Identities written before containers existed are process hosts.
+    #[serde(default)]
+    runtime: RuntimeKind,
 }
 
 const IDENTITY_FILE: &str = "identity.json";
@@ -151,7 +155,28 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     std::fs::create_dir_all(&cfg.data_dir).map_err(io("cannot create the data dir", &cfg.data_dir))?;
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
     let client = Client::new(&cfg.server, None)?;
-    let engine_version = choose_runtime(&cfg).await?;
+    let engine_version = match registered_runtime(&cfg) {
+        // A host keeps the runtime it registered with: the server places by it. A Docker host
+        // whose engine does not answer now is impaired (CONTAINER_RUNTIME), not a process host.
+        Some(RuntimeKind::Docker) => Some(match choose_runtime_docker(&cfg).await {
+            Ok(v) => v,
+            Err(why) => {
+                tracing::warn!(error = %why, "registered with Docker, which does not answer: the CONTAINER_RUNTIME check says so until it does");
+                "unknown".into()
+            }
+        }),
+        Some(RuntimeKind::Process) => {
+            if cfg.runtime == RuntimeChoice::Docker {
+                tracing::warn!("this host registered as a process host and stays one; --runtime docker takes effect for a new data dir");
+            }
+            tracing::info!(
+                runtime = "process",
+                "tasks run as processes (the runtime this host registered with)"
+            );
+            None
+        }
+        None => choose_runtime(&cfg).await?,
+    };
     let identity = identity(&cfg, &client, &found, &engine_version).await?;
     let agent = client.with_token(identity.credential.clone());
     tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
@@ -333,6 +358,7 @@ async fn identity(
         credential: resp.credential,
         agent_token: resp.agent_token,
         server: cfg.server.clone(),
+        runtime: reg.runtime,
     };
     let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
     write_atomic(&path, &bytes).map_err(io("cannot write the host identity", &path))?;
@@ -455,6 +481,20 @@ async fn heartbeat_loop(
     }
 }
 
+/// The runtime recorded in the data dir's identity, if the host is registered already.
+fn registered_runtime(cfg: &AgentConfig) -> Option<RuntimeKind> {
+    let bytes = std::fs::read(cfg.data_dir.join(IDENTITY_FILE)).ok()?;
+    serde_json::from_slice::<Identity>(&bytes).ok().map(|i| i.runtime)
+}
+
+/// Docker Engine's version, when it answers within 3 s.
+async fn choose_runtime_docker(cfg: &AgentConfig) -> Result<String, String> {
+    let rt = connect_docker(cfg, None).map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+}
+
 /// Picks the task runtime: `Some(engine version)` for Docker, None for processes. `auto` takes
 /// Docker when its socket answers within 3 s and says which it chose either way.
 async fn choose_runtime(cfg: &AgentConfig) -> Result<Option<String>, AgentError> {
@@ -463,14 +503,7 @@ async fn choose_runtime(cfg: &AgentConfig) -> Result<Option<String>, AgentError>
         return Ok(None);
     }
     let socket = cfg.docker.socket.clone();
-    let probe = match connect_docker(cfg, None) {
-        Ok(rt) => {
-            tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()))
-        }
-        Err(e) => Err(e.to_string()),
-    };
+    let probe = choose_runtime_docker(cfg).await;
     match (cfg.runtime, probe) {
         (_, Ok(version)) => {
             tracing::info!(runtime = "docker", socket = %socket.display(), version = %version, "tasks run as containers on Docker Engine");
