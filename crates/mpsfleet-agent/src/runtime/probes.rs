@@ -20,19 +20,18 @@
 
 use super::identity::ExecContext;
 use mpsfleet_core::clock::Clock;
+use mpsfleet_proc::child::{self, ChildError, Limits, Outcome};
 use mpsfleet_types::taskdef::{ContainerDefinition, HealthCheck};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// How often a running exec probe is checked for having exited.
-const EXEC_POLL: Duration = Duration::from_millis(10);
+/// How long an exec probe's output pipes may stay open after its process group is gone.
+const EXEC_DRAIN_GRACE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProbeKind {
@@ -371,58 +370,37 @@ fn describe(d: Duration) -> String {
     }
 }
 
-fn run_exec(argv: &[String], timeout: Duration, ctx: &ExecContext, clock: &dyn Clock) -> ProbeResult {
+/// The timeout of an exec probe is a hard one on a real process, so it follows the real
+/// monotonic clock (inside [`mpsfleet_proc::child::run`]), not `_clock`.
+fn run_exec(argv: &[String], timeout: Duration, ctx: &ExecContext, _clock: &dyn Clock) -> ProbeResult {
     let Some((prog, args)) = argv.split_first() else {
         return ProbeResult::Failure("the probe command is empty".into());
     };
     let mut cmd = Command::new(prog);
-    cmd.args(args)
-        .env_clear()
-        .envs(ctx.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .current_dir("/")
-        .process_group(0);
+    cmd.args(args).env_clear().envs(ctx.env.iter().map(|(k, v)| (k, v))).current_dir("/");
     if let Some(user) = &ctx.user {
         cmd.uid(user.uid).gid(user.gid);
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return ProbeResult::Failure(format!("no such file or directory: {prog}"))
+    // What the probe prints is read and dropped.
+    let limits = Limits { timeout, max_output: 0, drain_grace: EXEC_DRAIN_GRACE };
+    match child::run(cmd, None, limits) {
+        Ok(Outcome { status: None, .. }) => {
+            ProbeResult::Failure(format!("{prog} timed out after {}", describe(timeout)))
         }
-        Err(e) => return ProbeResult::Failure(format!("cannot run {prog}: {e}")),
-    };
-    let deadline = clock.now_ms().saturating_add(timeout.as_millis() as u64);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                return match (status.code(), status.signal()) {
-                    (Some(0), _) => ProbeResult::Success,
-                    (Some(code), _) => ProbeResult::Failure(format!("{prog} exited with status {code}")),
-                    (None, Some(sig)) => ProbeResult::Failure(format!("{prog} was killed by signal {sig}")),
-                    (None, None) => ProbeResult::Failure(format!("{prog} ended with an unknown status")),
-                };
-            }
-            Ok(None) => {}
-            Err(e) => {
-                kill_tree(&mut child);
-                return ProbeResult::Failure(format!("cannot wait for {prog}: {e}"));
-            }
+        Ok(Outcome { status: Some(status), .. }) => match (status.code(), status.signal()) {
+            (Some(0), _) => ProbeResult::Success,
+            (Some(code), _) => ProbeResult::Failure(format!("{prog} exited with status {code}")),
+            (None, Some(sig)) => ProbeResult::Failure(format!("{prog} was killed by signal {sig}")),
+            (None, None) => ProbeResult::Failure(format!("{prog} ended with an unknown status")),
+        },
+        Err(ChildError::Spawn { source }) if source.kind() == io::ErrorKind::NotFound => {
+            ProbeResult::Failure(format!("no such file or directory: {prog}"))
         }
-        if clock.now_ms() >= deadline {
-            kill_tree(&mut child);
-            return ProbeResult::Failure(format!("{prog} timed out after {}", describe(timeout)));
+        Err(ChildError::Spawn { source }) => ProbeResult::Failure(format!("cannot run {prog}: {source}")),
+        Err(ChildError::Thread { source } | ChildError::Wait { source, .. }) => {
+            ProbeResult::Failure(format!("cannot wait for {prog}: {source}"))
         }
-        thread::sleep(EXEC_POLL);
     }
-}
-
-fn kill_tree(child: &mut std::process::Child) {
-    let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {

@@ -4,14 +4,13 @@
 //! timeout after which the whole group is killed.
 
 use super::{CapacityProvider, LaunchRequest, LaunchedHost, ProviderError, ProviderHostState, ProviderOp};
+use mpsfleet_proc::child::{self, ChildError, Limits};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// How long a provider command may run when the configuration does not say.
@@ -257,60 +256,23 @@ impl ExecProvider {
         if let Some(dir) = &self.config.dir {
             cmd.current_dir(dir);
         }
-        // Its own process group, so that a timeout kills everything the command started.
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
         tracing::debug!(host.name = name, op = op.as_str(), command, "running provider command");
-        let mut child = cmd.spawn().map_err(|source| ProviderError::Spawn {
-            op,
-            name: name.to_string(),
-            command: command.clone(),
-            source,
-        })?;
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-
-        // Every pipe has its own thread, so that a command that neither reads its input nor
-        // stops writing cannot block the timeout.
-        let stdin = child.stdin.take();
-        std::thread::spawn(move || {
-            if let Some(mut stdin) = stdin {
-                // A command that exits without reading its input is not an error here.
-                let _ = stdin.write_all(&input);
-            }
-        });
-        let (drained_tx, drained_rx) = mpsc::channel();
-        let stdout = capture(child.stdout.take(), drained_tx.clone());
-        let stderr = capture(child.stderr.take(), drained_tx);
-        let (exit_tx, exit_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = exit_tx.send(child.wait());
-        });
-
-        let exited = exit_rx.recv_timeout(self.config.timeout);
-        {
-            use nix::sys::signal::{kill, killpg, Signal};
-            if exited.is_err() {
-                // Not reaped yet, so the pid is still this command's.
-                let _ = kill(pid, Signal::SIGKILL);
-            }
-            // Whether it finished or not, nothing it started in its group outlives it.
-            let _ = killpg(pid, Signal::SIGKILL);
-        }
-        let exited = match exited {
-            Ok(status) => Some(status),
-            Err(_) => {
-                let _ = exit_rx.recv();
-                None
-            }
-        };
-        for _ in 0..2 {
-            if drained_rx.recv_timeout(DRAIN_GRACE).is_err() {
-                break;
-            }
-        }
-        let (stdout, stderr) = (take(&stdout), take(&stderr));
-
+        // In its own process group, so that a timeout kills everything the command started;
+        // every pipe is served while it runs, so that a command that neither reads its input
+        // nor stops writing cannot block the timeout.
+        let limits =
+            Limits { timeout: self.config.timeout, max_output: CAPTURE_LIMIT, drain_grace: DRAIN_GRACE };
         let name = name.to_string();
-        match exited {
+        let outcome = match child::run(cmd, Some(input), limits) {
+            Ok(outcome) => outcome,
+            Err(
+                ChildError::Spawn { source }
+                | ChildError::Thread { source }
+                | ChildError::Wait { source, .. },
+            ) => return Err(ProviderError::Spawn { op, name, command, source }),
+        };
+        let (stdout, stderr) = (outcome.stdout.bytes, outcome.stderr.bytes);
+        match outcome.status {
             None => Err(ProviderError::TimedOut {
                 op,
                 name,
@@ -318,11 +280,10 @@ impl ExecProvider {
                 timeout: self.config.timeout,
                 stderr: show_stderr(&stderr),
             }),
-            Some(Err(source)) => Err(ProviderError::Spawn { op, name, command, source }),
-            Some(Ok(status)) if !status.success() => {
+            Some(status) if !status.success() => {
                 Err(ProviderError::Failed { op, name, command, status, stderr: show_stderr(&stderr) })
             }
-            Some(Ok(_)) => Ok(Captured { command, stdout, stderr }),
+            Some(_) => Ok(Captured { command, stdout, stderr }),
         }
     }
 
@@ -435,36 +396,6 @@ fn bad_output(op: ProviderOp, name: &str, out: &Captured, reason: String) -> Pro
         stdout: head(&out.stdout, STDOUT_SHOWN),
         stderr: show_stderr(&out.stderr),
     }
-}
-
-/// Reads `pipe` to its end on a thread, keeping the first [`CAPTURE_LIMIT`] bytes; says so on
-/// `drained` when the pipe closes.
-fn capture(pipe: Option<impl Read + Send + 'static>, drained: mpsc::Sender<()>) -> Arc<Mutex<Vec<u8>>> {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&buf);
-    std::thread::spawn(move || {
-        if let Some(mut pipe) = pipe {
-            let mut chunk = [0u8; 8192];
-            loop {
-                match pipe.read(&mut chunk) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        let mut kept = sink.lock().unwrap_or_else(|p| p.into_inner());
-                        let room = CAPTURE_LIMIT.saturating_sub(kept.len());
-                        kept.extend_from_slice(&chunk[..n.min(room)]);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-        }
-        let _ = drained.send(());
-    });
-    buf
-}
-
-fn take(buf: &Mutex<Vec<u8>>) -> Vec<u8> {
-    std::mem::take(&mut *buf.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// The end of stderr, where the reason usually is, trimmed to [`STDERR_SHOWN`] bytes.
