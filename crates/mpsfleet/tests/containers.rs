@@ -549,7 +549,6 @@ async fn agent_kill9_and_restart_adopts_running_containers_and_reports_exits() {
         let left = f.task_in(&leaves.id, TaskStatus::Stopped).await;
         assert_eq!(left.stop_code, Some(StopCode::EssentialContainerExited), "{left:?}\n{}", f.logs());
         assert_eq!(report(&left).exit_code, Some(3), "{left:?}");
-        assert_eq!(runtime_id(&left), leaves_id);
 
         tokio::time::sleep(Duration::from_secs(2)).await;
         let still = f.admin.describe_task(&stays.id.to_string()).await.unwrap();
@@ -570,6 +569,16 @@ async fn agent_kill9_and_restart_adopts_running_containers_and_reports_exits() {
         let stopped = f.task_in(&stays.id, TaskStatus::Stopped).await;
         assert_eq!(stopped.stop_code, Some(StopCode::UserInitiated));
         assert_eq!(f.docker.inspect(&stays_id, "{{.State.Running}}").as_deref(), Some("false"));
+
+        // Known product gap (crates/mpsfleet-agent/src/tasks.rs, `State::load`, the
+        // `Adopted::Ended` arm): the report of a container that exited while the agent was
+        // down is rebuilt from the name and image only, so it loses the container's runtime id
+        // although the container is still there.
+        assert_eq!(
+            report(&left).runtime_id.as_deref(),
+            Some(leaves_id.as_str()),
+            "the exited container's report lost its runtime id: {left:?}"
+        );
     })
     .await;
 }
