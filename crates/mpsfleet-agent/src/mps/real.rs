@@ -1,6 +1,8 @@
 //! The real [`MpsControl`]: runs `nvidia-cuda-mps-control -f` as a child of the agent in its own
 //! process group (so its exit is seen at once) and talks to it by running the same binary in
-//! client mode, every command under a hard timeout.
+//! client mode, every command under a hard timeout ([`mpsfleet_proc::child::run`]). A daemon
+//! that an earlier agent left running is adopted through its [`DaemonRecord`] and then driven
+//! by the same [`RealDaemon`] code as one started here.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -16,6 +18,11 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+
+// Hard timeouts on real child processes follow the real monotonic clock (a paused test clock
+// or the simulator's clock must never stretch them); everything that is health logic reads
+// time through the Clock.
+use mpsfleet_proc::child::{self, monotonic_now, ChildError, Limits};
 
 use super::log::ControlLogWatcher;
 use super::{DaemonConfig, ExitInfo, LogEvent, MpsControl, MpsDaemon, MpsError};
@@ -34,13 +41,11 @@ const POLL: Duration = Duration::from_millis(10);
 /// How long `stop` of an adopted daemon waits for it to vanish after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// Hard timeouts on real child processes must follow the real monotonic clock (a paused test
-/// clock or the simulator's clock must never stretch them), so this is the one place in the
-/// MPS code that reads it; everything that is health logic reads time through the Clock.
-#[allow(clippy::disallowed_methods)]
-fn monotonic_now() -> std::time::Instant {
-    std::time::Instant::now()
-}
+/// At most this much of a control command's stdout and of its stderr is kept (every command
+/// prints far less; the rest is read and dropped, so a chatty one cannot stall).
+const MAX_CONTROL_OUTPUT: usize = 1 << 20;
+/// How long a control client's output pipes may stay open once it has ended.
+const CONTROL_DRAIN_GRACE: Duration = Duration::from_millis(200);
 
 /// Drives the real `nvidia-cuda-mps-control`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -52,7 +57,7 @@ impl MpsControl for RealMps {
     }
 
     fn adopt(&self, cfg: &DaemonConfig) -> Result<Option<Box<dyn MpsDaemon>>, MpsError> {
-        Ok(AdoptedDaemon::adopt(cfg)?.map(|d| Box::new(d) as Box<dyn MpsDaemon>))
+        Ok(RealDaemon::adopt(cfg)?.map(|d| Box::new(d) as Box<dyn MpsDaemon>))
     }
 
     fn quit_existing(&self, cfg: &DaemonConfig) -> Result<bool, MpsError> {
@@ -78,58 +83,31 @@ impl MpsControl for RealMps {
 }
 
 /// Runs one control command in client mode: the command on stdin, the answer on stdout, all
-/// within `cfg.probe_timeout`; on timeout the client is killed and reaped.
-///
-/// Output is read once the client has ended, so it must fit in a pipe buffer (64 KiB); every
-/// control command prints far less.
+/// within `cfg.probe_timeout`; on timeout the client is killed (with its process group) and
+/// reaped. Both output pipes are read while the client runs, so an answer of any size arrives.
 pub fn run_control(cfg: &DaemonConfig, command: &str) -> Result<String, MpsError> {
     run_control_within(cfg, command, cfg.probe_timeout)
 }
 
 /// [`run_control`] with `timeout` instead of `cfg.probe_timeout`.
 pub fn run_control_within(cfg: &DaemonConfig, command: &str, timeout: Duration) -> Result<String, MpsError> {
-    let mut child = Command::new(&cfg.control_bin)
-        .env(PIPE_ENV, &cfg.pipe_dir)
-        .env(LOG_ENV, &cfg.log_dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| MpsError::Spawn { bin: cfg.control_bin.clone(), source })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A client that already ended makes this fail with EPIPE; its status tells the story.
-        let _ = stdin.write_all(format!("{command}\n").as_bytes());
-    }
-    let started = monotonic_now();
-    let mut pause = Duration::from_millis(1);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(MpsError::Timeout { command: command.to_string(), timeout });
+    let mut client = Command::new(&cfg.control_bin);
+    client.env(PIPE_ENV, &cfg.pipe_dir).env(LOG_ENV, &cfg.log_dir);
+    let limits = Limits { timeout, max_output: MAX_CONTROL_OUTPUT, drain_grace: CONTROL_DRAIN_GRACE };
+    let outcome =
+        child::run(client, Some(format!("{command}\n").into_bytes()), limits).map_err(|e| match e {
+            ChildError::Spawn { source } => MpsError::Spawn { bin: cfg.control_bin.clone(), source },
+            ChildError::Thread { source } | ChildError::Wait { source, .. } => {
+                MpsError::Io { path: cfg.control_bin.clone(), source }
             }
-            Ok(None) => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(POLL);
-            }
-            Err(source) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(MpsError::Io { path: cfg.control_bin.clone(), source });
-            }
-        }
+        })?;
+    let Some(status) = outcome.status else {
+        return Err(MpsError::Timeout { command: command.to_string(), timeout });
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        let _ = out.read_to_string(&mut stdout);
+    if outcome.stdout.dropped > 0 {
+        tracing::warn!(command, dropped = outcome.stdout.dropped, "mps control output cut short");
     }
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut stderr);
-    }
-    classify(cfg, command, status, stdout.trim(), stderr.trim())
+    classify(cfg, command, status, outcome.stdout.text().trim(), outcome.stderr.text().trim())
 }
 
 fn classify(
@@ -389,27 +367,49 @@ impl CommandTimeout {
     }
 }
 
-struct Inner {
-    /// `None` once reaped, or once detached.
-    child: Option<Child>,
-    exit: Option<ExitInfo>,
-    /// Start time of the child, for removing only its own record.
-    start_time: Option<u64>,
+/// How this agent holds a daemon's process.
+#[derive(Debug)]
+enum Leader {
+    /// Started here: a child of this process, left unreaped until it is stopped, so that its
+    /// end is seen at once (`waitid(WNOWAIT)`) and its pid and group id stay its own.
+    Child(Child),
+    /// Started by an earlier agent and adopted (see [`DaemonRecord`]): not a child of this
+    /// process, so its end is seen in `/proc/PID` (same start time, not a zombie) and reported
+    /// as [`ExitInfo::Vanished`]. Its output still goes to `control.log`: it inherited the file.
+    Adopted,
 }
 
-/// A control daemon started by [`RealMps`].
+struct Inner {
+    /// `None` once stopped (and reaped, if a child), or once detached.
+    leader: Option<Leader>,
+    exit: Option<ExitInfo>,
+}
+
+/// A control daemon driven by [`RealMps`]: one it started ([`RealDaemon::start`]) or one an
+/// earlier agent left running and it adopted ([`RealDaemon::adopt`]). Both are probed,
+/// configured, watched and stopped by the same code; only how the end of the process is seen,
+/// how its group is signalled and how it is reaped depend on the [`Leader`].
 pub struct RealDaemon {
     cfg: DaemonConfig,
     /// Starts as `cfg.probe_timeout`.
     timeout: CommandTimeout,
+    /// It leads its own process group, so this is also its group id.
     pid: u32,
+    /// Start time of the process (field 22 of `/proc/PID/stat`): for telling it from a process
+    /// that reuses its pid, and for removing only its own record.
+    start_time: Option<u64>,
     inner: Mutex<Inner>,
     log: Mutex<ControlLogWatcher>,
 }
 
 impl std::fmt::Debug for RealDaemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RealDaemon").field("pid", &self.pid).field("pipe_dir", &self.cfg.pipe_dir).finish()
+        let adopted = matches!(lock(&self.inner).leader, Some(Leader::Adopted));
+        f.debug_struct("RealDaemon")
+            .field("pid", &self.pid)
+            .field("pipe_dir", &self.cfg.pipe_dir)
+            .field("adopted", &adopted)
+            .finish()
     }
 }
 
@@ -464,11 +464,8 @@ impl RealDaemon {
             cfg: cfg.clone(),
             timeout: CommandTimeout::new(cfg.probe_timeout),
             pid,
-            inner: Mutex::new(Inner {
-                child: Some(child),
-                exit: None,
-                start_time: record.as_ref().map(|r| r.start_time),
-            }),
+            start_time: record.as_ref().map(|r| r.start_time),
+            inner: Mutex::new(Inner { leader: Some(Leader::Child(child)), exit: None }),
             log: Mutex::new(ControlLogWatcher::from_end(&log_path)),
         };
         tracing::debug!(pid = daemon.pid, pipe_dir = %cfg.pipe_dir.display(), "started mps control daemon");
@@ -541,150 +538,12 @@ impl RealDaemon {
         Ok(())
     }
 
-    /// Kills the process group and reaps, without asking the daemon to quit.
-    fn kill_now(&self) {
-        let mut inner = lock(&self.inner);
-        if let Some(mut child) = inner.child.take() {
-            let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
-            if let Ok(status) = child.wait() {
-                inner.exit.get_or_insert(exit_info(status));
-            }
-            DaemonRecord::remove_if_of(&self.cfg.log_dir, self.pid, inner.start_time);
-        }
-    }
-
-    pub fn config(&self) -> &DaemonConfig {
-        &self.cfg
-    }
-
-    /// Stops the daemon: with `ask`, `quit -t` first and a bounded wait; then its process group
-    /// is killed and the leader reaped.
-    fn end(&self, ask: bool) -> Result<(), MpsError> {
-        let mut inner = lock(&self.inner);
-        let Some(mut child) = inner.child.take() else { return Ok(()) };
-        let pgid = Pid::from_raw(self.pid as i32);
-        if ask && peek_exit(self.pid).is_none() {
-            let secs = self.cfg.quit_timeout.as_secs().max(1);
-            match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
-                Ok(_) => {
-                    let started = monotonic_now();
-                    let limit = self.cfg.quit_timeout + Duration::from_secs(1);
-                    while peek_exit(self.pid).is_none() && started.elapsed() < limit {
-                        std::thread::sleep(POLL);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(pid = self.pid, error = %e, "mps daemon did not take quit; killing it")
-                }
-            }
-        }
-        // Whatever is left of the group (servers, a daemon that ignored quit) goes now; the
-        // unreaped leader keeps the group id ours until then.
-        let _ = killpg(pgid, Signal::SIGKILL);
-        let status =
-            child.wait().map_err(|source| MpsError::Io { path: self.cfg.control_bin.clone(), source })?;
-        inner.exit.get_or_insert(exit_info(status));
-        DaemonRecord::remove_if_of(&self.cfg.log_dir, self.pid, inner.start_time);
-        tracing::debug!(pid = self.pid, exit = ?inner.exit, "stopped mps control daemon");
-        Ok(())
-    }
-}
-
-impl MpsDaemon for RealDaemon {
-    fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    fn pipe_dir(&self) -> &Path {
-        &self.cfg.pipe_dir
-    }
-
-    fn control(&self, command: &str) -> Result<String, MpsError> {
-        run_control_within(&self.cfg, command, self.timeout.get())
-    }
-
-    fn set_probe_timeout(&self, timeout: Duration) {
-        self.timeout.set(timeout);
-    }
-
-    fn try_exit(&self) -> Option<ExitInfo> {
-        let mut inner = lock(&self.inner);
-        if inner.exit.is_none() && inner.child.is_some() {
-            inner.exit = peek_exit(self.pid);
-        }
-        inner.exit
-    }
-
-    fn stop(&self) -> Result<(), MpsError> {
-        self.end(true)
-    }
-
-    fn kill(&self) -> Result<(), MpsError> {
-        self.end(false)
-    }
-
-    fn poll_log(&self) -> Vec<LogEvent> {
-        lock(&self.log).poll()
-    }
-
-    fn server_running(&self, pid: u32) -> bool {
-        process_running(pid)
-    }
-
-    fn detach(&self) {
-        let mut inner = lock(&self.inner);
-        if inner.child.take().is_some() {
-            // Dropping the `Child` neither kills nor reaps; the record stays for the next agent.
-            tracing::info!(pid = self.pid, pipe_dir = %self.cfg.pipe_dir.display(), "detached mps control daemon");
-        }
-    }
-}
-
-/// Whether a process runs; a zombie has a /proc entry too, but does not count.
-fn process_running(pid: u32) -> bool {
-    mpsfleet_proc::stat(pid).is_some_and(|s| !s.is_dead())
-}
-
-impl Drop for RealDaemon {
-    /// Never leaves a daemon behind: a handle dropped without `stop` kills its process group.
-    fn drop(&mut self) {
-        self.kill_now();
-    }
-}
-
-struct AdoptedState {
-    exit: Option<ExitInfo>,
-    /// Stopped or detached: nothing more to do, not even on drop.
-    done: bool,
-}
-
-/// A control daemon that an earlier agent started and left running (see [`DaemonRecord`]),
-/// taken over by [`RealMps::adopt`]. It is not a child of this process: its end is seen by
-/// looking at `/proc/PID` (same start time, not a zombie) on every `try_exit`, and reported as
-/// [`ExitInfo::Vanished`]; stopping it kills its process group only after checking that the PID
-/// still belongs to it. Its output still goes to `control.log`: it inherited the file.
-pub struct AdoptedDaemon {
-    cfg: DaemonConfig,
-    /// Starts as `cfg.probe_timeout`.
-    timeout: CommandTimeout,
-    record: DaemonRecord,
-    state: Mutex<AdoptedState>,
-    log: Mutex<ControlLogWatcher>,
-}
-
-impl std::fmt::Debug for AdoptedDaemon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdoptedDaemon").field("record", &self.record).finish()
-    }
-}
-
-impl AdoptedDaemon {
     /// Adopts the daemon recorded in `cfg.log_dir` if it still runs; `Ok(None)` when there is
     /// no record, or a stale one (process gone, PID reused, unreadable record), which is
     /// removed. A recorded daemon on another pipe directory is left alone (`Ok(None)`, with a
     /// warning). Whether it answers is only logged: a hung one is adopted too, for the
     /// supervisor's probes to restart.
-    pub fn adopt(cfg: &DaemonConfig) -> Result<Option<AdoptedDaemon>, MpsError> {
+    pub fn adopt(cfg: &DaemonConfig) -> Result<Option<RealDaemon>, MpsError> {
         cfg.validate()?;
         let record = match DaemonRecord::read(&cfg.log_dir) {
             Ok(Some(record)) => record,
@@ -718,17 +577,18 @@ impl AdoptedDaemon {
                 "adopting an mps daemon started from another binary"
             );
         }
-        let daemon = AdoptedDaemon {
+        let daemon = RealDaemon {
             cfg: cfg.clone(),
             timeout: CommandTimeout::new(cfg.probe_timeout),
+            pid: record.pid,
+            start_time: Some(record.start_time),
+            inner: Mutex::new(Inner { leader: Some(Leader::Adopted), exit: None }),
             log: Mutex::new(ControlLogWatcher::from_end(cfg.log_dir.join("control.log"))),
-            record,
-            state: Mutex::new(AdoptedState { exit: None, done: false }),
         };
         match run_control(cfg, "get_server_list") {
-            Ok(_) => tracing::info!(pid = daemon.record.pid, "adopted running mps control daemon"),
+            Ok(_) => tracing::info!(pid = daemon.pid, "adopted running mps control daemon"),
             Err(e) => tracing::warn!(
-                pid = daemon.record.pid,
+                pid = daemon.pid,
                 error = %e,
                 "adopted running mps control daemon, but it does not answer"
             ),
@@ -736,76 +596,123 @@ impl AdoptedDaemon {
         Ok(Some(daemon))
     }
 
-    /// The identity of the adopted daemon.
-    pub fn record(&self) -> &DaemonRecord {
-        &self.record
-    }
-
     pub fn config(&self) -> &DaemonConfig {
         &self.cfg
     }
 
-    /// SIGKILL to the daemon's process group (its servers too), unless its PID now belongs to
-    /// another process. The group id stays taken while any member lives, so with the leader gone
+    /// Whether this handle adopted the daemon (rather than starting it).
+    pub fn is_adopted(&self) -> bool {
+        matches!(lock(&self.inner).leader, Some(Leader::Adopted))
+    }
+
+    /// Non-blocking and, for a child, non-reaping: how the process ended, once it has.
+    fn exited(&self, leader: &Leader) -> Option<ExitInfo> {
+        match leader {
+            Leader::Child(_) => peek_exit(self.pid),
+            Leader::Adopted => (!self.same_process_runs()).then_some(ExitInfo::Vanished),
+        }
+    }
+
+    /// Whether the pid still names the daemon's process and it has not exited.
+    fn same_process_runs(&self) -> bool {
+        mpsfleet_proc::stat(self.pid)
+            .is_some_and(|s| self.start_time.is_none_or(|t| t == s.start_time) && !s.is_dead())
+    }
+
+    /// SIGKILL to the daemon's process group (its servers too). A child's unreaped leader keeps
+    /// the group id its own. An adopted one is signalled only after checking that its pid still
+    /// belongs to it; the group id stays taken while any member lives, so with the leader gone
     /// entirely the leftover members are still reached.
-    fn kill_group(&self) {
-        let pid = self.record.pid;
-        match mpsfleet_proc::stat(pid) {
-            Some(s) if s.start_time != self.record.start_time => {
-                tracing::warn!(pid, "the adopted mps daemon's pid was reused; not signalling it");
+    fn kill_group(&self, leader: &Leader) {
+        let pid = self.pid;
+        let group = Pid::from_raw(pid as i32);
+        match leader {
+            Leader::Child(_) => {
+                let _ = killpg(group, Signal::SIGKILL);
             }
-            Some(s) if s.pgid != pid => {
-                // Not a group leader (not started by us?): only the process itself.
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            }
-            _ => {
-                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            Leader::Adopted => match mpsfleet_proc::stat(pid) {
+                Some(s) if self.start_time.is_some_and(|t| t != s.start_time) => {
+                    tracing::warn!(pid, "the adopted mps daemon's pid was reused; not signalling it");
+                }
+                Some(s) if s.pgid != pid => {
+                    // Not a group leader (not started by us?): only the process itself.
+                    let _ = nix::sys::signal::kill(group, Signal::SIGKILL);
+                }
+                _ => {
+                    let _ = killpg(group, Signal::SIGKILL);
+                }
+            },
+        }
+    }
+
+    /// After [`Self::kill_group`]: reaps a child; waits (bounded) for an adopted one to vanish.
+    fn reap(&self, leader: Leader) -> Result<ExitInfo, MpsError> {
+        match leader {
+            Leader::Child(mut child) => child
+                .wait()
+                .map(exit_info)
+                .map_err(|source| MpsError::Io { path: self.cfg.control_bin.clone(), source }),
+            Leader::Adopted => {
+                if !self.wait_until_exited(&Leader::Adopted, KILL_WAIT) {
+                    tracing::warn!(pid = self.pid, "adopted mps daemon still runs after SIGKILL");
+                }
+                Ok(ExitInfo::Vanished)
             }
         }
     }
 
-    fn wait_gone(&self, limit: Duration) -> bool {
+    /// Whether the process ended within `limit`.
+    fn wait_until_exited(&self, leader: &Leader, limit: Duration) -> bool {
         let started = monotonic_now();
-        while self.record.alive() {
+        loop {
+            if self.exited(leader).is_some() {
+                return true;
+            }
             if started.elapsed() >= limit {
                 return false;
             }
             std::thread::sleep(POLL);
         }
-        true
     }
 
-    /// Like [`RealDaemon`]'s: `quit -t` first only with `ask`.
-    fn end(&self, ask: bool) -> Result<(), MpsError> {
-        let mut state = lock(&self.state);
-        if state.done {
-            return Ok(());
+    /// Kills the process group and reaps, without asking the daemon to quit.
+    fn kill_now(&self) {
+        if let Err(e) = self.end(false) {
+            tracing::warn!(pid = self.pid, error = %e, "killing the mps control daemon");
         }
-        let pid = self.record.pid;
-        if ask && self.record.alive() {
+    }
+
+    /// Stops the daemon: with `ask`, `quit -t` first and a bounded wait; then its process group
+    /// is killed and the leader reaped (a child) or seen gone (an adopted one), and its record
+    /// removed.
+    fn end(&self, ask: bool) -> Result<(), MpsError> {
+        let mut inner = lock(&self.inner);
+        let Some(leader) = inner.leader.take() else { return Ok(()) };
+        if ask && self.exited(&leader).is_none() {
             let secs = self.cfg.quit_timeout.as_secs().max(1);
             match run_control_within(&self.cfg, &format!("quit -t {secs}"), self.timeout.get()) {
                 Ok(_) => {
-                    self.wait_gone(self.cfg.quit_timeout + Duration::from_secs(1));
+                    self.wait_until_exited(&leader, self.cfg.quit_timeout + Duration::from_secs(1));
                 }
-                Err(e) => tracing::warn!(pid, error = %e, "adopted mps daemon did not take quit; killing it"),
+                Err(e) => {
+                    tracing::warn!(pid = self.pid, error = %e, "mps daemon did not take quit; killing it")
+                }
             }
         }
-        self.kill_group();
-        if !self.wait_gone(KILL_WAIT) {
-            tracing::warn!(pid, "adopted mps daemon still runs after SIGKILL");
-        }
-        state.exit.get_or_insert(ExitInfo::Vanished);
-        state.done = true;
-        DaemonRecord::remove_if_of(&self.cfg.log_dir, pid, Some(self.record.start_time));
-        tracing::debug!(pid, "stopped adopted mps control daemon");
+        // Whatever is left of the group (servers, a daemon that ignored quit) goes now.
+        self.kill_group(&leader);
+        let reaped = self.reap(leader);
+        DaemonRecord::remove_if_of(&self.cfg.log_dir, self.pid, self.start_time);
+        let exit = reaped?;
+        inner.exit.get_or_insert(exit);
+        tracing::debug!(pid = self.pid, exit = ?inner.exit, "stopped mps control daemon");
         Ok(())
     }
 }
 
-impl MpsDaemon for AdoptedDaemon {
+impl MpsDaemon for RealDaemon {
     fn pid(&self) -> u32 {
-        self.record.pid
+        self.pid
     }
 
     fn pipe_dir(&self) -> &Path {
@@ -821,11 +728,13 @@ impl MpsDaemon for AdoptedDaemon {
     }
 
     fn try_exit(&self) -> Option<ExitInfo> {
-        let mut state = lock(&self.state);
-        if state.exit.is_none() && !self.record.alive() {
-            state.exit = Some(ExitInfo::Vanished);
+        let mut inner = lock(&self.inner);
+        if inner.exit.is_none() {
+            if let Some(leader) = &inner.leader {
+                inner.exit = self.exited(leader);
+            }
         }
-        state.exit
+        inner.exit
     }
 
     fn stop(&self) -> Result<(), MpsError> {
@@ -845,18 +754,24 @@ impl MpsDaemon for AdoptedDaemon {
     }
 
     fn detach(&self) {
-        lock(&self.state).done = true;
+        let mut inner = lock(&self.inner);
+        if inner.leader.take().is_some() {
+            // Dropping a `Child` neither kills nor reaps; the record stays for the next agent.
+            tracing::info!(pid = self.pid, pipe_dir = %self.cfg.pipe_dir.display(), "detached mps control daemon");
+        }
     }
 }
 
-impl Drop for AdoptedDaemon {
-    /// Like [`RealDaemon`]: a handle dropped without `stop` (or `detach`) kills the daemon.
+/// Whether a process runs; a zombie has a /proc entry too, but does not count.
+fn process_running(pid: u32) -> bool {
+    mpsfleet_proc::stat(pid).is_some_and(|s| !s.is_dead())
+}
+
+impl Drop for RealDaemon {
+    /// Never leaves a daemon behind: a handle dropped without `stop` (or `detach`) kills its
+    /// process group.
     fn drop(&mut self) {
-        let state = lock(&self.state);
-        if !state.done {
-            self.kill_group();
-            DaemonRecord::remove_if_of(&self.cfg.log_dir, self.record.pid, Some(self.record.start_time));
-        }
+        self.kill_now();
     }
 }
 
@@ -902,19 +817,148 @@ mod tests {
     fn adopt_cleans_stale_and_garbled_records() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = DaemonConfig::new("/nonexistent/nvidia-cuda-mps-control", "/run/mps/0", dir.path());
-        assert!(AdoptedDaemon::adopt(&cfg).unwrap().is_none(), "no record");
+        assert!(RealDaemon::adopt(&cfg).unwrap().is_none(), "no record");
         fs::write(dir.path().join("daemon.json"), "garbage").unwrap();
-        assert!(AdoptedDaemon::adopt(&cfg).unwrap().is_none());
+        assert!(RealDaemon::adopt(&cfg).unwrap().is_none());
         assert!(!dir.path().join("daemon.json").exists(), "garbled record removed");
         let me = DaemonRecord::of_process(std::process::id(), &cfg).unwrap();
         let stale = DaemonRecord { start_time: me.start_time + 1, ..me.clone() };
         stale.write(dir.path()).unwrap();
-        assert!(AdoptedDaemon::adopt(&cfg).unwrap().is_none());
+        assert!(RealDaemon::adopt(&cfg).unwrap().is_none());
         assert!(!dir.path().join("daemon.json").exists(), "stale record removed");
         // A record for another pipe directory is left alone.
         let other = DaemonRecord { pipe_dir: "/run/mps/1".into(), ..me };
         other.write(dir.path()).unwrap();
-        assert!(AdoptedDaemon::adopt(&cfg).unwrap().is_none());
+        assert!(RealDaemon::adopt(&cfg).unwrap().is_none());
         assert!(dir.path().join("daemon.json").exists());
+    }
+
+    /// A stand-in for `nvidia-cuda-mps-control` that speaks just enough of its protocol: `-f`
+    /// runs a "daemon" (a sleep that records its pid in the pipe directory); in client mode
+    /// `get_server_list` answers nothing, `big` answers 200 KiB, `quit ...` ends the daemon.
+    const FAKE_CONTROL: &str = r#"#!/bin/sh
+pidfile="$CUDA_MPS_PIPE_DIRECTORY/fake.pid"
+if [ "$1" = "-f" ]; then echo $$ > "$pidfile"; exec sleep 1000; fi
+read -r cmd
+if [ ! -e "$pidfile" ] || ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+  echo "Cannot find MPS control daemon process"; exit 1
+fi
+case "$cmd" in
+  get_server_list) ;;
+  big) head -c 204800 /dev/zero | tr '\0' 'x'; echo ;;
+  quit*) kill "$(cat "$pidfile")"; rm -f "$pidfile" ;;
+  *) echo "Unknown command $cmd" ;;
+esac
+"#;
+
+    fn fake_cfg(dir: &Path) -> DaemonConfig {
+        let bin = dir.join("fake-mps-control");
+        fs::write(&bin, FAKE_CONTROL).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        // Another test thread may have forked while the file was open for writing ("text file
+        // busy" until that child execs); wait until it can be run.
+        let runs = (0..200).any(|_| {
+            match Command::new(&bin).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()
+            {
+                Ok(_) => true,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    false
+                }
+            }
+        });
+        assert!(runs, "cannot run {}", bin.display());
+        let mut cfg = DaemonConfig::new(bin, dir.join("pipe"), dir.join("log"));
+        cfg.start_timeout = Duration::from_secs(10);
+        cfg.quit_timeout = Duration::from_secs(1);
+        cfg
+    }
+
+    fn ends_soon(pid: u32) -> bool {
+        (0..300).any(|_| {
+            let gone = !process_running(pid);
+            if !gone {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            gone
+        })
+    }
+
+    #[test]
+    fn a_control_answer_larger_than_a_pipe_buffer_does_not_stall() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = fake_cfg(dir.path());
+        let daemon = RealDaemon::start(&cfg).expect("start the fake daemon");
+        let started = monotonic_now();
+        let answer = daemon.control("big").expect("a 200 KiB answer");
+        assert_eq!(answer.len(), 200 * 1024, "trimmed answer");
+        assert!(answer.bytes().all(|b| b == b'x'));
+        assert!(started.elapsed() < cfg.probe_timeout, "took {:?}", started.elapsed());
+        assert_eq!(run_control(&cfg, "big").unwrap().len(), 200 * 1024);
+        assert!(matches!(daemon.control("nope"), Err(MpsError::UnknownCommand { .. })));
+        daemon.stop().unwrap();
+        assert!(matches!(run_control(&cfg, "get_server_list"), Err(MpsError::NotRunning { .. })));
+    }
+
+    #[test]
+    fn an_adopted_daemon_is_probed_and_stopped_by_the_same_code_as_a_started_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = fake_cfg(dir.path());
+
+        // Started here: its end is its exit status.
+        let started = RealDaemon::start(&cfg).expect("start");
+        assert!(!started.is_adopted());
+        assert_eq!(started.probe().unwrap(), Default::default());
+        let pid = started.pid();
+        assert_eq!(DaemonRecord::read(&cfg.log_dir).unwrap().map(|r| r.pid), Some(pid));
+        nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        let seen = (0..300).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            started.try_exit()
+        });
+        assert_eq!(seen, Some(ExitInfo::Signal(9)));
+        started.kill().unwrap();
+        assert_eq!(DaemonRecord::read(&cfg.log_dir).unwrap(), None, "record removed");
+
+        // Started, detached, adopted: the same probe, and `stop` asks it to quit.
+        let first = RealDaemon::start(&cfg).expect("start again");
+        let pid = first.pid();
+        first.detach();
+        drop(first);
+        assert!(process_running(pid), "a detached daemon outlives its handle");
+        let adopted = RealDaemon::adopt(&cfg).unwrap().expect("a daemon to adopt");
+        assert!(adopted.is_adopted());
+        assert_eq!(adopted.pid(), pid);
+        assert_eq!(adopted.probe().unwrap(), Default::default());
+        assert_eq!(adopted.control("big").unwrap().len(), 200 * 1024);
+        assert_eq!(adopted.try_exit(), None);
+        adopted.stop().unwrap();
+        assert!(ends_soon(pid), "the adopted daemon was stopped");
+        assert!(!cfg.pipe_dir.join("fake.pid").exists(), "it was asked to quit");
+        assert_eq!(adopted.try_exit(), Some(ExitInfo::Vanished));
+        assert_eq!(DaemonRecord::read(&cfg.log_dir).unwrap(), None, "record removed");
+        adopted.stop().unwrap();
+
+        // An adopted daemon killed from outside is seen gone through /proc, and a handle
+        // dropped without stop kills an adopted daemon like a started one.
+        let first = RealDaemon::start(&cfg).expect("start a third");
+        let pid = first.pid();
+        first.detach();
+        drop(first);
+        let adopted = RealDaemon::adopt(&cfg).unwrap().expect("adopt");
+        nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        assert!(ends_soon(pid));
+        assert_eq!(adopted.try_exit(), Some(ExitInfo::Vanished));
+        drop(adopted);
+        assert_eq!(DaemonRecord::read(&cfg.log_dir).unwrap(), None, "record removed");
+        // The fake leaves its pid file behind when killed, and the killed (detached, so
+        // never reaped) child stays a zombie that `kill -0` still finds.
+        fs::remove_file(cfg.pipe_dir.join("fake.pid")).unwrap();
+        let last = RealDaemon::start(&cfg).expect("start a fourth");
+        let pid = last.pid();
+        last.detach();
+        drop(last);
+        drop(RealDaemon::adopt(&cfg).unwrap().expect("adopt"));
+        assert!(ends_soon(pid), "dropping the adopted handle killed the daemon");
     }
 }
