@@ -164,8 +164,12 @@ impl TaskLoop {
             report_backoff: Backoff::new(TICK, REPORT_BACKOFF_MAX),
             launch,
         };
-        state.load();
-        TaskLoop::spawn(tx, rx, move |rx| state.run(rx))
+        // Loading adopts containers, which asks Docker: a blocking call, so it runs on the
+        // loop's own thread, never on the caller's (an async task).
+        TaskLoop::spawn(tx, rx, move |rx| {
+            state.load();
+            state.run(rx)
+        })
     }
 
     /// Runs `body` as the task loop thread. When it returns an error or panics, [`TaskLoop::died`]
@@ -310,11 +314,14 @@ impl State {
                             local.reports.insert(c.name.clone(), handle.report(c));
                             local.handles.insert(c.name.clone(), handle);
                         }
-                        Adopted::Ended(state) => {
-                            let mut report = ContainerReport {
-                                name: c.name.clone(),
-                                image: c.image.clone(),
-                                ..ContainerReport::default()
+                        Adopted::Ended { state, handle } => {
+                            let mut report = match &handle {
+                                Some(h) => h.report(c),
+                                None => ContainerReport {
+                                    name: c.name.clone(),
+                                    image: c.image.clone(),
+                                    ..ContainerReport::default()
+                                },
                             };
                             ended_report(&mut report, &state);
                             local.reports.insert(c.name.clone(), report);

@@ -35,7 +35,12 @@ pub enum Handle {
 #[derive(Debug, Clone)]
 pub enum Adopted {
     Running(Handle),
-    Ended(ContainerState),
+    /// It has ended; `handle` still names it when the runtime keeps it (a stopped Docker
+    /// container), for its report.
+    Ended {
+        state: ContainerState,
+        handle: Option<Handle>,
+    },
 }
 
 impl Handle {
@@ -137,9 +142,15 @@ impl Engine {
             Engine::Docker { rt, .. } if def.image.is_some() => adopt_docker(rt, task_id, &def.name),
             _ => match self.processes().adopt(state_dir) {
                 Ok(AdoptedState::Running { handle, .. }) => Adopted::Running(Handle::Process(handle)),
-                Ok(AdoptedState::Exited(exit)) => Adopted::Ended(ContainerState::Exited(exit)),
-                Ok(AdoptedState::Lost { reason }) => Adopted::Ended(ContainerState::Lost { reason }),
-                Err(e) => Adopted::Ended(ContainerState::Lost { reason: e.to_string() }),
+                Ok(AdoptedState::Exited(exit)) => {
+                    Adopted::Ended { state: ContainerState::Exited(exit), handle: None }
+                }
+                Ok(AdoptedState::Lost { reason }) => {
+                    Adopted::Ended { state: ContainerState::Lost { reason }, handle: None }
+                }
+                Err(e) => {
+                    Adopted::Ended { state: ContainerState::Lost { reason: e.to_string() }, handle: None }
+                }
             },
         }
     }
@@ -148,10 +159,13 @@ impl Engine {
 fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
     match rt.adopt(task_id, container) {
         Ok(Some((handle, ContainerState::Running { .. }))) => Adopted::Running(Handle::Docker(handle)),
-        Ok(Some((_, state))) => Adopted::Ended(state),
-        Ok(None) => Adopted::Ended(ContainerState::Lost {
-            reason: "its container is gone from Docker (removed while the agent was down)".into(),
-        }),
+        Ok(Some((h, state))) => Adopted::Ended { state, handle: Some(Handle::Docker(h)) },
+        Ok(None) => Adopted::Ended {
+            state: ContainerState::Lost {
+                reason: "its container is gone from Docker (removed while the agent was down)".into(),
+            },
+            handle: None,
+        },
         // Docker does not answer now: watch the container by its name; the first look that
         // reaches Docker decides whether it still runs.
         Err(e) => {

@@ -349,7 +349,7 @@ pub fn run_probe(
 ) -> ProbeResult {
     match action {
         ProbeAction::Exec { argv } => match target {
-            ProbeTarget::Host(ctx) => run_exec(argv, timeout, ctx, clock),
+            ProbeTarget::Host(ctx) => run_exec(argv, timeout, ctx),
             ProbeTarget::Container { exec, .. } => exec(argv, timeout),
         },
         ProbeAction::HttpGet { host, port, authority, path } => {
@@ -371,8 +371,8 @@ fn describe(d: Duration) -> String {
 }
 
 /// The timeout of an exec probe is a hard one on a real process, so it follows the real
-/// monotonic clock (inside [`mpsfleet_proc::child::run`]), not `_clock`.
-fn run_exec(argv: &[String], timeout: Duration, ctx: &ExecContext, _clock: &dyn Clock) -> ProbeResult {
+/// monotonic clock (inside [`mpsfleet_proc::child::run`]), not the probes' clock.
+fn run_exec(argv: &[String], timeout: Duration, ctx: &ExecContext) -> ProbeResult {
     let Some((prog, args)) = argv.split_first() else {
         return ProbeResult::Failure("the probe command is empty".into());
     };
