@@ -124,17 +124,7 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
 
     // The pipe directory is where this GPU's daemon answers: ask it through that directory.
     let pipe = var(&env, "CUDA_MPS_PIPE_DIRECTORY").expect("CUDA_MPS_PIPE_DIRECTORY").to_string();
-    let mut ask = Command::new(&mps)
-        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    ask.stdin.take().unwrap().write_all(b"get_default_active_thread_percentage\n").unwrap();
-    let answer = ask.wait_with_output().unwrap();
-    assert!(answer.status.success(), "no daemon answered on {pipe}");
-    assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
+    assert_mps_daemon_answers(&mps, &pipe);
     // `task logs` reaches the agent through the server.
     let logs = admin
         .task_logs(&t.id.to_string(), None, mpsfleet_types::logs::LogStreams::Stdout, 4096, None)

@@ -9,84 +9,20 @@ mod common;
 use common::*;
 use mpsfleet_types::logs::{LogStreams, LogsSource, OutputStream, TaskLogs};
 use mpsfleet_types::*;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-const HINT: &str =
-    "run `bash scripts/docker-env.sh start` and `eval \"$(bash scripts/docker-env.sh env)\"` first";
-
-/// The private engine's socket and test image, from the environment `scripts/docker-env.sh`
-/// sets; panics (never skips) without them.
-fn engine() -> (PathBuf, String) {
-    let var = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| panic!("{name} is not set: {HINT}"))
-    };
-    let host = var("DOCKER_HOST");
-    let socket = PathBuf::from(
-        host.strip_prefix("unix://")
-            .unwrap_or_else(|| panic!("DOCKER_HOST={host} is not unix://PATH: {HINT}")),
-    );
-    assert!(socket.exists(), "{} does not exist: {HINT}", socket.display());
-    (socket, var("MPSFLEET_TEST_IMAGE"))
-}
-
-/// An agent that runs tasks on Docker Engine, with one emulated H200 and the MPS model.
-fn docker_agent(server: &Server, data_dir: &Path, socket: &Path) -> Agent {
-    let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
-    let child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .arg("agent")
-        .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", "gpu"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--emulate-gpus", &format!("H200:{H200_MIB}:1"), "--mps-model", "--heartbeat-ms", "200"])
-        .args(["--runtime", "docker", "--docker-socket"])
-        .arg(socket)
-        .env("MPSFLEET_LOG", "info")
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start mpsfleet agent");
-    Agent { child, data_dir: data_dir.to_path_buf() }
-}
-
-/// `docker` against the private engine, for clean-up and removing a container under the agent.
-fn docker(socket: &Path, args: &[&str]) -> String {
-    let out = Command::new("/usr/bin/docker")
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run /usr/bin/docker");
-    assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// Removes this host's containers, whatever the test's outcome.
-struct Cleanup {
-    socket: PathBuf,
+/// Removes the containers of host `host` (once it is known), whatever the test's outcome.
+struct RemoveContainers<'a> {
+    docker: &'a DockerEnv,
     host: Option<String>,
 }
 
-impl Drop for Cleanup {
+impl Drop for RemoveContainers<'_> {
     fn drop(&mut self) {
-        let Some(host) = &self.host else { return };
-        let filter = format!("label=io.mpsfleet.host={host}");
-        let ids = docker(&self.socket, &["ps", "-aq", "--filter", &filter]);
-        for id in ids.lines().filter(|l| !l.is_empty()) {
-            let _ = Command::new("/usr/bin/docker")
-                .arg("-H")
-                .arg(format!("unix://{}", self.socket.display()))
-                .args(["rm", "-f", id])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+        if let Some(host) = &self.host {
+            self.docker.remove_containers_of_host(host);
         }
     }
 }
@@ -97,13 +33,13 @@ fn streams_of(logs: &TaskLogs) -> Vec<(OutputStream, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
-    let (socket, image) = engine();
+    let docker = docker_env();
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("server"));
     let admin = server.admin();
     create_pool(&admin, "gpu").await;
-    let mut cleanup = Cleanup { socket: socket.clone(), host: None };
-    let mut agent = docker_agent(&server, &dir.path().join("a"), &socket);
+    let mut cleanup = RemoveContainers { docker: &docker, host: None };
+    let mut agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "logs-host", &docker, &[]);
     let hosts = eventually(WAIT, "the docker host to be ACTIVE", || async {
         admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
     })
@@ -117,7 +53,7 @@ async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
             "family": "both",
             "containerDefinitions": [{
                 "name": "main",
-                "image": image,
+                "image": docker.image,
                 "entryPoint": ["sh", "-c"],
                 "command": [script],
                 "stopTimeout": 2
@@ -132,37 +68,18 @@ async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
     let id = out.tasks[0].id.to_string();
 
     // Each stream on its own, from Docker's log.
-    let stdout = eventually(WAIT, "the container's stdout", || async {
-        admin
-            .task_logs(&id, None, LogStreams::Stdout, 4096, None)
-            .await
-            .ok()
-            .filter(|l| l.output().contains("o-2"))
-    })
-    .await;
+    let stdout =
+        logs_containing(&admin, &id, LogStreams::Stdout, "o-2", WAIT, "the container's stdout").await;
     assert_eq!(stdout.source, LogsSource::Agent, "{stdout:?}\n{}", agent.log());
     assert_eq!(stdout.output(), "o-1\no-2\n");
-    let stderr = eventually(WAIT, "the container's stderr", || async {
-        admin
-            .task_logs(&id, None, LogStreams::Stderr, 4096, None)
-            .await
-            .ok()
-            .filter(|l| l.output().contains("e-2"))
-    })
-    .await;
+    let stderr =
+        logs_containing(&admin, &id, LogStreams::Stderr, "e-2", WAIT, "the container's stderr").await;
     assert_eq!(stderr.output(), "e-1\ne-2\n");
     let (o, e) = (OutputStream::Stdout, OutputStream::Stderr);
     let want = vec![(o, "o-1\n".to_string()), (e, "e-1\n".into()), (o, "o-2\n".into()), (e, "e-2\n".into())];
 
     // Both, in the order written, with Docker's times.
-    let all = eventually(WAIT, "both streams", || async {
-        admin
-            .task_logs(&id, None, LogStreams::All, 4096, None)
-            .await
-            .ok()
-            .filter(|l| l.output().contains("e-2"))
-    })
-    .await;
+    let all = logs_containing(&admin, &id, LogStreams::All, "e-2", WAIT, "both streams").await;
     assert_eq!(streams_of(&all), want);
     let lines = all.lines.clone().unwrap();
     assert!(lines.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "{lines:?}");
@@ -178,11 +95,10 @@ async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
         admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
     })
     .await;
-    let filter = format!("label=io.mpsfleet.task={id}");
-    let containers = docker(&socket, &["ps", "-aq", "--filter", &filter]);
+    let containers = docker.containers_labelled("io.mpsfleet.task", &id);
     assert!(!containers.is_empty(), "no container of {id}");
-    for c in containers.lines() {
-        docker(&socket, &["rm", "-f", c]);
+    for c in &containers {
+        docker.cli_ok(&["rm", "-f", c]);
     }
     let kept = admin.task_logs(&id, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!((kept.source, kept.output().as_str()), (LogsSource::Agent, "o-1\no-2\n"), "{kept:?}");

@@ -666,16 +666,7 @@ async fn fail_closed_mps_container_is_never_created_without_the_daemon() {
         assert_eq!(f.docker.inspect(&id, "{{.HostConfig.DeviceRequests}}").as_deref(), Some("[]"));
 
         // The socket the container sees is the real daemon's: it answers on that path.
-        let mut ask = Command::new(&mps)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        ask.stdin.take().unwrap().write_all(b"get_default_active_thread_percentage\n").unwrap();
-        let answer = ask.wait_with_output().unwrap();
-        assert!(answer.status.success(), "no daemon answered on {pipe}");
-        assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
+        assert_mps_daemon_answers(&mps, &pipe);
         f.stop_all().await;
     })
     .await;

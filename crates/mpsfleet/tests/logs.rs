@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use mpsfleet_client::Client;
 use mpsfleet_types::logs::{LogStreams, LogsSource, OutputStream};
 use mpsfleet_types::*;
 use std::process::Command;
@@ -14,50 +15,69 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A server with pool "gpu" and one ACTIVE agent on the MPS model, and a task definition
+/// for each `(family, script)`: one container "main" that runs `/bin/sh -c SCRIPT`.
+/// Fields drop in order: the agent first, the data directory last.
+struct Fleet {
+    agent: Agent,
+    admin: Client,
+    server: Server,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    async fn start(families: &[(&str, &str)]) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let agent = Agent::start_with_model(&server, &dir.path().join("a"), 1);
+        eventually(WAIT, "the host to be ACTIVE", || async {
+            admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+        })
+        .await;
+        for (family, script) in families {
+            admin
+                .register_taskdef(taskdef(serde_json::json!({
+                    "family": family,
+                    "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script], "stopTimeout": 2}]
+                })))
+                .await
+                .unwrap();
+        }
+        Fleet { agent, admin, server, dir }
+    }
+
+    /// Runs one task of `family` in pool "gpu"; its id.
+    async fn run(&self, family: &str) -> String {
+        let out = self
+            .admin
+            .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+            .await
+            .unwrap();
+        out.tasks[0].id.to_string()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("server"));
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let mut agent = Agent::start_with_model(&server, &dir.path().join("a"), 1);
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
     // Two pipes carry no order between them: writes a moment apart keep theirs.
     let talker =
         "echo out-1; sleep 0.2; echo err-1 >&2; sleep 0.2; echo out-2; sleep 0.2; echo err-2 >&2; exec sleep 600";
     let finisher = "echo done-out; sleep 0.2; echo done-err >&2; exit 3";
-    for (family, script) in [("talker", talker), ("finisher", finisher)] {
-        admin
-            .register_taskdef(taskdef(serde_json::json!({
-                "family": family,
-                "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script], "stopTimeout": 2}]
-            })))
-            .await
-            .unwrap();
-    }
-    let run = |family: &'static str| {
-        let admin = admin.clone();
-        async move {
-            let out = admin
-                .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
-                .await
-                .unwrap();
-            out.tasks[0].id.to_string()
-        }
-    };
-    let talking = run("talker").await;
-    let finished = run("finisher").await;
+    let mut fleet = Fleet::start(&[("talker", talker), ("finisher", finisher)]).await;
+    let admin = fleet.admin.clone();
+    let talking = fleet.run("talker").await;
+    let finished = fleet.run("finisher").await;
     // While the agent runs, logs come from it, one stream at a time.
-    let live = eventually(WAIT, "the talker's stderr from its agent", || async {
-        admin
-            .task_logs(&talking, None, LogStreams::Stderr, 4096, None)
-            .await
-            .ok()
-            .filter(|l| l.output().contains("err-2"))
-    })
+    let live = logs_containing(
+        &admin,
+        &talking,
+        LogStreams::Stderr,
+        "err-2",
+        WAIT,
+        "the talker's stderr from its agent",
+    )
     .await;
     assert_eq!(live.source, LogsSource::Agent);
     assert_eq!(live.output(), "err-1\nerr-2\n");
@@ -75,7 +95,7 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
     let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     let next_report = since_start + mpsfleet_agent::tasks::OUTPUT_REPORT_EVERY.as_millis() as u64 + 2_000;
     tokio::time::sleep(Duration::from_millis(next_report.saturating_sub(now_ms))).await;
-    agent.kill9();
+    fleet.agent.kill9();
 
     let logs = admin.task_logs(&talking, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.source, LogsSource::Snapshot, "{logs:?}");
@@ -103,7 +123,15 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
 
     // The CLI says where the lines come from, on stderr, and keeps each stream on its own.
     let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .args(["task", "logs", &talking, "--server", &server.url, "--token", &server.admin_token()])
+        .args([
+            "task",
+            "logs",
+            &talking,
+            "--server",
+            &fleet.server.url,
+            "--token",
+            &fleet.server.admin_token(),
+        ])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -114,7 +142,7 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
     assert!(stderr.ends_with("err-1\nerr-2\n"), "{stderr}");
 
     // The shims outlive the killed agent by design: end the talker.
-    stop_processes_mentioning(&dir.path().display().to_string());
+    stop_processes_mentioning(&fleet.dir.path().display().to_string());
 }
 
 /// The lines of an answer for `stream=all`: stream, text.
@@ -124,48 +152,16 @@ fn streams_of(logs: &mpsfleet_types::logs::TaskLogs) -> Vec<(OutputStream, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_to_its_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("server"));
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    let _agent = Agent::start_with_model(&server, &dir.path().join("a"), 1);
-    eventually(WAIT, "the host to be ACTIVE", || async {
-        admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
-    })
-    .await;
     let both =
         "echo o-1; sleep 0.2; echo e-1 >&2; sleep 0.2; echo o-2; sleep 0.2; echo e-2 >&2; exec sleep 600";
     let ticker = "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick-$i; sleep 0.2; done; echo bye >&2";
-    for (family, script) in [("both", both), ("ticker", ticker)] {
-        admin
-            .register_taskdef(taskdef(serde_json::json!({
-                "family": family,
-                "containerDefinitions": [{"name": "main", "command": ["/bin/sh", "-c", script], "stopTimeout": 2}]
-            })))
-            .await
-            .unwrap();
-    }
-    let run = |family: &'static str| {
-        let admin = admin.clone();
-        async move {
-            let out = admin
-                .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
-                .await
-                .unwrap();
-            out.tasks[0].id.to_string()
-        }
-    };
+    let fleet = Fleet::start(&[("both", both), ("ticker", ticker)]).await;
+    let (admin, server) = (&fleet.admin, &fleet.server);
 
     // Both streams, in the order written, each line with its stream and time.
-    let id = run("both").await;
-    let all = eventually(WAIT, "all four lines from the agent", || async {
-        admin
-            .task_logs(&id, None, LogStreams::All, 4096, None)
-            .await
-            .ok()
-            .filter(|l| l.output().contains("e-2"))
-    })
-    .await;
+    let id = fleet.run("both").await;
+    let all =
+        logs_containing(admin, &id, LogStreams::All, "e-2", WAIT, "all four lines from the agent").await;
     assert_eq!(all.source, LogsSource::Agent, "{all:?}");
     assert_eq!(all.stream, Some(LogStreams::All));
     let (o, e) = (OutputStream::Stdout, OutputStream::Stderr);
@@ -207,7 +203,7 @@ async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_t
     }
 
     // `--follow` prints every line once, each stream to its own, and ends with the task.
-    let ticking = run("ticker").await;
+    let ticking = fleet.run("ticker").await;
     eventually(WAIT, "the ticker to be RUNNING", || async {
         admin.describe_task(&ticking).await.ok().filter(|t| t.last_status == TaskStatus::Running)
     })

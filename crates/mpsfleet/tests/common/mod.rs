@@ -5,6 +5,7 @@
 
 use mpsfleet_client::Client;
 use mpsfleet_types::api::{HostStatusReport, RegisterHostResponse};
+use mpsfleet_types::logs::{LogStreams, TaskLogs};
 use mpsfleet_types::*;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -194,9 +195,8 @@ impl Agent {
     }
 
     fn spawn(server: &Server, data_dir: &Path, gpus: u32, mps_args: &[std::ffi::OsString]) -> Agent {
-        let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
-        let child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-            .arg("agent")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpsfleet"));
+        cmd.arg("agent")
             .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", "gpu"])
             .arg("--data-dir")
             .arg(data_dir)
@@ -207,7 +207,15 @@ impl Agent {
                 "200",
                 "--stop-tasks-on-exit",
             ])
-            .args(mps_args)
+            .args(mps_args);
+        Agent::spawn_logged(cmd, data_dir)
+    }
+
+    /// Runs `cmd` (an `mpsfleet agent` command line) at log level info, its output going to
+    /// `DATA_DIR.log` ([`Agent::log`]).
+    fn spawn_logged(mut cmd: Command, data_dir: &Path) -> Agent {
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
+        let child = cmd
             .env("MPSFLEET_LOG", "info")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -401,7 +409,6 @@ impl Agent {
         docker: &DockerEnv,
         extra: &[&str],
     ) -> Agent {
-        let log = std::fs::File::create(data_dir.with_extension("log")).expect("agent log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpsfleet"));
         cmd.arg("agent")
             .args(["--server", &server.url, "--join-token", &server.join_token(), "--pool", pool])
@@ -416,13 +423,39 @@ impl Agent {
         if !extra.iter().any(|a| *a == "--mps-control" || *a == "--mps-model") {
             cmd.arg("--mps-model");
         }
-        let child = cmd
-            .args(extra)
-            .env("MPSFLEET_LOG", "info")
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start mpsfleet agent");
-        Agent { child, data_dir: data_dir.to_path_buf() }
+        cmd.args(extra);
+        Agent::spawn_logged(cmd, data_dir)
     }
+}
+
+/// Asks the MPS daemon that answers in pipe directory `pipe` (with the real control binary
+/// `mps`) for its default active thread percentage, and checks it answers 100.0.
+pub fn assert_mps_daemon_answers(mps: &Path, pipe: &str) {
+    use std::io::Write;
+    let mut ask = Command::new(mps)
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", mps.display()));
+    ask.stdin.take().expect("stdin").write_all(b"get_default_active_thread_percentage\n").expect("ask");
+    let answer = ask.wait_with_output().expect("the answer");
+    assert!(answer.status.success(), "no daemon answered on {pipe}");
+    assert_eq!(String::from_utf8_lossy(&answer.stdout).trim(), "100.0");
+}
+
+/// Polls `task logs` of task `id` for `streams` (tail 4096 bytes) until its output contains
+/// `needle`, or panics with `what` after `limit`.
+pub async fn logs_containing(
+    admin: &Client,
+    id: &str,
+    streams: LogStreams,
+    needle: &str,
+    limit: Duration,
+    what: &str,
+) -> TaskLogs {
+    eventually(limit, what, || async {
+        admin.task_logs(id, None, streams, 4096, None).await.ok().filter(|l| l.output().contains(needle))
+    })
+    .await
 }
