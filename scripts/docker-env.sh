@@ -14,7 +14,7 @@
 #   bash scripts/docker-env.sh stop    # stop everything `start` started, leave nothing running
 #   bash scripts/docker-env.sh status  # say what is running
 #
-# How scripts/test.sh calls it (once the Docker runtime exists):
+# How scripts/test.sh calls it:
 #   bash scripts/docker-env.sh start
 #   eval "$(bash scripts/docker-env.sh env)"   # DOCKER_HOST, MPSFLEET_TEST_REGISTRY, MPSFLEET_TEST_IMAGE
 #   trap 'bash scripts/docker-env.sh stop' EXIT
