@@ -539,12 +539,13 @@ fn connect_docker(cfg: &AgentConfig, host_id: Option<String>) -> Result<DockerRu
 
 /// Removes this host's containers of stopped tasks once they are older than the retention,
 /// and images nothing uses by the image policy; one failure is logged and tried again at the
-/// next round.
+/// next round. It looks every minute, or as often as the retention when that is shorter (but
+/// at most every second).
 async fn janitor(rt: DockerRuntime, settings: DockerSettings, clock: Arc<dyn Clock>) {
-    const EVERY: Duration = Duration::from_secs(60);
+    let every = settings.container_retention.clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut images_at = clock.now_ms();
     loop {
-        tokio::time::sleep(EVERY).await;
+        tokio::time::sleep(every).await;
         let now = clock.now_ms();
         let retention = settings.container_retention.as_millis() as u64;
         let rt2 = rt.clone();

@@ -149,3 +149,51 @@ async fn a_hung_docker_engine_impairs_the_host_and_leaves_its_containers_running
     admin.stop_task(&second_id, None).await.unwrap();
     docker.remove_containers_of_host(&host);
 }
+
+/// A stopped task's container is removed once its retention has passed; its output is still
+/// there for `task logs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_tasks_container_is_removed_after_its_retention_and_its_output_stays() {
+    let docker = docker_env();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "keep").await;
+    let _agent = Agent::start_docker(
+        &server,
+        &dir.path().join("a"),
+        "keep",
+        "keep-h0",
+        &docker,
+        &["--container-retention-s", "3"],
+    );
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "brief",
+            "containerDefinitions": [{"name": "main", "image": docker.image, "entryPoint": ["sh", "-c"],
+                "command": ["echo said-before-exit; exit 4"]}]
+        })))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(60), "an ACTIVE host", || async {
+        admin.list_hosts(Some("keep")).await.ok().filter(|h| h.iter().any(|h| h.status == HostStatus::Active))
+    })
+    .await;
+    let run = RunTask { task_definition: "brief".into(), count: 1, pool: "keep".into() };
+    let id = admin.run_task(&run).await.unwrap().tasks[0].id.to_string();
+    let stopped = eventually(Duration::from_secs(60), "the task to stop", || async {
+        admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
+    })
+    .await;
+    assert_eq!(stopped.containers[0].exit_code, Some(4), "{stopped:?}");
+    let cid = stopped.containers[0].runtime_id.clone().expect("a container id");
+    assert!(docker.inspect(&cid, "{{.State.Status}}").is_some(), "kept right after the stop");
+    eventually(Duration::from_secs(30), "the container to be removed", || async {
+        docker.inspect(&cid, "{{.State.Status}}").is_none().then_some(())
+    })
+    .await;
+    let logs =
+        admin.task_logs(&id, None, mpsfleet_types::logs::LogStreams::Stdout, 4096, None).await.unwrap();
+    assert!(logs.output().contains("said-before-exit"), "{logs:?}");
+    docker.remove_containers_of_host(stopped.host_id.as_ref().map_or("", |h| h.as_str()));
+}
