@@ -31,14 +31,16 @@ fn build_client_image(docker: &DockerEnv, control: &Path, reference: &str) {
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         std::fs::copy(lib, &dest).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
     }
-    let tar = Command::new("tar").arg("-C").arg(r).args(["-c", "."]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut tar =
+        Command::new("tar").arg("-C").arg(r).args(["-c", "."]).stdout(Stdio::piped()).spawn().unwrap();
     let out = Command::new("/usr/bin/docker")
         .arg("-H")
         .arg(format!("unix://{}", docker.socket.display()))
         .args(["import", "--change", "ENV PATH=/bin:/usr/bin", "-", reference])
-        .stdin(tar.stdout.unwrap())
+        .stdin(tar.stdout.take().unwrap())
         .output()
         .unwrap();
+    assert!(tar.wait().unwrap().success(), "tar of the image's root failed");
     assert!(out.status.success(), "docker import: {}", String::from_utf8_lossy(&out.stderr));
 }
 
