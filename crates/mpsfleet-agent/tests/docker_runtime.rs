@@ -269,8 +269,11 @@ fn env_user_working_directory_and_labels_reach_the_container_and_exec_returns_ex
     let out = f.rt.exec(&h, &argv("echo oops >&2; exit 3"), Duration::from_secs(20)).expect("exec");
     assert_eq!(out.exit_code, 3);
     assert_eq!(out.output, "oops\n");
-    let e = f.rt.exec(&h, &argv("sleep 20"), Duration::from_millis(500)).expect_err("must time out");
+    let e = f.rt.exec(&h, &argv("sleep 23"), Duration::from_millis(500)).expect_err("must time out");
     assert!(matches!(e, DockerError::Timeout { .. }), "{e:?}");
+    // A check that overran is killed, not left to pile up inside the container.
+    let ps = f.rt.exec(&h, &argv("ps -o args"), Duration::from_secs(20)).expect("ps");
+    assert!(!ps.output.contains("sleep 23"), "the timed-out exec still runs: {}", ps.output);
 
     let info = f.inspect(&h.id);
     let labels = info.config.and_then(|c| c.labels).expect("labels");

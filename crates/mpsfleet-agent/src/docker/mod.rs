@@ -281,6 +281,19 @@ impl std::fmt::Debug for DockerRuntime {
     }
 }
 
+/// SIGKILL to an exec's process, and to its process group when it leads one (a shell's
+/// children go with it).
+fn kill_exec(pid: i64) {
+    use nix::sys::signal::{kill, killpg, Signal};
+    use nix::unistd::{getpgid, Pid};
+    let Ok(raw) = i32::try_from(pid) else { return };
+    let pid = Pid::from_raw(raw);
+    if getpgid(Some(pid)).is_ok_and(|g| g == pid) {
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+    let _ = kill(pid, Signal::SIGKILL);
+}
+
 fn now_ms() -> u64 {
     SystemClock.now_ms()
 }
@@ -873,20 +886,21 @@ impl DockerRuntime {
         let id = h.id.clone();
         let argv = argv.to_vec();
         self.run(async move {
+            let m = |e| map_err(&socket, "exec", e);
+            let create = docker.create_exec(
+                &id,
+                CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(argv),
+                    ..Default::default()
+                },
+            );
+            let exec = match tokio::time::timeout(timeout, create).await {
+                Ok(r) => r.map_err(m)?,
+                Err(_) => return Err(DockerError::Timeout { what: "exec".into(), after: timeout }),
+            };
             let work = async {
-                let m = |e| map_err(&socket, "exec", e);
-                let exec = docker
-                    .create_exec(
-                        &id,
-                        CreateExecOptions {
-                            attach_stdout: Some(true),
-                            attach_stderr: Some(true),
-                            cmd: Some(argv),
-                            ..Default::default()
-                        },
-                    )
-                    .await
-                    .map_err(m)?;
                 let mut output: Vec<u8> = Vec::new();
                 if let StartExecResults::Attached { output: mut stream, .. } =
                     docker.start_exec(&exec.id, None).await.map_err(m)?
@@ -916,7 +930,18 @@ impl DockerRuntime {
             };
             match tokio::time::timeout(timeout, work).await {
                 Ok(r) => r,
-                Err(_) => Err(DockerError::Timeout { what: "exec".into(), after: timeout }),
+                Err(_) => {
+                    // Docker's API cannot stop an exec: kill its process (a host pid; the agent
+                    // runs as root, as Docker requires), so that a hung check does not pile up.
+                    if let Ok(Ok(inspect)) =
+                        tokio::time::timeout(INSPECT_TIMEOUT, docker.inspect_exec(&exec.id)).await
+                    {
+                        if let Some(pid) = inspect.pid.filter(|&p| p > 0 && inspect.running == Some(true)) {
+                            kill_exec(pid);
+                        }
+                    }
+                    Err(DockerError::Timeout { what: "exec".into(), after: timeout })
+                }
             }
         })
     }
