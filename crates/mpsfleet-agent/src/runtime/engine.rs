@@ -118,7 +118,7 @@ impl Engine {
             (Engine::Process(rt) | Engine::Docker { process: rt, .. }, Handle::Process(h)) => {
                 rt.stop(h, timeout).map_err(|e| e.to_string())
             }
-            (Engine::Docker { rt, .. }, Handle::Docker(h)) => rt.stop(h, timeout).map_err(|e| e.to_string()),
+            (Engine::Docker { rt, .. }, Handle::Docker(h)) => stop_docker(rt, h, timeout),
             _ => Err("the container belongs to another runtime".into()),
         };
         match outcome {
@@ -152,6 +152,29 @@ impl Engine {
                     Adopted::Ended { state: ContainerState::Lost { reason: e.to_string() }, handle: None }
                 }
             },
+        }
+    }
+}
+
+/// How many times a Docker stop is tried when Docker does not answer, as ECS does: a
+/// container is not given up as stopped while it may still run.
+const DOCKER_STOP_TRIES: u32 = 3;
+
+fn stop_docker(rt: &DockerRuntime, h: &DockerHandle, timeout: Duration) -> Result<StopOutcome, String> {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match rt.stop(h, timeout) {
+            Ok(outcome) => return Ok(outcome),
+            Err(e) if tries >= DOCKER_STOP_TRIES => {
+                return Err(format!("{e} (after {tries} tries)"));
+            }
+            Err(e) => {
+                let wait = backoff.fail();
+                tracing::warn!(container = %h.name, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot stop the container; trying again");
+                std::thread::sleep(wait);
+            }
         }
     }
 }
