@@ -23,6 +23,9 @@ pub const ECS_LABEL_CONTAINER: &str = "com.amazonaws.ecs.container-name";
 pub const ECS_LABEL_FAMILY: &str = "com.amazonaws.ecs.task-definition-family";
 pub const ECS_LABEL_REVISION: &str = "com.amazonaws.ecs.task-definition-version";
 
+/// The NVIDIA container runtime's variable naming the GPUs a container gets.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
 /// Docker CPU shares bounds on Linux (ECS clamps to these: unset, 0 and 1 become 2).
 pub const CPU_SHARES_MIN: i64 = 2;
 pub const CPU_SHARES_MAX: i64 = 262_144;
@@ -107,15 +110,17 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
 
     let uuids = gpu_uuids(l);
     let real_gpu = !uuids.is_empty() && !l.gpus_emulated;
-    let mut env: Vec<String> = l
-        .env
-        .iter()
-        .filter(|(k, _)| !(real_gpu && k == "NVIDIA_VISIBLE_DEVICES"))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    // Which GPUs a container sees is the agent's to say, never the definition's: on a host
+    // whose default runtime is NVIDIA's, a task's own NVIDIA_VISIBLE_DEVICES=all would hand it
+    // every GPU of the host.
+    let mut env: Vec<String> =
+        l.env.iter().filter(|(k, _)| k != NVIDIA_VISIBLE_DEVICES).map(|(k, v)| format!("{k}={v}")).collect();
     let mut runtime = None;
     let mut device_requests = None;
-    if real_gpu {
+    if !real_gpu {
+        // No GPU for this container, whatever runtime the engine uses by default.
+        env.push(format!("{NVIDIA_VISIBLE_DEVICES}=void"));
+    } else {
         match wiring {
             GpuWiring::NvidiaRuntime { runtime: r } => {
                 env.push(format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(",")));
@@ -296,7 +301,7 @@ mod tests {
             "dockerLabels": {"team": "ml", "io.mpsfleet.task": "forged", "com.amazonaws.ecs.container-name": "x"},
         }));
         let b = body(&launch(c, None, &[]));
-        assert_eq!(b.env, Some(vec!["A=1".to_string()]));
+        assert_eq!(b.env, Some(vec!["A=1".to_string(), "NVIDIA_VISIBLE_DEVICES=void".to_string()]));
         assert_eq!(b.user.as_deref(), Some("1000:1000"));
         assert_eq!(b.working_dir.as_deref(), Some("/work"));
         let labels = b.labels.expect("labels");
@@ -475,6 +480,30 @@ mod tests {
     }
 
     #[test]
+    fn a_container_without_a_gpu_sees_none_whatever_its_environment_says() {
+        let c = container(serde_json::json!({}));
+        let mut l = launch(c, None, &[]);
+        l.env.push(("NVIDIA_VISIBLE_DEVICES".into(), "all".into()));
+        for wiring in [GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, GpuWiring::DeviceRequests] {
+            let (_, b) = create_body(&l, "h1", &wiring);
+            let env = env_of(&b);
+            let nvidia: Vec<&String> =
+                env.iter().filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")).collect();
+            assert_eq!(nvidia, vec!["NVIDIA_VISIBLE_DEVICES=void"], "{env:?}");
+            let h = b.host_config.expect("host config");
+            assert_eq!((h.runtime, h.device_requests), (None, None));
+        }
+        // A GPU container sees exactly its own GPU, not the one its environment names.
+        let gpu = container(serde_json::json!({"resourceRequirements": [{"type": "GPU", "value": "1"}]}));
+        let mut l = launch(gpu, None, &[GPU]);
+        l.env.push(("NVIDIA_VISIBLE_DEVICES".into(), "all".into()));
+        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() });
+        let env = env_of(&b);
+        let nvidia: Vec<&String> = env.iter().filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")).collect();
+        assert_eq!(nvidia, vec![&format!("NVIDIA_VISIBLE_DEVICES={GPU}")], "{env:?}");
+    }
+
+    #[test]
     fn whole_gpus_both_wirings() {
         let c = container(serde_json::json!({"resourceRequirements": [{"type": "GPU", "value": "2"}]}));
         let l = launch(c, None, &[GPU, GPU2]);
@@ -501,7 +530,10 @@ mod tests {
             let h = b.host_config.clone().expect("host config");
             assert_eq!(h.runtime, None);
             assert_eq!(h.device_requests, None);
-            assert!(!env_of(&b).iter().any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")));
+            let env = env_of(&b);
+            let nvidia: Vec<&String> =
+                env.iter().filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")).collect();
+            assert_eq!(nvidia, vec!["NVIDIA_VISIBLE_DEVICES=void"], "an emulated GPU is no GPU");
             // The pipe directory is still mounted: the emulated daemon listens there.
             assert_eq!(h.binds, Some(vec!["/run/mpsfleet/mps/gpu0:/run/mpsfleet/mps/gpu0".to_string()]));
         }
