@@ -188,6 +188,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     );
     let gpus = Gpus::new(&supervisors);
     let runtime_check: Option<SharedCheck>;
+    let mut docker_rt: Option<DockerRuntime> = None;
     let mut background = Vec::new();
     let runtime = match &engine_version {
         None => {
@@ -212,6 +213,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
             background.push(tokio::spawn(janitor(rt.clone(), cfg.docker.clone(), clock.clone())));
             let process = crate::runtime::Runtime::new(cfg.shim.clone())
                 .map_err(|e| AgentError::Runtime(e.to_string()))?;
+            docker_rt = Some(rt.clone());
             Engine::Docker { rt, process, gpus_emulated: found.emulated }
         }
     };
@@ -272,6 +274,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     let stop_tasks = cfg.stop_tasks_on_exit;
     tokio::task::spawn_blocking(move || {
         task_loop.shutdown(stop_tasks);
+        // Stopping everything (what `mpsfleet up` asks) leaves no stopped container behind:
+        // no agent of this host may come back to remove it.
+        if let (true, Some(rt)) = (stop_tasks, &docker_rt) {
+            remove_stopped_containers(rt, |_| true);
+        }
         // Every other holder is gone now; a supervisor shared by several GPUs (one daemon per
         // host) is shut down when its last reference is taken.
         let map = Arc::into_inner(supervisors).unwrap_or_default();
@@ -552,25 +559,9 @@ async fn janitor(rt: DockerRuntime, settings: DockerSettings, clock: Arc<dyn Clo
         let images_due = now.saturating_sub(images_at) >= settings.images.interval.as_millis() as u64;
         let policy = settings.images.clone();
         let round = tokio::task::spawn_blocking(move || {
-            match rt2.list_ours() {
-                Ok(list) => {
-                    for c in list.iter().filter(|c| !c.running) {
-                        let old = c.finished_at_ms.is_none_or(|at| now.saturating_sub(at) >= retention);
-                        if !old {
-                            continue;
-                        }
-                        match rt2.remove(&c.task_id, &c.container) {
-                            Ok(()) => {
-                                tracing::info!(task.id = %c.task_id, container = %c.container, "removed the stopped container")
-                            }
-                            Err(e) => {
-                                tracing::warn!(task.id = %c.task_id, container = %c.container, error = %e, "cannot remove the stopped container")
-                            }
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot list this host's containers"),
-            }
+            remove_stopped_containers(&rt2, |c| {
+                c.finished_at_ms.is_none_or(|at| now.saturating_sub(at) >= retention)
+            });
             if images_due {
                 match rt2.remove_unused_images(&policy, now) {
                     Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed unused images"),
@@ -582,6 +573,27 @@ async fn janitor(rt: DockerRuntime, settings: DockerSettings, clock: Arc<dyn Clo
         let _ = round.await;
         if images_due {
             images_at = now;
+        }
+    }
+}
+
+/// Removes this host's stopped containers that `due` picks; each failure is logged.
+fn remove_stopped_containers(rt: &DockerRuntime, due: impl Fn(&crate::docker::OurContainer) -> bool) {
+    let list = match rt.list_ours() {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this host's containers");
+            return;
+        }
+    };
+    for c in list.iter().filter(|c| !c.running && due(c)) {
+        match rt.remove(&c.task_id, &c.container) {
+            Ok(()) => {
+                tracing::info!(task.id = %c.task_id, container = %c.container, "removed the stopped container")
+            }
+            Err(e) => {
+                tracing::warn!(task.id = %c.task_id, container = %c.container, error = %e, "cannot remove the stopped container")
+            }
         }
     }
 }

@@ -197,3 +197,47 @@ async fn a_stopped_tasks_container_is_removed_after_its_retention_and_its_output
     assert!(logs.output().contains("said-before-exit"), "{logs:?}");
     docker.remove_containers_of_host(stopped.host_id.as_ref().map_or("", |h| h.as_str()));
 }
+
+/// An agent stopped with `--stop-tasks-on-exit` (as `mpsfleet up` runs them) stops its tasks
+/// and leaves none of their containers behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_stops_its_tasks_on_exit_leaves_no_container_behind() {
+    let docker = docker_env();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "bye").await;
+    // start_docker passes --stop-tasks-on-exit.
+    let mut agent = Agent::start_docker(&server, &dir.path().join("a"), "bye", "bye-h0", &docker, &[]);
+    admin
+        .register_taskdef(taskdef(serde_json::json!({
+            "family": "stay",
+            "containerDefinitions": [{"name": "main", "image": docker.image, "command": ["sleep", "600"],
+                "stopTimeout": 2}]
+        })))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(60), "an ACTIVE host", || async {
+        admin.list_hosts(Some("bye")).await.ok().filter(|h| h.iter().any(|h| h.status == HostStatus::Active))
+    })
+    .await;
+    let run = RunTask { task_definition: "stay".into(), count: 2, pool: "bye".into() };
+    let ids: Vec<String> =
+        admin.run_task(&run).await.unwrap().tasks.iter().map(|t| t.id.to_string()).collect();
+    let mut host = String::new();
+    for id in &ids {
+        let t = eventually(Duration::from_secs(60), "the containers to run", || async {
+            admin.describe_task(id).await.ok().filter(|t| t.last_status == TaskStatus::Running)
+        })
+        .await;
+        host = t.host_id.map(|h| h.to_string()).unwrap_or_default();
+    }
+    assert_eq!(docker.containers_labelled("io.mpsfleet.host", &host).len(), 2);
+    agent.terminate();
+    for id in &ids {
+        let t = admin.describe_task(id).await.unwrap();
+        assert_eq!(t.last_status, TaskStatus::Stopped, "reported stopped before the agent left: {t:?}");
+    }
+    let left = docker.containers_labelled("io.mpsfleet.host", &host);
+    assert!(left.is_empty(), "containers left behind: {left:?}");
+}
