@@ -29,7 +29,11 @@ fn alive(pid: &str) -> bool {
 fn local_provider_launches_describes_and_terminates_an_agent() {
     let dir = tempfile::tempdir().unwrap();
     // $3 is the data dir: `agent --data-dir DIR ...`.
-    let exe = script(dir.path(), "fake-mpsfleet", "printf '%s\\n' \"$@\" > \"$3/args\"; exec sleep 300");
+    let exe = script(
+        dir.path(),
+        "fake-mpsfleet",
+        "printf '%s\\n' \"$@\" > \"$3/args\"; printf '%s' \"$MPSFLEET_JOIN_TOKEN\" > \"$3/token\"; exec sleep 300",
+    );
     let p = LocalProvider::new(
         exe,
         dir.path().join("hosts"),
@@ -57,8 +61,6 @@ fn local_provider_launches_describes_and_terminates_an_agent() {
         host_dir.to_str().unwrap(),
         "--server",
         "http://127.0.0.1:7070",
-        "--join-token",
-        "tok",
         "--pool",
         "gpu",
         "--hostname",
@@ -68,6 +70,8 @@ fn local_provider_launches_describes_and_terminates_an_agent() {
         "--mps-model",
     ];
     assert_eq!(args.lines().collect::<Vec<_>>(), expected);
+    // The token is in the agent's environment, never in its argv (which `ps` shows everyone).
+    assert_eq!(std::fs::read_to_string(host_dir.join("token")).unwrap(), "tok");
     assert!(host_dir.join("agent.log").exists());
 
     assert_eq!(p.hosts(), ["local-0"]);

@@ -15,13 +15,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Agents as local processes: `<exe> agent --data-dir <base>/<name> <join flags>
-/// <agent_args…> <the request's agent_args…>`, where the join flags are `--server`,
-/// `--join-token`, `--pool` and `--hostname` for the request's non-empty fields. Output goes
-/// to `<base>/<name>/agent.log`.
+/// <agent_args…> <the request's agent_args…>`, where the join flags are `--server`, `--pool`
+/// and `--hostname` for the request's non-empty fields; the join token goes in the agent's
+/// environment (`MPSFLEET_JOIN_TOKEN`), never in its argv, where `ps` would show it to every
+/// user of the machine. Output goes to `<base>/<name>/agent.log`.
 ///
 /// Hosts are machines: they outlive the provider (and the server that holds it). A provider
 /// over the same `base_dir` finds the hosts an earlier one launched through `agent.pid` and
 /// adopts them on launch, ends them on terminate and lists them in [`CapacityProvider::hosts`].
+/// The variable `mpsfleet agent` reads its join token from.
+pub const JOIN_TOKEN_ENV: &str = "MPSFLEET_JOIN_TOKEN";
+
 pub struct LocalProvider {
     exe: PathBuf,
     base_dir: PathBuf,
@@ -283,9 +287,11 @@ impl CapacityProvider for LocalProvider {
             .arg("agent")
             .arg("--data-dir")
             .arg(&dir)
-            .args(req.join_flags())
+            .args(req.join_flags(false))
             .args(&self.agent_args)
             .args(&req.agent_args)
+            .env_remove(JOIN_TOKEN_ENV)
+            .envs((!req.join_token.is_empty()).then_some((JOIN_TOKEN_ENV, req.join_token.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)

@@ -70,22 +70,25 @@ impl LaunchRequest {
     /// The complete argument list after `mpsfleet agent`: `--server`, `--join-token`,
     /// `--pool` and `--hostname` for the non-empty fields, then `agent_args`.
     pub fn agent_argv(&self) -> Vec<String> {
-        let mut argv = self.join_flags();
+        let mut argv = self.join_flags(true);
         argv.extend(self.agent_args.iter().cloned());
         argv
     }
 
-    /// `--server`, `--join-token`, `--pool` and `--hostname` for the non-empty fields.
-    fn join_flags(&self) -> Vec<String> {
+    /// `--server`, `--join-token` (when `with_token`), `--pool` and `--hostname` for the
+    /// non-empty fields. A token left out goes in `MPSFLEET_JOIN_TOKEN` instead, out of sight of
+    /// `ps`.
+    pub(crate) fn join_flags(&self, with_token: bool) -> Vec<String> {
         let mut argv = Vec::new();
+        let token = if with_token { self.join_token.as_str() } else { "" };
         for (flag, value) in [
-            ("--server", &self.server),
-            ("--join-token", &self.join_token),
-            ("--pool", &self.pool),
-            ("--hostname", &self.name),
+            ("--server", self.server.as_str()),
+            ("--join-token", token),
+            ("--pool", self.pool.as_str()),
+            ("--hostname", self.name.as_str()),
         ] {
             if !value.is_empty() {
-                argv.extend([flag.to_string(), value.clone()]);
+                argv.extend([flag.to_string(), value.to_string()]);
             }
         }
         argv
