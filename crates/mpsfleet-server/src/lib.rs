@@ -43,6 +43,14 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
         ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
     })?;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
+    // The state holds every host's credential digest and the agents' tokens: the owner's only,
+    // whatever the files' modes were before (SQLite gives its WAL and shared-memory files the
+    // database's mode).
+    for file in [STATE_FILE.to_string(), format!("{STATE_FILE}-wal"), format!("{STATE_FILE}-shm")] {
+        restrict(&data_dir.join(&file), 0o600).map_err(|e| {
+            ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
+        })?;
+    }
     let mut first_start = None;
     let cluster = Cluster::load(store, clock, |tokens| {
         for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &tokens.join_token)]
@@ -60,12 +68,26 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
     Ok(Opened { cluster, first_start })
 }
 
+/// Creates `dir` 0700, or makes an existing one 0700.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     }
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    restrict(dir, 0o700)
+}
+
+/// Sets `path`'s mode to `mode` when it exists and has any other bit.
+fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.permissions().mode() & 0o777 != mode => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// How the server runs, beyond its listener and state.
