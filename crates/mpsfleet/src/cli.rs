@@ -1,6 +1,6 @@
 //! The resource commands of the CLI: `taskdef`, `task`, `host`, `pool`, `service`.
 
-use crate::output::{self, opt, Format};
+use crate::output::{self, opt, sanitize, sanitize_text, Format};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use mpsfleet_client::{Client, TaskQuery};
@@ -80,6 +80,9 @@ pub enum TaskCommand {
         reason: Option<String>,
     },
     /// Print the end of a task container's output (fetched from its host's agent).
+    ///
+    /// Control characters other than newline and tab (escape sequences, carriage returns) are
+    /// shown as visible escapes such as \x1b; `-o json` gives the exact text.
     Logs {
         id: String,
         /// The container [default: the task's first].
@@ -258,7 +261,7 @@ fn client(opts: &Opts) -> Result<Client> {
 pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let c = client(&opts)?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         match cmd {
             Resource::Taskdef(cmd) => taskdef(&c, opts.output, cmd).await,
             Resource::Task(cmd) => task(&c, opts.output, cmd).await,
@@ -266,6 +269,14 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Pool(cmd) => pool(&c, opts.output, cmd).await,
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
+        }
+    });
+    // An error may quote the server or what it was sent; it is printed to the terminal too.
+    result.map_err(|e| {
+        let text = format!("{e:#}");
+        match sanitize(&text) {
+            std::borrow::Cow::Borrowed(_) => e,
+            std::borrow::Cow::Owned(clean) => anyhow::anyhow!(clean),
         }
     })
 }
@@ -278,11 +289,11 @@ async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {
             match f {
                 Format::Json => output::print(f, &r, &[], vec![]),
                 Format::Table => {
-                    println!("{}", r.task_definition);
+                    println!("{}", sanitize(&r.task_definition.to_string()));
                     if !r.ignored_fields.is_empty() {
                         eprintln!(
                             "ignored (accepted, not used by mpsfleet): {}",
-                            r.ignored_fields.join(", ")
+                            sanitize(&r.ignored_fields.join(", "))
                         );
                     }
                 }
@@ -400,8 +411,8 @@ async fn task_logs(
         // Both streams, each to its own, as the task wrote them.
         for line in lines {
             match line.stream {
-                OutputStream::Stdout => std::io::stdout().write_all(line.text.as_bytes())?,
-                OutputStream::Stderr => std::io::stderr().write_all(line.text.as_bytes())?,
+                OutputStream::Stdout => std::io::stdout().write_all(sanitize_text(&line.text).as_bytes())?,
+                OutputStream::Stderr => std::io::stderr().write_all(sanitize_text(&line.text).as_bytes())?,
             }
         }
         std::io::stdout().flush()
@@ -422,7 +433,7 @@ async fn task_logs(
                         eprintln!(
                             "showing the last snapshot reported at {} ({})",
                             output::utc_time(logs.reported_at_ms.unwrap_or(snapshot.taken_at_ms)),
-                            logs.note.as_deref().unwrap_or("the agent was not asked")
+                            sanitize(logs.note.as_deref().unwrap_or("the agent was not asked"))
                         );
                     }
                     print_lines(&snapshot.lines)?;
@@ -430,7 +441,7 @@ async fn task_logs(
                 (None, Some(lines)) => print_lines(lines)?,
                 (None, None) => {
                     let mut out = std::io::stdout();
-                    out.write_all(logs.output().as_bytes())?;
+                    out.write_all(sanitize_text(&logs.output()).as_bytes())?;
                     out.flush()?;
                 }
             }
@@ -454,10 +465,10 @@ async fn task_logs(
 fn print_containers(t: &Task) {
     for c in &t.containers {
         println!();
-        println!("container {}", c.name);
+        println!("container {}", sanitize(&c.name));
         let line = |k: &str, v: &Option<String>| {
             if let Some(v) = v {
-                println!("  {k:<10} {v}");
+                println!("  {k:<10} {}", sanitize(v));
             }
         };
         line("image", &c.image);
@@ -468,14 +479,14 @@ fn print_containers(t: &Task) {
         for b in &c.network_bindings {
             println!(
                 "  binding    {}:{} -> {}/{}",
-                b.bind_ip,
+                sanitize(&b.bind_ip.to_string()),
                 b.host_port,
                 b.container_port,
                 b.protocol.as_str()
             );
         }
         for n in &c.notes {
-            println!("  note       {n}");
+            println!("  note       {}", sanitize(n));
         }
     }
 }
@@ -630,7 +641,12 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             match f {
                 Format::Json => output::print(f, &e, &[], vec![]),
                 Format::Table => {
-                    println!("pool {} ({}): host recovery is owned by {}\n", e.pool, e.mode, e.owner);
+                    println!(
+                        "pool {} ({}): host recovery is owned by {}\n",
+                        sanitize(&e.pool.to_string()),
+                        sanitize(&e.mode.to_string()),
+                        sanitize(&e.owner.to_string())
+                    );
                     let rows = e
                         .steps()
                         .iter()
@@ -746,10 +762,10 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
             print!("{}", output::table(&INCIDENT_HEADERS, &incident_rows(std::slice::from_ref(&v))));
             let i = &v.incident;
             if let IncidentState::Blocked { reason } = &i.state {
-                println!("\nblocked: {reason}");
+                println!("\nblocked: {}", sanitize(reason));
             }
             if !i.trigger.evidence.is_empty() {
-                println!("\nevidence: {}", i.trigger.evidence);
+                println!("\nevidence: {}", sanitize_text(&i.trigger.evidence));
             }
             let start = i.timeline.first().map_or(0, |t| t.at_ms);
             let rows: Vec<Vec<String>> = i
@@ -832,13 +848,18 @@ fn print_operator_command(f: Format, r: OperatorCommandResponse) -> Result<()> {
         return Ok(());
     }
     if let Some(h) = &r.host {
-        println!("host {} is {} ({})", h.id, h.status.as_str(), h.health_status.as_str());
+        println!(
+            "host {} is {} ({})",
+            sanitize(h.id.as_str()),
+            sanitize(h.status.as_str()),
+            sanitize(h.health_status.as_str())
+        );
     }
     if let Some(v) = &r.incident {
-        println!("incident {} is {}", v.incident.id, v.incident.state.as_str());
+        println!("incident {} is {}", sanitize(&v.incident.id), sanitize(v.incident.state.as_str()));
     }
     if let Some(what) = &r.replacement {
-        println!("{what}");
+        println!("{}", sanitize(what));
     }
     Ok(())
 }
