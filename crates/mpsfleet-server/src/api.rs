@@ -185,7 +185,7 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
     }
 }
 
-fn describe(p: &Principal) -> String {
+pub(crate) fn describe(p: &Principal) -> String {
     match p {
         Principal::Admin => "the admin token".into(),
         Principal::Joiner => "the join token".into(),
@@ -208,11 +208,11 @@ pub(crate) fn admin(p: &Principal) -> bool {
     *p == Principal::Admin
 }
 
-fn joiner(p: &Principal) -> bool {
+pub(crate) fn joiner(p: &Principal) -> bool {
     matches!(p, Principal::Joiner | Principal::Admin | Principal::Replacement(_))
 }
 
-fn host(p: &Principal) -> bool {
+pub(crate) fn host(p: &Principal) -> bool {
     matches!(p, Principal::Host(_))
 }
 

@@ -34,6 +34,15 @@ pub enum ApiError {
     /// Something the request needs (an agent, say) cannot be reached now.
     #[error("{0}")]
     Unavailable(String),
+    /// A request body longer than its route takes.
+    #[error("request body too large: {route} takes at most {limit} bytes")]
+    PayloadTooLarge { route: String, limit: usize },
+    /// A request body that did not arrive within the body read timeout.
+    #[error("request body not received within {timeout_ms} ms")]
+    BodyTimeout { timeout_ms: u64 },
+    /// A request the HTTP layer could not take (a bad header or content type, say).
+    #[error("bad request: {0}")]
+    BadRequest(String),
 }
 
 impl ApiError {
@@ -61,6 +70,9 @@ impl ApiError {
             ApiError::StoreCorrupt(_) => (StatusCode::INTERNAL_SERVER_ERROR, "StoreCorrupt"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
             ApiError::Unavailable(_) => (StatusCode::BAD_GATEWAY, "Unavailable"),
+            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge"),
+            ApiError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "BodyTimeout"),
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
         }
     }
 

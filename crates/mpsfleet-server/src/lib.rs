@@ -6,13 +6,14 @@ pub mod auth;
 pub mod cluster;
 pub mod error;
 pub mod events;
+pub mod http;
 pub mod provider;
 
 use cluster::{Cluster, FirstStart};
 use error::ApiError;
 use mpsfleet_core::clock::Clock;
 use mpsfleet_store::{SqliteStore, Store};
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,6 +96,8 @@ fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
 pub struct ServeOptions {
     /// An `http://` URL that gets each `incident.*` and `host.health` event POSTed as JSON.
     pub webhook: Option<String>,
+    /// Connection timeouts and cap.
+    pub http: http::HttpLimits,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -128,7 +131,7 @@ pub async fn serve(
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
-    let app = api::router(state);
+    let app = http::app(state, &options.http);
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;
@@ -143,7 +146,10 @@ pub async fn serve(
         tracing::info!("controllers stopped; no longer accepting connections");
         let _ = drain_tx.send(());
     };
-    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).into_future();
+    // Each request knows its peer's address: the server reaches an agent at the address its
+    // heartbeats come from, never at one it reports.
+    // (`http::serve` gives each request its `ConnectInfo<SocketAddr>`.)
+    let served = http::serve(listener, app, options.http, shutdown);
     let drained = async {
         if drain_rx.await.is_ok() {
             tokio::time::sleep(SHUTDOWN_DRAIN).await;

@@ -25,6 +25,18 @@ pub struct ServerArgs {
     /// attempts each; see docs/api.md, "Events and webhook").
     #[arg(long)]
     webhook: Option<String>,
+    /// Longest a client may take to send a request's headers (docs/api.md, "Limits").
+    #[arg(long, env = "MPSFLEET_HTTP_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    http_header_timeout_ms: u64,
+    /// Longest a client may take to send a request's body once its headers are in.
+    #[arg(long, env = "MPSFLEET_HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    http_body_timeout_ms: u64,
+    /// How long a keep-alive connection with nothing in flight stays open.
+    #[arg(long, env = "MPSFLEET_HTTP_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    http_idle_timeout_ms: u64,
+    /// Connections open at once; more wait until one closes.
+    #[arg(long, env = "MPSFLEET_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
+    http_max_connections: usize,
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
@@ -80,7 +92,15 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
     drop(out);
     tracing::info!(listen = %addr, data_dir = %dir, "serving");
-    let options = mpsfleet_server::ServeOptions { webhook: args.webhook };
+    anyhow::ensure!(args.http_max_connections >= 1, "--http-max-connections must be at least 1");
+    let ms = std::time::Duration::from_millis;
+    let http = mpsfleet_server::http::HttpLimits {
+        header_read_timeout: ms(args.http_header_timeout_ms.max(1)),
+        body_read_timeout: ms(args.http_body_timeout_ms.max(1)),
+        idle_timeout: ms(args.http_idle_timeout_ms.max(1)),
+        max_connections: args.http_max_connections,
+    };
+    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, http };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

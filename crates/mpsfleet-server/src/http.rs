@@ -1,0 +1,428 @@
+//! The HTTP layer under the API: connections with header, body and idle timeouts and a cap on
+//! how many are open, authentication before a request body is read, per-route body limits,
+//! and the JSON error format for the HTTP layer's own refusals.
+
+use crate::api::{self, AppState};
+use crate::auth::{self, Principal};
+use crate::error::ApiError;
+use axum::body::{Body, HttpBody};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+/// How long connections may take and how many may be open (see docs/api.md, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// From the first byte of a request to the end of its headers.
+    pub header_read_timeout: Duration,
+    /// From the end of a request's headers to the end of its body.
+    pub body_read_timeout: Duration,
+    /// How long a keep-alive connection with no request in flight and no traffic stays open.
+    pub idle_timeout: Duration,
+    /// Connections open at once; past it, new ones wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// Request bodies of task definitions: the largest one any route takes. Documents over
+/// [`mpsfleet_core::taskdef::MAX_DOCUMENT_BYTES`] are refused by the parser, naming `$`.
+pub const TASKDEF_BODY_LIMIT: usize = 2 << 20;
+/// Task state reports: an output snapshot of 16 KiB, escaped, and the containers.
+pub const TASK_REPORT_BODY_LIMIT: usize = 512 << 10;
+/// Host registrations (64 GPUs at most) and host status reports.
+pub const AGENT_BODY_LIMIT: usize = 256 << 10;
+/// Every other route.
+pub const SMALL_BODY_LIMIT: usize = 64 << 10;
+
+/// Who may call a route with a body, and the longest body it takes.
+fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
+    match path {
+        "/v1/taskdefs" => (api::admin, TASKDEF_BODY_LIMIT),
+        "/v1/agent/register" => (api::joiner, AGENT_BODY_LIMIT),
+        "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
+        "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
+        _ => (api::admin, SMALL_BODY_LIMIT),
+    }
+}
+
+/// Whether the request announces a body (a non-zero length, or chunks).
+fn has_body(req: &Request) -> bool {
+    let h = req.headers();
+    h.contains_key(header::TRANSFER_ENCODING)
+        || h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
+}
+
+/// A refusal sent before the body was read: the connection cannot be reused, so it is closed.
+fn refuse_closing(e: ApiError) -> Response {
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// What [`guard`] needs.
+#[derive(Clone)]
+pub struct Guard {
+    pub state: AppState,
+    pub body_read_timeout: Duration,
+    /// The digests of the admin and the join token once seen: they do not change while the
+    /// server runs, so that these callers are recognised without the cluster lock (which a
+    /// group commit of registrations holds through its fsync).
+    known: Arc<[std::sync::OnceLock<String>; 2]>,
+}
+
+/// Route middleware: a request with a body is authenticated for its route (as its handler
+/// does) before any of the body is read, then its body is read within the body read timeout
+/// and the route's limit. Requests without a body go straight to their handlers.
+pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
+    let st = &g.state;
+    if !has_body(&req) {
+        return next.run(req).await;
+    }
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
+    let route = route.to_string();
+    let (allow, limit) = route_rules(&route);
+    if let Err(e) = authorize(st, &g.known, req.headers(), allow).await {
+        return refuse_closing(e);
+    }
+    let announced =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    if announced.is_some_and(|n: u64| n > limit as u64) {
+        return refuse_closing(ApiError::PayloadTooLarge { route, limit });
+    }
+    let (parts, body) = req.into_parts();
+    let timeout = g.body_read_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            return refuse_closing(ApiError::BodyTimeout {
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+        Ok(Err(e)) if is_length_limit(&e) => {
+            return refuse_closing(ApiError::PayloadTooLarge { route, limit })
+        }
+        Ok(Err(e)) => {
+            return refuse_closing(ApiError::BadRequest(format!("cannot read the request body: {e}")))
+        }
+        Ok(Ok(b)) => b,
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.to_string().contains("length limit exceeded") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The check `AppState::call` and the agent routes make: the bearer token names a principal
+/// the route is open to. Tried on this thread while the cluster lock is free, on a blocking
+/// thread otherwise.
+async fn authorize(
+    st: &AppState,
+    known: &[std::sync::OnceLock<String>; 2],
+    headers: &axum::http::HeaderMap,
+    allow: fn(&Principal) -> bool,
+) -> Result<(), ApiError> {
+    let token = auth::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
+    let digest = auth::digest(token);
+    let [admin, join] = known;
+    let seen = if admin.get() == Some(&digest) {
+        Some(Ok(Principal::Admin))
+    } else if join.get() == Some(&digest) {
+        Some(Ok(Principal::Joiner))
+    } else {
+        None
+    };
+    let fast = seen.or_else(|| st.cluster.try_lock().ok().map(|c| c.authenticate_digest(&digest)));
+    let who = match fast {
+        Some(who) => who?,
+        None => {
+            let (cluster, digest) = (st.cluster.clone(), digest.clone());
+            tokio::task::spawn_blocking(move || {
+                let c = cluster.lock().map_err(|_| {
+                    ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
+                })?;
+                c.authenticate_digest(&digest)
+            })
+            .await
+            .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??
+        }
+    };
+    match who {
+        Principal::Admin => {
+            let _ = admin.set(digest);
+        }
+        Principal::Joiner => {
+            let _ = join.set(digest);
+        }
+        Principal::Host(_) | Principal::Replacement(_) => {}
+    }
+    if allow(&who) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who))))
+    }
+}
+
+/// Outer middleware: a refusal of the HTTP layer itself (a bad path parameter, a body it could
+/// not read), which comes as plain text, becomes the JSON error every other answer uses.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (_, body) = resp.into_parts();
+    let text = match axum::body::to_bytes(body, SMALL_BODY_LIMIT).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(e) => e.to_string(),
+    };
+    let e = match status.as_u16() {
+        413 => ApiError::PayloadTooLarge { route: "this route".into(), limit: SMALL_BODY_LIMIT },
+        404 => ApiError::not_found("route", "for this method and path"),
+        405 => ApiError::MethodNotAllowed,
+        _ if status.is_server_error() => ApiError::Internal(text),
+        _ => ApiError::BadRequest(text),
+    };
+    let mut out = e.into_response();
+    *out.status_mut() = status;
+    out
+}
+
+/// The API's router with the HTTP layer's middleware: [`guard`] on every route (not on the
+/// fallbacks, so that an unknown path stays a 404), [`json_errors`] around everything.
+pub fn app(state: AppState, limits: &HttpLimits) -> Router {
+    let guard_state =
+        Guard { state: state.clone(), body_read_timeout: limits.body_read_timeout, known: Arc::default() };
+    api::router(state)
+        .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
+        .layer(axum::middleware::from_fn(json_errors))
+}
+
+/// When a connection last moved a byte, and how many of its requests are in flight.
+#[derive(Default)]
+struct Activity {
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn touch(&self, epoch: tokio::time::Instant) {
+        let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// A connection's socket that records its traffic.
+struct Tracked {
+    io: TcpStream,
+    activity: Arc<Activity>,
+    epoch: tokio::time::Instant,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch(self.epoch);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch(self.epoch);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A response body that counts its request as in flight until it is sent or dropped (a long
+/// poll or an event stream is not idle).
+struct InFlight {
+    body: Body,
+    activity: Arc<Activity>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl HttpBody for InFlight {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves `app` on `listener` with `limits` until `shutdown` completes; then stops accepting,
+/// lets each connection finish the request it is in, and returns once all are closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        stop_tx.send_replace(true);
+    });
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stop = stop_rx.clone();
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (io, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: wait, rather than spin.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
+        connections.spawn(connection(io, peer, app.clone(), limits, stop_rx.clone(), permit));
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+async fn connection(
+    io: TcpStream,
+    peer: std::net::SocketAddr,
+    app: Router,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let epoch = tokio::time::Instant::now();
+    let activity = Arc::new(Activity::default());
+    let io = hyper_util::rt::TokioIo::new(Tracked { io, activity: activity.clone(), epoch });
+    let counted = activity.clone();
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        use tower::ServiceExt as _;
+        // Counted until its response body is sent (a dropped connection counts no more).
+        counted.in_flight.fetch_add(1, Ordering::Relaxed);
+        let (app, activity) = (app.clone(), counted.clone());
+        req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+        async move {
+            let resp = app.oneshot(req.map(Body::new)).await.unwrap_or_else(|e| match e {});
+            Ok::<_, std::convert::Infallible>(resp.map(|body| Body::new(InFlight { body, activity })))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let idle_ms = u64::try_from(limits.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+    let mut closing = false;
+    loop {
+        let busy = activity.in_flight.load(Ordering::Relaxed) > 0;
+        let quiet = quiet_ms(&activity, epoch);
+        let check = Duration::from_millis(if busy { idle_ms } else { idle_ms.saturating_sub(quiet).max(1) });
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.wait_for(|s| *s), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = tokio::time::sleep(check), if !closing => {
+                if quiet_ms(&activity, epoch) >= idle_ms && activity.in_flight.load(Ordering::Relaxed) == 0 {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// Milliseconds since the connection last moved a byte.
+fn quiet_ms(activity: &Activity, epoch: tokio::time::Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_sub(activity.last_ms.load(Ordering::Relaxed))
+}

@@ -1,0 +1,323 @@
+//! Process tests of the HTTP layer's limits, over raw TCP: a request is authenticated before
+//! its body is read, bodies have per-route limits answered with the JSON error, and slow,
+//! stalled and idle connections are closed within their timeouts, at most a capped number
+//! open at once.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, Instant};
+
+/// An answer read off a raw connection.
+struct Answer {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+fn addr(server: &Server) -> String {
+    server.url.trim_start_matches("http://").to_string()
+}
+
+async fn connect(server: &Server) -> TcpStream {
+    TcpStream::connect(addr(server)).await.expect("connect to the server")
+}
+
+/// Reads one answer (its head and a Content-Length body).
+async fn read_answer(s: &mut TcpStream) -> Answer {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).await.expect("read the answer");
+        assert!(n > 0, "the connection closed before an answer: {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = s.read(&mut chunk).await.expect("read the body");
+        assert!(n > 0, "the connection closed inside the body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Answer { status, head, body }
+}
+
+/// Waits up to `limit` for the server to close `s` (EOF or reset); returns how long it took.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut chunk = [0u8; 4096];
+    timeout(limit, async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+    .map(|()| started.elapsed())
+}
+
+fn post_head(path: &str, token: Option<&str>, length: usize) -> String {
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\n{auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
+}
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the server's status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+const TWO_MB: usize = 2_000_000;
+
+#[tokio::test]
+async fn an_upload_without_a_valid_token_is_refused_before_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("s"));
+    let join = server.join_token();
+    let cases: [(&str, Option<&str>, u16, &str); 4] = [
+        ("/v1/taskdefs", None, 401, "Unauthorized"),
+        ("/v1/taskdefs", Some("mpsf_adm_not-a-token"), 401, "Unauthorized"),
+        // A real token, but not one this route is open to.
+        ("/v1/taskdefs", Some(&join), 403, "Forbidden"),
+        ("/v1/agent/status", Some(&join), 403, "Forbidden"),
+    ];
+    for (path, token, status, code) in cases {
+        let mut s = connect(&server).await;
+        // Announces 2 MB, sends a little of it, and stalls: the answer must not wait for the rest.
+        s.write_all(post_head(path, token, TWO_MB).as_bytes()).await.unwrap();
+        s.write_all(&[b' '; 1000]).await.unwrap();
+        let a = timeout(Duration::from_secs(2), read_answer(&mut s))
+            .await
+            .unwrap_or_else(|_| panic!("{path} with {token:?}: no answer while the body is pending"));
+        assert_eq!(a.status, status, "{path} with {token:?}: {}", a.head);
+        assert_eq!(a.json()["code"], code, "{path} with {token:?}");
+        assert!(a.head.to_ascii_lowercase().contains("connection: close"), "{}", a.head);
+        assert!(
+            closed_within(&mut s, Duration::from_secs(2)).await.is_some(),
+            "{path}: the connection stays open after the refusal"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_uploads_and_headers_neither_grow_the_server_nor_stay_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("s"),
+        "127.0.0.1:0",
+        &["--http-header-timeout-ms", "1000", "--http-body-timeout-ms", "1000"],
+    );
+    let admin = server.admin_token();
+    let pid = server.child.id();
+    // Warm up the paths the stalled requests take.
+    for _ in 0..3 {
+        let mut s = connect(&server).await;
+        s.write_all(post_head("/v1/taskdefs", None, 10).as_bytes()).await.unwrap();
+        assert_eq!(read_answer(&mut s).await.status, 401);
+    }
+    let before = vm_rss_kib(pid);
+
+    // 300 unauthenticated 2 MB uploads that stall after 64 KiB.
+    let mut unauthenticated = Vec::new();
+    for _ in 0..300 {
+        let mut s = connect(&server).await;
+        s.write_all(post_head("/v1/taskdefs", None, TWO_MB).as_bytes()).await.unwrap();
+        let _ = s.write_all(&vec![b' '; 64 << 10]).await;
+        unauthenticated.push(s);
+    }
+    // Authenticated uploads that stall inside their body, and requests that stall inside their
+    // headers: closed by the body and the header timeouts.
+    let mut slow_bodies = Vec::new();
+    for _ in 0..20 {
+        let mut s = connect(&server).await;
+        s.write_all(post_head("/v1/taskdefs", Some(&admin), 1_000_000).as_bytes()).await.unwrap();
+        s.write_all(&[b' '; 10_000]).await.unwrap();
+        slow_bodies.push(s);
+    }
+    let mut slow_heads = Vec::new();
+    for _ in 0..20 {
+        let mut s = connect(&server).await;
+        s.write_all(b"POST /v1/taskdefs HTTP/1.1\r\nHost: test\r\nContent-Le").await.unwrap();
+        slow_heads.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = vm_rss_kib(pid);
+    assert!(
+        during < before + 40 * 1024,
+        "VmRSS grew from {before} KiB to {during} KiB with 300 stalled uploads"
+    );
+
+    for s in &mut unauthenticated {
+        let a = timeout(Duration::from_secs(5), read_answer(s)).await.expect("an answer to a stalled upload");
+        assert_eq!(a.status, 401);
+        assert!(closed_within(s, Duration::from_secs(3)).await.is_some(), "a refused upload stays open");
+    }
+    for s in &mut slow_bodies {
+        let a = timeout(Duration::from_secs(4), read_answer(s)).await.expect("an answer to a stalled body");
+        assert_eq!(a.status, 408, "{}", a.head);
+        assert_eq!(a.json()["code"], "BodyTimeout");
+        assert!(closed_within(s, Duration::from_secs(3)).await.is_some(), "a stalled body stays open");
+    }
+    for s in &mut slow_heads {
+        let took = closed_within(s, Duration::from_secs(4)).await;
+        assert!(took.is_some(), "a connection stalled in its headers is still open after 4 s");
+    }
+    let after = vm_rss_kib(pid);
+    assert!(after < before + 40 * 1024, "VmRSS grew from {before} KiB to {after} KiB");
+    println!("VmRSS: {before} KiB before, {during} KiB with the stalled uploads, {after} KiB after");
+}
+
+#[tokio::test]
+async fn an_authenticated_body_over_its_route_limit_gets_the_json_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("s"));
+    let admin = server.admin_token();
+    // Announced over the limit: refused at once, without reading it.
+    let mut s = connect(&server).await;
+    s.write_all(post_head("/v1/pools", Some(&admin), 100_000).as_bytes()).await.unwrap();
+    let a = timeout(Duration::from_secs(2), read_answer(&mut s)).await.expect("an answer");
+    assert_eq!(a.status, 413, "{}", a.head);
+    let body = a.json();
+    assert_eq!(body["code"], "PayloadTooLarge", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("at most 65536 bytes"), "{body}");
+
+    // Sent in chunks with no length: refused once it passes the limit (task definitions
+    // take up to 2 MiB).
+    let mut s = connect(&server).await;
+    let head = format!(
+        "POST /v1/taskdefs HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {admin}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let chunk = vec![b' '; 64 << 10];
+    let mut framed = format!("{:x}\r\n", chunk.len()).into_bytes();
+    framed.extend_from_slice(&chunk);
+    framed.extend_from_slice(b"\r\n");
+    for _ in 0..40 {
+        if s.write_all(&framed).await.is_err() {
+            break;
+        }
+    }
+    let a = timeout(Duration::from_secs(5), read_answer(&mut s)).await.expect("an answer");
+    assert_eq!(a.status, 413, "{}", a.head);
+    let body = a.json();
+    assert_eq!(body["code"], "PayloadTooLarge", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("at most 2097152 bytes"), "{body}");
+
+    // Within the limit, the route answers as before.
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/v1/pools", server.url))
+        .bearer_auth(&admin)
+        .body(r#"{"name": "gpu"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+
+    // The HTTP layer's own refusals (here a path that is not UTF-8) are JSON errors too.
+    let resp = http.get(format!("{}/v1/hosts/%FF", server.url)).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.expect("a JSON error");
+    assert_eq!(body["code"], "BadRequest", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_but_a_long_poll_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_with(&dir.path().join("s"), "127.0.0.1:0", &["--http-idle-timeout-ms", "1000"]);
+    let mut s = connect(&server).await;
+    s.write_all(b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    assert_eq!(read_answer(&mut s).await.status, 200);
+    let took = closed_within(&mut s, Duration::from_secs(5)).await.expect("the idle connection stays open");
+    assert!(took >= Duration::from_millis(700), "closed after {took:?}, before the idle timeout");
+
+    // A long poll of 3 s has nothing to send for longer than the idle timeout: it is answered.
+    create_pool(&server.admin(), "gpu").await;
+    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    let reg = mpsfleet_types::HostRegistration {
+        pool: mpsfleet_types::PoolName::new("gpu").unwrap(),
+        hostname: "h1".into(),
+        gpus: vec![mpsfleet_types::GpuInventory {
+            uuid: mpsfleet_types::GpuUuid::new("GPU-h1-0".to_string()).unwrap(),
+            index: 0,
+            model: "NVIDIA H200".into(),
+            memory_mib: H200_MIB,
+            compute_capability: "9.0".into(),
+            max_mps_clients: 48,
+        }],
+        mps_available: true,
+        emulated: true,
+        runtime: Default::default(),
+        runtime_version: None,
+    };
+    let credential = joiner.register_host(&reg).await.expect("register a host").credential;
+    let mut s = connect(&server).await;
+    let req = format!(
+        "GET /v1/agent/assignments?after=1000000&waitSeconds=3 HTTP/1.1\r\nHost: test\r\n\
+         Authorization: Bearer {credential}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let a = timeout(Duration::from_secs(10), read_answer(&mut s)).await.expect("the long poll's answer");
+    assert_eq!(a.status, 200, "{}", a.head);
+    assert!(started.elapsed() >= Duration::from_millis(2500), "answered after {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_cap_a_connection_waits_until_another_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(&dir.path().join("s"), "127.0.0.1:0", &["--http-max-connections", "4"]);
+    let healthz = b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n";
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect(&server).await;
+        s.write_all(healthz).await.unwrap();
+        assert_eq!(read_answer(&mut s).await.status, 200);
+        open.push(s);
+    }
+    let mut fifth = connect(&server).await;
+    fifth.write_all(healthz).await.unwrap();
+    assert!(
+        timeout(Duration::from_millis(1500), read_answer(&mut fifth)).await.is_err(),
+        "a fifth connection was served while 4 were open"
+    );
+    drop(open.pop());
+    let a = timeout(Duration::from_secs(5), read_answer(&mut fifth))
+        .await
+        .expect("the waiting connection is served once another closes");
+    assert_eq!(a.status, 200);
+    // The ones still open are served as before.
+    let s = &mut open[0];
+    s.write_all(healthz).await.unwrap();
+    assert_eq!(timeout(Duration::from_secs(5), read_answer(s)).await.expect("an answer").status, 200);
+}
