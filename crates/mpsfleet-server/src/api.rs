@@ -10,7 +10,7 @@ use crate::cluster::{
 use crate::error::ApiError;
 use crate::provider;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,6 +22,7 @@ use mpsfleet_types::*;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -32,7 +33,7 @@ pub const MAX_WAIT_SECONDS: u64 = 60;
 #[derive(Clone)]
 pub struct AppState {
     pub cluster: Arc<Mutex<Cluster>>,
-    /// For calls to agents (task logs).
+    /// For calls to agents (task logs): follows no redirect (see [`agent_client`]).
     pub http: reqwest::Client,
     /// The store revision after the last change; long-polls wait on it.
     pub changed: watch::Sender<u64>,
@@ -44,13 +45,23 @@ pub struct AppState {
     pub stopping: watch::Sender<bool>,
 }
 
+/// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
+/// and gives up after 10 s (each call sets its own, shorter, timeout too).
+fn agent_client() -> reqwest::Client {
+    let builder = || reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    builder().timeout(Duration::from_secs(10)).build().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot build the HTTP client for agents; using one without a timeout");
+        builder().build().unwrap_or_default()
+    })
+}
+
 impl AppState {
     pub fn new(cluster: Cluster) -> Self {
         let rev = cluster.revision();
         let events = cluster.events().clone();
         AppState {
             cluster: Arc::new(Mutex::new(cluster)),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default(),
+            http: agent_client(),
             changed: watch::Sender::new(rev),
             events,
             registrations: Arc::new(RegistrationQueue::default()),
@@ -631,6 +642,10 @@ async fn task_logs(
                 let note = format!("host unreachable: {why}");
                 (ApiError::Unavailable(why), Some(note))
             }
+            Err(AgentLogsFailure::BadAnswer(why)) => {
+                let note = format!("the agent's answer was refused: {why}");
+                (ApiError::Unavailable(why), Some(note))
+            }
             Err(AgentLogsFailure::TaskUnknown(e)) => (e, Some("the agent no longer has the task".into())),
             Err(AgentLogsFailure::Refused(e)) => (e, None),
         },
@@ -660,10 +675,30 @@ async fn task_logs(
 /// How long `task logs` waits for an agent before it shows the last snapshot instead.
 const AGENT_LOGS_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// What an agent's answer to `task logs` may carry beyond the `tail` bytes of output asked
+/// for (headers are not counted): its framing, and for `stream=all` the JSON of each line.
+pub const AGENT_ANSWER_SLACK: u64 = 64 << 10;
+
+/// The most bytes of an agent's answer the server reads: for one stream, the `tail` asked for
+/// (the agent answers no more, and at most `MAX_LOG_TAIL`) and [`AGENT_ANSWER_SLACK`]; for
+/// `stream=all` (JSON: escaping and each line's time, container and stream), four times the
+/// tail and the slack. Past it the server stops reading and the agent's answer is refused.
+pub fn agent_answer_limit(stream_all: bool, tail: u64) -> u64 {
+    let tail = tail.min(MAX_LOG_TAIL);
+    if stream_all {
+        4 * tail + AGENT_ANSWER_SLACK
+    } else {
+        tail + AGENT_ANSWER_SLACK
+    }
+}
+
 /// Why an agent gave no logs.
 enum AgentLogsFailure {
     /// It could not be reached, or failed: the snapshot may stand in.
     Unreachable(String),
+    /// It answered what no agent answers (a redirect, which is not followed, or more than
+    /// [`agent_answer_limit`]): the snapshot may stand in.
+    BadAnswer(String),
     /// It does not know the task (its data dir is not the one the task ran in).
     TaskUnknown(ApiError),
     /// It refused the request itself (no such container): the snapshot would not help.
@@ -694,7 +729,7 @@ async fn fetch_agent_logs(
     let unreachable = |e: &dyn std::fmt::Display| {
         AgentLogsFailure::Unreachable(format!("cannot fetch logs from {url}: {e}"))
     };
-    let resp = http
+    let mut resp = http
         .get(format!("{url}/v1/logs/{task}"))
         .bearer_auth(token)
         .query(q)
@@ -708,7 +743,29 @@ async fn fetch_agent_logs(
         .get("x-mpsfleet-last-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let body = resp.bytes().await.map_err(|e| unreachable(&e))?;
+    if status.is_redirection() {
+        return Err(AgentLogsFailure::BadAnswer(format!(
+            "{url} answered a redirect (HTTP {status}), which is not followed"
+        )));
+    }
+    let limit = agent_answer_limit(q.stream == "all", q.tail);
+    let too_large = || {
+        AgentLogsFailure::BadAnswer(format!(
+            "{url} answered more than {limit} bytes, the most an agent answers for tail={} (stream {})",
+            q.tail, q.stream
+        ))
+    };
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    // Read as it comes, so that no more than the limit is ever held.
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(&e))? {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
     let said = String::from_utf8_lossy(&body).trim().to_string();
     if status == StatusCode::NOT_FOUND {
         let e = ApiError::not_found("logs of task", format!("{task} ({said})"));
@@ -866,14 +923,18 @@ fn commit_registrations(st: &AppState) {
     }
 }
 
+/// `POST /v1/agent/status`. The agent's logs address is built here: the address the request
+/// comes from, with the port of the `logsUrl` it reports (see [`agent_logs_url`]).
 async fn host_status(
     State(st): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<HostStatusAnswer>, ApiError> {
-    let report: HostStatusReport = if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
+    let mut report: HostStatusReport =
+        if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
+    report.logs_url = report.logs_url.as_deref().map(|u| agent_logs_url(peer.ip(), u)).transpose()?;
     let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
-    let mut report = report;
     // The lock is mostly held for microseconds (by a heartbeat on the other thread): serve
     // other connections for a moment and try again, a few times, before the longer way round.
     for _ in 0..4 {
@@ -888,6 +949,40 @@ async fn host_status(
         tokio::task::yield_now().await;
     }
     Ok(Json(st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, report)).await?))
+}
+
+/// Longest `logsUrl` a heartbeat may carry.
+const MAX_LOGS_URL_BYTES: usize = 256;
+
+/// Where the server fetches an agent's logs: `http://PEER:PORT`, PEER the address the agent's
+/// heartbeat came from (IPv6 in brackets), PORT that of the `logsUrl` it reported, which must
+/// be `http://HOST:PORT` (a port from 1 to 65535, no path). HOST is never used: the server
+/// calls no address an agent names.
+fn agent_logs_url(peer: IpAddr, reported: &str) -> Result<String, ApiError> {
+    let bad =
+        |why: &str| ApiError::invalid("logsUrl", format!("must be http://HOST:PORT, {why}: {reported:?}"));
+    if reported.len() > MAX_LOGS_URL_BYTES {
+        return Err(ApiError::invalid(
+            "logsUrl",
+            format!("is at most {MAX_LOGS_URL_BYTES} bytes, got {}", reported.len()),
+        ));
+    }
+    let authority = reported.strip_prefix("http://").ok_or_else(|| bad("with scheme http"))?;
+    if authority.contains(['/', '?', '#', '@'])
+        || authority.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(bad("with no path, query or user"));
+    }
+    let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad("with a port"))?;
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    if host.is_empty() || (host.contains(':') && !bracketed) || (!bracketed && host.contains(['[', ']'])) {
+        return Err(bad("with a host"));
+    }
+    let port = match port.parse::<u16>() {
+        Ok(p) if p != 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => return Err(bad("with a port from 1 to 65535")),
+    };
+    Ok(format!("http://{}", SocketAddr::new(peer.to_canonical(), port)))
 }
 
 /// What became of a heartbeat tried on the calling thread.

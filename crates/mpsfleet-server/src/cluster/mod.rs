@@ -88,6 +88,8 @@ struct HostEntry {
     version: Revision,
     last_heartbeat_ms: Option<u64>,
     /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
+    /// The API builds the address (`http://PEER:PORT`) from the heartbeat's peer address and
+    /// the port the agent reports: it is never a host the agent names.
     checks: Vec<HostCheck>,
     logs_url: Option<String>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
@@ -1655,8 +1657,9 @@ fn check_container_reports(containers: &[ContainerReport]) -> Result<(), ApiErro
     Ok(())
 }
 
-/// The address a host is reached at: the host part of its agent's logs endpoint, unless that is
-/// unspecified (0.0.0.0), else its hostname.
+/// The address a host is reached at: the host part of its agent's logs endpoint (the address
+/// its heartbeats come from, see `HostEntry::logs_url`), unless that is unspecified (0.0.0.0),
+/// else its hostname.
 fn host_address(entry: &HostEntry) -> String {
     let from_url = entry.logs_url.as_deref().and_then(|u| {
         let rest = u.split_once("://").map_or(u, |(_, r)| r);
