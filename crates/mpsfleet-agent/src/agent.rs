@@ -496,10 +496,7 @@ fn registered_runtime(cfg: &AgentConfig) -> Option<RuntimeKind> {
 
 /// Docker Engine's version, when it answers within 3 s.
 async fn choose_runtime_docker(cfg: &AgentConfig) -> Result<String, String> {
-    let rt = connect_docker(cfg, None).map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
+    crate::docker::engine_version(&cfg.docker.socket, Duration::from_secs(3)).await
 }
 
 /// Picks the task runtime: `Some(engine version)` for Docker, None for processes. `auto` takes
@@ -579,15 +576,15 @@ async fn janitor(rt: DockerRuntime, settings: DockerSettings, clock: Arc<dyn Clo
 
 /// Removes this host's stopped containers that `due` picks; each failure is logged.
 fn remove_stopped_containers(rt: &DockerRuntime, due: impl Fn(&crate::docker::OurContainer) -> bool) {
-    let list = match rt.list_ours() {
-        Ok(list) => list,
+    let removed = match rt.remove_ours(|c| !c.running && due(c)) {
+        Ok(removed) => removed,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list this host's containers");
             return;
         }
     };
-    for c in list.iter().filter(|c| !c.running && due(c)) {
-        match rt.remove(&c.task_id, &c.container) {
+    for (c, outcome) in removed {
+        match outcome {
             Ok(()) => {
                 tracing::info!(task.id = %c.task_id, container = %c.container, "removed the stopped container")
             }

@@ -103,9 +103,10 @@ impl Record {
 struct Local {
     rec: Record,
     handles: BTreeMap<String, Handle>,
-    /// Each container as reported (runtime id, bindings, exit), and what the server last took.
+    /// Each container as reported (runtime id, bindings, exit), and whether they changed since
+    /// the server last took them.
     reports: BTreeMap<String, ContainerReport>,
-    reports_sent: Option<Vec<ContainerReport>>,
+    reports_unsent: bool,
     /// Containers that are no longer running, and how they ended.
     ended: BTreeMap<String, ContainerState>,
     probes: Vec<ProbeRunner>,
@@ -305,13 +306,13 @@ impl State {
             let id = rec.task.id;
             let mut local = new_local(rec);
             follow_logs(&self.dir, &mut local, true);
-            local.reports_sent = local.rec.reported.as_ref().map(|_| Vec::new());
             if local.rec.status != TaskStatus::Stopped {
                 for c in &local.rec.definition.container_definitions {
                     let dir = self.container_dir(&id, &c.name);
                     match self.runtime.adopt(&dir, &id.to_string(), c) {
                         Adopted::Running(handle) => {
                             local.reports.insert(c.name.clone(), handle.report(c));
+                            local.reports_unsent = true;
                             local.handles.insert(c.name.clone(), handle);
                         }
                         Adopted::Ended { state, handle } => {
@@ -325,6 +326,7 @@ impl State {
                             };
                             ended_report(&mut report, &state);
                             local.reports.insert(c.name.clone(), report);
+                            local.reports_unsent = true;
                             local.ended.insert(c.name.clone(), state);
                         }
                     }
@@ -459,6 +461,7 @@ impl State {
                 for c in &local.rec.definition.container_definitions {
                     if let Some(h) = handles.get(&c.name) {
                         local.reports.insert(c.name.clone(), h.report(c));
+                        local.reports_unsent = true;
                     }
                 }
                 local.handles = handles;
@@ -491,6 +494,7 @@ impl State {
             Err((code, reason)) => {
                 tracing::warn!(task.id = %id, code = code.as_str(), %reason, "not started");
                 for c in &local.rec.definition.container_definitions {
+                    local.reports_unsent = true;
                     local.reports.entry(c.name.clone()).or_insert_with(|| ContainerReport {
                         name: c.name.clone(),
                         image: c.image.clone(),
@@ -621,6 +625,7 @@ impl State {
                     local.handles.remove(&name);
                     if let Some(r) = local.reports.get_mut(&name) {
                         ended_report(r, &state);
+                        local.reports_unsent = true;
                     }
                     local.ended.insert(name, state);
                 }
@@ -710,6 +715,7 @@ impl State {
         for (name, state) in &states {
             if let Some(r) = local.reports.get_mut(name) {
                 ended_report(r, state);
+                local.reports_unsent = true;
             }
         }
         local.ended.extend(states);
@@ -736,7 +742,7 @@ impl State {
                 reportable(l.rec.status)
                     && (l.rec.reported.as_ref() != Some(&l.rec.current())
                         || output_due(l, now)
-                        || containers_due(l))
+                        || l.reports_unsent)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -747,7 +753,8 @@ impl State {
             let with_output = (stopped && local.output.seq() > 0) || output_due(local, now);
             let output_seq = local.output.seq();
             let containers =
-                containers_due(local).then(|| local.reports.values().cloned().collect::<Vec<_>>());
+                local.reports_unsent.then(|| local.reports.values().cloned().collect::<Vec<_>>());
+            let with_containers = containers.is_some();
             let report = TaskStateReport {
                 last_status: rec.status,
                 health_status: Some(rec.health),
@@ -755,7 +762,7 @@ impl State {
                 stop_code: if stopped { rec.stop_code } else { None },
                 stopped_reason: if stopped { rec.reason.clone() } else { None },
                 output: with_output.then(|| local.output.snapshot(now)),
-                containers: containers.clone(),
+                containers,
             };
             let client = self.client.clone();
             let result = self.handle.block_on(async move {
@@ -784,8 +791,8 @@ impl State {
                     if with_output {
                         local.output_sent = Some((output_seq, now));
                     }
-                    if let Some(sent) = containers {
-                        local.reports_sent = Some(sent);
+                    if with_containers {
+                        local.reports_unsent = false;
                     }
                     if local.rec.status == TaskStatus::Stopped {
                         // The server keeps the last snapshot now.
@@ -878,7 +885,7 @@ fn new_local(rec: Record) -> Local {
         rec,
         handles: BTreeMap::new(),
         reports: BTreeMap::new(),
-        reports_sent: None,
+        reports_unsent: false,
         ended: BTreeMap::new(),
         probes: Vec::new(),
         busy: false,
@@ -1037,14 +1044,6 @@ fn ended_report(report: &mut ContainerReport, state: &ContainerState) {
             report.reason = Some(exit.reason());
         }
         ContainerState::Lost { reason } => report.reason = Some(reason.clone()),
-    }
-}
-
-/// Whether the containers changed since the server last took them.
-fn containers_due(local: &Local) -> bool {
-    match &local.reports_sent {
-        None => !local.reports.is_empty(),
-        Some(sent) => sent.len() != local.reports.len() || sent.iter().ne(local.reports.values()),
     }
 }
 

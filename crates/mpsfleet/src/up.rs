@@ -155,7 +155,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // Containers: Docker when its socket answers, decided here once so that every host (and
     // every replacement) runs the same way; images already on the machine are used as they are.
     let socket = mpsfleet_agent::docker::socket_from_env();
-    let docker = docker_version(&socket).await;
+    let docker = mpsfleet_agent::docker::engine_version(&socket, Duration::from_secs(3)).await;
     match &docker {
         Ok(_) => agent_args.extend([
             "--runtime".into(),
@@ -263,20 +263,4 @@ async fn up(args: UpArgs) -> Result<()> {
     served??;
     println!("stopped");
     Ok(())
-}
-
-/// Docker Engine's version when its socket answers within 3 s, else why not.
-async fn docker_version(socket: &Path) -> std::result::Result<String, String> {
-    use mpsfleet_agent::docker::{DockerConfig, DockerRuntime};
-    if !socket.exists() {
-        return Err("no such socket".into());
-    }
-    let scratch = std::env::temp_dir();
-    let mut cfg = DockerConfig::new("up", scratch);
-    cfg.socket = socket.to_path_buf();
-    let handle = tokio::runtime::Handle::current();
-    let rt = DockerRuntime::connect(cfg, handle).map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || rt.ping(Duration::from_secs(3)).map_err(|e| e.to_string()))
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
 }

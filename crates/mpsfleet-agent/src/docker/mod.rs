@@ -201,6 +201,9 @@ pub struct DockerHandle {
     pub notes: Vec<String>,
 }
 
+/// One container [`DockerRuntime::remove_ours`] removed, or failed to.
+pub type Removal = (OurContainer, Result<(), DockerError>);
+
 /// A container labelled for this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OurContainer {
@@ -279,6 +282,20 @@ impl std::fmt::Debug for DockerRuntime {
             .field("host_id", &self.inner.cfg.host_id)
             .finish()
     }
+}
+
+/// Docker Engine's version when the engine at `socket` answers within `timeout`, else why not.
+/// Call it from async code: the ping runs on a blocking thread.
+pub async fn engine_version(socket: &std::path::Path, timeout: Duration) -> Result<String, String> {
+    if !socket.exists() {
+        return Err("no such socket".into());
+    }
+    let mut cfg = DockerConfig::new("probe", std::env::temp_dir());
+    cfg.socket = socket.to_path_buf();
+    let rt = DockerRuntime::connect(cfg, tokio::runtime::Handle::current()).map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || rt.ping(timeout).map_err(|e| e.to_string()))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
 }
 
 /// SIGKILL to an exec's process, and to its process group when it leads one (a shell's
@@ -820,6 +837,19 @@ impl DockerRuntime {
             self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         }
         Ok(())
+    }
+
+    /// Removes each of this host's containers that `pick` chooses; says how each removal went.
+    pub fn remove_ours(&self, pick: impl Fn(&OurContainer) -> bool) -> Result<Vec<Removal>, DockerError> {
+        Ok(self
+            .list_ours()?
+            .into_iter()
+            .filter(|c| pick(c))
+            .map(|c| {
+                let removed = self.remove(&c.task_id, &c.container);
+                (c, removed)
+            })
+            .collect())
     }
 
     /// Every container labelled for this host, running or not.

@@ -104,8 +104,8 @@ pub async fn remove_containers(hosts: Vec<String>, scratch: PathBuf) -> Result<u
         for host in hosts {
             let cfg = mpsfleet_agent::docker::DockerConfig::new(host, scratch.clone());
             let rt = mpsfleet_agent::docker::DockerRuntime::connect(cfg, handle.clone())?;
-            for c in rt.list_ours()? {
-                rt.remove(&c.task_id, &c.container)?;
+            for (_, outcome) in rt.remove_ours(|_| true)? {
+                outcome?;
                 removed += 1;
             }
         }

@@ -80,7 +80,6 @@ async fn run(b: &StartBench, dir: &std::path::Path) -> Result<(Vec<f64>, Option<
     let (mut ours, mut baseline) = (Vec::new(), Vec::new());
     let measured = async {
         for i in 0..b.samples {
-            let began = now();
             let run = RunTask { task_definition: "start".into(), count: 1, pool: "bench".into() };
             let t = fleet.admin.run_task(&run).await?.tasks.remove(0);
             let accepted = now();
@@ -93,7 +92,6 @@ async fn run(b: &StartBench, dir: &std::path::Path) -> Result<(Vec<f64>, Option<
             if docker {
                 baseline.push(docker_run(b, i).await?);
             }
-            let _ = began;
         }
         anyhow::Ok(())
     }
