@@ -264,22 +264,7 @@ async fn an_idle_connection_is_closed_but_a_long_poll_is_not() {
     // A long poll of 3 s has nothing to send for longer than the idle timeout: it is answered.
     create_pool(&server.admin(), "gpu").await;
     let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
-    let reg = mpsfleet_types::HostRegistration {
-        pool: mpsfleet_types::PoolName::new("gpu").unwrap(),
-        hostname: "h1".into(),
-        gpus: vec![mpsfleet_types::GpuInventory {
-            uuid: mpsfleet_types::GpuUuid::new("GPU-h1-0".to_string()).unwrap(),
-            index: 0,
-            model: "NVIDIA H200".into(),
-            memory_mib: H200_MIB,
-            compute_capability: "9.0".into(),
-            max_mps_clients: 48,
-        }],
-        mps_available: true,
-        emulated: true,
-        runtime: Default::default(),
-        runtime_version: None,
-    };
+    let reg = registration("gpu", "h1", "h1", 1);
     let credential = joiner.register_host(&reg).await.expect("register a host").credential;
     let mut s = connect(&server).await;
     let req = format!(

@@ -6,7 +6,6 @@ mod common;
 use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::api::RegisterHostResponse;
-use mpsfleet_types::*;
 
 /// Sets the terminal title and clears the screen, if printed raw.
 const HOSTILE: &str = "n1\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
@@ -36,22 +35,8 @@ async fn a_hostname_with_escape_sequences_is_shown_escaped() {
     let server = Server::start(dir.path());
     create_pool(&server.admin(), "gpu").await;
     let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
-    let reg = HostRegistration {
-        pool: PoolName::new("gpu").unwrap(),
-        hostname: HOSTILE.to_string(),
-        gpus: vec![GpuInventory {
-            uuid: GpuUuid::new("GPU-terminal-0").unwrap(),
-            index: 0,
-            model: "NVIDIA H200\u{1b}[8m".into(),
-            memory_mib: H200_MIB,
-            compute_capability: "9.0".into(),
-            max_mps_clients: 48,
-        }],
-        mps_available: true,
-        emulated: true,
-        runtime: Default::default(),
-        runtime_version: None,
-    };
+    let mut reg = registration("gpu", HOSTILE, "terminal", 1);
+    reg.gpus[0].model = "NVIDIA H200\u{1b}[8m".into();
     let RegisterHostResponse { host_id, .. } = joiner.register_host(&reg).await.expect("register host");
 
     let list = cli(&server, &["host", "list"]).stdout;

@@ -100,16 +100,15 @@ pub fn mps_taskdef(family: &str, memory: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Registers a host with `gpus` H200s through the agent API and makes it ACTIVE; returns
-/// its id and a client holding its credential.
-pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (HostId, Client) {
-    let joiner = Client::new(&server.url, Some(server.join_token())).expect("client");
-    let reg = HostRegistration {
+/// A registration of host `hostname` in `pool` with `gpus` emulated H200s, whose UUIDs are
+/// `GPU-<uuid_key>-<i>` (a key apart from the hostname, which a test may make unprintable).
+pub fn registration(pool: &str, hostname: &str, uuid_key: &str, gpus: u32) -> HostRegistration {
+    HostRegistration {
         pool: PoolName::new(pool).unwrap(),
-        hostname: name.to_string(),
+        hostname: hostname.to_string(),
         gpus: (0..gpus)
             .map(|i| GpuInventory {
-                uuid: GpuUuid::new(format!("GPU-{name}-{i}")).unwrap(),
+                uuid: GpuUuid::new(format!("GPU-{uuid_key}-{i}")).unwrap(),
                 index: i,
                 model: "NVIDIA H200".into(),
                 memory_mib: H200_MIB,
@@ -121,7 +120,14 @@ pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (Ho
         emulated: true,
         runtime: Default::default(),
         runtime_version: None,
-    };
+    }
+}
+
+/// Registers a host with `gpus` H200s through the agent API and makes it ACTIVE; returns
+/// its id and a client holding its credential.
+pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (HostId, Client) {
+    let joiner = Client::new(&server.url, Some(server.join_token())).expect("client");
+    let reg = registration(pool, name, name, gpus);
     let RegisterHostResponse { host_id, credential, .. } =
         joiner.register_host(&reg).await.expect("register host");
     let agent = joiner.with_token(credential);
