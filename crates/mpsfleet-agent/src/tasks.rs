@@ -1142,7 +1142,7 @@ mod tests {
         let mut task =
             Task::new(id, def.reference(), PoolName::new("gpu").unwrap(), None, "run:test".into(), 0);
         task.host_id = Some(HostId::new("h-1").unwrap());
-        Assignments { revision: 1, tasks: vec![task], task_definitions: vec![def] }
+        Assignments { revision: 1, tasks: vec![task], task_definitions: vec![def], allow_task_users: false }
     }
 
     fn panicking_launch(

@@ -229,6 +229,7 @@ mod tests {
             },
             remediation_policy: RemediationPolicy { storm_breaker_percent: 30, ..Default::default() },
             provider,
+            allow_task_users: false,
             created_at_ms: 0,
         }
     }

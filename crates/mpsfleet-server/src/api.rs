@@ -1034,6 +1034,8 @@ struct AssignmentsOut<'a> {
     revision: u64,
     tasks: &'a [Task],
     task_definitions: Vec<&'a TaskDefinition>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    allow_task_users: bool,
 }
 
 /// Long-poll: answers at once if the host's assignments changed after `after`, otherwise
@@ -1053,14 +1055,17 @@ async fn assignments(
     let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
-        let (epoch, tasks, definitions) =
-            st.call(&headers, host, |c, who| c.shared_assignments(&host_id(who)?)).await?;
+        let a = st.call(&headers, host, |c, who| c.shared_assignments(&host_id(who)?)).await?;
+        let epoch = a.epoch;
         // A stopping server answers at once, so that it is not kept waiting for the poll.
         if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {
-            let task_definitions = definitions.iter().map(AsRef::as_ref).collect();
-            return Ok(
-                Json(AssignmentsOut { revision: epoch, tasks: &tasks, task_definitions }).into_response()
-            );
+            let out = AssignmentsOut {
+                revision: epoch,
+                tasks: &a.tasks,
+                task_definitions: a.definitions.iter().map(AsRef::as_ref).collect(),
+                allow_task_users: a.allow_task_users,
+            };
+            return Ok(Json(out).into_response());
         }
         // Timed out, changed or stopping: look again, and answer with what there is.
         tokio::select! {
@@ -1096,6 +1101,7 @@ mod tests {
             revision: 9,
             tasks: vec![task.clone()],
             task_definitions: vec![td.clone()],
+            allow_task_users: true,
         };
         let shared = [Arc::new(td)];
         let tasks = [task];
@@ -1103,6 +1109,7 @@ mod tests {
             revision: 9,
             tasks: &tasks,
             task_definitions: shared.iter().map(AsRef::as_ref).collect(),
+            allow_task_users: true,
         };
         assert_eq!(serde_json::to_value(&out).unwrap(), serde_json::to_value(&want).unwrap());
     }

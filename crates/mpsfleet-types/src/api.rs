@@ -78,6 +78,9 @@ pub struct Assignments {
     pub revision: u64,
     pub tasks: Vec<Task>,
     pub task_definitions: Vec<crate::taskdef::TaskDefinition>,
+    /// The host's pool lets process tasks run as the `user` their definition names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_task_users: bool,
 }
 
 /// Body of `POST /v1/incidents/{id}/resolve`.

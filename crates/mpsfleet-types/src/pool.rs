@@ -62,6 +62,11 @@ pub struct Pool {
     /// What launches and terminates hosts; managed pools only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    /// Whether a process task runs as the `user` its definition names (root included). When
+    /// false, the default, process tasks run as an unprivileged user of their own and a
+    /// definition naming a `user` is refused on process hosts (docs/security.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_task_users: bool,
     pub created_at_ms: u64,
 }
 
@@ -83,6 +88,8 @@ pub struct CreatePool {
     pub remediation_policy: Option<RemediationPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_task_users: Option<bool>,
 }
 
 /// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are
@@ -100,4 +107,6 @@ pub struct UpdatePool {
     pub remediation_policy: Option<RemediationPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_task_users: Option<bool>,
 }

@@ -165,6 +165,10 @@ pub enum PoolCommand {
         /// Bound on the sum of maxComputePercent of the MPS clients of one GPU.
         #[arg(long)]
         compute_overcommit_percent: Option<u32>,
+        /// Let process tasks run as the `user` their definition names (root included); off by
+        /// default: they run as an unprivileged user of their own (docs/security.md).
+        #[arg(long, value_name = "BOOL")]
+        allow_task_users: Option<bool>,
         /// JSON with any of healthPolicy, remediationPolicy and provider (see docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
@@ -176,6 +180,8 @@ pub enum PoolCommand {
         strategy: Option<String>,
         #[arg(long)]
         compute_overcommit_percent: Option<u32>,
+        #[arg(long, value_name = "BOOL")]
+        allow_task_users: Option<bool>,
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -611,15 +617,16 @@ fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
                     || "-".into(),
                     |p| format!("{} ({} hosts)", p.kind.as_str(), p.desired_hosts),
                 ),
+                if p.allow_task_users { "definition's" } else { "own unprivileged" }.into(),
             ]
         })
         .collect()
 }
 
 async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
-    const HEADERS: [&str; 5] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER"];
+    const HEADERS: [&str; 6] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER", "PROCESS TASK USER"];
     let one = match cmd {
-        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent, file } => {
+        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent, allow_task_users, file } => {
             let mut req: CreatePool = read_json(file.as_ref())?;
             req.name = name;
             req.mode =
@@ -628,12 +635,14 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
                 );
             req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
+            req.allow_task_users = allow_task_users.or(req.allow_task_users);
             c.create_pool(&req).await?
         }
-        PoolCommand::Update { name, strategy, compute_overcommit_percent, file } => {
+        PoolCommand::Update { name, strategy, compute_overcommit_percent, allow_task_users, file } => {
             let mut req: UpdatePool = read_json(file.as_ref())?;
             req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
+            req.allow_task_users = allow_task_users.or(req.allow_task_users);
             c.update_pool(&name, &req).await?
         }
         PoolCommand::Explain { name } => {

@@ -425,6 +425,7 @@ impl Cluster {
             remediation_policy: req.remediation_policy.unwrap_or_default(),
             // A managed pool without a provider is repaired by draining only; `up` sets `local`.
             provider: req.provider,
+            allow_task_users: req.allow_task_users.unwrap_or(false),
             created_at_ms: self.now(),
         };
         check_pool(&pool)?;
@@ -458,6 +459,9 @@ impl Cluster {
         }
         if req.provider.is_some() {
             pool.provider = req.provider;
+        }
+        if let Some(allow) = req.allow_task_users {
+            pool.allow_task_users = allow;
         }
         check_pool(&pool)?;
         if pool != current.value {
@@ -868,19 +872,23 @@ impl Cluster {
 
     /// The tasks an agent should run (or stop), and the host's change epoch.
     pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
-        let (epoch, tasks, definitions) = self.shared_assignments(host)?;
-        let task_definitions = definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
-        Ok((epoch, Assignments { revision: epoch, tasks, task_definitions }))
+        let a = self.shared_assignments(host)?;
+        let task_definitions = a.definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
+        Ok((
+            a.epoch,
+            Assignments {
+                revision: a.epoch,
+                tasks: a.tasks,
+                task_definitions,
+                allow_task_users: a.allow_task_users,
+            },
+        ))
     }
 
     /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
     /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
     /// every host's long-poll.
-    #[allow(clippy::type_complexity)]
-    pub fn shared_assignments(
-        &self,
-        host: &HostId,
-    ) -> Result<(u64, Vec<Task>, Vec<Arc<TaskDefinition>>), ApiError> {
+    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
         let tasks: Vec<Task> = self
@@ -896,7 +904,8 @@ impl Cluster {
             .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
             .map(|v| v.value.clone())
             .collect();
-        Ok((e.epoch, tasks, task_definitions))
+        let allow_task_users = self.pools.get(&e.host.pool).is_some_and(|p| p.value.allow_task_users);
+        Ok(HostAssignments { epoch: e.epoch, tasks, definitions: task_definitions, allow_task_users })
     }
 
     // ---- tasks --------------------------------------------------------------------------
@@ -1535,6 +1544,17 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// A host's assignments with the definitions shared, as [`Cluster::shared_assignments`] gives
+/// them.
+pub struct HostAssignments {
+    /// The host's change epoch.
+    pub epoch: u64,
+    pub tasks: Vec<Task>,
+    pub definitions: Vec<Arc<TaskDefinition>>,
+    /// The host's pool lets process tasks run as the `user` their definition names.
+    pub allow_task_users: bool,
 }
 
 /// What the server knows that providers need: its own address and join token, and how to
