@@ -89,6 +89,18 @@ pub struct AgentConfig {
     pub logs_listen: std::net::SocketAddr,
     pub runtime: RuntimeChoice,
     pub docker: DockerSettings,
+    /// The uids tasks get when the agent runs as root (`--task-uid-range`); checked against the
+    /// agent's own uid at start.
+    pub task_uids: crate::runtime::UidRange,
+    /// What tasks of other uids must reach (their own directories, the MPS pipe directories)
+    /// when the agent runs as root: `--run-dir`, else [`default_run_dir`].
+    pub run_dir: Option<PathBuf>,
+}
+
+/// Where a root agent keeps what its tasks must reach: `/run/mpsfleet-agent/<key of the data
+/// dir>` (short, so that MPS socket paths fit; `/run` only root may write).
+pub fn default_run_dir(data_dir: &Path) -> PathBuf {
+    PathBuf::from("/run/mpsfleet-agent").join(host_key(data_dir))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,21 +125,38 @@ pub enum AgentError {
     TaskLoopDied(String),
     #[error("--runtime docker: Docker Engine does not answer on {socket}: {reason}")]
     NoDocker { socket: PathBuf, reason: String },
+    #[error("{0}")]
+    Config(String),
 }
 
-/// What the agent keeps about itself in its data dir.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// What the agent keeps about itself in its data dir (`identity.json`, mode 0600): the host
+/// credential it presents, and only the digest of the token the server presents to it.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Identity {
     host_id: HostId,
     credential: String,
-    /// What the server presents when it fetches logs from this agent.
-    agent_token: String,
+    /// The SHA-256 hex digest of what the server presents when it fetches logs from this agent.
+    #[serde(default)]
+    agent_token_sha256: String,
+    /// The token itself, as agents before digests wrote it: replaced by its digest on load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent_token: Option<String>,
     server: String,
     /// The runtime the host registered with; it stays the host's runtime across restarts.
     /// Identities written before containers existed are process hosts.
     #[serde(default)]
     runtime: RuntimeKind,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("host_id", &self.host_id)
+            .field("server", &self.server)
+            .field("runtime", &self.runtime)
+            .finish_non_exhaustive()
+    }
 }
 
 const IDENTITY_FILE: &str = "identity.json";
@@ -143,7 +172,17 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    // A leftover temporary file (of another mode, or a link) is not written through.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
@@ -152,7 +191,15 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Runs the agent until `shutdown` completes.
 pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) -> Result<(), AgentError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    std::fs::create_dir_all(&cfg.data_dir).map_err(io("cannot create the data dir", &cfg.data_dir))?;
+    // The agent's alone, whatever it was before: identity, task records and logs.
+    crate::safe_fs::private_dir(&cfg.data_dir, 0o700)
+        .map_err(io("cannot create the data dir", &cfg.data_dir))?;
+    let identity_path = cfg.data_dir.join(IDENTITY_FILE);
+    if std::fs::symlink_metadata(&identity_path).is_ok() {
+        crate::safe_fs::set_file_mode(&identity_path, 0o600)
+            .map_err(io("cannot make the host identity 0600", &identity_path))?;
+    }
+    let users = task_users(&cfg)?;
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
     let client = Client::new(&cfg.server, None)?;
     let engine_version = match registered_runtime(&cfg) {
@@ -181,7 +228,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     let agent = client.with_token(identity.credential.clone());
     tracing::info!(host.id = %identity.host_id, gpus = found.gpus.len(), emulated = found.emulated, "registered");
 
-    let supervisors = start_supervisors(&cfg, &found, clock.clone())?;
+    let supervisors = start_supervisors(&cfg, &found, users.range.is_some(), clock.clone())?;
     let gpu_watch = Arc::new(
         GpuWatch::start(&found, &cfg.data_dir, clock.clone())
             .map_err(|e| AgentError::Runtime(e.to_string()))?,
@@ -221,6 +268,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         cfg.data_dir.join("tasks"),
         runtime,
         gpus,
+        users,
         agent.clone(),
         tokio::runtime::Handle::current(),
         clock.clone(),
@@ -236,7 +284,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         format!("http://{}", listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?);
     let app = crate::logs::router(
         cfg.data_dir.join("tasks"),
-        identity.agent_token.clone(),
+        identity.agent_token_sha256.clone(),
         engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
     );
     let logs = tokio::spawn(async move {
@@ -325,12 +373,7 @@ async fn identity(
     engine_version: &Option<String>,
 ) -> Result<Identity, AgentError> {
     let path = cfg.data_dir.join(IDENTITY_FILE);
-    if let Ok(bytes) = std::fs::read(&path) {
-        let id: Identity = serde_json::from_slice(&bytes).map_err(|e| AgentError::Io {
-            what: "cannot read the host identity",
-            path: path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-        })?;
+    if let Some(id) = load_identity(&path)? {
         if id.server.trim_end_matches('/') != cfg.server.trim_end_matches('/') {
             tracing::warn!(theirs = %id.server, ours = %cfg.server, "server address changed; keeping the identity");
         }
@@ -363,7 +406,8 @@ async fn identity(
     let id = Identity {
         host_id: resp.host_id,
         credential: resp.credential,
-        agent_token: resp.agent_token,
+        agent_token_sha256: crate::logs::token_digest(&resp.agent_token),
+        agent_token: None,
         server: cfg.server.clone(),
         runtime: reg.runtime,
     };
@@ -372,12 +416,80 @@ async fn identity(
     Ok(id)
 }
 
+/// The identity in `path`, if there is one. One written by an older agent with the agent token
+/// itself is converted: its digest is written in its place.
+fn load_identity(path: &Path) -> Result<Option<Identity>, AgentError> {
+    let bytes = match crate::safe_fs::read_beneath(
+        path.parent().unwrap_or(Path::new(".")),
+        Path::new(path.file_name().unwrap_or_default()),
+        1 << 20,
+    ) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            return Err(AgentError::Io {
+                what: "cannot read the host identity",
+                path: path.into(),
+                source: e,
+            })
+        }
+    };
+    let mut id: Identity = serde_json::from_slice(&bytes).map_err(|e| AgentError::Io {
+        what: "cannot read the host identity",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    if let Some(token) = id.agent_token.take() {
+        id.agent_token_sha256 = crate::logs::token_digest(&token);
+        let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
+        write_atomic(path, &bytes).map_err(io("cannot write the host identity", path))?;
+        tracing::info!(path = %path.display(), "the host identity now keeps the agent token's digest only");
+    }
+    if id.agent_token_sha256.is_empty() {
+        tracing::warn!(path = %path.display(), "the host identity holds no agent token digest: the server cannot read task logs here");
+    }
+    Ok(Some(id))
+}
+
+/// Who tasks run as: as root, uids of `--task-uid-range` (checked against the agent's own uid)
+/// with their directories in the run dir's `home`; otherwise the agent's own user.
+fn task_users(cfg: &AgentConfig) -> Result<crate::tasks::TaskUsers, AgentError> {
+    let me = nix::unistd::Uid::current();
+    cfg.task_uids.validate(me.as_raw()).map_err(AgentError::Config)?;
+    if !me.is_root() {
+        tracing::info!(uid = me.as_raw(), "the agent does not run as root: tasks run as its user");
+        return Ok(crate::tasks::TaskUsers { range: None, home_root: PathBuf::new() });
+    }
+    let run = run_dir(cfg)?;
+    Ok(crate::tasks::TaskUsers { range: Some(cfg.task_uids), home_root: run.join("home") })
+}
+
+/// The run dir of a root agent, made root's and 0711 (others may pass through, not list it).
+fn run_dir(cfg: &AgentConfig) -> Result<PathBuf, AgentError> {
+    use std::os::unix::fs::MetadataExt;
+    let run = cfg.run_dir.clone().unwrap_or_else(|| default_run_dir(&cfg.data_dir));
+    if !run.is_absolute() {
+        return Err(AgentError::Config(format!("--run-dir must be an absolute path, got {}", run.display())));
+    }
+    crate::safe_fs::private_dir(&run, 0o711).map_err(io("cannot create the run dir (--run-dir)", &run))?;
+    let meta = std::fs::symlink_metadata(&run).map_err(io("cannot read the run dir (--run-dir)", &run))?;
+    if meta.uid() != 0 {
+        return Err(AgentError::Config(format!(
+            "--run-dir {} belongs to uid {}, not root: tasks could change what the agent keeps there",
+            run.display(),
+            meta.uid()
+        )));
+    }
+    Ok(run)
+}
+
 /// One supervisor per GPU (or one for the host), keyed by GPU UUID.
 pub type Supervisors = Arc<BTreeMap<GpuUuid, Arc<Supervisor>>>;
 
 fn start_supervisors(
     cfg: &AgentConfig,
     found: &Discovered,
+    task_uids: bool,
     clock: Arc<dyn Clock>,
 ) -> Result<Supervisors, AgentError> {
     let (control, bin): (Arc<dyn MpsControl>, PathBuf) = match &cfg.mps {
@@ -386,7 +498,20 @@ fn start_supervisors(
         MpsMode::Unavailable => return Ok(Arc::new(BTreeMap::new())),
     };
     let mps_root = cfg.data_dir.canonicalize().unwrap_or_else(|_| cfg.data_dir.clone()).join("mps");
-    let pipe_root = if mps_root.as_os_str().len() + 4 <= MAX_PIPE_DIR {
+    let pipe_root = if task_uids {
+        // Tasks of other uids must reach the pipe directory; the data dir is the agent's alone.
+        let root = run_dir(cfg)?.join("mps");
+        crate::safe_fs::private_dir(&root, 0o711).map_err(io("cannot create the mps pipe root", &root))?;
+        if root.as_os_str().len() + 4 > MAX_PIPE_DIR {
+            return Err(AgentError::Config(format!(
+                "--run-dir {} is too long for MPS sockets: {} may have at most {MAX_PIPE_DIR} bytes with a GPU's \
+                 directory",
+                cfg.run_dir.as_deref().unwrap_or(Path::new("")).display(),
+                root.display()
+            )));
+        }
+        root
+    } else if mps_root.as_os_str().len() + 4 <= MAX_PIPE_DIR {
         mps_root.clone()
     } else {
         // Socket paths must fit in 108 bytes: fall back to a short directory of our own.
@@ -490,7 +615,7 @@ async fn heartbeat_loop(
 
 /// The runtime recorded in the data dir's identity, if the host is registered already.
 fn registered_runtime(cfg: &AgentConfig) -> Option<RuntimeKind> {
-    let bytes = std::fs::read(cfg.data_dir.join(IDENTITY_FILE)).ok()?;
+    let bytes = crate::safe_fs::read_beneath(&cfg.data_dir, Path::new(IDENTITY_FILE), 1 << 20).ok()??;
     serde_json::from_slice::<Identity>(&bytes).ok().map(|i| i.runtime)
 }
 

@@ -16,6 +16,7 @@ pub mod logs;
 pub mod mps;
 pub mod output;
 pub mod runtime;
+pub mod safe_fs;
 pub mod tasks;
 
 pub use agent::{run, AgentConfig, AgentError, DockerSettings, MpsMode, RuntimeChoice};

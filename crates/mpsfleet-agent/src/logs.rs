@@ -14,12 +14,17 @@
 //!   `since_ms` asked for when there is none).
 //!
 //! `tail` counts bytes of output from the end (default and most: [`TAIL_MAX`]); no more than
-//! a bounded part of any file is read.
+//! a bounded part of any file is read. Nothing below the tasks dir is followed when it is a
+//! link (see [`crate::safe_fs`]): not the task's or the container's directory, not a log.
+//!
+//! The agent keeps only the SHA-256 digest of the token; the one presented is hashed and the
+//! digests compared in constant time.
 
 use crate::docker::{DockerError, DockerRuntime};
-use crate::output::{decode_header, open_log, FRAME_MAX};
+use crate::output::{decode_header, open_log_beneath, FRAME_MAX};
 use crate::runtime::shim::{OUTPUT_LOG, OUTPUT_LOG_MAX, OUTPUT_LOG_OLD};
-use crate::runtime::{logs, LogStream};
+use crate::runtime::{logs_beneath, LogStream};
+use crate::safe_fs::{read_beneath, Dir};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -29,7 +34,7 @@ use mpsfleet_types::logs::{tail_boundary, LogStreams, OutputLine, OutputStream};
 use mpsfleet_types::{TaskDefinition, TaskId};
 use serde::Deserialize;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 /// The most output bytes one answer carries (the server's own limit, `MAX_LOG_TAIL`).
@@ -44,7 +49,8 @@ const FRAMED_READ_MAX: u64 = OUTPUT_LOG_MAX + 2 * FRAME_MAX as u64;
 
 struct LogsState {
     tasks_dir: PathBuf,
-    token: String,
+    /// The SHA-256 hex digest of the token the server presents.
+    token_sha256: String,
     docker: Option<DockerRuntime>,
 }
 
@@ -56,15 +62,36 @@ struct LogsQuery {
     since_ms: Option<String>,
 }
 
-/// The logs endpoint; `docker` is the runtime to ask first for a container's stdout or stderr
-/// when the agent runs tasks on Docker Engine.
-pub fn router(tasks_dir: PathBuf, token: String, docker: Option<DockerRuntime>) -> Router {
+/// The logs endpoint; `token_sha256` is the digest ([`token_digest`]) of the token the server
+/// presents; `docker` is the runtime to ask first for a container's stdout or stderr when the
+/// agent runs tasks on Docker Engine.
+pub fn router(tasks_dir: PathBuf, token_sha256: String, docker: Option<DockerRuntime>) -> Router {
     Router::new().route("/v1/logs/{task}", get(task_logs)).with_state(Arc::new(LogsState {
         tasks_dir,
-        token,
+        token_sha256,
         docker,
     }))
 }
+
+/// The SHA-256 of a token, in lower-case hex.
+pub fn token_digest(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `presented` is the token whose digest is `digest`, comparing the digests in
+/// constant time; an empty digest matches nothing.
+pub fn token_matches(digest: &str, presented: Option<&str>) -> bool {
+    let Some(presented) = presented else { return false };
+    let got = token_digest(presented);
+    if digest.is_empty() || got.len() != digest.len() {
+        return false;
+    }
+    got.bytes().zip(digest.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// The most read of a task's record.json for its first container's name.
+const RECORD_READ_MAX: u64 = 4 << 20;
 
 fn plain(status: StatusCode, message: String) -> Response {
     (status, message).into_response()
@@ -102,7 +129,7 @@ async fn task_logs(
 ) -> Response {
     let presented =
         headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if st.token.is_empty() || presented != Some(st.token.as_str()) {
+    if !token_matches(&st.token_sha256, presented) {
         return plain(StatusCode::UNAUTHORIZED, "only the server may read logs here".into());
     }
     let Ok(id) = TaskId::parse(&task) else {
@@ -126,15 +153,15 @@ async fn task_logs(
         Ok(s) => s,
         Err(e) => return plain(StatusCode::BAD_REQUEST, e),
     };
-    if !st.tasks_dir.join(id.to_string()).is_dir() {
+    if !matches!(Dir::open_beneath(&st.tasks_dir, FsPath::new(&id.to_string())), Ok(Some(_))) {
         return plain(StatusCode::NOT_FOUND, format!("task {id} is not known on this host"));
     }
     let container = match q.container {
         Some(c) => c,
         None => {
             // The first container of the task's definition.
-            let record = st.tasks_dir.join(id.to_string()).join("record.json");
-            let first = std::fs::read(&record).ok().and_then(|b| {
+            let record = FsPath::new(&id.to_string()).join("record.json");
+            let first = read_beneath(&st.tasks_dir, &record, RECORD_READ_MAX).ok().flatten().and_then(|b| {
                 #[derive(Deserialize)]
                 struct Rec {
                     definition: TaskDefinition,
@@ -155,15 +182,18 @@ async fn task_logs(
     if let Err(e) = mpsfleet_types::check_name("container name", &container) {
         return plain(StatusCode::BAD_REQUEST, e.to_string());
     }
-    let dir = crate::tasks::container_dir(&st.tasks_dir, &id, &container);
+    let tasks_dir = st.tasks_dir.clone();
+    let rel = crate::tasks::container_rel(&id, &container);
     let docker = st.docker.clone();
     // A plain thread, not a runtime worker: the Docker runtime blocks on its own runtime.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new().name("logs-read".into()).spawn(move || {
         let read = || -> Result<(Answer, Option<u64>), String> {
-            if !dir.is_dir() {
-                return Err(format!("no container {container:?} of task {id} on this host"));
-            }
+            let dir = match Dir::open_beneath(&tasks_dir, &rel) {
+                Ok(Some(dir)) => dir,
+                Ok(None) => return Err(format!("no container {container:?} of task {id} on this host")),
+                Err(e) => return Err(format!("container {container:?} of task {id}: {e} (not followed)")),
+            };
             let one = match streams {
                 LogStreams::Stdout => Some(LogStream::Stdout),
                 LogStreams::Stderr => Some(LogStream::Stderr),
@@ -180,11 +210,13 @@ async fn task_logs(
                         }
                     }
                 }
-                if dir.join(one.file_name()).exists() {
-                    return logs(&dir, one, Some(tail)).map(|b| (Answer::Text(b), None)).map_err(|e| e.to_string());
+                if !matches!(dir.open_file(one.file_name()), Ok(None)) {
+                    return logs_beneath(&tasks_dir, &rel, one, Some(tail))
+                        .map(|b| (Answer::Text(b), None))
+                        .map_err(|e| e.to_string());
                 }
             }
-            let chunks = read_frames(&dir, streams, since_ms, tail)?;
+            let chunks = read_frames(&tasks_dir, &rel, streams, since_ms, tail)?;
             let last = chunks.last().map(|c| c.at_ms).or(since_ms);
             let answer = match one {
                 Some(_) => Answer::Text(tail_bytes(chunks.into_iter().flat_map(|c| c.bytes).collect(), tail)),
@@ -215,17 +247,19 @@ async fn task_logs(
     resp
 }
 
-/// The frames of `dir`'s `output.1.log` then `output.log` of the streams in `streams`, written
-/// after `since_ms` when given, oldest first. The older file is read only when the newer one
-/// does not already reach back far enough (past `since_ms`, or `tail` bytes of output).
+/// The frames of the `output.1.log` then `output.log` of the container dir `root`/`rel` of the
+/// streams in `streams`, written after `since_ms` when given, oldest first. The older file is
+/// read only when the newer one does not already reach back far enough (past `since_ms`, or
+/// `tail` bytes of output). No link below `root` is followed.
 fn read_frames(
-    dir: &std::path::Path,
+    root: &FsPath,
+    rel: &FsPath,
     streams: LogStreams,
     since_ms: Option<u64>,
     tail: u64,
 ) -> Result<Vec<Chunk>, String> {
     let keep = |c: &Chunk| streams.includes(c.stream) && since_ms.is_none_or(|s| c.at_ms > s);
-    let current = read_framed_file(&dir.join(OUTPUT_LOG))?;
+    let current = read_framed_file(root, &rel.join(OUTPUT_LOG))?;
     let reaches_back = match (since_ms, current.first()) {
         (_, None) => false,
         (Some(since), Some(first)) => first.at_ms <= since,
@@ -235,7 +269,7 @@ fn read_frames(
     let enough = out.iter().map(|c| c.bytes.len() as u64).sum::<u64>() >= tail;
     if !reaches_back && !enough {
         let mut old: Vec<Chunk> =
-            read_framed_file(&dir.join(OUTPUT_LOG_OLD))?.into_iter().filter(keep).collect();
+            read_framed_file(root, &rel.join(OUTPUT_LOG_OLD))?.into_iter().filter(keep).collect();
         old.append(&mut out);
         out = old;
     }
@@ -244,8 +278,11 @@ fn read_frames(
 
 /// The whole frames in the last [`FRAMED_READ_MAX`] bytes of one framed file; none when it
 /// does not exist. Reading that starts mid-file skips to the first frame.
-fn read_framed_file(path: &std::path::Path) -> Result<Vec<Chunk>, String> {
-    let Some(mut file) = open_log(path).map_err(|e| e.to_string())? else { return Ok(Vec::new()) };
+fn read_framed_file(root: &FsPath, rel: &FsPath) -> Result<Vec<Chunk>, String> {
+    let path = root.join(rel);
+    let Some(mut file) = open_log_beneath(root, rel).map_err(|e| e.to_string())? else {
+        return Ok(Vec::new());
+    };
     let io = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
     let len = file.metadata().map_err(io)?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(FRAMED_READ_MAX))).map_err(io)?;
@@ -354,7 +391,8 @@ mod tests {
             .unwrap();
         std::fs::write(dir.path().join(OUTPUT_LOG), frames(&[(Stdout, 3, "c\nd\n"), (Stderr, 4, "e")]))
             .unwrap();
-        let all = read_frames(dir.path(), LogStreams::All, None, TAIL_MAX).unwrap();
+        let here = FsPath::new("");
+        let all = read_frames(dir.path(), here, LogStreams::All, None, TAIL_MAX).unwrap();
         let lines = to_lines("app", all);
         assert_eq!(
             texts(&lines),
@@ -368,15 +406,15 @@ mod tests {
         );
         assert!(lines.iter().all(|l| l.container == "app"));
         // Strictly after since_ms; the old file is not needed once the new one reaches back.
-        let later = read_frames(dir.path(), LogStreams::All, Some(3), TAIL_MAX).unwrap();
+        let later = read_frames(dir.path(), here, LogStreams::All, Some(3), TAIL_MAX).unwrap();
         assert_eq!(later, vec![Chunk { stream: Stderr, at_ms: 4, bytes: b"e".to_vec() }]);
-        let later = read_frames(dir.path(), LogStreams::Stderr, Some(1), TAIL_MAX).unwrap();
+        let later = read_frames(dir.path(), here, LogStreams::Stderr, Some(1), TAIL_MAX).unwrap();
         assert_eq!(later.iter().map(|c| c.at_ms).collect::<Vec<_>>(), [2, 4]);
-        let out = read_frames(dir.path(), LogStreams::Stdout, None, TAIL_MAX).unwrap();
+        let out = read_frames(dir.path(), here, LogStreams::Stdout, None, TAIL_MAX).unwrap();
         assert_eq!(out.into_iter().flat_map(|c| c.bytes).collect::<Vec<_>>(), b"a\nc\nd\n");
         // Nothing there yet.
         let empty = tempfile::tempdir().unwrap();
-        assert!(read_frames(empty.path(), LogStreams::All, Some(0), 10).unwrap().is_empty());
+        assert!(read_frames(empty.path(), here, LogStreams::All, Some(0), 10).unwrap().is_empty());
     }
 
     #[test]

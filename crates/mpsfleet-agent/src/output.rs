@@ -100,34 +100,51 @@ pub enum TailError {
 }
 
 /// Opens a log file for reading without following a symlink (nor blocking on a FIFO), and only
-/// if it is a regular file with one link. `Ok(None)` when it does not exist yet.
+/// if it is a regular file with one link. `Ok(None)` when it does not exist yet. The directory
+/// it is in is trusted; [`open_log_beneath`] follows no link below a trusted root either.
 pub fn open_log(path: &Path) -> Result<Option<File>, TailError> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let io = |source| TailError::Io { path: path.to_path_buf(), source };
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc_flags::ELOOP) => {
-            return Err(TailError::NotPlain { path: path.to_path_buf() })
-        }
+    let (root, name) = match (path.parent(), path.file_name()) {
+        (Some(root), Some(name)) => (root, Path::new(name)),
+        _ => return Err(TailError::NotPlain { path: path.to_path_buf() }),
+    };
+    open_log_beneath(root, name)
+}
+
+/// [`open_log`] of `root`/`rel`, where no component of `rel` (directories included) is
+/// followed when it is a link: a link anywhere below `root` is refused.
+pub fn open_log_beneath(root: &Path, rel: &Path) -> Result<Option<File>, TailError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = root.join(rel);
+    let refused = |e: &io::Error| {
+        matches!(e.raw_os_error(), Some(libc_flags::ELOOP) | Some(libc_flags::ENOTDIR))
+            || e.kind() == io::ErrorKind::InvalidInput
+    };
+    let io = |source| TailError::Io { path: path.clone(), source };
+    let (parent, name) =
+        crate::safe_fs::split(rel).map_err(|_| TailError::NotPlain { path: path.clone() })?;
+    let dir = match crate::safe_fs::Dir::open_beneath(root, parent) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return Ok(None),
+        Err(e) if refused(&e) => return Err(TailError::NotPlain { path }),
+        Err(e) => return Err(io(e)),
+    };
+    let file = match dir.open_file(name) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(e) if refused(&e) => return Err(TailError::NotPlain { path }),
         Err(e) => return Err(io(e)),
     };
     let meta = file.metadata().map_err(io)?;
     if !meta.file_type().is_file() || meta.nlink() != 1 {
-        return Err(TailError::NotPlain { path: path.to_path_buf() });
+        return Err(TailError::NotPlain { path });
     }
     Ok(Some(file))
 }
 
-/// The flags `open_log` needs, from nix's libc.
+/// The errors `open_log` tells apart, from nix's libc.
 mod libc_flags {
-    pub const O_NOFOLLOW: i32 = nix::libc::O_NOFOLLOW;
-    pub const O_NONBLOCK: i32 = nix::libc::O_NONBLOCK;
     pub const ELOOP: i32 = nix::libc::ELOOP;
+    pub const ENOTDIR: i32 = nix::libc::ENOTDIR;
 }
 
 /// The start of every frame in `output.log`, so that a reader that starts mid-file (after a
@@ -179,6 +196,9 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<(OutputStream, u64, usize, usi
 /// them) and feeds each chunk, with the time the shim read it, to a [`RecentOutput`].
 #[derive(Debug)]
 pub struct LogTail {
+    /// The trusted directory and the file below it (no link below `root` is followed).
+    root: PathBuf,
+    rel: PathBuf,
     path: PathBuf,
     container: String,
     file: Option<File>,
@@ -199,8 +219,17 @@ impl LogTail {
     /// Follows `path` from its beginning (a container just started), or from its last
     /// [`SNAPSHOT_MAX_BYTES`] with `from_end` (a container adopted after a restart).
     pub fn new(path: PathBuf, container: &str, from_end: bool) -> LogTail {
+        let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let rel = path.file_name().map(PathBuf::from).unwrap_or_default();
+        LogTail::beneath(root, rel, container, from_end)
+    }
+
+    /// Follows `root`/`rel`, following no link below `root` (directories included).
+    pub fn beneath(root: PathBuf, rel: PathBuf, container: &str, from_end: bool) -> LogTail {
         LogTail {
-            path,
+            path: root.join(&rel),
+            root,
+            rel,
             container: container.to_string(),
             file: None,
             offset: 0,
@@ -230,7 +259,7 @@ impl LogTail {
         use std::os::unix::fs::MetadataExt;
         let io = |source| TailError::Io { path: self.path.clone(), source };
         if self.file.is_none() {
-            let Some(f) = open_log(&self.path)? else { return Ok(()) };
+            let Some(f) = open_log_beneath(&self.root, &self.rel)? else { return Ok(()) };
             if std::mem::take(&mut self.from_end) {
                 let len = f.metadata().map_err(io)?.len();
                 self.offset = len.saturating_sub(READ_MAX);

@@ -8,6 +8,13 @@
 //! Every record is written to `<tasks dir>/<task id>/record.json` before it is reported, and
 //! reports are retried until the server acknowledges them: what happens while the server is
 //! unreachable, or while the agent is down, is reported once both are back.
+//!
+//! Who a task runs as is decided before it starts ([`TaskUsers`]): a process container whose
+//! definition names a `user` starts only when the pool allows it (`allowTaskUsers`), and, when
+//! the agent runs as root, a task with a process container that names none gets a uid of its
+//! own from the range (kept in its record, so that an adopted task keeps it, and never given to
+//! a second task while the first has not stopped) and its own directory for `HOME`, removed
+//! when it stops.
 
 use crate::backoff::Backoff;
 use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
@@ -15,11 +22,13 @@ use crate::env::container_env;
 use crate::mps::Supervisor;
 use crate::output::{LogTail, RecentOutput};
 use crate::runtime::engine::{Adopted, Engine, Handle};
+use crate::runtime::identity::uid_taken_on_host;
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
 use crate::runtime::probes::{ProbeResult, ProbeTarget};
 use crate::runtime::shim::OUTPUT_LOG;
 use crate::runtime::{
-    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, TaskPhase, DEFAULT_STOP_TIMEOUT,
+    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, TaskPhase, TaskUser, UidRange,
+    DEFAULT_STOP_TIMEOUT,
 };
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::clock::Clock;
@@ -60,6 +69,16 @@ impl Gpus {
     }
 }
 
+/// Who tasks run as on this host.
+#[derive(Debug, Clone, Default)]
+pub struct TaskUsers {
+    /// The uids tasks get; None when the agent does not run as root (tasks then run as the
+    /// agent's user).
+    pub range: Option<UidRange>,
+    /// Where each task's own directory goes (`<home_root>/<task id>`); made mode 0711, root's.
+    pub home_root: PathBuf,
+}
+
 /// What the task loop reacts to.
 pub enum Input {
     Assignments(Assignments),
@@ -91,6 +110,9 @@ struct Record {
     stop_code: Option<StopCode>,
     reason: Option<String>,
     reported: Option<Reported>,
+    /// The task's own uid and home, while it has them (see [`TaskUsers`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task_user: Option<TaskUser>,
 }
 
 impl Record {
@@ -145,11 +167,15 @@ impl TaskLoop {
         dir: PathBuf,
         runtime: Engine,
         gpus: Gpus,
+        users: TaskUsers,
         client: Client,
         handle: tokio::runtime::Handle,
         clock: Arc<dyn Clock>,
     ) -> std::io::Result<TaskLoop> {
-        std::fs::create_dir_all(&dir)?;
+        crate::safe_fs::private_dir(&dir, 0o700)?;
+        if users.range.is_some() {
+            crate::safe_fs::private_dir(&users.home_root, 0o711)?;
+        }
         let (tx, rx) = channel();
         let mut state = State {
             dir,
@@ -164,6 +190,8 @@ impl TaskLoop {
             report_after_ms: 0,
             report_backoff: Backoff::new(TICK, REPORT_BACKOFF_MAX),
             launch,
+            users,
+            last_uid: None,
         };
         // Loading adopts containers, which asks Docker: a blocking call, so it runs on the
         // loop's own thread, never on the caller's (an async task).
@@ -235,6 +263,10 @@ struct State {
     report_after_ms: u64,
     report_backoff: Backoff,
     launch: LaunchFn,
+    users: TaskUsers,
+    /// The task uid handed out last: the next one is looked for after it, so that a uid is
+    /// reused as late as possible.
+    last_uid: Option<u32>,
 }
 
 impl State {
@@ -273,7 +305,7 @@ impl State {
 
     fn persist(&self, rec: &Record) {
         let path = self.record_path(&rec.task.id);
-        let res = std::fs::create_dir_all(path.parent().unwrap_or(&self.dir)).and_then(|()| {
+        let res = crate::safe_fs::private_dir(path.parent().unwrap_or(&self.dir), 0o700).and_then(|()| {
             let bytes = serde_json::to_vec_pretty(rec).map_err(std::io::Error::other)?;
             crate::agent::write_atomic(&path, &bytes)
         });
@@ -304,7 +336,13 @@ impl State {
                 continue; // finished and acknowledged: nothing left to do
             }
             let id = rec.task.id;
+            if let Some(u) = &rec.task_user {
+                self.last_uid = self.last_uid.max(Some(u.uid));
+            }
             let mut local = new_local(rec);
+            if local.rec.status == TaskStatus::Stopped {
+                release_user(&mut local.rec);
+            }
             follow_logs(&self.dir, &mut local, true);
             if local.rec.status != TaskStatus::Stopped {
                 for c in &local.rec.definition.container_definitions {
@@ -360,6 +398,7 @@ impl State {
 
     /// Compares what the server assigns with what runs here.
     fn reconcile(&mut self, a: Assignments) {
+        let allow_task_users = a.allow_task_users;
         let defs: BTreeMap<TaskDefRef, &TaskDefinition> =
             a.task_definitions.iter().map(|d| (d.reference(), d)).collect();
         let assigned: BTreeSet<TaskId> = a.tasks.iter().map(|t| t.id).collect();
@@ -389,6 +428,7 @@ impl State {
                 stop_code: None,
                 reason: None,
                 reported: None,
+                task_user: None,
             };
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;
@@ -401,11 +441,17 @@ impl State {
                 rec.stop_code = Some(StopCode::HostLost);
                 rec.reason = Some("the agent has no record of this task; its data dir was lost".into());
             }
+            let refused = match rec.status {
+                TaskStatus::Pending => self.choose_user(&mut rec, allow_task_users).err(),
+                _ => None,
+            };
             self.persist(&rec);
             let starting = rec.status == TaskStatus::Pending;
             self.tasks.insert(t.id, new_local(rec));
-            if starting {
-                self.begin_launch(t.id);
+            match refused {
+                Some(reason) => self.launched(t.id, Err((StopCode::TaskFailedToStart, reason))),
+                None if starting => self.begin_launch(t.id),
+                None => {}
             }
         }
         // Running here but no longer assigned: the server has stopped it.
@@ -423,6 +469,55 @@ impl State {
             );
         }
         self.assignments = Some(a);
+    }
+
+    /// Decides who the task's process containers run as: a `user` of their definition only
+    /// when the pool allows it, else (agent root, no `user`) a uid of the task's own, with its
+    /// own home directory. Err is the reason the task does not start.
+    fn choose_user(&mut self, rec: &mut Record, allow_task_users: bool) -> Result<(), String> {
+        let runtime = self.runtime.clone();
+        let process: Vec<(usize, &ContainerDefinition)> = rec
+            .definition
+            .container_definitions
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| runs_as_process(&runtime, c))
+            .collect();
+        if !allow_task_users {
+            if let Some((i, _)) = process.iter().find(|(_, c)| c.user.is_some()) {
+                let pool = &rec.task.pool;
+                return Err(format!(
+                    "containerDefinitions[{i}].user: pool {pool} does not let process tasks choose their \
+                     user (pool update {pool} --allow-task-users true)"
+                ));
+            }
+        }
+        let Some(range) = self.users.range else { return Ok(()) };
+        if !process.iter().any(|(_, c)| c.user.is_none()) {
+            return Ok(());
+        }
+        let in_use: BTreeSet<u32> = self
+            .tasks
+            .values()
+            .filter(|l| l.rec.status != TaskStatus::Stopped)
+            .filter_map(|l| l.rec.task_user.as_ref().map(|u| u.uid))
+            .collect();
+        let uid = range.allocate(self.last_uid, &in_use, uid_taken_on_host).ok_or_else(|| {
+            format!(
+                "no free uid in --task-uid-range {}-{} ({} tasks hold one; the others are in the \
+                 password database or run processes)",
+                range.first,
+                range.last,
+                in_use.len()
+            )
+        })?;
+        self.last_uid = Some(uid);
+        let home = self.users.home_root.join(rec.task.id.to_string());
+        make_home(&home, uid)
+            .map_err(|e| format!("cannot make the task's directory {}: {e}", home.display()))?;
+        tracing::info!(task.id = %rec.task.id, uid, home = %home.display(), "the task runs as a uid of its own");
+        rec.task_user = Some(TaskUser { uid, home });
+        Ok(())
     }
 
     /// Checks the MPS daemon (fail closed), then launches every container, on a worker thread.
@@ -505,6 +600,7 @@ impl State {
                 local.rec.status = TaskStatus::Stopped;
                 local.rec.stop_code = Some(code);
                 local.rec.reason = Some(reason);
+                release_user(&mut local.rec);
                 let rec = local.rec.clone();
                 self.persist(&rec);
             }
@@ -536,7 +632,7 @@ impl State {
                 }
                 _ => {
                     let env = container_env(&local.rec.task, c, None);
-                    match ExecContext::new(&env, c.user.as_deref()) {
+                    match ExecContext::new(&env, c.user.as_deref(), local.rec.task_user.as_ref()) {
                         Ok(ctx) => ProbeTarget::Host(ctx),
                         Err(e) => {
                             tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started");
@@ -721,6 +817,7 @@ impl State {
         local.ended.extend(states);
         local.rec.status = TaskStatus::Stopped;
         local.rec.ready = false;
+        release_user(&mut local.rec);
         // What the containers wrote last goes with the STOPPED report.
         read_output(&id, local);
         local.tails.clear();
@@ -907,7 +1004,10 @@ fn follow_logs(tasks_dir: &Path, local: &mut Local, from_end: bool) {
         .definition
         .container_definitions
         .iter()
-        .map(|c| LogTail::new(container_dir(tasks_dir, &id, &c.name).join(OUTPUT_LOG), &c.name, from_end))
+        .map(|c| {
+            let rel = container_rel(&id, &c.name).join(OUTPUT_LOG);
+            LogTail::beneath(tasks_dir.to_path_buf(), rel, &c.name, from_end)
+        })
         .collect();
 }
 
@@ -1007,6 +1107,7 @@ fn launch(
                     argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
                     env,
                     user: c.user.clone(),
+                    task_user: rec.task_user.clone(),
                     stop_timeout,
                     state_dir: dir.clone(),
                 };
@@ -1073,7 +1174,7 @@ fn follow_container_output(engine: &Engine, tasks_dir: &Path, local: &mut Local)
     for (name, handle) in &local.handles {
         let Handle::Docker(h) = handle else { continue };
         let dir = container_dir(tasks_dir, &id, name);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        if let Err(e) = crate::safe_fs::private_dir(&dir, 0o700) {
             tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
             continue;
         }
@@ -1097,7 +1198,38 @@ fn terminate_clients(s: &Supervisor, pids: impl Iterator<Item = u32>) {
 
 /// The state directory (logs included) of a task's container under an agent's tasks dir.
 pub fn container_dir(tasks_dir: &Path, id: &TaskId, container: &str) -> PathBuf {
-    tasks_dir.join(id.to_string()).join("containers").join(container)
+    tasks_dir.join(container_rel(id, container))
+}
+
+/// [`container_dir`] relative to the tasks dir.
+pub fn container_rel(id: &TaskId, container: &str) -> PathBuf {
+    Path::new(&id.to_string()).join("containers").join(container)
+}
+
+/// Whether this container runs as a process here (not in Docker): its `user` is then the
+/// agent's business.
+fn runs_as_process(engine: &Engine, c: &ContainerDefinition) -> bool {
+    !matches!(engine, Engine::Docker { .. } if c.image.is_some())
+}
+
+/// Makes a task's own directory: empty, mode 0700, owned by its uid and gid, in a directory only
+/// root may change. Whatever was there before (from an earlier run) is removed first, without
+/// following links.
+fn make_home(home: &Path, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    crate::safe_fs::remove_tree(home)?;
+    std::fs::DirBuilder::new().mode(0o700).create(home)?;
+    std::os::unix::fs::lchown(home, Some(uid), Some(uid))?;
+    crate::safe_fs::set_dir_mode(home, 0o700)
+}
+
+/// A stopped task gives its uid back and its directory is removed (no link followed), so that
+/// the next task with that uid finds nothing of it.
+fn release_user(rec: &mut Record) {
+    let Some(user) = rec.task_user.take() else { return };
+    if let Err(e) = crate::safe_fs::remove_tree(&user.home) {
+        tracing::warn!(task.id = %rec.task.id, home = %user.home.display(), error = %e, "cannot remove the task's directory");
+    }
 }
 
 #[cfg(test)]
@@ -1177,6 +1309,8 @@ mod tests {
             report_after_ms: 0,
             report_backoff: Backoff::new(TICK, REPORT_BACKOFF_MAX),
             launch: panicking_launch,
+            users: TaskUsers::default(),
+            last_uid: None,
         };
         state.handle_input(Input::Assignments(a));
         assert!(state.tasks[&id].busy, "the launch is on its worker");

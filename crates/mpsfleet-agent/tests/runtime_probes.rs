@@ -18,7 +18,7 @@ use std::time::Duration;
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn ctx(env: &[(&str, &str)]) -> ExecContext {
-    ExecContext::new(&env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>(), None)
+    ExecContext::new(&env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>(), None, None)
         .expect("context")
 }
 

@@ -44,6 +44,7 @@ fn spec(dir: &Path, argv: &[&str], env: &[(&str, &str)]) -> ContainerLaunch {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         user: None,
+        task_user: None,
         stop_timeout: Duration::from_secs(30),
         state_dir: dir.to_path_buf(),
     }
@@ -395,4 +396,48 @@ fn runtime_runs_as_the_requested_user_when_root() {
         }
         other => panic!("expected UnknownUser, got {other:?}"),
     }
+}
+
+#[test]
+fn runtime_runs_a_task_uid_in_its_own_home_and_keeps_its_logs_from_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !nix::unistd::Uid::current().is_root() {
+        eprintln!("skipped: switching users needs root, and this test does not run as root");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o711)).unwrap();
+    let home = tmp.path().join("home");
+    fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(200_321), Some(200_321)).unwrap();
+    fs::set_permissions(&home, fs::Permissions::from_mode(0o700)).unwrap();
+    let rt = runtime();
+    let dir = state_dir(&tmp, "task-uid");
+    let script = "id -u; id -g; id -G; echo \"$HOME\"; pwd; echo hi > mine && echo wrote; \
+                  ls \"$0\" >/dev/null 2>&1 && echo reached-state || echo no-state";
+    let mut launch = spec(&dir, &["/bin/sh", "-c", script, dir.to_str().unwrap()], &[]);
+    launch.task_user = Some(mpsfleet_agent::runtime::TaskUser { uid: 200_321, home: home.clone() });
+    let h = rt.launch(&launch).expect("launch");
+    assert_eq!(wait_exited(&rt, &h).code, Some(0), "{}", stdout_of(&dir));
+    let out = stdout_of(&dir);
+    let lines: Vec<&str> = out.lines().collect();
+    let home_s = home.to_string_lossy().into_owned();
+    assert_eq!(lines[..5], ["200321", "200321", "200321", home_s.as_str(), home_s.as_str()], "output: {out}");
+    assert_eq!(lines[5], "wrote", "the task writes in its home: {out}");
+    assert_eq!(fs::metadata(home.join("mine")).unwrap().uid(), 200_321);
+    assert_eq!(lines.last(), Some(&"no-state"), "the task reached its state dir: {out}");
+    // The state dir and the logs are the agent's alone.
+    let meta = fs::metadata(&dir).unwrap();
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o700));
+    for name in ["stdout.log", "stderr.log", "output.log", "shim.log", "exit.json", "proc.json"] {
+        let meta = fs::metadata(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (0, 0o600), "{name}");
+    }
+    // A named user wins over the task's uid.
+    launch.state_dir = state_dir(&tmp, "named");
+    launch.argv = vec!["/bin/sh".into(), "-c".into(), "id -u; pwd".into()];
+    launch.user = Some("root".into());
+    let h = rt.launch(&launch).expect("launch");
+    assert_eq!(wait_exited(&rt, &h).code, Some(0));
+    assert_eq!(stdout_of(&launch.state_dir), "0\n/\n");
 }

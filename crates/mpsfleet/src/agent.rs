@@ -14,8 +14,13 @@ pub struct AgentArgs {
     #[arg(long, env = "MPSFLEET_SERVER")]
     server: String,
     /// The join token (first start only: the host's own credential is kept in the data dir).
-    #[arg(long, env = "MPSFLEET_JOIN_TOKEN", hide_env_values = true)]
+    /// On the command line it is visible to every local user (`ps`): prefer
+    /// MPSFLEET_JOIN_TOKEN or --join-token-file.
+    #[arg(long, env = "MPSFLEET_JOIN_TOKEN", hide_env_values = true, conflicts_with = "join_token_file")]
     join_token: Option<String>,
+    /// A file holding the join token (its first line; surrounding blanks are dropped).
+    #[arg(long)]
+    join_token_file: Option<PathBuf>,
     #[arg(long, default_value = "default")]
     pool: String,
     /// The agent's state: identity, task table, task logs, MPS pipe and log directories.
@@ -81,6 +86,23 @@ pub struct AgentArgs {
     /// at most 5 per round).
     #[arg(long, default_value_t = 3600)]
     image_min_age_s: u64,
+    /// The uids process tasks run as when the agent runs as root and their definition names no
+    /// `user`: one per running task, FIRST-LAST (may not hold 0 or the agent's own uid).
+    #[arg(long, default_value = "200000-299999")]
+    task_uid_range: String,
+    /// Where a root agent keeps what tasks of other uids must reach (their own directories,
+    /// the MPS pipe directories) [default: /run/mpsfleet-agent/<key of the data dir>].
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+}
+
+/// The join token from `--join-token-file`: its first non-blank line, trimmed.
+fn read_join_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--join-token-file: cannot read {}", path.display()))?;
+    let token = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+    anyhow::ensure!(!token.is_empty(), "--join-token-file: {} holds no token", path.display());
+    Ok(token.to_string())
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
@@ -147,6 +169,15 @@ pub fn run(args: AgentArgs) -> Result<()> {
         "--container-retention-s must be at most 30 days (2592000), got {}",
         args.container_retention_s
     );
+    let task_uids = mpsfleet_agent::runtime::UidRange::parse(
+        &args.task_uid_range,
+        mpsfleet_agent::runtime::identity::agent_uid(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let join_token = match (&args.join_token_file, args.join_token) {
+        (Some(path), _) => Some(read_join_token(path)?),
+        (None, token) => token,
+    };
     let docker = DockerSettings {
         socket: args.docker_socket.unwrap_or_else(mpsfleet_agent::docker::socket_from_env),
         pull,
@@ -156,7 +187,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     };
     let cfg = AgentConfig {
         server: args.server,
-        join_token: args.join_token,
+        join_token,
         pool: args.pool,
         data_dir: args.data_dir,
         hostname,
@@ -170,6 +201,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
         logs_listen: args.logs_listen,
         runtime,
         docker,
+        task_uids,
+        run_dir: args.run_dir,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;

@@ -155,15 +155,21 @@ fn exit_info(status: ExitStatus) -> ExitInfo {
     }
 }
 
-/// Creates `dir` (and its parents) with mode 0755 so that the MPS server's UID can traverse it,
-/// and warns about ancestors it cannot traverse (servers crash-loop on those).
-fn prepare_dir(dir: &Path) -> Result<(), MpsError> {
+/// The pipe directory's mode: every uid may pass through it to the daemon's sockets (which the
+/// daemon makes 0666), none but the agent's may list or change it.
+pub const PIPE_DIR_MODE: u32 = 0o711;
+/// The log directory's mode: control.log and the daemon's record are the agent's alone.
+pub const LOG_DIR_MODE: u32 = 0o700;
+
+/// Creates the pipe directory (and its parents) with [`PIPE_DIR_MODE`], so that MPS clients
+/// and servers of every uid can reach the daemon, and warns about ancestors they cannot
+/// traverse (servers crash-loop on those).
+fn prepare_pipe_dir(dir: &Path) -> Result<(), MpsError> {
     let io = |source| MpsError::Io { path: dir.to_path_buf(), source };
-    DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(io)?;
+    DirBuilder::new().recursive(true).mode(PIPE_DIR_MODE).create(dir).map_err(io)?;
     let meta = fs::metadata(dir).map_err(io)?;
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o055 != 0o055 {
-        if let Err(e) = fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o755)) {
+    if meta.permissions().mode() & 0o7777 != PIPE_DIR_MODE {
+        if let Err(e) = fs::set_permissions(dir, fs::Permissions::from_mode(PIPE_DIR_MODE)) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot make the mps directory traversable");
         }
     }
@@ -176,6 +182,16 @@ fn prepare_dir(dir: &Path) -> Result<(), MpsError> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// Creates the log directory (and its parents) with [`LOG_DIR_MODE`], whatever its mode was.
+fn prepare_log_dir(dir: &Path) -> Result<(), MpsError> {
+    let io = |source| MpsError::Io { path: dir.to_path_buf(), source };
+    DirBuilder::new().recursive(true).mode(LOG_DIR_MODE).create(dir).map_err(io)?;
+    if fs::metadata(dir).map_err(io)?.permissions().mode() & 0o7777 != LOG_DIR_MODE {
+        fs::set_permissions(dir, fs::Permissions::from_mode(LOG_DIR_MODE)).map_err(io)?;
     }
     Ok(())
 }
@@ -218,7 +234,7 @@ fn open_log(path: &Path) -> Result<File, MpsError> {
     OpenOptions::new()
         .create(true)
         .append(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(path)
         .map_err(|source| MpsError::Io { path: path.to_path_buf(), source })
 }
@@ -298,7 +314,7 @@ impl DaemonRecord {
         let json = serde_json::to_vec_pretty(self)
             .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         let mut file =
-            OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp).map_err(io)?;
+            OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io)?;
         file.write_all(&json).and_then(|()| file.sync_all()).map_err(io)?;
         fs::rename(&tmp, &path).map_err(io)
     }
@@ -421,8 +437,8 @@ impl RealDaemon {
     /// Starts `nvidia-cuda-mps-control -f`, waits until it answers, applies the defaults.
     pub fn start(cfg: &DaemonConfig) -> Result<Self, MpsError> {
         cfg.validate()?;
-        prepare_dir(&cfg.pipe_dir)?;
-        prepare_dir(&cfg.log_dir)?;
+        prepare_pipe_dir(&cfg.pipe_dir)?;
+        prepare_log_dir(&cfg.log_dir)?;
         // Only a pipe directory nobody answers on may be cleaned: removing a live daemon's lock
         // file would let a second daemon start beside it.
         match run_control(cfg, "get_server_list") {
@@ -440,6 +456,9 @@ impl RealDaemon {
             log_file.try_clone().map_err(|source| MpsError::Io { path: log_path.clone(), source })?;
         let log_start = log_file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut command = Command::new(&cfg.control_bin);
+        // Only `-f`: the control binary of driver 535 knows no `-multiuser-server` (given it,
+        // with or without `-f`, it acts as a client, finds no daemon and exits 1), so servers
+        // stay one uid at a time.
         command
             .arg("-f")
             .env(PIPE_ENV, &cfg.pipe_dir)

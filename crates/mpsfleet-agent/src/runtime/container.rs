@@ -4,7 +4,7 @@
 //! a container is in the container's state directory (see [`super::shim`]). A handle is a
 //! cached copy of `proc.json`; [`Runtime::adopt`] rebuilds one from the directory alone.
 
-use super::identity::{ExecContext, UserError};
+use super::identity::{ExecContext, TaskUser, UserError};
 use super::procfs::{self, Liveness};
 use super::shim::{
     ExitRecord, ProcRecord, ShimArgs, EXIT_RECORD, PROC_RECORD, SHIM_LOG, STDERR_LOG, STDOUT_LOG,
@@ -13,8 +13,9 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +46,9 @@ pub struct ContainerLaunch {
     pub env: Vec<(String, String)>,
     /// ECS `user`: honoured only when the agent runs as root, refused otherwise.
     pub user: Option<String>,
+    /// The task's own uid and home (without `user`, when the agent runs as root): the process
+    /// runs as it, with `HOME` and its working directory there.
+    pub task_user: Option<TaskUser>,
     pub stop_timeout: Duration,
     /// A fresh directory for this container of this task run; created if missing.
     pub state_dir: PathBuf,
@@ -192,12 +196,12 @@ impl Runtime {
                 container: l.container.clone(),
             });
         }
-        let ctx = ExecContext::new(&l.env, l.user.as_deref()).map_err(|source| RuntimeError::User {
-            task_id: l.task_id.clone(),
-            container: l.container.clone(),
-            source,
+        let task_user = if l.user.is_none() { l.task_user.as_ref() } else { None };
+        let ctx = ExecContext::new(&l.env, l.user.as_deref(), task_user).map_err(|source| {
+            RuntimeError::User { task_id: l.task_id.clone(), container: l.container.clone(), source }
         })?;
-        fs::create_dir_all(&l.state_dir).map_err(|source| RuntimeError::Io {
+        // The agent's alone: the task writes its logs through the shim's pipes, never by path.
+        crate::safe_fs::private_dir(&l.state_dir, 0o700).map_err(|source| RuntimeError::Io {
             what: "create state directory",
             path: l.state_dir.clone(),
             source,
@@ -213,6 +217,8 @@ impl Runtime {
         let shim_log = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(dir.join(SHIM_LOG))
             .map_err(|source| RuntimeError::Io { what: "open", path: dir.join(SHIM_LOG), source })?;
         let shim_err = shim_log.try_clone().map_err(|source| RuntimeError::Io {
@@ -224,6 +230,7 @@ impl Runtime {
             dir: dir.clone(),
             uid: ctx.user.as_ref().map(|u| u.uid),
             gid: ctx.user.as_ref().map(|u| u.gid),
+            workdir: task_user.map(|t| t.home.clone()),
             argv: l.argv.iter().map(OsString::from).collect(),
         };
         let mut cmd = Command::new(&self.shim[0]);
@@ -423,31 +430,48 @@ fn signal_group(pid: u32, signal: Signal) -> Result<(), RuntimeError> {
     }
 }
 
-fn read_record<T: serde::de::DeserializeOwned>(path: PathBuf) -> Result<Option<T>, RuntimeError> {
-    match fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+/// The most read of one record (they are a few hundred bytes).
+const RECORD_MAX: u64 = 64 << 10;
+
+/// A record of the state dir, read without following a link.
+fn read_record<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, RuntimeError> {
+    let path = dir.join(name);
+    match crate::safe_fs::read_beneath(dir, Path::new(name), RECORD_MAX) {
+        Ok(Some(bytes)) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| RuntimeError::BadRecord { path, reason: e.to_string() }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Ok(None) => Ok(None),
         Err(source) => Err(RuntimeError::Io { what: "read", path, source }),
     }
 }
 
 fn read_exit(dir: &Path) -> Result<Option<ExitRecord>, RuntimeError> {
-    read_record(dir.join(EXIT_RECORD))
+    read_record(dir, EXIT_RECORD)
 }
 
 fn read_proc(dir: &Path) -> Result<Option<ProcRecord>, RuntimeError> {
-    read_record(dir.join(PROC_RECORD))
+    read_record(dir, PROC_RECORD)
 }
 
 /// The last `tail_bytes` bytes of a container's log (all of it when None); empty when the
 /// container has written nothing yet. A log that is not a plain file (a task replaced it with
 /// a symlink, say) is refused, not followed.
 pub fn logs(state_dir: &Path, stream: LogStream, tail_bytes: Option<u64>) -> Result<Vec<u8>, RuntimeError> {
-    let path = state_dir.join(stream.file_name());
+    logs_beneath(state_dir, Path::new(""), stream, tail_bytes)
+}
+
+/// [`logs`] of the container whose state dir is `root`/`rel`, following no link below `root`
+/// (directories included).
+pub fn logs_beneath(
+    root: &Path,
+    rel: &Path,
+    stream: LogStream,
+    tail_bytes: Option<u64>,
+) -> Result<Vec<u8>, RuntimeError> {
+    let rel = rel.join(stream.file_name());
+    let path = root.join(&rel);
     let io = |what, source| RuntimeError::Io { what, path: path.clone(), source };
-    let mut file = match crate::output::open_log(&path) {
+    let mut file = match crate::output::open_log_beneath(root, &rel) {
         Ok(Some(f)) => f,
         Ok(None) => return Ok(Vec::new()),
         Err(e) => return Err(io("open", io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))),
@@ -461,11 +485,12 @@ pub fn logs(state_dir: &Path, stream: LogStream, tail_bytes: Option<u64>) -> Res
     Ok(out)
 }
 
+/// The last `max` bytes of a log of the agent's, as text; a link in its place is not followed.
 fn tail_string(path: &Path, max: u64) -> String {
     let dir = path.parent().unwrap_or(Path::new("/"));
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(_) => return format!("(no log in {})", dir.display()),
+    let mut file = match crate::output::open_log(path) {
+        Ok(Some(f)) => f,
+        Ok(None) | Err(_) => return format!("(no log in {})", dir.display()),
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));

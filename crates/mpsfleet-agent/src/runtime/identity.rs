@@ -3,8 +3,15 @@
 //! Environment policy: a task process (and its exec probes) gets exactly the environment the
 //! agent passes in [`ExecContext::env`] on top of three basics, never the rest of the agent's
 //! environment: `PATH` (the agent's, or [`DEFAULT_PATH`] when it has none), `HOME` (the home
-//! directory of the user the container runs as; otherwise the agent's `HOME` if set) and `LANG`
-//! (the agent's, if set). A variable given by the task overrides a basic one.
+//! directory of the user the container runs as: the task's own directory for a task uid;
+//! otherwise the agent's `HOME` if set) and `LANG` (the agent's, if set). A variable given by
+//! the task overrides a basic one.
+//!
+//! Identity policy: a container whose definition names a `user` runs as that user (when the
+//! agent runs as root; the pool decides whether it may, see [`crate::tasks`]). One that names
+//! none runs, when the agent runs as root, as the task's own uid ([`TaskUser`], one per running
+//! task, allocated from a [`UidRange`]), gid the same, no supplementary groups, `HOME` and the
+//! working directory its own directory; when the agent is not root, as the agent's user.
 
 use nix::unistd::{Group, Uid, User};
 use std::path::PathBuf;
@@ -21,6 +28,108 @@ pub struct ResolvedUser {
     pub gid: u32,
     /// Home directory from the password database, when the uid is in it.
     pub home: Option<PathBuf>,
+}
+
+/// The unprivileged identity of one running task (when the agent runs as root and the
+/// container names no `user`): uid and gid `uid`, no supplementary groups, `home` its own
+/// directory (owned by `uid`, mode 0700), also its working directory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskUser {
+    pub uid: u32,
+    pub home: PathBuf,
+}
+
+/// The uids tasks get (`--task-uid-range FIRST-LAST`), both ends included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+/// The default `--task-uid-range`: above the uids distributions hand out (and below 2^31, which
+/// some tools take as negative).
+pub const DEFAULT_TASK_UIDS: UidRange = UidRange { first: 200_000, last: 299_999 };
+
+impl UidRange {
+    /// Parses `FIRST-LAST` and checks it for an agent running as `agent_uid`: it may not hold 0
+    /// nor the agent's own uid, nor `nobody` (65534), nor reach 2^31 - 1; the message names the
+    /// flag and the limit.
+    pub fn parse(value: &str, agent_uid: u32) -> Result<UidRange, String> {
+        let flag = "--task-uid-range";
+        let Some((a, b)) = value.split_once('-') else {
+            return Err(format!("{flag} must be FIRST-LAST (e.g. 200000-299999), got {value:?}"));
+        };
+        let num = |s: &str| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{flag}: {s:?} is not a uid (a whole number), in {value:?}"))
+        };
+        let range = UidRange { first: num(a)?, last: num(b)? };
+        range.validate(agent_uid)?;
+        Ok(range)
+    }
+
+    pub fn validate(&self, agent_uid: u32) -> Result<(), String> {
+        let flag = "--task-uid-range";
+        let (first, last) = (self.first, self.last);
+        if first > last {
+            return Err(format!("{flag}: the first uid {first} is above the last {last}"));
+        }
+        if first == 0 {
+            return Err(format!("{flag} {first}-{last} holds uid 0 (root): tasks would run as root"));
+        }
+        if (first..=last).contains(&agent_uid) {
+            return Err(format!(
+                "{flag} {first}-{last} holds the agent's own uid {agent_uid}: tasks could reach the agent's files"
+            ));
+        }
+        if (first..=last).contains(&65534) {
+            return Err(format!("{flag} {first}-{last} holds 65534 (nobody), which other programs share"));
+        }
+        if last >= i32::MAX as u32 {
+            return Err(format!("{flag}: the last uid must be below {}, got {last}", i32::MAX));
+        }
+        Ok(())
+    }
+
+    pub fn contains(&self, uid: u32) -> bool {
+        (self.first..=self.last).contains(&uid)
+    }
+
+    /// The first uid of the range from `after` on (wrapping around) that is not in `in_use`
+    /// and for which `taken` says no; None when every one is.
+    pub fn allocate(
+        &self,
+        after: Option<u32>,
+        in_use: &std::collections::BTreeSet<u32>,
+        taken: impl Fn(u32) -> bool,
+    ) -> Option<u32> {
+        let start = match after {
+            Some(a) if self.contains(a) && a < self.last => a + 1,
+            _ => self.first,
+        };
+        (start..=self.last).chain(self.first..start).find(|uid| !in_use.contains(uid) && !taken(*uid))
+    }
+}
+
+/// The agent's own (real) uid.
+pub fn agent_uid() -> u32 {
+    Uid::current().as_raw()
+}
+
+/// Whether anything on this host has `uid` already: an entry in the password database, or a
+/// process (its `/proc/PID` is owned by its effective uid). A task uid is never handed out
+/// while a process left over from an earlier task still runs as it.
+pub fn uid_taken_on_host(uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_))) {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|e| {
+        e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            && e.metadata().is_ok_and(|m| m.uid() == uid)
+    })
 }
 
 /// How to run a process of a container: environment and identity. Used for the container's
@@ -51,14 +160,28 @@ pub enum UserError {
 
 impl ExecContext {
     /// Builds the context for a container: resolves `user` (refusing one unless the agent runs
-    /// as root) and merges the environment basics under `env`.
-    pub fn new(env: &[(String, String)], user: Option<&str>) -> Result<ExecContext, UserError> {
-        let user = match user {
-            None => None,
-            Some(spec) => {
+    /// as root), or takes the task's own `task_user` when there is no `user`, and merges the
+    /// environment basics under `env`.
+    pub fn new(
+        env: &[(String, String)],
+        user: Option<&str>,
+        task_user: Option<&TaskUser>,
+    ) -> Result<ExecContext, UserError> {
+        let user = match (user, task_user) {
+            (Some(spec), _) => {
                 check_may_switch(Uid::current().is_root(), spec)?;
                 Some(resolve_user(spec)?)
             }
+            (None, Some(t)) => {
+                check_may_switch(Uid::current().is_root(), &t.uid.to_string())?;
+                Some(ResolvedUser {
+                    spec: t.uid.to_string(),
+                    uid: t.uid,
+                    gid: t.uid,
+                    home: Some(t.home.clone()),
+                })
+            }
+            (None, None) => None,
         };
         Ok(ExecContext { env: merged_env(env, user.as_ref()), user })
     }
@@ -167,6 +290,57 @@ mod tests {
         );
         assert_eq!(resolve_user(""), Err(UserError::Invalid { user: "".into() }));
         assert_eq!(resolve_user("root:"), Err(UserError::Invalid { user: "root:".into() }));
+    }
+
+    #[test]
+    fn uid_ranges_are_checked() {
+        assert_eq!(UidRange::parse("200000-299999", 0), Ok(UidRange { first: 200_000, last: 299_999 }));
+        assert_eq!(UidRange::parse("5-5", 0), Ok(UidRange { first: 5, last: 5 }));
+        let err = |v: &str, agent: u32| UidRange::parse(v, agent).unwrap_err();
+        assert!(err("0-10", 1000).contains("holds uid 0 (root)"), "{}", err("0-10", 1000));
+        assert!(err("900-1100", 1000).contains("the agent's own uid 1000"));
+        assert!(err("60000-70000", 0).contains("65534"));
+        assert!(err("20-10", 0).contains("above the last"));
+        assert!(err("10", 0).contains("FIRST-LAST"));
+        assert!(err("a-10", 0).contains("not a uid"));
+        assert!(err("-1-10", 0).contains("not a uid"));
+        assert!(err("70000-4294967295", 0).contains("below"));
+        assert!(DEFAULT_TASK_UIDS.validate(0).is_ok());
+    }
+
+    #[test]
+    fn allocation_skips_what_is_in_use_and_wraps() {
+        let r = UidRange { first: 10, last: 13 };
+        let none = std::collections::BTreeSet::new();
+        assert_eq!(r.allocate(None, &none, |_| false), Some(10));
+        assert_eq!(r.allocate(Some(10), &none, |_| false), Some(11));
+        assert_eq!(r.allocate(Some(13), &none, |_| false), Some(10), "wraps after the last");
+        assert_eq!(r.allocate(Some(500), &none, |_| false), Some(10));
+        let used: std::collections::BTreeSet<u32> = [11, 12].into();
+        assert_eq!(r.allocate(Some(10), &used, |_| false), Some(13));
+        assert_eq!(r.allocate(Some(10), &used, |u| u == 13), Some(10));
+        let all: std::collections::BTreeSet<u32> = [10, 11, 12, 13].into();
+        assert_eq!(r.allocate(None, &all, |_| false), None);
+        // Root's uid is taken on every host (it is in the password database).
+        assert!(uid_taken_on_host(0));
+    }
+
+    #[test]
+    fn a_task_user_runs_as_its_uid_with_its_home() {
+        let t = TaskUser { uid: 200_123, home: "/run/x/home/t-1".into() };
+        match ExecContext::new(&[], None, Some(&t)) {
+            Ok(ctx) => {
+                let u = ctx.user.expect("a user");
+                assert_eq!((u.uid, u.gid), (200_123, 200_123));
+                assert!(ctx.env.iter().any(|(k, v)| k == "HOME" && v == "/run/x/home/t-1"));
+            }
+            Err(e) => assert!(!Uid::current().is_root(), "{e}"),
+        }
+        // A named user wins over the task's uid.
+        if Uid::current().is_root() {
+            let ctx = ExecContext::new(&[], Some("root"), Some(&t)).unwrap();
+            assert_eq!(ctx.user.unwrap().uid, 0);
+        }
     }
 
     #[test]

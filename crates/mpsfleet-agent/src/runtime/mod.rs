@@ -15,9 +15,11 @@ pub mod shim;
 pub mod task;
 
 pub use container::{
-    logs, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, LogStream, Runtime, RuntimeError,
-    StopOutcome, DEFAULT_STOP_TIMEOUT,
+    logs, logs_beneath, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, LogStream, Runtime,
+    RuntimeError, StopOutcome, DEFAULT_STOP_TIMEOUT,
 };
-pub use identity::{resolve_user, ExecContext, ResolvedUser, UserError};
+pub use identity::{
+    resolve_user, ExecContext, ResolvedUser, TaskUser, UidRange, UserError, DEFAULT_TASK_UIDS,
+};
 pub use shim::{shim_main, shim_main_from_args, ExitRecord, ShimArgs};
 pub use task::{stop_for_exit, task_state, ContainerView, TaskPhase};

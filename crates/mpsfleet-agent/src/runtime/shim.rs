@@ -1,12 +1,14 @@
 //! The shim: the small process that owns one container's process, so that the task outlives
 //! the agent and its exit status is written down even while no agent is running.
 //!
-//! The agent spawns `mpsfleet shim --dir DIR [--uid N --gid N] -- ARGV...` in a process group
-//! of its own. The shim starts ARGV in a *new* process group (its pgid is the task's pid, which
-//! is what a stop signals), with stdout and stderr appended to `DIR/stdout.log` and
-//! `DIR/stderr.log` through pipes the shim reads (see [`relay`]: each chunk also goes, with its
-//! stream and time, to `DIR/output.log`, in the order read, for the agent's snapshots of recent
-//! output), the working directory `/` and the shim's own environment. It then writes
+//! The agent spawns `mpsfleet shim --dir DIR [--uid N --gid N] [--workdir W] -- ARGV...` in a
+//! process group of its own. The shim starts ARGV in a *new* process group (its pgid is the
+//! task's pid, which is what a stop signals), with stdout and stderr appended to
+//! `DIR/stdout.log` and `DIR/stderr.log` through pipes the shim reads (see [`relay`]: each chunk
+//! also goes, with its stream and time, to `DIR/output.log`, in the order read, for the agent's
+//! snapshots of recent output), the working directory W (`/` without one) and the shim's own
+//! environment. The shim runs as the agent's user: every file it writes is its own, mode 0600,
+//! and the task (another uid) never gets a path to them, only the pipes. It then writes
 //! `DIR/proc.json` (pid and start times) and `DIR/pid`, waits for the process and writes
 //! `DIR/exit.json`. Every record is written to a temporary file and renamed into place, so a
 //! reader sees the whole record or none of it. The shim is never in the task's process group,
@@ -50,6 +52,8 @@ pub struct ShimArgs {
     /// are cleared, as std does when it switches uid from root.
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The task's working directory (`/` when None).
+    pub workdir: Option<PathBuf>,
     /// The task's argv; `argv[0]` is looked up in `PATH`.
     pub argv: Vec<OsString>,
 }
@@ -75,7 +79,7 @@ impl ShimArgs {
     /// `--dir DIR [--uid N --gid N] -- ARGV...`.
     pub fn parse<I: IntoIterator<Item = OsString>>(args: I) -> Result<ShimArgs, ShimArgsError> {
         let mut args = args.into_iter();
-        let (mut dir, mut uid, mut gid) = (None, None, None);
+        let (mut dir, mut uid, mut gid, mut workdir) = (None, None, None, None);
         loop {
             let Some(arg) = args.next() else { return Err(ShimArgsError::MissingCommand) };
             let flag = arg.to_string_lossy().into_owned();
@@ -83,6 +87,11 @@ impl ShimArgs {
                 "--" => break,
                 "--dir" => {
                     dir = Some(PathBuf::from(
+                        args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?,
+                    ))
+                }
+                "--workdir" => {
+                    workdir = Some(PathBuf::from(
                         args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?,
                     ))
                 }
@@ -109,7 +118,7 @@ impl ShimArgs {
         if uid.is_some() != gid.is_some() {
             return Err(ShimArgsError::UidWithoutGid);
         }
-        Ok(ShimArgs { dir, uid, gid, argv })
+        Ok(ShimArgs { dir, uid, gid, workdir, argv })
     }
 
     /// The inverse of [`ShimArgs::parse`].
@@ -117,6 +126,9 @@ impl ShimArgs {
         let mut out = vec![OsString::from("--dir"), self.dir.clone().into_os_string()];
         if let (Some(uid), Some(gid)) = (self.uid, self.gid) {
             out.extend(["--uid".into(), uid.to_string().into(), "--gid".into(), gid.to_string().into()]);
+        }
+        if let Some(w) = &self.workdir {
+            out.extend(["--workdir".into(), w.clone().into_os_string()]);
         }
         out.push("--".into());
         out.extend(self.argv.iter().cloned());
@@ -209,12 +221,15 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
         return Err(ShimError::EmptyCommand { dir: args.dir.clone() });
     };
     let open_log = |name: &str| {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = args.dir.join(name);
-        OpenOptions::new().create(true).append(true).open(&path).map_err(|source| ShimError::Io {
-            what: "open log",
-            path,
-            source,
-        })
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|source| ShimError::Io { what: "open log", path, source })
     };
     let stdout = open_log(STDOUT_LOG)?;
     let stderr = open_log(STDERR_LOG)?;
@@ -224,7 +239,7 @@ fn run(args: &ShimArgs) -> Result<(), ShimError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .current_dir("/")
+        .current_dir(args.workdir.as_deref().unwrap_or(Path::new("/")))
         .process_group(0);
     if let (Some(uid), Some(gid)) = (args.uid, args.gid) {
         cmd.uid(uid).gid(gid);
@@ -329,7 +344,8 @@ mod relay {
             if std::fs::rename(&path, &old).is_err() {
                 return;
             }
-            match OpenOptions::new().append(true).create_new(true).open(&path) {
+            use std::os::unix::fs::OpenOptionsExt;
+            match OpenOptions::new().append(true).create_new(true).mode(0o600).open(&path) {
                 Ok(f) => {
                     self.file = f;
                     self.len = 0;
@@ -423,7 +439,15 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ShimError> {
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let io = |what, source| ShimError::Io { what, path: path.to_path_buf(), source };
-    let mut f = File::create(&tmp).map_err(|e| io("create", e))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| io("create", e))?;
     f.write_all(bytes).map_err(|e| io("write", e))?;
     f.sync_all().map_err(|e| io("sync", e))?;
     drop(f);
@@ -444,10 +468,11 @@ mod tests {
             dir: "/var/lib/x".into(),
             uid: Some(65534),
             gid: Some(65534),
+            workdir: Some("/run/home/t-1".into()),
             argv: os(&["sh", "-c", "echo -- hi"]),
         };
         assert_eq!(ShimArgs::parse(a.to_args()), Ok(a.clone()));
-        let b = ShimArgs { uid: None, gid: None, ..a };
+        let b = ShimArgs { uid: None, gid: None, workdir: None, ..a };
         assert_eq!(ShimArgs::parse(b.to_args()), Ok(b));
     }
 
