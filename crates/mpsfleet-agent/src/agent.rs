@@ -758,6 +758,45 @@ async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::task
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_identity_with_the_agent_token_is_converted_to_its_digest() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(IDENTITY_FILE);
+        let legacy = serde_json::json!({
+            "hostId": "h-1", "credential": "mpsf_host_abc", "agentToken": "mpsf_agt_secret",
+            "server": "http://127.0.0.1:7070", "runtime": "process"
+        });
+        std::fs::write(&path, serde_json::to_vec(&legacy).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let id = load_identity(&path).unwrap().expect("an identity");
+        assert_eq!(id.agent_token_sha256, crate::logs::token_digest("mpsf_agt_secret"));
+        assert_eq!(id.credential, "mpsf_host_abc");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("mpsf_agt_secret") && !text.contains("\"agentToken\""), "{text}");
+        assert!(text.contains(&id.agent_token_sha256), "{text}");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        // Loading it again changes nothing; Debug shows no secret.
+        let again = load_identity(&path).unwrap().unwrap();
+        assert_eq!(again.agent_token_sha256, id.agent_token_sha256);
+        let shown = format!("{again:?}");
+        assert!(!shown.contains("mpsf_host_abc") && !shown.contains(&id.agent_token_sha256), "{shown}");
+        assert!(load_identity(&dir.path().join("none.json")).unwrap().is_none());
+        // A link in place of the identity is not followed.
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(load_identity(&link).is_err());
+    }
+
+    #[test]
+    fn the_default_run_dir_is_short_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = default_run_dir(dir.path());
+        assert!(run.starts_with("/run/mpsfleet-agent"));
+        assert_eq!(run, default_run_dir(dir.path()));
+        assert!(run.join("mps").as_os_str().len() + 4 <= MAX_PIPE_DIR);
+    }
+
     #[tokio::test]
     async fn a_dead_task_loop_ends_the_agent_with_an_error() {
         let (tx, rx) = std::sync::mpsc::channel();

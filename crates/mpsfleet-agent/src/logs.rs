@@ -418,6 +418,19 @@ mod tests {
     }
 
     #[test]
+    fn the_token_is_checked_against_its_digest() {
+        let digest = token_digest("mpsf_agt_1");
+        assert_eq!(digest.len(), 64);
+        assert_eq!(digest, token_digest("mpsf_agt_1"));
+        assert!(token_matches(&digest, Some("mpsf_agt_1")));
+        assert!(!token_matches(&digest, Some("mpsf_agt_2")));
+        assert!(!token_matches(&digest, Some(&digest)), "the digest itself is no token");
+        assert!(!token_matches(&digest, None));
+        assert!(!token_matches("", Some("")));
+        assert!(!token_matches("", Some("x")));
+    }
+
+    #[test]
     fn numbers_name_their_parameter() {
         assert_eq!(number("tail", None), Ok(None));
         assert_eq!(number("tail", Some("12")), Ok(Some(12)));

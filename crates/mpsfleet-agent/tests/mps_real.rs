@@ -219,9 +219,30 @@ mod mps {
         // The daemon's output lands in control.log.
         let log = std::fs::read_to_string(cfg.log_dir.join("control.log")).unwrap();
         assert!(log.contains("Starting control daemon"), "{log}");
-        let mode =
-            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&cfg.pipe_dir).unwrap().permissions());
-        assert_eq!(mode & 0o755, 0o755, "pipe dir traversable by the server's user");
+        let mode_of =
+            |p: &Path| std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions());
+        assert_eq!(mode_of(&cfg.pipe_dir) & 0o7777, 0o711, "pipe dir: every uid passes, none lists");
+        assert_eq!(mode_of(&cfg.log_dir) & 0o7777, 0o700, "log dir: the agent's alone");
+        assert_eq!(mode_of(&cfg.log_dir.join("control.log")) & 0o777, 0o600);
+        // A client of another uid reaches the daemon through the pipe directory.
+        if nix::unistd::Uid::current().is_root() {
+            use std::io::Write;
+            use std::os::unix::process::CommandExt;
+            std::fs::set_permissions(dirs.root.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))
+                .unwrap();
+            let mut client = Command::new(&bin)
+                .env("CUDA_MPS_PIPE_DIRECTORY", &cfg.pipe_dir)
+                .uid(230_999)
+                .gid(230_999)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("client");
+            client.stdin.take().unwrap().write_all(b"get_default_active_thread_percentage\n").unwrap();
+            let out = client.wait_with_output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "40.0");
+        }
 
         let pid = d.pid();
         d.stop().expect("stop");
