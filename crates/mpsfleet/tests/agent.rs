@@ -96,7 +96,7 @@ async fn one_host(gpus: u32, extra: &[&str]) -> Option<OneHost> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
     let Some(OneHost { dir, admin, agent, mps, server: _server }) = one_host(2, &[]).await else { return };
-    let out = dir.path().join("env.txt");
+    let out = task_writable_dir(dir.path()).join("env.txt");
     admin
         .register_taskdef(env_dumper(
             "dump",
@@ -105,7 +105,7 @@ async fn an_mps_task_gets_its_limits_and_the_pipe_dir_of_its_daemon() {
         ))
         .await
         .unwrap();
-    let out2 = dir.path().join("env2.txt");
+    let out2 = task_writable_dir(dir.path()).join("env2.txt");
     admin.register_taskdef(env_dumper("dump2", &out2, serde_json::json!({"memory": 2048}))).await.unwrap();
     let t = run_one(&admin, "dump").await;
     let t = task_in(&admin, &t.id, TaskStatus::Running).await;
@@ -213,7 +213,7 @@ async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
         HealthPolicy { mps_probe_timeout_ms: 500, mps_probe_interval_ms: 300_000, ..Default::default() };
     set_health_policy(&admin, &agent, policy).await;
     let agent_dir = agent.data_dir.clone();
-    let out = dir.path().join("env.txt");
+    let out = task_writable_dir(dir.path()).join("env.txt");
     admin.register_taskdef(env_dumper("dump", &out, serde_json::json!({"memory": 1024}))).await.unwrap();
 
     // A stopped daemon accepts connections and never answers: the check must time out.
@@ -232,9 +232,8 @@ async fn an_mps_task_is_refused_while_its_daemon_does_not_answer() {
 async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
     let Some(OneHost { dir, server, admin, mut agent, mps }) = one_host(1, &[]).await else { return };
     let agent_dir = agent.data_dir.clone();
-    let marker = dir.path().join("exit-now");
-    let pids = dir.path().join("pids");
-    std::fs::create_dir(&pids).unwrap();
+    let marker = task_writable_dir(dir.path()).join("exit-now");
+    let pids = task_writable_dir(dir.path());
     for (family, script) in [
         ("stays", format!("echo $$ > {}/stays; exec sleep 600", pids.display())),
         (
@@ -302,7 +301,7 @@ async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
     let Some(OneHost { dir, mut server, admin, agent, .. }) = one_host(1, &[]).await else { return };
     let server_dir = server.data_dir.clone();
     let listen = server.url.trim_start_matches("http://").to_string();
-    let marker = dir.path().join("exit-now");
+    let marker = task_writable_dir(dir.path()).join("exit-now");
     let script = format!("while [ ! -e {} ]; do sleep 0.1; done; exit 4", marker.display());
     admin
         .register_taskdef(taskdef(serde_json::json!({
@@ -335,7 +334,7 @@ async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
     let Some(OneHost { dir, admin, server: _server, agent: _agent, .. }) = one_host(1, &[]).await else {
         return;
     };
-    let alive_file = dir.path().join("alive");
+    let alive_file = task_writable_dir(dir.path()).join("alive");
     admin
         .register_taskdef(taskdef(serde_json::json!({
             "family": "probed",

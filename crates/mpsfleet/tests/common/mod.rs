@@ -465,3 +465,18 @@ pub async fn logs_containing(
     })
     .await
 }
+
+/// A directory in `dir` that every task may write in and reach (sticky, as `/tmp`): an agent
+/// running as root runs process tasks as unprivileged uids of their own, so a test that reads
+/// what a task writes, or shows a task a file, uses this one.
+pub fn task_writable_dir(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).expect("the test's directory").permissions().mode();
+    if mode & 0o001 == 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o711)).unwrap();
+    }
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    shared
+}

@@ -1,0 +1,341 @@
+//! Process tests of what a process task can reach on its host, with the real agent, real task
+//! processes and the real MPS control daemon (no GPU needed). They need root, as the agent
+//! does to run tasks as other uids (tests run as root here and on CI).
+//!
+//! - A task whose definition names no `user` runs as a uid of its own from
+//!   `--task-uid-range`, in a home of its own; it cannot read the agent's identity, another
+//!   task's logs or home, nor make `task logs` read /etc/shadow through a link.
+//! - A definition's `user` is honoured only in a pool with `allowTaskUsers`.
+//! - A task uid is never given to a second task while the first runs, and stays the task's
+//!   across an agent restart.
+//! - An MPS task under its own uid reaches its GPU's daemon through the pipe directory.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::Client;
+use mpsfleet_types::logs::LogStreams;
+use mpsfleet_types::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A server with pool "gpu", one ACTIVE agent on the real MPS daemon with `uids` as its task
+/// uid range and its run dir in the test's directory. Fields drop in order: the agent first,
+/// the directory last.
+struct Fleet {
+    agent: Agent,
+    admin: Client,
+    server: Server,
+    mps: PathBuf,
+    uids: String,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// None when the test cannot run here (not root, or no MPS binary, outside CI).
+    async fn start(uids: &str) -> Option<Fleet> {
+        if !nix::unistd::Uid::current().is_root() {
+            assert!(!on_ci(), "these tests need root, and CI runs them as root");
+            println!("skipped: running tasks as other uids needs root");
+            return None;
+        }
+        let mps = mps_control()?;
+        let dir = tempfile::tempdir().unwrap();
+        // Tasks pass through the test's directory to their run dir (nothing here is listable).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let run = dir.path().join("run");
+        let args = ["--task-uid-range", uids, "--run-dir", run.to_str().unwrap()];
+        let agent = Agent::start(&server, &dir.path().join("agent"), 1, &mps, &args);
+        let fleet = Fleet { agent, admin, server, mps, uids: uids.to_string(), dir };
+        let admin = fleet.admin.clone();
+        eventually(WAIT, "the host to be ACTIVE", || async {
+            admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
+        })
+        .await;
+        Some(fleet)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("agent")
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    /// Starts the agent (again) on the same data dir, without stopping tasks when it is killed.
+    fn restart_agent(&mut self) {
+        let run = self.run_dir();
+        let args = ["--task-uid-range", &self.uids, "--run-dir", run.to_str().unwrap()];
+        self.agent.kill9();
+        self.agent = Agent::start(&self.server, &self.data_dir(), 1, &self.mps, &args);
+    }
+
+    async fn register(&self, family: &str, container: serde_json::Value) {
+        let mut c = container;
+        c["name"] = "main".into();
+        c["stopTimeout"] = 2.into();
+        self.admin
+            .register_taskdef(taskdef(serde_json::json!({"family": family, "containerDefinitions": [c]})))
+            .await
+            .unwrap();
+    }
+
+    /// Registers `family` running `/bin/sh -c SCRIPT`.
+    async fn register_script(&self, family: &str, script: &str) {
+        self.register(family, serde_json::json!({"command": ["/bin/sh", "-c", script]})).await;
+    }
+
+    async fn run(&self, family: &str) -> String {
+        let out = self
+            .admin
+            .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+            .await
+            .unwrap();
+        out.tasks[0].id.to_string()
+    }
+
+    /// Waits for `id`'s stdout to hold `needle`; the whole stdout.
+    async fn stdout_with(&self, id: &str, needle: &str) -> String {
+        let what = format!("task {id} to print {needle:?}");
+        logs_containing(&self.admin, id, LogStreams::Stdout, needle, WAIT, &what).await.output()
+    }
+
+    async fn stopped(&self, id: &str) -> Task {
+        let admin = self.admin.clone();
+        eventually(WAIT, &format!("task {id} to stop"), || async {
+            admin.describe_task(id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
+        })
+        .await
+    }
+
+    async fn running(&self, id: &str) -> Task {
+        let admin = self.admin.clone();
+        eventually(WAIT, &format!("task {id} to run"), || async {
+            admin.describe_task(id).await.ok().filter(|t| t.last_status == TaskStatus::Running)
+        })
+        .await
+    }
+}
+
+/// The value printed after `key=` on a line of `out`.
+fn value<'a>(out: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}=");
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {key}= in the output: {out}"))
+}
+
+fn uid_of(out: &str) -> u32 {
+    value(out, "uid").trim().parse().unwrap_or_else(|_| panic!("uid in {out}"))
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode()
+        & 0o7777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_task_runs_as_its_own_uid_and_reaches_nothing_of_the_agent_or_other_tasks() {
+    let Some(fleet) = Fleet::start("230000-230009").await else { return };
+    let data = fleet.data_dir();
+    let tasks = data.join("tasks");
+    // The first task keeps a secret in its home and in its logs, and tries the agent's identity.
+    let keeper = format!(
+        "echo uid=$(id -u); echo gid=$(id -g) groups=$(id -G); echo home=$HOME; echo pwd=$(pwd); \
+         echo kept-in-home > $HOME/secret && echo wrote-home=yes; echo err-secret-of-keeper >&2; \
+         echo identity=$(cat {id} 2>&1); echo tasks=$(ls {tasks} 2>&1); echo done=1; exec sleep 600",
+        id = data.join("identity.json").display(),
+        tasks = tasks.display(),
+    );
+    fleet.register_script("keeper", &keeper).await;
+    let keeper_id = fleet.run("keeper").await;
+    let out = fleet.stdout_with(&keeper_id, "done=1").await;
+    let keeper_uid = uid_of(&out);
+    assert!((230_000..=230_009).contains(&keeper_uid), "{out}");
+    assert_eq!(value(&out, "gid"), format!("{keeper_uid} groups={keeper_uid}"), "no other group: {out}");
+    let home = fleet.run_dir().join("home").join(&keeper_id);
+    assert_eq!(value(&out, "home"), home.to_str().unwrap(), "{out}");
+    assert_eq!(value(&out, "pwd"), home.to_str().unwrap(), "{out}");
+    assert_eq!(value(&out, "wrote-home"), "yes", "{out}");
+    assert!(value(&out, "identity").contains("Permission denied"), "{out}");
+    assert!(value(&out, "tasks").contains("Permission denied"), "{out}");
+    let meta = std::fs::metadata(&home).unwrap();
+    assert_eq!((meta.uid(), meta.gid(), mode(&home)), (keeper_uid, keeper_uid, 0o700));
+
+    // A second task, at the same time: another uid, and none of the first one's files.
+    let keeper_dir = tasks.join(&keeper_id).join("containers/main");
+    let prier = format!(
+        "echo uid=$(id -u); echo log=$(cat {log} 2>&1); echo out=$(cat {out} 2>&1); \
+         echo home=$(cat {home}/secret 2>&1); echo list=$(ls {home} 2>&1); echo done=1; exec sleep 600",
+        log = keeper_dir.join("stderr.log").display(),
+        out = keeper_dir.join("output.log").display(),
+        home = home.display(),
+    );
+    fleet.register_script("prier", &prier).await;
+    let prier_id = fleet.run("prier").await;
+    let out = fleet.stdout_with(&prier_id, "done=1").await;
+    let prier_uid = uid_of(&out);
+    assert!((230_000..=230_009).contains(&prier_uid) && prier_uid != keeper_uid, "{out}");
+    for key in ["log", "out", "home", "list"] {
+        assert!(value(&out, key).contains("Permission denied"), "{key}: {out}");
+    }
+    assert!(!out.contains("err-secret-of-keeper") && !out.contains("kept-in-home"), "{out}");
+
+    // A task that puts a link to /etc/shadow in place of its stderr log cannot even enter its
+    // log directory, and `task logs --stderr` shows what it wrote, not the shadow file.
+    let linker = format!(
+        "echo attack=$(ln -sf /etc/shadow {tasks}/$MPSFLEET_TASK_ID/containers/main/stderr.log 2>&1; echo rc=$?); \
+         echo own-dir=$(ls {tasks}/$MPSFLEET_TASK_ID 2>&1); echo linker-stderr >&2; echo done=1; exec sleep 600",
+        tasks = tasks.display(),
+    );
+    fleet.register_script("linker", &linker).await;
+    let linker_id = fleet.run("linker").await;
+    let out = fleet.stdout_with(&linker_id, "done=1").await;
+    assert!(value(&out, "attack").contains("Permission denied"), "{out}");
+    assert!(!value(&out, "attack").ends_with("rc=0"), "{out}");
+    assert!(value(&out, "own-dir").contains("Permission denied"), "{out}");
+    let logs =
+        logs_containing(&fleet.admin, &linker_id, LogStreams::Stderr, "linker-stderr", WAIT, "stderr").await;
+    assert_eq!(logs.output(), "linker-stderr\n");
+    let stderr_log = tasks.join(&linker_id).join("containers/main/stderr.log");
+    let meta = std::fs::symlink_metadata(&stderr_log).unwrap();
+    assert!(meta.file_type().is_file(), "the log is still the agent's own file");
+    assert_eq!((meta.uid(), mode(&stderr_log)), (0, 0o600));
+
+    // What the agent keeps: its data dir 0700, its identity 0600 with the agent token's
+    // digest only (and the server still reads logs with the token: the digests matched).
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&tasks), 0o700);
+    assert_eq!(mode(&tasks.join(&keeper_id)), 0o700);
+    assert_eq!(mode(&keeper_dir), 0o700);
+    for name in ["stdout.log", "stderr.log", "output.log"] {
+        assert_eq!(mode(&keeper_dir.join(name)), 0o600, "{name}");
+    }
+    let identity_path = data.join("identity.json");
+    assert_eq!(mode(&identity_path), 0o600);
+    let identity: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&identity_path).unwrap()).unwrap();
+    assert!(identity.get("agentToken").is_none(), "{identity}");
+    let digest = identity["agentTokenSha256"].as_str().unwrap_or_default();
+    assert!(digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()), "{identity}");
+    assert!(identity["credential"].as_str().is_some_and(|c| !c.is_empty()));
+    // Neither the credential nor the token is in the agent's log.
+    let log = fleet.agent.log();
+    assert!(!log.contains(identity["credential"].as_str().unwrap()), "the credential is logged");
+    assert!(!log.contains(&fleet.server.join_token()), "the join token is logged");
+
+    // Stopped, the task's home goes.
+    fleet.admin.stop_task(&keeper_id, None).await.unwrap();
+    fleet.stopped(&keeper_id).await;
+    assert!(std::fs::symlink_metadata(&home).is_err(), "the stopped task's home is still there");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definitions_user_runs_only_in_a_pool_that_allows_it() {
+    let Some(fleet) = Fleet::start("230100-230109").await else { return };
+    fleet
+        .register(
+            "as-root",
+            serde_json::json!({"user": "root", "command": ["/bin/sh", "-c", "echo uid=$(id -u); exec sleep 600"]}),
+        )
+        .await;
+    let refused = fleet.run("as-root").await;
+    let task = fleet.stopped(&refused).await;
+    assert_eq!(task.stop_code, Some(StopCode::TaskFailedToStart));
+    assert_eq!(
+        task.stopped_reason.as_deref(),
+        Some(
+            "containerDefinitions[0].user: pool gpu does not let process tasks choose their user \
+             (pool update gpu --allow-task-users true)"
+        ),
+        "{task:?}"
+    );
+    let update = UpdatePool { allow_task_users: Some(true), ..Default::default() };
+    fleet.admin.update_pool("gpu", &update).await.unwrap();
+    let allowed = fleet.run("as-root").await;
+    let out = fleet.stdout_with(&allowed, "uid=").await;
+    assert_eq!(uid_of(&out), 0, "{out}");
+    // A definition without `user` still runs as a uid of its own there.
+    fleet.register_script("plain", "echo uid=$(id -u); exec sleep 600").await;
+    let plain = fleet.run("plain").await;
+    let out = fleet.stdout_with(&plain, "uid=").await;
+    assert!((230_100..=230_109).contains(&uid_of(&out)), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_uid_is_never_shared_while_the_task_runs_and_survives_an_agent_restart() {
+    // Two uids for three tasks.
+    let Some(mut fleet) = Fleet::start("230200-230201").await else { return };
+    fleet.register_script("sleeper", "echo uid=$(id -u); exec sleep 600").await;
+    let first = fleet.run("sleeper").await;
+    let second = fleet.run("sleeper").await;
+    let (a, b) =
+        (uid_of(&fleet.stdout_with(&first, "uid=").await), uid_of(&fleet.stdout_with(&second, "uid=").await));
+    assert_ne!(a, b);
+    assert!([a, b].iter().all(|u| (230_200..=230_201).contains(u)), "{a} {b}");
+
+    // The agent dies and comes back: both tasks are adopted with their uids, so a third finds
+    // none free and does not start.
+    fleet.restart_agent();
+    fleet.running(&first).await;
+    fleet.running(&second).await;
+    let third = fleet.run("sleeper").await;
+    let task = fleet.stopped(&third).await;
+    assert_eq!(task.stop_code, Some(StopCode::TaskFailedToStart), "{task:?}");
+    let reason = task.stopped_reason.unwrap_or_default();
+    assert!(reason.starts_with("no free uid in --task-uid-range 230200-230201"), "{reason}");
+    let records: Vec<u32> = [&first, &second]
+        .iter()
+        .map(|id| {
+            let path = fleet.data_dir().join("tasks").join(id).join("record.json");
+            let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            rec["taskUser"]["uid"].as_u64().unwrap() as u32
+        })
+        .collect();
+    assert_eq!(records, [a, b], "the records keep the uids");
+
+    // Once the first has stopped, its uid goes to the next task.
+    fleet.admin.stop_task(&first, None).await.unwrap();
+    fleet.stopped(&first).await;
+    let fourth = fleet.run("sleeper").await;
+    assert_eq!(uid_of(&fleet.stdout_with(&fourth, "uid=").await), a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_task_under_its_own_uid_reaches_its_daemon() {
+    let Some(fleet) = Fleet::start("230300-230309").await else { return };
+    let script = format!(
+        "echo uid=$(id -u); echo answer=$(echo get_default_active_thread_percentage | {mps} 2>&1; echo rc=$?); \
+         echo servers=$(echo get_server_list | {mps} 2>&1; echo rc=$?); \
+         echo logs=$(ls {logs} 2>&1); echo done=1; exec sleep 600",
+        mps = fleet.mps.display(),
+        logs = fleet.data_dir().join("mps/log/0").display(),
+    );
+    fleet
+        .register(
+            "mps-client",
+            serde_json::json!({
+                "command": ["/bin/sh", "-c", script],
+                "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]
+            }),
+        )
+        .await;
+    let id = fleet.run("mps-client").await;
+    let out = fleet.stdout_with(&id, "done=1").await;
+    assert!((230_300..=230_309).contains(&uid_of(&out)), "{out}");
+    assert_eq!(value(&out, "answer"), "100.0 rc=0", "{out}");
+    assert_eq!(value(&out, "servers"), "rc=0", "{out}");
+    assert!(value(&out, "logs").contains("Permission denied"), "{out}");
+    // The pipe directory lets every uid through and no one else list or change it.
+    let pipe = fleet.run_dir().join("mps/0");
+    assert_eq!(mode(&pipe), 0o711);
+    assert_eq!(std::fs::metadata(&pipe).unwrap().uid(), 0);
+    assert_eq!(mode(&fleet.data_dir().join("mps/log/0")), 0o700);
+}
