@@ -18,7 +18,7 @@ pub struct AgentArgs {
     /// MPSFLEET_JOIN_TOKEN or --join-token-file.
     #[arg(long, env = "MPSFLEET_JOIN_TOKEN", hide_env_values = true, conflicts_with = "join_token_file")]
     join_token: Option<String>,
-    /// A file holding the join token (its first line; surrounding blanks are dropped).
+    /// A file holding the join token (its first non-blank line, trimmed).
     #[arg(long)]
     join_token_file: Option<PathBuf>,
     #[arg(long, default_value = "default")]
@@ -86,6 +86,13 @@ pub struct AgentArgs {
     /// at most 5 per round).
     #[arg(long, default_value_t = 3600)]
     image_min_age_s: u64,
+    #[command(flatten)]
+    users: Box<TaskUserArgs>,
+}
+
+/// Who process tasks run as (boxed: the command's arguments stay small).
+#[derive(Args)]
+pub struct TaskUserArgs {
     /// The uids process tasks run as when the agent runs as root and their definition names no
     /// `user`: one per running task, FIRST-LAST (may not hold 0 or the agent's own uid).
     #[arg(long, default_value = "200000-299999")]
@@ -109,6 +116,9 @@ pub fn run(args: AgentArgs) -> Result<()> {
     // First, before any thread or child exists: a host started by the `local` provider leads
     // its own session, so that its termination can find all it ran.
     let own_session = mpsfleet_proc::start_session_if_asked();
+    // Read already (clap): no child of the agent (MPS daemons, shims, tasks) inherits it.
+    // Still one thread only, so changing the environment races with no reader.
+    std::env::remove_var("MPSFLEET_JOIN_TOKEN");
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
@@ -170,7 +180,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         args.container_retention_s
     );
     let task_uids = mpsfleet_agent::runtime::UidRange::parse(
-        &args.task_uid_range,
+        &args.users.task_uid_range,
         mpsfleet_agent::runtime::identity::agent_uid(),
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -202,7 +212,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         runtime,
         docker,
         task_uids,
-        run_dir: args.run_dir,
+        run_dir: args.users.run_dir.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;

@@ -339,3 +339,86 @@ async fn an_mps_task_under_its_own_uid_reaches_its_daemon() {
     assert_eq!(std::fs::metadata(&pipe).unwrap().uid(), 0);
     assert_eq!(mode(&fleet.data_dir().join("mps/log/0")), 0o700);
 }
+
+/// Starts `mpsfleet agent` with `args` and `env` (its log in `DATA_DIR.log`).
+fn start_agent(data_dir: &Path, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Agent {
+    let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .arg("agent")
+        .args(args)
+        .envs(env.iter().copied())
+        .env("MPSFLEET_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start mpsfleet agent");
+    Agent { child, data_dir: data_dir.to_path_buf() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_join_token_comes_from_a_file_or_the_environment_and_reaches_no_child_of_the_agent() {
+    let Some(fleet) = Fleet::start("230400-230409").await else { return };
+    let token = fleet.server.join_token();
+    let token_file = fleet.dir.path().join("join.token");
+    std::fs::write(&token_file, format!("\n  {token}  \n")).unwrap();
+    let heartbeat_and_gpus = format!("H200:{H200_MIB}:1");
+    let start = |name: &str, with_file: bool| {
+        let data = fleet.dir.path().join(name);
+        let run = fleet.dir.path().join(format!("{name}-run"));
+        let mut args: Vec<std::ffi::OsString> =
+            ["--server", &fleet.server.url, "--pool", "gpu", "--hostname", name]
+                .iter()
+                .map(Into::into)
+                .collect();
+        args.extend(["--data-dir".into(), data.clone().into_os_string()]);
+        args.extend([
+            "--emulate-gpus".into(),
+            heartbeat_and_gpus.clone().into(),
+            "--heartbeat-ms".into(),
+            "200".into(),
+        ]);
+        args.extend(["--mps-control".into(), fleet.mps.clone().into_os_string()]);
+        args.extend([
+            "--task-uid-range".into(),
+            "230410-230419".into(),
+            "--run-dir".into(),
+            run.into_os_string(),
+        ]);
+        if with_file {
+            args.extend(["--join-token-file".into(), token_file.clone().into_os_string()]);
+        }
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let env: Vec<(&str, &str)> = if with_file { vec![] } else { vec![("MPSFLEET_JOIN_TOKEN", &token)] };
+        (start_agent(&data, &args, &env), data)
+    };
+    let (from_file, file_dir) = start("from-file", true);
+    let (from_env, env_dir) = start("from-env", false);
+    let admin = fleet.admin.clone();
+    eventually(WAIT, "both hosts to be ACTIVE", || async {
+        let hosts = admin.list_hosts(None).await.ok()?;
+        let active = |n: &str| hosts.iter().any(|h| h.hostname == n && h.status == HostStatus::Active);
+        (active("from-file") && active("from-env")).then_some(())
+    })
+    .await;
+    for (agent, data) in [(&from_file, &file_dir), (&from_env, &env_dir)] {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", agent.child.id())).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(&token), "the token is in the agent's argv");
+        let record = data.join("mps/log/0/daemon.json");
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        let daemon = record["pid"].as_u64().unwrap();
+        let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(!environ.contains(&token), "the MPS daemon inherited the join token: {environ}");
+        assert!(!agent.log().contains(&token), "the join token is in the agent's log");
+    }
+    // An empty file is refused, naming the flag.
+    let empty = fleet.dir.path().join("empty.token");
+    std::fs::write(&empty, "\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["agent", "--server", &fleet.server.url, "--join-token-file"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--join-token-file"), "{out:?}");
+}
