@@ -12,6 +12,10 @@ pub enum ClientError {
     /// The server answered with an error.
     #[error("{} ({code}, HTTP {status})", body.message, code = body.code)]
     Api { status: u16, body: ErrorBody },
+    /// The server refused the request for its token's rate (HTTP 429, code `TooManyRequests`):
+    /// nothing was done; the same request may be sent again after `retry_after`.
+    #[error("{} ({code}, HTTP 429)", body.message, code = body.code)]
+    RateLimited { body: ErrorBody, retry_after: Duration },
     /// The server could not be reached or the connection broke.
     #[error("cannot reach the mpsfleet server at {url}: {message}")]
     Transport { url: String, message: String },
@@ -24,7 +28,16 @@ impl ClientError {
     /// The API error code, when the server answered with one.
     pub fn code(&self) -> Option<&str> {
         match self {
-            ClientError::Api { body, .. } => Some(&body.code),
+            ClientError::Api { body, .. } | ClientError::RateLimited { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+
+    /// How long to wait before sending the request again, when the server said so (a rate
+    /// limit's `Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -108,10 +121,14 @@ impl Client {
         let resp =
             req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
         let status = resp.status();
+        let retry_after = retry_after(resp.headers());
         let bytes = resp
             .bytes()
             .await
             .map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(ClientError::RateLimited { body: error_body(&bytes), retry_after });
+        }
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &bytes));
         }
@@ -215,6 +232,12 @@ impl Client {
     pub async fn activate_host(&self, id: &str) -> Result<OperatorCommandResponse> {
         self.call(Method::POST, &format!("/v1/hosts/{}/activate", seg(id)), &[], None).await
     }
+    /// `host forget`: a host that does not exist leaves the fleet and frees its GPU UUIDs
+    /// (`force`: even while something heartbeats as it).
+    pub async fn forget_host(&self, id: &str, force: bool) -> Result<HostView> {
+        let query: &[(&str, String)] = if force { &[("force", "true".to_string())] } else { &[] };
+        self.call(Method::POST, &format!("/v1/hosts/{}/forget", seg(id)), query, None).await
+    }
 
     // tasks
     pub async fn run_task(&self, req: &RunTask) -> Result<RunTaskResponse> {
@@ -291,12 +314,25 @@ impl Client {
 }
 
 fn api_error(status: u16, bytes: &[u8]) -> ClientError {
-    let body = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
+    ClientError::Api { status, body: error_body(bytes) }
+}
+
+fn error_body(bytes: &[u8]) -> ErrorBody {
+    serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
         code: "Unknown".into(),
         message: String::from_utf8_lossy(bytes).trim().to_string(),
         field: None,
-    });
-    ClientError::Api { status, body }
+    })
+}
+
+/// A `Retry-After` of whole seconds, at least 1 s and at most a minute; 1 s when it is missing
+/// or an HTTP date.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
+    let secs = headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    Duration::from_secs(secs.clamp(1, 60))
 }
 
 /// Escapes one path segment.
@@ -320,4 +356,32 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = cause.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_within_bounds() {
+        let with = |v: &str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(reqwest::header::RETRY_AFTER, v.parse().unwrap());
+            retry_after(&h)
+        };
+        assert_eq!(with("3"), Duration::from_secs(3));
+        assert_eq!(with("0"), Duration::from_secs(1));
+        assert_eq!(with("86400"), Duration::from_secs(60));
+        assert_eq!(with("Wed, 21 Oct 2015 07:28:00 GMT"), Duration::from_secs(1));
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), Duration::from_secs(1));
+        let e = ClientError::RateLimited {
+            body: error_body(
+                br#"{"code":"TooManyRequests","message":"rate limit for the admin token exceeded"}"#,
+            ),
+            retry_after: Duration::from_secs(2),
+        };
+        assert_eq!(e.code(), Some("TooManyRequests"));
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+        assert_eq!(e.to_string(), "rate limit for the admin token exceeded (TooManyRequests, HTTP 429)");
+    }
 }

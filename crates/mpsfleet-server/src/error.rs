@@ -40,6 +40,11 @@ pub enum ApiError {
     /// A request body that did not arrive within the body read timeout.
     #[error("request body not received within {timeout_ms} ms")]
     BodyTimeout { timeout_ms: u64 },
+    /// A caller past its rate limit; answered with `Retry-After: {retry_after_s}`.
+    #[error(
+        "rate limit for {who} exceeded: at most {per_second} requests/s (burst {burst}); retry after {retry_after_s} s"
+    )]
+    TooManyRequests { who: String, per_second: u32, burst: u32, retry_after_s: u64 },
     /// A request the HTTP layer could not take (a bad header or content type, say).
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -72,6 +77,7 @@ impl ApiError {
             ApiError::Unavailable(_) => (StatusCode::BAD_GATEWAY, "Unavailable"),
             ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge"),
             ApiError::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "BodyTimeout"),
+            ApiError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "TooManyRequests"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
         }
     }

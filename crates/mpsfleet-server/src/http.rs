@@ -1,12 +1,13 @@
 //! The HTTP layer under the API: connections with header, body and idle timeouts and a cap on
-//! how many are open, authentication before a request body is read, per-route body limits,
-//! and the JSON error format for the HTTP layer's own refusals.
+//! how many are open, per-token rate limits and authentication before a request body is read,
+//! per-route body limits, and the JSON error format for the HTTP layer's own refusals.
 
 use crate::api::{self, AppState};
 use crate::auth::{self, Principal};
 use crate::error::ApiError;
+use crate::ratelimit::{Caller, RateLimiter, RateLimits};
 use axum::body::{Body, HttpBody};
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -80,6 +81,17 @@ fn refuse_closing(e: ApiError) -> Response {
     resp
 }
 
+/// A refusal for the caller's rate, with its `Retry-After`.
+fn too_many_requests(e: ApiError) -> Response {
+    let retry_after = match &e {
+        ApiError::TooManyRequests { retry_after_s, .. } => *retry_after_s,
+        _ => 1,
+    };
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after.max(1)));
+    resp
+}
+
 /// What [`guard`] needs.
 #[derive(Clone)]
 pub struct Guard {
@@ -89,20 +101,46 @@ pub struct Guard {
     /// server runs, so that these callers are recognised without the cluster lock (which a
     /// group commit of registrations holds through its fsync).
     known: Arc<[std::sync::OnceLock<String>; 2]>,
+    pub rate_limits: RateLimits,
+    pub limiter: Arc<RateLimiter>,
 }
 
-/// Route middleware: a request with a body is authenticated for its route (as its handler
-/// does) before any of the body is read, then its body is read within the body read timeout
-/// and the route's limit. Requests without a body go straight to their handlers.
+/// Route middleware. Every request but `GET /v1/healthz` is charged to its caller's rate limit
+/// first: a known token to its own bucket, a missing or unknown one to its peer address's
+/// (see [`crate::ratelimit`]); past it, the answer is `429` with `Retry-After`. A request with
+/// a body is then authenticated for its route (as its handler does) before any of the body is
+/// read, and its body is read within the body read timeout and the route's limit. Requests
+/// without a body then go on to their handlers, which authenticate them.
 pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     let st = &g.state;
-    if !has_body(&req) {
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
+    if route == "/v1/healthz" {
         return next.run(req).await;
     }
-    let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
     let route = route.to_string();
+    let body = has_body(&req);
+    let who = identify(st, &g.known, req.headers()).await;
+    let peer = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    if let Err(e) = charge(&g, &who, peer) {
+        // An unread body leaves the connection unusable.
+        let mut resp = too_many_requests(e);
+        if body {
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return resp;
+    }
+    if !body {
+        return next.run(req).await;
+    }
     let (allow, limit) = route_rules(&route);
-    if let Err(e) = authorize(st, &g.known, req.headers(), allow).await {
+    let allowed = who.and_then(|(who, _)| {
+        if allow(&who) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who))))
+        }
+    });
+    if let Err(e) = allowed {
         return refuse_closing(e);
     }
     let announced =
@@ -129,6 +167,43 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
+/// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown
+/// token) its peer address's. A lookup that failed otherwise (a poisoned lock) is not charged:
+/// the handler answers it.
+fn charge(
+    g: &Guard,
+    who: &Result<(Principal, String), ApiError>,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(), ApiError> {
+    let limits = &g.rate_limits;
+    let (caller, limit, name) = match who {
+        Ok((p, digest)) => {
+            let limit = match p {
+                Principal::Admin => limits.admin,
+                Principal::Joiner => limits.join,
+                // Host credentials, and the one-time tokens one machine registers with.
+                _ => limits.host,
+            };
+            (Caller::Token(digest), limit, None)
+        }
+        Err(ApiError::Unauthorized(_)) => match peer {
+            Some(ip) => (Caller::Peer(ip), limits.unknown_per_ip, Some(ip)),
+            None => return Ok(()),
+        },
+        Err(_) => return Ok(()),
+    };
+    g.limiter.take(caller, limit).map_err(|r| ApiError::TooManyRequests {
+        who: match (who, name) {
+            (Ok((p, _)), _) => api::describe(p),
+            (_, Some(ip)) => format!("requests without a known token from {ip}"),
+            _ => "this caller".into(),
+        },
+        per_second: r.limit.per_second,
+        burst: r.limit.burst,
+        retry_after_s: r.retry_after_s,
+    })
+}
+
 fn is_length_limit(e: &axum::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
@@ -140,15 +215,14 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-/// The check `AppState::call` and the agent routes make: the bearer token names a principal
-/// the route is open to. Tried on this thread while the cluster lock is free, on a blocking
-/// thread otherwise.
-async fn authorize(
+/// Who the bearer token names, and its digest: the lookup `AppState::call` and the agent
+/// routes make. The admin and join tokens are recognised without the cluster lock; other tokens
+/// are looked up on this thread while the lock is free, on a blocking thread otherwise.
+async fn identify(
     st: &AppState,
     known: &[std::sync::OnceLock<String>; 2],
     headers: &axum::http::HeaderMap,
-    allow: fn(&Principal) -> bool,
-) -> Result<(), ApiError> {
+) -> Result<(Principal, String), ApiError> {
     let token = auth::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
     let digest = auth::digest(token);
     let [admin, join] = known;
@@ -176,18 +250,14 @@ async fn authorize(
     };
     match who {
         Principal::Admin => {
-            let _ = admin.set(digest);
+            let _ = admin.set(digest.clone());
         }
         Principal::Joiner => {
-            let _ = join.set(digest);
+            let _ = join.set(digest.clone());
         }
-        Principal::Host(_) | Principal::Replacement(_) => {}
+        _ => {}
     }
-    if allow(&who) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who))))
-    }
+    Ok((who, digest))
 }
 
 /// Outer middleware: a refusal of the HTTP layer itself (a bad path parameter, a body it could
@@ -222,9 +292,23 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
 
 /// The API's router with the HTTP layer's middleware: [`guard`] on every route (not on the
 /// fallbacks, so that an unknown path stays a 404), [`json_errors`] around everything.
-pub fn app(state: AppState, limits: &HttpLimits) -> Router {
-    let guard_state =
-        Guard { state: state.clone(), body_read_timeout: limits.body_read_timeout, known: Arc::default() };
+pub fn app(state: AppState, limits: &HttpLimits, rate_limits: RateLimits) -> Router {
+    app_with(state, limits, rate_limits, Arc::default())
+}
+
+fn app_with(
+    state: AppState,
+    limits: &HttpLimits,
+    rate_limits: RateLimits,
+    limiter: Arc<RateLimiter>,
+) -> Router {
+    let guard_state = Guard {
+        state: state.clone(),
+        body_read_timeout: limits.body_read_timeout,
+        known: Arc::default(),
+        rate_limits,
+        limiter,
+    };
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .layer(axum::middleware::from_fn(json_errors))
@@ -425,4 +509,51 @@ fn quiet_ms(activity: &Activity, epoch: tokio::time::Instant) -> u64 {
     u64::try_from(epoch.elapsed().as_millis())
         .unwrap_or(u64::MAX)
         .saturating_sub(activity.last_ms.load(Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratelimit::Limit;
+    use tower::ServiceExt as _;
+
+    /// Random tokens are all charged to their peer's one bucket: however many come, the
+    /// limiter holds one bucket for them, and refuses them once it is empty.
+    #[tokio::test]
+    async fn random_tokens_share_their_peers_bucket_and_grow_no_buckets() {
+        let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
+        let store = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut admin = None;
+        let cluster = crate::cluster::Cluster::load(store, clock, |t| {
+            admin = Some(t.admin_token.clone());
+            Ok(())
+        })
+        .unwrap();
+        let admin = admin.expect("first start");
+        let limits = RateLimits { unknown_per_ip: Limit::new(1, 10), ..RateLimits::default() };
+        let limiter = Arc::new(RateLimiter::default());
+        let app = app_with(AppState::new(cluster), &HttpLimits::default(), limits, limiter.clone());
+        let peer: std::net::SocketAddr = "192.0.2.7:40000".parse().unwrap();
+        let send = |token: String| {
+            let mut req = Request::get("/v1/pools")
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .body(Body::empty())
+                .unwrap();
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        };
+        let mut statuses = std::collections::BTreeMap::new();
+        for i in 0..5_000 {
+            let resp = send(format!("mpsf_adm_random{i:08}")).await.unwrap();
+            *statuses.entry(resp.status().as_u16()).or_insert(0) += 1;
+        }
+        // The burst of 10 answered as unknown (plus any refilled meanwhile), the rest refused.
+        assert!((10..=15).contains(&statuses[&401]), "{statuses:?}");
+        assert_eq!(statuses[&401] + statuses[&429], 5_000, "{statuses:?}");
+        assert_eq!(limiter.bucket_counts(), (0, 1), "one bucket for the peer, none for the tokens");
+        // The admin token has its own bucket, and is answered.
+        let resp = send(admin).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(limiter.bucket_counts(), (1, 1));
+    }
 }

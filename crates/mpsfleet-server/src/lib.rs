@@ -8,6 +8,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod provider;
+pub mod ratelimit;
 
 use cluster::{Cluster, FirstStart};
 use error::ApiError;
@@ -98,6 +99,8 @@ pub struct ServeOptions {
     pub webhook: Option<String>,
     /// Connection timeouts and cap.
     pub http: http::HttpLimits,
+    /// Request rates of each kind of caller.
+    pub rate_limits: ratelimit::RateLimits,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -131,7 +134,7 @@ pub async fn serve(
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
-    let app = http::app(state, &options.http);
+    let app = http::app(state, &options.http, options.rate_limits);
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

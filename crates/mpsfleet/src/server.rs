@@ -37,6 +37,32 @@ pub struct ServerArgs {
     /// Connections open at once; more wait until one closes.
     #[arg(long, env = "MPSFLEET_HTTP_MAX_CONNECTIONS", default_value_t = 10_000)]
     http_max_connections: usize,
+    /// Requests a second the admin token may make on average; 0 means no limit. Past it (and
+    /// its burst), requests are answered 429 with Retry-After (docs/api.md, "Limits").
+    #[arg(long, env = "MPSFLEET_HTTP_RATE_ADMIN", default_value_t = 10_000)]
+    http_rate_admin: u32,
+    /// Requests the admin token may make at once, above its rate.
+    #[arg(long, env = "MPSFLEET_HTTP_BURST_ADMIN", default_value_t = 20_000)]
+    http_burst_admin: u32,
+    /// Requests a second the join token may make (registrations); 0 means no limit.
+    #[arg(long, env = "MPSFLEET_HTTP_RATE_JOIN", default_value_t = 20_000)]
+    http_rate_join: u32,
+    /// Requests the join token may make at once.
+    #[arg(long, env = "MPSFLEET_HTTP_BURST_JOIN", default_value_t = 40_000)]
+    http_burst_join: u32,
+    /// Requests a second each host credential (and each one-time replacement or launch token)
+    /// may make; 0 means no limit.
+    #[arg(long, env = "MPSFLEET_HTTP_RATE_HOST", default_value_t = 100)]
+    http_rate_host: u32,
+    /// Requests each host credential may make at once (a host starting hundreds of tasks).
+    #[arg(long, env = "MPSFLEET_HTTP_BURST_HOST", default_value_t = 2_000)]
+    http_burst_host: u32,
+    /// Requests a second with a missing or unknown token from one IP address; 0 means no limit.
+    #[arg(long, env = "MPSFLEET_HTTP_RATE_UNKNOWN", default_value_t = 10)]
+    http_rate_unknown: u32,
+    /// Requests with a missing or unknown token one IP address may make at once.
+    #[arg(long, env = "MPSFLEET_HTTP_BURST_UNKNOWN", default_value_t = 500)]
+    http_burst_unknown: u32,
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
@@ -59,6 +85,19 @@ pub fn run(args: ServerArgs) -> Result<()> {
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn serve(args: ServerArgs) -> Result<()> {
+    let limit = |rate: u32, burst: u32, name: &str| {
+        anyhow::ensure!(
+            rate == 0 || burst >= 1,
+            "--http-burst-{name} must be at least 1 when --http-rate-{name} is above 0 (0 means no limit)"
+        );
+        Ok(mpsfleet_server::ratelimit::Limit::new(rate, burst))
+    };
+    let rate_limits = mpsfleet_server::ratelimit::RateLimits {
+        admin: limit(args.http_rate_admin, args.http_burst_admin, "admin")?,
+        join: limit(args.http_rate_join, args.http_burst_join, "join")?,
+        host: limit(args.http_rate_host, args.http_burst_host, "host")?,
+        unknown_per_ip: limit(args.http_rate_unknown, args.http_burst_unknown, "unknown")?,
+    };
     let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -100,7 +139,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         idle_timeout: ms(args.http_idle_timeout_ms.max(1)),
         max_connections: args.http_max_connections,
     };
-    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, http };
+    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, http, rate_limits };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
