@@ -203,10 +203,10 @@ pub fn explain(pool: &Pool) -> Explanation {
 }
 
 fn provider_detail(p: &Provider) -> String {
-    match (p.kind, &p.exec) {
+    match (p.kind, &p.name) {
         (ProviderKind::Local, _) => "agents as local processes".into(),
-        (ProviderKind::Exec, Some(e)) => format!("runs {}", e.launch.join(" ")),
-        (ProviderKind::Exec, None) => "no commands configured".into(),
+        (ProviderKind::Exec, Some(name)) => format!("runs the server's exec provider {name}"),
+        (ProviderKind::Exec, None) => "no exec provider named (set provider.name)".into(),
     }
 }
 
@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn managed_pools_are_repaired_by_mpsfleet_with_their_settings() {
-        let p = Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 4 };
+        let p = Provider::local(4);
         let e = explain(&pool(OwnershipMode::Managed, Some(p)));
         assert_eq!(e.owner, "mpsfleet");
         assert!(

@@ -151,7 +151,8 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                         | ProviderJob::Terminate { pool, name, .. } => (pool, name),
                     };
                     let mut req = c.launch_request(pool, name);
-                    // A replacement joins with its incident's one-time token, not the join token.
+                    // A new host joins with a token for it alone (its incident's replacement
+                    // token, or its launch token), never with the join token.
                     if let ProviderJob::Launch { token: Some(t), .. } = &job {
                         req.join_token = t.0.clone();
                     }
@@ -202,6 +203,7 @@ pub(crate) fn describe(p: &Principal) -> String {
         Principal::Joiner => "the join token".into(),
         Principal::Host(h) => format!("the credential of host {h}"),
         Principal::Replacement(i) => format!("the replacement token of incident {i}"),
+        Principal::Launch { pool, name } => format!("the launch token of host {name} in pool {pool}"),
     }
 }
 
@@ -212,6 +214,7 @@ pub(crate) fn actor(p: &Principal) -> String {
         Principal::Joiner => "join-token".into(),
         Principal::Host(h) => format!("host:{h}"),
         Principal::Replacement(i) => format!("replacement:{i}"),
+        Principal::Launch { name, .. } => format!("launch:{name}"),
     }
 }
 
@@ -220,7 +223,7 @@ pub(crate) fn admin(p: &Principal) -> bool {
 }
 
 pub(crate) fn joiner(p: &Principal) -> bool {
-    matches!(p, Principal::Joiner | Principal::Admin | Principal::Replacement(_))
+    matches!(p, Principal::Joiner | Principal::Admin | Principal::Replacement(_) | Principal::Launch { .. })
 }
 
 pub(crate) fn host(p: &Principal) -> bool {
@@ -267,6 +270,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}/drain", post(drain_host))
         .route("/v1/hosts/{id}/replace", post(replace_host))
         .route("/v1/hosts/{id}/activate", post(activate_host))
+        .route("/v1/hosts/{id}/forget", post(forget_host))
         .route("/v1/incidents", get(list_incidents))
         .route("/v1/incidents/{id}", get(describe_incident))
         .route("/v1/incidents/{id}/acknowledge", post(acknowledge_incident))
@@ -457,6 +461,23 @@ async fn activate_host(
         replacement: outcome.as_ref().and_then(|o| o.replacement.clone()),
         incident: outcome.map(|o| IncidentView::of(o.incident)),
     }))
+}
+
+/// Query of `POST /v1/hosts/{id}/forget`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ForgetQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn forget_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Q(q): Q<ForgetQuery>,
+) -> Result<Json<HostView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
 }
 
 async fn acknowledge_incident(

@@ -1,7 +1,11 @@
-//! Bearer tokens: the admin token, the agent join token and per-host credentials.
+//! Bearer tokens: the admin token, the agent join token and per-host credentials, and the
+//! tokens the server derives from its key (agent tokens, launch tokens).
 //!
 //! Only SHA-256 digests are stored. The admin and join tokens are created at first start,
-//! written 0600 into the data directory and printed once.
+//! written 0600 into the data directory and printed once. Tokens the server must present or
+//! hand out again (the token it calls an agent with, the token a host it launched joins with)
+//! are not stored at all: they are HMAC-SHA256 of what they are for under the server's key
+//! ([`ServerKey`], `<data dir>/server.key`, 0600).
 
 use crate::error::ApiError;
 use mpsfleet_types::HostId;
@@ -20,6 +24,12 @@ pub enum Principal {
     /// Holder of an incident's one-time replacement token: may register one host, which
     /// becomes that incident's replacement.
     Replacement(String),
+    /// Holder of the launch token of a host the server asked a capacity provider for: may
+    /// register that one host, by that name, into that pool.
+    Launch {
+        pool: mpsfleet_types::PoolName,
+        name: String,
+    },
 }
 
 /// A new random token with a recognisable prefix, such as `mpsf_adm_…`.
@@ -42,6 +52,77 @@ fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[usize::from(b & 0xf)] as char);
     }
     s
+}
+
+/// The server's secret for the tokens it derives rather than stores. Without the key file
+/// (in-memory tests) a random key lives as long as the process.
+#[derive(Clone)]
+pub struct ServerKey([u8; 32]);
+
+impl std::fmt::Debug for ServerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerKey(<redacted>)")
+    }
+}
+
+impl ServerKey {
+    pub fn random() -> Result<Self, ApiError> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| ApiError::StoreUnavailable(format!("no randomness for the server key: {e}")))?;
+        Ok(ServerKey(bytes))
+    }
+
+    /// Reads the key at `path` (64 hex digits), creating it 0600 when there is none.
+    pub fn load_or_create(path: &Path) -> Result<Self, ApiError> {
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+            ApiError::StoreUnavailable(format!("cannot {what} the server key {}: {e}", path.display()))
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let text = text.trim();
+                let bytes = unhex(text).filter(|b| b.len() == 32).ok_or_else(|| {
+                    unavailable("read", &"it is not 64 hex digits (restore it, or remove it to make a new one: agents then re-register)")
+                })?;
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&bytes);
+                Ok(ServerKey(key))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let key = ServerKey::random()?;
+                write_secret(path, &hex(&key.0)).map_err(|e| unavailable("write", &e))?;
+                Ok(key)
+            }
+            Err(e) => Err(unavailable("read", &e)),
+        }
+    }
+
+    /// The token `prefix` + HMAC-SHA256(key, purpose, parts…) in hex; the parts are separated
+    /// by NUL, which no name contains.
+    pub fn derive(&self, prefix: &str, purpose: &str, parts: &[&str]) -> String {
+        let mut msg = purpose.as_bytes().to_vec();
+        for p in parts {
+            msg.push(0);
+            msg.extend_from_slice(p.as_bytes());
+        }
+        format!("{prefix}{}", hex(&hmac_sha256(&self.0, &msg)))
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104) with a key of at most one block.
+fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(key);
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(msg).finalize();
+    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// A random 64-bit number, for task ids.
@@ -74,6 +155,41 @@ pub fn bearer(header: Option<&str>) -> Result<&str, ApiError> {
 
 #[cfg(test)]
 mod tests {
+    /// RFC 4231 case 1's message under a 32-byte key, as
+    /// `openssl dgst -sha256 -mac HMAC -macopt hexkey:0b…0b` computes it.
+    #[test]
+    fn hmac_matches_openssl() {
+        let key = [0x0b; 32];
+        let mac = super::hmac_sha256(&key, b"Hi There");
+        assert_eq!(super::hex(&mac), "198a607eb44bfbc69903a0f1cf2bbdc5ba0aa3f3d9ae3c1c7a3b1696a0b68cf7");
+    }
+
+    #[test]
+    fn derived_tokens_differ_by_purpose_and_part_and_key() {
+        let k = super::ServerKey([7; 32]);
+        let a = k.derive("mpsf_agent_", "agent", &["h1"]);
+        assert!(a.starts_with("mpsf_agent_") && a.len() == "mpsf_agent_".len() + 64, "{a}");
+        assert_eq!(a, k.derive("mpsf_agent_", "agent", &["h1"]));
+        assert_ne!(a, k.derive("mpsf_agent_", "agent", &["h2"]));
+        assert_ne!(a, k.derive("mpsf_agent_", "launch", &["h1"]));
+        assert_ne!(k.derive("x", "launch", &["a", "bc"]), k.derive("x", "launch", &["ab", "c"]));
+        assert_ne!(a, super::ServerKey([8; 32]).derive("mpsf_agent_", "agent", &["h1"]));
+    }
+
+    #[test]
+    fn the_key_file_is_made_once_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.key");
+        let k1 = super::ServerKey::load_or_create(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let k2 = super::ServerKey::load_or_create(&path).unwrap();
+        assert_eq!(k1.0, k2.0);
+        std::fs::write(&path, "not hex\n").unwrap();
+        let e = super::ServerKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(e.contains("64 hex digits"), "{e}");
+    }
+
     #[test]
     fn digest_is_lowercase_hex_sha256() {
         assert_eq!(super::digest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -19,6 +19,12 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("{kind} {id} already exists")]
     AlreadyExists { kind: &'static str, id: String },
+    /// A registration names a GPU another host holds.
+    #[error(
+        "GPU {uuid} is already registered to host {host} ({hostname}); if that host does not exist, \
+         `mpsfleet host forget {host}` frees its GPUs"
+    )]
+    GpuTaken { uuid: String, host: String, hostname: String },
     #[error("{0}")]
     Unauthorized(&'static str),
     #[error("{0}")]
@@ -67,7 +73,9 @@ impl ApiError {
             ApiError::MalformedBody(_) => (StatusCode::BAD_REQUEST, "MalformedBody"),
             ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-            ApiError::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
+            ApiError::AlreadyExists { .. } | ApiError::GpuTaken { .. } => {
+                (StatusCode::CONFLICT, "AlreadyExists")
+            }
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "Conflict"),

@@ -255,7 +255,7 @@ async fn identify(
         Principal::Joiner => {
             let _ = join.set(digest.clone());
         }
-        _ => {}
+        Principal::Host(_) | Principal::Replacement(_) | Principal::Launch { .. } => {}
     }
     Ok((who, digest))
 }

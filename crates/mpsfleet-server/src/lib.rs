@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod cluster;
+pub mod config;
 pub mod error;
 pub mod events;
 pub mod http;
@@ -24,6 +25,8 @@ use tokio::net::TcpListener;
 pub const STATE_FILE: &str = "state.db";
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub const JOIN_TOKEN_FILE: &str = "join.token";
+/// The key agent and launch tokens are derived under (auth.rs).
+pub const SERVER_KEY_FILE: &str = "server.key";
 
 /// How often services are reconciled and pending tasks retried as a safety net.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
@@ -53,8 +56,12 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
             ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
         })?;
     }
+    let key = auth::ServerKey::load_or_create(&data_dir.join(SERVER_KEY_FILE))?;
+    restrict(&data_dir.join(SERVER_KEY_FILE), 0o600).map_err(|e| {
+        ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(SERVER_KEY_FILE).display()))
+    })?;
     let mut first_start = None;
-    let cluster = Cluster::load(store, clock, |tokens| {
+    let mut cluster = Cluster::load(store, clock, |tokens| {
         for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &tokens.join_token)]
         {
             let path = data_dir.join(file);
@@ -67,6 +74,7 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
         });
         Ok(())
     })?;
+    cluster.set_server_key(key);
     Ok(Opened { cluster, first_start })
 }
 

@@ -72,9 +72,9 @@ fn exec_provider_launch_describe_terminate_follow_the_contract() {
             "pool": "train",
             "server": "http://10.0.0.5:7070",
             "joinToken": "join-s3cret",
+            // The token goes in the agent's environment or a file, never its argv.
             "agentArgs": [
                 "--server", "http://10.0.0.5:7070",
-                "--join-token", "join-s3cret",
                 "--pool", "train",
                 "--hostname", "gpu-1",
                 "--mps-probe-timeout-ms", "2000"

@@ -20,7 +20,7 @@ use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
 use mpsfleet_server::provider::{AttemptRecord, ExternalProvider, Retry};
 use mpsfleet_store::{MemoryStore, Revision, Store};
 use mpsfleet_types::api::HostStatusReport;
-use mpsfleet_types::policy::{Provider, ProviderKind};
+use mpsfleet_types::policy::Provider;
 use mpsfleet_types::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -325,11 +325,7 @@ impl Sim {
             if size == 0 && i > 0 {
                 continue;
             }
-            let provider = (mode == OwnershipMode::Managed).then_some(Provider {
-                kind: ProviderKind::Local,
-                exec: None,
-                desired_hosts: size,
-            });
+            let provider = (mode == OwnershipMode::Managed).then_some(Provider::local(size));
             let pool = self
                 .c()
                 .create_pool(CreatePool {

@@ -154,10 +154,11 @@ pub struct Host {
     pub registered_at_ms: u64,
     /// SHA-256 of the host's credential, hex.
     pub credential_sha256: String,
-    /// The bearer the server presents to the agent's own endpoint (task logs). Kept as is:
-    /// the server needs it to call the agent; the data dir is private (0700).
-    #[serde(default)]
-    pub agent_token: String,
+    /// What older servers stored: the bearer they presented to the agent's own endpoint.
+    /// Read, never written again: the server now derives that token from its key and stores
+    /// nothing of it.
+    #[serde(default, rename = "agentToken", skip_serializing)]
+    pub legacy_agent_token: String,
 }
 
 /// One health check of a host as its agent reports it, e.g. the MPS daemon of one GPU.

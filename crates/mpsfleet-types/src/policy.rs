@@ -169,7 +169,8 @@ impl ProviderKind {
     }
 }
 
-/// The commands of an `exec` provider, each an argv (no shell).
+/// The commands of an `exec` provider as older servers took them in a pool. Read from stored
+/// pools, refused in requests: commands are the server's configuration (docs/providers.md).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ExecCommands {
@@ -178,12 +179,20 @@ pub struct ExecCommands {
     pub describe: Vec<String>,
 }
 
+/// The longest name of an exec provider in the server's configuration.
+pub const MAX_PROVIDER_NAME: usize = 64;
+
 /// A managed pool's capacity provider.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Provider {
     pub kind: ProviderKind,
-    /// Required for `exec`, refused for `local`.
+    /// For `exec`: which of the exec providers in the server's configuration file
+    /// (`providers.<name>`) launches the pool's hosts. The API chooses among them; it never
+    /// supplies commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Commands an older server stored in the pool; refused in requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecCommands>,
     /// Hosts the provider keeps in the pool. 0 to 10000.
@@ -192,37 +201,59 @@ pub struct Provider {
 }
 
 impl Provider {
-    /// Checks the provider; the error names the first bad field.
+    /// A `local` provider keeping `desired_hosts`.
+    pub fn local(desired_hosts: u32) -> Self {
+        Provider { kind: ProviderKind::Local, name: None, exec: None, desired_hosts }
+    }
+
+    /// The exec provider `name` of the server's configuration, keeping `desired_hosts`.
+    pub fn exec(name: impl Into<String>, desired_hosts: u32) -> Self {
+        Provider { kind: ProviderKind::Exec, name: Some(name.into()), exec: None, desired_hosts }
+    }
+
+    /// Checks the provider of a request; the error names the first bad field. Whether the
+    /// name is configured is the server's to check.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        match (self.kind, &self.exec) {
+        if self.exec.is_some() {
+            return Err(err(
+                "provider.exec",
+                "commands cannot be set through the API: define them in the server's configuration \
+                 file (providers.<name>, see docs/providers.md) and give provider.name"
+                    .into(),
+            ));
+        }
+        match (self.kind, &self.name) {
             (ProviderKind::Local, Some(_)) => {
-                return Err(err("provider.exec", "only allowed when provider.kind is \"exec\"".into()));
+                return Err(err("provider.name", "only allowed when provider.kind is \"exec\"".into()));
             }
             (ProviderKind::Exec, None) => {
-                return Err(err("provider.exec", "required when provider.kind is \"exec\"".into()));
+                return Err(err(
+                    "provider.name",
+                    "required when provider.kind is \"exec\": the name of an exec provider in the \
+                     server's configuration file"
+                        .into(),
+                ));
             }
-            (ProviderKind::Exec, Some(exec)) => {
-                for (name, argv) in
-                    [("launch", &exec.launch), ("terminate", &exec.terminate), ("describe", &exec.describe)]
-                {
-                    let field = format!("provider.exec.{name}");
-                    match argv.first() {
-                        None => {
-                            return Err(err(
-                                &field,
-                                "must name a command (an argv of at least 1 item)".into(),
-                            ))
-                        }
-                        Some(cmd) if cmd.trim().is_empty() => {
-                            return Err(err(&format!("{field}[0]"), "must not be empty".into()));
-                        }
-                        Some(_) => {}
-                    }
+            (ProviderKind::Exec, Some(name)) => {
+                if let Some(problem) = provider_name_problem(name) {
+                    return Err(err("provider.name", problem));
                 }
             }
             (ProviderKind::Local, None) => {}
         }
         in_range("provider.desiredHosts", self.desired_hosts.into(), 0, 10_000, "")
+    }
+}
+
+/// Why `name` cannot name an exec provider: 1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`.
+pub fn provider_name_problem(name: &str) -> Option<String> {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > MAX_PROVIDER_NAME || !name.chars().all(ok) {
+        Some(format!(
+            "must be 1 to {MAX_PROVIDER_NAME} characters of a-z, 0-9, '-', '_' and '.', got {name:?}"
+        ))
+    } else {
+        None
     }
 }
 
@@ -341,23 +372,37 @@ mod tests {
         let exec =
             json!({"launch": ["/bin/launch"], "terminate": ["/bin/term", "x"], "describe": ["/bin/d"]});
         check(p(json!({"kind": "local", "desiredHosts": 10000})), None);
-        check(p(json!({"kind": "exec", "exec": exec.clone()})), None);
+        check(p(json!({"kind": "exec", "name": "ec2-gpu"})), None);
         check(
             p(json!({"kind": "local", "desiredHosts": 10001})),
             Some(("provider.desiredHosts", "must be between 0 and 10000, got 10001")),
         );
+        let no_commands =
+            "commands cannot be set through the API: define them in the server's configuration \
+                           file (providers.<name>, see docs/providers.md) and give provider.name";
         check(
-            p(json!({"kind": "local", "exec": exec.clone()})),
-            Some(("provider.exec", "only allowed when provider.kind is \"exec\"")),
+            p(json!({"kind": "exec", "name": "x", "exec": exec.clone()})),
+            Some(("provider.exec", no_commands)),
         );
-        check(p(json!({"kind": "exec"})), Some(("provider.exec", "required when provider.kind is \"exec\"")));
+        check(p(json!({"kind": "local", "exec": exec})), Some(("provider.exec", no_commands)));
         check(
-            p(json!({"kind": "exec", "exec": {"launch": ["l"], "terminate": ["t"]}})),
-            Some(("provider.exec.describe", "must name a command (an argv of at least 1 item)")),
+            p(json!({"kind": "local", "name": "x"})),
+            Some(("provider.name", "only allowed when provider.kind is \"exec\"")),
         );
         check(
-            p(json!({"kind": "exec", "exec": {"launch": [" "], "terminate": ["t"], "describe": ["d"]}})),
-            Some(("provider.exec.launch[0]", "must not be empty")),
+            p(json!({"kind": "exec"})),
+            Some((
+                "provider.name",
+                "required when provider.kind is \"exec\": the name of an exec provider in the server's \
+                 configuration file",
+            )),
+        );
+        check(
+            p(json!({"kind": "exec", "name": "Bad Name"})),
+            Some((
+                "provider.name",
+                "must be 1 to 64 characters of a-z, 0-9, '-', '_' and '.', got \"Bad Name\"",
+            )),
         );
     }
 
@@ -399,7 +444,7 @@ mod tests {
         );
         assert_eq!(serde_json::to_value(ResumptionBoundary::Fenced).unwrap(), json!("fenced"));
         assert_eq!(serde_json::to_value(ResumptionBoundary::Restart).unwrap(), json!("restart"));
-        let p = Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 2 };
+        let p = Provider::local(2);
         assert_eq!(serde_json::to_value(p).unwrap(), json!({"kind": "local", "desiredHosts": 2}));
     }
 }

@@ -132,6 +132,15 @@ pub enum HostCommand {
     Activate {
         id: String,
     },
+    /// Remove a host that does not exist (a machine that is gone, or a registration someone
+    /// else made): DEREGISTERED, its tasks stopped, its credential revoked, its GPU UUIDs free
+    /// for the machine that has them. Refused while it heartbeats, unless --force.
+    Forget {
+        id: String,
+        /// Even though something heartbeats as the host (it is not the machine it claims).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -549,6 +558,7 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::Drain { id } => return print_incident(f, c.host_action(&id, "drain").await?),
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
         HostCommand::Activate { id } => return print_operator_command(f, c.activate_host(&id).await?),
+        HostCommand::Forget { id, force } => c.forget_host(&id, force).await?,
     };
     match f {
         Format::Json => output::print(f, &one, &[], vec![]),

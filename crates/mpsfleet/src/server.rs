@@ -21,6 +21,10 @@ pub struct ServerArgs {
     /// whitespace-separated string (for example "--emulate-gpus H200:143771:2").
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     local_agent_args: String,
+    /// The server's configuration file (JSON): the exec capacity providers that pools may
+    /// name (docs/providers.md). Only its owner (this server's user or root) may write it.
+    #[arg(long, env = "MPSFLEET_CONFIG")]
+    config: Option<PathBuf>,
     /// An http:// URL that gets each incident.* and host.health event POSTed as JSON (three
     /// attempts each; see docs/api.md, "Events and webhook").
     #[arg(long)]
@@ -98,6 +102,10 @@ async fn serve(args: ServerArgs) -> Result<()> {
         host: limit(args.http_rate_host, args.http_burst_host, "host")?,
         unknown_per_ip: limit(args.http_rate_unknown, args.http_burst_unknown, "unknown")?,
     };
+    let config = match &args.config {
+        Some(path) => mpsfleet_server::config::ServerConfig::load(path)?,
+        None => mpsfleet_server::config::ServerConfig::default(),
+    };
     let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -106,12 +114,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let addr = listener.local_addr()?;
     let mut cluster = opened.cluster;
     // Pools that name a provider get one built from this context when they first need it.
-    let join_token = std::fs::read_to_string(args.data_dir.join(mpsfleet_server::JOIN_TOKEN_FILE))
-        .map(|t| t.trim().to_string())
-        .unwrap_or_default();
     cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
         server_url: format!("http://{addr}"),
-        join_token,
+        exec_providers: config.providers,
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
         local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),

@@ -118,11 +118,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
     let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
     let hosts = if real_gpus { 1 } else { args.hosts };
-    let local = mpsfleet_types::policy::Provider {
-        kind: mpsfleet_types::policy::ProviderKind::Local,
-        exec: None,
-        desired_hosts: hosts,
-    };
+    let local = mpsfleet_types::policy::Provider::local(hosts);
     if opened.cluster.pool(&args.pool).is_err() {
         opened.cluster.create_pool(CreatePool {
             name: args.pool.clone(),
@@ -185,7 +181,7 @@ async fn up(args: UpArgs) -> Result<()> {
     opened.cluster.set_provider(pool, provider.clone());
     opened.cluster.set_provider_context(ProviderContext {
         server_url: url.clone(),
-        join_token: join_token.clone(),
+        exec_providers: Default::default(),
         exe,
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,

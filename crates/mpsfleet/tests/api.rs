@@ -403,7 +403,7 @@ async fn pool_policies_are_validated_updated_and_explained() {
     let managed = CreatePool {
         name: "gpu".into(),
         mode: Some(OwnershipMode::Managed),
-        provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: 3 }),
+        provider: Some(Provider::local(3)),
         ..Default::default()
     };
     admin.create_pool(&managed).await.unwrap();

@@ -232,15 +232,17 @@ async fn the_webhook_gets_the_incident_after_a_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_provider_attempts_show_on_the_incident_as_they_happen() {
-    use mpsfleet_types::policy::{ExecCommands, Provider, ProviderKind};
+    use mpsfleet_types::policy::Provider;
     let dir = tempfile::tempdir().unwrap();
     // A provider that cannot launch anything: every attempt exits 1 with a reason.
     let launch = dir.path().join("launch.sh");
     std::fs::write(&launch, "#!/bin/sh\necho 'no capacity in zone a' >&2\nexit 1\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&launch, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cmd = vec![launch.display().to_string()];
-    let server = Server::start(&dir.path().join("server"));
+    let cmd = launch.display().to_string();
+    let config = exec_provider_config(dir.path(), "no-capacity", &cmd, &cmd, &cmd);
+    let config = config.display().to_string();
+    let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--config", &config]);
     let admin = server.admin();
     admin
         .create_pool(&CreatePool {
@@ -251,11 +253,7 @@ async fn failed_provider_attempts_show_on_the_incident_as_they_happen() {
                 toleration_ms: 0,
                 ..Default::default()
             }),
-            provider: Some(Provider {
-                kind: ProviderKind::Exec,
-                exec: Some(ExecCommands { launch: cmd.clone(), terminate: cmd.clone(), describe: cmd }),
-                desired_hosts: 1,
-            }),
+            provider: Some(Provider::exec("no-capacity", 1)),
             ..Default::default()
         })
         .await

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use mpsfleet_types::policy::{ExecCommands, HealthPolicy, Provider, ProviderKind};
+use mpsfleet_types::policy::{HealthPolicy, Provider};
 use mpsfleet_types::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -55,7 +55,7 @@ field() {{ printf '%s' "$req" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }}
 name=$(field name); token=$(field joinToken); server=$(field server)
 pidfile={hosts}/$name.pid
 if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then echo 'quota exceeded' >&2; exit 1; fi
-MPSFLEET_LOG=info setsid {exe} agent --server "$server" --join-token "$token" --pool gpu --hostname "$name" \
+MPSFLEET_LOG=info MPSFLEET_JOIN_TOKEN="$token" setsid {exe} agent --server "$server" --pool gpu --hostname "$name" \
   --data-dir {hosts}/$name --emulate-gpus H200:143771:1 --mps-model --heartbeat-ms 200 \
   >{hosts}/$name.log 2>&1 </dev/null &
 echo $! > "$pidfile"
@@ -70,7 +70,9 @@ exit 1
         ),
     );
     let fail = script(dir.path(), "fail.sh", "cat >/dev/null; echo 'cloud API unreachable' >&2; exit 1\n");
-    let server = Server::start(&dir.path().join("server"));
+    let config = exec_provider_config(dir.path(), "flaky", &launch, &fail, &fail);
+    let config = config.display().to_string();
+    let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--config", &config]);
     let admin = server.admin();
     admin
         .create_pool(&CreatePool {
@@ -81,15 +83,7 @@ exit 1
                 toleration_ms: 0,
                 ..Default::default()
             }),
-            provider: Some(Provider {
-                kind: ProviderKind::Exec,
-                exec: Some(ExecCommands {
-                    launch: vec![launch],
-                    terminate: vec![fail.clone()],
-                    describe: vec![fail],
-                }),
-                desired_hosts: 1,
-            }),
+            provider: Some(Provider::exec("flaky", 1)),
             ..Default::default()
         })
         .await

@@ -67,7 +67,7 @@ async fn fleet_with(mode: OwnershipMode, hosts: u32, health: HealthPolicy) -> Op
             name: "gpu".into(),
             mode: Some(mode),
             health_policy: Some(health),
-            provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: hosts }),
+            provider: Some(Provider::local(hosts)),
             ..Default::default()
         })
         .await

@@ -163,7 +163,7 @@ impl Fleet {
                 name: "gpu".into(),
                 mode: Some(OwnershipMode::Managed),
                 health_policy: Some(health),
-                provider: Some(Provider { kind: ProviderKind::Local, exec: None, desired_hosts: hosts }),
+                provider: Some(Provider::local(hosts)),
                 ..Default::default()
             })
             .await

@@ -182,7 +182,7 @@ mod tests {
             seq: 0,
             registered_at_ms: 0,
             credential_sha256: String::new(),
-            agent_token: String::new(),
+            legacy_agent_token: String::new(),
         };
         assert!(can_place(&host(Active, false, HealthStatus::Ok)));
         assert!(!can_place(&host(Active, true, HealthStatus::Ok)));

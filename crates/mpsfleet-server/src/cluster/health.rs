@@ -246,6 +246,8 @@ impl Cluster {
             if let Some(l) = self.capacity_launches.get_mut(&pool) {
                 l.retain(|name| !registered.contains(name));
             }
+            let launching = &self.capacity_launches;
+            self.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
             // Registered hosts (from the store, so this survives a restart), launches in flight,
             // and replacements requested by incidents that have not joined yet.
             let live = self
@@ -271,11 +273,12 @@ impl Cluster {
                     continue;
                 }
                 self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
+                let token = self.mint_launch_token(&pool, &name);
                 jobs.push(ProviderJob::Launch {
                     incident: String::new(),
                     pool: pool.clone(),
                     name,
-                    token: None,
+                    token: Some(token),
                 });
                 missing -= 1;
             }
@@ -905,13 +908,15 @@ impl Cluster {
 
     /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is
     /// recorded as stopped (the machine is gone).
-    fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), ApiError> {
+    pub(super) fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), ApiError> {
         let mut h = self.hosts[ix as usize].host.clone();
         if h.status == HostStatus::Deregistered {
             return Ok(());
         }
         h.status = HostStatus::Deregistered;
         self.write_host(ix, h)?;
+        self.gpu_hosts.retain(|_, holder| *holder != ix);
+        self.host_credentials.retain(|_, holder| *holder != ix);
         let ids: Vec<TaskId> = self.tasks.on_host(ix).iter().copied().collect();
         let stopped: Vec<Task> = ids
             .iter()
@@ -966,6 +971,7 @@ impl Cluster {
                     if let Some(l) = self.capacity_launches.get_mut(pool) {
                         l.remove(name);
                     }
+                    self.launch_tokens.retain(|_, (p, n)| !(p == pool && n == name));
                     tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
                 }
             }

@@ -137,9 +137,12 @@ impl Cluster {
                     if e.host.status == HostStatus::Deregistered {
                         Err(format!("host {h} is deregistered"))
                     } else {
-                        e.logs_url.clone().map(|url| (url, e.host.agent_token.clone())).ok_or_else(|| {
-                            format!("the agent of host {h} has not reported where it serves logs")
-                        })
+                        e.logs_url
+                            .clone()
+                            .map(|url| (url, self.agent_token(&e.host.id, &e.host.legacy_agent_token)))
+                            .ok_or_else(|| {
+                                format!("the agent of host {h} has not reported where it serves logs")
+                            })
                     }
                 }
             },

@@ -150,6 +150,10 @@ pub struct Cluster {
     incident_retry: HashMap<String, health::RetryState>,
     /// Digests of unspent replacement registration tokens, to their incident.
     replacement_tokens: HashMap<String, String>,
+    /// Agent and launch tokens are derived under it.
+    key: auth::ServerKey,
+    /// Digests of the launch tokens of the hosts in `capacity_launches`.
+    launch_tokens: HashMap<String, (PoolName, String)>,
     /// Provider calls decided inside an API call, for the caller to run.
     pending_jobs: Vec<ProviderJob>,
     /// The capacity provider of each pool that has one, built from the pool's configuration
@@ -235,6 +239,8 @@ impl Cluster {
             capacity_launches: HashMap::new(),
             admin_sha256,
             join_sha256,
+            key: auth::ServerKey::random()?,
+            launch_tokens: HashMap::new(),
             host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
@@ -314,6 +320,8 @@ impl Cluster {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
         } else if let Some(incident) = self.replacement_incident(d)? {
             Ok(Principal::Replacement(incident))
+        } else if let Some((pool, name)) = self.launch_tokens.get(d) {
+            Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
         } else {
             Err(ApiError::Unauthorized("unknown token"))
         }
@@ -343,6 +351,22 @@ impl Cluster {
         &self.events
     }
 
+    /// The server's key, from which agent and launch tokens are derived (`server.key`).
+    pub fn set_server_key(&mut self, key: auth::ServerKey) {
+        self.key = key;
+    }
+
+    /// The bearer the server presents to a host's agent: derived from the host id under the
+    /// server's key, so that it is stored nowhere on the server. A host registered by an older
+    /// server keeps the token that server stored (`legacy`).
+    fn agent_token(&self, host: &HostId, legacy: &str) -> String {
+        if legacy.is_empty() {
+            self.key.derive("mpsf_agent_", "agent", &[host.as_str()])
+        } else {
+            legacy.to_string()
+        }
+    }
+
     /// Sets the capacity provider of a pool (providers are processes and commands, not records).
     pub fn set_provider(&mut self, pool: PoolName, provider: Arc<dyn CapacityProvider>) {
         self.fixed_providers.insert(pool.clone());
@@ -365,15 +389,28 @@ impl Cluster {
         }
         let cfg = self.pools.get(pool)?.value.provider.clone()?;
         let ctx = self.provider_ctx.as_ref()?;
-        let provider: Arc<dyn CapacityProvider> = match (cfg.kind, cfg.exec) {
+        let provider: Arc<dyn CapacityProvider> = match (cfg.kind, &cfg.exec) {
             (ProviderKind::Local, _) => Arc::new(LocalProvider::new(
                 ctx.exe.clone(),
                 ctx.hosts_dir.clone(),
                 ctx.local_agent_args.clone(),
                 std::time::Duration::from_secs(40),
             )),
-            (ProviderKind::Exec, Some(e)) => {
-                match ExecProvider::new(ExecConfig::new(e.launch, e.terminate, e.describe)) {
+            (ProviderKind::Exec, _) => {
+                let Some(name) = cfg.name.as_ref() else {
+                    // Commands an older server took through the API are never run.
+                    tracing::error!(
+                        pool = %pool,
+                        "the pool's exec provider has commands of its own, which this server does not run: \
+                         define them in the server's configuration and set the pool's provider.name"
+                    );
+                    return None;
+                };
+                let Some(config) = ctx.exec_providers.get(name) else {
+                    tracing::error!(pool = %pool, provider = %name, "the server's configuration has no such exec provider");
+                    return None;
+                };
+                match ExecProvider::new(config.clone()) {
                     Ok(p) => Arc::new(p),
                     Err(err) => {
                         tracing::error!(pool = %pool, error = %err, "exec provider not usable");
@@ -381,22 +418,31 @@ impl Cluster {
                     }
                 }
             }
-            (ProviderKind::Exec, None) => return None,
         };
         self.providers.insert(pool.clone(), provider.clone());
         Some(provider)
     }
 
-    /// The launch request for a new host of `pool`.
+    /// The launch request for a new host of `pool`, without its token: the caller adds the
+    /// launch or replacement token of the job (the join token never goes to a provider).
     pub fn launch_request(&self, pool: &PoolName, name: &str) -> LaunchRequest {
         let ctx = self.provider_ctx.as_ref();
         LaunchRequest {
             name: name.to_string(),
             pool: pool.to_string(),
             server: ctx.map(|c| c.server_url.clone()).unwrap_or_default(),
-            join_token: ctx.map(|c| c.join_token.clone()).unwrap_or_default(),
+            join_token: String::new(),
             agent_args: Vec::new(),
         }
+    }
+
+    /// The one-time token a host launched to keep `pool` at its size joins with: derived
+    /// from the pool and the host's name, so that a restarted server that launches the same
+    /// name again (providers launch by name idempotently) hands out the same token.
+    pub(super) fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
+        let token = self.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
+        self.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
+        RegistrationToken(token)
     }
 
     /// Provider calls decided during the last API calls, for the caller to run.
@@ -429,6 +475,7 @@ impl Cluster {
             created_at_ms: self.now(),
         };
         check_pool(&pool)?;
+        self.check_provider_configured(&pool)?;
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
@@ -464,6 +511,7 @@ impl Cluster {
             pool.allow_task_users = allow;
         }
         check_pool(&pool)?;
+        self.check_provider_configured(&pool)?;
         if pool != current.value {
             let expect = Precondition::Version(current.version);
             let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
@@ -477,6 +525,28 @@ impl Cluster {
             self.place_pending(&pool.name)?;
         }
         Ok(pool)
+    }
+
+    /// An exec provider a pool names is one of the server's configuration.
+    fn check_provider_configured(&self, pool: &Pool) -> Result<(), ApiError> {
+        let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
+        let known: Vec<&str> = self
+            .provider_ctx
+            .as_ref()
+            .map(|c| c.exec_providers.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if known.contains(&name.as_str()) {
+            return Ok(());
+        }
+        let configured = if known.is_empty() {
+            "it has none (start it with --config FILE, see docs/providers.md)".to_string()
+        } else {
+            format!("it has {}", known.join(", "))
+        };
+        Err(ApiError::invalid(
+            "provider.name",
+            format!("the server's configuration has no exec provider {name:?}: {configured}"),
+        ))
     }
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, ApiError> {
@@ -566,7 +636,7 @@ impl Cluster {
         token: &str,
     ) -> Result<RegisterHostResponse, ApiError> {
         let who = self.authenticate(token)?;
-        if !matches!(who, Principal::Joiner | Principal::Admin | Principal::Replacement(_)) {
+        if !crate::api::joiner(&who) {
             return Err(ApiError::Forbidden("this token cannot register hosts".into()));
         }
         let req = HostRequest::new(reg)?;
@@ -584,10 +654,28 @@ impl Cluster {
         req: HostRequest,
         batch: &register::HostBatch,
     ) -> Result<(Host, RegisterHostResponse), ApiError> {
-        let _ = who; // the join token and the admin token register any host
         let pool = self.pool_name("pool", req.reg.pool.as_str())?;
+        if let Principal::Launch { pool: launched_into, name } = who {
+            if launched_into != &pool || name != &req.reg.hostname {
+                return Err(ApiError::Forbidden(format!(
+                    "this launch token registers host {name} into pool {launched_into}, not host {} into pool {pool}",
+                    req.reg.hostname
+                )));
+            }
+            if self.hosts.iter().any(|h| &h.host.hostname == name) || batch.claims_hostname(name) {
+                return Err(ApiError::Unauthorized("this launch token was already used"));
+            }
+        }
         for g in &req.reg.gpus {
-            if self.gpu_hosts.contains_key(&g.uuid) || batch.claims_gpu(&g.uuid) {
+            if let Some(&holder) = self.gpu_hosts.get(&g.uuid) {
+                let h = &self.hosts[holder as usize].host;
+                return Err(ApiError::GpuTaken {
+                    uuid: g.uuid.to_string(),
+                    host: h.id.to_string(),
+                    hostname: h.hostname.clone(),
+                });
+            }
+            if batch.claims_gpu(&g.uuid) {
                 return Err(ApiError::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
             }
         }
@@ -600,7 +688,8 @@ impl Cluster {
         if self.sched.host(&req.id).is_some() || batch.claims_id(&req.id) {
             return Err(ApiError::Conflict(format!("host id {} is taken; retry the request", req.id)));
         }
-        let HostRequest { reg, id, credential, credential_sha256, agent_token } = req;
+        let HostRequest { reg, id, credential, credential_sha256 } = req;
+        let agent_token = self.agent_token(&id, "");
         let host = Host {
             id: id.clone(),
             pool,
@@ -616,7 +705,7 @@ impl Cluster {
             seq: (self.hosts.len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
-            agent_token: agent_token.clone(),
+            legacy_agent_token: String::new(),
         };
         Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
     }
@@ -640,8 +729,12 @@ impl Cluster {
             })
             .map_err(|e| ApiError::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
-        self.host_credentials.insert(host.credential_sha256.clone(), ix);
-        self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
+        // A deregistered host's credential is revoked and it holds its GPUs no more: the
+        // machine may join again as a new host.
+        if host.status != HostStatus::Deregistered {
+            self.host_credentials.insert(host.credential_sha256.clone(), ix);
+            self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
+        }
         let registered_at_ms = host.registered_at_ms;
         self.hosts.push(HostEntry {
             host,
@@ -863,7 +956,7 @@ impl Cluster {
                 e.host.id
             ))
         })?;
-        Ok((task, url, e.host.agent_token.clone()))
+        Ok((task, url, self.agent_token(&e.host.id, &e.host.legacy_agent_token)))
     }
 
     pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
@@ -1562,7 +1655,8 @@ pub struct HostAssignments {
 #[derive(Debug, Clone)]
 pub struct ProviderContext {
     pub server_url: String,
-    pub join_token: String,
+    /// The exec providers of the server's configuration file, by name.
+    pub exec_providers: BTreeMap<String, ExecConfig>,
     /// The `mpsfleet` binary, for `local` providers.
     pub exe: std::path::PathBuf,
     /// Where `local` hosts keep their data dirs.

@@ -20,6 +20,34 @@ pub struct OperatorOutcome {
 }
 
 impl Cluster {
+    /// `host forget`: a host that does not exist (a machine that is gone, or a registration
+    /// made with the join token by someone else) leaves the fleet: DEREGISTERED, its tasks
+    /// recorded as stopped, its credential revoked and its GPU UUIDs free for the machine that
+    /// really has them. Refused while the host heartbeats (it exists) unless `force`.
+    pub fn forget_host(&mut self, host: &str, force: bool, by: &str) -> Result<HostView, ApiError> {
+        let ix = self.host_ix(host)?;
+        let e = &self.hosts[ix as usize];
+        if e.host.status == HostStatus::Deregistered {
+            return Err(ApiError::Conflict(format!("host {} is already deregistered", e.host.id)));
+        }
+        let grace =
+            self.pools.get(&e.host.pool).map_or(10_000, |p| p.value.health_policy.agent_heartbeat_grace_ms);
+        let now = self.now();
+        if let Some(at) = e.last_heartbeat_ms.filter(|&at| now.saturating_sub(at) < grace) {
+            if !force {
+                return Err(ApiError::Conflict(format!(
+                    "host {} sent a heartbeat {} ago, so something runs it: drain or replace it, or pass \
+                     --force if it is not the machine it claims to be",
+                    e.host.id,
+                    mpsfleet_core::health::fmt_ms(now.saturating_sub(at))
+                )));
+            }
+        }
+        self.deregister(ix, &format!("host forgotten by {by}"))?;
+        tracing::warn!(host.id = %self.hosts[ix as usize].host.id, by, force, "host forgotten: its GPUs are free");
+        Ok(self.host_view(ix))
+    }
+
     /// `host drain` or `host replace`: recorded on the host's incident (one is opened if there
     /// is none), then the same steps as a managed pool's run. `host replace` is refused up
     /// front where the pool has no capacity provider to launch a replacement.

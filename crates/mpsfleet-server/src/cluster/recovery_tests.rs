@@ -341,3 +341,53 @@ fn a_replacement_token_joins_its_incidents_pool_only() {
     let real = w.join("right-pool", &token).unwrap();
     assert!(w.only_incident().is_replacement(&real));
 }
+
+/// A host launched to keep a pool at its size joins with a token for that name in that pool
+/// alone, never the join token: the token registers that host once, and nothing else; a
+/// restarted server (same key) hands out the same token for the same launch.
+#[test]
+fn capacity_launches_carry_a_launch_token_scoped_to_one_host() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let key = auth::ServerKey::random().unwrap();
+    w.c.set_server_key(key.clone());
+    w.c.create_pool(CreatePool {
+        name: "q".into(),
+        mode: Some(OwnershipMode::Managed),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut pool = w.c.pool("p").unwrap();
+    pool.provider = Some(Provider::local(1));
+    w.c.update_pool("p", UpdatePool { provider: pool.provider.clone(), ..Default::default() }).unwrap();
+    let jobs = w.run(1, &[], |_| ProviderOutcome::Done);
+    let (name, token) = jobs
+        .iter()
+        .find_map(|j| match j {
+            ProviderJob::Launch { incident, name, token: Some(t), .. } if incident.is_empty() => {
+                Some((name.clone(), t.0.clone()))
+            }
+            _ => None,
+        })
+        .expect("a capacity launch with a token");
+    assert!(token.starts_with("mpsf_launch_"), "{token}");
+    assert_ne!(token, w.join_token);
+    assert_eq!(w.c.launch_request(&PoolName::new("p").unwrap(), &name).join_token, "");
+
+    // Another name, or another pool, is refused with what the token is for.
+    let e = w.join("someone-else", &token).unwrap_err().to_string();
+    assert!(e.contains(&format!("registers host {name} into pool p")), "{e}");
+    let mut other_pool = w.registration(&name);
+    other_pool.pool = PoolName::new("q").unwrap();
+    let e = w.c.register_host_with_token(other_pool, &token).unwrap_err().to_string();
+    assert!(e.contains("not host"), "{e}");
+    // The launch token registers its host, once.
+    w.join(&name, &token).expect("the launched host joins with its token");
+    let e = w.join(&name, &token).unwrap_err().to_string();
+    assert!(e.contains("already used") || e.contains("unknown token"), "{e}");
+    // The token is no key to anything else.
+    assert!(w.c.authenticate(&token).map_or(true, |p| !crate::api::admin(&p) && !crate::api::host(&p)));
+
+    // Same key, same pool and name: the same token (a relaunch after a restart finds it).
+    let again = key.derive("mpsf_launch_", "launch", &["p", &name]);
+    assert_eq!(again, token);
+}

@@ -94,7 +94,6 @@ pub struct HostRequest {
     pub(super) id: HostId,
     pub(super) credential: String,
     pub(super) credential_sha256: String,
-    pub(super) agent_token: String,
 }
 
 impl HostRequest {
@@ -157,8 +156,7 @@ impl HostRequest {
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         let credential = auth::new_token("mpsf_host_")?;
         let credential_sha256 = auth::digest(&credential);
-        let agent_token = auth::new_token("mpsf_agent_")?;
-        Ok(HostRequest { reg, id, credential, credential_sha256, agent_token })
+        Ok(HostRequest { reg, id, credential, credential_sha256 })
     }
 }
 
@@ -195,6 +193,10 @@ impl HostBatch {
 
     pub(super) fn claims_id(&self, id: &HostId) -> bool {
         self.ids.contains(id)
+    }
+
+    pub(super) fn claims_hostname(&self, name: &str) -> bool {
+        self.members.iter().any(|m| m.host.hostname == name)
     }
 
     /// Adds a host that passed its checks: its record is encoded here, and it claims its id and

@@ -325,7 +325,8 @@ impl CapacityProvider for ExecProvider {
             pool: &req.pool,
             server: &req.server,
             join_token: &req.join_token,
-            agent_args: req.agent_argv(),
+            // The token goes to the agent in its environment or a file, not its argv.
+            agent_args: req.agent_argv_without_token(),
         };
         let out = self.run(ProviderOp::Launch, name, &input)?;
         let parsed: LaunchOutput = self.parse(ProviderOp::Launch, name, &out)?;

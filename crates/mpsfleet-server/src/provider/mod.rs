@@ -55,7 +55,9 @@ pub struct LaunchRequest {
     pub pool: String,
     /// The control plane's URL as the new host reaches it.
     pub server: String,
-    /// Secret: never logged, never in argv or the environment of provider commands.
+    /// The one-time token the new host registers with: its launch token (`mpsf_launch_…`,
+    /// for that name in that pool) or its incident's replacement token (`mpsf_repl_…`); the
+    /// server's join token never goes to a provider. Secret: never logged, never in argv.
     pub join_token: String,
     /// Extra arguments for `mpsfleet agent`, after the ones derived from the fields above.
     pub agent_args: Vec<String>,
@@ -71,6 +73,14 @@ impl LaunchRequest {
     /// `--pool` and `--hostname` for the non-empty fields, then `agent_args`.
     pub fn agent_argv(&self) -> Vec<String> {
         let mut argv = self.join_flags(true);
+        argv.extend(self.agent_args.iter().cloned());
+        argv
+    }
+
+    /// [`LaunchRequest::agent_argv`] without `--join-token`: the agent then reads its token
+    /// from `MPSFLEET_JOIN_TOKEN` or `--join-token-file`, out of sight of `ps`.
+    pub fn agent_argv_without_token(&self) -> Vec<String> {
+        let mut argv = self.join_flags(false);
         argv.extend(self.agent_args.iter().cloned());
         argv
     }

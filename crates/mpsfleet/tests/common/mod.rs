@@ -466,6 +466,24 @@ pub async fn logs_containing(
     .await
 }
 
+/// Writes a server configuration file (0600) with one exec provider `name` running these
+/// commands, and returns its path for `--config`.
+pub fn exec_provider_config(
+    dir: &Path,
+    name: &str,
+    launch: &str,
+    terminate: &str,
+    describe: &str,
+) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("server-config.json");
+    let config = serde_json::json!({"providers": {name: {
+        "launch": [launch], "terminate": [terminate], "describe": [describe]}}});
+    std::fs::write(&path, config.to_string()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
 /// A directory in `dir` that every task may write in and reach (sticky, as `/tmp`): an agent
 /// running as root runs process tasks as unprivileged uids of their own, so a test that reads
 /// what a task writes, or shows a task a file, uses this one.
