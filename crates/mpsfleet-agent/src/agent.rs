@@ -400,11 +400,6 @@ async fn identity(
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
-            // Past the join token's rate: wait as long as the server says.
-            Err(e @ mpsfleet_client::ClientError::RateLimited { .. }) => {
-                tracing::warn!(error = %e, "registration rate-limited; retrying");
-                tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_secs(1))).await;
-            }
             Err(source) => return Err(AgentError::Register { server: cfg.server.clone(), source }),
         }
     };
@@ -484,6 +479,15 @@ fn run_dir(cfg: &AgentConfig) -> Result<PathBuf, AgentError> {
             run.display(),
             meta.uid()
         )));
+    }
+    for ancestor in run.ancestors().skip(1) {
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(ancestor).is_ok_and(|m| m.permissions().mode() & 0o001 == 0) {
+            tracing::warn!(
+                dir = %ancestor.display(),
+                "others cannot pass through this directory: tasks of their own uid will not start (--run-dir)"
+            );
+        }
     }
     Ok(run)
 }

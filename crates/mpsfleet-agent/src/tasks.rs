@@ -22,7 +22,7 @@ use crate::env::container_env;
 use crate::mps::Supervisor;
 use crate::output::{LogTail, RecentOutput};
 use crate::runtime::engine::{Adopted, Engine, Handle};
-use crate::runtime::identity::uid_taken_on_host;
+use crate::runtime::identity::{in_passwd, process_uids};
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
 use crate::runtime::probes::{ProbeResult, ProbeTarget};
 use crate::runtime::shim::OUTPUT_LOG;
@@ -502,7 +502,9 @@ impl State {
             .filter(|l| l.rec.status != TaskStatus::Stopped)
             .filter_map(|l| l.rec.task_user.as_ref().map(|u| u.uid))
             .collect();
-        let uid = range.allocate(self.last_uid, &in_use, uid_taken_on_host).ok_or_else(|| {
+        let procs = process_uids();
+        let taken = |uid: u32| procs.contains(&uid) || in_passwd(uid);
+        let uid = range.allocate(self.last_uid, &in_use, taken).ok_or_else(|| {
             format!(
                 "no free uid in --task-uid-range {}-{} ({} tasks hold one; the others are in the \
                  password database or run processes)",

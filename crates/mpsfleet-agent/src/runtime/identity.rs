@@ -121,15 +121,23 @@ pub fn agent_uid() -> u32 {
 /// process (its `/proc/PID` is owned by its effective uid). A task uid is never handed out
 /// while a process left over from an earlier task still runs as it.
 pub fn uid_taken_on_host(uid: u32) -> bool {
+    in_passwd(uid) || process_uids().contains(&uid)
+}
+
+/// Whether the password database has an entry for `uid`.
+pub fn in_passwd(uid: u32) -> bool {
+    matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_)))
+}
+
+/// The effective uids of every process on the host now (the owners of `/proc/PID`).
+pub fn process_uids() -> std::collections::BTreeSet<u32> {
     use std::os::unix::fs::MetadataExt;
-    if matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_))) {
-        return true;
-    }
-    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
-    entries.flatten().any(|e| {
-        e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            && e.metadata().is_ok_and(|m| m.uid() == uid)
-    })
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .collect()
 }
 
 /// How to run a process of a container: environment and identity. Used for the container's
@@ -321,8 +329,10 @@ mod tests {
         assert_eq!(r.allocate(Some(10), &used, |u| u == 13), Some(10));
         let all: std::collections::BTreeSet<u32> = [10, 11, 12, 13].into();
         assert_eq!(r.allocate(None, &all, |_| false), None);
-        // Root's uid is taken on every host (it is in the password database).
+        // Root's uid is taken on every host (it is in the password database), and so is the
+        // uid this test runs as (a process runs as it).
         assert!(uid_taken_on_host(0));
+        assert!(process_uids().contains(&agent_uid()));
     }
 
     #[test]
