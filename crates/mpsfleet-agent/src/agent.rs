@@ -400,6 +400,11 @@ async fn identity(
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
+            // Past the join token's rate: wait as long as the server says.
+            Err(e @ mpsfleet_client::ClientError::RateLimited { .. }) => {
+                tracing::warn!(error = %e, "registration rate-limited; retrying");
+                tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_secs(1))).await;
+            }
             Err(source) => return Err(AgentError::Register { server: cfg.server.clone(), source }),
         }
     };
