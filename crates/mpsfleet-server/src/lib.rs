@@ -58,7 +58,10 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
     }
     let key = auth::ServerKey::load_or_create(&data_dir.join(SERVER_KEY_FILE))?;
     restrict(&data_dir.join(SERVER_KEY_FILE), 0o600).map_err(|e| {
-        ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(SERVER_KEY_FILE).display()))
+        ApiError::StoreUnavailable(format!(
+            "cannot make {} private: {e}",
+            data_dir.join(SERVER_KEY_FILE).display()
+        ))
     })?;
     let mut first_start = None;
     let mut cluster = Cluster::load(store, clock, |tokens| {
