@@ -100,3 +100,36 @@ async fn the_state_holds_no_token_an_agent_or_a_launched_host_could_be_called_or
     let mode = std::fs::metadata(dir.path().join("server.key")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// 50 registrations with 1.9 MB model strings once added 200 MB to the server: now each is
+/// refused before it is stored (the body is over the route's limit, or a field over its own),
+/// the server's memory stays where it was, and no host is added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_with_huge_fields_are_refused_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    create_pool(&server.admin(), "gpu").await;
+    let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
+    let before = rss_kib(server.child.id());
+    for i in 0..50 {
+        let mut reg = registration("gpu", &format!("big-{i}"), &format!("big-{i}"), 1);
+        reg.gpus[0].model = "x".repeat(1_900_000);
+        let e = joiner.register_host(&reg).await.unwrap_err();
+        assert_eq!(e.code(), Some("PayloadTooLarge"), "{e}");
+    }
+    // Under the body limit, over the field's: refused naming the field and the limit.
+    let mut reg = registration("gpu", "long-model", "long-model", 1);
+    reg.gpus[0].model = "x".repeat(200_000);
+    let e = joiner.register_host(&reg).await.unwrap_err();
+    assert_eq!(e.code(), Some("InvalidParameter"), "{e}");
+    assert!(e.to_string().contains("gpus[0].model: must be at most 255 bytes, got 200000 bytes"), "{e}");
+    let after = rss_kib(server.child.id());
+    assert!(after < before + 50 * 1024, "the server grew from {before} KiB to {after} KiB");
+    assert!(server.admin().list_hosts(None).await.unwrap().is_empty());
+}
