@@ -230,6 +230,7 @@ mod tests {
             remediation_policy: RemediationPolicy { storm_breaker_percent: 30, ..Default::default() },
             provider,
             allow_task_users: false,
+            task_policy: Default::default(),
             created_at_ms: 0,
         }
     }

@@ -246,6 +246,11 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             revision: 0,
             container_definitions: containers,
             network_mode,
+            cpu: None,
+            memory: None,
+            volumes: Vec::new(),
+            pid_mode: None,
+            ipc_mode: None,
             registered_at_ms: 0,
         },
         ignored_fields: ignored,
@@ -448,6 +453,7 @@ fn parse_container(
         startup_check,
         readiness_check,
         resource_requirements,
+        ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))
 }

@@ -67,6 +67,10 @@ pub struct Pool {
     /// definition naming a `user` is refused on process hosts (docs/security.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_task_users: bool,
+    /// Which container options that reach past the container's own isolation the pool's
+    /// tasks may use; all refused by default.
+    #[serde(default, skip_serializing_if = "TaskPolicy::is_default")]
+    pub task_policy: TaskPolicy,
     pub created_at_ms: u64,
 }
 
@@ -90,6 +94,8 @@ pub struct CreatePool {
     pub provider: Option<Provider>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_task_users: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_policy: Option<TaskPolicy>,
 }
 
 /// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are
@@ -109,4 +115,44 @@ pub struct UpdatePool {
     pub provider: Option<Provider>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_task_users: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_policy: Option<TaskPolicy>,
+}
+
+/// A pool's task policy: what container options its tasks may use beyond a container's own
+/// isolation. A task whose definition uses one the policy does not allow is refused at
+/// `task run` and `service create`, with a reason naming the policy's field.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TaskPolicy {
+    /// `privileged: true`.
+    pub allow_privileged: bool,
+    /// `networkMode: host`.
+    pub allow_host_network: bool,
+    /// `pidMode: host` and `ipcMode: host`.
+    pub allow_host_namespaces: bool,
+    /// Volumes with `host.sourcePath` (bind mounts of host paths).
+    pub allow_host_paths: bool,
+    /// `linuxParameters.capabilities.add` and `systemControls`.
+    pub allow_capabilities: bool,
+    /// `linuxParameters.devices`.
+    pub allow_devices: bool,
+}
+
+impl TaskPolicy {
+    /// Everything allowed (what `mpsfleet up` gives its pool).
+    pub fn permissive() -> Self {
+        TaskPolicy {
+            allow_privileged: true,
+            allow_host_network: true,
+            allow_host_namespaces: true,
+            allow_host_paths: true,
+            allow_capabilities: true,
+            allow_devices: true,
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == TaskPolicy::default()
+    }
 }

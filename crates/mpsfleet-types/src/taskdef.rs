@@ -19,6 +19,21 @@ pub struct TaskDefinition {
     /// Only container hosts honour it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_mode: Option<NetworkMode>,
+    /// Task-level CPU as ECS takes it: CPU units ("1024") or vCPUs ("1 vcpu"), kept as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// Task-level memory as ECS takes it: MiB ("2048") or GB ("2 GB"), kept as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// The volumes the containers' `mountPoints` name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// ECS `pidMode`: `host` or `task`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_mode: Option<String>,
+    /// ECS `ipcMode`: `host`, `task` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_mode: Option<String>,
     /// Registration time, milliseconds since the Unix epoch.
     #[serde(default)]
     pub registered_at_ms: u64,
@@ -79,7 +94,7 @@ pub struct PortMapping {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerDefinition {
     pub name: String,
@@ -125,6 +140,237 @@ pub struct ContainerDefinition {
     pub readiness_check: Option<HealthCheck>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resource_requirements: Vec<ResourceRequirement>,
+    /// Containers of the task this one starts after, and on what condition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<ContainerDependency>,
+    /// Seconds to wait for this container's dependencies before giving up (ECS `startTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_timeout: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_points: Vec<MountPoint>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes_from: Vec<VolumeFrom>,
+    /// Environment variables whose values come from stored secrets (`valueFrom` names one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linux_parameters: Option<LinuxParameters>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ulimits: Vec<Ulimit>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub system_controls: Vec<SystemControl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileged: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly_root_filesystem: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_search_domains: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_hosts: Vec<ExtraHost>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_configuration: Option<LogConfiguration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository_credentials: Option<RepositoryCredentials>,
+}
+
+/// ECS `dependsOn[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerDependency {
+    pub container_name: String,
+    pub condition: DependencyCondition,
+}
+
+/// When a dependency is met, as in ECS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DependencyCondition {
+    /// The dependency has started.
+    Start,
+    /// The dependency has exited, with any code.
+    Complete,
+    /// The dependency has exited 0.
+    Success,
+    /// The dependency's health check passed.
+    Healthy,
+}
+
+impl DependencyCondition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyCondition::Start => "START",
+            DependencyCondition::Complete => "COMPLETE",
+            DependencyCondition::Success => "SUCCESS",
+            DependencyCondition::Healthy => "HEALTHY",
+        }
+    }
+}
+
+/// ECS `volumes[]`: exactly one kind, or none (an empty Docker volume for the task).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    /// A bind mount of a host path (`host.sourcePath`); with no path, a volume of the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostVolume>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker_volume_configuration: Option<DockerVolumeConfiguration>,
+    /// Kinds that need AWS (`efsVolumeConfiguration`, `fsxWindowsFileServerVolumeConfiguration`),
+    /// kept as given so that the definition describes as registered; a task needing one is
+    /// refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub aws_only: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostVolume {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DockerVolumeConfiguration {
+    /// `task` (removed with the task, the default) or `shared` (outlives it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoprovision: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub driver_opts: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// ECS `mountPoints[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountPoint {
+    pub source_volume: String,
+    pub container_path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// ECS `volumesFrom[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeFrom {
+    pub source_container: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// ECS `secrets[]` (and `logConfiguration.secretOptions[]`): `name` is what the container sees,
+/// `value_from` the name of a stored secret (an ARN string is a valid name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    pub name: String,
+    pub value_from: String,
+}
+
+/// ECS `linuxParameters`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinuxParameters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<KernelCapabilities>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<Device>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_process_enabled: Option<bool>,
+    /// MiB of `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_memory_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tmpfs: Vec<Tmpfs>,
+    /// MiB of swap; with `memory`, Docker's memory-swap is their sum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_swap: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swappiness: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelCapabilities {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub host_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_path: Option<String>,
+    /// `read`, `write`, `mknod`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permissions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tmpfs {
+    pub container_path: String,
+    /// MiB.
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_options: Vec<String>,
+}
+
+/// ECS `ulimits[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ulimit {
+    pub name: String,
+    pub soft_limit: i64,
+    pub hard_limit: i64,
+}
+
+/// ECS `systemControls[]`: a namespaced kernel parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemControl {
+    pub namespace: String,
+    pub value: String,
+}
+
+/// ECS `extraHosts[]`: a line of the container's `/etc/hosts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtraHost {
+    pub hostname: String,
+    pub ip_address: String,
+}
+
+/// ECS `logConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogConfiguration {
+    pub log_driver: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_options: Vec<SecretRef>,
+}
+
+/// ECS `repositoryCredentials`: the stored secret that holds the registry's credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryCredentials {
+    pub credentials_parameter: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -472,6 +472,7 @@ impl Cluster {
             // A managed pool without a provider is repaired by draining only; `up` sets `local`.
             provider: req.provider,
             allow_task_users: req.allow_task_users.unwrap_or(false),
+            task_policy: req.task_policy.unwrap_or_default(),
             created_at_ms: self.now(),
         };
         check_pool(&pool)?;
@@ -509,6 +510,9 @@ impl Cluster {
         }
         if let Some(allow) = req.allow_task_users {
             pool.allow_task_users = allow;
+        }
+        if let Some(policy) = req.task_policy {
+            pool.task_policy = policy;
         }
         check_pool(&pool)?;
         self.check_provider_configured(&pool)?;
