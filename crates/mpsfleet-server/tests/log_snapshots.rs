@@ -45,6 +45,7 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
         emulated: true,
         runtime: Default::default(),
         runtime_version: None,
+        plugins: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
     c.host_status(&host, HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None })

@@ -38,6 +38,7 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
         emulated: true,
         runtime: Default::default(),
         runtime_version: None,
+        plugins: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
     let beat = HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None };
@@ -84,6 +85,8 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
             emulated: true,
             runtime,
             runtime_version: None,
+            plugins: Default::default(),
+        plugins: Default::default(),
         };
         let host = c.register_host(reg).expect("host").host_id;
         let beat = HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None };

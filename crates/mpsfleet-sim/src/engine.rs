@@ -747,6 +747,7 @@ impl Sim {
             emulated: true,
             runtime: Default::default(),
             runtime_version: None,
+            plugins: Default::default(),
         };
         let r = match self.hosts[h].token.clone() {
             Some(token) => self.c().register_host_with_token(reg, &token),

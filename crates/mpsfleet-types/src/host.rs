@@ -130,6 +130,9 @@ pub struct HostRegistration {
     /// The runtime's version, e.g. Docker Engine's `20.10.24+dfsg1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_version: Option<String>,
+    /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
+    #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
+    pub plugins: RuntimePlugins,
 }
 
 /// The stored host record.
@@ -149,6 +152,9 @@ pub struct Host {
     pub runtime: RuntimeKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_version: Option<String>,
+    /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
+    #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
+    pub plugins: RuntimePlugins,
     /// Registration order; keeps placement deterministic across restarts.
     pub seq: u64,
     pub registered_at_ms: u64,
@@ -206,6 +212,9 @@ pub struct HostView {
     pub runtime: RuntimeKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_version: Option<String>,
+    /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
+    #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
+    pub plugins: RuntimePlugins,
     pub gpus: Vec<GpuView>,
     pub task_count: u32,
     pub registered_at_ms: u64,
@@ -217,4 +226,20 @@ pub struct HostView {
     /// Where the agent serves task logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_url: Option<String>,
+}
+
+/// The drivers a Docker host's engine has, as its `/info` lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimePlugins {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log: Vec<String>,
+}
+
+impl RuntimePlugins {
+    pub fn is_empty(&self) -> bool {
+        self.volume.is_empty() && self.log.is_empty()
+    }
 }

@@ -179,6 +179,7 @@ mod tests {
             gpus: Vec::new(),
             runtime: Default::default(),
             runtime_version: None,
+            plugins: Default::default(),
             seq: 0,
             registered_at_ms: 0,
             credential_sha256: String::new(),

@@ -706,6 +706,7 @@ impl Cluster {
             gpus: reg.gpus,
             runtime: reg.runtime,
             runtime_version: reg.runtime_version,
+            plugins: reg.plugins,
             seq: (self.hosts.len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
@@ -930,6 +931,7 @@ impl Cluster {
             mps_available: e.host.mps_available,
             runtime: e.host.runtime,
             runtime_version: e.host.runtime_version.clone(),
+            plugins: e.host.plugins.clone(),
             gpus,
             task_count: self.tasks.on_host(ix).len() as u32,
             registered_at_ms: e.host.registered_at_ms,
@@ -1836,6 +1838,7 @@ mod tests {
             emulated: true,
             runtime: Default::default(),
             runtime_version: None,
+            plugins: Default::default(),
         };
         let host = c.register_host(reg).unwrap().host_id;
         c.host_status(&host, report(HealthStatus::Ok, 5)).unwrap();

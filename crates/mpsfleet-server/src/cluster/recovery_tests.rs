@@ -47,6 +47,7 @@ impl World {
             emulated: true,
             runtime: Default::default(),
             runtime_version: None,
+            plugins: Default::default(),
         }
     }
 

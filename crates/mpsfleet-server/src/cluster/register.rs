@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 /// The most GPUs one host may register.
 pub const MAX_HOST_GPUS: usize = 64;
+/// The most volume or log drivers a host may list, and the longest name of one.
+pub const MAX_PLUGINS: usize = 64;
+pub const MAX_PLUGIN_NAME_BYTES: usize = 255;
 /// The most bytes of a host's name.
 pub const MAX_HOSTNAME_BYTES: usize = 255;
 /// The most bytes of the container runtime version a host reports.
@@ -115,6 +118,25 @@ impl HostRequest {
                         v.len()
                     ),
                 ));
+            }
+        }
+        for (kind, names) in [("volume", &reg.plugins.volume), ("log", &reg.plugins.log)] {
+            if names.len() > MAX_PLUGINS {
+                return Err(ApiError::invalid(
+                    format!("plugins.{kind}"),
+                    format!("at most {MAX_PLUGINS} drivers, got {}", names.len()),
+                ));
+            }
+            for (i, n) in names.iter().enumerate() {
+                if n.is_empty() || n.len() > MAX_PLUGIN_NAME_BYTES || n.chars().any(|c| c.is_control()) {
+                    return Err(ApiError::invalid(
+                        format!("plugins.{kind}[{i}]"),
+                        format!(
+                            "must be 1 to {MAX_PLUGIN_NAME_BYTES} printable characters, got {} bytes",
+                            n.len()
+                        ),
+                    ));
+                }
             }
         }
         if reg.gpus.len() > MAX_HOST_GPUS {

@@ -399,6 +399,7 @@ fn emulated_host(pool: &str, n: u32, gpus: u32) -> Result<mpsfleet_types::HostRe
         emulated: true,
         runtime: Default::default(),
         runtime_version: None,
+        plugins: Default::default(),
     })
 }
 

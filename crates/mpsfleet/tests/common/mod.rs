@@ -120,6 +120,7 @@ pub fn registration(pool: &str, hostname: &str, uuid_key: &str, gpus: u32) -> Ho
         emulated: true,
         runtime: Default::default(),
         runtime_version: None,
+        plugins: Default::default(),
     }
 }
 
