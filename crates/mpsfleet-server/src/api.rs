@@ -287,6 +287,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/status", post(host_status))
         .route("/v1/agent/assignments", get(assignments))
         .route("/v1/agent/tasks/{id}/status", post(report_task))
+        .route("/v1/agent/tasks/{id}/secrets", get(task_secrets))
+        .route("/v1/secrets", post(create_secret).get(list_secrets))
+        .route("/v1/secrets/{*name}", axum::routing::delete(delete_secret))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -864,6 +867,41 @@ async fn delete_service(
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, _| c.delete_service(&name)).await?))
+}
+
+// ---- secrets ----------------------------------------------------------------------------
+
+async fn create_secret(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: mpsfleet_types::secret::CreateSecret = parse(&body)?;
+    Ok(created(st.call(&headers, admin, move |c, _| c.create_secret(req)).await?))
+}
+
+async fn list_secrets(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<mpsfleet_types::secret::SecretInfo>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, |c, _| c.secrets()).await?))
+}
+
+async fn delete_secret(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<mpsfleet_types::secret::SecretInfo>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, _| c.delete_secret(&name)).await?))
+}
+
+/// The secret values of a task, for the agent of the host it is placed on only.
+async fn task_secrets(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<mpsfleet_types::secret::TaskSecrets>, ApiError> {
+    Ok(Json(st.call(&headers, host, move |c, who| c.task_secrets(&host_id(who)?, &id)).await?))
 }
 
 // ---- agents -----------------------------------------------------------------------------

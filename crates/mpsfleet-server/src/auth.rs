@@ -107,6 +107,14 @@ impl ServerKey {
         }
         format!("{prefix}{}", hex(&hmac_sha256(&self.0, &msg)))
     }
+
+    /// A 32-byte key for `purpose` (such as encrypting stored secrets): HMAC-SHA256(key,
+    /// "key" NUL purpose), so that no derived token equals a derived key.
+    pub fn derive_key(&self, purpose: &str) -> [u8; 32] {
+        let mut msg = b"key\0".to_vec();
+        msg.extend_from_slice(purpose.as_bytes());
+        hmac_sha256(&self.0, &msg)
+    }
 }
 
 /// HMAC-SHA256 (RFC 2104) with a key of at most one block.
@@ -174,6 +182,15 @@ mod tests {
         assert_ne!(a, k.derive("mpsf_agent_", "launch", &["h1"]));
         assert_ne!(k.derive("x", "launch", &["a", "bc"]), k.derive("x", "launch", &["ab", "c"]));
         assert_ne!(a, super::ServerKey([8; 32]).derive("mpsf_agent_", "agent", &["h1"]));
+    }
+
+    #[test]
+    fn derived_keys_differ_by_purpose_and_key() {
+        let k = super::ServerKey([7; 32]);
+        assert_eq!(k.derive_key("secrets"), k.derive_key("secrets"));
+        assert_ne!(k.derive_key("secrets"), k.derive_key("other"));
+        assert_ne!(k.derive_key("secrets"), super::ServerKey([8; 32]).derive_key("secrets"));
+        assert_ne!(super::hex(&k.derive_key("secrets")), k.derive("", "secrets", &[]));
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub const TASKDEF_BODY_LIMIT: usize = 2 << 20;
 pub const TASK_REPORT_BODY_LIMIT: usize = 512 << 10;
 /// Host registrations (64 GPUs at most) and host status reports.
 pub const AGENT_BODY_LIMIT: usize = 256 << 10;
+/// New secrets: a 64 KiB value, escaped, and its name.
+pub const SECRET_BODY_LIMIT: usize = 512 << 10;
 /// Every other route.
 pub const SMALL_BODY_LIMIT: usize = 64 << 10;
 
@@ -63,6 +65,7 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         "/v1/agent/register" => (api::joiner, AGENT_BODY_LIMIT),
         "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
+        "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
         _ => (api::admin, SMALL_BODY_LIMIT),
     }
 }

@@ -10,6 +10,7 @@ pub mod incident;
 pub mod logs;
 pub mod policy;
 pub mod pool;
+pub mod secret;
 pub mod service;
 pub mod task;
 pub mod taskdef;

@@ -14,12 +14,14 @@ mod operator;
 mod recovery_tests;
 mod register;
 mod retention;
+mod secrets;
 mod tasks;
 
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
 pub use operator::OperatorOutcome;
+pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
 pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
 pub use retention::{
     FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS, MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS,
@@ -1156,7 +1158,9 @@ impl Cluster {
             ));
         }
         let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef("taskDefinition", &req.task_definition)?.reference();
+        let td = self.taskdef("taskDefinition", &req.task_definition)?;
+        self.check_task_secrets(td)?;
+        let td = td.reference();
         let spec = NewTasks {
             task_definition: td,
             pool,
@@ -1409,7 +1413,9 @@ impl Cluster {
         }
         check_desired(req.desired_count)?;
         let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef("taskDefinition", &req.task_definition)?.reference();
+        let td = self.taskdef("taskDefinition", &req.task_definition)?;
+        self.check_task_secrets(td)?;
+        let td = td.reference();
         let now = self.now();
         let svc = Service {
             name: name.clone(),
@@ -1439,7 +1445,9 @@ impl Cluster {
             svc.desired_count = d;
         }
         if let Some(td) = &req.task_definition {
-            svc.task_definition = self.taskdef("taskDefinition", td)?.reference();
+            let def = self.taskdef("taskDefinition", td)?;
+            self.check_task_secrets(def)?;
+            svc.task_definition = def.reference();
         }
         if svc != current.value {
             svc.updated_at_ms = self.now();

@@ -1,0 +1,338 @@
+//! Stored secrets: values the containers of a task get as environment variables (ECS
+//! `secrets[].valueFrom`), the credentials of a private registry (`repositoryCredentials`) and
+//! log driver options (`logConfiguration.secretOptions`).
+//!
+//! A value is encrypted with ChaCha20-Poly1305 under a key derived from the server's key
+//! ([`crate::auth::ServerKey::derive_key`]), with a random nonce per value and the secret's name
+//! as associated data (a value cannot be moved to another name). The store, and so `state.db`
+//! and its WAL, holds the nonce and the ciphertext only. Values are not kept in memory: each
+//! read decrypts the record. The plaintext goes to one place: the agent of the host a task is
+//! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
+
+use super::Cluster;
+use crate::error::ApiError;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use mpsfleet_store::{decode, Op, Precondition};
+use mpsfleet_types::secret::{check_secret_name, check_secret_value, CreateSecret, SecretInfo, TaskSecrets};
+use mpsfleet_types::{HostId, TaskDefinition, TaskId, TaskStatus};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Store kind of secrets, keyed by name.
+const SECRET: &str = "secret";
+/// What the encryption key is derived for.
+const KEY_PURPOSE: &str = "secrets";
+/// The most secrets the server keeps.
+pub const MAX_SECRETS: usize = 10_000;
+
+/// A secret as stored: never its value.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SecretRecord {
+    name: String,
+    /// 12 random bytes, hex.
+    nonce: String,
+    /// The value encrypted, with its 16-byte tag, hex.
+    ciphertext: String,
+    size: usize,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+}
+
+impl SecretRecord {
+    fn info(&self) -> SecretInfo {
+        SecretInfo {
+            name: self.name.clone(),
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            size: self.size,
+        }
+    }
+}
+
+/// A reference to a stored secret in a task definition, with its JSON path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretUse {
+    pub path: String,
+    pub name: String,
+}
+
+/// Every stored secret `td` names, in document order: its containers' `secrets`, log
+/// `secretOptions` and `repositoryCredentials`.
+pub fn secret_uses(td: &TaskDefinition) -> Vec<SecretUse> {
+    let mut out = Vec::new();
+    for (i, c) in td.container_definitions.iter().enumerate() {
+        let at = format!("containerDefinitions[{i}]");
+        for (j, s) in c.secrets.iter().enumerate() {
+            out.push(SecretUse { path: format!("{at}.secrets[{j}].valueFrom"), name: s.value_from.clone() });
+        }
+        if let Some(l) = &c.log_configuration {
+            for (j, s) in l.secret_options.iter().enumerate() {
+                out.push(SecretUse {
+                    path: format!("{at}.logConfiguration.secretOptions[{j}].valueFrom"),
+                    name: s.value_from.clone(),
+                });
+            }
+        }
+        if let Some(r) = &c.repository_credentials {
+            out.push(SecretUse {
+                path: format!("{at}.repositoryCredentials.credentialsParameter"),
+                name: r.credentials_parameter.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// ECS's form for one key of a JSON secret:
+/// `arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME:JSON-KEY:VERSION-STAGE:VERSION-ID`.
+/// Returns the secret's ARN (its first seven fields), the key, and whether a version was named.
+fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
+    let fields: Vec<&str> = name.split(':').collect();
+    if fields.len() <= 7 || fields[2] != "secretsmanager" || fields[5] != "secret" {
+        return None;
+    }
+    let versioned = fields[8..].iter().any(|f| !f.is_empty());
+    Some((fields[..7].join(":"), fields[7], versioned))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+impl Cluster {
+    fn cipher(&self) -> ChaCha20Poly1305 {
+        ChaCha20Poly1305::new(Key::from_slice(&self.key.derive_key(KEY_PURPOSE)))
+    }
+
+    fn secret_record(
+        &self,
+        name: &str,
+    ) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, ApiError> {
+        match self.store.get(SECRET, name)? {
+            Some(r) => Ok(Some((decode(&r)?, r.version))),
+            None => Ok(None),
+        }
+    }
+
+    fn decrypt(&self, rec: &SecretRecord) -> Result<String, ApiError> {
+        let corrupt = |why: &str| ApiError::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
+        let nonce = unhex(&rec.nonce).filter(|n| n.len() == 12).ok_or_else(|| corrupt("bad nonce"))?;
+        let ct = unhex(&rec.ciphertext).ok_or_else(|| corrupt("bad ciphertext"))?;
+        let plain = self
+            .cipher()
+            .decrypt(Nonce::from_slice(&nonce), Payload { msg: &ct, aad: rec.name.as_bytes() })
+            .map_err(|_| {
+                corrupt(
+                    "cannot be decrypted: the server key (server.key) is not the one it was stored under; \
+                     restore that key, or delete the secret and create it again",
+                )
+            })?;
+        String::from_utf8(plain).map_err(|_| corrupt("not UTF-8 after decryption"))
+    }
+
+    /// Stores a new secret. A name already stored is refused (delete it first).
+    pub fn create_secret(&mut self, req: CreateSecret) -> Result<SecretInfo, ApiError> {
+        check_secret_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
+        check_secret_value(&req.value).map_err(|m| ApiError::invalid("value", m))?;
+        if self.secret_record(&req.name)?.is_some() {
+            return Err(ApiError::AlreadyExists { kind: "secret", id: req.name });
+        }
+        let count = self.store.list(SECRET)?.len();
+        if count >= MAX_SECRETS {
+            return Err(ApiError::invalid(
+                "name",
+                format!("the server keeps at most {MAX_SECRETS} secrets, and has {count}: delete some first"),
+            ));
+        }
+        let mut nonce = [0u8; 12];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| ApiError::StoreUnavailable(format!("no randomness for a secret: {e}")))?;
+        let ct = self
+            .cipher()
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload { msg: req.value.as_bytes(), aad: req.name.as_bytes() },
+            )
+            .map_err(|_| ApiError::Internal("encrypting the secret failed".into()))?;
+        let now = self.now();
+        let rec = SecretRecord {
+            name: req.name.clone(),
+            nonce: hex(&nonce),
+            ciphertext: hex(&ct),
+            size: req.value.len(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        self.commit(&[Op::put_json(SECRET, req.name.as_str(), &rec, Precondition::Absent)?])?;
+        tracing::info!(secret = %rec.name, bytes = rec.size, "secret stored");
+        Ok(rec.info())
+    }
+
+    /// The stored secrets' names and times, by name; never their values.
+    pub fn secrets(&self) -> Result<Vec<SecretInfo>, ApiError> {
+        let mut out = Vec::new();
+        for r in self.store.list(SECRET)? {
+            out.push(decode::<SecretRecord>(&r)?.info());
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn delete_secret(&mut self, name: &str) -> Result<SecretInfo, ApiError> {
+        let (rec, version) = self.secret_record(name)?.ok_or_else(|| ApiError::not_found("secret", name))?;
+        self.commit(&[Op::delete(SECRET, name, Precondition::Version(version))])?;
+        tracing::info!(secret = %name, "secret deleted");
+        Ok(rec.info())
+    }
+
+    /// The value `name` stands for: a stored secret of that name, or one key of a stored JSON
+    /// secret in ECS's `…:secret:NAME:JSON-KEY::` form. `Err(message)` says why there is none.
+    fn resolve_secret(&self, name: &str) -> Result<Result<String, String>, ApiError> {
+        if let Some((rec, _)) = self.secret_record(name)? {
+            return Ok(Ok(self.decrypt(&rec)?));
+        }
+        let Some((base, key, versioned)) = json_key_form(name) else {
+            return Ok(Err(format!("no secret named {name:?} is stored (mpsfleet secret create)")));
+        };
+        if versioned {
+            return Ok(Err(format!(
+                "names a version stage or id of {base:?}, and stored secrets have no versions: \
+                 leave the last two fields empty ({base}:{key}::)"
+            )));
+        }
+        let Some((rec, _)) = self.secret_record(&base)? else {
+            return Ok(Err(format!(
+                "no secret named {name:?} or {base:?} is stored (mpsfleet secret create)"
+            )));
+        };
+        if key.is_empty() {
+            return Ok(Ok(self.decrypt(&rec)?));
+        }
+        let value = self.decrypt(&rec)?;
+        let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(&value) else {
+            return Ok(Err(format!("names the key {key:?} of {base:?}, whose value is not a JSON object")));
+        };
+        Ok(match obj.get(key) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(v) => Ok(v.to_string()),
+            None => Err(format!("names the key {key:?} of {base:?}, which has no such key")),
+        })
+    }
+
+    /// Refuses a definition that names a secret that is not stored (at task run and service
+    /// create: such a task could never start).
+    pub(super) fn check_task_secrets(&self, td: &TaskDefinition) -> Result<(), ApiError> {
+        for u in secret_uses(td) {
+            if let Err(why) = self.resolve_secret(&u.name)? {
+                return Err(ApiError::invalid(u.path, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// The values task `id`'s definition names, for the agent of the host it is placed on.
+    pub fn task_secrets(&self, host: &HostId, id: &str) -> Result<TaskSecrets, ApiError> {
+        let task = TaskId::parse(id)
+            .ok()
+            .and_then(|id| self.tasks.get(&id))
+            .map(|e| &e.task)
+            .ok_or_else(|| ApiError::not_found("task", id))?;
+        if task.host_id.as_ref() != Some(host) || task.last_status == TaskStatus::Stopped {
+            return Err(ApiError::Forbidden(format!("task {id} is not running on host {host}")));
+        }
+        let r = &task.task_definition;
+        let td = self
+            .taskdefs
+            .get(&(r.family.clone(), r.revision))
+            .ok_or_else(|| ApiError::not_found("task definition", r.to_string()))?;
+        let mut values = BTreeMap::new();
+        for u in secret_uses(&td.value) {
+            match self.resolve_secret(&u.name)? {
+                Ok(v) => {
+                    values.insert(u.name, v);
+                }
+                Err(why) => return Err(ApiError::invalid(u.path, why)),
+            }
+        }
+        tracing::debug!(task = %id, host = %host, secrets = values.len(), "task secrets handed out");
+        Ok(TaskSecrets { values })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_core::clock::ManualClock;
+    use mpsfleet_store::{MemoryStore, Store};
+    use std::sync::Arc;
+
+    fn cluster() -> (Cluster, Arc<MemoryStore>) {
+        let store = Arc::new(MemoryStore::new());
+        let c = Cluster::load(store.clone(), Arc::new(ManualClock::new(1_000)), |_| Ok(())).unwrap();
+        (c, store)
+    }
+
+    fn create(c: &mut Cluster, name: &str, value: &str) -> Result<SecretInfo, ApiError> {
+        c.create_secret(CreateSecret { name: name.into(), value: value.into() })
+    }
+
+    #[test]
+    fn values_are_stored_encrypted_and_bound_to_their_name() {
+        let (mut c, store) = cluster();
+        let info = create(&mut c, "db-pass", "hunter2-very-secret").unwrap();
+        assert_eq!((info.name.as_str(), info.size), ("db-pass", 19));
+        let raw = store.get(SECRET, "db-pass").unwrap().unwrap();
+        assert!(!String::from_utf8_lossy(&raw.value).contains("hunter2"));
+        assert_eq!(c.resolve_secret("db-pass").unwrap(), Ok("hunter2-very-secret".into()));
+        // The same ciphertext under another name does not decrypt.
+        let mut moved: SecretRecord = decode(&raw).unwrap();
+        moved.name = "other".into();
+        assert!(c.decrypt(&moved).unwrap_err().to_string().contains("server key"));
+        // Two values never share a nonce.
+        create(&mut c, "db-pass-2", "hunter2-very-secret").unwrap();
+        let a: SecretRecord = decode(&raw).unwrap();
+        let b: SecretRecord = decode(&store.get(SECRET, "db-pass-2").unwrap().unwrap()).unwrap();
+        assert_ne!((a.nonce, a.ciphertext), (b.nonce, b.ciphertext));
+    }
+
+    #[test]
+    fn create_list_delete() {
+        let (mut c, _) = cluster();
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db-pass-AbCdEf";
+        create(&mut c, arn, "v").unwrap();
+        assert!(matches!(create(&mut c, arn, "w"), Err(ApiError::AlreadyExists { .. })));
+        let e = create(&mut c, "a b", "v").unwrap_err().to_string();
+        assert!(e.contains("name") && e.contains("' '"), "{e}");
+        let e = create(&mut c, "big", &"x".repeat(65_537)).unwrap_err().to_string();
+        assert!(e.contains("value") && e.contains("65536"), "{e}");
+        assert_eq!(c.secrets().unwrap().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [arn]);
+        c.delete_secret(arn).unwrap();
+        assert!(c.secrets().unwrap().is_empty());
+        assert!(matches!(c.delete_secret(arn), Err(ApiError::NotFound { .. })));
+    }
+
+    #[test]
+    fn a_json_key_of_a_secret_is_taken_as_ecs_takes_it() {
+        let (mut c, _) = cluster();
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db";
+        create(&mut c, arn, r#"{"username": "app", "port": 5432}"#).unwrap();
+        assert_eq!(c.resolve_secret(&format!("{arn}:username::")).unwrap(), Ok("app".into()));
+        assert_eq!(c.resolve_secret(&format!("{arn}:port::")).unwrap(), Ok("5432".into()));
+        assert!(c.resolve_secret(&format!("{arn}:nope::")).unwrap().unwrap_err().contains("no such key"));
+        assert!(c
+            .resolve_secret(&format!("{arn}:username:AWSPREVIOUS:"))
+            .unwrap()
+            .unwrap_err()
+            .contains("version"));
+        assert!(c.resolve_secret("missing").unwrap().unwrap_err().contains("secret create"));
+    }
+}
