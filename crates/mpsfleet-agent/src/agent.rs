@@ -199,8 +199,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         crate::safe_fs::set_file_mode(&identity_path, 0o600)
             .map_err(io("cannot make the host identity 0600", &identity_path))?;
     }
-    let users = task_users(&cfg)?;
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
+    let users = task_users(&cfg, &found)?;
     let client = Client::new(&cfg.server, None)?;
     let engine_version = match registered_runtime(&cfg) {
         // A host keeps the runtime it registered with: the server places by it. A Docker host
@@ -388,6 +388,7 @@ async fn identity(
         emulated: found.emulated || cfg.mps == MpsMode::Model,
         runtime: if engine_version.is_some() { RuntimeKind::Docker } else { RuntimeKind::Process },
         runtime_version: engine_version.clone(),
+        plugins: Default::default(),
     };
     let joiner = client.with_token(join);
     let mut delay = Duration::from_millis(200);
@@ -456,17 +457,26 @@ fn load_identity(path: &Path) -> Result<Option<Identity>, AgentError> {
     Ok(Some(id))
 }
 
-/// Who tasks run as: as root, uids of `--task-uid-range` (checked against the agent's own uid)
-/// with their directories in the run dir's `home`; otherwise the agent's own user.
-fn task_users(cfg: &AgentConfig) -> Result<crate::tasks::TaskUsers, AgentError> {
+/// Who tasks run as: as root, uids of `--task-uid-range` (checked against the agent's own uid,
+/// and to hold one uid per MPS daemon of the host, kept for its MPS tasks, and one more) with
+/// their directories in the run dir's `home`; otherwise the agent's own user.
+fn task_users(cfg: &AgentConfig, found: &Discovered) -> Result<crate::tasks::TaskUsers, AgentError> {
     let me = nix::unistd::Uid::current();
     cfg.task_uids.validate(me.as_raw()).map_err(AgentError::Config)?;
-    if !me.is_root() {
+    let home_root = if me.is_root() {
+        Some(run_dir(cfg)?.join("home"))
+    } else {
         tracing::info!(uid = me.as_raw(), "the agent does not run as root: tasks run as its user");
-        return Ok(crate::tasks::TaskUsers { range: None, home_root: PathBuf::new() });
+        None
+    };
+    let users = crate::tasks::TaskUsers::new(cfg.task_uids, home_root, &found.gpus, cfg.daemon_per_host)
+        .map_err(AgentError::Config)?;
+    for (gpu, m) in &users.mps {
+        if crate::runtime::identity::in_passwd(m.uid) {
+            tracing::warn!(gpu = %gpu, uid = m.uid, "the uid kept for this GPU's MPS tasks is in the password database: its MPS tasks will not start (--task-uid-range)");
+        }
     }
-    let run = run_dir(cfg)?;
-    Ok(crate::tasks::TaskUsers { range: Some(cfg.task_uids), home_root: run.join("home") })
+    Ok(users)
 }
 
 /// The run dir of a root agent, made root's and 0711 (others may pass through, not list it).

@@ -14,7 +14,10 @@
 //! the agent runs as root, a task with a process container that names none gets a uid of its
 //! own from the range (kept in its record, so that an adopted task keeps it, and never given to
 //! a second task while the first has not stopped) and its own directory for `HOME`, removed
-//! when it stops.
+//! when it stops. An MPS task (a process container without `user` given an MPS share) gets
+//! instead the uid its GPU's MPS tasks share, one of the last uids of the range: an MPS
+//! daemon runs one server at a time, for one uid, so MPS tasks of one GPU run at the same time
+//! only under one uid.
 
 use crate::backoff::Backoff;
 use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
@@ -72,11 +75,81 @@ impl Gpus {
 /// Who tasks run as on this host.
 #[derive(Debug, Clone, Default)]
 pub struct TaskUsers {
-    /// The uids tasks get; None when the agent does not run as root (tasks then run as the
-    /// agent's user).
+    /// The uids tasks get (all of `--task-uid-range`); None when the agent does not run as
+    /// root (tasks then run as the agent's user).
     pub range: Option<UidRange>,
+    /// The uid the MPS tasks of each GPU share, by GPU: `last - index` of the range for one
+    /// daemon per GPU, `last` for every GPU with one daemon per host.
+    pub mps: BTreeMap<GpuUuid, MpsUid>,
+    /// How many of the range's last uids are kept for MPS tasks (and never a task's own).
+    pub mps_kept: u32,
     /// Where each task's own directory goes (`<home_root>/<task id>`); made mode 0711, root's.
     pub home_root: PathBuf,
+}
+
+/// The uid the MPS tasks of one MPS daemon share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsUid {
+    pub uid: u32,
+    /// The daemon: its GPU's index, or `all` (one daemon per host).
+    pub daemon: String,
+}
+
+impl TaskUsers {
+    /// Who tasks run as on a host with `gpus`: with `home_root` (the agent runs as root), uids
+    /// of `range`, its last ones kept for the MPS tasks of each daemon (one daemon per GPU, or
+    /// one for all with `daemon_per_host`); without, the agent's own user. Err (naming the flag)
+    /// when the range cannot hold one uid per daemon and one more.
+    pub fn new(
+        range: UidRange,
+        home_root: Option<PathBuf>,
+        gpus: &[GpuInventory],
+        daemon_per_host: bool,
+    ) -> Result<TaskUsers, String> {
+        let kept = match gpus.iter().map(|g| g.index).max() {
+            None => 0,
+            Some(_) if daemon_per_host => 1,
+            Some(max) => max.saturating_add(1),
+        };
+        range.without_last(kept)?;
+        let Some(home_root) = home_root else { return Ok(TaskUsers::default()) };
+        let mps = gpus
+            .iter()
+            .map(|g| {
+                let (uid, daemon) = if daemon_per_host {
+                    (range.last, "all".to_string())
+                } else {
+                    (range.last - g.index, g.index.to_string())
+                };
+                (g.uuid.clone(), MpsUid { uid, daemon })
+            })
+            .collect();
+        Ok(TaskUsers { range: Some(range), mps, mps_kept: kept, home_root })
+    }
+
+    /// The uids a task may hold alone: the range less the uids kept for MPS tasks.
+    fn own_uids(&self) -> Option<UidRange> {
+        let range = self.range?;
+        Some(UidRange { first: range.first, last: range.last - self.mps_kept.min(range.size() - 1) })
+    }
+}
+
+/// Who a task runs as, as [`pick_user`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    /// As its definition's users, or the agent's user: no task uid.
+    NoTaskUid,
+    /// A uid of its own.
+    Own(u32),
+    /// The uid the MPS tasks of its GPU share.
+    SharedMps(u32),
+}
+
+/// What the host says of a uid, for [`pick_user`] (a seam for tests).
+struct HostUids<'a> {
+    in_passwd: &'a dyn Fn(u32) -> bool,
+    /// The uids processes run as now (read once per uid handed out).
+    processes: &'a dyn Fn() -> BTreeSet<u32>,
 }
 
 /// What the task loop reacts to.
@@ -113,6 +186,9 @@ struct Record {
     /// The task's own uid and home, while it has them (see [`TaskUsers`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     task_user: Option<TaskUser>,
+    /// The uid of `task_user` is the one its GPU's MPS tasks share, not the task's alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    shared_uid: bool,
 }
 
 impl Record {
@@ -336,7 +412,7 @@ impl State {
                 continue; // finished and acknowledged: nothing left to do
             }
             let id = rec.task.id;
-            if let Some(u) = &rec.task_user {
+            if let Some(u) = rec.task_user.as_ref().filter(|_| !rec.shared_uid) {
                 self.last_uid = self.last_uid.max(Some(u.uid));
             }
             let mut local = new_local(rec);
@@ -429,6 +505,7 @@ impl State {
                 reason: None,
                 reported: None,
                 task_user: None,
+                shared_uid: false,
             };
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;
@@ -471,54 +548,30 @@ impl State {
         self.assignments = Some(a);
     }
 
-    /// Decides who the task's process containers run as: a `user` of their definition only
-    /// when the pool allows it, else (agent root, no `user`) a uid of the task's own, with its
+    /// Decides who the task's process containers run as ([`pick_user`]) and makes the task's
     /// own home directory. Err is the reason the task does not start.
     fn choose_user(&mut self, rec: &mut Record, allow_task_users: bool) -> Result<(), String> {
-        let runtime = self.runtime.clone();
-        let process: Vec<(usize, &ContainerDefinition)> = rec
-            .definition
-            .container_definitions
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| runs_as_process(&runtime, c))
-            .collect();
-        if !allow_task_users {
-            if let Some((i, _)) = process.iter().find(|(_, c)| c.user.is_some()) {
-                let pool = &rec.task.pool;
-                return Err(format!(
-                    "containerDefinitions[{i}].user: pool {pool} does not let process tasks choose their \
-                     user (pool update {pool} --allow-task-users true)"
-                ));
+        let host = HostUids { in_passwd: &in_passwd, processes: &process_uids };
+        let pick =
+            pick_user(&self.users, &self.runtime, &self.tasks, self.last_uid, rec, allow_task_users, &host)?;
+        let (uid, shared) = match pick {
+            Pick::NoTaskUid => return Ok(()),
+            Pick::Own(uid) => {
+                self.last_uid = Some(uid);
+                (uid, false)
             }
-        }
-        let Some(range) = self.users.range else { return Ok(()) };
-        if !process.iter().any(|(_, c)| c.user.is_none()) {
-            return Ok(());
-        }
-        let in_use: BTreeSet<u32> = self
-            .tasks
-            .values()
-            .filter(|l| l.rec.status != TaskStatus::Stopped)
-            .filter_map(|l| l.rec.task_user.as_ref().map(|u| u.uid))
-            .collect();
-        let procs = process_uids();
-        let taken = |uid: u32| procs.contains(&uid) || in_passwd(uid);
-        let uid = range.allocate(self.last_uid, &in_use, taken).ok_or_else(|| {
-            format!(
-                "no free uid in --task-uid-range {}-{} ({} tasks hold one; the others are in the \
-                 password database or run processes)",
-                range.first,
-                range.last,
-                in_use.len()
-            )
-        })?;
-        self.last_uid = Some(uid);
+            Pick::SharedMps(uid) => (uid, true),
+        };
         let home = self.users.home_root.join(rec.task.id.to_string());
         make_home(&home, uid)
             .map_err(|e| format!("cannot make the task's directory {}: {e}", home.display()))?;
-        tracing::info!(task.id = %rec.task.id, uid, home = %home.display(), "the task runs as a uid of its own");
+        if shared {
+            tracing::info!(task.id = %rec.task.id, uid, home = %home.display(), "the MPS task runs as the uid its GPU's MPS tasks share");
+        } else {
+            tracing::info!(task.id = %rec.task.id, uid, home = %home.display(), "the task runs as a uid of its own");
+        }
         rec.task_user = Some(TaskUser { uid, home });
+        rec.shared_uid = shared;
         Ok(())
     }
 
@@ -1214,6 +1267,98 @@ fn runs_as_process(engine: &Engine, c: &ContainerDefinition) -> bool {
     !matches!(engine, Engine::Docker { .. } if c.image.is_some())
 }
 
+/// Who a task's process containers run as: a `user` of their definition only when the pool
+/// allows it (Err otherwise); else, when the agent runs as root and a process container names
+/// no `user`, a task uid. That is the uid its GPU's MPS tasks share when such a container is
+/// given an MPS share (so that they all reach the daemon's one server at the same time), and
+/// otherwise a uid of its own: the next one after `last_uid` of the range less the uids kept
+/// for MPS tasks, held by no task that has not stopped, in no password database entry and run
+/// by no process. Err is the reason the task does not start.
+fn pick_user(
+    users: &TaskUsers,
+    engine: &Engine,
+    tasks: &BTreeMap<TaskId, Local>,
+    last_uid: Option<u32>,
+    rec: &Record,
+    allow_task_users: bool,
+    host: &HostUids,
+) -> Result<Pick, String> {
+    let process: Vec<(usize, &ContainerDefinition)> = rec
+        .definition
+        .container_definitions
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| runs_as_process(engine, c))
+        .collect();
+    if !allow_task_users {
+        if let Some((i, _)) = process.iter().find(|(_, c)| c.user.is_some()) {
+            let pool = &rec.task.pool;
+            return Err(format!(
+                "containerDefinitions[{i}].user: pool {pool} does not let process tasks choose their \
+                 user (pool update {pool} --allow-task-users true)"
+            ));
+        }
+    }
+    let (Some(range), Some(own)) = (users.range, users.own_uids()) else { return Ok(Pick::NoTaskUid) };
+    let unnamed: Vec<&ContainerDefinition> =
+        process.iter().filter(|(_, c)| c.user.is_none()).map(|(_, c)| *c).collect();
+    if unnamed.is_empty() {
+        return Ok(Pick::NoTaskUid);
+    }
+    let live = || tasks.values().filter(|l| l.rec.status != TaskStatus::Stopped);
+    let mps_share = unnamed.iter().any(|c| matches!(c.gpu(), Some(GpuRequirement::Mps { .. })));
+    // An MPS task on a GPU without a daemon here gets a uid of its own: it does not start (its
+    // launch fails closed), and it never runs as root.
+    if let Some((gpu, mps)) =
+        rec.task.gpu_ids.first().filter(|_| mps_share).and_then(|g| users.mps.get(g).map(|m| (g, m)))
+    {
+        let uid = mps.uid;
+        let kept = format!(
+            "uid {uid}, kept in --task-uid-range {}-{} for the MPS tasks of GPU {gpu}",
+            range.first, range.last
+        );
+        if (host.in_passwd)(uid) {
+            return Err(format!(
+                "{kept}, is in the password database: MPS tasks would share it with that user \
+                 (choose a --task-uid-range without it)"
+            ));
+        }
+        // Only the MPS tasks of this daemon may hold it: after a change of the range or of the
+        // GPUs, a task adopted with it as its own (or for another daemon) keeps it until it stops.
+        let foreign = live().find(|l| {
+            let held = l.rec.task_user.as_ref().is_some_and(|u| u.uid == uid);
+            let same_daemon = l.rec.shared_uid
+                && l.rec.task.gpu_ids.first().and_then(|g| users.mps.get(g)).is_some_and(|m| m.uid == uid);
+            held && !same_daemon
+        });
+        if let Some(other) = foreign {
+            return Err(format!(
+                "{kept} (daemon {}), is still held by task {}, which is not one of them; it is free once \
+                 that task has stopped",
+                mps.daemon, other.rec.task.id
+            ));
+        }
+        return Ok(Pick::SharedMps(uid));
+    }
+    let in_use: BTreeSet<u32> = live().filter_map(|l| l.rec.task_user.as_ref().map(|u| u.uid)).collect();
+    let procs = (host.processes)();
+    let taken = |uid: u32| procs.contains(&uid) || (host.in_passwd)(uid);
+    let uid = own.allocate(last_uid, &in_use, taken).ok_or_else(|| {
+        let kept = match users.mps_kept {
+            0 => String::new(),
+            n => format!("; the last {n} are kept for MPS tasks"),
+        };
+        format!(
+            "no free uid in --task-uid-range {}-{} ({} tasks hold one; the others are in the \
+             password database or run processes{kept})",
+            range.first,
+            range.last,
+            in_use.iter().filter(|u| own.contains(**u)).count()
+        )
+    })?;
+    Ok(Pick::Own(uid))
+}
+
 /// Makes a task's own directory: empty, mode 0700, owned by its uid and gid, in a directory only
 /// root may change. Whatever was there before (from an earlier run) is removed first, without
 /// following links.
@@ -1335,6 +1480,184 @@ mod tests {
         assert_eq!(seen[0].1.stop_code, Some(StopCode::TaskFailedToStart));
         assert_eq!(seen[0].1.stopped_reason.as_deref(), Some(reason.as_str()));
         assert!(state.tasks[&id].rec.reported.is_some());
+    }
+
+    fn gpus(n: u32) -> Vec<GpuInventory> {
+        (0..n)
+            .map(|i| {
+                serde_json::from_value(serde_json::json!({
+                    "uuid": format!("GPU-test-{i}"), "index": i, "model": "H200", "memoryMib": 143_771
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// A PENDING record of task `id` on `gpu` with one process container: an MPS one when `mps`,
+    /// naming `user` when given.
+    fn record(id: u64, gpu: Option<&str>, mps: bool, user: Option<&str>) -> Record {
+        let mut c = serde_json::json!({"name": "app", "essential": true, "command": ["sleep", "60"]});
+        if mps {
+            c["resourceRequirements"] =
+                serde_json::json!([{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]);
+        }
+        if let Some(u) = user {
+            c["user"] = u.into();
+        }
+        let def: TaskDefinition = serde_json::from_value(serde_json::json!({
+            "family": "app", "revision": 1, "containerDefinitions": [c],
+        }))
+        .unwrap();
+        let mut task =
+            Task::new(TaskId(id), def.reference(), PoolName::new("gpu").unwrap(), None, "run:test".into(), 0);
+        task.gpu_ids = gpu.map(|g| vec![GpuUuid::new(g).unwrap()]).unwrap_or_default();
+        Record {
+            task,
+            definition: def,
+            status: TaskStatus::Pending,
+            health: TaskHealth::Unknown,
+            ready: false,
+            stop_code: None,
+            reason: None,
+            reported: None,
+            task_user: None,
+            shared_uid: false,
+        }
+    }
+
+    /// Picks for `rec` as [`State::choose_user`] does, then records the pick in `tasks` (as a
+    /// running task) when it is a task uid.
+    fn pick_and_hold(
+        users: &TaskUsers,
+        tasks: &mut BTreeMap<TaskId, Local>,
+        last: &mut Option<u32>,
+        mut rec: Record,
+        host: &HostUids,
+    ) -> Result<Pick, String> {
+        let engine = Engine::Process(crate::runtime::Runtime::new(vec!["/bin/false".into()]).unwrap());
+        let pick = pick_user(users, &engine, tasks, *last, &rec, true, host)?;
+        let (uid, shared) = match pick {
+            Pick::NoTaskUid => return Ok(pick),
+            Pick::Own(uid) => {
+                *last = Some(uid);
+                (uid, false)
+            }
+            Pick::SharedMps(uid) => (uid, true),
+        };
+        rec.task_user = Some(TaskUser { uid, home: format!("/run/x/home/{}", rec.task.id).into() });
+        rec.shared_uid = shared;
+        rec.status = TaskStatus::Running;
+        tasks.insert(rec.task.id, new_local(rec));
+        Ok(pick)
+    }
+
+    #[test]
+    fn the_last_uids_of_the_range_are_kept_one_per_mps_daemon() {
+        let range = UidRange { first: 100, last: 109 };
+        let home = Some(PathBuf::from("/run/x/home"));
+        let per_gpu = TaskUsers::new(range, home.clone(), &gpus(3), false).unwrap();
+        let uids: Vec<(String, u32, String)> =
+            per_gpu.mps.iter().map(|(g, m)| (g.to_string(), m.uid, m.daemon.clone())).collect();
+        assert_eq!(
+            uids,
+            [
+                ("GPU-test-0".to_string(), 109, "0".to_string()),
+                ("GPU-test-1".to_string(), 108, "1".to_string()),
+                ("GPU-test-2".to_string(), 107, "2".to_string())
+            ]
+        );
+        assert_eq!(per_gpu.own_uids(), Some(UidRange { first: 100, last: 106 }));
+        let per_host = TaskUsers::new(range, home.clone(), &gpus(3), true).unwrap();
+        assert!(per_host.mps.values().all(|m| m.uid == 109 && m.daemon == "all"), "{:?}", per_host.mps);
+        assert_eq!(per_host.own_uids(), Some(UidRange { first: 100, last: 108 }));
+        let no_gpu = TaskUsers::new(range, home.clone(), &[], false).unwrap();
+        assert_eq!((no_gpu.mps.len(), no_gpu.own_uids()), (0, Some(range)));
+        // One uid per daemon and one more, or the agent does not start (whether root or not).
+        let small = UidRange { first: 100, last: 102 };
+        let err = TaskUsers::new(small, home.clone(), &gpus(3), false).unwrap_err();
+        assert!(
+            err.starts_with("--task-uid-range 100-102 holds 3 uids: the last 3 are kept for MPS tasks"),
+            "{err}"
+        );
+        assert!(TaskUsers::new(small, None, &gpus(3), false).is_err());
+        assert!(TaskUsers::new(small, home, &gpus(3), true).is_ok());
+        let not_root = TaskUsers::new(range, None, &gpus(3), false).unwrap();
+        assert!(not_root.range.is_none() && not_root.mps.is_empty());
+    }
+
+    #[test]
+    fn mps_tasks_of_one_gpu_share_its_uid_and_no_other_task_gets_it() {
+        let users =
+            TaskUsers::new(UidRange { first: 100, last: 103 }, Some("/run/x/home".into()), &gpus(2), false)
+                .unwrap();
+        // Every uid runs processes (the MPS tasks' among them): the shared uid is still handed out.
+        let busy = HostUids { in_passwd: &|_| false, processes: &|| (0..1000).collect() };
+        let free = HostUids { in_passwd: &|_| false, processes: &BTreeSet::new };
+        let (mut tasks, mut last) = (BTreeMap::new(), None);
+        let mut pick = |rec: Record, host: &HostUids| pick_and_hold(&users, &mut tasks, &mut last, rec, host);
+        assert_eq!(pick(record(1, Some("GPU-test-0"), true, None), &busy), Ok(Pick::SharedMps(103)));
+        assert_eq!(pick(record(2, Some("GPU-test-0"), true, None), &busy), Ok(Pick::SharedMps(103)));
+        assert_eq!(pick(record(3, Some("GPU-test-1"), true, None), &busy), Ok(Pick::SharedMps(102)));
+        // Non-MPS tasks (a GPU-less one, one whose process names its user) get uids of their own,
+        // never the kept ones, even with the kept ones free of processes.
+        assert_eq!(pick(record(4, None, false, None), &free), Ok(Pick::Own(100)));
+        assert_eq!(pick(record(5, Some("GPU-test-1"), false, None), &free), Ok(Pick::Own(101)));
+        let err = pick(record(6, None, false, None), &free).unwrap_err();
+        assert_eq!(
+            err,
+            "no free uid in --task-uid-range 100-103 (2 tasks hold one; the others are in the password \
+             database or run processes; the last 2 are kept for MPS tasks)"
+        );
+        // A definition's user keeps it; an MPS task on a GPU without a daemon here gets a uid of
+        // its own (it then does not start), never none.
+        assert_eq!(pick(record(7, Some("GPU-test-0"), true, Some("0")), &free), Ok(Pick::NoTaskUid));
+        assert!(pick(record(8, Some("GPU-unknown"), true, None), &free)
+            .unwrap_err()
+            .starts_with("no free uid"));
+        assert_eq!(tasks.values().filter(|l| l.rec.shared_uid).count(), 3);
+
+        // A kept uid in the password database, or still held by a task as its own (adopted after
+        // the range changed), is refused for MPS tasks, naming it.
+        let passwd = HostUids { in_passwd: &|u| u == 102, processes: &BTreeSet::new };
+        let err =
+            pick_and_hold(&users, &mut tasks, &mut last, record(9, Some("GPU-test-1"), true, None), &passwd)
+                .unwrap_err();
+        assert!(
+            err.starts_with("uid 102, kept in --task-uid-range 100-103 for the MPS tasks of GPU GPU-test-1, is in the password database"),
+            "{err}"
+        );
+        let mut adopted = record(10, None, false, None);
+        adopted.status = TaskStatus::Running;
+        adopted.task_user = Some(TaskUser { uid: 103, home: "/run/x/home/10".into() });
+        let mut tasks = BTreeMap::from([(adopted.task.id, new_local(adopted))]);
+        let err =
+            pick_and_hold(&users, &mut tasks, &mut last, record(11, Some("GPU-test-0"), true, None), &free)
+                .unwrap_err();
+        assert!(err.contains("is still held by task"), "{err}");
+        // ... and once that task has stopped, the MPS task gets it.
+        tasks.values_mut().for_each(|l| l.rec.status = TaskStatus::Stopped);
+        assert_eq!(
+            pick_and_hold(&users, &mut tasks, &mut last, record(12, Some("GPU-test-0"), true, None), &free),
+            Ok(Pick::SharedMps(103))
+        );
+    }
+
+    #[test]
+    fn the_record_says_whether_its_uid_is_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec = record(1, Some("GPU-test-0"), true, None);
+        rec.status = TaskStatus::Stopped;
+        rec.task_user = Some(TaskUser { uid: 103, home: dir.path().join("gone") });
+        rec.shared_uid = true;
+        let bytes = serde_json::to_vec(&rec).unwrap();
+        let back: Record = serde_json::from_slice(&bytes).unwrap();
+        assert!(back.shared_uid, "kept in the record");
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["sharedUid"], true);
+        let mut own = record(2, None, false, None);
+        own.task_user = Some(TaskUser { uid: 100, home: dir.path().join("x") });
+        let v = serde_json::to_value(&own).unwrap();
+        assert!(v.get("sharedUid").is_none(), "{v}");
     }
 
     #[test]

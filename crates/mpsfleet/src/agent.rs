@@ -94,7 +94,8 @@ pub struct AgentArgs {
 #[derive(Args)]
 pub struct TaskUserArgs {
     /// The uids process tasks run as when the agent runs as root and their definition names no
-    /// `user`: one per running task, FIRST-LAST (may not hold 0 or the agent's own uid).
+    /// `user`: one per running task, FIRST-LAST (may not hold 0 or the agent's own uid); the
+    /// last ones are kept for MPS tasks, one per MPS daemon, shared by that GPU's MPS tasks.
     #[arg(long, default_value = "200000-299999")]
     task_uid_range: String,
     /// Where a root agent keeps what tasks of other uids must reach (their own directories,

@@ -8,7 +8,10 @@
 //! - A definition's `user` is honoured only in a pool with `allowTaskUsers`.
 //! - A task uid is never given to a second task while the first runs, and stays the task's
 //!   across an agent restart.
-//! - An MPS task under its own uid reaches its GPU's daemon through the pipe directory.
+//! - An MPS task reaches its GPU's daemon through the pipe directory.
+//! - MPS tasks of one GPU share one uid (its daemon runs one server, for one uid, at a time),
+//!   one of the last of the range; MPS tasks of another GPU and every other task get other
+//!   uids, and no non-MPS task ever gets a kept one.
 
 mod common;
 
@@ -23,20 +26,26 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A server with pool "gpu", one ACTIVE agent on the real MPS daemon with `uids` as its task
-/// uid range and its run dir in the test's directory. Fields drop in order: the agent first,
-/// the directory last.
+/// uid range, `gpus` emulated GPUs and its run dir in the test's directory. Fields drop in
+/// order: the agent first, the directory last.
 struct Fleet {
     agent: Agent,
     admin: Client,
     server: Server,
     mps: PathBuf,
     uids: String,
+    gpus: u32,
     dir: tempfile::TempDir,
 }
 
 impl Fleet {
-    /// None when the test cannot run here (not root, or no MPS binary, outside CI).
+    /// A fleet with one GPU; None when the test cannot run here (not root, or no MPS binary,
+    /// outside CI).
     async fn start(uids: &str) -> Option<Fleet> {
+        Fleet::start_with_gpus(uids, 1).await
+    }
+
+    async fn start_with_gpus(uids: &str, gpus: u32) -> Option<Fleet> {
         if !nix::unistd::Uid::current().is_root() {
             assert!(!on_ci(), "these tests need root, and CI runs them as root");
             println!("skipped: running tasks as other uids needs root");
@@ -51,8 +60,8 @@ impl Fleet {
         create_pool(&admin, "gpu").await;
         let run = dir.path().join("run");
         let args = ["--task-uid-range", uids, "--run-dir", run.to_str().unwrap()];
-        let agent = Agent::start(&server, &dir.path().join("agent"), 1, &mps, &args);
-        let fleet = Fleet { agent, admin, server, mps, uids: uids.to_string(), dir };
+        let agent = Agent::start(&server, &dir.path().join("agent"), gpus, &mps, &args);
+        let fleet = Fleet { agent, admin, server, mps, uids: uids.to_string(), gpus, dir };
         let admin = fleet.admin.clone();
         eventually(WAIT, "the host to be ACTIVE", || async {
             admin.list_hosts(None).await.ok().filter(|h| h.len() == 1 && h[0].status == HostStatus::Active)
@@ -74,7 +83,7 @@ impl Fleet {
         let run = self.run_dir();
         let args = ["--task-uid-range", &self.uids, "--run-dir", run.to_str().unwrap()];
         self.agent.kill9();
-        self.agent = Agent::start(&self.server, &self.data_dir(), 1, &self.mps, &args);
+        self.agent = Agent::start(&self.server, &self.data_dir(), self.gpus, &self.mps, &args);
     }
 
     async fn register(&self, family: &str, container: serde_json::Value) {
@@ -271,8 +280,8 @@ async fn a_definitions_user_runs_only_in_a_pool_that_allows_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_uid_is_never_shared_while_the_task_runs_and_survives_an_agent_restart() {
-    // Two uids for three tasks.
-    let Some(mut fleet) = Fleet::start("230200-230201").await else { return };
+    // Two uids for three tasks (the range's last, 230202, is kept for the GPU's MPS tasks).
+    let Some(mut fleet) = Fleet::start("230200-230202").await else { return };
     fleet.register_script("sleeper", "echo uid=$(id -u); exec sleep 600").await;
     let first = fleet.run("sleeper").await;
     let second = fleet.run("sleeper").await;
@@ -290,7 +299,8 @@ async fn a_task_uid_is_never_shared_while_the_task_runs_and_survives_an_agent_re
     let task = fleet.stopped(&third).await;
     assert_eq!(task.stop_code, Some(StopCode::TaskFailedToStart), "{task:?}");
     let reason = task.stopped_reason.unwrap_or_default();
-    assert!(reason.starts_with("no free uid in --task-uid-range 230200-230201"), "{reason}");
+    assert!(reason.starts_with("no free uid in --task-uid-range 230200-230202"), "{reason}");
+    assert!(reason.ends_with("the last 1 are kept for MPS tasks)"), "{reason}");
     let records: Vec<u32> = [&first, &second]
         .iter()
         .map(|id| {
@@ -309,7 +319,7 @@ async fn a_task_uid_is_never_shared_while_the_task_runs_and_survives_an_agent_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mps_task_under_its_own_uid_reaches_its_daemon() {
+async fn an_mps_task_under_its_gpus_uid_reaches_its_daemon() {
     let Some(fleet) = Fleet::start("230300-230309").await else { return };
     let script = format!(
         "echo uid=$(id -u); echo answer=$(echo get_default_active_thread_percentage | {mps} 2>&1; echo rc=$?); \
@@ -329,7 +339,7 @@ async fn an_mps_task_under_its_own_uid_reaches_its_daemon() {
         .await;
     let id = fleet.run("mps-client").await;
     let out = fleet.stdout_with(&id, "done=1").await;
-    assert!((230_300..=230_309).contains(&uid_of(&out)), "{out}");
+    assert_eq!(uid_of(&out), 230_309, "the last uid of the range is GPU 0's: {out}");
     assert_eq!(value(&out, "answer"), "100.0 rc=0", "{out}");
     assert_eq!(value(&out, "servers"), "rc=0", "{out}");
     assert!(value(&out, "logs").contains("Permission denied"), "{out}");
@@ -338,6 +348,172 @@ async fn an_mps_task_under_its_own_uid_reaches_its_daemon() {
     assert_eq!(mode(&pipe), 0o711);
     assert_eq!(std::fs::metadata(&pipe).unwrap().uid(), 0);
     assert_eq!(mode(&fleet.data_dir().join("mps/log/0")), 0o700);
+}
+
+/// The index of the GPU `task` was placed on.
+async fn gpu_index(fleet: &Fleet, task: &Task) -> u32 {
+    let hosts = fleet.admin.list_hosts(None).await.unwrap();
+    let gpu = task.gpu_ids.first().unwrap_or_else(|| panic!("no GPU: {task:?}"));
+    hosts[0].gpus.iter().find(|g| &g.gpu_id == gpu).unwrap_or_else(|| panic!("GPU {gpu} of {hosts:?}")).index
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_tasks_of_one_gpu_share_its_uid_and_no_other_task_gets_it() {
+    // Two GPUs: 230503 is kept for GPU 0's MPS tasks, 230502 for GPU 1's; 230500 and 230501
+    // are for the other tasks.
+    let Some(mut fleet) = Fleet::start_with_gpus("230500-230503", 2).await else { return };
+    let tasks = fleet.data_dir().join("tasks");
+
+    // Non-MPS tasks get uids of their own and, once those are held, none of the kept ones
+    // (no process runs as those yet: only the kept status keeps them from a third task).
+    fleet.register_script("plain", "echo uid=$(id -u); exec sleep 600").await;
+    let plain = [fleet.run("plain").await, fleet.run("plain").await];
+    let mut own = Vec::new();
+    for id in &plain {
+        own.push(uid_of(&fleet.stdout_with(id, "uid=").await));
+    }
+    own.sort();
+    assert_eq!(own, [230_500, 230_501]);
+    let third = fleet.run("plain").await;
+    let task = fleet.stopped(&third).await;
+    assert_eq!(task.stop_code, Some(StopCode::TaskFailedToStart), "{task:?}");
+    assert_eq!(
+        task.stopped_reason.as_deref(),
+        Some(
+            "no free uid in --task-uid-range 230500-230503 (2 tasks hold one; the others are in the \
+             password database or run processes; the last 2 are kept for MPS tasks)"
+        )
+    );
+    fleet.admin.stop_task(&plain[0], None).await.unwrap();
+    fleet.stopped(&plain[0]).await;
+
+    // 60,000 MiB each: binpack puts two on one H200 and the third on the other GPU.
+    let mps_task = |extra: String| {
+        let script = format!(
+            "echo uid=$(id -u); echo home=$HOME; echo pipe=$CUDA_MPS_PIPE_DIRECTORY; \
+             echo answer=$(echo get_default_active_thread_percentage | {mps} 2>&1; echo rc=$?); \
+             echo identity=$(cat {identity} 2>&1); {extra} echo done=1; exec sleep 600",
+            mps = fleet.mps.display(),
+            identity = fleet.data_dir().join("identity.json").display(),
+        );
+        serde_json::json!({
+            "command": ["/bin/sh", "-c", script],
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 60_000}}}]
+        })
+    };
+    fleet.register("mps-keeper", mps_task("echo kept-by-mps > $HOME/secret && echo wrote=yes;".into())).await;
+    let keeper = fleet.run("mps-keeper").await;
+    let keeper_out = fleet.stdout_with(&keeper, "done=1").await;
+    let keeper_task = fleet.running(&keeper).await;
+    let gpu = gpu_index(&fleet, &keeper_task).await;
+    let shared = 230_503 - gpu;
+    assert_eq!(uid_of(&keeper_out), shared, "GPU {gpu}'s uid: {keeper_out}");
+    assert_eq!(value(&keeper_out, "wrote"), "yes", "{keeper_out}");
+    assert_eq!(value(&keeper_out, "answer"), "100.0 rc=0", "it reaches its daemon: {keeper_out}");
+    let pipe = fleet.run_dir().join("mps").join(gpu.to_string());
+    assert_eq!(value(&keeper_out, "pipe"), pipe.to_str().unwrap(), "{keeper_out}");
+    assert!(value(&keeper_out, "identity").contains("Permission denied"), "{keeper_out}");
+    // Its own home still, 0700, owned by the shared uid.
+    let keeper_home = fleet.run_dir().join("home").join(&keeper);
+    assert_eq!(value(&keeper_out, "home"), keeper_home.to_str().unwrap(), "{keeper_out}");
+    let meta = std::fs::metadata(&keeper_home).unwrap();
+    assert_eq!((meta.uid(), meta.gid(), mode(&keeper_home)), (shared, shared, 0o700));
+
+    // Two more MPS tasks that look at the keeper's home and logs.
+    let keeper_dir = tasks.join(&keeper).join("containers/main");
+    let pry = format!(
+        "echo peer-read=$(cat {home}/secret 2>&1); echo log=$(cat {log} 2>&1);",
+        home = keeper_home.display(),
+        log = keeper_dir.join("stdout.log").display(),
+    );
+    fleet.register("mps-peer", mps_task(pry.clone())).await;
+    let peer = fleet.run("mps-peer").await;
+    let peer_out = fleet.stdout_with(&peer, "done=1").await;
+    let other = fleet.run("mps-peer").await;
+    let other_out = fleet.stdout_with(&other, "done=1").await;
+    let (peer_task, other_task) = (fleet.running(&peer).await, fleet.running(&other).await);
+    assert_eq!(peer_task.gpu_ids, keeper_task.gpu_ids, "binpack: the keeper's GPU");
+    assert_ne!(other_task.gpu_ids, keeper_task.gpu_ids, "the keeper's GPU is full");
+    let other_gpu = gpu_index(&fleet, &other_task).await;
+    // The same GPU: the same uid, at the same time, both reaching the daemon; and the keeper's
+    // home is the peer's to read (what MPS sharing gives up), its logs are not.
+    assert_eq!(uid_of(&peer_out), shared, "{peer_out}");
+    assert_eq!(value(&peer_out, "answer"), "100.0 rc=0", "{peer_out}");
+    assert_eq!(value(&peer_out, "peer-read"), "kept-by-mps", "{peer_out}");
+    assert!(value(&peer_out, "log").contains("Permission denied"), "{peer_out}");
+    assert!(value(&peer_out, "identity").contains("Permission denied"), "{peer_out}");
+    // The other GPU: its own kept uid, its own daemon, and nothing of the keeper's.
+    assert_eq!(uid_of(&other_out), 230_503 - other_gpu, "{other_out}");
+    assert_ne!(uid_of(&other_out), shared);
+    assert_eq!(value(&other_out, "answer"), "100.0 rc=0", "{other_out}");
+    let other_pipe = fleet.run_dir().join("mps").join(other_gpu.to_string());
+    assert_eq!(value(&other_out, "pipe"), other_pipe.to_str().unwrap(), "{other_out}");
+    assert!(value(&other_out, "peer-read").contains("Permission denied"), "{other_out}");
+    assert!(value(&other_out, "log").contains("Permission denied"), "{other_out}");
+
+    // A non-MPS task now gets the uid the stopped one freed, not a kept one (processes run as
+    // those now), and cannot read the MPS task's home.
+    fleet.register_script("prier", &format!("echo uid=$(id -u); {pry} echo done=1; exec sleep 600")).await;
+    let prier = fleet.run("prier").await;
+    let prier_out = fleet.stdout_with(&prier, "done=1").await;
+    assert!(own.contains(&uid_of(&prier_out)), "{prier_out}");
+    assert!(value(&prier_out, "peer-read").contains("Permission denied"), "{prier_out}");
+    // ... and the MPS tasks cannot read its home.
+    let prier_home = fleet.run_dir().join("home").join(&prier);
+    assert_eq!(std::fs::metadata(&prier_home).unwrap().uid(), uid_of(&prier_out));
+    assert_eq!(mode(&prier_home), 0o700);
+
+    // After an agent restart the tasks are adopted with their uids (kept in their records), and
+    // the next MPS task of a GPU shares that GPU's uid with them.
+    fleet.restart_agent();
+    for id in [&keeper, &peer, &other, &prier] {
+        fleet.running(id).await;
+    }
+    for (id, uid, shared_uid) in
+        [(&keeper, shared, true), (&other, 230_503 - other_gpu, true), (&prier, uid_of(&prier_out), false)]
+    {
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(tasks.join(id).join("record.json")).unwrap()).unwrap();
+        assert_eq!(rec["taskUser"]["uid"].as_u64(), Some(u64::from(uid)), "{rec}");
+        assert_eq!(rec["sharedUid"].as_bool().unwrap_or(false), shared_uid, "{rec}");
+    }
+    let late = fleet.run("mps-peer").await;
+    let late_out = fleet.stdout_with(&late, "done=1").await;
+    let late_task = fleet.running(&late).await;
+    assert_eq!(late_task.gpu_ids, other_task.gpu_ids, "the only GPU with room");
+    assert_eq!(uid_of(&late_out), uid_of(&other_out), "{late_out}");
+    assert_eq!(value(&late_out, "answer"), "100.0 rc=0", "{late_out}");
+
+    // A stopped MPS task's home goes; its peers' stay.
+    fleet.admin.stop_task(&keeper, None).await.unwrap();
+    fleet.stopped(&keeper).await;
+    assert!(std::fs::symlink_metadata(&keeper_home).is_err(), "the stopped task's home is still there");
+    assert!(fleet.run_dir().join("home").join(&peer).is_dir());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_range_without_room_for_each_gpus_mps_uid_and_one_more_is_refused() {
+    let Some(fleet) = Fleet::start("230600-230609").await else { return };
+    let data = fleet.dir.path().join("small");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["agent", "--server", &fleet.server.url, "--join-token", &fleet.server.join_token()])
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--emulate-gpus", &format!("H200:{H200_MIB}:2"), "--task-uid-range", "230610-230611"])
+        .arg("--run-dir")
+        .arg(fleet.dir.path().join("small-run"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--task-uid-range 230610-230611 holds 2 uids: the last 2 are kept for MPS tasks (one per MPS \
+             daemon of this host) and tasks need at least one more; give it at least 3 uids"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(fleet.admin.list_hosts(None).await.unwrap().len(), 1, "the refused agent did not register");
 }
 
 /// Starts `mpsfleet agent` with `args` and `env` (its log in `DATA_DIR.log`).

@@ -10,8 +10,9 @@
 //! Identity policy: a container whose definition names a `user` runs as that user (when the
 //! agent runs as root; the pool decides whether it may, see [`crate::tasks`]). One that names
 //! none runs, when the agent runs as root, as the task's own uid ([`TaskUser`], one per running
-//! task, allocated from a [`UidRange`]), gid the same, no supplementary groups, `HOME` and the
-//! working directory its own directory; when the agent is not root, as the agent's user.
+//! task, allocated from a [`UidRange`]; an MPS task the uid its GPU's MPS tasks share, one of
+//! the last uids of the range), gid the same, no supplementary groups, `HOME` and the working
+//! directory its own directory; when the agent is not root, as the agent's user.
 
 use nix::unistd::{Group, Uid, User};
 use std::path::PathBuf;
@@ -94,6 +95,27 @@ impl UidRange {
 
     pub fn contains(&self, uid: u32) -> bool {
         (self.first..=self.last).contains(&uid)
+    }
+
+    /// How many uids the range holds.
+    pub fn size(&self) -> u32 {
+        self.last - self.first + 1
+    }
+
+    /// The range less its last `kept` uids (those the MPS tasks share, one per MPS daemon): the
+    /// uids a task may hold alone. Err, naming the flag and the size needed, when that would
+    /// leave none.
+    pub fn without_last(&self, kept: u32) -> Result<UidRange, String> {
+        let (first, last) = (self.first, self.last);
+        if self.size() <= kept {
+            return Err(format!(
+                "--task-uid-range {first}-{last} holds {} uids: the last {kept} are kept for MPS tasks \
+                 (one per MPS daemon of this host) and tasks need at least one more; give it at least {} uids",
+                self.size(),
+                u64::from(kept) + 1
+            ));
+        }
+        Ok(UidRange { first, last: last - kept })
     }
 
     /// The first uid of the range from `after` on (wrapping around) that is not in `in_use`
@@ -314,6 +336,19 @@ mod tests {
         assert!(err("-1-10", 0).contains("not a uid"));
         assert!(err("70000-4294967295", 0).contains("below"));
         assert!(DEFAULT_TASK_UIDS.validate(0).is_ok());
+    }
+
+    #[test]
+    fn the_last_uids_are_kept_and_one_must_be_left() {
+        let r = UidRange { first: 10, last: 13 };
+        assert_eq!(r.size(), 4);
+        assert_eq!(r.without_last(0), Ok(r));
+        assert_eq!(r.without_last(3), Ok(UidRange { first: 10, last: 10 }));
+        let err = r.without_last(4).unwrap_err();
+        assert!(err.starts_with("--task-uid-range 10-13 holds 4 uids: the last 4 are kept"), "{err}");
+        assert!(err.ends_with("give it at least 5 uids"), "{err}");
+        assert!(r.without_last(u32::MAX).is_err());
+        assert_eq!(UidRange { first: 7, last: 7 }.without_last(0), Ok(UidRange { first: 7, last: 7 }));
     }
 
     #[test]
