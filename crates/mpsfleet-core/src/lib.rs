@@ -10,3 +10,4 @@ pub mod lifecycle;
 pub mod remediation;
 pub mod scheduler;
 pub mod taskdef;
+pub mod task_size;

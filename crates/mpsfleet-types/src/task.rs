@@ -134,6 +134,10 @@ pub struct Task {
     /// What the agent reports of each container: its runtime id, network bindings, exit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerReport>,
+    /// The task's network interface in `awsvpc` mode, as ECS's `attachments[]` shows an ENI:
+    /// derived from its containers' `networkInterfaces` ([`Attachment::of_containers`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
@@ -160,6 +164,65 @@ pub struct ContainerReport {
     /// process host, a GPU device request left out for an emulated GPU, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The task's own address in `awsvpc` mode (ECS's `containers[].networkInterfaces`): every
+    /// container of the task has the same one, its ports are reached there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_interfaces: Vec<NetworkInterface>,
+}
+
+/// A container's network interface in `awsvpc` mode (ECS's `NetworkInterface`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInterface {
+    /// The task's attachment (`attachments[].id`).
+    pub attachment_id: String,
+    pub private_ipv4_address: String,
+}
+
+/// ECS's attachment type of a task's network interface, kept so that tools reading
+/// `attachments[]` for the task's address find it.
+pub const ATTACHMENT_TYPE_ENI: &str = "ElasticNetworkInterface";
+/// The detail naming the interface's address in ECS's `attachments[].details`.
+pub const DETAIL_PRIVATE_IPV4: &str = "privateIPv4Address";
+
+/// One of a task's attachments (ECS's `Attachment`): in `awsvpc` mode, its network interface,
+/// with `details` `[{"name": "privateIPv4Address", "value": "172.30.0.5"}]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `ATTACHED` while the task runs, `DELETED` once it has stopped.
+    pub status: String,
+    pub details: Vec<crate::taskdef::KeyValuePair>,
+}
+
+impl Attachment {
+    /// One attachment per interface the containers report, in order of first appearance.
+    pub fn of_containers(containers: &[ContainerReport], stopped: bool) -> Vec<Attachment> {
+        let mut out: Vec<Attachment> = Vec::new();
+        for ni in containers.iter().flat_map(|c| &c.network_interfaces) {
+            if out.iter().any(|a| a.id == ni.attachment_id) {
+                continue;
+            }
+            out.push(Attachment {
+                id: ni.attachment_id.clone(),
+                kind: ATTACHMENT_TYPE_ENI.to_string(),
+                status: if stopped { "DELETED" } else { "ATTACHED" }.to_string(),
+                details: vec![crate::taskdef::KeyValuePair {
+                    name: DETAIL_PRIVATE_IPV4.to_string(),
+                    value: ni.private_ipv4_address.clone(),
+                }],
+            });
+        }
+        out
+    }
+
+    /// The interface's address, from its details.
+    pub fn private_ipv4_address(&self) -> Option<&str> {
+        self.details.iter().find(|d| d.name == DETAIL_PRIVATE_IPV4).map(|d| d.value.as_str())
+    }
 }
 
 /// Where a container port is reachable on the host (ECS's `networkBindings[]`).
@@ -201,6 +264,7 @@ impl Task {
             started_at_ms: None,
             stopped_at_ms: None,
             containers: Vec::new(),
+            attachments: Vec::new(),
         }
     }
 

@@ -39,8 +39,8 @@ pub struct TaskDefinition {
     pub registered_at_ms: u64,
 }
 
-/// ECS `networkMode`. `awsvpc` has no counterpart outside AWS: such a task runs in `bridge`
-/// mode with every port published on a host port Docker chooses (docs/containers.md).
+/// ECS `networkMode`. `awsvpc` runs each task in a network namespace of its own on a Docker
+/// network of the host, with an address of its own (docs/containers.md, "Networking").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NetworkMode {
@@ -494,26 +494,24 @@ impl TaskDefinition {
             || self.network_mode.is_some_and(|m| m != NetworkMode::Bridge)
     }
 
-    /// The network mode a container host runs the task in.
+    /// The network mode a container host runs the task in: as given, `bridge` by default.
     pub fn effective_network_mode(&self) -> NetworkMode {
-        match self.network_mode {
-            None | Some(NetworkMode::Bridge) | Some(NetworkMode::Awsvpc) => NetworkMode::Bridge,
-            Some(m) => m,
-        }
+        self.network_mode.unwrap_or(NetworkMode::Bridge)
     }
 
     /// The host ports the task needs for itself, as ECS accounts them: every static `hostPort`
-    /// in bridge mode, every port in host mode. Sorted, without duplicates.
+    /// in bridge mode, every port in host mode; none in awsvpc mode (its ports are on the
+    /// task's own address). Sorted, without duplicates.
     pub fn static_host_ports(&self) -> Vec<(Protocol, u16)> {
         let mode = self.effective_network_mode();
         let mut ports: Vec<(Protocol, u16)> = self
             .container_definitions
             .iter()
             .flat_map(|c| &c.port_mappings)
-            .filter_map(|m| match (mode, self.network_mode) {
-                (NetworkMode::None, _) | (_, Some(NetworkMode::Awsvpc)) => None,
-                (NetworkMode::Host, _) => Some((m.protocol, m.host_port.unwrap_or(m.container_port))),
-                _ => m.host_port.filter(|&p| p != 0).map(|p| (m.protocol, p)),
+            .filter_map(|m| match mode {
+                NetworkMode::None | NetworkMode::Awsvpc => None,
+                NetworkMode::Host => Some((m.protocol, m.host_port.unwrap_or(m.container_port))),
+                NetworkMode::Bridge => m.host_port.filter(|&p| p != 0).map(|p| (m.protocol, p)),
             })
             .collect();
         ports.sort_unstable();
