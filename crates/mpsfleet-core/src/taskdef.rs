@@ -11,6 +11,8 @@ use mpsfleet_types::{
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 
+mod secrets;
+
 // Size limits. ECS caps a task definition at 64 KiB of JSON and 10 containers and sets no count
 // on environment variables or command elements; the limits below admit every definition that
 // fits in ECS's 64 KiB, and bound the work one registration can cause (see docs/api.md).
@@ -134,13 +136,14 @@ const CONTAINER_USED: &[&str] = &[
     "startupCheck",
     "readinessCheck",
     "resourceRequirements",
+    "secrets",
+    "logConfiguration",
+    "repositoryCredentials",
 ];
 const CONTAINER_IGNORED: &[&str] = &[
-    "logConfiguration",
     "links",
     "mountPoints",
     "volumesFrom",
-    "secrets",
     "dependsOn",
     "startTimeout",
     "hostname",
@@ -156,7 +159,6 @@ const CONTAINER_IGNORED: &[&str] = &[
     "ulimits",
     "linuxParameters",
     "systemControls",
-    "repositoryCredentials",
     "firelensConfiguration",
     "restartPolicy",
     "credentialSpecs",
@@ -456,6 +458,18 @@ fn parse_container(
         Some(v) => parse_environment(v, &join(path, "environment"), entries)?,
         None => Vec::new(),
     };
+    let secrets = match obj.get("secrets") {
+        Some(v) => secrets::parse_secrets(v, &join(path, "secrets"), &environment)?,
+        None => Vec::new(),
+    };
+    let log_configuration = match obj.get("logConfiguration") {
+        Some(v) => Some(secrets::parse_log_configuration(v, &join(path, "logConfiguration"))?),
+        None => None,
+    };
+    let repository_credentials = match obj.get("repositoryCredentials") {
+        Some(v) => Some(secrets::parse_repository_credentials(v, &join(path, "repositoryCredentials"))?),
+        None => None,
+    };
 
     let essential = match obj.get("essential") {
         Some(v) => as_bool(v, &join(path, "essential"))?,
@@ -516,6 +530,9 @@ fn parse_container(
         startup_check,
         readiness_check,
         resource_requirements,
+        secrets,
+        log_configuration,
+        repository_credentials,
         ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))
