@@ -11,7 +11,7 @@ use mpsfleet_types::{
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 
-mod secrets;
+mod depends;
 
 // Size limits. ECS caps a task definition at 64 KiB of JSON and 10 containers and sets no count
 // on environment variables or command elements; the limits below admit every definition that
@@ -90,11 +90,13 @@ pub struct TaskDefError {
 
 type Result<T> = std::result::Result<T, TaskDefError>;
 
-const TOP_USED: &[&str] = &["family", "containerDefinitions", "networkMode", "cpu", "memory"];
+const TOP_USED: &[&str] = &["family", "containerDefinitions", "networkMode"];
 const TOP_IGNORED: &[&str] = &[
     "taskRoleArn",
     "executionRoleArn",
     "requiresCompatibilities",
+    "cpu",
+    "memory",
     "volumes",
     "placementConstraints",
     "tags",
@@ -136,16 +138,15 @@ const CONTAINER_USED: &[&str] = &[
     "startupCheck",
     "readinessCheck",
     "resourceRequirements",
-    "secrets",
-    "logConfiguration",
-    "repositoryCredentials",
+    "dependsOn",
+    "startTimeout",
 ];
 const CONTAINER_IGNORED: &[&str] = &[
+    "logConfiguration",
     "links",
     "mountPoints",
     "volumesFrom",
-    "dependsOn",
-    "startTimeout",
+    "secrets",
     "hostname",
     "disableNetworking",
     "privileged",
@@ -159,6 +160,7 @@ const CONTAINER_IGNORED: &[&str] = &[
     "ulimits",
     "linuxParameters",
     "systemControls",
+    "repositoryCredentials",
     "firelensConfiguration",
     "restartPolicy",
     "credentialSpecs",
@@ -199,8 +201,6 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
         Some(v) => Some(parse_network_mode(v, "networkMode")?),
         None => None,
     };
-    let task_cpu = task_size_field(top, "cpu", crate::task_size::task_cpu_units)?;
-    let task_memory = task_size_field(top, "memory", crate::task_size::task_memory_mib)?;
 
     let list_path = "containerDefinitions";
     let list = as_array(require(top, "", list_path)?, list_path)?;
@@ -241,7 +241,7 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     if !containers.iter().any(|c| c.essential) {
         return Err(err(list_path, "at least one container must be essential, got none"));
     }
-    check_task_size(&containers, task_cpu.as_ref(), task_memory.as_ref())?;
+    depends::check_graph(&containers, list_path)?;
 
     Ok(ParsedTaskDefinition {
         definition: TaskDefinition {
@@ -249,8 +249,8 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             revision: 0,
             container_definitions: containers,
             network_mode,
-            cpu: task_cpu.map(|(text, _)| text),
-            memory: task_memory.map(|(text, _)| text),
+            cpu: None,
+            memory: None,
             volumes: Vec::new(),
             pid_mode: None,
             ipc_mode: None,
@@ -291,68 +291,6 @@ struct Walk<'a> {
 /// The static host ports taken so far in the task, with the JSON path that took each.
 #[derive(Default)]
 struct HostPorts(HashMap<(Protocol, u16), String>);
-
-/// A task-level `cpu` or `memory` (a string as ECS takes it, or a plain number): the text as
-/// given and its value (CPU units, MiB).
-fn task_size_field<T>(
-    top: &serde_json::Map<String, Value>,
-    key: &str,
-    parse: fn(&str) -> std::result::Result<T, String>,
-) -> Result<Option<(String, T)>> {
-    let text = match top.get(key) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        Some(other) => return Err(err(key, format!("must be a string, got {}", describe(other)))),
-    };
-    let value = parse(&text).map_err(|m| err(key, m))?;
-    Ok(Some((text, value)))
-}
-
-/// The containers' own `cpu` and `memory` fit within the task's, as ECS checks at
-/// registration: their CPU units add up to at most the task's, and each container's
-/// `memory`, and the sum of what they reserve (`memoryReservation`, else `memory`), are at
-/// most the task's.
-fn check_task_size(
-    containers: &[ContainerDefinition],
-    cpu: Option<&(String, u32)>,
-    memory: Option<&(String, u64)>,
-) -> Result<()> {
-    if let Some((text, units)) = cpu {
-        let sum: u64 = containers.iter().map(|c| u64::from(c.cpu.unwrap_or(0))).sum();
-        if sum > u64::from(*units) {
-            return Err(err(
-                "cpu",
-                format!(
-                    "the containers' cpu add up to {sum} CPU units, more than the task's cpu {} ({units} units)",
-                    quote(text)
-                ),
-            ));
-        }
-    }
-    if let Some((text, mib)) = memory {
-        for (i, c) in containers.iter().enumerate() {
-            if let Some(m) = c.memory.filter(|m| m > mib) {
-                return Err(err(
-                    format!("containerDefinitions[{i}].memory"),
-                    format!("{m} MiB is more than the task's memory {} ({mib} MiB)", quote(text)),
-                ));
-            }
-        }
-        let reserved: u64 = containers.iter().map(|c| c.memory_reservation.or(c.memory).unwrap_or(0)).sum();
-        if reserved > *mib {
-            return Err(err(
-                "memory",
-                format!(
-                    "the containers reserve {reserved} MiB in all (memoryReservation, else memory), more \
-                     than the task's memory {} ({mib} MiB)",
-                    quote(text)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
 
 fn parse_network_mode(value: &Value, path: &str) -> Result<NetworkMode> {
     let mode = match value.as_str() {
@@ -458,18 +396,6 @@ fn parse_container(
         Some(v) => parse_environment(v, &join(path, "environment"), entries)?,
         None => Vec::new(),
     };
-    let secrets = match obj.get("secrets") {
-        Some(v) => secrets::parse_secrets(v, &join(path, "secrets"), &environment)?,
-        None => Vec::new(),
-    };
-    let log_configuration = match obj.get("logConfiguration") {
-        Some(v) => Some(secrets::parse_log_configuration(v, &join(path, "logConfiguration"))?),
-        None => None,
-    };
-    let repository_credentials = match obj.get("repositoryCredentials") {
-        Some(v) => Some(secrets::parse_repository_credentials(v, &join(path, "repositoryCredentials"))?),
-        None => None,
-    };
 
     let essential = match obj.get("essential") {
         Some(v) => as_bool(v, &join(path, "essential"))?,
@@ -511,6 +437,8 @@ fn parse_container(
         None => (Vec::new(), None),
     };
 
+    let (depends_on, start_timeout) = depends::parse(obj, path)?;
+
     let container = ContainerDefinition {
         name: name.to_string(),
         image,
@@ -530,9 +458,8 @@ fn parse_container(
         startup_check,
         readiness_check,
         resource_requirements,
-        secrets,
-        log_configuration,
-        repository_credentials,
+        depends_on,
+        start_timeout,
         ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))

@@ -169,7 +169,7 @@ mod taskdef {
             "taskRoleArn": "arn:aws:iam::1:role/r",
             "tags": [],
             "containerDefinitions": [
-                container(json!({"image": "x", "workingDirectory": "/w", "dependsOn": []})),
+                container(json!({"image": "x", "workingDirectory": "/w", "interactive": false})),
                 container(json!({"name": "b", "privileged": false}))
             ]
         })
@@ -179,7 +179,7 @@ mod taskdef {
         assert_eq!(
             got,
             [
-                "containerDefinitions[0].dependsOn",
+                "containerDefinitions[0].interactive",
                 "containerDefinitions[1].privileged",
                 "tags",
                 "taskRoleArn",
