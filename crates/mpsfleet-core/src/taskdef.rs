@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 
 mod depends;
+mod secrets;
 
 // Size limits. ECS caps a task definition at 64 KiB of JSON and 10 containers and sets no count
 // on environment variables or command elements; the limits below admit every definition that
@@ -140,13 +141,14 @@ const CONTAINER_USED: &[&str] = &[
     "resourceRequirements",
     "dependsOn",
     "startTimeout",
+    "secrets",
+    "logConfiguration",
+    "repositoryCredentials",
 ];
 const CONTAINER_IGNORED: &[&str] = &[
-    "logConfiguration",
     "links",
     "mountPoints",
     "volumesFrom",
-    "secrets",
     "hostname",
     "disableNetworking",
     "privileged",
@@ -160,7 +162,6 @@ const CONTAINER_IGNORED: &[&str] = &[
     "ulimits",
     "linuxParameters",
     "systemControls",
-    "repositoryCredentials",
     "firelensConfiguration",
     "restartPolicy",
     "credentialSpecs",
@@ -396,6 +397,18 @@ fn parse_container(
         Some(v) => parse_environment(v, &join(path, "environment"), entries)?,
         None => Vec::new(),
     };
+    let secrets = match obj.get("secrets") {
+        Some(v) => secrets::parse_secrets(v, &join(path, "secrets"), &environment)?,
+        None => Vec::new(),
+    };
+    let log_configuration = match obj.get("logConfiguration") {
+        Some(v) => Some(secrets::parse_log_configuration(v, &join(path, "logConfiguration"))?),
+        None => None,
+    };
+    let repository_credentials = match obj.get("repositoryCredentials") {
+        Some(v) => Some(secrets::parse_repository_credentials(v, &join(path, "repositoryCredentials"))?),
+        None => None,
+    };
 
     let essential = match obj.get("essential") {
         Some(v) => as_bool(v, &join(path, "essential"))?,
@@ -460,6 +473,9 @@ fn parse_container(
         resource_requirements,
         depends_on,
         start_timeout,
+        secrets,
+        log_configuration,
+        repository_credentials,
         ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))

@@ -188,9 +188,18 @@ mod taskdef {
         // dependsOn is honoured: the worker starts once the log router has started.
         assert!(!has_ignored(&p, "containerDefinitions[0].dependsOn"), "{:?}", p.ignored_fields);
         assert_eq!(d.container_definitions[0].depends_on[0].container_name, "log-router");
+        // Secrets and the log driver are honoured: the secrets by their ARN names.
+        for f in ["containerDefinitions[0].logConfiguration", "containerDefinitions[0].secrets"] {
+            assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
+        }
+        let worker = &d.container_definitions[0];
+        assert_eq!(worker.secrets[0].name, "DATABASE_URL");
+        assert_eq!(
+            worker.secrets[0].value_from,
+            "arn:aws:secretsmanager:us-east-1:111122223333:secret:db-url-AbCdEf"
+        );
+        assert_eq!(worker.log_configuration.as_ref().map(|l| l.log_driver.as_str()), Some("awslogs"));
         for f in [
-            "containerDefinitions[0].logConfiguration",
-            "containerDefinitions[0].secrets",
             "containerDefinitions[0].mountPoints",
             "volumes",
             "executionRoleArn",
