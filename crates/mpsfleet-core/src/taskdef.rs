@@ -91,13 +91,11 @@ pub struct TaskDefError {
 
 type Result<T> = std::result::Result<T, TaskDefError>;
 
-const TOP_USED: &[&str] = &["family", "containerDefinitions", "networkMode"];
+const TOP_USED: &[&str] = &["family", "containerDefinitions", "networkMode", "cpu", "memory"];
 const TOP_IGNORED: &[&str] = &[
     "taskRoleArn",
     "executionRoleArn",
     "requiresCompatibilities",
-    "cpu",
-    "memory",
     "volumes",
     "placementConstraints",
     "tags",
@@ -202,6 +200,8 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
         Some(v) => Some(parse_network_mode(v, "networkMode")?),
         None => None,
     };
+    let task_cpu = task_size_field(top, "cpu", crate::task_size::task_cpu_units)?;
+    let task_memory = task_size_field(top, "memory", crate::task_size::task_memory_mib)?;
 
     let list_path = "containerDefinitions";
     let list = as_array(require(top, "", list_path)?, list_path)?;
@@ -243,6 +243,7 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
         return Err(err(list_path, "at least one container must be essential, got none"));
     }
     depends::check_graph(&containers, list_path)?;
+    check_task_size(&containers, task_cpu.as_ref(), task_memory.as_ref())?;
 
     Ok(ParsedTaskDefinition {
         definition: TaskDefinition {
@@ -250,8 +251,8 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             revision: 0,
             container_definitions: containers,
             network_mode,
-            cpu: None,
-            memory: None,
+            cpu: task_cpu.map(|(text, _)| text),
+            memory: task_memory.map(|(text, _)| text),
             volumes: Vec::new(),
             pid_mode: None,
             ipc_mode: None,
@@ -292,6 +293,68 @@ struct Walk<'a> {
 /// The static host ports taken so far in the task, with the JSON path that took each.
 #[derive(Default)]
 struct HostPorts(HashMap<(Protocol, u16), String>);
+
+/// A task-level `cpu` or `memory` (a string as ECS takes it, or a plain number): the text as
+/// given and its value (CPU units, MiB).
+fn task_size_field<T>(
+    top: &serde_json::Map<String, Value>,
+    key: &str,
+    parse: fn(&str) -> std::result::Result<T, String>,
+) -> Result<Option<(String, T)>> {
+    let text = match top.get(key) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(other) => return Err(err(key, format!("must be a string, got {}", describe(other)))),
+    };
+    let value = parse(&text).map_err(|m| err(key, m))?;
+    Ok(Some((text, value)))
+}
+
+/// The containers' own `cpu` and `memory` fit within the task's, as ECS checks at
+/// registration: their CPU units add up to at most the task's, and each container's
+/// `memory`, and the sum of what they reserve (`memoryReservation`, else `memory`), are at
+/// most the task's.
+fn check_task_size(
+    containers: &[ContainerDefinition],
+    cpu: Option<&(String, u32)>,
+    memory: Option<&(String, u64)>,
+) -> Result<()> {
+    if let Some((text, units)) = cpu {
+        let sum: u64 = containers.iter().map(|c| u64::from(c.cpu.unwrap_or(0))).sum();
+        if sum > u64::from(*units) {
+            return Err(err(
+                "cpu",
+                format!(
+                    "the containers' cpu add up to {sum} CPU units, more than the task's cpu {} ({units} units)",
+                    quote(text)
+                ),
+            ));
+        }
+    }
+    if let Some((text, mib)) = memory {
+        for (i, c) in containers.iter().enumerate() {
+            if let Some(m) = c.memory.filter(|m| m > mib) {
+                return Err(err(
+                    format!("containerDefinitions[{i}].memory"),
+                    format!("{m} MiB is more than the task's memory {} ({mib} MiB)", quote(text)),
+                ));
+            }
+        }
+        let reserved: u64 = containers.iter().map(|c| c.memory_reservation.or(c.memory).unwrap_or(0)).sum();
+        if reserved > *mib {
+            return Err(err(
+                "memory",
+                format!(
+                    "the containers reserve {reserved} MiB in all (memoryReservation, else memory), more \
+                     than the task's memory {} ({mib} MiB)",
+                    quote(text)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 fn parse_network_mode(value: &Value, path: &str) -> Result<NetworkMode> {
     let mode = match value.as_str() {
@@ -471,11 +534,11 @@ fn parse_container(
         startup_check,
         readiness_check,
         resource_requirements,
-        depends_on,
-        start_timeout,
         secrets,
         log_configuration,
         repository_credentials,
+        depends_on,
+        start_timeout,
         ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))

@@ -58,12 +58,14 @@ mod taskdef {
         assert!(c.command[0].contains("httpd-foreground"));
         assert_eq!(c.port_mappings.len(), 1);
         assert_eq!((c.port_mappings[0].container_port, c.port_mappings[0].host_port), (80, Some(80)));
-        // awsvpc runs as bridge with Docker's choice of host port, so the task holds none itself.
-        assert_eq!(d.effective_network_mode(), NetworkMode::Bridge);
+        // awsvpc: the port is on the task's own address, so the task holds no host port.
+        assert_eq!(d.effective_network_mode(), NetworkMode::Awsvpc);
         assert!(d.static_host_ports().is_empty());
         assert!(d.needs_container_runtime());
-        for f in ["cpu", "memory", "requiresCompatibilities"] {
-            assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
+        assert_eq!((d.cpu.as_deref(), d.memory.as_deref()), (Some("256"), Some("512")));
+        assert!(has_ignored(&p, "requiresCompatibilities"), "{:?}", p.ignored_fields);
+        for f in ["cpu", "memory"] {
+            assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
         }
     }
 
@@ -105,7 +107,7 @@ mod taskdef {
     }
 
     #[test]
-    fn fargate_task_level_cpu_and_memory_are_ignored() {
+    fn fargate_task_level_cpu_and_memory_are_kept() {
         let p = parse("fargate-task-level.json");
         let d = &p.definition;
         assert_eq!(images(&p), ["111122223333.dkr.ecr.eu-west-1.amazonaws.com/api:2024.06.1"]);
@@ -113,11 +115,10 @@ mod taskdef {
         assert_eq!(c.working_directory.as_deref(), Some("/app"));
         assert_eq!(c.port_mappings[0].host_port, None);
         assert!(d.static_host_ports().is_empty());
+        assert_eq!((d.cpu.as_deref(), d.memory.as_deref()), (Some("1024"), Some("2048")));
         let mut want = [
-            "cpu",
             "ephemeralStorage",
             "executionRoleArn",
-            "memory",
             "requiresCompatibilities",
             "runtimePlatform",
             "tags",
