@@ -11,6 +11,8 @@ use mpsfleet_types::{
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 
+mod options;
+pub use options::AWS_ONLY_VOLUME_KINDS;
 mod depends;
 mod secrets;
 
@@ -91,17 +93,15 @@ pub struct TaskDefError {
 
 type Result<T> = std::result::Result<T, TaskDefError>;
 
-const TOP_USED: &[&str] = &["family", "containerDefinitions", "networkMode", "cpu", "memory"];
+const TOP_USED: &[&str] =
+    &["family", "containerDefinitions", "networkMode", "volumes", "pidMode", "ipcMode", "cpu", "memory"];
 const TOP_IGNORED: &[&str] = &[
     "taskRoleArn",
     "executionRoleArn",
     "requiresCompatibilities",
-    "volumes",
     "placementConstraints",
     "tags",
     "runtimePlatform",
-    "ipcMode",
-    "pidMode",
     "proxyConfiguration",
     "inferenceAccelerators",
     "ephemeralStorage",
@@ -142,24 +142,24 @@ const CONTAINER_USED: &[&str] = &[
     "secrets",
     "logConfiguration",
     "repositoryCredentials",
-];
-const CONTAINER_IGNORED: &[&str] = &[
-    "links",
     "mountPoints",
     "volumesFrom",
-    "hostname",
-    "disableNetworking",
+    "linuxParameters",
+    "ulimits",
+    "systemControls",
     "privileged",
     "readonlyRootFilesystem",
     "dnsServers",
     "dnsSearchDomains",
     "extraHosts",
+    "hostname",
+];
+const CONTAINER_IGNORED: &[&str] = &[
+    "links",
+    "disableNetworking",
     "dockerSecurityOptions",
     "interactive",
     "pseudoTerminal",
-    "ulimits",
-    "linuxParameters",
-    "systemControls",
     "firelensConfiguration",
     "restartPolicy",
     "credentialSpecs",
@@ -203,6 +203,19 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     let task_cpu = task_size_field(top, "cpu", crate::task_size::task_cpu_units)?;
     let task_memory = task_size_field(top, "memory", crate::task_size::task_memory_mib)?;
 
+    let volumes = match top.get("volumes") {
+        Some(v) => options::parse_volumes(v, "volumes", &mut ignored)?,
+        None => Vec::new(),
+    };
+    let pid_mode = match top.get("pidMode") {
+        Some(v) => Some(options::parse_pid_mode(v, "pidMode")?),
+        None => None,
+    };
+    let ipc_mode = match top.get("ipcMode") {
+        Some(v) => Some(options::parse_ipc_mode(v, "ipcMode")?),
+        None => None,
+    };
+
     let list_path = "containerDefinitions";
     let list = as_array(require(top, "", list_path)?, list_path)?;
     if list.is_empty() {
@@ -242,6 +255,7 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     if !containers.iter().any(|c| c.essential) {
         return Err(err(list_path, "at least one container must be essential, got none"));
     }
+    options::check_references(&containers, &volumes, list_path)?;
     depends::check_graph(&containers, list_path)?;
     check_task_size(&containers, task_cpu.as_ref(), task_memory.as_ref())?;
 
@@ -253,9 +267,9 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             network_mode,
             cpu: task_cpu.map(|(text, _)| text),
             memory: task_memory.map(|(text, _)| text),
-            volumes: Vec::new(),
-            pid_mode: None,
-            ipc_mode: None,
+            volumes,
+            pid_mode,
+            ipc_mode,
             registered_at_ms: 0,
         },
         ignored_fields: ignored,
@@ -515,6 +529,8 @@ fn parse_container(
 
     let (depends_on, start_timeout) = depends::parse(obj, path)?;
 
+    let opts = options::parse_container_options(obj, path)?;
+
     let container = ContainerDefinition {
         name: name.to_string(),
         image,
@@ -539,6 +555,17 @@ fn parse_container(
         repository_credentials,
         depends_on,
         start_timeout,
+        mount_points: opts.mount_points,
+        volumes_from: opts.volumes_from,
+        linux_parameters: opts.linux_parameters,
+        ulimits: opts.ulimits,
+        system_controls: opts.system_controls,
+        privileged: opts.privileged,
+        readonly_root_filesystem: opts.readonly_root_filesystem,
+        dns_servers: opts.dns_servers,
+        dns_search_domains: opts.dns_search_domains,
+        extra_hosts: opts.extra_hosts,
+        hostname: opts.hostname,
         ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))

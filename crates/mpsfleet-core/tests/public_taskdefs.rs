@@ -161,11 +161,14 @@ mod taskdef {
             ))
         );
         assert_eq!(c.stop_timeout, Some(120));
-        for f in [
-            "containerDefinitions[0].linuxParameters",
-            "containerDefinitions[0].ulimits",
-            "requiresCompatibilities",
-        ] {
+        // /dev/shm and memlock are honoured.
+        let shm = c.linux_parameters.as_ref().and_then(|l| l.shared_memory_size);
+        assert_eq!(shm, Some(8192));
+        assert_eq!((c.ulimits[0].name.as_str(), c.ulimits[0].soft_limit), ("memlock", -1));
+        for f in ["containerDefinitions[0].linuxParameters", "containerDefinitions[0].ulimits"] {
+            assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
+        }
+        for f in ["requiresCompatibilities"] {
             assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
         }
     }
@@ -201,12 +204,17 @@ mod taskdef {
         );
         assert_eq!(worker.log_configuration.as_ref().map(|l| l.log_driver.as_str()), Some("awslogs"));
         for f in [
-            "containerDefinitions[0].mountPoints",
-            "volumes",
             "executionRoleArn",
         ] {
             assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
         }
+        // Volumes and mount points are honoured: a host path and a volume of the task.
+        for f in ["containerDefinitions[0].mountPoints", "volumes"] {
+            assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
+        }
+        assert_eq!(d.volumes[0].host.as_ref().and_then(|h| h.source_path.as_deref()), Some("/mnt/scratch"));
+        assert_eq!(d.volumes[1].host, None);
+        assert_eq!(d.container_definitions[0].mount_points[1].container_path, "/cache");
     }
 
     #[test]
@@ -239,7 +247,6 @@ mod taskdef {
             "revision",
             "status",
             "compatibilities",
-            "containerDefinitions[0].mountPoints",
         ] {
             assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
         }

@@ -222,8 +222,8 @@ pub struct Volume {
     pub docker_volume_configuration: Option<DockerVolumeConfiguration>,
     /// Kinds that need AWS (`efsVolumeConfiguration`, `fsxWindowsFileServerVolumeConfiguration`),
     /// kept as given so that the definition describes as registered; a task needing one is
-    /// refused.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// refused. Flattened: they describe under their own ECS names.
+    #[serde(default, flatten, skip_serializing_if = "BTreeMap::is_empty")]
     pub aws_only: BTreeMap<String, serde_json::Value>,
 }
 
@@ -492,6 +492,8 @@ impl TaskDefinition {
     pub fn needs_container_runtime(&self) -> bool {
         self.container_definitions.iter().any(ContainerDefinition::needs_container_runtime)
             || self.network_mode.is_some_and(|m| m != NetworkMode::Bridge)
+            || self.pid_mode.is_some()
+            || self.ipc_mode.is_some()
     }
 
     /// The network mode a container host runs the task in: as given, `bridge` by default.
@@ -531,6 +533,22 @@ impl ContainerDefinition {
             || self.working_directory.is_some()
             || !self.docker_labels.is_empty()
             || !self.port_mappings.is_empty()
+            || self.uses_container_options()
+    }
+
+    /// Volumes or Linux options only a container runtime honours.
+    pub fn uses_container_options(&self) -> bool {
+        !self.mount_points.is_empty()
+            || !self.volumes_from.is_empty()
+            || self.linux_parameters.is_some()
+            || !self.ulimits.is_empty()
+            || !self.system_controls.is_empty()
+            || self.privileged.is_some()
+            || self.readonly_root_filesystem.is_some()
+            || !self.dns_servers.is_empty()
+            || !self.dns_search_domains.is_empty()
+            || !self.extra_hosts.is_empty()
+            || self.hostname.is_some()
     }
 
     /// The container's GPU requirement, if it has one.
