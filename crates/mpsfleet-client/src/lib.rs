@@ -295,7 +295,23 @@ impl Client {
         self.call(Method::DELETE, &format!("/v1/services/{}", seg(name)), &[], None).await
     }
 
+    // secrets: the API never answers a value, except to the agent of a task's host
+    pub async fn create_secret(&self, name: &str, value: String) -> Result<secret::SecretInfo> {
+        let req = secret::CreateSecret { name: name.to_string(), value };
+        self.send(Method::POST, "/v1/secrets", &req).await
+    }
+    pub async fn list_secrets(&self) -> Result<Vec<secret::SecretInfo>> {
+        self.get("/v1/secrets").await
+    }
+    pub async fn delete_secret(&self, name: &str) -> Result<secret::SecretInfo> {
+        self.call(Method::DELETE, &format!("/v1/secrets/{}", seg(name)), &[], None).await
+    }
+
     // agent-facing
+    /// The secret values task `id`'s definition names (with the credential of its host).
+    pub async fn task_secrets(&self, id: &TaskId) -> Result<secret::TaskSecrets> {
+        self.get(&format!("/v1/agent/tasks/{id}/secrets")).await
+    }
     pub async fn register_host(&self, reg: &HostRegistration) -> Result<RegisterHostResponse> {
         self.send(Method::POST, "/v1/agent/register", reg).await
     }

@@ -1,4 +1,4 @@
-//! The resource commands of the CLI: `taskdef`, `task`, `host`, `pool`, `service`.
+//! The resource commands of the CLI: `taskdef`, `task`, `host`, `pool`, `service`, `secret`.
 
 use crate::output::{self, opt, sanitize, sanitize_text, Format};
 use anyhow::{Context, Result};
@@ -240,7 +240,27 @@ pub enum ServiceCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum SecretCommand {
+    /// Store a secret. NAME is what task definitions' `valueFrom` (or
+    /// `credentialsParameter`) says: an ARN string or a plain name. The value is read from a
+    /// file, never from the command line.
+    Create {
+        name: String,
+        /// File holding the value (at most 64 KiB); `-` reads standard input. A single
+        /// trailing newline is dropped.
+        #[arg(long)]
+        from_file: PathBuf,
+    },
+    /// Names, sizes and times of the stored secrets (never their values).
+    List,
+    Delete {
+        name: String,
+    },
+}
+
 pub enum Resource {
+    Secret(SecretCommand),
     Taskdef(TaskdefCommand),
     Task(TaskCommand),
     Host(HostCommand),
@@ -284,6 +304,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Pool(cmd) => pool(&c, opts.output, cmd).await,
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
+            Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
         }
     });
     // An error may quote the server or what it was sent; it is printed to the terminal too.
@@ -294,6 +315,55 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             std::borrow::Cow::Owned(clean) => anyhow::anyhow!(clean),
         }
     })
+}
+
+async fn secret(c: &Client, f: Format, cmd: SecretCommand) -> Result<()> {
+    let row = |s: &secret::SecretInfo| {
+        vec![sanitize(&s.name).into_owned(), s.size.to_string(), output::utc_time(s.updated_at_ms)]
+    };
+    const HEADERS: &[&str] = &["NAME", "BYTES", "UPDATED"];
+    match cmd {
+        SecretCommand::Create { name, from_file } => {
+            let value = read_secret_value(&from_file)?;
+            let s = c.create_secret(&name, value).await?;
+            output::print(f, &s, HEADERS, vec![row(&s)]);
+        }
+        SecretCommand::List => {
+            let list = c.list_secrets().await?;
+            let rows = list.iter().map(row).collect();
+            output::print(f, &list, HEADERS, rows);
+        }
+        SecretCommand::Delete { name } => {
+            let s = c.delete_secret(&name).await?;
+            output::print(f, &s, HEADERS, vec![row(&s)]);
+        }
+    }
+    Ok(())
+}
+
+/// A secret's value from `path` (`-`: standard input), at most 64 KiB and UTF-8, without one
+/// trailing newline (what `echo` and editors add).
+fn read_secret_value(path: &std::path::Path) -> Result<String> {
+    use std::io::Read as _;
+    let limit = secret::MAX_SECRET_VALUE_BYTES as u64;
+    let mut bytes = Vec::new();
+    let what = if path.as_os_str() == "-" {
+        std::io::stdin().lock().take(limit + 2).read_to_end(&mut bytes).context("cannot read standard input")?;
+        "standard input".to_string()
+    } else {
+        let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        file.take(limit + 2).read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
+        path.display().to_string()
+    };
+    if bytes.ends_with(b"\r\n") {
+        bytes.truncate(bytes.len() - 2);
+    } else if bytes.ends_with(b"\n") {
+        bytes.pop();
+    }
+    if bytes.len() as u64 > limit {
+        anyhow::bail!("the secret's value ({what}) must be at most {limit} bytes");
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the secret's value ({what}) must be UTF-8 text"))
 }
 
 async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {

@@ -37,6 +37,9 @@ enum Command {
     Service(cli::Global<cli::ServiceCommand>),
     /// Incidents: hosts declared bad, and what was done about them.
     Incident(cli::Global<cli::IncidentCommand>),
+    /// Secrets for task definitions' `secrets`, `repositoryCredentials` and log options,
+    /// stored encrypted; values are never shown.
+    Secret(cli::Global<cli::SecretCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -64,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Pool(g) => cli::run(g.opts, cli::Resource::Pool(g.command)),
         Command::Service(g) => cli::run(g.opts, cli::Resource::Service(g.command)),
         Command::Incident(g) => cli::run(g.opts, cli::Resource::Incident(g.command)),
+        Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
