@@ -12,6 +12,7 @@
 //! ([`DockerRuntime::adopt`]) or by label ([`DockerRuntime::list_ours`]).
 
 mod follow;
+pub mod options;
 mod records;
 pub mod spec;
 

@@ -56,13 +56,16 @@ fn gpu_uuids(l: &DockerLaunch) -> Vec<String> {
 
 /// What the runtime does differently from the definition, for the container's report.
 pub fn launch_notes(l: &DockerLaunch) -> Vec<String> {
-    if !l.gpus_emulated {
-        return Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    if l.gpus_emulated {
+        notes.extend(
+            gpu_uuids(l)
+                .into_iter()
+                .map(|uuid| format!("GPU {uuid} is emulated: no GPU runtime or device request was set")),
+        );
     }
-    gpu_uuids(l)
-        .into_iter()
-        .map(|uuid| format!("GPU {uuid} is emulated: no GPU runtime or device request was set"))
-        .collect()
+    notes.extend(super::options::notes(l));
+    notes
 }
 
 /// The container's name and Docker's create body.
@@ -87,6 +90,7 @@ pub fn launch_notes(l: &DockerLaunch) -> Vec<String> {
 ///   device request with capabilities `[["gpu"]]` and the UUIDs as device ids, no driver and
 ///   no count (ECS Anywhere). Emulated GPUs get neither (see [`launch_notes`]).
 /// - MPS containers also get the daemon's pipe directory bind-mounted at the same path.
+/// - Volumes and Linux options: see [`super::options::apply`].
 pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (String, ContainerCreateBody) {
     let c = &l.container;
     let task_id = l.task.id.to_string();
@@ -174,7 +178,7 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
     let memory = c.memory.filter(|&m| m > 0).map(|m| mib_to_bytes(m.max(MEMORY_MIN_MIB)));
     let memory_reservation = c.memory_reservation.filter(|&m| m > 0).map(mib_to_bytes);
 
-    let host_config = HostConfig {
+    let mut host_config = HostConfig {
         cpu_shares: Some(cpu_shares),
         memory,
         memory_reservation,
@@ -198,6 +202,8 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
         ..Default::default()
     };
 
+    let hostname = super::options::apply(l, host_id, &mut host_config);
+
     let body = ContainerCreateBody {
         image: c.image.clone(),
         entrypoint: (!c.entry_point.is_empty()).then(|| c.entry_point.clone()),
@@ -209,6 +215,7 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
         exposed_ports: (!exposed.is_empty() && mode != NetworkMode::None).then_some(exposed),
         stop_timeout: Some(i64::try_from(l.stop_timeout.as_secs()).unwrap_or(i64::MAX)),
         host_config: Some(host_config),
+        hostname,
         ..Default::default()
     };
     (name, body)
@@ -550,5 +557,246 @@ mod tests {
         assert_eq!(h.runtime, None);
         assert_eq!(h.device_requests, None);
         assert!(launch_notes(&l).is_empty());
+    }
+}
+
+/// Volumes and Linux options, field by field (`super::options`).
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+    use bollard::models::{DeviceMapping, ResourcesUlimits};
+    use mpsfleet_types::TaskDefinition;
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    fn launch_of(top: Value, container: Value) -> DockerLaunch {
+        let mut c = json!({"name": "app", "image": "busybox", "essential": true});
+        if let (Some(o), Value::Object(e)) = (c.as_object_mut(), container) {
+            o.extend(e);
+        }
+        let mut d = json!({"family": "fam", "revision": 3, "containerDefinitions": [c.clone()]});
+        if let (Some(o), Value::Object(e)) = (d.as_object_mut(), top) {
+            o.extend(e);
+        }
+        let definition: TaskDefinition = serde_json::from_value(d).expect("definition");
+        let task = serde_json::from_value(json!({
+            "id": "t-00000000000000aa", "taskDefinition": "fam:3", "pool": "p",
+            "lastStatus": "PENDING", "desiredStatus": "RUNNING", "healthStatus": "UNKNOWN",
+            "gpuIds": [], "startedBy": "run:x", "createdAtMs": 1,
+        }))
+        .expect("task");
+        DockerLaunch {
+            task,
+            container: definition.container_definitions[0].clone(),
+            definition,
+            env: vec![],
+            mps_pipe_dir: None,
+            gpus_emulated: false,
+            stop_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn body_of(l: &DockerLaunch) -> ContainerCreateBody {
+        create_body(l, "h1", &GpuWiring::DeviceRequests).1
+    }
+
+    fn hc_of(l: &DockerLaunch) -> HostConfig {
+        body_of(l).host_config.expect("host config")
+    }
+
+    fn strings(v: &[&str]) -> Option<Vec<String>> {
+        Some(v.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn mount_points_bind_host_paths_task_and_shared_volumes() {
+        let l = launch_of(
+            json!({"volumes": [
+                {"name": "data", "host": {"sourcePath": "/srv/data"}},
+                {"name": "scratch", "host": {}},
+                {"name": "plain"},
+                {"name": "cache", "dockerVolumeConfiguration": {"scope": "shared", "driver": "local"}},
+                {"name": "tv", "dockerVolumeConfiguration": {"scope": "task"}},
+            ]}),
+            json!({"mountPoints": [
+                {"sourceVolume": "data", "containerPath": "/data", "readOnly": true},
+                {"sourceVolume": "scratch", "containerPath": "/scratch"},
+                {"sourceVolume": "plain", "containerPath": "/plain"},
+                {"sourceVolume": "cache", "containerPath": "/cache"},
+                {"sourceVolume": "tv", "containerPath": "/tv", "readOnly": true},
+            ]}),
+        );
+        let hc = hc_of(&l);
+        assert_eq!(
+            hc.binds,
+            strings(&[
+                "/srv/data:/data:ro",
+                "mpsfleet-h1-t-00000000000000aa-scratch:/scratch",
+                "mpsfleet-h1-t-00000000000000aa-plain:/plain",
+                "cache:/cache",
+                "mpsfleet-h1-t-00000000000000aa-tv:/tv:ro",
+            ])
+        );
+        // The Docker volumes the runtime makes (task scope) or finds (shared scope).
+        let needed = super::super::options::volumes_needed(&l, "h1");
+        let names: Vec<String> = needed
+            .iter()
+            .map(|v| match v {
+                super::super::options::VolumeSource::Task { docker_name, labels, .. } => {
+                    assert_eq!(labels.get(LABEL_TASK).map(String::as_str), Some("t-00000000000000aa"));
+                    format!("task {docker_name}")
+                }
+                super::super::options::VolumeSource::Shared { docker_name, autoprovision, .. } => {
+                    format!("shared {docker_name} {autoprovision}")
+                }
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "task mpsfleet-h1-t-00000000000000aa-scratch",
+                "task mpsfleet-h1-t-00000000000000aa-plain",
+                "shared cache false",
+                "task mpsfleet-h1-t-00000000000000aa-tv"
+            ]
+        );
+    }
+
+    #[test]
+    fn mps_pipe_bind_is_kept_next_to_mount_points() {
+        let mut l = launch_of(
+            json!({"volumes": [{"name": "d", "host": {"sourcePath": "/d"}}]}),
+            json!({"mountPoints": [{"sourceVolume": "d", "containerPath": "/d"}],
+                   "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}),
+        );
+        l.mps_pipe_dir = Some("/run/mps".into());
+        assert_eq!(hc_of(&l).binds, strings(&["/run/mps:/run/mps", "/d:/d"]));
+    }
+
+    #[test]
+    fn volumes_from_names_the_other_containers_docker_name() {
+        let l = launch_of(json!({}), json!({"volumesFrom": [{"sourceContainer": "db"}, {"sourceContainer": "x", "readOnly": true}]}));
+        assert_eq!(
+            hc_of(&l).volumes_from,
+            strings(&["mpsfleet-h1-t-00000000000000aa-db", "mpsfleet-h1-t-00000000000000aa-x:ro"])
+        );
+    }
+
+    #[test]
+    fn capabilities_devices_init_shm_tmpfs() {
+        let l = launch_of(
+            json!({}),
+            json!({"linuxParameters": {
+                "capabilities": {"add": ["SYS_PTRACE"], "drop": ["NET_RAW", "MKNOD"]},
+                "devices": [{"hostPath": "/dev/fuse"}, {"hostPath": "/dev/a", "containerPath": "/dev/b", "permissions": ["read"]}],
+                "initProcessEnabled": false,
+                "sharedMemorySize": 256,
+                "tmpfs": [{"containerPath": "/run", "size": 64, "mountOptions": ["noexec", "mode=1777"]}, {"containerPath": "/t", "size": 1}]
+            }}),
+        );
+        let hc = hc_of(&l);
+        assert_eq!(hc.cap_add, strings(&["SYS_PTRACE"]));
+        assert_eq!(hc.cap_drop, strings(&["NET_RAW", "MKNOD"]));
+        assert_eq!(
+            hc.devices,
+            Some(vec![
+                DeviceMapping {
+                    path_on_host: Some("/dev/fuse".into()),
+                    path_in_container: Some("/dev/fuse".into()),
+                    cgroup_permissions: Some("rwm".into())
+                },
+                DeviceMapping {
+                    path_on_host: Some("/dev/a".into()),
+                    path_in_container: Some("/dev/b".into()),
+                    cgroup_permissions: Some("r".into())
+                },
+            ])
+        );
+        assert_eq!(hc.init, Some(false));
+        assert_eq!(hc.shm_size, Some(256 << 20));
+        let tmpfs = hc.tmpfs.expect("tmpfs");
+        assert_eq!(tmpfs.get("/run").map(String::as_str), Some("noexec,mode=1777,size=64m"));
+        assert_eq!(tmpfs.get("/t").map(String::as_str), Some("size=1m"));
+        // Without linuxParameters: Docker's init stays, nothing else is set.
+        let hc = hc_of(&launch_of(json!({}), json!({})));
+        assert_eq!((hc.init, hc.cap_add, hc.devices, hc.shm_size, hc.tmpfs), (Some(true), None, None, None, None));
+        assert_eq!(hc_of(&launch_of(json!({}), json!({"linuxParameters": {"initProcessEnabled": true}}))).init, Some(true));
+    }
+
+    #[test]
+    fn max_swap_and_swappiness_need_memory() {
+        let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"maxSwap": 50, "swappiness": 10}})));
+        assert_eq!((hc.memory, hc.memory_swap, hc.memory_swappiness), (Some(100 << 20), Some(150 << 20), Some(10)));
+        let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"maxSwap": 0}})));
+        assert_eq!((hc.memory_swap, hc.memory_swappiness), (Some(100 << 20), Some(60)));
+        let l = launch_of(json!({}), json!({"linuxParameters": {"maxSwap": 50, "swappiness": 10}}));
+        let hc = hc_of(&l);
+        assert_eq!((hc.memory_swap, hc.memory_swappiness), (None, None));
+        assert!(launch_notes(&l).iter().any(|n| n.contains("maxSwap is not applied")), "{:?}", launch_notes(&l));
+        let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"swappiness": 10}})));
+        assert_eq!((hc.memory_swap, hc.memory_swappiness), (None, None));
+    }
+
+    #[test]
+    fn ulimits_sysctls_privileged_readonly() {
+        let l = launch_of(
+            json!({}),
+            json!({
+                "ulimits": [{"name": "nofile", "softLimit": 1024, "hardLimit": 4096}, {"name": "memlock", "softLimit": -1, "hardLimit": -1}],
+                "systemControls": [{"namespace": "net.core.somaxconn", "value": "1024"}],
+                "privileged": true, "readonlyRootFilesystem": true
+            }),
+        );
+        let hc = hc_of(&l);
+        assert_eq!(
+            hc.ulimits,
+            Some(vec![
+                ResourcesUlimits { name: Some("nofile".into()), soft: Some(1024), hard: Some(4096) },
+                ResourcesUlimits { name: Some("memlock".into()), soft: Some(-1), hard: Some(-1) },
+            ])
+        );
+        assert_eq!(
+            hc.sysctls,
+            Some(HashMap::from([("net.core.somaxconn".to_string(), "1024".to_string())]))
+        );
+        assert_eq!((hc.privileged, hc.readonly_rootfs), (Some(true), Some(true)));
+        let hc = hc_of(&launch_of(json!({}), json!({})));
+        assert_eq!((hc.ulimits, hc.sysctls, hc.privileged, hc.readonly_rootfs), (None, None, None, None));
+    }
+
+    #[test]
+    fn pid_and_ipc_modes() {
+        let modes = |pid: Option<&str>, ipc: Option<&str>| {
+            let hc = hc_of(&launch_of(json!({"pidMode": pid, "ipcMode": ipc}), json!({})));
+            (hc.pid_mode, hc.ipc_mode)
+        };
+        let holder = "container:mpsfleet-h1-t-00000000000000aa-.pause".to_string();
+        assert_eq!(modes(None, None), (None, None));
+        assert_eq!(modes(Some("host"), Some("host")), (Some("host".into()), Some("host".into())));
+        assert_eq!(modes(Some("task"), Some("task")), (Some(holder.clone()), Some(holder)));
+        assert_eq!(modes(None, Some("none")), (None, Some("none".into())));
+    }
+
+    #[test]
+    fn dns_extra_hosts_hostname_and_not_in_awsvpc() {
+        let c = json!({
+            "dnsServers": ["10.0.0.2"], "dnsSearchDomains": ["corp.example"],
+            "extraHosts": [{"hostname": "db.local", "ipAddress": "10.1.2.3"}], "hostname": "worker-1"
+        });
+        let l = launch_of(json!({}), c.clone());
+        let b = body_of(&l);
+        let hc = b.host_config.clone().expect("host config");
+        assert_eq!(hc.dns, strings(&["10.0.0.2"]));
+        assert_eq!(hc.dns_search, strings(&["corp.example"]));
+        assert_eq!(hc.extra_hosts, strings(&["db.local:10.1.2.3"]));
+        assert_eq!(b.hostname.as_deref(), Some("worker-1"));
+        assert!(launch_notes(&l).is_empty(), "{:?}", launch_notes(&l));
+
+        let l = launch_of(json!({"networkMode": "awsvpc"}), c);
+        let b = body_of(&l);
+        let hc = b.host_config.clone().expect("host config");
+        assert_eq!((hc.dns, hc.dns_search, hc.extra_hosts, b.hostname), (None, None, None, None));
+        assert_eq!(launch_notes(&l).len(), 4, "{:?}", launch_notes(&l));
     }
 }
