@@ -380,6 +380,17 @@ async fn identity(
         return Ok(id);
     }
     let join = cfg.join_token.clone().ok_or(AgentError::NoJoinToken)?;
+    // A Docker host reports its engine's volume and log drivers: the server refuses tasks
+    // needing a volume driver no host of the pool has.
+    let plugins = match engine_version {
+        Some(_) => crate::docker::engine_plugins(&cfg.docker.socket, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot ask Docker for its volume and log drivers");
+                Default::default()
+            }),
+        None => Default::default(),
+    };
     let reg = HostRegistration {
         pool: PoolName::new(cfg.pool.clone()).map_err(|e| AgentError::Runtime(e.to_string()))?,
         hostname: cfg.hostname.clone(),
@@ -388,7 +399,7 @@ async fn identity(
         emulated: found.emulated || cfg.mps == MpsMode::Model,
         runtime: if engine_version.is_some() { RuntimeKind::Docker } else { RuntimeKind::Process },
         runtime_version: engine_version.clone(),
-        plugins: Default::default(),
+        plugins,
     };
     let joiner = client.with_token(join);
     let mut delay = Duration::from_millis(200);

@@ -15,6 +15,7 @@ mod follow;
 pub mod options;
 mod records;
 pub mod spec;
+mod volumes;
 
 use crate::runtime::{ContainerState, ExitRecord, StopOutcome};
 use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, EventMessage};
@@ -39,6 +40,7 @@ use std::time::Duration;
 
 pub use follow::{resume_point, rotated_path, FramedWriter};
 pub use spec::{container_name, create_body, launch_notes};
+pub use volumes::engine_plugins;
 
 /// The Docker API version spoken: Docker 20.10 (API 1.41) refuses newer clients, and nothing
 /// used here needs more.
@@ -653,6 +655,7 @@ impl DockerRuntime {
         let reference = normalize_reference(image);
         let mut notes = launch_notes(l);
         self.ensure_image(&reference, &mut notes)?;
+        self.ensure_volumes(l)?;
         let needs_wiring = l.container.gpu().is_some() && !l.gpus_emulated && !l.task.gpu_ids.is_empty();
         let wiring = if needs_wiring {
             self.gpu_wiring().map_err(|e| failed("CannotCreateContainerError", e))?
@@ -841,8 +844,9 @@ impl DockerRuntime {
     }
 
     /// Removes each of this host's containers that `pick` chooses; says how each removal went.
+    /// Then removes the task-scoped volumes of tasks with no container left.
     pub fn remove_ours(&self, pick: impl Fn(&OurContainer) -> bool) -> Result<Vec<Removal>, DockerError> {
-        Ok(self
+        let removals: Vec<Removal> = self
             .list_ours()?
             .into_iter()
             .filter(|c| pick(c))
@@ -850,7 +854,13 @@ impl DockerRuntime {
                 let removed = self.remove(&c.task_id, &c.container);
                 (c, removed)
             })
-            .collect())
+            .collect();
+        match self.remove_task_volumes_left() {
+            Ok(v) if !v.is_empty() => tracing::info!(volumes = ?v, "removed the volumes of removed tasks"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot remove the volumes of removed tasks"),
+        }
+        Ok(removals)
     }
 
     /// Every container labelled for this host, running or not.
