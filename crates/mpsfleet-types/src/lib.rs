@@ -1,6 +1,7 @@
 //! The vocabulary of mpsfleet: ids, task definitions, tasks, hosts, pools, services and the
 //! JSON shapes the API speaks. Plain data with serde; no I/O, no clock, no async.
 
+pub mod access;
 pub mod api;
 pub mod event;
 pub mod history;

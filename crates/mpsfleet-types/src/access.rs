@@ -1,0 +1,79 @@
+//! Roles and the API tokens an admin makes for people and tools.
+
+use serde::{Deserialize, Serialize};
+
+/// What a token may do. Each role may do everything the ones before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read everything (no secret values): list, describe, explain, logs, events.
+    Viewer,
+    /// Run the fleet's work: task definitions, tasks, services, host drain / replace /
+    /// activate / cordon / forget, incidents.
+    Operator,
+    /// Everything: pools, tokens, secrets.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Whether this role may do what `needed` may.
+    pub fn allows(self, needed: Role) -> bool {
+        self >= needed
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "operator" => Ok(Role::Operator),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!("unknown role {other:?}: expected viewer, operator or admin")),
+        }
+    }
+}
+
+/// Body of `POST /v1/tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateToken {
+    pub role: Role,
+    /// Seconds until the token stops working; none: it works until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_s: Option<u64>,
+    /// Who or what it is for (1 to 256 characters), shown by `token list`.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// A token as `token list` shows it: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView {
+    pub id: String,
+    pub role: Role,
+    pub description: String,
+    pub created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    /// Who made it (`admin`, or `token:<id>`).
+    pub created_by: String,
+}
+
+/// Answer of `POST /v1/tokens`: the token, shown this once, and its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedToken {
+    pub token: String,
+    #[serde(flatten)]
+    pub view: TokenView,
+}
