@@ -68,8 +68,8 @@ pub struct Pool {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_task_users: bool,
     /// Which container options that reach past the container's own isolation the pool's
-    /// tasks may use; all refused by default.
-    #[serde(default, skip_serializing_if = "TaskPolicy::is_default")]
+    /// tasks may use; all refused by default. Always shown.
+    #[serde(default)]
     pub task_policy: TaskPolicy,
     pub created_at_ms: u64,
 }

@@ -684,6 +684,26 @@ fn strategy_of(s: &str) -> PlacementStrategy {
     }
 }
 
+/// What a pool's task policy allows, e.g. `privileged,hostNetwork`, or `none`.
+fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
+    let allowed: Vec<&str> = [
+        (p.allow_privileged, "privileged"),
+        (p.allow_host_network, "hostNetwork"),
+        (p.allow_host_namespaces, "hostNamespaces"),
+        (p.allow_host_paths, "hostPaths"),
+        (p.allow_capabilities, "capabilities"),
+        (p.allow_devices, "devices"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if allowed.is_empty() {
+        "none".into()
+    } else {
+        allowed.join(",")
+    }
+}
+
 fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
     pools
         .iter()
@@ -698,13 +718,15 @@ fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
                     |p| format!("{} ({} hosts)", p.kind.as_str(), p.desired_hosts),
                 ),
                 if p.allow_task_users { "definition's" } else { "own unprivileged" }.into(),
+                task_policy_cell(&p.task_policy),
             ]
         })
         .collect()
 }
 
 async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
-    const HEADERS: [&str; 6] = ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER", "PROCESS TASK USER"];
+    const HEADERS: [&str; 7] =
+        ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER", "PROCESS TASK USER", "TASK POLICY ALLOWS"];
     let one = match cmd {
         PoolCommand::Create { name, mode, strategy, compute_overcommit_percent, allow_task_users, file } => {
             let mut req: CreatePool = read_json(file.as_ref())?;

@@ -127,6 +127,9 @@ async fn up(args: UpArgs) -> Result<()> {
             provider: (mode == OwnershipMode::Managed).then_some(local.clone()),
             strategy: None,
             compute_overcommit_percent: None,
+            // A local fleet is the operator's own machine: its tasks may use every container
+            // option (docs/pools.md "Task policy").
+            task_policy: Some(mpsfleet_types::TaskPolicy::permissive()),
             ..Default::default()
         })?;
     } else if mode == OwnershipMode::Managed {

@@ -15,6 +15,7 @@ mod recovery_tests;
 mod register;
 mod retention;
 mod secrets;
+mod task_policy;
 mod tasks;
 
 pub use health::{
@@ -1160,6 +1161,7 @@ impl Cluster {
         let pool = self.pool_name("pool", &req.pool)?;
         let td = self.taskdef("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
+        self.check_task_policy(&pool, td)?;
         let td = td.reference();
         let spec = NewTasks {
             task_definition: td,
@@ -1415,6 +1417,7 @@ impl Cluster {
         let pool = self.pool_name("pool", &req.pool)?;
         let td = self.taskdef("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
+        self.check_task_policy(&pool, td)?;
         let td = td.reference();
         let now = self.now();
         let svc = Service {
@@ -1447,6 +1450,7 @@ impl Cluster {
         if let Some(td) = &req.task_definition {
             let def = self.taskdef("taskDefinition", td)?;
             self.check_task_secrets(def)?;
+            self.check_task_policy(&svc.pool, def)?;
             svc.task_definition = def.reference();
         }
         if svc != current.value {
