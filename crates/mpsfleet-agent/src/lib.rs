@@ -17,6 +17,7 @@ pub mod mps;
 pub mod output;
 pub mod runtime;
 pub mod safe_fs;
+pub mod secrets;
 pub mod tasks;
 
 pub use agent::{run, AgentConfig, AgentError, DockerSettings, MpsMode, RuntimeChoice};

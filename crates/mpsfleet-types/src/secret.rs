@@ -87,6 +87,24 @@ impl std::fmt::Debug for TaskSecrets {
     }
 }
 
+/// A private registry's credentials (`repositoryCredentials`), as Secrets Manager keeps them:
+/// `{"username": …, "password": …}`. Held in memory by the agent for one pull; never
+/// serialized (see [`crate::RepositoryCredentials::resolved`]), never in `Debug` output.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,6 +371,10 @@ pub struct LogConfiguration {
 #[serde(rename_all = "camelCase")]
 pub struct RepositoryCredentials {
     pub credentials_parameter: String,
+    /// The credentials themselves: filled in memory by the agent right before the pull, from
+    /// the stored secret; never serialized.
+    #[serde(skip)]
+    pub resolved: Option<crate::secret::RegistryAuth>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@
 //! ([`DockerRuntime::adopt`]) or by label ([`DockerRuntime::list_ours`]).
 
 mod follow;
+pub mod logdriver;
 pub mod options;
 mod records;
 pub mod spec;
@@ -28,6 +29,7 @@ use bollard::{ClientVersion, Docker};
 use futures_util::StreamExt;
 use mpsfleet_core::clock::{Clock, SystemClock};
 use mpsfleet_types::logs::OutputStream;
+use mpsfleet_types::secret::RegistryAuth;
 use mpsfleet_types::task::StopCode;
 use mpsfleet_types::{NetworkBinding, Protocol};
 use records::{ImageRecord, ImageRecords};
@@ -267,6 +269,8 @@ struct Inner {
     cfg: DockerConfig,
     handle: tokio::runtime::Handle,
     wiring: OnceLock<GpuWiring>,
+    /// The engine's log drivers (`docker info`: `Plugins.Log`), asked once.
+    log_drivers: OnceLock<Vec<String>>,
     watched: Mutex<HashMap<String, Watched>>,
     watcher: OnceLock<()>,
     records: Mutex<()>,
@@ -334,6 +338,14 @@ fn map_err(socket: &std::path::Path, what: &str, e: bollard::errors::Error) -> D
             DockerError::Unreachable { socket: socket.to_path_buf(), reason: format!("{what}: {e}") }
         }
         e => DockerError::Other { what: what.to_string(), message: e.to_string() },
+    }
+}
+
+/// The registry host of an image reference, as Docker names it for credentials.
+fn registry_of(reference: &str) -> String {
+    match reference.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first.to_string(),
+        _ => "https://index.docker.io/v1/".to_string(),
     }
 }
 
@@ -486,6 +498,7 @@ impl DockerRuntime {
                 cfg,
                 handle,
                 wiring,
+                log_drivers: OnceLock::new(),
                 watched: Mutex::new(HashMap::new()),
                 watcher: OnceLock::new(),
                 records: Mutex::new(()),
@@ -546,6 +559,24 @@ impl DockerRuntime {
         Ok(self.inner.wiring.get_or_init(|| w).clone())
     }
 
+    /// The engine's log drivers, from `docker info` the first time it answers (Docker's own
+    /// `json-file` and `local` while it does not).
+    pub fn log_drivers(&self) -> Vec<String> {
+        if let Some(d) = self.inner.log_drivers.get() {
+            return d.clone();
+        }
+        match self.block("info", INSPECT_TIMEOUT, self.inner.docker.info()) {
+            Ok(info) => {
+                let drivers = info.plugins.and_then(|p| p.log).unwrap_or_default();
+                self.inner.log_drivers.get_or_init(|| drivers).clone()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the engine for its log drivers");
+                vec!["json-file".into(), "local".into()]
+            }
+        }
+    }
+
     fn inspect(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
         match self.block(
             "inspect container",
@@ -566,15 +597,22 @@ impl DockerRuntime {
         }
     }
 
-    /// Pulls `reference`; Err carries the registry's message.
-    fn pull(&self, reference: &str) -> Result<(), DockerError> {
+    /// Pulls `reference` (with the registry credentials of `repositoryCredentials`, when
+    /// given); Err carries the registry's message.
+    fn pull(&self, reference: &str, auth: Option<&RegistryAuth>) -> Result<(), DockerError> {
         let docker = self.inner.docker.clone();
         let options = CreateImageOptions { from_image: Some(reference.to_string()), ..Default::default() };
+        let credentials = auth.map(|a| bollard::auth::DockerCredentials {
+            username: Some(a.username.clone()),
+            password: Some(a.password.clone()),
+            serveraddress: Some(registry_of(reference)),
+            ..Default::default()
+        });
         let limit = self.inner.cfg.pull_timeout;
         let socket = self.inner.cfg.socket.clone();
         self.run(async move {
             let pull = async {
-                let mut stream = docker.create_image(Some(options), None, None);
+                let mut stream = docker.create_image(Some(options), None, credentials);
                 while let Some(item) = stream.next().await {
                     let info = item.map_err(|e| map_err(&socket, "pull", e))?;
                     if let Some(detail) = info.error_detail {
@@ -602,7 +640,12 @@ impl DockerRuntime {
     }
 
     /// Makes sure the image is there per the pull behaviour; notes what was done differently.
-    fn ensure_image(&self, reference: &str, notes: &mut Vec<String>) -> Result<(), (StopCode, String)> {
+    fn ensure_image(
+        &self,
+        reference: &str,
+        auth: Option<&RegistryAuth>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), (StopCode, String)> {
         let cannot_pull = |e: DockerError| {
             (StopCode::CannotPullContainerError, format!("CannotPullContainerError: {}", e.message()))
         };
@@ -616,7 +659,7 @@ impl DockerRuntime {
         if !need_pull {
             return Ok(());
         }
-        match self.pull(reference) {
+        match self.pull(reference, auth) {
             Ok(()) => {
                 self.update_records(|r| r.images.entry(reference.to_string()).or_default().pulled = true);
                 Ok(())
@@ -654,7 +697,8 @@ impl DockerRuntime {
         };
         let reference = normalize_reference(image);
         let mut notes = launch_notes(l);
-        self.ensure_image(&reference, &mut notes)?;
+        let auth = l.container.repository_credentials.as_ref().and_then(|r| r.resolved.as_ref());
+        self.ensure_image(&reference, auth, &mut notes)?;
         self.ensure_volumes(l)?;
         let needs_wiring = l.container.gpu().is_some() && !l.gpus_emulated && !l.task.gpu_ids.is_empty();
         let wiring = if needs_wiring {
@@ -664,6 +708,11 @@ impl DockerRuntime {
         };
         let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
         body.image = Some(reference.clone());
+        let (log, log_note) = logdriver::log_config(l, &self.log_drivers());
+        if let Some(hc) = body.host_config.as_mut() {
+            hc.log_config = Some(log);
+        }
+        notes.extend(log_note);
         self.update_records(|r| r.images.entry(reference.clone()).or_default().last_used_ms = now_ms());
         self.start_watcher();
 

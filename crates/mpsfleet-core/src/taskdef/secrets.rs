@@ -172,7 +172,7 @@ pub(super) fn parse_repository_credentials(value: &Value, path: &str) -> Result<
     let p = join(path, "credentialsParameter");
     let name = as_str(require(obj, path, "credentialsParameter")?, &p)?;
     check_value_from(name, &p)?;
-    Ok(RepositoryCredentials { credentials_parameter: name.to_string() })
+    Ok(RepositoryCredentials { credentials_parameter: name.to_string(), resolved: None })
 }
 
 #[cfg(test)]
