@@ -300,6 +300,19 @@ impl Client {
         let req = secret::CreateSecret { name: name.to_string(), value };
         self.send(Method::POST, "/v1/secrets", &req).await
     }
+    /// `token create`: the token is in the answer, this once.
+    pub async fn create_token(
+        &self,
+        req: &mpsfleet_types::access::CreateToken,
+    ) -> Result<mpsfleet_types::access::CreatedToken> {
+        self.send(Method::POST, "/v1/tokens", req).await
+    }
+    pub async fn list_tokens(&self) -> Result<Vec<mpsfleet_types::access::TokenView>> {
+        self.get("/v1/tokens").await
+    }
+    pub async fn revoke_token(&self, id: &str) -> Result<mpsfleet_types::access::TokenView> {
+        self.call(Method::DELETE, &format!("/v1/tokens/{}", seg(id)), &[], None).await
+    }
     pub async fn list_secrets(&self) -> Result<Vec<secret::SecretInfo>> {
         self.get("/v1/secrets").await
     }

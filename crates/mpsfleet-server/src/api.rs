@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use mpsfleet_types::access::{CreateToken, CreatedToken, Role, TokenView};
 use mpsfleet_types::api::{
     HostStatusAnswer, HostStatusReport, OperatorCommandResponse, ResolveIncident, RunTaskResponse,
 };
@@ -200,6 +201,7 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
 pub(crate) fn describe(p: &Principal) -> String {
     match p {
         Principal::Admin => "the admin token".into(),
+        Principal::Token { id, role } => format!("token {id} ({})", role.as_str()),
         Principal::Joiner => "the join token".into(),
         Principal::Host(h) => format!("the credential of host {h}"),
         Principal::Replacement(i) => format!("the replacement token of incident {i}"),
@@ -211,6 +213,7 @@ pub(crate) fn describe(p: &Principal) -> String {
 pub(crate) fn actor(p: &Principal) -> String {
     match p {
         Principal::Admin => "admin".into(),
+        Principal::Token { id, .. } => format!("token:{id}"),
         Principal::Joiner => "join-token".into(),
         Principal::Host(h) => format!("host:{h}"),
         Principal::Replacement(i) => format!("replacement:{i}"),
@@ -218,8 +221,28 @@ pub(crate) fn actor(p: &Principal) -> String {
     }
 }
 
+/// The role of a person's or tool's token: the bootstrap admin token is an admin's.
+pub(crate) fn role_of(p: &Principal) -> Option<Role> {
+    match p {
+        Principal::Admin => Some(Role::Admin),
+        Principal::Token { role, .. } => Some(*role),
+        _ => None,
+    }
+}
+
+/// Read-only routes.
+pub(crate) fn viewer(p: &Principal) -> bool {
+    role_of(p).is_some_and(|r| r.allows(Role::Viewer))
+}
+
+/// Routes that run the fleet's work: task definitions, tasks, services, hosts, incidents.
+pub(crate) fn operator(p: &Principal) -> bool {
+    role_of(p).is_some_and(|r| r.allows(Role::Operator))
+}
+
+/// Pools, tokens, secrets.
 pub(crate) fn admin(p: &Principal) -> bool {
-    *p == Principal::Admin
+    role_of(p).is_some_and(|r| r.allows(Role::Admin))
 }
 
 pub(crate) fn joiner(p: &Principal) -> bool {
@@ -290,6 +313,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/tasks/{id}/secrets", get(task_secrets))
         .route("/v1/secrets", post(create_secret).get(list_secrets))
         .route("/v1/secrets/{*name}", axum::routing::delete(delete_secret))
+        .route("/v1/tokens", post(create_token).get(list_tokens))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -311,6 +336,33 @@ fn created<T: Serialize>(value: T) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
 }
 
+// ---- tokens -----------------------------------------------------------------------------
+
+async fn create_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    let req: CreateToken = parse(&body)?;
+    let t = st.call(&headers, admin, move |c, p| c.create_api_token(req, &actor(&p))).await?;
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+async fn list_tokens(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<TokenView>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.api_tokens())).await?))
+}
+
+async fn revoke_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_api_token(&id, &actor(&p))).await?))
+}
+
 // ---- task definitions -------------------------------------------------------------------
 
 async fn register_taskdef(
@@ -323,7 +375,7 @@ async fn register_taskdef(
     let valid = tokio::task::spawn_blocking(move || ValidTaskDef::parse(&body))
         .await
         .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??;
-    let r = st.call(&headers, admin, move |c, _| c.register_valid_taskdef(valid)).await?;
+    let r = st.call(&headers, operator, move |c, _| c.register_valid_taskdef(valid)).await?;
     Ok(created(r))
 }
 
@@ -338,7 +390,7 @@ async fn list_taskdefs(
     Q(q): Q<FamilyQuery>,
 ) -> Result<Response, ApiError> {
     // Shared records out of the lock, encoded here.
-    let list = st.call(&headers, admin, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
+    let list = st.call(&headers, viewer, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
     let list: Vec<&TaskDefinition> = list.iter().map(AsRef::as_ref).collect();
     Ok(Json(list).into_response())
 }
@@ -348,7 +400,7 @@ async fn describe_taskdef(
     headers: HeaderMap,
     Path(reference): Path<String>,
 ) -> Result<Json<TaskDefinition>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.taskdef("taskDefinition", &reference).cloned()).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.taskdef("taskDefinition", &reference).cloned()).await?))
 }
 
 // ---- pools ------------------------------------------------------------------------------
@@ -363,7 +415,7 @@ async fn create_pool(
 }
 
 async fn list_pools(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<Pool>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.pools())).await?))
+    Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.pools())).await?))
 }
 
 async fn describe_pool(
@@ -371,7 +423,7 @@ async fn describe_pool(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<Pool>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.pool(&name)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.pool(&name)).await?))
 }
 
 async fn update_pool(
@@ -389,7 +441,7 @@ async fn explain_pool(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<mpsfleet_core::explain::Explanation>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.explain_pool(&name)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.explain_pool(&name)).await?))
 }
 
 // ---- hosts ------------------------------------------------------------------------------
@@ -404,7 +456,7 @@ async fn list_hosts(
     headers: HeaderMap,
     Q(q): Q<PoolQuery>,
 ) -> Result<Json<Vec<HostView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
 }
 
 async fn describe_host(
@@ -412,7 +464,7 @@ async fn describe_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.host(&id)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.host(&id)).await?))
 }
 
 async fn cordon_host(
@@ -420,7 +472,7 @@ async fn cordon_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.set_cordoned(&id, true)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, true)).await?))
 }
 
 async fn uncordon_host(
@@ -428,7 +480,7 @@ async fn uncordon_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.set_cordoned(&id, false)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, false)).await?))
 }
 
 async fn drain_host(
@@ -437,7 +489,7 @@ async fn drain_host(
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
     let i = st
-        .call(&headers, admin, move |c, p| c.operator_action(&id, OperatorAction::Drain, &actor(&p)))
+        .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Drain, &actor(&p)))
         .await?;
     Ok(Json(IncidentView::of(i)))
 }
@@ -448,7 +500,7 @@ async fn replace_host(
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
     let i = st
-        .call(&headers, admin, move |c, p| c.operator_action(&id, OperatorAction::Replace, &actor(&p)))
+        .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Replace, &actor(&p)))
         .await?;
     Ok(Json(IncidentView::of(i)))
 }
@@ -458,7 +510,7 @@ async fn activate_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<OperatorCommandResponse>, ApiError> {
-    let (host, outcome) = st.call(&headers, admin, move |c, p| c.activate_host(&id, &actor(&p))).await?;
+    let (host, outcome) = st.call(&headers, operator, move |c, p| c.activate_host(&id, &actor(&p))).await?;
     Ok(Json(OperatorCommandResponse {
         host: Some(host),
         replacement: outcome.as_ref().and_then(|o| o.replacement.clone()),
@@ -480,7 +532,7 @@ async fn forget_host(
     Path(id): Path<String>,
     Q(q): Q<ForgetQuery>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
+    Ok(Json(st.call(&headers, operator, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
 }
 
 async fn acknowledge_incident(
@@ -488,7 +540,7 @@ async fn acknowledge_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    let i = st.call(&headers, admin, move |c, p| c.acknowledge_incident(&id, &actor(&p))).await?;
+    let i = st.call(&headers, operator, move |c, p| c.acknowledge_incident(&id, &actor(&p))).await?;
     Ok(Json(IncidentView::of(i)))
 }
 
@@ -499,7 +551,7 @@ async fn resolve_incident(
     body: Bytes,
 ) -> Result<Json<OperatorCommandResponse>, ApiError> {
     let req: ResolveIncident = parse(&body)?;
-    let o = st.call(&headers, admin, move |c, p| c.resolve_incident(&id, &req.reason, &actor(&p))).await?;
+    let o = st.call(&headers, operator, move |c, p| c.resolve_incident(&id, &req.reason, &actor(&p))).await?;
     Ok(Json(OperatorCommandResponse {
         host: None,
         replacement: o.replacement,
@@ -511,7 +563,7 @@ async fn list_incidents(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<IncidentView>>, ApiError> {
-    let list = st.call(&headers, admin, |c, _| Ok(c.incidents())).await?;
+    let list = st.call(&headers, viewer, |c, _| Ok(c.incidents())).await?;
     Ok(Json(list.into_iter().map(IncidentView::of).collect()))
 }
 
@@ -520,7 +572,7 @@ async fn describe_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    Ok(Json(IncidentView::of(st.call(&headers, admin, move |c, _| c.incident(&id)).await?)))
+    Ok(Json(IncidentView::of(st.call(&headers, viewer, move |c, _| c.incident(&id)).await?)))
 }
 
 // ---- tasks ------------------------------------------------------------------------------
@@ -531,7 +583,7 @@ async fn run_tasks(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: RunTask = parse(&body)?;
-    let out = st.call(&headers, admin, move |c, _| c.run_tasks(req)).await?;
+    let out = st.call(&headers, operator, move |c, _| c.run_tasks(req)).await?;
     Ok(created(RunTaskResponse { tasks: out.tasks, placed: out.placed, pending: out.pending }))
 }
 
@@ -560,7 +612,7 @@ async fn list_tasks(
         status,
         limit,
     };
-    Ok(Json(st.call(&headers, admin, move |c, _| Ok(c.tasks(&filter))).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.tasks(&filter))).await?))
 }
 
 async fn describe_task(
@@ -568,7 +620,7 @@ async fn describe_task(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.task(&id)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.task(&id)).await?))
 }
 
 async fn stop_task(
@@ -578,7 +630,7 @@ async fn stop_task(
     body: Bytes,
 ) -> Result<Json<Task>, ApiError> {
     let req: StopTask = if body.is_empty() { StopTask::default() } else { parse(&body)? };
-    Ok(Json(st.call(&headers, admin, move |c, _| c.stop_task(&id, req.reason)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, _| c.stop_task(&id, req.reason)).await?))
 }
 
 /// The most log bytes one call returns.
@@ -637,7 +689,7 @@ async fn task_logs(
             format!("must be from 1 to {MAX_LOG_TAIL} bytes, got {}", q.tail),
         ));
     }
-    let plan = st.call(&headers, admin, move |c, _| c.logs_plan(&id)).await?;
+    let plan = st.call(&headers, viewer, move |c, _| c.logs_plan(&id)).await?;
     // Why the agent's answer is not shown: the error to return without a snapshot, and the
     // note to show with one; None when the snapshot would not answer the question either.
     let (failure, note) = match &plan.agent {
@@ -825,14 +877,14 @@ async fn create_service(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateService = parse(&body)?;
-    Ok(created(st.call(&headers, admin, move |c, _| c.create_service(req)).await?))
+    Ok(created(st.call(&headers, operator, move |c, _| c.create_service(req)).await?))
 }
 
 async fn list_services(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<ServiceView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.services())).await?))
+    Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.services())).await?))
 }
 
 async fn describe_service(
@@ -840,7 +892,7 @@ async fn describe_service(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.service(&name)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.service(&name)).await?))
 }
 
 async fn service_endpoints(
@@ -848,7 +900,7 @@ async fn service_endpoints(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<Vec<ServiceEndpoint>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.service_endpoints(&name)).await?))
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.service_endpoints(&name)).await?))
 }
 
 async fn update_service(
@@ -858,7 +910,7 @@ async fn update_service(
     body: Bytes,
 ) -> Result<Json<ServiceView>, ApiError> {
     let req: UpdateService = parse(&body)?;
-    Ok(Json(st.call(&headers, admin, move |c, _| c.update_service(&name, req)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, _| c.update_service(&name, req)).await?))
 }
 
 async fn delete_service(
@@ -866,7 +918,7 @@ async fn delete_service(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.delete_service(&name)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, _| c.delete_service(&name)).await?))
 }
 
 // ---- secrets ----------------------------------------------------------------------------

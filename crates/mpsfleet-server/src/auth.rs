@@ -24,6 +24,8 @@ pub enum Principal {
     /// Holder of an incident's one-time replacement token: may register one host, which
     /// becomes that incident's replacement.
     Replacement(String),
+    /// An API token an admin made (`token create`), with its role.
+    Token { id: String, role: mpsfleet_types::access::Role },
     /// Holder of the launch token of a host the server asked a capacity provider for: may
     /// register that one host, by that name, into that pool.
     Launch {

@@ -61,12 +61,14 @@ pub const SMALL_BODY_LIMIT: usize = 64 << 10;
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
     match path {
-        "/v1/taskdefs" => (api::admin, TASKDEF_BODY_LIMIT),
+        "/v1/taskdefs" => (api::operator, TASKDEF_BODY_LIMIT),
         "/v1/agent/register" => (api::joiner, AGENT_BODY_LIMIT),
         "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
         "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
-        _ => (api::admin, SMALL_BODY_LIMIT),
+        "/v1/pools" | "/v1/pools/{name}" | "/v1/tokens" => (api::admin, SMALL_BODY_LIMIT),
+        // Tasks, services, hosts and incidents.
+        _ => (api::operator, SMALL_BODY_LIMIT),
     }
 }
 
@@ -182,7 +184,7 @@ fn charge(
     let (caller, limit, name) = match who {
         Ok((p, digest)) => {
             let limit = match p {
-                Principal::Admin => limits.admin,
+                Principal::Admin | Principal::Token { .. } => limits.admin,
                 Principal::Joiner => limits.join,
                 // Host credentials, and the one-time tokens one machine registers with.
                 _ => limits.host,
@@ -258,7 +260,7 @@ async fn identify(
         Principal::Joiner => {
             let _ = join.set(digest.clone());
         }
-        Principal::Host(_) | Principal::Replacement(_) | Principal::Launch { .. } => {}
+        Principal::Host(_) | Principal::Replacement(_) | Principal::Launch { .. } | Principal::Token { .. } => {}
     }
     Ok((who, digest))
 }

@@ -86,7 +86,6 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
             runtime,
             runtime_version: None,
             plugins: Default::default(),
-        plugins: Default::default(),
         };
         let host = c.register_host(reg).expect("host").host_id;
         let beat = HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None };

@@ -259,7 +259,44 @@ pub enum SecretCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Make a token for a person or tool; it is printed this once. Roles: viewer (read),
+    /// operator (task definitions, tasks, services, hosts, incidents), admin (everything).
+    Create {
+        #[arg(long)]
+        role: mpsfleet_types::access::Role,
+        /// How long it works: seconds, or with a unit (`90m`, `24h`, `30d`); none: until revoked.
+        #[arg(long, value_parser = parse_lifetime)]
+        expires_in: Option<u64>,
+        /// Who or what it is for.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Every token's id, role and expiry (never the tokens themselves).
+    List,
+    /// The token stops working at once.
+    Revoke {
+        id: String,
+    },
+}
+
+/// `90`, `90s`, `15m`, `24h`, `30d` in seconds.
+fn parse_lifetime(s: &str) -> Result<u64, String> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?}: expected a number with s, m, h or d"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too long"))
+}
+
 pub enum Resource {
+    Token(TokenCommand),
     Secret(SecretCommand),
     Taskdef(TaskdefCommand),
     Task(TaskCommand),
@@ -305,6 +342,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
+            Resource::Token(cmd) => token(&c, opts.output, cmd).await,
         }
     });
     // An error may quote the server or what it was sent; it is printed to the terminal too.
@@ -315,6 +353,43 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             std::borrow::Cow::Owned(clean) => anyhow::anyhow!(clean),
         }
     })
+}
+
+async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
+    use mpsfleet_types::access::TokenView;
+    let row = |t: &TokenView| {
+        vec![
+            t.id.clone(),
+            t.role.as_str().into(),
+            t.expires_at_ms.map_or_else(|| "never".into(), output::utc_time),
+            sanitize(&t.created_by).into_owned(),
+            sanitize(&t.description).into_owned(),
+        ]
+    };
+    const HEADERS: &[&str] = &["ID", "ROLE", "EXPIRES", "CREATED BY", "DESCRIPTION"];
+    match cmd {
+        TokenCommand::Create { role, expires_in, description } => {
+            let req = mpsfleet_types::access::CreateToken { role, expires_in_s: expires_in, description };
+            let t = c.create_token(&req).await?;
+            match f {
+                Format::Json => output::print(f, &t, &[], vec![]),
+                Format::Table => {
+                    print!("{}", output::table(HEADERS, &[row(&t.view)]));
+                    println!("\ntoken (shown this once): {}", t.token);
+                }
+            }
+        }
+        TokenCommand::List => {
+            let list = c.list_tokens().await?;
+            let rows = list.iter().map(row).collect();
+            output::print(f, &list, HEADERS, rows);
+        }
+        TokenCommand::Revoke { id } => {
+            let t = c.revoke_token(&id).await?;
+            output::print(f, &t, HEADERS, vec![row(&t)]);
+        }
+    }
+    Ok(())
 }
 
 async fn secret(c: &Client, f: Format, cmd: SecretCommand) -> Result<()> {

@@ -40,6 +40,8 @@ enum Command {
     /// Secrets for task definitions' `secrets`, `repositoryCredentials` and log options,
     /// stored encrypted; values are never shown.
     Secret(cli::Global<cli::SecretCommand>),
+    /// API tokens with roles (viewer, operator, admin) for people and tools.
+    Token(cli::Global<cli::TokenCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -68,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Service(g) => cli::run(g.opts, cli::Resource::Service(g.command)),
         Command::Incident(g) => cli::run(g.opts, cli::Resource::Incident(g.command)),
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
+        Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

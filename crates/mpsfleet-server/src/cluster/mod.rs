@@ -17,6 +17,7 @@ mod retention;
 mod secrets;
 mod task_policy;
 mod tasks;
+mod tokens;
 
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
@@ -155,6 +156,8 @@ pub struct Cluster {
     replacement_tokens: HashMap<String, String>,
     /// Agent and launch tokens are derived under it.
     key: auth::ServerKey,
+    /// API tokens by digest (`tokens.rs`).
+    api_tokens: HashMap<String, tokens::TokenRecord>,
     /// Digests of the launch tokens of the hosts in `capacity_launches`.
     launch_tokens: HashMap<String, (PoolName, String)>,
     /// Provider calls decided inside an API call, for the caller to run.
@@ -244,6 +247,7 @@ impl Cluster {
             join_sha256,
             key: auth::ServerKey::random()?,
             launch_tokens: HashMap::new(),
+            api_tokens: HashMap::new(),
             host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
@@ -286,6 +290,7 @@ impl Cluster {
         }
         self.load_incidents()?;
         self.index_replacement_tokens();
+        self.load_api_tokens()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -323,6 +328,8 @@ impl Cluster {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
         } else if let Some(incident) = self.replacement_incident(d)? {
             Ok(Principal::Replacement(incident))
+        } else if let Some(p) = self.api_token(d)? {
+            Ok(p)
         } else if let Some((pool, name)) = self.launch_tokens.get(d) {
             Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
         } else {

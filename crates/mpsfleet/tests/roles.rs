@@ -1,0 +1,160 @@
+//! Each role is refused exactly what it may not do: every route of the API, called by a token
+//! of each role (and by a host credential and the join token), against the real server. The
+//! table must name every route the server's router has.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::Client;
+use mpsfleet_types::access::{CreateToken, Role};
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Open {
+    Public,
+    Role(Role),
+    /// The agent routes: a host credential (the register route: the join token).
+    Agent,
+    Join,
+}
+
+/// Every route, with the least that may call it. Ids in paths name nothing: an allowed call
+/// answers 404 or 400, never 401 or 403, and changes nothing.
+const ROUTES: &[(&str, &str, Open)] = &[
+    ("GET", "/v1/healthz", Open::Public),
+    ("POST", "/v1/taskdefs", Open::Role(Role::Operator)),
+    ("GET", "/v1/taskdefs", Open::Role(Role::Viewer)),
+    ("GET", "/v1/taskdefs/{reference}", Open::Role(Role::Viewer)),
+    ("POST", "/v1/pools", Open::Role(Role::Admin)),
+    ("GET", "/v1/pools", Open::Role(Role::Viewer)),
+    ("GET", "/v1/pools/{name}", Open::Role(Role::Viewer)),
+    ("PATCH", "/v1/pools/{name}", Open::Role(Role::Admin)),
+    ("GET", "/v1/pools/{name}/explain", Open::Role(Role::Viewer)),
+    ("GET", "/v1/hosts", Open::Role(Role::Viewer)),
+    ("GET", "/v1/hosts/{id}", Open::Role(Role::Viewer)),
+    ("POST", "/v1/hosts/{id}/cordon", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/uncordon", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/drain", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/replace", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/activate", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/forget", Open::Role(Role::Operator)),
+    ("GET", "/v1/incidents", Open::Role(Role::Viewer)),
+    ("GET", "/v1/incidents/{id}", Open::Role(Role::Viewer)),
+    ("POST", "/v1/incidents/{id}/acknowledge", Open::Role(Role::Operator)),
+    ("POST", "/v1/incidents/{id}/resolve", Open::Role(Role::Operator)),
+    ("GET", "/v1/events", Open::Role(Role::Viewer)),
+    ("POST", "/v1/tasks", Open::Role(Role::Operator)),
+    ("GET", "/v1/tasks", Open::Role(Role::Viewer)),
+    ("GET", "/v1/tasks/{id}", Open::Role(Role::Viewer)),
+    ("POST", "/v1/tasks/{id}/stop", Open::Role(Role::Operator)),
+    ("GET", "/v1/tasks/{id}/logs", Open::Role(Role::Viewer)),
+    ("POST", "/v1/services", Open::Role(Role::Operator)),
+    ("GET", "/v1/services", Open::Role(Role::Viewer)),
+    ("GET", "/v1/services/{name}/endpoints", Open::Role(Role::Viewer)),
+    ("GET", "/v1/services/{name}", Open::Role(Role::Viewer)),
+    ("PATCH", "/v1/services/{name}", Open::Role(Role::Operator)),
+    ("DELETE", "/v1/services/{name}", Open::Role(Role::Operator)),
+    ("POST", "/v1/agent/register", Open::Join),
+    ("POST", "/v1/agent/status", Open::Agent),
+    ("GET", "/v1/agent/assignments", Open::Agent),
+    ("POST", "/v1/agent/tasks/{id}/status", Open::Agent),
+    ("GET", "/v1/agent/tasks/{id}/secrets", Open::Agent),
+    ("POST", "/v1/secrets", Open::Role(Role::Admin)),
+    ("GET", "/v1/secrets", Open::Role(Role::Admin)),
+    ("DELETE", "/v1/secrets/{*name}", Open::Role(Role::Admin)),
+    ("POST", "/v1/tokens", Open::Role(Role::Admin)),
+    ("GET", "/v1/tokens", Open::Role(Role::Admin)),
+    ("DELETE", "/v1/tokens/{id}", Open::Role(Role::Admin)),
+];
+
+/// The paths the router serves, read from its source: a route added without a row here fails.
+#[test]
+fn the_table_names_every_route_of_the_router() {
+    let source = include_str!("../../mpsfleet-server/src/api.rs");
+    let router = &source[source.find("pub fn router").unwrap()..];
+    let router = &router[..router.find(".fallback(").unwrap()];
+    let mut missing = Vec::new();
+    for part in router.split(".route(\"").skip(1) {
+        let path = &part[..part.find('"').unwrap()];
+        if !ROUTES.iter().any(|(_, p, _)| *p == path) {
+            missing.push(path.to_string());
+        }
+    }
+    assert!(missing.is_empty(), "routes without a row in ROUTES: {missing:?}");
+}
+
+fn concrete(path: &str) -> String {
+    path.replace("{reference}", "nope:1")
+        .replace("{name}", "nope")
+        .replace("{id}", "nope")
+        .replace("{*name}", "nope")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_is_refused_exactly_what_it_may_not_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let mut tokens = Vec::new();
+    for role in [Role::Viewer, Role::Operator, Role::Admin] {
+        let req =
+            CreateToken { role, expires_in_s: Some(3600), description: format!("{} test", role.as_str()) };
+        tokens.push((Some(role), admin.create_token(&req).await.expect("create token").token));
+    }
+    let join = server.join_token();
+    let joiner = Client::new(&server.url, Some(join.clone())).unwrap();
+    let credential = joiner.register_host(&registration("gpu", "n1", "n1", 1)).await.unwrap().credential;
+
+    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build().unwrap();
+    let mut wrong = Vec::new();
+    for (method, path, open) in ROUTES {
+        let url = format!("{}{}", server.url, concrete(path));
+        let mut callers: Vec<(String, Option<String>, bool)> = tokens
+            .iter()
+            .map(|(role, token)| {
+                let r = role.unwrap();
+                let allowed = match open {
+                    Open::Public => true,
+                    Open::Role(needed) => r.allows(*needed),
+                    Open::Agent | Open::Join => false,
+                };
+                (format!("{} token", r.as_str()), Some(token.clone()), allowed)
+            })
+            .collect();
+        callers.push((
+            "host credential".into(),
+            Some(credential.clone()),
+            matches!(open, Open::Public | Open::Agent),
+        ));
+        callers.push(("join token".into(), Some(join.clone()), matches!(open, Open::Public | Open::Join)));
+        for (who, token, allowed) in callers {
+            let mut req = http.request(method.parse().unwrap(), &url);
+            if let Some(t) = &token {
+                req = req.bearer_auth(t);
+            }
+            if *method != "GET" && *method != "DELETE" {
+                req = req.header("content-type", "application/json").body("{}");
+            }
+            let status =
+                req.send().await.unwrap_or_else(|e| panic!("{method} {path} as {who}: {e}")).status();
+            let refused = status == 401 || status == 403;
+            if refused == allowed {
+                wrong.push(format!("{method} {path} as {who}: {status} (allowed: {allowed})"));
+            }
+            assert!(status.as_u16() < 500, "{method} {path} as {who}: {status}");
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // Tokens are listed without their value; a revoked one stops at once.
+    let list = admin.list_tokens().await.unwrap();
+    assert_eq!(list.len(), 3);
+    let listed = serde_json::to_string(&list).unwrap();
+    assert!(tokens.iter().all(|(_, t)| !listed.contains(t.as_str())), "token list shows a token");
+    let viewer = Client::new(&server.url, Some(tokens[0].1.clone())).unwrap();
+    viewer.list_pools().await.expect("a viewer reads pools");
+    admin.revoke_token(&list[0].id).await.unwrap();
+    let e = viewer.list_pools().await.unwrap_err();
+    assert_eq!(e.code(), Some("Unauthorized"), "{e}");
+}
