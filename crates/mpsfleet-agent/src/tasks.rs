@@ -596,7 +596,17 @@ impl State {
             id,
             result: Err((StopCode::TaskFailedToStart, format!("the launch failed: {why}"))),
         };
-        let job = move || Input::Launched { id, result: launch(&runtime, &rec, supervisor, &dirs) };
+        let (client, handle) = (self.client.clone(), self.handle.clone());
+        let job = move || {
+            // The containers' secrets, into this worker's copy only (never the record).
+            let mut rec = rec;
+            for c in &mut rec.definition.container_definitions {
+                if let Err(failure) = crate::secrets::fetch_into(&handle, &client, &id, c) {
+                    return Input::Launched { id, result: Err(failure) };
+                }
+            }
+            Input::Launched { id, result: launch(&runtime, &rec, supervisor, &dirs) }
+        };
         if let Err(input) = spawn_worker(self.tx.clone(), "launch", job, failed) {
             self.handle_input(input);
         }
