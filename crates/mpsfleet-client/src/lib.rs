@@ -307,6 +307,10 @@ impl Client {
     ) -> Result<mpsfleet_types::access::CreatedToken> {
         self.send(Method::POST, "/v1/tokens", req).await
     }
+    /// `audit list`: the newest `limit` entries of the audit log, oldest first.
+    pub async fn audit(&self, limit: usize) -> Result<Vec<mpsfleet_types::access::AuditEntry>> {
+        self.call(Method::GET, "/v1/audit", &[("limit", limit.to_string())], None).await
+    }
     pub async fn list_tokens(&self) -> Result<Vec<mpsfleet_types::access::TokenView>> {
         self.get("/v1/tokens").await
     }

@@ -80,6 +80,8 @@ impl AppState {
     ) -> Result<T, ApiError> {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
         let digest = auth::digest(token);
+        // A change by a person or tool is written to the audit log with its first commit.
+        let audit = crate::http::AUDIT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         let (out, jobs) = tokio::task::spawn_blocking(move || {
@@ -91,7 +93,9 @@ impl AppState {
                 return Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))));
             }
             let before = c.revision();
+            c.begin_audit(audit);
             let out = f(&mut c, who);
+            c.end_audit(&out);
             if c.revision() != before {
                 changed.send_replace(c.revision());
             }
@@ -315,6 +319,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/secrets/{*name}", axum::routing::delete(delete_secret))
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/audit", get(list_audit))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -361,6 +366,30 @@ async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<Json<TokenView>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_api_token(&id, &actor(&p))).await?))
+}
+
+/// Query of `GET /v1/audit`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AuditQuery {
+    #[serde(default = "default_audit_limit")]
+    limit: usize,
+}
+
+fn default_audit_limit() -> usize {
+    100
+}
+
+async fn list_audit(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Q(q): Q<AuditQuery>,
+) -> Result<Json<Vec<mpsfleet_types::access::AuditEntry>>, ApiError> {
+    let max = crate::cluster::MAX_AUDIT_LIST;
+    if q.limit == 0 || q.limit > max {
+        return Err(ApiError::invalid("limit", format!("must be from 1 to {max}, got {}", q.limit)));
+    }
+    Ok(Json(st.call(&headers, admin, move |c, _| c.audit_entries(q.limit)).await?))
 }
 
 // ---- task definitions -------------------------------------------------------------------

@@ -97,6 +97,36 @@ fn too_many_requests(e: ApiError) -> Response {
     resp
 }
 
+tokio::task_local! {
+    /// The audit context of the request being served: set for a change (POST, PUT, PATCH,
+    /// DELETE) made by a person's or tool's token, read by `AppState::call`.
+    pub static AUDIT: Option<crate::cluster::AuditContext>;
+}
+
+/// The audit context of a request by `who`, when it is a change by a person or tool.
+fn audit_context(
+    req: &Request,
+    route: &str,
+    who: &Result<(Principal, String), ApiError>,
+    peer: Option<std::net::IpAddr>,
+) -> Option<crate::cluster::AuditContext> {
+    let method = req.method();
+    if method == axum::http::Method::GET
+        || method == axum::http::Method::HEAD
+        || route.starts_with("/v1/agent/")
+    {
+        return None;
+    }
+    let (p, _) = who.as_ref().ok()?;
+    Some(crate::cluster::AuditContext {
+        actor: api::actor(p),
+        role: api::role_of(p)?,
+        action: format!("{method} {route}"),
+        target: req.uri().path().to_string(),
+        from: peer.map_or_else(|| "unknown".to_string(), |ip| ip.to_string()),
+    })
+}
+
 /// What [`guard`] needs.
 #[derive(Clone)]
 pub struct Guard {
@@ -126,6 +156,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     let body = has_body(&req);
     let who = identify(st, &g.known, req.headers()).await;
     let peer = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    let audit = audit_context(&req, &route, &who, peer);
     if let Err(e) = charge(&g, &who, peer) {
         // An unread body leaves the connection unusable.
         let mut resp = too_many_requests(e);
@@ -135,7 +166,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         return resp;
     }
     if !body {
-        return next.run(req).await;
+        return AUDIT.scope(audit, next.run(req)).await;
     }
     let (allow, limit) = route_rules(&route);
     let allowed = who.and_then(|(who, _)| {
@@ -169,7 +200,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         Ok(Ok(b)) => b,
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    AUDIT.scope(audit, next.run(Request::from_parts(parts, Body::from(bytes)))).await
 }
 
 /// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown
@@ -260,7 +291,10 @@ async fn identify(
         Principal::Joiner => {
             let _ = join.set(digest.clone());
         }
-        Principal::Host(_) | Principal::Replacement(_) | Principal::Launch { .. } | Principal::Token { .. } => {}
+        Principal::Host(_)
+        | Principal::Replacement(_)
+        | Principal::Launch { .. }
+        | Principal::Token { .. } => {}
     }
     Ok((who, digest))
 }

@@ -77,3 +77,27 @@ pub struct CreatedToken {
     #[serde(flatten)]
     pub view: TokenView,
 }
+
+/// One change made through the API by a person or tool, as `audit list` shows it. Stored as an
+/// [`crate::Entry`] (when, and how often in a row the same call with the same result came).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    /// `admin` (the bootstrap admin token) or `token:<id>`.
+    pub actor: String,
+    pub role: Role,
+    /// Method and route, e.g. `POST /v1/pools/{name}`.
+    pub action: String,
+    /// The path called, e.g. `/v1/pools/gpu`.
+    pub target: String,
+    /// The client's address.
+    pub from: String,
+    /// `ok`, or the error's code and message.
+    pub result: String,
+    /// The store revision the change was committed in (none for a refused change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+}
+
+/// An audit log entry.
+pub type AuditEntry = crate::Entry<AuditEvent>;

@@ -276,9 +276,7 @@ pub enum TokenCommand {
     /// Every token's id, role and expiry (never the tokens themselves).
     List,
     /// The token stops working at once.
-    Revoke {
-        id: String,
-    },
+    Revoke { id: String },
 }
 
 /// `90`, `90s`, `15m`, `24h`, `30d` in seconds.
@@ -295,7 +293,18 @@ fn parse_lifetime(s: &str) -> Result<u64, String> {
     n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too long"))
 }
 
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// The newest changes made through the API: who (token and role), what, when, from where,
+    /// and the result.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
 pub enum Resource {
+    Audit(AuditCommand),
     Token(TokenCommand),
     Secret(SecretCommand),
     Taskdef(TaskdefCommand),
@@ -343,6 +352,30 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd).await,
+            Resource::Audit(AuditCommand::List { limit }) => {
+                let list = c.audit(limit).await?;
+                let rows = list
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            output::utc_time(e.at_ms),
+                            sanitize(&e.actor).into_owned(),
+                            e.role.as_str().into(),
+                            sanitize(&e.action).into_owned(),
+                            sanitize(&e.target).into_owned(),
+                            sanitize(&e.from).into_owned(),
+                            sanitize(&e.result).into_owned(),
+                        ]
+                    })
+                    .collect();
+                output::print(
+                    opts.output,
+                    &list,
+                    &["TIME", "WHO", "ROLE", "ACTION", "TARGET", "FROM", "RESULT"],
+                    rows,
+                );
+                Ok(())
+            }
         }
     });
     // An error may quote the server or what it was sent; it is printed to the terminal too.
@@ -423,11 +456,17 @@ fn read_secret_value(path: &std::path::Path) -> Result<String> {
     let limit = secret::MAX_SECRET_VALUE_BYTES as u64;
     let mut bytes = Vec::new();
     let what = if path.as_os_str() == "-" {
-        std::io::stdin().lock().take(limit + 2).read_to_end(&mut bytes).context("cannot read standard input")?;
+        std::io::stdin()
+            .lock()
+            .take(limit + 2)
+            .read_to_end(&mut bytes)
+            .context("cannot read standard input")?;
         "standard input".to_string()
     } else {
         let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        file.take(limit + 2).read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
+        file.take(limit + 2)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         path.display().to_string()
     };
     if bytes.ends_with(b"\r\n") {

@@ -42,6 +42,8 @@ enum Command {
     Secret(cli::Global<cli::SecretCommand>),
     /// API tokens with roles (viewer, operator, admin) for people and tools.
     Token(cli::Global<cli::TokenCommand>),
+    /// The audit log: every change made through the API, by whom.
+    Audit(cli::Global<cli::AuditCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Incident(g) => cli::run(g.opts, cli::Resource::Incident(g.command)),
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
+        Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -65,6 +65,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/tokens", Open::Role(Role::Admin)),
     ("GET", "/v1/tokens", Open::Role(Role::Admin)),
     ("DELETE", "/v1/tokens/{id}", Open::Role(Role::Admin)),
+    ("GET", "/v1/audit", Open::Role(Role::Admin)),
 ];
 
 /// The paths the router serves, read from its source: a route added without a row here fails.
@@ -157,4 +158,33 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     admin.revoke_token(&list[0].id).await.unwrap();
     let e = viewer.list_pools().await.unwrap_err();
     assert_eq!(e.code(), Some("Unauthorized"), "{e}");
+
+    // Every change above is in the audit log, with who made it; reads and agents' calls are not.
+    let operator = Client::new(&server.url, Some(tokens[1].1.clone())).unwrap();
+    operator.cordon_host("nope", true).await.unwrap_err();
+    let log = admin.audit(10_000).await.unwrap();
+    let op_id = &list[1].id;
+    let entry = log
+        .iter()
+        .rev()
+        .find(|e| e.actor == format!("token:{op_id}") && e.target == "/v1/hosts/nope/cordon")
+        .unwrap_or_else(|| panic!("no entry for the operator's cordon: {log:#?}"));
+    assert_eq!(entry.role, Role::Operator);
+    assert_eq!(entry.action, "POST /v1/hosts/{id}/cordon");
+    assert_eq!(entry.from, "127.0.0.1");
+    assert!(entry.result.starts_with("NotFound: host nope not found"), "{entry:?}");
+    let revoke = log
+        .iter()
+        .rev()
+        .find(|e| e.action == "DELETE /v1/tokens/{id}" && e.actor == "admin")
+        .expect("the revoke");
+    assert_eq!((revoke.actor.as_str(), revoke.result.as_str()), ("admin", "ok"));
+    assert!(revoke.revision.is_some());
+    assert!(
+        log.iter().all(|e| !e.action.starts_with("GET ") && !e.target.starts_with("/v1/agent/")),
+        "{log:#?}"
+    );
+    assert!(log
+        .iter()
+        .all(|e| e.role != Role::Viewer || e.result.contains("Forbidden") || e.result.starts_with("ok")));
 }

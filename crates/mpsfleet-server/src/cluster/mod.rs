@@ -18,6 +18,9 @@ mod secrets;
 mod task_policy;
 mod tasks;
 mod tokens;
+mod audit;
+
+pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
@@ -156,6 +159,9 @@ pub struct Cluster {
     replacement_tokens: HashMap<String, String>,
     /// Agent and launch tokens are derived under it.
     key: auth::ServerKey,
+    /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
+    audit_log: audit::AuditLog,
+    audit_call: Option<audit::AuditCall>,
     /// API tokens by digest (`tokens.rs`).
     api_tokens: HashMap<String, tokens::TokenRecord>,
     /// Digests of the launch tokens of the hosts in `capacity_launches`.
@@ -248,6 +254,8 @@ impl Cluster {
             key: auth::ServerKey::random()?,
             launch_tokens: HashMap::new(),
             api_tokens: HashMap::new(),
+            audit_log: Default::default(),
+            audit_call: None,
             host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
@@ -291,6 +299,7 @@ impl Cluster {
         self.load_incidents()?;
         self.index_replacement_tokens();
         self.load_api_tokens()?;
+        self.load_audit()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -340,7 +349,16 @@ impl Cluster {
     // ---- commit helper ------------------------------------------------------------------
 
     fn commit(&mut self, ops: &[Op]) -> Result<Revision, ApiError> {
-        let rev = self.store.commit(ops)?;
+        // The first commit of an audited API call carries its entry (audit.rs).
+        let audit = self.audit_ops_for_commit()?;
+        let rev = if audit.is_empty() {
+            self.store.commit(ops)?
+        } else {
+            let all: Vec<Op> = ops.iter().cloned().chain(audit.iter().cloned()).collect();
+            let rev = self.store.commit(&all)?;
+            self.audit_written(audit.len() - 1);
+            rev
+        };
         if rev != self.revision {
             self.feed.record(rev, self.clock.now_ms(), retention::batch_bytes(ops));
         }
@@ -1363,6 +1381,8 @@ impl Cluster {
         if let Some(containers) = report.containers.take() {
             check_container_reports(&containers)?;
             t.containers = containers;
+            let stopped = t.last_status == TaskStatus::Stopped;
+            t.attachments = mpsfleet_types::Attachment::of_containers(&t.containers, stopped);
         }
         if t.last_status == TaskStatus::Running {
             t.started_at_ms.get_or_insert(now);
@@ -1370,6 +1390,9 @@ impl Cluster {
         if t.last_status == TaskStatus::Stopped {
             t.ready = false;
             t.desired_status = TaskStatus::Stopped;
+            for a in &mut t.attachments {
+                a.status = "DELETED".into();
+            }
             t.stopped_at_ms = Some(now);
             if let Some(code) = report.stop_code {
                 t.stop_code = Some(code);
@@ -1520,7 +1543,8 @@ impl Cluster {
 
     /// Every binding of every RUNNING replica of a service, in task order: where its traffic
     /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
-    /// its hostname until the agent has said.
+    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
+    /// each container port of its definition, at the address its containers report.
     pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, ApiError> {
         let svc = self.service_record(name)?.value.name.clone();
         let mut out = Vec::new();
@@ -1533,7 +1557,32 @@ impl Cluster {
             let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { continue };
             let entry = &self.hosts[host as usize];
             let address = host_address(entry);
+            let definition =
+                self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision));
             for c in &t.containers {
+                let task_ip = c.network_interfaces.first().map(|n| n.private_ipv4_address.clone());
+                if let (Some(ip), Some(def)) = (task_ip, definition) {
+                    let mappings = def
+                        .value
+                        .container_definitions
+                        .iter()
+                        .filter(|d| d.name == c.name)
+                        .flat_map(|d| &d.port_mappings);
+                    for m in mappings {
+                        out.push(ServiceEndpoint {
+                            task_id: t.id,
+                            host_id: entry.host.id.clone(),
+                            container: c.name.clone(),
+                            address: format!("{ip}:{}", m.container_port),
+                            host_port: m.container_port,
+                            container_port: m.container_port,
+                            protocol: m.protocol,
+                            ready: t.ready,
+                            health_status: t.health_status,
+                        });
+                    }
+                    continue;
+                }
                 for b in &c.network_bindings {
                     let ip = if b.bind_ip.is_empty() || b.bind_ip == "0.0.0.0" || b.bind_ip == "::" {
                         address.clone()
@@ -1748,6 +1797,7 @@ fn taskdef_key(family: &Family, revision: u32) -> String {
 /// 100 ports.
 const MAX_REPORTED_CONTAINERS: usize = 10;
 const MAX_REPORTED_BINDINGS: usize = 200;
+const MAX_REPORTED_INTERFACES: usize = 4;
 const MAX_REPORTED_NOTES: usize = 16;
 const MAX_REPORTED_TEXT: usize = 4096;
 
@@ -1790,6 +1840,26 @@ fn check_container_reports(containers: &[ContainerReport]) -> Result<(), ApiErro
             return Err(ApiError::invalid(
                 format!("containers[{i}].networkBindings"),
                 format!("bindIp is at most 64 bytes, got {}", b.bind_ip.len()),
+            ));
+        }
+        if c.network_interfaces.len() > MAX_REPORTED_INTERFACES {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkInterfaces"),
+                format!("at most {MAX_REPORTED_INTERFACES} interfaces, got {}", c.network_interfaces.len()),
+            ));
+        }
+        let long = c
+            .network_interfaces
+            .iter()
+            .find(|n| n.attachment_id.len() > 128 || n.private_ipv4_address.len() > 64);
+        if let Some(n) = long {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkInterfaces"),
+                format!(
+                    "attachmentId is at most 128 bytes and privateIpv4Address at most 64, got {} and {}",
+                    n.attachment_id.len(),
+                    n.private_ipv4_address.len()
+                ),
             ));
         }
     }
