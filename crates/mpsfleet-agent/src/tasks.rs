@@ -850,6 +850,7 @@ impl State {
             for (name, handle, timeout) in handles {
                 states.insert(name, runtime.stop(&handle, timeout));
             }
+            runtime.end_task(&id.to_string());
             Input::Stopped { id, states }
         };
         if let Err(input) = spawn_worker(self.tx.clone(), "stop", job, failed) {
@@ -1189,6 +1190,7 @@ fn launch(
                 for h in handles.values() {
                     engine.stop(h, Duration::from_secs(5));
                 }
+                engine.end_task(&rec.task.id.to_string());
                 return Err(failure);
             }
         }

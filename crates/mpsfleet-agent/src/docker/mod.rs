@@ -11,6 +11,7 @@
 //! host, task and container, so that after a restart they are found by name
 //! ([`DockerRuntime::adopt`]) or by label ([`DockerRuntime::list_ours`]).
 
+pub mod awsvpc;
 mod follow;
 pub mod logdriver;
 pub mod options;
@@ -203,6 +204,8 @@ pub struct DockerHandle {
     pub ip: Option<String>,
     pub image_digest: Option<String>,
     pub network_bindings: Vec<NetworkBinding>,
+    /// awsvpc: the task's address, held by its pause container (the attachment's id).
+    pub network_interfaces: Vec<mpsfleet_types::NetworkInterface>,
     pub notes: Vec<String>,
 }
 
@@ -274,6 +277,8 @@ struct Inner {
     watched: Mutex<HashMap<String, Watched>>,
     watcher: OnceLock<()>,
     records: Mutex<()>,
+    /// Held while a pause container or the awsvpc network is looked for or made.
+    awsvpc: Mutex<()>,
 }
 
 /// The Docker runtime; cheap to clone.
@@ -477,6 +482,7 @@ fn handle_of(info: &ContainerInspectResponse, name: &str, notes: Vec<String>) ->
         ip,
         image_digest: info.image.clone(),
         network_bindings,
+        network_interfaces: Vec::new(),
         notes,
     }
 }
@@ -502,6 +508,7 @@ impl DockerRuntime {
                 watched: Mutex::new(HashMap::new()),
                 watcher: OnceLock::new(),
                 records: Mutex::new(()),
+                awsvpc: Mutex::new(()),
             }),
         })
     }
@@ -706,6 +713,9 @@ impl DockerRuntime {
         } else {
             GpuWiring::DeviceRequests
         };
+        if l.definition.effective_network_mode() == mpsfleet_types::NetworkMode::Awsvpc {
+            self.ensure_pause(l).map_err(|e| failed("CannotCreateContainerError", e))?;
+        }
         let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
         body.image = Some(reference.clone());
         let (log, log_note) = logdriver::log_config(l, &self.log_drivers());
@@ -760,7 +770,9 @@ impl DockerRuntime {
             Ok(Some(info)) => {
                 let state = state_of(&name, &info);
                 self.remember(&created.id, state);
-                handle_of(&info, &name, notes)
+                let mut h = handle_of(&info, &name, notes);
+                self.join_task_network(&info, &mut h);
+                h
             }
             Ok(None) | Err(_) => DockerHandle {
                 id: created.id.clone(),
@@ -769,6 +781,7 @@ impl DockerRuntime {
                 ip: None,
                 image_digest: None,
                 network_bindings: Vec::new(),
+                network_interfaces: Vec::new(),
                 notes,
             },
         };
@@ -782,6 +795,173 @@ impl DockerRuntime {
                     .find_map(|d| d.split_once('@').map(|(_, digest)| digest.to_string()))
             });
         Ok(DockerHandle { image_digest: digest.or(handle.image_digest.clone()), ..handle })
+    }
+
+    /// The awsvpc network's id: made when missing ([`awsvpc::network_request`]). Agents sharing
+    /// one engine may make it at once (API 1.41 allows two networks of one name): each then
+    /// takes the oldest, and one that made a network that is not the oldest removes it.
+    fn ensure_network(&self) -> Result<String, DockerError> {
+        use bollard::query_parameters::ListNetworksOptions;
+        let list = || -> Result<Vec<(u64, String)>, DockerError> {
+            let filters = HashMap::from([
+                ("name".to_string(), vec![awsvpc::NETWORK_NAME.to_string()]),
+                (
+                    "label".to_string(),
+                    vec![format!("{}={}", awsvpc::NETWORK_LABEL, awsvpc::NETWORK_LABEL_VALUE)],
+                ),
+            ]);
+            let nets = self.block(
+                "list networks",
+                LIST_TIMEOUT,
+                self.inner.docker.list_networks(Some(ListNetworksOptions { filters: Some(filters) })),
+            )?;
+            let mut out: Vec<(u64, String)> = nets
+                .into_iter()
+                .filter(|n| n.name.as_deref() == Some(awsvpc::NETWORK_NAME))
+                .filter_map(|n| {
+                    let created = n.created.as_deref().and_then(parse_docker_time).unwrap_or(u64::MAX);
+                    Some((created, n.id?))
+                })
+                .collect();
+            out.sort();
+            Ok(out)
+        };
+        if let Some((_, id)) = list()?.into_iter().next() {
+            return Ok(id);
+        }
+        let made = self
+            .block("create network", CREATE_TIMEOUT, self.inner.docker.create_network(awsvpc::network_request()))?
+            .id;
+        let oldest = list()?.into_iter().next().map(|(_, id)| id).unwrap_or_else(|| made.clone());
+        if oldest != made {
+            let _ = self.block("remove network", REMOVE_TIMEOUT, self.inner.docker.remove_network(&made));
+        } else {
+            tracing::info!(network = awsvpc::NETWORK_NAME, id = %made, "made the docker network for awsvpc tasks");
+        }
+        Ok(oldest)
+    }
+
+    /// Imports the pause image ([`awsvpc::pause_image`]) when the engine lacks it: a rootfs
+    /// tar of one static executable, for the engine's architecture.
+    fn ensure_pause_image(&self) -> Result<(), DockerError> {
+        let reference = awsvpc::pause_image();
+        if self.image_present(&reference)? {
+            return Ok(());
+        }
+        let info = self.block("info", INSPECT_TIMEOUT, self.inner.docker.info())?;
+        let arch = info.architecture.unwrap_or_default();
+        let elf = awsvpc::pause_elf(&arch).ok_or_else(|| DockerError::Other {
+            what: "pause image".into(),
+            message: format!("awsvpc tasks need an x86_64 or aarch64 engine, this one is {arch:?}"),
+        })?;
+        let tar = awsvpc::one_file_tar(awsvpc::PAUSE_PATH.trim_start_matches('/'), &elf);
+        let (repo, tag) = reference.split_once(':').unwrap_or((&reference, "latest"));
+        let options = CreateImageOptions {
+            from_src: Some("-".into()),
+            repo: Some(repo.to_string()),
+            tag: Some(tag.to_string()),
+            changes: vec![format!("CMD [\"{}\"]", awsvpc::PAUSE_PATH)],
+            ..Default::default()
+        };
+        let docker = self.inner.docker.clone();
+        let socket = self.inner.cfg.socket.clone();
+        self.run(async move {
+            let work = async {
+                let mut stream = docker.create_image(Some(options), Some(bollard::body_full(tar.into())), None);
+                while let Some(item) = stream.next().await {
+                    let info = item.map_err(|e| map_err(&socket, "import pause image", e))?;
+                    if let Some(detail) = info.error_detail {
+                        let message = detail.message.unwrap_or_else(|| "import failed".into());
+                        return Err(DockerError::Other { what: "import pause image".into(), message });
+                    }
+                }
+                Ok(())
+            };
+            match tokio::time::timeout(CREATE_TIMEOUT, work).await {
+                Ok(r) => r,
+                Err(_) => Err(DockerError::Timeout { what: "import pause image".into(), after: CREATE_TIMEOUT }),
+            }
+        })?;
+        tracing::info!(image = %reference, "imported the pause image for awsvpc tasks");
+        Ok(())
+    }
+
+    /// Makes sure the task's pause container runs: one that runs is kept (another container
+    /// of the task made it, or it was adopted); one that does not is replaced.
+    fn ensure_pause(&self, l: &DockerLaunch) -> Result<(), DockerError> {
+        let _lock = self.inner.awsvpc.lock().unwrap_or_else(|p| p.into_inner());
+        let name = awsvpc::pause_name(&self.inner.cfg.host_id, &l.task.id.to_string());
+        if let Some(info) = self.inspect(&name)? {
+            if info.state.as_ref().and_then(|s| s.running) == Some(true) {
+                return Ok(());
+            }
+            self.remove_by_name(&name)?;
+        }
+        self.ensure_pause_image()?;
+        let network = self.ensure_network()?;
+        let (_, body) = awsvpc::pause_body(&l.task, &l.definition, &self.inner.cfg.host_id, &network);
+        let created = self.block(
+            "create pause container",
+            CREATE_TIMEOUT,
+            self.inner
+                .docker
+                .create_container(Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }), body),
+        )?;
+        if let Err(e) = self.block(
+            "start pause container",
+            START_TIMEOUT,
+            self.inner
+                .docker
+                .start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>),
+        ) {
+            self.remove_quietly(&name);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// For a container that joined another's namespace (`container:<id>`) when that one is a
+    /// task's pause container: the task's address (as the container's) and its interface.
+    fn join_task_network(&self, info: &ContainerInspectResponse, h: &mut DockerHandle) {
+        let Some(target) = info
+            .host_config
+            .as_ref()
+            .and_then(|hc| hc.network_mode.as_deref())
+            .and_then(|m| m.strip_prefix("container:"))
+        else {
+            return;
+        };
+        let Ok(Some(pause)) = self.inspect(target) else { return };
+        let is_pause = pause
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(awsvpc::LABEL_ROLE))
+            .is_some_and(|r| r == awsvpc::ROLE_PAUSE);
+        if !is_pause {
+            return;
+        }
+        let p = handle_of(&pause, "", Vec::new());
+        if let Some(ip) = p.ip {
+            h.ip = Some(ip.clone());
+            h.network_interfaces =
+                vec![mpsfleet_types::NetworkInterface { attachment_id: p.id, private_ipv4_address: ip }];
+        }
+    }
+
+    /// The task has ended: its pause container (awsvpc) is stopped, to be removed with its
+    /// other containers. Nothing to do for other tasks.
+    pub fn end_task(&self, task_id: &str) -> Result<(), DockerError> {
+        let name = awsvpc::pause_name(&self.inner.cfg.host_id, task_id);
+        match self.block(
+            "stop pause container",
+            STOP_GRACE,
+            self.inner.docker.stop_container(&name, Some(StopContainerOptions { t: Some(1), signal: None })),
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.status(), Some(304) | Some(404)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn remember(&self, id: &str, state: ContainerState) {
@@ -862,7 +1042,8 @@ impl DockerRuntime {
         let Some(info) = self.inspect(&name)? else { return Ok(None) };
         self.start_watcher();
         let state = state_of(&name, &info);
-        let handle = handle_of(&info, &name, Vec::new());
+        let mut handle = handle_of(&info, &name, Vec::new());
+        self.join_task_network(&info, &mut handle);
         self.remember(&handle.id, state.clone());
         Ok(Some((handle, state)))
     }
@@ -941,14 +1122,15 @@ impl DockerRuntime {
                     | Some(bollard::models::ContainerSummaryStateEnum::PAUSED)
                     | Some(bollard::models::ContainerSummaryStateEnum::RESTARTING)
             );
+            // A container that never ran (created, not started yet) counts from its creation:
+            // it may be between its create and its start.
             let finished_at_ms = if running {
                 None
             } else {
-                self.inspect(&id)?
-                    .and_then(|i| i.state)
-                    .and_then(|s| s.finished_at)
-                    .as_deref()
-                    .and_then(parse_docker_time)
+                self.inspect(&id)?.and_then(|i| {
+                    let finished = i.state.and_then(|s| s.finished_at).as_deref().and_then(parse_docker_time);
+                    finished.or_else(|| i.created.as_deref().and_then(parse_docker_time))
+                })
             };
             out.push(OurContainer {
                 task_id: task_id.clone(),

@@ -80,11 +80,15 @@ pub fn launch_notes(l: &DockerLaunch) -> Vec<String> {
 ///   4 MiB raised to 4 MiB); memory reservation in bytes; `Init` (Docker's tiny init is PID 1,
 ///   forwards SIGTERM to the task's process and reaps orphans, so a shell entry point still
 ///   stops on `docker stop`); a size-capped json-file log; restart policy `no` (the task loop
-///   decides what happens after an exit); network mode bridge, host or none (`awsvpc` runs
-///   in bridge with every mapping on a port Docker chooses).
+///   decides what happens after an exit); network mode bridge, host or none, or for
+///   `awsvpc` `container:<the task's pause container>` (see [`super::awsvpc`]).
+/// - The task-level `cpu` as a CPU quota (`NanoCpus`, 1024 units = one CPU) on every
+///   container, the task-level `memory` as the hard limit of a container without its own.
 /// - Ports: every mapping is exposed as `port/proto`; in bridge mode each is published on all
 ///   addresses, on its `hostPort` or on one Docker chooses (`HostPort` empty); host mode
-///   publishes nothing (the ports are the host's), `none` has no ports to publish.
+///   publishes nothing (the ports are the host's), `none` has no ports to publish, nor has
+///   `awsvpc` (the ports are on the task's own address; Docker refuses ports on a container
+///   that joins another's namespace).
 /// - GPU containers on a real GPU: [`GpuWiring::NvidiaRuntime`] sets `Runtime` and
 ///   `NVIDIA_VISIBLE_DEVICES=<uuid,...>` (ECS on EC2); [`GpuWiring::DeviceRequests`] sets one
 ///   device request with capabilities `[["gpu"]]` and the UUIDs as device ids, no driver and
@@ -155,13 +159,10 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
         c.port_mappings.iter().map(|p| format!("{}/{}", p.container_port, p.protocol.as_str())).collect();
     let port_bindings = match mode {
         NetworkMode::Bridge if !c.port_mappings.is_empty() => {
-            // awsvpc has no counterpart here: its static host ports are not honoured, every
-            // mapping is published on a port Docker chooses.
-            let awsvpc = l.definition.network_mode == Some(NetworkMode::Awsvpc);
             let mut map = HashMap::new();
             for p in &c.port_mappings {
                 let host_port = match p.host_port {
-                    Some(h) if h != 0 && !awsvpc => h.to_string(),
+                    Some(h) if h != 0 => h.to_string(),
                     _ => String::new(),
                 };
                 map.insert(
@@ -175,13 +176,22 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
     };
 
     let cpu_shares = i64::from(c.cpu.unwrap_or(0)).clamp(CPU_SHARES_MIN, CPU_SHARES_MAX);
-    let memory = c.memory.filter(|&m| m > 0).map(|m| mib_to_bytes(m.max(MEMORY_MIN_MIB)));
+    // The task's own size: a CPU quota on each container, and its memory as the hard limit of a
+    // container that sets none itself.
+    let (task_nano_cpus, task_memory) = super::awsvpc::task_limits(&l.definition);
+    let memory = c.memory.filter(|&m| m > 0).map(|m| mib_to_bytes(m.max(MEMORY_MIN_MIB))).or(task_memory);
+    // awsvpc: the container joins its task's namespace, held by the task's pause container.
+    let network_mode = match mode {
+        NetworkMode::Awsvpc => format!("container:{}", super::awsvpc::pause_name(host_id, &task_id)),
+        m => m.as_str().to_string(),
+    };
     let memory_reservation = c.memory_reservation.filter(|&m| m > 0).map(mib_to_bytes);
 
     let mut host_config = HostConfig {
         cpu_shares: Some(cpu_shares),
         memory,
         memory_reservation,
+        nano_cpus: task_nano_cpus,
         init: Some(true),
         log_config: Some(HostConfigLogConfig {
             typ: Some("json-file".into()),
@@ -190,7 +200,7 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
                 ("max-file".to_string(), LOG_MAX_FILE.to_string()),
             ])),
         }),
-        network_mode: Some(mode.as_str().to_string()),
+        network_mode: Some(network_mode),
         port_bindings,
         restart_policy: Some(RestartPolicy {
             name: Some(RestartPolicyNameEnum::NO),
@@ -212,7 +222,8 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
         user: c.user.clone(),
         working_dir: c.working_directory.clone(),
         labels: Some(labels),
-        exposed_ports: (!exposed.is_empty() && mode != NetworkMode::None).then_some(exposed),
+        exposed_ports: (!exposed.is_empty() && matches!(mode, NetworkMode::Bridge | NetworkMode::Host))
+            .then_some(exposed),
         stop_timeout: Some(i64::try_from(l.stop_timeout.as_secs()).unwrap_or(i64::MAX)),
         host_config: Some(host_config),
         hostname,
@@ -398,12 +409,7 @@ mod tests {
                 exposed.clone(),
                 Some(HashMap::from([("8080/tcp".into(), binding("")), ("53/udp".into(), binding("5353"))])),
             ),
-            (
-                Some("awsvpc"),
-                "bridge",
-                exposed.clone(),
-                Some(HashMap::from([("8080/tcp".into(), binding("")), ("53/udp".into(), binding(""))])),
-            ),
+            (Some("awsvpc"), "container:mpsfleet-h1-t-00000000000000aa-.pause", None, None),
             (Some("host"), "host", exposed.clone(), None),
             (Some("none"), "none", None, None),
         ];

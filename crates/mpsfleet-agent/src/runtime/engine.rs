@@ -69,6 +69,7 @@ impl Handle {
                 image_digest: h.image_digest.clone(),
                 runtime_id: Some(h.id.clone()),
                 network_bindings: h.network_bindings.clone(),
+                network_interfaces: h.network_interfaces.clone(),
                 notes: h.notes.clone(),
                 ..ContainerReport::default()
             },
@@ -124,6 +125,17 @@ impl Engine {
         match outcome {
             Ok(o) => o.state,
             Err(e) => ContainerState::Lost { reason: format!("stop failed: {e}") },
+        }
+    }
+
+    /// The task's containers have all ended: what the runtime holds for the task as a whole
+    /// goes (on Docker, an awsvpc task's pause container is stopped, to be removed with the
+    /// task's containers). Failures are logged: the janitor removes what is left.
+    pub fn end_task(&self, task_id: &str) {
+        if let Engine::Docker { rt, .. } = self {
+            if let Err(e) = rt.end_task(task_id) {
+                tracing::warn!(task.id = task_id, error = %e, "cannot stop the task's pause container");
+            }
         }
     }
 
@@ -201,6 +213,7 @@ fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
                 ip: None,
                 image_digest: None,
                 network_bindings: Vec::new(),
+                network_interfaces: Vec::new(),
                 notes: Vec::new(),
             }))
         }
