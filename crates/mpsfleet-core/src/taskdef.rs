@@ -566,7 +566,6 @@ fn parse_container(
         dns_search_domains: opts.dns_search_domains,
         extra_hosts: opts.extra_hosts,
         hostname: opts.hostname,
-        ..ContainerDefinition::default()
     };
     Ok((container, gpu_index))
 }

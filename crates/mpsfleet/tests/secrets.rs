@@ -200,10 +200,11 @@ fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
             let p = e.path();
             match e.file_type() {
                 Ok(t) if t.is_dir() => stack.push(p),
-                Ok(t) if t.is_file() => {
-                    if std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)) {
-                        found.push(p);
-                    }
+                Ok(t)
+                    if t.is_file()
+                        && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)) =>
+                {
+                    found.push(p)
                 }
                 _ => {}
             }
@@ -444,9 +445,11 @@ fn start_auth_registry(docker: &DockerEnv) -> AuthRegistry {
         .stderr(log)
         .spawn()
         .expect("start docker-registry");
+    // Killed and waited for when dropped, also if it never listens.
+    let registry = AuthRegistry { child, addr: addr.clone(), _dir: dir };
     for _ in 0..100 {
         if std::net::TcpStream::connect(&addr).is_ok() {
-            return AuthRegistry { child, addr, _dir: dir };
+            return registry;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
