@@ -28,13 +28,14 @@ use crate::runtime::engine::{Adopted, Engine, Handle};
 use crate::runtime::identity::{in_passwd, process_uids};
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
 use crate::runtime::probes::{ProbeResult, ProbeTarget};
-use crate::runtime::shim::OUTPUT_LOG;
+use crate::runtime::shim::{EXIT_RECORD, OUTPUT_LOG, PROC_RECORD};
 use crate::runtime::{
-    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, TaskPhase, TaskUser, UidRange,
-    DEFAULT_STOP_TIMEOUT,
+    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, ExitRecord, TaskPhase, TaskUser,
+    UidRange, DEFAULT_STOP_TIMEOUT,
 };
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::clock::Clock;
+use mpsfleet_core::lifecycle::dependencies::{self as deps, ContainerLife, LifeEvent};
 use mpsfleet_types::api::Assignments;
 use mpsfleet_types::*;
 use serde::{Deserialize, Serialize};
@@ -155,10 +156,23 @@ struct HostUids<'a> {
 /// What the task loop reacts to.
 pub enum Input {
     Assignments(Assignments),
-    Launched { id: TaskId, result: Result<BTreeMap<String, Handle>, (StopCode, String)> },
-    Stopped { id: TaskId, states: BTreeMap<String, ContainerState> },
-    Probe { id: TaskId, event: ProbeEvent },
-    Shutdown { stop_tasks: bool },
+    /// One container's launch ended.
+    Launched {
+        id: TaskId,
+        container: String,
+        result: Result<Box<Handle>, (StopCode, String)>,
+    },
+    Stopped {
+        id: TaskId,
+        states: BTreeMap<String, ContainerState>,
+    },
+    Probe {
+        id: TaskId,
+        event: ProbeEvent,
+    },
+    Shutdown {
+        stop_tasks: bool,
+    },
 }
 
 /// What the server last acknowledged about a task.
@@ -212,6 +226,10 @@ struct Local {
     busy: bool,
     /// A stop asked for while a launch was in flight.
     stop_after_launch: Option<(StopCode, String)>,
+    /// Where each container stands in the start order (`dependsOn`), and the containers whose
+    /// launch is in flight.
+    lives: BTreeMap<String, ContainerLife>,
+    launching: BTreeSet<String>,
     /// Startup checks that have not passed yet, by container.
     starting: BTreeSet<String>,
     not_ready: BTreeSet<String>,
@@ -229,13 +247,14 @@ pub struct TaskLoop {
     died: Option<tokio::sync::oneshot::Receiver<String>>,
 }
 
-/// How a task's containers are launched (a seam for tests; [`launch`] in production).
+/// How one container of a task is launched (a seam for tests; [`launch`] in production).
 type LaunchFn = fn(
     &Engine,
     &Record,
+    &ContainerDefinition,
     Option<(String, Option<Arc<Supervisor>>)>,
-    &[PathBuf],
-) -> Result<BTreeMap<String, Handle>, (StopCode, String)>;
+    &Path,
+) -> Result<Handle, (StopCode, String)>;
 
 impl TaskLoop {
     /// Loads the task table from `dir`, adopts the tasks that still run, and starts the loop.
@@ -420,10 +439,33 @@ impl State {
                 release_user(&mut local.rec);
             }
             follow_logs(&self.dir, &mut local, true);
+            let was_starting = local.rec.status == TaskStatus::Pending;
             if local.rec.status != TaskStatus::Stopped {
-                for c in &local.rec.definition.container_definitions {
+                let now = self.clock.now_ms();
+                let defs = local.rec.definition.container_definitions.clone();
+                for c in &defs {
                     let dir = self.container_dir(&id, &c.name);
-                    match self.runtime.adopt(&dir, &id.to_string(), c) {
+                    // A task still starting when the agent went down: what was started is
+                    // adopted, what was not is started in its turn.
+                    let process = runs_as_process(&self.runtime, c);
+                    if was_starting
+                        && process
+                        && !dir.join(PROC_RECORD).exists()
+                        && !dir.join(EXIT_RECORD).exists()
+                    {
+                        let _ = crate::safe_fs::remove_tree(&dir);
+                        continue;
+                    }
+                    let adopted = self.runtime.adopt(&dir, &id.to_string(), c);
+                    if was_starting && !process && matches!(adopted, Adopted::Ended { handle: None, .. }) {
+                        continue;
+                    }
+                    let event = match &adopted {
+                        Adopted::Running(_) => LifeEvent::Started { at_ms: now },
+                        Adopted::Ended { state, .. } => LifeEvent::Exited { code: exit_code(state) },
+                    };
+                    step_life(&mut local, &c.name, event);
+                    match adopted {
                         Adopted::Running(handle) => {
                             local.reports.insert(c.name.clone(), handle.report(c));
                             local.reports_unsent = true;
@@ -448,15 +490,16 @@ impl State {
                 follow_container_output(&self.runtime, &self.dir, &mut local);
                 tracing::info!(task.id = %id, running = local.handles.len(), ended = local.ended.len(), "adopted");
             }
-            let was_starting = local.rec.status == TaskStatus::Pending;
-            self.tasks.insert(id, local);
             if was_starting {
-                self.begin_stop(
-                    id,
-                    StopCode::TaskFailedToStart,
-                    "the agent restarted while starting the task".into(),
-                );
-            } else if self.tasks.get(&id).is_some_and(|l| l.rec.status == TaskStatus::Running) {
+                init_checks(&mut local);
+            }
+            self.tasks.insert(id, local);
+            // A task still starting goes on in its order at the next look ([`State::advance`]).
+            if self
+                .tasks
+                .get(&id)
+                .is_some_and(|l| matches!(l.rec.status, TaskStatus::Running | TaskStatus::Pending))
+            {
                 self.start_probes(id);
             }
         }
@@ -465,7 +508,7 @@ impl State {
     fn handle_input(&mut self, input: Input) {
         match input {
             Input::Assignments(a) => self.reconcile(a),
-            Input::Launched { id, result } => self.launched(id, result),
+            Input::Launched { id, container, result } => self.launched(id, container, result),
             Input::Stopped { id, states } => self.stopped(id, states),
             Input::Probe { id, event } => self.probe_event(id, event),
             Input::Shutdown { .. } => {}
@@ -526,7 +569,7 @@ impl State {
             let starting = rec.status == TaskStatus::Pending;
             self.tasks.insert(t.id, new_local(rec));
             match refused {
-                Some(reason) => self.launched(t.id, Err((StopCode::TaskFailedToStart, reason))),
+                Some(reason) => self.refused(t.id, StopCode::TaskFailedToStart, reason),
                 None if starting => self.begin_launch(t.id),
                 None => {}
             }
@@ -535,7 +578,9 @@ impl State {
         let orphans: Vec<TaskId> = self
             .tasks
             .iter()
-            .filter(|(id, l)| !assigned.contains(id) && l.rec.status == TaskStatus::Running && !l.busy)
+            .filter(|(id, l)| {
+                !assigned.contains(id) && matches!(l.rec.status, TaskStatus::Running | TaskStatus::Pending)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in orphans {
@@ -575,9 +620,78 @@ impl State {
         Ok(())
     }
 
-    /// Checks the MPS daemon (fail closed), then launches every container, on a worker thread.
+    /// Starts the task's containers in their `dependsOn` order: those with no dependency at
+    /// once, the others as [`State::advance`] finds their dependencies met.
     fn begin_launch(&mut self, id: TaskId) {
         let Some(local) = self.tasks.get_mut(&id) else { return };
+        init_checks(local);
+        follow_logs(&self.dir, local, false);
+        self.advance(id);
+    }
+
+    /// Asks the dependency planner about a starting task: launches the containers whose
+    /// dependencies are met, gives up on those whose dependencies can never be (the task stops,
+    /// naming the container, the dependency and the condition, when such a container is
+    /// essential), and marks the task RUNNING once every container is past starting.
+    fn advance(&mut self, id: TaskId) {
+        let now = self.clock.now_ms();
+        let Some(local) = self.tasks.get_mut(&id) else { return };
+        if local.rec.status != TaskStatus::Pending || local.stop_after_launch.is_some() {
+            return;
+        }
+        let mut stop = None;
+        let plan = loop {
+            let waiting = ContainerLife::Waiting;
+            let members: Vec<deps::Member<'_>> = local
+                .rec
+                .definition
+                .container_definitions
+                .iter()
+                .map(|def| deps::Member { def, life: local.lives.get(&def.name).unwrap_or(&waiting) })
+                .collect();
+            let plan = deps::plan(&members, now);
+            if plan.failed.is_empty() {
+                break plan;
+            }
+            // Held back for good; its own dependents are looked at again.
+            for f in plan.failed {
+                let reason = f.to_string();
+                tracing::warn!(task.id = %id, container = %f.container, %reason, "container not started");
+                step_life(local, &f.container, LifeEvent::NotStarted { reason: reason.clone() });
+                not_started(local, &f.container, &reason, now);
+                if f.essential && stop.is_none() {
+                    stop = Some(reason);
+                }
+            }
+        };
+        if let Some(reason) = stop {
+            self.begin_stop(id, StopCode::TaskFailedToStart, reason);
+            return;
+        }
+        for name in plan.start {
+            self.launch_container(id, name);
+        }
+        let Some(local) = self.tasks.get_mut(&id) else { return };
+        if local.rec.status == TaskStatus::Pending && local.lives.values().all(ContainerLife::is_settled) {
+            local.rec.status = TaskStatus::Running;
+            local.rec.task.started_at_ms = Some(now);
+            local.rec.ready = local.not_ready.is_empty() && local.starting.is_empty();
+            let rec = local.rec.clone();
+            self.persist(&rec);
+            tracing::info!(task.id = %id, "running");
+        }
+    }
+
+    /// Launches one container of the task on a worker thread (after the fail-closed MPS check
+    /// for an MPS task).
+    fn launch_container(&mut self, id: TaskId, name: String) {
+        let Some(local) = self.tasks.get_mut(&id) else { return };
+        let Some(def) = local.rec.definition.container_definitions.iter().find(|c| c.name == name).cloned()
+        else {
+            return;
+        };
+        step_life(local, &name, LifeEvent::LaunchBegun);
+        local.launching.insert(name.clone());
         local.busy = true;
         let rec = local.rec.clone();
         let runtime = self.runtime.clone();
@@ -589,100 +703,112 @@ impl State {
             }
             _ => None,
         };
-        let dirs: Vec<PathBuf> =
-            rec.definition.container_definitions.iter().map(|c| self.container_dir(&id, &c.name)).collect();
+        let dir = self.container_dir(&id, &name);
         let launch = self.launch;
+        let container = name.clone();
         let failed = move |why: String| Input::Launched {
             id,
+            container,
             result: Err((StopCode::TaskFailedToStart, format!("the launch failed: {why}"))),
         };
         let (client, handle) = (self.client.clone(), self.handle.clone());
         let job = move || {
-            // The containers' secrets, into this worker's copy only (never the record).
-            let mut rec = rec;
-            for c in &mut rec.definition.container_definitions {
-                if let Err(failure) = crate::secrets::fetch_into(&handle, &client, &id, c) {
-                    return Input::Launched { id, result: Err(failure) };
-                }
-            }
-            Input::Launched { id, result: launch(&runtime, &rec, supervisor, &dirs) }
+            // The container's secrets, into this worker's copy only (never the record).
+            let mut def = def;
+            let result = match crate::secrets::fetch_into(&handle, &client, &id, &mut def) {
+                Ok(()) => launch(&runtime, &rec, &def, supervisor, &dir),
+                Err(failure) => Err(failure),
+            };
+            Input::Launched { id, container: name, result: result.map(Box::new) }
         };
         if let Err(input) = spawn_worker(self.tx.clone(), "launch", job, failed) {
             self.handle_input(input);
         }
     }
 
-    fn launched(&mut self, id: TaskId, result: Result<BTreeMap<String, Handle>, (StopCode, String)>) {
+    /// A task that does not start at all: STOPPED with `reason`, each container reported with it.
+    fn refused(&mut self, id: TaskId, code: StopCode, reason: String) {
+        let Some(local) = self.tasks.get_mut(&id) else { return };
+        tracing::warn!(task.id = %id, code = code.as_str(), %reason, "not started");
+        for c in &local.rec.definition.container_definitions {
+            local.reports_unsent = true;
+            local.reports.entry(c.name.clone()).or_insert_with(|| ContainerReport {
+                name: c.name.clone(),
+                image: c.image.clone(),
+                reason: Some(reason.clone()),
+                ..ContainerReport::default()
+            });
+        }
+        local.rec.status = TaskStatus::Stopped;
+        local.rec.stop_code = Some(code);
+        local.rec.reason = Some(reason);
+        release_user(&mut local.rec);
+        let rec = local.rec.clone();
+        self.persist(&rec);
+    }
+
+    fn launched(&mut self, id: TaskId, name: String, result: Result<Box<Handle>, (StopCode, String)>) {
         let now = self.clock.now_ms();
         let Some(local) = self.tasks.get_mut(&id) else { return };
-        local.busy = false;
+        local.launching.remove(&name);
+        local.busy = !local.launching.is_empty();
+        let def = local.rec.definition.container_definitions.iter().find(|c| c.name == name).cloned();
         match result {
-            Ok(handles) => {
-                for c in &local.rec.definition.container_definitions {
-                    if let Some(h) = handles.get(&c.name) {
-                        local.reports.insert(c.name.clone(), h.report(c));
-                        local.reports_unsent = true;
-                    }
+            Ok(handle) => {
+                let handle = *handle;
+                if let Some(def) = &def {
+                    local.reports.insert(name.clone(), handle.report(def));
+                    local.reports_unsent = true;
                 }
-                local.handles = handles;
-                follow_logs(&self.dir, local, false);
-                local.rec.status = TaskStatus::Running;
-                local.rec.task.started_at_ms = Some(now);
-                let probes: Vec<(String, bool, bool)> = local
-                    .rec
-                    .definition
-                    .container_definitions
-                    .iter()
-                    .map(|c| (c.name.clone(), c.startup_check.is_some(), c.readiness_check.is_some()))
-                    .collect();
-                local.starting = probes.iter().filter(|p| p.1).map(|p| p.0.clone()).collect();
-                local.not_ready = probes.iter().filter(|p| p.1 || p.2).map(|p| p.0.clone()).collect();
-                local.rec.ready = local.not_ready.is_empty();
-                let rec = local.rec.clone();
-                let pending_stop = local.stop_after_launch.take();
-                self.persist(&rec);
-                if let Some(local) = self.tasks.get_mut(&id) {
-                    let runtime = self.runtime.clone();
-                    follow_container_output(&runtime, &self.dir, local);
-                }
-                tracing::info!(task.id = %id, "running");
-                match pending_stop {
-                    Some((code, reason)) => self.begin_stop(id, code, reason),
-                    None => self.start_probes(id),
-                }
+                step_life(local, &name, LifeEvent::Started { at_ms: now });
+                follow_output_of(&self.runtime, &self.dir, &id, &name, &handle);
+                local.handles.insert(name.clone(), handle);
+                tracing::info!(task.id = %id, container = %name, "container started");
             }
             Err((code, reason)) => {
-                tracing::warn!(task.id = %id, code = code.as_str(), %reason, "not started");
-                for c in &local.rec.definition.container_definitions {
-                    local.reports_unsent = true;
-                    local.reports.entry(c.name.clone()).or_insert_with(|| ContainerReport {
-                        name: c.name.clone(),
-                        image: c.image.clone(),
-                        reason: Some(reason.clone()),
-                        ..ContainerReport::default()
-                    });
+                tracing::warn!(task.id = %id, container = %name, code = code.as_str(), %reason, "container not started");
+                step_life(local, &name, LifeEvent::NotStarted { reason: reason.clone() });
+                not_started(local, &name, &reason, now);
+                // A non-essential container that cannot start leaves the task to go on, as on ECS.
+                if def.as_ref().is_none_or(|d| d.essential) {
+                    local.stop_after_launch.get_or_insert((code, reason));
                 }
-                local.rec.status = TaskStatus::Stopped;
-                local.rec.stop_code = Some(code);
-                local.rec.reason = Some(reason);
-                release_user(&mut local.rec);
-                let rec = local.rec.clone();
-                self.persist(&rec);
             }
+        }
+        if !local.launching.is_empty() {
+            return;
+        }
+        if let Some((code, reason)) = local.stop_after_launch.take() {
+            self.begin_stop(id, code, reason);
+            return;
+        }
+        if local.handles.contains_key(&name) {
+            self.start_container_probes(id, &name);
+        }
+        self.advance(id);
+    }
+
+    /// Starts the probes of every running container of the task.
+    fn start_probes(&mut self, id: TaskId) {
+        let Some(local) = self.tasks.get(&id) else { return };
+        let names: Vec<String> = local.handles.keys().cloned().collect();
+        for name in names {
+            self.start_container_probes(id, &name);
         }
     }
 
-    fn start_probes(&mut self, id: TaskId) {
+    /// Starts the probes of one running container (its health check is what `HEALTHY` waits for).
+    fn start_container_probes(&mut self, id: TaskId, name: &str) {
         let clock = self.clock.clone();
         let tx = self.tx.clone();
         let Some(local) = self.tasks.get_mut(&id) else { return };
-        for c in &local.rec.definition.container_definitions {
+        if let Some(c) = local.rec.definition.container_definitions.iter().find(|c| c.name == name) {
             let probes = match ContainerProbes::from_definition(c) {
-                Ok(p) if p.is_empty() => continue,
+                Ok(p) if p.is_empty() => return,
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started");
-                    continue;
+                    return;
                 }
             };
             let target = match (self.runtime.as_ref(), local.handles.get(&c.name)) {
@@ -701,7 +827,7 @@ impl State {
                         Ok(ctx) => ProbeTarget::Host(ctx),
                         Err(e) => {
                             tracing::error!(task.id = %id, container = %c.name, error = %e, "probes not started");
-                            continue;
+                            return;
                         }
                     }
                 }
@@ -721,10 +847,11 @@ impl State {
 
     fn probe_event(&mut self, id: TaskId, event: ProbeEvent) {
         let Some(local) = self.tasks.get_mut(&id) else { return };
-        if local.rec.status != TaskStatus::Running {
+        if !matches!(local.rec.status, TaskStatus::Running | TaskStatus::Pending) {
             return;
         }
         let container = event.container;
+        let mut healthy = false;
         let stop = match event.transition {
             Transition::StartupPassed => {
                 local.starting.remove(&container);
@@ -753,6 +880,10 @@ impl State {
             }
             Transition::Healthy => {
                 local.rec.health = TaskHealth::Healthy;
+                if local.lives.get(&container).is_some_and(|l| matches!(l, ContainerLife::Running { .. })) {
+                    step_life(local, &container, LifeEvent::HealthPassed);
+                    healthy = true;
+                }
                 None
             }
             Transition::Unhealthy { reason } => {
@@ -765,15 +896,19 @@ impl State {
         self.persist(&rec);
         if let Some((code, reason)) = stop {
             self.begin_stop(id, code, reason);
+        } else if healthy {
+            self.advance(id);
         }
     }
 
-    /// Looks at every running task: an essential container that exited stops the task.
+    /// Looks at every running or starting task: an essential container that exited stops the
+    /// task; a starting task goes on in its order.
     fn watch(&mut self) {
         let mut to_stop = Vec::new();
+        let mut starting = Vec::new();
         for (id, local) in self.tasks.iter_mut() {
             read_output(id, local);
-            if local.rec.status != TaskStatus::Running || local.busy {
+            if !matches!(local.rec.status, TaskStatus::Running | TaskStatus::Pending) {
                 continue;
             }
             let names: Vec<String> = local.handles.keys().cloned().collect();
@@ -783,6 +918,7 @@ impl State {
                     None => continue,
                 };
                 if !state.is_running() {
+                    step_life(local, &name, LifeEvent::Exited { code: exit_code(&state) });
                     local.handles.remove(&name);
                     if let Some(r) = local.reports.get_mut(&name) {
                         ended_report(r, &state);
@@ -793,17 +929,28 @@ impl State {
             }
             if let TaskPhase::Stopped { code, reason } = phase(local) {
                 to_stop.push((*id, code, reason));
+            } else if local.rec.status == TaskStatus::Pending {
+                starting.push(*id);
             }
         }
         for (id, code, reason) in to_stop {
             self.begin_stop(id, code, reason);
         }
+        for id in starting {
+            self.advance(id);
+        }
     }
 
     /// Stops what still runs of a task (terminate_client first for MPS clients), on a worker
-    /// thread; the first stop reason wins.
+    /// thread, in the reverse of the start order: a container stops only once every container
+    /// that depends on it has stopped, each within its own `stopTimeout`. The first stop reason
+    /// wins; a stop asked for while containers are being launched waits for those launches.
     fn begin_stop(&mut self, id: TaskId, code: StopCode, reason: String) {
         let Some(local) = self.tasks.get_mut(&id) else { return };
+        if !local.launching.is_empty() && local.rec.status == TaskStatus::Pending {
+            local.stop_after_launch.get_or_insert((code, reason));
+            return;
+        }
         if local.busy || local.rec.status == TaskStatus::Stopped {
             return;
         }
@@ -815,26 +962,34 @@ impl State {
             drop(p);
         }
         let rec = local.rec.clone();
-        let handles: Vec<(String, Handle, Duration)> = local
-            .handles
-            .iter()
-            .map(|(name, h)| {
-                let timeout = rec
-                    .definition
-                    .container_definitions
-                    .iter()
-                    .find(|c| &c.name == name)
-                    .map_or(DEFAULT_STOP_TIMEOUT, stop_timeout);
-                (name.clone(), h.clone(), timeout)
-            })
-            .collect();
+        let waves: Vec<Vec<(String, Handle, Duration)>> =
+            deps::stop_order(&rec.definition.container_definitions)
+                .into_iter()
+                .map(|wave| {
+                    wave.into_iter()
+                        .filter_map(|name| {
+                            let h = local.handles.get(&name)?.clone();
+                            let timeout = rec
+                                .definition
+                                .container_definitions
+                                .iter()
+                                .find(|c| c.name == name)
+                                .map_or(DEFAULT_STOP_TIMEOUT, stop_timeout);
+                            Some((name, h, timeout))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .filter(|wave| !wave.is_empty())
+                .collect();
+        let handles: Vec<&(String, Handle, Duration)> = waves.iter().flatten().collect();
+        let pids: Vec<u32> = handles.iter().filter_map(|(_, h, _)| h.pid()).collect();
+        let names: Vec<String> = handles.iter().map(|(name, _, _)| name.clone()).collect();
         self.persist(&rec);
         let supervisor = match rec.definition.gpu_demand() {
             GpuDemand::Mps { .. } => rec.task.gpu_ids.first().and_then(|g| self.gpus.supervisor(g).cloned()),
             _ => None,
         };
         let runtime = self.runtime.clone();
-        let names: Vec<String> = handles.iter().map(|(name, _, _)| name.clone()).collect();
         let failed = move |why: String| Input::Stopped {
             id,
             states: names
@@ -844,11 +999,11 @@ impl State {
         };
         let job = move || {
             if let Some(s) = &supervisor {
-                terminate_clients(s, handles.iter().filter_map(|(_, h, _)| h.pid()));
+                terminate_clients(s, pids.into_iter());
             }
             let mut states = BTreeMap::new();
-            for (name, handle, timeout) in handles {
-                states.insert(name, runtime.stop(&handle, timeout));
+            for wave in waves {
+                states.extend(stop_wave(&runtime, wave));
             }
             runtime.end_task(&id.to_string());
             Input::Stopped { id, states }
@@ -881,6 +1036,22 @@ impl State {
             }
         }
         local.ended.extend(states);
+        // Containers never started (still waiting for their dependencies) say why.
+        let why = local.rec.reason.clone().unwrap_or_else(|| "stopped".into());
+        for c in &local.rec.definition.container_definitions {
+            if !local.reports.contains_key(&c.name) {
+                local.reports.insert(
+                    c.name.clone(),
+                    ContainerReport {
+                        name: c.name.clone(),
+                        image: c.image.clone(),
+                        reason: Some(format!("not started: the task stopped first ({why})")),
+                        ..ContainerReport::default()
+                    },
+                );
+                local.reports_unsent = true;
+            }
+        }
         local.rec.status = TaskStatus::Stopped;
         local.rec.ready = false;
         release_user(&mut local.rec);
@@ -1045,7 +1216,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 fn new_local(rec: Record) -> Local {
     Local {
-        rec,
         handles: BTreeMap::new(),
         reports: BTreeMap::new(),
         reports_unsent: false,
@@ -1053,12 +1223,104 @@ fn new_local(rec: Record) -> Local {
         probes: Vec::new(),
         busy: false,
         stop_after_launch: None,
+        lives: rec
+            .definition
+            .container_definitions
+            .iter()
+            .map(|c| (c.name.clone(), ContainerLife::Waiting))
+            .collect(),
+        launching: BTreeSet::new(),
         starting: BTreeSet::new(),
         not_ready: BTreeSet::new(),
         output: RecentOutput::default(),
         tails: Vec::new(),
         output_sent: None,
+        rec,
     }
+}
+
+/// The containers whose startup and readiness checks are yet to pass, as the task starts.
+fn init_checks(local: &mut Local) {
+    let defs = &local.rec.definition.container_definitions;
+    local.starting = defs.iter().filter(|c| c.startup_check.is_some()).map(|c| c.name.clone()).collect();
+    local.not_ready = defs
+        .iter()
+        .filter(|c| c.startup_check.is_some() || c.readiness_check.is_some())
+        .map(|c| c.name.clone())
+        .collect();
+}
+
+/// Moves a container's life on ([`deps::step`]); an event that does not apply is logged and
+/// changes nothing.
+fn step_life(local: &mut Local, name: &str, event: LifeEvent) {
+    let Some(life) = local.lives.get_mut(name) else { return };
+    match deps::step(life, event) {
+        Ok(next) => *life = next,
+        Err(e) => {
+            tracing::debug!(task.id = %local.rec.task.id, container = name, error = %e, "container life unchanged")
+        }
+    }
+}
+
+/// A container that never started: ended (it counts as exited for the task's verdict) and
+/// reported with why.
+fn not_started(local: &mut Local, name: &str, reason: &str, now_ms: u64) {
+    let exit = ExitRecord {
+        code: None,
+        signal: None,
+        finished_at_ms: now_ms,
+        error: Some(reason.to_string()),
+        oom_killed: false,
+    };
+    local.ended.insert(name.to_string(), ContainerState::Exited(exit));
+    let image = local
+        .rec
+        .definition
+        .container_definitions
+        .iter()
+        .find(|c| c.name == name)
+        .and_then(|c| c.image.clone());
+    let report = local.reports.entry(name.to_string()).or_insert_with(|| ContainerReport {
+        name: name.to_string(),
+        image,
+        ..ContainerReport::default()
+    });
+    report.reason = Some(reason.to_string());
+    local.reports_unsent = true;
+}
+
+/// The exit status of a container that has ended (None: killed by a signal, lost, or never run).
+fn exit_code(state: &ContainerState) -> Option<i32> {
+    match state {
+        ContainerState::Exited(exit) if exit.error.is_none() && exit.signal.is_none() => exit.code,
+        _ => None,
+    }
+}
+
+/// Stops one wave of a task's containers at the same time, each within its own timeout; how
+/// each ended. A container whose stop thread cannot be started is stopped here in turn.
+fn stop_wave(runtime: &Engine, wave: Vec<(String, Handle, Duration)>) -> BTreeMap<String, ContainerState> {
+    std::thread::scope(|s| {
+        let mut running = Vec::new();
+        let mut states = BTreeMap::new();
+        for (name, handle, timeout) in &wave {
+            let spawned = std::thread::Builder::new()
+                .name(format!("stop-{name}"))
+                .spawn_scoped(s, move || runtime.stop(handle, *timeout));
+            match spawned {
+                Ok(t) => running.push((name.clone(), t)),
+                Err(_) => {
+                    states.insert(name.clone(), runtime.stop(handle, *timeout));
+                }
+            }
+        }
+        for (name, t) in running {
+            let state =
+                t.join().unwrap_or_else(|_| ContainerState::Lost { reason: "its stop panicked".into() });
+            states.insert(name, state);
+        }
+        states
+    })
 }
 
 /// Follows the output of every container of the task: from its start for a container just
@@ -1118,14 +1380,15 @@ fn reportable(s: TaskStatus) -> bool {
     matches!(s, TaskStatus::Running | TaskStatus::Stopped)
 }
 
-/// Fail closed: an MPS task starts only when its GPU's daemon answers, checked right before
-/// its containers are created.
+/// Launches one container of a task. Fail closed: a container of an MPS task starts only when
+/// its GPU's daemon answers, checked right before it is created.
 fn launch(
     engine: &Engine,
     rec: &Record,
+    c: &ContainerDefinition,
     mps: Option<(String, Option<Arc<Supervisor>>)>,
-    dirs: &[PathBuf],
-) -> Result<BTreeMap<String, Handle>, (StopCode, String)> {
+    dir: &Path,
+) -> Result<Handle, (StopCode, String)> {
     let pipe_dir: Option<PathBuf> = match &mps {
         None => None,
         Some((gpu, None)) => {
@@ -1141,61 +1404,45 @@ fn launch(
             Some(s.pipe_dir().to_path_buf())
         }
     };
-    let mut handles = BTreeMap::new();
-    for (c, dir) in rec.definition.container_definitions.iter().zip(dirs) {
-        let stop_timeout = stop_timeout(c);
-        let env = container_env(&rec.task, c, pipe_dir.as_deref());
-        let started = match engine {
-            Engine::Docker { rt, gpus_emulated, .. } if c.image.is_some() => {
-                let launch = DockerLaunch {
-                    task: rec.task.clone(),
-                    definition: rec.definition.clone(),
-                    container: c.clone(),
-                    env,
-                    mps_pipe_dir: if c.gpu().is_some() { pipe_dir.clone() } else { None },
-                    gpus_emulated: *gpus_emulated,
-                    stop_timeout,
-                };
-                rt.launch(&launch).map(Handle::Docker)
-            }
-            _ if c.command.is_empty() && c.entry_point.is_empty() => Err((
-                StopCode::TaskFailedToStart,
-                format!(
-                    "container {} has no command and this host runs processes, not images \
-                     (start the agent with --runtime docker)",
-                    c.name
-                ),
-            )),
-            _ => {
-                let launch = ContainerLaunch {
-                    task_id: rec.task.id.to_string(),
-                    container: c.name.clone(),
-                    argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
-                    env,
-                    user: c.user.clone(),
-                    task_user: rec.task_user.clone(),
-                    stop_timeout,
-                    state_dir: dir.clone(),
-                };
-                engine.processes().launch(&launch).map(Handle::Process).map_err(|e| {
-                    (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
-                })
-            }
-        };
-        match started {
-            Ok(h) => {
-                handles.insert(c.name.clone(), h);
-            }
-            Err(failure) => {
-                for h in handles.values() {
-                    engine.stop(h, Duration::from_secs(5));
-                }
-                engine.end_task(&rec.task.id.to_string());
-                return Err(failure);
-            }
+    let stop_timeout = stop_timeout(c);
+    let env = container_env(&rec.task, c, pipe_dir.as_deref());
+    match engine {
+        Engine::Docker { rt, gpus_emulated, .. } if c.image.is_some() => {
+            let launch = DockerLaunch {
+                task: rec.task.clone(),
+                definition: rec.definition.clone(),
+                container: c.clone(),
+                env,
+                mps_pipe_dir: if c.gpu().is_some() { pipe_dir.clone() } else { None },
+                gpus_emulated: *gpus_emulated,
+                stop_timeout,
+            };
+            rt.launch(&launch).map(Handle::Docker)
+        }
+        _ if c.command.is_empty() && c.entry_point.is_empty() => Err((
+            StopCode::TaskFailedToStart,
+            format!(
+                "container {} has no command and this host runs processes, not images \
+                 (start the agent with --runtime docker)",
+                c.name
+            ),
+        )),
+        _ => {
+            let launch = ContainerLaunch {
+                task_id: rec.task.id.to_string(),
+                container: c.name.clone(),
+                argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
+                env,
+                user: c.user.clone(),
+                task_user: rec.task_user.clone(),
+                stop_timeout,
+                state_dir: dir.to_path_buf(),
+            };
+            engine.processes().launch(&launch).map(Handle::Process).map_err(|e| {
+                (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
+            })
         }
     }
-    Ok(handles)
 }
 
 /// The container's `stopTimeout`, or ECS's default.
@@ -1236,18 +1483,22 @@ fn docker_probe(rt: &DockerRuntime, h: &DockerHandle, argv: &[String], timeout: 
 /// Copies what a Docker container writes into its state directory's framed output log, where
 /// the task's output ring reads it (the shim does the same for a process).
 fn follow_container_output(engine: &Engine, tasks_dir: &Path, local: &mut Local) {
-    let Engine::Docker { rt, .. } = engine else { return };
     let id = local.rec.task.id;
     for (name, handle) in &local.handles {
-        let Handle::Docker(h) = handle else { continue };
-        let dir = container_dir(tasks_dir, &id, name);
-        if let Err(e) = crate::safe_fs::private_dir(&dir, 0o700) {
-            tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
-            continue;
-        }
-        if let Err(e) = rt.follow_output(h, dir.join(OUTPUT_LOG)) {
-            tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
-        }
+        follow_output_of(engine, tasks_dir, &id, name, handle);
+    }
+}
+
+/// [`follow_container_output`] of one container.
+fn follow_output_of(engine: &Engine, tasks_dir: &Path, id: &TaskId, name: &str, handle: &Handle) {
+    let (Engine::Docker { rt, .. }, Handle::Docker(h)) = (engine, handle) else { return };
+    let dir = container_dir(tasks_dir, id, name);
+    if let Err(e) = crate::safe_fs::private_dir(&dir, 0o700) {
+        tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
+        return;
+    }
+    if let Err(e) = rt.follow_output(h, dir.join(OUTPUT_LOG)) {
+        tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
     }
 }
 
@@ -1439,9 +1690,10 @@ mod tests {
     fn panicking_launch(
         _: &Engine,
         _: &Record,
+        _: &ContainerDefinition,
         _: Option<(String, Option<Arc<Supervisor>>)>,
-        _: &[PathBuf],
-    ) -> Result<BTreeMap<String, Handle>, (StopCode, String)> {
+        _: &Path,
+    ) -> Result<Handle, (StopCode, String)> {
         panic!("injected launch fault")
     }
 
@@ -1473,8 +1725,11 @@ mod tests {
         };
         state.handle_input(Input::Assignments(a));
         assert!(state.tasks[&id].busy, "the launch is on its worker");
-        let input = rx.recv_timeout(Duration::from_secs(10)).expect("the failed worker still answers");
-        state.handle_input(input);
+        // The failed launch answers, then the stop of what the task has running (nothing).
+        while state.tasks[&id].rec.status != TaskStatus::Stopped {
+            let input = rx.recv_timeout(Duration::from_secs(10)).expect("the failed worker still answers");
+            state.handle_input(input);
+        }
         let rec = &state.tasks[&id].rec;
         assert_eq!(rec.status, TaskStatus::Stopped);
         assert_eq!(rec.stop_code, Some(StopCode::TaskFailedToStart));
