@@ -1897,7 +1897,7 @@ mod tests {
         ));
         assert_eq!(p.definition.network_mode, Some(NetworkMode::Awsvpc));
         assert_eq!(p.definition.container_definitions[0].port_mappings[0].host_port, Some(80));
-        // awsvpc runs as bridge with Docker-chosen host ports: nothing static is held.
+        // awsvpc: the ports are on the task's own address, no host port is held.
         assert!(p.definition.static_host_ports().is_empty());
     }
 

@@ -662,6 +662,15 @@ async fn task_logs(
 
 /// `task describe`'s container section: image, runtime id, bindings and what the runtime noted.
 fn print_containers(t: &Task) {
+    for a in &t.attachments {
+        println!();
+        println!(
+            "network    {} {} ({})",
+            sanitize(a.private_ipv4_address().unwrap_or("-")),
+            sanitize(&a.status),
+            sanitize(&a.id)
+        );
+    }
     for c in &t.containers {
         println!();
         println!("container {}", sanitize(&c.name));
@@ -683,6 +692,9 @@ fn print_containers(t: &Task) {
                 b.container_port,
                 b.protocol.as_str()
             );
+        }
+        for n in &c.network_interfaces {
+            println!("  address    {}", sanitize(&n.private_ipv4_address));
         }
         for n in &c.notes {
             println!("  note       {}", sanitize(n));
