@@ -152,6 +152,12 @@ fn random_and_mutated_bodies_get_documented_errors_and_never_a_5xx() {
         ("POST", "/v1/tasks/t-0000000000000001/stop", json!({"reason": "r"}), &tokens.admin_token),
         (
             "POST",
+            "/v1/secrets",
+            json!({"name": "arn:aws:ssm:us-east-1:1:parameter/p", "value": "v"}),
+            &tokens.admin_token,
+        ),
+        (
+            "POST",
             "/v1/agent/register",
             json!({"pool": "default", "hostname": "h", "gpus": [{"uuid": "GPU-1", "index": 0, "model": "m",
                 "memoryMib": 1024}], "mpsAvailable": true, "emulated": true, "runtime": "docker"}),
