@@ -25,7 +25,10 @@ pub enum Principal {
     /// becomes that incident's replacement.
     Replacement(String),
     /// An API token an admin made (`token create`), with its role.
-    Token { id: String, role: mpsfleet_types::access::Role },
+    Token {
+        id: String,
+        role: mpsfleet_types::access::Role,
+    },
     /// Holder of the launch token of a host the server asked a capacity provider for: may
     /// register that one host, by that name, into that pool.
     Launch {
@@ -99,6 +102,11 @@ impl ServerKey {
         }
     }
 
+    /// The key's bytes (a webhook secret is one such key).
+    pub fn bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
     /// The token `prefix` + HMAC-SHA256(key, purpose, parts…) in hex; the parts are separated
     /// by NUL, which no name contains.
     pub fn derive(&self, prefix: &str, purpose: &str, parts: &[&str]) -> String {
@@ -117,6 +125,19 @@ impl ServerKey {
         msg.extend_from_slice(purpose.as_bytes());
         hmac_sha256(&self.0, &msg)
     }
+}
+
+/// A webhook delivery's signature: `v1=` and HMAC-SHA256 of `<timestamp>.<body>` under the
+/// webhook's secret, in hex (docs/api.md, "Events and webhook").
+pub fn webhook_signature(secret: &[u8; 32], timestamp: u64, body: &[u8]) -> String {
+    let mut msg = format!("{timestamp}.").into_bytes();
+    msg.extend_from_slice(body);
+    format!("v1={}", hex(&hmac_sha256(secret, &msg)))
+}
+
+/// Reads the webhook secret at `path` (64 hex digits), creating it 0600 when there is none.
+pub fn webhook_secret(path: &Path) -> Result<[u8; 32], ApiError> {
+    Ok(ServerKey::load_or_create(path)?.0)
 }
 
 /// HMAC-SHA256 (RFC 2104) with a key of at most one block.
@@ -172,6 +193,17 @@ mod tests {
         let key = [0x0b; 32];
         let mac = super::hmac_sha256(&key, b"Hi There");
         assert_eq!(super::hex(&mac), "198a607eb44bfbc69903a0f1cf2bbdc5ba0aa3f3d9ae3c1c7a3b1696a0b68cf7");
+    }
+
+    #[test]
+    fn webhook_signatures_cover_the_timestamp_and_the_body() {
+        let s = [3u8; 32];
+        let sig = super::webhook_signature(&s, 1_700_000_000, b"{\"type\":\"x\"}");
+        assert!(sig.starts_with("v1=") && sig.len() == 3 + 64, "{sig}");
+        assert_eq!(sig, super::webhook_signature(&s, 1_700_000_000, b"{\"type\":\"x\"}"));
+        assert_ne!(sig, super::webhook_signature(&s, 1_700_000_001, b"{\"type\":\"x\"}"));
+        assert_ne!(sig, super::webhook_signature(&s, 1_700_000_000, b"{\"type\":\"y\"}"));
+        assert_ne!(sig, super::webhook_signature(&[4u8; 32], 1_700_000_000, b"{\"type\":\"x\"}"));
     }
 
     #[test]

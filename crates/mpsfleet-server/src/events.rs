@@ -183,13 +183,16 @@ pub fn host_events(before: (HostStatus, HealthStatus), after: &Host, at_ms: u64)
 /// A bounded queue of events for one webhook URL, drained by [`Webhook::run`].
 pub struct Webhook {
     url: String,
+    /// Every delivery is signed with it (`X-Mpsfleet-Signature`).
+    secret: [u8; 32],
     queue: Mutex<VecDeque<Event>>,
     wake: Notify,
 }
 
 impl Webhook {
-    /// A webhook posting to `url` (plain `http://`: this build has no TLS).
-    pub fn new(url: &str) -> Result<Arc<Webhook>, WebhookError> {
+    /// A webhook posting to `url` (plain `http://`: this build has no TLS), each delivery
+    /// signed with `secret`.
+    pub fn new(url: &str, secret: [u8; 32]) -> Result<Arc<Webhook>, WebhookError> {
         let invalid = |reason: &str| WebhookError::InvalidUrl { url: url.into(), reason: reason.into() };
         let parsed = reqwest::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
         if parsed.scheme() != "http" {
@@ -198,7 +201,12 @@ impl Webhook {
         if parsed.host_str().is_none() {
             return Err(invalid("has no host"));
         }
-        Ok(Arc::new(Webhook { url: url.into(), queue: Mutex::new(VecDeque::new()), wake: Notify::new() }))
+        Ok(Arc::new(Webhook {
+            url: url.into(),
+            secret,
+            queue: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+        }))
     }
 
     pub fn url(&self) -> &str {
@@ -242,12 +250,27 @@ impl Webhook {
     }
 
     async fn deliver(&self, http: &reqwest::Client, ev: &Event) -> Result<(), WebhookError> {
+        let body = serde_json::to_vec(ev).map_err(|e| WebhookError::Unreachable {
+            url: self.url.clone(),
+            reason: format!("cannot encode the event: {e}"),
+        })?;
         let mut last = None;
         for attempt in 0..WEBHOOK_ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(WEBHOOK_BACKOFF[attempt - 1]).await;
             }
-            let e = match http.post(&self.url).json(ev).send().await {
+            // Signed anew at each attempt: a receiver refuses old timestamps (replays).
+            let timestamp = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock) / 1000;
+            let request = http
+                .post(&self.url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header("X-Mpsfleet-Timestamp", timestamp.to_string())
+                .header(
+                    "X-Mpsfleet-Signature",
+                    crate::auth::webhook_signature(&self.secret, timestamp, &body),
+                )
+                .body(body.clone());
+            let e = match request.send().await {
                 Err(e) => WebhookError::Unreachable { url: self.url.clone(), reason: e.to_string() },
                 Ok(r) if r.status().is_success() => return Ok(()),
                 Ok(r) => WebhookError::Refused { url: self.url.clone(), status: r.status().as_u16() },
@@ -407,14 +430,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_webhook_queue_drops_the_oldest() {
-        let w = Webhook::new("http://127.0.0.1:9/hook").unwrap();
+        let w = Webhook::new("http://127.0.0.1:9/hook", [1; 32]).unwrap();
         for i in 0..WEBHOOK_QUEUE as u64 + 3 {
             w.push(Event::new(EventType::HostHealth, i));
         }
         assert_eq!(w.queue.lock().unwrap().len(), WEBHOOK_QUEUE);
         assert_eq!(w.next().await.at_ms, 3);
-        assert!(Webhook::new("https://example.com/hook").is_err());
-        assert!(Webhook::new("not a url").is_err());
+        assert!(Webhook::new("https://example.com/hook", [1; 32]).is_err());
+        assert!(Webhook::new("not a url", [1; 32]).is_err());
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub const JOIN_TOKEN_FILE: &str = "join.token";
 /// The key agent and launch tokens are derived under (auth.rs).
 pub const SERVER_KEY_FILE: &str = "server.key";
+/// The secret webhook deliveries are signed with, unless `--webhook-secret-file` names another.
+pub const WEBHOOK_SECRET_FILE: &str = "webhook.secret";
 
 /// How often services are reconciled and pending tasks retried as a safety net.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
@@ -108,6 +110,8 @@ fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
 pub struct ServeOptions {
     /// An `http://` URL that gets each `incident.*` and `host.health` event POSTed as JSON.
     pub webhook: Option<String>,
+    /// The secret every webhook delivery is signed with; a random one when `None`.
+    pub webhook_secret: Option<[u8; 32]>,
     /// Connection timeouts and cap.
     pub http: http::HttpLimits,
     /// Request rates of each kind of caller.
@@ -132,10 +136,16 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let webhook = match &options.webhook {
-        Some(url) => Some(
-            events::Webhook::new(url)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
-        ),
+        Some(url) => {
+            let secret = match options.webhook_secret {
+                Some(s) => s,
+                None => auth::ServerKey::random().map_err(|e| std::io::Error::other(e.to_string()))?.bytes(),
+            };
+            Some(
+                events::Webhook::new(url, secret)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            )
+        }
         None => None,
     };
     let deliver = webhook.clone().map(|w| tokio::spawn(w.run()));

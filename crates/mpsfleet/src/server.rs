@@ -29,6 +29,10 @@ pub struct ServerArgs {
     /// attempts each; see docs/api.md, "Events and webhook").
     #[arg(long)]
     webhook: Option<String>,
+    /// The secret webhook deliveries are signed with (64 hex digits); default
+    /// `<data dir>/webhook.secret`, made at the first start that needs it.
+    #[arg(long)]
+    webhook_secret_file: Option<PathBuf>,
     /// Longest a client may take to send a request's headers (docs/api.md, "Limits").
     #[arg(long, env = "MPSFLEET_HTTP_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
     http_header_timeout_ms: u64,
@@ -144,7 +148,20 @@ async fn serve(args: ServerArgs) -> Result<()> {
         idle_timeout: ms(args.http_idle_timeout_ms.max(1)),
         max_connections: args.http_max_connections,
     };
-    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, http, rate_limits };
+    let webhook_secret = match &args.webhook {
+        None => None,
+        Some(_) => {
+            let path = args
+                .webhook_secret_file
+                .clone()
+                .unwrap_or_else(|| args.data_dir.join(mpsfleet_server::WEBHOOK_SECRET_FILE));
+            Some(
+                mpsfleet_server::auth::webhook_secret(&path)
+                    .with_context(|| format!("cannot read or make the webhook secret {}", path.display()))?,
+            )
+        }
+    };
+    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, webhook_secret, http, rate_limits };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

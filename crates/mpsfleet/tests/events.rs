@@ -149,28 +149,39 @@ async fn a_silent_host_is_announced_on_the_event_stream() {
     assert_eq!(only["incident"]["id"], opened["incident"]["id"]);
 }
 
-/// The bodies a webhook received, with the request's number (from 0).
+/// The bodies a webhook received, with the request's number (from 0), and each request's
+/// timestamp and signature headers.
 type Received = Arc<Mutex<Vec<(u32, String)>>>;
+type Headers = Arc<Mutex<Vec<(String, String)>>>;
 
 /// A tiny HTTP server that records POST bodies; it answers 500 to the first request.
-fn hook_server() -> (u16, Received) {
+fn hook_server() -> (u16, Received, Headers) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
+    let signed = Arc::new(Mutex::new(Vec::new()));
+    let record_signed = signed.clone();
     std::thread::spawn(move || {
         for (n, stream) in listener.incoming().enumerate() {
             let Ok(mut stream) = stream else { continue };
             let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
             let mut reader = BufReader::new(stream.try_clone().unwrap());
             let mut len = 0usize;
+            let (mut timestamp, mut signature) = (String::new(), String::new());
             let mut line = String::new();
             while reader.read_line(&mut line).is_ok_and(|read| read > 0) && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
                     len = v.trim().parse().unwrap_or(0);
+                } else if let Some(v) = lower.strip_prefix("x-mpsfleet-timestamp:") {
+                    timestamp = v.trim().to_string();
+                } else if let Some(v) = lower.strip_prefix("x-mpsfleet-signature:") {
+                    signature = v.trim().to_string();
                 }
                 line.clear();
             }
+            record_signed.lock().unwrap().push((timestamp, signature));
             let mut body = vec![0; len];
             let _ = reader.read_exact(&mut body);
             let status = if n == 0 { "500 Internal Server Error" } else { "200 OK" };
@@ -178,12 +189,26 @@ fn hook_server() -> (u16, Received) {
             let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
         }
     });
-    (port, seen)
+    (port, seen, signed)
+}
+
+/// What a receiver checks: `v1=` HMAC-SHA256 of `<timestamp>.<body>` under the secret.
+fn signature(secret_hex: &str, timestamp: &str, body: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let key: Vec<u8> =
+        (0..64).step_by(2).map(|i| u8::from_str_radix(&secret_hex[i..i + 2], 16).unwrap()).collect();
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(&key);
+    let pad = |b: u8| block.map(|x| x ^ b);
+    let msg = format!("{timestamp}.{body}");
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(msg.as_bytes()).finalize();
+    let mac = Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize();
+    format!("v1={}", mac.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_gets_the_incident_after_a_retry() {
-    let (port, seen) = hook_server();
+    let (port, seen, signed) = hook_server();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{port}/hook");
     let server = Server::start_with(dir.path(), "127.0.0.1:0", &["--webhook", &url]);
@@ -200,6 +225,16 @@ async fn the_webhook_gets_the_incident_after_a_retry() {
         }
     })
     .await;
+    // Every delivery is signed with the data dir's webhook secret, over its timestamp and body.
+    let secret = std::fs::read_to_string(dir.path().join("webhook.secret")).unwrap();
+    let secret = secret.trim();
+    let headers = signed.lock().unwrap().clone();
+    for ((n, body), (timestamp, sig)) in bodies.iter().zip(&headers) {
+        assert_eq!(sig, &signature(secret, timestamp, body), "delivery {n} is not signed right");
+        let at: u64 = timestamp.parse().unwrap();
+        assert!(at > 1_700_000_000, "timestamp {at}");
+        assert_ne!(sig, &signature(secret, &(at - 400).to_string(), body), "the timestamp is covered");
+    }
     // The first delivery was refused with 500 and sent again.
     assert!(bodies.len() >= 2, "{bodies:?}");
     assert_eq!(bodies[0].1, bodies[1].1, "the refused event is retried as is");
