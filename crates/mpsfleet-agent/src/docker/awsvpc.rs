@@ -13,7 +13,9 @@
 //! of its namespace it would ignore SIGTERM.
 
 use super::spec::{self, container_name};
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, RestartPolicy, RestartPolicyNameEnum};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, RestartPolicy, RestartPolicyNameEnum,
+};
 use mpsfleet_types::{Task, TaskDefinition};
 use std::collections::HashMap;
 
@@ -98,7 +100,10 @@ pub fn pause_body(
         stop_timeout: Some(1),
         host_config: Some(HostConfig {
             network_mode: Some(network.to_string()),
-            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
             log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
         }),
