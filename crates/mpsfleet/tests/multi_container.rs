@@ -352,7 +352,7 @@ async fn process_stop_order_is_dependents_first_each_with_its_stop_timeout() {
         f.task_in(&id, TaskStatus::Running).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let asked =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i128;
+            i128::from(mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock)) * 1_000_000;
         f.admin.stop_task(&id.to_string(), Some("test".into())).await.unwrap();
         f.task_in(&id, TaskStatus::Stopped).await;
         let text = std::fs::read_to_string(&order).unwrap_or_default();
