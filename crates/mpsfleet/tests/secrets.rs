@@ -501,3 +501,34 @@ async fn repository_credentials_log_the_pull_in() {
     })
     .await;
 }
+
+/// A secret deleted after its task was run, before its container starts (it waits for another
+/// container to succeed), stops the task with a reason that names it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_deleted_before_its_container_starts_stops_the_task() {
+    within(async {
+        let fleet = Fleet::start("sec-late").await;
+        let name = "late-secret";
+        fleet.cli_ok(&["secret", "create", name, "--from-file", "-"], Some("v"));
+        fleet
+            .register(serde_json::json!({
+                "family": "sec-late",
+                "containerDefinitions": [
+                    {"name": "first", "image": fleet.docker.image, "essential": false,
+                     "command": ["sh", "-c", "sleep 4"]},
+                    {"name": "app", "image": fleet.docker.image, "command": ["sleep", "300"],
+                     "dependsOn": [{"containerName": "first", "condition": "SUCCESS"}],
+                     "secrets": [{"name": "S", "valueFrom": name}]}
+                ]
+            }))
+            .await;
+        let task = fleet.run("sec-late").await.unwrap().tasks.remove(0);
+        // "app" is launched once "first" has run for 4 s.
+        fleet.cli_ok(&["secret", "delete", name], None);
+        let stopped = fleet.task_in(&task.id, TaskStatus::Stopped).await;
+        let reason = format!("{:?} {:?}", stopped.stopped_reason, stopped.containers);
+        assert!(reason.contains(name) && reason.contains("secrets[0].valueFrom"), "{reason}");
+        assert_eq!(stopped.stop_code, Some(StopCode::TaskFailedToStart), "{reason}");
+    })
+    .await;
+}
