@@ -455,6 +455,39 @@ async fn pid_host_and_ipc_none() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pid_and_ipc_task_share_one_namespace_among_the_tasks_containers() {
+    within(async {
+        let f = Fleet::start("nstask", TaskPolicy::default(), 3600).await;
+        let image = f.docker.image.clone();
+        let d = serde_json::json!({
+            "family": "nstask", "pidMode": "task", "ipcMode": "task",
+            "containerDefinitions": [
+                {"name": "a", "image": image, "stopTimeout": 2,
+                 "command": ["/bin/sh", "-c", "echo from-a > /dev/shm/seen; exec sleep 301"]},
+                {"name": "b", "image": image, "stopTimeout": 2,
+                 "command": ["/bin/sh", "-c", "while [ ! -f /dev/shm/seen ]; do sleep 0.2; done; cat /dev/shm/seen; \
+                     if cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\000' ' ' | grep -q 'sleep 301'; then echo SEES-A; else echo NO-A; fi; \
+                     echo DONE; exec sleep 300"]}
+            ]
+        });
+        let t = f.running(d).await;
+        let b = container_id(&t, "b");
+        let out = f.output_with(&b, "DONE").await;
+        assert!(out.contains("from-a") && out.contains("SEES-A"), "{out}");
+        // Both join the task's pause container (Docker shows it by id).
+        let pause = format!("mpsfleet-{}-{}-.pause", f.host, t.id);
+        let holder = format!("container:{}", f.inspect(&pause, "{{.Id}}"));
+        for c in ["a", "b"] {
+            let id = container_id(&t, c);
+            assert_eq!(f.inspect(&id, "{{.HostConfig.PidMode}}"), holder);
+            assert_eq!(f.inspect(&id, "{{.HostConfig.IpcMode}}"), holder);
+        }
+        assert_eq!(f.inspect(&pause, "{{.HostConfig.IpcMode}}"), "shareable");
+    })
+    .await;
+}
+
 fn refusal(e: ClientError) -> (String, String) {
     match e {
         ClientError::Api { body, .. } => {

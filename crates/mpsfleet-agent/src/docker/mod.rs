@@ -713,7 +713,9 @@ impl DockerRuntime {
         } else {
             GpuWiring::DeviceRequests
         };
-        if l.definition.effective_network_mode() == mpsfleet_types::NetworkMode::Awsvpc {
+        if l.definition.effective_network_mode() == mpsfleet_types::NetworkMode::Awsvpc
+            || options::shares_namespaces(&l.definition)
+        {
             self.ensure_pause(l).map_err(|e| failed("CannotCreateContainerError", e))?;
         }
         let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
@@ -898,8 +900,17 @@ impl DockerRuntime {
             self.remove_by_name(&name)?;
         }
         self.ensure_pause_image()?;
-        let network = self.ensure_network()?;
-        let (_, body) = awsvpc::pause_body(&l.task, &l.definition, &self.inner.cfg.host_id, &network);
+        // An awsvpc task's pause container holds its network; another task's (pidMode or
+        // ipcMode task) holds only the PID and IPC namespaces, on the task's own network.
+        let mode = l.definition.effective_network_mode();
+        let network = match mode {
+            mpsfleet_types::NetworkMode::Awsvpc => self.ensure_network()?,
+            m => m.as_str().to_string(),
+        };
+        let (_, mut body) = awsvpc::pause_body(&l.task, &l.definition, &self.inner.cfg.host_id, &network);
+        if let Some(hc) = body.host_config.as_mut() {
+            options::pause_namespaces(&l.definition, hc);
+        }
         let created = self.block(
             "create pause container",
             CREATE_TIMEOUT,

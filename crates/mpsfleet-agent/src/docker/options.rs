@@ -273,3 +273,16 @@ fn cgroup_permissions(perms: &[String]) -> String {
 fn mib_to_bytes(mib: u64) -> i64 {
     i64::try_from(mib).unwrap_or(i64::MAX).saturating_mul(MIB)
 }
+
+/// Whether the task's containers share PID or IPC namespaces (`pidMode`/`ipcMode` `task`),
+/// held by its pause container.
+pub fn shares_namespaces(d: &TaskDefinition) -> bool {
+    d.pid_mode.as_deref() == Some("task") || d.ipc_mode.as_deref() == Some("task")
+}
+
+/// The pause container's IPC namespace is made shareable when the task's containers share it.
+pub fn pause_namespaces(d: &TaskDefinition, hc: &mut HostConfig) {
+    if d.ipc_mode.as_deref() == Some("task") {
+        hc.ipc_mode = Some("shareable".into());
+    }
+}

@@ -237,16 +237,21 @@ pub fn plan(members: &[Member<'_>], now_ms: u64) -> Plan {
     for m in members.iter().filter(|m| *m.life == ContainerLife::Waiting) {
         let mut all_met = true;
         let mut failure = None;
-        for d in &m.def.depends_on {
-            match judge(d.condition, by_name.get(d.container_name.as_str()).copied(), now_ms) {
+        // volumesFrom: the source container is made first (ECS's implicit CREATE dependency;
+        // here a container is created and started in one step, so START).
+        let implicit =
+            m.def.volumes_from.iter().map(|v| (DependencyCondition::Start, v.source_container.as_str()));
+        let deps = m.def.depends_on.iter().map(|d| (d.condition, d.container_name.as_str())).chain(implicit);
+        for (condition, name) in deps {
+            match judge(condition, by_name.get(name).copied(), now_ms) {
                 Verdict::Met => {}
                 Verdict::Pending => all_met = false,
                 Verdict::Never(unmet) => {
                     failure = Some(DependencyFailure {
                         container: m.def.name.clone(),
                         essential: m.def.essential,
-                        dependency: d.container_name.clone(),
-                        condition: d.condition,
+                        dependency: name.to_string(),
+                        condition,
                         unmet,
                     });
                     break;
@@ -272,9 +277,11 @@ pub fn stop_order(defs: &[ContainerDefinition]) -> Vec<Vec<String>> {
     let mut dependents: BTreeMap<&str, BTreeSet<&str>> =
         names.iter().map(|n| (*n, BTreeSet::new())).collect();
     for d in defs {
-        for dep in &d.depends_on {
-            if let Some(set) = dependents.get_mut(dep.container_name.as_str()) {
-                if dep.container_name != d.name {
+        // volumesFrom sources stop after the containers using their volumes, as ECS does.
+        let sources = d.volumes_from.iter().map(|v| v.source_container.as_str());
+        for dep in d.depends_on.iter().map(|dep| dep.container_name.as_str()).chain(sources) {
+            if let Some(set) = dependents.get_mut(dep) {
+                if dep != d.name {
                     set.insert(d.name.as_str());
                 }
             }
