@@ -432,12 +432,11 @@ pub(super) fn parse_container_options(obj: &Map<String, Value>, path: &str) -> R
     }
     if let Some(v) = obj.get("dnsServers") {
         let p = join(path, "dnsServers");
-        o.dns_servers = bounded_list(v, &p, MAX_DNS_ENTRIES, "DNS servers", |s, ip| check_ip(s, ip))?;
+        o.dns_servers = bounded_list(v, &p, MAX_DNS_ENTRIES, "DNS servers", check_ip)?;
     }
     if let Some(v) = obj.get("dnsSearchDomains") {
         let p = join(path, "dnsSearchDomains");
-        o.dns_search_domains =
-            bounded_list(v, &p, MAX_DNS_ENTRIES, "search domains", |s, ip| check_domain(s, ip))?;
+        o.dns_search_domains = bounded_list(v, &p, MAX_DNS_ENTRIES, "search domains", check_domain)?;
     }
     if let Some(v) = obj.get("extraHosts") {
         o.extra_hosts = parse_extra_hosts(v, &join(path, "extraHosts"))?;

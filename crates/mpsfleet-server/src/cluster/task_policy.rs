@@ -186,7 +186,8 @@ mod tests {
 
     #[test]
     fn each_option_is_refused_by_its_policy_field_and_allowed_by_it() {
-        let cases: Vec<(serde_json::Value, &str, &str, fn(&mut TaskPolicy))> = vec![
+        type Case = (serde_json::Value, &'static str, &'static str, fn(&mut TaskPolicy));
+        let cases: Vec<Case> = vec![
             (
                 container(json!({"privileged": true})),
                 "containerDefinitions[0].privileged",
