@@ -682,7 +682,10 @@ mod option_tests {
 
     #[test]
     fn volumes_from_names_the_other_containers_docker_name() {
-        let l = launch_of(json!({}), json!({"volumesFrom": [{"sourceContainer": "db"}, {"sourceContainer": "x", "readOnly": true}]}));
+        let l = launch_of(
+            json!({}),
+            json!({"volumesFrom": [{"sourceContainer": "db"}, {"sourceContainer": "x", "readOnly": true}]}),
+        );
         assert_eq!(
             hc_of(&l).volumes_from,
             strings(&["mpsfleet-h1-t-00000000000000aa-db", "mpsfleet-h1-t-00000000000000aa-x:ro"])
@@ -726,20 +729,36 @@ mod option_tests {
         assert_eq!(tmpfs.get("/t").map(String::as_str), Some("size=1m"));
         // Without linuxParameters: Docker's init stays, nothing else is set.
         let hc = hc_of(&launch_of(json!({}), json!({})));
-        assert_eq!((hc.init, hc.cap_add, hc.devices, hc.shm_size, hc.tmpfs), (Some(true), None, None, None, None));
-        assert_eq!(hc_of(&launch_of(json!({}), json!({"linuxParameters": {"initProcessEnabled": true}}))).init, Some(true));
+        assert_eq!(
+            (hc.init, hc.cap_add, hc.devices, hc.shm_size, hc.tmpfs),
+            (Some(true), None, None, None, None)
+        );
+        assert_eq!(
+            hc_of(&launch_of(json!({}), json!({"linuxParameters": {"initProcessEnabled": true}}))).init,
+            Some(true)
+        );
     }
 
     #[test]
     fn max_swap_and_swappiness_need_memory() {
-        let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"maxSwap": 50, "swappiness": 10}})));
-        assert_eq!((hc.memory, hc.memory_swap, hc.memory_swappiness), (Some(100 << 20), Some(150 << 20), Some(10)));
+        let hc = hc_of(&launch_of(
+            json!({}),
+            json!({"memory": 100, "linuxParameters": {"maxSwap": 50, "swappiness": 10}}),
+        ));
+        assert_eq!(
+            (hc.memory, hc.memory_swap, hc.memory_swappiness),
+            (Some(100 << 20), Some(150 << 20), Some(10))
+        );
         let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"maxSwap": 0}})));
         assert_eq!((hc.memory_swap, hc.memory_swappiness), (Some(100 << 20), Some(60)));
         let l = launch_of(json!({}), json!({"linuxParameters": {"maxSwap": 50, "swappiness": 10}}));
         let hc = hc_of(&l);
         assert_eq!((hc.memory_swap, hc.memory_swappiness), (None, None));
-        assert!(launch_notes(&l).iter().any(|n| n.contains("maxSwap is not applied")), "{:?}", launch_notes(&l));
+        assert!(
+            launch_notes(&l).iter().any(|n| n.contains("maxSwap is not applied")),
+            "{:?}",
+            launch_notes(&l)
+        );
         let hc = hc_of(&launch_of(json!({}), json!({"memory": 100, "linuxParameters": {"swappiness": 10}})));
         assert_eq!((hc.memory_swap, hc.memory_swappiness), (None, None));
     }
@@ -762,10 +781,7 @@ mod option_tests {
                 ResourcesUlimits { name: Some("memlock".into()), soft: Some(-1), hard: Some(-1) },
             ])
         );
-        assert_eq!(
-            hc.sysctls,
-            Some(HashMap::from([("net.core.somaxconn".to_string(), "1024".to_string())]))
-        );
+        assert_eq!(hc.sysctls, Some(HashMap::from([("net.core.somaxconn".to_string(), "1024".to_string())])));
         assert_eq!((hc.privileged, hc.readonly_rootfs), (Some(true), Some(true)));
         let hc = hc_of(&launch_of(json!({}), json!({})));
         assert_eq!((hc.ulimits, hc.sysctls, hc.privileged, hc.readonly_rootfs), (None, None, None, None));
