@@ -304,14 +304,24 @@ pub fn stop_order(defs: &[ContainerDefinition]) -> Vec<Vec<String>> {
     waves
 }
 
-/// A cycle of `dependsOn` among the containers, as the indexes of the containers along it with
-/// the first repeated at the end (`[0, 2, 0]`: container 0 depends on 2, which depends on 0).
+/// A cycle of `dependsOn` (and `volumesFrom`) among the containers, as the indexes of the
+/// containers along it with the first repeated at the end (`[0, 2, 0]`: container 0 depends on
+/// 2, which depends on 0).
 /// Dependencies on names that are not containers of the task are skipped (checked apart).
 pub fn find_cycle(defs: &[ContainerDefinition]) -> Option<Vec<usize>> {
     let index: BTreeMap<&str, usize> = defs.iter().enumerate().map(|(i, d)| (d.name.as_str(), i)).collect();
+    // Its `dependsOn` and its `volumesFrom` sources (which start first too).
     let edges: Vec<Vec<usize>> = defs
         .iter()
-        .map(|d| d.depends_on.iter().filter_map(|x| index.get(x.container_name.as_str()).copied()).collect())
+        .map(|d| {
+            let sources = d.volumes_from.iter().map(|v| v.source_container.as_str());
+            d.depends_on
+                .iter()
+                .map(|x| x.container_name.as_str())
+                .chain(sources)
+                .filter_map(|n| index.get(n).copied())
+                .collect()
+        })
         .collect();
     // 0: not seen, 1: on the current path, 2: done.
     let mut mark = vec![0u8; defs.len()];
@@ -609,5 +619,10 @@ mod tests {
             def("c", true, &[], None),
         ];
         assert_eq!(find_cycle(&dag), None);
+        // volumesFrom orders as a dependency does.
+        let mut vf = [def("a", true, &[], None), def("b", true, &[("a", C::Start)], None)];
+        vf[0].volumes_from =
+            vec![mpsfleet_types::VolumeFrom { source_container: "b".into(), read_only: false }];
+        assert_eq!(find_cycle(&vf), Some(vec![0, 1, 0]));
     }
 }

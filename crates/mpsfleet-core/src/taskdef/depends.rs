@@ -124,10 +124,20 @@ pub(super) fn check_graph(containers: &[ContainerDefinition], list_path: &str) -
         let first = cycle[0];
         let names: Vec<&str> = cycle.iter().map(|&i| containers[i].name.as_str()).collect();
         let next = &containers[cycle[1]].name;
-        let j = containers[first].depends_on.iter().position(|d| d.container_name == *next).unwrap_or(0);
+        let c = &containers[first];
+        let field = match c.depends_on.iter().position(|d| d.container_name == *next) {
+            Some(j) => format!("{list_path}[{first}].dependsOn[{j}].containerName"),
+            None => {
+                let k = c.volumes_from.iter().position(|v| v.source_container == *next).unwrap_or(0);
+                format!("{list_path}[{first}].volumesFrom[{k}].sourceContainer")
+            }
+        };
         return Err(err(
-            format!("{list_path}[{first}].dependsOn[{j}].containerName"),
-            format!("the containers' dependsOn form a cycle: {}", names.join(" -> ")),
+            field,
+            format!(
+                "the containers' dependsOn (and volumesFrom) form a cycle: {}; none could start",
+                names.join(" -> ")
+            ),
         ));
     }
     Ok(())
@@ -246,6 +256,13 @@ mod tests {
             (
                 task(&[("a", true, dep("b", "START")), ("b", true, dep("c", "START")), ("c", true, dep("a", "START"))]),
                 refused(format!("{p0}.dependsOn[0].containerName"), &["form a cycle: a -> b -> c -> a"]),
+            ),
+            (
+                task(&[
+                    ("a", true, json!({"volumesFrom": [{"sourceContainer": "b"}]})),
+                    ("b", true, dep("a", "START")),
+                ]),
+                refused(format!("{p0}.volumesFrom[0].sourceContainer"), &["form a cycle: a -> b -> a"]),
             ),
             (
                 task(&[("x", true, dep("a", "START")), ("a", true, dep("b", "START")), ("b", true, dep("a", "START"))]),
