@@ -1096,7 +1096,9 @@ impl DockerRuntime {
                 (c, removed)
             })
             .collect();
-        match self.remove_task_volumes_left() {
+        let removed: HashSet<String> =
+            removals.iter().filter(|(_, r)| r.is_ok()).map(|(c, _)| c.task_id.clone()).collect();
+        match self.remove_task_volumes_left(&removed) {
             Ok(v) if !v.is_empty() => tracing::info!(volumes = ?v, "removed the volumes of removed tasks"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot remove the volumes of removed tasks"),

@@ -12,6 +12,11 @@ use mpsfleet_types::RuntimePlugins;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+/// A task volume whose task has no container is removed with the task's last container, or,
+/// left by a launch that never made its container (an agent stopped in between), once it is
+/// this old: a younger one may belong to a launch in progress.
+pub const ORPHAN_VOLUME_AGE: Duration = Duration::from_secs(10 * 60);
+
 /// The most driver names of each kind kept from the engine's answer (the server bounds them too).
 pub const MAX_PLUGINS: usize = 64;
 
@@ -92,9 +97,10 @@ impl DockerRuntime {
         Ok(())
     }
 
-    /// Removes this host's task-scoped volumes whose task has no container left; each failure
-    /// is logged and tried again at the next call.
-    pub fn remove_task_volumes_left(&self) -> Result<Vec<String>, DockerError> {
+    /// Removes this host's task-scoped volumes whose task has no container left: those of the
+    /// tasks in `ended` (whose containers were just removed), and any older than
+    /// [`ORPHAN_VOLUME_AGE`]. Each failure is logged and tried again at the next call.
+    pub fn remove_task_volumes_left(&self, ended: &HashSet<String>) -> Result<Vec<String>, DockerError> {
         let host = self.inner.cfg.host_id.clone();
         let filters = HashMap::from([(
             "label".to_string(),
@@ -114,6 +120,15 @@ impl DockerRuntime {
         for v in volumes {
             let Some(task) = v.labels.get(spec::LABEL_TASK) else { continue };
             if live.contains(task) {
+                continue;
+            }
+            // The creation time as Docker writes it, whatever type the client gives it.
+            let created_ms = serde_json::to_value(&v.created_at)
+                .ok()
+                .and_then(|c| c.as_str().and_then(super::parse_docker_time));
+            let old = created_ms
+                .is_some_and(|c| super::now_ms().saturating_sub(c) >= ORPHAN_VOLUME_AGE.as_millis() as u64);
+            if !ended.contains(task) && !old {
                 continue;
             }
             match self.block(
