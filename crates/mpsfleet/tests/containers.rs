@@ -404,6 +404,10 @@ fn host_port_web(family: &str, image: &str, port: u16) -> serde_json::Value {
 async fn two_tasks_needing_one_static_host_port_land_on_different_hosts() {
     within(async {
         let f = Fleet::start("static", 2, &[]).await;
+        // Host networking is the pool's to allow (docs/pools.md "Task policy").
+        let policy = TaskPolicy { allow_host_network: true, ..Default::default() };
+        let update = UpdatePool { task_policy: Some(policy), ..Default::default() };
+        f.admin.update_pool("static", &update).await.unwrap();
         let port = free_port();
         f.register(host_port_web("static", &f.docker.image, port)).await;
         // Placed in one call: two hosts hold the port, the third task has none left.
