@@ -178,7 +178,8 @@ pub enum PoolCommand {
         /// default: they run as an unprivileged user of their own (docs/security.md).
         #[arg(long, value_name = "BOOL")]
         allow_task_users: Option<bool>,
-        /// JSON with any of healthPolicy, remediationPolicy and provider (see docs/pools.md).
+        /// JSON with any of healthPolicy, remediationPolicy, provider and taskPolicy (see
+        /// docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
