@@ -190,6 +190,7 @@ mod taskdef {
         // dependsOn is honoured: the worker starts once the log router has started.
         assert!(!has_ignored(&p, "containerDefinitions[0].dependsOn"), "{:?}", p.ignored_fields);
         assert_eq!(d.container_definitions[0].depends_on[0].container_name, "log-router");
+        assert!(has_ignored(&p, "executionRoleArn"), "{:?}", p.ignored_fields);
         // Secrets and the log driver are honoured: the secrets by their ARN names.
         for f in ["containerDefinitions[0].logConfiguration", "containerDefinitions[0].secrets"] {
             assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
@@ -201,11 +202,6 @@ mod taskdef {
             "arn:aws:secretsmanager:us-east-1:111122223333:secret:db-url-AbCdEf"
         );
         assert_eq!(worker.log_configuration.as_ref().map(|l| l.log_driver.as_str()), Some("awslogs"));
-        for f in [
-            "executionRoleArn",
-        ] {
-            assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
-        }
         // Volumes and mount points are honoured: a host path and a volume of the task.
         for f in ["containerDefinitions[0].mountPoints", "volumes"] {
             assert!(!has_ignored(&p, f), "{f} in {:?}", p.ignored_fields);
