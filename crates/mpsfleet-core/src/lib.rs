@@ -9,5 +9,5 @@ pub mod health;
 pub mod lifecycle;
 pub mod remediation;
 pub mod scheduler;
-pub mod taskdef;
 pub mod task_size;
+pub mod taskdef;

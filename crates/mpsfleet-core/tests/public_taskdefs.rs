@@ -236,12 +236,7 @@ mod taskdef {
         assert_eq!(c.cpu, Some(0));
         assert!(c.port_mappings.is_empty() && c.environment.is_empty());
         assert_eq!(images(&p), ["busybox:1.36"]);
-        for f in [
-            "taskDefinitionArn",
-            "revision",
-            "status",
-            "compatibilities",
-        ] {
+        for f in ["taskDefinitionArn", "revision", "status", "compatibilities"] {
             assert!(has_ignored(&p, f), "{f} not in {:?}", p.ignored_fields);
         }
     }

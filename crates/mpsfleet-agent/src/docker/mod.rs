@@ -832,7 +832,11 @@ impl DockerRuntime {
             return Ok(id);
         }
         let made = self
-            .block("create network", CREATE_TIMEOUT, self.inner.docker.create_network(awsvpc::network_request()))?
+            .block(
+                "create network",
+                CREATE_TIMEOUT,
+                self.inner.docker.create_network(awsvpc::network_request()),
+            )?
             .id;
         let oldest = list()?.into_iter().next().map(|(_, id)| id).unwrap_or_else(|| made.clone());
         if oldest != made {
@@ -869,7 +873,8 @@ impl DockerRuntime {
         let socket = self.inner.cfg.socket.clone();
         self.run(async move {
             let work = async {
-                let mut stream = docker.create_image(Some(options), Some(bollard::body_full(tar.into())), None);
+                let mut stream =
+                    docker.create_image(Some(options), Some(bollard::body_full(tar.into())), None);
                 while let Some(item) = stream.next().await {
                     let info = item.map_err(|e| map_err(&socket, "import pause image", e))?;
                     if let Some(detail) = info.error_detail {
@@ -881,7 +886,9 @@ impl DockerRuntime {
             };
             match tokio::time::timeout(CREATE_TIMEOUT, work).await {
                 Ok(r) => r,
-                Err(_) => Err(DockerError::Timeout { what: "import pause image".into(), after: CREATE_TIMEOUT }),
+                Err(_) => {
+                    Err(DockerError::Timeout { what: "import pause image".into(), after: CREATE_TIMEOUT })
+                }
             }
         })?;
         tracing::info!(image = %reference, "imported the pause image for awsvpc tasks");
@@ -914,9 +921,10 @@ impl DockerRuntime {
         let created = self.block(
             "create pause container",
             CREATE_TIMEOUT,
-            self.inner
-                .docker
-                .create_container(Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }), body),
+            self.inner.docker.create_container(
+                Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }),
+                body,
+            ),
         )?;
         if let Err(e) = self.block(
             "start pause container",

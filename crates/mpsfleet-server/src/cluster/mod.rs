@@ -6,6 +6,7 @@
 //! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
 //! queues, indexes) is recomputed from the records rather than stored.
 
+mod audit;
 mod health;
 mod introspect;
 mod logs;
@@ -18,7 +19,6 @@ mod secrets;
 mod task_policy;
 mod tasks;
 mod tokens;
-mod audit;
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
@@ -26,12 +26,12 @@ pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
 pub use operator::OperatorOutcome;
-pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
 pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
 pub use retention::{
     FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS, MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS,
     RESOLVED_INCIDENT_RETENTION_MS, SCHEMA_VERSION, STOPPED_TASK_RETENTION_MS,
 };
+pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
 
 use crate::auth::{self, Principal};
 use crate::error::ApiError;
