@@ -170,7 +170,7 @@ mod taskdef {
             "tags": [],
             "containerDefinitions": [
                 container(json!({"image": "x", "workingDirectory": "/w", "interactive": false})),
-                container(json!({"name": "b", "privileged": false}))
+                container(json!({"name": "b", "links": ["a"]}))
             ]
         })
         .to_string());
@@ -178,12 +178,7 @@ mod taskdef {
         got.sort();
         assert_eq!(
             got,
-            [
-                "containerDefinitions[0].interactive",
-                "containerDefinitions[1].privileged",
-                "tags",
-                "taskRoleArn",
-            ]
+            ["containerDefinitions[0].interactive", "containerDefinitions[1].links", "tags", "taskRoleArn",]
         );
     }
 
@@ -794,17 +789,10 @@ mod taskdef {
         assert_eq!(d.gpu_demand(), GpuDemand::Whole { count: 1 });
         let mut ignored = p.ignored_fields.clone();
         ignored.sort();
-        assert_eq!(
-            ignored,
-            [
-                "containerDefinitions[0].logConfiguration",
-                "cpu",
-                "executionRoleArn",
-                "memory",
-                "requiresCompatibilities",
-                "taskRoleArn",
-            ]
-        );
+        assert_eq!(ignored, ["executionRoleArn", "requiresCompatibilities", "taskRoleArn"]);
+        // Honoured now: the task's size and the log driver.
+        assert_eq!((d.cpu.as_deref(), d.memory.as_deref()), (Some("4096"), Some("16384")));
+        assert_eq!(server.log_configuration.as_ref().map(|l| l.log_driver.as_str()), Some("awslogs"));
     }
 
     #[test]
