@@ -887,8 +887,23 @@ impl State {
                 None
             }
             Transition::Unhealthy { reason } => {
-                local.rec.health = TaskHealth::Unhealthy;
-                Some((StopCode::Unhealthy, format!("health check of container {container} failed: {reason}")))
+                let essential = local
+                    .rec
+                    .definition
+                    .container_definitions
+                    .iter()
+                    .any(|c| c.name == container && c.essential);
+                if essential {
+                    local.rec.health = TaskHealth::Unhealthy;
+                    Some((
+                        StopCode::Unhealthy,
+                        format!("health check of container {container} failed: {reason}"),
+                    ))
+                } else {
+                    // As in ECS, only essential containers make the task unhealthy.
+                    tracing::info!(task.id = %id, container, %reason, "health check of a non-essential container failed");
+                    None
+                }
             }
         };
         local.rec.ready = local.not_ready.is_empty() && local.starting.is_empty();

@@ -328,6 +328,34 @@ async fn process_non_essential_exit_leaves_the_task_running_an_essential_one_sto
     .await;
 }
 
+/// As in ECS, only essential containers' health checks decide the task's health: a
+/// non-essential sidecar whose check keeps failing leaves the task RUNNING and not unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_a_failing_health_check_of_a_non_essential_container_leaves_the_task_running() {
+    within(async {
+        let f = Fleet::processes().await;
+        let checked = f.at("side.checked");
+        let side = with(
+            sh("side", false, "sleep 60"),
+            json!({"healthCheck": {"command": ["CMD-SHELL", format!("touch {checked}; false")],
+                   "interval": 5, "timeout": 2, "retries": 1, "startPeriod": 0}}),
+        );
+        let app = sh("app", true, "sleep 60");
+        let id = f.run(json!({"family": "sick-sidecar", "containerDefinitions": [side, app]})).await;
+        f.task_in(&id, TaskStatus::Running).await;
+        // The check ran and failed (more than once: retries 1, interval 5 s).
+        eventually(WAIT, "the sidecar's check to run", || async {
+            std::fs::metadata(&checked).ok().map(|_| ())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let task = f.describe(&id).await;
+        assert_eq!(task.last_status, TaskStatus::Running, "{task:?}\n{}", f.logs());
+        assert!(task.stop_code.is_none(), "{task:?}");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_stop_order_is_dependents_first_each_with_its_stop_timeout() {
     within(async {
