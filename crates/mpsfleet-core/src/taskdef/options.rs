@@ -183,10 +183,7 @@ const DEVICE_PERMISSIONS: &[&str] = &["read", "write", "mknod"];
 
 /// `volumes`: each with a unique name and at most one kind.
 pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>) -> Result<Vec<Volume>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_VOLUMES {
-        return Err(err(path, format!("must have at most {MAX_VOLUMES} volumes, got {}", list.len())));
-    }
+    let list = bounded_array(value, path, MAX_VOLUMES, "volumes")?;
     let mut out: Vec<Volume> = Vec::with_capacity(list.len());
     let mut names: HashMap<String, usize> = HashMap::new();
     for (i, entry) in list.iter().enumerate() {
@@ -463,6 +460,15 @@ pub(super) fn parse_container_options(obj: &Map<String, Value>, path: &str) -> R
 }
 
 /// A list of at most `max` strings, each checked by `check`.
+/// `value` as an array of at most `max` entries; the error names `path` and the bound.
+fn bounded_array<'a>(value: &'a Value, path: &str, max: usize, what: &str) -> Result<&'a Vec<Value>> {
+    let list = as_array(value, path)?;
+    if list.len() > max {
+        return Err(err(path, format!("must have at most {max} {what}, got {}", list.len())));
+    }
+    Ok(list)
+}
+
 fn bounded_list(
     value: &Value,
     path: &str,
@@ -470,10 +476,7 @@ fn bounded_list(
     what: &str,
     check: impl Fn(&str, &str) -> Result<()>,
 ) -> Result<Vec<String>> {
-    let list = as_array(value, path)?;
-    if list.len() > max {
-        return Err(err(path, format!("must have at most {max} {what}, got {}", list.len())));
-    }
+    let list = bounded_array(value, path, max, what)?;
     list.iter()
         .enumerate()
         .map(|(k, v)| {
@@ -506,13 +509,7 @@ fn check_domain(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_MOUNT_POINTS {
-        return Err(err(
-            path,
-            format!("must have at most {MAX_MOUNT_POINTS} mount points, got {}", list.len()),
-        ));
-    }
+    let list = bounded_array(value, path, MAX_MOUNT_POINTS, "mount points")?;
     let mut out: Vec<MountPoint> = Vec::with_capacity(list.len());
     let mut at: HashMap<String, usize> = HashMap::new();
     for (k, entry) in list.iter().enumerate() {
@@ -545,10 +542,7 @@ fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
 }
 
 fn parse_volumes_from(value: &Value, path: &str) -> Result<Vec<VolumeFrom>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_VOLUMES_FROM {
-        return Err(err(path, format!("must have at most {MAX_VOLUMES_FROM} entries, got {}", list.len())));
-    }
+    let list = bounded_array(value, path, MAX_VOLUMES_FROM, "entries")?;
     let mut out: Vec<VolumeFrom> = Vec::with_capacity(list.len());
     for (k, entry) in list.iter().enumerate() {
         let p = format!("{path}[{k}]");
@@ -629,10 +623,7 @@ fn check_capability(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_devices(value: &Value, path: &str) -> Result<Vec<Device>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_DEVICES {
-        return Err(err(path, format!("must have at most {MAX_DEVICES} devices, got {}", list.len())));
-    }
+    let list = bounded_array(value, path, MAX_DEVICES, "devices")?;
     let mut out = Vec::with_capacity(list.len());
     for (k, entry) in list.iter().enumerate() {
         let p = format!("{path}[{k}]");
@@ -674,10 +665,7 @@ fn parse_devices(value: &Value, path: &str) -> Result<Vec<Device>> {
 }
 
 fn parse_tmpfs(value: &Value, path: &str) -> Result<Vec<Tmpfs>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_TMPFS {
-        return Err(err(path, format!("must have at most {MAX_TMPFS} tmpfs mounts, got {}", list.len())));
-    }
+    let list = bounded_array(value, path, MAX_TMPFS, "tmpfs mounts")?;
     let mut out: Vec<Tmpfs> = Vec::with_capacity(list.len());
     let mut at: HashMap<String, usize> = HashMap::new();
     for (k, entry) in list.iter().enumerate() {
@@ -740,13 +728,7 @@ fn check_tmpfs_option(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_ulimits(value: &Value, path: &str) -> Result<Vec<Ulimit>> {
-    let list = as_array(value, path)?;
-    if list.len() > ULIMIT_NAMES.len() {
-        return Err(err(
-            path,
-            format!("must have at most {} ulimits (one per name), got {}", ULIMIT_NAMES.len(), list.len()),
-        ));
-    }
+    let list = bounded_array(value, path, ULIMIT_NAMES.len(), "ulimits (one per name)")?;
     let mut out: Vec<Ulimit> = Vec::with_capacity(list.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (k, entry) in list.iter().enumerate() {
@@ -793,13 +775,7 @@ fn parse_ulimits(value: &Value, path: &str) -> Result<Vec<Ulimit>> {
 }
 
 fn parse_system_controls(value: &Value, path: &str) -> Result<Vec<SystemControl>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_SYSTEM_CONTROLS {
-        return Err(err(
-            path,
-            format!("must have at most {MAX_SYSTEM_CONTROLS} system controls, got {}", list.len()),
-        ));
-    }
+    let list = bounded_array(value, path, MAX_SYSTEM_CONTROLS, "system controls")?;
     let mut out: Vec<SystemControl> = Vec::with_capacity(list.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (k, entry) in list.iter().enumerate() {
@@ -843,13 +819,7 @@ fn parse_system_controls(value: &Value, path: &str) -> Result<Vec<SystemControl>
 }
 
 fn parse_extra_hosts(value: &Value, path: &str) -> Result<Vec<ExtraHost>> {
-    let list = as_array(value, path)?;
-    if list.len() > MAX_EXTRA_HOSTS {
-        return Err(err(
-            path,
-            format!("must have at most {MAX_EXTRA_HOSTS} extra hosts, got {}", list.len()),
-        ));
-    }
+    let list = bounded_array(value, path, MAX_EXTRA_HOSTS, "extra hosts")?;
     let mut out = Vec::with_capacity(list.len());
     for (k, entry) in list.iter().enumerate() {
         let p = format!("{path}[{k}]");
