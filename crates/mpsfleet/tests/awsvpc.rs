@@ -9,19 +9,11 @@ mod common;
 use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::*;
-use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-const TEST_LIMIT: Duration = Duration::from_secs(300);
-
-async fn within(body: impl Future<Output = ()>) {
-    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
-        panic!("the test did not finish within {TEST_LIMIT:?}");
-    }
-}
 
 /// A server, one pool and one docker agent (stopped containers removed after 3 s). Dropping
 /// it stops the agent and removes whatever container of its host is left.

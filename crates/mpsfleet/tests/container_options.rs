@@ -8,17 +8,9 @@ mod common;
 use common::*;
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_types::*;
-use std::future::Future;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-const TEST_LIMIT: Duration = Duration::from_secs(300);
-
-async fn within(body: impl Future<Output = ()>) {
-    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
-        panic!("the test did not finish within {TEST_LIMIT:?}");
-    }
-}
 
 /// A server, one pool with `policy` and one Docker agent in it. Dropping it stops the agent and removes what is left of its
 /// containers and task volumes.

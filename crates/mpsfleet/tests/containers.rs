@@ -9,22 +9,12 @@ use common::*;
 use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::api::RunTaskResponse;
 use mpsfleet_types::*;
-use std::future::Future;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-/// The most any one test may take.
-const TEST_LIMIT: Duration = Duration::from_secs(300);
-
-/// Runs a test body under [`TEST_LIMIT`]; dropping the body on timeout cleans its fleet up.
-async fn within(body: impl Future<Output = ()>) {
-    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
-        panic!("the test did not finish within {TEST_LIMIT:?}");
-    }
-}
 
 /// A server, one pool and docker agents in it. Dropping it stops the agents (they stop their
 /// tasks on exit) and then removes whatever container of its hosts is left.

@@ -13,19 +13,10 @@ use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::*;
 use serde_json::{json, Value};
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-/// The most any one test may take.
-const TEST_LIMIT: Duration = Duration::from_secs(300);
-
-async fn within(body: impl Future<Output = ()>) {
-    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
-        panic!("the test did not finish within {TEST_LIMIT:?}");
-    }
-}
 
 /// A server, pool `gpu` and one agent (processes with the in-process MPS model, or Docker).
 struct Fleet {

@@ -8,7 +8,6 @@ use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::api::RunTaskResponse;
 use mpsfleet_types::*;
-use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,13 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-const TEST_LIMIT: Duration = Duration::from_secs(300);
-
-async fn within(body: impl Future<Output = ()>) {
-    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
-        panic!("the test did not finish within {TEST_LIMIT:?}");
-    }
-}
 
 /// A value no other test or fixture holds.
 fn unique_value(what: &str) -> String {

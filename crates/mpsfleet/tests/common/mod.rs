@@ -499,3 +499,13 @@ pub fn task_writable_dir(dir: &Path) -> PathBuf {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     shared
 }
+
+/// The most one container test may take: past it, it fails saying so rather than hanging.
+pub const TEST_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs `body`, failing the test if it takes more than [`TEST_LIMIT`].
+pub async fn within(body: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(TEST_LIMIT, body).await.is_err() {
+        panic!("the test did not finish within {TEST_LIMIT:?}");
+    }
+}
