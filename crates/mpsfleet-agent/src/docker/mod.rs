@@ -716,7 +716,7 @@ impl DockerRuntime {
         if l.definition.effective_network_mode() == mpsfleet_types::NetworkMode::Awsvpc
             || options::shares_namespaces(&l.definition)
         {
-            self.ensure_pause(l).map_err(|e| failed("CannotCreateContainerError", e))?;
+            self.ensure_pause_retried(l).map_err(|e| failed("CannotCreateContainerError", e))?;
         }
         let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
         body.image = Some(reference.clone());
@@ -897,6 +897,57 @@ impl DockerRuntime {
 
     /// Makes sure the task's pause container runs: one that runs is kept (another container
     /// of the task made it, or it was adopted); one that does not is replaced.
+    /// [`DockerRuntime::ensure_pause`], tried again while another agent of the engine is
+    /// removing the copy of the awsvpc network it made at the same moment as this one: while
+    /// two networks share the name, Docker refuses to start a container on either ("network
+    /// mpsfleet-awsvpc is ambiguous").
+    fn ensure_pause_retried(&self, l: &DockerLaunch) -> Result<(), DockerError> {
+        let mut attempt = 0;
+        loop {
+            match self.ensure_pause(l) {
+                Err(e) if attempt < 5 && e.to_string().contains("is ambiguous") => {
+                    attempt += 1;
+                    tracing::debug!(attempt, error = %e, "the awsvpc network has a twin for now; trying again");
+                    self.remove_network_twins();
+                    std::thread::sleep(Duration::from_millis(200 * attempt));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Removes every awsvpc network but the oldest that no container uses (what a crash
+    /// between making a twin and removing it leaves behind).
+    fn remove_network_twins(&self) {
+        use bollard::query_parameters::ListNetworksOptions;
+        let filters = HashMap::from([("name".to_string(), vec![awsvpc::NETWORK_NAME.to_string()])]);
+        let Ok(nets) = self.block(
+            "list networks",
+            LIST_TIMEOUT,
+            self.inner.docker.list_networks(Some(ListNetworksOptions { filters: Some(filters) })),
+        ) else {
+            return;
+        };
+        let mut ours: Vec<(u64, String)> = nets
+            .into_iter()
+            .filter(|n| n.name.as_deref() == Some(awsvpc::NETWORK_NAME))
+            .filter_map(|n| {
+                Some((n.created.as_deref().and_then(parse_docker_time).unwrap_or(u64::MAX), n.id?))
+            })
+            .collect();
+        ours.sort();
+        for (_, id) in ours.into_iter().skip(1) {
+            let used = self
+                .block("inspect network", INSPECT_TIMEOUT, self.inner.docker.inspect_network(&id, None))
+                .ok()
+                .and_then(|n| n.containers)
+                .is_some_and(|c| !c.is_empty());
+            if !used {
+                let _ = self.block("remove network", REMOVE_TIMEOUT, self.inner.docker.remove_network(&id));
+            }
+        }
+    }
+
     fn ensure_pause(&self, l: &DockerLaunch) -> Result<(), DockerError> {
         let _lock = self.inner.awsvpc.lock().unwrap_or_else(|p| p.into_inner());
         let name = awsvpc::pause_name(&self.inner.cfg.host_id, &l.task.id.to_string());
