@@ -206,6 +206,22 @@ struct Record {
 }
 
 impl Record {
+    /// A task just assigned: PENDING, nothing known of its health or user yet.
+    fn new(task: Task, definition: TaskDefinition) -> Self {
+        Record {
+            task,
+            definition,
+            status: TaskStatus::Pending,
+            health: TaskHealth::Unknown,
+            ready: false,
+            stop_code: None,
+            reason: None,
+            reported: None,
+            task_user: None,
+            shared_uid: false,
+        }
+    }
+
     fn current(&self) -> Reported {
         Reported { status: self.status, health: self.health, ready: self.ready }
     }
@@ -538,18 +554,7 @@ impl State {
                 tracing::error!(task.id = %t.id, taskdef = %t.task_definition, "assignment without its task definition");
                 continue;
             };
-            let mut rec = Record {
-                task: t.clone(),
-                definition: (*def).clone(),
-                status: TaskStatus::Pending,
-                health: TaskHealth::Unknown,
-                ready: false,
-                stop_code: None,
-                reason: None,
-                reported: None,
-                task_user: None,
-                shared_uid: false,
-            };
+            let mut rec = Record::new(t.clone(), (*def).clone());
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;
                 rec.stop_code = Some(t.stop_code.unwrap_or(StopCode::UserInitiated));
@@ -1793,18 +1798,7 @@ mod tests {
         let mut task =
             Task::new(TaskId(id), def.reference(), PoolName::new("gpu").unwrap(), None, "run:test".into(), 0);
         task.gpu_ids = gpu.map(|g| vec![GpuUuid::new(g).unwrap()]).unwrap_or_default();
-        Record {
-            task,
-            definition: def,
-            status: TaskStatus::Pending,
-            health: TaskHealth::Unknown,
-            ready: false,
-            stop_code: None,
-            reason: None,
-            reported: None,
-            task_user: None,
-            shared_uid: false,
-        }
+        Record::new(task, def)
     }
 
     /// Picks for `rec` as [`State::choose_user`] does, then records the pick in `tasks` (as a

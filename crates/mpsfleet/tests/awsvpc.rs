@@ -80,22 +80,7 @@ impl Fleet {
     }
 
     async fn task_in(&self, id: &TaskId, status: TaskStatus) -> Task {
-        let what = format!("task {id} to be {}", status.as_str());
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Ok(t) = self.admin.describe_task(&id.to_string()).await {
-                if t.last_status == status {
-                    return t;
-                }
-                assert!(
-                    !(t.last_status == TaskStatus::Stopped && status != TaskStatus::Stopped),
-                    "waiting for {what}, it stopped: {t:?}\n{}",
-                    self.logs()
-                );
-            }
-            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}\n{}", self.logs());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        task_reaching(&self.admin, id, status, WAIT, |_| true, || self.logs()).await
     }
 
     /// Ids of the host's containers, running or not (the pause containers too).

@@ -99,27 +99,7 @@ impl Fleet {
     }
 
     async fn task_in(&self, id: &TaskId, status: TaskStatus) -> Task {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Ok(t) = self.admin.describe_task(&id.to_string()).await {
-                if t.last_status == status {
-                    return t;
-                }
-                assert!(
-                    !(t.last_status == TaskStatus::Stopped && status != TaskStatus::Stopped),
-                    "waiting for task {id} to be {}, it stopped: {t:?}\n{}",
-                    status.as_str(),
-                    self.logs()
-                );
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for task {id} to be {}\n{}",
-                status.as_str(),
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        task_reaching(&self.admin, id, status, WAIT, |_| true, || self.logs()).await
     }
 
     /// `path` in the shared directory, for a container's command.

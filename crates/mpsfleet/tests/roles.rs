@@ -184,7 +184,6 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         log.iter().all(|e| !e.action.starts_with("GET ") && !e.target.starts_with("/v1/agent/")),
         "{log:#?}"
     );
-    assert!(log
-        .iter()
-        .all(|e| e.role != Role::Viewer || e.result.contains("Forbidden") || e.result.starts_with("ok")));
+    // A call its role may not make is refused before it reaches the cluster: no entry.
+    assert!(log.iter().all(|e| e.role != Role::Viewer), "{log:#?}");
 }

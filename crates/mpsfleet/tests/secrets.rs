@@ -133,25 +133,7 @@ impl Fleet {
     }
 
     async fn task_in(&self, id: &TaskId, status: TaskStatus) -> Task {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Ok(t) = self.admin.describe_task(&id.to_string()).await {
-                if t.last_status == status {
-                    return t;
-                }
-                assert!(
-                    !(t.last_status == TaskStatus::Stopped && status != TaskStatus::Stopped),
-                    "task {id} stopped: {t:?}\n{}",
-                    self.agent_log()
-                );
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "task {id} never {status:?}\n{}",
-                self.agent_log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        task_reaching(&self.admin, id, status, WAIT, |_| true, || self.agent_log()).await
     }
 
     async fn output_with(&self, id: &TaskId, needle: &str) -> String {

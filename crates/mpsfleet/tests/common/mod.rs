@@ -509,3 +509,31 @@ pub async fn within(body: impl std::future::Future<Output = ()>) {
         panic!("the test did not finish within {TEST_LIMIT:?}");
     }
 }
+
+/// Waits up to `limit` for task `id` to be in `status` with `also` true of it, and fails at
+/// once (with `logs()`) if it stops while something else was awaited.
+pub async fn task_reaching(
+    admin: &Client,
+    id: &TaskId,
+    status: TaskStatus,
+    limit: Duration,
+    also: impl Fn(&Task) -> bool,
+    logs: impl Fn() -> String,
+) -> Task {
+    let what = format!("task {id} to be {}", status.as_str());
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Ok(t) = admin.describe_task(&id.to_string()).await {
+            if t.last_status == status && also(&t) {
+                return t;
+            }
+            assert!(
+                !(t.last_status == TaskStatus::Stopped && status != TaskStatus::Stopped),
+                "waiting for {what}, it stopped: {t:?}\n{}",
+                logs()
+            );
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}\n{}", logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
