@@ -780,15 +780,20 @@ impl State {
                 }
             }
         }
-        if !local.launching.is_empty() {
+        // Its probes start now, whatever else is still launching: the last launch to finish
+        // is not the only container that has checks.
+        let probe = local.handles.contains_key(&name) && local.stop_after_launch.is_none();
+        let waiting = !local.launching.is_empty();
+        if probe {
+            self.start_container_probes(id, &name);
+        }
+        if waiting {
             return;
         }
+        let Some(local) = self.tasks.get_mut(&id) else { return };
         if let Some((code, reason)) = local.stop_after_launch.take() {
             self.begin_stop(id, code, reason);
             return;
-        }
-        if local.handles.contains_key(&name) {
-            self.start_container_probes(id, &name);
         }
         self.advance(id);
     }

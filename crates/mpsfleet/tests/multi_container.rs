@@ -299,26 +299,38 @@ async fn process_non_essential_exit_leaves_the_task_running_an_essential_one_sto
     .await;
 }
 
-/// As in ECS, only essential containers' health checks decide the task's health: a
-/// non-essential sidecar whose check keeps failing leaves the task RUNNING and not unhealthy.
+/// As in ECS, only essential containers' health checks decide the task's health: non-essential
+/// sidecars whose checks keep failing leave the task RUNNING and not unhealthy. Two sidecars
+/// and the app launch at once, and each one's check runs, whichever launch finishes last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_a_failing_health_check_of_a_non_essential_container_leaves_the_task_running() {
     within(async {
         let f = Fleet::processes().await;
-        let checked = f.at("side.checked");
-        let side = with(
-            sh("side", false, "sleep 60"),
-            json!({"healthCheck": {"command": ["CMD-SHELL", format!("touch {checked}; false")],
+        let sidecar = |name: &str| {
+            let checked = f.at(&format!("{name}.checked"));
+            with(
+                sh(name, false, "sleep 60"),
+                json!({"healthCheck": {"command": ["CMD-SHELL", format!("touch {checked}; false")],
+                       "interval": 5, "timeout": 2, "retries": 1, "startPeriod": 0}}),
+            )
+        };
+        let app_checked = f.at("app.checked");
+        let app = with(
+            sh("app", true, "sleep 60"),
+            json!({"healthCheck": {"command": ["CMD-SHELL", format!("touch {app_checked}")],
                    "interval": 5, "timeout": 2, "retries": 1, "startPeriod": 0}}),
         );
-        let app = sh("app", true, "sleep 60");
-        let id = f.run(json!({"family": "sick-sidecar", "containerDefinitions": [side, app]})).await;
+        let def = json!({"family": "sick-sidecar", "containerDefinitions": [sidecar("side1"), sidecar("side2"), app]});
+        let id = f.run(def).await;
         f.task_in(&id, TaskStatus::Running).await;
-        // The check ran and failed (more than once: retries 1, interval 5 s).
-        eventually(WAIT, "the sidecar's check to run", || async {
-            std::fs::metadata(&checked).ok().map(|_| ())
-        })
-        .await;
+        // Every container's check ran; the sidecars' failed (more than once: retries 1, interval 5 s).
+        for name in ["side1", "side2", "app"] {
+            let checked = f.at(&format!("{name}.checked"));
+            eventually(WAIT, &format!("{name}'s check to run"), || async {
+                std::fs::metadata(&checked).ok().map(|_| ())
+            })
+            .await;
+        }
         tokio::time::sleep(Duration::from_secs(12)).await;
         let task = f.describe(&id).await;
         assert_eq!(task.last_status, TaskStatus::Running, "{task:?}\n{}", f.logs());
