@@ -16,6 +16,7 @@ use crate::gpu_health::GpuWatch;
 use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervisor};
 use crate::runtime::engine::Engine;
 use crate::tasks::{Gpus, TaskLoop};
+use mpsfleet_client::tls::Trust;
 use mpsfleet_client::Client;
 use mpsfleet_core::clock::{Clock, SystemClock};
 pub use mpsfleet_core::lifecycle::mps::pool_mps_policy;
@@ -64,8 +65,13 @@ pub struct DockerSettings {
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub server: String,
-    /// Needed the first time only: afterwards the host's credential is in the data dir.
+    /// Needed the first time only: afterwards the host's credential is in the data dir. For
+    /// an `https://` server it carries the cluster CA's hash after its secret
+    /// ([`mpsfleet_client::tls`]), unless `ca_file` names the CA.
     pub join_token: Option<String>,
+    /// The cluster CA (PEM) to verify the server with; by default the one pinned by the join
+    /// token's hash at first contact, kept in the data dir.
+    pub ca_file: Option<PathBuf>,
     pub pool: String,
     pub data_dir: PathBuf,
     pub hostname: String,
@@ -111,6 +117,10 @@ pub enum AgentError {
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("this host is not registered yet and no join token was given (--join-token)")]
     NoJoinToken,
+    /// Nothing says which CA to trust the `https://` server with, or the server is not the
+    /// cluster the join token names.
+    #[error("cannot trust the server {server}: {why}")]
+    Trust { server: String, why: String },
     #[error("the data dir {} belongs to a host of server {theirs}, not {ours}", path.display())]
     OtherServer { path: PathBuf, theirs: String, ours: String },
     #[error("cannot register with {server}: {source}")]
@@ -160,6 +170,64 @@ impl std::fmt::Debug for Identity {
 }
 
 const IDENTITY_FILE: &str = "identity.json";
+/// The cluster CA the agent trusts, pinned at first contact.
+const CA_FILE: &str = "ca.pem";
+
+/// Whom the agent trusts its server to be. A plain `http://` server is not verified. For an
+/// `https://` one: the CA of `--ca-file`; else the CA pinned at an earlier first contact (kept
+/// in the data dir), as long as the join token, when given, names that same CA; else the CA
+/// the server hands out, if its hash is the one in the join token (then kept).
+async fn trust(cfg: &AgentConfig) -> Result<Trust, AgentError> {
+    let refuse = |why: String| AgentError::Trust { server: cfg.server.clone(), why };
+    let pin = cfg.join_token.as_deref().and_then(|t| mpsfleet_client::tls::split_pin(t).1);
+    if !cfg.server.starts_with("https://") {
+        if pin.is_some() {
+            tracing::warn!(server = %cfg.server, "plain HTTP server: nothing is verified, and the CA hash in the join token is not used");
+        }
+        return Ok(Trust::PlainHttp);
+    }
+    if let Some(path) = &cfg.ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| refuse(format!("cannot read --ca-file {}: {e}", path.display())))?;
+        return Ok(Trust::Ca(pem));
+    }
+    let kept_path = cfg.data_dir.join(CA_FILE);
+    let kept = crate::safe_fs::read_beneath(&cfg.data_dir, Path::new(CA_FILE), 1 << 20)
+        .map_err(|e| refuse(format!("cannot read {}: {e}", kept_path.display())))?;
+    if let Some(pem) = kept {
+        let hash = mpsfleet_client::tls::ca_hash(&pem)
+            .map_err(|e| refuse(format!("{}: {e}", kept_path.display())))?;
+        match &pin {
+            Some(pin) if !pin.eq_ignore_ascii_case(&hash) => tracing::info!(
+                kept = %hash, token = %pin,
+                "the join token names another CA than the one kept; fetching the server's"
+            ),
+            _ => return Ok(Trust::Ca(pem)),
+        }
+    }
+    let Some(pin) = pin else {
+        return Err(refuse(
+            "the join token carries no CA hash (mpsf_join_….sha256:…) and no --ca-file was given: \
+             nothing says which CA to trust"
+                .into(),
+        ));
+    };
+    let mut delay = Duration::from_millis(200);
+    let pem = loop {
+        match mpsfleet_client::tls::fetch_pinned_ca(&cfg.server, &pin).await {
+            Ok(pem) => break pem,
+            Err(e @ mpsfleet_client::ClientError::Transport { .. }) if delay < Duration::from_secs(10) => {
+                tracing::warn!(error = %e, "cannot fetch the server's CA; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => return Err(refuse(e.to_string())),
+        }
+    };
+    write_atomic(&kept_path, &pem).map_err(io("cannot keep the cluster CA", &kept_path))?;
+    tracing::info!(ca = %pin, "trusting the cluster CA the join token names");
+    Ok(Trust::Ca(pem))
+}
 /// The longest pipe directory whose socket path still fits in `sun_path`.
 const MAX_PIPE_DIR: usize = 88;
 
@@ -201,7 +269,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     }
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
     let users = task_users(&cfg, &found)?;
-    let client = Client::new(&cfg.server, None)?;
+    let trust = trust(&cfg).await?;
+    let client = Client::with_trust(&cfg.server, None, &trust)?;
     let engine_version = match registered_runtime(&cfg) {
         // A host keeps the runtime it registered with: the server places by it. A Docker host
         // whose engine does not answer now is impaired (CONTAINER_RUNTIME), not a process host.
@@ -401,7 +470,8 @@ async fn identity(
         runtime_version: engine_version.clone(),
         plugins,
     };
-    let joiner = client.with_token(join);
+    // The secret only: the CA hash after it has done its part (see [`trust`]).
+    let joiner = client.with_token(mpsfleet_client::tls::split_pin(&join).0.to_string());
     let mut delay = Duration::from_millis(200);
     let resp = loop {
         match joiner.register_host(&reg).await {

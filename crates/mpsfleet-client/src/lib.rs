@@ -1,5 +1,7 @@
 //! A typed client of the mpsfleet REST API.
 
+pub mod tls;
+
 use mpsfleet_types::api::*;
 use mpsfleet_types::*;
 use reqwest::Method;
@@ -19,6 +21,9 @@ pub enum ClientError {
     /// The server could not be reached or the connection broke.
     #[error("cannot reach the mpsfleet server at {url}: {message}")]
     Transport { url: String, message: String },
+    /// The server is not the one this client trusts (its CA is not the pinned one).
+    #[error("refusing the server at {url}: {message}")]
+    UntrustedServer { url: String, message: String },
     /// The server's answer was not what this client understands.
     #[error("unexpected answer from {url}: {message}")]
     Decode { url: String, message: String },
@@ -79,9 +84,17 @@ impl TaskQuery {
 }
 
 impl Client {
-    /// `base` is the server's address, such as `http://127.0.0.1:7070`.
+    /// A client of a plain-HTTP server (one started with `--insecure-http`), such as
+    /// `http://127.0.0.1:7070`; an `https://` address is refused, as nothing would verify it.
     pub fn new(base: &str, token: Option<String>) -> Result<Self> {
-        let http = reqwest::Client::builder()
+        Self::with_trust(base, token, &tls::Trust::PlainHttp)
+    }
+
+    /// A client of the server at `base` that trusts what `trust` names: for an `https://`
+    /// server, its cluster's CA.
+    pub fn with_trust(base: &str, token: Option<String>, trust: &tls::Trust) -> Result<Self> {
+        let http = trust
+            .builder(base)?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(120))
             .build()
@@ -310,6 +323,14 @@ impl Client {
     /// `audit list`: the newest `limit` entries of the audit log, oldest first.
     pub async fn audit(&self, limit: usize) -> Result<Vec<mpsfleet_types::access::AuditEntry>> {
         self.call(Method::GET, "/v1/audit", &[("limit", limit.to_string())], None).await
+    }
+    /// The certificate the server serves now.
+    pub async fn server_certificate(&self) -> Result<mpsfleet_types::access::ServerCertificate> {
+        self.get("/v1/cluster/certificate").await
+    }
+    /// Has the server issue itself a new certificate under the cluster CA.
+    pub async fn rotate_certificate(&self) -> Result<mpsfleet_types::access::ServerCertificate> {
+        self.call(Method::POST, "/v1/cluster/certificate/rotate", &[], None).await
     }
     pub async fn list_tokens(&self) -> Result<Vec<mpsfleet_types::access::TokenView>> {
         self.get("/v1/tokens").await

@@ -9,7 +9,7 @@ use mpsfleet_types::{OwnershipMode, Pool};
 use serde::{Deserialize, Serialize};
 
 /// One step of the record: who is responsible, and what exactly happens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Responsibility {
     /// `mpsfleet`, `agent` or `operator`.
@@ -20,7 +20,7 @@ pub struct Responsibility {
 }
 
 /// The record, with the keys the API and `-o json` promise.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Explanation {
     pub pool: String,

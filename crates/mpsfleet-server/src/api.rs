@@ -44,6 +44,8 @@ pub struct AppState {
     pub registrations: Arc<RegistrationQueue>,
     /// Set when the server starts to shut down: no provider call starts after it.
     pub stopping: watch::Sender<bool>,
+    /// The certificate the server serves, when it serves HTTPS.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
@@ -67,6 +69,7 @@ impl AppState {
             events,
             registrations: Arc::new(RegistrationQueue::default()),
             stopping: watch::Sender::new(false),
+            tls: None,
         }
     }
 
@@ -159,7 +162,7 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                     // A new host joins with a token for it alone (its incident's replacement
                     // token, or its launch token), never with the join token.
                     if let ProviderJob::Launch { token: Some(t), .. } = &job {
-                        req.join_token = t.0.clone();
+                        req.join_token = c.join_string(&t.0);
                     }
                     (c.provider_for(pool), req)
                 };
@@ -320,6 +323,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/audit", get(list_audit))
+        .route("/v1/cluster/ca", get(cluster_ca))
+        .route("/v1/cluster/certificate", get(server_certificate))
+        .route("/v1/cluster/certificate/rotate", post(rotate_certificate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -339,6 +345,40 @@ async fn healthz() -> Json<serde_json::Value> {
 
 fn created<T: Serialize>(value: T) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
+}
+
+// ---- TLS --------------------------------------------------------------------------------
+
+fn serving_tls(st: &AppState) -> Result<Arc<crate::tls::ServerTls>, ApiError> {
+    st.tls.clone().ok_or_else(|| {
+        ApiError::Conflict("this server serves plain HTTP (--insecure-http): it has no certificate".into())
+    })
+}
+
+/// The cluster CA's certificate, to anyone: a new agent checks it against the hash in its
+/// join token before it trusts it (`mpsfleet_client::tls::fetch_pinned_ca`).
+async fn cluster_ca(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let tls = serving_tls(&st)?;
+    let pem = tls.ca().cert_pem().to_string();
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/x-pem-file")], pem).into_response())
+}
+
+async fn server_certificate(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::ServerCertificate>, ApiError> {
+    let tls = serving_tls(&st)?;
+    Ok(Json(st.call(&headers, viewer, move |_, _| Ok(tls.certificate())).await?))
+}
+
+/// Issues this server a new certificate (and key) under the cluster CA; connections made
+/// from now on get it.
+async fn rotate_certificate(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::ServerCertificate>, ApiError> {
+    let tls = serving_tls(&st)?;
+    Ok(Json(st.call(&headers, admin, move |c, _| tls.rotate(c.now_ms())).await?))
 }
 
 // ---- tokens -----------------------------------------------------------------------------

@@ -181,6 +181,8 @@ pub fn bearer(header: Option<&str>) -> Result<&str, ApiError> {
         .strip_prefix("Bearer ")
         .map(str::trim)
         .filter(|t| !t.is_empty())
+        // A join token may carry the cluster CA's hash after its secret; the secret is the token.
+        .map(|t| mpsfleet_client::tls::split_pin(t).0)
         .ok_or(ApiError::Unauthorized("Authorization header must be 'Bearer <token>'"))
 }
 

@@ -57,6 +57,28 @@ pub const AGENT_BODY_LIMIT: usize = 256 << 10;
 pub const SECRET_BODY_LIMIT: usize = 512 << 10;
 /// Every other route.
 pub const SMALL_BODY_LIMIT: usize = 64 << 10;
+/// The longest body over its route's limit the server still reads (and drops) to answer
+/// 413 on a connection it keeps; past it the connection is closed after the answer.
+pub const DRAIN_LIMIT: u64 = 16 << 20;
+
+/// Reads and drops `body`, up to [`DRAIN_LIMIT`] bytes and within `timeout`; whether it ended.
+/// (A body dropped before its end makes the connection close.)
+async fn drain(body: Body, timeout: Duration) -> bool {
+    use futures_util::StreamExt as _;
+    let mut stream = body.into_data_stream();
+    let read = async {
+        let mut total = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { return false };
+            total += chunk.len() as u64;
+            if total > DRAIN_LIMIT {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(timeout, read).await.unwrap_or(false)
+}
 
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
@@ -66,7 +88,9 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
         "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
-        "/v1/pools" | "/v1/pools/{name}" | "/v1/tokens" => (api::admin, SMALL_BODY_LIMIT),
+        "/v1/pools" | "/v1/pools/{name}" | "/v1/tokens" | "/v1/cluster/certificate/rotate" => {
+            (api::admin, SMALL_BODY_LIMIT)
+        }
         // Tasks, services, hosts and incidents.
         _ => (api::operator, SMALL_BODY_LIMIT),
     }
@@ -181,11 +205,19 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     }
     let announced =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok());
-    if announced.is_some_and(|n: u64| n > limit as u64) {
-        return refuse_closing(ApiError::PayloadTooLarge { route, limit });
+    let timeout = g.body_read_timeout;
+    if let Some(n) = announced.filter(|n: &u64| *n > limit as u64) {
+        let refusal = ApiError::PayloadTooLarge { route, limit };
+        // The refusal goes at once. An allowed caller's body that is not huge is read (and
+        // dropped) meanwhile, so that a client still writing it gets to read the refusal rather
+        // than a broken connection (over TLS above all); a huge one gets the connection closed.
+        if n > DRAIN_LIMIT {
+            return refuse_closing(refusal);
+        }
+        tokio::spawn(drain(req.into_body(), timeout));
+        return refusal.into_response();
     }
     let (parts, body) = req.into_parts();
-    let timeout = g.body_read_timeout;
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Err(_) => {
             return refuse_closing(ApiError::BodyTimeout {
@@ -449,6 +481,7 @@ impl HttpBody for InFlight {
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     limits: HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -480,24 +513,52 @@ pub async fn serve(
             }
         };
         while connections.try_join_next().is_some() {}
-        connections.spawn(connection(io, peer, app.clone(), limits, stop_rx.clone(), permit));
+        connections.spawn(connection(io, peer, app.clone(), tls.clone(), limits, stop_rx.clone(), permit));
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
     Ok(())
 }
 
+/// One connection: its TLS handshake first when the server serves HTTPS (within the header
+/// timeout, so a client that never finishes it holds its slot no longer than one that never
+/// sends its headers), then HTTP/1.1.
 async fn connection(
     io: TcpStream,
     peer: std::net::SocketAddr,
     app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     limits: HttpLimits,
-    mut stop: watch::Receiver<bool>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    stop: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let epoch = tokio::time::Instant::now();
     let activity = Arc::new(Activity::default());
-    let io = hyper_util::rt::TokioIo::new(Tracked { io, activity: activity.clone(), epoch });
+    let tracked = Tracked { io, activity: activity.clone(), epoch };
+    let Some(acceptor) = tls else {
+        return http_connection(tracked, peer, app, activity, epoch, limits, stop, permit).await;
+    };
+    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tracked)).await {
+        Ok(Ok(stream)) => http_connection(stream, peer, app, activity, epoch, limits, stop, permit).await,
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn http_connection<I>(
+    io: I,
+    peer: std::net::SocketAddr,
+    app: Router,
+    activity: Arc<Activity>,
+    epoch: tokio::time::Instant,
+    limits: HttpLimits,
+    mut stop: watch::Receiver<bool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(io);
     let counted = activity.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         use tower::ServiceExt as _;

@@ -10,6 +10,7 @@ pub mod events;
 pub mod http;
 pub mod provider;
 pub mod ratelimit;
+pub mod tls;
 
 use cluster::{Cluster, FirstStart};
 use error::ApiError;
@@ -29,6 +30,8 @@ pub const JOIN_TOKEN_FILE: &str = "join.token";
 pub const SERVER_KEY_FILE: &str = "server.key";
 /// The secret webhook deliveries are signed with, unless `--webhook-secret-file` names another.
 pub const WEBHOOK_SECRET_FILE: &str = "webhook.secret";
+/// The cluster CA's certificate (public), for clients: `--ca-file`, `MPSFLEET_CA_FILE`.
+pub const CA_FILE: &str = "ca.pem";
 
 /// How often services are reconciled and pending tasks retried as a safety net.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
@@ -41,10 +44,13 @@ pub struct Opened {
     pub cluster: Cluster,
     /// Set on first start: the tokens to show once.
     pub first_start: Option<FirstStart>,
+    /// The cluster's CA, which this server's certificates are issued under.
+    pub ca: tls::ClusterCa,
 }
 
 /// Opens (creating if needed) the data directory and its SQLite state, rebuilding the cluster.
-/// On first start the admin and join tokens are written 0600 next to the state.
+/// On first start the admin and join tokens are written 0600 next to the state; the join token
+/// carries the cluster CA's hash. The CA's certificate is written to `ca.pem` for clients.
 pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> {
     create_private_dir(data_dir).map_err(|e| {
         ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
@@ -65,22 +71,34 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
             data_dir.join(SERVER_KEY_FILE).display()
         ))
     })?;
+    let ca = tls::ClusterCa::load_or_create(store.as_ref(), &key, clock.now_ms())?;
+    let ca_path = data_dir.join(CA_FILE);
+    write_public(&ca_path, ca.cert_pem())
+        .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", ca_path.display())))?;
     let mut first_start = None;
     let mut cluster = Cluster::load(store, clock, |tokens| {
-        for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &tokens.join_token)]
-        {
+        let join = mpsfleet_client::tls::pinned(&tokens.join_token, &ca.hash());
+        for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &join)] {
             let path = data_dir.join(file);
             auth::write_secret(&path, token)
                 .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", path.display())))?;
         }
-        first_start = Some(FirstStart {
-            admin_token: tokens.admin_token.clone(),
-            join_token: tokens.join_token.clone(),
-        });
+        first_start = Some(FirstStart { admin_token: tokens.admin_token.clone(), join_token: join });
         Ok(())
     })?;
     cluster.set_server_key(key);
-    Ok(Opened { cluster, first_start })
+    Ok(Opened { cluster, first_start, ca })
+}
+
+/// Writes `text` to `path` (0644) through a temporary file, so a reader never sees half of it.
+fn write_public(path: &Path, text: &str) -> std::io::Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    restrict(&tmp, 0o644)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Creates `dir` 0700, or makes an existing one 0700.
@@ -116,6 +134,8 @@ pub struct ServeOptions {
     pub http: http::HttpLimits,
     /// Request rates of each kind of caller.
     pub rate_limits: ratelimit::RateLimits,
+    /// The certificate to serve HTTPS with; plain HTTP when `None` (`--insecure-http`).
+    pub tls: Option<Arc<tls::ServerTls>>,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -151,7 +171,9 @@ pub async fn serve(
     let deliver = webhook.clone().map(|w| tokio::spawn(w.run()));
     let events = events::Events::new(webhook);
     cluster.set_events(events.clone());
-    let state = api::AppState::new(cluster);
+    let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;
+    let mut state = api::AppState::new(cluster);
+    state.tls = options.tls.clone();
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
@@ -173,7 +195,7 @@ pub async fn serve(
     // Each request knows its peer's address: the server reaches an agent at the address its
     // heartbeats come from, never at one it reports.
     // (`http::serve` gives each request its `ConnectInfo<SocketAddr>`.)
-    let served = http::serve(listener, app, options.http, shutdown);
+    let served = http::serve(listener, app, acceptor, options.http, shutdown);
     let drained = async {
         if drain_rx.await.is_ok() {
             tokio::time::sleep(SHUTDOWN_DRAIN).await;
@@ -223,6 +245,12 @@ async fn resync_loop(state: api::AppState, mut stopping: tokio::sync::watch::Rec
         tokio::select! {
             _ = tick.tick() => {}
             () = stopped(&mut stopping) => return,
+        }
+        if let Some(tls) = &state.tls {
+            let now = state.cluster.lock().map(|c| c.now_ms()).unwrap_or_default();
+            if let Err(e) = tls.renew_if_due(now) {
+                tracing::error!(error = %e, "cannot renew the server certificate; retrying at the next interval");
+            }
         }
         let st = state.clone();
         let res = tokio::task::spawn_blocking(move || {

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 /// What a token may do. Each role may do everything the ones before it may.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Read everything (no secret values): list, describe, explain, logs, events.
@@ -43,7 +45,7 @@ impl std::str::FromStr for Role {
 }
 
 /// Body of `POST /v1/tokens`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateToken {
     pub role: Role,
@@ -56,7 +58,7 @@ pub struct CreateToken {
 }
 
 /// A token as `token list` shows it: never the token itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenView {
     pub id: String,
@@ -70,7 +72,7 @@ pub struct TokenView {
 }
 
 /// Answer of `POST /v1/tokens`: the token, shown this once, and its record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedToken {
     pub token: String,
@@ -80,7 +82,7 @@ pub struct CreatedToken {
 
 /// One change made through the API by a person or tool, as `audit list` shows it. Stored as an
 /// [`crate::Entry`] (when, and how often in a row the same call with the same result came).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
     /// `admin` (the bootstrap admin token) or `token:<id>`.
@@ -101,3 +103,18 @@ pub struct AuditEvent {
 
 /// An audit log entry.
 pub type AuditEntry = crate::Entry<AuditEvent>;
+
+/// The certificate a server serves (`GET /v1/cluster/certificate`,
+/// `POST /v1/cluster/certificate/rotate`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerCertificate {
+    /// `sha256:<hex>` of the certificate's DER.
+    pub sha256: String,
+    /// The DNS names and addresses it is valid for.
+    pub names: Vec<String>,
+    pub not_before_ms: u64,
+    pub not_after_ms: u64,
+    /// `sha256:<hex>` of the cluster CA it chains to: what join tokens carry.
+    pub ca_hash: String,
+}

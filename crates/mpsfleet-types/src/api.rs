@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Every error the API returns: a stable code, a message a person can act on, and the field
 /// at fault when there is one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: String,
     pub message: String,
@@ -15,7 +15,7 @@ pub struct ErrorBody {
 }
 
 /// Response of `POST /v1/taskdefs`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RegisterTaskDefResponse {
     /// `family:revision`.
@@ -25,7 +25,7 @@ pub struct RegisterTaskDefResponse {
 }
 
 /// Response of `POST /v1/tasks`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunTaskResponse {
     pub tasks: Vec<Task>,
@@ -34,7 +34,7 @@ pub struct RunTaskResponse {
 }
 
 /// Response of `POST /v1/agent/register`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RegisterHostResponse {
     pub host_id: HostId,
@@ -47,7 +47,7 @@ pub struct RegisterHostResponse {
 
 /// Body of `POST /v1/agent/status`: a heartbeat, optionally with onboarding done, and the
 /// agent's latest checks.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostStatusReport {
     /// GPUs discovered, daemons started and first probe passed: the host may take work.
@@ -61,7 +61,7 @@ pub struct HostStatusReport {
 }
 
 /// Response of `POST /v1/agent/status`: what the agent must apply now.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostStatusAnswer {
     /// The host's pool's current health policy: the agent probes its MPS daemons with it
@@ -72,7 +72,7 @@ pub struct HostStatusAnswer {
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet
 /// STOPPED, with the definitions they need, and the store revision the answer reflects.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Assignments {
     pub revision: u64,
@@ -84,7 +84,7 @@ pub struct Assignments {
 }
 
 /// Body of `POST /v1/incidents/{id}/resolve`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResolveIncident {
     /// Why the operator closes the incident (1 to 1024 characters), kept on its timeline.
@@ -92,7 +92,7 @@ pub struct ResolveIncident {
 }
 
 /// Answer of the operator commands `host activate` and `incident resolve`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorCommandResponse {
     /// The host after the command (`host activate`).

@@ -8,7 +8,7 @@ use crate::task::Task;
 use serde::{Deserialize, Serialize};
 
 /// What happened; the SSE `event:` name and the `type` field of the JSON body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum EventType {
     #[serde(rename = "incident.opened")]
     IncidentOpened,
@@ -71,7 +71,7 @@ impl EventType {
 }
 
 /// A host as events show it: identity, lifecycle and health, and what changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostEvent {
     pub id: HostId,
@@ -89,7 +89,7 @@ pub struct HostEvent {
 }
 
 /// One event: `{"type", "at_ms", "incident"?, "step"?, "host"?, "task"?}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     #[serde(rename = "type")]
     pub kind: EventType,

@@ -25,7 +25,7 @@ pub trait HistoryEvent: Clone + PartialEq {
 }
 
 /// One entry: an event, when it first happened, and how often it repeated since.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry<E> {
     /// When the event first happened (milliseconds since the Unix epoch, server clock).
@@ -67,7 +67,7 @@ impl<E> Entry<E> {
 }
 
 /// See the module documentation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct History<E> {
     entries: Vec<Entry<E>>,
     /// Events dropped from between the head and the tail (repeats included).
@@ -203,7 +203,7 @@ impl<E: HistoryEvent> History<E> {
 
 impl<'de, E: HistoryEvent + Deserialize<'de>> Deserialize<'de> for History<E> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
+        #[derive(Deserialize, utoipa::ToSchema)]
         #[serde(untagged)]
         enum Form<E> {
             Bounded {
@@ -226,7 +226,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
     struct Ev {
         what: String,
     }

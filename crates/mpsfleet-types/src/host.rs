@@ -4,7 +4,7 @@ use crate::ids::{GpuUuid, HostId, PoolName};
 use serde::{Deserialize, Serialize};
 
 /// Host lifecycle: `REGISTERING -> ONBOARDING -> ACTIVE -> DRAINING -> DEREGISTERED`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HostStatus {
     Registering,
@@ -16,7 +16,7 @@ pub enum HostStatus {
 
 /// Health of a host or of one of its checks; severity order
 /// `IMPAIRED > INSUFFICIENT_DATA > INITIALIZING > OK`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HealthStatus {
     Ok,
@@ -26,7 +26,7 @@ pub enum HealthStatus {
 }
 
 /// Per-GPU sharing mode, as ECS reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SharingMode {
     Idle,
@@ -68,7 +68,7 @@ impl HealthStatus {
 }
 
 /// How a host runs tasks: as processes, or as containers on Docker Engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RuntimeKind {
     #[default]
@@ -94,7 +94,7 @@ impl RuntimeKind {
 pub const DEFAULT_MAX_MPS_CLIENTS: u32 = 48;
 
 /// One GPU as the agent discovered it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuInventory {
     pub uuid: GpuUuid,
@@ -114,7 +114,7 @@ fn default_max_clients() -> u32 {
 }
 
 /// What an agent sends when it registers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostRegistration {
     pub pool: PoolName,
@@ -136,7 +136,7 @@ pub struct HostRegistration {
 }
 
 /// The stored host record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Host {
     pub id: HostId,
@@ -168,7 +168,7 @@ pub struct Host {
 }
 
 /// One health check of a host as its agent reports it, e.g. the MPS daemon of one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostCheck {
     /// `MPS_DAEMON`, `GPU`, `CONTAINER_RUNTIME` or `AGENT`.
@@ -182,7 +182,7 @@ pub struct HostCheck {
 }
 
 /// A GPU as `host describe` shows it: inventory plus what is placed on it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuView {
     pub gpu_id: GpuUuid,
@@ -197,7 +197,7 @@ pub struct GpuView {
 }
 
 /// A host as the API returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostView {
     pub id: HostId,
@@ -229,7 +229,7 @@ pub struct HostView {
 }
 
 /// The drivers a Docker host's engine has, as its `/info` lists them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimePlugins {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -36,6 +36,23 @@ pub fn check_name(what: &'static str, value: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// The OpenAPI schema of a type that is a string on the wire: `pattern`, at most `max` bytes.
+macro_rules! string_schema {
+    ($name:ident, $pattern:expr, $max:expr, $doc:expr) => {
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .pattern(Some($pattern))
+                    .max_length(Some($max))
+                    .description(Some($doc))
+                    .into()
+            }
+        }
+        impl utoipa::ToSchema for $name {}
+    };
+}
+
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $what:literal) => {
         $(#[$doc])*
@@ -75,6 +92,8 @@ macro_rules! string_id {
                 f.write_str(&self.0)
             }
         }
+
+        string_schema!($name, "^[A-Za-z0-9_-]{1,255}$", 255, concat!("A ", $what, " name."));
     };
 }
 
@@ -134,6 +153,8 @@ impl From<GpuUuid> for String {
     }
 }
 
+string_schema!(GpuUuid, "^[!-~]{1,128}$", 128, "A GPU's UUID as NVML reports it.");
+
 /// A task id: a 64-bit number the server issues, written `t-` and 16 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -178,6 +199,8 @@ impl fmt::Display for GpuUuid {
     }
 }
 
+string_schema!(TaskId, "^t-[0-9a-f]{16}$", 18, "A task id: t- and 16 hex digits.");
+
 /// `family:revision`, the way ECS names one registered task definition.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -221,6 +244,13 @@ impl fmt::Display for TaskDefRef {
         write!(f, "{}:{}", self.family, self.revision)
     }
 }
+
+string_schema!(
+    TaskDefRef,
+    "^[A-Za-z0-9_-]{1,255}:[1-9][0-9]{0,9}$",
+    266,
+    "A task definition: family:revision."
+);
 
 #[cfg(test)]
 mod tests {

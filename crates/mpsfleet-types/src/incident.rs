@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Who is responsible for acting on an incident.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum IncidentOwner {
     /// A managed pool: mpsfleet remediates.
@@ -35,7 +35,7 @@ impl IncidentOwner {
 }
 
 /// The check whose failure made the host bad, with its evidence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Trigger {
     /// `AGENT`, `MPS_DAEMON` or `GPU`.
@@ -53,7 +53,7 @@ pub struct Trigger {
 }
 
 /// Where an incident stands.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum IncidentState {
     /// Detected; nothing done yet (in a self-managed pool: waiting for the operator).
@@ -79,7 +79,9 @@ impl IncidentState {
 }
 
 /// One step of the responsibility record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Step {
     Detected,
@@ -131,7 +133,7 @@ impl Step {
 }
 
 /// What one timeline entry says happened.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TimelineEvent {
     pub step: Step,
@@ -151,7 +153,7 @@ pub type Timeline = History<TimelineEvent>;
 
 /// The one-time registration token minted for an incident's replacement host, and the host
 /// that registered with it. Only a host registering with that token becomes the replacement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplacementBinding {
     /// The name the provider is asked to launch the host under (for people and providers).
@@ -173,7 +175,7 @@ pub struct ReplacementBinding {
 }
 
 /// A task that was on the host when the incident moved or stopped it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AffectedTask {
     pub task_id: TaskId,
@@ -194,7 +196,7 @@ pub struct AffectedTask {
 }
 
 /// An operator command recorded on an incident (`host drain`, `host replace`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OperatorAction {
     /// Cordon, drain and move the tasks; no replacement host, no termination.
@@ -212,7 +214,7 @@ impl OperatorAction {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Incident {
     pub id: String,
@@ -242,7 +244,7 @@ pub struct Incident {
 
 /// Durations derived from an incident's timeline; None where a step has not happened (or,
 /// for `detect_ms`, where the first failure time is unknown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Durations {
     /// First failure evidence to DETECTED.
@@ -513,7 +515,7 @@ mod tests {
 }
 
 /// An incident as the API returns it: the record plus its derived durations.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IncidentView {
     #[serde(flatten)]

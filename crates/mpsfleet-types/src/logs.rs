@@ -17,7 +17,7 @@ pub const SNAPSHOT_MAX_BYTES: usize = 16 << 10;
 pub const LINE_OVERHEAD_BYTES: usize = 32;
 
 /// Which of a container's streams a line was written to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStream {
     Stdout,
@@ -34,7 +34,7 @@ impl OutputStream {
 }
 
 /// One line (with its newline) or, at the end of what was written so far, part of one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputLine {
     /// When the agent read it, in milliseconds since the epoch.
@@ -52,7 +52,7 @@ impl OutputLine {
 
 /// The last output of a task, both streams of every container interleaved in the order they
 /// were read, oldest first, within [`SNAPSHOT_MAX_BYTES`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LogSnapshot {
     /// When the agent took it.
@@ -110,7 +110,7 @@ pub fn tail_boundary(s: &str, keep: usize) -> usize {
 }
 
 /// Where the output in a [`TaskLogs`] answer comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogsSource {
     /// The task's agent, asked now: the tail of the stream asked for.
@@ -121,7 +121,7 @@ pub enum LogsSource {
 
 /// Which output `GET /v1/tasks/{id}/logs` asks for: one stream, or both interleaved in the
 /// order written. Reads the `"stdout"` and `"stderr"` that answers carried before `"all"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogStreams {
     #[default]
@@ -175,7 +175,7 @@ impl std::str::FromStr for LogStreams {
 }
 
 /// Response of `GET /v1/tasks/{id}/logs`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskLogs {
     pub task_id: TaskId,

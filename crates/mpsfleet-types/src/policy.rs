@@ -37,7 +37,7 @@ fn in_range(field: &str, value: u64, lo: u64, hi: u64, unit: &str) -> Result<(),
 ///
 /// The probe fields are what agents in the pool use for their MPS daemons; the server uses
 /// the heartbeat grace and the toleration window (see `mpsfleet_core::health`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HealthPolicy {
     /// How long an agent may stay silent before its AGENT check turns IMPAIRED.
@@ -100,7 +100,7 @@ impl HealthPolicy {
 }
 
 /// At most `max` replacements requested per `per_ms` in one pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RateLimit {
     /// 1 to 1000; default 5.
@@ -116,7 +116,7 @@ impl Default for RateLimit {
 }
 
 /// The safety limits on automatic remediation in a managed pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RemediationPolicy {
     /// No automatic replacement for hosts beyond `max(1, ceil(total * percent / 100))`
@@ -150,7 +150,7 @@ impl RemediationPolicy {
 }
 
 /// What launches and terminates hosts of a managed pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// Agents as child processes of the server (`mpsfleet up`).
@@ -171,7 +171,7 @@ impl ProviderKind {
 
 /// The commands of an `exec` provider as older servers took them in a pool. Read from stored
 /// pools, refused in requests: commands are the server's configuration (docs/providers.md).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ExecCommands {
     pub launch: Vec<String>,
@@ -183,7 +183,7 @@ pub struct ExecCommands {
 pub const MAX_PROVIDER_NAME: usize = 64;
 
 /// A managed pool's capacity provider.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Provider {
     pub kind: ProviderKind,
@@ -258,7 +258,7 @@ pub fn provider_name_problem(name: &str) -> Option<String> {
 }
 
 /// When a service's tasks on a bad host are started elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ResumptionBoundary {
     /// At once, while the old copy may still run (at-least-once).
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn older_records_load_with_defaults() {
-        #[derive(Deserialize)]
+        #[derive(Deserialize, utoipa::ToSchema)]
         #[serde(rename_all = "camelCase")]
         struct OldPool {
             #[serde(default)]

@@ -5,7 +5,7 @@ use crate::policy::{HealthPolicy, Provider, RemediationPolicy};
 use serde::{Deserialize, Serialize};
 
 /// Who owns host recovery in a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum OwnershipMode {
     /// mpsfleet detects, decides, drains, replaces and moves tasks.
@@ -24,7 +24,7 @@ impl OwnershipMode {
 }
 
 /// How the scheduler chooses among GPUs that fit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PlacementStrategy {
     /// Fill the fullest GPU that still fits; keep whole GPUs free.
@@ -43,7 +43,7 @@ impl PlacementStrategy {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Pool {
     pub name: PoolName,
@@ -75,7 +75,7 @@ pub struct Pool {
 }
 
 /// Body of `POST /v1/pools`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePool {
     #[serde(default)]
@@ -100,7 +100,7 @@ pub struct CreatePool {
 
 /// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are
 /// replaced whole (fields left out of a given policy take their defaults).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdatePool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,7 +122,7 @@ pub struct UpdatePool {
 /// A pool's task policy: what container options its tasks may use beyond a container's own
 /// isolation. A task whose definition uses one the policy does not allow is refused at
 /// `task run` and `service create`, with a reason naming the policy's field.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct TaskPolicy {
     /// `privileged: true`.

@@ -49,7 +49,7 @@ pub fn check_secret_value(value: &str) -> Result<(), String> {
 }
 
 /// `POST /v1/secrets`.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSecret {
     pub name: String,
@@ -63,7 +63,7 @@ impl std::fmt::Debug for CreateSecret {
 }
 
 /// A stored secret as the API lists it: never its value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretInfo {
     pub name: String,
@@ -75,7 +75,7 @@ pub struct SecretInfo {
 
 /// `GET /v1/agent/tasks/{id}/secrets`: the values a task's definition names, by the `valueFrom`
 /// (or `credentialsParameter`) that names them.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskSecrets {
     pub values: BTreeMap<String, String>,
@@ -90,7 +90,7 @@ impl std::fmt::Debug for TaskSecrets {
 /// A private registry's credentials (`repositoryCredentials`), as Secrets Manager keeps them:
 /// `{"username": …, "password": …}`. Held in memory by the agent for one pull; never
 /// serialized (see [`crate::RepositoryCredentials::resolved`]), never in `Debug` output.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 pub struct RegistryAuth {
     pub username: String,
     pub password: String,

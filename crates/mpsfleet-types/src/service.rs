@@ -3,7 +3,7 @@
 use crate::ids::{PoolName, ServiceName, TaskDefRef};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ServiceStatus {
     Active,
@@ -11,7 +11,7 @@ pub enum ServiceStatus {
     Draining,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Service {
     pub name: ServiceName,
@@ -27,7 +27,7 @@ pub struct Service {
 }
 
 /// A service as the API returns it: the record plus counts derived from its tasks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceView {
     #[serde(flatten)]
@@ -37,7 +37,7 @@ pub struct ServiceView {
 }
 
 /// Body of `POST /v1/services`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateService {
     pub name: String,
@@ -49,7 +49,7 @@ pub struct CreateService {
 }
 
 /// Body of `PATCH /v1/services/{name}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UpdateService {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,7 +59,7 @@ pub struct UpdateService {
 }
 
 /// Where one running replica of a service can be reached: `mpsfleet service endpoints NAME`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceEndpoint {
     pub task_id: crate::ids::TaskId,

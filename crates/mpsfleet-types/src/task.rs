@@ -5,7 +5,9 @@ use crate::taskdef::Protocol;
 use serde::{Deserialize, Serialize};
 
 /// ECS's task statuses, used for both `lastStatus` and `desiredStatus`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TaskStatus {
     Provisioning,
@@ -34,7 +36,7 @@ impl TaskStatus {
 }
 
 /// A task's health as its liveness check sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TaskHealth {
     Unknown,
@@ -53,7 +55,7 @@ impl TaskHealth {
 }
 
 /// Machine-readable reason a task stopped (ECS's codes plus mpsfleet's own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum StopCode {
     /// Stopped on request (`task stop`).
     UserInitiated,
@@ -98,7 +100,7 @@ impl StopCode {
 }
 
 /// The stored and returned task record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Task {
     pub id: TaskId,
@@ -141,7 +143,7 @@ pub struct Task {
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerReport {
     pub name: String,
@@ -171,7 +173,7 @@ pub struct ContainerReport {
 }
 
 /// A container's network interface in `awsvpc` mode (ECS's `NetworkInterface`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkInterface {
     /// The task's attachment (`attachments[].id`).
@@ -187,7 +189,7 @@ pub const DETAIL_PRIVATE_IPV4: &str = "privateIPv4Address";
 
 /// One of a task's attachments (ECS's `Attachment`): in `awsvpc` mode, its network interface,
 /// with `details` `[{"name": "privateIPv4Address", "value": "172.30.0.5"}]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Attachment {
     pub id: String,
@@ -226,7 +228,7 @@ impl Attachment {
 }
 
 /// Where a container port is reachable on the host (ECS's `networkBindings[]`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkBinding {
     pub bind_ip: String,
@@ -275,7 +277,7 @@ impl Task {
 }
 
 /// Body of `POST /v1/tasks`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunTask {
     /// `family` (latest revision) or `family:revision`.
@@ -285,7 +287,7 @@ pub struct RunTask {
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StopTask {
     #[serde(default)]
@@ -293,7 +295,7 @@ pub struct StopTask {
 }
 
 /// What an agent reports about one of its tasks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStateReport {
     pub last_status: TaskStatus,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One registered revision of a task definition family.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskDefinition {
     pub family: Family,
@@ -41,7 +41,7 @@ pub struct TaskDefinition {
 
 /// ECS `networkMode`. `awsvpc` runs each task in a network namespace of its own on a Docker
 /// network of the host, with an address of its own (docs/containers.md, "Networking").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NetworkMode {
     Bridge,
@@ -62,7 +62,20 @@ impl NetworkMode {
 }
 
 /// A transport protocol of a port mapping or binding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    Default,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     #[default]
@@ -81,7 +94,7 @@ impl Protocol {
 
 /// ECS `portMappings[]`. `host_port` None (or 0 in the document) lets Docker choose in bridge
 /// mode; in host mode it equals `container_port`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapping {
     pub container_port: u16,
@@ -94,7 +107,7 @@ pub struct PortMapping {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerDefinition {
     pub name: String,
@@ -178,7 +191,7 @@ pub struct ContainerDefinition {
 }
 
 /// ECS `dependsOn[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerDependency {
     pub container_name: String,
@@ -186,7 +199,7 @@ pub struct ContainerDependency {
 }
 
 /// When a dependency is met, as in ECS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum DependencyCondition {
     /// The dependency has started.
@@ -211,7 +224,7 @@ impl DependencyCondition {
 }
 
 /// ECS `volumes[]`: exactly one kind, or none (an empty Docker volume for the task).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
     pub name: String,
@@ -227,14 +240,14 @@ pub struct Volume {
     pub aws_only: BTreeMap<String, serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostVolume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_path: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DockerVolumeConfiguration {
     /// `task` (removed with the task, the default) or `shared` (outlives it).
@@ -251,7 +264,7 @@ pub struct DockerVolumeConfiguration {
 }
 
 /// ECS `mountPoints[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MountPoint {
     pub source_volume: String,
@@ -261,7 +274,7 @@ pub struct MountPoint {
 }
 
 /// ECS `volumesFrom[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeFrom {
     pub source_container: String,
@@ -271,7 +284,7 @@ pub struct VolumeFrom {
 
 /// ECS `secrets[]` (and `logConfiguration.secretOptions[]`): `name` is what the container sees,
 /// `value_from` the name of a stored secret (an ARN string is a valid name).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
     pub name: String,
@@ -279,7 +292,7 @@ pub struct SecretRef {
 }
 
 /// ECS `linuxParameters`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LinuxParameters {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,7 +313,7 @@ pub struct LinuxParameters {
     pub swappiness: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KernelCapabilities {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -309,7 +322,7 @@ pub struct KernelCapabilities {
     pub drop: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
     pub host_path: String,
@@ -320,7 +333,7 @@ pub struct Device {
     pub permissions: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tmpfs {
     pub container_path: String,
@@ -331,7 +344,7 @@ pub struct Tmpfs {
 }
 
 /// ECS `ulimits[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Ulimit {
     pub name: String,
@@ -340,7 +353,7 @@ pub struct Ulimit {
 }
 
 /// ECS `systemControls[]`: a namespaced kernel parameter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SystemControl {
     pub namespace: String,
@@ -348,7 +361,7 @@ pub struct SystemControl {
 }
 
 /// ECS `extraHosts[]`: a line of the container's `/etc/hosts`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExtraHost {
     pub hostname: String,
@@ -356,7 +369,7 @@ pub struct ExtraHost {
 }
 
 /// ECS `logConfiguration`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LogConfiguration {
     pub log_driver: String,
@@ -367,7 +380,7 @@ pub struct LogConfiguration {
 }
 
 /// ECS `repositoryCredentials`: the stored secret that holds the registry's credentials.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RepositoryCredentials {
     pub credentials_parameter: String,
@@ -377,7 +390,7 @@ pub struct RepositoryCredentials {
     pub resolved: Option<crate::secret::RegistryAuth>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeyValuePair {
     pub name: String,
     pub value: String,
@@ -386,7 +399,7 @@ pub struct KeyValuePair {
 /// ECS health check shape. `command[0]` is `CMD` or `CMD-SHELL` as in ECS, or one of
 /// mpsfleet's probe kinds `HTTP-GET <url>` and `TCP-CONNECT <host:port>`.
 /// Times are seconds; defaults are ECS's (30, 5, 3, 0).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthCheck {
     pub command: Vec<String>,
@@ -397,14 +410,14 @@ pub struct HealthCheck {
 }
 
 /// The GPU entry of `resourceRequirements`, already checked: exactly one of the two forms.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type")]
 pub enum ResourceRequirement {
     #[serde(rename = "GPU")]
     Gpu(GpuRequirement),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum GpuRequirement {
     /// `{"type":"GPU","sharingStrategy":{"nvidiaMps":{...}}}`
@@ -416,13 +429,13 @@ pub enum GpuRequirement {
     Whole { value: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SharingStrategy {
     pub nvidia_mps: NvidiaMps,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NvidiaMps {
     /// Pinned device memory limit in MiB; what placement reserves.
@@ -433,7 +446,7 @@ pub struct NvidiaMps {
 }
 
 /// What a whole task asks of the GPUs of one host, derived from its containers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum GpuDemand {
     /// No GPU: the task runs on any schedulable host of its pool.

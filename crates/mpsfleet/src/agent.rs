@@ -21,6 +21,10 @@ pub struct AgentArgs {
     /// A file holding the join token (its first non-blank line, trimmed).
     #[arg(long)]
     join_token_file: Option<PathBuf>,
+    /// The cluster CA (PEM) to verify an https:// server with [default: the CA whose hash the
+    /// join token carries, fetched at first contact and kept in the data dir].
+    #[arg(long, env = "MPSFLEET_CA_FILE")]
+    ca_file: Option<PathBuf>,
     #[arg(long, default_value = "default")]
     pool: String,
     /// The agent's state: identity, task table, task logs, MPS pipe and log directories.
@@ -199,6 +203,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let cfg = AgentConfig {
         server: args.server,
         join_token,
+        ca_file: args.ca_file,
         pool: args.pool,
         data_dir: args.data_dir,
         hostname,

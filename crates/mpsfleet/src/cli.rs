@@ -20,9 +20,13 @@ pub struct Global<C: Subcommand> {
 #[derive(Args)]
 pub struct Opts {
     /// The server's address [default: from the client config `mpsfleet up` writes, else
-    /// http://127.0.0.1:7070].
+    /// https://127.0.0.1:7070].
     #[arg(long, global = true, env = "MPSFLEET_SERVER")]
     server: Option<String>,
+    /// The cluster CA to verify an https:// server with [default: from the client config, else
+    /// ./.mpsfleet/ca.pem].
+    #[arg(long, global = true, env = "MPSFLEET_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Bearer token [default: from the client config, else ./.mpsfleet/admin.token].
     #[arg(long, global = true, env = "MPSFLEET_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -280,6 +284,15 @@ pub enum TokenCommand {
     Revoke { id: String },
 }
 
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// The certificate the server serves: its names, validity and the CA it chains to.
+    Certificate,
+    /// The server issues itself a new certificate (and key) under the cluster CA and serves
+    /// it from the next connection on; clients that trust the CA notice nothing.
+    RotateCertificate,
+}
+
 /// `90`, `90s`, `15m`, `24h`, `30d` in seconds.
 fn parse_lifetime(s: &str) -> Result<u64, String> {
     let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -306,6 +319,7 @@ pub enum AuditCommand {
 
 pub enum Resource {
     Audit(AuditCommand),
+    Cluster(ClusterCommand),
     Token(TokenCommand),
     Secret(SecretCommand),
     Taskdef(TaskdefCommand),
@@ -320,9 +334,12 @@ pub enum Resource {
 /// writes, then a server started from this directory with the default data dir.
 fn client(opts: &Opts) -> Result<Client> {
     #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
     struct Config {
         server: String,
         token: String,
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
     }
     let config: Option<Config> = crate::up::client_config_path()
         .and_then(|p| std::fs::read(p).ok())
@@ -331,13 +348,24 @@ fn client(opts: &Opts) -> Result<Client> {
         .server
         .clone()
         .or_else(|| config.as_ref().map(|c| c.server.clone()))
-        .unwrap_or_else(|| "http://127.0.0.1:7070".to_string());
+        .unwrap_or_else(|| "https://127.0.0.1:7070".to_string());
+    let ca_file = opts
+        .ca_file
+        .clone()
+        .or_else(|| config.as_ref().and_then(|c| c.ca_file.clone()))
+        .or_else(|| Some(PathBuf::from(".mpsfleet/ca.pem")).filter(|p| p.is_file()));
     let token = opts
         .token
         .clone()
         .or_else(|| config.map(|c| c.token))
         .or_else(|| std::fs::read_to_string(".mpsfleet/admin.token").ok().map(|t| t.trim().to_string()));
-    Ok(Client::new(&server, token)?)
+    let trust = match ca_file {
+        Some(path) if server.starts_with("https://") => mpsfleet_client::tls::Trust::Ca(
+            std::fs::read(&path).with_context(|| format!("cannot read the CA file {}", path.display()))?,
+        ),
+        _ => mpsfleet_client::tls::Trust::PlainHttp,
+    };
+    Ok(Client::with_trust(&server, token, &trust)?)
 }
 
 pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
@@ -353,6 +381,20 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd).await,
+            Resource::Cluster(cmd) => {
+                let cert = match cmd {
+                    ClusterCommand::Certificate => c.server_certificate().await?,
+                    ClusterCommand::RotateCertificate => c.rotate_certificate().await?,
+                };
+                let row = vec![
+                    cert.sha256.clone(),
+                    sanitize(&cert.names.join(",")).into_owned(),
+                    output::utc_time(cert.not_after_ms),
+                    cert.ca_hash.clone(),
+                ];
+                output::print(opts.output, &cert, &["SHA256", "NAMES", "NOT AFTER", "CA"], vec![row]);
+                Ok(())
+            }
             Resource::Audit(AuditCommand::List { limit }) => {
                 let list = c.audit(limit).await?;
                 let rows = list

@@ -44,6 +44,8 @@ enum Command {
     Token(cli::Global<cli::TokenCommand>),
     /// The audit log: every change made through the API, by whom.
     Audit(cli::Global<cli::AuditCommand>),
+    /// The server's TLS certificate under the cluster CA.
+    Cluster(cli::Global<cli::ClusterCommand>),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -74,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
         Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),
+        Command::Cluster(g) => cli::run(g.opts, cli::Resource::Cluster(g.command)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use mpsfleet_core::clock::SystemClock;
+use mpsfleet_core::clock::{Clock, SystemClock};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +14,15 @@ pub struct ServerArgs {
     /// Address to listen on; port 0 picks a free port (the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
+    /// Serve plain HTTP instead of HTTPS: nothing on the wire is protected, tokens included.
+    /// Only on a loopback address (127.0.0.1, ::1).
+    #[arg(long)]
+    insecure_http: bool,
+    /// A DNS name or IP address clients reach this server by, for its certificate (repeat it
+    /// for more); localhost, the loopback addresses, this machine's host name and the listen
+    /// address (unless 0.0.0.0 or ::) are always in it (docs/security.md, "TLS").
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_san: Vec<String>,
     /// Directory for the state database and the tokens.
     #[arg(long, env = "MPSFLEET_DATA_DIR", default_value = ".mpsfleet")]
     data_dir: PathBuf,
@@ -112,18 +121,34 @@ async fn serve(args: ServerArgs) -> Result<()> {
     };
     let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
+    for name in &args.tls_san {
+        mpsfleet_server::tls::check_name(name).map_err(|e| anyhow::anyhow!("--tls-san: {e}"))?;
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    anyhow::ensure!(
+        !args.insecure_http || addr.ip().is_loopback(),
+        "--insecure-http serves plain HTTP and is only allowed on a loopback address (127.0.0.1 or ::1), \
+         not {addr}: remove it to serve HTTPS"
+    );
+    let tls = if args.insecure_http {
+        None
+    } else {
+        let names = mpsfleet_server::tls::default_names(addr, &args.tls_san);
+        Some(mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms())?)
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let mut cluster = opened.cluster;
     // Pools that name a provider get one built from this context when they first need it.
     cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
-        server_url: format!("http://{addr}"),
+        server_url: format!("{scheme}://{addr}"),
         exec_providers: config.providers,
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
         local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),
+        ca_hash: tls.as_ref().map(|t| t.ca().hash()),
     });
     let dir = args.data_dir.display();
     // The banner goes to stdout; a reader that has gone away (a closed pipe) must not stop the
@@ -134,8 +159,26 @@ async fn serve(args: ServerArgs) -> Result<()> {
             &format!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})\n");
         banner += &format!("admin token: {}\njoin token:  {}\n", first.admin_token, first.join_token);
     }
-    banner += &format!("mpsfleet server listening on http://{addr}\nuse the CLI from another terminal:\n");
-    banner += &format!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)\n");
+    banner += &format!("mpsfleet server listening on {scheme}://{addr}\n");
+    match &tls {
+        Some(t) => {
+            banner += &format!(
+                "cluster CA: {dir}/{} ({})\nuse the CLI from another terminal:\n",
+                mpsfleet_server::CA_FILE,
+                t.ca().hash()
+            );
+            banner += &format!(
+                "  export MPSFLEET_SERVER=https://{addr} MPSFLEET_CA_FILE={dir}/{} MPSFLEET_TOKEN=$(cat {dir}/admin.token)\n",
+                mpsfleet_server::CA_FILE
+            );
+        }
+        None => {
+            banner += "WARNING: plain HTTP (--insecure-http): tokens cross the wire unprotected\n";
+            banner += "use the CLI from another terminal:\n";
+            banner +=
+                &format!("  export MPSFLEET_SERVER=http://{addr} MPSFLEET_TOKEN=$(cat {dir}/admin.token)\n");
+        }
+    }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
     drop(out);
@@ -161,7 +204,8 @@ async fn serve(args: ServerArgs) -> Result<()> {
             )
         }
     };
-    let options = mpsfleet_server::ServeOptions { webhook: args.webhook, webhook_secret, http, rate_limits };
+    let options =
+        mpsfleet_server::ServeOptions { webhook: args.webhook, webhook_secret, http, rate_limits, tls };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use mpsfleet_core::clock::SystemClock;
+use mpsfleet_core::clock::{Clock, SystemClock};
 use mpsfleet_server::cluster::ProviderContext;
 use mpsfleet_server::provider::{terminate_with_retries, CapacityProvider, LocalProvider, Retry};
 use mpsfleet_types::{CreatePool, OwnershipMode, PoolName};
@@ -144,7 +144,13 @@ async fn up(args: UpArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| {
         format!("cannot listen on {} (is another server running? try --listen)", args.listen)
     })?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    let url = format!("https://{addr}");
+    let names = mpsfleet_server::tls::default_names(addr, &[]);
+    let tls = mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms())?;
+    let ca_hash = tls.ca().hash();
+    let ca_file = dir.join(mpsfleet_server::CA_FILE);
+    let ca_file = ca_file.canonicalize().unwrap_or(ca_file);
 
     // The server, join token, pool and name come with each launch request; these are the rest.
     let mut agent_args = vec!["--stop-tasks-on-exit".to_string()];
@@ -188,9 +194,11 @@ async fn up(args: UpArgs) -> Result<()> {
         exe,
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
+        ca_hash: Some(ca_hash),
     });
+    let options = mpsfleet_server::ServeOptions { tls: Some(tls), ..Default::default() };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, Default::default(), async {
+    let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, options, async {
         let _ = stop_rx.await;
     }));
     // A managed pool is kept at its size by the server (through this provider); the hosts of a
@@ -208,7 +216,7 @@ async fn up(args: UpArgs) -> Result<()> {
     }
 
     if let Some(path) = client_config_path() {
-        let config = serde_json::json!({ "server": url, "token": admin_token });
+        let config = serde_json::json!({ "server": url, "token": admin_token, "caFile": ca_file });
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).ok();
         }

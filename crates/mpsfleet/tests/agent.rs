@@ -300,7 +300,7 @@ async fn agent_kill_9_leaves_tasks_running_and_reports_exits_it_missed() {
 async fn what_happens_while_the_server_is_down_is_reported_when_it_is_back() {
     let Some(OneHost { dir, mut server, admin, agent, .. }) = one_host(1, &[]).await else { return };
     let server_dir = server.data_dir.clone();
-    let listen = server.url.trim_start_matches("http://").to_string();
+    let listen = server.addr();
     let marker = task_writable_dir(dir.path()).join("exit-now");
     let script = format!("while [ ! -e {} ]; do sleep 0.1; done; exit 4", marker.display());
     admin
@@ -424,7 +424,12 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join(".config/mpsfleet/config.json")).unwrap())
             .unwrap();
-    let admin = Client::new(url.as_deref().unwrap(), config["token"].as_str().map(String::from)).unwrap();
+    // The config `up` writes names the cluster CA the CLI verifies the server with.
+    let ca = std::fs::read(config["caFile"].as_str().expect("caFile in the client config")).unwrap();
+    let trust = mpsfleet_client::tls::Trust::Ca(ca);
+    let admin =
+        Client::with_trust(url.as_deref().unwrap(), config["token"].as_str().map(String::from), &trust)
+            .unwrap();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {

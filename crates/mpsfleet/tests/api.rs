@@ -129,7 +129,7 @@ async fn tokens_limit_who_may_do_what() {
 
     let (status, code, _, _) = api_error(server.anonymous().list_pools().await.unwrap_err());
     assert_eq!((status, code.as_str()), (401, "Unauthorized"));
-    let wrong = mpsfleet_client::Client::new(&server.url, Some("mpsf_adm_nope".into())).unwrap();
+    let wrong = server.client(Some("mpsf_adm_nope".into()));
     assert_eq!(api_error(wrong.list_pools().await.unwrap_err()).0, 401);
 
     let (host_a, agent_a) = add_host(&server, "gpu", "a", 1).await;
@@ -137,7 +137,7 @@ async fn tokens_limit_who_may_do_what() {
     // A host credential is not an admin token.
     assert_eq!(api_error(agent_a.list_pools().await.unwrap_err()).0, 403);
     // The join token registers hosts and nothing else.
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     assert_eq!(api_error(joiner.list_tasks(&TaskQuery::default()).await.unwrap_err()).0, 403);
 
     let out = admin
@@ -334,7 +334,7 @@ async fn services_keep_their_count_and_spread_replicas() {
 async fn every_error_is_json_with_a_code() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let http = reqwest::Client::new();
+    let http = server.http();
     let token = server.admin_token();
     let anonymous = http.get(format!("{}/v1/agent/assignments", server.url)).send().await.unwrap();
     assert_eq!(anonymous.status().as_u16(), 401);

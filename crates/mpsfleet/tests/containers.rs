@@ -109,7 +109,9 @@ impl Fleet {
 
     /// The tail of the task's stdout, as `task logs` shows it (GET /v1/tasks/ID/logs).
     async fn stdout_of(&self, id: &TaskId) -> Option<String> {
-        let r = reqwest::Client::new()
+        let r = self
+            .server
+            .http()
             .get(format!("{}/v1/tasks/{id}/logs", self.server.url))
             .query(&[("stream", "stdout"), ("tail", "4096")])
             .bearer_auth(self.server.admin_token())
@@ -338,6 +340,8 @@ async fn a_port_mapping_is_reachable_at_the_reported_binding() {
                 &f.server.url,
                 "--token",
                 &f.server.admin_token(),
+                "--ca-file",
+                &f.server.ca_file(),
             ])
             .env("HOME", f.dir.path())
             .output()

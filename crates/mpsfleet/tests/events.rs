@@ -38,7 +38,8 @@ struct EventReader {
 
 impl EventReader {
     async fn open(server: &Server, query: &str) -> EventReader {
-        let resp = reqwest::Client::new()
+        let resp = server
+            .http()
             .get(format!("{}/v1/events{query}", server.url))
             .bearer_auth(server.admin_token())
             .send()
@@ -108,7 +109,7 @@ async fn a_silent_host_is_announced_on_the_event_stream() {
     quick_pool(&admin).await;
 
     // Only the admin may listen, and the filter names known types.
-    let http = reqwest::Client::new();
+    let http = server.http();
     let anon = http.get(format!("{}/v1/events", server.url)).send().await.unwrap();
     assert_eq!(anon.status(), 401);
     let bad = http

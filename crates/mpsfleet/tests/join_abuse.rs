@@ -5,12 +5,11 @@
 mod common;
 
 use common::*;
-use mpsfleet_client::Client;
 
 fn cli(server: &Server, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(args)
-        .args(["--server", &server.url, "--token", &server.admin_token()])
+        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
         .output()
         .expect("run the mpsfleet CLI")
 }
@@ -20,7 +19,7 @@ async fn a_gpu_uuid_squatted_with_the_join_token_is_freed_by_host_forget() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     create_pool(&server.admin(), "gpu").await;
-    let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
 
     // The squatter registers first with the real machine's GPU UUID, and never heartbeats.
     let squat = joiner.register_host(&registration("gpu", "squatter", "real", 1)).await.expect("squat");
@@ -41,7 +40,7 @@ async fn a_gpu_uuid_squatted_with_the_join_token_is_freed_by_host_forget() {
         String::from_utf8_lossy(&out.stdout)
     );
     // Its credential is revoked, and the real machine joins with its GPU.
-    let squatter = Client::new(&server.url, Some(squat.credential.clone())).unwrap();
+    let squatter = server.client(Some(squat.credential.clone()));
     let e = squatter.assignments(0, 0).await.unwrap_err();
     assert_eq!(e.code(), Some("Unauthorized"), "{e}");
     let joined = joiner.register_host(&real).await.expect("the real machine joins once its GPU is free");
@@ -69,7 +68,7 @@ async fn the_state_holds_no_token_an_agent_or_a_launched_host_could_be_called_or
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
     create_pool(&server.admin(), "gpu").await;
-    let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     let answer = joiner.register_host(&registration("gpu", "n1", "n1", 1)).await.unwrap();
     let agent_token = answer.agent_token.clone();
     assert!(agent_token.starts_with("mpsf_agent_"), "{agent_token}");
@@ -115,7 +114,7 @@ async fn registrations_with_huge_fields_are_refused_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     create_pool(&server.admin(), "gpu").await;
-    let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     let before = rss_kib(server.child.id());
     for i in 0..50 {
         let mut reg = registration("gpu", &format!("big-{i}"), &format!("big-{i}"), 1);

@@ -110,7 +110,7 @@ async fn a_burst_of_the_largest_definitions_leaves_heartbeats_and_hosts_alone() 
         },
     ]);
 
-    let http = reqwest::Client::new();
+    let http = server.http();
     let url = format!("{}/v1/taskdefs", server.url);
     let token = server.admin_token();
     let started = tokio::time::Instant::now();

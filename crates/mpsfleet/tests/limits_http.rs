@@ -1,7 +1,7 @@
-//! Process tests of the HTTP layer's limits, over raw TCP: a request is authenticated before
-//! its body is read, bodies have per-route limits answered with the JSON error, and slow,
-//! stalled and idle connections are closed within their timeouts, at most a capped number
-//! open at once.
+//! Process tests of the HTTP layer's limits, over raw TLS connections: a request is
+//! authenticated before its body is read, bodies have per-route limits answered with the JSON
+//! error, and slow, stalled and idle connections (a stalled TLS handshake too) are closed
+//! within their timeouts, at most a capped number open at once.
 
 mod common;
 
@@ -11,6 +11,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
+
+/// A TLS connection to the server, verified against its cluster CA.
+type Conn = tokio_rustls::client::TlsStream<TcpStream>;
 
 /// An answer read off a raw connection.
 struct Answer {
@@ -27,15 +30,34 @@ impl Answer {
 }
 
 fn addr(server: &Server) -> String {
-    server.url.trim_start_matches("http://").to_string()
+    server.addr()
 }
 
-async fn connect(server: &Server) -> TcpStream {
-    TcpStream::connect(addr(server)).await.expect("connect to the server")
+async fn connect(server: &Server) -> Conn {
+    connect_to(&addr(server), &std::fs::read(server.data_dir.join("ca.pem")).expect("ca.pem")).await
+}
+
+async fn connect_to(addr: &str, pem: &[u8]) -> Conn {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in mpsfleet_client::tls::certificates(pem).expect("the CA") {
+        roots.add(cert).expect("the CA");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.expect("connect to the server");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("a TLS handshake verified against the cluster CA")
 }
 
 /// Reads one answer (its head and a Content-Length body).
-async fn read_answer(s: &mut TcpStream) -> Answer {
+async fn read_answer(s: &mut Conn) -> Answer {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -63,7 +85,7 @@ async fn read_answer(s: &mut TcpStream) -> Answer {
 }
 
 /// Waits up to `limit` for the server to close `s` (EOF or reset); returns how long it took.
-async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+async fn closed_within<S: AsyncReadExt + Unpin>(s: &mut S, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let mut chunk = [0u8; 4096];
     timeout(limit, async {
@@ -208,6 +230,19 @@ async fn an_authenticated_body_over_its_route_limit_gets_the_json_413() {
     let body = a.json();
     assert_eq!(body["code"], "PayloadTooLarge", "{body}");
     assert!(body["message"].as_str().unwrap().contains("at most 65536 bytes"), "{body}");
+    // The body it announced is read and dropped meanwhile (a client still writing it reads
+    // the refusal), and the connection serves the next request.
+    assert!(!a.head.to_ascii_lowercase().contains("connection: close"), "{}", a.head);
+    s.write_all(&vec![b' '; 100_000]).await.unwrap();
+    s.write_all(b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    let a = timeout(Duration::from_secs(5), read_answer(&mut s)).await.expect("the next answer");
+    assert_eq!(a.status, 200, "{}", a.head);
+    // A huge one is not read: the connection closes after the refusal.
+    let mut s = connect(&server).await;
+    s.write_all(post_head("/v1/pools", Some(&admin), 100_000_000).as_bytes()).await.unwrap();
+    let a = timeout(Duration::from_secs(2), read_answer(&mut s)).await.expect("an answer");
+    assert_eq!(a.status, 413, "{}", a.head);
+    assert!(a.head.to_ascii_lowercase().contains("connection: close"), "{}", a.head);
 
     // Sent in chunks with no length: refused once it passes the limit (task definitions
     // take up to 2 MiB).
@@ -233,7 +268,7 @@ async fn an_authenticated_body_over_its_route_limit_gets_the_json_413() {
     assert!(body["message"].as_str().unwrap().contains("at most 2097152 bytes"), "{body}");
 
     // Within the limit, the route answers as before.
-    let http = reqwest::Client::new();
+    let http = server.http();
     let resp = http
         .post(format!("{}/v1/pools", server.url))
         .bearer_auth(&admin)
@@ -263,7 +298,7 @@ async fn an_idle_connection_is_closed_but_a_long_poll_is_not() {
 
     // A long poll of 3 s has nothing to send for longer than the idle timeout: it is answered.
     create_pool(&server.admin(), "gpu").await;
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     let reg = registration("gpu", "h1", "h1", 1);
     let credential = joiner.register_host(&reg).await.expect("register a host").credential;
     let mut s = connect(&server).await;
@@ -290,19 +325,54 @@ async fn past_the_connection_cap_a_connection_waits_until_another_closes() {
         assert_eq!(read_answer(&mut s).await.status, 200);
         open.push(s);
     }
-    let mut fifth = connect(&server).await;
-    fifth.write_all(healthz).await.unwrap();
-    assert!(
-        timeout(Duration::from_millis(1500), read_answer(&mut fifth)).await.is_err(),
-        "a fifth connection was served while 4 were open"
-    );
+    // The fifth's TLS handshake waits for a slot too: it runs on its own meanwhile.
+    let (to, ca) = (addr(&server), std::fs::read(server.data_dir.join("ca.pem")).unwrap());
+    let fifth = tokio::spawn(async move {
+        let mut s = connect_to(&to, &ca).await;
+        s.write_all(healthz).await.unwrap();
+        read_answer(&mut s).await.status
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!fifth.is_finished(), "a fifth connection was served while 4 were open");
     drop(open.pop());
-    let a = timeout(Duration::from_secs(5), read_answer(&mut fifth))
+    let status = timeout(Duration::from_secs(5), fifth)
         .await
-        .expect("the waiting connection is served once another closes");
-    assert_eq!(a.status, 200);
+        .expect("the waiting connection is served once another closes")
+        .unwrap();
+    assert_eq!(status, 200);
     // The ones still open are served as before.
     let s = &mut open[0];
     s.write_all(healthz).await.unwrap();
     assert_eq!(timeout(Duration::from_secs(5), read_answer(s)).await.expect("an answer").status, 200);
+}
+
+/// A connection that never finishes its TLS handshake holds its slot no longer than the header
+/// timeout; plain HTTP sent to the HTTPS port gets no answer, only a closed connection.
+#[tokio::test]
+async fn a_stalled_tls_handshake_is_closed_by_the_header_timeout_and_plain_http_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_with(&dir.path().join("s"), "127.0.0.1:0", &["--http-header-timeout-ms", "1000"]);
+    let opened = Instant::now();
+    let mut silent = TcpStream::connect(addr(&server)).await.unwrap();
+    let mut partial = TcpStream::connect(addr(&server)).await.unwrap();
+    // A handshake record's header announcing 80 bytes, and none of them.
+    partial.write_all(&[0x16, 0x03, 0x01, 0x00, 0x50]).await.unwrap();
+    for (what, s) in [("silent", &mut silent), ("partial", &mut partial)] {
+        assert!(
+            closed_within(s, Duration::from_secs(4)).await.is_some(),
+            "a {what} handshake is open after 4 s"
+        );
+        let took = opened.elapsed();
+        assert!(took >= Duration::from_millis(800), "{what} closed after {took:?}, before its timeout");
+    }
+    let mut plain = TcpStream::connect(addr(&server)).await.unwrap();
+    plain.write_all(b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    let _ = timeout(Duration::from_secs(4), plain.read_to_end(&mut got)).await.expect("closed");
+    assert!(!String::from_utf8_lossy(&got).contains("\"status\""), "plain HTTP was answered: {got:?}");
+    // The server still answers over TLS.
+    let mut s = connect(&server).await;
+    s.write_all(b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    assert_eq!(read_answer(&mut s).await.status, 200);
 }

@@ -131,6 +131,8 @@ async fn task_logs_come_from_the_last_snapshot_once_the_agent_is_gone() {
             &fleet.server.url,
             "--token",
             &fleet.server.admin_token(),
+            "--ca-file",
+            &fleet.server.ca_file(),
         ])
         .output()
         .unwrap();
@@ -189,7 +191,7 @@ async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_t
     assert_eq!((streams_of(&none), none.last_at_ms), (vec![], Some(lines[3].at_ms)), "nothing newer");
 
     // Bad values are refused, naming the parameter.
-    let http = reqwest::Client::new();
+    let http = server.http();
     for (query, field) in [("stream=both", "stream"), ("since_ms=soon", "since_ms"), ("tail=0", "tail")] {
         let resp = http
             .get(format!("{}/v1/tasks/{id}/logs?{query}", server.url))
@@ -210,7 +212,7 @@ async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_t
     .await;
     let mut follow = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(["task", "logs", &ticking, "--follow", "--stream", "all"])
-        .args(["--server", &server.url, "--token", &server.admin_token()])
+        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

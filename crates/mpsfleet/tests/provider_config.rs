@@ -129,7 +129,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
     assert!(!seen.contains("--join-token"), "agentArgs carry the token:\n{seen}");
     // The launch token is no join token: it registers nothing else.
     let token = seen.split("\"joinToken\":\"").nth(1).unwrap().split('"').next().unwrap().to_string();
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(token)).unwrap();
+    let joiner = server.client(Some(token));
     let mut reg = registration("gpu", "intruder", "GPU-intruder", 1);
     let e = joiner.register_host(&reg).await.unwrap_err().to_string();
     assert!(e.contains("registers host gpu-0 into pool gpu"), "{e}");

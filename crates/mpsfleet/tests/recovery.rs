@@ -321,7 +321,7 @@ async fn a_server_killed_mid_remediation_finishes_it_exactly_once() {
     })
     .await;
 
-    let listen = fleet.server.url.trim_start_matches("http://").to_string();
+    let listen = fleet.server.addr();
     let data = fleet.server.data_dir.clone();
     fleet.server.kill9();
     let args = fleet.agent_args.clone();

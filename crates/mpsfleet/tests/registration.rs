@@ -26,7 +26,7 @@ async fn of_two_concurrent_registrations_with_one_gpu_exactly_one_is_registered(
     let server = Server::start(dir.path());
     let admin = server.admin();
     create_pool(&admin, "gpu").await;
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
 
     // 100 pairs at once; the two of a pair share their second GPU.
     const PAIRS: usize = 100;
@@ -64,7 +64,7 @@ async fn of_two_concurrent_registrations_with_one_gpu_exactly_one_is_registered(
     server.kill9();
     let server = Server::start(dir.path());
     assert_eq!(server.admin().list_hosts(Some("gpu")).await.unwrap().len(), PAIRS);
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     let again = joiner.register_host(&registration("late", &["GPU-0-shared".to_string()])).await;
     match again {
         Err(ClientError::Api { status: 409, body }) => assert_eq!(body.code, "AlreadyExists"),

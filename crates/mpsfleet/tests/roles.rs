@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use mpsfleet_client::Client;
 use mpsfleet_types::access::{CreateToken, Role};
 
 /// Who may call a route.
@@ -66,6 +65,9 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/tokens", Open::Role(Role::Admin)),
     ("DELETE", "/v1/tokens/{id}", Open::Role(Role::Admin)),
     ("GET", "/v1/audit", Open::Role(Role::Admin)),
+    ("GET", "/v1/cluster/ca", Open::Public),
+    ("GET", "/v1/cluster/certificate", Open::Role(Role::Viewer)),
+    ("POST", "/v1/cluster/certificate/rotate", Open::Role(Role::Admin)),
 ];
 
 /// The paths the router serves, read from its source: a route added without a row here fails.
@@ -104,10 +106,10 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         tokens.push((Some(role), admin.create_token(&req).await.expect("create token").token));
     }
     let join = server.join_token();
-    let joiner = Client::new(&server.url, Some(join.clone())).unwrap();
+    let joiner = server.client(Some(join.clone()));
     let credential = joiner.register_host(&registration("gpu", "n1", "n1", 1)).await.unwrap().credential;
 
-    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build().unwrap();
+    let http = server.http();
     let mut wrong = Vec::new();
     for (method, path, open) in ROUTES {
         let url = format!("{}{}", server.url, concrete(path));
@@ -153,14 +155,14 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     assert_eq!(list.len(), 3);
     let listed = serde_json::to_string(&list).unwrap();
     assert!(tokens.iter().all(|(_, t)| !listed.contains(t.as_str())), "token list shows a token");
-    let viewer = Client::new(&server.url, Some(tokens[0].1.clone())).unwrap();
+    let viewer = server.client(Some(tokens[0].1.clone()));
     viewer.list_pools().await.expect("a viewer reads pools");
     admin.revoke_token(&list[0].id).await.unwrap();
     let e = viewer.list_pools().await.unwrap_err();
     assert_eq!(e.code(), Some("Unauthorized"), "{e}");
 
     // Every change above is in the audit log, with who made it; reads and agents' calls are not.
-    let operator = Client::new(&server.url, Some(tokens[1].1.clone())).unwrap();
+    let operator = server.client(Some(tokens[1].1.clone()));
     operator.cordon_host("nope", true).await.unwrap_err();
     let log = admin.audit(10_000).await.unwrap();
     let op_id = &list[1].id;

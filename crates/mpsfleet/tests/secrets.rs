@@ -101,6 +101,7 @@ impl Fleet {
             .args(args)
             .env("MPSFLEET_SERVER", &self.server.url)
             .env("MPSFLEET_TOKEN", self.server.admin_token())
+            .env("MPSFLEET_CA_FILE", self.server.ca_file())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -152,11 +153,12 @@ impl Fleet {
 }
 
 /// Collects the server's event stream (`GET /v1/events`) into a buffer.
-fn collect_events(url: &str, token: &str) -> Arc<Mutex<Vec<u8>>> {
+fn collect_events(server: &Server, token: &str) -> Arc<Mutex<Vec<u8>>> {
     let buf = Arc::new(Mutex::new(Vec::new()));
-    let (url, token, out) = (format!("{url}/v1/events"), token.to_string(), buf.clone());
+    let (url, token, out) = (format!("{}/v1/events", server.url), token.to_string(), buf.clone());
+    let http = server.http();
     tokio::spawn(async move {
-        let Ok(mut resp) = reqwest::Client::new().get(url).bearer_auth(token).send().await else { return };
+        let Ok(mut resp) = http.get(url).bearer_auth(token).send().await else { return };
         while let Ok(Some(chunk)) = resp.chunk().await {
             out.lock().unwrap().extend_from_slice(&chunk);
         }
@@ -195,7 +197,7 @@ fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
 async fn a_secret_reaches_its_container_and_appears_nowhere_else() {
     within(async {
         let fleet = Fleet::start("sec-env").await;
-        let events = collect_events(&fleet.server.url, &fleet.server.admin_token());
+        let events = collect_events(&fleet.server, &fleet.server.admin_token());
         let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db-pass-AbCdEf";
         let plain = "api-key";
         let (db_pass, api_key) = (unique_value("dbpass"), unique_value("apikey"));
@@ -251,7 +253,9 @@ async fn a_secret_reaches_its_container_and_appears_nowhere_else() {
         let listed = &looked_at[2].1;
         assert!(listed.contains(arn) && listed.contains(plain), "{listed}");
         // The agent's route is for host credentials only.
-        let r = reqwest::Client::new()
+        let r = fleet
+            .server
+            .http()
             .get(format!("{}/v1/agent/tasks/{id_s}/secrets", fleet.server.url))
             .bearer_auth(fleet.server.admin_token())
             .send()

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use mpsfleet_client::Client;
 use mpsfleet_types::api::RegisterHostResponse;
 
 /// Sets the terminal title and clears the screen, if printed raw.
@@ -13,7 +12,7 @@ const HOSTILE: &str = "n1\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
 fn cli(server: &Server, args: &[&str]) -> std::process::Output {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(args)
-        .args(["--server", &server.url, "--token", &server.admin_token()])
+        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
         .output()
         .expect("run the mpsfleet CLI");
     assert!(out.status.success(), "mpsfleet {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -34,7 +33,7 @@ async fn a_hostname_with_escape_sequences_is_shown_escaped() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     create_pool(&server.admin(), "gpu").await;
-    let joiner = Client::new(&server.url, Some(server.join_token())).unwrap();
+    let joiner = server.client(Some(server.join_token()));
     let mut reg = registration("gpu", HOSTILE, "terminal", 1);
     reg.gpus[0].model = "NVIDIA H200\u{1b}[8m".into();
     let RegisterHostResponse { host_id, .. } = joiner.register_host(&reg).await.expect("register host");

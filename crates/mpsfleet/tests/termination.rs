@@ -389,7 +389,7 @@ async fn a_server_stopped_with_sigint_exits_at_once_and_opens_no_incident() {
         }
     };
     signal_agents(nix::sys::signal::SIGSTOP);
-    let listen = fleet.server.url.trim_start_matches("http://").to_string();
+    let listen = fleet.server.addr();
     let data = fleet.server.data_dir.clone();
     let args = fleet.agent_args.clone();
     fleet.server = Server::start_with(&data, &listen, &["--local-agent-args", &args]);
@@ -442,7 +442,8 @@ async fn ctrl_c_stops_every_host_up_started_in_its_data_dir_earlier_runs_too() {
     // A first run, killed: its hosts keep running, as machines do.
     let (mut first, url) = up(&dir, &config, &mps);
     let token = std::fs::read_to_string(dir.join("admin.token")).unwrap().trim().to_string();
-    let admin = Client::new(&url, Some(token.clone())).unwrap();
+    let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join("ca.pem")).unwrap());
+    let admin = Client::with_trust(&url, Some(token.clone()), &trust).unwrap();
     eventually(WAIT, "two hosts of the first run", || async {
         let hs = admin.list_hosts(None).await.ok()?;
         (hs.iter().filter(|h| h.status == HostStatus::Active).count() == 2).then_some(())
@@ -460,7 +461,7 @@ async fn ctrl_c_stops_every_host_up_started_in_its_data_dir_earlier_runs_too() {
 
     // A second run; Ctrl-C stops its hosts and the first run's.
     let (mut second, url) = up(&dir, &config, &mps);
-    let admin = Client::new(&url, Some(token)).unwrap();
+    let admin = Client::with_trust(&url, Some(token), &trust).unwrap();
     admin.list_hosts(None).await.expect("the second run answers");
     let asked = Instant::now();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(second.id() as i32), nix::sys::signal::SIGINT).unwrap();

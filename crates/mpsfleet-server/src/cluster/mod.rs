@@ -467,6 +467,15 @@ impl Cluster {
     /// The one-time token a host launched to keep `pool` at its size joins with: derived
     /// from the pool and the host's name, so that a restarted server that launches the same
     /// name again (providers launch by name idempotently) hands out the same token.
+    /// `secret` as a host joins with it: with the cluster CA's hash after it when the server
+    /// serves HTTPS ([`mpsfleet_client::tls::pinned`]).
+    pub fn join_string(&self, secret: &str) -> String {
+        match self.provider_ctx.as_ref().and_then(|c| c.ca_hash.as_deref()) {
+            Some(hash) => mpsfleet_client::tls::pinned(secret, hash),
+            None => secret.to_string(),
+        }
+    }
+
     pub(super) fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
         let token = self.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
         self.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
@@ -476,6 +485,11 @@ impl Cluster {
     /// Provider calls decided during the last API calls, for the caller to run.
     pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
         std::mem::take(&mut self.pending_jobs)
+    }
+
+    /// The cluster clock's time, in ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now()
     }
 
     fn now(&self) -> u64 {
@@ -1737,6 +1751,9 @@ pub struct ProviderContext {
     pub hosts_dir: std::path::PathBuf,
     /// Extra `mpsfleet agent` arguments for `local` hosts.
     pub local_agent_args: Vec<String>,
+    /// `sha256:<hex>` of the cluster CA when the server serves HTTPS: the tokens launched
+    /// hosts join with carry it, so their agents trust this cluster's servers and no other.
+    pub ca_hash: Option<String>,
 }
 
 /// Filters of `GET /v1/tasks`.

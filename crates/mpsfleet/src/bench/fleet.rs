@@ -45,7 +45,8 @@ impl Fleet {
         // Keep reading what else the server prints, so that it never writes into a closed pipe.
         std::thread::spawn(move || lines.for_each(drop));
         let token = std::fs::read_to_string(data.join("admin.token"))?.trim().to_string();
-        let admin = Client::new(&url, Some(token))?;
+        let ca = std::fs::read(data.join(mpsfleet_server::CA_FILE))?;
+        let admin = Client::with_trust(&url, Some(token), &mpsfleet_client::tls::Trust::Ca(ca))?;
         admin
             .create_pool(&CreatePool {
                 name: pool.into(),

@@ -98,7 +98,7 @@ async fn run(b: &IngestBench, server: &ServerProcess) -> Result<()> {
 
     // Every host's first report moves it from ONBOARDING to ACTIVE (one commit each).
     let t = Instant::now();
-    send_each_once(server.addr, requests.clone(), b.connections as usize).await?;
+    send_each_once(server.addr.clone(), requests.clone(), b.connections as usize).await?;
     println!("every host reported once (onboarded) in {:.1}s", t.elapsed().as_secs_f64());
 
     let counters = Arc::new(Counters::default());
@@ -108,7 +108,7 @@ async fn run(b: &IngestBench, server: &ServerProcess) -> Result<()> {
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..k {
         let mine: Vec<usize> = (w..requests.len()).step_by(k).collect();
-        workers.spawn(worker(server.addr, requests.clone(), mine, interval, start, counters.clone()));
+        workers.spawn(worker(server.addr.clone(), requests.clone(), mine, interval, start, counters.clone()));
     }
     tokio::time::sleep(Duration::from_secs(b.warmup_seconds)).await;
     let (acked0, failed0) = (counters.acked.load(Ordering::Relaxed), counters.failed.load(Ordering::Relaxed));
@@ -171,7 +171,7 @@ async fn run(b: &IngestBench, server: &ServerProcess) -> Result<()> {
 /// measuring. A worker that falls behind sends at once until it has caught up.
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
 async fn worker(
-    addr: std::net::SocketAddr,
+    addr: super::Endpoint,
     requests: Arc<Vec<Vec<u8>>>,
     mine: Vec<usize>,
     interval: Duration,

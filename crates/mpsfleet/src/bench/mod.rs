@@ -205,10 +205,39 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
 struct ServerProcess {
     child: std::process::Child,
     dir: std::path::PathBuf,
-    addr: std::net::SocketAddr,
+    addr: Endpoint,
     url: String,
     admin_token: String,
     join_token: String,
+}
+
+/// Where the load generator connects: the server's address, over TLS verified against its
+/// cluster CA (the server serves HTTPS by default, so the figures include TLS).
+#[derive(Clone)]
+struct Endpoint {
+    addr: std::net::SocketAddr,
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+impl Endpoint {
+    fn new(addr: std::net::SocketAddr, ca_pem: &[u8]) -> Result<Endpoint> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in mpsfleet_client::tls::certificates(ca_pem).map_err(anyhow::Error::msg)? {
+            roots.add(cert)?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Endpoint { addr, tls: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)) })
+    }
 }
 
 impl ServerProcess {
@@ -233,23 +262,23 @@ impl ServerProcess {
             .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string));
         // Keep draining what the server prints so that it never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        let mut server = ServerProcess {
-            child,
-            addr: "127.0.0.1:0".parse()?,
-            url: String::new(),
-            admin_token: String::new(),
-            join_token: String::new(),
-            dir,
-        };
-        let Some(url) = url else {
-            bail!("the server did not start; see {}", server.dir.join("server.log").display());
-        };
-        server.addr = url.trim_start_matches("http://").parse()?;
-        server.url = url;
         let read = |f: &str| std::fs::read_to_string(data.join(f)).map(|t| t.trim().to_string());
-        server.admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE)?;
-        server.join_token = read(mpsfleet_server::JOIN_TOKEN_FILE)?;
-        Ok(server)
+        let ready = url.ok_or_else(|| anyhow::anyhow!("the server did not start")).and_then(|url| {
+            let ca = std::fs::read(data.join(mpsfleet_server::CA_FILE))?;
+            let addr = Endpoint::new(url.trim_start_matches("https://").parse()?, &ca)?;
+            let tokens = (read(mpsfleet_server::ADMIN_TOKEN_FILE)?, read(mpsfleet_server::JOIN_TOKEN_FILE)?);
+            Ok((url, addr, tokens))
+        });
+        match ready {
+            Ok((url, addr, (admin_token, join_token))) => {
+                Ok(ServerProcess { child, dir, addr, url, admin_token, join_token })
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{e}; see {}", dir.join("server.log").display())
+            }
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -257,7 +286,15 @@ impl ServerProcess {
     }
 
     fn admin(&self) -> Result<mpsfleet_client::Client> {
-        Ok(mpsfleet_client::Client::new(&self.url, Some(self.admin_token.clone()))?)
+        self.client(self.admin_token.clone())
+    }
+
+    /// A client with `token` that trusts the server's cluster CA (the server serves HTTPS, as
+    /// by default, so the figures include TLS).
+    fn client(&self, token: String) -> Result<mpsfleet_client::Client> {
+        let ca = std::fs::read(self.dir.join("server").join(mpsfleet_server::CA_FILE))?;
+        let trust = mpsfleet_client::tls::Trust::Ca(ca);
+        Ok(mpsfleet_client::Client::with_trust(&self.url, Some(token), &trust)?)
     }
 }
 
@@ -321,14 +358,16 @@ fn quantile(sorted: &[u32], q: f64) -> u32 {
 /// request: the load generator's client, kept minimal so that it costs little next to the
 /// server it measures.
 struct HttpConn {
-    stream: tokio::net::TcpStream,
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     buf: Vec<u8>,
 }
 
 impl HttpConn {
-    async fn connect(addr: std::net::SocketAddr) -> Result<HttpConn> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+    async fn connect(to: Endpoint) -> Result<HttpConn> {
+        let tcp = tokio::net::TcpStream::connect(to.addr).await?;
+        tcp.set_nodelay(true)?;
+        let name = rustls::pki_types::ServerName::IpAddress(to.addr.ip().into());
+        let stream = to.tls.connect(name, tcp).await?;
         Ok(HttpConn { stream, buf: Vec::with_capacity(16 * 1024) })
     }
 
@@ -434,7 +473,7 @@ async fn register_hosts(
     gpus: u32,
     parallel: u32,
 ) -> Result<Vec<(mpsfleet_types::HostRegistration, String)>> {
-    let joiner = mpsfleet_client::Client::new(&server.url, Some(server.join_token.clone()))?;
+    let joiner = server.client(server.join_token.clone())?;
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..parallel.max(1) {
@@ -466,14 +505,14 @@ async fn register_hosts(
 /// Sends each prepared request once over `parallel` keep-alive connections; every answer must
 /// be `200 OK`.
 async fn send_each_once(
-    addr: std::net::SocketAddr,
+    addr: Endpoint,
     requests: std::sync::Arc<Vec<Vec<u8>>>,
     parallel: usize,
 ) -> Result<()> {
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..parallel.max(1) {
-        let (requests, next) = (requests.clone(), next.clone());
+        let (requests, next, addr) = (requests.clone(), next.clone(), addr.clone());
         workers.spawn(async move {
             let mut conn = HttpConn::connect(addr).await?;
             loop {

@@ -51,7 +51,7 @@ async fn run(b: &RegisterBench, server: &ServerProcess) -> Result<()> {
     let start = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..b.clients {
-        let (requests, next, addr) = (requests.clone(), next.clone(), server.addr);
+        let (requests, next, addr) = (requests.clone(), next.clone(), server.addr.clone());
         clients.spawn(async move {
             let mut conn = HttpConn::connect(addr).await?;
             let mut latencies = Vec::new();

@@ -81,7 +81,7 @@ async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
             Ok(HttpConn::request("POST", "/v1/agent/status", &authority, credential, &body))
         })
         .collect::<Result<Vec<_>>>()?;
-    send_each_once(server.addr, Arc::new(reports), 8).await?;
+    send_each_once(server.addr.clone(), Arc::new(reports), 8).await?;
     let active = admin
         .list_hosts(Some("bench"))
         .await?
@@ -108,7 +108,7 @@ async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
     for _ in 0..b.clients {
         let (left, done, authority, token) =
             (left.clone(), done.clone(), authority.clone(), server.admin_token.clone());
-        let (addr, batch, total) = (server.addr, u64::from(b.batch), b.tasks);
+        let (addr, batch, total) = (server.addr.clone(), u64::from(b.batch), b.tasks);
         clients.spawn(async move {
             let mut conn = HttpConn::connect(addr).await?;
             let mut latencies = Vec::new();

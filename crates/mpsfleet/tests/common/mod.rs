@@ -66,11 +66,44 @@ impl Server {
     }
 
     pub fn admin(&self) -> Client {
-        Client::new(&self.url, Some(self.admin_token())).expect("client")
+        self.client(Some(self.admin_token()))
     }
 
     pub fn anonymous(&self) -> Client {
-        Client::new(&self.url, None).expect("client")
+        self.client(None)
+    }
+
+    /// The cluster CA the server wrote to its data dir (`ca.pem`); plain HTTP for a server
+    /// started with `--insecure-http`.
+    pub fn trust(&self) -> mpsfleet_client::tls::Trust {
+        if self.url.starts_with("http://") {
+            return mpsfleet_client::tls::Trust::PlainHttp;
+        }
+        mpsfleet_client::tls::Trust::Ca(std::fs::read(self.data_dir.join("ca.pem")).expect("ca.pem"))
+    }
+
+    /// The address it listens on (`127.0.0.1:PORT`), to start it again there.
+    pub fn addr(&self) -> String {
+        self.url.trim_start_matches("https://").trim_start_matches("http://").to_string()
+    }
+
+    /// The cluster CA's file, for the CLI's `--ca-file`.
+    pub fn ca_file(&self) -> String {
+        self.data_dir.join("ca.pem").display().to_string()
+    }
+
+    /// A client with `token` that trusts the server's cluster CA.
+    pub fn client(&self, token: Option<String>) -> Client {
+        Client::with_trust(&self.url, token, &self.trust()).expect("client")
+    }
+
+    /// A plain reqwest client that trusts the server's cluster CA (and nothing else).
+    pub fn http(&self) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder().use_rustls_tls().tls_built_in_root_certs(false);
+        if let mpsfleet_client::tls::Trust::Ca(pem) = self.trust() {
+            builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("the CA"));
+        }
+        builder.timeout(Duration::from_secs(30)).build().expect("http client")
     }
 
     /// SIGKILL, and wait for the process to be gone.
@@ -127,7 +160,7 @@ pub fn registration(pool: &str, hostname: &str, uuid_key: &str, gpus: u32) -> Ho
 /// Registers a host with `gpus` H200s through the agent API and makes it ACTIVE; returns
 /// its id and a client holding its credential.
 pub async fn add_host(server: &Server, pool: &str, name: &str, gpus: u32) -> (HostId, Client) {
-    let joiner = Client::new(&server.url, Some(server.join_token())).expect("client");
+    let joiner = server.client(Some(server.join_token()));
     let reg = registration(pool, name, name, gpus);
     let RegisterHostResponse { host_id, credential, .. } =
         joiner.register_host(&reg).await.expect("register host");

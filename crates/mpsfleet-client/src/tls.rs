@@ -1,0 +1,176 @@
+//! Whom a client trusts: its cluster's CA, pinned by hash at first contact.
+//!
+//! A cluster has one CA; every server's certificate chains to it. A join token carries the
+//! CA's hash after its secret (`<secret>.sha256:<hex>`), as kubeadm's discovery token CA cert
+//! hash does: a new agent fetches the CA from the server over an unverified connection,
+//! accepts it only if its hash is the one in its token, and from then on trusts that CA and
+//! nothing else ([`fetch_pinned_ca`]). The hash is SHA-256 over the CA certificate's DER.
+
+use crate::ClientError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+/// What separates a join token's secret from the CA hash it carries.
+pub const PIN_SEPARATOR: &str = ".sha256:";
+
+/// The route that serves the cluster's CA certificate (PEM) to anyone.
+pub const CA_PATH: &str = "/v1/cluster/ca";
+
+/// The largest CA document a client reads.
+const MAX_CA_BYTES: usize = 64 << 10;
+
+/// Splits `<secret>.sha256:<hex>` into the secret and the hash (`sha256:<hex>`); a token
+/// without a hash is all secret.
+pub fn split_pin(token: &str) -> (&str, Option<String>) {
+    match token.rsplit_once(PIN_SEPARATOR) {
+        Some((secret, hex)) if !secret.is_empty() => (secret, Some(format!("sha256:{hex}"))),
+        _ => (token, None),
+    }
+}
+
+/// `secret` with the CA hash `hash` (`sha256:<hex>`) after it.
+pub fn pinned(secret: &str, hash: &str) -> String {
+    format!("{secret}{PIN_SEPARATOR}{}", hash.strip_prefix("sha256:").unwrap_or(hash))
+}
+
+/// The certificates of a PEM document, in order.
+pub fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not a PEM certificate: {e}"))?;
+    if certs.is_empty() {
+        return Err("no certificate in the PEM document".into());
+    }
+    Ok(certs)
+}
+
+/// `sha256:<hex>` of the first certificate in `pem`.
+pub fn ca_hash(pem: &[u8]) -> Result<String, String> {
+    let certs = certificates(pem)?;
+    Ok(der_hash(&certs[0]))
+}
+
+/// `sha256:<hex>` of a DER certificate.
+pub fn der_hash(der: &[u8]) -> String {
+    let digest = Sha256::digest(der);
+    format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// Whom a client trusts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// `https://` servers whose certificate chains to one of these CAs (PEM), and nothing else:
+    /// no system roots.
+    Ca(Vec<u8>),
+    /// Only `http://` (a server started with `--insecure-http` on loopback): an `https://`
+    /// address is refused, since nothing would verify it.
+    PlainHttp,
+}
+
+impl Trust {
+    /// A reqwest client builder that trusts what `self` names.
+    pub(crate) fn builder(&self, base: &str) -> Result<reqwest::ClientBuilder, ClientError> {
+        let bad = |message: String| ClientError::Transport { url: base.to_string(), message };
+        let builder = reqwest::Client::builder().use_rustls_tls().tls_built_in_root_certs(false);
+        match self {
+            Trust::Ca(pem) => {
+                let mut builder = builder.https_only(true);
+                for der in certificates(pem).map_err(|e| bad(format!("the CA: {e}")))? {
+                    let cert =
+                        reqwest::Certificate::from_der(&der).map_err(|e| bad(format!("the CA: {e}")))?;
+                    builder = builder.add_root_certificate(cert);
+                }
+                if !base.starts_with("https://") {
+                    return Err(bad(
+                        "the server address must be https:// (plain http:// only with a server started \
+                         with --insecure-http)"
+                            .into(),
+                    ));
+                }
+                Ok(builder)
+            }
+            Trust::PlainHttp if base.starts_with("https://") => Err(bad(
+                "an https:// server needs its cluster's CA: give --ca-file (the server writes ca.pem in \
+                 its data dir) or a join token that carries the CA hash"
+                    .into(),
+            )),
+            Trust::PlainHttp => Ok(builder),
+        }
+    }
+}
+
+/// Fetches the cluster CA from the server at `base` and returns it if its hash is `expected`
+/// (`sha256:<hex>`). The connection is not verified (there is nothing yet to verify it with);
+/// the hash is what makes the answer trustworthy, and every later call verifies the server's
+/// certificate against this CA.
+pub async fn fetch_pinned_ca(base: &str, expected: &str) -> Result<Vec<u8>, ClientError> {
+    let base = base.trim_end_matches('/');
+    let url = format!("{base}{CA_PATH}");
+    let transport = |message: String| ClientError::Transport { url: url.clone(), message };
+    if !base.starts_with("https://") {
+        return Err(transport("a join token with a CA hash needs an https:// server address".into()));
+    }
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(15))
+        .build()
+        .map_err(|e| transport(e.to_string()))?;
+    let mut resp = http.get(&url).send().await.map_err(|e| transport(crate::chain(&e)))?;
+    if !resp.status().is_success() {
+        return Err(transport(format!("the server answered HTTP {} for its CA", resp.status().as_u16())));
+    }
+    let mut pem = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(crate::chain(&e)))? {
+        pem.extend_from_slice(&chunk);
+        if pem.len() > MAX_CA_BYTES {
+            return Err(transport(format!("the CA document is over {MAX_CA_BYTES} bytes")));
+        }
+    }
+    let got = ca_hash(&pem).map_err(|e| transport(format!("the server's CA: {e}")))?;
+    if !got.eq_ignore_ascii_case(expected) {
+        return Err(ClientError::UntrustedServer {
+            url,
+            message: format!(
+                "its CA has hash {got}, not the {expected} the join token names: this is not the \
+                 cluster the token was made for (or someone is in between); nothing was sent"
+            ),
+        });
+    }
+    Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pinned_token_splits_into_its_secret_and_hash() {
+        let hash = format!("sha256:{}", "ab".repeat(32));
+        let token = pinned("mpsf_join_s3cret", &hash);
+        assert_eq!(token, format!("mpsf_join_s3cret.sha256:{}", "ab".repeat(32)));
+        assert_eq!(split_pin(&token), ("mpsf_join_s3cret", Some(hash)));
+        assert_eq!(split_pin("mpsf_join_s3cret"), ("mpsf_join_s3cret", None));
+        assert_eq!(split_pin(".sha256:ab"), (".sha256:ab", None), "no secret, no pin");
+    }
+
+    #[test]
+    fn garbage_is_no_certificate() {
+        assert!(ca_hash(b"hello").is_err());
+        assert!(ca_hash(b"").is_err());
+    }
+
+    #[test]
+    fn https_needs_a_ca_and_a_ca_needs_https() {
+        let plain = Trust::PlainHttp.builder("https://127.0.0.1:7070").expect_err("refused");
+        assert!(plain.to_string().contains("--ca-file"), "{plain}");
+        assert!(Trust::PlainHttp.builder("http://127.0.0.1:7070").is_ok());
+        let bad_ca = Trust::Ca(b"nope".to_vec()).builder("https://127.0.0.1:7070").expect_err("refused");
+        assert!(bad_ca.to_string().contains("the CA"), "{bad_ca}");
+    }
+}
