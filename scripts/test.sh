@@ -25,3 +25,6 @@ trap 'bash scripts/docker-env.sh stop >/dev/null 2>&1 || true' EXIT
 # The process tests start the real binary; build it (and everything else) once, up front.
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked "$@"
+
+# The API contract against the real server: the OpenAPI document validated, every route fuzzed.
+bash scripts/fuzz-api.sh

@@ -8,6 +8,7 @@ use crate::cluster::{
     Cluster, HostRequest, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, ValidTaskDef, Waiting,
 };
 use crate::error::ApiError;
+use crate::openapi::BearerAuth;
 use crate::provider;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
@@ -281,13 +282,83 @@ impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for
     }
 }
 
+/// A request body: always a JSON object (serde would also fill a struct from an array).
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::MalformedBody("expected a JSON object".into()));
+    }
     serde_json::from_slice(body).map_err(|e| ApiError::MalformedBody(e.to_string()))
 }
+
+/// The OpenAPI document's operations: every handler the router serves (a test in
+/// `openapi.rs` holds the two to each other).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "mpsfleet",
+        description = "The mpsfleet control plane: GPU workloads that share NVIDIA GPUs through MPS, from ECS task definitions."
+    ),
+    paths(
+        openapi_document,
+        healthz,
+        cluster_ca,
+        server_certificate,
+        rotate_certificate,
+        create_token,
+        list_tokens,
+        revoke_token,
+        list_audit,
+        register_taskdef,
+        list_taskdefs,
+        describe_taskdef,
+        create_pool,
+        list_pools,
+        describe_pool,
+        update_pool,
+        explain_pool,
+        list_hosts,
+        describe_host,
+        cordon_host,
+        uncordon_host,
+        drain_host,
+        replace_host,
+        activate_host,
+        forget_host,
+        acknowledge_incident,
+        resolve_incident,
+        list_incidents,
+        describe_incident,
+        run_tasks,
+        list_tasks,
+        describe_task,
+        stop_task,
+        task_logs,
+        create_service,
+        list_services,
+        describe_service,
+        service_endpoints,
+        update_service,
+        delete_service,
+        create_secret,
+        list_secrets,
+        delete_secret,
+        register_host,
+        host_status,
+        assignments,
+        report_task,
+        task_secrets,
+        crate::events::stream
+    ),
+    components(schemas(mpsfleet_types::api::ErrorBody, mpsfleet_types::access::AuditEvent)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiPaths;
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", get(healthz))
+        .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/taskdefs", post(register_taskdef).get(list_taskdefs))
         .route("/v1/taskdefs/{reference}", get(describe_taskdef))
         .route("/v1/pools", post(create_pool).get(list_pools))
@@ -339,6 +410,27 @@ async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "server",
+    summary = "This API's OpenAPI 3.1 document.",
+    responses((status = 200, description = "The document.", body = Object), crate::openapi::Errors),
+    security(())
+)]
+async fn openapi_document() -> Response {
+    let json = crate::openapi::document_json();
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response()
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/healthz",
+    tag = "server",
+    summary = "Whether the server answers.",
+    responses((status = 200, description = "It answers.", body = Object), crate::openapi::Errors),
+    security(())
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
@@ -357,12 +449,27 @@ fn serving_tls(st: &AppState) -> Result<Arc<crate::tls::ServerTls>, ApiError> {
 
 /// The cluster CA's certificate, to anyone: a new agent checks it against the hash in its
 /// join token before it trusts it (`mpsfleet_client::tls::fetch_pinned_ca`).
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/ca",
+    tag = "server",
+    summary = "The cluster CA's certificate (PEM).",
+    responses((status = 200, description = "The CA certificate, PEM.", body = String, content_type = "application/x-pem-file"), crate::openapi::Errors),
+    security(())
+)]
 async fn cluster_ca(State(st): State<AppState>) -> Result<Response, ApiError> {
     let tls = serving_tls(&st)?;
     let pem = tls.ca().cert_pem().to_string();
     Ok(([(axum::http::header::CONTENT_TYPE, "application/x-pem-file")], pem).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/certificate",
+    tag = "server",
+    summary = "The certificate this server serves.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::ServerCertificate), crate::openapi::Errors)
+)]
 async fn server_certificate(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -373,6 +480,13 @@ async fn server_certificate(
 
 /// Issues this server a new certificate (and key) under the cluster CA; connections made
 /// from now on get it.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/certificate/rotate",
+    tag = "server",
+    summary = "Issue this server a new certificate under the cluster CA.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::ServerCertificate), crate::openapi::Errors)
+)]
 async fn rotate_certificate(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -383,6 +497,14 @@ async fn rotate_certificate(
 
 // ---- tokens -----------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "access",
+    summary = "Make an API token with a role; the token is in this answer only.",
+    request_body = CreateToken,
+    responses((status = 201, description = "OK.", body = CreatedToken), crate::openapi::Errors)
+)]
 async fn create_token(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -393,6 +515,13 @@ async fn create_token(
     Ok((StatusCode::CREATED, Json(t)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tokens",
+    tag = "access",
+    summary = "Every API token (never the tokens themselves).",
+    responses((status = 200, description = "OK.", body = Vec<TokenView>), crate::openapi::Errors)
+)]
 async fn list_tokens(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -400,6 +529,14 @@ async fn list_tokens(
     Ok(Json(st.call(&headers, admin, |c, _| Ok(c.api_tokens())).await?))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/tokens/{id}",
+    tag = "access",
+    summary = "Revoke an API token at once.",
+    params(("id" = String, Path, description = "A token id.")),
+    responses((status = 200, description = "OK.", body = TokenView), crate::openapi::Errors)
+)]
 async fn revoke_token(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -409,9 +546,11 @@ async fn revoke_token(
 }
 
 /// Query of `GET /v1/audit`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// How many of the newest entries (1 to 10,000; default 100).
     #[serde(default = "default_audit_limit")]
     limit: usize,
 }
@@ -420,6 +559,14 @@ fn default_audit_limit() -> usize {
     100
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "access",
+    summary = "The newest audit entries, oldest first.",
+    params(AuditQuery),
+    responses((status = 200, description = "OK.", body = Vec<mpsfleet_types::access::AuditEntry>), crate::openapi::Errors)
+)]
 async fn list_audit(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -434,6 +581,14 @@ async fn list_audit(
 
 // ---- task definitions -------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/taskdefs",
+    tag = "taskdefs",
+    summary = "Register an ECS task definition.",
+    request_body(content = Object, description = "An ECS task definition (JSON); fields mpsfleet does not use are named in ignoredFields."),
+    responses((status = 201, description = "OK.", body = mpsfleet_types::api::RegisterTaskDefResponse), crate::openapi::Errors)
+)]
 async fn register_taskdef(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -448,11 +603,21 @@ async fn register_taskdef(
     Ok(created(r))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct FamilyQuery {
+    /// Only this family's revisions.
     family: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/taskdefs",
+    tag = "taskdefs",
+    summary = "Registered task definitions.",
+    params(FamilyQuery),
+    responses((status = 200, description = "OK.", body = Vec<TaskDefinition>), crate::openapi::Errors)
+)]
 async fn list_taskdefs(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -464,6 +629,14 @@ async fn list_taskdefs(
     Ok(Json(list).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/taskdefs/{reference}",
+    tag = "taskdefs",
+    summary = "One task definition.",
+    params(("reference" = String, Path, description = "family (its latest revision) or family:revision.")),
+    responses((status = 200, description = "OK.", body = TaskDefinition), crate::openapi::Errors)
+)]
 async fn describe_taskdef(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -474,6 +647,14 @@ async fn describe_taskdef(
 
 // ---- pools ------------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/pools",
+    tag = "pools",
+    summary = "Create a pool.",
+    request_body = CreatePool,
+    responses((status = 201, description = "OK.", body = Pool), crate::openapi::Errors)
+)]
 async fn create_pool(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -483,10 +664,25 @@ async fn create_pool(
     Ok(created(st.call(&headers, admin, move |c, _| c.create_pool(req)).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/pools",
+    tag = "pools",
+    summary = "Every pool.",
+    responses((status = 200, description = "OK.", body = Vec<Pool>), crate::openapi::Errors)
+)]
 async fn list_pools(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<Pool>>, ApiError> {
     Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.pools())).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{name}",
+    tag = "pools",
+    summary = "One pool.",
+    params(("name" = String, Path, description = "A pool name.")),
+    responses((status = 200, description = "OK.", body = Pool), crate::openapi::Errors)
+)]
 async fn describe_pool(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -495,6 +691,15 @@ async fn describe_pool(
     Ok(Json(st.call(&headers, viewer, move |c, _| c.pool(&name)).await?))
 }
 
+#[utoipa::path(
+    patch,
+    path = "/v1/pools/{name}",
+    tag = "pools",
+    summary = "Change a pool's policies.",
+    request_body = UpdatePool,
+    params(("name" = String, Path, description = "A pool name.")),
+    responses((status = 200, description = "OK.", body = Pool), crate::openapi::Errors)
+)]
 async fn update_pool(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -505,6 +710,14 @@ async fn update_pool(
     Ok(Json(st.call(&headers, admin, move |c, _| c.update_pool(&name, req)).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{name}/explain",
+    tag = "pools",
+    summary = "Why the pool's pending tasks wait.",
+    params(("name" = String, Path, description = "A pool name.")),
+    responses((status = 200, description = "OK.", body = mpsfleet_core::explain::Explanation), crate::openapi::Errors)
+)]
 async fn explain_pool(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -515,11 +728,21 @@ async fn explain_pool(
 
 // ---- hosts ------------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PoolQuery {
+    /// Only this pool's hosts.
     pool: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/hosts",
+    tag = "hosts",
+    summary = "Hosts with their GPUs.",
+    params(PoolQuery),
+    responses((status = 200, description = "OK.", body = Vec<HostView>), crate::openapi::Errors)
+)]
 async fn list_hosts(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -528,6 +751,14 @@ async fn list_hosts(
     Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/hosts/{id}",
+    tag = "hosts",
+    summary = "One host.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = HostView), crate::openapi::Errors)
+)]
 async fn describe_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -536,6 +767,14 @@ async fn describe_host(
     Ok(Json(st.call(&headers, viewer, move |c, _| c.host(&id)).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/cordon",
+    tag = "hosts",
+    summary = "No new tasks on the host.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = HostView), crate::openapi::Errors)
+)]
 async fn cordon_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -544,6 +783,14 @@ async fn cordon_host(
     Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, true)).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/uncordon",
+    tag = "hosts",
+    summary = "Tasks may be placed on the host again.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = HostView), crate::openapi::Errors)
+)]
 async fn uncordon_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -552,6 +799,14 @@ async fn uncordon_host(
     Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, false)).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/drain",
+    tag = "hosts",
+    summary = "Drain the host through an incident.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = IncidentView), crate::openapi::Errors)
+)]
 async fn drain_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -563,6 +818,14 @@ async fn drain_host(
     Ok(Json(IncidentView::of(i)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/replace",
+    tag = "hosts",
+    summary = "Replace the host through an incident.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = IncidentView), crate::openapi::Errors)
+)]
 async fn replace_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -574,6 +837,14 @@ async fn replace_host(
     Ok(Json(IncidentView::of(i)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/activate",
+    tag = "hosts",
+    summary = "Return a repaired host to service.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::api::OperatorCommandResponse), crate::openapi::Errors)
+)]
 async fn activate_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -588,13 +859,23 @@ async fn activate_host(
 }
 
 /// Query of `POST /v1/hosts/{id}/forget`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ForgetQuery {
+    /// Forget it even though it heartbeats.
     #[serde(default)]
     force: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/forget",
+    tag = "hosts",
+    summary = "Deregister a host that does not exist.",
+    params(("id" = String, Path, description = "A host id."), ForgetQuery),
+    responses((status = 200, description = "OK.", body = HostView), crate::openapi::Errors)
+)]
 async fn forget_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -604,6 +885,14 @@ async fn forget_host(
     Ok(Json(st.call(&headers, operator, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/incidents/{id}/acknowledge",
+    tag = "incidents",
+    summary = "Acknowledge an incident.",
+    params(("id" = String, Path, description = "An incident id.")),
+    responses((status = 200, description = "OK.", body = IncidentView), crate::openapi::Errors)
+)]
 async fn acknowledge_incident(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -613,6 +902,15 @@ async fn acknowledge_incident(
     Ok(Json(IncidentView::of(i)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/incidents/{id}/resolve",
+    tag = "incidents",
+    summary = "Resolve an incident.",
+    request_body = mpsfleet_types::api::ResolveIncident,
+    params(("id" = String, Path, description = "An incident id.")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::api::OperatorCommandResponse), crate::openapi::Errors)
+)]
 async fn resolve_incident(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -628,6 +926,13 @@ async fn resolve_incident(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/incidents",
+    tag = "incidents",
+    summary = "Incidents.",
+    responses((status = 200, description = "OK.", body = Vec<IncidentView>), crate::openapi::Errors)
+)]
 async fn list_incidents(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -636,6 +941,14 @@ async fn list_incidents(
     Ok(Json(list.into_iter().map(IncidentView::of).collect()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/incidents/{id}",
+    tag = "incidents",
+    summary = "One incident.",
+    params(("id" = String, Path, description = "An incident id.")),
+    responses((status = 200, description = "OK.", body = IncidentView), crate::openapi::Errors)
+)]
 async fn describe_incident(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -646,6 +959,14 @@ async fn describe_incident(
 
 // ---- tasks ------------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/tasks",
+    tag = "tasks",
+    summary = "Start tasks of a task definition in a pool.",
+    request_body = RunTask,
+    responses((status = 201, description = "OK.", body = mpsfleet_types::api::RunTaskResponse), crate::openapi::Errors)
+)]
 async fn run_tasks(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -656,6 +977,14 @@ async fn run_tasks(
     Ok(created(RunTaskResponse { tasks: out.tasks, placed: out.placed, pending: out.pending }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    tag = "tasks",
+    summary = "Tasks in creation order.",
+    params(("pool" = Option<String>, Query, description = "Only tasks of this pool."), ("service" = Option<String>, Query, description = "Only tasks of this service."), ("host" = Option<String>, Query, description = "Only tasks placed on this host."), ("status" = Option<String>, Query, description = "Only tasks whose lastStatus is this (RUNNING, PENDING, STOPPED, ...)."), ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000000, description = "At most this many (default 1000).")),
+    responses((status = 200, description = "OK.", body = Vec<Task>), crate::openapi::Errors)
+)]
 async fn list_tasks(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -684,6 +1013,14 @@ async fn list_tasks(
     Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.tasks(&filter))).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    summary = "One task.",
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = Task), crate::openapi::Errors)
+)]
 async fn describe_task(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -692,6 +1029,15 @@ async fn describe_task(
     Ok(Json(st.call(&headers, viewer, move |c, _| c.task(&id)).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/stop",
+    tag = "tasks",
+    summary = "Stop a task.",
+    request_body(content = Option<StopTask>, description = "May be empty."),
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = Task), crate::openapi::Errors)
+)]
 async fn stop_task(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -705,8 +1051,10 @@ async fn stop_task(
 /// The most log bytes one call returns.
 pub const MAX_LOG_TAIL: u64 = 16 << 20;
 
-#[derive(Deserialize, Serialize)]
+#[derive(Deserialize, Serialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct LogsQuery {
+    /// Only this container's output (default: every container).
     #[serde(skip_serializing_if = "Option::is_none")]
     container: Option<String>,
     #[serde(default = "default_stream")]
@@ -732,6 +1080,14 @@ fn default_tail() -> u64 {
 /// cannot be asked or does not answer (host gone, agent down), the last output snapshot the
 /// agent reported, both streams interleaved (with `since_ms`, its later lines). The answer
 /// says which it is, and the time of its last output (`lastAtMs`).
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}/logs",
+    tag = "tasks",
+    summary = "A task's output.",
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits)."), LogsQuery),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::logs::TaskLogs), crate::openapi::Errors)
+)]
 async fn task_logs(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -762,7 +1118,11 @@ async fn task_logs(
     // Why the agent's answer is not shown: the error to return without a snapshot, and the
     // note to show with one; None when the snapshot would not answer the question either.
     let (failure, note) = match &plan.agent {
-        Err(why) => (ApiError::Unavailable(why.clone()), Some(why.clone())),
+        // Not the agent failing: there is no agent to ask (409, unlike an agent that does not
+        // answer, 502).
+        Err(why) => {
+            (ApiError::Conflict(format!("{why}, and its agent reported no output of it")), Some(why.clone()))
+        }
         Ok((url, token)) => match fetch_agent_logs(&st.http, url, token, &plan.task_id, &q).await {
             Ok(answer) => {
                 let (text, lines) = match answer.body {
@@ -940,6 +1300,14 @@ async fn fetch_agent_logs(
 
 // ---- services ---------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/services",
+    tag = "services",
+    summary = "Create a service.",
+    request_body = CreateService,
+    responses((status = 201, description = "OK.", body = ServiceView), crate::openapi::Errors)
+)]
 async fn create_service(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -949,6 +1317,13 @@ async fn create_service(
     Ok(created(st.call(&headers, operator, move |c, _| c.create_service(req)).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/services",
+    tag = "services",
+    summary = "Services.",
+    responses((status = 200, description = "OK.", body = Vec<ServiceView>), crate::openapi::Errors)
+)]
 async fn list_services(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -956,6 +1331,14 @@ async fn list_services(
     Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.services())).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/services/{name}",
+    tag = "services",
+    summary = "One service.",
+    params(("name" = String, Path, description = "A service name.")),
+    responses((status = 200, description = "OK.", body = ServiceView), crate::openapi::Errors)
+)]
 async fn describe_service(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -964,6 +1347,14 @@ async fn describe_service(
     Ok(Json(st.call(&headers, viewer, move |c, _| c.service(&name)).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/services/{name}/endpoints",
+    tag = "services",
+    summary = "Every network binding of the service's running replicas.",
+    params(("name" = String, Path, description = "A service name.")),
+    responses((status = 200, description = "OK.", body = Vec<ServiceEndpoint>), crate::openapi::Errors)
+)]
 async fn service_endpoints(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -972,6 +1363,15 @@ async fn service_endpoints(
     Ok(Json(st.call(&headers, viewer, move |c, _| c.service_endpoints(&name)).await?))
 }
 
+#[utoipa::path(
+    patch,
+    path = "/v1/services/{name}",
+    tag = "services",
+    summary = "Change a service.",
+    request_body = UpdateService,
+    params(("name" = String, Path, description = "A service name.")),
+    responses((status = 200, description = "OK.", body = ServiceView), crate::openapi::Errors)
+)]
 async fn update_service(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -982,6 +1382,14 @@ async fn update_service(
     Ok(Json(st.call(&headers, operator, move |c, _| c.update_service(&name, req)).await?))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/services/{name}",
+    tag = "services",
+    summary = "Delete a service (its tasks stop).",
+    params(("name" = String, Path, description = "A service name.")),
+    responses((status = 200, description = "OK.", body = ServiceView), crate::openapi::Errors)
+)]
 async fn delete_service(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -992,6 +1400,14 @@ async fn delete_service(
 
 // ---- secrets ----------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/secrets",
+    tag = "secrets",
+    summary = "Store a secret (encrypted; never shown again).",
+    request_body = mpsfleet_types::secret::CreateSecret,
+    responses((status = 201, description = "OK.", body = mpsfleet_types::secret::SecretInfo), crate::openapi::Errors)
+)]
 async fn create_secret(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1001,6 +1417,13 @@ async fn create_secret(
     Ok(created(st.call(&headers, admin, move |c, _| c.create_secret(req)).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/secrets",
+    tag = "secrets",
+    summary = "Secrets (never their values).",
+    responses((status = 200, description = "OK.", body = Vec<mpsfleet_types::secret::SecretInfo>), crate::openapi::Errors)
+)]
 async fn list_secrets(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1008,6 +1431,14 @@ async fn list_secrets(
     Ok(Json(st.call(&headers, admin, |c, _| c.secrets()).await?))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    summary = "Delete a secret.",
+    params(("name" = String, Path, description = "A secret name (an ARN or a plain name; may contain '/').")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::secret::SecretInfo), crate::openapi::Errors)
+)]
 async fn delete_secret(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1017,6 +1448,15 @@ async fn delete_secret(
 }
 
 /// The secret values of a task, for the agent of the host it is placed on only.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/tasks/{id}/secrets",
+    tag = "agent",
+    summary = "The secret values a task's definition names (host credential).",
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::secret::TaskSecrets), crate::openapi::Errors),
+    security(("bearer" = []))
+)]
 async fn task_secrets(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1027,6 +1467,15 @@ async fn task_secrets(
 
 // ---- agents -----------------------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/agent/register",
+    tag = "agent",
+    summary = "Register a host (join, launch or replacement token).",
+    request_body = HostRegistration,
+    responses((status = 201, description = "OK.", body = mpsfleet_types::api::RegisterHostResponse), crate::openapi::Errors),
+    security(("bearer" = []))
+)]
 async fn register_host(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1105,6 +1554,15 @@ fn commit_registrations(st: &AppState) {
 
 /// `POST /v1/agent/status`. The agent's logs address is built here: the address the request
 /// comes from, with the port of the `logsUrl` it reports (see [`agent_logs_url`]).
+#[utoipa::path(
+    post,
+    path = "/v1/agent/status",
+    tag = "agent",
+    summary = "A host's heartbeat and checks (host credential).",
+    request_body(content = Option<mpsfleet_types::api::HostStatusReport>, description = "May be empty."),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::api::HostStatusAnswer), crate::openapi::Errors),
+    security(("bearer" = []))
+)]
 async fn host_status(
     State(st): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -1197,8 +1655,9 @@ fn quiet_heartbeat(st: &AppState, token: &str, report: HostStatusReport) -> Quie
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 struct AssignmentsQuery {
     /// The epoch the agent already has; the call waits until there is a newer one.
     #[serde(default)]
@@ -1220,6 +1679,15 @@ struct AssignmentsOut<'a> {
 
 /// Long-poll: answers at once if the host's assignments changed after `after`, otherwise
 /// when they change or `waitSeconds` pass.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/assignments",
+    tag = "agent",
+    summary = "The host's tasks, long-polled (host credential).",
+    params(AssignmentsQuery),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::api::Assignments), crate::openapi::Errors),
+    security(("bearer" = []))
+)]
 async fn assignments(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -1255,6 +1723,16 @@ async fn assignments(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agent/tasks/{id}/status",
+    tag = "agent",
+    summary = "A task's state, as its agent reports it (host credential).",
+    request_body = TaskStateReport,
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = Task), crate::openapi::Errors),
+    security(("bearer" = []))
+)]
 async fn report_task(
     State(st): State<AppState>,
     headers: HeaderMap,

@@ -284,7 +284,8 @@ impl Webhook {
 
 // ---- GET /v1/events ---------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
     /// Comma-separated event types; all when absent.
     types: Option<String>,
@@ -331,6 +332,17 @@ fn sse(ev: &Event) -> SseEvent {
 }
 
 /// `GET /v1/events[?types=a,b]`: a server-sent event stream of [`Event`]s, for any role.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "events",
+    summary = "Server-sent events: incidents, host health and status, stopped tasks.",
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "A stream of server-sent events (`event:` the type, `data:` the JSON event).", body = String, content_type = "text/event-stream"),
+        crate::openapi::Errors
+    )
+)]
 pub(crate) async fn stream(
     State(st): State<AppState>,
     headers: HeaderMap,

@@ -80,6 +80,9 @@ async fn drain(body: Body, timeout: Duration) -> bool {
     tokio::time::timeout(timeout, read).await.unwrap_or(false)
 }
 
+/// The routes anyone may call, without a token.
+pub const PUBLIC_ROUTES: &[&str] = &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json"];
+
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
     match path {
@@ -169,7 +172,8 @@ pub struct Guard {
 /// (see [`crate::ratelimit`]); past it, the answer is `429` with `Retry-After`. A request with
 /// a body is then authenticated for its route (as its handler does) before any of the body is
 /// read, and its body is read within the body read timeout and the route's limit. Requests
-/// without a body then go on to their handlers, which authenticate them.
+/// without a body need a known token (but on [`PUBLIC_ROUTES`]) and go on to their handlers,
+/// which check its role.
 pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     let st = &g.state;
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
@@ -190,32 +194,41 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         return resp;
     }
     if !body {
-        return AUDIT.scope(audit, next.run(req)).await;
+        // The caller is known before anything of its request is looked at: a missing or
+        // unknown token is answered 401 whatever its parameters are.
+        return match who {
+            Err(e) if !PUBLIC_ROUTES.contains(&route.as_str()) => e.into_response(),
+            _ => AUDIT.scope(audit, next.run(req)).await,
+        };
     }
     let (allow, limit) = route_rules(&route);
-    let allowed = who.and_then(|(who, _)| {
-        if allow(&who) {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who))))
-        }
-    });
-    if let Err(e) = allowed {
-        return refuse_closing(e);
-    }
-    let announced =
+    let announced: Option<u64> =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok());
     let timeout = g.body_read_timeout;
-    if let Some(n) = announced.filter(|n: &u64| *n > limit as u64) {
-        let refusal = ApiError::PayloadTooLarge { route, limit };
-        // The refusal goes at once. An allowed caller's body that is not huge is read (and
-        // dropped) meanwhile, so that a client still writing it gets to read the refusal rather
-        // than a broken connection (over TLS above all); a huge one gets the connection closed.
-        if n > DRAIN_LIMIT {
-            return refuse_closing(refusal);
+    // A refusal goes at once. The body of a caller the server knows is read (and dropped)
+    // meanwhile when it is announced and not huge, so that a client still writing it gets to
+    // read the refusal rather than a broken connection (over TLS above all). An unknown
+    // caller's body, one refused to an agent's or a joining host's token, or a huge one, is
+    // never read: the connection closes after the refusal.
+    let refuse = |e: ApiError, drained: bool, req: Request| {
+        if drained && announced.is_some_and(|n| n <= DRAIN_LIMIT) {
+            tokio::spawn(drain(req.into_body(), timeout));
+            e.into_response()
+        } else {
+            refuse_closing(e)
         }
-        tokio::spawn(drain(req.into_body(), timeout));
-        return refusal.into_response();
+    };
+    match who {
+        Err(e) => return refuse_closing(e),
+        Ok((who, _)) if !allow(&who) => {
+            let e = ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who)));
+            let person = matches!(who, Principal::Admin | Principal::Token { .. });
+            return refuse(e, person, req);
+        }
+        Ok(_) => {}
+    }
+    if announced.is_some_and(|n| n > limit as u64) {
+        return refuse(ApiError::PayloadTooLarge { route, limit }, true, req);
     }
     let (parts, body) = req.into_parts();
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod openapi;
 pub mod provider;
 pub mod ratelimit;
 pub mod tls;

@@ -21,6 +21,7 @@ enum Open {
 /// answers 404 or 400, never 401 or 403, and changes nothing.
 const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/healthz", Open::Public),
+    ("GET", "/v1/openapi.json", Open::Public),
     ("POST", "/v1/taskdefs", Open::Role(Role::Operator)),
     ("GET", "/v1/taskdefs", Open::Role(Role::Viewer)),
     ("GET", "/v1/taskdefs/{reference}", Open::Role(Role::Viewer)),
