@@ -247,6 +247,9 @@ impl Client {
     }
     /// `host forget`: a host that does not exist leaves the fleet and frees its GPU UUIDs
     /// (`force`: even while something heartbeats as it).
+    pub async fn revoke_host_credential(&self, id: &str) -> Result<HostView> {
+        self.call(Method::POST, &format!("/v1/hosts/{}/revoke-credential", seg(id)), &[], None).await
+    }
     pub async fn forget_host(&self, id: &str, force: bool) -> Result<HostView> {
         let query: &[(&str, String)] = if force { &[("force", "true".to_string())] } else { &[] };
         self.call(Method::POST, &format!("/v1/hosts/{}/forget", seg(id)), query, None).await
@@ -323,6 +326,18 @@ impl Client {
     /// `audit list`: the newest `limit` entries of the audit log, oldest first.
     pub async fn audit(&self, limit: usize) -> Result<Vec<mpsfleet_types::access::AuditEntry>> {
         self.call(Method::GET, "/v1/audit", &[("limit", limit.to_string())], None).await
+    }
+    pub async fn create_join_token(
+        &self,
+        req: &mpsfleet_types::access::CreateJoinToken,
+    ) -> Result<mpsfleet_types::access::CreatedJoinToken> {
+        self.send(Method::POST, "/v1/join-tokens", req).await
+    }
+    pub async fn list_join_tokens(&self) -> Result<Vec<mpsfleet_types::access::JoinTokenView>> {
+        self.get("/v1/join-tokens").await
+    }
+    pub async fn revoke_join_token(&self, id: &str) -> Result<mpsfleet_types::access::JoinTokenView> {
+        self.call(Method::DELETE, &format!("/v1/join-tokens/{}", seg(id)), &[], None).await
     }
     /// The certificate the server serves now.
     pub async fn server_certificate(&self) -> Result<mpsfleet_types::access::ServerCertificate> {

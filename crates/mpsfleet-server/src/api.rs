@@ -307,6 +307,9 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         create_token,
         list_tokens,
         revoke_token,
+        create_join_token,
+        list_join_tokens,
+        revoke_join_token,
         list_audit,
         register_taskdef,
         list_taskdefs,
@@ -324,6 +327,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         replace_host,
         activate_host,
         forget_host,
+        revoke_host_credential,
         acknowledge_incident,
         resolve_incident,
         list_incidents,
@@ -372,6 +376,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}/replace", post(replace_host))
         .route("/v1/hosts/{id}/activate", post(activate_host))
         .route("/v1/hosts/{id}/forget", post(forget_host))
+        .route("/v1/hosts/{id}/revoke-credential", post(revoke_host_credential))
         .route("/v1/incidents", get(list_incidents))
         .route("/v1/incidents/{id}", get(describe_incident))
         .route("/v1/incidents/{id}/acknowledge", post(acknowledge_incident))
@@ -393,6 +398,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/secrets/{*name}", axum::routing::delete(delete_secret))
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/join-tokens", post(create_join_token).get(list_join_tokens))
+        .route("/v1/join-tokens/{id}", axum::routing::delete(revoke_join_token))
         .route("/v1/audit", get(list_audit))
         .route("/v1/cluster/ca", get(cluster_ca))
         .route("/v1/cluster/certificate", get(server_certificate))
@@ -543,6 +550,54 @@ async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<Json<TokenView>, ApiError> {
     Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_api_token(&id, &actor(&p))).await?))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/join-tokens",
+    tag = "access",
+    summary = "Make a join token (it expires; a day by default); the token is in this answer only.",
+    request_body = mpsfleet_types::access::CreateJoinToken,
+    responses((status = 201, description = "OK.", body = mpsfleet_types::access::CreatedJoinToken), crate::openapi::Errors)
+)]
+async fn create_join_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<mpsfleet_types::access::CreatedJoinToken>), ApiError> {
+    let req: mpsfleet_types::access::CreateJoinToken = parse(&body)?;
+    let t = st.call(&headers, admin, move |c, p| c.create_join_token(req, &actor(&p))).await?;
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/join-tokens",
+    tag = "access",
+    summary = "Every join token (never the tokens themselves).",
+    responses((status = 200, description = "OK.", body = Vec<mpsfleet_types::access::JoinTokenView>), crate::openapi::Errors)
+)]
+async fn list_join_tokens(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<mpsfleet_types::access::JoinTokenView>>, ApiError> {
+    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.join_tokens())).await?))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/join-tokens/{id}",
+    tag = "access",
+    summary = "Revoke a join token at once (the hosts it registered keep their credentials).",
+    params(("id" = String, Path, description = "A join token id.")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::JoinTokenView), crate::openapi::Errors)
+)]
+async fn revoke_join_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<mpsfleet_types::access::JoinTokenView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_join_token(&id, &actor(&p))).await?))
 }
 
 /// Query of `GET /v1/audit`.
@@ -866,6 +921,22 @@ struct ForgetQuery {
     /// Forget it even though it heartbeats.
     #[serde(default)]
     force: bool,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/revoke-credential",
+    tag = "hosts",
+    summary = "Refuse the host's credential from now on (admin).",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = HostView), crate::openapi::Errors)
+)]
+async fn revoke_host_credential(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<HostView>, ApiError> {
+    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_host_credential(&id, &actor(&p))).await?))
 }
 
 #[utoipa::path(

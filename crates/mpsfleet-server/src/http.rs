@@ -91,9 +91,12 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
         "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
-        "/v1/pools" | "/v1/pools/{name}" | "/v1/tokens" | "/v1/cluster/certificate/rotate" => {
-            (api::admin, SMALL_BODY_LIMIT)
-        }
+        "/v1/pools"
+        | "/v1/pools/{name}"
+        | "/v1/tokens"
+        | "/v1/join-tokens"
+        | "/v1/hosts/{id}/revoke-credential"
+        | "/v1/cluster/certificate/rotate" => (api::admin, SMALL_BODY_LIMIT),
         // Tasks, services, hosts and incidents.
         _ => (api::operator, SMALL_BODY_LIMIT),
     }
@@ -159,10 +162,10 @@ fn audit_context(
 pub struct Guard {
     pub state: AppState,
     pub body_read_timeout: Duration,
-    /// The digests of the admin and the join token once seen: they do not change while the
-    /// server runs, so that these callers are recognised without the cluster lock (which a
-    /// group commit of registrations holds through its fsync).
-    known: Arc<[std::sync::OnceLock<String>; 2]>,
+    /// The digest of the admin token once seen: it does not change while the server runs, so
+    /// that the admin is recognised without the cluster lock (which a group commit of
+    /// registrations holds through its fsync).
+    known: Arc<[std::sync::OnceLock<String>; 1]>,
     pub rate_limits: RateLimits,
     pub limiter: Arc<RateLimiter>,
 }
@@ -301,19 +304,14 @@ fn is_length_limit(e: &axum::Error) -> bool {
 /// are looked up on this thread while the lock is free, on a blocking thread otherwise.
 async fn identify(
     st: &AppState,
-    known: &[std::sync::OnceLock<String>; 2],
+    known: &[std::sync::OnceLock<String>; 1],
     headers: &axum::http::HeaderMap,
 ) -> Result<(Principal, String), ApiError> {
     let token = auth::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
     let digest = auth::digest(token);
-    let [admin, join] = known;
-    let seen = if admin.get() == Some(&digest) {
-        Some(Ok(Principal::Admin))
-    } else if join.get() == Some(&digest) {
-        Some(Ok(Principal::Joiner))
-    } else {
-        None
-    };
+    let [admin] = known;
+    // Join tokens expire and are revoked: always looked up.
+    let seen = (admin.get() == Some(&digest)).then_some(Ok(Principal::Admin));
     let fast = seen.or_else(|| st.cluster.try_lock().ok().map(|c| c.authenticate_digest(&digest)));
     let who = match fast {
         Some(who) => who?,
@@ -333,10 +331,8 @@ async fn identify(
         Principal::Admin => {
             let _ = admin.set(digest.clone());
         }
-        Principal::Joiner => {
-            let _ = join.set(digest.clone());
-        }
-        Principal::Host(_)
+        Principal::Joiner
+        | Principal::Host(_)
         | Principal::Replacement(_)
         | Principal::Launch { .. }
         | Principal::Token { .. } => {}

@@ -104,6 +104,43 @@ pub struct AuditEvent {
 /// An audit log entry.
 pub type AuditEntry = crate::Entry<AuditEvent>;
 
+/// How long a join token works unless told otherwise: a day.
+pub const DEFAULT_JOIN_TOKEN_LIFETIME_S: u64 = 86_400;
+
+/// Body of `POST /v1/join-tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateJoinToken {
+    /// Seconds until the token stops working (default a day; join tokens always expire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_s: Option<u64>,
+    /// Who or what it is for (at most 256 characters), shown by `join-token list`.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// A join token as `join-token list` shows it: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenView {
+    pub id: String,
+    pub description: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    /// Who made it (`admin`, `token:<id>`, or `first start`).
+    pub created_by: String,
+}
+
+/// Answer of `POST /v1/join-tokens`: the token with the cluster CA's hash after it, shown
+/// this once, and its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedJoinToken {
+    pub token: String,
+    #[serde(flatten)]
+    pub view: JoinTokenView,
+}
+
 /// The certificate a server serves (`GET /v1/cluster/certificate`,
 /// `POST /v1/cluster/certificate/rotate`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

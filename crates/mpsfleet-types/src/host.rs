@@ -160,6 +160,10 @@ pub struct Host {
     pub registered_at_ms: u64,
     /// SHA-256 of the host's credential, hex.
     pub credential_sha256: String,
+    /// When `host revoke-credential` ended the credential: it is then refused, and the host
+    /// goes the way of one that stops reporting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_revoked_at_ms: Option<u64>,
     /// What older servers stored: the bearer they presented to the agent's own endpoint.
     /// Read, never written again: the server now derives that token from its key and stores
     /// nothing of it.
@@ -226,6 +230,9 @@ pub struct HostView {
     /// Where the agent serves task logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_url: Option<String>,
+    /// When the host's credential was revoked (`host revoke-credential`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_revoked_at_ms: Option<u64>,
 }
 
 /// The drivers a Docker host's engine has, as its `/info` lists them.

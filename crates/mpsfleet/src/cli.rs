@@ -145,6 +145,12 @@ pub enum HostCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Refuse the host's credential from now on (admin): for a leaked one. The host then
+    /// stops reporting and its pool's health policy takes over; the machine joins again as
+    /// a new host.
+    RevokeCredential {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -285,6 +291,24 @@ pub enum TokenCommand {
 }
 
 #[derive(Subcommand)]
+pub enum JoinTokenCommand {
+    /// Make a join token; it is printed this once, with the cluster CA's hash after it (what
+    /// an agent's --join-token takes). To rotate: make a new one, hand it out, revoke the old.
+    Create {
+        /// How long it works: seconds, or with a unit (`90m`, `24h`, `30d`) [default: 24h].
+        #[arg(long, value_parser = parse_lifetime)]
+        expires_in: Option<u64>,
+        /// Who or what it is for.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Every join token's id and expiry (never the tokens themselves).
+    List,
+    /// The join token stops working at once; hosts it registered keep theirs.
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
 pub enum ClusterCommand {
     /// The certificate the server serves: its names, validity and the CA it chains to.
     Certificate,
@@ -319,6 +343,7 @@ pub enum AuditCommand {
 
 pub enum Resource {
     Audit(AuditCommand),
+    JoinToken(JoinTokenCommand),
     Cluster(ClusterCommand),
     Token(TokenCommand),
     Secret(SecretCommand),
@@ -381,6 +406,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd).await,
+            Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,
             Resource::Cluster(cmd) => {
                 let cert = match cmd {
                     ClusterCommand::Certificate => c.server_certificate().await?,
@@ -462,6 +488,44 @@ async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
         }
         TokenCommand::Revoke { id } => {
             let t = c.revoke_token(&id).await?;
+            output::print(f, &t, HEADERS, vec![row(&t)]);
+        }
+    }
+    Ok(())
+}
+
+async fn join_token(c: &Client, f: Format, cmd: JoinTokenCommand) -> Result<()> {
+    use mpsfleet_types::access::JoinTokenView;
+    let now = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+    let row = |t: &JoinTokenView| {
+        let expires = output::utc_time(t.expires_at_ms);
+        vec![
+            t.id.clone(),
+            if t.expires_at_ms <= now { format!("{expires} (expired)") } else { expires },
+            sanitize(&t.created_by).into_owned(),
+            sanitize(&t.description).into_owned(),
+        ]
+    };
+    const HEADERS: &[&str] = &["ID", "EXPIRES", "CREATED BY", "DESCRIPTION"];
+    match cmd {
+        JoinTokenCommand::Create { expires_in, description } => {
+            let req = mpsfleet_types::access::CreateJoinToken { expires_in_s: expires_in, description };
+            let t = c.create_join_token(&req).await?;
+            match f {
+                Format::Json => output::print(f, &t, &[], vec![]),
+                Format::Table => {
+                    print!("{}", output::table(HEADERS, &[row(&t.view)]));
+                    println!("\njoin token (shown this once): {}", t.token);
+                }
+            }
+        }
+        JoinTokenCommand::List => {
+            let list = c.list_join_tokens().await?;
+            let rows = list.iter().map(row).collect();
+            output::print(f, &list, HEADERS, rows);
+        }
+        JoinTokenCommand::Revoke { id } => {
+            let t = c.revoke_join_token(&id).await?;
             output::print(f, &t, HEADERS, vec![row(&t)]);
         }
     }
@@ -798,6 +862,7 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
         HostCommand::Activate { id } => return print_operator_command(f, c.activate_host(&id).await?),
         HostCommand::Forget { id, force } => c.forget_host(&id, force).await?,
+        HostCommand::RevokeCredential { id } => c.revoke_host_credential(&id).await?,
     };
     match f {
         Format::Json => output::print(f, &one, &[], vec![]),

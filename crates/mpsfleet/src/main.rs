@@ -42,6 +42,8 @@ enum Command {
     Secret(cli::Global<cli::SecretCommand>),
     /// API tokens with roles (viewer, operator, admin) for people and tools.
     Token(cli::Global<cli::TokenCommand>),
+    /// Join tokens, which register hosts: they expire (a day by default) and rotate.
+    JoinToken(cli::Global<cli::JoinTokenCommand>),
     /// The audit log: every change made through the API, by whom.
     Audit(cli::Global<cli::AuditCommand>),
     /// The server's TLS certificate under the cluster CA.
@@ -76,6 +78,7 @@ fn main() -> std::process::ExitCode {
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
         Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),
+        Command::JoinToken(g) => cli::run(g.opts, cli::Resource::JoinToken(g.command)),
         Command::Cluster(g) => cli::run(g.opts, cli::Resource::Cluster(g.command)),
     };
     match result {

@@ -157,7 +157,10 @@ async fn serve(args: ServerArgs) -> Result<()> {
     if let Some(first) = &opened.first_start {
         banner +=
             &format!("first start: created the admin and join tokens (shown once; kept 0600 in {dir})\n");
-        banner += &format!("admin token: {}\njoin token:  {}\n", first.admin_token, first.join_token);
+        banner += &format!(
+            "admin token: {}\njoin token:  {} (expires in 24 h; `mpsfleet join-token create` makes more)\n",
+            first.admin_token, first.join_token
+        );
     }
     banner += &format!("mpsfleet server listening on {scheme}://{addr}\n");
     match &tls {

@@ -139,7 +139,6 @@ async fn up(args: UpArgs) -> Result<()> {
     }
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
     let admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE).context("cannot read the admin token")?;
-    let join_token = read(mpsfleet_server::JOIN_TOKEN_FILE).context("cannot read the join token")?;
 
     let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| {
         format!("cannot listen on {} (is another server running? try --listen)", args.listen)
@@ -197,6 +196,15 @@ async fn up(args: UpArgs) -> Result<()> {
         ca_hash: Some(ca_hash),
     });
     let options = mpsfleet_server::ServeOptions { tls: Some(tls), ..Default::default() };
+    // The hosts of a self-managed pool join with a join token of this run's own (the data
+    // dir's first one expires a day after it was made); the previous run's is revoked.
+    const UP_JOIN_TOKEN: &str = "mpsfleet up";
+    for old in opened.cluster.join_tokens().into_iter().filter(|t| t.description == UP_JOIN_TOKEN) {
+        opened.cluster.revoke_join_token(&old.id, "mpsfleet up")?;
+    }
+    let req =
+        mpsfleet_types::access::CreateJoinToken { expires_in_s: None, description: UP_JOIN_TOKEN.into() };
+    let join_token = opened.cluster.create_join_token(req, "mpsfleet up")?.token;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, options, async {
         let _ = stop_rx.await;

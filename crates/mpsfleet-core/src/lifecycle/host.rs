@@ -183,6 +183,7 @@ mod tests {
             seq: 0,
             registered_at_ms: 0,
             credential_sha256: String::new(),
+            credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
         };
         assert!(can_place(&host(Active, false, HealthStatus::Ok)));

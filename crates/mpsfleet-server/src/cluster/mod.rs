@@ -177,7 +177,8 @@ pub struct Cluster {
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
     admin_sha256: String,
-    join_sha256: String,
+    /// Join tokens by digest (tokens.rs).
+    join_tokens: HashMap<String, tokens::JoinTokenRecord>,
     host_credentials: HashMap<String, HostIx>,
     /// The host of every registered GPU.
     gpu_hosts: HashMap<GpuUuid, HostIx>,
@@ -209,22 +210,37 @@ impl Cluster {
         keep_tokens: impl FnOnce(&FirstStart) -> Result<(), ApiError>,
     ) -> Result<Cluster, ApiError> {
         Self::migrate(store.as_ref())?;
-        let admin = store.get(AUTH, "admin")?;
-        let join = store.get(AUTH, "join")?;
-        let (admin_sha256, join_sha256) = match (admin, join) {
-            (Some(a), Some(j)) => (decode::<AuthRecord>(&a)?.sha256, decode::<AuthRecord>(&j)?.sha256),
-            _ => {
+        let admin_sha256 = match store.get(AUTH, "admin")? {
+            Some(a) => decode::<AuthRecord>(&a)?.sha256,
+            None => {
                 let admin_token = auth::new_token("mpsf_adm_")?;
                 let join_token = auth::new_token("mpsf_join_")?;
-                let (a, j) = (auth::digest(&admin_token), auth::digest(&join_token));
+                let a = auth::digest(&admin_token);
+                let join = Self::join_token_record(
+                    clock.now_ms(),
+                    auth::digest(&join_token),
+                    &Default::default(),
+                    "first start",
+                )?;
                 keep_tokens(&FirstStart { admin_token, join_token })?;
                 store.commit(&[
                     Op::put_json(AUTH, "admin", &AuthRecord { sha256: a.clone() }, Precondition::Any)?,
-                    Op::put_json(AUTH, "join", &AuthRecord { sha256: j.clone() }, Precondition::Any)?,
+                    Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
                 ])?;
-                (a, j)
+                a
             }
         };
+        // The one join token of a data dir made before join tokens expired: it becomes a join
+        // token that expires a day from now (run `mpsfleet join-token create` for another).
+        if let Some(j) = store.get(AUTH, "join")? {
+            let sha256 = decode::<AuthRecord>(&j)?.sha256;
+            let join = Self::join_token_record(clock.now_ms(), sha256, &Default::default(), "first start")?;
+            store.commit(&[
+                Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
+                Op::delete(AUTH, "join", Precondition::Version(j.version)),
+            ])?;
+            tracing::warn!(token.id = %join.view.id, "the data dir's join token now expires in a day");
+        }
         let mut c = Cluster {
             revision: store.revision()?,
             feed: retention::FeedLedger::default(),
@@ -250,7 +266,7 @@ impl Cluster {
             provider_ctx: None,
             capacity_launches: HashMap::new(),
             admin_sha256,
-            join_sha256,
+            join_tokens: HashMap::new(),
             key: auth::ServerKey::random()?,
             launch_tokens: HashMap::new(),
             api_tokens: HashMap::new(),
@@ -299,6 +315,7 @@ impl Cluster {
         self.load_incidents()?;
         self.index_replacement_tokens();
         self.load_api_tokens()?;
+        self.load_join_tokens()?;
         self.load_audit()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
@@ -331,7 +348,7 @@ impl Cluster {
     pub fn authenticate_digest(&self, d: &str) -> Result<Principal, ApiError> {
         if d == self.admin_sha256 {
             Ok(Principal::Admin)
-        } else if d == self.join_sha256 {
+        } else if self.join_token(d)? {
             Ok(Principal::Joiner)
         } else if let Some(&h) = self.host_credentials.get(d) {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
@@ -752,6 +769,7 @@ impl Cluster {
             seq: (self.hosts.len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
+            credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
         };
         Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
@@ -779,7 +797,9 @@ impl Cluster {
         // A deregistered host's credential is revoked and it holds its GPUs no more: the
         // machine may join again as a new host.
         if host.status != HostStatus::Deregistered {
-            self.host_credentials.insert(host.credential_sha256.clone(), ix);
+            if host.credential_revoked_at_ms.is_none() {
+                self.host_credentials.insert(host.credential_sha256.clone(), ix);
+            }
             self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
         }
         let registered_at_ms = host.registered_at_ms;
@@ -980,6 +1000,7 @@ impl Cluster {
             last_heartbeat_ms: e.last_heartbeat_ms,
             checks: if e.health.checks.is_empty() { e.checks.clone() } else { e.health.host_checks() },
             logs_url: e.logs_url.clone(),
+            credential_revoked_at_ms: e.host.credential_revoked_at_ms,
         }
     }
 

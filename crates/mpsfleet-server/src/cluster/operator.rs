@@ -48,6 +48,30 @@ impl Cluster {
         Ok(self.host_view(ix))
     }
 
+    /// `host revoke-credential`: the host's credential is refused from now on (a leaked one,
+    /// say). Nothing else changes at once: the host stops reporting, and its pool's health
+    /// policy takes it from there (an incident after the heartbeat grace; a managed pool
+    /// replaces it). The machine joins again as a new host (`host forget` frees its GPUs).
+    pub fn revoke_host_credential(&mut self, host: &str, by: &str) -> Result<HostView, ApiError> {
+        let ix = self.host_ix(host)?;
+        let mut h = self.hosts[ix as usize].host.clone();
+        if h.status == HostStatus::Deregistered {
+            return Err(ApiError::Conflict(format!(
+                "host {} is deregistered: its credential works no more",
+                h.id
+            )));
+        }
+        if h.credential_revoked_at_ms.is_some() {
+            return Err(ApiError::Conflict(format!("host {}'s credential is already revoked", h.id)));
+        }
+        h.credential_revoked_at_ms = Some(self.now());
+        let digest = h.credential_sha256.clone();
+        self.write_host(ix, h)?;
+        self.host_credentials.remove(&digest);
+        tracing::warn!(host.id = %self.hosts[ix as usize].host.id, by, "host credential revoked");
+        Ok(self.host_view(ix))
+    }
+
     /// `host drain` or `host replace`: recorded on the host's incident (one is opened if there
     /// is none), then the same steps as a managed pool's run. `host replace` is refused up
     /// front where the pool has no capacity provider to launch a replacement.

@@ -1,9 +1,16 @@
 //! API tokens with roles (`token create|list|revoke`): made by an admin for people and tools,
 //! stored as their SHA-256 digest only, optionally expiring. The bootstrap admin token of the
 //! data dir stays an admin token.
+//!
+//! Join tokens (`join-token create|list|revoke`) register hosts. They always expire (a day
+//! unless told otherwise, the first start's one too) and rotate by making a new one and
+//! revoking the old; stored as digests, like API tokens.
 
 use super::*;
-use mpsfleet_types::access::{CreateToken, CreatedToken, Role, TokenView};
+use mpsfleet_types::access::{
+    CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
+    DEFAULT_JOIN_TOKEN_LIFETIME_S,
+};
 
 /// Store kind of API tokens, keyed by token id.
 pub(super) const API_TOKEN: &str = "token";
@@ -13,6 +20,43 @@ pub const MAX_API_TOKENS: usize = 1000;
 pub const MAX_TOKEN_DESCRIPTION: usize = 256;
 /// The longest lifetime a token may be given: ten years.
 pub const MAX_TOKEN_LIFETIME_S: u64 = 10 * 365 * 86_400;
+
+/// Store kind of join tokens, keyed by token id.
+pub(super) const JOIN_TOKEN: &str = "join-token";
+/// The most join tokens a cluster keeps.
+pub const MAX_JOIN_TOKENS: usize = 100;
+
+/// A stored join token: its record and the digest it is recognised by.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct JoinTokenRecord {
+    #[serde(flatten)]
+    pub view: JoinTokenView,
+    pub sha256: String,
+}
+
+/// Checks a token's description and lifetime as `token create` and `join-token create` take
+/// them.
+fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), ApiError> {
+    if description.chars().count() > MAX_TOKEN_DESCRIPTION || description.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "description",
+            format!("must be at most {MAX_TOKEN_DESCRIPTION} printable characters"),
+        ));
+    }
+    match expires_in_s {
+        Some(s) if s == 0 || s > MAX_TOKEN_LIFETIME_S => Err(ApiError::invalid(
+            "expiresInS",
+            format!("must be from 1 to {MAX_TOKEN_LIFETIME_S} seconds, got {s}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A new token id with `prefix`.
+fn token_id(prefix: &str) -> Result<String, ApiError> {
+    Ok(format!("{prefix}{:012x}", auth::random_u64()? >> 16))
+}
 
 /// A stored API token: its record and the digest it is recognised by.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,22 +87,7 @@ impl Cluster {
 
     /// `token create`: a new token with `req.role`, shown once.
     pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, ApiError> {
-        if req.description.chars().count() > MAX_TOKEN_DESCRIPTION
-            || req.description.chars().any(char::is_control)
-        {
-            return Err(ApiError::invalid(
-                "description",
-                format!("must be at most {MAX_TOKEN_DESCRIPTION} printable characters"),
-            ));
-        }
-        if let Some(s) = req.expires_in_s {
-            if s == 0 || s > MAX_TOKEN_LIFETIME_S {
-                return Err(ApiError::invalid(
-                    "expiresInS",
-                    format!("must be from 1 to {MAX_TOKEN_LIFETIME_S} seconds, got {s}"),
-                ));
-            }
-        }
+        check_token_request(&req.description, req.expires_in_s)?;
         if self.api_tokens.len() >= MAX_API_TOKENS {
             return Err(ApiError::Conflict(format!(
                 "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
@@ -70,7 +99,7 @@ impl Cluster {
             Role::Admin => "mpsf_adm_",
         })?;
         let now = self.now();
-        let id = format!("tok-{:012x}", auth::random_u64()? >> 16);
+        let id = token_id("tok-")?;
         let view = TokenView {
             id: id.clone(),
             role: req.role,
@@ -104,6 +133,92 @@ impl Cluster {
         self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
         let rec = self.api_tokens.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "API token revoked");
+        Ok(rec.view)
+    }
+}
+
+impl Cluster {
+    pub(super) fn load_join_tokens(&mut self) -> Result<(), ApiError> {
+        for r in self.store.list(JOIN_TOKEN)? {
+            let rec: JoinTokenRecord = decode(&r)?;
+            self.join_tokens.insert(rec.sha256.clone(), rec);
+        }
+        Ok(())
+    }
+
+    /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
+    /// has expired.
+    pub(super) fn join_token(&self, digest: &str) -> Result<bool, ApiError> {
+        let Some(rec) = self.join_tokens.get(digest) else { return Ok(false) };
+        if self.now() >= rec.view.expires_at_ms {
+            return Err(ApiError::Unauthorized(
+                "this join token has expired: make a new one with `mpsfleet join-token create`",
+            ));
+        }
+        Ok(true)
+    }
+
+    /// The record of a new join token (its digest `sha256`), for `join-token create` and the
+    /// first start.
+    pub(super) fn join_token_record(
+        now: u64,
+        sha256: String,
+        req: &CreateJoinToken,
+        by: &str,
+    ) -> Result<JoinTokenRecord, ApiError> {
+        check_token_request(&req.description, req.expires_in_s)?;
+        let lifetime_ms = req.expires_in_s.unwrap_or(DEFAULT_JOIN_TOKEN_LIFETIME_S).saturating_mul(1000);
+        let view = JoinTokenView {
+            id: token_id("join-")?,
+            description: req.description.clone(),
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(lifetime_ms),
+            created_by: by.to_string(),
+        };
+        Ok(JoinTokenRecord { view, sha256 })
+    }
+
+    /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
+    /// when the server serves HTTPS.
+    pub fn create_join_token(
+        &mut self,
+        req: CreateJoinToken,
+        by: &str,
+    ) -> Result<CreatedJoinToken, ApiError> {
+        if self.join_tokens.len() >= MAX_JOIN_TOKENS {
+            return Err(ApiError::Conflict(format!(
+                "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
+            )));
+        }
+        let secret = auth::new_token("mpsf_join_")?;
+        let rec = Self::join_token_record(self.now(), auth::digest(&secret), &req, by)?;
+        self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
+        tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
+        let view = rec.view.clone();
+        self.join_tokens.insert(rec.sha256.clone(), rec);
+        Ok(CreatedJoinToken { token: self.join_string(&secret), view })
+    }
+
+    /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
+    /// first.
+    pub fn join_tokens(&self) -> Vec<JoinTokenView> {
+        let mut all: Vec<JoinTokenView> = self.join_tokens.values().map(|r| r.view.clone()).collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        all
+    }
+
+    /// `join-token revoke`: the join token stops working at once (hosts it registered keep
+    /// their own credentials).
+    pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, ApiError> {
+        let digest = self
+            .join_tokens
+            .iter()
+            .find(|(_, r)| r.view.id == id)
+            .map(|(d, _)| d.clone())
+            .ok_or_else(|| ApiError::not_found("join token", id))?;
+        self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
+        let rec = self.join_tokens.remove(&digest).expect("found above");
+        tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }
 }
@@ -142,5 +257,54 @@ mod tests {
         assert!(c.revoke_api_token(&op.view.id, "admin").is_err());
         let e = c.create_api_token(req(Role::Admin, Some(0)), "admin").unwrap_err().to_string();
         assert!(e.contains("expiresInS: must be from 1"), "{e}");
+    }
+
+    #[test]
+    fn join_tokens_expire_after_a_day_unless_told_and_are_revoked() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut first = None;
+        let mut c = Cluster::load(store.clone(), clock.clone(), |t| {
+            first = Some(t.join_token.clone());
+            Ok(())
+        })
+        .unwrap();
+        let first = first.unwrap();
+        assert_eq!(c.authenticate(&first).unwrap(), Principal::Joiner);
+        let listed = c.join_tokens();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].expires_at_ms, 1_000_000 + DEFAULT_JOIN_TOKEN_LIFETIME_S * 1000);
+        assert_eq!(listed[0].created_by, "first start");
+        let hour = c
+            .create_join_token(
+                CreateJoinToken { expires_in_s: Some(3600), description: "rack 7".into() },
+                "admin",
+            )
+            .unwrap();
+        assert!(hour.token.starts_with("mpsf_join_"));
+        let stored = format!("{:?}", store.list(JOIN_TOKEN).unwrap());
+        assert!(!stored.contains(&hour.token) && !stored.contains(&first));
+        // A restarted server knows both; an hour on, the new one has expired and says how to
+        // get another; a day on, the first one too.
+        let mut c = Cluster::load(store, clock.clone(), |_| Ok(())).unwrap();
+        assert_eq!(c.authenticate(&hour.token).unwrap(), Principal::Joiner);
+        clock.advance(std::time::Duration::from_secs(3600));
+        let e = c.authenticate(&hour.token).unwrap_err().to_string();
+        assert!(e.contains("expired") && e.contains("mpsfleet join-token create"), "{e}");
+        assert_eq!(c.authenticate(&first).unwrap(), Principal::Joiner);
+        clock.advance(std::time::Duration::from_secs(DEFAULT_JOIN_TOKEN_LIFETIME_S));
+        assert!(c.authenticate(&first).is_err());
+        // Rotation: a new one, and the old ones revoked.
+        let next = c.create_join_token(CreateJoinToken::default(), "admin").unwrap();
+        for old in c.join_tokens().into_iter().filter(|t| t.id != next.view.id) {
+            c.revoke_join_token(&old.id, "admin").unwrap();
+        }
+        assert_eq!(c.join_tokens().len(), 1);
+        assert_eq!(c.authenticate(&next.token).unwrap(), Principal::Joiner);
+        assert_eq!(c.authenticate(&first).unwrap_err().to_string(), "unknown token");
+        let e = c
+            .create_join_token(CreateJoinToken { expires_in_s: Some(0), ..Default::default() }, "admin")
+            .unwrap_err();
+        assert!(e.to_string().contains("expiresInS"), "{e}");
     }
 }
