@@ -185,28 +185,58 @@ pub struct Webhook {
     url: String,
     /// Every delivery is signed with it (`X-Mpsfleet-Signature`).
     secret: [u8; 32],
+    /// For an `https://` URL: a CA (PEM) to trust besides the system's roots.
+    ca: Option<Vec<u8>>,
     queue: Mutex<VecDeque<Event>>,
     wake: Notify,
 }
 
 impl Webhook {
-    /// A webhook posting to `url` (plain `http://`: this build has no TLS), each delivery
-    /// signed with `secret`.
-    pub fn new(url: &str, secret: [u8; 32]) -> Result<Arc<Webhook>, WebhookError> {
+    /// A webhook posting to `url`, each delivery signed with `secret`. An `https://` receiver
+    /// is verified against the system's roots and `ca` (PEM), when given.
+    pub fn new(url: &str, secret: [u8; 32], ca: Option<Vec<u8>>) -> Result<Arc<Webhook>, WebhookError> {
         let invalid = |reason: &str| WebhookError::InvalidUrl { url: url.into(), reason: reason.into() };
         let parsed = reqwest::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
-        if parsed.scheme() != "http" {
-            return Err(invalid("must be an http:// url (https is not built in)"));
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(invalid("must be an https:// (or http://) url"));
         }
         if parsed.host_str().is_none() {
             return Err(invalid("has no host"));
         }
+        if let Some(pem) = &ca {
+            mpsfleet_client::tls::certificates(pem).map_err(|e| invalid(&format!("its CA: {e}")))?;
+        }
         Ok(Arc::new(Webhook {
             url: url.into(),
             secret,
+            ca,
             queue: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
         }))
+    }
+
+    /// The client deliveries go out with: no redirects, a timeout, the system's roots and the
+    /// webhook's own CA.
+    fn client(&self) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(WEBHOOK_TIMEOUT);
+        for der in self
+            .ca
+            .as_deref()
+            .map(mpsfleet_client::tls::certificates)
+            .and_then(Result::ok)
+            .unwrap_or_default()
+        {
+            if let Ok(cert) = reqwest::Certificate::from_der(&der) {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        builder.build().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot build the webhook client; deliveries go without a timeout");
+            reqwest::Client::default()
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -240,7 +270,7 @@ impl Webhook {
 
     /// Delivers queued events one at a time, in order, until the task is aborted.
     pub async fn run(self: Arc<Self>) {
-        let http = reqwest::Client::builder().timeout(WEBHOOK_TIMEOUT).build().unwrap_or_default();
+        let http = self.client();
         loop {
             let ev = self.next().await;
             if let Err(e) = self.deliver(&http, &ev).await {
@@ -442,14 +472,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_webhook_queue_drops_the_oldest() {
-        let w = Webhook::new("http://127.0.0.1:9/hook", [1; 32]).unwrap();
+        let w = Webhook::new("http://127.0.0.1:9/hook", [1; 32], None).unwrap();
         for i in 0..WEBHOOK_QUEUE as u64 + 3 {
             w.push(Event::new(EventType::HostHealth, i));
         }
         assert_eq!(w.queue.lock().unwrap().len(), WEBHOOK_QUEUE);
         assert_eq!(w.next().await.at_ms, 3);
-        assert!(Webhook::new("https://example.com/hook", [1; 32]).is_err());
-        assert!(Webhook::new("not a url", [1; 32]).is_err());
+        assert!(Webhook::new("https://example.com/hook", [1; 32], None).is_ok());
+        assert!(Webhook::new("ftp://example.com/hook", [1; 32], None).is_err());
+        assert!(Webhook::new("https://example.com/hook", [1; 32], Some(b"no".to_vec())).is_err());
+        assert!(Webhook::new("not a url", [1; 32], None).is_err());
     }
 
     #[test]

@@ -131,6 +131,8 @@ pub struct ServeOptions {
     pub webhook: Option<String>,
     /// The secret every webhook delivery is signed with; a random one when `None`.
     pub webhook_secret: Option<[u8; 32]>,
+    /// A CA (PEM) an `https://` webhook receiver is verified against, besides the system's.
+    pub webhook_ca: Option<Vec<u8>>,
     /// Connection timeouts and cap.
     pub http: http::HttpLimits,
     /// Request rates of each kind of caller.
@@ -163,7 +165,7 @@ pub async fn serve(
                 None => auth::ServerKey::random().map_err(|e| std::io::Error::other(e.to_string()))?.bytes(),
             };
             Some(
-                events::Webhook::new(url, secret)
+                events::Webhook::new(url, secret, options.webhook_ca.clone())
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             )
         }

@@ -34,10 +34,13 @@ pub struct ServerArgs {
     /// name (docs/providers.md). Only its owner (this server's user or root) may write it.
     #[arg(long, env = "MPSFLEET_CONFIG")]
     config: Option<PathBuf>,
-    /// An http:// URL that gets each incident.* and host.health event POSTed as JSON (three
-    /// attempts each; see docs/api.md, "Events and webhook").
+    /// An https:// (or http://) URL that gets each incident.* and host.health event POSTed
+    /// as JSON, signed (three attempts each; see docs/api.md, "Events and webhook").
     #[arg(long)]
     webhook: Option<String>,
+    /// A CA (PEM) to verify an https:// webhook receiver with, besides the system's roots.
+    #[arg(long)]
+    webhook_ca_file: Option<PathBuf>,
     /// The secret webhook deliveries are signed with (64 hex digits); default
     /// `<data dir>/webhook.secret`, made at the first start that needs it.
     #[arg(long)]
@@ -194,6 +197,13 @@ async fn serve(args: ServerArgs) -> Result<()> {
         idle_timeout: ms(args.http_idle_timeout_ms.max(1)),
         max_connections: args.http_max_connections,
     };
+    let webhook_ca = match &args.webhook_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("cannot read --webhook-ca-file {}", path.display()))?,
+        ),
+        None => None,
+    };
     let webhook_secret = match &args.webhook {
         None => None,
         Some(_) => {
@@ -207,8 +217,14 @@ async fn serve(args: ServerArgs) -> Result<()> {
             )
         }
     };
-    let options =
-        mpsfleet_server::ServeOptions { webhook: args.webhook, webhook_secret, http, rate_limits, tls };
+    let options = mpsfleet_server::ServeOptions {
+        webhook: args.webhook,
+        webhook_secret,
+        webhook_ca,
+        http,
+        rate_limits,
+        tls,
+    };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

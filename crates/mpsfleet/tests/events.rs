@@ -157,6 +157,12 @@ type Headers = Arc<Mutex<Vec<(String, String)>>>;
 
 /// A tiny HTTP server that records POST bodies; it answers 500 to the first request.
 fn hook_server() -> (u16, Received, Headers) {
+    hook_server_with(None)
+}
+
+/// A receiver of webhook deliveries on 127.0.0.1 (over TLS with `tls`) that refuses the
+/// first with 500 and takes the rest.
+fn hook_server_with(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Received, Headers) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -164,14 +170,24 @@ fn hook_server() -> (u16, Received, Headers) {
     let signed = Arc::new(Mutex::new(Vec::new()));
     let record_signed = signed.clone();
     std::thread::spawn(move || {
-        for (n, stream) in listener.incoming().enumerate() {
-            let Ok(mut stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut n = 0u32;
+        for stream in listener.incoming() {
+            let Ok(tcp) = stream else { continue };
+            let _ = tcp.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut stream: Box<dyn ReadWrite> = match &tls {
+                None => Box::new(tcp),
+                Some(config) => {
+                    let Ok(conn) = rustls::ServerConnection::new(config.clone()) else { continue };
+                    Box::new(rustls::StreamOwned::new(conn, tcp))
+                }
+            };
+            let mut reader = BufReader::new(&mut stream);
             let mut len = 0usize;
             let (mut timestamp, mut signature) = (String::new(), String::new());
             let mut line = String::new();
+            let mut headers = false;
             while reader.read_line(&mut line).is_ok_and(|read| read > 0) && line != "\r\n" {
+                headers = true;
                 let lower = line.to_ascii_lowercase();
                 if let Some(v) = lower.strip_prefix("content-length:") {
                     len = v.trim().parse().unwrap_or(0);
@@ -182,16 +198,25 @@ fn hook_server() -> (u16, Received, Headers) {
                 }
                 line.clear();
             }
+            if !headers {
+                continue; // a connection that never sent a request (a failed handshake)
+            }
             record_signed.lock().unwrap().push((timestamp, signature));
             let mut body = vec![0; len];
             let _ = reader.read_exact(&mut body);
             let status = if n == 0 { "500 Internal Server Error" } else { "200 OK" };
-            record.lock().unwrap().push((n as u32, String::from_utf8_lossy(&body).into_owned()));
+            record.lock().unwrap().push((n, String::from_utf8_lossy(&body).into_owned()));
+            n += 1;
+            drop(reader);
             let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = stream.flush();
         }
     });
     (port, seen, signed)
 }
+
+trait ReadWrite: std::io::Read + std::io::Write + Send {}
+impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
 
 /// What a receiver checks: `v1=` HMAC-SHA256 of `<timestamp>.<body>` under the secret.
 fn signature(secret_hex: &str, timestamp: &str, body: &str) -> String {
@@ -254,7 +279,7 @@ async fn the_webhook_gets_the_incident_after_a_retry() {
 
     // A bad URL is refused at start.
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .args(["server", "--listen", "127.0.0.1:0", "--webhook", "https://example.com/hook", "--data-dir"])
+        .args(["server", "--listen", "127.0.0.1:0", "--webhook", "ftp://example.com/hook", "--data-dir"])
         .arg(dir.path().join("other"))
         .output()
         .unwrap();
@@ -264,6 +289,68 @@ async fn the_webhook_gets_the_incident_after_a_retry() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+}
+
+/// An https:// receiver gets the same signed deliveries, verified against the CA given with
+/// `--webhook-ca-file`; one whose certificate the server cannot verify gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_webhook_is_verified_and_gets_signed_deliveries() {
+    // The receiver's certificate, for 127.0.0.1, under a CA of its own.
+    let store = mpsfleet_store::MemoryStore::new();
+    let key = mpsfleet_server::auth::ServerKey::random().unwrap();
+    let ca = mpsfleet_server::tls::ClusterCa::load_or_create(&store, &key, 1_750_000_000_000).unwrap();
+    let now = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+    let issued = ca.issue_server(&["127.0.0.1".to_string()], now).unwrap();
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(issued.chain, issued.key.into())
+            .unwrap();
+    let config = Arc::new(config);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("hook-ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+
+    // Without the receiver's CA, nothing is delivered: its certificate is not trusted.
+    let (untrusted_port, untrusted_seen, _) = hook_server_with(Some(config.clone()));
+    let url = format!("https://127.0.0.1:{untrusted_port}/hook");
+    let server = Server::start_with(&dir.path().join("a"), "127.0.0.1:0", &["--webhook", &url]);
+    quick_pool(&server.admin()).await;
+    let (_, _agent) = add_host(&server, "gpu", "n1", 1).await;
+    // With it, every delivery arrives, signed.
+    let (port, seen, signed) = hook_server_with(Some(config));
+    let url = format!("https://127.0.0.1:{port}/hook");
+    let ca_arg = ca_file.display().to_string();
+    let trusted = Server::start_with(
+        &dir.path().join("b"),
+        "127.0.0.1:0",
+        &["--webhook", &url, "--webhook-ca-file", &ca_arg],
+    );
+    quick_pool(&trusted.admin()).await;
+    let (_, _agent2) = add_host(&trusted, "gpu", "n2", 1).await;
+    let bodies = eventually(Duration::from_secs(30), "an incident.opened webhook over https", || {
+        let seen = seen.clone();
+        async move {
+            let got = seen.lock().unwrap().clone();
+            got.iter().any(|(_, b)| b.contains("\"incident.opened\"")).then_some(got)
+        }
+    })
+    .await;
+    let secret = std::fs::read_to_string(dir.path().join("b").join("webhook.secret")).unwrap();
+    let headers = signed.lock().unwrap().clone();
+    for ((n, body), (timestamp, sig)) in bodies.iter().zip(&headers) {
+        assert_eq!(sig, &signature(secret.trim(), timestamp, body), "delivery {n} is not signed right");
+    }
+    // The first server had its incident too, and tried to deliver it all along.
+    let admin = server.admin();
+    eventually(Duration::from_secs(30), "the first server's incident", || async {
+        admin.list_incidents().await.ok().filter(|i| !i.is_empty()).map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(untrusted_seen.lock().unwrap().is_empty(), "a receiver the server cannot verify got a delivery");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
