@@ -166,6 +166,8 @@ pub struct Guard {
     /// that the admin is recognised without the cluster lock (which a group commit of
     /// registrations holds through its fsync).
     known: Arc<[std::sync::OnceLock<String>; 1]>,
+    /// The join tokens, read without the cluster lock.
+    joins: crate::cluster::JoinDigests,
     pub rate_limits: RateLimits,
     pub limiter: Arc<RateLimiter>,
 }
@@ -185,7 +187,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     }
     let route = route.to_string();
     let body = has_body(&req);
-    let who = identify(st, &g.known, req.headers()).await;
+    let who = identify(st, &g.known, &g.joins, req.headers()).await;
     let peer = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
     let audit = audit_context(&req, &route, &who, peer);
     if let Err(e) = charge(&g, &who, peer) {
@@ -305,13 +307,17 @@ fn is_length_limit(e: &axum::Error) -> bool {
 async fn identify(
     st: &AppState,
     known: &[std::sync::OnceLock<String>; 1],
+    joins: &crate::cluster::JoinDigests,
     headers: &axum::http::HeaderMap,
 ) -> Result<(Principal, String), ApiError> {
     let token = auth::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
     let digest = auth::digest(token);
     let [admin] = known;
-    // Join tokens expire and are revoked: always looked up.
-    let seen = (admin.get() == Some(&digest)).then_some(Ok(Principal::Admin));
+    let seen = if admin.get() == Some(&digest) {
+        Some(Ok(Principal::Admin))
+    } else {
+        joins.check(&digest).map(|valid| valid.map(|()| Principal::Joiner))
+    };
     let fast = seen.or_else(|| st.cluster.try_lock().ok().map(|c| c.authenticate_digest(&digest)));
     let who = match fast {
         Some(who) => who?,
@@ -386,6 +392,7 @@ fn app_with(
         state: state.clone(),
         body_read_timeout: limits.body_read_timeout,
         known: Arc::default(),
+        joins: state.cluster.lock().map(|c| c.join_digests()).expect("the cluster lock at start"),
         rate_limits,
         limiter,
     };

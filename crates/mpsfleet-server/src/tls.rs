@@ -13,7 +13,7 @@
 //! out ([`mpsfleet_client::tls`]), so a new agent knows which CA to trust before it sends
 //! anything.
 
-use crate::auth::ServerKey;
+use crate::auth::{hex, unhex, ServerKey};
 use crate::error::ApiError;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
@@ -69,17 +69,6 @@ pub struct ClusterCa {
 
 fn tls_error(what: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::Internal(format!("{what}: {e}"))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 fn time_at(ms: u64) -> Result<time::OffsetDateTime, ApiError> {
@@ -312,10 +301,8 @@ pub fn default_names(listen: std::net::SocketAddr, extra: &[String]) -> Vec<Stri
             names.push(host.to_string());
         }
     }
-    if !listen.ip().is_unspecified() {
-        names.push(listen.ip().to_string());
-    }
-    for name in extra {
+    let listen = (!listen.ip().is_unspecified()).then(|| listen.ip().to_string());
+    for name in listen.iter().chain(extra) {
         if !names.contains(name) {
             names.push(name.clone());
         }
@@ -415,5 +402,7 @@ mod tests {
         let names = default_names("10.1.2.3:7070".parse().unwrap(), &["fleet.example".into()]);
         assert!(names.contains(&"10.1.2.3".to_string()) && names.contains(&"fleet.example".to_string()));
         assert!(!default_names("0.0.0.0:7070".parse().unwrap(), &[]).contains(&"0.0.0.0".to_string()));
+        let loopback = default_names("127.0.0.1:7070".parse().unwrap(), &["127.0.0.1".into()]);
+        assert_eq!(loopback.iter().filter(|n| *n == "127.0.0.1").count(), 1, "{loopback:?}");
     }
 }

@@ -19,6 +19,7 @@ mod secrets;
 mod task_policy;
 mod tasks;
 mod tokens;
+pub use tokens::JoinDigests;
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
@@ -179,6 +180,8 @@ pub struct Cluster {
     admin_sha256: String,
     /// Join tokens by digest (tokens.rs).
     join_tokens: HashMap<String, tokens::JoinTokenRecord>,
+    /// Their digests and expiries, shared with the HTTP layer (tokens.rs).
+    join_index: tokens::JoinDigests,
     host_credentials: HashMap<String, HostIx>,
     /// The host of every registered GPU.
     gpu_hosts: HashMap<GpuUuid, HostIx>,
@@ -241,6 +244,7 @@ impl Cluster {
             ])?;
             tracing::warn!(token.id = %join.view.id, "the data dir's join token now expires in a day");
         }
+        let join_clock = clock.clone();
         let mut c = Cluster {
             revision: store.revision()?,
             feed: retention::FeedLedger::default(),
@@ -267,6 +271,7 @@ impl Cluster {
             capacity_launches: HashMap::new(),
             admin_sha256,
             join_tokens: HashMap::new(),
+            join_index: Self::new_join_index(join_clock),
             key: auth::ServerKey::random()?,
             launch_tokens: HashMap::new(),
             api_tokens: HashMap::new(),

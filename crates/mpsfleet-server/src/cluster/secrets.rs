@@ -10,6 +10,7 @@
 //! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
 
 use super::Cluster;
+use crate::auth::{hex, unhex};
 use crate::error::ApiError;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
@@ -95,17 +96,6 @@ fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
     }
     let versioned = fields[8..].iter().any(|f| !f.is_empty());
     Some((fields[..7].join(":"), fields[7], versioned))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 impl Cluster {

@@ -35,6 +35,40 @@ pub(super) struct JoinTokenRecord {
     pub sha256: String,
 }
 
+/// The join tokens' digests and expiries, readable without the cluster lock: registrations
+/// are authenticated while a group commit holds the lock through its fsync.
+#[derive(Clone)]
+pub struct JoinDigests {
+    by_digest: Arc<std::sync::RwLock<HashMap<String, u64>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl JoinDigests {
+    fn new(clock: Arc<dyn Clock>) -> Self {
+        JoinDigests { by_digest: Arc::default(), clock }
+    }
+
+    fn set(&self, digest: &str, expires_at_ms: Option<u64>) {
+        let mut map = self.by_digest.write().unwrap_or_else(|p| p.into_inner());
+        match expires_at_ms {
+            Some(at) => map.insert(digest.to_string(), at),
+            None => map.remove(digest),
+        };
+    }
+
+    /// `None` when `digest` is no join token's; else whether it is valid now, or why not.
+    pub fn check(&self, digest: &str) -> Option<Result<(), ApiError>> {
+        let at = *self.by_digest.read().unwrap_or_else(|p| p.into_inner()).get(digest)?;
+        Some(if self.clock.now_ms() >= at {
+            Err(ApiError::Unauthorized(
+                "this join token has expired: make a new one with `mpsfleet join-token create`",
+            ))
+        } else {
+            Ok(())
+        })
+    }
+}
+
 /// Checks a token's description and lifetime as `token create` and `join-token create` take
 /// them.
 fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), ApiError> {
@@ -141,6 +175,7 @@ impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), ApiError> {
         for r in self.store.list(JOIN_TOKEN)? {
             let rec: JoinTokenRecord = decode(&r)?;
+            self.join_index.set(&rec.sha256, Some(rec.view.expires_at_ms));
             self.join_tokens.insert(rec.sha256.clone(), rec);
         }
         Ok(())
@@ -149,13 +184,16 @@ impl Cluster {
     /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
     /// has expired.
     pub(super) fn join_token(&self, digest: &str) -> Result<bool, ApiError> {
-        let Some(rec) = self.join_tokens.get(digest) else { return Ok(false) };
-        if self.now() >= rec.view.expires_at_ms {
-            return Err(ApiError::Unauthorized(
-                "this join token has expired: make a new one with `mpsfleet join-token create`",
-            ));
-        }
-        Ok(true)
+        self.join_index.check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
+    }
+
+    /// The join tokens' digests, for authentication without the cluster lock.
+    pub fn join_digests(&self) -> JoinDigests {
+        self.join_index.clone()
+    }
+
+    pub(super) fn new_join_index(clock: Arc<dyn Clock>) -> JoinDigests {
+        JoinDigests::new(clock)
     }
 
     /// The record of a new join token (its digest `sha256`), for `join-token create` and the
@@ -195,6 +233,7 @@ impl Cluster {
         self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
+        self.join_index.set(&rec.sha256, Some(rec.view.expires_at_ms));
         self.join_tokens.insert(rec.sha256.clone(), rec);
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
@@ -218,6 +257,7 @@ impl Cluster {
             .ok_or_else(|| ApiError::not_found("join token", id))?;
         self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
         let rec = self.join_tokens.remove(&digest).expect("found above");
+        self.join_index.set(&digest, None);
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }

@@ -18,6 +18,9 @@ use tokio::time::Instant;
 /// server's CPU and memory over the measured window.
 #[derive(Args)]
 pub struct IngestBench {
+    /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
+    #[arg(long)]
+    insecure_http: bool,
     #[arg(long, default_value_t = 20_000)]
     hosts: u32,
     /// Length of the measured window.
@@ -54,7 +57,7 @@ pub fn ingest(b: IngestBench) -> Result<()> {
     anyhow::ensure!(b.seconds >= 1, "--seconds must be at least 1");
     // One thread: the load generator shares the machine with the server it measures.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let server = ServerProcess::start("ingest")?;
+    let server = ServerProcess::start("ingest", b.insecure_http)?;
     rt.block_on(run(&b, &server))
 }
 

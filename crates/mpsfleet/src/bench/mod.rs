@@ -216,7 +216,8 @@ struct ServerProcess {
 #[derive(Clone)]
 struct Endpoint {
     addr: std::net::SocketAddr,
-    tls: tokio_rustls::TlsConnector,
+    /// `None` for a server started with `--insecure-http`.
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 impl std::fmt::Display for Endpoint {
@@ -226,7 +227,8 @@ impl std::fmt::Display for Endpoint {
 }
 
 impl Endpoint {
-    fn new(addr: std::net::SocketAddr, ca_pem: &[u8]) -> Result<Endpoint> {
+    fn new(addr: std::net::SocketAddr, ca_pem: Option<&[u8]>) -> Result<Endpoint> {
+        let Some(ca_pem) = ca_pem else { return Ok(Endpoint { addr, tls: None }) };
         let mut roots = rustls::RootCertStore::empty();
         for cert in mpsfleet_client::tls::certificates(ca_pem).map_err(anyhow::Error::msg)? {
             roots.add(cert)?;
@@ -236,12 +238,12 @@ impl Endpoint {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        Ok(Endpoint { addr, tls: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)) })
+        Ok(Endpoint { addr, tls: Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))) })
     }
 }
 
 impl ServerProcess {
-    fn start(name: &str) -> Result<ServerProcess> {
+    fn start(name: &str, insecure_http: bool) -> Result<ServerProcess> {
         use std::io::BufRead;
         let dir = std::env::temp_dir().join(format!("mpsf-bench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -250,6 +252,7 @@ impl ServerProcess {
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&data)
+            .args(insecure_http.then_some("--insecure-http"))
             .env("MPSFLEET_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(dir.join("server.log"))?)
@@ -265,7 +268,8 @@ impl ServerProcess {
         let read = |f: &str| std::fs::read_to_string(data.join(f)).map(|t| t.trim().to_string());
         let ready = url.ok_or_else(|| anyhow::anyhow!("the server did not start")).and_then(|url| {
             let ca = std::fs::read(data.join(mpsfleet_server::CA_FILE))?;
-            let addr = Endpoint::new(url.trim_start_matches("https://").parse()?, &ca)?;
+            let authority = url.trim_start_matches("https://").trim_start_matches("http://");
+            let addr = Endpoint::new(authority.parse()?, (!insecure_http).then_some(ca.as_slice()))?;
             let tokens = (read(mpsfleet_server::ADMIN_TOKEN_FILE)?, read(mpsfleet_server::JOIN_TOKEN_FILE)?);
             Ok((url, addr, tokens))
         });
@@ -292,8 +296,13 @@ impl ServerProcess {
     /// A client with `token` that trusts the server's cluster CA (the server serves HTTPS, as
     /// by default, so the figures include TLS).
     fn client(&self, token: String) -> Result<mpsfleet_client::Client> {
-        let ca = std::fs::read(self.dir.join("server").join(mpsfleet_server::CA_FILE))?;
-        let trust = mpsfleet_client::tls::Trust::Ca(ca);
+        let trust = if self.addr.tls.is_none() {
+            mpsfleet_client::tls::Trust::PlainHttp
+        } else {
+            mpsfleet_client::tls::Trust::Ca(std::fs::read(
+                self.dir.join("server").join(mpsfleet_server::CA_FILE),
+            )?)
+        };
         Ok(mpsfleet_client::Client::with_trust(&self.url, Some(token), &trust)?)
     }
 }
@@ -358,16 +367,24 @@ fn quantile(sorted: &[u32], q: f64) -> u32 {
 /// request: the load generator's client, kept minimal so that it costs little next to the
 /// server it measures.
 struct HttpConn {
-    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    stream: Box<dyn Stream>,
     buf: Vec<u8>,
 }
+
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
 
 impl HttpConn {
     async fn connect(to: Endpoint) -> Result<HttpConn> {
         let tcp = tokio::net::TcpStream::connect(to.addr).await?;
         tcp.set_nodelay(true)?;
-        let name = rustls::pki_types::ServerName::IpAddress(to.addr.ip().into());
-        let stream = to.tls.connect(name, tcp).await?;
+        let stream: Box<dyn Stream> = match &to.tls {
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::IpAddress(to.addr.ip().into());
+                Box::new(tls.connect(name, tcp).await?)
+            }
+            None => Box::new(tcp),
+        };
         Ok(HttpConn { stream, buf: Vec::with_capacity(16 * 1024) })
     }
 

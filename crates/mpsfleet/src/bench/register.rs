@@ -14,6 +14,9 @@ use tokio::time::Instant;
 /// answered after its commit; every one must succeed, and the server must list them all.
 #[derive(Args)]
 pub struct RegisterBench {
+    /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
+    #[arg(long)]
+    insecure_http: bool,
     #[arg(long, default_value_t = 20_000)]
     hosts: u32,
     #[arg(long, default_value_t = 8)]
@@ -28,7 +31,7 @@ pub fn register(b: RegisterBench) -> Result<()> {
     anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
     anyhow::ensure!((1..=4096).contains(&b.clients), "--clients must be from 1 to 4096");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let server = ServerProcess::start("register")?;
+    let server = ServerProcess::start("register", b.insecure_http)?;
     rt.block_on(run(&b, &server))
 }
 

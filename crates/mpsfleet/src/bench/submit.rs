@@ -17,6 +17,9 @@ use tokio::time::Instant;
 /// commit). Every task must be placed.
 #[derive(Args)]
 pub struct SubmitBench {
+    /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
+    #[arg(long)]
+    insecure_http: bool,
     #[arg(long, default_value_t = 1_000_000)]
     tasks: u64,
     /// Tasks per request (the API takes at most 10,000).
@@ -43,7 +46,7 @@ pub fn submit(b: SubmitBench) -> Result<()> {
     anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
     anyhow::ensure!((1..=143_771).contains(&b.memory_mib), "--memory-mib must be from 1 to 143771");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let server = ServerProcess::start("submit")?;
+    let server = ServerProcess::start("submit", b.insecure_http)?;
     rt.block_on(run(&b, &server))
 }
 
