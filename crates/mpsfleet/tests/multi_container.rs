@@ -426,6 +426,11 @@ async fn process_agent_restart_mid_ordering_adopts_what_runs_and_starts_the_rest
             std::fs::read_to_string(&pids).ok().filter(|s| !s.is_empty())
         })
         .await;
+        // And its shim to have recorded it (the pid record the next agent adopts it by). A
+        // kill -9 in the moment between db's start and that record makes the next agent start
+        // db again: that window is not what this test is about.
+        let record = f.dir.path().join(format!("agent/tasks/{id}/containers/db/proc.json"));
+        eventually(WAIT, "db's pid record", || async { record.is_file().then_some(()) }).await;
         assert_eq!(f.describe(&id).await.last_status, TaskStatus::Pending);
         // kill -9: the shims and db run on.
         f.agent.as_mut().unwrap().kill9();
