@@ -178,9 +178,7 @@ pub struct Cluster {
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
     admin_sha256: String,
-    /// Join tokens by digest (tokens.rs).
-    join_tokens: HashMap<String, tokens::JoinTokenRecord>,
-    /// Their digests and expiries, shared with the HTTP layer (tokens.rs).
+    /// Join tokens by digest, shared with the HTTP layer (tokens.rs).
     join_index: tokens::JoinDigests,
     host_credentials: HashMap<String, HostIx>,
     /// The host of every registered GPU.
@@ -270,7 +268,6 @@ impl Cluster {
             provider_ctx: None,
             capacity_launches: HashMap::new(),
             admin_sha256,
-            join_tokens: HashMap::new(),
             join_index: Self::new_join_index(join_clock),
             key: auth::ServerKey::random()?,
             launch_tokens: HashMap::new(),

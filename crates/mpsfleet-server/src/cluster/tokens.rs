@@ -35,11 +35,11 @@ pub(super) struct JoinTokenRecord {
     pub sha256: String,
 }
 
-/// The join tokens' digests and expiries, readable without the cluster lock: registrations
-/// are authenticated while a group commit holds the lock through its fsync.
+/// The join tokens by digest: the one copy of them, readable without the cluster lock
+/// (registrations are authenticated while a group commit holds it through its fsync).
 #[derive(Clone)]
 pub struct JoinDigests {
-    by_digest: Arc<std::sync::RwLock<HashMap<String, u64>>>,
+    by_digest: Arc<std::sync::RwLock<HashMap<String, JoinTokenRecord>>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -48,17 +48,21 @@ impl JoinDigests {
         JoinDigests { by_digest: Arc::default(), clock }
     }
 
-    fn set(&self, digest: &str, expires_at_ms: Option<u64>) {
-        let mut map = self.by_digest.write().unwrap_or_else(|p| p.into_inner());
-        match expires_at_ms {
-            Some(at) => map.insert(digest.to_string(), at),
-            None => map.remove(digest),
-        };
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, JoinTokenRecord>> {
+        self.by_digest.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, rec: JoinTokenRecord) {
+        self.by_digest.write().unwrap_or_else(|p| p.into_inner()).insert(rec.sha256.clone(), rec);
+    }
+
+    fn remove(&self, digest: &str) -> Option<JoinTokenRecord> {
+        self.by_digest.write().unwrap_or_else(|p| p.into_inner()).remove(digest)
     }
 
     /// `None` when `digest` is no join token's; else whether it is valid now, or why not.
     pub fn check(&self, digest: &str) -> Option<Result<(), ApiError>> {
-        let at = *self.by_digest.read().unwrap_or_else(|p| p.into_inner()).get(digest)?;
+        let at = self.map().get(digest)?.view.expires_at_ms;
         Some(if self.clock.now_ms() >= at {
             Err(ApiError::Unauthorized(
                 "this join token has expired: make a new one with `mpsfleet join-token create`",
@@ -174,9 +178,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), ApiError> {
         for r in self.store.list(JOIN_TOKEN)? {
-            let rec: JoinTokenRecord = decode(&r)?;
-            self.join_index.set(&rec.sha256, Some(rec.view.expires_at_ms));
-            self.join_tokens.insert(rec.sha256.clone(), rec);
+            self.join_index.insert(decode(&r)?);
         }
         Ok(())
     }
@@ -223,7 +225,7 @@ impl Cluster {
         req: CreateJoinToken,
         by: &str,
     ) -> Result<CreatedJoinToken, ApiError> {
-        if self.join_tokens.len() >= MAX_JOIN_TOKENS {
+        if self.join_index.map().len() >= MAX_JOIN_TOKENS {
             return Err(ApiError::Conflict(format!(
                 "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
             )));
@@ -233,15 +235,14 @@ impl Cluster {
         self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
-        self.join_index.set(&rec.sha256, Some(rec.view.expires_at_ms));
-        self.join_tokens.insert(rec.sha256.clone(), rec);
+        self.join_index.insert(rec);
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
 
     /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
     /// first.
     pub fn join_tokens(&self) -> Vec<JoinTokenView> {
-        let mut all: Vec<JoinTokenView> = self.join_tokens.values().map(|r| r.view.clone()).collect();
+        let mut all: Vec<JoinTokenView> = self.join_index.map().values().map(|r| r.view.clone()).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         all
     }
@@ -250,14 +251,14 @@ impl Cluster {
     /// their own credentials).
     pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, ApiError> {
         let digest = self
-            .join_tokens
+            .join_index
+            .map()
             .iter()
             .find(|(_, r)| r.view.id == id)
             .map(|(d, _)| d.clone())
             .ok_or_else(|| ApiError::not_found("join token", id))?;
         self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
-        let rec = self.join_tokens.remove(&digest).expect("found above");
-        self.join_index.set(&digest, None);
+        let rec = self.join_index.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }
