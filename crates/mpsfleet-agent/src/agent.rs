@@ -349,25 +349,42 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         path: cfg.logs_listen.to_string().into(),
         source,
     })?;
-    let logs_url =
-        format!("http://{}", listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?);
+    let logs_addr = listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?;
     let app = crate::logs::router(
         cfg.data_dir.join("tasks"),
         identity.agent_token_sha256.clone(),
         engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
     );
-    let logs = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "logs endpoint stopped");
-        }
-    });
+    // HTTPS with a certificate of its own, pinned by the server (crate::endpoint); plain HTTP
+    // only for a plain-HTTP server.
+    let (logs_url, logs_cert, logs) = if cfg.server.starts_with("https://") {
+        let cert = crate::endpoint::EndpointCert::generate().map_err(AgentError::Runtime)?;
+        let tls = crate::endpoint::TlsListener::new(listener, &cert).map_err(|source| AgentError::Io {
+            what: "cannot listen for logs on",
+            path: cfg.logs_listen.to_string().into(),
+            source,
+        })?;
+        let served = tokio::spawn(async move {
+            if let Err(e) = axum::serve(tls, app).await {
+                tracing::error!(error = %e, "logs endpoint stopped");
+            }
+        });
+        (format!("https://{logs_addr}"), Some(cert.sha256), served)
+    } else {
+        let served = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "logs endpoint stopped");
+            }
+        });
+        (format!("http://{logs_addr}"), None, served)
+    };
     let heartbeat = tokio::spawn(heartbeat_loop(
         agent.clone(),
         supervisors.clone(),
         gpu_watch.clone(),
         runtime_check,
         cfg.heartbeat,
-        logs_url,
+        LogsEndpoint { url: logs_url, cert_sha256: logs_cert },
         cfg.policy.clone(),
     ));
     let assignments = tokio::spawn(assignments_loop(agent.clone(), task_loop.sender()));
@@ -669,6 +686,13 @@ fn onboarded(checks: &[HostCheck]) -> bool {
     checks.iter().all(|c| c.status != HealthStatus::Initializing)
 }
 
+/// Where the agent serves logs, as its heartbeats report it.
+struct LogsEndpoint {
+    url: String,
+    /// The hash of the certificate an `https://` endpoint serves.
+    cert_sha256: Option<String>,
+}
+
 /// Posts the host's checks every `every`; each answer carries the pool's health policy, which
 /// is applied to every supervisor when it differs from `policy`, the one in force (an invalid
 /// one is logged and ignored).
@@ -678,7 +702,7 @@ async fn heartbeat_loop(
     gpu_watch: Arc<GpuWatch>,
     runtime_check: Option<SharedCheck>,
     every: Duration,
-    logs_url: String,
+    logs: LogsEndpoint,
     mut policy: MpsPolicy,
 ) {
     let mut tick = tokio::time::interval(every);
@@ -689,8 +713,12 @@ async fn heartbeat_loop(
     loop {
         tick.tick().await;
         let checks = checks(&supervisors, &gpu_watch, runtime_check.as_ref());
-        let report =
-            HostStatusReport { onboarded: onboarded(&checks), checks, logs_url: Some(logs_url.clone()) };
+        let report = HostStatusReport {
+            onboarded: onboarded(&checks),
+            checks,
+            logs_url: Some(logs.url.clone()),
+            logs_cert_sha256: logs.cert_sha256.clone(),
+        };
         match agent.report_host_status(&report).await {
             Ok(answer) => {
                 failing_since_logged = false;

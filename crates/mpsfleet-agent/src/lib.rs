@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod container_health;
 pub mod discovery;
 pub mod docker;
+pub mod endpoint;
 pub mod env;
 pub mod gpu_health;
 pub mod logs;

@@ -416,7 +416,8 @@ fn seg(s: &str) -> String {
         .collect()
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
+/// An error with its causes, `: ` between them.
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(cause) = src {

@@ -10,6 +10,7 @@ use crate::ClientError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What separates a join token's secret from the CA hash it carries.
@@ -143,6 +144,75 @@ pub async fn fetch_pinned_ca(base: &str, expected: &str) -> Result<Vec<u8>, Clie
         });
     }
     Ok(pem)
+}
+
+/// A verifier that accepts one certificate only, the one whose SHA-256 (`sha256:<hex>`) it
+/// was given, whatever name it is for; the handshake's signatures are still checked against
+/// that certificate's key. An agent's logs endpoint serves a certificate it made itself and
+/// reports its hash in its status reports, which reach the server over the verified,
+/// authenticated connection: so the server knows whom it talks to without any name in it.
+#[derive(Debug)]
+struct PinnedCert {
+    sha256: String,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if der_hash(end_entity).eq_ignore_ascii_case(&self.sha256) {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// A reqwest client builder for `https://` servers that trusts exactly the certificate whose
+/// hash is `sha256` (`sha256:<hex>`), and refuses plain `http://`.
+pub fn pinned_cert_builder(sha256: &str) -> Result<reqwest::ClientBuilder, String> {
+    let hex = sha256.strip_prefix("sha256:").unwrap_or_default();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("a certificate hash is sha256: and 64 hex digits, got {sha256:?}"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        PinnedCert { sha256: sha256.to_string(), algorithms: provider.signature_verification_algorithms };
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS configuration: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    Ok(reqwest::Client::builder().use_preconfigured_tls(config).https_only(true))
 }
 
 #[cfg(test)]

@@ -51,11 +51,15 @@ pub struct AppState {
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
 /// and gives up after 10 s (each call sets its own, shorter, timeout too).
+/// How the server calls agents: no redirects followed, bounded in time.
+fn agent_client_builder(builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+    builder.redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(10))
+}
+
 fn agent_client() -> reqwest::Client {
-    let builder = || reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
-    builder().timeout(Duration::from_secs(10)).build().unwrap_or_else(|e| {
+    agent_client_builder(reqwest::Client::builder()).build().unwrap_or_else(|e| {
         tracing::error!(error = %e, "cannot build the HTTP client for agents; using one without a timeout");
-        builder().build().unwrap_or_default()
+        reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap_or_default()
     })
 }
 
@@ -1194,7 +1198,7 @@ async fn task_logs(
         Err(why) => {
             (ApiError::Conflict(format!("{why}, and its agent reported no output of it")), Some(why.clone()))
         }
-        Ok((url, token)) => match fetch_agent_logs(&st.http, url, token, &plan.task_id, &q).await {
+        Ok(agent) => match fetch_agent_logs(&st.http, agent, &plan.task_id, &q).await {
             Ok(answer) => {
                 let (text, lines) = match answer.body {
                     AgentLogsBody::Text(t) => (Some(t), None),
@@ -1296,23 +1300,37 @@ enum AgentLogsBody {
 
 /// The tail of one stream, or both, of a task's container, from its agent.
 async fn fetch_agent_logs(
-    http: &reqwest::Client,
-    url: &str,
-    token: &str,
+    plain: &reqwest::Client,
+    agent: &crate::cluster::AgentEndpoint,
     task: &TaskId,
     q: &LogsQuery,
 ) -> Result<AgentLogs, AgentLogsFailure> {
+    let url = agent.url.as_str();
     let unreachable = |e: &dyn std::fmt::Display| {
         AgentLogsFailure::Unreachable(format!("cannot fetch logs from {url}: {e}"))
     };
+    // An https:// endpoint is trusted by the certificate its agent reported, and no other.
+    let pinned;
+    let http = match (url.starts_with("https://"), agent.cert_sha256.as_deref()) {
+        (false, _) => plain,
+        (true, None) => return Err(unreachable(&"the agent reported no certificate for it")),
+        (true, Some(hash)) => {
+            pinned = agent_client_builder(
+                mpsfleet_client::tls::pinned_cert_builder(hash).map_err(|e| unreachable(&e))?,
+            )
+            .build()
+            .map_err(|e| unreachable(&e))?;
+            &pinned
+        }
+    };
     let mut resp = http
         .get(format!("{url}/v1/logs/{task}"))
-        .bearer_auth(token)
+        .bearer_auth(&agent.token)
         .query(q)
         .timeout(AGENT_LOGS_TIMEOUT)
         .send()
         .await
-        .map_err(|e| unreachable(&e))?;
+        .map_err(|e| unreachable(&mpsfleet_client::chain(&e)))?;
     let status = resp.status();
     let last_at_ms = resp
         .headers()
@@ -1643,6 +1661,7 @@ async fn host_status(
     let mut report: HostStatusReport =
         if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
     report.logs_url = report.logs_url.as_deref().map(|u| agent_logs_url(peer.ip(), u)).transpose()?;
+    check_logs_cert(&report)?;
     let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
     // The lock is mostly held for microseconds (by a heartbeat on the other thread): serve
     // other connections for a moment and try again, a few times, before the longer way round.
@@ -1663,20 +1682,25 @@ async fn host_status(
 /// Longest `logsUrl` a heartbeat may carry.
 const MAX_LOGS_URL_BYTES: usize = 256;
 
-/// Where the server fetches an agent's logs: `http://PEER:PORT`, PEER the address the agent's
-/// heartbeat came from (IPv6 in brackets), PORT that of the `logsUrl` it reported, which must
-/// be `http://HOST:PORT` (a port from 1 to 65535, no path). HOST is never used: the server
-/// calls no address an agent names.
+/// Where the server fetches an agent's logs: `SCHEME://PEER:PORT`, PEER the address the
+/// agent's heartbeat came from (IPv6 in brackets), SCHEME and PORT those of the `logsUrl` it
+/// reported, which must be `https://HOST:PORT` (or `http://HOST:PORT`), a port from 1 to
+/// 65535, no path. HOST is never used: the server calls no address an agent names.
 fn agent_logs_url(peer: IpAddr, reported: &str) -> Result<String, ApiError> {
-    let bad =
-        |why: &str| ApiError::invalid("logsUrl", format!("must be http://HOST:PORT, {why}: {reported:?}"));
+    let bad = |why: &str| {
+        ApiError::invalid("logsUrl", format!("must be https://HOST:PORT (or http://), {why}: {reported:?}"))
+    };
     if reported.len() > MAX_LOGS_URL_BYTES {
         return Err(ApiError::invalid(
             "logsUrl",
             format!("is at most {MAX_LOGS_URL_BYTES} bytes, got {}", reported.len()),
         ));
     }
-    let authority = reported.strip_prefix("http://").ok_or_else(|| bad("with scheme http"))?;
+    let (scheme, authority) = match (reported.strip_prefix("https://"), reported.strip_prefix("http://")) {
+        (Some(a), _) => ("https", a),
+        (None, Some(a)) => ("http", a),
+        (None, None) => return Err(bad("with scheme https or http")),
+    };
     if authority.contains(['/', '?', '#', '@'])
         || authority.chars().any(|c| c.is_whitespace() || c.is_control())
     {
@@ -1691,7 +1715,32 @@ fn agent_logs_url(peer: IpAddr, reported: &str) -> Result<String, ApiError> {
         Ok(p) if p != 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
         _ => return Err(bad("with a port from 1 to 65535")),
     };
-    Ok(format!("http://{}", SocketAddr::new(peer.to_canonical(), port)))
+    Ok(format!("{scheme}://{}", SocketAddr::new(peer.to_canonical(), port)))
+}
+
+/// Checks the logs endpoint a heartbeat reports: an `https://` one names the hash of its
+/// certificate (`sha256:` and 64 hex digits), which the server pins; a plain one names none.
+fn check_logs_cert(report: &HostStatusReport) -> Result<(), ApiError> {
+    let field = "logsCertSha256";
+    match (report.logs_url.as_deref(), report.logs_cert_sha256.as_deref()) {
+        (Some(url), None) if url.starts_with("https://") => Err(ApiError::invalid(
+            field,
+            "is required with an https:// logsUrl: the server trusts that certificate there and no other",
+        )),
+        (Some(url), Some(_)) if !url.starts_with("https://") => {
+            Err(ApiError::invalid(field, "goes with an https:// logsUrl only"))
+        }
+        (None, Some(_)) => Err(ApiError::invalid(field, "goes with a logsUrl only")),
+        (_, Some(hash)) => {
+            let hex = hash.strip_prefix("sha256:").unwrap_or_default();
+            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Ok(())
+            } else {
+                Err(ApiError::invalid(field, format!("must be sha256: and 64 hex digits, got {hash:?}")))
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What became of a heartbeat tried on the calling thread.

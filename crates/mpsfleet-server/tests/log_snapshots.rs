@@ -48,8 +48,11 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
         plugins: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
-    c.host_status(&host, HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None })
-        .expect("heartbeat");
+    c.host_status(
+        &host,
+        HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None, logs_cert_sha256: None },
+    )
+    .expect("heartbeat");
     let run = RunTask { task_definition: "talk".into(), count: 1, pool: "gpu".into() };
     let task = c.run_tasks(run).expect("run").tasks.remove(0);
     assert_eq!(task.host_id.as_ref(), Some(&host), "placed on the one host");
@@ -95,10 +98,11 @@ fn the_latest_snapshot_is_kept_and_served_when_the_agent_cannot_be_asked() {
             onboarded: true,
             checks: Vec::new(),
             logs_url: Some("http://10.0.0.1:7071".into()),
+            logs_cert_sha256: None,
         },
     )
     .unwrap();
-    let (url, _token) = c.logs_plan(&id).unwrap().agent.expect("the agent's address");
+    let url = c.logs_plan(&id).unwrap().agent.expect("the agent's address").url;
     assert_eq!(url, "http://10.0.0.1:7071");
 }
 

@@ -55,9 +55,14 @@ pub struct HostStatusReport {
     pub onboarded: bool,
     #[serde(default)]
     pub checks: Vec<crate::host::HostCheck>,
-    /// Where the agent serves task logs (`http://ADDR`), if it does.
+    /// Where the agent serves task logs (`https://ADDR`; `http://ADDR` for a plain-HTTP
+    /// server), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_url: Option<String>,
+    /// `sha256:<hex>` of the certificate the agent's `https://` endpoint serves: the server
+    /// trusts that certificate there and no other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_cert_sha256: Option<String>,
 }
 
 /// Response of `POST /v1/agent/status`: what the agent must apply now.

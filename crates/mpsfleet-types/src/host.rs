@@ -230,6 +230,9 @@ pub struct HostView {
     /// Where the agent serves task logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_url: Option<String>,
+    /// `sha256:<hex>` of the certificate the agent's logs endpoint serves (pinned by the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_cert_sha256: Option<String>,
     /// When the host's credential was revoked (`host revoke-credential`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_revoked_at_ms: Option<u64>,

@@ -43,51 +43,76 @@ async fn listen(addr: &str, answer: Answer) -> Fake {
     let written = Arc::new(AtomicU64::new(0));
     let (h, w) = (hits.clone(), written.clone());
     tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let (h, w, answer) = (h.clone(), w.clone(), answer.clone());
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|x| x == b"\r\n\r\n") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                h.fetch_add(1, Ordering::SeqCst);
-                match answer {
-                    Answer::Text(t) => {
-                        let r = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{t}",
-                            t.len()
-                        );
-                        let _ = conn.write_all(r.as_bytes()).await;
-                    }
-                    Answer::Redirect(to) => {
-                        let r = format!(
-                            "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                        );
-                        let _ = conn.write_all(r.as_bytes()).await;
-                    }
-                    Answer::Endless { bytes } => {
-                        let r = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n";
-                        if conn.write_all(r.as_bytes()).await.is_err() {
-                            return;
-                        }
-                        let chunk = vec![b'x'; 64 << 10];
-                        while w.load(Ordering::SeqCst) < bytes {
-                            if conn.write_all(&chunk).await.is_err() {
-                                return;
-                            }
-                            w.fetch_add(chunk.len() as u64, Ordering::SeqCst);
-                        }
-                    }
-                }
-                let _ = conn.shutdown().await;
-            });
+        while let Ok((conn, _)) = listener.accept().await {
+            tokio::spawn(serve_one(conn, h.clone(), w.clone(), answer.clone()));
         }
     });
     Fake { port, hits, written }
+}
+
+/// A fake agent's HTTPS listener on 127.0.0.1, with a certificate of its own as the real
+/// agent's endpoint has; and that certificate's hash.
+async fn listen_tls(answer: Answer) -> (Fake, String) {
+    use axum::serve::Listener as _;
+    let cert = mpsfleet_agent::endpoint::EndpointCert::generate().unwrap();
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let mut tls = mpsfleet_agent::endpoint::TlsListener::new(tcp, &cert).unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let written = Arc::new(AtomicU64::new(0));
+    let (h, w) = (hits.clone(), written.clone());
+    tokio::spawn(async move {
+        loop {
+            let (conn, _) = tls.accept().await;
+            tokio::spawn(serve_one(conn, h.clone(), w.clone(), answer.clone()));
+        }
+    });
+    (Fake { port, hits, written }, cert.sha256)
+}
+
+/// Reads one request's head from `conn` and answers it as `answer` says.
+async fn serve_one<S>(mut conn: S, h: Arc<AtomicUsize>, w: Arc<AtomicU64>, answer: Answer)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|x| x == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    h.fetch_add(1, Ordering::SeqCst);
+    match answer {
+        Answer::Text(t) => {
+            let r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{t}",
+                t.len()
+            );
+            let _ = conn.write_all(r.as_bytes()).await;
+        }
+        Answer::Redirect(to) => {
+            let r = format!(
+                "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            let _ = conn.write_all(r.as_bytes()).await;
+        }
+        Answer::Endless { bytes } => {
+            let r = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n";
+            if conn.write_all(r.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = vec![b'x'; 64 << 10];
+            while w.load(Ordering::SeqCst) < bytes {
+                if conn.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                w.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            }
+        }
+    }
+    let _ = conn.shutdown().await;
 }
 
 /// A server with pool "gpu", one fake host and one task it reports RUNNING (with no output
@@ -116,11 +141,16 @@ async fn one_running_task(server: &Server) -> (Client, String) {
 }
 
 async fn report_logs_url(agent: &Client, url: &str) -> Result<(), ClientError> {
+    report_endpoint(agent, url, None).await
+}
+
+async fn report_endpoint(agent: &Client, url: &str, cert: Option<&str>) -> Result<(), ClientError> {
     agent
         .report_host_status(&HostStatusReport {
             onboarded: true,
             checks: Vec::new(),
             logs_url: Some(url.to_string()),
+            logs_cert_sha256: cert.map(str::to_string),
         })
         .await
         .map(|_| ())
@@ -168,7 +198,7 @@ async fn logs_are_fetched_from_the_heartbeat_address_at_the_reported_port_only()
 
     // A URL that is not http://HOST:PORT is refused and the last good address stays.
     for bad in [
-        "https://127.0.0.1:443",
+        "ftp://127.0.0.1:443",
         "http://127.0.0.1",
         "http://127.0.0.1:0",
         "http://127.0.0.1:65536",
@@ -189,6 +219,49 @@ async fn logs_are_fetched_from_the_heartbeat_address_at_the_reported_port_only()
     assert_eq!(logs.output(), "from-the-peer\n");
     assert_eq!(peer.hits.load(Ordering::SeqCst), 3);
     assert_eq!(victim.hits.load(Ordering::SeqCst) + other_port.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_endpoint_is_trusted_by_the_certificate_its_agent_reported_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let admin = server.admin();
+    let (agent, task) = one_running_task(&server).await;
+    let (endpoint, hash) = listen_tls(Answer::Text("over-tls\n")).await;
+    let url = format!("https://127.0.0.1:{}", endpoint.port);
+
+    report_endpoint(&agent, &url, Some(&hash)).await.unwrap();
+    let logs = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap();
+    assert_eq!((logs.source, logs.output()), (LogsSource::Agent, "over-tls\n".to_string()));
+    let hosts = admin.list_hosts(None).await.unwrap();
+    assert_eq!(hosts[0].logs_cert_sha256.as_deref(), Some(hash.as_str()));
+    assert_eq!(endpoint.hits.load(Ordering::SeqCst), 1);
+
+    // Another certificate at the same address (an impostor on the agent's port): the
+    // handshake fails, and no request (with the agent's token) is sent.
+    let other = mpsfleet_agent::endpoint::EndpointCert::generate().unwrap().sha256;
+    report_endpoint(&agent, &url, Some(&other)).await.unwrap();
+    let e = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap_err();
+    let (status, code, _) = code_of(&e);
+    assert_eq!((status, code.as_str()), (502, "Unavailable"), "{e}");
+    assert!(e.to_string().contains("certificate"), "{e}");
+    assert_eq!(endpoint.hits.load(Ordering::SeqCst), 1, "a request went to a certificate not reported");
+
+    // An https:// endpoint without its certificate's hash, or a hash that is not one, is
+    // refused; a hash goes with https:// only.
+    for (url, cert) in [
+        (url.as_str(), None),
+        (url.as_str(), Some("sha256:abc")),
+        (url.as_str(), Some(hash.trim_start_matches("sha256:"))),
+        ("http://127.0.0.1:80", Some(hash.as_str())),
+    ] {
+        let e = report_endpoint(&agent, url, cert).await.unwrap_err();
+        assert_eq!(
+            code_of(&e),
+            (400, "InvalidParameter".to_string(), Some("logsCertSha256".to_string())),
+            "{url} {cert:?}: {e}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

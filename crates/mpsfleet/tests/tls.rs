@@ -131,6 +131,16 @@ async fn after_the_server_certificate_is_rotated_agents_and_the_cli_keep_working
             hosts.iter().any(|h| h.status == HostStatus::Active).then_some(())
         })
         .await;
+        // The agent's own endpoint is HTTPS, with the certificate it reported.
+        let host = admin.list_hosts(Some("gpu")).await.unwrap().remove(0);
+        let logs_url = host.logs_url.clone().expect("a logs endpoint");
+        assert!(logs_url.starts_with("https://"), "{logs_url}");
+        let http = mpsfleet_client::tls::pinned_cert_builder(host.logs_cert_sha256.as_deref().unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let unauthenticated = http.get(format!("{logs_url}/v1/logs/t-1")).send().await.expect("pinned TLS");
+        assert_eq!(unauthenticated.status(), 401);
         let first = admin.server_certificate().await.unwrap();
         assert_eq!(served_certificate(&server).await, first.sha256);
         assert!(first.names.contains(&"127.0.0.1".to_string()), "{first:?}");

@@ -97,11 +97,30 @@ impl LogSnapshots {
     }
 }
 
+/// An agent's logs endpoint, as its last heartbeat reported it.
+pub struct AgentEndpoint {
+    /// `https://PEER:PORT` (`http://` for a plain-HTTP cluster).
+    pub url: String,
+    /// The token the agent accepts.
+    pub token: String,
+    /// The hash of the certificate an `https://` endpoint serves.
+    pub cert_sha256: Option<String>,
+}
+
+impl std::fmt::Debug for AgentEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentEndpoint")
+            .field("url", &self.url)
+            .field("cert_sha256", &self.cert_sha256)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where `task logs` can get a task's output: its agent (address and token), or why not, and
 /// the last snapshot its agent reported, with when it was received.
 pub struct LogsPlan {
     pub task_id: TaskId,
-    pub agent: Result<(String, String), String>,
+    pub agent: Result<AgentEndpoint, String>,
     pub snapshot: Option<(u64, LogSnapshot)>,
 }
 
@@ -139,7 +158,11 @@ impl Cluster {
                     } else {
                         e.logs_url
                             .clone()
-                            .map(|url| (url, self.agent_token(&e.host.id, &e.host.legacy_agent_token)))
+                            .map(|url| AgentEndpoint {
+                                url,
+                                token: self.agent_token(&e.host.id, &e.host.legacy_agent_token),
+                                cert_sha256: e.logs_cert.clone(),
+                            })
                             .ok_or_else(|| {
                                 format!("the agent of host {h} has not reported where it serves logs")
                             })

@@ -10,6 +10,7 @@ mod audit;
 mod health;
 mod introspect;
 mod logs;
+pub use logs::AgentEndpoint;
 mod operator;
 #[cfg(test)]
 mod recovery_tests;
@@ -100,6 +101,8 @@ struct HostEntry {
     /// the port the agent reports: it is never a host the agent names.
     checks: Vec<HostCheck>,
     logs_url: Option<String>,
+    /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
+    logs_cert: Option<String>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -811,6 +814,7 @@ impl Cluster {
             last_heartbeat_ms: None,
             checks: Vec::new(),
             logs_url: None,
+            logs_cert: None,
             health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
             evaluated: false,
             epoch: self.revision,
@@ -839,6 +843,7 @@ impl Cluster {
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
+        entry.logs_cert = report.logs_cert_sha256;
         entry.evaluated = false;
         self.close_mps_gpus(ix, &[]);
         let entry = &mut self.hosts[ix as usize];
@@ -883,6 +888,7 @@ impl Cluster {
             let entry = &mut self.hosts[ix as usize];
             entry.last_heartbeat_ms = Some(now);
             entry.logs_url = report.logs_url;
+            entry.logs_cert = report.logs_cert_sha256;
             let agent = mpsfleet_core::health::AGENT;
             if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
                 c.reported_since_ms = now;
@@ -900,6 +906,7 @@ impl Cluster {
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
+        entry.logs_cert = report.logs_cert_sha256;
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
@@ -1002,6 +1009,7 @@ impl Cluster {
             last_heartbeat_ms: e.last_heartbeat_ms,
             checks: if e.health.checks.is_empty() { e.checks.clone() } else { e.health.host_checks() },
             logs_url: e.logs_url.clone(),
+            logs_cert_sha256: e.logs_cert.clone(),
             credential_revoked_at_ms: e.host.credential_revoked_at_ms,
         }
     }
@@ -1011,23 +1019,6 @@ impl Cluster {
             .filter(|&ix| pool.is_none_or(|p| self.hosts[ix as usize].host.pool.as_str() == p))
             .map(|ix| self.host_view(ix))
             .collect()
-    }
-
-    /// Where to fetch a task's logs: the agent's address and the token it accepts.
-    pub fn logs_source(&self, id: &str) -> Result<(Task, String, String), ApiError> {
-        let task = self.task(id)?;
-        let host =
-            task.host_id.as_ref().and_then(|h| self.sched.host(h)).ok_or_else(|| {
-                ApiError::Conflict(format!("task {id} never ran on a host: it has no logs"))
-            })?;
-        let e = &self.hosts[host as usize];
-        let url = e.logs_url.clone().ok_or_else(|| {
-            ApiError::Unavailable(format!(
-                "the agent of host {} has not reported where it serves logs",
-                e.host.id
-            ))
-        })?;
-        Ok((task, url, self.agent_token(&e.host.id, &e.host.legacy_agent_token)))
     }
 
     pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
@@ -1941,6 +1932,7 @@ mod tests {
                 since_ms,
             }],
             logs_url: None,
+            logs_cert_sha256: None,
         }
     }
 

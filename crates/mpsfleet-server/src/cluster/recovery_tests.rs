@@ -70,6 +70,7 @@ impl World {
                 since_ms: 5,
             }],
             logs_url: None,
+            logs_cert_sha256: None,
         };
         self.c.host_status(host, report).unwrap();
     }
