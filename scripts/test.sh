@@ -22,6 +22,11 @@ bash scripts/docker-env.sh start
 eval "$(bash scripts/docker-env.sh env)"
 trap 'bash scripts/docker-env.sh stop >/dev/null 2>&1 || true' EXIT
 
+# openssl makes an operator's CA for the TLS tests, as an operator would.
+if ! command -v openssl >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
+
 # The process tests start the real binary; build it (and everything else) once, up front.
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked "$@"

@@ -173,36 +173,63 @@ const IDENTITY_FILE: &str = "identity.json";
 /// The cluster CA the agent trusts, pinned at first contact.
 const CA_FILE: &str = "ca.pem";
 
+/// The CAs the agent trusts its server by, as its heartbeats report them, and whether the
+/// agent keeps them itself (in its data dir, pinned at join) and so follows the cluster's CA
+/// rotations, or was given them (`--ca-file`, which the operator updates).
+#[derive(Debug, Clone, Default)]
+struct CaTrust {
+    hashes: Vec<String>,
+    kept: Option<PathBuf>,
+}
+
+impl CaTrust {
+    fn of(pem: &[u8], kept: Option<PathBuf>) -> CaTrust {
+        CaTrust { hashes: mpsfleet_client::tls::ca_hashes(pem).unwrap_or_default(), kept }
+    }
+}
+
+/// Whether `a` and `b` name the same CAs, in any order.
+fn same_cas(a: &[String], b: &[String]) -> bool {
+    let norm =
+        |v: &[String]| v.iter().map(|h| h.to_ascii_lowercase()).collect::<std::collections::BTreeSet<_>>();
+    norm(a) == norm(b)
+}
+
 /// Whom the agent trusts its server to be. A plain `http://` server is not verified. For an
-/// `https://` one: the CA of `--ca-file`; else the CA pinned at an earlier first contact (kept
-/// in the data dir), as long as the join token, when given, names that same CA; else the CA
-/// the server hands out, if its hash is the one in the join token (then kept).
-async fn trust(cfg: &AgentConfig) -> Result<Trust, AgentError> {
+/// `https://` one: the CAs of `--ca-file`; else those kept in the data dir (pinned at an
+/// earlier first contact, then followed through CA rotations), unless the agent has not
+/// registered yet and its join token names another CA; else the CA the server hands out, if
+/// its hash is the one in the join token (then kept).
+async fn trust(cfg: &AgentConfig) -> Result<(Trust, CaTrust), AgentError> {
     let refuse = |why: String| AgentError::Trust { server: cfg.server.clone(), why };
     let pin = cfg.join_token.as_deref().and_then(|t| mpsfleet_client::tls::split_pin(t).1);
     if !cfg.server.starts_with("https://") {
         if pin.is_some() {
             tracing::warn!(server = %cfg.server, "plain HTTP server: nothing is verified, and the CA hash in the join token is not used");
         }
-        return Ok(Trust::PlainHttp);
+        return Ok((Trust::PlainHttp, CaTrust::default()));
     }
     if let Some(path) = &cfg.ca_file {
         let pem = std::fs::read(path)
             .map_err(|e| refuse(format!("cannot read --ca-file {}: {e}", path.display())))?;
-        return Ok(Trust::Ca(pem));
+        let trust = CaTrust::of(&pem, None);
+        return Ok((Trust::Ca(pem), trust));
     }
     let kept_path = cfg.data_dir.join(CA_FILE);
     let kept = crate::safe_fs::read_beneath(&cfg.data_dir, Path::new(CA_FILE), 1 << 20)
         .map_err(|e| refuse(format!("cannot read {}: {e}", kept_path.display())))?;
     if let Some(pem) = kept {
-        let hash = mpsfleet_client::tls::ca_hash(&pem)
+        let hashes = mpsfleet_client::tls::ca_hashes(&pem)
             .map_err(|e| refuse(format!("{}: {e}", kept_path.display())))?;
+        let registered = cfg.data_dir.join(IDENTITY_FILE).exists();
         match &pin {
-            Some(pin) if !pin.eq_ignore_ascii_case(&hash) => tracing::info!(
-                kept = %hash, token = %pin,
-                "the join token names another CA than the one kept; fetching the server's"
-            ),
-            _ => return Ok(Trust::Ca(pem)),
+            Some(pin) if !registered && !hashes.iter().any(|h| h.eq_ignore_ascii_case(pin)) => {
+                tracing::info!(
+                    kept = ?hashes, token = %pin,
+                    "the join token names another CA than the ones kept; fetching the server's"
+                )
+            }
+            _ => return Ok((Trust::Ca(pem), CaTrust { hashes, kept: Some(kept_path) })),
         }
     }
     let Some(pin) = pin else {
@@ -226,8 +253,27 @@ async fn trust(cfg: &AgentConfig) -> Result<Trust, AgentError> {
     };
     write_atomic(&kept_path, &pem).map_err(io("cannot keep the cluster CA", &kept_path))?;
     tracing::info!(ca = %pin, "trusting the cluster CA the join token names");
-    Ok(Trust::Ca(pem))
+    let trust = CaTrust::of(&pem, Some(kept_path));
+    Ok((Trust::Ca(pem), trust))
 }
+
+/// Follows a CA rotation: fetches the CAs the cluster trusts now over the connection the agent
+/// verifies already, checks they are the ones its heartbeat answer named (`wanted`), keeps them
+/// and trusts them from the next request on, in every loop of the agent.
+async fn follow_cas(agent: &Client, wanted: &[String], kept: &Path) -> Result<Vec<String>, String> {
+    let pem = agent.cluster_ca_bundle().await.map_err(|e| e.to_string())?;
+    if pem.len() > 1 << 20 {
+        return Err(format!("the server's CA bundle is {} bytes, more than 1 MiB", pem.len()));
+    }
+    let got = mpsfleet_client::tls::ca_hashes(&pem)?;
+    if !same_cas(&got, wanted) {
+        return Err(format!("the server serves the CAs {got:?}, not the {wanted:?} its answer named"));
+    }
+    write_atomic(kept, &pem).map_err(|e| format!("cannot keep the CAs in {}: {e}", kept.display()))?;
+    agent.set_trust(&Trust::Ca(pem)).map_err(|e| e.to_string())?;
+    Ok(got)
+}
+
 /// The longest pipe directory whose socket path still fits in `sun_path`.
 const MAX_PIPE_DIR: usize = 88;
 
@@ -269,7 +315,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     }
     let found = discovery::discover(cfg.emulate_gpus.as_deref(), &host_key(&cfg.data_dir))?;
     let users = task_users(&cfg, &found)?;
-    let trust = trust(&cfg).await?;
+    let (trust, ca_trust) = trust(&cfg).await?;
     let client = Client::with_trust(&cfg.server, None, &trust)?;
     let engine_version = match registered_runtime(&cfg) {
         // A host keeps the runtime it registered with: the server places by it. A Docker host
@@ -384,7 +430,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         gpu_watch.clone(),
         runtime_check,
         cfg.heartbeat,
-        LogsEndpoint { url: logs_url, cert_sha256: logs_cert },
+        Reported { logs_url, logs_cert_sha256: logs_cert, cas: ca_trust },
         cfg.policy.clone(),
     ));
     let assignments = tokio::spawn(assignments_loop(agent.clone(), task_loop.sender()));
@@ -686,11 +732,13 @@ fn onboarded(checks: &[HostCheck]) -> bool {
     checks.iter().all(|c| c.status != HealthStatus::Initializing)
 }
 
-/// Where the agent serves logs, as its heartbeats report it.
-struct LogsEndpoint {
-    url: String,
-    /// The hash of the certificate an `https://` endpoint serves.
-    cert_sha256: Option<String>,
+/// What the agent's heartbeats report besides its checks: where it serves logs, and the CAs
+/// it trusts (which it follows through CA rotations).
+struct Reported {
+    logs_url: String,
+    /// The hash of the certificate an `https://` logs endpoint serves.
+    logs_cert_sha256: Option<String>,
+    cas: CaTrust,
 }
 
 /// Posts the host's checks every `every`; each answer carries the pool's health policy, which
@@ -702,7 +750,7 @@ async fn heartbeat_loop(
     gpu_watch: Arc<GpuWatch>,
     runtime_check: Option<SharedCheck>,
     every: Duration,
-    logs: LogsEndpoint,
+    mut reported: Reported,
     mut policy: MpsPolicy,
 ) {
     let mut tick = tokio::time::interval(every);
@@ -710,14 +758,16 @@ async fn heartbeat_loop(
     let mut failing_since_logged = false;
     // The last policy refused, so that it is logged once, not on every heartbeat.
     let mut refused: Option<MpsPolicy> = None;
+    let mut ca_file_warned = false;
     loop {
         tick.tick().await;
         let checks = checks(&supervisors, &gpu_watch, runtime_check.as_ref());
         let report = HostStatusReport {
             onboarded: onboarded(&checks),
             checks,
-            logs_url: Some(logs.url.clone()),
-            logs_cert_sha256: logs.cert_sha256.clone(),
+            logs_url: Some(reported.logs_url.clone()),
+            logs_cert_sha256: reported.logs_cert_sha256.clone(),
+            trusted_ca_sha256: reported.cas.hashes.clone(),
         };
         match agent.report_host_status(&report).await {
             Ok(answer) => {
@@ -734,6 +784,26 @@ async fn heartbeat_loop(
                             tracing::warn!(error = %e, policy = ?wanted, "ignoring the pool's mps health policy");
                             refused = Some(wanted);
                         }
+                    }
+                }
+                let cluster_cas = &answer.cluster_ca_sha256;
+                let cas = &mut reported.cas;
+                if !cluster_cas.is_empty() && !same_cas(cluster_cas, &cas.hashes) {
+                    match &cas.kept {
+                        Some(kept) => match follow_cas(&agent, cluster_cas, kept).await {
+                            Ok(hashes) => {
+                                tracing::info!(cas = ?hashes, "trusting the cluster's CAs as they are now");
+                                cas.hashes = hashes;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot follow the cluster's CA rotation; retrying")
+                            }
+                        },
+                        None if !ca_file_warned => {
+                            tracing::warn!(cluster = ?cluster_cas, ca_file = ?cas.hashes, "the cluster trusts other CAs than --ca-file holds: update it (GET /v1/cluster/ca) before the rotation is activated");
+                            ca_file_warned = true;
+                        }
+                        None => {}
                     }
                 }
             }

@@ -52,7 +52,8 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
+    /// Shared by every clone, so that [`Client::set_trust`] changes them all.
+    http: std::sync::Arc<std::sync::RwLock<reqwest::Client>>,
     base: String,
     token: Option<String>,
 }
@@ -93,13 +94,29 @@ impl Client {
     /// A client of the server at `base` that trusts what `trust` names: for an `https://`
     /// server, its cluster's CA.
     pub fn with_trust(base: &str, token: Option<String>, trust: &tls::Trust) -> Result<Self> {
-        let http = trust
+        let http = Self::http_client(base, trust)?;
+        Ok(Client {
+            http: std::sync::Arc::new(std::sync::RwLock::new(http)),
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    fn http_client(base: &str, trust: &tls::Trust) -> Result<reqwest::Client> {
+        trust
             .builder(base)?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(120))
             .build()
-            .map_err(|e| ClientError::Transport { url: base.to_string(), message: e.to_string() })?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token })
+            .map_err(|e| ClientError::Transport { url: base.to_string(), message: e.to_string() })
+    }
+
+    /// Trusts what `trust` names from the next request on, in this client and every clone of
+    /// it (an agent following a CA rotation).
+    pub fn set_trust(&self, trust: &tls::Trust) -> Result<()> {
+        let http = Self::http_client(&self.base, trust)?;
+        *self.http.write().unwrap_or_else(|p| p.into_inner()) = http;
+        Ok(())
     }
 
     pub fn base(&self) -> &str {
@@ -121,7 +138,8 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(String, Vec<u8>)> {
         let url = format!("{}{}", self.base, path);
-        let mut req = self.http.request(method, &url);
+        let http = self.http.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut req = http.request(method, &url);
         if !query.is_empty() {
             req = req.query(query);
         }
@@ -338,6 +356,27 @@ impl Client {
     }
     pub async fn revoke_join_token(&self, id: &str) -> Result<mpsfleet_types::access::JoinTokenView> {
         self.call(Method::DELETE, &format!("/v1/join-tokens/{}", seg(id)), &[], None).await
+    }
+    /// The cluster CAs' certificates (PEM), fetched over this client's verified connection.
+    pub async fn cluster_ca_bundle(&self) -> Result<Vec<u8>> {
+        let (_, pem) = self.fetch(Method::GET, tls::CA_PATH, &[], None).await?;
+        Ok(pem)
+    }
+    pub async fn ca_rotation(&self) -> Result<mpsfleet_types::access::CaRotation> {
+        self.get("/v1/cluster/ca/rotation").await
+    }
+    pub async fn begin_ca_rotation(
+        &self,
+        req: &mpsfleet_types::access::BeginCaRotation,
+    ) -> Result<mpsfleet_types::access::CaRotation> {
+        self.send(Method::POST, "/v1/cluster/ca/rotation", req).await
+    }
+    pub async fn activate_ca(&self, force: bool) -> Result<mpsfleet_types::access::CaRotation> {
+        let req = mpsfleet_types::access::ActivateCa { force };
+        self.send(Method::POST, "/v1/cluster/ca/rotation/activate", &req).await
+    }
+    pub async fn cancel_ca_rotation(&self) -> Result<mpsfleet_types::access::CaRotation> {
+        self.call(Method::DELETE, "/v1/cluster/ca/rotation", &[], None).await
     }
     /// The certificate the server serves now.
     pub async fn server_certificate(&self) -> Result<mpsfleet_types::access::ServerCertificate> {

@@ -47,6 +47,27 @@ pub fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> 
     Ok(certs)
 }
 
+/// `sha256:<hex>` of each certificate in `pem`, in order.
+pub fn ca_hashes(pem: &[u8]) -> Result<Vec<String>, String> {
+    Ok(certificates(pem)?.iter().map(|c| der_hash(c)).collect())
+}
+
+/// The PEM block of the certificate in `pem` whose hash is `hash`, if there is one.
+pub fn pem_block_with_hash(pem: &[u8], hash: &str) -> Option<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let text = std::str::from_utf8(pem).ok()?;
+    let mut rest = text;
+    while let Some(end) = rest.find(END) {
+        let (block, after) = rest.split_at(end + END.len());
+        let block = block.trim_start();
+        if ca_hash(block.as_bytes()).is_ok_and(|h| h.eq_ignore_ascii_case(hash)) {
+            return Some(format!("{block}\n"));
+        }
+        rest = after;
+    }
+    None
+}
+
 /// `sha256:<hex>` of the first certificate in `pem`.
 pub fn ca_hash(pem: &[u8]) -> Result<String, String> {
     let certs = certificates(pem)?;
@@ -102,9 +123,10 @@ impl Trust {
     }
 }
 
-/// Fetches the cluster CA from the server at `base` and returns it if its hash is `expected`
-/// (`sha256:<hex>`). The connection is not verified (there is nothing yet to verify it with);
-/// the hash is what makes the answer trustworthy, and every later call verifies the server's
+/// Fetches the cluster CAs from the server at `base` and returns the one whose hash is
+/// `expected` (`sha256:<hex>`), PEM, and no other. The connection is not verified (there is
+/// nothing yet to verify it with); the hash is what makes the answer trustworthy, which is
+/// why any other certificate in the answer is dropped. Every later call verifies the server's
 /// certificate against this CA.
 pub async fn fetch_pinned_ca(base: &str, expected: &str) -> Result<Vec<u8>, ClientError> {
     let base = base.trim_end_matches('/');
@@ -133,17 +155,18 @@ pub async fn fetch_pinned_ca(base: &str, expected: &str) -> Result<Vec<u8>, Clie
             return Err(transport(format!("the CA document is over {MAX_CA_BYTES} bytes")));
         }
     }
-    let got = ca_hash(&pem).map_err(|e| transport(format!("the server's CA: {e}")))?;
-    if !got.eq_ignore_ascii_case(expected) {
-        return Err(ClientError::UntrustedServer {
+    let got = ca_hashes(&pem).map_err(|e| transport(format!("the server's CA: {e}")))?;
+    match pem_block_with_hash(&pem, expected) {
+        Some(block) => Ok(block.into_bytes()),
+        None => Err(ClientError::UntrustedServer {
             url,
             message: format!(
-                "its CA has hash {got}, not the {expected} the join token names: this is not the \
-                 cluster the token was made for (or someone is in between); nothing was sent"
+                "its CA has hash {}, not the {expected} the join token names: this is not the \
+                 cluster the token was made for (or someone is in between); nothing was sent",
+                got.join(", ")
             ),
-        });
+        }),
     }
-    Ok(pem)
 }
 
 /// A verifier that accepts one certificate only, the one whose SHA-256 (`sha256:<hex>`) it

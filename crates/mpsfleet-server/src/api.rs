@@ -308,6 +308,10 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         cluster_ca,
         server_certificate,
         rotate_certificate,
+        get_ca_rotation,
+        begin_ca_rotation,
+        activate_ca,
+        cancel_ca_rotation,
         create_token,
         list_tokens,
         revoke_token,
@@ -408,6 +412,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cluster/ca", get(cluster_ca))
         .route("/v1/cluster/certificate", get(server_certificate))
         .route("/v1/cluster/certificate/rotate", post(rotate_certificate))
+        .route(
+            "/v1/cluster/ca/rotation",
+            get(get_ca_rotation).post(begin_ca_rotation).delete(cancel_ca_rotation),
+        )
+        .route("/v1/cluster/ca/rotation/activate", post(activate_ca))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -458,20 +467,148 @@ fn serving_tls(st: &AppState) -> Result<Arc<crate::tls::ServerTls>, ApiError> {
     })
 }
 
-/// The cluster CA's certificate, to anyone: a new agent checks it against the hash in its
-/// join token before it trusts it (`mpsfleet_client::tls::fetch_pinned_ca`).
+/// The cluster CAs' certificates, to anyone: the active CA, then the next one while a CA
+/// rotation is under way. A new agent trusts only the one whose hash its join token names
+/// (`mpsfleet_client::tls::fetch_pinned_ca`); a joined one fetches them again over its
+/// verified connection when a heartbeat answer names others.
 #[utoipa::path(
     get,
     path = "/v1/cluster/ca",
     tag = "server",
-    summary = "The cluster CA's certificate (PEM).",
-    responses((status = 200, description = "The CA certificate, PEM.", body = String, content_type = "application/x-pem-file"), crate::openapi::Errors),
+    summary = "The cluster CAs' certificates (PEM): the active one, then the next one during a CA rotation.",
+    responses((status = 200, description = "The CA certificates, PEM.", body = String, content_type = "application/x-pem-file"), crate::openapi::Errors),
     security(())
 )]
 async fn cluster_ca(State(st): State<AppState>) -> Result<Response, ApiError> {
     let tls = serving_tls(&st)?;
-    let pem = tls.ca().cert_pem().to_string();
+    let pem = tls.cas().bundle_pem();
     Ok(([(axum::http::header::CONTENT_TYPE, "application/x-pem-file")], pem).into_response())
+}
+
+/// Where a CA rotation stands, with `cas` the CAs now.
+fn ca_rotation(c: &Cluster, cas: &crate::tls::CaSet) -> mpsfleet_types::access::CaRotation {
+    mpsfleet_types::access::CaRotation {
+        active: cas.active.info(),
+        next: cas.next.as_ref().map(|n| n.info()),
+        hosts_not_trusting_next: cas
+            .next
+            .as_ref()
+            .map(|n| c.hosts_not_trusting(&n.hash()))
+            .unwrap_or_default(),
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/ca/rotation",
+    tag = "server",
+    summary = "The cluster's CAs, and which hosts do not trust the next one yet during a rotation.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::CaRotation), crate::openapi::Errors)
+)]
+async fn get_ca_rotation(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
+    let tls = serving_tls(&st)?;
+    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(ca_rotation(c, &tls.cas()))).await?))
+}
+
+/// Stages the next CA: given in the body, or made by the cluster. Clients are told to trust it
+/// alongside the active one, which keeps signing until it is activated.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/ca/rotation",
+    tag = "server",
+    summary = "Begin a CA rotation: stage the next CA (given, or made), trusted from now on, not signing yet.",
+    request_body(content = Option<mpsfleet_types::access::BeginCaRotation>, description = "May be empty: the cluster makes the CA."),
+    responses((status = 201, description = "OK.", body = mpsfleet_types::access::CaRotation), crate::openapi::Errors)
+)]
+async fn begin_ca_rotation(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<mpsfleet_types::access::CaRotation>), ApiError> {
+    let tls = serving_tls(&st)?;
+    let req: mpsfleet_types::access::BeginCaRotation =
+        if body.is_empty() { Default::default() } else { parse(&body)? };
+    let given = match (req.ca_cert_pem, req.ca_key_pem) {
+        (None, None) => None,
+        (Some(cert_pem), Some(key_pem)) => Some(crate::tls::GivenCa { cert_pem, key_pem }),
+        (Some(_), None) => return Err(ApiError::invalid("caKeyPem", "is required with caCertPem")),
+        (None, Some(_)) => return Err(ApiError::invalid("caCertPem", "is required with caKeyPem")),
+    };
+    let out = st
+        .call(&headers, admin, move |c, _| {
+            let key = c.server_key().clone();
+            let cas =
+                tls.begin_ca_rotation(given.as_ref(), &key, c.now_ms(), &mut |ops| c.commit_ops(ops))?;
+            c.set_cluster_cas(cas.hashes());
+            Ok(ca_rotation(c, &cas))
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+/// Makes the staged CA the active one, once every host trusts it (or with `force`).
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/ca/rotation/activate",
+    tag = "server",
+    summary = "Finish a CA rotation: certificates are issued under the next CA, and the old one is trusted no more.",
+    request_body(content = Option<mpsfleet_types::access::ActivateCa>, description = "May be empty."),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::CaRotation), crate::openapi::Errors)
+)]
+async fn activate_ca(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
+    let tls = serving_tls(&st)?;
+    let req: mpsfleet_types::access::ActivateCa =
+        if body.is_empty() { Default::default() } else { parse(&body)? };
+    let out = st
+        .call(&headers, admin, move |c, _| {
+            let before = tls.cas();
+            if let (Some(next), false) = (&before.next, req.force) {
+                let behind = c.hosts_not_trusting(&next.hash());
+                if !behind.is_empty() {
+                    return Err(ApiError::Conflict(format!(
+                        "{} host(s) have not reported trusting the next CA yet ({}): their agents could \
+                         not reach the server once it is active. Wait for their heartbeats (an agent \
+                         fetches the CAs within a heartbeat), or give force to activate anyway",
+                        behind.len(),
+                        behind.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            }
+            let cas = tls.activate_ca(c.now_ms(), &mut |ops| c.commit_ops(ops))?;
+            c.set_cluster_cas(cas.hashes());
+            Ok(ca_rotation(c, &cas))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/ca/rotation",
+    tag = "server",
+    summary = "Cancel a CA rotation: the staged CA is dropped and trusted no more.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::CaRotation), crate::openapi::Errors)
+)]
+async fn cancel_ca_rotation(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
+    let tls = serving_tls(&st)?;
+    let out = st
+        .call(&headers, admin, move |c, _| {
+            let cas = tls.cancel_ca_rotation(&mut |ops| c.commit_ops(ops))?;
+            c.set_cluster_cas(cas.hashes());
+            Ok(ca_rotation(c, &cas))
+        })
+        .await?;
+    Ok(Json(out))
 }
 
 #[utoipa::path(
@@ -1661,7 +1798,7 @@ async fn host_status(
     let mut report: HostStatusReport =
         if body.is_empty() { HostStatusReport::default() } else { parse(&body)? };
     report.logs_url = report.logs_url.as_deref().map(|u| agent_logs_url(peer.ip(), u)).transpose()?;
-    check_logs_cert(&report)?;
+    check_report_hashes(&report)?;
     let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
     // The lock is mostly held for microseconds (by a heartbeat on the other thread): serve
     // other connections for a moment and try again, a few times, before the longer way round.
@@ -1718,9 +1855,34 @@ fn agent_logs_url(peer: IpAddr, reported: &str) -> Result<String, ApiError> {
     Ok(format!("{scheme}://{}", SocketAddr::new(peer.to_canonical(), port)))
 }
 
-/// Checks the logs endpoint a heartbeat reports: an `https://` one names the hash of its
-/// certificate (`sha256:` and 64 hex digits), which the server pins; a plain one names none.
-fn check_logs_cert(report: &HostStatusReport) -> Result<(), ApiError> {
+/// The most CA hashes a heartbeat may say its agent trusts.
+const MAX_TRUSTED_CAS: usize = 8;
+
+/// Whether `hash` is `sha256:` and 64 hex digits.
+fn is_sha256(hash: &str) -> bool {
+    let hex = hash.strip_prefix("sha256:").unwrap_or_default();
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Checks the hashes a heartbeat carries: the CAs the agent trusts (at most
+/// [`MAX_TRUSTED_CAS`]), and its logs endpoint's certificate: an `https://` endpoint names the
+/// hash of its certificate, which the server pins; a plain one names none.
+fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiError> {
+    if report.trusted_ca_sha256.len() > MAX_TRUSTED_CAS {
+        return Err(ApiError::invalid(
+            "trustedCaSha256",
+            format!("holds at most {MAX_TRUSTED_CAS} hashes, got {}", report.trusted_ca_sha256.len()),
+        ));
+    }
+    if let Some(bad) = report.trusted_ca_sha256.iter().find(|h| !is_sha256(h)) {
+        return Err(ApiError::invalid(
+            "trustedCaSha256",
+            format!(
+                "holds sha256: and 64 hex digits each, got {:?}",
+                bad.chars().take(80).collect::<String>()
+            ),
+        ));
+    }
     let field = "logsCertSha256";
     match (report.logs_url.as_deref(), report.logs_cert_sha256.as_deref()) {
         (Some(url), None) if url.starts_with("https://") => Err(ApiError::invalid(
@@ -1732,8 +1894,7 @@ fn check_logs_cert(report: &HostStatusReport) -> Result<(), ApiError> {
         }
         (None, Some(_)) => Err(ApiError::invalid(field, "goes with a logsUrl only")),
         (_, Some(hash)) => {
-            let hex = hash.strip_prefix("sha256:").unwrap_or_default();
-            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if is_sha256(hash) {
                 Ok(())
             } else {
                 Err(ApiError::invalid(field, format!("must be sha256: and 64 hex digits, got {hash:?}")))

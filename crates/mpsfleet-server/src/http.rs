@@ -96,7 +96,9 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         | "/v1/tokens"
         | "/v1/join-tokens"
         | "/v1/hosts/{id}/revoke-credential"
-        | "/v1/cluster/certificate/rotate" => (api::admin, SMALL_BODY_LIMIT),
+        | "/v1/cluster/certificate/rotate"
+        | "/v1/cluster/ca/rotation"
+        | "/v1/cluster/ca/rotation/activate" => (api::admin, SMALL_BODY_LIMIT),
         // Tasks, services, hosts and incidents.
         _ => (api::operator, SMALL_BODY_LIMIT),
     }

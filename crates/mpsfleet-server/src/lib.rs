@@ -45,14 +45,24 @@ pub struct Opened {
     pub cluster: Cluster,
     /// Set on first start: the tokens to show once.
     pub first_start: Option<FirstStart>,
-    /// The cluster's CA, which this server's certificates are issued under.
-    pub ca: tls::ClusterCa,
+    /// The cluster's CAs: this server's certificates are issued under the active one.
+    pub ca: tls::CaSet,
 }
 
 /// Opens (creating if needed) the data directory and its SQLite state, rebuilding the cluster.
 /// On first start the admin and join tokens are written 0600 next to the state; the join token
 /// carries the cluster CA's hash. The CA's certificate is written to `ca.pem` for clients.
 pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> {
+    open_with(data_dir, clock, None)
+}
+
+/// [`open`], with the CA the operator gives (`--ca-cert`, `--ca-key`): the cluster's CA on its
+/// first start; refused later unless it is the cluster's CA already.
+pub fn open_with(
+    data_dir: &Path,
+    clock: Arc<dyn Clock>,
+    ca: Option<&tls::GivenCa>,
+) -> Result<Opened, ApiError> {
     create_private_dir(data_dir).map_err(|e| {
         ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
     })?;
@@ -72,13 +82,13 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
             data_dir.join(SERVER_KEY_FILE).display()
         ))
     })?;
-    let ca = tls::ClusterCa::load_or_create(store.as_ref(), &key, clock.now_ms())?;
+    let ca = tls::CaSet::load_or_create(store.as_ref(), &key, ca, clock.now_ms())?;
     let ca_path = data_dir.join(CA_FILE);
-    write_public(&ca_path, ca.cert_pem())
+    write_public(&ca_path, &ca.bundle_pem())
         .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", ca_path.display())))?;
     let mut first_start = None;
     let mut cluster = Cluster::load(store, clock, |tokens| {
-        let join = mpsfleet_client::tls::pinned(&tokens.join_token, &ca.hash());
+        let join = mpsfleet_client::tls::pinned(&tokens.join_token, &ca.active.hash());
         for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &join)] {
             let path = data_dir.join(file);
             auth::write_secret(&path, token)
@@ -92,7 +102,7 @@ pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> 
 }
 
 /// Writes `text` to `path` (0644) through a temporary file, so a reader never sees half of it.
-fn write_public(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_public(path: &Path, text: &str) -> std::io::Result<()> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(());
     }

@@ -50,7 +50,13 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
     let host = c.register_host(reg).expect("host").host_id;
     c.host_status(
         &host,
-        HostStatusReport { onboarded: true, checks: Vec::new(), logs_url: None, logs_cert_sha256: None },
+        HostStatusReport {
+            onboarded: true,
+            checks: Vec::new(),
+            logs_url: None,
+            logs_cert_sha256: None,
+            trusted_ca_sha256: Vec::new(),
+        },
     )
     .expect("heartbeat");
     let run = RunTask { task_definition: "talk".into(), count: 1, pool: "gpu".into() };
@@ -99,6 +105,7 @@ fn the_latest_snapshot_is_kept_and_served_when_the_agent_cannot_be_asked() {
             checks: Vec::new(),
             logs_url: Some("http://10.0.0.1:7071".into()),
             logs_cert_sha256: None,
+            trusted_ca_sha256: Vec::new(),
         },
     )
     .unwrap();

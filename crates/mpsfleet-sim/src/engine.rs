@@ -813,8 +813,13 @@ impl Sim {
                 since_ms: since,
             });
         }
-        let report =
-            HostStatusReport { onboarded: mps_onboarded, checks, logs_url: None, logs_cert_sha256: None };
+        let report = HostStatusReport {
+            onboarded: mps_onboarded,
+            checks,
+            logs_url: None,
+            logs_cert_sha256: None,
+            trusted_ca_sha256: Vec::new(),
+        };
         let Some(id) = host.id.clone() else { return };
         self.stats.heartbeats += 1;
         match self.c().host_status(&id, report) {

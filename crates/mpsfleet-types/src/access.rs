@@ -155,3 +155,54 @@ pub struct ServerCertificate {
     /// `sha256:<hex>` of the cluster CA it chains to: what join tokens carry.
     pub ca_hash: String,
 }
+
+/// One of the cluster's CAs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaInfo {
+    /// `sha256:<hex>` of its certificate's DER: what join tokens carry.
+    pub sha256: String,
+    /// Its subject's common name.
+    pub subject: String,
+    pub not_after_ms: u64,
+    /// Whether the operator gave it (else the cluster made it).
+    #[serde(default)]
+    pub given: bool,
+}
+
+/// The cluster's CAs and where a rotation stands (`GET /v1/cluster/ca/rotation`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaRotation {
+    /// The CA server certificates are issued under.
+    pub active: CaInfo,
+    /// The CA a rotation staged: trusted by clients alongside `active`, not signing yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<CaInfo>,
+    /// While a rotation is under way: the hosts whose agents have not yet reported that they
+    /// trust `next` (activating it before they do would cut them off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_not_trusting_next: Vec<String>,
+}
+
+/// Body of `POST /v1/cluster/ca/rotation`: the next CA, or nothing for the cluster to make one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BeginCaRotation {
+    /// The operator's CA certificate, PEM (with `caKeyPem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_pem: Option<String>,
+    /// Its private key, PKCS#8 PEM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_key_pem: Option<String>,
+}
+
+/// Body of `POST /v1/cluster/ca/rotation/activate`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ActivateCa {
+    /// Activate even though some hosts have not reported trusting the next CA: they can no
+    /// longer reach the server until they are given it (`--ca-file`) or join again.
+    #[serde(default)]
+    pub force: bool,
+}

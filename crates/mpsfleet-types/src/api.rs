@@ -63,6 +63,10 @@ pub struct HostStatusReport {
     /// trusts that certificate there and no other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_cert_sha256: Option<String>,
+    /// The hashes (`sha256:<hex>`) of the CAs the agent trusts its server by: a CA rotation
+    /// is activated once every host trusts the next CA.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_ca_sha256: Vec<String>,
 }
 
 /// Response of `POST /v1/agent/status`: what the agent must apply now.
@@ -73,6 +77,11 @@ pub struct HostStatusAnswer {
     /// (interval, timeout, failure threshold, local restarts) from the next probe on.
     #[serde(default)]
     pub health_policy: crate::policy::HealthPolicy,
+    /// The hashes of the CAs the cluster's clients should trust (the active one first): an
+    /// agent trusting other ones fetches them (`GET /v1/cluster/ca`) over its verified
+    /// connection.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_ca_sha256: Vec<String>,
 }
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet

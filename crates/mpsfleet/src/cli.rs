@@ -315,6 +315,76 @@ pub enum ClusterCommand {
     /// The server issues itself a new certificate (and key) under the cluster CA and serves
     /// it from the next connection on; clients that trust the CA notice nothing.
     RotateCertificate,
+    /// The cluster's CA and its rotation (docs/security.md, "Rotating the CA").
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+#[derive(Subcommand)]
+pub enum CaCommand {
+    /// The active CA, the next one during a rotation, and the hosts that do not trust it yet.
+    Status,
+    /// Stage the next CA (given, or made by the cluster): agents fetch it and trust it
+    /// alongside the active one, which keeps signing until `activate`.
+    Rotate {
+        /// The next CA's certificate (PEM), instead of one the cluster makes.
+        #[arg(long, value_name = "FILE", requires = "ca_key")]
+        ca_cert: Option<PathBuf>,
+        /// Its private key (PKCS#8 PEM).
+        #[arg(long, value_name = "FILE", requires = "ca_cert")]
+        ca_key: Option<PathBuf>,
+    },
+    /// Certificates are issued under the next CA from now on, and the old one is trusted no
+    /// more; refused while a host has not reported trusting the next one, unless --force.
+    Activate {
+        #[arg(long)]
+        force: bool,
+    },
+    /// Drop the staged CA.
+    Cancel,
+}
+
+/// `mpsfleet cluster ca ...`.
+async fn ca_command(c: &Client, cmd: CaCommand, output: Format) -> Result<()> {
+    let rotation = match cmd {
+        CaCommand::Status => c.ca_rotation().await?,
+        CaCommand::Rotate { ca_cert, ca_key } => {
+            let read = |p: Option<PathBuf>| {
+                p.map(|p| std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display())))
+                    .transpose()
+            };
+            let req = mpsfleet_types::access::BeginCaRotation {
+                ca_cert_pem: read(ca_cert)?,
+                ca_key_pem: read(ca_key)?,
+            };
+            c.begin_ca_rotation(&req).await?
+        }
+        CaCommand::Activate { force } => c.activate_ca(force).await?,
+        CaCommand::Cancel => c.cancel_ca_rotation().await?,
+    };
+    let row = |state: &str, ca: &mpsfleet_types::access::CaInfo| {
+        vec![
+            state.to_string(),
+            ca.sha256.clone(),
+            sanitize(&ca.subject).into_owned(),
+            crate::output::utc_time(ca.not_after_ms),
+            if ca.given { "operator" } else { "cluster" }.to_string(),
+        ]
+    };
+    let mut rows = vec![row("active", &rotation.active)];
+    if let Some(next) = &rotation.next {
+        rows.push(row("next", next));
+    }
+    crate::output::print(output, &rotation, &["STATE", "SHA256", "SUBJECT", "NOT AFTER", "MADE BY"], rows);
+    if matches!(output, Format::Table) && rotation.next.is_some() {
+        let behind = &rotation.hosts_not_trusting_next;
+        if behind.is_empty() {
+            println!("every host trusts the next CA: `mpsfleet cluster ca activate` finishes the rotation");
+        } else {
+            println!("hosts not trusting the next CA yet: {}", sanitize(&behind.join(", ")));
+        }
+    }
+    Ok(())
 }
 
 /// `90`, `90s`, `15m`, `24h`, `30d` in seconds.
@@ -411,6 +481,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
                 let cert = match cmd {
                     ClusterCommand::Certificate => c.server_certificate().await?,
                     ClusterCommand::RotateCertificate => c.rotate_certificate().await?,
+                    ClusterCommand::Ca(cmd) => return ca_command(&c, cmd, opts.output).await,
                 };
                 let row = vec![
                     cert.sha256.clone(),

@@ -23,6 +23,15 @@ pub struct ServerArgs {
     /// address (unless 0.0.0.0 or ::) are always in it (docs/security.md, "TLS").
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_san: Vec<String>,
+    /// The cluster's CA certificate (PEM), when the operator gives it rather than letting the
+    /// cluster make one: taken on the cluster's first start, with --ca-key; afterwards it must
+    /// be the cluster's CA (replacing it is `mpsfleet cluster ca rotate`).
+    #[arg(long, value_name = "FILE", requires = "ca_key")]
+    ca_cert: Option<PathBuf>,
+    /// The private key of --ca-cert (PKCS#8 PEM). Read once; the cluster keeps it encrypted
+    /// under the server key.
+    #[arg(long, value_name = "FILE", requires = "ca_cert")]
+    ca_key: Option<PathBuf>,
     /// Directory for the state database and the tokens.
     #[arg(long, env = "MPSFLEET_DATA_DIR", default_value = ".mpsfleet")]
     data_dir: PathBuf,
@@ -122,7 +131,23 @@ async fn serve(args: ServerArgs) -> Result<()> {
         Some(path) => mpsfleet_server::config::ServerConfig::load(path)?,
         None => mpsfleet_server::config::ServerConfig::default(),
     };
-    let opened = mpsfleet_server::open(&args.data_dir, Arc::new(SystemClock))
+    let given_ca = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &PathBuf, flag: &str| {
+                std::fs::read_to_string(p).with_context(|| format!("{flag}: cannot read {}", p.display()))
+            };
+            Some(mpsfleet_server::tls::GivenCa {
+                cert_pem: read(cert, "--ca-cert")?,
+                key_pem: read(key, "--ca-key")?,
+            })
+        }
+        _ => None,
+    };
+    anyhow::ensure!(
+        given_ca.is_none() || !args.insecure_http,
+        "--ca-cert is for a server that serves HTTPS: remove --insecure-http"
+    );
+    let opened = mpsfleet_server::open_with(&args.data_dir, Arc::new(SystemClock), given_ca.as_ref())
         .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
     for name in &args.tls_san {
         mpsfleet_server::tls::check_name(name).map_err(|e| anyhow::anyhow!("--tls-san: {e}"))?;
@@ -140,10 +165,14 @@ async fn serve(args: ServerArgs) -> Result<()> {
         None
     } else {
         let names = mpsfleet_server::tls::default_names(addr, &args.tls_san);
-        Some(mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms())?)
+        let ca_file = args.data_dir.join(mpsfleet_server::CA_FILE);
+        Some(mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms(), Some(ca_file))?)
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut cluster = opened.cluster;
+    if let Some(t) = &tls {
+        cluster.set_cluster_cas(t.cas().hashes());
+    }
     // Pools that name a provider get one built from this context when they first need it.
     cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
         server_url: format!("{scheme}://{addr}"),
@@ -151,7 +180,6 @@ async fn serve(args: ServerArgs) -> Result<()> {
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
         local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),
-        ca_hash: tls.as_ref().map(|t| t.ca().hash()),
     });
     let dir = args.data_dir.display();
     // The banner goes to stdout; a reader that has gone away (a closed pipe) must not stop the

@@ -146,9 +146,10 @@ async fn up(args: UpArgs) -> Result<()> {
     let addr = listener.local_addr()?;
     let url = format!("https://{addr}");
     let names = mpsfleet_server::tls::default_names(addr, &[]);
-    let tls = mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms())?;
-    let ca_hash = tls.ca().hash();
     let ca_file = dir.join(mpsfleet_server::CA_FILE);
+    let tls =
+        mpsfleet_server::tls::ServerTls::new(opened.ca, names, SystemClock.now_ms(), Some(ca_file.clone()))?;
+    opened.cluster.set_cluster_cas(tls.cas().hashes());
     let ca_file = ca_file.canonicalize().unwrap_or(ca_file);
 
     // The server, join token, pool and name come with each launch request; these are the rest.
@@ -193,7 +194,6 @@ async fn up(args: UpArgs) -> Result<()> {
         exe,
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
-        ca_hash: Some(ca_hash),
     });
     let options = mpsfleet_server::ServeOptions { tls: Some(tls), ..Default::default() };
     // The hosts of a self-managed pool join with a join token of this run's own (the data

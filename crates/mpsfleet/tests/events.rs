@@ -298,7 +298,7 @@ async fn an_https_webhook_is_verified_and_gets_signed_deliveries() {
     // The receiver's certificate, for 127.0.0.1, under a CA of its own.
     let store = mpsfleet_store::MemoryStore::new();
     let key = mpsfleet_server::auth::ServerKey::random().unwrap();
-    let ca = mpsfleet_server::tls::ClusterCa::load_or_create(&store, &key, 1_750_000_000_000).unwrap();
+    let ca = mpsfleet_server::tls::ClusterCa::load_or_create(&store, &key, None, 1_750_000_000_000).unwrap();
     let now = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     let issued = ca.issue_server(&["127.0.0.1".to_string()], now).unwrap();
     let config =

@@ -73,6 +73,10 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/cluster/ca", Open::Public),
     ("GET", "/v1/cluster/certificate", Open::Role(Role::Viewer)),
     ("POST", "/v1/cluster/certificate/rotate", Open::Role(Role::Admin)),
+    ("GET", "/v1/cluster/ca/rotation", Open::Role(Role::Viewer)),
+    ("POST", "/v1/cluster/ca/rotation", Open::Role(Role::Admin)),
+    ("DELETE", "/v1/cluster/ca/rotation", Open::Role(Role::Admin)),
+    ("POST", "/v1/cluster/ca/rotation/activate", Open::Role(Role::Admin)),
 ];
 
 /// The paths the router serves, read from its source: a route added without a row here fails.

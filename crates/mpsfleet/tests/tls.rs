@@ -222,3 +222,185 @@ async fn plain_http_only_on_loopback_and_only_when_asked() {
     let e = admin.server_certificate().await.unwrap_err();
     assert_eq!(e.code(), Some("Conflict"), "{e}");
 }
+
+/// `mpsfleet ARGS --server URL --token T --ca-file F -o json`, its stdout parsed; a failure
+/// gives its stderr.
+fn cli_json<T: serde::de::DeserializeOwned>(
+    server: &Server,
+    ca_file: &str,
+    args: &[&str],
+) -> Result<T, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(args)
+        .args(["-o", "json", "--server", &server.url, "--token", &server.admin_token(), "--ca-file", ca_file])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_reaches_every_agent_before_the_new_ca_signs() {
+    use mpsfleet_types::access::CaRotation;
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let agent_dir = dir.path().join("agent");
+        let mut agent = Agent::start_with_model(&server, &agent_dir, 1);
+        eventually(WAIT, "an ACTIVE host", || async {
+            let hosts = admin.list_hosts(Some("gpu")).await.ok()?;
+            hosts.iter().any(|h| h.status == HostStatus::Active).then_some(())
+        })
+        .await;
+        // A host that never heartbeats (its machine is off, say) holds the rotation back.
+        let (silent, _) = add_host(&server, "gpu", "silent", 1).await;
+        let old_ca = std::fs::read_to_string(server.ca_file()).unwrap();
+        let old_ca_file = dir.path().join("old-ca.pem");
+        std::fs::write(&old_ca_file, &old_ca).unwrap();
+        let old_hash = mpsfleet_client::tls::ca_hash(old_ca.as_bytes()).unwrap();
+
+        // Staged, through the CLI: clients trust both, the old CA still signs.
+        let staged: CaRotation = cli_json(&server, &server.ca_file(), &["cluster", "ca", "rotate"]).unwrap();
+        let next = staged.next.clone().expect("a next CA");
+        assert_eq!(staged.active.sha256, old_hash);
+        let bundle = mpsfleet_client::tls::ca_hashes(&std::fs::read(server.ca_file()).unwrap()).unwrap();
+        assert_eq!(bundle, vec![old_hash.clone(), next.sha256.clone()], "the server's ca.pem holds both");
+        assert_eq!(admin.server_certificate().await.unwrap().ca_hash, old_hash);
+        // The agent fetches the next CA with its next heartbeat; the silent host does not.
+        let rotation = eventually(WAIT, "the agent trusting the next CA", || async {
+            let r = admin.ca_rotation().await.ok()?;
+            (r.hosts_not_trusting_next == vec![silent.to_string()]).then_some(r)
+        })
+        .await;
+        assert_eq!(rotation.next.as_ref(), Some(&next));
+        let kept = std::fs::read(agent_dir.join("ca.pem")).unwrap();
+        assert_eq!(mpsfleet_client::tls::ca_hashes(&kept).unwrap(), bundle, "the agent keeps both");
+        let held =
+            cli_json::<CaRotation>(&server, &server.ca_file(), &["cluster", "ca", "activate"]).unwrap_err();
+        assert!(held.contains(silent.as_str()) && held.contains("force"), "{held}");
+
+        // Once the silent host's credential is revoked, nothing holds it back.
+        admin.revoke_host_credential(silent.as_str()).await.unwrap();
+        let done: CaRotation = cli_json(&server, &server.ca_file(), &["cluster", "ca", "activate"]).unwrap();
+        assert_eq!((done.active.sha256.as_str(), done.next.as_ref()), (next.sha256.as_str(), None));
+        assert_eq!(served_certificate(&server).await, admin.server_certificate().await.unwrap().sha256);
+        assert_eq!(admin.server_certificate().await.unwrap().ca_hash, next.sha256, "issued under the new CA");
+        let audit = admin.audit(100).await.unwrap();
+        for action in ["POST /v1/cluster/ca/rotation", "POST /v1/cluster/ca/rotation/activate"] {
+            assert!(audit.iter().any(|e| e.action == action && e.result == "ok"), "{action}: {audit:#?}");
+        }
+        // The agent goes on, and drops the old CA; the CLI with the server's ca.pem goes on,
+        // with the old CA alone it is refused.
+        eventually(WAIT, "the agent trusting the new CA alone", || async {
+            let kept = std::fs::read(agent_dir.join("ca.pem")).ok()?;
+            (mpsfleet_client::tls::ca_hashes(&kept).ok()? == vec![next.sha256.clone()]).then_some(())
+        })
+        .await;
+        let before = last_heartbeat(&admin).await;
+        eventually(WAIT, "heartbeats under the new CA", || async {
+            (last_heartbeat(&admin).await > before + 500).then_some(())
+        })
+        .await;
+        let hosts: Vec<mpsfleet_types::HostView> =
+            cli_json(&server, &server.ca_file(), &["host", "list"]).unwrap();
+        assert_eq!(hosts.len(), 2);
+        let refused =
+            cli_json::<serde_json::Value>(&server, old_ca_file.to_str().unwrap(), &["host", "list"])
+                .unwrap_err();
+        assert!(refused.contains("certificate"), "{refused}");
+
+        // Restarted with the join token it joined with (which names the old CA), the agent
+        // trusts the CA it kept: it registered already.
+        agent.kill9();
+        let mut agent = Agent::start_with_model(&server, &agent_dir, 1);
+        let before = last_heartbeat(&admin).await;
+        eventually(WAIT, "heartbeats after the agent's restart", || async {
+            (last_heartbeat(&admin).await > before + 500).then_some(())
+        })
+        .await;
+        agent.kill9();
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_runs_under_an_operators_ca_made_with_openssl() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("root.pem"), dir.path().join("root.key"));
+        let out = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .args(["-days", "3650", "-subj", "/C=DE/O=Example GPU Ops/CN=Example Fleet Root"])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+            .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+            .output()
+            .expect("openssl (Debian: apt-get install openssl)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (cert_s, key_s) = (cert.to_str().unwrap(), key.to_str().unwrap());
+        let data = dir.path().join("server");
+        let server = Server::start_with(&data, "127.0.0.1:0", &["--ca-cert", cert_s, "--ca-key", key_s]);
+        let root_hash = mpsfleet_client::tls::ca_hash(&std::fs::read(&cert).unwrap()).unwrap();
+        assert_eq!(split_pin(&server.join_token()).1.as_deref(), Some(root_hash.as_str()));
+        // The operator's own file verifies the server, and an agent joins with the join token.
+        let admin = Client::with_trust(
+            &server.url,
+            Some(server.admin_token()),
+            &Trust::Ca(std::fs::read(&cert).unwrap()),
+        )
+        .unwrap();
+        create_pool(&admin, "gpu").await;
+        let rotation = admin.ca_rotation().await.unwrap();
+        assert!(rotation.active.given && rotation.active.subject == "Example Fleet Root", "{rotation:?}");
+        let mut agent = Agent::start_with_model(&server, &dir.path().join("agent"), 1);
+        eventually(WAIT, "an ACTIVE host", || async {
+            let hosts = admin.list_hosts(Some("gpu")).await.ok()?;
+            hosts.iter().any(|h| h.status == HostStatus::Active).then_some(())
+        })
+        .await;
+        agent.kill9();
+        drop(server);
+
+        // Started again with another CA, the server refuses: replacing it is a rotation.
+        let other = dir.path().join("other.pem");
+        let other_key = dir.path().join("other.key");
+        let made = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+            .arg("-keyout")
+            .arg(&other_key)
+            .arg("-out")
+            .arg(&other)
+            .args([
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=Another Root",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+            ])
+            .output()
+            .unwrap();
+        assert!(made.status.success());
+        let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .arg("--ca-cert")
+            .arg(&other)
+            .arg("--ca-key")
+            .arg(&other_key)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("already has its CA") && err.contains("cluster ca rotate"), "{err}");
+    })
+    .await
+}

@@ -103,6 +103,8 @@ struct HostEntry {
     logs_url: Option<String>,
     /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
     logs_cert: Option<String>,
+    /// The hashes of the CAs the agent reported trusting.
+    trusted_cas: Vec<String>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -163,6 +165,9 @@ pub struct Cluster {
     replacement_tokens: HashMap<String, String>,
     /// Agent and launch tokens are derived under it.
     key: auth::ServerKey,
+    /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
+    /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
+    cluster_cas: Vec<String>,
     /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
     audit_log: audit::AuditLog,
     audit_call: Option<audit::AuditCall>,
@@ -273,6 +278,7 @@ impl Cluster {
             admin_sha256,
             join_index: Self::new_join_index(join_clock),
             key: auth::ServerKey::random()?,
+            cluster_cas: Vec::new(),
             launch_tokens: HashMap::new(),
             api_tokens: HashMap::new(),
             audit_log: Default::default(),
@@ -406,6 +412,36 @@ impl Cluster {
         self.key = key;
     }
 
+    pub(crate) fn server_key(&self) -> &auth::ServerKey {
+        &self.key
+    }
+
+    /// The hashes of the cluster's CAs (`tls::CaSet::hashes`), the active one first: the
+    /// tokens launched hosts join with carry the first, so their agents trust this cluster's
+    /// servers and no other; heartbeat answers carry all, so agents follow a CA rotation.
+    pub fn set_cluster_cas(&mut self, hashes: Vec<String>) {
+        self.cluster_cas = hashes;
+    }
+
+    /// The hosts that may still call the server (not deregistered, credential not revoked)
+    /// whose agents have not reported that they trust the CA `hash`.
+    pub fn hosts_not_trusting(&self, hash: &str) -> Vec<String> {
+        self.hosts
+            .iter()
+            .filter(|e| {
+                e.host.status != HostStatus::Deregistered && e.host.credential_revoked_at_ms.is_none()
+            })
+            .filter(|e| !e.trusted_cas.iter().any(|h| h.eq_ignore_ascii_case(hash)))
+            .map(|e| e.host.id.to_string())
+            .collect()
+    }
+
+    /// Commits `ops`, which change state kept outside the cluster's own objects (the TLS CA
+    /// records), with the audit entry of the API call being served.
+    pub(crate) fn commit_ops(&mut self, ops: &[Op]) -> Result<(), ApiError> {
+        self.commit(ops).map(|_| ())
+    }
+
     /// The bearer the server presents to a host's agent: derived from the host id under the
     /// server's key, so that it is stored nowhere on the server. A host registered by an older
     /// server keeps the token that server stored (`legacy`).
@@ -492,7 +528,7 @@ impl Cluster {
     /// `secret` as a host joins with it: with the cluster CA's hash after it when the server
     /// serves HTTPS ([`mpsfleet_client::tls::pinned`]).
     pub fn join_string(&self, secret: &str) -> String {
-        match self.provider_ctx.as_ref().and_then(|c| c.ca_hash.as_deref()) {
+        match self.cluster_cas.first() {
             Some(hash) => mpsfleet_client::tls::pinned(secret, hash),
             None => secret.to_string(),
         }
@@ -815,6 +851,7 @@ impl Cluster {
             checks: Vec::new(),
             logs_url: None,
             logs_cert: None,
+            trusted_cas: Vec::new(),
             health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
             evaluated: false,
             epoch: self.revision,
@@ -844,6 +881,7 @@ impl Cluster {
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
         entry.logs_cert = report.logs_cert_sha256;
+        entry.trusted_cas = report.trusted_ca_sha256;
         entry.evaluated = false;
         self.close_mps_gpus(ix, &[]);
         let entry = &mut self.hosts[ix as usize];
@@ -889,6 +927,7 @@ impl Cluster {
             entry.last_heartbeat_ms = Some(now);
             entry.logs_url = report.logs_url;
             entry.logs_cert = report.logs_cert_sha256;
+            entry.trusted_cas = report.trusted_ca_sha256;
             let agent = mpsfleet_core::health::AGENT;
             if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
                 c.reported_since_ms = now;
@@ -907,6 +946,7 @@ impl Cluster {
         entry.checks = report.checks;
         entry.logs_url = report.logs_url;
         entry.logs_cert = report.logs_cert_sha256;
+        entry.trusted_cas = report.trusted_ca_sha256;
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
@@ -918,7 +958,7 @@ impl Cluster {
     fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
         let pool = &self.hosts[ix as usize].host.pool;
         let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
-        HostStatusAnswer { health_policy }
+        HostStatusAnswer { health_policy, cluster_ca_sha256: self.cluster_cas.clone() }
     }
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
@@ -1765,9 +1805,6 @@ pub struct ProviderContext {
     pub hosts_dir: std::path::PathBuf,
     /// Extra `mpsfleet agent` arguments for `local` hosts.
     pub local_agent_args: Vec<String>,
-    /// `sha256:<hex>` of the cluster CA when the server serves HTTPS: the tokens launched
-    /// hosts join with carry it, so their agents trust this cluster's servers and no other.
-    pub ca_hash: Option<String>,
 }
 
 /// Filters of `GET /v1/tasks`.
@@ -1933,6 +1970,7 @@ mod tests {
             }],
             logs_url: None,
             logs_cert_sha256: None,
+            trusted_ca_sha256: Vec::new(),
         }
     }
 

@@ -479,6 +479,7 @@ fn healthy_report(
             .collect(),
         logs_url: Some("http://127.0.0.1:9".into()),
         logs_cert_sha256: None,
+        trusted_ca_sha256: Vec::new(),
     }
 }
 
