@@ -386,6 +386,10 @@ impl Client {
     pub async fn rotate_certificate(&self) -> Result<mpsfleet_types::access::ServerCertificate> {
         self.call(Method::POST, "/v1/cluster/certificate/rotate", &[], None).await
     }
+    /// Replaces the bootstrap admin token; the new one is in the answer.
+    pub async fn rotate_admin_token(&self) -> Result<mpsfleet_types::access::RotatedAdminToken> {
+        self.call(Method::POST, "/v1/admin-token/rotate", &[], None).await
+    }
     pub async fn list_tokens(&self) -> Result<Vec<mpsfleet_types::access::TokenView>> {
         self.get("/v1/tokens").await
     }

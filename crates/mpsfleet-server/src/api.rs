@@ -47,6 +47,9 @@ pub struct AppState {
     pub stopping: watch::Sender<bool>,
     /// The certificate the server serves, when it serves HTTPS.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Where the bootstrap admin token is kept for the operator (`<data dir>/admin.token`),
+    /// rewritten when it is rotated.
+    pub admin_token_file: Option<std::path::PathBuf>,
 }
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
@@ -75,6 +78,7 @@ impl AppState {
             registrations: Arc::new(RegistrationQueue::default()),
             stopping: watch::Sender::new(false),
             tls: None,
+            admin_token_file: None,
         }
     }
 
@@ -308,6 +312,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         cluster_ca,
         server_certificate,
         rotate_certificate,
+        rotate_admin_token,
         get_ca_rotation,
         begin_ca_rotation,
         activate_ca,
@@ -408,6 +413,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/join-tokens", post(create_join_token).get(list_join_tokens))
         .route("/v1/join-tokens/{id}", axum::routing::delete(revoke_join_token))
+        .route("/v1/admin-token/rotate", post(rotate_admin_token))
         .route("/v1/audit", get(list_audit))
         .route("/v1/cluster/ca", get(cluster_ca))
         .route("/v1/cluster/certificate", get(server_certificate))
@@ -644,6 +650,40 @@ async fn rotate_certificate(
 }
 
 // ---- tokens -----------------------------------------------------------------------------
+
+/// Replaces the bootstrap admin token. The new one is written to `admin.token.new` in the data
+/// dir before it is committed and renamed to `admin.token` after, so that a crash in between
+/// leaves it where the operator finds it.
+#[utoipa::path(
+    post,
+    path = "/v1/admin-token/rotate",
+    tag = "access",
+    summary = "Replace the bootstrap admin token; the old one is refused at once; the new one is in this answer (and the server's admin.token).",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::RotatedAdminToken), crate::openapi::Errors)
+)]
+async fn rotate_admin_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::RotatedAdminToken>, ApiError> {
+    let file = st.admin_token_file.clone();
+    let staged = file.as_ref().map(|f| f.with_extension("token.new"));
+    let (keep_at, done_at) = (staged.clone(), staged.clone());
+    let rotated = st
+        .call(&headers, admin, move |c, _| {
+            c.rotate_admin_token(|token| match &keep_at {
+                Some(path) => crate::auth::write_secret(path, token)
+                    .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", path.display()))),
+                None => Ok(()),
+            })
+        })
+        .await?;
+    if let (Some(staged), Some(file)) = (done_at, file) {
+        if let Err(e) = std::fs::rename(&staged, &file) {
+            tracing::error!(path = %staged.display(), error = %e, "the new admin token is committed but cannot be renamed to admin.token: it is in this file");
+        }
+    }
+    Ok(Json(rotated))
+}
 
 #[utoipa::path(
     post,

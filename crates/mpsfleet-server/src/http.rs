@@ -96,6 +96,7 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         | "/v1/tokens"
         | "/v1/join-tokens"
         | "/v1/hosts/{id}/revoke-credential"
+        | "/v1/admin-token/rotate"
         | "/v1/cluster/certificate/rotate"
         | "/v1/cluster/ca/rotation"
         | "/v1/cluster/ca/rotation/activate" => (api::admin, SMALL_BODY_LIMIT),
@@ -164,10 +165,9 @@ fn audit_context(
 pub struct Guard {
     pub state: AppState,
     pub body_read_timeout: Duration,
-    /// The digest of the admin token once seen: it does not change while the server runs, so
-    /// that the admin is recognised without the cluster lock (which a group commit of
+    /// The admin token's digest, read without the cluster lock (which a group commit of
     /// registrations holds through its fsync).
-    known: Arc<[std::sync::OnceLock<String>; 1]>,
+    admin: crate::cluster::AdminDigest,
     /// The join tokens, read without the cluster lock.
     joins: crate::cluster::JoinDigests,
     pub rate_limits: RateLimits,
@@ -189,7 +189,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     }
     let route = route.to_string();
     let body = has_body(&req);
-    let who = identify(st, &g.known, &g.joins, req.headers()).await;
+    let who = identify(st, &g.admin, &g.joins, req.headers()).await;
     let peer = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
     let audit = audit_context(&req, &route, &who, peer);
     if let Err(e) = charge(&g, &who, peer) {
@@ -308,14 +308,13 @@ fn is_length_limit(e: &axum::Error) -> bool {
 /// are looked up on this thread while the lock is free, on a blocking thread otherwise.
 async fn identify(
     st: &AppState,
-    known: &[std::sync::OnceLock<String>; 1],
+    admin: &crate::cluster::AdminDigest,
     joins: &crate::cluster::JoinDigests,
     headers: &axum::http::HeaderMap,
 ) -> Result<(Principal, String), ApiError> {
     let token = auth::bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
     let digest = auth::digest(token);
-    let [admin] = known;
-    let seen = if admin.get() == Some(&digest) {
+    let seen = if admin.is(&digest) {
         Some(Ok(Principal::Admin))
     } else {
         joins.check(&digest).map(|valid| valid.map(|()| Principal::Joiner))
@@ -335,16 +334,6 @@ async fn identify(
             .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??
         }
     };
-    match who {
-        Principal::Admin => {
-            let _ = admin.set(digest.clone());
-        }
-        Principal::Joiner
-        | Principal::Host(_)
-        | Principal::Replacement(_)
-        | Principal::Launch { .. }
-        | Principal::Token { .. } => {}
-    }
     Ok((who, digest))
 }
 
@@ -390,11 +379,16 @@ fn app_with(
     rate_limits: RateLimits,
     limiter: Arc<RateLimiter>,
 ) -> Router {
+    let (admin, joins) = state
+        .cluster
+        .lock()
+        .map(|c| (c.admin_digest(), c.join_digests()))
+        .expect("the cluster lock at start");
     let guard_state = Guard {
         state: state.clone(),
         body_read_timeout: limits.body_read_timeout,
-        known: Arc::default(),
-        joins: state.cluster.lock().map(|c| c.join_digests()).expect("the cluster lock at start"),
+        admin,
+        joins,
         rate_limits,
         limiter,
     };

@@ -149,6 +149,8 @@ pub struct ServeOptions {
     pub rate_limits: ratelimit::RateLimits,
     /// The certificate to serve HTTPS with; plain HTTP when `None` (`--insecure-http`).
     pub tls: Option<Arc<tls::ServerTls>>,
+    /// The data dir's `admin.token`, rewritten when the admin token is rotated.
+    pub admin_token_file: Option<std::path::PathBuf>,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -187,6 +189,7 @@ pub async fn serve(
     let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;
     let mut state = api::AppState::new(cluster);
     state.tls = options.tls.clone();
+    state.admin_token_file = options.admin_token_file.clone();
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));

@@ -206,3 +206,11 @@ pub struct ActivateCa {
     #[serde(default)]
     pub force: bool,
 }
+
+/// Answer of `POST /v1/admin-token/rotate`: the new bootstrap admin token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RotatedAdminToken {
+    pub token: String,
+    pub rotated_at_ms: u64,
+}

@@ -288,6 +288,11 @@ pub enum TokenCommand {
     List,
     /// The token stops working at once.
     Revoke { id: String },
+    /// Replace the bootstrap admin token (admin.token): the old one stops working at once; the
+    /// new one is printed and written to the server's admin.token. Clients that held the old
+    /// one need the new (MPSFLEET_TOKEN; `mpsfleet up` rewrites its client config when it
+    /// starts).
+    RotateAdmin,
 }
 
 #[derive(Subcommand)]
@@ -550,6 +555,17 @@ async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\ntoken (shown this once): {}", t.token);
                 }
+            }
+        }
+        TokenCommand::RotateAdmin => {
+            let t = c.rotate_admin_token().await?;
+            match f {
+                Format::Json => output::print(f, &t, &[], vec![]),
+                Format::Table => println!(
+                    "the old admin token is refused from now on; the server's admin.token holds the new one\n\
+                     admin token (shown this once): {}",
+                    t.token
+                ),
             }
         }
         TokenCommand::List => {

@@ -252,6 +252,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         http,
         rate_limits,
         tls,
+        admin_token_file: Some(args.data_dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
     };
     mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -195,7 +195,11 @@ async fn up(args: UpArgs) -> Result<()> {
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
     });
-    let options = mpsfleet_server::ServeOptions { tls: Some(tls), ..Default::default() };
+    let options = mpsfleet_server::ServeOptions {
+        tls: Some(tls),
+        admin_token_file: Some(dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
+        ..Default::default()
+    };
     // The hosts of a self-managed pool join with a join token of this run's own (the data
     // dir's first one expires a day after it was made); the previous run's is revoked.
     const UP_JOIN_TOKEN: &str = "mpsfleet up";

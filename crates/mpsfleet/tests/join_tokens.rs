@@ -127,3 +127,41 @@ async fn a_revoked_host_credential_is_refused_at_once_and_after_a_restart() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bootstrap_admin_token_rotates_and_the_old_one_is_refused_at_once() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("server");
+        let mut server = Server::start(&data);
+        let old = server.admin_token();
+        let old_client = server.admin();
+        old_client.healthz().await.unwrap();
+        create_pool(&old_client, "gpu").await;
+
+        let rotated: mpsfleet_types::access::RotatedAdminToken =
+            json(cli(&server, &["token", "rotate-admin"]));
+        assert!(rotated.token.starts_with("mpsf_adm_") && rotated.token != old);
+        // The server's admin.token holds the new one (and no staged copy is left).
+        assert_eq!(server.admin_token(), rotated.token);
+        assert!(!data.join("admin.token.new").exists());
+        let e = old_client.list_pools().await.unwrap_err();
+        assert_eq!(e.code(), Some("Unauthorized"), "{e}");
+        let new_client = server.client(Some(rotated.token.clone()));
+        assert_eq!(new_client.list_pools().await.unwrap().len(), 1);
+        let audit = new_client.audit(10).await.unwrap();
+        assert!(
+            audit.iter().any(|a| a.action == "POST /v1/admin-token/rotate" && a.result == "ok"),
+            "{audit:#?}"
+        );
+
+        // It stays rotated across a restart.
+        let listen = server.addr();
+        server.kill9();
+        let server = Server::start_on(&data, &listen);
+        assert_eq!(server.admin().list_pools().await.unwrap().len(), 1);
+        let e = server.client(Some(old)).list_pools().await.unwrap_err();
+        assert_eq!(e.code(), Some("Unauthorized"), "{e}");
+    })
+    .await
+}

@@ -20,7 +20,7 @@ mod secrets;
 mod task_policy;
 mod tasks;
 mod tokens;
-pub use tokens::JoinDigests;
+pub use tokens::{AdminDigest, JoinDigests};
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
@@ -185,7 +185,8 @@ pub struct Cluster {
     provider_ctx: Option<ProviderContext>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
-    admin_sha256: String,
+    /// The bootstrap admin token's digest, shared with the HTTP layer.
+    admin: tokens::AdminDigest,
     /// Join tokens by digest, shared with the HTTP layer (tokens.rs).
     join_index: tokens::JoinDigests,
     host_credentials: HashMap<String, HostIx>,
@@ -275,7 +276,7 @@ impl Cluster {
             fixed_providers: BTreeSet::new(),
             provider_ctx: None,
             capacity_launches: HashMap::new(),
-            admin_sha256,
+            admin: tokens::AdminDigest::new(admin_sha256),
             join_index: Self::new_join_index(join_clock),
             key: auth::ServerKey::random()?,
             cluster_cas: Vec::new(),
@@ -357,7 +358,7 @@ impl Cluster {
 
     /// [`Cluster::authenticate`] for a token whose digest the caller computed (outside the lock).
     pub fn authenticate_digest(&self, d: &str) -> Result<Principal, ApiError> {
-        if d == self.admin_sha256 {
+        if self.admin.is(d) {
             Ok(Principal::Admin)
         } else if self.join_token(d)? {
             Ok(Principal::Joiner)

@@ -35,6 +35,27 @@ pub(super) struct JoinTokenRecord {
     pub sha256: String,
 }
 
+/// The bootstrap admin token's digest: the one copy of it, readable without the cluster lock,
+/// replaced by [`Cluster::rotate_admin_token`].
+#[derive(Clone, Default)]
+pub struct AdminDigest(Arc<std::sync::RwLock<String>>);
+
+impl AdminDigest {
+    pub(super) fn new(digest: String) -> Self {
+        AdminDigest(Arc::new(std::sync::RwLock::new(digest)))
+    }
+
+    /// Whether `digest` is the admin token's.
+    pub fn is(&self, digest: &str) -> bool {
+        let admin = self.0.read().unwrap_or_else(|p| p.into_inner());
+        !admin.is_empty() && *admin == digest
+    }
+
+    fn set(&self, digest: String) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = digest;
+    }
+}
+
 /// The join tokens by digest: the one copy of them, readable without the cluster lock
 /// (registrations are authenticated while a group commit holds it through its fsync).
 #[derive(Clone)]
@@ -192,6 +213,30 @@ impl Cluster {
     /// The join tokens' digests, for authentication without the cluster lock.
     pub fn join_digests(&self) -> JoinDigests {
         self.join_index.clone()
+    }
+
+    pub fn admin_digest(&self) -> AdminDigest {
+        self.admin.clone()
+    }
+
+    /// Replaces the bootstrap admin token: the old one is refused from now on. `keep` is
+    /// given the new token before it is committed (to write it where the operator finds it);
+    /// it is in the answer only otherwise.
+    pub fn rotate_admin_token(
+        &mut self,
+        keep: impl FnOnce(&str) -> Result<(), ApiError>,
+    ) -> Result<mpsfleet_types::access::RotatedAdminToken, ApiError> {
+        let token = auth::new_token("mpsf_adm_")?;
+        let digest = auth::digest(&token);
+        keep(&token)?;
+        self.commit(&[Op::put_json(
+            super::AUTH,
+            "admin",
+            &super::AuthRecord { sha256: digest.clone() },
+            Precondition::Any,
+        )?])?;
+        self.admin.set(digest);
+        Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
     }
 
     pub(super) fn new_join_index(clock: Arc<dyn Clock>) -> JoinDigests {
