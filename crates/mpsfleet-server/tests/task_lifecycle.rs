@@ -41,13 +41,7 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
         plugins: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
-    let beat = HostStatusReport {
-        onboarded: true,
-        checks: Vec::new(),
-        logs_url: None,
-        logs_cert_sha256: None,
-        trusted_ca_sha256: Vec::new(),
-    };
+    let beat = HostStatusReport { onboarded: true, ..Default::default() };
     c.host_status(&host, beat).expect("heartbeat");
     let run = RunTask { task_definition: "serve".into(), count: 1, pool: "gpu".into() };
     let task = c.run_tasks(run).expect("run").tasks.remove(0);
@@ -94,13 +88,7 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
             plugins: Default::default(),
         };
         let host = c.register_host(reg).expect("host").host_id;
-        let beat = HostStatusReport {
-            onboarded: true,
-            checks: Vec::new(),
-            logs_url: None,
-            logs_cert_sha256: None,
-            trusted_ca_sha256: Vec::new(),
-        };
+        let beat = HostStatusReport { onboarded: true, ..Default::default() };
         c.host_status(&host, beat).expect("heartbeat");
         host
     };
