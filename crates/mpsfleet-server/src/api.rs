@@ -214,10 +214,25 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
     }
 }
 
+/// The pool a list is filtered by: `asked`, or for a token scoped to one pool that pool (and
+/// another one asked for is refused).
+fn scoped_pool(who: &Principal, asked: Option<String>) -> Result<Option<String>, ApiError> {
+    match (who.scope(), asked) {
+        (None, asked) => Ok(asked),
+        (Some(scope), Some(asked)) if asked != scope => {
+            Err(crate::scope::outside(who, &format!("pool {asked:?}")))
+        }
+        (Some(scope), _) => Ok(Some(scope.to_string())),
+    }
+}
+
 pub(crate) fn describe(p: &Principal) -> String {
     match p {
         Principal::Admin => "the admin token".into(),
-        Principal::Token { id, role } => format!("token {id} ({})", role.as_str()),
+        Principal::Token { id, role, pool: None } => format!("token {id} ({})", role.as_str()),
+        Principal::Token { id, role, pool: Some(pool) } => {
+            format!("token {id} ({} of pool {pool})", role.as_str())
+        }
         Principal::Joiner => "the join token".into(),
         Principal::Host(h) => format!("the credential of host {h}"),
         Principal::Replacement(i) => format!("the replacement token of incident {i}"),
@@ -908,7 +923,12 @@ async fn create_pool(
     responses((status = 200, description = "OK.", body = Vec<Pool>), crate::openapi::Errors)
 )]
 async fn list_pools(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<Pool>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.pools())).await?))
+    Ok(Json(
+        st.call(&headers, viewer, |c, who| {
+            Ok(c.pools().into_iter().filter(|p| who.sees_pool(p.name.as_str())).collect())
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -984,7 +1004,9 @@ async fn list_hosts(
     headers: HeaderMap,
     Q(q): Q<PoolQuery>,
 ) -> Result<Json<Vec<HostView>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.hosts(q.pool.as_deref()))).await?))
+    Ok(Json(
+        st.call(&headers, viewer, move |c, who| Ok(c.hosts(scoped_pool(&who, q.pool)?.as_deref()))).await?,
+    ))
 }
 
 #[utoipa::path(
@@ -1189,7 +1211,11 @@ async fn list_incidents(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<IncidentView>>, ApiError> {
-    let list = st.call(&headers, viewer, |c, _| Ok(c.incidents())).await?;
+    let list = st
+        .call(&headers, viewer, |c, who| {
+            Ok(c.incidents().into_iter().filter(|i| who.sees_pool(i.pool.as_str())).collect::<Vec<_>>())
+        })
+        .await?;
     Ok(Json(list.into_iter().map(IncidentView::of).collect()))
 }
 
@@ -1262,7 +1288,14 @@ async fn list_tasks(
         status,
         limit,
     };
-    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(c.tasks(&filter))).await?))
+    Ok(Json(
+        st.call(&headers, viewer, move |c, who| {
+            let mut filter = filter;
+            filter.pool = scoped_pool(&who, filter.pool)?;
+            Ok(c.tasks(&filter))
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -1594,7 +1627,12 @@ async fn list_services(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<ServiceView>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, |c, _| Ok(c.services())).await?))
+    Ok(Json(
+        st.call(&headers, viewer, |c, who| {
+            Ok(c.services().into_iter().filter(|s| who.sees_pool(s.service.pool.as_str())).collect())
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(

@@ -24,10 +24,12 @@ pub enum Principal {
     /// Holder of an incident's one-time replacement token: may register one host, which
     /// becomes that incident's replacement.
     Replacement(String),
-    /// An API token an admin made (`token create`), with its role.
+    /// An API token an admin made (`token create`), with its role, and the one pool it acts
+    /// in when it is scoped to one (`token create --pool`).
     Token {
         id: String,
         role: mpsfleet_types::access::Role,
+        pool: Option<String>,
     },
     /// Holder of the launch token of a host the server asked a capacity provider for: may
     /// register that one host, by that name, into that pool.
@@ -35,6 +37,21 @@ pub enum Principal {
         pool: mpsfleet_types::PoolName,
         name: String,
     },
+}
+
+impl Principal {
+    /// The one pool this caller acts in, when its token is scoped to one.
+    pub fn scope(&self) -> Option<&str> {
+        match self {
+            Principal::Token { pool, .. } => pool.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether this caller may see and act on what belongs to `pool`.
+    pub fn sees_pool(&self, pool: &str) -> bool {
+        self.scope().is_none_or(|p| p == pool)
+    }
 }
 
 /// A new random token with a recognisable prefix, such as `mpsf_adm_…`.

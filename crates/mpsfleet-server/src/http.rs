@@ -200,7 +200,19 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         return resp;
     }
+    // A token scoped to one pool reaches that pool only (scope.rs).
+    let mut req = req;
+    let scope = match &who {
+        Ok((p, _)) if p.scope().is_some() => {
+            let reach = crate::scope::reach(req.method(), &route);
+            Some((p.clone(), reach, scoped(st, p, reach, &mut req).await))
+        }
+        _ => None,
+    };
     if !body {
+        if let Some((_, _, Err(e))) = scope {
+            return e.into_response();
+        }
         // The caller is known before anything of its request is looked at: a missing or
         // unknown token is answered 401 whatever its parameters are.
         return match who {
@@ -234,6 +246,12 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         Ok(_) => {}
     }
+    let mut body_pool_of = None;
+    match scope {
+        Some((_, _, Err(e))) => return refuse(e, true, req),
+        Some((p, crate::scope::Reach::BodyPool, Ok(()))) => body_pool_of = Some(p),
+        _ => {}
+    }
     if announced.is_some_and(|n| n > limit as u64) {
         return refuse(ApiError::PayloadTooLarge { route, limit }, true, req);
     }
@@ -252,7 +270,50 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         Ok(Ok(b)) => b,
     };
+    if let Some(who) = &body_pool_of {
+        if let Err(e) = crate::scope::check_body(who, &bytes) {
+            return e.into_response();
+        }
+    }
     AUDIT.scope(audit, next.run(Request::from_parts(parts, Body::from(bytes)))).await
+}
+
+/// Whether a token scoped to one pool may make this call, as far as its route and path say
+/// ([`crate::scope`]; a body's pool is checked once it is read).
+async fn scoped(
+    st: &AppState,
+    who: &Principal,
+    reach: crate::scope::Reach,
+    req: &mut Request,
+) -> Result<(), ApiError> {
+    use crate::scope::Reach;
+    use axum::RequestExt as _;
+    match reach {
+        Reach::NoPool | Reach::List | Reach::BodyPool => Ok(()),
+        Reach::Closed => Err(ApiError::Forbidden(format!(
+            "this endpoint is not open to {}: it reaches beyond one pool",
+            api::describe(who)
+        ))),
+        Reach::Object(kind, param) => {
+            let params = req
+                .extract_parts::<axum::extract::RawPathParams>()
+                .await
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let Some(id) = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v.to_string()) else {
+                return Ok(());
+            };
+            let cluster = st.cluster.clone();
+            let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &id))
+                .await
+                .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))?;
+            match pool {
+                Some(p) if !who.sees_pool(&p) => {
+                    Err(crate::scope::outside(who, &format!("this {} (in pool {p})", kind.noun())))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
 }
 
 /// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown

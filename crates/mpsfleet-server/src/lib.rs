@@ -11,6 +11,7 @@ pub mod http;
 pub mod openapi;
 pub mod provider;
 pub mod ratelimit;
+mod scope;
 pub mod tls;
 
 use cluster::{Cluster, FirstStart};

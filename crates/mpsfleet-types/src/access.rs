@@ -55,6 +55,10 @@ pub struct CreateToken {
     /// Who or what it is for (1 to 256 characters), shown by `token list`.
     #[serde(default)]
     pub description: String,
+    /// The one pool it acts in (viewer and operator tokens): it sees and changes that pool's
+    /// hosts, tasks, services and incidents only. None: every pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// A token as `token list` shows it: never the token itself.
@@ -69,6 +73,9 @@ pub struct TokenView {
     pub expires_at_ms: Option<u64>,
     /// Who made it (`admin`, or `token:<id>`).
     pub created_by: String,
+    /// The one pool it acts in, if it is scoped to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// Answer of `POST /v1/tokens`: the token, shown this once, and its record.

@@ -283,6 +283,10 @@ pub enum TokenCommand {
         /// Who or what it is for.
         #[arg(long, default_value = "")]
         description: String,
+        /// Scope it to one pool (viewer and operator tokens): it sees and changes that pool's
+        /// hosts, tasks, services and incidents only.
+        #[arg(long)]
+        pool: Option<String>,
     },
     /// Every token's id, role and expiry (never the tokens themselves).
     List,
@@ -539,15 +543,17 @@ async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
         vec![
             t.id.clone(),
             t.role.as_str().into(),
+            sanitize(t.pool.as_deref().unwrap_or("*")).into_owned(),
             t.expires_at_ms.map_or_else(|| "never".into(), output::utc_time),
             sanitize(&t.created_by).into_owned(),
             sanitize(&t.description).into_owned(),
         ]
     };
-    const HEADERS: &[&str] = &["ID", "ROLE", "EXPIRES", "CREATED BY", "DESCRIPTION"];
+    const HEADERS: &[&str] = &["ID", "ROLE", "POOL", "EXPIRES", "CREATED BY", "DESCRIPTION"];
     match cmd {
-        TokenCommand::Create { role, expires_in, description } => {
-            let req = mpsfleet_types::access::CreateToken { role, expires_in_s: expires_in, description };
+        TokenCommand::Create { role, expires_in, description, pool } => {
+            let req =
+                mpsfleet_types::access::CreateToken { role, expires_in_s: expires_in, description, pool };
             let t = c.create_token(&req).await?;
             match f {
                 Format::Json => output::print(f, &t, &[], vec![]),

@@ -97,6 +97,7 @@ async fn a_revoked_host_credential_is_refused_at_once_and_after_a_restart() {
                 role: mpsfleet_types::access::Role::Operator,
                 expires_in_s: None,
                 description: "ops".into(),
+                pool: None,
             })
             .await
             .unwrap()

@@ -111,8 +111,12 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     create_pool(&admin, "gpu").await;
     let mut tokens = Vec::new();
     for role in [Role::Viewer, Role::Operator, Role::Admin] {
-        let req =
-            CreateToken { role, expires_in_s: Some(3600), description: format!("{} test", role.as_str()) };
+        let req = CreateToken {
+            role,
+            expires_in_s: Some(3600),
+            description: format!("{} test", role.as_str()),
+            pool: None,
+        };
         tokens.push((Some(role), admin.create_token(&req).await.expect("create token").token));
     }
     let join = server.join_token();
@@ -201,4 +205,128 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     );
     // A call its role may not make is refused before it reaches the cluster: no entry.
     assert!(log.iter().all(|e| e.role != Role::Viewer), "{log:#?}");
+}
+
+/// A token scoped to one pool sees and changes that pool's hosts, tasks, services and
+/// incidents only; what reaches beyond one pool is closed to it; admin tokens are never scoped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
+    use mpsfleet_client::TaskQuery;
+    use mpsfleet_types::{CreateService, RunTask};
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(dir.path());
+        let admin = server.admin();
+        admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
+        let mut hosts = Vec::new();
+        let mut tasks = Vec::new();
+        for pool in ["a", "b"] {
+            create_pool(&admin, pool).await;
+            hosts.push(add_host(&server, pool, &format!("{pool}-1"), 2).await.0.to_string());
+            let run = RunTask { task_definition: "infer".into(), count: 1, pool: pool.into() };
+            tasks.push(admin.run_task(&run).await.unwrap().tasks[0].id.to_string());
+            let svc = CreateService {
+                name: format!("svc-{pool}"),
+                pool: pool.into(),
+                task_definition: "infer".into(),
+                desired_count: 0,
+                resumption: None,
+            };
+            admin.create_service(&svc).await.unwrap();
+        }
+        let scoped = |role| CreateToken {
+            role,
+            expires_in_s: None,
+            description: "pool a".into(),
+            pool: Some("a".into()),
+        };
+        let e = admin.create_token(&scoped(Role::Admin)).await.unwrap_err();
+        assert!(e.to_string().contains("pool"), "{e}");
+        let e = admin
+            .create_token(&CreateToken { pool: Some("nope".into()), ..scoped(Role::Viewer) })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no pool named"), "{e}");
+        let made = admin.create_token(&scoped(Role::Operator)).await.unwrap();
+        assert_eq!(made.view.pool.as_deref(), Some("a"));
+        assert_eq!(admin.list_tokens().await.unwrap()[0].pool.as_deref(), Some("a"));
+        let op = server.client(Some(made.token));
+
+        // Lists hold pool a only; asking for b is refused.
+        let pools: Vec<String> =
+            op.list_pools().await.unwrap().into_iter().map(|p| p.name.to_string()).collect();
+        assert_eq!(pools, vec!["a"]);
+        let seen: Vec<String> =
+            op.list_hosts(None).await.unwrap().into_iter().map(|h| h.id.to_string()).collect();
+        assert_eq!(seen, vec![hosts[0].clone()]);
+        forbidden(op.list_hosts(Some("b")).await, "hosts of b");
+        let seen: Vec<String> = op
+            .list_tasks(&TaskQuery::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id.to_string())
+            .collect();
+        assert_eq!(seen, vec![tasks[0].clone()]);
+        let q = TaskQuery { pool: Some("b".into()), ..Default::default() };
+        forbidden(op.list_tasks(&q).await, "tasks of b");
+        let seen: Vec<String> =
+            op.list_services().await.unwrap().into_iter().map(|s| s.service.name.to_string()).collect();
+        assert_eq!(seen, vec!["svc-a"]);
+
+        // One object: its pool's, or refused.
+        op.describe_host(&hosts[0]).await.unwrap();
+        forbidden(op.describe_host(&hosts[1]).await, "host of b");
+        op.cordon_host(&hosts[0], true).await.unwrap();
+        forbidden(op.cordon_host(&hosts[1], true).await, "cordon in b");
+        assert!(!admin.describe_host(&hosts[1]).await.unwrap().cordoned, "refused, yet changed");
+        forbidden(op.stop_task(&tasks[1], None).await, "stop in b");
+        forbidden(op.describe_pool("b").await, "pool b");
+        let missing = op.describe_host("h-nope").await.unwrap_err();
+        assert_eq!(missing.code(), Some("NotFound"), "{missing}");
+
+        // A body names its pool.
+        let run = |pool: &str| RunTask { task_definition: "infer".into(), count: 1, pool: pool.into() };
+        op.run_task(&run("a")).await.unwrap();
+        forbidden(op.run_task(&run("b")).await, "run in b");
+        assert_eq!(
+            admin
+                .list_tasks(&TaskQuery { pool: Some("b".into()), ..Default::default() })
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // What belongs to no pool is open; what reaches beyond one pool is not.
+        op.list_taskdefs(None).await.unwrap();
+        let http = server.http();
+        let events = http
+            .get(format!("{}/v1/events", server.url))
+            .bearer_auth(op_token(&admin).await)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(events.status(), 403);
+    })
+    .await
+}
+
+/// Asserts `r` was refused for its token's scope.
+fn forbidden<T>(r: Result<T, mpsfleet_client::ClientError>, what: &str) {
+    match r {
+        Err(e) => assert_eq!(e.code(), Some("Forbidden"), "{what}: {e}"),
+        Ok(_) => panic!("{what}: allowed"),
+    }
+}
+
+/// A fresh operator token of pool a, for a raw request.
+async fn op_token(admin: &mpsfleet_client::Client) -> String {
+    let req = CreateToken {
+        role: Role::Operator,
+        expires_in_s: Some(60),
+        description: "raw".into(),
+        pool: Some("a".into()),
+    };
+    admin.create_token(&req).await.unwrap().token
 }

@@ -171,6 +171,7 @@ async fn after_the_server_certificate_is_rotated_agents_and_the_cli_keep_working
                 role: mpsfleet_types::access::Role::Viewer,
                 expires_in_s: None,
                 description: "look".into(),
+                pool: None,
             })
             .await
             .unwrap()

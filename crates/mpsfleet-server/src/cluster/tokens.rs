@@ -141,12 +141,28 @@ impl Cluster {
         if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
             return Err(ApiError::Unauthorized("this token has expired"));
         }
-        Ok(Some(Principal::Token { id: rec.view.id.clone(), role: rec.view.role }))
+        Ok(Some(Principal::Token {
+            id: rec.view.id.clone(),
+            role: rec.view.role,
+            pool: rec.view.pool.clone(),
+        }))
     }
 
     /// `token create`: a new token with `req.role`, shown once.
     pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, ApiError> {
         check_token_request(&req.description, req.expires_in_s)?;
+        if let Some(pool) = &req.pool {
+            if req.role == Role::Admin {
+                return Err(ApiError::invalid(
+                    "pool",
+                    "an admin token acts on the whole cluster (pools, tokens, secrets): scope viewer or \
+                     operator tokens only",
+                ));
+            }
+            if !self.pools.keys().any(|k| k.as_str() == pool) {
+                return Err(ApiError::invalid("pool", format!("no pool named {pool:?}")));
+            }
+        }
         if self.api_tokens.len() >= MAX_API_TOKENS {
             return Err(ApiError::Conflict(format!(
                 "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
@@ -166,6 +182,7 @@ impl Cluster {
             created_at_ms: now,
             expires_at_ms: req.expires_in_s.map(|s| now.saturating_add(s.saturating_mul(1000))),
             created_by: by.to_string(),
+            pool: req.pool,
         };
         let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token) };
         self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
@@ -319,12 +336,13 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
         let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
-        let req = |role, expires_in_s| CreateToken { role, expires_in_s, description: "ci".into() };
+        let req =
+            |role, expires_in_s| CreateToken { role, expires_in_s, description: "ci".into(), pool: None };
         let viewer = c.create_api_token(req(Role::Viewer, Some(60)), "admin").unwrap();
         assert!(viewer.token.starts_with("mpsf_view_"));
         assert_eq!(
             c.authenticate(&viewer.token).unwrap(),
-            Principal::Token { id: viewer.view.id.clone(), role: Role::Viewer }
+            Principal::Token { id: viewer.view.id.clone(), role: Role::Viewer, pool: None }
         );
         let op = c.create_api_token(req(Role::Operator, None), "admin").unwrap();
         assert_eq!(c.api_tokens().len(), 2);
@@ -334,7 +352,7 @@ mod tests {
         let mut c = Cluster::load(store, clock.clone(), |_| Ok(())).unwrap();
         assert_eq!(
             c.authenticate(&op.token).unwrap(),
-            Principal::Token { id: op.view.id.clone(), role: Role::Operator }
+            Principal::Token { id: op.view.id.clone(), role: Role::Operator, pool: None }
         );
         clock.advance(std::time::Duration::from_secs(61));
         assert_eq!(c.authenticate(&viewer.token).unwrap_err().to_string(), "this token has expired");
