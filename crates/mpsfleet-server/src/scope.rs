@@ -7,8 +7,9 @@
 //! - `POST /v1/tasks` and `POST /v1/services`: open when the body's `pool` is the token's.
 //! - The lists (`GET /v1/pools`, `/v1/hosts`, `/v1/tasks`, `/v1/services`, `/v1/incidents`):
 //!   open; their handlers keep only the token's pool ([`Principal::sees_pool`]).
-//! - Task definitions, the public routes and the server's certificate: open, as they belong
-//!   to no pool.
+//! - Reading task definitions, the public routes and the server's certificate: open, as they
+//!   belong to no pool. Registering a task definition is not: a new revision of a family is
+//!   what every pool's services of that family may run next.
 //! - Everything else (the event stream, and whatever a later route adds): closed.
 //!
 //! The role is checked as for any token: a scoped operator still cannot do what an operator
@@ -47,12 +48,8 @@ pub(crate) fn reach(method: &axum::http::Method, route: &str) -> Reach {
     use axum::http::Method;
     let under = |prefix: &str| route == prefix || route.starts_with(&format!("{prefix}/"));
     match route {
-        "/v1/healthz"
-        | "/v1/openapi.json"
-        | "/v1/cluster/ca"
-        | "/v1/cluster/certificate"
-        | "/v1/taskdefs"
-        | "/v1/taskdefs/{reference}" => Reach::NoPool,
+        "/v1/taskdefs" | "/v1/taskdefs/{reference}" if method == Method::GET => Reach::NoPool,
+        "/v1/healthz" | "/v1/openapi.json" | "/v1/cluster/ca" | "/v1/cluster/certificate" => Reach::NoPool,
         "/v1/tasks" | "/v1/services" if method == Method::POST => Reach::BodyPool,
         "/v1/pools" | "/v1/hosts" | "/v1/tasks" | "/v1/services" | "/v1/incidents"
             if method == Method::GET =>
@@ -135,6 +132,7 @@ mod tests {
             assert_eq!(reach(&Method::GET, closed), Reach::Closed, "{closed}");
         }
         assert_eq!(reach(&Method::POST, "/v1/pools"), Reach::Closed);
+        assert_eq!(reach(&Method::POST, "/v1/taskdefs"), Reach::Closed, "a revision reaches every pool");
     }
 
     #[test]

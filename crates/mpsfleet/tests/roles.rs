@@ -300,6 +300,10 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
 
         // What belongs to no pool is open; what reaches beyond one pool is not.
         op.list_taskdefs(None).await.unwrap();
+        forbidden(
+            op.register_taskdef(mps_taskdef("infer", 500)).await,
+            "a new revision of a family every pool runs",
+        );
         let http = server.http();
         let events = http
             .get(format!("{}/v1/events", server.url))
