@@ -1251,7 +1251,7 @@ async fn run_tasks(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: RunTask = parse(&body)?;
-    let out = st.call(&headers, operator, move |c, _| c.run_tasks(req)).await?;
+    let out = st.call(&headers, operator, move |c, p| c.run_tasks_as(req, &actor(&p))).await?;
     Ok(created(RunTaskResponse { tasks: out.tasks, placed: out.placed, pending: out.pending }))
 }
 
@@ -1613,7 +1613,7 @@ async fn create_service(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateService = parse(&body)?;
-    Ok(created(st.call(&headers, operator, move |c, _| c.create_service(req)).await?))
+    Ok(created(st.call(&headers, operator, move |c, p| c.create_service_as(req, &actor(&p))).await?))
 }
 
 #[utoipa::path(
@@ -1683,7 +1683,7 @@ async fn update_service(
     body: Bytes,
 ) -> Result<Json<ServiceView>, ApiError> {
     let req: UpdateService = parse(&body)?;
-    Ok(Json(st.call(&headers, operator, move |c, _| c.update_service(&name, req)).await?))
+    Ok(Json(st.call(&headers, operator, move |c, p| c.update_service_as(&name, req, &actor(&p))).await?))
 }
 
 #[utoipa::path(

@@ -373,6 +373,7 @@ impl Sim {
                     task_definition: s.family.to_string(),
                     desired_count: s.desired,
                     resumption: Some(s.resumption),
+                    client_token: None,
                 })
                 .map_err(err)?;
             self.svcs.insert(

@@ -46,6 +46,9 @@ pub struct CreateService {
     pub desired_count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumption: Option<crate::policy::ResumptionBoundary>,
+    /// Makes the call idempotent (see `RunTask::client_token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_token: Option<String>,
 }
 
 /// Body of `PATCH /v1/services/{name}`.
@@ -56,6 +59,9 @@ pub struct UpdateService {
     pub task_definition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_count: Option<u32>,
+    /// Makes the call idempotent (see `RunTask::client_token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_token: Option<String>,
 }
 
 /// Where one running replica of a service can be reached: `mpsfleet service endpoints NAME`.

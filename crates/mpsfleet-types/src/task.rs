@@ -284,6 +284,11 @@ pub struct RunTask {
     pub task_definition: String,
     pub count: u32,
     pub pool: String,
+    /// Makes the call idempotent, as ECS's `clientToken`: a retry with the same token and body
+    /// gets the first call's tasks (as they are now) instead of new ones; the same token with
+    /// another body is refused (409). 1 to 64 printable ASCII characters, kept 24 h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_token: Option<String>,
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.

@@ -61,6 +61,10 @@ pub enum TaskCommand {
         count: u32,
         #[arg(long)]
         pool: String,
+        /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
+        /// answers what the first call did instead of changing anything again (kept 24 h).
+        #[arg(long)]
+        client_token: Option<String>,
     },
     List {
         #[arg(long)]
@@ -229,6 +233,10 @@ pub enum ServiceCommand {
         /// host is confirmed terminated (fenced).
         #[arg(long, value_parser = ["restart", "fenced"], default_value = "restart")]
         resumption: String,
+        /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
+        /// answers what the first call did instead of changing anything again (kept 24 h).
+        #[arg(long)]
+        client_token: Option<String>,
     },
     Update {
         name: String,
@@ -236,6 +244,10 @@ pub enum ServiceCommand {
         taskdef: Option<String>,
         #[arg(long)]
         desired: Option<u32>,
+        /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
+        /// answers what the first call did instead of changing anything again (kept 24 h).
+        #[arg(long)]
+        client_token: Option<String>,
     },
     List,
     Describe {
@@ -752,8 +764,8 @@ const TASK_HEADERS: [&str; 8] =
 
 async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
-        TaskCommand::Run { taskdef, count, pool } => {
-            let r = c.run_task(&RunTask { task_definition: taskdef, count, pool }).await?;
+        TaskCommand::Run { taskdef, count, pool, client_token } => {
+            let r = c.run_task(&RunTask { task_definition: taskdef, count, pool, client_token }).await?;
             match f {
                 Format::Json => output::print(f, &r, &[], vec![]),
                 Format::Table => {
@@ -1125,19 +1137,28 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
 async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     const HEADERS: [&str; 7] = ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING"];
     let one = match cmd {
-        ServiceCommand::Create { name, taskdef, desired, pool, resumption } => {
+        ServiceCommand::Create { name, taskdef, desired, pool, resumption, client_token } => {
             let resumption = Some(if resumption == "fenced" {
                 mpsfleet_types::policy::ResumptionBoundary::Fenced
             } else {
                 mpsfleet_types::policy::ResumptionBoundary::Restart
             });
-            let req =
-                CreateService { name, pool, task_definition: taskdef, desired_count: desired, resumption };
+            let req = CreateService {
+                name,
+                pool,
+                task_definition: taskdef,
+                desired_count: desired,
+                resumption,
+                client_token,
+            };
             c.create_service(&req).await?
         }
-        ServiceCommand::Update { name, taskdef, desired } => {
-            c.update_service(&name, &UpdateService { task_definition: taskdef, desired_count: desired })
-                .await?
+        ServiceCommand::Update { name, taskdef, desired, client_token } => {
+            c.update_service(
+                &name,
+                &UpdateService { task_definition: taskdef, desired_count: desired, client_token },
+            )
+            .await?
         }
         ServiceCommand::List => {
             let list = c.list_services().await?;

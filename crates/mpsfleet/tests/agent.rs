@@ -21,7 +21,12 @@ async fn task_in(admin: &Client, id: &TaskId, status: TaskStatus) -> Task {
 
 async fn run_one(admin: &Client, family: &str) -> Task {
     let out = admin
-        .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: family.into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     out.tasks.into_iter().next().unwrap()
@@ -353,6 +358,7 @@ async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
             task_definition: "probed".into(),
             desired_count: 1,
             resumption: None,
+            client_token: None,
         })
         .await
         .unwrap();
@@ -449,6 +455,7 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
                 task_definition: "web".into(),
                 desired_count: 6,
                 resumption: None,
+                client_token: None,
             })
             .await
             .unwrap();
@@ -488,6 +495,7 @@ async fn a_crash_looping_service_is_held_back() {
             task_definition: "crash".into(),
             desired_count: 1,
             resumption: None,
+            client_token: None,
         })
         .await
         .unwrap();

@@ -123,7 +123,12 @@ async fn one_running_task(server: &Server) -> (Client, String) {
     admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
     let (_host, agent) = add_host(server, "gpu", "a", 1).await;
     let out = admin
-        .run_task(&RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "infer".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     let task = &out.tasks[0];

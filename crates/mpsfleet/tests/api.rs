@@ -60,8 +60,12 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     assert!(admin.list_taskdefs(None).await.unwrap().is_empty(), "a refused definition was stored");
 
     admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
-    let run =
-        |count: u32, pool: &str, td: &str| RunTask { task_definition: td.into(), count, pool: pool.into() };
+    let run = |count: u32, pool: &str, td: &str| RunTask {
+        task_definition: td.into(),
+        count,
+        pool: pool.into(),
+        client_token: None,
+    };
     for (req, field) in [
         (run(0, "gpu", "infer"), "count"),
         (run(10_001, "gpu", "infer"), "count"),
@@ -111,6 +115,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 task_definition: "infer".into(),
                 desired_count: 10_001,
                 resumption: None,
+                client_token: None,
             })
             .await
             .unwrap_err(),
@@ -141,7 +146,12 @@ async fn tokens_limit_who_may_do_what() {
     assert_eq!(api_error(joiner.list_tasks(&TaskQuery::default()).await.unwrap_err()).0, 403);
 
     let out = admin
-        .run_task(&RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "infer".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     let task = &out.tasks[0];
@@ -172,7 +182,12 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
     admin.register_taskdef(mps_taskdef("big", 100_000)).await.unwrap();
 
     let out = admin
-        .run_task(&RunTask { task_definition: "big:1".into(), count: 3, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "big:1".into(),
+            count: 3,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     assert_eq!((out.placed, out.pending), (0, 3));
@@ -222,7 +237,12 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
     admin.cordon_host(host.as_str(), true).await.unwrap();
     admin.register_taskdef(mps_taskdef("small", 10)).await.unwrap();
     let out = admin
-        .run_task(&RunTask { task_definition: "small".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "small".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     assert_eq!(out.pending, 1);
@@ -245,7 +265,15 @@ async fn long_poll_wakes_when_a_task_is_assigned() {
     let poll = tokio::spawn(async move { agent.assignments(first.revision, 30).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!poll.is_finished(), "the long-poll answered before anything changed");
-    admin.run_task(&RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into() }).await.unwrap();
+    admin
+        .run_task(&RunTask {
+            task_definition: "infer".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
+        .await
+        .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), poll)
         .await
         .expect("long-poll did not wake")
@@ -272,6 +300,7 @@ async fn services_keep_their_count_and_spread_replicas() {
             task_definition: "web".into(),
             desired_count: 4,
             resumption: None,
+            client_token: None,
         })
         .await
         .unwrap();
@@ -311,7 +340,10 @@ async fn services_keep_their_count_and_spread_replicas() {
 
     // Scale in: extras are asked to stop; scale to zero and delete.
     let svc = admin
-        .update_service("web", &UpdateService { desired_count: Some(1), task_definition: None })
+        .update_service(
+            "web",
+            &UpdateService { desired_count: Some(1), task_definition: None, client_token: None },
+        )
         .await
         .unwrap();
     assert_eq!(svc.service.desired_count, 1);
@@ -457,4 +489,47 @@ async fn pool_policies_are_validated_updated_and_explained() {
     let e = admin.explain_pool("ops").await.unwrap();
     assert_eq!((e.owner.as_str(), e.decision.who.as_str()), ("operator", "operator"));
     assert!(e.replacement.what.starts_with("none: the operator"));
+}
+
+/// A task run retried with its client token after the server was killed gets the first run's
+/// tasks: the token was committed with them. Through the CLI, as a script retrying would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_run_retried_with_its_client_token_after_a_crash_starts_nothing_new() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = Server::start(dir.path());
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        admin.register_taskdef(mps_taskdef("infer", 1000)).await.unwrap();
+        let run = |server: &Server, count: &str| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+                .args(["task", "run", "--taskdef", "infer", "--pool", "gpu", "--count", count])
+                .args(["--client-token", "nightly-2026-12-01", "-o", "json", "--server", &server.url])
+                .args(["--token", &server.admin_token(), "--ca-file", &server.ca_file()])
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let ids = |json: &str| -> Vec<String> {
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            v["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_string()).collect()
+        };
+        let (ok, first, err) = run(&server, "3");
+        assert!(ok, "{err}");
+        let listen = server.addr();
+        server.kill9();
+        let server = Server::start_on(dir.path(), &listen);
+        let (ok, again, err) = run(&server, "3");
+        assert!(ok, "{err}");
+        assert_eq!(ids(&again), ids(&first));
+        let all = server.admin().list_tasks(&mpsfleet_client::TaskQuery::default()).await.unwrap();
+        assert_eq!(all.len(), 3, "the retry started nothing");
+        let (ok, _, err) = run(&server, "4");
+        assert!(!ok && err.contains("another request"), "{err}");
+    })
+    .await
 }

@@ -155,6 +155,7 @@ async fn two_awsvpc_tasks_on_one_port_each_at_its_own_address_with_containers_on
                 task_definition: "awsvpc-web".into(),
                 desired_count: 2,
                 resumption: None,
+                client_token: None,
             })
             .await
             .unwrap();
@@ -267,7 +268,12 @@ async fn an_agent_restart_adopts_an_awsvpc_task_with_its_pause_container() {
         f.admin.register_taskdef(taskdef(web_and_side("awsvpc-adopt", &image))).await.unwrap();
         let run = f
             .admin
-            .run_task(&RunTask { task_definition: "awsvpc-adopt".into(), count: 1, pool: f.pool.clone() })
+            .run_task(&RunTask {
+                task_definition: "awsvpc-adopt".into(),
+                count: 1,
+                pool: f.pool.clone(),
+                client_token: None,
+            })
             .await
             .unwrap();
         let id = run.tasks[0].id;

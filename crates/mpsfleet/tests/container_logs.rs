@@ -62,7 +62,12 @@ async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
         .await
         .unwrap();
     let out = admin
-        .run_task(&RunTask { task_definition: "both".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "both".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     let id = out.tasks[0].id.to_string();

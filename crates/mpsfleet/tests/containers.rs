@@ -94,7 +94,12 @@ impl Fleet {
 
     async fn run(&self, family: &str, count: u32) -> RunTaskResponse {
         self.admin
-            .run_task(&RunTask { task_definition: family.into(), count, pool: self.pool.clone() })
+            .run_task(&RunTask {
+                task_definition: family.into(),
+                count,
+                pool: self.pool.clone(),
+                client_token: None,
+            })
             .await
             .unwrap()
     }
@@ -313,6 +318,7 @@ async fn a_port_mapping_is_reachable_at_the_reported_binding() {
                 task_definition: "web".into(),
                 desired_count: 2,
                 resumption: None,
+                client_token: None,
             })
             .await
             .unwrap();

@@ -32,7 +32,12 @@ async fn kill_9_mid_batch_loses_nothing_acknowledged() {
     for _ in 0..2 {
         let (admin, acked, count) = (admin.clone(), acked.clone(), count.clone());
         writers.push(tokio::spawn(async move {
-            let req = RunTask { task_definition: "crash".into(), count: BATCH, pool: "gpu".into() };
+            let req = RunTask {
+                task_definition: "crash".into(),
+                count: BATCH,
+                pool: "gpu".into(),
+                client_token: None,
+            };
             while let Ok(out) = admin.run_task(&req).await {
                 let by = out.tasks[0].started_by.clone();
                 acked.lock().unwrap().insert(by, out.tasks.iter().map(|t| t.id).collect());
@@ -103,7 +108,7 @@ async fn kill_9_mid_batch_loses_nothing_acknowledged() {
     // The same state gives the same decisions: the crashed copy and the restarted original
     // place the next batch identically.
     let twin = Server::start(copy.path());
-    let req = RunTask { task_definition: "crash".into(), count: 20, pool: "gpu".into() };
+    let req = RunTask { task_definition: "crash".into(), count: 20, pool: "gpu".into(), client_token: None };
     admin.stop_task(&tasks[0].id.to_string(), None).await.unwrap();
     twin.admin().stop_task(&tasks[0].id.to_string(), None).await.unwrap();
     let a = admin.run_task(&req).await.unwrap();

@@ -63,7 +63,12 @@ async fn a_cuda_program_cannot_allocate_past_its_declared_memory() {
     })
     .await;
     let t = admin
-        .run_task(&RunTask { task_definition: "alloc".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "alloc".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     let id = t.tasks[0].id.to_string();
@@ -126,7 +131,12 @@ async fn an_mps_container_gets_its_gpu_by_uuid_and_its_daemons_pipe_directory() 
     })
     .await;
     let t = admin
-        .run_task(&RunTask { task_definition: "mpsc".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "mpsc".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     let id = t.tasks[0].id.to_string();

@@ -90,6 +90,7 @@ async fn service_of(admin: &Client, name: &str, count: u32) -> Vec<Task> {
             task_definition: name.into(),
             desired_count: count,
             resumption: None,
+            client_token: None,
         })
         .await
         .unwrap();
@@ -241,7 +242,12 @@ async fn self_managed_pool_reports_and_waits_for_the_operator() {
     // New work avoids the impaired host; the tasks on it are not moved.
     admin.register_taskdef(mps_taskdef("batch", 1024)).await.unwrap();
     let out = admin
-        .run_task(&RunTask { task_definition: "batch".into(), count: 3, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "batch".into(),
+            count: 3,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     assert!(out.tasks.iter().all(|t| t.host_id.as_ref() != Some(&host.id)), "placed on an impaired host");
@@ -435,6 +441,7 @@ async fn fenced_services_wait_for_termination_and_restart_services_do_not() {
                 task_definition: name.into(),
                 desired_count: 2,
                 resumption: Some(resumption),
+                client_token: None,
             })
             .await
             .unwrap();
@@ -517,7 +524,12 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     admin.cordon_host(other.id.as_str(), true).await.unwrap();
     admin.register_taskdef(mps_taskdef("after", 1024)).await.unwrap();
     let out = admin
-        .run_task(&RunTask { task_definition: "after".into(), count: 1, pool: "gpu".into() })
+        .run_task(&RunTask {
+            task_definition: "after".into(),
+            count: 1,
+            pool: "gpu".into(),
+            client_token: None,
+        })
         .await
         .unwrap();
     assert_eq!(out.tasks[0].host_id.as_ref(), Some(&host.id), "{:?}", out.tasks[0]);

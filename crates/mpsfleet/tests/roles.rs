@@ -223,7 +223,8 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
         for pool in ["a", "b"] {
             create_pool(&admin, pool).await;
             hosts.push(add_host(&server, pool, &format!("{pool}-1"), 2).await.0.to_string());
-            let run = RunTask { task_definition: "infer".into(), count: 1, pool: pool.into() };
+            let run =
+                RunTask { task_definition: "infer".into(), count: 1, pool: pool.into(), client_token: None };
             tasks.push(admin.run_task(&run).await.unwrap().tasks[0].id.to_string());
             let svc = CreateService {
                 name: format!("svc-{pool}"),
@@ -231,6 +232,7 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
                 task_definition: "infer".into(),
                 desired_count: 0,
                 resumption: None,
+                client_token: None,
             };
             admin.create_service(&svc).await.unwrap();
         }
@@ -286,7 +288,12 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
         assert_eq!(missing.code(), Some("NotFound"), "{missing}");
 
         // A body names its pool.
-        let run = |pool: &str| RunTask { task_definition: "infer".into(), count: 1, pool: pool.into() };
+        let run = |pool: &str| RunTask {
+            task_definition: "infer".into(),
+            count: 1,
+            pool: pool.into(),
+            client_token: None,
+        };
         op.run_task(&run("a")).await.unwrap();
         forbidden(op.run_task(&run("b")).await, "run in b");
         assert_eq!(

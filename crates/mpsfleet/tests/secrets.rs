@@ -129,7 +129,12 @@ impl Fleet {
 
     async fn run(&self, family: &str) -> Result<RunTaskResponse, mpsfleet_client::ClientError> {
         self.admin
-            .run_task(&RunTask { task_definition: family.into(), count: 1, pool: self.pool.clone() })
+            .run_task(&RunTask {
+                task_definition: family.into(),
+                count: 1,
+                pool: self.pool.clone(),
+                client_token: None,
+            })
             .await
     }
 

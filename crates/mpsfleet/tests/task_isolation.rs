@@ -104,7 +104,12 @@ impl Fleet {
     async fn run(&self, family: &str) -> String {
         let out = self
             .admin
-            .run_task(&RunTask { task_definition: family.into(), count: 1, pool: "gpu".into() })
+            .run_task(&RunTask {
+                task_definition: family.into(),
+                count: 1,
+                pool: "gpu".into(),
+                client_token: None,
+            })
             .await
             .unwrap();
         out.tasks[0].id.to_string()

@@ -8,8 +8,10 @@
 
 mod audit;
 mod health;
+mod idempotency;
 mod introspect;
 mod logs;
+pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
 #[cfg(test)]
@@ -130,6 +132,7 @@ struct Batch {
 }
 
 /// What the API returned for one run request.
+#[derive(Debug)]
 pub struct RunOutcome {
     pub tasks: Vec<Task>,
     pub placed: u32,
@@ -171,6 +174,8 @@ pub struct Cluster {
     /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
     audit_log: audit::AuditLog,
     audit_call: Option<audit::AuditCall>,
+    /// Client tokens of task runs and service changes (`idempotency.rs`).
+    client_tokens: idempotency::ClientTokens,
     /// API tokens by digest (`tokens.rs`).
     api_tokens: HashMap<String, tokens::TokenRecord>,
     /// Digests of the launch tokens of the hosts in `capacity_launches`.
@@ -284,6 +289,7 @@ impl Cluster {
             api_tokens: HashMap::new(),
             audit_log: Default::default(),
             audit_call: None,
+            client_tokens: Default::default(),
             host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
@@ -329,6 +335,7 @@ impl Cluster {
         self.load_api_tokens()?;
         self.load_join_tokens()?;
         self.load_audit()?;
+        self.load_client_tokens()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -379,13 +386,18 @@ impl Cluster {
 
     fn commit(&mut self, ops: &[Op]) -> Result<Revision, ApiError> {
         // The first commit of an audited API call carries its entry (audit.rs).
+        // So does the client token of a task run or service change (idempotency.rs).
         let audit = self.audit_ops_for_commit()?;
-        let rev = if audit.is_empty() {
+        let client_token = self.client_token_ops()?;
+        let rev = if audit.is_empty() && client_token.is_empty() {
             self.store.commit(ops)?
         } else {
-            let all: Vec<Op> = ops.iter().cloned().chain(audit.iter().cloned()).collect();
+            let all: Vec<Op> = ops.iter().chain(&audit).chain(&client_token).cloned().collect();
             let rev = self.store.commit(&all)?;
-            self.audit_written(audit.len() - 1);
+            if !audit.is_empty() {
+                self.audit_written(audit.len() - 1);
+            }
+            self.client_token_written();
             rev
         };
         if rev != self.revision {
@@ -1246,6 +1258,12 @@ impl Cluster {
     }
 
     pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, ApiError> {
+        let started_by = format!("run:{:016x}", auth::random_u64()?);
+        self.run_tasks_started_by(req, started_by)
+    }
+
+    /// A task run whose tasks carry `started_by`.
+    fn run_tasks_started_by(&mut self, req: RunTask, started_by: String) -> Result<RunOutcome, ApiError> {
         if req.count == 0 || req.count > MAX_RUN_COUNT {
             return Err(ApiError::invalid(
                 "count",
@@ -1257,12 +1275,7 @@ impl Cluster {
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
         let td = td.reference();
-        let spec = NewTasks {
-            task_definition: td,
-            pool,
-            group: None,
-            started_by: format!("run:{:016x}", auth::random_u64()?),
-        };
+        let spec = NewTasks { task_definition: td, pool, group: None, started_by };
         let tasks = self.start_tasks(spec, req.count)?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
@@ -1809,7 +1822,7 @@ pub struct ProviderContext {
 }
 
 /// Filters of `GET /v1/tasks`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
     pub pool: Option<String>,
     pub service: Option<String>,

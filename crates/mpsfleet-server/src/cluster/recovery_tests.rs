@@ -296,7 +296,10 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     assert_eq!(i.state, IncidentState::Resolved, "{:#?}", i.timeline);
     let td = br#"{"family": "t", "containerDefinitions": [{"name": "c", "image": "x", "command": ["sleep", "1"]}]}"#;
     w.c.register_taskdef(td).unwrap();
-    let run = w.c.run_tasks(RunTask { task_definition: "t".into(), count: 1, pool: "p".into() }).unwrap();
+    let run = w
+        .c
+        .run_tasks(RunTask { task_definition: "t".into(), count: 1, pool: "p".into(), client_token: None })
+        .unwrap();
     let task = run.tasks[0].id;
     w.c.stop_task(&task.to_string(), None).unwrap();
     // The agent reports the stop.

@@ -144,6 +144,7 @@ async fn recovery_measure(
             task_definition: "bench".into(),
             desired_count: replicas,
             resumption: None,
+            client_token: None,
         })
         .await?;
     let q = mpsfleet_client::TaskQuery { service: Some("bench".into()), ..Default::default() };

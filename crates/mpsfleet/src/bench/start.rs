@@ -80,7 +80,12 @@ async fn run(b: &StartBench, dir: &std::path::Path) -> Result<(Vec<f64>, Option<
     let (mut ours, mut baseline) = (Vec::new(), Vec::new());
     let measured = async {
         for i in 0..b.samples {
-            let run = RunTask { task_definition: "start".into(), count: 1, pool: "bench".into() };
+            let run = RunTask {
+                task_definition: "start".into(),
+                count: 1,
+                pool: "bench".into(),
+                client_token: None,
+            };
             let t = fleet.admin.run_task(&run).await?.tasks.remove(0);
             let accepted = now();
             let id = t.id.to_string();

@@ -1,0 +1,334 @@
+//! Client tokens: `task run`, `service create` and `service update` accept one (`clientToken`,
+//! as ECS's RunTask and CreateService do), so that a client that does not know whether its
+//! call went through (a timeout, a lost connection, a server that failed over) can send it
+//! again and get the first call's answer instead of a second change.
+//!
+//! A token is scoped to its caller (the token id or `admin`) and route. The first call with it
+//! stores a record in the same store commit as its change (the audit entry's way, see
+//! [`Cluster::commit`]): the request's SHA-256 and how to answer it again (the tag its tasks
+//! were started with, or the service's name). A retry with the same request gets the answer
+//! built from the current state (the tasks as they are now; the service as it is now); the same
+//! token with another request is refused (409). A call that fails commits nothing, its token
+//! included, so its retry runs afresh.
+//!
+//! Records are kept for [`CLIENT_TOKEN_TTL_MS`], at most [`MAX_CLIENT_TOKENS`]: the oldest go
+//! first, deleted in the commits of new ones (at most [`PRUNE_PER_COMMIT`] each, so that a
+//! commit stays small).
+
+use super::*;
+use std::collections::VecDeque;
+
+/// Store kind of the client token records, keyed by the SHA-256 of caller, route and token.
+pub(super) const CLIENT_TOKEN: &str = "client-token";
+/// How long a client token is remembered.
+pub const CLIENT_TOKEN_TTL_MS: u64 = 24 * 3600 * 1000;
+/// The most client tokens remembered.
+pub const MAX_CLIENT_TOKENS: usize = 100_000;
+/// The longest client token (ECS allows 64 characters for RunTask).
+pub const MAX_CLIENT_TOKEN_LEN: usize = 64;
+/// The most old records one commit deletes.
+const PRUNE_PER_COMMIT: usize = 16;
+
+/// How a call with a client token is answered again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub(super) enum Replay {
+    /// The tasks started with this `startedBy` tag.
+    Tasks { started_by: String },
+    /// The service of this name.
+    Service { name: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ClientTokenRecord {
+    request_sha256: String,
+    replay: Replay,
+    created_at_ms: u64,
+}
+
+/// The records, oldest first, and the one the call being served will commit.
+#[derive(Debug, Default)]
+pub(super) struct ClientTokens {
+    by_key: HashMap<String, ClientTokenRecord>,
+    order: VecDeque<(u64, String)>,
+    pending: Option<(String, ClientTokenRecord)>,
+    /// The oldest keys the pending record's commit deletes.
+    pruning: Vec<String>,
+}
+
+/// What to do with a call that carries a client token.
+pub(super) enum Claim {
+    /// A first call: go on; its first commit stores the token.
+    First,
+    /// A retry of an earlier call: answer it as this says.
+    Retry(Replay),
+}
+
+fn check_token(token: &str) -> Result<(), ApiError> {
+    if token.is_empty() || token.len() > MAX_CLIENT_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::invalid(
+            "clientToken",
+            format!("must be 1 to {MAX_CLIENT_TOKEN_LEN} printable ASCII characters, without spaces"),
+        ));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    pub(super) fn load_client_tokens(&mut self) -> Result<(), ApiError> {
+        let mut all = Vec::new();
+        for r in self.store.list(CLIENT_TOKEN)? {
+            let rec: ClientTokenRecord = decode(&r)?;
+            all.push((r.key.clone(), rec));
+        }
+        all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
+        for (key, rec) in all {
+            self.client_tokens.order.push_back((rec.created_at_ms, key.clone()));
+            self.client_tokens.by_key.insert(key, rec);
+        }
+        Ok(())
+    }
+
+    /// Claims `token` for a call by `actor` on `route` with `request`, which is answered again
+    /// as `replay` says if it is retried. A retry with another request is refused.
+    pub(super) fn claim_client_token(
+        &mut self,
+        actor: &str,
+        route: &str,
+        token: &str,
+        request: &impl Serialize,
+        replay: Replay,
+    ) -> Result<Claim, ApiError> {
+        check_token(token)?;
+        let key = crate::auth::digest(&format!("{actor}\n{route}\n{token}"));
+        let body =
+            serde_json::to_vec(request).map_err(|e| ApiError::Internal(format!("encode a request: {e}")))?;
+        let request_sha256 = crate::auth::digest(&format!("{route}\n{}", String::from_utf8_lossy(&body)));
+        let now = self.now();
+        if let Some(rec) = self.client_tokens.by_key.get(&key) {
+            if now.saturating_sub(rec.created_at_ms) < CLIENT_TOKEN_TTL_MS {
+                if rec.request_sha256 != request_sha256 {
+                    return Err(ApiError::Conflict(format!(
+                        "client token {token:?} was used with another request (within the last {} h): a \
+                         client token names one request; use a new one for a new request",
+                        CLIENT_TOKEN_TTL_MS / 3_600_000
+                    )));
+                }
+                return Ok(Claim::Retry(rec.replay.clone()));
+            }
+        }
+        self.client_tokens.pending =
+            Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
+        Ok(Claim::First)
+    }
+
+    /// The call is over: a token it did not commit is forgotten.
+    pub(super) fn release_client_token(&mut self) {
+        self.client_tokens.pending = None;
+        self.client_tokens.pruning.clear();
+    }
+
+    /// The ops that store the pending token, and delete the oldest records when they are past
+    /// their time or too many.
+    pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, ApiError> {
+        let Some((key, rec)) = &self.client_tokens.pending else { return Ok(Vec::new()) };
+        let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
+        let now = self.now();
+        let tokens = &self.client_tokens;
+        let over = (tokens.by_key.len() + 1).saturating_sub(MAX_CLIENT_TOKENS);
+        let pruning: Vec<String> = tokens
+            .order
+            .iter()
+            .enumerate()
+            .take_while(|(i, (at, _))| *i < over || now.saturating_sub(*at) >= CLIENT_TOKEN_TTL_MS)
+            .take(PRUNE_PER_COMMIT.max(over))
+            .map(|(_, (_, k))| k.clone())
+            .collect();
+        // The pending key itself may be among them (claimed again past its time): it is
+        // written, not deleted.
+        ops.extend(
+            pruning.iter().filter(|k| *k != key).map(|k| Op::delete(CLIENT_TOKEN, k, Precondition::Any)),
+        );
+        self.client_tokens.pruning = pruning;
+        Ok(ops)
+    }
+
+    /// [`Cluster::client_token_ops`] are committed.
+    pub(super) fn client_token_written(&mut self) {
+        let Some((key, rec)) = self.client_tokens.pending.take() else { return };
+        let tokens = &mut self.client_tokens;
+        // The pruned keys are the queue's first ones.
+        for k in std::mem::take(&mut tokens.pruning) {
+            tokens.order.pop_front();
+            if k != key {
+                tokens.by_key.remove(&k);
+            }
+        }
+        // A key past its time claimed again, beyond this commit's pruning: its old place goes
+        // (rare, so the scan is fine).
+        if tokens.by_key.contains_key(&key) && tokens.order.iter().any(|(_, k)| *k == key) {
+            tokens.order.retain(|(_, k)| *k != key);
+        }
+        tokens.order.push_back((rec.created_at_ms, key.clone()));
+        tokens.by_key.insert(key, rec);
+    }
+
+    pub fn client_token_count(&self) -> usize {
+        self.client_tokens.by_key.len()
+    }
+
+    /// `task run` with its client token, if any, for `actor`.
+    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, ApiError> {
+        let Some(token) = req.client_token.take() else { return self.run_tasks(req) };
+        let started_by = format!("run:{:016x}", crate::auth::random_u64()?);
+        let replay = Replay::Tasks { started_by: started_by.clone() };
+        let out = match self.claim_client_token(actor, "POST /v1/tasks", &token, &req, replay) {
+            Ok(Claim::Retry(Replay::Tasks { started_by })) => Ok(self.tasks_started_by(&started_by)),
+            Ok(Claim::Retry(Replay::Service { .. })) => {
+                Err(ApiError::Internal("a task run's client token names a service".into()))
+            }
+            Ok(Claim::First) => self.run_tasks_started_by(req, started_by),
+            Err(e) => Err(e),
+        };
+        self.release_client_token();
+        out
+    }
+
+    /// `service create` with its client token, if any, for `actor`.
+    pub fn create_service_as(
+        &mut self,
+        mut req: CreateService,
+        actor: &str,
+    ) -> Result<ServiceView, ApiError> {
+        let Some(token) = req.client_token.take() else { return self.create_service(req) };
+        let replay = Replay::Service { name: req.name.clone() };
+        let out = match self.claim_client_token(actor, "POST /v1/services", &token, &req, replay) {
+            Ok(Claim::Retry(Replay::Service { name })) => self.service(&name),
+            Ok(Claim::Retry(Replay::Tasks { .. })) => {
+                Err(ApiError::Internal("a service's client token names tasks".into()))
+            }
+            Ok(Claim::First) => self.create_service(req),
+            Err(e) => Err(e),
+        };
+        self.release_client_token();
+        out
+    }
+
+    /// `service update` with its client token, if any, for `actor`.
+    pub fn update_service_as(
+        &mut self,
+        name: &str,
+        mut req: UpdateService,
+        actor: &str,
+    ) -> Result<ServiceView, ApiError> {
+        let Some(token) = req.client_token.take() else { return self.update_service(name, req) };
+        let replay = Replay::Service { name: name.to_string() };
+        let route = format!("PATCH /v1/services/{name}");
+        let out = match self.claim_client_token(actor, &route, &token, &req, replay) {
+            Ok(Claim::Retry(Replay::Service { name })) => self.service(&name),
+            Ok(Claim::Retry(Replay::Tasks { .. })) => {
+                Err(ApiError::Internal("a service's client token names tasks".into()))
+            }
+            Ok(Claim::First) => self.update_service(name, req),
+            Err(e) => Err(e),
+        };
+        self.release_client_token();
+        out
+    }
+
+    /// The tasks started with `started_by`, as a task run's answer, in the order they were made.
+    fn tasks_started_by(&self, started_by: &str) -> RunOutcome {
+        let mut found: Vec<&TaskEntry> =
+            self.tasks.values().filter(|e| e.task.started_by == started_by).collect();
+        found.sort_by_key(|e| e.seq);
+        let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
+        let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
+        RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_core::clock::ManualClock;
+    use std::time::Duration;
+
+    fn cluster() -> (Cluster, Arc<dyn mpsfleet_store::Store>, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
+        c.create_pool(CreatePool { name: "gpu".into(), ..Default::default() }).unwrap();
+        let td = br#"{"family": "t", "containerDefinitions": [{"name": "c", "image": "x", "command": ["sleep", "1"]}]}"#;
+        c.register_taskdef(td).unwrap();
+        (c, store, clock)
+    }
+
+    fn run(count: u32, token: &str) -> RunTask {
+        RunTask { task_definition: "t".into(), count, pool: "gpu".into(), client_token: Some(token.into()) }
+    }
+
+    fn ids(out: &RunOutcome) -> Vec<String> {
+        out.tasks.iter().map(|t| t.id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_retry_gets_the_first_answer_and_another_request_with_the_token_is_refused() {
+        let (mut c, store, clock) = cluster();
+        let first = c.run_tasks_as(run(2, "abc"), "admin").unwrap();
+        let again = c.run_tasks_as(run(2, "abc"), "admin").unwrap();
+        assert_eq!(ids(&first), ids(&again));
+        assert_eq!(c.tasks(&TaskFilter { limit: 100, ..Default::default() }).len(), 2);
+        let e = c.run_tasks_as(run(3, "abc"), "admin").unwrap_err();
+        assert!(matches!(e, ApiError::Conflict(_)), "{e}");
+        // Another caller's token of the same name is its own.
+        let theirs = c.run_tasks_as(run(2, "abc"), "token:tok-1").unwrap();
+        assert_ne!(ids(&theirs), ids(&first));
+        // A call that fails commits nothing, its token included.
+        let bad = RunTask { task_definition: "nope".into(), ..run(1, "later") };
+        assert!(c.run_tasks_as(bad, "admin").is_err());
+        assert_eq!(c.run_tasks_as(run(1, "later"), "admin").unwrap().tasks.len(), 1);
+        // Kept across a restart, and forgotten after its time, in the commit of a new one.
+        let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
+        assert_eq!(ids(&c.run_tasks_as(run(2, "abc"), "admin").unwrap()), ids(&first));
+        assert_eq!(c.client_token_count(), 3);
+        clock.advance(Duration::from_millis(CLIENT_TOKEN_TTL_MS));
+        let fresh = c.run_tasks_as(run(2, "abc"), "admin").unwrap();
+        assert_ne!(ids(&fresh), ids(&first), "past its time, the token is new again");
+        assert_eq!(c.client_token_count(), 1, "the expired ones went with the new one's commit");
+        assert_eq!(store.list(CLIENT_TOKEN).unwrap().len(), 1);
+        // What a token may be.
+        for bad in ["", "has space", &"x".repeat(MAX_CLIENT_TOKEN_LEN + 1)] {
+            let e = c.run_tasks_as(run(1, bad), "admin").unwrap_err();
+            assert!(matches!(&e, ApiError::InvalidParameter { field, .. } if field == "clientToken"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_service_created_twice_with_one_token_is_created_once() {
+        let (mut c, _store, _clock) = cluster();
+        let req = |desired| CreateService {
+            name: "web".into(),
+            pool: "gpu".into(),
+            task_definition: "t".into(),
+            desired_count: desired,
+            resumption: None,
+            client_token: Some("svc-1".into()),
+        };
+        let first = c.create_service_as(req(0), "admin").unwrap();
+        assert_eq!(c.create_service_as(req(0), "admin").unwrap(), first);
+        assert!(matches!(c.create_service_as(req(1), "admin").unwrap_err(), ApiError::Conflict(_)));
+        let without = CreateService { client_token: None, ..req(0) };
+        assert!(matches!(c.create_service_as(without, "admin").unwrap_err(), ApiError::AlreadyExists { .. }));
+        let update = |d| UpdateService {
+            desired_count: Some(d),
+            task_definition: None,
+            client_token: Some("u-1".into()),
+        };
+        assert_eq!(c.update_service_as("web", update(2), "admin").unwrap().service.desired_count, 2);
+        c.update_service("web", UpdateService { desired_count: Some(5), ..Default::default() }).unwrap();
+        // The retry answers the service as it is now, and changes nothing.
+        assert_eq!(c.update_service_as("web", update(2), "admin").unwrap().service.desired_count, 5);
+    }
+}
