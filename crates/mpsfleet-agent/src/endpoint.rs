@@ -15,12 +15,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 
 /// The longest a TLS handshake may take; a client that does not finish it is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most handshakes under way at once.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most handshakes under way at once; a connection past it is closed at once.
 const MAX_HANDSHAKES: usize = 64;
+/// The most handshakes under way from one address: one client that opens connections and
+/// never finishes them cannot take every slot (the server's own calls come from elsewhere).
+const MAX_HANDSHAKES_PER_PEER: usize = 4;
 
 /// The certificate and key the endpoint serves.
 pub struct EndpointCert {
@@ -55,12 +58,44 @@ impl EndpointCert {
 }
 
 /// Connections of `listener` once their TLS handshake is done, for `axum::serve`. Handshakes
-/// run side by side (a slow one holds up no other), at most [`MAX_HANDSHAKES`] at once, each
-/// within [`HANDSHAKE_TIMEOUT`].
+/// run side by side (a slow one holds up no other), each within [`HANDSHAKE_TIMEOUT`]; a
+/// connection is closed at once when [`MAX_HANDSHAKES`] are under way, or
+/// [`MAX_HANDSHAKES_PER_PEER`] from its address.
 pub struct TlsListener {
     ready: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
     addr: SocketAddr,
     accepting: tokio::task::JoinHandle<()>,
+}
+
+/// Handshakes under way, by peer address.
+#[derive(Default)]
+struct InFlight(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl InFlight {
+    /// Counts one more from `ip`, unless that is past a limit.
+    fn enter(&self, ip: std::net::IpAddr) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = m.values().sum();
+        let mine = m.entry(ip).or_default();
+        if total >= MAX_HANDSHAKES || *mine >= MAX_HANDSHAKES_PER_PEER {
+            if *mine == 0 {
+                m.remove(&ip);
+            }
+            return false;
+        }
+        *mine += 1;
+        true
+    }
+
+    fn leave(&self, ip: std::net::IpAddr) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&ip);
+            }
+        }
+    }
 }
 
 impl TlsListener {
@@ -68,10 +103,9 @@ impl TlsListener {
         let addr = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);
         let acceptor = cert.acceptor.clone();
-        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let in_flight = Arc::new(InFlight::default());
         let accepting = tokio::spawn(async move {
             loop {
-                let Ok(permit) = slots.clone().acquire_owned().await else { return };
                 let (io, peer) = match listener.accept().await {
                     Ok(a) => a,
                     Err(e) => {
@@ -80,10 +114,15 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                if !in_flight.enter(peer.ip()) {
+                    tracing::debug!(%peer, "logs endpoint: too many handshakes under way; closed");
+                    continue;
+                }
+                let (acceptor, tx, in_flight) = (acceptor.clone(), tx.clone(), in_flight.clone());
                 tokio::spawn(async move {
-                    let _permit = permit;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+                    let done = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
+                    in_flight.leave(peer.ip());
+                    match done {
                         Ok(Ok(stream)) => {
                             let _ = tx.send((stream, peer)).await;
                         }
@@ -119,5 +158,29 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
         Ok(self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_cannot_take_every_handshake_slot() {
+        let f = InFlight::default();
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..MAX_HANDSHAKES_PER_PEER {
+            assert!(f.enter(a));
+        }
+        assert!(!f.enter(a), "past its own limit");
+        assert!(f.enter(b), "another address still gets in");
+        f.leave(a);
+        assert!(f.enter(a));
+        for i in 0..MAX_HANDSHAKES as u32 {
+            f.enter(std::net::IpAddr::from(i.to_be_bytes()));
+        }
+        assert!(!f.enter("10.0.0.3".parse().unwrap()), "past the total");
+        assert!(f.0.lock().unwrap().values().sum::<usize>() <= MAX_HANDSHAKES);
     }
 }

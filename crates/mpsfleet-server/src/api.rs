@@ -666,9 +666,11 @@ async fn rotate_certificate(
 
 // ---- tokens -----------------------------------------------------------------------------
 
-/// Replaces the bootstrap admin token. The new one is written to `admin.token.new` in the data
-/// dir before it is committed and renamed to `admin.token` after, so that a crash in between
-/// leaves it where the operator finds it.
+/// Replaces the bootstrap admin token. Under the cluster lock, so that rotations go one at a
+/// time: the new one is written to `admin.token.new` in the data dir, committed, then renamed
+/// to `admin.token`; a failed commit removes it. A crash in between leaves `admin.token.new`,
+/// which the next start moves into place if it is the committed token and removes if not
+/// ([`crate::settle_admin_token`]).
 #[utoipa::path(
     post,
     path = "/v1/admin-token/rotate",
@@ -681,22 +683,27 @@ async fn rotate_admin_token(
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::RotatedAdminToken>, ApiError> {
     let file = st.admin_token_file.clone();
-    let staged = file.as_ref().map(|f| f.with_extension("token.new"));
-    let (keep_at, done_at) = (staged.clone(), staged.clone());
     let rotated = st
         .call(&headers, admin, move |c, _| {
-            c.rotate_admin_token(|token| match &keep_at {
-                Some(path) => crate::auth::write_secret(path, token)
-                    .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", path.display()))),
-                None => Ok(()),
-            })
+            let token = auth::new_token("mpsf_adm_")?;
+            let Some(file) = &file else { return c.rotate_admin_token(token) };
+            let staged = crate::staged_admin_token(file);
+            crate::auth::write_secret(&staged, &token)
+                .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", staged.display())))?;
+            let rotated = c.rotate_admin_token(token);
+            match &rotated {
+                Ok(_) => {
+                    if let Err(e) = std::fs::rename(&staged, file) {
+                        tracing::error!(path = %staged.display(), error = %e, "the new admin token is committed but cannot be renamed to admin.token: it is in this file");
+                    }
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(&staged);
+                }
+            }
+            rotated
         })
         .await?;
-    if let (Some(staged), Some(file)) = (done_at, file) {
-        if let Err(e) = std::fs::rename(&staged, &file) {
-            tracing::error!(path = %staged.display(), error = %e, "the new admin token is committed but cannot be renamed to admin.token: it is in this file");
-        }
-    }
     Ok(Json(rotated))
 }
 
@@ -1408,7 +1415,7 @@ async fn task_logs(
         Err(why) => {
             (ApiError::Conflict(format!("{why}, and its agent reported no output of it")), Some(why.clone()))
         }
-        Ok(agent) => match fetch_agent_logs(&st.http, agent, &plan.task_id, &q).await {
+        Ok(agent) => match fetch_agent_logs(&st.http, st.tls.is_some(), agent, &plan.task_id, &q).await {
             Ok(answer) => {
                 let (text, lines) = match answer.body {
                     AgentLogsBody::Text(t) => (Some(t), None),
@@ -1511,6 +1518,7 @@ enum AgentLogsBody {
 /// The tail of one stream, or both, of a task's container, from its agent.
 async fn fetch_agent_logs(
     plain: &reqwest::Client,
+    serves_https: bool,
     agent: &crate::cluster::AgentEndpoint,
     task: &TaskId,
     q: &LogsQuery,
@@ -1522,6 +1530,14 @@ async fn fetch_agent_logs(
     // An https:// endpoint is trusted by the certificate its agent reported, and no other.
     let pinned;
     let http = match (url.starts_with("https://"), agent.cert_sha256.as_deref()) {
+        // An HTTPS server sends no agent token in the clear: the agent is older than HTTPS
+        // logs endpoints, or misconfigured.
+        (false, _) if serves_https => {
+            return Err(unreachable(
+                &"the agent serves logs over plain HTTP, which an HTTPS server does not call (the agent \
+                  token would cross the network in the clear): upgrade the agent",
+            ))
+        }
         (false, _) => plain,
         (true, None) => return Err(unreachable(&"the agent reported no certificate for it")),
         (true, Some(hash)) => {

@@ -302,14 +302,14 @@ async fn scoped(
             let Some(id) = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v.to_string()) else {
                 return Ok(());
             };
-            let cluster = st.cluster.clone();
-            let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &id))
+            let (cluster, looked_up) = (st.cluster.clone(), id.clone());
+            let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &looked_up))
                 .await
                 .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))?;
+            // Another pool's object is answered as one that does not exist: a scoped token
+            // learns nothing of what other pools hold.
             match pool {
-                Some(p) if !who.sees_pool(&p) => {
-                    Err(crate::scope::outside(who, &format!("this {} (in pool {p})", kind.noun())))
-                }
+                Some(p) if !who.sees_pool(&p) => Err(ApiError::not_found(kind.noun(), id)),
                 _ => Ok(()),
             }
         }

@@ -99,7 +99,28 @@ pub fn open_with(
         Ok(())
     })?;
     cluster.set_server_key(key);
+    settle_admin_token(data_dir, &cluster)?;
     Ok(Opened { cluster, first_start, ca })
+}
+
+/// Where a rotated admin token is written before it is committed.
+pub(crate) fn staged_admin_token(admin_token_file: &Path) -> std::path::PathBuf {
+    admin_token_file.with_extension("token.new")
+}
+
+/// Finishes an admin token rotation a crash interrupted: `admin.token.new` becomes
+/// `admin.token` if it holds the committed token, and is removed if it does not.
+pub fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), ApiError> {
+    let file = data_dir.join(ADMIN_TOKEN_FILE);
+    let staged = staged_admin_token(&file);
+    let Ok(token) = std::fs::read_to_string(&staged) else { return Ok(()) };
+    let unavailable = |e: std::io::Error| ApiError::StoreUnavailable(format!("{}: {e}", staged.display()));
+    if cluster.admin_digest().is(&auth::digest(token.trim())) {
+        tracing::warn!(path = %file.display(), "finishing an admin token rotation a crash interrupted");
+        std::fs::rename(&staged, &file).map_err(unavailable)
+    } else {
+        std::fs::remove_file(&staged).map_err(unavailable)
+    }
 }
 
 /// Writes `text` to `path` (0644) through a temporary file, so a reader never sees half of it.

@@ -2,8 +2,8 @@
 //! before its handler runs, and closed unless a route is named here.
 //!
 //! - Routes about one object (a pool, host, task, service or incident named in the path): open
-//!   when the object is in the token's pool. One that does not exist goes on to its handler,
-//!   which answers 404.
+//!   when the object is in the token's pool; one of another pool is answered 404, as one that
+//!   does not exist is (by its handler), so that the token learns nothing of other pools.
 //! - `POST /v1/tasks` and `POST /v1/services`: open when the body's `pool` is the token's.
 //! - The lists (`GET /v1/pools`, `/v1/hosts`, `/v1/tasks`, `/v1/services`, `/v1/incidents`):
 //!   open; their handlers keep only the token's pool ([`Principal::sees_pool`]).

@@ -485,8 +485,8 @@ impl ServerTls {
     }
 
     /// Rotates the certificate if less than [`CERT_RENEW_BEFORE`] of it is left, or if it
-    /// was issued under a CA that is no longer the active one (another server activated a
-    /// new CA).
+    /// was issued under a CA that is no longer the active one (an activation whose reissue
+    /// failed).
     pub fn renew_if_due(&self, now_ms: u64) -> Result<Option<ServerCertificate>, ApiError> {
         let current = self.certificate();
         if current.not_after_ms.saturating_sub(now_ms) > ms(CERT_RENEW_BEFORE)
@@ -539,7 +539,11 @@ impl ServerTls {
         ])?;
         let cas = CaSet { active: next, next: None };
         self.set_cas(cas.clone());
-        self.rotate(now_ms)?;
+        // Committed: a certificate that cannot be issued now is issued by the next renewal
+        // check, which sees it is under the old CA.
+        if let Err(e) = self.rotate(now_ms) {
+            tracing::error!(error = %e, "cannot issue a certificate under the new CA yet; retrying with the next renewal check");
+        }
         tracing::info!(active = %cas.active.hash(), "CA rotation done: certificates are issued under the new CA");
         Ok(cas)
     }

@@ -34,9 +34,12 @@ struct Fake {
     port: u16,
     hits: Arc<AtomicUsize>,
     written: Arc<AtomicU64>,
+    /// The hash of the certificate it serves (none over plain HTTP).
+    cert: Option<String>,
 }
 
-async fn listen(addr: &str, answer: Answer) -> Fake {
+/// A fake agent over plain HTTP, as agents before HTTPS endpoints were.
+async fn listen_plain(addr: &str, answer: Answer) -> Fake {
     let listener = TcpListener::bind(addr).await.unwrap_or_else(|e| panic!("bind {addr}: {e}"));
     let port = listener.local_addr().unwrap().port();
     let hits = Arc::new(AtomicUsize::new(0));
@@ -47,15 +50,15 @@ async fn listen(addr: &str, answer: Answer) -> Fake {
             tokio::spawn(serve_one(conn, h.clone(), w.clone(), answer.clone()));
         }
     });
-    Fake { port, hits, written }
+    Fake { port, hits, written, cert: None }
 }
 
-/// A fake agent's HTTPS listener on 127.0.0.1, with a certificate of its own as the real
-/// agent's endpoint has; and that certificate's hash.
-async fn listen_tls(answer: Answer) -> (Fake, String) {
+/// A fake agent's HTTPS listener at `addr`, with a certificate of its own as the real agent's
+/// endpoint has.
+async fn listen(addr: &str, answer: Answer) -> Fake {
     use axum::serve::Listener as _;
     let cert = mpsfleet_agent::endpoint::EndpointCert::generate().unwrap();
-    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = TcpListener::bind(addr).await.unwrap_or_else(|e| panic!("bind {addr}: {e}"));
     let port = tcp.local_addr().unwrap().port();
     let mut tls = mpsfleet_agent::endpoint::TlsListener::new(tcp, &cert).unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
@@ -67,7 +70,7 @@ async fn listen_tls(answer: Answer) -> (Fake, String) {
             tokio::spawn(serve_one(conn, h.clone(), w.clone(), answer.clone()));
         }
     });
-    (Fake { port, hits, written }, cert.sha256)
+    Fake { port, hits, written, cert: Some(cert.sha256) }
 }
 
 /// Reads one request's head from `conn` and answers it as `answer` says.
@@ -187,22 +190,25 @@ async fn logs_are_fetched_from_the_heartbeat_address_at_the_reported_port_only()
     let victim = listen(&format!("127.0.0.2:{}", peer.port), Answer::Text("from-the-victim\n")).await;
     let other_port = listen("127.0.0.2:0", Answer::Text("from-the-victim\n")).await;
 
-    report_logs_url(&agent, &format!("http://127.0.0.2:{}", peer.port)).await.unwrap();
+    report_endpoint(&agent, &format!("https://127.0.0.2:{}", peer.port), peer.cert.as_deref()).await.unwrap();
     let logs = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.source, LogsSource::Agent, "{logs:?}");
     assert_eq!(logs.output(), "from-the-peer\n");
     assert_eq!(peer.hits.load(Ordering::SeqCst), 1);
     assert_eq!(victim.hits.load(Ordering::SeqCst), 0, "the server called the host the agent named");
     let hosts = admin.list_hosts(None).await.unwrap();
-    assert_eq!(hosts[0].logs_url.as_deref(), Some(format!("http://127.0.0.1:{}", peer.port).as_str()));
+    assert_eq!(hosts[0].logs_url.as_deref(), Some(format!("https://127.0.0.1:{}", peer.port).as_str()));
 
     // A metadata address is no different: only its port counts.
-    report_logs_url(&agent, &format!("http://169.254.169.254:{}", peer.port)).await.unwrap();
+    report_endpoint(&agent, &format!("https://169.254.169.254:{}", peer.port), peer.cert.as_deref())
+        .await
+        .unwrap();
     let logs = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.output(), "from-the-peer\n");
     assert_eq!(peer.hits.load(Ordering::SeqCst), 2);
 
-    // A URL that is not http://HOST:PORT is refused and the last good address stays.
+    // A URL that is not https://HOST:PORT (or http://) is refused and the last good address
+    // stays.
     for bad in [
         "ftp://127.0.0.1:443",
         "http://127.0.0.1",
@@ -220,11 +226,20 @@ async fn logs_are_fetched_from_the_heartbeat_address_at_the_reported_port_only()
             "{bad}: {e}"
         );
     }
-    report_logs_url(&agent, &format!("http://[::1]:{}", peer.port)).await.unwrap();
+    report_endpoint(&agent, &format!("https://[::1]:{}", peer.port), peer.cert.as_deref()).await.unwrap();
     let logs = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap();
     assert_eq!(logs.output(), "from-the-peer\n");
     assert_eq!(peer.hits.load(Ordering::SeqCst), 3);
     assert_eq!(victim.hits.load(Ordering::SeqCst) + other_port.hits.load(Ordering::SeqCst), 0);
+
+    // An agent that serves plain HTTP (one older than HTTPS endpoints) keeps heartbeating, but
+    // an HTTPS server sends it no token: the agent token would cross the network in the clear.
+    let plain = listen_plain("127.0.0.1:0", Answer::Text("in-the-clear\n")).await;
+    report_logs_url(&agent, &format!("http://127.0.0.1:{}", plain.port)).await.unwrap();
+    let e = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap_err();
+    assert_eq!(code_of(&e).0, 502, "{e}");
+    assert!(e.to_string().contains("plain HTTP"), "{e}");
+    assert_eq!(plain.hits.load(Ordering::SeqCst), 0, "a request went out in the clear");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +248,8 @@ async fn an_https_endpoint_is_trusted_by_the_certificate_its_agent_reported_and_
     let server = Server::start(dir.path());
     let admin = server.admin();
     let (agent, task) = one_running_task(&server).await;
-    let (endpoint, hash) = listen_tls(Answer::Text("over-tls\n")).await;
+    let endpoint = listen("127.0.0.1:0", Answer::Text("over-tls\n")).await;
+    let hash = endpoint.cert.clone().unwrap();
     let url = format!("https://127.0.0.1:{}", endpoint.port);
 
     report_endpoint(&agent, &url, Some(&hash)).await.unwrap();
@@ -282,7 +298,9 @@ async fn an_agent_redirect_is_not_followed() {
         Answer::Redirect(format!("http://127.0.0.1:{}/latest/meta-data/", victim.port)),
     )
     .await;
-    report_logs_url(&agent, &format!("http://0.0.0.0:{}", redirecting.port)).await.unwrap();
+    report_endpoint(&agent, &format!("https://0.0.0.0:{}", redirecting.port), redirecting.cert.as_deref())
+        .await
+        .unwrap();
 
     let e = admin.task_logs(&task, None, LogStreams::Stdout, 4096, None).await.unwrap_err();
     let (status, code, _) = code_of(&e);
@@ -301,7 +319,9 @@ async fn an_answer_past_the_limit_is_not_read_to_its_end() {
     let (agent, task) = one_running_task(&server).await;
     const OFFERED: u64 = 1536 << 20;
     let endless = listen("127.0.0.1:0", Answer::Endless { bytes: OFFERED }).await;
-    report_logs_url(&agent, &format!("http://127.0.0.1:{}", endless.port)).await.unwrap();
+    report_endpoint(&agent, &format!("https://127.0.0.1:{}", endless.port), endless.cert.as_deref())
+        .await
+        .unwrap();
     let pid = server.child.id();
     let before = vm_rss_kib(pid);
 

@@ -278,12 +278,12 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
 
         // One object: its pool's, or refused.
         op.describe_host(&hosts[0]).await.unwrap();
-        forbidden(op.describe_host(&hosts[1]).await, "host of b");
+        hidden(op.describe_host(&hosts[1]).await, "host of b");
         op.cordon_host(&hosts[0], true).await.unwrap();
-        forbidden(op.cordon_host(&hosts[1], true).await, "cordon in b");
+        hidden(op.cordon_host(&hosts[1], true).await, "cordon in b");
         assert!(!admin.describe_host(&hosts[1]).await.unwrap().cordoned, "refused, yet changed");
-        forbidden(op.stop_task(&tasks[1], None).await, "stop in b");
-        forbidden(op.describe_pool("b").await, "pool b");
+        hidden(op.stop_task(&tasks[1], None).await, "stop in b");
+        hidden(op.describe_pool("b").await, "pool b");
         let missing = op.describe_host("h-nope").await.unwrap_err();
         assert_eq!(missing.code(), Some("NotFound"), "{missing}");
 
@@ -327,6 +327,14 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
 fn forbidden<T>(r: Result<T, mpsfleet_client::ClientError>, what: &str) {
     match r {
         Err(e) => assert_eq!(e.code(), Some("Forbidden"), "{what}: {e}"),
+        Ok(_) => panic!("{what}: allowed"),
+    }
+}
+
+/// Asserts `r` was answered as if its object did not exist: it is another pool's.
+fn hidden<T>(r: Result<T, mpsfleet_client::ClientError>, what: &str) {
+    match r {
+        Err(e) => assert_eq!(e.code(), Some("NotFound"), "{what}: {e}"),
         Ok(_) => panic!("{what}: allowed"),
     }
 }

@@ -35,8 +35,9 @@ const PRUNE_PER_COMMIT: usize = 16;
 pub(super) enum Replay {
     /// The tasks started with this `startedBy` tag.
     Tasks { started_by: String },
-    /// The service of this name.
-    Service { name: String },
+    /// The service of this name, in this pool (one of the name made since in another pool is
+    /// not the one the token's call was about).
+    Service { name: String, pool: String },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -203,9 +204,9 @@ impl Cluster {
         actor: &str,
     ) -> Result<ServiceView, ApiError> {
         let Some(token) = req.client_token.take() else { return self.create_service(req) };
-        let replay = Replay::Service { name: req.name.clone() };
+        let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
         let out = match self.claim_client_token(actor, "POST /v1/services", &token, &req, replay) {
-            Ok(Claim::Retry(Replay::Service { name })) => self.service(&name),
+            Ok(Claim::Retry(Replay::Service { name, pool })) => self.replayed_service(&name, &pool, &token),
             Ok(Claim::Retry(Replay::Tasks { .. })) => {
                 Err(ApiError::Internal("a service's client token names tasks".into()))
             }
@@ -224,10 +225,11 @@ impl Cluster {
         actor: &str,
     ) -> Result<ServiceView, ApiError> {
         let Some(token) = req.client_token.take() else { return self.update_service(name, req) };
-        let replay = Replay::Service { name: name.to_string() };
+        let pool = self.service_record(name)?.value.pool.to_string();
+        let replay = Replay::Service { name: name.to_string(), pool };
         let route = format!("PATCH /v1/services/{name}");
         let out = match self.claim_client_token(actor, &route, &token, &req, replay) {
-            Ok(Claim::Retry(Replay::Service { name })) => self.service(&name),
+            Ok(Claim::Retry(Replay::Service { name, pool })) => self.replayed_service(&name, &pool, &token),
             Ok(Claim::Retry(Replay::Tasks { .. })) => {
                 Err(ApiError::Internal("a service's client token names tasks".into()))
             }
@@ -236,6 +238,18 @@ impl Cluster {
         };
         self.release_client_token();
         out
+    }
+
+    /// The service a client token's call was about, as it is now: refused when the name is
+    /// another pool's service now (the one the call made is gone).
+    fn replayed_service(&self, name: &str, pool: &str, token: &str) -> Result<ServiceView, ApiError> {
+        let view = self.service(name)?;
+        if view.service.pool.as_str() != pool {
+            return Err(ApiError::Conflict(format!(
+                "client token {token:?} answered for service {name} of pool {pool}, which is gone"
+            )));
+        }
+        Ok(view)
     }
 
     /// The tasks started with `started_by`, as a task run's answer, in the order they were made.

@@ -236,16 +236,13 @@ impl Cluster {
         self.admin.clone()
     }
 
-    /// Replaces the bootstrap admin token: the old one is refused from now on. `keep` is
-    /// given the new token before it is committed (to write it where the operator finds it);
-    /// it is in the answer only otherwise.
+    /// Replaces the bootstrap admin token with `token` (a new one, [`auth::new_token`]): the
+    /// old one is refused from now on.
     pub fn rotate_admin_token(
         &mut self,
-        keep: impl FnOnce(&str) -> Result<(), ApiError>,
+        token: String,
     ) -> Result<mpsfleet_types::access::RotatedAdminToken, ApiError> {
-        let token = auth::new_token("mpsf_adm_")?;
         let digest = auth::digest(&token);
-        keep(&token)?;
         self.commit(&[Op::put_json(
             super::AUTH,
             "admin",
