@@ -33,6 +33,10 @@ pub struct SubmitBench {
     memory_mib: u64,
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
+    /// Send each request with a client token of its own (`clientToken`), as a client that
+    /// retries would: what remembering them costs.
+    #[arg(long)]
+    client_tokens: bool,
 }
 
 pub fn submit(b: SubmitBench) -> Result<()> {
@@ -106,11 +110,13 @@ async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
     let rss_before = proc_vm_mib(&pid, "VmRSS:");
     let left = Arc::new(AtomicU64::new(b.tasks));
     let done = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..b.clients {
-        let (left, done, authority, token) =
-            (left.clone(), done.clone(), authority.clone(), server.admin_token.clone());
+        let (left, done, sent, authority, token) =
+            (left.clone(), done.clone(), sent.clone(), authority.clone(), server.admin_token.clone());
+        let client_tokens = b.client_tokens;
         let (addr, batch, total) = (server.addr.clone(), u64::from(b.batch), b.tasks);
         clients.spawn(async move {
             let mut conn = HttpConn::connect(addr).await?;
@@ -122,7 +128,14 @@ async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
                     Ok(l) if l > 0 => l.min(batch),
                     _ => return Ok::<_, anyhow::Error>(latencies),
                 };
-                let body = format!(r#"{{"taskDefinition":"bench","count":{n},"pool":"bench"}}"#);
+                let body = if client_tokens {
+                    let i = sent.fetch_add(1, Ordering::Relaxed);
+                    format!(
+                        r#"{{"taskDefinition":"bench","count":{n},"pool":"bench","clientToken":"bench-{i}"}}"#
+                    )
+                } else {
+                    format!(r#"{{"taskDefinition":"bench","count":{n},"pool":"bench"}}"#)
+                };
                 let req = HttpConn::request("POST", "/v1/tasks", &authority, &token, body.as_bytes());
                 let t = Instant::now();
                 let (status, answer) = conn.send(&req).await?;
