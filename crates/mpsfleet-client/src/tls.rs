@@ -74,6 +74,12 @@ pub fn ca_hash(pem: &[u8]) -> Result<String, String> {
     Ok(der_hash(&certs[0]))
 }
 
+/// Whether `hash` is `sha256:` and 64 hex digits, as [`der_hash`] writes them.
+pub fn is_sha256(hash: &str) -> bool {
+    let hex = hash.strip_prefix("sha256:").unwrap_or_default();
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// `sha256:<hex>` of a DER certificate.
 pub fn der_hash(der: &[u8]) -> String {
     let digest = Sha256::digest(der);
@@ -222,8 +228,7 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCert {
 /// A reqwest client builder for `https://` servers that trusts exactly the certificate whose
 /// hash is `sha256` (`sha256:<hex>`), and refuses plain `http://`.
 pub fn pinned_cert_builder(sha256: &str) -> Result<reqwest::ClientBuilder, String> {
-    let hex = sha256.strip_prefix("sha256:").unwrap_or_default();
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !is_sha256(sha256) {
         return Err(format!("a certificate hash is sha256: and 64 hex digits, got {sha256:?}"));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -519,6 +519,24 @@ fn ca_rotation(c: &Cluster, cas: &crate::tls::CaSet) -> mpsfleet_types::access::
     }
 }
 
+/// Runs one step of a CA rotation (admin) on the cluster, which commits it with its audit
+/// entry and from then on hands out the CAs it leaves; answers where the rotation stands.
+async fn ca_step(
+    st: &AppState,
+    headers: &HeaderMap,
+    step: impl FnOnce(&crate::tls::ServerTls, &mut Cluster) -> Result<crate::tls::CaSet, ApiError>
+        + Send
+        + 'static,
+) -> Result<mpsfleet_types::access::CaRotation, ApiError> {
+    let tls = serving_tls(st)?;
+    st.call(headers, admin, move |c, _| {
+        let cas = step(&tls, c)?;
+        c.set_cluster_cas(cas.hashes());
+        Ok(ca_rotation(c, &cas))
+    })
+    .await
+}
+
 #[utoipa::path(
     get,
     path = "/v1/cluster/ca/rotation",
@@ -549,7 +567,6 @@ async fn begin_ca_rotation(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<mpsfleet_types::access::CaRotation>), ApiError> {
-    let tls = serving_tls(&st)?;
     let req: mpsfleet_types::access::BeginCaRotation =
         if body.is_empty() { Default::default() } else { parse(&body)? };
     let given = match (req.ca_cert_pem, req.ca_key_pem) {
@@ -558,15 +575,11 @@ async fn begin_ca_rotation(
         (Some(_), None) => return Err(ApiError::invalid("caKeyPem", "is required with caCertPem")),
         (None, Some(_)) => return Err(ApiError::invalid("caCertPem", "is required with caKeyPem")),
     };
-    let out = st
-        .call(&headers, admin, move |c, _| {
-            let key = c.server_key().clone();
-            let cas =
-                tls.begin_ca_rotation(given.as_ref(), &key, c.now_ms(), &mut |ops| c.commit_ops(ops))?;
-            c.set_cluster_cas(cas.hashes());
-            Ok(ca_rotation(c, &cas))
-        })
-        .await?;
+    let out = ca_step(&st, &headers, move |tls, c| {
+        let key = c.server_key().clone();
+        tls.begin_ca_rotation(given.as_ref(), &key, c.now_ms(), &mut |ops| c.commit_ops(ops))
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(out)))
 }
 
@@ -584,29 +597,24 @@ async fn activate_ca(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
-    let tls = serving_tls(&st)?;
     let req: mpsfleet_types::access::ActivateCa =
         if body.is_empty() { Default::default() } else { parse(&body)? };
-    let out = st
-        .call(&headers, admin, move |c, _| {
-            let before = tls.cas();
-            if let (Some(next), false) = (&before.next, req.force) {
-                let behind = c.hosts_not_trusting(&next.hash());
-                if !behind.is_empty() {
-                    return Err(ApiError::Conflict(format!(
-                        "{} host(s) have not reported trusting the next CA yet ({}): their agents could \
-                         not reach the server once it is active. Wait for their heartbeats (an agent \
-                         fetches the CAs within a heartbeat), or give force to activate anyway",
-                        behind.len(),
-                        behind.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
-                    )));
-                }
+    let out = ca_step(&st, &headers, move |tls, c| {
+        if let (Some(next), false) = (&tls.cas().next, req.force) {
+            let behind = c.hosts_not_trusting(&next.hash());
+            if !behind.is_empty() {
+                return Err(ApiError::Conflict(format!(
+                    "{} host(s) have not reported trusting the next CA yet ({}): their agents could \
+                     not reach the server once it is active. Wait for their heartbeats (an agent \
+                     fetches the CAs within a heartbeat), or give force to activate anyway",
+                    behind.len(),
+                    behind.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                )));
             }
-            let cas = tls.activate_ca(c.now_ms(), &mut |ops| c.commit_ops(ops))?;
-            c.set_cluster_cas(cas.hashes());
-            Ok(ca_rotation(c, &cas))
-        })
-        .await?;
+        }
+        tls.activate_ca(c.now_ms(), &mut |ops| c.commit_ops(ops))
+    })
+    .await?;
     Ok(Json(out))
 }
 
@@ -621,14 +629,7 @@ async fn cancel_ca_rotation(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
-    let tls = serving_tls(&st)?;
-    let out = st
-        .call(&headers, admin, move |c, _| {
-            let cas = tls.cancel_ca_rotation(&mut |ops| c.commit_ops(ops))?;
-            c.set_cluster_cas(cas.hashes());
-            Ok(ca_rotation(c, &cas))
-        })
-        .await?;
+    let out = ca_step(&st, &headers, |tls, c| tls.cancel_ca_rotation(&mut |ops| c.commit_ops(ops))).await?;
     Ok(Json(out))
 }
 
@@ -670,7 +671,7 @@ async fn rotate_certificate(
 /// time: the new one is written to `admin.token.new` in the data dir, committed, then renamed
 /// to `admin.token`; a failed commit removes it. A crash in between leaves `admin.token.new`,
 /// which the next start moves into place if it is the committed token and removes if not
-/// ([`crate::settle_admin_token`]).
+/// (`settle_admin_token` in lib.rs).
 #[utoipa::path(
     post,
     path = "/v1/admin-token/rotate",
@@ -1952,12 +1953,6 @@ fn agent_logs_url(peer: IpAddr, reported: &str) -> Result<String, ApiError> {
 /// The most CA hashes a heartbeat may say its agent trusts.
 const MAX_TRUSTED_CAS: usize = 8;
 
-/// Whether `hash` is `sha256:` and 64 hex digits.
-fn is_sha256(hash: &str) -> bool {
-    let hex = hash.strip_prefix("sha256:").unwrap_or_default();
-    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// Checks the hashes a heartbeat carries: the CAs the agent trusts (at most
 /// [`MAX_TRUSTED_CAS`]), and its logs endpoint's certificate: an `https://` endpoint names the
 /// hash of its certificate, which the server pins; a plain one names none.
@@ -1968,7 +1963,7 @@ fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiError> {
             format!("holds at most {MAX_TRUSTED_CAS} hashes, got {}", report.trusted_ca_sha256.len()),
         ));
     }
-    if let Some(bad) = report.trusted_ca_sha256.iter().find(|h| !is_sha256(h)) {
+    if let Some(bad) = report.trusted_ca_sha256.iter().find(|h| !mpsfleet_client::tls::is_sha256(h)) {
         return Err(ApiError::invalid(
             "trustedCaSha256",
             format!(
@@ -1988,7 +1983,7 @@ fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiError> {
         }
         (None, Some(_)) => Err(ApiError::invalid(field, "goes with a logsUrl only")),
         (_, Some(hash)) => {
-            if is_sha256(hash) {
+            if mpsfleet_client::tls::is_sha256(hash) {
                 Ok(())
             } else {
                 Err(ApiError::invalid(field, format!("must be sha256: and 64 hex digits, got {hash:?}")))

@@ -181,7 +181,7 @@ pub struct Guard {
 /// read, and its body is read within the body read timeout and the route's limit. Requests
 /// without a body need a known token (but on [`PUBLIC_ROUTES`]) and go on to their handlers,
 /// which check its role.
-pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
+pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Response {
     let st = &g.state;
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
     if route == "/v1/healthz" {
@@ -200,17 +200,20 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         return resp;
     }
-    // A token scoped to one pool reaches that pool only (scope.rs).
-    let mut req = req;
-    let scope = match &who {
+    // A token scoped to one pool reaches that pool only (scope.rs): refused here, or (a body
+    // naming its pool) once the body is read.
+    let (scope_refusal, body_scope) = match &who {
         Ok((p, _)) if p.scope().is_some() => {
             let reach = crate::scope::reach(req.method(), &route);
-            Some((p.clone(), reach, scoped(st, p, reach, &mut req).await))
+            match scoped(st, p, reach, &mut req).await {
+                Err(e) => (Some(e), None),
+                Ok(()) => (None, (reach == crate::scope::Reach::BodyPool).then(|| p.clone())),
+            }
         }
-        _ => None,
+        _ => (None, None),
     };
     if !body {
-        if let Some((_, _, Err(e))) = scope {
+        if let Some(e) = scope_refusal {
             return e.into_response();
         }
         // The caller is known before anything of its request is looked at: a missing or
@@ -246,11 +249,8 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         Ok(_) => {}
     }
-    let mut body_pool_of = None;
-    match scope {
-        Some((_, _, Err(e))) => return refuse(e, true, req),
-        Some((p, crate::scope::Reach::BodyPool, Ok(()))) => body_pool_of = Some(p),
-        _ => {}
+    if let Some(e) = scope_refusal {
+        return refuse(e, true, req);
     }
     if announced.is_some_and(|n| n > limit as u64) {
         return refuse(ApiError::PayloadTooLarge { route, limit }, true, req);
@@ -270,7 +270,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
         }
         Ok(Ok(b)) => b,
     };
-    if let Some(who) = &body_pool_of {
+    if let Some(who) = &body_scope {
         if let Err(e) = crate::scope::check_body(who, &bytes) {
             return e.into_response();
         }

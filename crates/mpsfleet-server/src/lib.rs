@@ -110,7 +110,7 @@ pub(crate) fn staged_admin_token(admin_token_file: &Path) -> std::path::PathBuf 
 
 /// Finishes an admin token rotation a crash interrupted: `admin.token.new` becomes
 /// `admin.token` if it holds the committed token, and is removed if it does not.
-pub fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), ApiError> {
+fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), ApiError> {
     let file = data_dir.join(ADMIN_TOKEN_FILE);
     let staged = staged_admin_token(&file);
     let Ok(token) = std::fs::read_to_string(&staged) else { return Ok(()) };

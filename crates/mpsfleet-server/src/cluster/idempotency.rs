@@ -66,6 +66,12 @@ pub(super) enum Claim {
     Retry(Replay),
 }
 
+/// A replay of another kind than its route's: the route is part of the token's key, so this
+/// would be a corrupt record.
+fn mismatched() -> ApiError {
+    ApiError::StoreCorrupt("a client token's record answers for another kind of call".into())
+}
+
 fn check_token(token: &str) -> Result<(), ApiError> {
     if token.is_empty() || token.len() > MAX_CLIENT_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic())
     {
@@ -180,21 +186,42 @@ impl Cluster {
         self.client_tokens.by_key.len()
     }
 
-    /// `task run` with its client token, if any, for `actor`.
-    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, ApiError> {
-        let Some(token) = req.client_token.take() else { return self.run_tasks(req) };
-        let started_by = format!("run:{:016x}", crate::auth::random_u64()?);
-        let replay = Replay::Tasks { started_by: started_by.clone() };
-        let out = match self.claim_client_token(actor, "POST /v1/tasks", &token, &req, replay) {
-            Ok(Claim::Retry(Replay::Tasks { started_by })) => Ok(self.tasks_started_by(&started_by)),
-            Ok(Claim::Retry(Replay::Service { .. })) => {
-                Err(ApiError::Internal("a task run's client token names a service".into()))
-            }
-            Ok(Claim::First) => self.run_tasks_started_by(req, started_by),
+    /// Runs `first` on `req` unless `token` (taken from it) names an earlier call by `actor`
+    /// on `route` (the first argument) with the same request: then answers that call again with `again`. The
+    /// token goes in the first commit `first` makes (see the module's doc).
+    fn idempotent<R: Serialize, T>(
+        &mut self,
+        (actor, route, token): (&str, &str, Option<String>),
+        req: R,
+        replay: Replay,
+        first: impl FnOnce(&mut Self, R) -> Result<T, ApiError>,
+        again: impl FnOnce(&Self, Replay) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let Some(token) = token else { return first(self, req) };
+        let out = match self.claim_client_token(actor, route, &token, &req, replay) {
+            Ok(Claim::First) => first(self, req),
+            Ok(Claim::Retry(replay)) => again(self, replay),
             Err(e) => Err(e),
         };
         self.release_client_token();
         out
+    }
+
+    /// `task run` with its client token, if any, for `actor`.
+    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, ApiError> {
+        let token = req.client_token.take();
+        let started_by = format!("run:{:016x}", crate::auth::random_u64()?);
+        let replay = Replay::Tasks { started_by: started_by.clone() };
+        self.idempotent(
+            (actor, "POST /v1/tasks", token),
+            req,
+            replay,
+            |c, req| c.run_tasks_started_by(req, started_by),
+            |c, replay| match replay {
+                Replay::Tasks { started_by } => Ok(c.tasks_started_by(&started_by)),
+                Replay::Service { .. } => Err(mismatched()),
+            },
+        )
     }
 
     /// `service create` with its client token, if any, for `actor`.
@@ -203,18 +230,16 @@ impl Cluster {
         mut req: CreateService,
         actor: &str,
     ) -> Result<ServiceView, ApiError> {
-        let Some(token) = req.client_token.take() else { return self.create_service(req) };
+        let token = req.client_token.take();
         let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
-        let out = match self.claim_client_token(actor, "POST /v1/services", &token, &req, replay) {
-            Ok(Claim::Retry(Replay::Service { name, pool })) => self.replayed_service(&name, &pool, &token),
-            Ok(Claim::Retry(Replay::Tasks { .. })) => {
-                Err(ApiError::Internal("a service's client token names tasks".into()))
-            }
-            Ok(Claim::First) => self.create_service(req),
-            Err(e) => Err(e),
-        };
-        self.release_client_token();
-        out
+        let route = "POST /v1/services";
+        self.idempotent(
+            (actor, route, token),
+            req,
+            replay,
+            Cluster::create_service,
+            Cluster::replayed_service,
+        )
     }
 
     /// `service update` with its client token, if any, for `actor`.
@@ -224,29 +249,22 @@ impl Cluster {
         mut req: UpdateService,
         actor: &str,
     ) -> Result<ServiceView, ApiError> {
-        let Some(token) = req.client_token.take() else { return self.update_service(name, req) };
+        let token = req.client_token.take();
         let pool = self.service_record(name)?.value.pool.to_string();
         let replay = Replay::Service { name: name.to_string(), pool };
         let route = format!("PATCH /v1/services/{name}");
-        let out = match self.claim_client_token(actor, &route, &token, &req, replay) {
-            Ok(Claim::Retry(Replay::Service { name, pool })) => self.replayed_service(&name, &pool, &token),
-            Ok(Claim::Retry(Replay::Tasks { .. })) => {
-                Err(ApiError::Internal("a service's client token names tasks".into()))
-            }
-            Ok(Claim::First) => self.update_service(name, req),
-            Err(e) => Err(e),
-        };
-        self.release_client_token();
-        out
+        let update = |c: &mut Self, req| c.update_service(name, req);
+        self.idempotent((actor, &route, token), req, replay, update, Cluster::replayed_service)
     }
 
     /// The service a client token's call was about, as it is now: refused when the name is
     /// another pool's service now (the one the call made is gone).
-    fn replayed_service(&self, name: &str, pool: &str, token: &str) -> Result<ServiceView, ApiError> {
-        let view = self.service(name)?;
+    fn replayed_service(&self, replay: Replay) -> Result<ServiceView, ApiError> {
+        let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
+        let view = self.service(&name)?;
         if view.service.pool.as_str() != pool {
             return Err(ApiError::Conflict(format!(
-                "client token {token:?} answered for service {name} of pool {pool}, which is gone"
+                "the client token answered for service {name} of pool {pool}, which is gone"
             )));
         }
         Ok(view)

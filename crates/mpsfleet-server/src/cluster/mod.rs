@@ -99,7 +99,7 @@ struct HostEntry {
     version: Revision,
     last_heartbeat_ms: Option<u64>,
     /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
-    /// The API builds the address (`http://PEER:PORT`) from the heartbeat's peer address and
+    /// The API builds the address (`https://PEER:PORT`) from the heartbeat's peer address and
     /// the port the agent reports: it is never a host the agent names.
     checks: Vec<HostCheck>,
     logs_url: Option<String>,
@@ -114,6 +114,21 @@ struct HostEntry {
     /// The store revision of the last change to the tasks the agent should run; agents
     /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
     epoch: u64,
+}
+
+impl HostEntry {
+    /// Keeps what a heartbeat says besides its checks: where the agent serves logs (and with
+    /// which certificate), and whom it trusts.
+    fn keep_reported(
+        &mut self,
+        logs_url: Option<String>,
+        logs_cert: Option<String>,
+        trusted_cas: Vec<String>,
+    ) {
+        self.logs_url = logs_url;
+        self.logs_cert = logs_cert;
+        self.trusted_cas = trusted_cas;
+    }
 }
 
 /// What new tasks are made of.
@@ -892,9 +907,7 @@ impl Cluster {
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
-        entry.logs_url = report.logs_url;
-        entry.logs_cert = report.logs_cert_sha256;
-        entry.trusted_cas = report.trusted_ca_sha256;
+        entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
         entry.evaluated = false;
         self.close_mps_gpus(ix, &[]);
         let entry = &mut self.hosts[ix as usize];
@@ -938,9 +951,7 @@ impl Cluster {
             // host has, but for the time of the agent's last heartbeat.
             let entry = &mut self.hosts[ix as usize];
             entry.last_heartbeat_ms = Some(now);
-            entry.logs_url = report.logs_url;
-            entry.logs_cert = report.logs_cert_sha256;
-            entry.trusted_cas = report.trusted_ca_sha256;
+            entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
             let agent = mpsfleet_core::health::AGENT;
             if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
                 c.reported_since_ms = now;
@@ -957,9 +968,7 @@ impl Cluster {
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
-        entry.logs_url = report.logs_url;
-        entry.logs_cert = report.logs_cert_sha256;
-        entry.trusted_cas = report.trusted_ca_sha256;
+        entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
