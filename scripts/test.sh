@@ -20,7 +20,12 @@ export MPSFLEET_MPS_CONTROL
 # container-runtime tests read DOCKER_HOST, MPSFLEET_TEST_IMAGE and MPSFLEET_TEST_REGISTRY.
 bash scripts/docker-env.sh start
 eval "$(bash scripts/docker-env.sh env)"
-trap 'bash scripts/docker-env.sh stop >/dev/null 2>&1 || true' EXIT
+trap 'bash scripts/docker-env.sh stop >/dev/null 2>&1 || true; bash scripts/etcd-env.sh stop >/dev/null 2>&1 || true' EXIT
+
+# A 3-member etcd cluster from Debian's etcd-server, private to target/etcd, for the etcd store
+# and the tests of several servers sharing it. They read MPSFLEET_TEST_ETCD.
+bash scripts/etcd-env.sh start
+eval "$(bash scripts/etcd-env.sh env)"
 
 # openssl makes an operator's CA for the TLS tests, as an operator would.
 if ! command -v openssl >/dev/null 2>&1; then

@@ -6,9 +6,10 @@
 //! `mod_revision`). Commits are atomic batches of [`Op`]s guarded by [`Precondition`]s, and every commit
 //! appends its [`Change`]s to a feed that watchers page through with [`Store::changes_since`].
 //!
-//! Two implementations live here: [`MemoryStore`] (tests, simulator) and [`SqliteStore`] (one durable
-//! file). An etcd implementation can follow behind the same trait without changing callers.
+//! Three implementations live here: [`MemoryStore`] (tests, simulator), [`SqliteStore`] (one durable
+//! file) and [`EtcdStore`] (several servers on one etcd cluster, with leader election).
 
+pub mod etcd;
 mod memory;
 mod sqlite;
 mod watch;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use etcd::{EtcdConfig, EtcdStore};
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
@@ -152,6 +154,14 @@ pub enum StoreError {
     /// A value could not be encoded before writing it.
     #[error("could not encode {kind}/{key}: {message}")]
     Encode { kind: String, key: String, message: String },
+    /// The store is shared and this process may not write to it: it is not (or no longer) the
+    /// elected leader. Nothing was applied.
+    #[error("not the leader: {message}")]
+    Fenced { message: String },
+    /// The commit was sent and no answer came: it may or may not have been applied. The caller
+    /// must reload before trusting its own view of the state again.
+    #[error("the outcome of {op} is unknown: {message}")]
+    Indeterminate { op: &'static str, message: String },
     /// `changes_since` asked for revisions that were compacted away.
     #[error("changes after revision {requested} were compacted; the oldest retained revision is {oldest}")]
     Compacted { requested: Revision, oldest: Revision },

@@ -1,12 +1,15 @@
 //! The `Store` conformance suite: behaviour every backend must share, written once against `&dyn Store`
 //! and run against `MemoryStore`, a file-backed `SqliteStore` and an in-memory `SqliteStore`.
-//! A new backend (etcd) gets the same coverage by adding one line to `backends!` below.
+//! and against an `EtcdStore` on the test etcd cluster. A new backend gets the same coverage by
+//! adding one line to `backends!` below.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use mpsfleet_store::etcd::Writers;
 use mpsfleet_store::{
-    decode, Change, MemoryStore, Op, Precondition, Record, Revision, SqliteStore, Store, StoreError,
+    decode, Change, EtcdConfig, EtcdStore, MemoryStore, Op, Precondition, Record, Revision, SqliteStore,
+    Store, StoreError,
 };
 
 const KIND: &str = "task";
@@ -387,7 +390,27 @@ fn sqlite_file() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// A store on the test etcd cluster (`scripts/etcd-env.sh`), under a prefix of its own, so
+/// each test starts from an empty store. Nothing here is adapted for etcd: the store keeps its
+/// own revision counter, so revisions start at 0 and move by exactly 1 per commit on etcd too.
+fn etcd() -> ((), EtcdStore) {
+    let endpoints = std::env::var("MPSFLEET_TEST_ETCD").unwrap_or_else(|_| {
+        panic!("MPSFLEET_TEST_ETCD is not set: bash scripts/etcd-env.sh start; eval \"$(bash scripts/etcd-env.sh env)\"")
+    });
+    let mut config = EtcdConfig::new(&endpoints);
+    config.prefix = format!("/conformance/{}", unique());
+    ((), EtcdStore::open(&config, Writers::Anyone).expect("open the etcd store"))
+}
+
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos());
+    format!("{}-{n}-{nanos}", std::process::id())
+}
+
 backends! {
+    etcd => etcd();
     memory => ((), MemoryStore::new());
     sqlite => sqlite_file();
     sqlite_in_memory => ((), SqliteStore::open_in_memory().expect("open in-memory sqlite store"));
