@@ -54,7 +54,10 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 pub struct Client {
     /// Shared by every clone, so that [`Client::set_trust`] changes them all.
     http: std::sync::Arc<std::sync::RwLock<reqwest::Client>>,
-    base: String,
+    /// The servers' addresses: one, or several servers of which one leads (docs/ha.md).
+    bases: std::sync::Arc<Vec<String>>,
+    /// The address that answered last; requests start there.
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     token: Option<String>,
 }
 
@@ -93,11 +96,25 @@ impl Client {
 
     /// A client of the server at `base` that trusts what `trust` names: for an `https://`
     /// server, its cluster's CA.
+    ///
+    /// `base` may list several servers, comma-separated (`https://a:7070,https://b:7070`): a
+    /// request goes to the one that answered last, and moves on to the next while a server
+    /// cannot be reached (only then: a request that reached a server is never sent twice).
     pub fn with_trust(base: &str, token: Option<String>, trust: &tls::Trust) -> Result<Self> {
-        let http = Self::http_client(base, trust)?;
+        let bases: Vec<String> = base
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        let first = bases.first().cloned().unwrap_or_default();
+        for b in &bases {
+            Self::http_client(b, trust)?;
+        }
+        let http = Self::http_client(&first, trust)?;
         Ok(Client {
             http: std::sync::Arc::new(std::sync::RwLock::new(http)),
-            base: base.trim_end_matches('/').to_string(),
+            bases: std::sync::Arc::new(if bases.is_empty() { vec![first] } else { bases }),
+            current: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             token,
         })
     }
@@ -114,13 +131,19 @@ impl Client {
     /// Trusts what `trust` names from the next request on, in this client and every clone of
     /// it (an agent following a CA rotation).
     pub fn set_trust(&self, trust: &tls::Trust) -> Result<()> {
-        let http = Self::http_client(&self.base, trust)?;
+        let http = Self::http_client(self.base(), trust)?;
         *self.http.write().unwrap_or_else(|p| p.into_inner()) = http;
         Ok(())
     }
 
+    /// The server address requests go to now.
     pub fn base(&self) -> &str {
-        &self.base
+        &self.bases[self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// Every server address this client was given.
+    pub fn bases(&self) -> &[String] {
+        &self.bases
     }
 
     /// The same client with another bearer token (an agent's host credential).
@@ -137,20 +160,32 @@ impl Client {
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
     ) -> Result<(String, Vec<u8>)> {
-        let url = format!("{}{}", self.base, path);
         let http = self.http.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut req = http.request(method, &url);
-        if !query.is_empty() {
-            req = req.query(query);
-        }
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
-        }
-        let resp =
-            req.send().await.map_err(|e| ClientError::Transport { url: url.clone(), message: chain(&e) })?;
+        let start = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        let mut attempt = 0;
+        let (url, resp) = loop {
+            let at = (start + attempt) % self.bases.len();
+            let url = format!("{}{}", self.bases[at], path);
+            let mut req = http.request(method.clone(), &url);
+            if !query.is_empty() {
+                req = req.query(query);
+            }
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            if let Some(b) = &body {
+                req = req.header("content-type", "application/json").body(b.clone());
+            }
+            match req.send().await {
+                Ok(resp) => {
+                    self.current.store(at, std::sync::atomic::Ordering::Relaxed);
+                    break (url, resp);
+                }
+                // Not connected: the request never reached that server, so another may take it.
+                Err(e) if e.is_connect() && attempt + 1 < self.bases.len() => attempt += 1,
+                Err(e) => return Err(ClientError::Transport { url, message: chain(&e) }),
+            }
+        };
         let status = resp.status();
         let retry_after = retry_after(resp.headers());
         let bytes = resp
@@ -361,6 +396,9 @@ impl Client {
     pub async fn cluster_ca_bundle(&self) -> Result<Vec<u8>> {
         let (_, pem) = self.fetch(Method::GET, tls::CA_PATH, &[], None).await?;
         Ok(pem)
+    }
+    pub async fn cluster_status(&self) -> Result<mpsfleet_types::access::ClusterStatus> {
+        self.get("/v1/cluster/status").await
     }
     pub async fn ca_rotation(&self) -> Result<mpsfleet_types::access::CaRotation> {
         self.get("/v1/cluster/ca/rotation").await

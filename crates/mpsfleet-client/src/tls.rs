@@ -134,7 +134,24 @@ impl Trust {
 /// nothing yet to verify it with); the hash is what makes the answer trustworthy, which is
 /// why any other certificate in the answer is dropped. Every later call verifies the server's
 /// certificate against this CA.
-pub async fn fetch_pinned_ca(base: &str, expected: &str) -> Result<Vec<u8>, ClientError> {
+///
+/// With several addresses (comma-separated, as [`crate::Client`] takes them) each is asked in
+/// turn until one answers: only the leader of several servers does.
+pub async fn fetch_pinned_ca(bases: &str, expected: &str) -> Result<Vec<u8>, ClientError> {
+    let mut last = None;
+    for base in bases.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+        match fetch_pinned_ca_from(base, expected).await {
+            Err(e @ ClientError::Transport { .. }) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| ClientError::Transport {
+        url: bases.to_owned(),
+        message: "no server address".into(),
+    }))
+}
+
+async fn fetch_pinned_ca_from(base: &str, expected: &str) -> Result<Vec<u8>, ClientError> {
     let base = base.trim_end_matches('/');
     let url = format!("{base}{CA_PATH}");
     let transport = |message: String| ClientError::Transport { url: url.clone(), message };

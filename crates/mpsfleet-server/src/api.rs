@@ -50,6 +50,8 @@ pub struct AppState {
     /// Where the bootstrap admin token is kept for the operator (`<data dir>/admin.token`),
     /// rewritten when it is rotated.
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// Who this server is and how it was elected, when several servers share an etcd store.
+    pub ha: Option<Arc<crate::HaRole>>,
 }
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
@@ -79,6 +81,7 @@ impl AppState {
             stopping: watch::Sender::new(false),
             tls: None,
             admin_token_file: None,
+            ha: None,
         }
     }
 
@@ -329,6 +332,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         rotate_certificate,
         rotate_admin_token,
         get_ca_rotation,
+        cluster_status,
         begin_ca_rotation,
         activate_ca,
         cancel_ca_rotation,
@@ -438,6 +442,7 @@ pub fn router(state: AppState) -> Router {
             get(get_ca_rotation).post(begin_ca_rotation).delete(cancel_ca_rotation),
         )
         .route("/v1/cluster/ca/rotation/activate", post(activate_ca))
+        .route("/v1/cluster/status", get(cluster_status))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -535,6 +540,40 @@ async fn ca_step(
         Ok(ca_rotation(c, &cas))
     })
     .await
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/status",
+    tag = "server",
+    summary = "Where the state lives (SQLite or etcd), the store's revision, the leader and the etcd members.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::ClusterStatus), crate::openapi::Errors)
+)]
+async fn cluster_status(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::ClusterStatus>, ApiError> {
+    let revision = st.call(&headers, viewer, |c, _| Ok(c.revision())).await?;
+    let Some(ha) = st.ha.clone() else {
+        return Ok(Json(mpsfleet_types::access::ClusterStatus {
+            store: "sqlite".into(),
+            revision,
+            server_id: "server".into(),
+            leader: mpsfleet_types::access::LeaderView {
+                id: "server".into(),
+                url: None,
+                lease: None,
+                lease_ttl_seconds: None,
+                fence_revision: None,
+            },
+            members: Vec::new(),
+        }));
+    };
+    // Each member is asked in turn, on a blocking thread: a dead member costs its timeout.
+    let status = tokio::task::spawn_blocking(move || ha.status(revision))
+        .await
+        .map_err(|e| ApiError::Internal(format!("cluster status: {e}")))?;
+    Ok(Json(status))
 }
 
 #[utoipa::path(

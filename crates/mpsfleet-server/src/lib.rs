@@ -17,7 +17,8 @@ pub mod tls;
 use cluster::{Cluster, FirstStart};
 use error::ApiError;
 use mpsfleet_core::clock::Clock;
-use mpsfleet_store::{SqliteStore, Store};
+use mpsfleet_store::etcd::Candidate;
+use mpsfleet_store::{EtcdStore, SqliteStore, Store};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,6 +69,21 @@ pub fn open_with(
         ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
     })?;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
+    open_store(data_dir, store, clock, ca)
+}
+
+/// [`open_with`] on a store opened by the caller (an [`EtcdStore`] this server leads). The data
+/// directory still holds the tokens, `server.key` and `ca.pem`; servers sharing one store must
+/// share `server.key`, which seals the CA's key and derives the agents' tokens.
+pub fn open_store(
+    data_dir: &Path,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    ca: Option<&tls::GivenCa>,
+) -> Result<Opened, ApiError> {
+    create_private_dir(data_dir).map_err(|e| {
+        ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
+    })?;
     // The state holds every host's credential digest and the agents' tokens: the owner's only,
     // whatever the files' modes were before (SQLite gives its WAL and shared-memory files the
     // database's mode).
@@ -156,6 +172,64 @@ fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
     }
 }
 
+/// This server's part in a control plane of several servers on one etcd store: who it is and
+/// the leadership it holds while it serves.
+pub struct HaRole {
+    pub store: Arc<EtcdStore>,
+    pub me: Candidate,
+    pub lease: i64,
+    pub ttl: Duration,
+}
+
+impl std::fmt::Debug for HaRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaRole")
+            .field("me", &self.me)
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl HaRole {
+    /// What `GET /v1/cluster/status` answers: the leader as etcd has it, and every member.
+    pub fn status(&self, revision: u64) -> mpsfleet_types::access::ClusterStatus {
+        use mpsfleet_types::access::{ClusterStatus, EtcdMemberView, LeaderView};
+        let leader = match self.store.leader() {
+            Ok(Some(l)) => LeaderView {
+                id: l.candidate.id,
+                url: Some(l.candidate.url),
+                lease: Some(format!("{:x}", l.lease)),
+                lease_ttl_seconds: Some(self.ttl.as_secs()),
+                fence_revision: Some(l.create_revision),
+            },
+            // No leader key (it just expired) or etcd did not answer: this server's own view.
+            _ => LeaderView {
+                id: self.me.id.clone(),
+                url: Some(self.me.url.clone()),
+                lease: Some(format!("{:x}", self.lease)),
+                lease_ttl_seconds: Some(self.ttl.as_secs()),
+                fence_revision: None,
+            },
+        };
+        let members = self
+            .store
+            .members()
+            .into_iter()
+            .map(|m| EtcdMemberView {
+                endpoint: m.endpoint,
+                name: m.name,
+                healthy: m.healthy,
+                raft_leader: m.is_raft_leader,
+                version: m.version,
+                db_size_bytes: m.db_size_bytes,
+                error: m.error,
+            })
+            .collect();
+        ClusterStatus { store: "etcd".into(), revision, server_id: self.me.id.clone(), leader, members }
+    }
+}
+
 /// How the server runs, beyond its listener and state.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
@@ -173,6 +247,8 @@ pub struct ServeOptions {
     pub tls: Option<Arc<tls::ServerTls>>,
     /// The data dir's `admin.token`, rewritten when the admin token is rotated.
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// Set when this server leads several on one etcd store.
+    pub ha: Option<Arc<HaRole>>,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -212,6 +288,7 @@ pub async fn serve(
     let mut state = api::AppState::new(cluster);
     state.tls = options.tls.clone();
     state.admin_token_file = options.admin_token_file.clone();
+    state.ha = options.ha.clone();
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));

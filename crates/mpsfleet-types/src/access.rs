@@ -221,3 +221,59 @@ pub struct RotatedAdminToken {
     pub token: String,
     pub rotated_at_ms: u64,
 }
+
+/// Where the control plane's state lives and who leads (`GET /v1/cluster/status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// `sqlite` (one server) or `etcd` (several servers, one elected leader).
+    pub store: String,
+    /// The store's revision: one more for every commit.
+    pub revision: u64,
+    /// The server that answered; with etcd, always the leader (followers serve no API).
+    pub server_id: String,
+    /// The elected leader. With SQLite the one server leads.
+    pub leader: LeaderView,
+    /// The etcd members this server was given, and how each answered; empty with SQLite.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<EtcdMemberView>,
+}
+
+/// The leading server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderView {
+    pub id: String,
+    /// Where clients reach it (as it advertises itself; absent with SQLite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The etcd lease that keeps its election key (hex, as `etcdctl lease` shows it); absent
+    /// with SQLite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    /// The lease's TTL in seconds: how long a dead leader goes unnoticed at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_seconds: Option<u64>,
+    /// The election key's create revision in etcd, which fences the leader's writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_revision: Option<i64>,
+}
+
+/// One etcd member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMemberView {
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub healthy: bool,
+    /// Whether this member is etcd's own raft leader.
+    pub raft_leader: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size_bytes: Option<i64>,
+    /// Why it did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

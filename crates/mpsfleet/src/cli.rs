@@ -331,6 +331,9 @@ pub enum JoinTokenCommand {
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
+    /// Where the state lives, the store's revision, which server leads (and its lease), and
+    /// with etcd every member and how it answered (docs/ha.md).
+    Status,
     /// The certificate the server serves: its names, validity and the CA it chains to.
     Certificate,
     /// The server issues itself a new certificate (and key) under the cluster CA and serves
@@ -363,6 +366,45 @@ pub enum CaCommand {
     },
     /// Drop the staged CA.
     Cancel,
+}
+
+/// `mpsfleet cluster status`.
+async fn cluster_status(c: &Client, output: Format) -> Result<()> {
+    let st = c.cluster_status().await?;
+    let l = &st.leader;
+    let mut rows = vec![vec![
+        "leader".to_string(),
+        sanitize(&l.id).into_owned(),
+        sanitize(l.url.as_deref().unwrap_or("-")).into_owned(),
+        l.lease
+            .as_ref()
+            .map_or_else(|| "-".into(), |x| format!("lease {x} ttl {}s", l.lease_ttl_seconds.unwrap_or(0))),
+    ]];
+    for m in &st.members {
+        let state = if m.raft_leader {
+            "healthy, raft leader"
+        } else if m.healthy {
+            "healthy"
+        } else {
+            "unreachable"
+        };
+        let detail = match (&m.version, m.db_size_bytes, &m.error) {
+            (_, _, Some(e)) => sanitize(e).into_owned(),
+            (Some(v), Some(db), None) => format!("etcd {v}, db {db} bytes"),
+            _ => String::new(),
+        };
+        rows.push(vec![
+            "etcd member".to_string(),
+            sanitize(m.name.as_deref().unwrap_or("?")).into_owned(),
+            sanitize(&m.endpoint).into_owned(),
+            format!("{state}; {detail}"),
+        ]);
+    }
+    crate::output::print(output, &st, &["ROLE", "NAME", "ADDRESS", "STATE"], rows);
+    if matches!(output, Format::Table) {
+        println!("store: {}, revision {}", st.store, st.revision);
+    }
+    Ok(())
 }
 
 /// `mpsfleet cluster ca ...`.
@@ -500,6 +542,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,
             Resource::Cluster(cmd) => {
                 let cert = match cmd {
+                    ClusterCommand::Status => return cluster_status(&c, opts.output).await,
                     ClusterCommand::Certificate => c.server_certificate().await?,
                     ClusterCommand::RotateCertificate => c.rotate_certificate().await?,
                     ClusterCommand::Ca(cmd) => return ca_command(&c, cmd, opts.output).await,

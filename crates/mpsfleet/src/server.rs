@@ -2,6 +2,8 @@
 //! that a `local` provider started keep running when the server stops, like the machines of
 //! any other provider; the next server on the same data directory adopts them.
 
+mod ha;
+
 use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_core::clock::{Clock, SystemClock};
@@ -32,6 +34,37 @@ pub struct ServerArgs {
     /// under the server key.
     #[arg(long, value_name = "FILE", requires = "ca_cert")]
     ca_key: Option<PathBuf>,
+    /// Where the state lives: `sqlite` (one server, `<data dir>/state.db`) or `etcd` (any
+    /// number of servers on one etcd cluster; one is elected leader and serves, the others
+    /// wait to take over: docs/ha.md).
+    #[arg(long, value_enum, default_value = "sqlite")]
+    store: StoreKind,
+    /// The etcd members' client URLs, comma-separated (with --store etcd).
+    #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
+    etcd_endpoints: Option<String>,
+    /// Every key the cluster keeps in etcd starts with this.
+    #[arg(long, default_value = "/mpsfleet")]
+    etcd_prefix: String,
+    /// The CA (PEM) that etcd's https:// endpoints are verified against.
+    #[arg(long, value_name = "FILE")]
+    etcd_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd's --client-cert-auth, with --etcd-key-file.
+    #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
+    etcd_cert_file: Option<PathBuf>,
+    /// The key of --etcd-cert-file (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
+    etcd_key_file: Option<PathBuf>,
+    /// The leader's lease TTL in seconds (at least 2): a leader that dies is replaced within
+    /// about this long; a shorter one fails over faster and renews more often.
+    #[arg(long, default_value_t = 3)]
+    leader_ttl: u64,
+    /// The URL clients and agents reach this server at, as the leader key shows it
+    /// [default: https://<listen address>].
+    #[arg(long, value_name = "URL")]
+    advertise_url: Option<String>,
+    /// This server's name among the servers of one store [default: <hostname>:<port>].
+    #[arg(long)]
+    server_id: Option<String>,
     /// Directory for the state database and the tokens.
     #[arg(long, env = "MPSFLEET_DATA_DIR", default_value = ".mpsfleet")]
     data_dir: PathBuf,
@@ -94,6 +127,12 @@ pub struct ServerArgs {
     http_burst_unknown: u32,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    Sqlite,
+    Etcd,
+}
+
 pub fn run(args: ServerArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -114,6 +153,50 @@ pub fn run(args: ServerArgs) -> Result<()> {
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn serve(args: ServerArgs) -> Result<()> {
+    let given_ca = given_ca(&args)?;
+    match args.store {
+        StoreKind::Sqlite => {
+            let opened = mpsfleet_server::open_with(&args.data_dir, Arc::new(SystemClock), given_ca.as_ref())
+                .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
+            let listener = tokio::net::TcpListener::bind(&args.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", args.listen))?;
+            lead(&args, opened, listener, None, shutdown_signal()).await
+        }
+        StoreKind::Etcd => ha::run(&args, given_ca).await,
+    }
+}
+
+/// The CA the operator gives with --ca-cert and --ca-key.
+fn given_ca(args: &ServerArgs) -> Result<Option<mpsfleet_server::tls::GivenCa>> {
+    let given_ca = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &PathBuf, flag: &str| {
+                std::fs::read_to_string(p).with_context(|| format!("{flag}: cannot read {}", p.display()))
+            };
+            Some(mpsfleet_server::tls::GivenCa {
+                cert_pem: read(cert, "--ca-cert")?,
+                key_pem: read(key, "--ca-key")?,
+            })
+        }
+        _ => None,
+    };
+    anyhow::ensure!(
+        given_ca.is_none() || !args.insecure_http,
+        "--ca-cert is for a server that serves HTTPS: remove --insecure-http"
+    );
+    Ok(given_ca)
+}
+
+/// Serves the API from the opened cluster on `listener` until `shutdown` completes: the whole
+/// life of a SQLite server, one term of an elected etcd leader.
+pub(crate) async fn lead(
+    args: &ServerArgs,
+    opened: mpsfleet_server::Opened,
+    listener: tokio::net::TcpListener,
+    ha: Option<Arc<mpsfleet_server::HaRole>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let limit = |rate: u32, burst: u32, name: &str| {
         anyhow::ensure!(
             rate == 0 || burst >= 1,
@@ -131,30 +214,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
         Some(path) => mpsfleet_server::config::ServerConfig::load(path)?,
         None => mpsfleet_server::config::ServerConfig::default(),
     };
-    let given_ca = match (&args.ca_cert, &args.ca_key) {
-        (Some(cert), Some(key)) => {
-            let read = |p: &PathBuf, flag: &str| {
-                std::fs::read_to_string(p).with_context(|| format!("{flag}: cannot read {}", p.display()))
-            };
-            Some(mpsfleet_server::tls::GivenCa {
-                cert_pem: read(cert, "--ca-cert")?,
-                key_pem: read(key, "--ca-key")?,
-            })
-        }
-        _ => None,
-    };
-    anyhow::ensure!(
-        given_ca.is_none() || !args.insecure_http,
-        "--ca-cert is for a server that serves HTTPS: remove --insecure-http"
-    );
-    let opened = mpsfleet_server::open_with(&args.data_dir, Arc::new(SystemClock), given_ca.as_ref())
-        .with_context(|| format!("cannot open the data dir {}", args.data_dir.display()))?;
     for name in &args.tls_san {
         mpsfleet_server::tls::check_name(name).map_err(|e| anyhow::anyhow!("--tls-san: {e}"))?;
     }
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     anyhow::ensure!(
         !args.insecure_http || addr.ip().is_loopback(),
@@ -175,7 +237,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
     }
     // Pools that name a provider get one built from this context when they first need it.
     cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
-        server_url: format!("{scheme}://{addr}"),
+        server_url: ha.as_ref().map_or_else(|| format!("{scheme}://{addr}"), |h| h.me.url.clone()),
         exec_providers: config.providers,
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
@@ -246,15 +308,16 @@ async fn serve(args: ServerArgs) -> Result<()> {
         }
     };
     let options = mpsfleet_server::ServeOptions {
-        webhook: args.webhook,
+        webhook: args.webhook.clone(),
         webhook_secret,
         webhook_ca,
         http,
         rate_limits,
         tls,
         admin_token_file: Some(args.data_dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
+        ha,
     };
-    mpsfleet_server::serve(listener, cluster, options, shutdown_signal()).await?;
+    mpsfleet_server::serve(listener, cluster, options, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

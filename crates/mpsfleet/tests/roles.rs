@@ -75,6 +75,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/cluster/certificate/rotate", Open::Role(Role::Admin)),
     ("POST", "/v1/admin-token/rotate", Open::Role(Role::Admin)),
     ("GET", "/v1/cluster/ca/rotation", Open::Role(Role::Viewer)),
+    ("GET", "/v1/cluster/status", Open::Role(Role::Viewer)),
     ("POST", "/v1/cluster/ca/rotation", Open::Role(Role::Admin)),
     ("DELETE", "/v1/cluster/ca/rotation", Open::Role(Role::Admin)),
     ("POST", "/v1/cluster/ca/rotation/activate", Open::Role(Role::Admin)),

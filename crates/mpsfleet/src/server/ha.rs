@@ -1,0 +1,162 @@
+//! `mpsfleet server --store etcd`: one of several servers sharing an etcd store. It campaigns
+//! for leadership; while another server leads it only keeps its replica of the state warm
+//! (and serves no API, so clients and agents given several addresses move on to the leader);
+//! once elected it loads the cluster from that replica and serves until it stops or loses the
+//! leadership, then campaigns again. See docs/ha.md.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use mpsfleet_core::clock::SystemClock;
+use mpsfleet_store::etcd::{Candidate, Writers};
+use mpsfleet_store::{EtcdConfig, EtcdStore, Store};
+
+use super::{lead, shutdown_signal, ServerArgs};
+
+/// How many times in a row an elected server may fail to open the cluster before it exits.
+const OPEN_ATTEMPTS: u32 = 3;
+
+pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls::GivenCa>) -> Result<()> {
+    let endpoints = args
+        .etcd_endpoints
+        .as_deref()
+        .context("--store etcd needs --etcd-endpoints URL[,URL...] (or MPSFLEET_ETCD_ENDPOINTS)")?;
+    anyhow::ensure!(args.leader_ttl >= 2, "--leader-ttl must be at least 2 (seconds; etcd's shortest lease)");
+    let mut config = EtcdConfig::new(endpoints);
+    config.prefix = args.etcd_prefix.clone();
+    if let Some(ca) = &args.etcd_ca_file {
+        config.ca_pem =
+            Some(std::fs::read(ca).with_context(|| format!("--etcd-ca-file: cannot read {}", ca.display()))?);
+    }
+    if let (Some(cert), Some(key)) = (&args.etcd_cert_file, &args.etcd_key_file) {
+        let mut pem = std::fs::read(cert)
+            .with_context(|| format!("--etcd-cert-file: cannot read {}", cert.display()))?;
+        pem.push(b'\n');
+        pem.extend(
+            std::fs::read(key).with_context(|| format!("--etcd-key-file: cannot read {}", key.display()))?,
+        );
+        config.identity_pem = Some(pem);
+    }
+    let listen: std::net::SocketAddr = tokio::net::lookup_host(&args.listen)
+        .await
+        .with_context(|| format!("--listen {}", args.listen))?
+        .next()
+        .with_context(|| format!("--listen {} names no address", args.listen))?;
+    anyhow::ensure!(
+        listen.port() != 0,
+        "--listen needs a fixed port with --store etcd: clients and agents keep every server's address"
+    );
+    let scheme = if args.insecure_http { "http" } else { "https" };
+    let url = args.advertise_url.clone().unwrap_or_else(|| format!("{scheme}://{listen}"));
+    let id = args.server_id.clone().unwrap_or_else(|| format!("{}:{}", hostname(), listen.port()));
+    let me = Candidate { id, url };
+    let ttl = Duration::from_secs(args.leader_ttl);
+    let store = tokio::task::spawn_blocking(move || EtcdStore::open(&config, Writers::Leader))
+        .await?
+        .with_context(|| format!("cannot open the etcd store at {endpoints}"))?;
+    let store = Arc::new(store);
+    tracing::info!(id = %me.id, url = %me.url, revision = store.revision().unwrap_or(0), "etcd store open; campaigning");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop_tx.send_replace(true);
+    });
+    let mut failed_opens = 0;
+    loop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let campaign = {
+            let (store, me, stop) = (store.clone(), me.clone(), stop.clone());
+            tokio::task::spawn_blocking(move || store.campaign(&me, ttl, &stop))
+        };
+        if let Ok(Some(l)) = store.leader() {
+            say(&format!("following: {} leads ({})", l.candidate.id, l.candidate.url));
+        }
+        let mut stopping = stop_rx.clone();
+        let leadership = tokio::select! {
+            r = campaign => match r?.context("campaign for leadership")? {
+                Some(l) => l,
+                None => return Ok(()),
+            },
+            _ = stopping.wait_for(|s| *s) => {
+                stop.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+        };
+        say(&format!("elected leader: {} ({}), lease {:x}", me.id, me.url, leadership.lease()));
+        let opened = {
+            let (dir, s, ca) = (args.data_dir.clone(), store.clone() as Arc<dyn Store>, given_ca.clone());
+            tokio::task::spawn_blocking(move || {
+                mpsfleet_server::open_store(&dir, s, Arc::new(SystemClock), ca.as_ref())
+            })
+            .await?
+        };
+        let opened = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                leadership.resign();
+                failed_opens += 1;
+                anyhow::ensure!(failed_opens < OPEN_ATTEMPTS, "cannot open the cluster from etcd: {e}");
+                tracing::error!(error = %e, "cannot open the cluster from etcd; stepped down, campaigning again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        failed_opens = 0;
+        let listener = bind(listen).await?;
+        let role = Arc::new(mpsfleet_server::HaRole {
+            store: store.clone(),
+            me: me.clone(),
+            lease: leadership.lease(),
+            ttl,
+        });
+        let lost = leadership.lost();
+        let mut stopping = stop_rx.clone();
+        let shutdown = async move {
+            tokio::select! {
+                reason = lost => tracing::warn!(%reason, "lost the leadership; stepping down"),
+                _ = stopping.wait_for(|s| *s) => {}
+            }
+        };
+        lead(args, opened, listener, Some(role), shutdown).await?;
+        if *stop_rx.borrow() {
+            leadership.resign();
+            return Ok(());
+        }
+        say(&format!(
+            "stepped down: {}; campaigning again",
+            leadership.lost_reason().unwrap_or_else(|| "leadership lost".to_owned())
+        ));
+    }
+}
+
+/// Binds the API port; the previous term's listener may take a moment to be released.
+async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for _ in 0..50 {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last.map_or_else(
+        || anyhow::anyhow!("cannot listen on {addr}"),
+        |e| anyhow::anyhow!("cannot listen on {addr}: {e}"),
+    ))
+}
+
+/// One line to stdout (ignored if nobody reads it), for the operator watching the servers.
+fn say(line: &str) {
+    use std::io::Write;
+    tracing::info!("{line}");
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "server".to_owned(), |h| h.trim().to_owned())
+}

@@ -1,0 +1,204 @@
+//! Several servers on one etcd cluster (the test cluster of `scripts/etcd-env.sh`): one leads,
+//! the others wait; when the leader is killed another takes over, agents and clients given
+//! every address find it, a retried submission with its client token is answered as the first
+//! was, and the tasks that were running keep running.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::Client;
+use mpsfleet_types::*;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn etcd_endpoints() -> String {
+    std::env::var("MPSFLEET_TEST_ETCD").unwrap_or_else(|_| {
+        panic!("MPSFLEET_TEST_ETCD is not set: bash scripts/etcd-env.sh start; eval \"$(bash scripts/etcd-env.sh env)\"")
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Starts `mpsfleet server --store etcd` on `port`; the receiver gets each line it prints.
+fn start_server(dir: &Path, port: u16, prefix: &str) -> (Server, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["server", "--store", "etcd", "--etcd-endpoints", &etcd_endpoints(), "--etcd-prefix", prefix])
+        .args(["--leader-ttl", "2", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir)
+        .env("MPSFLEET_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mpsfleet server");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (Server { child, url: format!("https://127.0.0.1:{port}"), data_dir: dir.to_path_buf() }, rx)
+}
+
+fn wait_for_line(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> String {
+    let deadline = std::time::Duration::from_secs(30);
+    loop {
+        let line =
+            rx.recv_timeout(deadline).unwrap_or_else(|_| panic!("no line starting {prefix:?} within 30 s"));
+        if line.starts_with(prefix) {
+            return line;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_task() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prefix = format!("/ha-test/{}-{}", std::process::id(), free_port());
+    let ports = [free_port(), free_port(), free_port()];
+    let dirs: Vec<_> = (1..=3).map(|i| tmp.path().join(format!("s{i}"))).collect();
+
+    let (mut first, rx1) = start_server(&dirs[0], ports[0], &prefix);
+    wait_for_line(&rx1, "mpsfleet server listening on ");
+    // Every server of one store shares the key that seals the CA and derives agents' tokens.
+    for d in &dirs[1..] {
+        std::fs::create_dir_all(d).expect("dir");
+        std::fs::copy(dirs[0].join("server.key"), d.join("server.key")).expect("copy server.key");
+    }
+    let (_second, rx2) = start_server(&dirs[1], ports[1], &prefix);
+    let (_third, rx3) = start_server(&dirs[2], ports[2], &prefix);
+    for rx in [&rx2, &rx3] {
+        assert!(wait_for_line(rx, "following: ").contains(&format!(":{} leads", ports[0])));
+    }
+    // Followers serve no API: a client moves on to the next address.
+    for p in &ports[1..] {
+        assert!(std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(), "a follower must not listen");
+    }
+
+    // One client and one agent, each given every address; the first server's files (CA,
+    // tokens) are the cluster's.
+    let all = ports.iter().map(|p| format!("https://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let cluster = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: all.clone(),
+        data_dir: dirs[0].clone(),
+    };
+    let admin: Client = cluster.admin();
+    let status = admin.cluster_status().await.expect("cluster status");
+    assert_eq!(
+        (status.store.as_str(), status.leader.url.as_deref()),
+        ("etcd", Some(format!("https://127.0.0.1:{}", ports[0]).as_str()))
+    );
+    assert_eq!(status.members.len(), 3);
+    assert!(status.members.iter().all(|m| m.healthy), "{status:?}");
+
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
+    let agent_dir = tmp.path().join("agent");
+    std::fs::create_dir_all(&agent_dir).expect("agent dir");
+    let agent = Agent::start_with_model(&cluster, &agent_dir, 2);
+    let run = RunTask {
+        task_definition: "infer".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: Some("submit-1".into()),
+    };
+    let before = eventually(Duration::from_secs(30), "the host to join and the task to be placed", || {
+        let admin = admin.clone();
+        let run = run.clone();
+        async move { admin.run_task(&run).await.ok().filter(|r| r.placed == 1) }
+    })
+    .await;
+    let task = before.tasks[0].id;
+    task_reaching(&admin, &task, TaskStatus::Running, Duration::from_secs(30), |_| true, || agent.log())
+        .await;
+
+    // The leader dies. Another takes over: it says so, and the client finds it.
+    first.kill9();
+    let new = eventually(Duration::from_secs(15), "another server to lead", || {
+        let admin = admin.clone();
+        async move {
+            admin
+                .cluster_status()
+                .await
+                .ok()
+                .filter(|s| s.leader.url.as_deref() != Some(&format!("https://127.0.0.1:{}", ports[0])))
+        }
+    })
+    .await;
+    assert!(new.revision >= status.revision, "the new leader has the whole state: {new:?}");
+
+    // The retried submission is answered as the first was: no second task.
+    let again = admin.run_task(&run).await.expect("the retry");
+    assert_eq!(again.tasks[0].id, task, "a retry with the same client token must not run another task");
+    // The running task was not stopped, and the agent reports to the new leader.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = admin.describe_task(&task.to_string()).await.expect("describe");
+    assert_eq!(t.last_status, TaskStatus::Running, "{t:?}\n{}", agent.log());
+    let second = admin
+        .run_task(&RunTask { client_token: Some("submit-2".into()), ..run.clone() })
+        .await
+        .expect("a write to the new leader");
+    task_reaching(
+        &admin,
+        &second.tasks[0].id,
+        TaskStatus::Running,
+        Duration::from_secs(30),
+        |_| true,
+        || agent.log(),
+    )
+    .await;
+    let tasks = admin.list_tasks(&Default::default()).await.expect("list");
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prefix = format!("/ha-test/pause-{}-{}", std::process::id(), free_port());
+    let ports = [free_port(), free_port()];
+    let dirs: Vec<_> = (1..=2).map(|i| tmp.path().join(format!("s{i}"))).collect();
+    let (first, rx1) = start_server(&dirs[0], ports[0], &prefix);
+    wait_for_line(&rx1, "mpsfleet server listening on ");
+    std::fs::create_dir_all(&dirs[1]).expect("dir");
+    std::fs::copy(dirs[0].join("server.key"), dirs[1].join("server.key")).expect("copy server.key");
+    let (_second, rx2) = start_server(&dirs[1], ports[1], &prefix);
+    wait_for_line(&rx2, "following: ");
+
+    let all = ports.iter().map(|p| format!("https://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let cluster = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: all,
+        data_dir: dirs[0].clone(),
+    };
+    let admin = cluster.admin();
+    create_pool(&admin, "gpu").await;
+
+    // Paused for twice the lease TTL: the other server is elected meanwhile.
+    let pid = nix::unistd::Pid::from_raw(first.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    wait_for_line(&rx2, "mpsfleet server listening on ");
+    // A paused server's socket still accepts connections and never answers: a client that
+    // was talking to it waits for its timeout. This one starts at the new leader.
+    let to_new = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: format!("https://127.0.0.1:{},https://127.0.0.1:{}", ports[1], ports[0]),
+        data_dir: dirs[0].clone(),
+    };
+    let admin = to_new.admin();
+    create_pool(&admin, "after").await; // served by the new leader
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+
+    // Resumed, the old leader finds its lease gone and its key no longer its own: it steps
+    // down rather than write, and stops serving.
+    let line = wait_for_line(&rx1, "stepped down: ");
+    assert!(line.contains("lease") || line.contains("leader"), "{line}");
+    let status = admin.cluster_status().await.expect("status");
+    assert_eq!(status.leader.url.as_deref(), Some(format!("https://127.0.0.1:{}", ports[1]).as_str()));
+    let pools = admin.list_pools().await.expect("pools");
+    assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["after", "gpu"]);
+}
