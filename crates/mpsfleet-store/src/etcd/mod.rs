@@ -824,3 +824,75 @@ impl Store for EtcdStore {
         self.inner.compact(before)
     }
 }
+
+/// What [`probe_write_rate`] measured: etcd's own write rate through this store's client, with
+/// none of the store's work around it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WriteRate {
+    pub clients: usize,
+    pub puts_per_txn: usize,
+    pub value_bytes: usize,
+    pub txns_per_sec: f64,
+    pub keys_per_sec: f64,
+    pub mb_per_sec: f64,
+}
+
+/// Measures etcd's raw write rate: `clients` concurrent writers each sending transactions of
+/// `puts_per_txn` puts of `value_bytes` under `<prefix>/probe/` for `duration`, which are
+/// deleted afterwards. For benchmarks, to put the store's figures next to etcd's.
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+pub fn probe_write_rate(
+    config: &EtcdConfig,
+    clients: usize,
+    puts_per_txn: usize,
+    value_bytes: usize,
+    duration: Duration,
+) -> Result<WriteRate, StoreError> {
+    let bad = |message: String| StoreError::Backend { op: "probe", message };
+    let keys = Keys::new(&config.prefix).map_err(bad)?;
+    let gw = Arc::new(Gateway::new(config).map_err(bad)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| bad(e.to_string()))?;
+    let base = format!("{}/probe/", keys.head().trim_end_matches("head"));
+    let value = vec![b'v'; value_bytes];
+    let started = std::time::Instant::now();
+    let txns = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let (gw, base, value) = (gw.clone(), base.clone(), value.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                let names: Vec<String> = (0..puts_per_txn).map(|i| format!("{base}{c:03}/{i:05}")).collect();
+                while started.elapsed() < duration {
+                    let ops: Vec<TxnOp> =
+                        names.iter().map(|k| TxnOp::Put { key: k, value: &value, lease: 0 }).collect();
+                    gw.txn(txn_body(&[], &ops, &[])).await?;
+                    n += 1;
+                }
+                Ok::<u64, GatewayError>(n)
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.map_err(|e| GatewayError::NotSent(e.to_string()))??;
+        }
+        let end = format!("{}0", base.trim_end_matches('/'));
+        gw.txn(txn_body(&[], &[TxnOp::Delete { key: &base, range_end: Some(&end) }], &[])).await?;
+        Ok::<u64, GatewayError>(total)
+    });
+    let secs = started.elapsed().as_secs_f64();
+    rt.shutdown_background();
+    let txns = txns.map_err(backend("probe"))? as f64;
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    Ok(WriteRate {
+        clients,
+        puts_per_txn,
+        value_bytes,
+        txns_per_sec: round(txns / secs),
+        keys_per_sec: round(txns * puts_per_txn as f64 / secs),
+        mb_per_sec: round(txns * (puts_per_txn * value_bytes) as f64 / secs / 1e6),
+    })
+}

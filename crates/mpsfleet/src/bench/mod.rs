@@ -3,6 +3,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
+mod failover;
 mod fleet;
 mod ingest;
 mod recovery;
@@ -32,6 +33,8 @@ pub enum BenchCommand {
     Register(RegisterBench),
     /// Task accepted to RUNNING on a local host, next to `docker run` of the same image.
     Start(StartBench),
+    /// Three servers on etcd; SIGKILL the leader again and again while clients submit.
+    Failover(failover::FailoverBench),
 }
 
 #[derive(Args)]
@@ -59,6 +62,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Submit(b) => submit(b),
         BenchCommand::Register(b) => register(b),
         BenchCommand::Start(b) => start(b),
+        BenchCommand::Failover(b) => failover::failover(b),
     }
 }
 
@@ -244,15 +248,21 @@ impl Endpoint {
 
 impl ServerProcess {
     fn start(name: &str, insecure_http: bool) -> Result<ServerProcess> {
+        ServerProcess::start_with(name, insecure_http, "127.0.0.1:0", &[])
+    }
+
+    /// [`ServerProcess::start`] on `listen`, with more `server` arguments (a store on etcd).
+    fn start_with(name: &str, insecure_http: bool, listen: &str, extra: &[String]) -> Result<ServerProcess> {
         use std::io::BufRead;
         let dir = std::env::temp_dir().join(format!("mpsf-bench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let data = dir.join("server");
         let mut child = std::process::Command::new(std::env::current_exe()?)
-            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["server", "--listen", listen, "--data-dir"])
             .arg(&data)
             .args(insecure_http.then_some("--insecure-http"))
+            .args(extra)
             .env("MPSFLEET_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(dir.join("server.log"))?)

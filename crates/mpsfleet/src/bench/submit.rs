@@ -4,7 +4,7 @@ use super::{
     epoch_ms, healthy_report, proc_vm_mib, quantile, register_hosts, round1, send_each_once, HttpConn,
     ServerProcess,
 };
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +37,12 @@ pub struct SubmitBench {
     /// retries would: what remembering them costs.
     #[arg(long)]
     client_tokens: bool,
+    /// The server's store: `sqlite` (its own file) or `etcd` (at --etcd-endpoints, under a
+    /// prefix of this run's; etcd's raw write rate is measured in the same run).
+    #[arg(long, value_parser = ["sqlite", "etcd"], default_value = "sqlite")]
+    store: String,
+    #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
+    etcd_endpoints: Option<String>,
 }
 
 pub fn submit(b: SubmitBench) -> Result<()> {
@@ -50,8 +56,39 @@ pub fn submit(b: SubmitBench) -> Result<()> {
     anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
     anyhow::ensure!((1..=143_771).contains(&b.memory_mib), "--memory-mib must be from 1 to 143771");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let server = ServerProcess::start("submit", b.insecure_http)?;
-    rt.block_on(run(&b, &server))
+    if b.store == "sqlite" {
+        let server = ServerProcess::start("submit", b.insecure_http)?;
+        return rt.block_on(run(&b, &server, serde_json::Value::Null));
+    }
+    let endpoints = b
+        .etcd_endpoints
+        .clone()
+        .context("--store etcd needs --etcd-endpoints (or MPSFLEET_ETCD_ENDPOINTS)")?;
+    let prefix = format!("/mpsfleet-bench/submit-{}-{}", std::process::id(), epoch_ms());
+    let mut probe = mpsfleet_store::EtcdConfig::new(&endpoints);
+    probe.prefix = format!("{prefix}-probe");
+    // etcd alone, through the same client: what one commit path could reach at best.
+    let raw = |clients, puts, bytes| {
+        mpsfleet_store::etcd::probe_write_rate(
+            &probe,
+            clients,
+            puts,
+            bytes,
+            std::time::Duration::from_secs(3),
+        )
+    };
+    let raw = serde_json::json!({
+        "one_put_100b_8_clients": raw(8, 1, 100)?,
+        "txn_100_puts_1kb_4_clients": raw(4, 100, 1024)?,
+    });
+    println!("etcd alone: {raw}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let extra: Vec<String> = ["--store", "etcd", "--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let server = ServerProcess::start_with("submit", b.insecure_http, &format!("127.0.0.1:{port}"), &extra)?;
+    rt.block_on(run(&b, &server, raw))
 }
 
 #[derive(serde::Deserialize)]
@@ -61,7 +98,7 @@ struct Counts {
 }
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
-async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
+async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Value) -> Result<()> {
     let pid = server.pid().to_string();
     let admin = server.admin()?;
     // The hosts get one report and no heartbeats after it: the grace covers the whole run.
@@ -168,6 +205,8 @@ async fn run(b: &SubmitBench, server: &ServerProcess) -> Result<()> {
     let ms = |us: u32| (us as f64 / 100.0).round() / 10.0;
     let report = serde_json::json!({
         "bench": "submit",
+        "store": b.store,
+        "etcd_alone": etcd_alone,
         "tasks": b.tasks,
         "batch": b.batch,
         "clients": b.clients,

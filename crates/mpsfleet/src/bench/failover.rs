@@ -1,0 +1,365 @@
+//! `mpsfleet bench failover`: three servers on one etcd cluster, a real agent running a
+//! service, emulated hosts for state, and clients submitting with client tokens; each trial
+//! SIGKILLs the leader and times how long until a write is acknowledged again.
+
+use super::{emulated_host, epoch_ms, healthy_report};
+use anyhow::{Context, Result};
+use clap::Args;
+use mpsfleet_client::Client;
+use mpsfleet_types::*;
+use std::collections::{BTreeMap, HashMap};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Args)]
+pub struct FailoverBench {
+    #[arg(long, default_value_t = 20)]
+    trials: u32,
+    /// The etcd cluster (three members for the figures in docs/benchmarks.md).
+    #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
+    etcd_endpoints: String,
+    /// Emulated hosts registered for the state's size (they report once; no heartbeats).
+    #[arg(long, default_value_t = 1_000)]
+    hosts: u32,
+    /// Clients submitting one task at a time, each request with a client token of its own.
+    #[arg(long, default_value_t = 4)]
+    clients: u32,
+    /// The servers' --leader-ttl, in seconds.
+    #[arg(long, default_value_t = 2)]
+    leader_ttl: u64,
+    /// Tasks of the service the real agent runs.
+    #[arg(long, default_value_t = 4)]
+    service_tasks: u32,
+}
+
+/// One of the three servers.
+struct Member {
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    fn start(
+        &mut self,
+        endpoints: &str,
+        prefix: &str,
+        ttl: u64,
+    ) -> Result<std::sync::mpsc::Receiver<String>> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["server", "--store", "etcd", "--etcd-endpoints", endpoints, "--etcd-prefix", prefix])
+            .args(["--leader-ttl", &ttl.to_string(), "--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .env("MPSFLEET_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new().create(true).append(true).open(self.dir.with_extension("log"))?,
+            )
+            .spawn()?;
+        let out = child.stdout.take().context("server stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        self.child = Some(child);
+        Ok(rx)
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_line(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> Result<String> {
+    loop {
+        let line =
+            rx.recv_timeout(Duration::from_secs(60)).with_context(|| format!("no {prefix:?} within 60 s"))?;
+        if line.starts_with(prefix) {
+            return Ok(line);
+        }
+    }
+}
+
+pub fn failover(b: FailoverBench) -> Result<()> {
+    anyhow::ensure!(b.trials >= 1 && b.clients >= 1, "--trials and --clients must be at least 1");
+    let root = std::env::temp_dir().join(format!("mpsf-bench-failover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    let prefix = format!("/mpsfleet-bench/failover-{}-{}", std::process::id(), epoch_ms());
+    let mut members: Vec<Member> = (1..=3)
+        .map(|i| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            Ok(Member { dir: root.join(format!("s{i}")), port, child: None })
+        })
+        .collect::<Result<_>>()?;
+    let rx = members[0].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+    wait_line(&rx, "mpsfleet server listening on ")?;
+    for m in &mut members[1..] {
+        std::fs::create_dir_all(&m.dir)?;
+        std::fs::copy(root.join("s1/server.key"), m.dir.join("server.key"))?;
+    }
+    for i in 1..3 {
+        let rx = members[i].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+        wait_line(&rx, "following: ")?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let result = rt.block_on(run(&b, &mut members, &root, &prefix));
+    for m in &mut members {
+        m.kill9();
+    }
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        eprintln!("kept {} for inspection", root.display());
+    }
+    result
+}
+
+/// Acknowledged submissions: client token → task id, and when the last one came.
+#[derive(Default)]
+struct Acks {
+    by_token: BTreeMap<String, TaskId>,
+    /// Acknowledgements after the kill of the current trial, by the time they came.
+    first_after_kill: Option<Instant>,
+    killed_at: Option<Instant>,
+    /// A retry of a token answered with another task than its first answer.
+    conflicting_answers: u64,
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+async fn run(b: &FailoverBench, members: &mut [Member], root: &Path, prefix: &str) -> Result<()> {
+    let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
+    let dir = root.join("s1");
+    let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join(mpsfleet_server::CA_FILE))?);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|t| t.trim().to_string());
+    let admin = Client::with_trust(&all, Some(read(mpsfleet_server::ADMIN_TOKEN_FILE)?), &trust)?;
+    let join = read(mpsfleet_server::JOIN_TOKEN_FILE)?;
+    let joiner = Client::with_trust(&all, Some(join.clone()), &trust)?;
+
+    // State: emulated hosts that reported once (a long grace: they send nothing after it).
+    let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
+    admin
+        .create_pool(&CreatePool { name: "bench".into(), health_policy: Some(health), ..Default::default() })
+        .await?;
+    let since = epoch_ms();
+    for n in 0..b.hosts {
+        let reg = emulated_host("bench", n, 8)?;
+        let answer = joiner.register_host(&reg).await?;
+        admin.with_token(answer.credential).report_host_status(&healthy_report(&reg, since)).await?;
+    }
+    let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
+        "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
+        "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]});
+    admin.register_taskdef(td.to_string().into_bytes()).await?;
+
+    // A real agent (in-process MPS model, emulated GPUs) running a service.
+    admin.create_pool(&CreatePool { name: "svc".into(), ..Default::default() }).await?;
+    let agent_dir = root.join("agent");
+    std::fs::create_dir_all(&agent_dir)?;
+    let mut agent = Command::new(std::env::current_exe()?)
+        .args(["agent", "--server", &all, "--join-token", &join, "--pool", "svc", "--mps-model"])
+        .args([
+            "--emulate-gpus",
+            "H200:143771:2",
+            "--heartbeat-ms",
+            "500",
+            "--stop-tasks-on-exit",
+            "--data-dir",
+        ])
+        .arg(&agent_dir)
+        .env("MPSFLEET_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(root.join("agent.log"))?)
+        .spawn()?;
+    let outcome = trials(b, members, &admin, prefix, &all).await;
+    let _ = Command::new("kill").arg(agent.id().to_string()).status();
+    let _ = agent.wait();
+    outcome
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+async fn trials(
+    b: &FailoverBench,
+    members: &mut [Member],
+    admin: &Client,
+    prefix: &str,
+    _all: &str,
+) -> Result<()> {
+    admin
+        .create_service(&CreateService {
+            name: "svc".into(),
+            pool: "svc".into(),
+            task_definition: "bench".into(),
+            desired_count: b.service_tasks,
+            resumption: None,
+            client_token: Some("bench-service".into()),
+        })
+        .await?;
+    let service_query = || mpsfleet_client::TaskQuery {
+        service: Some("svc".into()),
+        limit: Some(1000),
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let service_before: Vec<TaskId> = loop {
+        let tasks = admin.list_tasks(&service_query()).await?;
+        let running: Vec<TaskId> =
+            tasks.iter().filter(|t| t.last_status == TaskStatus::Running).map(|t| t.id).collect();
+        if running.len() == b.service_tasks as usize {
+            break running;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the service's tasks did not all reach RUNNING in 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    let acks = Arc::new(Mutex::new(Acks::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..b.clients {
+        let (admin, acks, stop) = (admin.clone(), acks.clone(), stop.clone());
+        clients.spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let token = format!("c{c}-{n}");
+                let req = RunTask {
+                    task_definition: "bench".into(),
+                    count: 1,
+                    pool: "bench".into(),
+                    client_token: Some(token.clone()),
+                };
+                // Retried with the same token until it is acknowledged, as a careful client does.
+                let id = loop {
+                    match admin.run_task(&req).await {
+                        Ok(r) if r.tasks.len() == 1 => break r.tasks[0].id,
+                        Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        break TaskId(0);
+                    }
+                };
+                if id == TaskId(0) {
+                    break;
+                }
+                let now = Instant::now();
+                {
+                    let mut a = acks.lock().expect("acks");
+                    if let Some(k) = a.killed_at {
+                        if a.first_after_kill.is_none() && now > k {
+                            a.first_after_kill = Some(now);
+                        }
+                    }
+                    if let Some(prev) = a.by_token.insert(token, id) {
+                        if prev != id {
+                            a.conflicting_answers += 1;
+                        }
+                    }
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+
+    let mut times = Vec::new();
+    for trial in 1..=b.trials {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let status = admin.cluster_status().await?;
+        let leader_url = status.leader.url.clone().unwrap_or_default();
+        let i =
+            members.iter().position(|m| m.url() == leader_url).context("the leader is not one of ours")?;
+        // From when the leader is gone (SIGKILL delivered and the process reaped): an answer
+        // after that can only come from the next leader.
+        members[i].kill9();
+        let killed = Instant::now();
+        {
+            let mut a = acks.lock().expect("acks");
+            a.first_after_kill = None;
+            a.killed_at = Some(killed);
+        }
+        let took = loop {
+            if let Some(t) = acks.lock().expect("acks").first_after_kill {
+                break t.duration_since(killed).as_secs_f64();
+            }
+            anyhow::ensure!(
+                killed.elapsed() < Duration::from_secs(60),
+                "no write acknowledged within 60 s of the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let new = admin.cluster_status().await?;
+        println!(
+            "trial {trial}: killed {}, {} leads, first write acknowledged {took:.3}s after the kill",
+            members[i].url(),
+            new.leader.id
+        );
+        times.push(took);
+        let rx = members[i].start(&b.etcd_endpoints, prefix, b.leader_ttl)?;
+        wait_line(&rx, "following: ")?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    while let Some(c) = clients.join_next().await {
+        c??;
+    }
+
+    // What the last leader has.
+    let tasks = admin
+        .list_tasks(&mpsfleet_client::TaskQuery {
+            pool: Some("bench".into()),
+            limit: Some(1_000_000),
+            ..Default::default()
+        })
+        .await?;
+    let ids: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+    let a = acks.lock().expect("acks");
+    let lost = a.by_token.values().filter(|id| !ids.contains_key(id)).count();
+    let duplicates = tasks.len().saturating_sub(a.by_token.len()) + a.conflicting_answers as usize;
+    let service_after = admin.list_tasks(&service_query()).await?;
+    let stopped = service_before
+        .iter()
+        .filter(|id| !service_after.iter().any(|t| t.id == **id && t.last_status == TaskStatus::Running))
+        .count();
+    let mut per_gpu: HashMap<String, u64> = HashMap::new();
+    for t in tasks.iter().chain(&service_after).filter(|t| t.last_status != TaskStatus::Stopped) {
+        for g in &t.gpu_ids {
+            *per_gpu.entry(g.to_string()).or_default() += 1;
+        }
+    }
+    // Each task takes one MPS client of 1 GiB: 48 fit on a GPU by the client limit.
+    let overcommitted = per_gpu.values().filter(|n| **n > 48).count();
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let max = sorted[sorted.len() - 1];
+    let report = serde_json::json!({
+        "bench": "failover",
+        "trials": b.trials,
+        "hosts": b.hosts,
+        "clients": b.clients,
+        "leader_ttl_s": b.leader_ttl,
+        "acknowledged_writes": a.by_token.len(),
+        "median_failover_s": (median * 1000.0).round() / 1000.0,
+        "max_failover_s": (max * 1000.0).round() / 1000.0,
+        "acknowledged_writes_lost": lost,
+        "duplicate_tasks": duplicates,
+        "tasks_stopped_by_failover": stopped,
+        "gpu_overcommitments": overcommitted,
+    });
+    println!("{report}");
+    Ok(())
+}
