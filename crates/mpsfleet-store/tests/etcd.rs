@@ -52,7 +52,20 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 fn task(i: usize, bytes: usize) -> Op {
-    Op::put("task", format!("t{i:05}"), vec![b'x'; bytes], Precondition::Absent)
+    Op::put("task", format!("t{i:05}"), noise(i as u64, bytes), Precondition::Absent)
+}
+
+/// Bytes that do not compress, so that a large batch stays large on the wire.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 #[test]
@@ -63,6 +76,8 @@ fn a_batch_of_1000_tasks_larger_than_one_etcd_request_commits_as_one_revision() 
     let ops: Vec<Op> = (0..1_000).map(|i| task(i, 2_048)).collect();
     assert_eq!(store.commit(&ops).expect("commit"), 1);
     assert_eq!(store.list("task").expect("list").len(), 1_000);
+    let chunks = etcdctl(&["get", &format!("{p}/chunk/"), "--prefix", "--keys-only"]);
+    assert!(chunks.lines().filter(|l| !l.is_empty()).count() >= 2, "the batch must have been chunked: {chunks}");
     assert_eq!(store.changes_since(0, 1).expect("feed").len(), 1_000, "one revision, never split");
 
     // A store opened afresh sees the whole batch, read back from its chunks.

@@ -104,6 +104,26 @@ pub(crate) enum Stored {
 
 const INLINE: u8 = b'E';
 const CHUNKED: u8 = b'C';
+/// An inline entry compressed with LZ4 (the uncompressed size first).
+const COMPRESSED: u8 = b'Z';
+
+/// Entries at least this large are compressed: task records are repetitive JSON, and etcd's
+/// throughput here is bound by bytes (docs/benchmarks.md).
+const COMPRESS_FROM: usize = 4 * 1024;
+
+/// The largest entry a decoder will inflate, whatever a stored size prefix claims.
+const MAX_ENTRY_BYTES: usize = 1 << 29;
+
+/// [`encode_entry`], compressed when that pays.
+pub(crate) fn encode_entry_compressed(entry: &Entry) -> Vec<u8> {
+    let plain = encode_entry(entry);
+    if plain.len() < COMPRESS_FROM {
+        return plain;
+    }
+    let mut out = vec![COMPRESSED];
+    out.extend_from_slice(&lz4_flex::compress_prepend_size(&plain[1..]));
+    out
+}
 
 pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
     let size: usize =
@@ -144,6 +164,17 @@ pub(crate) fn decode_stored(rev: Revision, bytes: &[u8]) -> Result<Stored, Store
         message: message.to_owned(),
     };
     match bytes.first() {
+        Some(&COMPRESSED) => {
+            let claimed = bytes.get(1..5).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            if claimed > MAX_ENTRY_BYTES {
+                return Err(corrupt("compressed entry claims an impossible size"));
+            }
+            let plain = lz4_flex::decompress_size_prepended(&bytes[1..]).map_err(|e| corrupt(&e.to_string()))?;
+            let mut framed = Vec::with_capacity(plain.len() + 1);
+            framed.push(INLINE);
+            framed.extend_from_slice(&plain);
+            decode_stored(rev, &framed)
+        }
         Some(&INLINE) => {
             let mut r = Reader { b: &bytes[1..] };
             let count = r.count().ok_or_else(|| corrupt("truncated change count"))?;
@@ -244,6 +275,20 @@ mod tests {
             Stored::Inline(_) => panic!("expected chunked"),
         }
         assert!(decode_stored(9, b"Zzz").is_err());
+
+        // Large entries are compressed and read back the same; a damaged one is corrupt.
+        let big: Entry = (0..200).map(|i| ("task".into(), format!("t{i}"), Some(br#"{"status":"RUNNING"}"#.repeat(5)))).collect();
+        let packed = encode_entry_compressed(&big);
+        assert_eq!(packed[0], COMPRESSED);
+        assert!(packed.len() * 4 < encode_entry(&big).len(), "repetitive records compress");
+        match decode_stored(3, &packed).expect("decode") {
+            Stored::Inline(back) => assert_eq!(back, big),
+            Stored::Chunked { .. } => panic!("expected inline"),
+        }
+        let mut damaged = packed.clone();
+        damaged.truncate(packed.len() / 2);
+        assert!(decode_stored(3, &damaged).is_err());
+        assert_eq!(encode_entry_compressed(&entry), bytes, "small entries stay plain");
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub use gateway::EtcdConfig;
 pub use layout::MAX_VALUE_BYTES;
 
 use gateway::{txn_body, Compare, Gateway, GatewayError, Kv, TxnAnswer, TxnOp};
-use layout::{decode_obj, decode_stored, encode_entry, encode_obj, encode_pointer, Entry, Keys, Stored};
+use layout::{decode_obj, decode_stored, encode_obj, encode_pointer, Entry, Keys, Stored};
 
 /// How often the replica looks for changes other servers committed.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -588,7 +588,7 @@ impl Inner {
                 return Ok(base);
             }
             let new = base + 1;
-            let encoded = encode_entry(&entry);
+            let encoded = layout::encode_entry_compressed(&entry);
             let stored = if encoded.len() > layout::CHUNK_BYTES {
                 self.write_chunks(new, &encoded, fence.as_deref())?
             } else {
