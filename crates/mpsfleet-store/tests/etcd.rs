@@ -77,7 +77,10 @@ fn a_batch_of_1000_tasks_larger_than_one_etcd_request_commits_as_one_revision() 
     assert_eq!(store.commit(&ops).expect("commit"), 1);
     assert_eq!(store.list("task").expect("list").len(), 1_000);
     let chunks = etcdctl(&["get", &format!("{p}/chunk/"), "--prefix", "--keys-only"]);
-    assert!(chunks.lines().filter(|l| !l.is_empty()).count() >= 2, "the batch must have been chunked: {chunks}");
+    assert!(
+        chunks.lines().filter(|l| !l.is_empty()).count() >= 2,
+        "the batch must have been chunked: {chunks}"
+    );
     assert_eq!(store.changes_since(0, 1).expect("feed").len(), 1_000, "one revision, never split");
 
     // A store opened afresh sees the whole batch, read back from its chunks.

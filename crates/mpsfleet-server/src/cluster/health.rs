@@ -330,7 +330,14 @@ impl Cluster {
         let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, now) else { return Ok(()) };
         self.hosts[ix as usize].evaluated = true;
         let e = &self.hosts[ix as usize];
-        let changed = health.status != e.host.health_status;
+        // A server that has just loaded the state (a restart, a new leader) has heard nothing
+        // from the hosts yet: "waiting for the first heartbeat" is its own news, not the host's.
+        // The stored health stands until the host reports or its grace, counted from the load,
+        // runs out; writing it would cost one commit per host at every start and takeover.
+        let not_heard_since_load = e.last_heartbeat_ms.is_none()
+            && e.host.registered_at_ms < self.loaded_at_ms
+            && health.status == HealthStatus::InsufficientData;
+        let changed = health.status != e.host.health_status && !not_heard_since_load;
         let verdict = health.verdict.clone();
         self.hosts[ix as usize].health = health;
         if changed {

@@ -165,11 +165,13 @@ pub(crate) fn decode_stored(rev: Revision, bytes: &[u8]) -> Result<Stored, Store
     };
     match bytes.first() {
         Some(&COMPRESSED) => {
-            let claimed = bytes.get(1..5).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            let claimed =
+                bytes.get(1..5).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
             if claimed > MAX_ENTRY_BYTES {
                 return Err(corrupt("compressed entry claims an impossible size"));
             }
-            let plain = lz4_flex::decompress_size_prepended(&bytes[1..]).map_err(|e| corrupt(&e.to_string()))?;
+            let plain =
+                lz4_flex::decompress_size_prepended(&bytes[1..]).map_err(|e| corrupt(&e.to_string()))?;
             let mut framed = Vec::with_capacity(plain.len() + 1);
             framed.push(INLINE);
             framed.extend_from_slice(&plain);
@@ -277,7 +279,9 @@ mod tests {
         assert!(decode_stored(9, b"Zzz").is_err());
 
         // Large entries are compressed and read back the same; a damaged one is corrupt.
-        let big: Entry = (0..200).map(|i| ("task".into(), format!("t{i}"), Some(br#"{"status":"RUNNING"}"#.repeat(5)))).collect();
+        let big: Entry = (0..200)
+            .map(|i| ("task".into(), format!("t{i}"), Some(br#"{"status":"RUNNING"}"#.repeat(5))))
+            .collect();
         let packed = encode_entry_compressed(&big);
         assert_eq!(packed[0], COMPRESSED);
         assert!(packed.len() * 4 < encode_entry(&big).len(), "repetitive records compress");

@@ -363,3 +363,164 @@ async fn trials(
     println!("{report}");
     Ok(())
 }
+
+/// `mpsfleet bench takeover`: two servers on etcd, a store holding `--hosts` hosts and
+/// `--tasks` tasks; the leader is SIGKILLed and the follower's takeover is timed, from its
+/// election to its first acknowledged write (and from the kill, which adds the lease's TTL).
+#[derive(Args)]
+pub struct TakeoverBench {
+    #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
+    etcd_endpoints: String,
+    #[arg(long, default_value_t = 10_000)]
+    hosts: u32,
+    #[arg(long, default_value_t = 200_000)]
+    tasks: u32,
+    #[arg(long, default_value_t = 2)]
+    leader_ttl: u64,
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+pub fn takeover(b: TakeoverBench) -> Result<()> {
+    let root = std::env::temp_dir().join(format!("mpsf-bench-takeover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    let prefix = format!("/mpsfleet-bench/takeover-{}-{}", std::process::id(), epoch_ms());
+    let mut members: Vec<Member> = (1..=2)
+        .map(|i| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            Ok(Member { dir: root.join(format!("s{i}")), port, child: None })
+        })
+        .collect::<Result<_>>()?;
+    let rx1 = members[0].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+    wait_line(&rx1, "mpsfleet server listening on ")?;
+    std::fs::create_dir_all(&members[1].dir)?;
+    std::fs::copy(root.join("s1/server.key"), members[1].dir.join("server.key"))?;
+    let rx2 = members[1].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+    wait_line(&rx2, "following: ")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let result = rt.block_on(async {
+        let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
+        let dir = root.join("s1");
+        let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join(mpsfleet_server::CA_FILE))?);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|t| t.trim().to_string());
+        let admin = Client::with_trust(&all, Some(read(mpsfleet_server::ADMIN_TOKEN_FILE)?), &trust)?;
+        let joiner = Client::with_trust(&all, Some(read(mpsfleet_server::JOIN_TOKEN_FILE)?), &trust)?;
+        let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
+        admin
+            .create_pool(&CreatePool {
+                name: "bench".into(),
+                health_policy: Some(health),
+                ..Default::default()
+            })
+            .await?;
+        let t = Instant::now();
+        let since = epoch_ms();
+        let next = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (joiner, admin, next, hosts) = (joiner.clone(), admin.clone(), next.clone(), b.hosts);
+            workers.spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= hosts {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                    let reg = emulated_host("bench", n, 8)?;
+                    let answer = joiner.register_host(&reg).await?;
+                    admin
+                        .with_token(answer.credential)
+                        .report_host_status(&healthy_report(&reg, since))
+                        .await?;
+                }
+            });
+        }
+        while let Some(w) = workers.join_next().await {
+            w??;
+        }
+        let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
+            "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
+            "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]});
+        admin.register_taskdef(td.to_string().into_bytes()).await?;
+        let mut left = b.tasks;
+        while left > 0 {
+            let n = left.min(mpsfleet_server::cluster::MAX_RUN_COUNT);
+            admin
+                .run_task(&RunTask {
+                    task_definition: "bench".into(),
+                    count: n,
+                    pool: "bench".into(),
+                    client_token: None,
+                })
+                .await?;
+            left -= n;
+        }
+        let before = admin.cluster_status().await?;
+        println!(
+            "{} hosts and {} tasks in the store (revision {}) in {:.1}s",
+            b.hosts,
+            b.tasks,
+            before.revision,
+            t.elapsed().as_secs_f64()
+        );
+        // Let the follower's replica reach the leader's revision before the kill.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        members[0].kill9();
+        let killed = Instant::now();
+        wait_line(&rx2, "elected leader: ")?;
+        let elected = Instant::now();
+        let probe = RunTask {
+            task_definition: "bench".into(),
+            count: 1,
+            pool: "bench".into(),
+            client_token: Some("takeover".into()),
+        };
+        loop {
+            if admin.run_task(&probe).await.is_ok() {
+                break;
+            }
+            anyhow::ensure!(
+                killed.elapsed() < Duration::from_secs(120),
+                "no write acknowledged within 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let served = Instant::now();
+        let after = admin.cluster_status().await?;
+        let tasks = admin
+            .list_tasks(&mpsfleet_client::TaskQuery {
+                pool: Some("bench".into()),
+                limit: Some(1_000_000),
+                ..Default::default()
+            })
+            .await?;
+        anyhow::ensure!(
+            tasks.len() == b.tasks as usize + 1,
+            "the new leader has {} tasks, not {}",
+            tasks.len(),
+            b.tasks + 1
+        );
+        let round = |d: Duration| (d.as_secs_f64() * 1000.0).round() / 1000.0;
+        let report = serde_json::json!({
+            "bench": "takeover",
+            "hosts": b.hosts,
+            "tasks": b.tasks,
+            "store_revision": after.revision,
+            "leader_ttl_s": b.leader_ttl,
+            "kill_to_elected_s": round(elected - killed),
+            "takeover_s": round(served - elected),
+            "kill_to_first_write_s": round(served - killed),
+        });
+        println!("{report}");
+        Ok(())
+    });
+    for m in &mut members {
+        m.kill9();
+    }
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&root);
+    } else {
+        eprintln!("kept {} for inspection", root.display());
+    }
+    result
+}
