@@ -113,8 +113,8 @@ pub fn failover(b: FailoverBench) -> Result<()> {
         std::fs::create_dir_all(&m.dir)?;
         std::fs::copy(root.join("s1/server.key"), m.dir.join("server.key"))?;
     }
-    for i in 1..3 {
-        let rx = members[i].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+    for m in &mut members[1..] {
+        let rx = m.start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
         wait_line(&rx, "following: ")?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -326,9 +326,15 @@ async fn trials(
         })
         .await?;
     let ids: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
-    let a = acks.lock().expect("acks");
-    let lost = a.by_token.values().filter(|id| !ids.contains_key(id)).count();
-    let duplicates = tasks.len().saturating_sub(a.by_token.len()) + a.conflicting_answers as usize;
+    let (acknowledged, lost, duplicates) = {
+        let a = acks.lock().expect("acks");
+        let lost = a.by_token.values().filter(|id| !ids.contains_key(id)).count();
+        (
+            a.by_token.len(),
+            lost,
+            tasks.len().saturating_sub(a.by_token.len()) + a.conflicting_answers as usize,
+        )
+    };
     let service_after = admin.list_tasks(&service_query()).await?;
     let stopped = service_before
         .iter()
@@ -352,7 +358,7 @@ async fn trials(
         "hosts": b.hosts,
         "clients": b.clients,
         "leader_ttl_s": b.leader_ttl,
-        "acknowledged_writes": a.by_token.len(),
+        "acknowledged_writes": acknowledged,
         "median_failover_s": (median * 1000.0).round() / 1000.0,
         "max_failover_s": (max * 1000.0).round() / 1000.0,
         "acknowledged_writes_lost": lost,
