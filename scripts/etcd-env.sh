@@ -11,6 +11,7 @@
 #                                     # member pid files, for tests that kill one)
 #   bash scripts/etcd-env.sh stop     # stop the members, leave nothing running
 #   bash scripts/etcd-env.sh status   # etcdctl's endpoint status table
+#   bash scripts/etcd-env.sh restart-member N   # start member N again on its data (after a test killed it)
 #
 # Environment:
 #   MPSFLEET_ETCD_DIR      state directory (default <repo>/target/etcd)
@@ -43,6 +44,22 @@ endpoints() {
   echo "http://127.0.0.1:$base,http://127.0.0.1:$((base + 1)),http://127.0.0.1:$((base + 2))"
 }
 
+# Starts member $1 (1-3) on the ports recorded in $dir/port; a member whose data directory
+# exists rejoins the cluster with its data.
+start_member() {
+  local i=$1 base
+  base="$(cat "$dir/port")"
+  local c=$((base + i - 1)) p=$((base + 9 + i))
+  local cluster="m1=http://127.0.0.1:$((base + 10)),m2=http://127.0.0.1:$((base + 11)),m3=http://127.0.0.1:$((base + 12))"
+  # Each member gets its own session so that a test's signals to the member never reach it.
+  setsid etcd --name "m$i" --data-dir "$dir/m$i" \
+    --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+    --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+    --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "mpsfleet-$base" \
+    >>"$dir/m$i.log" 2>&1 </dev/null &
+  echo $! >"$dir/m$i.pid"
+}
+
 start() {
   if ! command -v etcd >/dev/null 2>&1; then
     log "installing Debian's etcd-server and etcd-client"
@@ -60,17 +77,9 @@ start() {
     base=$((base + 20))
   done
   echo "$base" >"$dir/port"
-  local cluster="m1=http://127.0.0.1:$((base + 10)),m2=http://127.0.0.1:$((base + 11)),m3=http://127.0.0.1:$((base + 12))"
   for i in 1 2 3; do
-    local c=$((base + i - 1)) p=$((base + 9 + i))
     rm -rf "$dir/m$i"
-    # Each member gets its own session so that a test's signals to the member never reach it.
-    setsid etcd --name "m$i" --data-dir "$dir/m$i" \
-      --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
-      --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
-      --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "mpsfleet-$base" \
-      >"$dir/m$i.log" 2>&1 </dev/null &
-    echo $! >"$dir/m$i.pid"
+    start_member "$i"
   done
   for _ in $(seq 1 120); do
     if ETCDCTL_API=3 etcdctl --endpoints="$(endpoints)" endpoint health >/dev/null 2>&1; then
@@ -108,6 +117,11 @@ case "${1:-}" in
     echo "export MPSFLEET_TEST_ETCD_DIR=$dir"
     ;;
   stop) stop ;;
+  # For tests that kill a member (its pid is in $MPSFLEET_TEST_ETCD_DIR/mN.pid) and bring it back.
+  restart-member)
+    [[ "${2:-}" =~ ^[123]$ ]] || die "usage: etcd-env.sh restart-member 1|2|3"
+    start_member "$2"
+    ;;
   status) ETCDCTL_API=3 etcdctl --endpoints="$(endpoints)" endpoint status -w table ;;
   *) die "usage: etcd-env.sh start|env|stop|status" ;;
 esac
