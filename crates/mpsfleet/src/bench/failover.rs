@@ -95,38 +95,70 @@ fn wait_line(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> Result<Str
     }
 }
 
-pub fn failover(b: FailoverBench) -> Result<()> {
-    anyhow::ensure!(b.trials >= 1 && b.clients >= 1, "--trials and --clients must be at least 1");
-    let root = std::env::temp_dir().join(format!("mpsf-bench-failover-{}", std::process::id()));
+/// What a server prints, line by line.
+type Output = std::sync::mpsc::Receiver<String>;
+
+/// `n` servers on one etcd prefix of this run's, in a temporary directory: the first is
+/// elected, the others share its `server.key` and follow. The receivers get each one's output.
+fn start_servers(
+    name: &str,
+    n: usize,
+    endpoints: &str,
+    ttl: u64,
+) -> Result<(PathBuf, String, Vec<Member>, Vec<Output>)> {
+    let root = std::env::temp_dir().join(format!("mpsf-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
-    let prefix = format!("/mpsfleet-bench/failover-{}-{}", std::process::id(), epoch_ms());
-    let mut members: Vec<Member> = (1..=3)
+    let prefix = format!("/mpsfleet-bench/{name}-{}-{}", std::process::id(), epoch_ms());
+    let mut members: Vec<Member> = (1..=n)
         .map(|i| {
             let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
             Ok(Member { dir: root.join(format!("s{i}")), port, child: None })
         })
         .collect::<Result<_>>()?;
-    let rx = members[0].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
-    wait_line(&rx, "mpsfleet server listening on ")?;
+    let mut outputs = vec![members[0].start(endpoints, &prefix, ttl)?];
+    wait_line(&outputs[0], "mpsfleet server listening on ")?;
     for m in &mut members[1..] {
         std::fs::create_dir_all(&m.dir)?;
         std::fs::copy(root.join("s1/server.key"), m.dir.join("server.key"))?;
-    }
-    for m in &mut members[1..] {
-        let rx = m.start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
+        let rx = m.start(endpoints, &prefix, ttl)?;
         wait_line(&rx, "following: ")?;
+        outputs.push(rx);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(run(&b, &mut members, &root, &prefix));
-    for m in &mut members {
+    Ok((root, prefix, members, outputs))
+}
+
+/// Stops the servers; removes their directory unless the run failed.
+fn stop_servers(root: &Path, members: &mut [Member], result: &Result<()>) {
+    for m in members {
         m.kill9();
     }
     if result.is_ok() {
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(root);
     } else {
         eprintln!("kept {} for inspection", root.display());
     }
+}
+
+/// The admin and join clients of the servers (every address), and the join token.
+fn cluster_clients(root: &Path, members: &[Member]) -> Result<(Client, Client, String)> {
+    let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
+    let dir = root.join("s1");
+    let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join(mpsfleet_server::CA_FILE))?);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|t| t.trim().to_string());
+    let admin = Client::with_trust(&all, Some(read(mpsfleet_server::ADMIN_TOKEN_FILE)?), &trust)?;
+    let join = read(mpsfleet_server::JOIN_TOKEN_FILE)?;
+    let joiner = Client::with_trust(&all, Some(join.clone()), &trust)?;
+    Ok((admin, joiner, join))
+}
+
+pub fn failover(b: FailoverBench) -> Result<()> {
+    anyhow::ensure!(b.trials >= 1 && b.clients >= 1, "--trials and --clients must be at least 1");
+    let (root, prefix, mut members, _outputs) =
+        start_servers("failover", 3, &b.etcd_endpoints, b.leader_ttl)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let result = rt.block_on(run(&b, &mut members, &root, &prefix));
+    stop_servers(&root, &mut members, &result);
     result
 }
 
@@ -144,12 +176,7 @@ struct Acks {
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
 async fn run(b: &FailoverBench, members: &mut [Member], root: &Path, prefix: &str) -> Result<()> {
     let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
-    let dir = root.join("s1");
-    let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join(mpsfleet_server::CA_FILE))?);
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|t| t.trim().to_string());
-    let admin = Client::with_trust(&all, Some(read(mpsfleet_server::ADMIN_TOKEN_FILE)?), &trust)?;
-    let join = read(mpsfleet_server::JOIN_TOKEN_FILE)?;
-    let joiner = Client::with_trust(&all, Some(join.clone()), &trust)?;
+    let (admin, joiner, join) = cluster_clients(root, members)?;
 
     // State: emulated hosts that reported once (a long grace: they send nothing after it).
     let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
@@ -350,7 +377,8 @@ async fn trials(
     let overcommitted = per_gpu.values().filter(|n| **n > 48).count();
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    let mid = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 0 { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] };
     let max = sorted[sorted.len() - 1];
     let report = serde_json::json!({
         "bench": "failover",
@@ -387,30 +415,12 @@ pub struct TakeoverBench {
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
 pub fn takeover(b: TakeoverBench) -> Result<()> {
-    let root = std::env::temp_dir().join(format!("mpsf-bench-takeover-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root)?;
-    let prefix = format!("/mpsfleet-bench/takeover-{}-{}", std::process::id(), epoch_ms());
-    let mut members: Vec<Member> = (1..=2)
-        .map(|i| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            Ok(Member { dir: root.join(format!("s{i}")), port, child: None })
-        })
-        .collect::<Result<_>>()?;
-    let rx1 = members[0].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
-    wait_line(&rx1, "mpsfleet server listening on ")?;
-    std::fs::create_dir_all(&members[1].dir)?;
-    std::fs::copy(root.join("s1/server.key"), members[1].dir.join("server.key"))?;
-    let rx2 = members[1].start(&b.etcd_endpoints, &prefix, b.leader_ttl)?;
-    wait_line(&rx2, "following: ")?;
+    let (root, _prefix, mut members, outputs) =
+        start_servers("takeover", 2, &b.etcd_endpoints, b.leader_ttl)?;
+    let rx2 = &outputs[1];
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async {
-        let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
-        let dir = root.join("s1");
-        let trust = mpsfleet_client::tls::Trust::Ca(std::fs::read(dir.join(mpsfleet_server::CA_FILE))?);
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|t| t.trim().to_string());
-        let admin = Client::with_trust(&all, Some(read(mpsfleet_server::ADMIN_TOKEN_FILE)?), &trust)?;
-        let joiner = Client::with_trust(&all, Some(read(mpsfleet_server::JOIN_TOKEN_FILE)?), &trust)?;
+        let (admin, joiner, _) = cluster_clients(&root, &members)?;
         let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
         admin
             .create_pool(&CreatePool {
@@ -473,7 +483,7 @@ pub fn takeover(b: TakeoverBench) -> Result<()> {
 
         members[0].kill9();
         let killed = Instant::now();
-        wait_line(&rx2, "elected leader: ")?;
+        wait_line(rx2, "elected leader: ")?;
         let elected = Instant::now();
         let probe = RunTask {
             task_definition: "bench".into(),
@@ -520,13 +530,6 @@ pub fn takeover(b: TakeoverBench) -> Result<()> {
         println!("{report}");
         Ok(())
     });
-    for m in &mut members {
-        m.kill9();
-    }
-    if result.is_ok() {
-        let _ = std::fs::remove_dir_all(&root);
-    } else {
-        eprintln!("kept {} for inspection", root.display());
-    }
+    stop_servers(&root, &mut members, &result);
     result
 }
