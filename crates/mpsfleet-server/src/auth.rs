@@ -159,7 +159,7 @@ pub fn webhook_secret(path: &Path) -> Result<[u8; 32], ApiError> {
 }
 
 /// HMAC-SHA256 (RFC 2104) with a key of at most one block.
-fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+pub(crate) fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
     let mut block = [0u8; 64];
     block[..32].copy_from_slice(key);
     let pad = |byte: u8| block.map(|b| b ^ byte);

@@ -440,10 +440,10 @@ fn app_with(
     rate_limits: RateLimits,
     limiter: Arc<RateLimiter>,
 ) -> Router {
-    let (admin, joins) = state
+    let (admin, joins, forward_key) = state
         .cluster
         .lock()
-        .map(|c| (c.admin_digest(), c.join_digests()))
+        .map(|c| (c.admin_digest(), c.join_digests(), crate::forward::forwarding_key(c.server_key())))
         .expect("the cluster lock at start");
     let guard_state = Guard {
         state: state.clone(),
@@ -456,6 +456,24 @@ fn app_with(
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .layer(axum::middleware::from_fn(json_errors))
+        .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
+}
+
+/// A request a follower forwarded (crate::forward) names its original peer in a signed
+/// header: that peer becomes the request's `ConnectInfo`. An unsigned or forged header is
+/// dropped and the connection's own peer stands.
+async fn forwarded_peer(State(key): State<[u8; 32]>, mut req: Request, next: Next) -> Response {
+    if let Some(value) = req.headers_mut().remove(crate::forward::FORWARDED_PEER) {
+        match value.to_str().ok().and_then(|v| crate::forward::verify_forwarded_peer(&key, v)) {
+            Some(peer) => {
+                req.extensions_mut().insert(ConnectInfo(peer));
+            }
+            None => tracing::warn!(
+                "a request's forwarded-peer header is not signed by a server of this cluster; ignored"
+            ),
+        }
+    }
+    next.run(req).await
 }
 
 /// When a connection last moved a byte, and how many of its requests are in flight.

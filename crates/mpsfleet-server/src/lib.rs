@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod forward;
 pub mod http;
 pub mod openapi;
 pub mod provider;

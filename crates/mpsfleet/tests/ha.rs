@@ -1,7 +1,7 @@
 //! Several servers on one etcd cluster (the test cluster of `scripts/etcd-env.sh`): one leads,
-//! the others wait; when the leader is killed another takes over, agents and clients given
-//! every address find it, a retried submission with its client token is answered as the first
-//! was, and the tasks that were running keep running.
+//! the others forward to it; when the leader is killed another takes over, agents and clients
+//! find it (through a follower, or given every address), a retried submission with its client
+//! token is answered as the first was, and the tasks that were running keep running.
 
 mod common;
 
@@ -73,11 +73,17 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
     let (_third, rx3) = start_server(&dirs[2], ports[2], &prefix);
     for rx in [&rx2, &rx3] {
         assert!(wait_for_line(rx, "following: ").contains(&format!(":{} leads", ports[0])));
+        wait_for_line(rx, "forwarding requests to the leader on ");
     }
-    // Followers serve no API: a client moves on to the next address.
-    for p in &ports[1..] {
-        assert!(std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(), "a follower must not listen");
-    }
+    // A follower forwards every request to the leader: a client given only its address works.
+    let via_follower = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: format!("https://127.0.0.1:{}", ports[2]),
+        data_dir: dirs[0].clone(),
+    };
+    let status = via_follower.admin().cluster_status().await.expect("status through a follower");
+    assert_eq!(status.leader.url.as_deref(), Some(format!("https://127.0.0.1:{}", ports[0]).as_str()));
+    create_pool(&via_follower.admin(), "gpu").await;
 
     // One client and one agent, each given every address; the first server's files (CA,
     // tokens) are the cluster's.
@@ -96,11 +102,11 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
     assert_eq!(status.members.len(), 3);
     assert!(status.members.iter().all(|m| m.healthy), "{status:?}");
 
-    create_pool(&admin, "gpu").await;
     admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
     let agent_dir = tmp.path().join("agent");
     std::fs::create_dir_all(&agent_dir).expect("agent dir");
-    let agent = Agent::start_with_model(&cluster, &agent_dir, 2);
+    // The agent knows one follower only: it joins, reports and gets its tasks through it.
+    let agent = Agent::start_with_model(&via_follower, &agent_dir, 2);
     let run = RunTask {
         task_definition: "infer".into(),
         count: 1,

@@ -74,13 +74,32 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         if let Ok(Some(l)) = store.leader() {
             say(&format!("following: {} leads ({})", l.candidate.id, l.candidate.url));
         }
+        // While it follows, the server forwards every request to the leader.
+        let follower = match forward(args, &store, listen).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "not forwarding to the leader while following");
+                None
+            }
+        };
         let mut stopping = stop_rx.clone();
-        let leadership = tokio::select! {
-            r = campaign => match r?.context("campaign for leadership")? {
+        let outcome = tokio::select! {
+            r = campaign => Some(r),
+            _ = stopping.wait_for(|s| *s) => None,
+        };
+        if let Some((handle, stop_forwarding)) = follower {
+            let _ = stop_forwarding.send(());
+            let abort = handle.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), handle).await.is_err() {
+                abort.abort(); // requests still in flight (long polls) end here
+            }
+        }
+        let leadership = match outcome {
+            Some(r) => match r?.context("campaign for leadership")? {
                 Some(l) => l,
                 None => return Ok(()),
             },
-            _ = stopping.wait_for(|s| *s) => {
+            None => {
                 stop.store(true, Ordering::Relaxed);
                 return Ok(());
             }
@@ -129,6 +148,56 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
             "stepped down: {}; campaigning again",
             leadership.lost_reason().unwrap_or_else(|| "leadership lost".to_owned())
         ));
+    }
+}
+
+/// A follower's server: every request forwarded to the leader (`mpsfleet_server::forward`).
+/// `None` until the cluster has its CA and this server has the shared `server.key`, which the
+/// follower needs to serve TLS and to sign the peers it forwards.
+async fn forward(
+    args: &ServerArgs,
+    store: &Arc<EtcdStore>,
+    listen: std::net::SocketAddr,
+) -> Result<Option<(tokio::task::JoinHandle<std::io::Result<()>>, tokio::sync::oneshot::Sender<()>)>> {
+    let key_file = args.data_dir.join(mpsfleet_server::SERVER_KEY_FILE);
+    if !key_file.exists() {
+        tracing::warn!(path = %key_file.display(), "no server.key yet (copy the first server's): not forwarding");
+        return Ok(None);
+    }
+    let key = mpsfleet_server::auth::ServerKey::load_or_create(&key_file)?;
+    let now = mpsfleet_core::clock::Clock::now_ms(&SystemClock);
+    let cas = match mpsfleet_server::tls::CaSet::load_or_create(store.as_ref(), &key, None, now) {
+        Ok(cas) => cas,
+        Err(e) => {
+            tracing::info!(error = %e, "the cluster has no CA yet: not forwarding");
+            return Ok(None);
+        }
+    };
+    let ca_pem = cas.bundle_pem();
+    let acceptor = if args.insecure_http {
+        None
+    } else {
+        let names = mpsfleet_server::tls::default_names(listen, &args.tls_san);
+        Some(mpsfleet_server::tls::ServerTls::new(cas, names, now, None)?.acceptor()?)
+    };
+    let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> = Arc::new(EtcdLeader(store.clone()));
+    let app = mpsfleet_server::forward::router(lookup, ca_pem.as_bytes(), &key)?;
+    let listener = bind(listen).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let limits = mpsfleet_server::http::HttpLimits::default();
+    let handle = tokio::spawn(mpsfleet_server::http::serve(listener, app, acceptor, limits, async {
+        let _ = rx.await;
+    }));
+    say(&format!("forwarding requests to the leader on {listen}"));
+    Ok(Some((handle, tx)))
+}
+
+/// The leader's URL, as its election key has it.
+struct EtcdLeader(Arc<EtcdStore>);
+
+impl mpsfleet_server::forward::LeaderLookup for EtcdLeader {
+    fn leader_url(&self) -> Option<String> {
+        self.0.leader().ok().flatten().map(|l| l.candidate.url)
     }
 }
 

@@ -1,0 +1,163 @@
+//! What a follower serves: every request forwarded to the elected leader, so that a client or
+//! agent given any one server's address reaches the cluster. The follower adds who the peer
+//! was (`x-mpsfleet-forwarded-peer`, signed with a key derived from `server.key`, which all
+//! servers of one store share); the leader believes that header only with a valid signature,
+//! so it still reaches an agent at the address its heartbeats come from and rate-limits
+//! unknown tokens per real address. Bodies are streamed both ways: long polls and event
+//! streams pass through, and the leader applies its own limits to what it receives.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use futures_util::TryStreamExt;
+
+use crate::auth::ServerKey;
+use crate::error::ApiError;
+
+/// The header a follower names the original peer in: `IP:PORT;SIGNATURE`.
+pub const FORWARDED_PEER: &str = "x-mpsfleet-forwarded-peer";
+
+/// The purpose the forwarding key is derived for.
+const KEY_PURPOSE: &str = "forwarded-peer";
+
+/// Headers that describe one connection, not the request: never passed on.
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"];
+
+/// The key forwarded-peer headers are signed with.
+pub fn forwarding_key(key: &ServerKey) -> [u8; 32] {
+    key.derive_key(KEY_PURPOSE)
+}
+
+fn signature(key: &[u8; 32], peer: &str) -> String {
+    crate::auth::hex(&crate::auth::hmac_sha256(key, peer.as_bytes()))
+}
+
+/// The header value naming `peer`, signed.
+pub fn forwarded_peer(key: &[u8; 32], peer: SocketAddr) -> String {
+    let peer = peer.to_string();
+    format!("{peer};{}", signature(key, &peer))
+}
+
+/// The peer a signed header names; `None` when it is malformed or not signed with `key`.
+pub fn verify_forwarded_peer(key: &[u8; 32], value: &str) -> Option<SocketAddr> {
+    let (peer, sig) = value.split_once(';')?;
+    let expected = signature(key, peer);
+    // Compare in constant time: the signature is a secret until it is right.
+    if expected.len() != sig.len()
+        || expected.bytes().zip(sig.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) != 0
+    {
+        return None;
+    }
+    peer.parse().ok()
+}
+
+/// Where the follower sends what it receives.
+pub trait LeaderLookup: Send + Sync + 'static {
+    /// The leader's URL (`https://HOST:PORT`), if one is elected.
+    fn leader_url(&self) -> Option<String>;
+}
+
+struct Forwarder {
+    http: reqwest::Client,
+    leader: Arc<dyn LeaderLookup>,
+    key: [u8; 32],
+}
+
+/// The follower's whole API: everything is forwarded to the leader.
+pub fn router(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> Result<Router, ApiError> {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(2));
+    for der in mpsfleet_client::tls::certificates(ca_pem)
+        .map_err(|e| ApiError::Internal(format!("cluster CA: {e}")))?
+    {
+        let cert = reqwest::Certificate::from_der(&der)
+            .map_err(|e| ApiError::Internal(format!("cluster CA: {e}")))?;
+        builder = builder.add_root_certificate(cert);
+    }
+    let http = builder.build().map_err(|e| ApiError::Internal(format!("forwarding client: {e}")))?;
+    let state = Arc::new(Forwarder { http, leader, key: forwarding_key(key) });
+    Ok(Router::new().fallback(forward).with_state(state))
+}
+
+async fn forward(
+    State(f): State<Arc<Forwarder>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    let leader = {
+        let lookup = f.leader.clone();
+        tokio::task::spawn_blocking(move || lookup.leader_url()).await.ok().flatten()
+    };
+    let Some(leader) = leader else {
+        return unavailable(
+            "NoLeader",
+            "no server leads at the moment (an election is under way); retry shortly",
+        );
+    };
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let mut out = f.http.request(req.method().clone(), format!("{}{path}", leader.trim_end_matches('/')));
+    for (name, value) in req.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) && name.as_str() != FORWARDED_PEER {
+            out = out.header(name, value);
+        }
+    }
+    out = out.header(FORWARDED_PEER, forwarded_peer(&f.key, peer));
+    let body = req.into_body().into_data_stream().map_err(std::io::Error::other);
+    let answer = match out.body(reqwest::Body::wrap_stream(body)).send().await {
+        Ok(a) => a,
+        Err(e) => {
+            // Expected while the leader changes; the client is told to retry.
+            tracing::debug!(%leader, error = %e, "could not forward a request to the leader");
+            return unavailable(
+                "LeaderUnavailable",
+                &format!("the leader at {leader} did not answer; retry shortly"),
+            );
+        }
+    };
+    let mut resp = Response::builder().status(answer.status().as_u16());
+    for (name, value) in answer.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            if let (Ok(n), Ok(v)) =
+                (HeaderName::from_bytes(name.as_ref()), HeaderValue::from_bytes(value.as_bytes()))
+            {
+                resp = resp.header(n, v);
+            }
+        }
+    }
+    let stream = answer.bytes_stream().map_err(std::io::Error::other);
+    resp.body(Body::from_stream(stream)).unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+fn unavailable(code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "code": code, "message": message });
+    (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "1")], axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_header_signed_with_the_key_names_a_peer() {
+        let key = [7u8; 32];
+        let peer: SocketAddr = "10.1.2.3:4567".parse().expect("addr");
+        let header = forwarded_peer(&key, peer);
+        assert_eq!(verify_forwarded_peer(&key, &header), Some(peer));
+        assert_eq!(verify_forwarded_peer(&[8u8; 32], &header), None, "another key");
+        let forged = header.replacen("10.1.2.3", "10.9.9.9", 1);
+        assert_eq!(verify_forwarded_peer(&key, &forged), None, "another peer, same signature");
+        for bad in ["", "10.1.2.3:4567", "10.1.2.3:4567;", ";abc", "x;y"] {
+            assert_eq!(verify_forwarded_peer(&key, bad), None, "{bad:?}");
+        }
+    }
+}
