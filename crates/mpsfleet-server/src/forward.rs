@@ -60,7 +60,8 @@ pub fn verify_forwarded_peer(key: &[u8; 32], value: &str) -> Option<SocketAddr> 
 
 /// Where the follower sends what it receives.
 pub trait LeaderLookup: Send + Sync + 'static {
-    /// The leader's URL (`https://HOST:PORT`), if one is elected.
+    /// The leader's URL (`https://HOST:PORT`), if one is elected and it is not this server
+    /// (which has just been elected and is about to serve itself).
     fn leader_url(&self) -> Option<String>;
 }
 
@@ -104,6 +105,11 @@ async fn forward(
             "no server leads at the moment (an election is under way); retry shortly",
         );
     };
+    // A request another server forwarded here took this one for the leader: its view is stale
+    // or this one's is; passing it on again could only go round in a circle.
+    if req.headers().contains_key(FORWARDED_PEER) {
+        return unavailable("NoLeader", "the leader is changing; retry shortly");
+    }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
     let mut out = f.http.request(req.method().clone(), format!("{}{path}", leader.trim_end_matches('/')));
     for (name, value) in req.headers() {

@@ -164,7 +164,13 @@ impl EtcdStore {
             let (tx, _) = tokio::sync::watch::channel(None);
             let held = Arc::new(Held { create_revision: a.revision, lease, lost: tx });
             *inner.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
-            inner.catch_up()?;
+            if let Err(e) = inner.catch_up() {
+                // Leading from a replica that may be behind is not leading: give it back.
+                inner.lose("could not read the latest state after the election");
+                let gw = inner.gw.clone();
+                let _ = inner.io(async move { gw.lease_revoke(lease).await });
+                return Err(e);
+            }
             let me = inner.clone();
             let h = held.clone();
             thread::Builder::new()

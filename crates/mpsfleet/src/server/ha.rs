@@ -75,7 +75,7 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
             say(&format!("following: {} leads ({})", l.candidate.id, l.candidate.url));
         }
         // While it follows, the server forwards every request to the leader.
-        let follower = match forward(args, &store, listen).await {
+        let follower = match forward(args, &store, &me, listen).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "not forwarding to the leader while following");
@@ -157,6 +157,7 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
 async fn forward(
     args: &ServerArgs,
     store: &Arc<EtcdStore>,
+    me: &Candidate,
     listen: std::net::SocketAddr,
 ) -> Result<Option<(tokio::task::JoinHandle<std::io::Result<()>>, tokio::sync::oneshot::Sender<()>)>> {
     let key_file = args.data_dir.join(mpsfleet_server::SERVER_KEY_FILE);
@@ -180,7 +181,8 @@ async fn forward(
         let names = mpsfleet_server::tls::default_names(listen, &args.tls_san);
         Some(mpsfleet_server::tls::ServerTls::new(cas, names, now, None)?.acceptor()?)
     };
-    let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> = Arc::new(EtcdLeader(store.clone()));
+    let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> =
+        Arc::new(EtcdLeader(store.clone(), me.url.clone()));
     let app = mpsfleet_server::forward::router(lookup, ca_pem.as_bytes(), &key)?;
     let listener = bind(listen).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -192,12 +194,13 @@ async fn forward(
     Ok(Some((handle, tx)))
 }
 
-/// The leader's URL, as its election key has it.
-struct EtcdLeader(Arc<EtcdStore>);
+/// The leader's URL, as its election key has it; never this server's own.
+struct EtcdLeader(Arc<EtcdStore>, String);
 
 impl mpsfleet_server::forward::LeaderLookup for EtcdLeader {
+    /// Never this server's own URL: it was just elected and is about to serve itself.
     fn leader_url(&self) -> Option<String> {
-        self.0.leader().ok().flatten().map(|l| l.candidate.url)
+        self.0.leader().ok().flatten().map(|l| l.candidate.url).filter(|url| *url != self.1)
     }
 }
 
