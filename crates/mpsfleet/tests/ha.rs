@@ -183,9 +183,27 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes
     };
     let admin = cluster.admin();
     create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
 
-    // Paused for twice the lease TTL: the other server is elected meanwhile.
+    // A write is sent to the leader, which is paused as it arrives, for longer than its lease:
+    // the other server is elected meanwhile.
+    let old_leader = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: format!("https://127.0.0.1:{}", ports[0]),
+        data_dir: dirs[0].clone(),
+    };
+    let run = RunTask {
+        task_definition: "infer".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: Some("paused".into()),
+    };
+    let in_flight = {
+        let (client, run) = (old_leader.admin(), run.clone());
+        tokio::spawn(async move { client.run_task(&run).await })
+    };
     let pid = nix::unistd::Pid::from_raw(first.child.id() as i32);
+    tokio::time::sleep(Duration::from_millis(5)).await;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
     wait_for_line(&rx2, "mpsfleet server listening on ");
     // A paused server's socket still accepts connections and never answers: a client that
@@ -207,4 +225,20 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes
     assert_eq!(status.leader.url.as_deref(), Some(format!("https://127.0.0.1:{}", ports[1]).as_str()));
     let pools = admin.list_pools().await.expect("pools");
     assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["after", "gpu"]);
+
+    // The write in flight was either committed before the pause (and answered) or refused:
+    // the old leader did not write after its lease was gone. Retried with its client token at
+    // the new leader, it is one task whichever it was.
+    let first_answer = in_flight.await.expect("the request task");
+    println!("the paused leader answered the write in flight with {first_answer:?}");
+    let retried = admin.run_task(&run).await.expect("the retry at the new leader");
+    if let Ok(answer) = &first_answer {
+        assert_eq!(answer.tasks[0].id, retried.tasks[0].id, "an acknowledged write must be the one kept");
+    }
+    let tasks = admin.list_tasks(&Default::default()).await.expect("tasks");
+    assert_eq!(
+        tasks.len(),
+        1,
+        "nothing placed twice: {tasks:?} (the paused leader answered {first_answer:?})"
+    );
 }
