@@ -161,6 +161,8 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(String, Vec<u8>)> {
         let http = self.http.read().unwrap_or_else(|p| p.into_inner()).clone();
+        // Shared, not copied, by the attempts at each address.
+        let body = body.map(bytes::Bytes::from);
         let start = self.current.load(std::sync::atomic::Ordering::Relaxed);
         let mut attempt = 0;
         let (url, resp) = loop {

@@ -66,11 +66,24 @@ pub fn open_with(
     clock: Arc<dyn Clock>,
     ca: Option<&tls::GivenCa>,
 ) -> Result<Opened, ApiError> {
+    private_data_dir(data_dir)?;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
+    // The state holds every host's credential digest and the agents' tokens: the owner's only,
+    // whatever the files' modes were before (SQLite gives its WAL and shared-memory files the
+    // database's mode).
+    for file in [STATE_FILE.to_string(), format!("{STATE_FILE}-wal"), format!("{STATE_FILE}-shm")] {
+        restrict(&data_dir.join(&file), 0o600).map_err(|e| {
+            ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
+        })?;
+    }
+    open_store(data_dir, store, clock, ca)
+}
+
+/// Creates the data directory 0700 (or makes an existing one 0700).
+fn private_data_dir(data_dir: &Path) -> Result<(), ApiError> {
     create_private_dir(data_dir).map_err(|e| {
         ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
-    })?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
-    open_store(data_dir, store, clock, ca)
+    })
 }
 
 /// [`open_with`] on a store opened by the caller (an [`EtcdStore`] this server leads). The data
@@ -82,17 +95,7 @@ pub fn open_store(
     clock: Arc<dyn Clock>,
     ca: Option<&tls::GivenCa>,
 ) -> Result<Opened, ApiError> {
-    create_private_dir(data_dir).map_err(|e| {
-        ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
-    })?;
-    // The state holds every host's credential digest and the agents' tokens: the owner's only,
-    // whatever the files' modes were before (SQLite gives its WAL and shared-memory files the
-    // database's mode).
-    for file in [STATE_FILE.to_string(), format!("{STATE_FILE}-wal"), format!("{STATE_FILE}-shm")] {
-        restrict(&data_dir.join(&file), 0o600).map_err(|e| {
-            ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
-        })?;
-    }
+    private_data_dir(data_dir)?;
     let key = auth::ServerKey::load_or_create(&data_dir.join(SERVER_KEY_FILE))?;
     restrict(&data_dir.join(SERVER_KEY_FILE), 0o600).map_err(|e| {
         ApiError::StoreUnavailable(format!(

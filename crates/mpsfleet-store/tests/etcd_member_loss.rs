@@ -48,7 +48,21 @@ fn a_member_killed_and_restarted_under_load_loses_no_acknowledged_commit() {
             .status()
             .expect("restart the member");
         assert!(restarted.success());
-        std::thread::sleep(Duration::from_secs(3));
+        // Back in the cluster before the writer stops: its health check passes.
+        let m1 = env("MPSFLEET_TEST_ETCD").split(',').next().expect("endpoint").replace("http://", "");
+        let healthy = (0..60).any(|_| {
+            let ok = std::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args([&format!("--endpoints={m1}"), "endpoint", "health"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !ok {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            ok
+        });
+        assert!(healthy, "the restarted member did not become healthy in 30 s");
+        std::thread::sleep(Duration::from_secs(1));
         stop.store(true, Ordering::Relaxed);
         writer.join().expect("writer")
     });

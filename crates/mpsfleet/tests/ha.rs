@@ -8,9 +8,8 @@ mod common;
 use common::*;
 use mpsfleet_client::Client;
 use mpsfleet_types::*;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 fn etcd_endpoints() -> String {
@@ -25,23 +24,10 @@ fn free_port() -> u16 {
 
 /// Starts `mpsfleet server --store etcd` on `port`; the receiver gets each line it prints.
 fn start_server(dir: &Path, port: u16, prefix: &str) -> (Server, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .args(["server", "--store", "etcd", "--etcd-endpoints", &etcd_endpoints(), "--etcd-prefix", prefix])
-        .args(["--leader-ttl", "2", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir)
-        .env("MPSFLEET_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start mpsfleet server");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (Server { child, url: format!("https://127.0.0.1:{port}"), data_dir: dir.to_path_buf() }, rx)
+    let etcd = etcd_endpoints();
+    let args = ["--store", "etcd", "--etcd-endpoints", &etcd, "--etcd-prefix", prefix, "--leader-ttl", "2"];
+    let (child, lines) = Server::spawn(dir, &format!("127.0.0.1:{port}"), &args);
+    (Server { child, url: format!("https://127.0.0.1:{port}"), data_dir: dir.to_path_buf() }, lines)
 }
 
 fn wait_for_line(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> String {

@@ -155,15 +155,20 @@ impl Gateway {
     }
 
     /// POSTs `body` to `path` on the current endpoint, moving on to the next one when a member
-    /// cannot be reached (so the request was not sent).
+    /// cannot be reached (so the request was not sent), or, for a read, when one did not answer
+    /// (a member restarting and not serving yet: asking another changes nothing).
     pub(crate) async fn call(&self, path: &str, body: &Value) -> Result<Value, GatewayError> {
         let n = self.endpoints.len();
         let start = self.current.load(Ordering::Relaxed);
+        let read = is_read(path, body);
         let mut unreachable = Vec::new();
         for i in 0..n {
             let at = (start + i) % n;
             match self.call_at(at, path, body).await {
                 Err(GatewayError::NotSent(why)) => unreachable.push(format!("{}: {why}", self.endpoints[at])),
+                Err(GatewayError::Unknown(why)) if read && i + 1 < n => {
+                    unreachable.push(format!("{}: {why}", self.endpoints[at]))
+                }
                 other => {
                     self.current.store(at, Ordering::Relaxed);
                     return other;
@@ -279,6 +284,20 @@ pub(crate) fn txn_body(compare: &[Compare<'_>], success: &[TxnOp<'_>], failure: 
     json!({ "compare": compare, "success": ops(success), "failure": ops(failure) })
 }
 
+/// Whether a request only reads: a range, the member list, or a transaction whose branches
+/// only read.
+fn is_read(path: &str, body: &Value) -> bool {
+    match path {
+        "/v3/kv/range" | "/v3/cluster/member/list" | "/v3/maintenance/status" => true,
+        "/v3/kv/txn" => ["success", "failure"].iter().all(|branch| {
+            body.get(*branch)
+                .and_then(Value::as_array)
+                .is_none_or(|ops| ops.iter().all(|op| op.get("request_range").is_some()))
+        }),
+        _ => false,
+    }
+}
+
 fn ops(list: &[TxnOp<'_>]) -> Vec<Value> {
     list.iter()
         .map(|op| match op {
@@ -342,4 +361,20 @@ fn kvs(v: &Value) -> Result<Vec<Kv>, GatewayError> {
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_requests_that_write_nothing_count_as_reads() {
+        let get = [TxnOp::Get { key: "k" }];
+        let put = [TxnOp::Put { key: "k", value: b"v", lease: 0 }];
+        assert!(is_read("/v3/kv/range", &json!({})));
+        assert!(is_read("/v3/kv/txn", &txn_body(&[], &get, &get)));
+        assert!(!is_read("/v3/kv/txn", &txn_body(&[], &get, &put)), "a write in either branch");
+        assert!(!is_read("/v3/kv/txn", &txn_body(&[], &put, &[])));
+        assert!(!is_read("/v3/lease/grant", &json!({})));
+    }
 }

@@ -162,6 +162,41 @@ pub fn failover(b: FailoverBench) -> Result<()> {
     result
 }
 
+/// The pool `bench` with `hosts` emulated hosts of 8 GPUs, each registered and reported once
+/// (a long grace: they send nothing after it), and the task definition `bench` (one MPS client
+/// of 1 GiB).
+async fn bench_pool(admin: &Client, joiner: &Client, hosts: u32) -> Result<()> {
+    let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
+    admin
+        .create_pool(&CreatePool { name: "bench".into(), health_policy: Some(health), ..Default::default() })
+        .await?;
+    let since = epoch_ms();
+    let next = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (joiner, admin, next) = (joiner.clone(), admin.clone(), next.clone());
+        workers.spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= hosts {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let reg = emulated_host("bench", n, 8)?;
+                let answer = joiner.register_host(&reg).await?;
+                admin.with_token(answer.credential).report_host_status(&healthy_report(&reg, since)).await?;
+            }
+        });
+    }
+    while let Some(w) = workers.join_next().await {
+        w??;
+    }
+    let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
+        "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
+        "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]});
+    admin.register_taskdef(td.to_string().into_bytes()).await?;
+    Ok(())
+}
+
 /// Acknowledged submissions: client token → task id, and when the last one came.
 #[derive(Default)]
 struct Acks {
@@ -178,21 +213,7 @@ async fn run(b: &FailoverBench, members: &mut [Member], root: &Path, prefix: &st
     let all = members.iter().map(Member::url).collect::<Vec<_>>().join(",");
     let (admin, joiner, join) = cluster_clients(root, members)?;
 
-    // State: emulated hosts that reported once (a long grace: they send nothing after it).
-    let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
-    admin
-        .create_pool(&CreatePool { name: "bench".into(), health_policy: Some(health), ..Default::default() })
-        .await?;
-    let since = epoch_ms();
-    for n in 0..b.hosts {
-        let reg = emulated_host("bench", n, 8)?;
-        let answer = joiner.register_host(&reg).await?;
-        admin.with_token(answer.credential).report_host_status(&healthy_report(&reg, since)).await?;
-    }
-    let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
-        "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
-        "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]});
-    admin.register_taskdef(td.to_string().into_bytes()).await?;
+    bench_pool(&admin, &joiner, b.hosts).await?;
 
     // A real agent (in-process MPS model, emulated GPUs) running a service.
     admin.create_pool(&CreatePool { name: "svc".into(), ..Default::default() }).await?;
@@ -213,20 +234,14 @@ async fn run(b: &FailoverBench, members: &mut [Member], root: &Path, prefix: &st
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(root.join("agent.log"))?)
         .spawn()?;
-    let outcome = trials(b, members, &admin, prefix, &all).await;
+    let outcome = trials(b, members, &admin, prefix).await;
     let _ = Command::new("kill").arg(agent.id().to_string()).status();
     let _ = agent.wait();
     outcome
 }
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
-async fn trials(
-    b: &FailoverBench,
-    members: &mut [Member],
-    admin: &Client,
-    prefix: &str,
-    _all: &str,
-) -> Result<()> {
+async fn trials(b: &FailoverBench, members: &mut [Member], admin: &Client, prefix: &str) -> Result<()> {
     admin
         .create_service(&CreateService {
             name: "svc".into(),
@@ -421,42 +436,8 @@ pub fn takeover(b: TakeoverBench) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async {
         let (admin, joiner, _) = cluster_clients(&root, &members)?;
-        let health = HealthPolicy { agent_heartbeat_grace_ms: 600_000, ..Default::default() };
-        admin
-            .create_pool(&CreatePool {
-                name: "bench".into(),
-                health_policy: Some(health),
-                ..Default::default()
-            })
-            .await?;
         let t = Instant::now();
-        let since = epoch_ms();
-        let next = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..16 {
-            let (joiner, admin, next, hosts) = (joiner.clone(), admin.clone(), next.clone(), b.hosts);
-            workers.spawn(async move {
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= hosts {
-                        return Ok::<(), anyhow::Error>(());
-                    }
-                    let reg = emulated_host("bench", n, 8)?;
-                    let answer = joiner.register_host(&reg).await?;
-                    admin
-                        .with_token(answer.credential)
-                        .report_host_status(&healthy_report(&reg, since))
-                        .await?;
-                }
-            });
-        }
-        while let Some(w) = workers.join_next().await {
-            w??;
-        }
-        let td = serde_json::json!({"family": "bench", "containerDefinitions": [{"name": "main",
-            "command": ["sleep", "3600"], "resourceRequirements": [{"type": "GPU",
-            "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]});
-        admin.register_taskdef(td.to_string().into_bytes()).await?;
+        bench_pool(&admin, &joiner, b.hosts).await?;
         let mut left = b.tasks;
         while left > 0 {
             let n = left.min(mpsfleet_server::cluster::MAX_RUN_COUNT);

@@ -34,6 +34,26 @@ impl Server {
 
     /// Starts the binary with extra `server` arguments.
     pub fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
+        let (child, lines) = Server::spawn(data_dir, listen, extra);
+        let url = loop {
+            // A few lines (the first start's tokens) come before the address.
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .expect("server did not start listening within 30 s");
+            if let Some(url) = line.strip_prefix("mpsfleet server listening on ") {
+                break url.to_string();
+            }
+        };
+        Server { child, url, data_dir: data_dir.to_path_buf() }
+    }
+
+    /// Starts the binary without waiting for it; the receiver gets each line it prints (a
+    /// server on etcd that follows prints no address until it is elected).
+    pub fn spawn(
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> (Child, std::sync::mpsc::Receiver<String>) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(["server", "--listen", listen, "--data-dir"])
             .arg(data_dir)
@@ -47,14 +67,10 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("mpsfleet server listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
+                let _ = tx.send(line);
             }
         });
-        let url =
-            rx.recv_timeout(Duration::from_secs(30)).expect("server did not start listening within 30 s");
-        Server { child, url, data_dir: data_dir.to_path_buf() }
+        (child, rx)
     }
 
     pub fn admin_token(&self) -> String {
