@@ -56,6 +56,7 @@ start_member() {
     --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
     --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "mpsfleet-$base" \
+    --max-wals 2 --max-snapshots 2 \
     >>"$dir/m$i.log" 2>&1 </dev/null &
   echo $! >"$dir/m$i.pid"
 }

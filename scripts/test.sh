@@ -32,6 +32,11 @@ if ! command -v openssl >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 
+# A fresh checkout gains nothing from incremental state, which would double the target folder.
+if [[ "${CI:-}" == "true" ]]; then
+  export CARGO_INCREMENTAL=0
+fi
+
 # The process tests start the real binary; build it (and everything else) once, up front.
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked "$@"
