@@ -69,17 +69,29 @@ pub struct TaskQuery {
     pub host: Option<String>,
     pub status: Option<String>,
     pub limit: Option<usize>,
+    /// Leave out this many first (paging).
+    pub skip: Option<usize>,
+    /// Newest first (the server's default is creation order).
+    pub newest_first: bool,
+    /// Leave out STOPPED tasks.
+    pub live: bool,
 }
 
 impl TaskQuery {
     fn pairs(&self) -> Vec<(&'static str, String)> {
         let limit = self.limit.map(|l| l.to_string());
+        let skip = self.skip.map(|l| l.to_string());
+        let order = self.newest_first.then(|| "newest".to_string());
+        let live = self.live.then(|| "true".to_string());
         [
             ("pool", &self.pool),
             ("service", &self.service),
             ("host", &self.host),
             ("status", &self.status),
             ("limit", &limit),
+            ("skip", &skip),
+            ("order", &order),
+            ("live", &live),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
@@ -361,6 +373,12 @@ impl Client {
     }
     pub async fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>> {
         self.get(&format!("/v1/services/{}/endpoints", seg(name))).await
+    }
+    pub async fn service_deployments(
+        &self,
+        name: &str,
+    ) -> Result<Vec<mpsfleet_types::service::DeploymentView>> {
+        self.get(&format!("/v1/services/{}/deployments", seg(name))).await
     }
     pub async fn delete_service(&self, name: &str) -> Result<ServiceView> {
         self.call(Method::DELETE, &format!("/v1/services/{}", seg(name)), &[], None).await

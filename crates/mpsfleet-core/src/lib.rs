@@ -4,7 +4,9 @@
 //! Nothing here does I/O or reads the time by itself.
 
 pub mod clock;
+pub mod deployment;
 pub mod explain;
+pub mod fit;
 pub mod health;
 pub mod lifecycle;
 pub mod remediation;

@@ -373,6 +373,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         list_services,
         describe_service,
         service_endpoints,
+        service_deployments,
         update_service,
         delete_service,
         create_secret,
@@ -420,6 +421,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/services", post(create_service).get(list_services))
         .route("/v1/services/{name}/endpoints", get(service_endpoints))
+        .route("/v1/services/{name}/deployments", get(service_deployments))
         .route("/v1/services/{name}", get(describe_service).patch(update_service).delete(delete_service))
         .route("/v1/agent/register", post(register_host))
         .route("/v1/agent/status", post(host_status))
@@ -1306,8 +1308,8 @@ async fn run_tasks(
     get,
     path = "/v1/tasks",
     tag = "tasks",
-    summary = "Tasks in creation order.",
-    params(("pool" = Option<String>, Query, description = "Only tasks of this pool."), ("service" = Option<String>, Query, description = "Only tasks of this service."), ("host" = Option<String>, Query, description = "Only tasks placed on this host."), ("status" = Option<String>, Query, description = "Only tasks whose lastStatus is this (RUNNING, PENDING, STOPPED, ...)."), ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000000, description = "At most this many (default 1000).")),
+    summary = "Tasks, in creation order or newest first.",
+    params(("pool" = Option<String>, Query, description = "Only tasks of this pool."), ("service" = Option<String>, Query, description = "Only tasks of this service."), ("host" = Option<String>, Query, description = "Only tasks placed on this host."), ("status" = Option<String>, Query, description = "Only tasks whose lastStatus is this (RUNNING, PENDING, STOPPED, ...)."), ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000000, description = "At most this many (default 1000)."), ("skip" = Option<usize>, Query, description = "Leave out this many first (paging; default 0)."), ("order" = Option<String>, Query, description = "`oldest` (creation order, the default) or `newest` first."), ("live" = Option<bool>, Query, description = "`true`: leave out STOPPED tasks.")),
     responses((status = 200, description = "OK.", body = Vec<Task>), crate::openapi::Errors)
 )]
 async fn list_tasks(
@@ -1328,12 +1330,31 @@ async fn list_tasks(
             ApiError::invalid("limit", format!("must be an integer from 1 to 1000000, got {l:?}"))
         })?,
     };
+    let skip = match q.get("skip") {
+        None => 0,
+        Some(n) => n
+            .parse::<usize>()
+            .map_err(|_| ApiError::invalid("skip", format!("must be a non-negative integer, got {n:?}")))?,
+    };
+    let newest_first = match q.get("order").map(String::as_str) {
+        None | Some("oldest") => false,
+        Some("newest") => true,
+        Some(o) => return Err(ApiError::invalid("order", format!("must be oldest or newest, got {o:?}"))),
+    };
+    let live = match q.get("live").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(l) => return Err(ApiError::invalid("live", format!("must be true or false, got {l:?}"))),
+    };
     let filter = TaskFilter {
         pool: q.get("pool").cloned(),
         service: q.get("service").cloned(),
         host: q.get("host").cloned(),
         status,
         limit,
+        skip,
+        newest_first,
+        live,
     };
     Ok(Json(
         st.call(&headers, viewer, move |c, who| {
@@ -1721,6 +1742,22 @@ async fn service_endpoints(
     Path(name): Path<String>,
 ) -> Result<Json<Vec<ServiceEndpoint>>, ApiError> {
     Ok(Json(st.call(&headers, viewer, move |c, _| c.service_endpoints(&name)).await?))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/services/{name}/deployments",
+    tag = "services",
+    summary = "The service's deployments, newest (PRIMARY) first, with their task counts.",
+    params(("name" = String, Path, description = "A service name.")),
+    responses((status = 200, description = "OK.", body = Vec<DeploymentView>), crate::openapi::Errors)
+)]
+async fn service_deployments(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<DeploymentView>>, ApiError> {
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.service_deployments(&name)).await?))
 }
 
 #[utoipa::path(

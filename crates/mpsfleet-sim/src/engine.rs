@@ -373,6 +373,7 @@ impl Sim {
                     task_definition: s.family.to_string(),
                     desired_count: s.desired,
                     resumption: Some(s.resumption),
+                    deployment_configuration: None,
                     client_token: None,
                 })
                 .map_err(err)?;

@@ -198,17 +198,45 @@ pub struct Provider {
     /// Hosts the provider keeps in the pool. 0 to 10000.
     #[serde(default)]
     pub desired_hosts: u32,
+    /// What a host it launches has: lets `task run` and `service create` refuse a task that
+    /// no host of the pool, present or to come, could ever hold. Without it, only the pool's
+    /// hosts are judged (and a pool without hosts waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_shape: Option<HostShape>,
+}
+
+/// The GPUs of the hosts a provider launches, all alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostShape {
+    /// GPUs per host, 1 to 64.
+    pub gpus: u32,
+    /// Memory of each GPU in MiB, 1 to 16777216.
+    pub gpu_memory_mib: u64,
+    /// MPS clients each GPU accepts, 1 to 48 (default 48).
+    #[serde(default = "default_shape_clients")]
+    pub max_mps_clients: u32,
+}
+
+fn default_shape_clients() -> u32 {
+    48
 }
 
 impl Provider {
     /// A `local` provider keeping `desired_hosts`.
     pub fn local(desired_hosts: u32) -> Self {
-        Provider { kind: ProviderKind::Local, name: None, exec: None, desired_hosts }
+        Provider { kind: ProviderKind::Local, name: None, exec: None, desired_hosts, host_shape: None }
     }
 
     /// The exec provider `name` of the server's configuration, keeping `desired_hosts`.
     pub fn exec(name: impl Into<String>, desired_hosts: u32) -> Self {
-        Provider { kind: ProviderKind::Exec, name: Some(name.into()), exec: None, desired_hosts }
+        Provider {
+            kind: ProviderKind::Exec,
+            name: Some(name.into()),
+            exec: None,
+            desired_hosts,
+            host_shape: None,
+        }
     }
 
     /// Checks the provider of a request; the error names the first bad field. Whether the
@@ -240,6 +268,11 @@ impl Provider {
                 }
             }
             (ProviderKind::Local, None) => {}
+        }
+        if let Some(shape) = &self.host_shape {
+            in_range("provider.hostShape.gpus", shape.gpus.into(), 1, 64, "")?;
+            in_range("provider.hostShape.gpuMemoryMib", shape.gpu_memory_mib, 1, 16_777_216, " MiB")?;
+            in_range("provider.hostShape.maxMpsClients", shape.max_mps_clients.into(), 1, 48, "")?;
         }
         in_range("provider.desiredHosts", self.desired_hosts.into(), 0, 10_000, "")
     }

@@ -24,6 +24,171 @@ pub struct Service {
     pub status: ServiceStatus,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// How tasks roll over to a new definition (ECS's `deploymentConfiguration`).
+    #[serde(default)]
+    pub deployment_configuration: DeploymentConfiguration,
+    /// The newest deployments, newest first: the PRIMARY one, ACTIVE ones whose tasks still
+    /// run, and a few INACTIVE ones (at most [`DEPLOYMENTS_KEPT`]).
+    #[serde(default)]
+    pub deployments: Vec<Deployment>,
+    /// The number the next deployment's id takes (`d-N`).
+    #[serde(default)]
+    pub next_deployment: u32,
+    /// What the service did and why: deployment steps, replacements, tasks it could not place.
+    #[serde(default)]
+    pub events: crate::history::History<ObjectEvent>,
+}
+
+/// Deployments a service record keeps (the older INACTIVE ones are dropped).
+pub const DEPLOYMENTS_KEPT: usize = 8;
+
+/// ECS's `deploymentConfiguration` of a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentConfiguration {
+    /// The fewest healthy tasks during a deployment, as a percentage of the desired count
+    /// (rounded up); 0 to 100, default 100.
+    #[serde(default = "hundred")]
+    pub minimum_healthy_percent: u32,
+    /// The most tasks (pending, running or stopping) during a deployment, as a percentage of
+    /// the desired count (rounded down); 100 to 400, default 200.
+    #[serde(default = "two_hundred")]
+    pub maximum_percent: u32,
+    #[serde(default)]
+    pub deployment_circuit_breaker: CircuitBreaker,
+    /// Lets the spreading of replicas move tasks of a `fenced` service (each stops before its
+    /// copy starts); off by default, since a move stops a healthy replica.
+    #[serde(default)]
+    pub rebalance_fenced: bool,
+}
+
+fn hundred() -> u32 {
+    100
+}
+
+fn two_hundred() -> u32 {
+    200
+}
+
+impl Default for DeploymentConfiguration {
+    fn default() -> Self {
+        DeploymentConfiguration {
+            minimum_healthy_percent: 100,
+            maximum_percent: 200,
+            deployment_circuit_breaker: CircuitBreaker::default(),
+            rebalance_fenced: false,
+        }
+    }
+}
+
+/// ECS's deployment circuit breaker: a deployment whose new tasks keep failing stops, and
+/// with `rollback` goes back to the last deployment that completed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreaker {
+    #[serde(default)]
+    pub enable: bool,
+    #[serde(default)]
+    pub rollback: bool,
+}
+
+impl CircuitBreaker {
+    /// ECS's failure threshold: half the desired count, rounded up, at least 3 and at most 200.
+    pub fn threshold(desired: u32) -> u32 {
+        desired.div_ceil(2).clamp(3, 200)
+    }
+}
+
+/// A deployment's place among the service's deployments, as in ECS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DeploymentStatus {
+    /// The newest: the definition new tasks are started from.
+    Primary,
+    /// An older one whose tasks are still being replaced.
+    Active,
+    /// Done: none of its tasks is left.
+    Inactive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RolloutState {
+    InProgress,
+    /// Every desired task runs the deployment's definition and is healthy; no older task is
+    /// left.
+    Completed,
+    /// The circuit breaker tripped: no more tasks are started for it.
+    Failed,
+}
+
+impl RolloutState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::InProgress => "IN_PROGRESS",
+            RolloutState::Completed => "COMPLETED",
+            RolloutState::Failed => "FAILED",
+        }
+    }
+}
+
+impl DeploymentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeploymentStatus::Primary => "PRIMARY",
+            DeploymentStatus::Active => "ACTIVE",
+            DeploymentStatus::Inactive => "INACTIVE",
+        }
+    }
+}
+
+/// One rollout of a service to a task definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Deployment {
+    /// `d-N`, numbered per service.
+    pub id: String,
+    pub status: DeploymentStatus,
+    pub task_definition: TaskDefRef,
+    pub desired_count: u32,
+    pub rollout_state: RolloutState,
+    pub rollout_state_reason: String,
+    /// Its tasks that stopped failing (exited, failed a check, could not start) while it was
+    /// in progress: what the circuit breaker counts.
+    #[serde(default)]
+    pub failed_tasks: u32,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+/// One event of an object's history, as kubectl's describe shows them: a stable reason and
+/// a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectEvent {
+    /// A stable CamelCase code (`DeploymentStarted`, `TaskStarted`, `Unplaceable`, ...).
+    pub reason: String,
+    pub message: String,
+}
+
+impl ObjectEvent {
+    pub fn new(reason: &str, message: impl Into<String>) -> Self {
+        ObjectEvent { reason: reason.to_string(), message: message.into() }
+    }
+}
+
+impl crate::history::HistoryEvent for ObjectEvent {}
+
+/// A deployment with the counts of its tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentView {
+    #[serde(flatten)]
+    pub deployment: Deployment,
+    pub running_count: u32,
+    pub pending_count: u32,
+    /// Running, ready and passing its health check (if it has one).
+    pub healthy_count: u32,
 }
 
 /// A service as the API returns it: the record plus counts derived from its tasks.
@@ -34,10 +199,13 @@ pub struct ServiceView {
     pub service: Service,
     pub running_count: u32,
     pub pending_count: u32,
+    /// Running, ready and passing its health check (if it has one).
+    #[serde(default)]
+    pub healthy_count: u32,
 }
 
 /// Body of `POST /v1/services`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateService {
     pub name: String,
@@ -46,6 +214,8 @@ pub struct CreateService {
     pub desired_count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumption: Option<crate::policy::ResumptionBoundary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_configuration: Option<DeploymentConfiguration>,
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
@@ -59,6 +229,9 @@ pub struct UpdateService {
     pub task_definition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_count: Option<u32>,
+    /// Replaces the whole configuration; takes effect at the next deployment step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_configuration: Option<DeploymentConfiguration>,
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,

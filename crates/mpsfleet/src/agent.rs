@@ -25,6 +25,7 @@ pub struct AgentArgs {
     /// join token carries, fetched at first contact and kept in the data dir].
     #[arg(long, env = "MPSFLEET_CA_FILE")]
     ca_file: Option<PathBuf>,
+    /// The pool this host joins.
     #[arg(long, default_value = "default")]
     pool: String,
     /// The agent's state: identity, task table, task logs, MPS pipe and log directories.
@@ -45,6 +46,7 @@ pub struct AgentArgs {
     /// One MPS daemon for all GPUs instead of one per GPU.
     #[arg(long)]
     daemon_per_host: bool,
+    /// Milliseconds between heartbeats to the server (at least 100).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
     /// How often each MPS daemon is probed, until the server sends the pool's policy

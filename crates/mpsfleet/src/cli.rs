@@ -39,15 +39,21 @@ pub struct Opts {
 pub enum TaskdefCommand {
     /// Register a task definition from ECS-shaped JSON; prints family:revision.
     Register {
+        /// The task definition: a JSON file in ECS's RegisterTaskDefinition shape.
         #[arg(long)]
         file: PathBuf,
     },
+    /// Task definitions, newest revision first.
     List {
+        /// Only this family.
         #[arg(long)]
         family: Option<String>,
     },
     /// Describe `family` (latest revision) or `family:revision`.
-    Describe { reference: String },
+    Describe {
+        /// `family` (latest revision) or `family:revision`.
+        reference: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -57,41 +63,64 @@ pub enum TaskCommand {
         /// `family` (latest revision) or `family:revision`.
         #[arg(long)]
         taskdef: String,
+        /// How many tasks to start.
         #[arg(long, default_value_t = 1)]
         count: u32,
-        #[arg(long)]
-        pool: String,
+        /// The pool to place them in [default: the only pool, or MPSFLEET_POOL].
+        #[arg(long, env = "MPSFLEET_POOL")]
+        pool: Option<String>,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
         /// answers what the first call did instead of changing anything again (kept 24 h).
         #[arg(long)]
         client_token: Option<String>,
+        #[command(flatten)]
+        wait: crate::wait::WaitFlags,
     },
+    /// Tasks, newest first; STOPPED ones only with --all or --status STOPPED.
     List {
+        /// Only tasks of this pool.
         #[arg(long)]
         pool: Option<String>,
+        /// Only tasks of this service.
         #[arg(long)]
         service: Option<String>,
+        /// Only tasks placed on this host.
         #[arg(long)]
         host: Option<String>,
         /// Only tasks whose lastStatus is this (RUNNING, PENDING, STOPPED, ...).
         #[arg(long)]
         status: Option<String>,
+        /// At most this many (newest first).
         #[arg(long)]
         limit: Option<usize>,
+        /// Leave out this many of the newest first (paging, with --limit).
+        #[arg(long)]
+        skip: Option<usize>,
+        /// Show STOPPED tasks too.
+        #[arg(long)]
+        all: bool,
     },
+    /// One task: containers, exit codes, stop code and reason, times, health, GPUs, network bindings.
     Describe {
+        /// The task's id.
         id: String,
     },
+    /// Stop a task (its containers get SIGTERM, then SIGKILL after their stopTimeout).
     Stop {
+        /// The task's id.
         id: String,
+        /// Why (kept as the task's stoppedReason).
         #[arg(long)]
         reason: Option<String>,
+        #[command(flatten)]
+        wait: crate::wait::WaitFlags,
     },
     /// Print the end of a task container's output (fetched from its host's agent).
     ///
     /// Control characters other than newline and tab (escape sequences, carriage returns) are
     /// shown as visible escapes such as \x1b; `-o json` gives the exact text.
     Logs {
+        /// The task's id.
         id: String,
         /// The container [default: the task's first].
         #[arg(long)]
@@ -114,36 +143,57 @@ pub enum TaskCommand {
 
 #[derive(Subcommand)]
 pub enum HostCommand {
+    /// Hosts with their status and health; DEREGISTERED ones only with --all.
     List {
+        /// Only hosts of this pool.
         #[arg(long)]
         pool: Option<String>,
+        /// Show DEREGISTERED hosts too.
+        #[arg(long)]
+        all: bool,
     },
+    /// One host: GPUs with sharing mode, MPS memory and clients, checks with reasons, tasks.
     Describe {
+        /// The host's id.
         id: String,
     },
     /// Stop placing new tasks on the host; what runs there keeps running.
     Cordon {
+        /// The host's id.
         id: String,
     },
+    /// Place new tasks on the host again.
     Uncordon {
+        /// The host's id.
         id: String,
     },
     /// Cordon and drain the host: its service tasks move, its other tasks stop.
     Drain {
+        /// The host's id.
         id: String,
+        /// Wait until no task is left on the host, with progress on stderr (exit 0; 124 if
+        /// --timeout passed first).
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, in seconds.
+        #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+        timeout: u64,
     },
     /// Drain the host, launch a replacement through the pool's provider, terminate the old one.
     Replace {
+        /// The host's id.
         id: String,
     },
     /// Return a repaired host to ACTIVE (refused while any check is not OK); its incident resolves.
     Activate {
+        /// The host's id.
         id: String,
     },
     /// Remove a host that does not exist (a machine that is gone, or a registration someone
     /// else made): DEREGISTERED, its tasks stopped, its credential revoked, its GPU UUIDs free
     /// for the machine that has them. Refused while it heartbeats, unless --force.
     Forget {
+        /// The host's id.
         id: String,
         /// Even though something heartbeats as the host (it is not the machine it claims).
         #[arg(long)]
@@ -153,22 +203,28 @@ pub enum HostCommand {
     /// stops reporting and its pool's health policy takes over; the machine joins again as
     /// a new host.
     RevokeCredential {
+        /// The host's id.
         id: String,
     },
 }
 
 #[derive(Subcommand)]
 pub enum IncidentCommand {
+    /// Incidents, newest first.
     List,
+    /// One incident: its trigger, its timeline and what is left to do.
     Describe {
+        /// The incident's id.
         id: String,
     },
     /// Take the incident: recorded on its timeline with who and when; nothing else changes.
     Acknowledge {
+        /// The incident's id.
         id: String,
     },
     /// Close the incident; a replacement host still in flight is cancelled.
     Resolve {
+        /// The incident's id.
         id: String,
         /// Why the incident is resolved (kept on its timeline).
         #[arg(long)]
@@ -178,11 +234,14 @@ pub enum IncidentCommand {
 
 #[derive(Subcommand)]
 pub enum PoolCommand {
+    /// Create a pool of GPU hosts with its recovery mode and placement settings.
     Create {
+        /// The pool's name.
         name: String,
         /// Who owns host recovery: mpsfleet (managed) or the operator (self-managed).
         #[arg(long, value_parser = ["managed", "self-managed"])]
         mode: Option<String>,
+        /// How tasks are placed: binpack (fill GPUs first) or spread (even them out) [default: binpack].
         #[arg(long, value_parser = ["binpack", "spread"])]
         strategy: Option<String>,
         /// Bound on the sum of maxComputePercent of the MPS clients of one GPU.
@@ -199,68 +258,154 @@ pub enum PoolCommand {
     },
     /// Change a pool's policies or placement settings (JSON as for create); nothing restarts.
     Update {
+        /// The pool's name.
         name: String,
+        /// How tasks are placed: binpack or spread.
         #[arg(long, value_parser = ["binpack", "spread"])]
         strategy: Option<String>,
+        /// Bound on the sum of maxComputePercent of the MPS clients of one GPU.
         #[arg(long)]
         compute_overcommit_percent: Option<u32>,
+        /// Let process tasks run as the `user` their definition names.
         #[arg(long, value_name = "BOOL")]
         allow_task_users: Option<bool>,
+        /// JSON with any of healthPolicy, remediationPolicy, provider and taskPolicy (docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
+    /// Every pool.
     List,
+    /// One pool: its settings and policies.
     Describe {
+        /// The pool's name.
         name: String,
     },
     /// Who notices, decides, repairs and replaces in this pool, from its configuration.
     Explain {
+        /// The pool's name.
         name: String,
     },
 }
 
 #[derive(Subcommand)]
 pub enum ServiceCommand {
+    /// Create a service: keep --desired tasks of a task definition running.
     Create {
+        /// The service's name.
         name: String,
+        /// `family` (latest revision) or `family:revision`.
         #[arg(long)]
         taskdef: String,
+        /// The number of tasks to keep running.
         #[arg(long)]
         desired: u32,
-        #[arg(long)]
-        pool: String,
+        /// The pool to run them in [default: the only pool, or MPSFLEET_POOL].
+        #[arg(long, env = "MPSFLEET_POOL")]
+        pool: Option<String>,
         /// When tasks on a bad host start elsewhere: at once (restart) or only after the old
         /// host is confirmed terminated (fenced).
         #[arg(long, value_parser = ["restart", "fenced"], default_value = "restart")]
         resumption: String,
+        #[command(flatten)]
+        deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
         /// answers what the first call did instead of changing anything again (kept 24 h).
         #[arg(long)]
         client_token: Option<String>,
+        #[command(flatten)]
+        wait: crate::wait::WaitFlags,
     },
+    /// Change a service's definition (a new deployment rolls its tasks over within the
+    /// deployment bounds), desired count or deployment configuration.
     Update {
+        /// The service's name.
         name: String,
+        /// The task definition to roll over to: `family` (latest revision) or `family:revision`.
         #[arg(long)]
         taskdef: Option<String>,
+        /// The number of tasks to keep running.
         #[arg(long)]
         desired: Option<u32>,
+        #[command(flatten)]
+        deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
         /// answers what the first call did instead of changing anything again (kept 24 h).
         #[arg(long)]
         client_token: Option<String>,
+        #[command(flatten)]
+        wait: crate::wait::WaitFlags,
     },
+    /// Every service with its counts.
     List,
+    /// One service: its configuration, deployments, replicas by host and GPU, and events.
     Describe {
+        /// The service's name.
+        name: String,
+    },
+    /// The service's deployments, newest first: state, definition and task counts.
+    Deployments {
+        /// The service's name.
         name: String,
     },
     /// Where every running replica can be reached: host address and port per binding.
     Endpoints {
+        /// The service's name.
         name: String,
     },
     /// Stop the service's tasks and remove it.
     Delete {
+        /// The service's name.
         name: String,
     },
+}
+
+/// ECS's `deploymentConfiguration` as flags; on `update`, the ones given change and the
+/// others keep their values.
+#[derive(Args)]
+pub struct DeploymentFlags {
+    /// The fewest healthy tasks during a deployment, in percent of the desired count (rounded
+    /// up) [default: 100].
+    #[arg(long, value_name = "PERCENT")]
+    min_healthy_percent: Option<u32>,
+    /// The most tasks during a deployment, in percent of the desired count (rounded down)
+    /// [default: 200].
+    #[arg(long, value_name = "PERCENT")]
+    max_percent: Option<u32>,
+    /// Fail a deployment whose new tasks keep failing (half the desired count, at least 3, at
+    /// most 200) [default: false].
+    #[arg(long, value_name = "BOOL")]
+    circuit_breaker: Option<bool>,
+    /// With the circuit breaker: go back to the last deployment that completed [default: false].
+    #[arg(long, value_name = "BOOL")]
+    rollback: Option<bool>,
+}
+
+impl DeploymentFlags {
+    /// `base` with the flags given applied; None when no flag was given.
+    fn apply(&self, base: DeploymentConfiguration) -> Option<DeploymentConfiguration> {
+        if self.min_healthy_percent.is_none()
+            && self.max_percent.is_none()
+            && self.circuit_breaker.is_none()
+            && self.rollback.is_none()
+        {
+            return None;
+        }
+        let mut c = base;
+        if let Some(v) = self.min_healthy_percent {
+            c.minimum_healthy_percent = v;
+        }
+        if let Some(v) = self.max_percent {
+            c.maximum_percent = v;
+        }
+        if let Some(v) = self.circuit_breaker {
+            c.deployment_circuit_breaker.enable = v;
+        }
+        if let Some(v) = self.rollback {
+            c.deployment_circuit_breaker.rollback = v;
+            c.deployment_circuit_breaker.enable |= v;
+        }
+        Some(c)
+    }
 }
 
 #[derive(Subcommand)]
@@ -269,6 +414,7 @@ pub enum SecretCommand {
     /// `credentialsParameter`) says: an ARN string or a plain name. The value is read from a
     /// file, never from the command line.
     Create {
+        /// The secret's name.
         name: String,
         /// File holding the value (at most 64 KiB); `-` reads standard input. A single
         /// trailing newline is dropped.
@@ -277,7 +423,9 @@ pub enum SecretCommand {
     },
     /// Names, sizes and times of the stored secrets (never their values).
     List,
+    /// Delete a secret; tasks already started keep the value they got.
     Delete {
+        /// The secret's name.
         name: String,
     },
 }
@@ -287,6 +435,7 @@ pub enum TokenCommand {
     /// Make a token for a person or tool; it is printed this once. Roles: viewer (read),
     /// operator (task definitions, tasks, services, hosts, incidents), admin (everything).
     Create {
+        /// What it may do: viewer, operator or admin.
         #[arg(long)]
         role: mpsfleet_types::access::Role,
         /// How long it works: seconds, or with a unit (`90m`, `24h`, `30d`); none: until revoked.
@@ -303,7 +452,10 @@ pub enum TokenCommand {
     /// Every token's id, role and expiry (never the tokens themselves).
     List,
     /// The token stops working at once.
-    Revoke { id: String },
+    Revoke {
+        /// The token's id (from `token list`).
+        id: String,
+    },
     /// Replace the bootstrap admin token (admin.token): the old one stops working at once; the
     /// new one is printed and written to the server's admin.token. Clients that held the old
     /// one need the new (MPSFLEET_TOKEN; `mpsfleet up` rewrites its client config when it
@@ -326,7 +478,10 @@ pub enum JoinTokenCommand {
     /// Every join token's id and expiry (never the tokens themselves).
     List,
     /// The join token stops working at once; hosts it registered keep theirs.
-    Revoke { id: String },
+    Revoke {
+        /// The join token's id (from `join-token list`).
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -361,6 +516,7 @@ pub enum CaCommand {
     /// Certificates are issued under the next CA from now on, and the old one is trusted no
     /// more; refused while a host has not reported trusting the next one, unless --force.
     Activate {
+        /// Even though some hosts have not reported trusting the next CA.
         #[arg(long)]
         force: bool,
     },
@@ -469,6 +625,7 @@ pub enum AuditCommand {
     /// The newest changes made through the API: who (token and role), what, when, from where,
     /// and the result.
     List {
+        /// At most this many entries.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
@@ -486,6 +643,45 @@ pub enum Resource {
     Pool(PoolCommand),
     Service(ServiceCommand),
     Incident(IncidentCommand),
+}
+
+/// The pool a command names, else MPSFLEET_POOL (clap reads it), else the server's only pool.
+async fn resolve_pool(c: &Client, given: Option<String>) -> Result<String> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let pools = c.list_pools().await?;
+    match pools.as_slice() {
+        [one] => Ok(one.name.to_string()),
+        [] => anyhow::bail!(
+            "--pool is needed, and the server has no pool yet: create one with `mpsfleet pool create NAME`"
+        ),
+        many => {
+            let names: Vec<String> = many.iter().map(|p| p.name.to_string()).collect();
+            anyhow::bail!(
+                "--pool is needed: the server has {} pools ({}); give --pool or set MPSFLEET_POOL",
+                names.len(),
+                sanitize(&names.join(", "))
+            )
+        }
+    }
+}
+
+/// A server address as given, with `https://` before each one that names no scheme
+/// (`127.0.0.1:7070`); comma-separated lists stay lists.
+fn with_scheme(server: &str) -> String {
+    server
+        .split(',')
+        .map(|s| {
+            let s = s.trim();
+            if s.contains("://") {
+                s.to_string()
+            } else {
+                format!("https://{s}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Server and token: flags or variables first, then the client config `mpsfleet up`
@@ -507,6 +703,7 @@ fn client(opts: &Opts) -> Result<Client> {
         .clone()
         .or_else(|| config.as_ref().map(|c| c.server.clone()))
         .unwrap_or_else(|| "https://127.0.0.1:7070".to_string());
+    let server = with_scheme(&server);
     let ca_file = opts
         .ca_file
         .clone()
@@ -789,7 +986,7 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
                 t.task_definition.to_string(),
                 t.last_status.as_str().into(),
                 t.desired_status.as_str().into(),
-                t.health_status.as_str().into(),
+                task_health(t),
                 opt(&t.host_id),
                 if t.gpu_ids.is_empty() {
                     "-".into()
@@ -802,12 +999,22 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A stopped task has no health.
+fn task_health(t: &Task) -> String {
+    if t.last_status == TaskStatus::Stopped {
+        "-".into()
+    } else {
+        t.health_status.as_str().into()
+    }
+}
+
 const TASK_HEADERS: [&str; 8] =
     ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON"];
 
 async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
-        TaskCommand::Run { taskdef, count, pool, client_token } => {
+        TaskCommand::Run { taskdef, count, pool, client_token, wait } => {
+            let pool = resolve_pool(c, pool).await?;
             let r = c.run_task(&RunTask { task_definition: taskdef, count, pool, client_token }).await?;
             match f {
                 Format::Json => output::print(f, &r, &[], vec![]),
@@ -816,9 +1023,15 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
                     println!("{} placed, {} waiting for capacity", r.placed, r.pending);
                 }
             }
+            if wait.wait {
+                let ids: Vec<TaskId> = r.tasks.iter().map(|t| t.id).collect();
+                crate::wait::tasks_running(c, wait, &ids).await?;
+            }
         }
-        TaskCommand::List { pool, service, host, status, limit } => {
-            let tasks = c.list_tasks(&TaskQuery { pool, service, host, status, limit }).await?;
+        TaskCommand::List { pool, service, host, status, limit, skip, all } => {
+            let live = !all && status.is_none();
+            let query = TaskQuery { pool, service, host, status, limit, skip, newest_first: true, live };
+            let tasks = c.list_tasks(&query).await?;
             output::print(f, &tasks, &TASK_HEADERS, task_rows(&tasks));
         }
         TaskCommand::Describe { id } => {
@@ -836,9 +1049,12 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             };
             task_logs(c, f, &id, container.as_deref(), stream, tail, follow).await?;
         }
-        TaskCommand::Stop { id, reason } => {
+        TaskCommand::Stop { id, reason, wait } => {
             let t = c.stop_task(&id, reason).await?;
             output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+            if wait.wait {
+                crate::wait::task_stopped(c, wait, &t.id).await?;
+            }
         }
     }
     Ok(())
@@ -998,15 +1214,24 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         "TASKS",
     ];
     let one = match cmd {
-        HostCommand::List { pool } => {
-            let hosts = c.list_hosts(pool.as_deref()).await?;
+        HostCommand::List { pool, all } => {
+            let mut hosts = c.list_hosts(pool.as_deref()).await?;
+            if !all {
+                hosts.retain(|h| h.status != HostStatus::Deregistered);
+            }
             output::print(f, &hosts, &HEADERS, host_rows(&hosts));
             return Ok(());
         }
         HostCommand::Describe { id } => c.describe_host(&id).await?,
         HostCommand::Cordon { id } => c.cordon_host(&id, true).await?,
         HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
-        HostCommand::Drain { id } => return print_incident(f, c.host_action(&id, "drain").await?),
+        HostCommand::Drain { id, wait, timeout } => {
+            print_incident(f, c.host_action(&id, "drain").await?)?;
+            if wait {
+                crate::wait::host_drained(c, crate::wait::WaitFlags { wait, timeout }, &id).await?;
+            }
+            return Ok(());
+        }
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
         HostCommand::Activate { id } => return print_operator_command(f, c.activate_host(&id).await?),
         HostCommand::Forget { id, force } => c.forget_host(&id, force).await?,
@@ -1180,35 +1405,80 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
 async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     const HEADERS: [&str; 7] = ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING"];
     let one = match cmd {
-        ServiceCommand::Create { name, taskdef, desired, pool, resumption, client_token } => {
+        ServiceCommand::Create {
+            name,
+            taskdef,
+            desired,
+            pool,
+            resumption,
+            deployment,
+            client_token,
+            wait,
+        } => {
+            let pool = resolve_pool(c, pool).await?;
             let resumption = Some(if resumption == "fenced" {
                 mpsfleet_types::policy::ResumptionBoundary::Fenced
             } else {
                 mpsfleet_types::policy::ResumptionBoundary::Restart
             });
             let req = CreateService {
-                name,
+                name: name.clone(),
                 pool,
                 task_definition: taskdef,
                 desired_count: desired,
                 resumption,
+                deployment_configuration: deployment.apply(DeploymentConfiguration::default()),
                 client_token,
             };
-            c.create_service(&req).await?
+            let one = c.create_service(&req).await?;
+            output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
+            if wait.wait {
+                crate::wait::deployment_done(c, wait, &name).await?;
+            }
+            return Ok(());
         }
-        ServiceCommand::Update { name, taskdef, desired, client_token } => {
-            c.update_service(
-                &name,
-                &UpdateService { task_definition: taskdef, desired_count: desired, client_token },
-            )
-            .await?
+        ServiceCommand::Update { name, taskdef, desired, deployment, client_token, wait } => {
+            let deployment_configuration = match deployment.apply(DeploymentConfiguration::default()) {
+                None => None,
+                Some(_) => {
+                    deployment.apply(c.describe_service(&name).await?.service.deployment_configuration)
+                }
+            };
+            let req = UpdateService {
+                task_definition: taskdef,
+                desired_count: desired,
+                deployment_configuration,
+                client_token,
+            };
+            let one = c.update_service(&name, &req).await?;
+            output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
+            if wait.wait {
+                crate::wait::deployment_done(c, wait, &name).await?;
+            }
+            return Ok(());
+        }
+        ServiceCommand::Deployments { name } => {
+            let list = c.service_deployments(&name).await?;
+            output::print(f, &list, &DEPLOYMENT_HEADERS, deployment_rows(&list));
+            return Ok(());
         }
         ServiceCommand::List => {
             let list = c.list_services().await?;
             output::print(f, &list, &HEADERS, service_rows(&list));
             return Ok(());
         }
-        ServiceCommand::Describe { name } => c.describe_service(&name).await?,
+        ServiceCommand::Describe { name } => {
+            let one = c.describe_service(&name).await?;
+            if f == Format::Json {
+                output::print(f, &one, &[], vec![]);
+                return Ok(());
+            }
+            let deployments = c.service_deployments(&name).await?;
+            let query = TaskQuery { service: Some(name.clone()), ..Default::default() };
+            let tasks = c.list_tasks(&query).await?;
+            print!("{}", describe_service(&one, &deployments, &tasks));
+            return Ok(());
+        }
         ServiceCommand::Endpoints { name } => {
             let list = c.service_endpoints(&name).await?;
             const EP: [&str; 7] =
@@ -1234,6 +1504,97 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
     Ok(())
+}
+
+/// `service describe`: the record in words, its deployments, where its replicas run (by
+/// host and GPU), and its events.
+fn describe_service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) -> String {
+    let s = &v.service;
+    let d = &s.deployment_configuration;
+    let breaker = match (d.deployment_circuit_breaker.enable, d.deployment_circuit_breaker.rollback) {
+        (false, _) => "circuit breaker off".to_string(),
+        (true, false) => {
+            format!("circuit breaker on ({} failed tasks)", CircuitBreaker::threshold(s.desired_count))
+        }
+        (true, true) => {
+            format!(
+                "circuit breaker on ({} failed tasks), rolls back",
+                CircuitBreaker::threshold(s.desired_count)
+            )
+        }
+    };
+    let mut out = output::fields(&[
+        ("Name", s.name.to_string()),
+        ("Pool", s.pool.to_string()),
+        ("Task definition", s.task_definition.to_string()),
+        ("Status", format!("{:?}", s.status).to_uppercase()),
+        (
+            "Tasks",
+            format!(
+                "{} desired, {} healthy, {} running, {} pending",
+                s.desired_count, v.healthy_count, v.running_count, v.pending_count
+            ),
+        ),
+        ("Resumption", s.resumption.as_str().to_string()),
+        (
+            "Deployment",
+            format!(
+                "at least {}% healthy, at most {}% in all, {breaker}",
+                d.minimum_healthy_percent, d.maximum_percent
+            ),
+        ),
+        ("Created", output::utc_time(s.created_at_ms)),
+        ("Updated", output::utc_time(s.updated_at_ms)),
+    ]);
+    out.push_str(&output::section("Deployments", &DEPLOYMENT_HEADERS, &deployment_rows(deployments)));
+    let mut replicas: Vec<Vec<String>> = tasks
+        .iter()
+        .filter(|t| t.last_status != TaskStatus::Stopped)
+        .map(|t| {
+            vec![
+                opt(&t.host_id),
+                if t.gpu_ids.is_empty() {
+                    "-".into()
+                } else {
+                    t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
+                },
+                t.id.to_string(),
+                t.task_definition.to_string(),
+                t.last_status.as_str().into(),
+                t.health_status.as_str().into(),
+            ]
+        })
+        .collect();
+    replicas.sort();
+    out.push_str(&output::section(
+        "Replicas",
+        &["HOST", "GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"],
+        &replicas,
+    ));
+    out.push_str(&output::events_section(&s.events));
+    out
+}
+
+const DEPLOYMENT_HEADERS: [&str; 9] =
+    ["ID", "STATUS", "TASK DEFINITION", "ROLLOUT", "DESIRED", "HEALTHY", "RUNNING", "PENDING", "FAILED"];
+
+fn deployment_rows(list: &[DeploymentView]) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|v| {
+            let d = &v.deployment;
+            vec![
+                d.id.clone(),
+                d.status.as_str().into(),
+                d.task_definition.to_string(),
+                d.rollout_state.as_str().into(),
+                d.desired_count.to_string(),
+                v.healthy_count.to_string(),
+                v.running_count.to_string(),
+                v.pending_count.to_string(),
+                d.failed_tasks.to_string(),
+            ]
+        })
+        .collect()
 }
 
 fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {

@@ -7,6 +7,7 @@ mod output;
 mod server;
 mod sim;
 mod up;
+mod wait;
 
 use clap::{Parser, Subcommand};
 
@@ -53,6 +54,56 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Simulate a fleet against the real control-plane logic, with faults, in virtual time.
     Sim(sim::SimArgs),
+    /// Print a shell completion script: `source <(mpsfleet completion bash)`, or write it where
+    /// your shell loads completions from (zsh: a file `_mpsfleet` on $fpath; fish:
+    /// ~/.config/fish/completions/mpsfleet.fish).
+    Completion {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The client's global flags, and whether each takes a value.
+const GLOBAL_FLAGS: [(&str, bool); 5] =
+    [("--server", true), ("--token", true), ("--ca-file", true), ("--output", true), ("-o", true)];
+
+/// The client's global flags may come anywhere, as kubectl's do: given before the resource
+/// command (`mpsfleet --token T host list`), they are moved after its name, where clap takes
+/// them. Everything from the first other word on is left as it is.
+fn hoist_global_flags(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut flags = Vec::new();
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        let takes_value = GLOBAL_FLAGS.iter().find_map(|(f, v)| {
+            if a == *f {
+                Some(*v)
+            } else if a.starts_with(&format!("{f}=")) || (*f == "-o" && a.len() > 2 && a.starts_with("-o")) {
+                Some(false)
+            } else {
+                None
+            }
+        });
+        match takes_value {
+            Some(true) if i + 1 < args.len() => {
+                flags.extend_from_slice(&args[i..i + 2]);
+                i += 2;
+            }
+            Some(_) => {
+                flags.push(args[i].clone());
+                i += 1;
+            }
+            None => break,
+        }
+    }
+    if flags.is_empty() || i >= args.len() {
+        return args;
+    }
+    let mut out = vec![args[0].clone(), args[i].clone()];
+    out.extend(flags);
+    out.extend_from_slice(&args[i + 1..]);
+    out
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,13 +113,22 @@ fn main() -> std::process::ExitCode {
         let code = mpsfleet_agent::runtime::shim_main_from_args(args);
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(hoist_global_flags(std::env::args_os().collect()));
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Server(args) => server::run(args),
         Command::Agent(args) => agent::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Sim(args) => sim::run(args),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "mpsfleet",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Taskdef(g) => cli::run(g.opts, cli::Resource::Taskdef(g.command)),
         Command::Task(g) => cli::run(g.opts, cli::Resource::Task(g.command)),
         Command::Host(g) => cli::run(g.opts, cli::Resource::Host(g.command)),
@@ -85,7 +145,76 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if e.downcast_ref::<wait::TimedOut>().is_some() {
+                return std::process::ExitCode::from(wait::TIMED_OUT);
+            }
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn args(s: &str) -> Vec<std::ffi::OsString> {
+        s.split(' ').map(Into::into).collect()
+    }
+
+    #[test]
+    fn global_flags_before_the_command_move_after_it() {
+        assert_eq!(hoist_global_flags(args("m --token x host list")), args("m host --token x list"));
+        assert_eq!(
+            hoist_global_flags(args("m -o json --server=a:1 task list --all")),
+            args("m task -o json --server=a:1 list --all")
+        );
+        assert_eq!(hoist_global_flags(args("m -ojson pool list")), args("m pool -ojson list"));
+        assert_eq!(hoist_global_flags(args("m host list --token x")), args("m host list --token x"));
+        assert_eq!(hoist_global_flags(args("m --token")), args("m --token"));
+        // Parsed as clap parses them.
+        let cli = Cli::try_parse_from(hoist_global_flags(args("m --token x -o json host list"))).unwrap();
+        assert!(matches!(cli.command, Command::Host(_)));
+    }
+
+    /// Every command and every option says what it is for in `--help`.
+    #[test]
+    fn every_command_and_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() && path != "mpsfleet" {
+                missing.push(format!("{path}: no about"));
+            }
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}: no help"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() != "help" {
+                    walk(sub, &path, missing);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        let cmd = Cli::command();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "{} without help:\n{}", missing.len(), missing.join("\n"));
+    }
+
+    #[test]
+    fn completion_scripts_name_the_commands() {
+        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "mpsfleet", &mut out);
+            let text = String::from_utf8(out).unwrap();
+            for word in ["service", "deployments", "taskdef"] {
+                assert!(text.contains(word), "{shell:?} completion lacks {word}");
+            }
         }
     }
 }

@@ -105,6 +105,52 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A describe view's fields, as `Name:  value` lines with the values aligned (kubectl's
+/// describe). Values go through [`sanitize`].
+pub fn fields(rows: &[(&str, String)]) -> String {
+    let width = rows.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        let key = format!("{k}:");
+        out.push_str(&format!("{key:<width$}  {}\n", sanitize(v)));
+    }
+    out
+}
+
+/// A titled, indented table under a describe view's fields; `<none>` when it has no rows.
+pub fn section(title: &str, headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!("\n{title}:\n");
+    if rows.is_empty() {
+        out.push_str("  <none>\n");
+        return out;
+    }
+    for line in table(headers, rows).lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// An object's events, oldest first, as a describe view shows them: when (UTC; the last time
+/// for a repeated one), the reason, how often, the message.
+pub fn events_section(history: &mpsfleet_types::History<mpsfleet_types::ObjectEvent>) -> String {
+    let mut rows: Vec<Vec<String>> = history
+        .iter()
+        .map(|e| {
+            let count = if e.count > 1 { format!("x{}", e.count) } else { String::new() };
+            vec![utc_time(e.latest_ms()), e.reason.clone(), count, e.message.clone()]
+        })
+        .collect();
+    if history.elided() > 0 {
+        rows.insert(
+            rows.len().min(16),
+            vec!["...".into(), String::new(), String::new(), format!("{} events left out", history.elided())],
+        );
+    }
+    section("Events", &["TIME", "REASON", "COUNT", "MESSAGE"], &rows)
+}
+
 pub fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".to_string(), ToString::to_string)
 }

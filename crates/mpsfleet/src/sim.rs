@@ -9,11 +9,13 @@ pub struct SimArgs {
     /// Simulated hosts (two thirds in a managed pool, the rest self-managed).
     #[arg(long, default_value_t = 50)]
     hosts: u32,
+    /// Simulated GPUs per host.
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
     /// Virtual time to simulate, e.g. 24h, 90m.
     #[arg(long, default_value = "1h")]
     duration: String,
+    /// Seed of the random faults and workload; the same seed replays the same run.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Random host faults per host per virtual hour, of the scenario's kinds.

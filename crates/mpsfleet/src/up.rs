@@ -24,10 +24,13 @@ pub struct UpArgs {
     /// Ownership mode of the pool `up` creates.
     #[arg(long, value_parser = ["managed", "self-managed"], default_value = "managed")]
     mode: String,
+    /// The pool the local hosts join (created on first run).
     #[arg(long, default_value = "default")]
     pool: String,
+    /// Address the server listens on (HTTPS), HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
+    /// The server's state (cluster data, CA, admin token) and the local hosts' directories.
     #[arg(long, default_value = ".mpsfleet")]
     data_dir: PathBuf,
     /// Path of nvidia-cuda-mps-control (default: PATH, then target/mps from scripts/install-mps.sh).

@@ -358,6 +358,7 @@ async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
             task_definition: "probed".into(),
             desired_count: 1,
             resumption: None,
+            deployment_configuration: None,
             client_token: None,
         })
         .await
@@ -455,6 +456,7 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
                 task_definition: "web".into(),
                 desired_count: 6,
                 resumption: None,
+                deployment_configuration: None,
                 client_token: None,
             })
             .await
@@ -495,6 +497,7 @@ async fn a_crash_looping_service_is_held_back() {
             task_definition: "crash".into(),
             desired_count: 1,
             resumption: None,
+            deployment_configuration: None,
             client_token: None,
         })
         .await

@@ -115,6 +115,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 task_definition: "infer".into(),
                 desired_count: 10_001,
                 resumption: None,
+                deployment_configuration: None,
                 client_token: None,
             })
             .await
@@ -300,6 +301,7 @@ async fn services_keep_their_count_and_spread_replicas() {
             task_definition: "web".into(),
             desired_count: 4,
             resumption: None,
+            deployment_configuration: None,
             client_token: None,
         })
         .await
@@ -340,10 +342,7 @@ async fn services_keep_their_count_and_spread_replicas() {
 
     // Scale in: extras are asked to stop; scale to zero and delete.
     let svc = admin
-        .update_service(
-            "web",
-            &UpdateService { desired_count: Some(1), task_definition: None, client_token: None },
-        )
+        .update_service("web", &UpdateService { desired_count: Some(1), ..Default::default() })
         .await
         .unwrap();
     assert_eq!(svc.service.desired_count, 1);

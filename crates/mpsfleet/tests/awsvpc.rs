@@ -155,6 +155,7 @@ async fn two_awsvpc_tasks_on_one_port_each_at_its_own_address_with_containers_on
                 task_definition: "awsvpc-web".into(),
                 desired_count: 2,
                 resumption: None,
+                deployment_configuration: None,
                 client_token: None,
             })
             .await

@@ -318,6 +318,7 @@ async fn a_port_mapping_is_reachable_at_the_reported_binding() {
                 task_definition: "web".into(),
                 desired_count: 2,
                 resumption: None,
+                deployment_configuration: None,
                 client_token: None,
             })
             .await

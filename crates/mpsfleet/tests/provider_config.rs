@@ -95,6 +95,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
         name: Some("boot".into()),
         exec: Some(commands.clone()),
         desired_hosts: 1,
+        host_shape: None,
     };
     let e = admin.create_pool(&pool(attack)).await.unwrap_err().to_string();
     assert!(e.contains("provider.exec") && e.contains("server's configuration"), "{e}");
@@ -111,6 +112,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
             name: None,
             exec: Some(commands),
             desired_hosts: 1,
+            host_shape: None,
         }),
         ..Default::default()
     };

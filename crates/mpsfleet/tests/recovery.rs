@@ -90,6 +90,7 @@ async fn service_of(admin: &Client, name: &str, count: u32) -> Vec<Task> {
             task_definition: name.into(),
             desired_count: count,
             resumption: None,
+            deployment_configuration: None,
             client_token: None,
         })
         .await
@@ -441,6 +442,7 @@ async fn fenced_services_wait_for_termination_and_restart_services_do_not() {
                 task_definition: name.into(),
                 desired_count: 2,
                 resumption: Some(resumption),
+                deployment_configuration: None,
                 client_token: None,
             })
             .await

@@ -52,6 +52,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/services", Open::Role(Role::Operator)),
     ("GET", "/v1/services", Open::Role(Role::Viewer)),
     ("GET", "/v1/services/{name}/endpoints", Open::Role(Role::Viewer)),
+    ("GET", "/v1/services/{name}/deployments", Open::Role(Role::Viewer)),
     ("GET", "/v1/services/{name}", Open::Role(Role::Viewer)),
     ("PATCH", "/v1/services/{name}", Open::Role(Role::Operator)),
     ("DELETE", "/v1/services/{name}", Open::Role(Role::Operator)),
@@ -233,6 +234,7 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
                 task_definition: "infer".into(),
                 desired_count: 0,
                 resumption: None,
+                deployment_configuration: None,
                 client_token: None,
             };
             admin.create_service(&svc).await.unwrap();

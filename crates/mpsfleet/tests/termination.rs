@@ -207,6 +207,7 @@ impl Fleet {
                 task_definition: name.into(),
                 desired_count: count,
                 resumption: Some(resumption),
+                deployment_configuration: None,
                 client_token: None,
             })
             .await

@@ -346,6 +346,7 @@ mod tests {
             task_definition: "t".into(),
             desired_count: desired,
             resumption: None,
+            deployment_configuration: None,
             client_token: Some("svc-1".into()),
         };
         let first = c.create_service_as(req(0), "admin").unwrap();
@@ -355,8 +356,8 @@ mod tests {
         assert!(matches!(c.create_service_as(without, "admin").unwrap_err(), ApiError::AlreadyExists { .. }));
         let update = |d| UpdateService {
             desired_count: Some(d),
-            task_definition: None,
             client_token: Some("u-1".into()),
+            ..Default::default()
         };
         assert_eq!(c.update_service_as("web", update(2), "admin").unwrap().service.desired_count, 2);
         c.update_service("web", UpdateService { desired_count: Some(5), ..Default::default() }).unwrap();

@@ -19,6 +19,9 @@ mod recovery_tests;
 mod register;
 mod retention;
 mod secrets;
+#[cfg(test)]
+mod service_tests;
+mod services;
 mod task_policy;
 mod tasks;
 mod tokens;
@@ -1316,9 +1319,14 @@ impl Cluster {
                     .is_none_or(|h| e.task.host_id.as_ref().is_some_and(|x| x.as_str() == h))
             })
             .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
+            .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
             .collect();
-        out.sort_by_key(|e| e.seq);
-        out.into_iter().take(filter.limit).map(|e| e.task.clone()).collect()
+        if filter.newest_first {
+            out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        } else {
+            out.sort_by_key(|e| e.seq);
+        }
+        out.into_iter().skip(filter.skip).take(filter.limit).map(|e| e.task.clone()).collect()
     }
 
     /// The record a stop request produces: an unplaced task stops at once; a placed one is
@@ -1505,284 +1513,40 @@ impl Cluster {
                 self.close_mps_gpus(p.host, &p.gpus);
             }
         }
+        let code = t.stop_code;
+        let was = self.replica_state(&task);
+        let now_state = self.replica_state(&t);
         self.write_tasks(vec![t])?;
         if report.last_status == TaskStatus::Stopped {
             // The host's faults (a daemon that did not answer, a drain, a replacement) are not
-            // the task's: they do not count toward its service's crash-loop hold-back.
-            let failed = !matches!(
-                report.stop_code,
-                Some(
-                    StopCode::UserInitiated
-                        | StopCode::ServiceSchedulerInitiated
-                        | StopCode::HostReplaced
-                        | StopCode::HostDrained
-                        | StopCode::MpsDaemonUnavailable
-                )
-            );
+            // the task's, nor is a stop that was asked for: they do not count toward its
+            // service's crash-loop hold-back or its deployment's circuit breaker.
+            let failed = task.desired_status != TaskStatus::Stopped
+                && !matches!(
+                    code,
+                    Some(
+                        StopCode::UserInitiated
+                            | StopCode::ServiceSchedulerInitiated
+                            | StopCode::HostReplaced
+                            | StopCode::HostDrained
+                            | StopCode::MpsDaemonUnavailable
+                    )
+                );
             if let (true, Some(g)) = (failed, &task.group) {
                 self.service_failures.entry(g.clone()).or_default().push_back(now);
+                self.note_service_failure(&task)?;
             }
+            self.reconcile_group(task.group.as_ref())?;
+        } else if was != now_state {
+            // Turned healthy (or stopped being): the rollout may take its next step.
             self.reconcile_group(task.group.as_ref())?;
         }
         self.task(id)
     }
 
-    // ---- services -----------------------------------------------------------------------
-
-    pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, ApiError> {
-        let name = ServiceName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
-        if self.services.contains_key(&name) {
-            return Err(ApiError::AlreadyExists { kind: "service", id: name.to_string() });
-        }
-        check_desired(req.desired_count)?;
-        let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef("taskDefinition", &req.task_definition)?;
-        self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
-        let td = td.reference();
-        let now = self.now();
-        let svc = Service {
-            name: name.clone(),
-            pool,
-            task_definition: td,
-            desired_count: req.desired_count,
-            resumption: req.resumption.unwrap_or_default(),
-            status: ServiceStatus::Active,
-            created_at_ms: now,
-            updated_at_ms: now,
-        };
-        let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
-        self.sched.group(name.as_str());
-        self.services.insert(name.clone(), Versioned { value: svc, version: rev });
-        self.reconcile_service(&name)?;
-        self.service(name.as_str())
-    }
-
-    pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, ApiError> {
-        let current = self.service_record(name)?;
-        if current.value.status == ServiceStatus::Draining {
-            return Err(ApiError::Conflict(format!("service {name} is being deleted")));
-        }
-        let mut svc = current.value.clone();
-        if let Some(d) = req.desired_count {
-            check_desired(d)?;
-            svc.desired_count = d;
-        }
-        if let Some(td) = &req.task_definition {
-            let def = self.taskdef("taskDefinition", td)?;
-            self.check_task_secrets(def)?;
-            self.check_task_policy(&svc.pool, def)?;
-            svc.task_definition = def.reference();
-        }
-        if svc != current.value {
-            svc.updated_at_ms = self.now();
-            self.write_service(svc)?;
-        }
-        let name = current.value.name;
-        self.reconcile_service(&name)?;
-        self.service(name.as_str())
-    }
-
-    /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
-    pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, ApiError> {
-        let current = self.service_record(name)?;
-        let mut svc = current.value.clone();
-        if svc.status != ServiceStatus::Draining {
-            svc.status = ServiceStatus::Draining;
-            svc.desired_count = 0;
-            svc.updated_at_ms = self.now();
-            self.write_service(svc.clone())?;
-        }
-        let view = self.view_of(&svc);
-        self.reconcile_service(&svc.name)?;
-        Ok(view)
-    }
-
-    fn service_record(&self, name: &str) -> Result<Versioned<Service>, ApiError> {
-        self.services
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| ApiError::not_found("service", name))
-    }
-
-    fn write_service(&mut self, svc: Service) -> Result<(), ApiError> {
-        let version = self.services.get(&svc.name).map_or(0, |v| v.version);
-        let rev =
-            self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
-        self.services.insert(svc.name.clone(), Versioned { value: svc, version: rev });
-        Ok(())
-    }
-
-    fn view_of(&self, svc: &Service) -> ServiceView {
-        let live = Some(self.tasks.of_service(&svc.name));
-        let count = |f: &dyn Fn(&Task) -> bool| {
-            live.map_or(0, |ids| {
-                ids.iter().filter_map(|id| self.tasks.get(id)).filter(|e| f(&e.task)).count()
-            }) as u32
-        };
-        ServiceView {
-            service: svc.clone(),
-            running_count: count(&|t| t.last_status == TaskStatus::Running),
-            pending_count: count(&|t| t.last_status < TaskStatus::Running),
-        }
-    }
-
-    pub fn service(&self, name: &str) -> Result<ServiceView, ApiError> {
-        Ok(self.view_of(&self.service_record(name)?.value))
-    }
-
-    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
-    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
-    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
-    /// each container port of its definition, at the address its containers report.
-    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, ApiError> {
-        let svc = self.service_record(name)?.value.name.clone();
-        let mut out = Vec::new();
-        for id in self.tasks.of_service(&svc) {
-            let Some(e) = self.tasks.get(id) else { continue };
-            let t = &e.task;
-            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
-                continue;
-            }
-            let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { continue };
-            let entry = &self.hosts[host as usize];
-            let address = host_address(entry);
-            let definition =
-                self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision));
-            for c in &t.containers {
-                let task_ip = c.network_interfaces.first().map(|n| n.private_ipv4_address.clone());
-                if let (Some(ip), Some(def)) = (task_ip, definition) {
-                    let mappings = def
-                        .value
-                        .container_definitions
-                        .iter()
-                        .filter(|d| d.name == c.name)
-                        .flat_map(|d| &d.port_mappings);
-                    for m in mappings {
-                        out.push(ServiceEndpoint {
-                            task_id: t.id,
-                            host_id: entry.host.id.clone(),
-                            container: c.name.clone(),
-                            address: format!("{ip}:{}", m.container_port),
-                            host_port: m.container_port,
-                            container_port: m.container_port,
-                            protocol: m.protocol,
-                            ready: t.ready,
-                            health_status: t.health_status,
-                        });
-                    }
-                    continue;
-                }
-                for b in &c.network_bindings {
-                    let ip = if b.bind_ip.is_empty() || b.bind_ip == "0.0.0.0" || b.bind_ip == "::" {
-                        address.clone()
-                    } else {
-                        b.bind_ip.clone()
-                    };
-                    out.push(ServiceEndpoint {
-                        task_id: t.id,
-                        host_id: entry.host.id.clone(),
-                        container: c.name.clone(),
-                        address: format!("{ip}:{}", b.host_port),
-                        host_port: b.host_port,
-                        container_port: b.container_port,
-                        protocol: b.protocol,
-                        ready: t.ready,
-                        health_status: t.health_status,
-                    });
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    pub fn services(&self) -> Vec<ServiceView> {
-        self.services.values().map(|v| self.view_of(&v.value)).collect()
-    }
-
-    fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), ApiError> {
-        match group {
-            Some(g) => self.reconcile_service(g),
-            None => Ok(()),
-        }
-    }
-
-    /// Brings a service to its desired count of tasks of its current definition: starts
-    /// what is missing, stops extras (waiting ones first, then the newest) and tasks of an
-    /// older definition. A deleted service goes once its last task has stopped.
-    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), ApiError> {
-        let Some(svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
-        let mut current: Vec<(bool, u64, TaskId)> = Vec::new();
-        let mut to_stop: Vec<Task> = Vec::new();
-        let mut remaining = 0;
-        for id in self.tasks.of_service(name) {
-            let Some(e) = self.tasks.get(id) else { continue };
-            remaining += 1;
-            if e.task.desired_status == TaskStatus::Stopped {
-                continue;
-            }
-            if e.task.task_definition == svc.task_definition {
-                current.push((e.task.host_id.is_some(), e.seq, *id));
-            } else {
-                to_stop.push(self.stopped_record(
-                    &e.task,
-                    StopCode::ServiceSchedulerInitiated,
-                    "replaced by a newer task definition",
-                ));
-            }
-        }
-        let desired = svc.desired_count as usize;
-        if current.len() > desired {
-            // Keep placed before waiting, older before newer.
-            current.sort_by_key(|&(placed, seq, _)| (!placed, seq));
-            for &(_, _, id) in &current[desired..] {
-                if let Some(e) = self.tasks.get(&id) {
-                    to_stop.push(self.stopped_record(
-                        &e.task,
-                        StopCode::ServiceSchedulerInitiated,
-                        "service scaled in",
-                    ));
-                }
-            }
-        }
-        self.write_tasks(to_stop)?;
-        if current.len() < desired && !self.failing_too_fast(name) {
-            let spec = NewTasks {
-                task_definition: svc.task_definition.clone(),
-                pool: svc.pool.clone(),
-                group: Some(name.clone()),
-                started_by: format!("service:{name}"),
-            };
-            self.start_tasks(spec, (desired - current.len()) as u32)?;
-        }
-        if svc.status == ServiceStatus::Draining && remaining == 0 {
-            let version = self.services.get(name).map_or(0, |v| v.version);
-            self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
-            self.services.remove(name);
-        }
-        Ok(())
-    }
-
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
     pub fn compact_feed(&mut self, keep: u64) -> Result<(), ApiError> {
         Ok(self.store.compact(self.revision.saturating_sub(keep))?)
-    }
-
-    /// Whether a service's tasks have failed so often lately that replacing them again now
-    /// would only feed a crash loop: at most `SERVICE_RESTART_BURST` failures per
-    /// `SERVICE_RESTART_WINDOW_MS`; the periodic resync replaces them once the window allows.
-    fn failing_too_fast(&mut self, name: &ServiceName) -> bool {
-        let now = self.now();
-        let Some(failures) = self.service_failures.get_mut(name) else { return false };
-        while failures.front().is_some_and(|&t| now.saturating_sub(t) > SERVICE_RESTART_WINDOW_MS) {
-            failures.pop_front();
-        }
-        let too_fast = failures.len() >= SERVICE_RESTART_BURST;
-        if too_fast {
-            tracing::warn!(service = %name, failures = failures.len(), "tasks failing fast; replacement held back");
-        }
-        too_fast
     }
 
     /// The periodic safety net: reconcile every service and retry every pending queue.
@@ -1838,6 +1602,11 @@ pub struct TaskFilter {
     pub host: Option<String>,
     pub status: Option<TaskStatus>,
     pub limit: usize,
+    /// Leave out this many first (paging).
+    pub skip: usize,
+    pub newest_first: bool,
+    /// Leave out STOPPED tasks.
+    pub live: bool,
 }
 
 /// Checks a pool's settings; errors name the field and its range.
@@ -1855,16 +1624,6 @@ fn check_pool(p: &Pool) -> Result<(), ApiError> {
     p.remediation_policy.validate().map_err(policy)?;
     if let Some(provider) = &p.provider {
         provider.validate().map_err(policy)?;
-    }
-    Ok(())
-}
-
-fn check_desired(d: u32) -> Result<(), ApiError> {
-    if d > MAX_DESIRED_COUNT {
-        return Err(ApiError::invalid(
-            "desiredCount",
-            format!("must be an integer from 0 to {MAX_DESIRED_COUNT}, got {d}"),
-        ));
     }
     Ok(())
 }

@@ -6,15 +6,15 @@ use crate::provider::ExternalProvider;
 use mpsfleet_core::clock::ManualClock;
 use std::time::Duration;
 
-struct World {
-    c: Cluster,
-    clock: Arc<ManualClock>,
-    join_token: String,
+pub(super) struct World {
+    pub(super) c: Cluster,
+    pub(super) clock: Arc<ManualClock>,
+    pub(super) join_token: String,
     gpu: u32,
 }
 
 impl World {
-    fn new(mode: OwnershipMode) -> World {
+    pub(super) fn new(mode: OwnershipMode) -> World {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let store = Arc::new(mpsfleet_store::MemoryStore::new());
         let mut join_token = String::new();
@@ -30,7 +30,7 @@ impl World {
         World { c, clock, join_token, gpu: 0 }
     }
 
-    fn registration(&mut self, hostname: &str) -> HostRegistration {
+    pub(super) fn registration(&mut self, hostname: &str) -> HostRegistration {
         self.gpu += 1;
         HostRegistration {
             pool: PoolName::new("p").unwrap(),
@@ -51,14 +51,14 @@ impl World {
         }
     }
 
-    fn join(&mut self, hostname: &str, token: &str) -> Result<HostId, ApiError> {
+    pub(super) fn join(&mut self, hostname: &str, token: &str) -> Result<HostId, ApiError> {
         let reg = self.registration(hostname);
         let id = self.c.register_host_with_token(reg, token)?.host_id;
         self.heartbeat(&id, HealthStatus::Ok);
         Ok(id)
     }
 
-    fn heartbeat(&mut self, host: &HostId, mps: HealthStatus) {
+    pub(super) fn heartbeat(&mut self, host: &HostId, mps: HealthStatus) {
         let gpu = self.c.hosts[self.c.sched.host(host).unwrap() as usize].host.gpus[0].uuid.clone();
         let report = HostStatusReport {
             onboarded: true,
@@ -76,13 +76,13 @@ impl World {
         self.c.host_status(host, report).unwrap();
     }
 
-    fn advance(&self, ms: u64) {
+    pub(super) fn advance(&self, ms: u64) {
         self.clock.advance(Duration::from_millis(ms));
     }
 
     /// Runs the health loop and the heartbeats for `secs` seconds of virtual time, answering
     /// every provider job with `answer`; returns the jobs seen.
-    fn run(
+    pub(super) fn run(
         &mut self,
         secs: u64,
         heartbeats: &[(HostId, HealthStatus)],

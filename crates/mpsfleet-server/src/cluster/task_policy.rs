@@ -1,17 +1,44 @@
 //! What a pool lets its tasks use beyond a container's own isolation (its [`TaskPolicy`]), and
-//! the volumes its hosts can never give: checked at `task run`, `service create` and when a
-//! service takes a new definition, so that such a task is refused with the reason instead of
-//! waiting for a host that will never run it.
+//! the volumes its hosts can never give, and GPU demands larger than any host it has or its
+//! provider launches: checked at `task run`, `service create` and when a service takes a new
+//! definition, so that such a task is refused with the reason instead of waiting for a host
+//! that will never run it.
 
 use crate::error::ApiError;
+use mpsfleet_core::fit::{never_fits, Shape};
 use mpsfleet_types::{Host, HostStatus, NetworkMode, Pool, PoolName, RuntimeKind, TaskDefinition};
 use std::collections::BTreeSet;
 
 impl super::Cluster {
     /// [`check`] against the pool's policy and its hosts.
+    /// And the task's GPU demand against the largest host the pool has or its provider
+    /// launches (`mpsfleet_core::fit`).
     pub(super) fn check_task_policy(&self, pool: &PoolName, td: &TaskDefinition) -> Result<(), ApiError> {
         let Some(p) = self.pools.get(pool) else { return Ok(()) };
-        check(&p.value, td, self.hosts.iter().map(|e| &e.host).filter(|h| &h.pool == pool))
+        let hosts = || self.hosts.iter().map(|e| &e.host).filter(|h| &h.pool == pool);
+        check(&p.value, td, hosts())?;
+        let mut shapes: Vec<Shape> = hosts()
+            .filter(|h| h.status != HostStatus::Deregistered)
+            .map(|h| Shape { gpus: h.gpus.iter().map(|g| (g.memory_mib, g.max_mps_clients)).collect() })
+            .collect();
+        let shape = p.value.provider.as_ref().and_then(|pr| pr.host_shape);
+        if let Some(s) = shape {
+            shapes.push(Shape { gpus: vec![(s.gpu_memory_mib, s.max_mps_clients); s.gpus as usize] });
+        }
+        match never_fits(&td.gpu_demand(), &shapes) {
+            None => Ok(()),
+            Some(why) => {
+                let of = if shape.is_some() {
+                    "its hosts and the hosts its provider launches"
+                } else {
+                    "its hosts"
+                };
+                Err(ApiError::invalid(
+                    "taskDefinition",
+                    format!("{} can never be placed in pool {pool}: {why} (judged by {of})", td.reference()),
+                ))
+            }
+        }
     }
 }
 

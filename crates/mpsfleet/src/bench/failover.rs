@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 #[derive(Args)]
 pub struct FailoverBench {
+    /// Times the leader is SIGKILLed and the next one's first answer timed.
     #[arg(long, default_value_t = 20)]
     trials: u32,
     /// The etcd cluster (three members for the figures in docs/benchmarks.md).
@@ -249,6 +250,7 @@ async fn trials(b: &FailoverBench, members: &mut [Member], admin: &Client, prefi
             task_definition: "bench".into(),
             desired_count: b.service_tasks,
             resumption: None,
+            deployment_configuration: None,
             client_token: Some("bench-service".into()),
         })
         .await?;
@@ -418,12 +420,16 @@ async fn trials(b: &FailoverBench, members: &mut [Member], admin: &Client, prefi
 /// election to its first acknowledged write (and from the kill, which adds the lease's TTL).
 #[derive(Args)]
 pub struct TakeoverBench {
+    /// The etcd cluster the two servers share.
     #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
     etcd_endpoints: String,
+    /// Emulated hosts (8 GPUs each) registered in the store before the kill.
     #[arg(long, default_value_t = 10_000)]
     hosts: u32,
+    /// Tasks submitted to the store before the kill.
     #[arg(long, default_value_t = 200_000)]
     tasks: u32,
+    /// The servers' --leader-ttl, in seconds.
     #[arg(long, default_value_t = 2)]
     leader_ttl: u64,
 }

@@ -21,6 +21,7 @@ pub struct IngestBench {
     /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
     #[arg(long)]
     insecure_http: bool,
+    /// Simulated hosts registered, then each reporting every --interval-ms.
     #[arg(long, default_value_t = 20_000)]
     hosts: u32,
     /// Length of the measured window.
@@ -35,6 +36,7 @@ pub struct IngestBench {
     /// Keep-alive connections, hence the most requests in flight at once.
     #[arg(long, default_value_t = 32)]
     connections: u32,
+    /// Emulated GPUs each simulated host declares (1 to 64).
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
     /// The pool's heartbeat grace: it must cover onboarding every host (one commit each) before

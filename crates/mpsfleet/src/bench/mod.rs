@@ -41,17 +41,22 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct SchedulerBench {
+    /// Hosts in the emulated fleet.
     #[arg(long, default_value_t = 10_000)]
     hosts: u32,
+    /// GPUs per emulated host.
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
+    /// Tasks to place, one after another.
     #[arg(long, default_value_t = 1_000_000)]
     tasks: u32,
     /// GPU memory in MiB (default: an H200's 143,771 MiB).
     #[arg(long, default_value_t = 143_771)]
     gpu_memory_mib: u64,
+    /// The pool's placement strategy.
     #[arg(long, value_parser = ["binpack", "spread"], default_value = "binpack")]
     strategy: String,
+    /// Seed of the generated workload; the same seed gives the same tasks.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }

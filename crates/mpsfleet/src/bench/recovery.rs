@@ -9,6 +9,7 @@ use clap::Args;
 /// decision and to every affected task RUNNING again are read from the incident.
 #[derive(Args)]
 pub struct RecoveryBench {
+    /// Trials, each a fresh server and pool whose MPS daemon is killed (1 to 100).
     #[arg(long, default_value_t = 5)]
     trials: u32,
     /// Hosts in the pool (two emulated GPUs each); the service has two replicas per host.
@@ -144,6 +145,7 @@ async fn recovery_measure(
             task_definition: "bench".into(),
             desired_count: replicas,
             resumption: None,
+            deployment_configuration: None,
             client_token: None,
         })
         .await?;

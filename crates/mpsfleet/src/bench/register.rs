@@ -17,8 +17,10 @@ pub struct RegisterBench {
     /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
     #[arg(long)]
     insecure_http: bool,
+    /// Emulated hosts to register.
     #[arg(long, default_value_t = 20_000)]
     hosts: u32,
+    /// Emulated GPUs each host declares (1 to 64).
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
     /// Registrations in flight at once (agents of a fleet coming up together).

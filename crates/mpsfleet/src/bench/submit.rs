@@ -20,6 +20,7 @@ pub struct SubmitBench {
     /// Serve plain HTTP (`server --insecure-http`) instead of HTTPS, to compare.
     #[arg(long)]
     insecure_http: bool,
+    /// Tasks to submit; enough emulated hosts are registered to place them all.
     #[arg(long, default_value_t = 1_000_000)]
     tasks: u64,
     /// Tasks per request (the API takes at most 10,000).
@@ -31,6 +32,7 @@ pub struct SubmitBench {
     /// MPS memory of each task, in MiB (each takes one MPS client of an H200's 48).
     #[arg(long, default_value_t = 1024)]
     memory_mib: u64,
+    /// Emulated GPUs per registered host (1 to 64).
     #[arg(long, default_value_t = 8)]
     gpus_per_host: u32,
     /// Send each request with a client token of its own (`clientToken`), as a client that
@@ -41,6 +43,7 @@ pub struct SubmitBench {
     /// prefix of this run's; etcd's raw write rate is measured in the same run).
     #[arg(long, value_parser = ["sqlite", "etcd"], default_value = "sqlite")]
     store: String,
+    /// The etcd cluster for `--store etcd`.
     #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
     etcd_endpoints: Option<String>,
 }

@@ -1,0 +1,287 @@
+//! Rolling deployments against the real cluster, in virtual time: simulated agents answer
+//! every placement, and the service's bounds are checked after every transition the server
+//! makes (every report it takes and every step it plans).
+
+use super::recovery_tests::World;
+use super::*;
+use mpsfleet_types::service::{CircuitBreaker, DeploymentConfiguration, DeploymentStatus, RolloutState};
+
+/// `app:1` (healthy), `app:2` (healthy), `bad:` revisions fail their health check.
+fn world(hosts: usize) -> (World, Vec<HostId>) {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let ids = (0..hosts).map(|i| w.join(&format!("h{i}"), &join).unwrap()).collect();
+    let td = |family: &str| {
+        format!(
+            r#"{{"family": "{family}", "containerDefinitions": [{{"name": "c", "command": ["sleep", "3600"],
+                "healthCheck": {{"command": ["CMD", "true"]}},
+                "resourceRequirements": [{{"type": "GPU",
+                    "sharingStrategy": {{"nvidiaMps": {{"memory": 1000, "maxComputePercent": 10}}}}}}]}}]}}"#
+        )
+    };
+    for f in ["app", "app"] {
+        w.c.register_taskdef(td(f).as_bytes()).unwrap();
+    }
+    (w, ids)
+}
+
+/// What an agent does, one report at a time: a placed task starts (RUNNING, then its health
+/// check answers), a task asked to stop stops. `fails` says which definitions fail their
+/// check. After each report: `check(&cluster)`. Returns when nothing is left to report.
+fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: &mut impl FnMut(&Cluster)) {
+    for _ in 0..10_000 {
+        let next = w.c.tasks.values().find_map(|e| {
+            let t = &e.task;
+            let host = t.host_id.clone()?;
+            let report = if t.desired_status == TaskStatus::Stopped {
+                (t.last_status != TaskStatus::Stopped).then(|| TaskStateReport {
+                    last_status: TaskStatus::Stopped,
+                    stop_code: None,
+                    ..report(TaskStatus::Stopped)
+                })
+            } else if t.last_status < TaskStatus::Running {
+                Some(TaskStateReport { ready: Some(true), ..report(TaskStatus::Running) })
+            } else if t.health_status == TaskHealth::Unknown {
+                Some(if fails(&t.task_definition) {
+                    TaskStateReport {
+                        health_status: Some(TaskHealth::Unhealthy),
+                        stop_code: Some(StopCode::Unhealthy),
+                        stopped_reason: Some("health check of container c failed".into()),
+                        ..report(TaskStatus::Stopped)
+                    }
+                } else {
+                    TaskStateReport {
+                        health_status: Some(TaskHealth::Healthy),
+                        ..report(TaskStatus::Running)
+                    }
+                })
+            } else {
+                None
+            };
+            report.map(|r| (host, t.id, r))
+        });
+        let Some((host, id, r)) = next else { return };
+        w.c.report_task(&host, &id.to_string(), r).unwrap();
+        w.advance(100);
+        check(&w.c);
+    }
+    panic!("the agents never ran out of reports");
+}
+
+fn report(status: TaskStatus) -> TaskStateReport {
+    TaskStateReport {
+        last_status: status,
+        health_status: None,
+        ready: None,
+        stop_code: None,
+        stopped_reason: None,
+        output: None,
+        containers: None,
+    }
+}
+
+fn service(w: &mut World, desired: u32, config: DeploymentConfiguration) {
+    w.c.create_service(CreateService {
+        name: "web".into(),
+        pool: "p".into(),
+        task_definition: "app:1".into(),
+        desired_count: desired,
+        deployment_configuration: Some(config),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+fn update(w: &mut World, taskdef: &str) {
+    let req = UpdateService { task_definition: Some(taskdef.into()), ..Default::default() };
+    w.c.update_service("web", req).unwrap();
+}
+
+/// Healthy replicas and all live replicas of the service.
+fn counts(c: &Cluster) -> (usize, usize) {
+    let name = ServiceName::new("web").unwrap();
+    let live: Vec<&Task> =
+        c.tasks.of_service(&name).iter().filter_map(|id| c.tasks.get(id)).map(|e| &e.task).collect();
+    let healthy = live.iter().filter(|t| c.replica_state(t) == ReplicaState::Healthy).count();
+    (healthy, live.len())
+}
+
+use mpsfleet_core::deployment::ReplicaState;
+
+#[test]
+fn a_rolling_update_keeps_half_healthy_and_never_exceeds_the_desired_count() {
+    let (mut w, _) = world(6);
+    let config =
+        DeploymentConfiguration { minimum_healthy_percent: 50, maximum_percent: 100, ..Default::default() };
+    service(&mut w, 6, config);
+    agents(&mut w, |_| false, &mut |_| {});
+    assert_eq!(counts(&w.c), (6, 6));
+    let first = w.c.service_deployments("web").unwrap();
+    assert_eq!(first[0].deployment.rollout_state, RolloutState::Completed);
+
+    update(&mut w, "app:2");
+    let mut transitions = 0;
+    let mut lowest = usize::MAX;
+    agents(&mut w, |_| false, &mut |c| {
+        let (healthy, live) = counts(c);
+        transitions += 1;
+        lowest = lowest.min(healthy);
+        assert!(healthy >= 3, "{healthy} healthy after transition {transitions}");
+        assert!(live <= 6, "{live} replicas after transition {transitions}");
+    });
+    assert_eq!(lowest, 3, "the rollout used the room its minimum gave it");
+    assert!(transitions >= 12);
+    let d = w.c.service_deployments("web").unwrap();
+    assert_eq!(d[0].deployment.task_definition.to_string(), "app:2");
+    assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
+    assert_eq!(d[0].healthy_count, 6);
+    assert_eq!(d[1].deployment.status, DeploymentStatus::Inactive);
+    let svc = w.c.service("web").unwrap().service;
+    let reasons: Vec<&str> = svc.events.iter().map(|e| e.reason.as_str()).collect();
+    for r in ["DeploymentStarted", "TasksReplaced", "TasksStarted", "DeploymentCompleted"] {
+        assert!(reasons.contains(&r), "{r} missing from {reasons:?}");
+    }
+}
+
+#[test]
+fn failing_new_tasks_trip_the_breaker_and_roll_back() {
+    let (mut w, _) = world(6);
+    let breaker = CircuitBreaker { enable: true, rollback: true };
+    let config = DeploymentConfiguration { deployment_circuit_breaker: breaker, ..Default::default() };
+    service(&mut w, 4, config);
+    agents(&mut w, |_| false, &mut |_| {});
+    update(&mut w, "app:2");
+    let mut lowest = usize::MAX;
+    agents(&mut w, |td| td.revision == 2, &mut |c| lowest = lowest.min(counts(c).0));
+    assert_eq!(lowest, 4, "the old tasks kept serving throughout");
+    let d = w.c.service_deployments("web").unwrap();
+    assert_eq!(d[0].deployment.task_definition.to_string(), "app:1", "{d:#?}");
+    assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
+    let failed = d.iter().find(|d| d.deployment.task_definition.revision == 2).unwrap();
+    assert_eq!(failed.deployment.rollout_state, RolloutState::Failed);
+    assert_eq!(failed.deployment.failed_tasks, CircuitBreaker::threshold(4));
+    assert_eq!(counts(&w.c), (4, 4));
+    let svc = w.c.service("web").unwrap().service;
+    assert_eq!(svc.task_definition.to_string(), "app:1");
+    assert!(svc.events.iter().any(|e| e.reason == "DeploymentRolledBack"));
+}
+
+#[test]
+fn a_tripped_breaker_without_rollback_starts_nothing_more() {
+    let (mut w, _) = world(4);
+    let breaker = CircuitBreaker { enable: true, rollback: false };
+    let config = DeploymentConfiguration { deployment_circuit_breaker: breaker, ..Default::default() };
+    service(&mut w, 2, config);
+    agents(&mut w, |_| false, &mut |_| {});
+    update(&mut w, "app:2");
+    agents(&mut w, |td| td.revision == 2, &mut |_| {});
+    w.advance(60_000);
+    w.c.resync().unwrap();
+    agents(&mut w, |td| td.revision == 2, &mut |_| {});
+    let d = w.c.service_deployments("web").unwrap();
+    assert_eq!(d[0].deployment.rollout_state, RolloutState::Failed);
+    assert_eq!(d[0].deployment.failed_tasks, 3);
+    assert_eq!(counts(&w.c), (2, 2), "the old tasks still run");
+}
+
+#[test]
+fn a_fenced_service_stops_each_task_before_its_replacement_starts() {
+    let (mut w, _) = world(3);
+    w.c.create_service(CreateService {
+        name: "web".into(),
+        pool: "p".into(),
+        task_definition: "app:1".into(),
+        desired_count: 3,
+        resumption: Some(ResumptionBoundary::Fenced),
+        ..Default::default()
+    })
+    .unwrap();
+    agents(&mut w, |_| false, &mut |_| {});
+    update(&mut w, "app:2");
+    agents(&mut w, |_| false, &mut |c| assert!(counts(c).1 <= 3));
+    let d = w.c.service_deployments("web").unwrap();
+    assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
+    let svc = w.c.service("web").unwrap().service;
+    let started = svc.events.iter().rfind(|e| e.reason == "DeploymentStarted").unwrap();
+    assert!(
+        started.message.contains("fenced: each old task stops before its replacement starts"),
+        "{}",
+        started.message
+    );
+}
+
+#[test]
+fn bad_deployment_configurations_name_their_field() {
+    let (mut w, _) = world(1);
+    for (config, field) in [
+        (
+            DeploymentConfiguration { minimum_healthy_percent: 101, ..Default::default() },
+            "minimumHealthyPercent",
+        ),
+        (DeploymentConfiguration { maximum_percent: 99, ..Default::default() }, "maximumPercent"),
+        (
+            DeploymentConfiguration {
+                deployment_circuit_breaker: CircuitBreaker { enable: false, rollback: true },
+                ..Default::default()
+            },
+            "rollback",
+        ),
+    ] {
+        let e =
+            w.c.create_service(CreateService {
+                name: "web".into(),
+                pool: "p".into(),
+                task_definition: "app:1".into(),
+                desired_count: 1,
+                deployment_configuration: Some(config),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+    }
+    assert!(w.c.services().is_empty());
+}
+
+/// A task no GPU of the pool could ever hold is refused at `task run`, `service create` and a
+/// service's new definition, with the reason and nothing created; one that fits waits.
+#[test]
+fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
+    let huge = br#"{"family": "huge", "containerDefinitions": [{"name": "c", "command": ["sleep", "1"],
+        "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 200000}}}]}]}"#;
+    // A pool without hosts has nothing to judge by: the task waits.
+    let (mut w, _) = world(0);
+    w.c.register_taskdef(huge).unwrap();
+    let run = |c: &mut Cluster, td: &str| {
+        c.run_tasks(RunTask { task_definition: td.into(), count: 1, pool: "p".into(), client_token: None })
+    };
+    let waiting = run(&mut w.c, "huge").unwrap();
+    assert_eq!(waiting.pending, 1);
+
+    let (mut w, _) = world(2);
+    w.c.register_taskdef(huge).unwrap();
+    let before = w.c.tasks(&TaskFilter { limit: 100, ..Default::default() }).len();
+    let e = run(&mut w.c, "huge").unwrap_err().to_string();
+    assert!(e.contains("taskDefinition") && e.contains("200000 MiB") && e.contains("143771 MiB"), "{e}");
+    let e =
+        w.c.create_service(CreateService {
+            name: "big".into(),
+            pool: "p".into(),
+            task_definition: "huge".into(),
+            desired_count: 1,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("can never be placed"), "{e}");
+    service(&mut w, 1, DeploymentConfiguration::default());
+    let e = w
+        .c
+        .update_service("web", UpdateService { task_definition: Some("huge".into()), ..Default::default() });
+    assert!(e.unwrap_err().to_string().contains("can never be placed"));
+    assert_eq!(w.c.service("web").unwrap().service.task_definition.to_string(), "app:1");
+    assert_eq!(
+        w.c.tasks(&TaskFilter { limit: 100, ..Default::default() }).len(),
+        before + 1,
+        "only the service's task"
+    );
+    assert!(run(&mut w.c, "app:1").is_ok());
+}

@@ -1,0 +1,575 @@
+//! Services: keep N tasks of a task definition running, and roll them over to a new one
+//! through deployments, as ECS does.
+//!
+//! A service record holds its deployments, newest (PRIMARY) first. `reconcile_service` takes
+//! where every replica stands, asks the pure planner (`mpsfleet_core::deployment::plan`) what
+//! the deployment's bounds allow now, stops and starts that, and then settles the
+//! deployments: the PRIMARY one completes once all its desired tasks are healthy and no older
+//! task is left; an older one turns INACTIVE when its last task has stopped. It runs on every
+//! change to a replica (placed, running, ready, healthy, stopped) and at every resync. A task
+//! of the PRIMARY deployment that fails counts toward its circuit breaker
+//! (`note_service_failure`), which fails the deployment and, when asked, rolls back to the
+//! last one that completed.
+
+use super::*;
+use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
+use mpsfleet_types::policy::ResumptionBoundary;
+use mpsfleet_types::service::{
+    CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
+    RolloutState, DEPLOYMENTS_KEPT,
+};
+
+impl Cluster {
+    pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, ApiError> {
+        let name = ServiceName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
+        if self.services.contains_key(&name) {
+            return Err(ApiError::AlreadyExists { kind: "service", id: name.to_string() });
+        }
+        check_desired(req.desired_count)?;
+        let config = req.deployment_configuration.unwrap_or_default();
+        check_deployment_configuration(&config)?;
+        let pool = self.pool_name("pool", &req.pool)?;
+        let td = self.taskdef("taskDefinition", &req.task_definition)?;
+        self.check_task_secrets(td)?;
+        self.check_task_policy(&pool, td)?;
+        let td = td.reference();
+        let now = self.now();
+        let mut svc = Service {
+            name: name.clone(),
+            pool,
+            task_definition: td,
+            desired_count: req.desired_count,
+            resumption: req.resumption.unwrap_or_default(),
+            status: ServiceStatus::Active,
+            created_at_ms: now,
+            updated_at_ms: now,
+            deployment_configuration: config,
+            deployments: Vec::new(),
+            next_deployment: 1,
+            events: Default::default(),
+        };
+        start_deployment(&mut svc, now, "service created".into());
+        let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
+        self.sched.group(name.as_str());
+        self.services.insert(name.clone(), Versioned { value: svc, version: rev });
+        self.reconcile_service(&name)?;
+        self.service(name.as_str())
+    }
+
+    pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, ApiError> {
+        let current = self.service_record(name)?;
+        if current.value.status == ServiceStatus::Draining {
+            return Err(ApiError::Conflict(format!("service {name} is being deleted")));
+        }
+        let mut svc = current.value.clone();
+        let now = self.now();
+        if let Some(c) = req.deployment_configuration {
+            check_deployment_configuration(&c)?;
+            svc.deployment_configuration = c;
+        }
+        if let Some(d) = req.desired_count {
+            check_desired(d)?;
+            svc.desired_count = d;
+            if let Some(p) = svc.deployments.first_mut() {
+                p.desired_count = d;
+            }
+        }
+        if let Some(td) = &req.task_definition {
+            let def = self.taskdef("taskDefinition", td)?;
+            self.check_task_secrets(def)?;
+            self.check_task_policy(&svc.pool, def)?;
+            let r = def.reference();
+            if r != svc.task_definition {
+                let why = format!("{} replaces {}", r, svc.task_definition);
+                svc.task_definition = r;
+                start_deployment(&mut svc, now, why);
+            }
+        }
+        if svc != current.value {
+            svc.updated_at_ms = now;
+            self.write_service(svc)?;
+        }
+        let name = current.value.name;
+        self.reconcile_service(&name)?;
+        self.service(name.as_str())
+    }
+
+    /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
+    pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, ApiError> {
+        let current = self.service_record(name)?;
+        let mut svc = current.value.clone();
+        if svc.status != ServiceStatus::Draining {
+            svc.status = ServiceStatus::Draining;
+            svc.desired_count = 0;
+            svc.updated_at_ms = self.now();
+            svc.events.push(svc.updated_at_ms, ObjectEvent::new("ServiceDeleted", "stopping every task"));
+            self.write_service(svc.clone())?;
+        }
+        let view = self.view_of(&svc);
+        self.reconcile_service(&svc.name)?;
+        Ok(view)
+    }
+
+    pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, ApiError> {
+        self.services
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| ApiError::not_found("service", name))
+    }
+
+    pub(super) fn write_service(&mut self, svc: Service) -> Result<(), ApiError> {
+        let version = self.services.get(&svc.name).map_or(0, |v| v.version);
+        let rev =
+            self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
+        self.services.insert(svc.name.clone(), Versioned { value: svc, version: rev });
+        Ok(())
+    }
+
+    /// Where a live task stands as its service's rollout counts it: healthy once RUNNING,
+    /// ready, and passing its essential containers' health checks when it has any.
+    pub(super) fn replica_state(&self, t: &Task) -> ReplicaState {
+        if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped {
+            return ReplicaState::Stopping;
+        }
+        if t.host_id.is_none() {
+            return ReplicaState::Waiting;
+        }
+        let checked =
+            self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision)).is_some_and(
+                |d| d.value.container_definitions.iter().any(|c| c.essential && c.health_check.is_some()),
+            );
+        let healthy = match t.health_status {
+            TaskHealth::Healthy => true,
+            TaskHealth::Unknown => !checked,
+            TaskHealth::Unhealthy => false,
+        };
+        if t.last_status == TaskStatus::Running && t.ready && healthy {
+            ReplicaState::Healthy
+        } else {
+            ReplicaState::Starting
+        }
+    }
+
+    /// The service's live tasks as replicas of its rollout.
+    fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
+        self.tasks
+            .of_service(&svc.name)
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|e| Replica {
+                id: e.task.id,
+                current: e.task.task_definition == svc.task_definition,
+                state: self.replica_state(&e.task),
+                seq: e.seq,
+            })
+            .collect()
+    }
+
+    fn view_of(&self, svc: &Service) -> ServiceView {
+        let live = Some(self.tasks.of_service(&svc.name));
+        let count = |f: &dyn Fn(&Task) -> bool| {
+            live.map_or(0, |ids| {
+                ids.iter().filter_map(|id| self.tasks.get(id)).filter(|e| f(&e.task)).count()
+            }) as u32
+        };
+        ServiceView {
+            service: svc.clone(),
+            running_count: count(&|t| t.last_status == TaskStatus::Running),
+            pending_count: count(&|t| t.last_status < TaskStatus::Running),
+            healthy_count: count(&|t| self.replica_state(t) == ReplicaState::Healthy),
+        }
+    }
+
+    pub fn service(&self, name: &str) -> Result<ServiceView, ApiError> {
+        Ok(self.view_of(&self.service_record(name)?.value))
+    }
+
+    /// The service's deployments, newest first, with the counts of their tasks (a task
+    /// counts toward the newest live deployment of its definition).
+    pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, ApiError> {
+        let svc = self.service_record(name)?.value;
+        let mut views: Vec<DeploymentView> = svc
+            .deployments
+            .iter()
+            .map(|d| DeploymentView {
+                deployment: d.clone(),
+                running_count: 0,
+                pending_count: 0,
+                healthy_count: 0,
+            })
+            .collect();
+        for id in self.tasks.of_service(&svc.name) {
+            let Some(e) = self.tasks.get(id) else { continue };
+            let t = &e.task;
+            let Some(v) = views.iter_mut().find(|v| {
+                v.deployment.task_definition == t.task_definition
+                    && v.deployment.status != DeploymentStatus::Inactive
+            }) else {
+                continue;
+            };
+            match self.replica_state(t) {
+                ReplicaState::Stopping => {}
+                ReplicaState::Healthy => {
+                    v.healthy_count += 1;
+                    v.running_count += 1;
+                }
+                _ if t.last_status == TaskStatus::Running => v.running_count += 1,
+                _ => v.pending_count += 1,
+            }
+        }
+        Ok(views)
+    }
+
+    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
+    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
+    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
+    /// each container port of its definition, at the address its containers report.
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, ApiError> {
+        let svc = self.service_record(name)?.value.name.clone();
+        let mut out = Vec::new();
+        for id in self.tasks.of_service(&svc) {
+            let Some(e) = self.tasks.get(id) else { continue };
+            let t = &e.task;
+            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { continue };
+            let entry = &self.hosts[host as usize];
+            let address = host_address(entry);
+            let definition =
+                self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision));
+            for c in &t.containers {
+                let task_ip = c.network_interfaces.first().map(|n| n.private_ipv4_address.clone());
+                if let (Some(ip), Some(def)) = (task_ip, definition) {
+                    let mappings = def
+                        .value
+                        .container_definitions
+                        .iter()
+                        .filter(|d| d.name == c.name)
+                        .flat_map(|d| &d.port_mappings);
+                    for m in mappings {
+                        out.push(ServiceEndpoint {
+                            task_id: t.id,
+                            host_id: entry.host.id.clone(),
+                            container: c.name.clone(),
+                            address: format!("{ip}:{}", m.container_port),
+                            host_port: m.container_port,
+                            container_port: m.container_port,
+                            protocol: m.protocol,
+                            ready: t.ready,
+                            health_status: t.health_status,
+                        });
+                    }
+                    continue;
+                }
+                for b in &c.network_bindings {
+                    let ip = if b.bind_ip.is_empty() || b.bind_ip == "0.0.0.0" || b.bind_ip == "::" {
+                        address.clone()
+                    } else {
+                        b.bind_ip.clone()
+                    };
+                    out.push(ServiceEndpoint {
+                        task_id: t.id,
+                        host_id: entry.host.id.clone(),
+                        container: c.name.clone(),
+                        address: format!("{ip}:{}", b.host_port),
+                        host_port: b.host_port,
+                        container_port: b.container_port,
+                        protocol: b.protocol,
+                        ready: t.ready,
+                        health_status: t.health_status,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn services(&self) -> Vec<ServiceView> {
+        self.services.values().map(|v| self.view_of(&v.value)).collect()
+    }
+
+    pub(super) fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), ApiError> {
+        match group {
+            Some(g) => self.reconcile_service(g),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the step of the service's rollout that its bounds allow now (module docs), then
+    /// settles its deployments. A deleted service goes once its last task has stopped.
+    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), ApiError> {
+        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
+        let before = svc.clone();
+        let now = self.now();
+        if svc.deployments.is_empty() {
+            // A record from before deployments: its current definition is one in progress.
+            start_deployment(&mut svc, now, "deployments began".into());
+        }
+        let fenced = svc.resumption == ResumptionBoundary::Fenced;
+        let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
+        let failed = svc.deployments[0].rollout_state == RolloutState::Failed;
+        let may_start = !failed && !self.failing_too_fast(name);
+        let replicas = self.replicas(&svc);
+        let plan = deployment::plan(bounds, &replicas, may_start);
+
+        let mut to_stop = Vec::with_capacity(plan.stop.len());
+        let (mut replaced, mut scaled_in) = (0, 0);
+        for (id, why) in &plan.stop {
+            let Some(e) = self.tasks.get(id) else { continue };
+            let reason = match why {
+                StopWhy::Replaced => {
+                    replaced += 1;
+                    format!(
+                        "replaced by a task of {} (deployment {})",
+                        svc.task_definition, svc.deployments[0].id
+                    )
+                }
+                StopWhy::ScaledIn => {
+                    scaled_in += 1;
+                    "service scaled in".to_string()
+                }
+            };
+            to_stop.push(self.stopped_record(&e.task, StopCode::ServiceSchedulerInitiated, &reason));
+        }
+        self.write_tasks(to_stop)?;
+        if replaced > 0 {
+            let msg = format!("stopped {replaced} task(s) of older definitions ({})", bounds_words(&bounds));
+            svc.events.push(now, ObjectEvent::new("TasksReplaced", msg));
+        }
+        if scaled_in > 0 {
+            let msg = format!("stopped {scaled_in} task(s) beyond the desired count");
+            svc.events.push(now, ObjectEvent::new("ScaledIn", msg));
+        }
+        if plan.start > 0 {
+            let spec = NewTasks {
+                task_definition: svc.task_definition.clone(),
+                pool: svc.pool.clone(),
+                group: Some(name.clone()),
+                started_by: format!("service:{name}"),
+            };
+            let started = self.start_tasks(spec, plan.start)?;
+            let msg = format!("started {} task(s) of {}", started.len(), svc.task_definition);
+            svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
+            if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
+                let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
+                let msg = format!("unable to place {waiting} task(s): {reason}");
+                svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
+            }
+        }
+        self.settle_deployments(&mut svc, &bounds, now);
+        if svc.status == ServiceStatus::Draining && self.tasks.of_service(name).is_empty() {
+            let version = self.services.get(name).map_or(0, |v| v.version);
+            self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
+            self.services.remove(name);
+            return Ok(());
+        }
+        if svc != before {
+            svc.updated_at_ms = now;
+            self.write_service(svc)?;
+        }
+        Ok(())
+    }
+
+    /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
+    /// task is left; retires an older deployment whose last task has stopped.
+    fn settle_deployments(&self, svc: &mut Service, bounds: &Bounds, now: u64) {
+        let replicas = self.replicas(svc);
+        let healthy_current =
+            replicas.iter().filter(|r| r.current && r.state == ReplicaState::Healthy).count() as u32;
+        let older_left = replicas.iter().any(|r| !r.current);
+        let live_defs: BTreeSet<TaskDefRef> = self
+            .tasks
+            .of_service(&svc.name)
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|e| e.task.task_definition.clone())
+            .collect();
+        let primary_def = svc.task_definition.clone();
+        let mut events = Vec::new();
+        for (i, d) in svc.deployments.iter_mut().enumerate() {
+            if i == 0 {
+                let done = healthy_current >= bounds.desired && !older_left;
+                if d.rollout_state == RolloutState::InProgress && done {
+                    d.rollout_state = RolloutState::Completed;
+                    d.rollout_state_reason =
+                        format!("all {} task(s) of {} are healthy", bounds.desired, d.task_definition);
+                    d.updated_at_ms = now;
+                    let msg = format!("deployment {} completed: the service reached a steady state", d.id);
+                    events.push(ObjectEvent::new("DeploymentCompleted", msg));
+                }
+                continue;
+            }
+            if d.status == DeploymentStatus::Active
+                && (d.task_definition == primary_def || !live_defs.contains(&d.task_definition))
+            {
+                d.status = DeploymentStatus::Inactive;
+                d.updated_at_ms = now;
+            }
+        }
+        for e in events {
+            svc.events.push(now, e);
+        }
+        trim_deployments(svc);
+    }
+
+    /// A task of the service stopped failing: it counts toward the PRIMARY deployment's
+    /// circuit breaker if it ran that deployment's definition.
+    pub(super) fn note_service_failure(&mut self, task: &Task) -> Result<(), ApiError> {
+        let Some(name) = &task.group else { return Ok(()) };
+        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
+        let now = self.now();
+        let Some(d) = svc.deployments.first_mut() else { return Ok(()) };
+        if d.rollout_state != RolloutState::InProgress
+            || d.task_definition != task.task_definition
+            || task.created_at_ms < d.created_at_ms
+        {
+            return Ok(());
+        }
+        d.failed_tasks += 1;
+        d.updated_at_ms = now;
+        let breaker = svc.deployment_configuration.deployment_circuit_breaker;
+        let threshold = CircuitBreaker::threshold(d.desired_count);
+        if breaker.enable && d.failed_tasks >= threshold {
+            d.rollout_state = RolloutState::Failed;
+            d.rollout_state_reason =
+                format!("circuit breaker tripped: {} task(s) failed (threshold {threshold})", d.failed_tasks);
+            let failed_id = d.id.clone();
+            let msg = format!("deployment {failed_id} failed: {}", d.rollout_state_reason);
+            svc.events.push(now, ObjectEvent::new("DeploymentFailed", msg));
+            if breaker.rollback {
+                let last_good = svc
+                    .deployments
+                    .iter()
+                    .skip(1)
+                    .find(|d| d.rollout_state == RolloutState::Completed)
+                    .map(|d| d.task_definition.clone());
+                match last_good {
+                    Some(def) => {
+                        svc.task_definition = def.clone();
+                        let why = format!("rollback of {failed_id}: circuit breaker tripped");
+                        start_deployment(&mut svc, now, why);
+                        let msg = format!("rolling back from {failed_id} to {def}");
+                        svc.events.push(now, ObjectEvent::new("DeploymentRolledBack", msg));
+                    }
+                    None => {
+                        let msg =
+                            format!("deployment {failed_id} has no completed deployment to roll back to");
+                        svc.events.push(now, ObjectEvent::new("RollbackImpossible", msg));
+                    }
+                }
+            }
+        }
+        svc.updated_at_ms = now;
+        self.write_service(svc)
+    }
+
+    /// Whether a service's tasks have failed so often lately that replacing them again now
+    /// would only feed a crash loop: at most `SERVICE_RESTART_BURST` failures per
+    /// `SERVICE_RESTART_WINDOW_MS`; the periodic resync replaces them once the window allows.
+    fn failing_too_fast(&mut self, name: &ServiceName) -> bool {
+        let now = self.now();
+        let Some(failures) = self.service_failures.get_mut(name) else { return false };
+        while failures.front().is_some_and(|&t| now.saturating_sub(t) > SERVICE_RESTART_WINDOW_MS) {
+            failures.pop_front();
+        }
+        let too_fast = failures.len() >= SERVICE_RESTART_BURST;
+        if too_fast {
+            tracing::warn!(service = %name, failures = failures.len(), "tasks failing fast; replacement held back");
+        }
+        too_fast
+    }
+}
+
+/// Makes a new PRIMARY deployment of the service's current definition; the previous PRIMARY
+/// becomes ACTIVE (its tasks are replaced by the new one's).
+fn start_deployment(svc: &mut Service, now: u64, reason: String) {
+    for d in &mut svc.deployments {
+        if d.status == DeploymentStatus::Primary {
+            d.status = DeploymentStatus::Active;
+            if d.rollout_state == RolloutState::InProgress {
+                d.rollout_state_reason = "superseded by a newer deployment".into();
+            }
+            d.updated_at_ms = now;
+        }
+    }
+    let n = svc.next_deployment.max(1);
+    svc.next_deployment = n + 1;
+    let id = format!("d-{n}");
+    let mut why = reason;
+    if svc.resumption == ResumptionBoundary::Fenced {
+        why.push_str("; fenced: each old task stops before its replacement starts (at most one copy)");
+    }
+    let msg = format!("deployment {id} of {}: {why}", svc.task_definition);
+    svc.events.push(now, ObjectEvent::new("DeploymentStarted", msg));
+    svc.deployments.insert(
+        0,
+        Deployment {
+            id,
+            status: DeploymentStatus::Primary,
+            task_definition: svc.task_definition.clone(),
+            desired_count: svc.desired_count,
+            rollout_state: RolloutState::InProgress,
+            rollout_state_reason: why,
+            failed_tasks: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+        },
+    );
+    trim_deployments(svc);
+}
+
+/// Keeps the newest [`DEPLOYMENTS_KEPT`] deployments, dropping the oldest INACTIVE ones.
+fn trim_deployments(svc: &mut Service) {
+    while svc.deployments.len() > DEPLOYMENTS_KEPT {
+        match svc.deployments.iter().rposition(|d| d.status == DeploymentStatus::Inactive) {
+            Some(i) => {
+                svc.deployments.remove(i);
+            }
+            None => break,
+        }
+    }
+}
+
+/// The bounds in words, for the service's events.
+fn bounds_words(b: &Bounds) -> String {
+    let mut s = format!("at least {} healthy, at most {} in all", b.min_healthy, b.max_total);
+    if b.one_at_a_time {
+        s.push_str("; one at a time, since the configured bounds left no room");
+    }
+    s
+}
+
+fn check_desired(d: u32) -> Result<(), ApiError> {
+    if d > MAX_DESIRED_COUNT {
+        return Err(ApiError::invalid(
+            "desiredCount",
+            format!("must be an integer from 0 to {MAX_DESIRED_COUNT}, got {d}"),
+        ));
+    }
+    Ok(())
+}
+
+/// ECS's ranges: the minimum from 0 to 100 percent; the maximum from 100 (no surge) to 400.
+fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), ApiError> {
+    if c.minimum_healthy_percent > 100 {
+        return Err(ApiError::invalid(
+            "deploymentConfiguration.minimumHealthyPercent",
+            format!("must be an integer from 0 to 100, got {}", c.minimum_healthy_percent),
+        ));
+    }
+    if !(100..=400).contains(&c.maximum_percent) {
+        return Err(ApiError::invalid(
+            "deploymentConfiguration.maximumPercent",
+            format!("must be an integer from 100 to 400, got {}", c.maximum_percent),
+        ));
+    }
+    if c.deployment_circuit_breaker.rollback && !c.deployment_circuit_breaker.enable {
+        return Err(ApiError::invalid(
+            "deploymentConfiguration.deploymentCircuitBreaker.rollback",
+            "needs enable: true",
+        ));
+    }
+    Ok(())
+}

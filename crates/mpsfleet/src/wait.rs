@@ -1,0 +1,157 @@
+//! `--wait`: a command that changes something waits until the change has taken effect,
+//! printing progress on stderr, as `kubectl rollout status` and `docker service create` do.
+//!
+//! Exit codes (docs/cli.md): 0 when it took effect; 1 when it failed (a task stopped
+//! instead of running, a deployment failed) or the server refused; 124 when `--timeout`
+//! passed first (as `timeout(1)` exits).
+
+use anyhow::Result;
+use clap::Args;
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::{DeploymentStatus, RolloutState, TaskId, TaskStatus};
+use std::time::Duration;
+
+/// The exit code of a wait that timed out.
+pub const TIMED_OUT: u8 = 124;
+
+/// A wait that ran past its timeout; main turns it into exit code 124.
+#[derive(Debug)]
+pub struct TimedOut(pub String);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "timed out: {}", self.0)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+#[derive(Args, Clone, Copy)]
+pub struct WaitFlags {
+    /// Wait until the change has taken effect, with progress on stderr (exit 0; 1 if it failed,
+    /// 124 if --timeout passed first).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, in seconds.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+/// What one look at the server says.
+enum Progress {
+    Done,
+    Waiting(String),
+    Failed(String),
+}
+
+/// Looks every half second until `look` says done or failed, or the timeout passes; prints
+/// each new progress line on stderr.
+async fn poll<F, Fut>(flags: WaitFlags, what: &str, mut look: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Progress>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(flags.timeout);
+    let mut last = String::new();
+    loop {
+        match look().await? {
+            Progress::Done => return Ok(()),
+            Progress::Failed(why) => anyhow::bail!("{what} failed: {why}"),
+            Progress::Waiting(line) => {
+                if line != last {
+                    eprintln!("waiting for {what}: {line}");
+                    last = line;
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(TimedOut(format!("{what} after {} s: {last}", flags.timeout)).into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Until every task is RUNNING; failed when one stops first.
+pub async fn tasks_running(c: &Client, flags: WaitFlags, ids: &[TaskId]) -> Result<()> {
+    poll(flags, "the tasks to run", || async {
+        let mut running = 0;
+        let mut pending = Vec::new();
+        for id in ids {
+            let t = c.describe_task(&id.to_string()).await?;
+            match t.last_status {
+                TaskStatus::Running => running += 1,
+                TaskStatus::Stopped => {
+                    let why = t.stopped_reason.unwrap_or_else(|| "no reason given".into());
+                    return Ok(Progress::Failed(format!("task {id} stopped: {why}")));
+                }
+                s => pending.push(format!(
+                    "{id} {}{}",
+                    s.as_str(),
+                    t.pending_reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                )),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(Progress::Done);
+        }
+        Ok(Progress::Waiting(format!("{running} of {} RUNNING; {}", ids.len(), pending.join("; "))))
+    })
+    .await
+}
+
+/// Until the task is STOPPED.
+pub async fn task_stopped(c: &Client, flags: WaitFlags, id: &TaskId) -> Result<()> {
+    poll(flags, "the task to stop", || async {
+        let t = c.describe_task(&id.to_string()).await?;
+        Ok(match t.last_status {
+            TaskStatus::Stopped => Progress::Done,
+            s => Progress::Waiting(format!("{id} is {}", s.as_str())),
+        })
+    })
+    .await
+}
+
+/// Until the service's PRIMARY deployment (as it is now) completes; failed when it fails.
+pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Result<()> {
+    let first = c.service_deployments(service).await?;
+    let Some(id) = first
+        .iter()
+        .find(|d| d.deployment.status == DeploymentStatus::Primary)
+        .map(|d| d.deployment.id.clone())
+    else {
+        return Ok(());
+    };
+    poll(flags, &format!("deployment {id} of {service}"), || async {
+        let list = c.service_deployments(service).await?;
+        let Some(d) = list.iter().find(|d| d.deployment.id == id) else {
+            return Ok(Progress::Failed(format!("deployment {id} is gone")));
+        };
+        Ok(match d.deployment.rollout_state {
+            RolloutState::Completed => Progress::Done,
+            RolloutState::Failed => Progress::Failed(d.deployment.rollout_state_reason.clone()),
+            RolloutState::InProgress => Progress::Waiting(format!(
+                "{} of {} healthy, {} running, {} pending, {} failed",
+                d.healthy_count,
+                d.deployment.desired_count,
+                d.running_count,
+                d.pending_count,
+                d.deployment.failed_tasks
+            )),
+        })
+    })
+    .await
+}
+
+/// Until no task is left on the host.
+pub async fn host_drained(c: &Client, flags: WaitFlags, host: &str) -> Result<()> {
+    poll(flags, &format!("host {host} to drain"), || async {
+        let query = TaskQuery { host: Some(host.to_string()), live: true, ..Default::default() };
+        let left = c.list_tasks(&query).await?;
+        Ok(if left.is_empty() {
+            Progress::Done
+        } else {
+            Progress::Waiting(format!("{} task(s) left", left.len()))
+        })
+    })
+    .await
+}
