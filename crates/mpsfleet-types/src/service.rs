@@ -37,6 +37,10 @@ pub struct Service {
     /// What the service did and why: deployment steps, replacements, tasks it could not place.
     #[serde(default)]
     pub events: crate::history::History<ObjectEvent>,
+    /// Replicas being moved off a daemon (or host) they share with another replica: each is
+    /// replaced as a deployment replaces an older task, within the same bounds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moving: Vec<crate::ids::TaskId>,
 }
 
 /// Deployments a service record keeps (the older INACTIVE ones are dropped).

@@ -285,3 +285,69 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
     );
     assert!(run(&mut w.c, "app:1").is_ok());
 }
+
+/// After a daemon failure put every replica on the one GPU left, and the daemons came back,
+/// the service moves its replicas back one at a time, never below its healthy minimum, until
+/// each is on a daemon of its own.
+#[test]
+fn replicas_spread_over_daemons_again_once_capacity_returns() {
+    let (mut w, hosts) = world(3);
+    service(&mut w, 3, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let gpus_of = |c: &Cluster| -> Vec<GpuUuid> {
+        let name = ServiceName::new("web").unwrap();
+        let mut g: Vec<GpuUuid> = c
+            .tasks
+            .of_service(&name)
+            .iter()
+            .filter_map(|id| c.tasks.get(id))
+            .filter(|e| e.task.desired_status != TaskStatus::Stopped)
+            .flat_map(|e| e.task.gpu_ids.clone())
+            .collect();
+        g.sort();
+        g
+    };
+    let mut distinct = gpus_of(&w.c);
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "spread from the start");
+
+    // The daemons of hosts 1 and 2 fail: their tasks are refused and replaced on host 0.
+    for h in &hosts[1..] {
+        w.heartbeat(h, HealthStatus::Impaired);
+        let on: Vec<TaskId> =
+            w.c.tasks.values().filter(|e| e.task.host_id.as_ref() == Some(h)).map(|e| e.task.id).collect();
+        for id in on {
+            let r = TaskStateReport {
+                stop_code: Some(StopCode::MpsDaemonUnavailable),
+                stopped_reason: Some("MPS daemon did not answer".into()),
+                ..report(TaskStatus::Stopped)
+            };
+            w.c.report_task(h, &id.to_string(), r).unwrap();
+        }
+    }
+    agents(&mut w, |_| false, &mut |_| {});
+    let crowded = gpus_of(&w.c);
+    assert_eq!(crowded.len(), 3);
+    assert!(crowded.windows(2).all(|p| p[0] == p[1]), "all on host 0's GPU: {crowded:?}");
+
+    // They answer again; each resync may move one replica, as the server's loops run them.
+    for h in &hosts[1..] {
+        w.heartbeat(h, HealthStatus::Ok);
+    }
+    let mut lowest = usize::MAX;
+    for _ in 0..10 {
+        w.advance(1000);
+        // The health tick opens a GPU whose daemon answers again; the resync reconciles.
+        w.c.health_tick().unwrap();
+        w.c.resync().unwrap();
+        agents(&mut w, |_| false, &mut |c| lowest = lowest.min(counts(c).0));
+    }
+    let mut after = gpus_of(&w.c);
+    after.dedup();
+    assert_eq!(after.len(), 3, "one replica per daemon again");
+    assert_eq!(lowest, 3, "never below the minimum (100%)");
+    assert_eq!(counts(&w.c), (3, 3));
+    let svc = w.c.service("web").unwrap().service;
+    assert_eq!(svc.events.iter().filter(|e| e.reason == "ReplicaMoved").count(), 2, "{:#?}", svc.events);
+    assert!(svc.moving.is_empty());
+}

@@ -47,6 +47,7 @@ impl Cluster {
             deployments: Vec::new(),
             next_deployment: 1,
             events: Default::default(),
+            moving: Vec::new(),
         };
         start_deployment(&mut svc, now, "service created".into());
         let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
@@ -159,7 +160,7 @@ impl Cluster {
             .filter_map(|id| self.tasks.get(id))
             .map(|e| Replica {
                 id: e.task.id,
-                current: e.task.task_definition == svc.task_definition,
+                current: e.task.task_definition == svc.task_definition && !svc.moving.contains(&e.task.id),
                 state: self.replica_state(&e.task),
                 seq: e.seq,
             })
@@ -311,6 +312,11 @@ impl Cluster {
         let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let failed = svc.deployments[0].rollout_state == RolloutState::Failed;
         let may_start = !failed && !self.failing_too_fast(name);
+        let live = self.tasks.of_service(name);
+        svc.moving.retain(|id| live.contains(id));
+        if may_start && svc.moving.is_empty() {
+            self.rebalance(&mut svc, now);
+        }
         let replicas = self.replicas(&svc);
         let plan = deployment::plan(bounds, &replicas, may_start);
 
@@ -321,10 +327,14 @@ impl Cluster {
             let reason = match why {
                 StopWhy::Replaced => {
                     replaced += 1;
-                    format!(
-                        "replaced by a task of {} (deployment {})",
-                        svc.task_definition, svc.deployments[0].id
-                    )
+                    if svc.moving.contains(id) {
+                        "moved to spread the service's replicas over daemons".to_string()
+                    } else {
+                        format!(
+                            "replaced by a task of {} (deployment {})",
+                            svc.task_definition, svc.deployments[0].id
+                        )
+                    }
                 }
                 StopWhy::ScaledIn => {
                     scaled_in += 1;
@@ -372,6 +382,61 @@ impl Cluster {
         Ok(())
     }
 
+    /// Spreads replicas again: when a healthy replica shares its daemon (its GPU, or its host
+    /// for a task without GPUs) with another replica of the service, while the scheduler would
+    /// place a new replica on a daemon with none, that replica is marked as moving; the
+    /// rollout then replaces it within the deployment bounds. One at a time, only once the
+    /// PRIMARY deployment has completed and every replica is healthy, and for a `fenced`
+    /// service only when its configuration opts in.
+    fn rebalance(&mut self, svc: &mut Service, now: u64) {
+        let fenced = svc.resumption == ResumptionBoundary::Fenced;
+        if svc.status != ServiceStatus::Active
+            || svc.deployments.first().is_none_or(|d| d.rollout_state != RolloutState::Completed)
+            || (fenced && !svc.deployment_configuration.rebalance_fenced)
+        {
+            return;
+        }
+        let replicas = self.replicas(svc);
+        if replicas.len() != svc.desired_count as usize
+            || replicas.iter().any(|r| !r.current || r.state != ReplicaState::Healthy)
+        {
+            return;
+        }
+        // Each replica's daemon: (host, GPU), or (host, None) without GPUs.
+        let daemon = |id: &TaskId| {
+            self.tasks.get(id).and_then(|e| e.placement.as_ref()).map(|p| (p.host, p.gpus.first().copied()))
+        };
+        let mut on: BTreeMap<Daemon, Vec<(u64, TaskId)>> = BTreeMap::new();
+        for r in &replicas {
+            if let Some(d) = daemon(&r.id) {
+                on.entry(d).or_default().push((r.seq, r.id));
+            }
+        }
+        // The newest replica of the first shared daemon.
+        let Some(&(_, id)) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max()) else {
+            return;
+        };
+        let Some(task) = self.tasks.get(&id).map(|e| e.task.clone()) else { return };
+        let Ok(req) = self.request_for(&task) else { return };
+        // Where a new replica would go; given back at once.
+        let Ok(p) = self.sched.place(&req) else { return };
+        self.sched.release(&req, &p);
+        if on.contains_key(&(p.host, p.gpus.first().copied())) {
+            return;
+        }
+        let from = match (&task.host_id, task.gpu_ids.first()) {
+            (Some(h), Some(g)) => format!("GPU {g} of host {h}"),
+            (Some(h), None) => format!("host {h}"),
+            _ => return,
+        };
+        let to = self.sched.host_id(p.host).clone();
+        svc.moving.push(id);
+        let msg = format!(
+            "moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})"
+        );
+        svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
+    }
+
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
     /// task is left; retires an older deployment whose last task has stopped.
     fn settle_deployments(&self, svc: &mut Service, bounds: &Bounds, now: u64) {
@@ -387,10 +452,11 @@ impl Cluster {
             .map(|e| e.task.task_definition.clone())
             .collect();
         let primary_def = svc.task_definition.clone();
+        let moving = !svc.moving.is_empty();
         let mut events = Vec::new();
         for (i, d) in svc.deployments.iter_mut().enumerate() {
             if i == 0 {
-                let done = healthy_current >= bounds.desired && !older_left;
+                let done = healthy_current >= bounds.desired && !older_left && !moving;
                 if d.rollout_state == RolloutState::InProgress && done {
                     d.rollout_state = RolloutState::Completed;
                     d.rollout_state_reason =
@@ -573,3 +639,6 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Api
     }
     Ok(())
 }
+
+/// A daemon a replica runs under: its host and first GPU, or its host alone without GPUs.
+type Daemon = (HostIx, Option<u32>);
