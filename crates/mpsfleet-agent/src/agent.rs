@@ -719,6 +719,7 @@ fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch, runtime: Option<&Shar
                 status: c.status,
                 reason: c.reason,
                 since_ms: c.since_ms,
+                restarts: c.restarts,
             }
         })
         .chain(gpu_watch.checks())

@@ -47,6 +47,7 @@ impl RuntimeCheck {
                 status: HealthStatus::Initializing,
                 reason: "Docker Engine not pinged yet".into(),
                 since_ms: now_ms,
+                restarts: 0,
             },
             failures: 0,
             threshold: threshold.max(1),

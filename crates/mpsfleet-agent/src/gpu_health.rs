@@ -282,6 +282,7 @@ impl GpuWatch {
                 status: h.check.status,
                 reason: h.check.reason.clone(),
                 since_ms: h.check.since_ms,
+                restarts: 0,
             })
             .collect()
     }

@@ -332,6 +332,13 @@ impl Client {
     pub async fn describe_task(&self, id: &str) -> Result<Task> {
         self.get(&format!("/v1/tasks/{}", seg(id))).await
     }
+    /// The task's events, oldest first.
+    pub async fn task_events(
+        &self,
+        id: &str,
+    ) -> Result<mpsfleet_types::History<mpsfleet_types::ObjectEvent>> {
+        self.get(&format!("/v1/tasks/{}/events", seg(id))).await
+    }
     pub async fn stop_task(&self, id: &str, reason: Option<String>) -> Result<Task> {
         self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
     }

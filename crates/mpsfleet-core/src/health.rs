@@ -61,6 +61,7 @@ impl EvaluatedCheck {
             status: self.status,
             reason: self.reason.clone(),
             since_ms: self.since_ms,
+            restarts: 0,
         }
     }
 
@@ -306,6 +307,7 @@ mod tests {
             status,
             reason: format!("{name} says {}", status.as_str()),
             since_ms,
+            restarts: 0,
         }
     }
 

@@ -3,6 +3,7 @@
 //! daemons, and the clock seam.
 //! Nothing here does I/O or reads the time by itself.
 
+pub mod changes;
 pub mod clock;
 pub mod deployment;
 pub mod explain;

@@ -367,6 +367,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         run_tasks,
         list_tasks,
         describe_task,
+        task_events,
         stop_task,
         task_logs,
         create_service,
@@ -419,6 +420,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
         .route("/v1/tasks/{id}/logs", get(task_logs))
+        .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/services", post(create_service).get(list_services))
         .route("/v1/services/{name}/endpoints", get(service_endpoints))
         .route("/v1/services/{name}/deployments", get(service_deployments))
@@ -1380,6 +1382,22 @@ async fn describe_task(
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
     Ok(Json(st.call(&headers, viewer, move |c, _| c.task(&id)).await?))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}/events",
+    tag = "tasks",
+    summary = "A task's events (placed, pulled, started, probe failed, unable to place, stopped), oldest first; kept in memory by the server that saw them.",
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::History<mpsfleet_types::ObjectEvent>), crate::openapi::Errors)
+)]
+async fn task_events(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<mpsfleet_types::History<mpsfleet_types::ObjectEvent>>, ApiError> {
+    Ok(Json(st.call(&headers, viewer, move |c, _| c.task_events(&id)).await?))
 }
 
 #[utoipa::path(

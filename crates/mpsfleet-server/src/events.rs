@@ -12,8 +12,10 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::Stream;
-use mpsfleet_types::event::{Event, EventType, HostEvent};
-use mpsfleet_types::{HealthStatus, Host, HostStatus, Incident, IncidentState, IncidentView, Task};
+use mpsfleet_types::event::{Event, EventType, HostEvent, Subject};
+use mpsfleet_types::{
+    HealthStatus, Host, HostStatus, Incident, IncidentState, IncidentView, ObjectEvent, Task,
+};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -104,6 +106,20 @@ impl Events {
     pub fn host(&self, before: (HostStatus, HealthStatus), after: &Host, at_ms: u64) {
         if self.listened() {
             host_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
+        }
+    }
+
+    /// Entries just recorded in a task's, host's or service's events (`kind` is one of the
+    /// `*.event` types).
+    pub fn recorded(&self, kind: EventType, subject: &Subject, entries: &[ObjectEvent], at_ms: u64) {
+        if self.listened() {
+            for e in entries {
+                self.publish(Event {
+                    subject: Some(subject.clone()),
+                    event: Some(e.clone()),
+                    ..Event::new(kind, at_ms)
+                });
+            }
         }
     }
 
@@ -366,7 +382,7 @@ fn sse(ev: &Event) -> SseEvent {
     get,
     path = "/v1/events",
     tag = "events",
-    summary = "Server-sent events: incidents, host health and status, stopped tasks.",
+    summary = "Server-sent events: incidents, host health and status, stopped tasks, and every entry of a task's, host's or service's events.",
     params(EventsQuery),
     responses(
         (status = 200, description = "A stream of server-sent events (`event:` the type, `data:` the JSON event).", body = String, content_type = "text/event-stream"),

@@ -799,6 +799,7 @@ impl Sim {
                 status: c.status,
                 reason: c.reason.clone(),
                 since_ms: c.since_ms,
+                restarts: 0,
             });
         }
         let mps_onboarded = checks.iter().all(|c| c.status != HealthStatus::Initializing);
@@ -813,6 +814,7 @@ impl Sim {
                 status,
                 reason,
                 since_ms: since,
+                restarts: 0,
             });
         }
         let report = HostStatusReport {

@@ -1,9 +1,11 @@
 //! Events the server publishes on `GET /v1/events` and to the webhook: incidents opening,
-//! moving and closing, hosts changing health or status, tasks stopping.
+//! moving and closing, hosts changing health or status, tasks stopping, and every entry
+//! recorded in a task's, host's or service's events.
 
 use crate::host::{HealthStatus, HostStatus};
 use crate::ids::{HostId, PoolName};
 use crate::incident::{IncidentView, TimelineEntry};
+use crate::service::ObjectEvent;
 use crate::task::Task;
 use serde::{Deserialize, Serialize};
 
@@ -28,10 +30,19 @@ pub enum EventType {
     /// A task reached `STOPPED`.
     #[serde(rename = "task.stopped")]
     TaskStopped,
+    /// An entry of a task's events (placed, started, probe failed, unable to place, ...).
+    #[serde(rename = "task.event")]
+    TaskEvent,
+    /// An entry of a host's events (registered, daemon restarted locally, drained, ...).
+    #[serde(rename = "host.event")]
+    HostEvent,
+    /// An entry of a service's events (deployment steps, replacements, ...).
+    #[serde(rename = "service.event")]
+    ServiceEvent,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 7] = [
+    pub const ALL: [EventType; 10] = [
         EventType::IncidentOpened,
         EventType::IncidentUpdated,
         EventType::IncidentResolved,
@@ -39,6 +50,9 @@ impl EventType {
         EventType::HostHealth,
         EventType::HostStatus,
         EventType::TaskStopped,
+        EventType::TaskEvent,
+        EventType::HostEvent,
+        EventType::ServiceEvent,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +64,9 @@ impl EventType {
             EventType::HostHealth => "host.health",
             EventType::HostStatus => "host.status",
             EventType::TaskStopped => "task.stopped",
+            EventType::TaskEvent => "task.event",
+            EventType::HostEvent => "host.event",
+            EventType::ServiceEvent => "service.event",
         }
     }
 
@@ -88,7 +105,16 @@ pub struct HostEvent {
     pub previous_health_status: Option<HealthStatus>,
 }
 
-/// One event: `{"type", "at_ms", "incident"?, "step"?, "host"?, "task"?}`.
+/// The object an entry of its events belongs to (`task.event`, `host.event`, `service.event`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Subject {
+    /// The task's, host's or service's id (a service's name).
+    pub id: String,
+    pub pool: PoolName,
+}
+
+/// One event: `{"type", "at_ms", "incident"?, "step"?, "host"?, "task"?, "subject"?, "event"?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     #[serde(rename = "type")]
@@ -107,12 +133,18 @@ pub struct Event {
     /// The task after it stopped (`task.stopped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<Task>,
+    /// Whose event it is (`*.event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Subject>,
+    /// The entry recorded in the subject's events (`*.event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<ObjectEvent>,
 }
 
 impl Event {
     /// An event of `kind` at `at_ms` with no subject yet.
     pub fn new(kind: EventType, at_ms: u64) -> Event {
-        Event { kind, at_ms, incident: None, step: None, host: None, task: None }
+        Event { kind, at_ms, incident: None, step: None, host: None, task: None, subject: None, event: None }
     }
 }
 

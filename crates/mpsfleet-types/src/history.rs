@@ -99,6 +99,13 @@ impl<E> Default for History<E> {
     }
 }
 
+impl<E> History<E> {
+    /// No entry, none left out.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.elided == 0
+    }
+}
+
 impl<E> Deref for History<E> {
     type Target = [Entry<E>];
     fn deref(&self) -> &[Entry<E>] {

@@ -169,6 +169,12 @@ pub struct Host {
     /// nothing of it.
     #[serde(default, rename = "agentToken", skip_serializing)]
     pub legacy_agent_token: String,
+    /// What happened to the host: registered, onboarded, health changes, local daemon
+    /// restarts, cordoned, drained, replaced. Durable, bounded ([`History`]).
+    ///
+    /// [`History`]: crate::history::History
+    #[serde(default, skip_serializing_if = "crate::history::History::is_empty")]
+    pub events: crate::history::History<crate::service::ObjectEvent>,
 }
 
 /// One health check of a host as its agent reports it, e.g. the MPS daemon of one GPU.
@@ -183,6 +189,14 @@ pub struct HostCheck {
     pub reason: String,
     /// When the status last changed, milliseconds since the epoch.
     pub since_ms: u64,
+    /// Times the agent restarted what the check watches (an MPS daemon) since the agent
+    /// started; the server records each new one in the host's events.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A GPU as `host describe` shows it: inventory plus what is placed on it.
@@ -236,6 +250,9 @@ pub struct HostView {
     /// When the host's credential was revoked (`host revoke-credential`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_revoked_at_ms: Option<u64>,
+    /// The host's events, oldest first.
+    #[serde(default)]
+    pub events: crate::history::History<crate::service::ObjectEvent>,
 }
 
 /// The drivers a Docker host's engine has, as its `/info` lists them.

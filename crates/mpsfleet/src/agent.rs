@@ -126,13 +126,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     // Read already (clap): no child of the agent (MPS daemons, shims, tasks) inherits it.
     // Still one thread only, so changing the environment races with no reader.
     std::env::remove_var("MPSFLEET_JOIN_TOKEN");
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::init_logging("info");
     match own_session {
         Ok(true) => tracing::debug!("leading a session of its own"),
         Ok(false) => {}

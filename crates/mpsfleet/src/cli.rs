@@ -126,15 +126,19 @@ pub enum TaskCommand {
         #[arg(long)]
         container: Option<String>,
         /// Which output: stdout, stderr, or all (both, interleaved in the order written, each
-        /// printed to its own stream) [default: stdout].
+        /// printed to its own stream) [default: all].
         #[arg(long, conflicts_with = "stderr")]
         stream: Option<mpsfleet_types::logs::LogStreams>,
         /// The same as --stream stderr.
         #[arg(long)]
         stderr: bool,
-        /// How many bytes from the end.
-        #[arg(long, default_value_t = 65536)]
-        tail: u64,
+        /// Only the last N lines [default: all the agent returns].
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        /// How many bytes from the end the agent returns (at most 16 MiB); raised to fit
+        /// --tail at 1 KiB a line.
+        #[arg(long, value_name = "BYTES", default_value_t = 65536)]
+        limit_bytes: u64,
         /// Keep printing new output as it is written, until the task is STOPPED (or Ctrl-C).
         #[arg(long, short = 'f')]
         follow: bool,
@@ -557,7 +561,7 @@ async fn cluster_status(c: &Client, output: Format) -> Result<()> {
         ]);
     }
     crate::output::print(output, &st, &["ROLE", "NAME", "ADDRESS", "STATE"], rows);
-    if matches!(output, Format::Table) {
+    if !output.is_data() {
         println!("store: {}, revision {}", st.store, st.revision);
     }
     Ok(())
@@ -595,7 +599,7 @@ async fn ca_command(c: &Client, cmd: CaCommand, output: Format) -> Result<()> {
         rows.push(row("next", next));
     }
     crate::output::print(output, &rotation, &["STATE", "SHA256", "SUBJECT", "NOT AFTER", "MADE BY"], rows);
-    if matches!(output, Format::Table) && rotation.next.is_some() {
+    if !output.is_data() && rotation.next.is_some() {
         let behind = &rotation.hosts_not_trusting_next;
         if behind.is_empty() {
             println!("every host trusts the next CA: `mpsfleet cluster ca activate` finishes the rotation");
@@ -808,8 +812,8 @@ async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
                 mpsfleet_types::access::CreateToken { role, expires_in_s: expires_in, description, pool };
             let t = c.create_token(&req).await?;
             match f {
-                Format::Json => output::print(f, &t, &[], vec![]),
-                Format::Table => {
+                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
+                Format::Table | Format::Wide => {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\ntoken (shown this once): {}", t.token);
                 }
@@ -818,8 +822,8 @@ async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
         TokenCommand::RotateAdmin => {
             let t = c.rotate_admin_token().await?;
             match f {
-                Format::Json => output::print(f, &t, &[], vec![]),
-                Format::Table => println!(
+                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
+                Format::Table | Format::Wide => println!(
                     "the old admin token is refused from now on; the server's admin.token holds the new one\n\
                      admin token (shown this once): {}",
                     t.token
@@ -857,8 +861,8 @@ async fn join_token(c: &Client, f: Format, cmd: JoinTokenCommand) -> Result<()> 
             let req = mpsfleet_types::access::CreateJoinToken { expires_in_s: expires_in, description };
             let t = c.create_join_token(&req).await?;
             match f {
-                Format::Json => output::print(f, &t, &[], vec![]),
-                Format::Table => {
+                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
+                Format::Table | Format::Wide => {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\njoin token (shown this once): {}", t.token);
                 }
@@ -938,8 +942,8 @@ async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {
             let json = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let r = c.register_taskdef(json).await?;
             match f {
-                Format::Json => output::print(f, &r, &[], vec![]),
-                Format::Table => {
+                Format::Json | Format::Yaml => output::print(f, &r, &[], vec![]),
+                Format::Table | Format::Wide => {
                     println!("{}", sanitize(&r.task_definition.to_string()));
                     if !r.ignored_fields.is_empty() {
                         eprintln!(
@@ -963,7 +967,7 @@ async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {
         TaskdefCommand::Describe { reference } => {
             let t = c.describe_taskdef(&reference).await?;
             // A task definition is a document: JSON is the readable form either way.
-            output::print(Format::Json, &t, &[], vec![]);
+            output::print(if f == Format::Yaml { f } else { Format::Json }, &t, &[], vec![]);
         }
     }
     Ok(())
@@ -1017,8 +1021,8 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             let pool = resolve_pool(c, pool).await?;
             let r = c.run_task(&RunTask { task_definition: taskdef, count, pool, client_token }).await?;
             match f {
-                Format::Json => output::print(f, &r, &[], vec![]),
-                Format::Table => {
+                Format::Json | Format::Yaml => output::print(f, &r, &[], vec![]),
+                Format::Table | Format::Wide => {
                     print!("{}", output::table(&TASK_HEADERS, &task_rows(&r.tasks)));
                     println!("{} placed, {} waiting for capacity", r.placed, r.pending);
                 }
@@ -1032,22 +1036,42 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             let live = !all && status.is_none();
             let query = TaskQuery { pool, service, host, status, limit, skip, newest_first: true, live };
             let tasks = c.list_tasks(&query).await?;
-            output::print(f, &tasks, &TASK_HEADERS, task_rows(&tasks));
+            if f == Format::Wide {
+                let headers = [&TASK_HEADERS[..], &["SERVICE", "CREATED", "STARTED BY"]].concat();
+                let rows = task_rows(&tasks)
+                    .into_iter()
+                    .zip(&tasks)
+                    .map(|(mut r, t)| {
+                        r.extend([opt(&t.group), output::utc_time(t.created_at_ms), t.started_by.clone()]);
+                        r
+                    })
+                    .collect();
+                output::print(f, &tasks, &headers, rows);
+            } else {
+                output::print(f, &tasks, &TASK_HEADERS, task_rows(&tasks));
+            }
         }
         TaskCommand::Describe { id } => {
             let t = c.describe_task(&id).await?;
-            output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
-            if f == Format::Table {
-                print_containers(&t);
+            if f.is_data() {
+                output::print(f, &t, &[], Vec::new());
+                return Ok(());
             }
+            // The definition gives the GPU and MPS limits; the events may be gone (another
+            // server's memory): the view is shown without what cannot be read.
+            let def = c.describe_taskdef(&t.task_definition.to_string()).await.ok();
+            let events = c.task_events(&id).await.unwrap_or_default();
+            print!("{}", crate::describe::task(&t, def.as_ref(), &events));
         }
-        TaskCommand::Logs { id, container, stream, stderr, tail, follow } => {
+        TaskCommand::Logs { id, container, stream, stderr, tail, limit_bytes, follow } => {
             let stream = match (stream, stderr) {
                 (_, true) => mpsfleet_types::logs::LogStreams::Stderr,
                 (Some(s), false) => s,
-                (None, false) => mpsfleet_types::logs::LogStreams::Stdout,
+                (None, false) => mpsfleet_types::logs::LogStreams::All,
             };
-            task_logs(c, f, &id, container.as_deref(), stream, tail, follow).await?;
+            let bytes = tail.map_or(limit_bytes, |n| limit_bytes.max(n as u64 * 1024)).min(MAX_LOG_BYTES);
+            let logs = LogsAsk { container: container.as_deref(), stream, bytes, lines: tail };
+            task_logs(c, f, &id, logs, follow).await?;
         }
         TaskCommand::Stop { id, reason, wait } => {
             let t = c.stop_task(&id, reason).await?;
@@ -1060,21 +1084,41 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     Ok(())
 }
 
+/// The most output one `task logs` call asks of the agent (the server's limit).
+const MAX_LOG_BYTES: u64 = 16 << 20;
+
+/// What `task logs` asks for: the container and streams, the bytes from the end, and how
+/// many of the last lines to print of the first answer.
+#[derive(Clone, Copy)]
+struct LogsAsk<'a> {
+    container: Option<&'a str>,
+    stream: mpsfleet_types::logs::LogStreams,
+    bytes: u64,
+    lines: Option<usize>,
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> &str {
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    match body.rmatch_indices('\n').nth(n.saturating_sub(1)) {
+        Some((i, _)) if n > 0 => &text[i + 1..],
+        _ if n == 0 => "",
+        _ => text,
+    }
+}
+
 /// How often `task logs --follow` asks for new output.
 const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `task logs`: prints what there is; with `follow`, then asks every [`FOLLOW_EVERY`] for what
 /// was written after the last output printed, until the task is STOPPED (printing the rest)
 /// or Ctrl-C.
-async fn task_logs(
-    c: &Client,
-    f: Format,
-    id: &str,
-    container: Option<&str>,
-    stream: mpsfleet_types::logs::LogStreams,
-    tail: u64,
-    follow: bool,
-) -> Result<()> {
+async fn task_logs(c: &Client, f: Format, id: &str, ask: LogsAsk<'_>, follow: bool) -> Result<()> {
+    let LogsAsk { container, stream, bytes: tail, lines } = ask;
+    // Lines are cut from the first answer only; what follows is printed whole.
+    let mut lines = lines;
+    let keep =
+        |v: &[OutputLine], n: Option<usize>| v[v.len().saturating_sub(n.unwrap_or(v.len()))..].to_vec();
     use mpsfleet_types::logs::{OutputLine, OutputStream};
     use std::io::Write;
     let print_lines = |lines: &[OutputLine]| -> std::io::Result<()> {
@@ -1093,7 +1137,8 @@ async fn task_logs(
     let mut ending = false;
     loop {
         let logs = c.task_logs(id, container, stream, tail, since).await?;
-        if f == Format::Json {
+        let n = lines.take();
+        if f.is_data() {
             output::print(f, &logs, &[], Vec::new());
         } else {
             match (&logs.snapshot, &logs.lines) {
@@ -1106,12 +1151,14 @@ async fn task_logs(
                             sanitize(logs.note.as_deref().unwrap_or("the agent was not asked"))
                         );
                     }
-                    print_lines(&snapshot.lines)?;
+                    print_lines(&keep(&snapshot.lines, n))?;
                 }
-                (None, Some(lines)) => print_lines(lines)?,
+                (None, Some(got)) => print_lines(&keep(got, n))?,
                 (None, None) => {
+                    let text = logs.output();
+                    let text = n.map_or(text.as_str(), |n| last_lines(&text, n));
                     let mut out = std::io::stdout();
-                    out.write_all(sanitize_text(&logs.output()).as_bytes())?;
+                    out.write_all(sanitize_text(text).as_bytes())?;
                     out.flush()?;
                 }
             }
@@ -1131,48 +1178,6 @@ async fn task_logs(
     }
 }
 
-/// `task describe`'s container section: image, runtime id, bindings and what the runtime noted.
-fn print_containers(t: &Task) {
-    for a in &t.attachments {
-        println!();
-        println!(
-            "network    {} {} ({})",
-            sanitize(a.private_ipv4_address().unwrap_or("-")),
-            sanitize(&a.status),
-            sanitize(&a.id)
-        );
-    }
-    for c in &t.containers {
-        println!();
-        println!("container {}", sanitize(&c.name));
-        let line = |k: &str, v: &Option<String>| {
-            if let Some(v) = v {
-                println!("  {k:<10} {}", sanitize(v));
-            }
-        };
-        line("image", &c.image);
-        line("digest", &c.image_digest);
-        line("id", &c.runtime_id);
-        line("exit code", &c.exit_code.map(|x| x.to_string()));
-        line("reason", &c.reason);
-        for b in &c.network_bindings {
-            println!(
-                "  binding    {}:{} -> {}/{}",
-                sanitize(&b.bind_ip.to_string()),
-                b.host_port,
-                b.container_port,
-                b.protocol.as_str()
-            );
-        }
-        for n in &c.network_interfaces {
-            println!("  address    {}", sanitize(&n.private_ipv4_address));
-        }
-        for n in &c.notes {
-            println!("  note       {}", sanitize(n));
-        }
-    }
-}
-
 fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
     hosts
         .iter()
@@ -1184,7 +1189,12 @@ fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
                 h.pool.to_string(),
                 h.hostname.clone(),
                 h.status.as_str().into(),
-                h.health_status.as_str().into(),
+                // A host that left the fleet has no health to show.
+                if h.status == HostStatus::Deregistered {
+                    "-".into()
+                } else {
+                    h.health_status.as_str().into()
+                },
                 if h.cordoned { "yes".into() } else { "no".into() },
                 if h.emulated { "emulated".into() } else { "real".into() },
                 match &h.runtime_version {
@@ -1219,10 +1229,34 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
             if !all {
                 hosts.retain(|h| h.status != HostStatus::Deregistered);
             }
-            output::print(f, &hosts, &HEADERS, host_rows(&hosts));
+            if f == Format::Wide {
+                let headers = [&HEADERS[..], &["REGISTERED", "LAST HEARTBEAT"]].concat();
+                let rows = host_rows(&hosts)
+                    .into_iter()
+                    .zip(&hosts)
+                    .map(|(mut r, h)| {
+                        let beat = h.last_heartbeat_ms.map_or("-".into(), output::utc_time);
+                        r.extend([output::utc_time(h.registered_at_ms), beat]);
+                        r
+                    })
+                    .collect();
+                output::print(f, &hosts, &headers, rows);
+            } else {
+                output::print(f, &hosts, &HEADERS, host_rows(&hosts));
+            }
             return Ok(());
         }
-        HostCommand::Describe { id } => c.describe_host(&id).await?,
+        HostCommand::Describe { id } => {
+            let h = c.describe_host(&id).await?;
+            if f.is_data() {
+                output::print(f, &h, &[], Vec::new());
+                return Ok(());
+            }
+            let query = TaskQuery { host: Some(h.id.to_string()), live: true, ..Default::default() };
+            let tasks = c.list_tasks(&query).await?;
+            print!("{}", crate::describe::host(&h, &tasks));
+            return Ok(());
+        }
         HostCommand::Cordon { id } => c.cordon_host(&id, true).await?,
         HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
         HostCommand::Drain { id, wait, timeout } => {
@@ -1238,8 +1272,8 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::RevokeCredential { id } => c.revoke_host_credential(&id).await?,
     };
     match f {
-        Format::Json => output::print(f, &one, &[], vec![]),
-        Format::Table => {
+        Format::Json | Format::Yaml => output::print(f, &one, &[], vec![]),
+        Format::Table | Format::Wide => {
             print!("{}", output::table(&HEADERS, &host_rows(std::slice::from_ref(&one))));
             println!();
             let rows: Vec<Vec<String>> = one
@@ -1292,7 +1326,7 @@ fn strategy_of(s: &str) -> PlacementStrategy {
 }
 
 /// What a pool's task policy allows, e.g. `privileged,hostNetwork`, or `none`.
-fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
+pub(crate) fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
     let allowed: Vec<&str> = [
         (p.allow_privileged, "privileged"),
         (p.allow_host_network, "hostNetwork"),
@@ -1357,8 +1391,8 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
         PoolCommand::Explain { name } => {
             let e = c.explain_pool(&name).await?;
             match f {
-                Format::Json => output::print(f, &e, &[], vec![]),
-                Format::Table => {
+                Format::Json | Format::Yaml => output::print(f, &e, &[], vec![]),
+                Format::Table | Format::Wide => {
                     println!(
                         "pool {} ({}): host recovery is owned by {}\n",
                         sanitize(&e.pool.to_string()),
@@ -1380,7 +1414,14 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             output::print(f, &pools, &HEADERS, pool_rows(&pools));
             return Ok(());
         }
-        PoolCommand::Describe { name } => c.describe_pool(&name).await?,
+        PoolCommand::Describe { name } => {
+            let p = c.describe_pool(&name).await?;
+            match f {
+                Format::Table | Format::Wide => print!("{}", crate::describe::pool(&p)),
+                _ => output::print(f, &p, &[], Vec::new()),
+            }
+            return Ok(());
+        }
     };
     output::print(f, &one, &HEADERS, pool_rows(std::slice::from_ref(&one)));
     Ok(())
@@ -1469,7 +1510,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
         }
         ServiceCommand::Describe { name } => {
             let one = c.describe_service(&name).await?;
-            if f == Format::Json {
+            if f.is_data() {
                 output::print(f, &one, &[], vec![]);
                 return Ok(());
             }
@@ -1620,8 +1661,8 @@ const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TR
 
 fn print_incident(f: Format, v: IncidentView) -> Result<()> {
     match f {
-        Format::Json => output::print(f, &v, &[], vec![]),
-        Format::Table => {
+        Format::Json | Format::Yaml => output::print(f, &v, &[], vec![]),
+        Format::Table | Format::Wide => {
             print!("{}", output::table(&INCIDENT_HEADERS, &incident_rows(std::slice::from_ref(&v))));
             let i = &v.incident;
             if let IncidentState::Blocked { reason } = &i.state {
@@ -1706,7 +1747,7 @@ async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {
 
 /// The answer of `host activate` and `incident resolve`: what changed, in words.
 fn print_operator_command(f: Format, r: OperatorCommandResponse) -> Result<()> {
-    if f == Format::Json {
+    if f.is_data() {
         output::print(f, &r, &[], vec![]);
         return Ok(());
     }
@@ -1725,4 +1766,18 @@ fn print_operator_command(f: Format, r: OperatorCommandResponse) -> Result<()> {
         println!("{}", sanitize(what));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_lines;
+
+    #[test]
+    fn tail_counts_lines() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+        assert_eq!(last_lines("a\nb\n", 5), "a\nb\n");
+        assert_eq!(last_lines("a\nb\n", 0), "");
+        assert_eq!(last_lines("", 3), "");
+    }
 }

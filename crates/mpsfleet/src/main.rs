@@ -3,11 +3,28 @@
 mod agent;
 mod bench;
 mod cli;
+mod describe;
 mod output;
 mod server;
 mod sim;
 mod up;
 mod wait;
+
+/// Logs to standard error, at `MPSFLEET_LOG`'s level (`default` without it); coloured only
+/// when standard error is a terminal and `NO_COLOR` is not set, so that a log file (the
+/// agent's `agent.log`, a service's journal) never carries escape codes.
+pub(crate) fn init_logging(default: &str) {
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_ansi(colour)
+        .with_writer(std::io::stderr)
+        .init();
+}
 
 use clap::{Parser, Subcommand};
 

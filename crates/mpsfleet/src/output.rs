@@ -12,19 +12,184 @@ use std::fmt::Write as _;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// Columns fitted to the terminal's width (cells cut with `…`); not cut when the output
+    /// is not a terminal and `COLUMNS` is not set.
     Table,
+    /// Every column, never cut; lists show more of them.
+    Wide,
+    /// The API's JSON, with an RFC 3339 UTC time next to each epoch-milliseconds field.
     Json,
+    /// As `json`, in YAML.
+    Yaml,
 }
 
-/// Prints `value` as JSON, or as a table made by `rows` with the given headers.
+impl Format {
+    /// JSON or YAML: the whole record, for programs.
+    pub fn is_data(self) -> bool {
+        matches!(self, Format::Json | Format::Yaml)
+    }
+}
+
+/// Prints `value` as JSON or YAML, or as a table made by `rows` with the given headers.
 pub fn print<T: Serialize>(format: Format, value: &T, headers: &[&str], rows: Vec<Vec<String>>) {
     match format {
-        Format::Json => match serde_json::to_string_pretty(value) {
-            Ok(s) => println!("{}", escape_json_controls(&s)),
+        Format::Json | Format::Yaml => match serde_json::to_value(value) {
+            Ok(mut v) => {
+                annotate_times(&mut v);
+                if format == Format::Yaml {
+                    print!("{}", yaml(&v));
+                } else {
+                    let s = serde_json::to_string_pretty(&v).unwrap_or_default();
+                    println!("{}", escape_json_controls(&s));
+                }
+            }
             Err(e) => eprintln!("error: cannot encode the answer as JSON: {e}"),
         },
-        Format::Table => print!("{}", table(headers, &rows)),
+        Format::Table => print!("{}", fit(headers, &rows, terminal_width())),
+        Format::Wide => print!("{}", table(headers, &rows)),
     }
+}
+
+/// Epoch milliseconds between 2001 and 5138: what a `…Ms`/`…_ms` field holding a time looks
+/// like (durations such as `tolerationMs` are far smaller).
+const TIMES_MS: std::ops::Range<u64> = 1_000_000_000_000..100_000_000_000_000;
+
+/// Adds, next to every field named `…Ms` or `…_ms` that holds a time, the same time in RFC
+/// 3339 UTC under the name without the suffix (`createdAtMs` -> `createdAt`, `at_ms` -> `at`),
+/// unless that name is taken.
+pub fn annotate_times(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let mut add = Vec::new();
+            for (k, val) in map.iter() {
+                let base = k.strip_suffix("Ms").or_else(|| k.strip_suffix("_ms"));
+                if let (Some(base), Some(ms)) = (base, val.as_u64()) {
+                    if !base.is_empty() && TIMES_MS.contains(&ms) && !map.contains_key(base) {
+                        add.push((base.to_string(), utc_time(ms)));
+                    }
+                }
+            }
+            for (k, t) in add {
+                map.insert(k, serde_json::Value::String(t));
+            }
+            map.values_mut().for_each(annotate_times);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(annotate_times),
+        _ => {}
+    }
+}
+
+/// `v` as YAML in block style. Strings are written as JSON strings, which YAML reads as
+/// double-quoted scalars with the same escapes, so nothing in a value can change the
+/// document's structure and every control character stays escaped.
+pub fn yaml(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    yaml_node(v, 0, &mut out);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+fn yaml_scalar(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => {
+            escape_json_controls(&serde_json::to_string(s).unwrap_or_default()).into_owned()
+        }
+        serde_json::Value::Array(a) if a.is_empty() => "[]".into(),
+        serde_json::Value::Object(o) if o.is_empty() => "{}".into(),
+        other => other.to_string(),
+    }
+}
+
+fn is_nested(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Array(a) => !a.is_empty(),
+        serde_json::Value::Object(o) => !o.is_empty(),
+        _ => false,
+    }
+}
+
+fn yaml_node(v: &serde_json::Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    match v {
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            for (k, val) in map {
+                let key = yaml_scalar(&serde_json::Value::String(k.clone()));
+                if is_nested(val) {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    yaml_node(val, indent + 2, out);
+                } else {
+                    out.push_str(&format!("{pad}{key}: {}\n", yaml_scalar(val)));
+                }
+            }
+        }
+        serde_json::Value::Array(items) if !items.is_empty() => {
+            for item in items {
+                if is_nested(item) {
+                    // The item's first line goes after the dash, the rest under it.
+                    let mut inner = String::new();
+                    yaml_node(item, indent + 2, &mut inner);
+                    let inner = inner.strip_prefix(&" ".repeat(indent + 2)).unwrap_or(&inner).to_string();
+                    out.push_str(&format!("{pad}- {inner}"));
+                } else {
+                    out.push_str(&format!("{pad}- {}\n", yaml_scalar(item)));
+                }
+            }
+        }
+        other => out.push_str(&format!("{pad}{}\n", yaml_scalar(other))),
+    }
+}
+
+/// The width to fit tables to: `COLUMNS` when set, else the terminal's when standard output
+/// is one; None (no fitting) otherwise.
+pub fn terminal_width() -> Option<usize> {
+    if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<usize>().ok()) {
+        return Some(n).filter(|n| *n > 0);
+    }
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let ws = rustix::termios::tcgetwinsize(std::io::stdout()).ok()?;
+    (ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+}
+
+/// The narrowest a cut column gets.
+const MIN_COLUMN: usize = 6;
+
+/// [`table`], its widest columns cut (cells ending in `…`) until a row fits in `width`.
+pub fn fit(headers: &[&str], rows: &[Vec<String>], width: Option<usize>) -> String {
+    let Some(width) = width else { return table(headers, rows) };
+    let rows: Vec<Vec<String>> =
+        rows.iter().map(|r| r.iter().map(|c| sanitize(c).into_owned()).collect()).collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+    while total(&widths) > width {
+        let (i, w) =
+            widths.iter().enumerate().max_by_key(|(_, w)| **w).map(|(i, w)| (i, *w)).unwrap_or((0, 0));
+        if w <= MIN_COLUMN {
+            break;
+        }
+        widths[i] = (w - (total(&widths) - width)).max(MIN_COLUMN);
+    }
+    let cut = |s: &str, w: usize| -> String {
+        if s.chars().count() <= w {
+            s.to_string()
+        } else {
+            s.chars().take(w.saturating_sub(1)).collect::<String>() + "…"
+        }
+    };
+    let headers: Vec<String> = headers.iter().zip(&widths).map(|(h, w)| cut(h, *w)).collect();
+    let rows: Vec<Vec<String>> =
+        rows.iter().map(|r| r.iter().zip(&widths).map(|(c, w)| cut(c, *w)).collect()).collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    table(&headers, &rows)
 }
 
 /// `s` with every control character (Unicode Cc: C0, DEL and C1, newline and tab included)
@@ -254,6 +419,37 @@ mod tests {
             &[vec!["t-1".into(), "RUNNING".into()], vec!["t-22222".into(), "PENDING".into()]],
         );
         assert_eq!(t, "ID       STATUS\nt-1      RUNNING\nt-22222  PENDING\n");
+    }
+
+    #[test]
+    fn tables_fit_the_width_given() {
+        let rows =
+            vec![vec!["t-1".to_string(), "no GPU of the pool has 200000 MiB of memory free".to_string()]];
+        let t = super::fit(&["ID", "REASON"], &rows, Some(30));
+        assert!(t.lines().all(|l| l.chars().count() <= 30), "{t}");
+        assert!(t.contains("t-1  no GPU of the pool has 2…"), "{t}");
+        // Without a width nothing is cut.
+        assert!(super::fit(&["ID", "REASON"], &rows, None).contains("200000 MiB of memory free"));
+    }
+
+    #[test]
+    fn json_gets_rfc3339_next_to_epoch_times() {
+        let mut v = serde_json::json!({"createdAtMs": 1_796_104_260_500u64, "tolerationMs": 2000,
+            "timeline": [{"at_ms": 1_796_104_260_500u64}]});
+        super::annotate_times(&mut v);
+        assert_eq!(v["createdAt"], "2026-12-01T05:51:00.500Z");
+        assert_eq!(v["timeline"][0]["at"], "2026-12-01T05:51:00.500Z");
+        assert!(v.get("toleration").is_none(), "a duration is not a time: {v}");
+    }
+
+    #[test]
+    fn yaml_is_block_style_with_quoted_strings() {
+        let v = serde_json::json!({"name": "web", "n": 3, "tags": ["a", "b"], "empty": [],
+            "hosts": [{"id": "h-1", "hostname": "x: y\n- z"}]});
+        assert_eq!(
+            super::yaml(&v),
+            "\"empty\": []\n\"hosts\":\n  - \"hostname\": \"x: y\\n- z\"\n    \"id\": \"h-1\"\n\"n\": 3\n\"name\": \"web\"\n\"tags\":\n  - \"a\"\n  - \"b\"\n"
+        );
     }
 
     #[test]

@@ -134,13 +134,7 @@ enum StoreKind {
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::init_logging("info");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(serve(args));
     // A provider call still running (a host's termination waiting out its grace period) is

@@ -60,12 +60,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     let out = mpsfleet_sim::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
     match args.output {
-        Format::Json => {
+        Format::Json | Format::Yaml => {
             let mut v = serde_json::to_value(&out.report)?;
             v["wallMs"] = serde_json::json!(out.wall_ms);
             println!("{}", serde_json::to_string(&v)?);
         }
-        Format::Table => {
+        Format::Table | Format::Wide => {
             print!("{}", out.report.render());
             println!("wall time:            {:.1}s", out.wall_ms as f64 / 1000.0);
             if args.trace {

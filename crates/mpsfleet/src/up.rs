@@ -96,13 +96,7 @@ pub fn find_mps_control(flag: Option<&Path>) -> Option<PathBuf> {
 }
 
 pub fn run(args: UpArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::init_logging("warn");
     anyhow::ensure!((1..=64).contains(&args.hosts), "--hosts must be from 1 to 64, got {}", args.hosts);
     anyhow::ensure!(
         (1..=64).contains(&args.gpus_per_host),
@@ -114,6 +108,10 @@ pub fn run(args: UpArgs) -> Result<()> {
 }
 
 async fn up(args: UpArgs) -> Result<()> {
+    // The port first: a port in use fails before anything (tokens, a database) is written.
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| {
+        format!("cannot listen on {} (is another server running? try --listen)", args.listen)
+    })?;
     let dir = &args.data_dir;
     let mut opened = mpsfleet_server::open(dir, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the data dir {}", dir.display()))?;
@@ -143,9 +141,6 @@ async fn up(args: UpArgs) -> Result<()> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
     let admin_token = read(mpsfleet_server::ADMIN_TOKEN_FILE).context("cannot read the admin token")?;
 
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| {
-        format!("cannot listen on {} (is another server running? try --listen)", args.listen)
-    })?;
     let addr = listener.local_addr()?;
     let url = format!("https://{addr}");
     let names = mpsfleet_server::tls::default_names(addr, &[]);

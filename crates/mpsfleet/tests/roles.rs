@@ -49,6 +49,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/tasks/{id}", Open::Role(Role::Viewer)),
     ("POST", "/v1/tasks/{id}/stop", Open::Role(Role::Operator)),
     ("GET", "/v1/tasks/{id}/logs", Open::Role(Role::Viewer)),
+    ("GET", "/v1/tasks/{id}/events", Open::Role(Role::Viewer)),
     ("POST", "/v1/services", Open::Role(Role::Operator)),
     ("GET", "/v1/services", Open::Role(Role::Viewer)),
     ("GET", "/v1/services/{name}/endpoints", Open::Role(Role::Viewer)),

@@ -185,6 +185,7 @@ mod tests {
             credential_sha256: String::new(),
             credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
+            events: Default::default(),
         };
         assert!(can_place(&host(Active, false, HealthStatus::Ok)));
         assert!(!can_place(&host(Active, true, HealthStatus::Ok)));

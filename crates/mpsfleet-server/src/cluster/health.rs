@@ -908,7 +908,7 @@ impl Cluster {
             self.apply_task_update(t, rev)?;
         }
         for (task, placement, _) in batch.created {
-            self.insert_task(task, rev, placement);
+            self.insert_task(task, rev, placement, true);
         }
         Ok(pairs)
     }

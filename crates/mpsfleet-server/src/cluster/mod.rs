@@ -94,6 +94,9 @@ struct TaskEntry {
     seq: u64,
     /// Where the scheduler accounted it, while it holds capacity.
     placement: Option<Placement>,
+    /// What happened to it (placed, started, probe failed, ...): kept in memory only, so a
+    /// restarted server or a new leader knows a task's events from then on.
+    events: History<ObjectEvent>,
 }
 
 #[derive(Debug)]
@@ -370,7 +373,7 @@ impl Cluster {
                 let req = self.request_for(&task)?;
                 self.sched.reserve(&req, p);
             }
-            self.insert_task(task, version, placement);
+            self.insert_task(task, version, placement, false);
         }
         Ok(())
     }
@@ -825,7 +828,7 @@ impl Cluster {
         }
         let HostRequest { reg, id, credential, credential_sha256 } = req;
         let agent_token = self.agent_token(&id, "");
-        let host = Host {
+        let mut host = Host {
             id: id.clone(),
             pool,
             hostname: reg.hostname,
@@ -843,7 +846,15 @@ impl Cluster {
             credential_sha256,
             credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
+            events: History::new(),
         };
+        let registered = format!(
+            "registered by its agent: {} GPU(s){}, {} runtime",
+            host.gpus.len(),
+            if host.emulated { " (emulated)" } else { "" },
+            host.runtime.as_str()
+        );
+        host.events.push(host.registered_at_ms, ObjectEvent::new("Registered", registered));
         Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
     }
 
@@ -908,10 +919,18 @@ impl Cluster {
         let ix = self.host_ix(host.as_str())?;
         let now = self.now();
         let entry = &mut self.hosts[ix as usize];
+        let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
         entry.last_heartbeat_ms = Some(now);
         entry.checks = report.checks;
         entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
         entry.evaluated = false;
+        if !restarts.is_empty() {
+            let mut h = entry.host.clone();
+            for ev in restarts {
+                h.events.push(now, ev);
+            }
+            self.write_host(ix, h)?;
+        }
         self.close_mps_gpus(ix, &[]);
         let entry = &mut self.hosts[ix as usize];
         if report.onboarded && entry.host.status == HostStatus::Onboarding {
@@ -941,6 +960,7 @@ impl Cluster {
         // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
         // bad host, its replacement); the 250 ms health tick plans every incident anyway.
         if (report.onboarded && e.host.status == HostStatus::Onboarding)
+            || !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty()
             || self.incidents.values().any(|i| {
                 let i = &i.value;
                 i.state != IncidentState::Resolved && (i.host_id == *host || i.is_replacement(host))
@@ -1005,14 +1025,35 @@ impl Cluster {
 
     /// Commits a host record, then applies it; a record equal to the stored one is not
     /// written again.
-    fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), ApiError> {
+    fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), ApiError> {
         if self.hosts[ix as usize].host == host {
             return Ok(());
         }
+        self.record_host_changes(ix, &mut host);
         let expect = Precondition::Version(self.hosts[ix as usize].version);
         let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
         self.apply_host(ix, host, rev);
         Ok(())
+    }
+
+    /// Records in `host`'s events what changed from the stored record: lifecycle, health
+    /// (with the checks that are not OK), cordon, credential.
+    pub(super) fn record_host_changes(&self, ix: HostIx, host: &mut Host) {
+        let e = &self.hosts[ix as usize];
+        let why: Vec<String> = e
+            .health
+            .checks
+            .iter()
+            .filter(|c| c.status != HealthStatus::Ok)
+            .map(|c| match &c.gpu_id {
+                Some(g) => format!("{} of {g}: {}", c.name, c.reason),
+                None => format!("{}: {}", c.name, c.reason),
+            })
+            .collect();
+        let now = self.now();
+        for ev in mpsfleet_core::changes::host_changes(&e.host, host, &why.join("; ")) {
+            host.events.push(now, ev);
+        }
     }
 
     /// Applies a committed host record: events, placement eligibility, and a placement retry
@@ -1020,7 +1061,14 @@ impl Cluster {
     /// resync).
     fn apply_host(&mut self, ix: HostIx, host: Host, rev: Revision) {
         let old = &self.hosts[ix as usize].host;
-        self.events.host((old.status, old.health_status), &host, self.now());
+        let now = self.now();
+        self.events.host((old.status, old.health_status), &host, now);
+        let news = host.events.since(old.events.pushed());
+        if !news.is_empty() {
+            let subject = event::Subject { id: host.id.to_string(), pool: host.pool.clone() };
+            let news: Vec<ObjectEvent> = news.iter().map(|e| e.event.clone()).collect();
+            self.events.recorded(event::EventType::HostEvent, &subject, &news, now);
+        }
         let schedulable = can_place(&host);
         let pool = host.pool.clone();
         let entry = &mut self.hosts[ix as usize];
@@ -1072,11 +1120,24 @@ impl Cluster {
             task_count: self.tasks.on_host(ix).len() as u32,
             registered_at_ms: e.host.registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
-            checks: if e.health.checks.is_empty() { e.checks.clone() } else { e.health.host_checks() },
+            checks: if e.health.checks.is_empty() { e.checks.clone() } else { self.evaluated_checks(ix) },
             logs_url: e.logs_url.clone(),
             logs_cert_sha256: e.logs_cert.clone(),
             credential_revoked_at_ms: e.host.credential_revoked_at_ms,
+            events: Default::default(),
         }
+    }
+
+    /// The server's evaluation of a host's checks, with the restart counts the agent reported.
+    fn evaluated_checks(&self, ix: HostIx) -> Vec<HostCheck> {
+        let e = &self.hosts[ix as usize];
+        let mut out = e.health.host_checks();
+        for c in &mut out {
+            if let Some(r) = e.checks.iter().find(|r| r.name == c.name && r.gpu_id == c.gpu_id) {
+                c.restarts = r.restarts;
+            }
+        }
+        out
     }
 
     pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
@@ -1086,8 +1147,10 @@ impl Cluster {
             .collect()
     }
 
+    /// One host, with its events (lists leave them out).
     pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
-        Ok(self.host_view(self.host_ix(id)?))
+        let ix = self.host_ix(id)?;
+        Ok(HostView { events: self.hosts[ix as usize].host.events.clone(), ..self.host_view(ix) })
     }
 
     /// The tasks an agent should run (or stop), and the host's change epoch.
@@ -1202,12 +1265,44 @@ impl Cluster {
         }
     }
 
-    fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
+    /// Puts a committed new task; `record`: in its events (not for a task loaded from the
+    /// store, whose past this server did not see).
+    fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>, record: bool) {
         if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
             let e = &mut self.hosts[p.host as usize];
             e.epoch = e.epoch.max(version);
         }
+        if record {
+            self.put_task(task, version, placement);
+        } else {
+            self.tasks.put(task, version, placement);
+        }
+    }
+
+    /// Puts a committed task record, recording what changed in its events.
+    fn put_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
+        let news = mpsfleet_core::changes::task_changes(self.tasks.get(&task.id).map(|e| &e.task), &task);
+        let (id, pool) = (task.id, task.pool.clone());
         self.tasks.put(task, version, placement);
+        self.record_task(id, pool, news);
+    }
+
+    /// Records entries in a task's events and publishes them.
+    fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<ObjectEvent>) {
+        if news.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let subject = event::Subject { id: id.to_string(), pool };
+        self.events.recorded(event::EventType::TaskEvent, &subject, &news, now);
+        self.tasks.record(&id, now, news);
+    }
+
+    /// A task's events, oldest first.
+    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, ApiError> {
+        let id = TaskId::parse(id).map_err(|_| ApiError::not_found("task", id))?;
+        let e = self.tasks.get(&id).ok_or_else(|| ApiError::not_found("task", id.to_string()))?;
+        Ok(e.events.clone())
     }
 
     /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
@@ -1264,7 +1359,7 @@ impl Cluster {
         let mut out = Vec::with_capacity(batch.created.len());
         for (task, placement, _) in batch.created {
             out.push(task.clone());
-            self.insert_task(task, rev, placement);
+            self.insert_task(task, rev, placement, true);
         }
         Ok(out)
     }
@@ -1400,7 +1495,7 @@ impl Cluster {
         if stopped_now {
             self.events.task_stopped(&t, self.now());
         }
-        self.tasks.put(t, rev, placement);
+        self.put_task(t, rev, placement);
         Ok(stopped_now)
     }
 
@@ -1424,7 +1519,13 @@ impl Cluster {
                     placed.push((task, p, req));
                 }
                 // The reason is derived state: refreshed in memory, not written on every retry.
-                Err(why) => self.tasks.set_pending_reason(&id, why.to_string()),
+                Err(why) => {
+                    let why = why.to_string();
+                    if self.tasks.set_pending_reason(&id, why.clone()) {
+                        let news = vec![mpsfleet_core::changes::unplaced(&why)];
+                        self.record_task(id, pool.clone(), news);
+                    }
+                }
             }
         }
         if placed.is_empty() {
@@ -1441,7 +1542,7 @@ impl Cluster {
         };
         for (task, p, _) in placed {
             self.hosts[p.host as usize].epoch = rev;
-            self.tasks.put(task, rev, Some(p));
+            self.put_task(task, rev, Some(p));
         }
         Ok(())
     }
@@ -1749,6 +1850,7 @@ mod tests {
                 status,
                 reason: format!("daemon {}", status.as_str()),
                 since_ms,
+                restarts: 0,
             }],
             logs_url: None,
             logs_cert_sha256: None,

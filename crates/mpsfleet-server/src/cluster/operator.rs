@@ -297,9 +297,16 @@ impl Cluster {
     fn write_host_and_incident(
         &mut self,
         ix: HostIx,
-        host: Host,
+        mut host: Host,
         incident: Incident,
     ) -> Result<(), ApiError> {
+        self.record_host_changes(ix, &mut host);
+        // The incident's new steps are the host's news too (drained, replaced, ...).
+        let seen = self.incidents.get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
+        for s in incident.timeline.since(seen) {
+            let msg = format!("incident {}: {} {}", incident.id, s.step.as_str(), s.detail);
+            host.events.push(s.latest_ms(), ObjectEvent::new("Remediation", msg));
+        }
         let e = &self.hosts[ix as usize];
         let expect = match self.incidents.get(&incident.id) {
             Some(v) => Precondition::Version(v.version),

@@ -68,6 +68,7 @@ impl World {
                 status: mps,
                 reason: format!("daemon {}", mps.as_str()),
                 since_ms: 5,
+                restarts: 0,
             }],
             logs_url: None,
             logs_cert_sha256: None,

@@ -351,3 +351,54 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     assert_eq!(svc.events.iter().filter(|e| e.reason == "ReplicaMoved").count(), 2, "{:#?}", svc.events);
     assert!(svc.moving.is_empty());
 }
+
+#[test]
+fn tasks_hosts_and_services_record_their_events_and_stream_them() {
+    let (mut w, hosts) = world(1);
+    let mut rx = w.c.events.subscribe();
+    service(&mut w, 1, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let task = w.c.tasks.values().next().unwrap().task.clone();
+    let events = w.c.task_events(&task.id.to_string()).unwrap();
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["Placed", "Started", "Ready", "Healthy"], "{events:?}");
+
+    // A local daemon restart, as the agent's heartbeat counts it, lands in the host's
+    // durable events.
+    let gpu = w.c.hosts[0].host.gpus[0].uuid.clone();
+    let beat = |restarts| HostStatusReport {
+        onboarded: true,
+        checks: vec![HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: Some(gpu.clone()),
+            status: HealthStatus::Ok,
+            reason: "answering".into(),
+            since_ms: 5,
+            restarts,
+        }],
+        logs_url: None,
+        logs_cert_sha256: None,
+        trusted_ca_sha256: Vec::new(),
+    };
+    w.c.host_status(&hosts[0], beat(0)).unwrap();
+    w.c.host_status(&hosts[0], beat(1)).unwrap();
+    w.c.host_status(&hosts[0], beat(1)).unwrap();
+    let host = w.c.host(hosts[0].as_str()).unwrap();
+    let restarted: Vec<_> = host.events.iter().filter(|e| e.reason == "DaemonRestarted").collect();
+    assert_eq!(restarted.len(), 1, "{:?}", host.events);
+    assert!(restarted[0].message.contains(gpu.as_str()), "{}", restarted[0].message);
+    let stored: Host = decode(&w.c.store.get(HOST, hosts[0].as_str()).unwrap().unwrap()).unwrap();
+    assert_eq!(stored.events, host.events, "host events are in the stored record");
+
+    // The stream saw all three kinds.
+    let mut kinds = BTreeSet::new();
+    while let Ok(ev) = rx.try_recv() {
+        if let Some(s) = &ev.subject {
+            kinds.insert((ev.kind.as_str(), s.id.clone(), ev.event.unwrap().reason));
+        }
+    }
+    let task_id = task.id.to_string();
+    assert!(kinds.contains(&("task.event", task_id.clone(), "Started".into())), "{kinds:?}");
+    assert!(kinds.contains(&("service.event", "web".into(), "DeploymentCompleted".into())), "{kinds:?}");
+    assert!(kinds.contains(&("host.event", hosts[0].to_string(), "DaemonRestarted".into())), "{kinds:?}");
+}

@@ -13,6 +13,7 @@
 
 use super::*;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
+use mpsfleet_types::event::{EventType, Subject};
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
@@ -52,6 +53,7 @@ impl Cluster {
         start_deployment(&mut svc, now, "service created".into());
         let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
         self.sched.group(name.as_str());
+        self.publish_service_events(0, &svc);
         self.services.insert(name.clone(), Versioned { value: svc, version: rev });
         self.reconcile_service(&name)?;
         self.service(name.as_str())
@@ -123,8 +125,19 @@ impl Cluster {
         let version = self.services.get(&svc.name).map_or(0, |v| v.version);
         let rev =
             self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
+        let seen = self.services.get(&svc.name).map_or(0, |v| v.value.events.pushed());
+        self.publish_service_events(seen, &svc);
         self.services.insert(svc.name.clone(), Versioned { value: svc, version: rev });
         Ok(())
+    }
+
+    /// Publishes the entries of a committed service's events after the first `seen`.
+    fn publish_service_events(&self, seen: u64, svc: &Service) {
+        let news: Vec<ObjectEvent> = svc.events.since(seen).iter().map(|e| e.event.clone()).collect();
+        if !news.is_empty() {
+            let subject = Subject { id: svc.name.to_string(), pool: svc.pool.clone() };
+            self.events.recorded(EventType::ServiceEvent, &subject, &news, self.now());
+        }
     }
 
     /// Where a live task stands as its service's rollout counts it: healthy once RUNNING,

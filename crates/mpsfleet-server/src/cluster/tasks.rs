@@ -14,7 +14,7 @@
 use super::TaskEntry;
 use mpsfleet_core::scheduler::{HostIx, Placement};
 use mpsfleet_store::Revision;
-use mpsfleet_types::{PoolName, ServiceName, Task, TaskId, TaskStatus};
+use mpsfleet_types::{ObjectEvent, PoolName, ServiceName, Task, TaskId, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
@@ -47,7 +47,8 @@ impl TaskTable {
         placement: Option<Placement>,
     ) -> Option<TaskEntry> {
         let id = task.id;
-        let old = self.remove(&id);
+        let mut old = self.remove(&id);
+        let events = old.as_mut().map(|o| std::mem::take(&mut o.events)).unwrap_or_default();
         let seq = match &old {
             Some(o) => o.seq,
             None => {
@@ -68,7 +69,7 @@ impl TaskTable {
                 self.by_service.entry(g.clone()).or_default().insert(id);
             }
         }
-        self.entries.insert(id, TaskEntry { task, version, seq, placement });
+        self.entries.insert(id, TaskEntry { task, version, seq, placement, events });
         old
     }
 
@@ -101,9 +102,23 @@ impl TaskTable {
     }
 
     /// Why a waiting task waits: derived state, refreshed in memory on every placement retry.
-    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: String) {
+    /// True when the reason changed.
+    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: String) -> bool {
+        match self.entries.get_mut(id) {
+            Some(e) if e.task.pending_reason.as_ref() != Some(&reason) => {
+                e.task.pending_reason = Some(reason);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records entries in a task's events (kept in memory only).
+    pub(super) fn record(&mut self, id: &TaskId, now: u64, entries: Vec<ObjectEvent>) {
         if let Some(e) = self.entries.get_mut(id) {
-            e.task.pending_reason = Some(reason);
+            for ev in entries {
+                e.events.push(now, ev);
+            }
         }
     }
 

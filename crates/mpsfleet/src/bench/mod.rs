@@ -493,6 +493,7 @@ fn healthy_report(
                 status: mpsfleet_types::HealthStatus::Ok,
                 reason: "daemon answers".into(),
                 since_ms,
+                restarts: 0,
             })
             .collect(),
         logs_url: Some("http://127.0.0.1:9".into()),

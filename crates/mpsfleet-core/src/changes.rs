@@ -1,0 +1,284 @@
+//! What a change to a task or host record means in words: the entries of the objects' events
+//! (`task describe`, `host describe`, `task.event` and `host.event` on `/v1/events`).
+//!
+//! Pure: each function compares the record before and after one change and names what
+//! happened, with a stable CamelCase reason and a message for people. The server records
+//! them in the objects' bounded histories; a repeat folds into a count there.
+
+use mpsfleet_types::{HealthStatus, Host, HostCheck, HostStatus, ObjectEvent, Task, TaskHealth, TaskStatus};
+
+/// The events of one task change; `old` is None for a new task.
+pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<ObjectEvent> {
+    let mut out = Vec::new();
+    let was_placed = old.is_some_and(|o| o.host_id.is_some());
+    if let (Some(host), false) = (&new.host_id, was_placed) {
+        let gpus = if new.gpu_ids.is_empty() {
+            "no GPU".to_string()
+        } else {
+            let ids: Vec<&str> = new.gpu_ids.iter().map(|g| g.as_str()).collect();
+            format!("GPU {}", ids.join(", "))
+        };
+        out.push(ObjectEvent::new("Placed", format!("placed on host {host}, {gpus}")));
+    }
+    if new.host_id.is_none() && new.last_status != TaskStatus::Stopped {
+        if let Some(why) = &new.pending_reason {
+            if old.and_then(|o| o.pending_reason.as_ref()) != Some(why) {
+                out.push(unplaced(why));
+            }
+        }
+    }
+    let containers_before = old.map_or(&[][..], |o| &o.containers[..]);
+    for c in &new.containers {
+        let before = containers_before.iter().find(|b| b.name == c.name);
+        if let (Some(image), Some(digest)) = (&c.image, &c.image_digest) {
+            if before.and_then(|b| b.image_digest.as_ref()).is_none() {
+                out.push(ObjectEvent::new(
+                    "Pulled",
+                    format!("container {}: image {image} is {digest}", c.name),
+                ));
+            }
+        }
+    }
+    let (last, desired, health, ready) = match old {
+        Some(o) => (Some(o.last_status), o.desired_status, o.health_status, o.ready),
+        None => (None, TaskStatus::Running, TaskHealth::Unknown, false),
+    };
+    if new.last_status == TaskStatus::Running && last != Some(TaskStatus::Running) {
+        let on = new.host_id.as_ref().map_or(String::new(), |h| format!(" on host {h}"));
+        out.push(ObjectEvent::new("Started", format!("RUNNING{on}")));
+    }
+    let live = new.last_status == TaskStatus::Running && new.desired_status != TaskStatus::Stopped;
+    if live && new.ready != ready {
+        out.push(if new.ready {
+            ObjectEvent::new("Ready", "the readiness check passes")
+        } else {
+            ObjectEvent::new("ProbeFailed", "the readiness check fails: the task is not ready")
+        });
+    }
+    if live && new.health_status != health {
+        match new.health_status {
+            TaskHealth::Unhealthy => {
+                out.push(ObjectEvent::new("ProbeFailed", "the health check fails: UNHEALTHY"))
+            }
+            TaskHealth::Healthy => out.push(ObjectEvent::new("Healthy", "the health check passes")),
+            TaskHealth::Unknown => {}
+        }
+    }
+    if new.desired_status == TaskStatus::Stopped
+        && desired != TaskStatus::Stopped
+        && new.last_status != TaskStatus::Stopped
+    {
+        let why = new.stopped_reason.as_deref().unwrap_or("stop requested");
+        out.push(ObjectEvent::new("Stopping", why.to_string()));
+    }
+    if new.last_status == TaskStatus::Stopped && last != Some(TaskStatus::Stopped) {
+        out.push(ObjectEvent::new("Stopped", stopped_message(new)));
+    }
+    out
+}
+
+/// The event of a task that could not be placed (yet).
+pub fn unplaced(why: &str) -> ObjectEvent {
+    ObjectEvent::new("FailedPlacement", format!("unable to place: {why}"))
+}
+
+/// `StopCode: reason; exit codes name=N, ...`.
+fn stopped_message(t: &Task) -> String {
+    let mut msg = match (t.stop_code, &t.stopped_reason) {
+        (Some(c), Some(r)) => format!("{}: {r}", c.as_str()),
+        (Some(c), None) => c.as_str().to_string(),
+        (None, Some(r)) => r.clone(),
+        (None, None) => "STOPPED".to_string(),
+    };
+    let exits: Vec<String> =
+        t.containers.iter().filter_map(|c| c.exit_code.map(|x| format!("{}={x}", c.name))).collect();
+    if !exits.is_empty() {
+        msg.push_str(&format!("; exit codes {}", exits.join(", ")));
+    }
+    msg
+}
+
+/// The events of one host change. `health_why` says why the health is what it is now (the
+/// checks that are not OK), for a change of health.
+pub fn host_changes(old: &Host, new: &Host, health_why: &str) -> Vec<ObjectEvent> {
+    let mut out = Vec::new();
+    if old.status != new.status {
+        let (reason, msg) = match (old.status, new.status) {
+            (HostStatus::Onboarding, HostStatus::Active) => {
+                ("Onboarded", "every check answered: the host takes work".to_string())
+            }
+            (HostStatus::Draining, HostStatus::Active) => {
+                ("Activated", "back in service after a drain".to_string())
+            }
+            (_, HostStatus::Draining) => {
+                ("Draining", "no new tasks; its tasks are stopped and placed elsewhere".to_string())
+            }
+            (_, HostStatus::Deregistered) => ("Deregistered", "left the fleet".to_string()),
+            (from, to) => ("StatusChanged", format!("{} -> {}", from.as_str(), to.as_str())),
+        };
+        out.push(ObjectEvent::new(reason, msg));
+    }
+    if old.health_status != new.health_status {
+        let mut msg = format!("health {} -> {}", old.health_status.as_str(), new.health_status.as_str());
+        if new.health_status != HealthStatus::Ok && !health_why.is_empty() {
+            msg.push_str(": ");
+            msg.push_str(health_why);
+        }
+        out.push(ObjectEvent::new("HealthChanged", msg));
+    }
+    if old.cordoned != new.cordoned && old.status == new.status {
+        out.push(if new.cordoned {
+            ObjectEvent::new("Cordoned", "no new tasks are placed here")
+        } else {
+            ObjectEvent::new("Uncordoned", "new tasks may be placed here again")
+        });
+    }
+    if old.credential_revoked_at_ms.is_none() && new.credential_revoked_at_ms.is_some() {
+        out.push(ObjectEvent::new("CredentialRevoked", "the host's credential is refused from now on"));
+    }
+    out
+}
+
+/// Local repairs a heartbeat reports: a check (an MPS daemon) whose restart count went up
+/// since the last report. A check not reported before is not counted (after a server start
+/// the counts are new to it, not the restarts).
+pub fn local_restarts(old: &[HostCheck], new: &[HostCheck]) -> Vec<ObjectEvent> {
+    new.iter()
+        .filter_map(|c| {
+            let before = old.iter().find(|o| o.name == c.name && o.gpu_id == c.gpu_id)?;
+            if c.restarts <= before.restarts {
+                return None;
+            }
+            let what = match &c.gpu_id {
+                Some(g) => format!("the {} of GPU {g}", check_subject(&c.name)),
+                None => format!("the {}", check_subject(&c.name)),
+            };
+            let n = c.restarts - before.restarts;
+            let times = if n == 1 { "once".to_string() } else { format!("{n} times") };
+            Some(ObjectEvent::new(
+                "DaemonRestarted",
+                format!(
+                    "the agent restarted {what} locally ({times}; {} since the agent started): {}",
+                    c.restarts, c.reason
+                ),
+            ))
+        })
+        .collect()
+}
+
+fn check_subject(name: &str) -> &str {
+    match name {
+        crate::health::MPS_DAEMON => "MPS daemon",
+        "CONTAINER_RUNTIME" => "container runtime",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::{ContainerReport, GpuUuid, HostId, PoolName, StopCode, TaskDefRef, TaskId};
+
+    fn task() -> Task {
+        let td = TaskDefRef::parse("infer:1").unwrap();
+        Task::new(TaskId(7), td, PoolName::new("gpu").unwrap(), None, "run:1".into(), 1)
+    }
+
+    fn reasons(v: &[ObjectEvent]) -> Vec<&str> {
+        v.iter().map(|e| e.reason.as_str()).collect()
+    }
+
+    #[test]
+    fn a_task_life_in_events() {
+        let mut t = task();
+        t.pending_reason = Some("no GPU has 9000 MiB free".into());
+        assert_eq!(task_changes(None, &t)[0].message, "unable to place: no GPU has 9000 MiB free");
+        // The same reason again is no news.
+        assert!(task_changes(Some(&t), &t).is_empty());
+
+        let mut placed = t.clone();
+        placed.pending_reason = None;
+        placed.host_id = Some(HostId::new("h-1").unwrap());
+        placed.gpu_ids = vec![GpuUuid::new("GPU-a").unwrap()];
+        let ev = task_changes(Some(&t), &placed);
+        assert_eq!(reasons(&ev), ["Placed"]);
+        assert_eq!(ev[0].message, "placed on host h-1, GPU GPU-a");
+
+        let mut running = placed.clone();
+        running.last_status = TaskStatus::Running;
+        running.ready = true;
+        running.containers = vec![ContainerReport {
+            name: "web".into(),
+            image: Some("busybox".into()),
+            image_digest: Some("sha256:ab".into()),
+            ..Default::default()
+        }];
+        assert_eq!(reasons(&task_changes(Some(&placed), &running)), ["Pulled", "Started", "Ready"]);
+
+        let mut sick = running.clone();
+        sick.health_status = TaskHealth::Unhealthy;
+        assert_eq!(reasons(&task_changes(Some(&running), &sick)), ["ProbeFailed"]);
+
+        let mut stopping = sick.clone();
+        stopping.desired_status = TaskStatus::Stopped;
+        stopping.stopped_reason = Some("replaced".into());
+        assert_eq!(task_changes(Some(&sick), &stopping)[0].message, "replaced");
+
+        let mut stopped = stopping.clone();
+        stopped.last_status = TaskStatus::Stopped;
+        stopped.stop_code = Some(StopCode::Unhealthy);
+        stopped.containers[0].exit_code = Some(137);
+        let ev = task_changes(Some(&stopping), &stopped);
+        assert_eq!(reasons(&ev), ["Stopped"]);
+        assert_eq!(ev[0].message, "Unhealthy: replaced; exit codes web=137");
+    }
+
+    fn host() -> Host {
+        serde_json::from_value(serde_json::json!({
+            "id": "h-1", "pool": "gpu", "hostname": "n1", "status": "ACTIVE", "healthStatus": "OK",
+            "cordoned": false, "emulated": true, "mpsAvailable": true, "gpus": [], "seq": 0,
+            "registeredAtMs": 1, "credentialSha256": ""
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn host_changes_name_what_moved() {
+        let a = host();
+        let mut b = a.clone();
+        b.health_status = HealthStatus::Impaired;
+        let ev = host_changes(&a, &b, "MPS_DAEMON GPU-a: no answer in 2000 ms");
+        assert_eq!(ev[0].message, "health OK -> IMPAIRED: MPS_DAEMON GPU-a: no answer in 2000 ms");
+        let mut c = b.clone();
+        c.status = HostStatus::Draining;
+        c.cordoned = true;
+        // Cordoning is part of the drain, not news of its own.
+        assert_eq!(reasons(&host_changes(&b, &c, "")), ["Draining"]);
+        let mut d = a.clone();
+        d.cordoned = true;
+        assert_eq!(reasons(&host_changes(&a, &d, "")), ["Cordoned"]);
+        assert!(host_changes(&a, &a, "").is_empty());
+    }
+
+    #[test]
+    fn restarts_count_only_when_they_go_up() {
+        let check = |restarts| HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: Some(GpuUuid::new("GPU-a").unwrap()),
+            status: HealthStatus::Ok,
+            reason: "answering".into(),
+            since_ms: 1,
+            restarts,
+        };
+        let ev = local_restarts(&[check(1)], &[check(2)]);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            ev[0].message,
+            "the agent restarted the MPS daemon of GPU GPU-a locally (once; 2 since the agent started): answering"
+        );
+        assert!(local_restarts(&[check(2)], &[check(2)]).is_empty());
+        // A new agent counts from 0; a first report is not a restart.
+        assert!(local_restarts(&[check(3)], &[check(0)]).is_empty());
+        assert!(local_restarts(&[], &[check(4)]).is_empty());
+    }
+}

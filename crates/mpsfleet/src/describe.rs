@@ -1,0 +1,329 @@
+//! The `describe` views, as kubectl's describe shows an object: its fields as `Name:  value`
+//! lines, then titled sections (containers, GPUs, checks, ...) and the object's events. Times
+//! are UTC. Every value goes through [`output`]'s sanitizing.
+
+use crate::output::{events_section, fields, opt, section, utc_time};
+use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
+use mpsfleet_types::{
+    GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, Task, TaskDefinition,
+    TaskStatus,
+};
+
+/// A duration in the largest unit that keeps it whole: `500ms`, `2s`, `10m`, `1h`.
+pub fn duration(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+fn joined<T: AsRef<str>>(items: &[T]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// What a container asks of the GPU, from its definition.
+fn gpu_limits(def: Option<&TaskDefinition>, container: &str) -> String {
+    let Some(c) = def.and_then(|d| d.container_definitions.iter().find(|c| c.name == container)) else {
+        return "-".into();
+    };
+    let limits: Vec<String> = c
+        .resource_requirements
+        .iter()
+        .map(|ResourceRequirement::Gpu(g)| match g {
+            GpuRequirement::Whole { value } => format!("{value} whole GPU(s)"),
+            GpuRequirement::Mps { sharing_strategy: s } => {
+                let m = &s.nvidia_mps;
+                match m.max_compute_percent {
+                    Some(p) => format!("MPS {} MiB, {p}% compute", m.memory),
+                    None => format!("MPS {} MiB", m.memory),
+                }
+            }
+        })
+        .collect();
+    joined(&limits)
+}
+
+/// `task describe`: what it runs and where, its state and times, its containers (exit codes,
+/// bindings, GPU and MPS limits) and its events. `def` is the task's definition, when it
+/// could be read.
+pub fn task(t: &Task, def: Option<&TaskDefinition>, events: &History<ObjectEvent>) -> String {
+    let stopped = t.last_status == TaskStatus::Stopped;
+    let health = if stopped {
+        "-".to_string()
+    } else {
+        let ready = if t.ready { "ready" } else { "not ready" };
+        format!("{}, {ready}", t.health_status.as_str())
+    };
+    let demand = match def.map(TaskDefinition::gpu_demand) {
+        None => "-".to_string(),
+        Some(GpuDemand::None) => "no GPU".into(),
+        Some(GpuDemand::Whole { count }) => format!("{count} whole GPU(s), DEDICATED"),
+        Some(GpuDemand::Mps { memory_mib, clients, compute_percent }) => format!(
+            "one GPU shared through MPS: {memory_mib} MiB, {clients} client(s), {compute_percent}% compute"
+        ),
+    };
+    let mut rows = vec![
+        ("ID", t.id.to_string()),
+        ("Task definition", t.task_definition.to_string()),
+        ("Pool", t.pool.to_string()),
+        ("Service", opt(&t.group)),
+        ("Status", format!("{} (desired {})", t.last_status.as_str(), t.desired_status.as_str())),
+        ("Health", health),
+        ("Host", opt(&t.host_id)),
+        ("GPUs", joined(&t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>())),
+        ("GPU demand", demand),
+        ("Started by", t.started_by.clone()),
+        ("Created", utc_time(t.created_at_ms)),
+        ("Started", t.started_at_ms.map_or("-".into(), utc_time)),
+    ];
+    if let Some(why) = &t.pending_reason {
+        rows.push(("Waiting", why.clone()));
+    }
+    if stopped || t.desired_status == TaskStatus::Stopped {
+        rows.push(("Stopped", t.stopped_at_ms.map_or("-".into(), utc_time)));
+        rows.push(("Stop code", t.stop_code.map_or("-".into(), |c| c.as_str().to_string())));
+        rows.push(("Stopped reason", opt(&t.stopped_reason)));
+    }
+    let mut out = fields(&rows);
+    for a in &t.attachments {
+        let network = format!("{} {} ({})", a.private_ipv4_address().unwrap_or("-"), a.status, a.id);
+        out.push_str(&fields(&[("Network", network)]));
+    }
+    let containers: Vec<Vec<String>> = t
+        .containers
+        .iter()
+        .map(|c| {
+            let bindings: Vec<String> = c
+                .network_bindings
+                .iter()
+                .map(|b| {
+                    format!("{}:{}->{}/{}", b.bind_ip, b.host_port, b.container_port, b.protocol.as_str())
+                })
+                .collect();
+            vec![
+                c.name.clone(),
+                opt(&c.image),
+                c.exit_code.map_or("-".into(), |x| x.to_string()),
+                joined(&bindings),
+                gpu_limits(def, &c.name),
+                c.reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    out.push_str(&section(
+        "Containers",
+        &["NAME", "IMAGE", "EXIT CODE", "BINDINGS", "GPU LIMITS", "REASON"],
+        &containers,
+    ));
+    let details: Vec<Vec<String>> = t
+        .containers
+        .iter()
+        .flat_map(|c| {
+            let id = c.runtime_id.iter().map(move |v| vec![c.name.clone(), "id".into(), v.clone()]);
+            let digest = c.image_digest.iter().map(move |v| vec![c.name.clone(), "digest".into(), v.clone()]);
+            let notes = c.notes.iter().map(move |v| vec![c.name.clone(), "note".into(), v.clone()]);
+            id.chain(digest).chain(notes)
+        })
+        .collect();
+    if !details.is_empty() {
+        out.push_str(&section("Container details", &["CONTAINER", "WHAT", "VALUE"], &details));
+    }
+    out.push_str(&events_section(events));
+    out
+}
+
+/// `host describe`: identity, lifecycle and health; its GPUs (sharing mode, MPS memory and
+/// compute used, clients); its checks with reasons and local restarts; its tasks; its events
+/// (local repairs among them).
+pub fn host(h: &HostView, tasks: &[Task]) -> String {
+    let health = if h.status == HostStatus::Deregistered {
+        "- (left the fleet)".to_string()
+    } else {
+        h.health_status.as_str().to_string()
+    };
+    let runtime = match &h.runtime_version {
+        Some(v) => format!("{} {v}", h.runtime.as_str()),
+        None => h.runtime.as_str().into(),
+    };
+    let mut rows = vec![
+        ("ID", h.id.to_string()),
+        ("Hostname", h.hostname.clone()),
+        ("Pool", h.pool.to_string()),
+        ("Status", h.status.as_str().to_string()),
+        ("Health", health),
+        ("Cordoned", if h.cordoned { "yes: no new tasks".into() } else { "no".into() }),
+        (
+            "GPUs",
+            format!(
+                "{} ({}), MPS {}",
+                h.gpus.len(),
+                if h.emulated { "emulated" } else { "discovered through NVML" },
+                if h.mps_available { "available" } else { "not available" }
+            ),
+        ),
+        ("Runtime", runtime),
+        ("Tasks", h.task_count.to_string()),
+        ("Registered", utc_time(h.registered_at_ms)),
+        ("Last heartbeat", h.last_heartbeat_ms.map_or("- (none since this server started)".into(), utc_time)),
+    ];
+    if let Some(at) = h.credential_revoked_at_ms {
+        rows.push(("Credential revoked", utc_time(at)));
+    }
+    let mut out = fields(&rows);
+    let gpus: Vec<Vec<String>> = h
+        .gpus
+        .iter()
+        .map(|g| {
+            let used = g.total_memory_mib.saturating_sub(g.remaining_memory_mib);
+            vec![
+                g.index.to_string(),
+                g.gpu_id.to_string(),
+                g.model.clone(),
+                g.sharing_mode.as_str().into(),
+                format!("{used}/{} MiB", g.total_memory_mib),
+                format!("{}%", g.compute_percent_sum),
+                format!("{}/{}", g.client_count, g.max_clients),
+            ]
+        })
+        .collect();
+    out.push_str(&section(
+        "GPUs",
+        &["INDEX", "UUID", "MODEL", "SHARING", "MPS MEMORY", "COMPUTE", "CLIENTS"],
+        &gpus,
+    ));
+    // The checks of a host that left the fleet are history, not its state.
+    let live_checks = if h.status == HostStatus::Deregistered { &[][..] } else { &h.checks[..] };
+    let checks: Vec<Vec<String>> = live_checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                opt(&c.gpu_id),
+                c.status.as_str().into(),
+                utc_time(c.since_ms),
+                c.restarts.to_string(),
+                c.reason.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&section(
+        "Checks",
+        &["CHECK", "GPU", "STATUS", "SINCE", "LOCAL RESTARTS", "REASON"],
+        &checks,
+    ));
+    let mut placed: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|t| {
+            vec![
+                joined(&t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>()),
+                t.id.to_string(),
+                t.task_definition.to_string(),
+                t.last_status.as_str().into(),
+                t.health_status.as_str().into(),
+            ]
+        })
+        .collect();
+    placed.sort();
+    out.push_str(&section("Tasks", &["GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"], &placed));
+    out.push_str(&events_section(&h.events));
+    out
+}
+
+/// `pool describe`: the pool's policies in words.
+pub fn pool(p: &Pool) -> String {
+    let mode = match p.mode {
+        OwnershipMode::Managed => "managed: mpsfleet detects a bad host, drains it, replaces it and moves its tasks",
+        OwnershipMode::SelfManaged => {
+            "self-managed: mpsfleet detects a bad host and reports it; the operator drains, replaces and moves"
+        }
+    };
+    let strategy = match p.strategy {
+        mpsfleet_types::PlacementStrategy::Binpack => {
+            "binpack: the fullest GPU that still fits, keeping whole GPUs free"
+        }
+        mpsfleet_types::PlacementStrategy::Spread => "spread: the emptiest GPU that fits",
+    };
+    let compute = match p.compute_overcommit_percent {
+        Some(c) => format!("the MPS clients of one GPU may declare at most {c}% compute in all"),
+        None => "no bound on the compute the MPS clients of one GPU declare".into(),
+    };
+    let h = &p.health_policy;
+    let health = format!(
+        "an agent silent for {} is IMPAIRED; each MPS daemon is probed every {} (timeout {}) and is \
+         IMPAIRED after {} failed probes in a row; the agent restarts a daemon locally up to {} times; \
+         a host IMPAIRED for {} is declared bad and an incident opens",
+        duration(h.agent_heartbeat_grace_ms),
+        duration(h.mps_probe_interval_ms),
+        duration(h.mps_probe_timeout_ms),
+        h.mps_failure_threshold,
+        h.local_daemon_restarts,
+        duration(h.toleration_ms)
+    );
+    let r = &p.remediation_policy;
+    let remediation = match p.mode {
+        OwnershipMode::Managed => format!(
+            "at most {} replacements at once and {} per {}; none while more than {}% of the pool is \
+             unhealthy (storm breaker)",
+            r.max_in_flight,
+            r.rate_limit.max,
+            duration(r.rate_limit.per_ms),
+            r.storm_breaker_percent
+        ),
+        OwnershipMode::SelfManaged => "none automatic: the operator acts on each incident".into(),
+    };
+    let provider = match &p.provider {
+        None => "none: hosts join with a join token".to_string(),
+        Some(pr) => {
+            let mut s = format!("{} keeps {} host(s)", pr.kind.as_str(), pr.desired_hosts);
+            if let Some(name) = &pr.name {
+                s.push_str(&format!(" (exec provider {name})"));
+            }
+            if let Some(shape) = &pr.host_shape {
+                s.push_str(&format!(
+                    "; each with {} GPU(s) of {} MiB and {} MPS clients",
+                    shape.gpus, shape.gpu_memory_mib, shape.max_mps_clients
+                ));
+            }
+            s
+        }
+    };
+    let user = if p.allow_task_users {
+        "process tasks run as the user their definition names"
+    } else {
+        "process tasks run as an unprivileged user of their own"
+    };
+    fields(&[
+        ("Name", p.name.to_string()),
+        ("Mode", mode.to_string()),
+        ("Placement", strategy.to_string()),
+        ("Compute", compute),
+        ("Health", health),
+        ("Remediation", remediation),
+        ("Provider", provider),
+        ("Task user", user.to_string()),
+        ("Task policy allows", crate::cli::task_policy_cell(&p.task_policy)),
+        ("Created", utc_time(p.created_at_ms)),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration;
+
+    #[test]
+    fn durations_in_the_largest_whole_unit() {
+        assert_eq!(duration(0), "0s");
+        assert_eq!(duration(250), "250ms");
+        assert_eq!(duration(2000), "2s");
+        assert_eq!(duration(600_000), "10m");
+        assert_eq!(duration(3_600_000), "1h");
+        assert_eq!(duration(1500), "1500ms");
+    }
+}
