@@ -3,6 +3,8 @@
 mod agent;
 mod bench;
 mod cli;
+#[cfg(test)]
+mod clidoc;
 mod describe;
 mod output;
 mod server;

@@ -50,7 +50,8 @@ pub fn client_config_path() -> Option<PathBuf> {
 /// included, all at once; each termination ends the agent, its shims, tasks and MPS daemons.
 async fn stop_hosts(provider: Arc<LocalProvider>) -> Result<()> {
     let names = provider.close();
-    println!("stopping {} host(s): agents, their tasks and MPS daemons...", names.len());
+    // Stopping goes on when nobody reads the output any more (a closed terminal).
+    say(&format!("stopping {} host(s): agents, their tasks and MPS daemons...", names.len()));
     let stops: Vec<_> = names
         .into_iter()
         .map(|name| {
@@ -278,6 +279,12 @@ async fn up(args: UpArgs) -> Result<()> {
     // The hosts go even when the server ended with an error.
     stop_hosts(provider).await?;
     served??;
-    println!("stopped");
+    say("stopped");
     Ok(())
+}
+
+/// Prints a line to standard output, ignoring a closed one.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }

@@ -111,7 +111,9 @@ pub async fn task_stopped(c: &Client, flags: WaitFlags, id: &TaskId) -> Result<(
     .await
 }
 
-/// Until the service's PRIMARY deployment (as it is now) completes; failed when it fails.
+/// Until the service's PRIMARY deployment (as it is now) completes and has as many healthy
+/// tasks as it wants (a scale-up of a completed deployment is waited for too); failed when
+/// the deployment fails.
 pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Result<()> {
     let first = c.service_deployments(service).await?;
     let Some(id) = first
@@ -127,9 +129,9 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
             return Ok(Progress::Failed(format!("deployment {id} is gone")));
         };
         Ok(match d.deployment.rollout_state {
-            RolloutState::Completed => Progress::Done,
+            RolloutState::Completed if d.healthy_count >= d.deployment.desired_count => Progress::Done,
             RolloutState::Failed => Progress::Failed(d.deployment.rollout_state_reason.clone()),
-            RolloutState::InProgress => Progress::Waiting(format!(
+            RolloutState::InProgress | RolloutState::Completed => Progress::Waiting(format!(
                 "{} of {} healthy, {} running, {} pending, {} failed",
                 d.healthy_count,
                 d.deployment.desired_count,

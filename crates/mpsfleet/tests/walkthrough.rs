@@ -1,0 +1,333 @@
+//! A new user's first half hour, as the docs tell it: `mpsfleet up` on this machine (Docker
+//! Engine from the test environment, the real MPS daemon when installed), then every command of
+//! README.md's "A first session" exactly as written there, then the examples of docs/cli.md.
+//! Nothing here is a copy of the docs: both files are read and run, so neither can drift from
+//! what the CLI does.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// docs/cli.md examples this test does not run, and why. Everything else runs.
+const NOT_RUN: &[(&str, &str)] = &[
+    ("up", "the session is an `up` already"),
+    ("server", "a second control plane beside `up`'s"),
+    ("agent", "a host needs a join token and a data dir of its own"),
+    ("host drain", "takes a host of the session out of service"),
+    ("host replace", "takes a host of the session out of service"),
+    ("host activate", "needs a drained host"),
+    ("host forget", "needs a deregistered host"),
+    ("host revoke-credential", "cuts a host of the session off"),
+    ("incident describe", "the session has no incident"),
+    ("incident acknowledge", "the session has no incident"),
+    ("incident resolve", "the session has no incident"),
+    ("token revoke", "names a token id of another cluster"),
+    ("token rotate-admin", "would end the admin token the session uses"),
+    ("join-token revoke", "names a join token id of another cluster"),
+    ("cluster rotate-certificate", "changes the certificate the session's clients see"),
+    ("cluster ca rotate", "changes the CA the session's hosts trust"),
+    ("cluster ca activate", "needs a CA rotation"),
+    ("cluster ca cancel", "needs a CA rotation"),
+    ("bench scheduler", "a benchmark: docs/benchmarks.md"),
+    ("bench recovery", "a benchmark: docs/benchmarks.md"),
+    ("bench ingest", "a benchmark: docs/benchmarks.md"),
+    ("bench submit", "a benchmark: docs/benchmarks.md"),
+    ("bench register", "a benchmark: docs/benchmarks.md"),
+    ("bench start", "a benchmark: docs/benchmarks.md"),
+    ("bench failover", "a benchmark against etcd: docs/benchmarks.md"),
+    ("bench takeover", "a benchmark against etcd: docs/benchmarks.md"),
+];
+
+/// The placeholders docs/cli.md uses for a task and a host.
+const TASK_PLACEHOLDER: &str = "t-00000000000000a1";
+const HOST_PLACEHOLDER: &str = "h-5f1c";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The shell commands of the ```sh blocks between `## A first session` and the next `## `,
+/// one per line, with a here-document kept whole with its command.
+fn readme_session() -> Vec<String> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let start = readme.find("## A first session").expect("README has a first session");
+    let rest = &readme[start + 3..];
+    let section = &rest[..rest.find("\n## ").unwrap_or(rest.len())];
+    let mut commands = Vec::new();
+    let mut in_block = false;
+    let mut heredoc: Option<(String, String)> = None; // (terminator, text so far)
+    for line in section.lines() {
+        if let Some((end, text)) = heredoc.as_mut() {
+            text.push_str(line);
+            text.push('\n');
+            if line.trim() == end {
+                commands.push(heredoc.take().unwrap().1);
+            }
+            continue;
+        }
+        if line.starts_with("```") {
+            in_block = line.trim() == "```sh";
+            continue;
+        }
+        if !in_block || line.trim().is_empty() {
+            continue;
+        }
+        if let Some(i) = line.find("<<'") {
+            let end = line[i + 3..].split('\'').next().unwrap().to_string();
+            heredoc = Some((end, format!("{line}\n")));
+            continue;
+        }
+        commands.push(line.to_string());
+    }
+    commands
+}
+
+/// docs/cli.md's examples: (command path, example), in the page's order.
+fn cli_examples() -> Vec<(String, String)> {
+    let doc = std::fs::read_to_string(repo().join("docs/cli.md")).unwrap();
+    let mut out = Vec::new();
+    let mut path: Option<String> = None;
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        if let Some(p) = line.strip_prefix("### `mpsfleet ").and_then(|p| p.strip_suffix('`')) {
+            path = Some(p.to_string());
+        } else if line == "```sh" {
+            let example = lines.next().unwrap().to_string();
+            out.push((path.take().expect("an example under a command heading"), example));
+        }
+    }
+    out
+}
+
+/// What a README line says its output shows: `# prints web:1` -> "web:1".
+fn promised(line: &str) -> Option<String> {
+    let comment = line.split_once("  # ")?.1;
+    comment.strip_prefix("prints ").map(|p| p.split(';').next().unwrap().trim().to_string())
+}
+
+/// `mpsfleet up`, stopped as Ctrl-C stops it (then killed) if the test ends early.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
+            for _ in 0..300 {
+                if self.0.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.0.kill();
+        }
+    }
+}
+
+struct Session {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    docker: DockerEnv,
+}
+
+impl Session {
+    /// Runs one command line in bash as a user would in the session's directory.
+    fn sh(&self, line: &str, limit: Duration) -> (bool, String, String) {
+        let child = Command::new("bash")
+            .args(["-o", "pipefail", "-c", line])
+            .current_dir(self.dir.path())
+            .env("PATH", format!("{}:{}", self.bin.display(), std::env::var("PATH").unwrap_or_default()))
+            .env("HOME", self.dir.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("MPSFLEET_SERVER")
+            .env_remove("MPSFLEET_TOKEN")
+            .env_remove("MPSFLEET_CA_FILE")
+            .env_remove("MPSFLEET_POOL")
+            .env_remove("COLUMNS")
+            .env("DOCKER_HOST", format!("unix://{}", self.docker.socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read on a thread while it runs (a long output must not fill the pipe).
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        let out = match rx.recv_timeout(limit) {
+            Ok(out) => out.unwrap(),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                panic!("`{line}` ran past {limit:?}");
+            }
+        };
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    }
+
+    fn ok(&self, line: &str) -> String {
+        let (ok, out, err) = self.sh(line, Duration::from_secs(240));
+        assert!(ok, "`{line}` failed:\n{out}\n{err}");
+        eprint!("{err}");
+        out
+    }
+
+    /// The id in the first column of the first row of a table command.
+    fn first_id(&self, line: &str) -> String {
+        let out = self.ok(line);
+        let row = out.lines().nth(1).unwrap_or_else(|| panic!("`{line}` listed nothing:\n{out}"));
+        row.split_whitespace().next().unwrap().to_string()
+    }
+}
+
+#[test]
+fn the_readme_session_and_the_cli_examples_run_as_written() {
+    let docker = docker_env();
+    let dir = tempfile::tempdir().unwrap();
+    // `mpsfleet` on PATH, as the README's alias makes it.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_mpsfleet"), bin.join("mpsfleet")).unwrap();
+    // The README is run from a checkout: its scripts are where it says.
+    std::os::unix::fs::symlink(repo().join("scripts"), dir.path().join("scripts")).unwrap();
+    let s = Session { dir, bin, docker };
+
+    // README's first command, on a port of its own.
+    let listen = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    );
+    let up = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", &listen])
+        .args(
+            mps_control()
+                .map(|p| vec!["--mps-control".to_string(), p.display().to_string()])
+                .unwrap_or_default(),
+        )
+        .current_dir(s.dir.path())
+        .env("HOME", s.dir.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env("DOCKER_HOST", format!("unix://{}", s.docker.socket.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = Up(up);
+    let stdout = up.0.stdout.take().unwrap();
+    let printed = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            eprintln!("up: {line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    // Up to 2 minutes, every half second.
+    for attempt in 1.. {
+        let (ok, out, _) = s.sh("mpsfleet host list", Duration::from_secs(30));
+        if ok && out.matches(" ACTIVE ").count() == 2 {
+            break;
+        }
+        assert!(attempt < 240, "up's two hosts are not ACTIVE after 2 minutes:\n{out}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The first session, line by line.
+    let host_id = s.first_id("mpsfleet host list");
+    let mut web_task = None;
+    for line in readme_session() {
+        if line.starts_with("alias ") {
+            continue; // `mpsfleet` is on PATH already
+        }
+        let mut cmd = line.replace("<host-id>", &host_id);
+        if cmd.contains("<task-id>") {
+            let id = web_task.get_or_insert_with(|| s.first_id("mpsfleet task list --service web")).clone();
+            cmd = cmd.replace("<task-id>", &id);
+        }
+        eprintln!("$ {cmd}");
+        let out = s.ok(&cmd);
+        eprint!("{out}");
+        if let Some(p) = promised(&line) {
+            assert!(out.contains(&p), "README says `{line}` prints {p}; it printed:\n{out}");
+        }
+        if line.contains("curl") {
+            assert!(out.contains("hello from t-"), "the demo page: {out}");
+        }
+        if line.starts_with("mpsfleet task list") {
+            assert!(out.contains("RUNNING") && out.contains("HEALTHY"), "{out}");
+        }
+        if line.starts_with("mpsfleet task logs") {
+            assert!(out.contains("demo: serving /www on port 8080"), "the demo's first line: {out}");
+        }
+        if line.starts_with("mpsfleet task describe") {
+            for want in ["Containers:", "Events:", "Started", "Placed"] {
+                assert!(out.contains(want), "task describe lacks {want}:\n{out}");
+            }
+        }
+        if line.starts_with("mpsfleet host describe") {
+            for want in ["GPUs:", "NVIDIA_MPS", "Checks:", "MPS_DAEMON", "Events:", "Registered"] {
+                assert!(out.contains(want), "host describe lacks {want}:\n{out}");
+            }
+        }
+    }
+
+    // docs/cli.md's examples, with a task and a host of this session for the placeholders.
+    std::fs::write(s.dir.path().join("db-password.txt"), "s3cret\n").unwrap();
+    let task_id = s.first_id("mpsfleet task list --service web");
+    let examples = cli_examples();
+    assert!(examples.len() > 50, "docs/cli.md has {} examples", examples.len());
+    let mut ran = 0;
+    for (path, example) in &examples {
+        if let Some((_, why)) = NOT_RUN.iter().find(|(p, _)| p == path) {
+            eprintln!("not run: {example} ({why})");
+            continue;
+        }
+        let cmd = example.replace(TASK_PLACEHOLDER, &task_id).replace(HOST_PLACEHOLDER, &host_id);
+        eprintln!("$ {cmd}");
+        let out = s.ok(&cmd);
+        eprint!("{out}");
+        ran += 1;
+        // What some of them promise, checked.
+        match path.as_str() {
+            "service update" => {
+                let shown = s.ok("mpsfleet service describe api");
+                assert!(shown.contains("3 desired, 3 healthy"), "--wait returned early:\n{shown}");
+            }
+            "pool describe" => {
+                assert!(out.contains("Remediation:") && out.contains("storm breaker"), "{out}")
+            }
+            "task stop" => assert!(s
+                .ok(&format!("mpsfleet task describe {task_id}"))
+                .contains("Stopped reason:   retrain")),
+            "completion" => assert!(out.contains("mpsfleet") && out.contains("deployments"), "{out}"),
+            _ => {}
+        }
+    }
+    assert!(ran >= 35, "only {ran} examples ran");
+    for (p, _) in NOT_RUN {
+        assert!(examples.iter().any(|(q, _)| q == p), "NOT_RUN names {p}, which has no example");
+    }
+
+    // Ctrl-C stops everything.
+    let pid = up.0.id() as i32;
+    Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
+    for attempt in 1.. {
+        if up.0.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(attempt < 300, "up did not stop within 60 s of Ctrl-C");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let printed = printed.join().unwrap();
+    assert!(printed.contains("stopped"), "{printed}");
+    assert!(s
+        .docker
+        .containers_labelled("io.mpsfleet.task", &task_id)
+        .iter()
+        .all(|c| { s.docker.inspect(c, "{{.State.Running}}").as_deref() != Some("true") }));
+}
