@@ -228,18 +228,18 @@ fn verdict(prev: &HostHealth, checks: &[EvaluatedCheck], policy: &HealthPolicy, 
     let lasted = now_ms.saturating_sub(c.since_ms);
     let evidence = if c.name == AGENT {
         format!(
-            "last heartbeat (or registration) at {} ms; IMPAIRED on the server for {} (toleration {})",
-            c.reported_since_ms,
+            "last heartbeat (or registration) at {}; IMPAIRED on the server for {} (toleration {})",
+            mpsfleet_types::utc(c.reported_since_ms),
             fmt_ms(lasted),
             fmt_ms(policy.toleration_ms)
         )
     } else {
         format!(
-            "agent reported {}{} IMPAIRED since {} ms (agent clock): {}; IMPAIRED on the server for {} \
+            "agent reported {}{} IMPAIRED since {} (agent clock): {}; IMPAIRED on the server for {} \
              (toleration {})",
             c.name,
             c.gpu_id.as_ref().map(|g| format!(" on {g}")).unwrap_or_default(),
-            c.reported_since_ms,
+            mpsfleet_types::utc(c.reported_since_ms),
             c.reason,
             fmt_ms(lasted),
             fmt_ms(policy.toleration_ms)
@@ -548,7 +548,11 @@ mod tests {
             panic!("{:?}", h.verdict)
         };
         assert_eq!(trigger.first_failure_at_ms, Some(900));
-        assert!(trigger.evidence.contains("IMPAIRED since 900 ms (agent clock)"), "{}", trigger.evidence);
+        assert!(
+            trigger.evidence.contains("IMPAIRED since 1970-01-01T00:00:00.900Z (agent clock)"),
+            "{}",
+            trigger.evidence
+        );
         assert_eq!((h.status_since_ms, h.host_checks()[1].since_ms), (1_000, 1_000));
         let later = evaluate(&h, &HealthInput { last_heartbeat_ms: Some(2_000), ..input }, &policy, 2_000);
         assert_eq!((later.status_since_ms, later.checks[1].since_ms), (1_000, 1_000));

@@ -15,6 +15,7 @@ pub mod secret;
 pub mod service;
 pub mod task;
 pub mod taskdef;
+pub mod time;
 
 pub use history::{Entry, History, HistoryEvent};
 pub use host::*;
@@ -25,3 +26,4 @@ pub use pool::*;
 pub use service::*;
 pub use task::*;
 pub use taskdef::*;
+pub use time::utc;

@@ -992,11 +992,7 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
                 t.desired_status.as_str().into(),
                 task_health(t),
                 opt(&t.host_id),
-                if t.gpu_ids.is_empty() {
-                    "-".into()
-                } else {
-                    t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
-                },
+                crate::describe::gpus(t),
                 t.pending_reason.clone().or_else(|| t.stopped_reason.clone()).unwrap_or_default(),
             ]
         })
@@ -1517,7 +1513,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             let deployments = c.service_deployments(&name).await?;
             let query = TaskQuery { service: Some(name.clone()), ..Default::default() };
             let tasks = c.list_tasks(&query).await?;
-            print!("{}", describe_service(&one, &deployments, &tasks));
+            print!("{}", crate::describe::service(&one, &deployments, &tasks));
             return Ok(());
         }
         ServiceCommand::Endpoints { name } => {
@@ -1547,79 +1543,10 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     Ok(())
 }
 
-/// `service describe`: the record in words, its deployments, where its replicas run (by
-/// host and GPU), and its events.
-fn describe_service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) -> String {
-    let s = &v.service;
-    let d = &s.deployment_configuration;
-    let breaker = match (d.deployment_circuit_breaker.enable, d.deployment_circuit_breaker.rollback) {
-        (false, _) => "circuit breaker off".to_string(),
-        (true, false) => {
-            format!("circuit breaker on ({} failed tasks)", CircuitBreaker::threshold(s.desired_count))
-        }
-        (true, true) => {
-            format!(
-                "circuit breaker on ({} failed tasks), rolls back",
-                CircuitBreaker::threshold(s.desired_count)
-            )
-        }
-    };
-    let mut out = output::fields(&[
-        ("Name", s.name.to_string()),
-        ("Pool", s.pool.to_string()),
-        ("Task definition", s.task_definition.to_string()),
-        ("Status", format!("{:?}", s.status).to_uppercase()),
-        (
-            "Tasks",
-            format!(
-                "{} desired, {} healthy, {} running, {} pending",
-                s.desired_count, v.healthy_count, v.running_count, v.pending_count
-            ),
-        ),
-        ("Resumption", s.resumption.as_str().to_string()),
-        (
-            "Deployment",
-            format!(
-                "at least {}% healthy, at most {}% in all, {breaker}",
-                d.minimum_healthy_percent, d.maximum_percent
-            ),
-        ),
-        ("Created", output::utc_time(s.created_at_ms)),
-        ("Updated", output::utc_time(s.updated_at_ms)),
-    ]);
-    out.push_str(&output::section("Deployments", &DEPLOYMENT_HEADERS, &deployment_rows(deployments)));
-    let mut replicas: Vec<Vec<String>> = tasks
-        .iter()
-        .filter(|t| t.last_status != TaskStatus::Stopped)
-        .map(|t| {
-            vec![
-                opt(&t.host_id),
-                if t.gpu_ids.is_empty() {
-                    "-".into()
-                } else {
-                    t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
-                },
-                t.id.to_string(),
-                t.task_definition.to_string(),
-                t.last_status.as_str().into(),
-                t.health_status.as_str().into(),
-            ]
-        })
-        .collect();
-    replicas.sort();
-    out.push_str(&output::section(
-        "Replicas",
-        &["HOST", "GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"],
-        &replicas,
-    ));
-    out.push_str(&output::events_section(&s.events));
-    out
-}
-
-const DEPLOYMENT_HEADERS: [&str; 9] =
+pub(crate) const DEPLOYMENT_HEADERS: [&str; 9] =
     ["ID", "STATUS", "TASK DEFINITION", "ROLLOUT", "DESIRED", "HEALTHY", "RUNNING", "PENDING", "FAILED"];
 
-fn deployment_rows(list: &[DeploymentView]) -> Vec<Vec<String>> {
+pub(crate) fn deployment_rows(list: &[DeploymentView]) -> Vec<Vec<String>> {
     list.iter()
         .map(|v| {
             let d = &v.deployment;
@@ -1685,6 +1612,7 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                         detail = format!("{detail} [by {by}]");
                     }
                     vec![
+                        output::utc_time(t.at_ms),
                         format!("+{:.3}s", t.at_ms.saturating_sub(start) as f64 / 1000.0),
                         t.step.as_str().into(),
                         detail,
@@ -1692,7 +1620,7 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                 })
                 .collect();
             println!();
-            print!("{}", output::table(&["AT", "STEP", "DETAIL"], &rows));
+            print!("{}", output::table(&["TIME", "AFTER", "STEP", "DETAIL"], &rows));
             if i.timeline.elided() > 0 {
                 println!("({} older entries not kept between the first and the latest)", i.timeline.elided());
             }

@@ -3,10 +3,11 @@
 //! are UTC. Every value goes through [`output`]'s sanitizing.
 
 use crate::output::{events_section, fields, opt, section, utc_time};
+use mpsfleet_types::service::{CircuitBreaker, DeploymentView};
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
-    GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, Task, TaskDefinition,
-    TaskStatus,
+    GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, ServiceView, Task,
+    TaskDefinition, TaskStatus,
 };
 
 /// A duration in the largest unit that keeps it whole: `500ms`, `2s`, `10m`, `1h`.
@@ -17,6 +18,15 @@ pub fn duration(ms: u64) -> String {
         ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
         ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
         ms => format!("{ms}ms"),
+    }
+}
+
+/// A task's GPUs, comma-separated; `-` for none.
+pub fn gpus(t: &Task) -> String {
+    if t.gpu_ids.is_empty() {
+        "-".into()
+    } else {
+        t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>().join(",")
     }
 }
 
@@ -77,7 +87,7 @@ pub fn task(t: &Task, def: Option<&TaskDefinition>, events: &History<ObjectEvent
         ("Status", format!("{} (desired {})", t.last_status.as_str(), t.desired_status.as_str())),
         ("Health", health),
         ("Host", opt(&t.host_id)),
-        ("GPUs", joined(&t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>())),
+        ("GPUs", gpus(t)),
         ("GPU demand", demand),
         ("Started by", t.started_by.clone()),
         ("Created", utc_time(t.created_at_ms)),
@@ -177,7 +187,7 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
         rows.push(("Credential revoked", utc_time(at)));
     }
     let mut out = fields(&rows);
-    let gpus: Vec<Vec<String>> = h
+    let gpu_rows: Vec<Vec<String>> = h
         .gpus
         .iter()
         .map(|g| {
@@ -196,7 +206,7 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
     out.push_str(&section(
         "GPUs",
         &["INDEX", "UUID", "MODEL", "SHARING", "MPS MEMORY", "COMPUTE", "CLIENTS"],
-        &gpus,
+        &gpu_rows,
     ));
     // The checks of a host that left the fleet are history, not its state.
     let live_checks = if h.status == HostStatus::Deregistered { &[][..] } else { &h.checks[..] };
@@ -222,7 +232,7 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
         .iter()
         .map(|t| {
             vec![
-                joined(&t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>()),
+                gpus(t),
                 t.id.to_string(),
                 t.task_definition.to_string(),
                 t.last_status.as_str().into(),
@@ -233,6 +243,75 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
     placed.sort();
     out.push_str(&section("Tasks", &["GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"], &placed));
     out.push_str(&events_section(&h.events));
+    out
+}
+
+/// `service describe`: the record in words, its deployments, where its replicas run (by
+/// host and GPU), and its events.
+pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) -> String {
+    let s = &v.service;
+    let d = &s.deployment_configuration;
+    let breaker = match (d.deployment_circuit_breaker.enable, d.deployment_circuit_breaker.rollback) {
+        (false, _) => "circuit breaker off".to_string(),
+        (true, false) => {
+            format!("circuit breaker on ({} failed tasks)", CircuitBreaker::threshold(s.desired_count))
+        }
+        (true, true) => {
+            format!(
+                "circuit breaker on ({} failed tasks), rolls back",
+                CircuitBreaker::threshold(s.desired_count)
+            )
+        }
+    };
+    let mut out = fields(&[
+        ("Name", s.name.to_string()),
+        ("Pool", s.pool.to_string()),
+        ("Task definition", s.task_definition.to_string()),
+        ("Status", format!("{:?}", s.status).to_uppercase()),
+        (
+            "Tasks",
+            format!(
+                "{} desired, {} healthy, {} running, {} pending",
+                s.desired_count, v.healthy_count, v.running_count, v.pending_count
+            ),
+        ),
+        ("Resumption", s.resumption.as_str().to_string()),
+        (
+            "Deployment",
+            format!(
+                "at least {}% healthy, at most {}% in all, {breaker}",
+                d.minimum_healthy_percent, d.maximum_percent
+            ),
+        ),
+        ("Created", utc_time(s.created_at_ms)),
+        ("Updated", utc_time(s.updated_at_ms)),
+    ]);
+    out.push_str(&section(
+        "Deployments",
+        &crate::cli::DEPLOYMENT_HEADERS,
+        &crate::cli::deployment_rows(deployments),
+    ));
+    let mut replicas: Vec<Vec<String>> = tasks
+        .iter()
+        .filter(|t| t.last_status != TaskStatus::Stopped)
+        .map(|t| {
+            vec![
+                opt(&t.host_id),
+                gpus(t),
+                t.id.to_string(),
+                t.task_definition.to_string(),
+                t.last_status.as_str().into(),
+                t.health_status.as_str().into(),
+            ]
+        })
+        .collect();
+    replicas.sort();
+    out.push_str(&section(
+        "Replicas",
+        &["HOST", "GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"],
+        &replicas,
+    ));
+    out.push_str(&events_section(&s.events));
     out
 }
 
