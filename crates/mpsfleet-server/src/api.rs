@@ -99,7 +99,10 @@ impl AppState {
         let audit = crate::http::AUDIT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
+        // What the cluster logs for this call carries its request id.
+        let span = tracing::Span::current();
         let (out, jobs) = tokio::task::spawn_blocking(move || {
+            let _request = span.enter();
             let mut c = cluster.lock().map_err(|_| {
                 ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
             })?;

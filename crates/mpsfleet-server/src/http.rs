@@ -457,6 +457,7 @@ fn app_with(
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
+        .layer(axum::middleware::from_fn(crate::request_id::middleware))
 }
 
 /// A request a follower forwarded (crate::forward) names its original peer in a signed

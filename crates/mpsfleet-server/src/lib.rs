@@ -12,6 +12,7 @@ pub mod http;
 pub mod openapi;
 pub mod provider;
 pub mod ratelimit;
+pub mod request_id;
 mod scope;
 pub mod tls;
 

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct AgentArgs {
+    /// How log lines are written to standard error: `text`, or `json` (one object a line,
+    /// with each API request's id) for log collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: crate::LogFormat,
     /// The control plane's address.
     #[arg(long, env = "MPSFLEET_SERVER")]
     server: String,
@@ -126,7 +130,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     // Read already (clap): no child of the agent (MPS daemons, shims, tasks) inherits it.
     // Still one thread only, so changing the environment races with no reader.
     std::env::remove_var("MPSFLEET_JOIN_TOKEN");
-    crate::init_logging("info");
+    crate::init_logging("info", args.log_format);
     match own_session {
         Ok(true) => tracing::debug!("leading a session of its own"),
         Ok(false) => {}

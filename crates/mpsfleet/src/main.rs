@@ -12,20 +12,29 @@ mod sim;
 mod up;
 mod wait;
 
-/// Logs to standard error, at `MPSFLEET_LOG`'s level (`default` without it); coloured only
-/// when standard error is a terminal and `NO_COLOR` is not set, so that a log file (the
-/// agent's `agent.log`, a service's journal) never carries escape codes.
-pub(crate) fn init_logging(default: &str) {
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event, for people.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields`, and `span` with
+    /// the API request's `id`, `method` and `path`), for log collectors.
+    Json,
+}
+
+/// Logs to standard error, at `MPSFLEET_LOG`'s level (`default` without it). Text is coloured
+/// only when standard error is a terminal and `NO_COLOR` is not set, so that a log file (the
+/// agent's `agent.log`, a service's journal) never carries escape codes; JSON never is.
+pub(crate) fn init_logging(default: &str, format: LogFormat) {
     use std::io::IsTerminal;
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
-        )
-        .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MPSFLEET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(colour).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
 }
 
 use clap::{Parser, Subcommand};

@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 #[derive(Args)]
 pub struct ServerArgs {
+    /// How log lines are written to standard error: `text`, or `json` (one object a line,
+    /// with each API request's id) for log collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: crate::LogFormat,
     /// Address to listen on; port 0 picks a free port (the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
@@ -134,7 +138,7 @@ enum StoreKind {
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
-    crate::init_logging("info");
+    crate::init_logging("info", args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(serve(args));
     // A provider call still running (a host's termination waiting out its grace period) is

@@ -12,6 +12,10 @@ use std::time::Duration;
 
 #[derive(Args)]
 pub struct UpArgs {
+    /// How log lines are written to standard error: `text`, or `json` (one object a line,
+    /// with each API request's id) for log collectors.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: crate::LogFormat,
     /// Local hosts to start (agents as child processes).
     #[arg(long, default_value_t = 2)]
     hosts: u32,
@@ -97,7 +101,7 @@ pub fn find_mps_control(flag: Option<&Path>) -> Option<PathBuf> {
 }
 
 pub fn run(args: UpArgs) -> Result<()> {
-    crate::init_logging("warn");
+    crate::init_logging("warn", args.log_format);
     anyhow::ensure!((1..=64).contains(&args.hosts), "--hosts must be from 1 to 64, got {}", args.hosts);
     anyhow::ensure!(
         (1..=64).contains(&args.gpus_per_host),
