@@ -5,38 +5,55 @@
 //! happened, with a stable CamelCase reason and a message for people. The server records
 //! them in the objects' bounded histories; a repeat folds into a count there.
 
-use mpsfleet_types::{HealthStatus, Host, HostCheck, HostStatus, ObjectEvent, Task, TaskHealth, TaskStatus};
+use mpsfleet_types::{
+    HealthStatus, History, Host, HostCheck, HostStatus, ObjectEvent, Task, TaskHealth, TaskStatus,
+};
 
-/// The events of one task change; `old` is None for a new task.
-pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<ObjectEvent> {
+/// What happened to a task, kept compact: the words come from the task's record when the
+/// event is shown ([`render`]); a task is placed once, and its stop reason and containers do
+/// not change after the fact. Only a waiting reason, which does change, is kept as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskChange {
+    Placed,
+    Unplaced(String),
+    /// Container `name`'s image was resolved to a digest.
+    Pulled(String),
+    Started,
+    Ready,
+    NotReady,
+    Unhealthy,
+    Healthy,
+    Stopping,
+    Stopped,
+}
+
+impl mpsfleet_types::HistoryEvent for TaskChange {}
+
+/// The changes of one task change; `old` is None for a new task. A task placed as it was
+/// created gets no `Placed` here: its record implies it (see [`task_events`]), so that a
+/// submit of many tasks keeps nothing more than their records.
+pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<TaskChange> {
     let mut out = Vec::new();
-    let was_placed = old.is_some_and(|o| o.host_id.is_some());
-    if let (Some(host), false) = (&new.host_id, was_placed) {
-        let gpus = if new.gpu_ids.is_empty() {
-            "no GPU".to_string()
-        } else {
-            let ids: Vec<&str> = new.gpu_ids.iter().map(|g| g.as_str()).collect();
-            format!("GPU {}", ids.join(", "))
-        };
-        out.push(ObjectEvent::new("Placed", format!("placed on host {host}, {gpus}")));
+    if let (Some(o), Some(_)) = (old, &new.host_id) {
+        if o.host_id.is_none() {
+            out.push(TaskChange::Placed);
+        }
     }
     if new.host_id.is_none() && new.last_status != TaskStatus::Stopped {
         if let Some(why) = &new.pending_reason {
             if old.and_then(|o| o.pending_reason.as_ref()) != Some(why) {
-                out.push(unplaced(why));
+                out.push(TaskChange::Unplaced(why.clone()));
             }
         }
     }
     let containers_before = old.map_or(&[][..], |o| &o.containers[..]);
     for c in &new.containers {
         let before = containers_before.iter().find(|b| b.name == c.name);
-        if let (Some(image), Some(digest)) = (&c.image, &c.image_digest) {
-            if before.and_then(|b| b.image_digest.as_ref()).is_none() {
-                out.push(ObjectEvent::new(
-                    "Pulled",
-                    format!("container {}: image {image} is {digest}", c.name),
-                ));
-            }
+        if c.image.is_some()
+            && c.image_digest.is_some()
+            && before.and_then(|b| b.image_digest.as_ref()).is_none()
+        {
+            out.push(TaskChange::Pulled(c.name.clone()));
         }
     }
     let (last, desired, health, ready) = match old {
@@ -44,23 +61,16 @@ pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<ObjectEvent> {
         None => (None, TaskStatus::Running, TaskHealth::Unknown, false),
     };
     if new.last_status == TaskStatus::Running && last != Some(TaskStatus::Running) {
-        let on = new.host_id.as_ref().map_or(String::new(), |h| format!(" on host {h}"));
-        out.push(ObjectEvent::new("Started", format!("RUNNING{on}")));
+        out.push(TaskChange::Started);
     }
     let live = new.last_status == TaskStatus::Running && new.desired_status != TaskStatus::Stopped;
     if live && new.ready != ready {
-        out.push(if new.ready {
-            ObjectEvent::new("Ready", "the readiness check passes")
-        } else {
-            ObjectEvent::new("ProbeFailed", "the readiness check fails: the task is not ready")
-        });
+        out.push(if new.ready { TaskChange::Ready } else { TaskChange::NotReady });
     }
     if live && new.health_status != health {
         match new.health_status {
-            TaskHealth::Unhealthy => {
-                out.push(ObjectEvent::new("ProbeFailed", "the health check fails: UNHEALTHY"))
-            }
-            TaskHealth::Healthy => out.push(ObjectEvent::new("Healthy", "the health check passes")),
+            TaskHealth::Unhealthy => out.push(TaskChange::Unhealthy),
+            TaskHealth::Healthy => out.push(TaskChange::Healthy),
             TaskHealth::Unknown => {}
         }
     }
@@ -68,18 +78,61 @@ pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<ObjectEvent> {
         && desired != TaskStatus::Stopped
         && new.last_status != TaskStatus::Stopped
     {
-        let why = new.stopped_reason.as_deref().unwrap_or("stop requested");
-        out.push(ObjectEvent::new("Stopping", why.to_string()));
+        out.push(TaskChange::Stopping);
     }
     if new.last_status == TaskStatus::Stopped && last != Some(TaskStatus::Stopped) {
-        out.push(ObjectEvent::new("Stopped", stopped_message(new)));
+        out.push(TaskChange::Stopped);
     }
     out
 }
 
-/// The event of a task that could not be placed (yet).
-pub fn unplaced(why: &str) -> ObjectEvent {
-    ObjectEvent::new("FailedPlacement", format!("unable to place: {why}"))
+/// A task's events in words, from its compact record: with the `Placed` its record implies
+/// first (at its creation) when it was placed as it was created.
+pub fn task_events(t: &Task, kept: &History<TaskChange>) -> History<ObjectEvent> {
+    let shown = kept.map(|c| render(c, t));
+    let placed_later = kept.iter().any(|e| e.event == TaskChange::Placed);
+    if t.host_id.is_some() && !placed_later && kept.elided() == 0 {
+        shown.with_first(t.created_at_ms, render(&TaskChange::Placed, t))
+    } else {
+        shown
+    }
+}
+
+/// One change in words, as `task describe` shows it.
+pub fn render(c: &TaskChange, t: &Task) -> ObjectEvent {
+    match c {
+        TaskChange::Placed => {
+            let gpus = if t.gpu_ids.is_empty() {
+                "no GPU".to_string()
+            } else {
+                let ids: Vec<&str> = t.gpu_ids.iter().map(|g| g.as_str()).collect();
+                format!("GPU {}", ids.join(", "))
+            };
+            let host = t.host_id.as_ref().map_or("-", |h| h.as_str());
+            ObjectEvent::new("Placed", format!("placed on host {host}, {gpus}"))
+        }
+        TaskChange::Unplaced(why) => ObjectEvent::new("FailedPlacement", format!("unable to place: {why}")),
+        TaskChange::Pulled(name) => {
+            let c = t.containers.iter().find(|c| &c.name == name);
+            let image = c.and_then(|c| c.image.as_deref()).unwrap_or("-");
+            let digest = c.and_then(|c| c.image_digest.as_deref()).unwrap_or("-");
+            ObjectEvent::new("Pulled", format!("container {name}: image {image} is {digest}"))
+        }
+        TaskChange::Started => {
+            let on = t.host_id.as_ref().map_or(String::new(), |h| format!(" on host {h}"));
+            ObjectEvent::new("Started", format!("RUNNING{on}"))
+        }
+        TaskChange::Ready => ObjectEvent::new("Ready", "the readiness check passes"),
+        TaskChange::NotReady => {
+            ObjectEvent::new("ProbeFailed", "the readiness check fails: the task is not ready")
+        }
+        TaskChange::Unhealthy => ObjectEvent::new("ProbeFailed", "the health check fails: UNHEALTHY"),
+        TaskChange::Healthy => ObjectEvent::new("Healthy", "the health check passes"),
+        TaskChange::Stopping => {
+            ObjectEvent::new("Stopping", t.stopped_reason.clone().unwrap_or_else(|| "stop requested".into()))
+        }
+        TaskChange::Stopped => ObjectEvent::new("Stopped", stopped_message(t)),
+    }
 }
 
 /// `StopCode: reason; exit codes name=N, ...`.
@@ -192,17 +245,23 @@ mod tests {
     fn a_task_life_in_events() {
         let mut t = task();
         t.pending_reason = Some("no GPU has 9000 MiB free".into());
-        assert_eq!(task_changes(None, &t)[0].message, "unable to place: no GPU has 9000 MiB free");
+        let mut kept = History::new();
+        let mut record = |old: Option<&Task>, new: &Task| {
+            let got = task_changes(old, new);
+            for c in got.iter().cloned() {
+                kept.push(1, c);
+            }
+            got
+        };
+        assert_eq!(record(None, &t), [TaskChange::Unplaced("no GPU has 9000 MiB free".into())]);
         // The same reason again is no news.
-        assert!(task_changes(Some(&t), &t).is_empty());
+        assert!(record(Some(&t), &t).is_empty());
 
         let mut placed = t.clone();
         placed.pending_reason = None;
         placed.host_id = Some(HostId::new("h-1").unwrap());
         placed.gpu_ids = vec![GpuUuid::new("GPU-a").unwrap()];
-        let ev = task_changes(Some(&t), &placed);
-        assert_eq!(reasons(&ev), ["Placed"]);
-        assert_eq!(ev[0].message, "placed on host h-1, GPU GPU-a");
+        assert_eq!(record(Some(&t), &placed), [TaskChange::Placed]);
 
         let mut running = placed.clone();
         running.last_status = TaskStatus::Running;
@@ -213,24 +272,52 @@ mod tests {
             image_digest: Some("sha256:ab".into()),
             ..Default::default()
         }];
-        assert_eq!(reasons(&task_changes(Some(&placed), &running)), ["Pulled", "Started", "Ready"]);
+        let got = record(Some(&placed), &running);
+        assert_eq!(got, [TaskChange::Pulled("web".into()), TaskChange::Started, TaskChange::Ready]);
 
         let mut sick = running.clone();
         sick.health_status = TaskHealth::Unhealthy;
-        assert_eq!(reasons(&task_changes(Some(&running), &sick)), ["ProbeFailed"]);
+        assert_eq!(record(Some(&running), &sick), [TaskChange::Unhealthy]);
 
         let mut stopping = sick.clone();
         stopping.desired_status = TaskStatus::Stopped;
         stopping.stopped_reason = Some("replaced".into());
-        assert_eq!(task_changes(Some(&sick), &stopping)[0].message, "replaced");
+        assert_eq!(record(Some(&sick), &stopping), [TaskChange::Stopping]);
 
         let mut stopped = stopping.clone();
         stopped.last_status = TaskStatus::Stopped;
         stopped.stop_code = Some(StopCode::Unhealthy);
         stopped.containers[0].exit_code = Some(137);
-        let ev = task_changes(Some(&stopping), &stopped);
-        assert_eq!(reasons(&ev), ["Stopped"]);
-        assert_eq!(ev[0].message, "Unhealthy: replaced; exit codes web=137");
+        assert_eq!(record(Some(&stopping), &stopped), [TaskChange::Stopped]);
+
+        // In words, from the record.
+        let shown = task_events(&stopped, &kept);
+        let words: Vec<(&str, &str)> =
+            shown.iter().map(|e| (e.reason.as_str(), e.message.as_str())).collect();
+        assert_eq!(
+            words,
+            [
+                ("FailedPlacement", "unable to place: no GPU has 9000 MiB free"),
+                ("Placed", "placed on host h-1, GPU GPU-a"),
+                ("Pulled", "container web: image busybox is sha256:ab"),
+                ("Started", "RUNNING on host h-1"),
+                ("Ready", "the readiness check passes"),
+                ("ProbeFailed", "the health check fails: UNHEALTHY"),
+                ("Stopping", "replaced"),
+                ("Stopped", "Unhealthy: replaced; exit codes web=137"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_task_placed_as_it_was_created_keeps_nothing_but_shows_placed() {
+        let mut t = task();
+        t.host_id = Some(HostId::new("h-1").unwrap());
+        assert!(task_changes(None, &t).is_empty(), "nothing kept on the submit path");
+        let shown = task_events(&t, &History::new());
+        assert_eq!(shown.len(), 1);
+        assert_eq!((shown[0].at_ms, shown[0].reason.as_str()), (t.created_at_ms, "Placed"));
+        assert_eq!(shown[0].message, "placed on host h-1, no GPU");
     }
 
     fn host() -> Host {

@@ -81,7 +81,7 @@ impl Events {
     }
 
     /// Whether anyone would see an event; when not, the hooks build nothing.
-    fn listened(&self) -> bool {
+    pub fn listened(&self) -> bool {
         self.webhook.is_some() || self.tx.receiver_count() > 0
     }
 

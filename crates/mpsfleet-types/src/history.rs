@@ -186,6 +186,24 @@ impl<E: HistoryEvent> History<E> {
         &self.entries[self.entries.len().saturating_sub(new)..]
     }
 
+    /// The same history with each event turned into another by `f` (times, counts and what
+    /// was left out unchanged): a compact record shown in words, for example.
+    pub fn map<G>(&self, f: impl Fn(&E) -> G) -> History<G> {
+        let entries = self
+            .entries
+            .iter()
+            .map(|e| Entry { at_ms: e.at_ms, event: f(&e.event), count: e.count, last_at_ms: e.last_at_ms })
+            .collect();
+        History { entries, elided: self.elided, pushed: self.pushed }
+    }
+
+    /// Puts `event` first, at `at_ms`: for an event a record implies but that was not kept as
+    /// an entry (it only ever comes first). Not bounded: for showing, not for keeping.
+    pub fn with_first(mut self, at_ms: u64, event: E) -> Self {
+        self.entries.insert(0, Entry::new(at_ms, event));
+        self
+    }
+
     /// Every event ever recorded, repeats and elided ones included.
     pub fn total(&self) -> u64 {
         self.entries.iter().map(|e| e.count).sum::<u64>() + self.elided

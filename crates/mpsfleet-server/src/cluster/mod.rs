@@ -94,9 +94,10 @@ struct TaskEntry {
     seq: u64,
     /// Where the scheduler accounted it, while it holds capacity.
     placement: Option<Placement>,
-    /// What happened to it (placed, started, probe failed, ...): kept in memory only, so a
-    /// restarted server or a new leader knows a task's events from then on.
-    events: History<ObjectEvent>,
+    /// What happened to it (placed, started, probe failed, ...), compact (the words come from
+    /// the record when shown): kept in memory only, so a restarted server or a new leader
+    /// knows a task's events from then on.
+    events: History<mpsfleet_core::changes::TaskChange>,
 }
 
 #[derive(Debug)]
@@ -1287,22 +1288,28 @@ impl Cluster {
         self.record_task(id, pool, news);
     }
 
-    /// Records entries in a task's events and publishes them.
-    fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<ObjectEvent>) {
+    /// Records changes in a task's events and publishes them in words.
+    fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<mpsfleet_core::changes::TaskChange>) {
         if news.is_empty() {
             return;
         }
         let now = self.now();
-        let subject = event::Subject { id: id.to_string(), pool };
-        self.events.recorded(event::EventType::TaskEvent, &subject, &news, now);
+        if self.events.listened() {
+            if let Some(e) = self.tasks.get(&id) {
+                let words: Vec<ObjectEvent> =
+                    news.iter().map(|c| mpsfleet_core::changes::render(c, &e.task)).collect();
+                let subject = event::Subject { id: id.to_string(), pool };
+                self.events.recorded(event::EventType::TaskEvent, &subject, &words, now);
+            }
+        }
         self.tasks.record(&id, now, news);
     }
 
-    /// A task's events, oldest first.
+    /// A task's events in words, oldest first.
     pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, ApiError> {
         let id = TaskId::parse(id).map_err(|_| ApiError::not_found("task", id))?;
         let e = self.tasks.get(&id).ok_or_else(|| ApiError::not_found("task", id.to_string()))?;
-        Ok(e.events.clone())
+        Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
     }
 
     /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
@@ -1521,8 +1528,8 @@ impl Cluster {
                 // The reason is derived state: refreshed in memory, not written on every retry.
                 Err(why) => {
                     let why = why.to_string();
-                    if self.tasks.set_pending_reason(&id, why.clone()) {
-                        let news = vec![mpsfleet_core::changes::unplaced(&why)];
+                    if self.tasks.set_pending_reason(&id, &why) {
+                        let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
                         self.record_task(id, pool.clone(), news);
                     }
                 }

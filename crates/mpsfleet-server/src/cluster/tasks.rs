@@ -12,9 +12,10 @@
 //! cluster reserves and releases it around the calls (a placement is what it hands in).
 
 use super::TaskEntry;
+use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::scheduler::{HostIx, Placement};
 use mpsfleet_store::Revision;
-use mpsfleet_types::{ObjectEvent, PoolName, ServiceName, Task, TaskId, TaskStatus};
+use mpsfleet_types::{PoolName, ServiceName, Task, TaskId, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
@@ -103,18 +104,18 @@ impl TaskTable {
 
     /// Why a waiting task waits: derived state, refreshed in memory on every placement retry.
     /// True when the reason changed.
-    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: String) -> bool {
+    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str) -> bool {
         match self.entries.get_mut(id) {
-            Some(e) if e.task.pending_reason.as_ref() != Some(&reason) => {
-                e.task.pending_reason = Some(reason);
+            Some(e) if e.task.pending_reason.as_deref() != Some(reason) => {
+                e.task.pending_reason = Some(reason.to_string());
                 true
             }
             _ => false,
         }
     }
 
-    /// Records entries in a task's events (kept in memory only).
-    pub(super) fn record(&mut self, id: &TaskId, now: u64, entries: Vec<ObjectEvent>) {
+    /// Records changes in a task's events (kept in memory only).
+    pub(super) fn record(&mut self, id: &TaskId, now: u64, entries: Vec<TaskChange>) {
         if let Some(e) = self.entries.get_mut(id) {
             for ev in entries {
                 e.events.push(now, ev);
