@@ -250,8 +250,8 @@ pub struct HostView {
     /// When the host's credential was revoked (`host revoke-credential`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_revoked_at_ms: Option<u64>,
-    /// The host's events, oldest first.
-    #[serde(default)]
+    /// The host's events, oldest first (`GET /v1/hosts/{id}` only; lists leave them out).
+    #[serde(default, skip_serializing_if = "crate::history::History::is_empty")]
     pub events: crate::history::History<crate::service::ObjectEvent>,
 }
 

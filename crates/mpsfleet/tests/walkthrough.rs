@@ -331,3 +331,25 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         .iter()
         .all(|c| { s.docker.inspect(c, "{{.State.Running}}").as_deref() != Some("true") }));
 }
+
+/// `up` on a port that is taken fails before it writes anything: no tokens, no database.
+#[test]
+fn up_on_a_port_in_use_writes_nothing() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("state");
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["up", "--listen", &listen, "--data-dir"])
+        .arg(&data)
+        .env("HOME", dir.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {listen}")), "{err}");
+    assert!(!data.exists(), "up wrote {} before it failed", data.display());
+    assert!(!dir.path().join(".config").exists(), "up wrote a client config before it failed");
+}
