@@ -87,11 +87,12 @@ pub fn task_changes(old: Option<&Task>, new: &Task) -> Vec<TaskChange> {
 }
 
 /// A task's events in words, from its compact record: with the `Placed` its record implies
-/// first (at its creation) when it was placed as it was created.
+/// first (at its creation) when it was placed as it was created. A task that waited first
+/// has an `Unplaced` first (the head of a history is always kept) and its own `Placed` later.
 pub fn task_events(t: &Task, kept: &History<TaskChange>) -> History<ObjectEvent> {
     let shown = kept.map(|c| render(c, t));
-    let placed_later = kept.iter().any(|e| e.event == TaskChange::Placed);
-    if t.host_id.is_some() && !placed_later && kept.elided() == 0 {
+    let waited = kept.first().is_some_and(|e| matches!(e.event, TaskChange::Unplaced(_)));
+    if t.host_id.is_some() && !waited {
         shown.with_first(t.created_at_ms, render(&TaskChange::Placed, t))
     } else {
         shown
@@ -318,6 +319,34 @@ mod tests {
         assert_eq!(shown.len(), 1);
         assert_eq!((shown[0].at_ms, shown[0].reason.as_str()), (t.created_at_ms, "Placed"));
         assert_eq!(shown[0].message, "placed on host h-1, no GPU");
+    }
+
+    #[test]
+    fn placed_shows_once_however_long_the_history_grows() {
+        let mut t = task();
+        t.host_id = Some(HostId::new("h-1").unwrap());
+        // Placed as created, then a health check that flaps past the history's bound.
+        let mut kept = History::new();
+        for i in 0..100 {
+            kept.push(i, if i % 2 == 0 { TaskChange::Unhealthy } else { TaskChange::Healthy });
+        }
+        assert!(kept.elided() > 0);
+        let placed = |h: &History<ObjectEvent>| h.iter().filter(|e| e.reason == "Placed").count();
+        let shown = task_events(&t, &kept);
+        assert_eq!((placed(&shown), shown[0].reason.as_str()), (1, "Placed"));
+        // Waited first, then placed after many changing reasons: its own Placed is elided, and
+        // none is implied at its creation.
+        let mut kept = History::new();
+        for i in 0..70 {
+            kept.push(i, TaskChange::Unplaced(format!("reason {i}")));
+        }
+        kept.push(70, TaskChange::Placed);
+        for i in 71..150 {
+            kept.push(i, if i % 2 == 0 { TaskChange::Unhealthy } else { TaskChange::Healthy });
+        }
+        let shown = task_events(&t, &kept);
+        assert_eq!(placed(&shown), 0, "the Placed entry was left out, and none is made up");
+        assert_eq!(shown[0].reason, "FailedPlacement");
     }
 
     fn host() -> Host {

@@ -228,20 +228,7 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
         &["CHECK", "GPU", "STATUS", "SINCE", "LOCAL RESTARTS", "REASON"],
         &checks,
     ));
-    let mut placed: Vec<Vec<String>> = tasks
-        .iter()
-        .map(|t| {
-            vec![
-                gpus(t),
-                t.id.to_string(),
-                t.task_definition.to_string(),
-                t.last_status.as_str().into(),
-                t.health_status.as_str().into(),
-            ]
-        })
-        .collect();
-    placed.sort();
-    out.push_str(&section("Tasks", &["GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"], &placed));
+    out.push_str(&placed_tasks("Tasks", tasks.iter(), false));
     out.push_str(&events_section(&h.events));
     out
 }
@@ -251,17 +238,12 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
 pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) -> String {
     let s = &v.service;
     let d = &s.deployment_configuration;
-    let breaker = match (d.deployment_circuit_breaker.enable, d.deployment_circuit_breaker.rollback) {
-        (false, _) => "circuit breaker off".to_string(),
-        (true, false) => {
-            format!("circuit breaker on ({} failed tasks)", CircuitBreaker::threshold(s.desired_count))
-        }
-        (true, true) => {
-            format!(
-                "circuit breaker on ({} failed tasks), rolls back",
-                CircuitBreaker::threshold(s.desired_count)
-            )
-        }
+    let cb = &d.deployment_circuit_breaker;
+    let breaker = if cb.enable {
+        let rollback = if cb.rollback { ", rolls back" } else { "" };
+        format!("circuit breaker on ({} failed tasks){rollback}", CircuitBreaker::threshold(s.desired_count))
+    } else {
+        "circuit breaker off".to_string()
     };
     let mut out = fields(&[
         ("Name", s.name.to_string()),
@@ -291,28 +273,31 @@ pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) 
         &crate::cli::DEPLOYMENT_HEADERS,
         &crate::cli::deployment_rows(deployments),
     ));
-    let mut replicas: Vec<Vec<String>> = tasks
-        .iter()
-        .filter(|t| t.last_status != TaskStatus::Stopped)
+    let live = tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped);
+    out.push_str(&placed_tasks("Replicas", live, true));
+    out.push_str(&events_section(&s.events));
+    out
+}
+
+/// A section of tasks where they run, sorted by where: (host,) GPUs, task, definition,
+/// status, health.
+fn placed_tasks<'a>(title: &str, tasks: impl Iterator<Item = &'a Task>, with_host: bool) -> String {
+    let mut rows: Vec<Vec<String>> = tasks
         .map(|t| {
-            vec![
-                opt(&t.host_id),
+            let mut row = if with_host { vec![opt(&t.host_id)] } else { Vec::new() };
+            row.extend([
                 gpus(t),
                 t.id.to_string(),
                 t.task_definition.to_string(),
                 t.last_status.as_str().into(),
                 t.health_status.as_str().into(),
-            ]
+            ]);
+            row
         })
         .collect();
-    replicas.sort();
-    out.push_str(&section(
-        "Replicas",
-        &["HOST", "GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"],
-        &replicas,
-    ));
-    out.push_str(&events_section(&s.events));
-    out
+    rows.sort();
+    let headers = ["HOST", "GPUS", "TASK", "TASK DEFINITION", "LAST", "HEALTH"];
+    section(title, &headers[usize::from(!with_host)..], &rows)
 }
 
 /// `pool describe`: the pool's policies in words.

@@ -158,38 +158,47 @@ pub fn terminal_width() -> Option<usize> {
 /// The narrowest a cut column gets.
 const MIN_COLUMN: usize = 6;
 
-/// [`table`], its widest columns cut (cells ending in `…`) until a row fits in `width`.
+/// [`table`], with its widest columns cut (cells ending in `…`) until a row fits in `width`
+/// when one is given.
 pub fn fit(headers: &[&str], rows: &[Vec<String>], width: Option<usize>) -> String {
-    let Some(width) = width else { return table(headers, rows) };
-    let rows: Vec<Vec<String>> =
-        rows.iter().map(|r| r.iter().map(|c| sanitize(c).into_owned()).collect()).collect();
+    let rows: Vec<Vec<Cow<'_, str>>> = rows.iter().map(|r| r.iter().map(|c| sanitize(c)).collect()).collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
-    while total(&widths) > width {
-        let (i, w) =
-            widths.iter().enumerate().max_by_key(|(_, w)| **w).map(|(i, w)| (i, *w)).unwrap_or((0, 0));
-        if w <= MIN_COLUMN {
-            break;
+    if let Some(width) = width {
+        let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+        while total(&widths) > width {
+            let (i, w) =
+                widths.iter().enumerate().max_by_key(|(_, w)| **w).map(|(i, w)| (i, *w)).unwrap_or((0, 0));
+            if w <= MIN_COLUMN {
+                break;
+            }
+            widths[i] = (w - (total(&widths) - width)).max(MIN_COLUMN);
         }
-        widths[i] = (w - (total(&widths) - width)).max(MIN_COLUMN);
     }
-    let cut = |s: &str, w: usize| -> String {
-        if s.chars().count() <= w {
-            s.to_string()
-        } else {
-            s.chars().take(w.saturating_sub(1)).collect::<String>() + "…"
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (c, w) in cells.zip(&widths) {
+            let n = c.chars().count();
+            if n > *w {
+                s.extend(c.chars().take(w.saturating_sub(1)));
+                s.push('…');
+            } else {
+                s.push_str(c);
+                s.extend(std::iter::repeat_n(' ', w - n));
+            }
+            s.push_str("  ");
         }
+        s.trim_end().to_string() + "\n"
     };
-    let headers: Vec<String> = headers.iter().zip(&widths).map(|(h, w)| cut(h, *w)).collect();
-    let rows: Vec<Vec<String>> =
-        rows.iter().map(|r| r.iter().zip(&widths).map(|(c, w)| cut(c, *w)).collect()).collect();
-    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    table(&headers, &rows)
+    let mut out = line(&mut headers.iter().copied());
+    for r in &rows {
+        out.push_str(&line(&mut r.iter().map(|c| c.as_ref())));
+    }
+    out
 }
 
 /// `s` with every control character (Unicode Cc: C0, DEL and C1, newline and tab included)
@@ -245,29 +254,7 @@ fn raw_in_json(c: char) -> bool {
 /// Left-aligned columns separated by two spaces. Every cell goes through [`sanitize`], so no
 /// table can carry a control character to the terminal or break a row in two.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let rows: Vec<Vec<Cow<'_, str>>> = rows.iter().map(|r| r.iter().map(|c| sanitize(c)).collect()).collect();
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  "));
-            }
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    let mut out = line(headers.to_vec());
-    for r in &rows {
-        out.push_str(&line(r.iter().map(|c| c.as_ref()).collect()));
-    }
-    out
+    fit(headers, rows, None)
 }
 
 /// A describe view's fields, as `Name:  value` lines with the values aligned (kubectl's

@@ -133,21 +133,29 @@ struct Session {
 }
 
 impl Session {
-    /// Runs one command line in bash as a user would in the session's directory.
-    fn sh(&self, line: &str, limit: Duration) -> (bool, String, String) {
-        let child = Command::new("bash")
-            .args(["-o", "pipefail", "-c", line])
-            .current_dir(self.dir.path())
-            .env("PATH", format!("{}:{}", self.bin.display(), std::env::var("PATH").unwrap_or_default()))
+    /// `program` in the session's directory and environment: its home (where `up` writes the
+    /// client config) and the test's Docker Engine.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(self.dir.path())
             .env("HOME", self.dir.path())
             .env_remove("XDG_CONFIG_HOME")
+            .env("DOCKER_HOST", format!("unix://{}", self.docker.socket.display()))
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs one command line in bash as a user would in the session's directory.
+    fn sh(&self, line: &str, limit: Duration) -> (bool, String, String) {
+        let child = self
+            .command("bash")
+            .args(["-o", "pipefail", "-c", line])
+            .env("PATH", format!("{}:{}", self.bin.display(), std::env::var("PATH").unwrap_or_default()))
             .env_remove("MPSFLEET_SERVER")
             .env_remove("MPSFLEET_TOKEN")
             .env_remove("MPSFLEET_CA_FILE")
             .env_remove("MPSFLEET_POOL")
             .env_remove("COLUMNS")
-            .env("DOCKER_HOST", format!("unix://{}", self.docker.socket.display()))
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -199,18 +207,14 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         "127.0.0.1:{}",
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     );
-    let up = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+    let up = s
+        .command(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", &listen])
         .args(
             mps_control()
                 .map(|p| vec!["--mps-control".to_string(), p.display().to_string()])
                 .unwrap_or_default(),
         )
-        .current_dir(s.dir.path())
-        .env("HOME", s.dir.path())
-        .env_remove("XDG_CONFIG_HOME")
-        .env("DOCKER_HOST", format!("unix://{}", s.docker.socket.display()))
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -313,7 +317,22 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         assert!(examples.iter().any(|(q, _)| q == p), "NOT_RUN names {p}, which has no example");
     }
 
-    // Ctrl-C stops everything.
+    // Ctrl-C stops everything: the service's containers run until then.
+    let hosts: Vec<String> = s
+        .ok("mpsfleet host list")
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let running = || -> Vec<String> {
+        hosts
+            .iter()
+            .flat_map(|h| s.docker.containers_labelled("io.mpsfleet.host", h))
+            .filter(|c| s.docker.inspect(c, "{{.State.Running}}").as_deref() == Some("true"))
+            .collect()
+    };
+    assert!(!running().is_empty(), "web's replicas run before Ctrl-C");
     let pid = up.0.id() as i32;
     Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
     for attempt in 1.. {
@@ -325,11 +344,7 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
     }
     let printed = printed.join().unwrap();
     assert!(printed.contains("stopped"), "{printed}");
-    assert!(s
-        .docker
-        .containers_labelled("io.mpsfleet.task", &task_id)
-        .iter()
-        .all(|c| { s.docker.inspect(c, "{{.State.Running}}").as_deref() != Some("true") }));
+    assert_eq!(running(), Vec::<String>::new(), "containers still running after up stopped");
 }
 
 /// `up` on a port that is taken fails before it writes anything: no tokens, no database.
