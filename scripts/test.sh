@@ -32,6 +32,12 @@ if ! command -v openssl >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 
+# A real Prometheus and promtool (Debian's prometheus) scrape a server and an agent in the
+# metrics tests and check deploy/'s rules and dashboard queries.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 # A fresh checkout gains nothing from incremental state, which would double the target folder.
 if [[ "${CI:-}" == "true" ]]; then
   export CARGO_INCREMENTAL=0

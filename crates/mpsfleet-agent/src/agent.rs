@@ -396,11 +396,20 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         source,
     })?;
     let logs_addr = listener.local_addr().map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let sources = Arc::new(crate::metrics::Sources {
+        supervisors: supervisors.clone(),
+        gpu_watch: gpu_watch.clone(),
+        runtime: runtime_check.clone(),
+        inventory: found.gpus.clone(),
+        tasks: task_loop.view(),
+        gpu_use: crate::gpu_use::Source::new(found.emulated, &cfg.data_dir),
+    });
     let app = crate::logs::router(
         cfg.data_dir.join("tasks"),
         identity.agent_token_sha256.clone(),
         engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
-    );
+    )
+    .merge(crate::metrics::router(sources.clone(), identity.agent_token_sha256.clone()));
     // HTTPS with a certificate of its own, pinned by the server (crate::endpoint); plain HTTP
     // only for a plain-HTTP server.
     let (logs_url, logs_cert, logs) = if cfg.server.starts_with("https://") {
@@ -426,9 +435,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     };
     let heartbeat = tokio::spawn(heartbeat_loop(
         agent.clone(),
-        supervisors.clone(),
-        gpu_watch.clone(),
-        runtime_check,
+        sources,
         cfg.heartbeat,
         Reported { logs_url, logs_cert_sha256: logs_cert, cas: ca_trust },
         cfg.policy.clone(),
@@ -747,9 +754,7 @@ struct Reported {
 /// one is logged and ignored).
 async fn heartbeat_loop(
     agent: Client,
-    supervisors: Supervisors,
-    gpu_watch: Arc<GpuWatch>,
-    runtime_check: Option<SharedCheck>,
+    sources: Arc<crate::metrics::Sources>,
     every: Duration,
     mut reported: Reported,
     mut policy: MpsPolicy,
@@ -762,20 +767,27 @@ async fn heartbeat_loop(
     let mut ca_file_warned = false;
     loop {
         tick.tick().await;
-        let checks = checks(&supervisors, &gpu_watch, runtime_check.as_ref());
+        let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref());
+        let gpu_use = {
+            let sources = sources.clone();
+            tokio::task::spawn_blocking(move || crate::metrics::reported_use(&sources))
+                .await
+                .unwrap_or_default()
+        };
         let report = HostStatusReport {
             onboarded: onboarded(&checks),
             checks,
             logs_url: Some(reported.logs_url.clone()),
             logs_cert_sha256: reported.logs_cert_sha256.clone(),
             trusted_ca_sha256: reported.cas.hashes.clone(),
+            gpu_use,
         };
         match agent.report_host_status(&report).await {
             Ok(answer) => {
                 failing_since_logged = false;
                 let wanted = pool_mps_policy(&answer.health_policy, &policy);
                 if wanted != policy && refused.as_ref() != Some(&wanted) {
-                    match apply_policy(&supervisors, &wanted) {
+                    match apply_policy(&sources.supervisors, &wanted) {
                         Ok(()) => {
                             tracing::info!(policy = ?wanted, "applied the pool's mps health policy");
                             policy = wanted;

@@ -261,6 +261,25 @@ pub struct TaskLoop {
     thread: Option<JoinHandle<()>>,
     /// Says why, when the loop ends without being asked to (it panicked, or its body failed).
     died: Option<tokio::sync::oneshot::Receiver<String>>,
+    view: TasksView,
+}
+
+/// The tasks as the metrics see them, refreshed by the loop on every tick.
+pub type TasksView = Arc<std::sync::Mutex<Vec<TaskGauge>>>;
+
+/// One task of this host, for the agent's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskGauge {
+    pub id: TaskId,
+    pub status: TaskStatus,
+    pub health: TaskHealth,
+    pub ready: bool,
+    pub gpus: Vec<mpsfleet_types::GpuUuid>,
+    /// The MPS memory its containers declare (the limit each runs under), and how many MPS
+    /// clients they are; None for a task that does not share its GPU.
+    pub mps: Option<(u64, u32)>,
+    /// Its containers' processes (a container's first one).
+    pub pids: Vec<u32>,
 }
 
 /// How one container of a task is launched (a seam for tests; [`launch`] in production).
@@ -288,7 +307,9 @@ impl TaskLoop {
             crate::safe_fs::private_dir(&users.home_root, 0o711)?;
         }
         let (tx, rx) = channel();
+        let view = TasksView::default();
         let mut state = State {
+            view: view.clone(),
             dir,
             runtime: Arc::new(runtime),
             gpus,
@@ -306,10 +327,17 @@ impl TaskLoop {
         };
         // Loading adopts containers, which asks Docker: a blocking call, so it runs on the
         // loop's own thread, never on the caller's (an async task).
-        TaskLoop::spawn(tx, rx, move |rx| {
+        let mut l = TaskLoop::spawn(tx, rx, move |rx| {
             state.load();
             state.run(rx)
-        })
+        })?;
+        l.view = view;
+        Ok(l)
+    }
+
+    /// The tasks as the loop last saw them.
+    pub fn view(&self) -> TasksView {
+        self.view.clone()
     }
 
     /// Runs `body` as the task loop thread. When it returns an error or panics, [`TaskLoop::died`]
@@ -330,7 +358,7 @@ impl TaskLoop {
             tracing::error!(error = %why, "task loop died");
             let _ = died_tx.send(why);
         })?;
-        Ok(TaskLoop { tx, thread: Some(thread), died: Some(died) })
+        Ok(TaskLoop { tx, thread: Some(thread), died: Some(died), view: TasksView::default() })
     }
 
     /// Completes, with the reason, if the loop dies; never when it is shut down.
@@ -361,6 +389,7 @@ impl TaskLoop {
 }
 
 struct State {
+    view: TasksView,
     dir: PathBuf,
     runtime: Arc<Engine>,
     gpus: Gpus,
@@ -407,6 +436,32 @@ impl State {
             }
             self.watch();
             self.report();
+            self.publish();
+        }
+    }
+
+    /// Refreshes the metrics' view of the tasks.
+    fn publish(&self) {
+        let view: Vec<TaskGauge> = self
+            .tasks
+            .values()
+            .filter(|l| l.rec.status != TaskStatus::Stopped)
+            .map(|l| TaskGauge {
+                id: l.rec.task.id,
+                status: l.rec.status,
+                health: l.rec.health,
+                ready: l.rec.ready,
+                gpus: l.rec.task.gpu_ids.clone(),
+                mps: match l.rec.definition.gpu_demand() {
+                    mpsfleet_types::GpuDemand::Mps { memory_mib, clients, .. } => Some((memory_mib, clients)),
+                    _ => None,
+                },
+                pids: l.handles.values().filter_map(Handle::pid).collect(),
+            })
+            .collect();
+        let mut shared = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        if *shared != view {
+            *shared = view;
         }
     }
 
@@ -1731,6 +1786,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = channel();
         let mut state = State {
+            view: TasksView::default(),
             dir: dir.path().to_path_buf(),
             runtime: Arc::new(Engine::Process(
                 crate::runtime::Runtime::new(vec!["/bin/false".into()]).unwrap(),

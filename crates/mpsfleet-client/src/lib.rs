@@ -241,6 +241,12 @@ impl Client {
         self.call(method, path, &[], Some(bytes)).await
     }
 
+    /// The server's Prometheus metrics (`GET /metrics`), as text.
+    pub async fn metrics(&self) -> Result<String> {
+        let (_, bytes) = self.fetch(Method::GET, "/metrics", &[], None).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     pub async fn healthz(&self) -> Result<serde_json::Value> {
         self.get("/v1/healthz").await
     }

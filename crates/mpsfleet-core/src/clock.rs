@@ -19,6 +19,22 @@ impl Clock for SystemClock {
     }
 }
 
+/// How long something took, for measurements only (metrics' latencies): a monotonic reading
+/// that no decision depends on, so it stays outside the [`Clock`] seam.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    #[allow(clippy::disallowed_methods)] // a measurement, never a decision
+    pub fn start() -> Stopwatch {
+        Stopwatch(std::time::Instant::now())
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+}
+
 /// A clock that moves only when told to; for tests and the simulator.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);

@@ -536,6 +536,12 @@ fn block(p: &mut Planner<'_>, reason: String) {
     }
 }
 
+/// How many unhealthy hosts of `total` the storm breaker lets remediation work on at once:
+/// `max(1, ceil(total * stormBreakerPercent / 100))`; more unhealthy hosts than this trip it.
+pub fn storm_breaker_allowed(total: u32, policy: &RemediationPolicy) -> u64 {
+    (u64::from(total) * u64::from(policy.storm_breaker_percent)).div_ceil(100).max(1)
+}
+
 /// The storm breaker's refusal for an incident that has not started, if any. While it is
 /// tripped, at most `allowed` hosts are replaced: the earliest incidents, and only while fewer
 /// than `allowed` replacements were requested in the pool within the rate-limit window (so a
@@ -544,7 +550,7 @@ fn storm_breaker(pool: &PoolView, policy: &RemediationPolicy, now_ms: u64) -> Op
     let percent = u64::from(policy.storm_breaker_percent);
     let total = u64::from(pool.total_hosts);
     let unhealthy = u64::from(pool.unhealthy_hosts);
-    let allowed = (total * percent).div_ceil(100).max(1);
+    let allowed = storm_breaker_allowed(pool.total_hosts, policy);
     let window_start = now_ms.saturating_sub(policy.rate_limit.per_ms);
     let recent = pool.recent_replacements_ms.iter().filter(|&&t| t >= window_start).count() as u64;
     if unhealthy <= allowed || (u64::from(pool.incident_rank) < allowed && recent < allowed) {

@@ -245,6 +245,25 @@ pub enum Unplaced {
     },
 }
 
+impl Unplaced {
+    /// The reason as a stable code.
+    pub fn code(&self) -> mpsfleet_types::PendingCode {
+        use mpsfleet_types::PendingCode as C;
+        match self {
+            Unplaced::NoSchedulableHost { .. } => C::NoSchedulableHost,
+            Unplaced::NoMpsHost { .. } => C::NoMpsHost,
+            Unplaced::InsufficientGpuMemory { .. } => C::InsufficientGpuMemory,
+            Unplaced::NotEnoughIdleGpus { .. } => C::NotEnoughIdleGpus,
+            Unplaced::MpsDaemonsNotAnswering { .. } => C::MpsDaemonsNotAnswering,
+            Unplaced::GpuLimits { .. } => C::GpuLimits,
+            Unplaced::NoContainerHost { .. } => C::NoContainerHost,
+            Unplaced::NoFittingContainerHost { .. } => C::NoFittingContainerHost,
+            Unplaced::HostPortsInUse { .. } => C::HostPortsInUse,
+            Unplaced::TooManyHostPorts { .. } => C::TooManyHostPorts,
+        }
+    }
+}
+
 impl fmt::Display for Unplaced {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

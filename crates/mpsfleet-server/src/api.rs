@@ -52,6 +52,8 @@ pub struct AppState {
     pub admin_token_file: Option<std::path::PathBuf>,
     /// Who this server is and how it was elected, when several servers share an etcd store.
     pub ha: Option<Arc<crate::HaRole>>,
+    /// The metrics' counters and histograms, which the cluster feeds too.
+    pub metrics: Arc<crate::metrics::Live>,
 }
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
@@ -72,7 +74,9 @@ impl AppState {
     pub fn new(cluster: Cluster) -> Self {
         let rev = cluster.revision();
         let events = cluster.events().clone();
+        let metrics = cluster.live_metrics();
         AppState {
+            metrics,
             cluster: Arc::new(Mutex::new(cluster)),
             http: agent_client(),
             changed: watch::Sender::new(rev),
@@ -330,6 +334,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     paths(
         openapi_document,
         healthz,
+        metrics,
         cluster_ca,
         server_certificate,
         rotate_certificate,
@@ -356,6 +361,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         explain_pool,
         list_hosts,
         describe_host,
+        host_metrics,
+        metrics_targets,
         cordon_host,
         uncordon_host,
         drain_host,
@@ -399,6 +406,7 @@ pub struct ApiPaths;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/taskdefs", post(register_taskdef).get(list_taskdefs))
         .route("/v1/taskdefs/{reference}", get(describe_taskdef))
@@ -407,6 +415,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/pools/{name}/explain", get(explain_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{id}", get(describe_host))
+        .route("/v1/hosts/{id}/metrics", get(host_metrics))
+        .route("/v1/metrics/targets", get(metrics_targets))
         .route("/v1/hosts/{id}/cordon", post(cordon_host))
         .route("/v1/hosts/{id}/uncordon", post(uncordon_host))
         .route("/v1/hosts/{id}/drain", post(drain_host))
@@ -486,6 +496,20 @@ async fn openapi_document() -> Response {
 )]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// The Prometheus metrics (`crate::metrics`; docs/metrics.md).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "server",
+    summary = "Prometheus metrics of the cluster (text format 0.0.4): aggregates by pool, and the server's counters.",
+    responses((status = 200, description = "The metrics.", body = String, content_type = "text/plain"), crate::openapi::Errors)
+)]
+async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let state = st.call(&headers, viewer, |c, _| Ok(c.metrics_state())).await?;
+    let text = crate::metrics::render(&state, &st.metrics);
+    Ok(([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 fn created<T: Serialize>(value: T) -> Response {
@@ -1598,6 +1622,118 @@ enum AgentLogsBody {
 }
 
 /// The tail of one stream, or both, of a task's container, from its agent.
+/// The client to call `agent`'s endpoint with: an https:// endpoint is trusted by the
+/// certificate its agent reported, and no other.
+fn agent_http<'a>(
+    plain: &'a reqwest::Client,
+    serves_https: bool,
+    agent: &crate::cluster::AgentEndpoint,
+) -> Result<std::borrow::Cow<'a, reqwest::Client>, String> {
+    match (agent.url.starts_with("https://"), agent.cert_sha256.as_deref()) {
+        // An HTTPS server sends no agent token in the clear: the agent is older than HTTPS
+        // endpoints, or misconfigured.
+        (false, _) if serves_https => {
+            Err("the agent serves its endpoint over plain HTTP, which an HTTPS server \
+             does not call (the agent token would cross the network in the clear): upgrade the agent"
+                .into())
+        }
+        (false, _) => Ok(std::borrow::Cow::Borrowed(plain)),
+        (true, None) => Err("the agent reported no certificate for its endpoint".into()),
+        (true, Some(hash)) => {
+            let builder = mpsfleet_client::tls::pinned_cert_builder(hash).map_err(|e| e.to_string())?;
+            Ok(std::borrow::Cow::Owned(agent_client_builder(builder).build().map_err(|e| e.to_string())?))
+        }
+    }
+}
+
+/// The most an agent's metrics answer may hold.
+const AGENT_METRICS_MAX: usize = 8 << 20;
+
+/// A host's agent metrics (`mpsfleet-agent`'s `metrics.rs`), fetched from its agent: per GPU
+/// and per task, which the server's own `/metrics` leaves out.
+#[utoipa::path(
+    get,
+    path = "/v1/hosts/{id}/metrics",
+    tag = "hosts",
+    summary = "The host's agent metrics (Prometheus text format): per GPU and per task.",
+    params(("id" = String, Path, description = "Host id.")),
+    responses((status = 200, description = "The metrics.", body = String, content_type = "text/plain"), crate::openapi::Errors)
+)]
+async fn host_metrics(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let agent = st
+        .call(&headers, viewer, move |c, _| {
+            let h = c.host(&id)?;
+            c.agent_endpoint(&h.id).map_err(ApiError::Conflict)
+        })
+        .await?;
+    let url = format!("{}/metrics", agent.url);
+    let unavailable = |e: &dyn std::fmt::Display| ApiError::Unavailable(format!("cannot fetch {url}: {e}"));
+    let http = agent_http(&st.http, st.tls.is_some(), &agent).map_err(|e| unavailable(&e))?;
+    let mut resp = http
+        .get(&url)
+        .bearer_auth(&agent.token)
+        .timeout(AGENT_LOGS_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| unavailable(&mpsfleet_client::chain(&e)))?;
+    if !resp.status().is_success() {
+        return Err(unavailable(&format!("HTTP {}", resp.status())));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| unavailable(&e))? {
+        if body.len() + chunk.len() > AGENT_METRICS_MAX {
+            return Err(unavailable(&format!("the answer is over {AGENT_METRICS_MAX} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response())
+}
+
+/// The agents to scrape, in Prometheus's HTTP service discovery format: one target group per
+/// host, all at this server, each with `__metrics_path__` set to the host's
+/// `/v1/hosts/{id}/metrics` and labels `host_id`, `pool` and `hostname`.
+#[utoipa::path(
+    get,
+    path = "/v1/metrics/targets",
+    tag = "server",
+    summary = "The hosts' agent metrics as Prometheus HTTP service discovery target groups.",
+    responses((status = 200, description = "The target groups: `targets`, this server's address, and `labels`.", body = [Object]), crate::openapi::Errors)
+)]
+async fn metrics_targets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b)))
+        .map(str::to_string);
+    let targets = st.call(&headers, viewer, |c, _| Ok(c.metrics_targets())).await?;
+    // The address the caller reached this server at (Prometheus scrapes it there).
+    let Some(host) = host else {
+        return Err(ApiError::invalid(
+            "Host",
+            "the request names no plain host:port to point the targets at",
+        ));
+    };
+    let groups: Vec<serde_json::Value> = targets
+        .into_iter()
+        .map(|(id, pool, hostname)| {
+            serde_json::json!({
+                "targets": [host],
+                "labels": {
+                    "__metrics_path__": format!("/v1/hosts/{id}/metrics"),
+                    "host_id": id.to_string(),
+                    "pool": pool.to_string(),
+                    "hostname": hostname,
+                }
+            })
+        })
+        .collect();
+    Ok(Json(groups).into_response())
+}
+
 async fn fetch_agent_logs(
     plain: &reqwest::Client,
     serves_https: bool,
@@ -1609,28 +1745,7 @@ async fn fetch_agent_logs(
     let unreachable = |e: &dyn std::fmt::Display| {
         AgentLogsFailure::Unreachable(format!("cannot fetch logs from {url}: {e}"))
     };
-    // An https:// endpoint is trusted by the certificate its agent reported, and no other.
-    let pinned;
-    let http = match (url.starts_with("https://"), agent.cert_sha256.as_deref()) {
-        // An HTTPS server sends no agent token in the clear: the agent is older than HTTPS
-        // logs endpoints, or misconfigured.
-        (false, _) if serves_https => {
-            return Err(unreachable(
-                &"the agent serves logs over plain HTTP, which an HTTPS server does not call (the agent \
-                  token would cross the network in the clear): upgrade the agent",
-            ))
-        }
-        (false, _) => plain,
-        (true, None) => return Err(unreachable(&"the agent reported no certificate for it")),
-        (true, Some(hash)) => {
-            pinned = agent_client_builder(
-                mpsfleet_client::tls::pinned_cert_builder(hash).map_err(|e| unreachable(&e))?,
-            )
-            .build()
-            .map_err(|e| unreachable(&e))?;
-            &pinned
-        }
-    };
+    let http = agent_http(plain, serves_https, agent).map_err(|e| unreachable(&e))?;
     let mut resp = http
         .get(format!("{url}/v1/logs/{task}"))
         .bearer_auth(&agent.token)
@@ -2054,6 +2169,13 @@ const MAX_TRUSTED_CAS: usize = 8;
 /// [`MAX_TRUSTED_CAS`]), and its logs endpoint's certificate: an `https://` endpoint names the
 /// hash of its certificate, which the server pins; a plain one names none.
 fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiError> {
+    use mpsfleet_types::MAX_GPU_USE_REPORTS;
+    if report.gpu_use.len() > MAX_GPU_USE_REPORTS {
+        return Err(ApiError::invalid(
+            "gpuUse",
+            format!("holds at most {MAX_GPU_USE_REPORTS} entries, got {}", report.gpu_use.len()),
+        ));
+    }
     if report.trusted_ca_sha256.len() > MAX_TRUSTED_CAS {
         return Err(ApiError::invalid(
             "trustedCaSha256",

@@ -453,8 +453,10 @@ fn app_with(
         rate_limits,
         limiter,
     };
+    let metrics = state.metrics.clone();
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
+        .route_layer(axum::middleware::from_fn_with_state(metrics, crate::metrics::observe))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
         .layer(axum::middleware::from_fn(crate::request_id::middleware))

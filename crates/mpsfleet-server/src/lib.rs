@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod forward;
 pub mod http;
+pub mod metrics;
 pub mod openapi;
 pub mod provider;
 pub mod ratelimit;

@@ -55,7 +55,7 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
             checks: Vec::new(),
             logs_url: None,
             logs_cert_sha256: None,
-            trusted_ca_sha256: Vec::new(),
+            ..HostStatusReport::default()
         },
     )
     .expect("heartbeat");
@@ -77,7 +77,7 @@ fn the_latest_snapshot_is_kept_and_served_when_the_agent_cannot_be_asked() {
     assert_eq!((at, snap.text()), (1_000, "one\n".to_string()));
     // The agent never said where it serves logs: the snapshot stands in, and the plan says why.
     let why = plan.agent.expect_err("no agent to ask");
-    assert!(why.contains("has not reported where it serves logs"), "{why}");
+    assert!(why.contains("has not reported where it serves its endpoint"), "{why}");
 
     // A report that changes nothing else still replaces the snapshot; one that is too big is
     // trimmed to the bound, newest lines kept.
@@ -105,7 +105,7 @@ fn the_latest_snapshot_is_kept_and_served_when_the_agent_cannot_be_asked() {
             checks: Vec::new(),
             logs_url: Some("http://10.0.0.1:7071".into()),
             logs_cert_sha256: None,
-            trusted_ca_sha256: Vec::new(),
+            ..HostStatusReport::default()
         },
     )
     .unwrap();

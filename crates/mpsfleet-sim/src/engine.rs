@@ -822,7 +822,7 @@ impl Sim {
             checks,
             logs_url: None,
             logs_cert_sha256: None,
-            trusted_ca_sha256: Vec::new(),
+            ..HostStatusReport::default()
         };
         let Some(id) = host.id.clone() else { return };
         self.stats.heartbeats += 1;

@@ -67,6 +67,9 @@ pub struct HostStatusReport {
     /// is activated once every host trusts the next CA.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_ca_sha256: Vec<String>,
+    /// What each task uses of its GPU now (at most [`crate::host::MAX_GPU_USE_REPORTS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_use: Vec<crate::host::TaskGpuUse>,
 }
 
 /// Response of `POST /v1/agent/status`: what the agent must apply now.

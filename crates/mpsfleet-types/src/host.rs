@@ -1,6 +1,6 @@
 //! Hosts and their GPUs, as registered by an agent and shown by `host describe`.
 
-use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::ids::{GpuUuid, HostId, PoolName, TaskId};
 use serde::{Deserialize, Serialize};
 
 /// Host lifecycle: `REGISTERING -> ONBOARDING -> ACTIVE -> DRAINING -> DEREGISTERED`.
@@ -234,6 +234,9 @@ pub struct HostView {
     #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
     pub plugins: RuntimePlugins,
     pub gpus: Vec<GpuView>,
+    /// What each task uses of its GPU, as the agent last reported (kept in memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_use: Vec<TaskGpuUse>,
     pub task_count: u32,
     pub registered_at_ms: u64,
     /// Last heartbeat seen by this server process, milliseconds since the epoch.
@@ -269,4 +272,27 @@ impl RuntimePlugins {
     pub fn is_empty(&self) -> bool {
         self.volume.is_empty() && self.log.is_empty()
     }
+}
+
+/// The most [`TaskGpuUse`] entries one status report carries.
+pub const MAX_GPU_USE_REPORTS: usize = 1024;
+
+/// What one task uses of one GPU, as its host's agent measured it: NVML's figures for the
+/// processes on the GPU (MPS clients included), matched to the task's processes; on emulated
+/// GPUs, a declared source's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskGpuUse {
+    pub task_id: TaskId,
+    pub gpu_id: GpuUuid,
+    /// GPU memory its processes hold there.
+    #[serde(rename = "memoryUsedMiB")]
+    pub memory_used_mib: u64,
+    /// The MPS memory it declared there (the limit it runs under); None for a task that
+    /// does not share the GPU.
+    #[serde(rename = "memoryLimitMiB", default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u64>,
+    /// Its processes' SM utilisation, percent of the GPU; None without a sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_percent: Option<u32>,
 }

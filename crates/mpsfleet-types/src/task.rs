@@ -122,6 +122,9 @@ pub struct Task {
     /// Why the task is waiting for placement; None once placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_reason: Option<String>,
+    /// The same reason as a stable code, for scripts and metrics; None once placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_code: Option<PendingCode>,
     #[serde(default)]
     pub stop_code: Option<StopCode>,
     #[serde(default)]
@@ -259,6 +262,7 @@ impl Task {
             host_id: None,
             gpu_ids: Vec::new(),
             pending_reason: None,
+            pending_code: None,
             stop_code: None,
             stopped_reason: None,
             started_by,
@@ -319,4 +323,62 @@ pub struct TaskStateReport {
     /// The containers as they are now; sent when they changed (None keeps the last ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<Vec<ContainerReport>>,
+}
+
+/// Why a task waits for placement, as a stable code (its `pendingReason` says it in words).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PendingCode {
+    /// No ACTIVE, uncordoned, healthy host in the pool.
+    NoSchedulableHost,
+    /// No schedulable host has MPS available.
+    NoMpsHost,
+    /// No GPU has the MPS memory the task declares free.
+    InsufficientGpuMemory,
+    /// No host has the idle GPUs the task needs.
+    NotEnoughIdleGpus,
+    /// The GPUs that would fit wait for their MPS daemon to answer again.
+    MpsDaemonsNotAnswering,
+    /// The client or compute limits leave no GPU.
+    GpuLimits,
+    /// The task runs images and no schedulable host runs containers.
+    NoContainerHost,
+    /// No host that runs containers has room.
+    NoFittingContainerHost,
+    /// The static host ports it needs are taken on every host that fits.
+    HostPortsInUse,
+    /// It needs more static host ports than one task may hold.
+    TooManyHostPorts,
+}
+
+impl PendingCode {
+    pub const ALL: [PendingCode; 10] = [
+        PendingCode::NoSchedulableHost,
+        PendingCode::NoMpsHost,
+        PendingCode::InsufficientGpuMemory,
+        PendingCode::NotEnoughIdleGpus,
+        PendingCode::MpsDaemonsNotAnswering,
+        PendingCode::GpuLimits,
+        PendingCode::NoContainerHost,
+        PendingCode::NoFittingContainerHost,
+        PendingCode::HostPortsInUse,
+        PendingCode::TooManyHostPorts,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingCode::NoSchedulableHost => "NO_SCHEDULABLE_HOST",
+            PendingCode::NoMpsHost => "NO_MPS_HOST",
+            PendingCode::InsufficientGpuMemory => "INSUFFICIENT_GPU_MEMORY",
+            PendingCode::NotEnoughIdleGpus => "NOT_ENOUGH_IDLE_GPUS",
+            PendingCode::MpsDaemonsNotAnswering => "MPS_DAEMONS_NOT_ANSWERING",
+            PendingCode::GpuLimits => "GPU_LIMITS",
+            PendingCode::NoContainerHost => "NO_CONTAINER_HOST",
+            PendingCode::NoFittingContainerHost => "NO_FITTING_CONTAINER_HOST",
+            PendingCode::HostPortsInUse => "HOST_PORTS_IN_USE",
+            PendingCode::TooManyHostPorts => "TOO_MANY_HOST_PORTS",
+        }
+    }
 }

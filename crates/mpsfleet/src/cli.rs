@@ -1057,7 +1057,14 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             // server's memory): the view is shown without what cannot be read.
             let def = c.describe_taskdef(&t.task_definition.to_string()).await.ok();
             let events = c.task_events(&id).await.unwrap_or_default();
-            print!("{}", crate::describe::task(&t, def.as_ref(), &events));
+            // What it uses of its GPU, as its host's agent last reported.
+            let gpu_use = match (&t.host_id, t.last_status) {
+                (Some(h), s) if s != TaskStatus::Stopped => {
+                    c.describe_host(h.as_str()).await.map(|h| h.gpu_use).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            print!("{}", crate::describe::task(&t, def.as_ref(), &gpu_use, &events));
         }
         TaskCommand::Logs { id, container, stream, stderr, tail, limit_bytes, follow } => {
             let stream = match (stream, stderr) {

@@ -7,7 +7,7 @@ use mpsfleet_types::service::{CircuitBreaker, DeploymentView};
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
     GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, ServiceView, Task,
-    TaskDefinition, TaskStatus,
+    TaskDefinition, TaskGpuUse, TaskStatus,
 };
 
 /// A duration in the largest unit that keeps it whole: `500ms`, `2s`, `10m`, `1h`.
@@ -60,10 +60,27 @@ fn gpu_limits(def: Option<&TaskDefinition>, container: &str) -> String {
     joined(&limits)
 }
 
+/// A task's use of a GPU next to what it declared: `512 MiB of 1024 MiB declared, SM 30%`.
+fn use_in_words(u: &TaskGpuUse) -> String {
+    let memory = match u.memory_limit_mib {
+        Some(limit) => format!("{} MiB of {limit} MiB declared", u.memory_used_mib),
+        None => format!("{} MiB", u.memory_used_mib),
+    };
+    match u.sm_percent {
+        Some(p) => format!("{memory}, SM {p}%"),
+        None => format!("{memory}, SM -"),
+    }
+}
+
 /// `task describe`: what it runs and where, its state and times, its containers (exit codes,
 /// bindings, GPU and MPS limits) and its events. `def` is the task's definition, when it
 /// could be read.
-pub fn task(t: &Task, def: Option<&TaskDefinition>, events: &History<ObjectEvent>) -> String {
+pub fn task(
+    t: &Task,
+    def: Option<&TaskDefinition>,
+    gpu_use: &[TaskGpuUse],
+    events: &History<ObjectEvent>,
+) -> String {
     let stopped = t.last_status == TaskStatus::Stopped;
     let health = if stopped {
         "-".to_string()
@@ -95,6 +112,9 @@ pub fn task(t: &Task, def: Option<&TaskDefinition>, events: &History<ObjectEvent
     ];
     if let Some(why) = &t.pending_reason {
         rows.push(("Waiting", why.clone()));
+    }
+    for u in gpu_use.iter().filter(|u| u.task_id == t.id) {
+        rows.push(("GPU use", format!("{}: {}", u.gpu_id, use_in_words(u))));
     }
     if stopped || t.desired_status == TaskStatus::Stopped {
         rows.push(("Stopped", t.stopped_at_ms.map_or("-".into(), utc_time)));
@@ -229,6 +249,22 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
         &checks,
     ));
     out.push_str(&placed_tasks("Tasks", tasks.iter(), false));
+    let usage: Vec<Vec<String>> = h
+        .gpu_use
+        .iter()
+        .map(|u| {
+            vec![
+                u.task_id.to_string(),
+                u.gpu_id.to_string(),
+                format!("{} MiB", u.memory_used_mib),
+                u.memory_limit_mib.map_or("-".into(), |m| format!("{m} MiB")),
+                u.sm_percent.map_or("-".into(), |p| format!("{p}%")),
+            ]
+        })
+        .collect();
+    if !usage.is_empty() {
+        out.push_str(&section("GPU use", &["TASK", "GPU", "MEMORY USED", "DECLARED", "SM"], &usage));
+    }
     out.push_str(&events_section(&h.events));
     out
 }

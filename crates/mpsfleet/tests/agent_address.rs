@@ -159,7 +159,7 @@ async fn report_endpoint(agent: &Client, url: &str, cert: Option<&str>) -> Resul
             checks: Vec::new(),
             logs_url: Some(url.to_string()),
             logs_cert_sha256: cert.map(str::to_string),
-            trusted_ca_sha256: Vec::new(),
+            ..HostStatusReport::default()
         })
         .await
         .map(|_| ())

@@ -22,6 +22,7 @@ enum Open {
 const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/healthz", Open::Public),
     ("GET", "/v1/openapi.json", Open::Public),
+    ("GET", "/metrics", Open::Role(Role::Viewer)),
     ("POST", "/v1/taskdefs", Open::Role(Role::Operator)),
     ("GET", "/v1/taskdefs", Open::Role(Role::Viewer)),
     ("GET", "/v1/taskdefs/{reference}", Open::Role(Role::Viewer)),
@@ -32,6 +33,8 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/pools/{name}/explain", Open::Role(Role::Viewer)),
     ("GET", "/v1/hosts", Open::Role(Role::Viewer)),
     ("GET", "/v1/hosts/{id}", Open::Role(Role::Viewer)),
+    ("GET", "/v1/hosts/{id}/metrics", Open::Role(Role::Viewer)),
+    ("GET", "/v1/metrics/targets", Open::Role(Role::Viewer)),
     ("POST", "/v1/hosts/{id}/cordon", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/uncordon", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/drain", Open::Role(Role::Operator)),

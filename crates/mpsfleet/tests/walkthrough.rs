@@ -39,6 +39,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("bench start", "a benchmark: docs/benchmarks.md"),
     ("bench failover", "a benchmark against etcd: docs/benchmarks.md"),
     ("bench takeover", "a benchmark against etcd: docs/benchmarks.md"),
+    ("bench metrics", "a benchmark of many hosts: docs/benchmarks.md"),
 ];
 
 /// The placeholders docs/cli.md uses for a task and a host.

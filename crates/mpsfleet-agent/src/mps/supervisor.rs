@@ -33,8 +33,19 @@ struct Shared {
     daemon: Mutex<Option<Arc<dyn MpsDaemon>>>,
     tx: watch::Sender<Check>,
     history: Mutex<VecDeque<Check>>,
+    probes: Mutex<ProbeStats>,
     stopping: Mutex<bool>,
     wake: Condvar,
+}
+
+/// The daemon's probes so far (for the agent's metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProbeStats {
+    /// How long the last probe took.
+    pub last_seconds: Option<f64>,
+    /// Probes the daemon answered well, and probes that failed or found its servers unhealthy.
+    pub ok: u64,
+    pub failed: u64,
 }
 
 /// Supervises one GPU's MPS control daemon on its own thread.
@@ -77,6 +88,7 @@ impl Supervisor {
             daemon: Mutex::new(None),
             tx,
             history: Mutex::new(VecDeque::from([state.check.clone()])),
+            probes: Mutex::new(ProbeStats::default()),
             stopping: Mutex::new(false),
             wake: Condvar::new(),
         });
@@ -119,6 +131,11 @@ impl Supervisor {
     /// The policy in force.
     pub fn policy(&self) -> MpsPolicy {
         lock(&self.shared.policy).clone()
+    }
+
+    /// The probes so far.
+    pub fn probes(&self) -> ProbeStats {
+        *lock(&self.shared.probes)
     }
 
     /// The latest check.
@@ -271,13 +288,24 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                 events.push(Event::DaemonExited { reason: exit.to_string() });
             } else if state.wants_probe() && probe_due {
                 d.set_probe_timeout(policy.probe_timeout);
-                events.push(match d.probe() {
+                let watch = mpsfleet_core::clock::Stopwatch::start();
+                let event = match d.probe() {
                     Ok(outcome) => match outcome.problem() {
                         None => Event::ProbeOk,
                         Some(reason) => Event::ServersUnhealthy { reason },
                     },
                     Err(e) => Event::ProbeFailed { reason: e.to_string() },
-                });
+                };
+                {
+                    let mut p = lock(&shared.probes);
+                    p.last_seconds = Some(watch.seconds());
+                    if matches!(event, Event::ProbeOk) {
+                        p.ok += 1;
+                    } else {
+                        p.failed += 1;
+                    }
+                }
+                events.push(event);
                 last_probe_ms = Some(shared.clock.now_ms());
             }
         }

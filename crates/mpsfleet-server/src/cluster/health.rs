@@ -72,9 +72,9 @@ impl std::fmt::Debug for RegistrationToken {
 
 /// A pool's hosts as the storm breaker counts them (see `Cluster::pool_counts`).
 #[derive(Debug, Clone, Copy, Default)]
-struct PoolCounts {
-    total: u32,
-    unhealthy: u32,
+pub(super) struct PoolCounts {
+    pub total: u32,
+    pub unhealthy: u32,
 }
 
 /// What a provider call came to.
@@ -141,10 +141,16 @@ impl Cluster {
             None => Precondition::Absent,
         };
         let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
-        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.pushed()));
-        self.events.incident(old, &incident, self.now());
-        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        self.apply_incident(incident, rev);
         Ok(())
+    }
+
+    /// Applies a committed incident: announces what changed and counts it in the metrics.
+    pub(super) fn apply_incident(&mut self, incident: Incident, rev: Revision) {
+        let old = self.incidents.get(&incident.id).map(|v| &v.value);
+        self.live.incident(old, &incident);
+        self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now());
+        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
     }
 
     /// Evaluates every host (heartbeat grace runs out without any report) and drives every
@@ -635,7 +641,7 @@ impl Cluster {
     /// share). A host is unhealthy while its health is not, and while an incident about it is
     /// unresolved: a host being drained still counts, so a correlated failure declared host by
     /// host cannot slip past the breaker one incident at a time.
-    fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
+    pub(super) fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
         let open = self.incidents.values().map(|v| &v.value);
         let open: Vec<&Incident> =
             open.filter(|i| &i.pool == pool && i.state != IncidentState::Resolved).collect();

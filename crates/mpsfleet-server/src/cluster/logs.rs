@@ -16,7 +16,7 @@
 use super::Cluster;
 use crate::error::ApiError;
 use mpsfleet_types::logs::{LogSnapshot, SNAPSHOT_MAX_BYTES};
-use mpsfleet_types::{HostStatus, TaskId};
+use mpsfleet_types::{HostId, HostStatus, PoolName, TaskId};
 use std::collections::{BTreeSet, HashMap};
 
 /// The most all kept snapshots may cost together: [`LogSnapshot::cost`] plus
@@ -149,28 +149,36 @@ impl Cluster {
         };
         let agent = match task.host_id.as_ref() {
             None => Err(format!("task {id} never ran on a host")),
-            Some(h) => match self.sched.host(h) {
-                None => Err(format!("host {h} is no longer registered")),
-                Some(ix) => {
-                    let e = &self.hosts[ix as usize];
-                    if e.host.status == HostStatus::Deregistered {
-                        Err(format!("host {h} is deregistered"))
-                    } else {
-                        e.logs_url
-                            .clone()
-                            .map(|url| AgentEndpoint {
-                                url,
-                                token: self.agent_token(&e.host.id, &e.host.legacy_agent_token),
-                                cert_sha256: e.logs_cert.clone(),
-                            })
-                            .ok_or_else(|| {
-                                format!("the agent of host {h} has not reported where it serves logs")
-                            })
-                    }
-                }
-            },
+            Some(h) => self.agent_endpoint(h),
         };
         Ok(LogsPlan { task_id: task.id, agent, snapshot: snapshot(&task.id) })
+    }
+
+    /// Where a host's agent serves its endpoint (logs, metrics), or why it cannot be asked.
+    pub fn agent_endpoint(&self, h: &HostId) -> Result<AgentEndpoint, String> {
+        let Some(ix) = self.sched.host(h) else { return Err(format!("host {h} is no longer registered")) };
+        let e = &self.hosts[ix as usize];
+        if e.host.status == HostStatus::Deregistered {
+            return Err(format!("host {h} is deregistered"));
+        }
+        e.logs_url
+            .clone()
+            .map(|url| AgentEndpoint {
+                url,
+                token: self.agent_token(&e.host.id, &e.host.legacy_agent_token),
+                cert_sha256: e.logs_cert.clone(),
+            })
+            .ok_or_else(|| format!("the agent of host {h} has not reported where it serves its endpoint"))
+    }
+
+    /// The hosts whose agents can be scraped (through `GET /v1/hosts/{id}/metrics`): every
+    /// registered host with an endpoint, with its pool and hostname.
+    pub fn metrics_targets(&self) -> Vec<(HostId, PoolName, String)> {
+        self.hosts
+            .iter()
+            .filter(|e| e.host.status != HostStatus::Deregistered && e.logs_url.is_some())
+            .map(|e| (e.host.id.clone(), e.host.pool.clone(), e.host.hostname.clone()))
+            .collect()
     }
 }
 

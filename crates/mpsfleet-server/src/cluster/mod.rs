@@ -11,6 +11,7 @@ mod health;
 mod idempotency;
 mod introspect;
 mod logs;
+mod metrics;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
@@ -114,6 +115,8 @@ struct HostEntry {
     logs_cert: Option<String>,
     /// The hashes of the CAs the agent reported trusting.
     trusted_cas: Vec<String>,
+    /// What each task uses of its GPU, as last reported.
+    gpu_use: Vec<TaskGpuUse>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -126,15 +129,12 @@ struct HostEntry {
 impl HostEntry {
     /// Keeps what a heartbeat says besides its checks: where the agent serves logs (and with
     /// which certificate), and whom it trusts.
-    fn keep_reported(
-        &mut self,
-        logs_url: Option<String>,
-        logs_cert: Option<String>,
-        trusted_cas: Vec<String>,
-    ) {
-        self.logs_url = logs_url;
-        self.logs_cert = logs_cert;
-        self.trusted_cas = trusted_cas;
+    /// Keeps what a heartbeat reports besides its checks.
+    fn keep_reported(&mut self, report: HostStatusReport) {
+        self.logs_url = report.logs_url;
+        self.logs_cert = report.logs_cert_sha256;
+        self.trusted_cas = report.trusted_ca_sha256;
+        self.gpu_use = report.gpu_use;
     }
 }
 
@@ -180,6 +180,8 @@ pub struct Cluster {
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
     incidents: BTreeMap<String, Versioned<Incident>>,
+    /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
+    live: Arc<crate::metrics::Live>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
     provider_progress: HashMap<String, health::ProviderProgress>,
     /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
@@ -294,6 +296,7 @@ impl Cluster {
             services: BTreeMap::new(),
             service_failures: HashMap::new(),
             incidents: BTreeMap::new(),
+            live: Arc::default(),
             provider_progress: HashMap::new(),
             incident_retry: HashMap::new(),
             mps_closed: HashMap::new(),
@@ -412,10 +415,10 @@ impl Cluster {
         let audit = self.audit_ops_for_commit()?;
         let client_token = self.client_token_ops()?;
         let rev = if audit.is_empty() && client_token.is_empty() {
-            self.store.commit(ops)?
+            self.timed_commit(ops)?
         } else {
             let all: Vec<Op> = ops.iter().chain(&audit).chain(&client_token).cloned().collect();
-            let rev = self.store.commit(&all)?;
+            let rev = self.timed_commit(&all)?;
             if !audit.is_empty() {
                 self.audit_written(audit.len() - 1);
             }
@@ -427,6 +430,14 @@ impl Cluster {
         }
         self.revision = rev;
         Ok(rev)
+    }
+
+    /// One store commit, its duration and outcome counted in the metrics.
+    fn timed_commit(&self, ops: &[Op]) -> Result<Revision, mpsfleet_store::StoreError> {
+        let watch = mpsfleet_core::clock::Stopwatch::start();
+        let result = self.store.commit(ops);
+        self.live.committed(watch.seconds(), result.is_ok());
+        result
     }
 
     pub fn revision(&self) -> Revision {
@@ -895,6 +906,7 @@ impl Cluster {
             logs_url: None,
             logs_cert: None,
             trusted_cas: Vec::new(),
+            gpu_use: Vec::new(),
             health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
             evaluated: false,
             epoch: self.revision,
@@ -913,7 +925,7 @@ impl Cluster {
         host: &HostId,
         report: HostStatusReport,
     ) -> Result<HostStatusAnswer, ApiError> {
-        let report = match self.quiet_heartbeat(host, report)? {
+        let mut report = match self.quiet_heartbeat(host, report)? {
             Ok(answer) => return Ok(answer),
             Err(report) => report,
         };
@@ -922,8 +934,9 @@ impl Cluster {
         let entry = &mut self.hosts[ix as usize];
         let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
         entry.last_heartbeat_ms = Some(now);
-        entry.checks = report.checks;
-        entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
+        entry.checks = std::mem::take(&mut report.checks);
+        let onboarded = report.onboarded;
+        entry.keep_reported(report);
         entry.evaluated = false;
         if !restarts.is_empty() {
             let mut h = entry.host.clone();
@@ -934,7 +947,7 @@ impl Cluster {
         }
         self.close_mps_gpus(ix, &[]);
         let entry = &mut self.hosts[ix as usize];
-        if report.onboarded && entry.host.status == HostStatus::Onboarding {
+        if onboarded && entry.host.status == HostStatus::Onboarding {
             let mut h = entry.host.clone();
             h.status = HostStatus::Active;
             h.health_status = HealthStatus::Ok;
@@ -954,7 +967,7 @@ impl Cluster {
     pub fn quiet_heartbeat(
         &mut self,
         host: &HostId,
-        report: HostStatusReport,
+        mut report: HostStatusReport,
     ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
@@ -975,7 +988,7 @@ impl Cluster {
             // host has, but for the time of the agent's last heartbeat.
             let entry = &mut self.hosts[ix as usize];
             entry.last_heartbeat_ms = Some(now);
-            entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
+            entry.keep_reported(report);
             let agent = mpsfleet_core::health::AGENT;
             if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
                 c.reported_since_ms = now;
@@ -991,8 +1004,8 @@ impl Cluster {
         }
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
-        entry.checks = report.checks;
-        entry.keep_reported(report.logs_url, report.logs_cert_sha256, report.trusted_ca_sha256);
+        entry.checks = std::mem::take(&mut report.checks);
+        entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
@@ -1118,6 +1131,7 @@ impl Cluster {
             runtime_version: e.host.runtime_version.clone(),
             plugins: e.host.plugins.clone(),
             gpus,
+            gpu_use: if e.host.status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
             task_count: self.tasks.on_host(ix).len() as u32,
             registered_at_ms: e.host.registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
@@ -1257,11 +1271,13 @@ impl Cluster {
                 task.gpu_ids =
                     p.gpus.iter().map(|&g| entry.host.gpus[(g - first) as usize].uuid.clone()).collect();
                 task.pending_reason = None;
+                task.pending_code = None;
             }
             Err(why) => {
                 task.host_id = None;
                 task.gpu_ids.clear();
                 task.pending_reason = Some(why.to_string());
+                task.pending_code = Some(why.code());
             }
         }
     }
@@ -1282,7 +1298,11 @@ impl Cluster {
 
     /// Puts a committed task record, recording what changed in its events.
     fn put_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
-        let news = mpsfleet_core::changes::task_changes(self.tasks.get(&task.id).map(|e| &e.task), &task);
+        let old = self.tasks.get(&task.id).map(|e| &e.task);
+        if task.host_id.is_some() && old.is_none_or(|o| o.host_id.is_none()) {
+            self.live.placed(&task.pool, self.now().saturating_sub(task.created_at_ms));
+        }
+        let news = mpsfleet_core::changes::task_changes(old, &task);
         let (id, pool) = (task.id, task.pool.clone());
         self.tasks.put(task, version, placement);
         self.record_task(id, pool, news);
@@ -1439,6 +1459,7 @@ impl Cluster {
         if t.host_id.is_none() || t.last_status == TaskStatus::Stopped {
             t.last_status = TaskStatus::Stopped;
             t.pending_reason = None;
+            t.pending_code = None;
             t.stopped_at_ms.get_or_insert(self.now());
         }
         t.stop_code.get_or_insert(code);
@@ -1526,9 +1547,9 @@ impl Cluster {
                     placed.push((task, p, req));
                 }
                 // The reason is derived state: refreshed in memory, not written on every retry.
-                Err(why) => {
-                    let why = why.to_string();
-                    if self.tasks.set_pending_reason(&id, &why) {
+                Err(unplaced) => {
+                    let why = unplaced.to_string();
+                    if self.tasks.set_pending_reason(&id, &why, unplaced.code()) {
                         let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
                         self.record_task(id, pool.clone(), news);
                     }
@@ -1862,6 +1883,7 @@ mod tests {
             logs_url: None,
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),
+            gpu_use: Vec::new(),
         }
     }
 

@@ -317,9 +317,7 @@ impl Cluster {
             Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
         ];
         let rev = self.commit(&ops)?;
-        let old = self.incidents.get(&incident.id).map(|v| (&v.value.state, v.value.timeline.pushed()));
-        self.events.incident(old, &incident, self.now());
-        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        self.apply_incident(incident, rev);
         self.apply_host(ix, host, rev);
         Ok(())
     }

@@ -73,6 +73,7 @@ impl World {
             logs_url: None,
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),
+            gpu_use: Vec::new(),
         };
         self.c.host_status(host, report).unwrap();
     }

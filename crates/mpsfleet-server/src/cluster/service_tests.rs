@@ -379,6 +379,7 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
         logs_url: None,
         logs_cert_sha256: None,
         trusted_ca_sha256: Vec::new(),
+        gpu_use: Vec::new(),
     };
     w.c.host_status(&hosts[0], beat(0)).unwrap();
     w.c.host_status(&hosts[0], beat(1)).unwrap();

@@ -15,7 +15,7 @@ use super::TaskEntry;
 use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::scheduler::{HostIx, Placement};
 use mpsfleet_store::Revision;
-use mpsfleet_types::{PoolName, ServiceName, Task, TaskId, TaskStatus};
+use mpsfleet_types::{PendingCode, PoolName, ServiceName, Task, TaskId, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
@@ -104,10 +104,11 @@ impl TaskTable {
 
     /// Why a waiting task waits: derived state, refreshed in memory on every placement retry.
     /// True when the reason changed.
-    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str) -> bool {
+    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str, code: PendingCode) -> bool {
         match self.entries.get_mut(id) {
             Some(e) if e.task.pending_reason.as_deref() != Some(reason) => {
                 e.task.pending_reason = Some(reason.to_string());
+                e.task.pending_code = Some(code);
                 true
             }
             _ => false,

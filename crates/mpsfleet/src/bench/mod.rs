@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 mod failover;
 mod fleet;
 mod ingest;
+mod metrics;
 mod recovery;
 mod register;
 mod start;
@@ -37,6 +38,8 @@ pub enum BenchCommand {
     Failover(failover::FailoverBench),
     /// A follower takes over a store of 10,000 hosts and 200,000 tasks: election to first write.
     Takeover(failover::TakeoverBench),
+    /// The server's /metrics scraped at 20,000 hosts of 8 GPUs: scrape time, size and series.
+    Metrics(metrics::MetricsBench),
 }
 
 #[derive(Args)]
@@ -71,6 +74,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Start(b) => start(b),
         BenchCommand::Failover(b) => failover::failover(b),
         BenchCommand::Takeover(b) => failover::takeover(b),
+        BenchCommand::Metrics(b) => metrics::metrics(b),
     }
 }
 
@@ -499,6 +503,7 @@ fn healthy_report(
         logs_url: Some("http://127.0.0.1:9".into()),
         logs_cert_sha256: None,
         trusted_ca_sha256: Vec::new(),
+        gpu_use: Vec::new(),
     }
 }
 
