@@ -38,6 +38,11 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# Headless Chromium (Debian's chromium) runs the web console test.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
 # A fresh checkout gains nothing from incremental state, which would double the target folder.
 if [[ "${CI:-}" == "true" ]]; then
   export CARGO_INCREMENTAL=0

@@ -457,6 +457,8 @@ fn app_with(
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .route_layer(axum::middleware::from_fn_with_state(metrics, crate::metrics::observe))
+        // The console's page and assets: public, so outside the guard (nothing in them is data).
+        .merge(crate::console::router())
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
         .layer(axum::middleware::from_fn(crate::request_id::middleware))

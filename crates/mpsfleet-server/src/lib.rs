@@ -5,6 +5,7 @@ pub mod api;
 pub mod auth;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod forward;

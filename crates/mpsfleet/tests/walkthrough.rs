@@ -40,6 +40,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("bench failover", "a benchmark against etcd: docs/benchmarks.md"),
     ("bench takeover", "a benchmark against etcd: docs/benchmarks.md"),
     ("bench metrics", "a benchmark of many hosts: docs/benchmarks.md"),
+    ("bench console", "a benchmark of many hosts in a browser: docs/benchmarks.md"),
 ];
 
 /// The placeholders docs/cli.md uses for a task and a host.

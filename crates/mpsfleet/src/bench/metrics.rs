@@ -40,7 +40,7 @@ fn state_series(text: &str) -> usize {
 }
 
 /// A pool `bench` on `server` with `hosts` onboarded hosts and `tasks` MPS tasks of 1 GiB.
-async fn populate(
+pub(super) async fn populate(
     server: &ServerProcess,
     hosts: u32,
     gpus: u32,

@@ -3,6 +3,8 @@
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
+mod browser;
+mod console;
 mod failover;
 mod fleet;
 mod ingest;
@@ -40,6 +42,8 @@ pub enum BenchCommand {
     Takeover(failover::TakeoverBench),
     /// The server's /metrics scraped at 20,000 hosts of 8 GPUs: scrape time, size and series.
     Metrics(metrics::MetricsBench),
+    /// The web console's first render of 10,000 hosts in headless Chromium.
+    Console(console::ConsoleBench),
 }
 
 #[derive(Args)]
@@ -75,6 +79,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Failover(b) => failover::failover(b),
         BenchCommand::Takeover(b) => failover::takeover(b),
         BenchCommand::Metrics(b) => metrics::metrics(b),
+        BenchCommand::Console(b) => console::console(b),
     }
 }
 

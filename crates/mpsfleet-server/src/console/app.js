@@ -1,0 +1,287 @@
+// The mpsfleet console: plain DOM over the REST API (the routes of /v1/openapi.json), no build
+// step, nothing fetched from elsewhere. Every text from the API goes into the page as a text
+// node (textContent), never as markup: a hostname or task name holding HTML is shown as it is.
+// The token stays in this tab's sessionStorage and goes only in the Authorization header.
+'use strict';
+
+const state = { token: sessionStorage.getItem('mpsfleet.token'), stream: null, redraw: null };
+
+// An element with attributes and children; strings become text nodes.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'on') for (const [ev, f] of Object.entries(v)) e.addEventListener(ev, f);
+    else e.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === undefined || c === null) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+class ApiError extends Error {}
+
+async function api(path) {
+  const r = await fetch(path, { headers: { Authorization: 'Bearer ' + state.token } });
+  if (r.status === 401) {
+    signOut('The token was refused; sign in again.');
+    throw new ApiError('unauthorized');
+  }
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new ApiError(body.message || ('HTTP ' + r.status));
+  return body;
+}
+
+const seg = (s) => encodeURIComponent(s);
+const utc = (ms) => (ms ? new Date(ms).toISOString().replace('.000', '') : '-');
+const mib = (n) => n + ' MiB';
+const status = (s) => el('span', { class: s }, s);
+
+function table(headers, rows) {
+  return el('table', {}, el('thead', {}, el('tr', {}, headers.map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((c) => el('td', {}, c))))));
+}
+
+function fields(pairs) {
+  return el('dl', {}, pairs.map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+}
+
+// Any JSON value as nested fields (the pool's responsibility record, an incident's trigger).
+function value(v) {
+  if (v === null || v === undefined) return '-';
+  if (Array.isArray(v)) return v.length ? el('ol', {}, v.map((x) => el('li', {}, value(x)))) : '-';
+  if (typeof v === 'object') return fields(Object.entries(v).map(([k, x]) => [k, value(x)]));
+  return String(v);
+}
+
+function link(href, text, attrs) {
+  return el('a', Object.assign({ href }, attrs || {}), text);
+}
+
+// ---- views -------------------------------------------------------------------------------
+
+async function pools() {
+  const list = await api('/v1/pools');
+  const out = [el('h1', {}, 'Pools')];
+  for (const p of list) {
+    const explain = await api('/v1/pools/' + seg(p.name) + '/explain').catch((e) => ({ error: e.message }));
+    out.push(el('section', { 'data-pool': p.name }, el('h2', {}, p.name, ' (', p.mode, ')'), value(explain)));
+  }
+  return out;
+}
+
+async function hosts() {
+  const list = await api('/v1/hosts');
+  const rows = list.map((h) => [
+    link('#/host/' + seg(h.id), h.hostname, { 'data-host-name': h.id }),
+    h.pool, status(h.status), status(h.healthStatus), String(h.gpus.length), String(h.taskCount),
+    utc(h.lastHeartbeatMs),
+  ]);
+  return [el('h1', {}, 'Hosts (', String(list.length), ')'),
+    table(['HOSTNAME', 'POOL', 'STATUS', 'HEALTH', 'GPUS', 'TASKS', 'LAST HEARTBEAT'], rows)];
+}
+
+async function host(id) {
+  const h = await api('/v1/hosts/' + seg(id));
+  const gpus = h.gpus.map((g) => {
+    const used = g.totalMemoryMib - g.remainingMemoryMib;
+    return [String(g.index), g.gpuId, g.model, status(g.sharingMode),
+      el('span', {}, el('meter', { min: 0, max: g.totalMemoryMib, value: used }), ' ', mib(used), ' / ', mib(g.totalMemoryMib)),
+      el('span', {}, el('meter', { min: 0, max: 100, value: Math.min(100, g.computePercentSum) }), ' ', g.computePercentSum + '%'),
+      g.clientCount + ' / ' + g.maxClients];
+  });
+  const checks = (h.checks || []).map((c) => [c.name, c.gpuId || '-', status(c.status), utc(c.sinceMs),
+    String(c.restarts || 0), c.reason || '-']);
+  const use = (h.gpuUse || []).map((u) => [u.taskId, u.gpuId, mib(u.memoryUsedMiB),
+    u.memoryLimitMiB === undefined ? '-' : mib(u.memoryLimitMiB), u.smPercent === undefined ? '-' : u.smPercent + '%']);
+  return [
+    el('h1', { id: 'host-title' }, h.hostname),
+    fields([['ID', h.id], ['Pool', h.pool], ['Status', status(h.status)], ['Health', status(h.healthStatus)],
+      ['Cordoned', h.cordoned ? 'yes' : 'no'], ['Runtime', h.runtime + (h.runtimeVersion ? ' ' + h.runtimeVersion : '')],
+      ['Last heartbeat', utc(h.lastHeartbeatMs)]]),
+    el('h2', {}, 'GPUs'),
+    table(['INDEX', 'UUID', 'MODEL', 'SHARING', 'MPS MEMORY', 'COMPUTE', 'CLIENTS'], gpus),
+    el('h2', {}, 'Checks'),
+    table(['CHECK', 'GPU', 'STATUS', 'SINCE', 'LOCAL RESTARTS', 'REASON'], checks),
+    use.length ? [el('h2', {}, 'GPU use'), table(['TASK', 'GPU', 'MEMORY USED', 'DECLARED', 'SM'], use)] : [],
+  ];
+}
+
+async function tasks() {
+  const list = await api('/v1/tasks');
+  const rows = list.map((t) => [t.id, t.taskDefinition.family + ':' + t.taskDefinition.revision, t.group || '-',
+    status(t.lastStatus), status(t.healthStatus), t.hostId || '-', (t.gpuIds || []).join(', ') || '-',
+    t.pendingReason || '-']);
+  return [el('h1', {}, 'Tasks (', String(list.length), ')'),
+    table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING'], rows)];
+}
+
+async function services() {
+  const list = await api('/v1/services');
+  const out = [el('h1', {}, 'Services')];
+  for (const s of list) {
+    const deployments = await api('/v1/services/' + seg(s.name) + '/deployments').catch(() => []);
+    out.push(el('section', {}, el('h2', {}, s.name),
+      fields([['Pool', s.pool], ['Desired', String(s.desiredCount)], ['Running', String(s.runningCount)],
+        ['Healthy', String(s.healthyCount)]]),
+      table(['DEPLOYMENT', 'STATUS', 'ROLLOUT', 'DESIRED', 'RUNNING', 'FAILED'], deployments.map((d) => [
+        d.id, status(d.status), status(d.rolloutState), String(d.desiredCount), String(d.runningCount ?? '-'),
+        String(d.failedTasks ?? 0)]))));
+  }
+  return out;
+}
+
+async function incidents() {
+  const list = await api('/v1/incidents');
+  const out = [el('h1', {}, 'Incidents (', String(list.length), ')')];
+  for (const i of list) {
+    const entries = (i.timeline && i.timeline.entries) || [];
+    out.push(el('section', { class: 'incident', 'data-incident': i.id },
+      el('h2', {}, i.id, ' ', status(i.state.status), ' host ', i.hostId),
+      i.state.reason ? el('p', { class: 'error' }, i.state.reason) : null,
+      fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', utc(i.openedAtMs)], ['Trigger', value(i.trigger)]]),
+      table(['WHEN', 'STEP', 'DETAIL'], entries.map((e) => [utc(e.atMs), e.step, e.detail]))));
+  }
+  return out;
+}
+
+const routes = [
+  [/^#\/pools$/, pools],
+  [/^#\/hosts$/, hosts],
+  [/^#\/host\/(.+)$/, (m) => host(decodeURIComponent(m[1]))],
+  [/^#\/tasks$/, tasks],
+  [/^#\/services$/, services],
+  [/^#\/incidents$/, incidents],
+];
+
+async function render() {
+  if (!state.token) return;
+  const hash = location.hash || '#/hosts';
+  const main = document.getElementById('main');
+  for (const a of document.querySelectorAll('#nav a')) {
+    a.classList.toggle('current', hash.startsWith(a.getAttribute('href')));
+  }
+  for (const [re, view] of routes) {
+    const m = hash.match(re);
+    if (!m) continue;
+    const started = performance.now();
+    try {
+      const nodes = await view(m);
+      main.replaceChildren(...[nodes].flat(3));
+      document.body.dataset.rendered = hash;
+      window.mpsfleetRenderMs = performance.now() - started;
+      // Since the page's navigation started: what `mpsfleet bench console` reads.
+      if (window.mpsfleetFirstRenderAt === undefined) window.mpsfleetFirstRenderAt = performance.now();
+    } catch (e) {
+      if (!(e instanceof ApiError && e.message === 'unauthorized')) {
+        main.replaceChildren(el('p', { class: 'error' }, 'Cannot show ' + hash + ': ' + e.message));
+      }
+    }
+    return;
+  }
+  main.replaceChildren(el('p', { class: 'error' }, 'No such view: ' + hash));
+}
+
+// ---- live: /v1/events, read as a stream (EventSource cannot send the token) ---------------
+
+function redrawSoon() {
+  clearTimeout(state.redraw);
+  state.redraw = setTimeout(render, 250);
+}
+
+function showEvent(type, data) {
+  const list = document.getElementById('event-list');
+  let subject = '';
+  try {
+    const v = JSON.parse(data);
+    subject = (v.subject && v.subject.id) || v.hostId || v.id || '';
+  } catch (_) { /* a comment or a partial event */ }
+  list.prepend(el('li', {}, utc(Date.now()), ' ', type, ' ', subject));
+  while (list.children.length > 50) list.lastChild.remove();
+}
+
+async function follow() {
+  const live = document.getElementById('live');
+  const controller = new AbortController();
+  state.stream = controller;
+  try {
+    const r = await fetch('/v1/events', { headers: { Authorization: 'Bearer ' + state.token }, signal: controller.signal });
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    live.classList.remove('down');
+    const reader = r.body.getReader();
+    const text = new TextDecoder();
+    let buf = '';
+    for (;;) {
+      const { value: chunk, done } = await reader.read();
+      if (done) break;
+      buf += text.decode(chunk, { stream: true });
+      let end;
+      while ((end = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        let type = 'message';
+        const data = [];
+        for (const line of block.split('\n')) {
+          if (line.startsWith('event:')) type = line.slice(6).trim();
+          else if (line.startsWith('data:')) data.push(line.slice(5).trim());
+        }
+        if (data.length) {
+          showEvent(type, data.join('\n'));
+          redrawSoon();
+        }
+      }
+    }
+  } catch (e) {
+    if (controller.signal.aborted) return;
+  }
+  live.classList.add('down');
+  if (state.token && state.stream === controller) setTimeout(follow, 2000);
+}
+
+// ---- sign in and out ---------------------------------------------------------------------
+
+function signedIn() {
+  for (const id of ['nav', 'live', 'signout', 'events']) document.getElementById(id).hidden = false;
+  if (!location.hash) location.hash = '#/hosts';
+  render();
+  follow();
+}
+
+function signOut(why) {
+  state.token = null;
+  sessionStorage.removeItem('mpsfleet.token');
+  if (state.stream) state.stream.abort();
+  if (why) sessionStorage.setItem('mpsfleet.why', why);
+  location.reload();
+}
+
+async function signIn(ev) {
+  ev.preventDefault();
+  const token = document.getElementById('token').value.trim();
+  const err = document.getElementById('signin-error');
+  const r = await fetch('/v1/pools', { headers: { Authorization: 'Bearer ' + token } }).catch((e) => ({ ok: false, status: e.message }));
+  if (!r.ok) {
+    err.textContent = r.status === 401 ? 'That token is not known.' : r.status === 403
+      ? 'That token may not read the fleet (a viewer token is enough).' : 'Cannot sign in: ' + r.status;
+    return;
+  }
+  state.token = token;
+  sessionStorage.setItem('mpsfleet.token', token);
+  signedIn();
+}
+
+document.addEventListener('DOMContentLoaded', () => {
+  document.getElementById('signin').addEventListener('submit', signIn);
+  document.getElementById('signout').addEventListener('click', () => signOut());
+  const why = sessionStorage.getItem('mpsfleet.why');
+  if (why) {
+    document.getElementById('signin-error').textContent = why;
+    sessionStorage.removeItem('mpsfleet.why');
+  }
+  window.addEventListener('hashchange', render);
+  document.body.dataset.ready = 'yes';
+  if (state.token) signedIn();
+});

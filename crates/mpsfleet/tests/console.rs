@@ -1,0 +1,157 @@
+//! The web console in a real browser: Debian's headless Chromium, driven over the DevTools
+//! protocol on pipes (`--remote-debugging-pipe`, through two FIFOs), against the real server and
+//! an agent with the real MPS daemon. It refuses a bad token, signs in with a viewer token,
+//! lists a host whose hostname carries markup (shown as text, nothing of it run), opens the
+//! host, and sees an incident appear, with no reload, when the host's MPS daemon is killed.
+
+mod common;
+
+use common::*;
+use mpsfleet_types::access::{CreateToken, Role};
+use mpsfleet_types::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+// The DevTools client `mpsfleet bench console` uses too.
+#[path = "../src/bench/browser.rs"]
+mod browser;
+use browser::Browser;
+
+const WAIT: Duration = Duration::from_secs(60);
+/// What the test's host calls itself: markup that would run if the console put it in as HTML.
+const HOSTNAME: &str = "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>gpu-1";
+
+/// With `MPSFLEET_CONSOLE_SCREENSHOTS=DIR` (scripts/console-screenshots.sh), the page as it is
+/// now, to `DIR/NAME.png`, for docs/console.md.
+fn shot(b: &mut Browser, name: &str) {
+    if let Some(dir) = std::env::var_os("MPSFLEET_CONSOLE_SCREENSHOTS") {
+        let dir = Path::new(&dir);
+        std::fs::create_dir_all(dir).unwrap();
+        b.screenshot(&dir.join(format!("{name}.png")));
+    }
+}
+
+/// The pid of the MPS daemon of GPU `index`, from the agent's daemon record.
+fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
+    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    v["pid"].as_u64().unwrap() as u32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
+    let Some(mps) = mps_control() else { return };
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        // Self-managed, without local repair: a killed daemon is an incident the operator owns.
+        let health = HealthPolicy {
+            agent_heartbeat_grace_ms: 3_000,
+            mps_probe_interval_ms: 1_000,
+            mps_probe_timeout_ms: 200,
+            mps_failure_threshold: 2,
+            local_daemon_restarts: 0,
+            toleration_ms: 500,
+        };
+        admin
+            .create_pool(&CreatePool {
+                name: "gpu".into(),
+                mode: Some(OwnershipMode::SelfManaged),
+                health_policy: Some(health),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let agent_dir = dir.path().join("a");
+        let agent = Agent::start(&server, &agent_dir, 1, &mps, &["--hostname", HOSTNAME]);
+        let host = eventually(WAIT, "the host to be ACTIVE", || async {
+            admin.list_hosts(None).await.ok()?.into_iter().find(|h| h.status == HostStatus::Active)
+        })
+        .await;
+        assert_eq!(host.hostname, HOSTNAME);
+        admin.register_taskdef(mps_taskdef("infer", 4096)).await.unwrap();
+        let run = RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into(), client_token: None };
+        let id = admin.run_task(&run).await.unwrap().tasks[0].id;
+        eventually(WAIT, "the task to run", || async {
+            let t = admin.describe_task(&id.to_string()).await.ok()?;
+            (t.last_status == TaskStatus::Running).then_some(())
+        })
+        .await;
+        let viewer = admin
+            .create_token(&CreateToken {
+                role: Role::Viewer,
+                description: "console".into(),
+                expires_in_s: None,
+                pool: None,
+            })
+            .await
+            .unwrap()
+            .token;
+
+        // The page and its assets are served with the policy that keeps injected text inert.
+        let resp = server.http().get(format!("{}/", server.url)).send().await.unwrap();
+        assert!(resp.status().is_success());
+        let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_string();
+        assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+
+        let browser_dir = dir.path().join("browser");
+        std::fs::create_dir_all(&browser_dir).unwrap();
+        let mut b = Browser::start(&browser_dir);
+        b.viewport(1280, 800);
+        b.navigate(&format!("{}/", server.url));
+        b.until(WAIT, "document.body.dataset.ready === 'yes'", "the sign-in form").await;
+
+        // A token the server does not know is refused, in words.
+        b.eval("document.getElementById('token').value = 'mpsf_not_a_token'; document.getElementById('signin-button').click(); true");
+        b.until(WAIT, "document.getElementById('signin-error').textContent.includes('not known')", "the refusal").await;
+
+        // A viewer signs in and sees the host list.
+        let sign_in = format!(
+            "document.getElementById('token').value = {}; document.getElementById('signin-button').click(); true",
+            serde_json::to_string(&viewer).unwrap()
+        );
+        b.eval(&sign_in);
+        b.until(WAIT, "document.body.dataset.rendered === '#/hosts'", "the host list").await;
+        // The hostname is there as text, verbatim; none of its markup became elements or ran.
+        let names = b.eval("[...document.querySelectorAll('[data-host-name]')].map((a) => a.textContent)");
+        assert_eq!(names, serde_json::json!([HOSTNAME]));
+        assert_eq!(b.eval("document.querySelectorAll('main img, main script').length"), 0);
+        assert_eq!(b.eval("window.pwned === undefined"), true);
+        shot(&mut b, "hosts");
+        // The policy holds even against a script the page itself would add inline.
+        b.eval("const s = document.createElement('script'); s.textContent = 'window.inline = 1'; document.body.append(s); true");
+        assert_eq!(b.eval("window.inline === undefined"), true, "an inline script ran");
+
+        // Open the host: its GPU, the MPS memory the task declared, its checks.
+        b.eval("document.querySelector('[data-host-name]').click(); true");
+        b.until(WAIT, "(document.body.dataset.rendered || '').startsWith('#/host/')", "the host view").await;
+        let title = format!(
+            "document.getElementById('host-title').textContent === {}",
+            serde_json::to_string(HOSTNAME).unwrap()
+        );
+        b.until(WAIT, &title, "the host's title").await;
+        let text = b.eval("document.getElementById('main').innerText").as_str().unwrap().to_string();
+        assert!(text.contains("NVIDIA_MPS") && text.contains("4096 MiB / 143771 MiB"), "{text}");
+        assert!(text.contains("MPS_DAEMON") && text.contains(host.id.as_str()), "{text}");
+        assert_eq!(b.eval("document.querySelectorAll('meter').length >= 2"), true);
+        shot(&mut b, "host");
+
+        // The incidents view, empty; then the daemon dies, and the incident arrives live.
+        b.eval("location.hash = '#/incidents'; true");
+        b.until(WAIT, "document.body.dataset.rendered === '#/incidents'", "the incidents view").await;
+        assert_eq!(b.eval("document.querySelectorAll('.incident').length"), 0);
+        let pid = daemon_pid(&agent_dir, 0);
+        assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+        b.until(WAIT, "document.querySelectorAll('.incident').length === 1", "the incident to appear").await;
+        let text = b.eval("document.querySelector('.incident').innerText").as_str().unwrap().to_string();
+        assert!(text.contains("OPEN") && text.contains(host.id.as_str()) && text.contains("DETECTED"), "{text}");
+        let events = b.eval("document.getElementById('event-list').innerText").as_str().unwrap().to_string();
+        assert!(events.contains("incident.opened"), "{events}");
+        shot(&mut b, "incident");
+        drop(agent);
+    })
+    .await;
+}
