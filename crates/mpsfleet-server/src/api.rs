@@ -1067,6 +1067,30 @@ async fn explain_pool(
 struct PoolQuery {
     /// Only this pool's hosts.
     pool: Option<String>,
+    /// At most this many (1 to 1000000; default: all). The answer's `X-Total-Count` says how
+    /// many there are in all.
+    #[param(value_type = Option<usize>, minimum = 1, maximum = 1000000)]
+    limit: Option<String>,
+    /// Leave out this many first, in registration order (paging; default 0).
+    #[param(value_type = Option<usize>)]
+    skip: Option<String>,
+}
+
+/// A list's `limit` (1 to 1,000,000; `default` when absent) and `skip`, checked.
+fn paging(limit: Option<&String>, skip: Option<&String>, default: usize) -> Result<(usize, usize), ApiError> {
+    let limit = match limit {
+        None => default,
+        Some(l) => l.parse::<usize>().ok().filter(|l| (1..=1_000_000).contains(l)).ok_or_else(|| {
+            ApiError::invalid("limit", format!("must be an integer from 1 to 1000000, got {l:?}"))
+        })?,
+    };
+    let skip = match skip {
+        None => 0,
+        Some(n) => n
+            .parse::<usize>()
+            .map_err(|_| ApiError::invalid("skip", format!("must be a non-negative integer, got {n:?}")))?,
+    };
+    Ok((limit, skip))
 }
 
 #[utoipa::path(
@@ -1075,16 +1099,21 @@ struct PoolQuery {
     tag = "hosts",
     summary = "Hosts with their GPUs.",
     params(PoolQuery),
-    responses((status = 200, description = "OK.", body = Vec<HostView>), crate::openapi::Errors)
+    responses((status = 200, description = "OK.", body = Vec<HostView>,
+        headers(("x-total-count" = usize, description = "How many hosts there are in all (of the pool)."))), crate::openapi::Errors)
 )]
 async fn list_hosts(
     State(st): State<AppState>,
     headers: HeaderMap,
     Q(q): Q<PoolQuery>,
-) -> Result<Json<Vec<HostView>>, ApiError> {
-    Ok(Json(
-        st.call(&headers, viewer, move |c, who| Ok(c.hosts(scoped_pool(&who, q.pool)?.as_deref()))).await?,
-    ))
+) -> Result<Response, ApiError> {
+    let (limit, skip) = paging(q.limit.as_ref(), q.skip.as_ref(), usize::MAX)?;
+    let (page, total) = st
+        .call(&headers, viewer, move |c, who| {
+            Ok(c.hosts_page(scoped_pool(&who, q.pool)?.as_deref(), skip, limit))
+        })
+        .await?;
+    Ok(([("x-total-count", total.to_string())], Json(page)).into_response())
 }
 
 #[utoipa::path(
@@ -1353,18 +1382,7 @@ async fn list_tasks(
                 .map_err(|_| ApiError::invalid("status", format!("unknown task status {s:?}")))?,
         ),
     };
-    let limit = match q.get("limit") {
-        None => 1000,
-        Some(l) => l.parse::<usize>().ok().filter(|l| (1..=1_000_000).contains(l)).ok_or_else(|| {
-            ApiError::invalid("limit", format!("must be an integer from 1 to 1000000, got {l:?}"))
-        })?,
-    };
-    let skip = match q.get("skip") {
-        None => 0,
-        Some(n) => n
-            .parse::<usize>()
-            .map_err(|_| ApiError::invalid("skip", format!("must be a non-negative integer, got {n:?}")))?,
-    };
+    let (limit, skip) = paging(q.get("limit"), q.get("skip"), 1000)?;
     let newest_first = match q.get("order").map(String::as_str) {
         None | Some("oldest") => false,
         Some("newest") => true,

@@ -532,3 +532,29 @@ async fn a_task_run_retried_with_its_client_token_after_a_crash_starts_nothing_n
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_are_listed_a_page_at_a_time_with_the_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    create_pool(&server.admin(), "gpu").await;
+    for n in 0..5 {
+        add_host(&server, "gpu", &format!("h{n}"), 1).await;
+    }
+    let get = |q: &'static str| {
+        server.http().get(format!("{}/v1/hosts{q}", server.url)).bearer_auth(server.admin_token()).send()
+    };
+    let resp = get("?limit=2&skip=1").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-total-count"], "5");
+    let page: Vec<HostView> = resp.json().await.unwrap();
+    assert_eq!(page.iter().map(|h| h.hostname.as_str()).collect::<Vec<_>>(), ["h1", "h2"]);
+    let all: Vec<HostView> = get("").await.unwrap().json().await.unwrap();
+    assert_eq!(all.len(), 5, "no limit: every host");
+    for (q, field) in [("?limit=0", "limit"), ("?limit=x", "limit"), ("?skip=-1", "skip")] {
+        let resp = get(q).await.unwrap();
+        assert_eq!(resp.status(), 400, "{q}");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["field"], field, "{q}: {body}");
+    }
+}

@@ -1156,10 +1156,16 @@ impl Cluster {
     }
 
     pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
-        (0..self.hosts.len() as HostIx)
-            .filter(|&ix| pool.is_none_or(|p| self.hosts[ix as usize].host.pool.as_str() == p))
-            .map(|ix| self.host_view(ix))
-            .collect()
+        self.hosts_page(pool, 0, usize::MAX).0
+    }
+
+    /// Hosts `skip..skip + limit` in registration order (of `pool`), and how many there are in
+    /// all: only the page's views are built.
+    pub fn hosts_page(&self, pool: Option<&str>, skip: usize, limit: usize) -> (Vec<HostView>, usize) {
+        let of_pool = |ix: &HostIx| pool.is_none_or(|p| self.hosts[*ix as usize].host.pool.as_str() == p);
+        let all = (0..self.hosts.len() as HostIx).filter(of_pool);
+        let total = all.clone().count();
+        (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
     }
 
     /// One host, with its events (lists leave them out).

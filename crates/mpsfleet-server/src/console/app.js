@@ -25,6 +25,11 @@ function el(tag, attrs, ...children) {
 class ApiError extends Error {}
 
 async function api(path) {
+  return (await apiWithTotal(path)).body;
+}
+
+// The answer and, for a paged list, its X-Total-Count.
+async function apiWithTotal(path) {
   const r = await fetch(path, { headers: { Authorization: 'Bearer ' + state.token } });
   if (r.status === 401) {
     signOut('The token was refused; sign in again.');
@@ -32,7 +37,7 @@ async function api(path) {
   }
   const body = await r.json().catch(() => ({}));
   if (!r.ok) throw new ApiError(body.message || ('HTTP ' + r.status));
-  return body;
+  return { body, total: Number(r.headers.get('x-total-count') || (Array.isArray(body) ? body.length : 0)) };
 }
 
 const seg = (s) => encodeURIComponent(s);
@@ -73,15 +78,40 @@ async function pools() {
   return out;
 }
 
-async function hosts() {
-  const list = await api('/v1/hosts');
-  const rows = list.map((h) => [
+// Hosts are read a page at a time: a fleet of thousands draws its first page at once.
+const HOST_PAGE = 500;
+
+function hostRow(h) {
+  return el('tr', {}, [
     link('#/host/' + seg(h.id), h.hostname, { 'data-host-name': h.id }),
     h.pool, status(h.status), status(h.healthStatus), String(h.gpus.length), String(h.taskCount),
     utc(h.lastHeartbeatMs),
-  ]);
-  return [el('h1', {}, 'Hosts (', String(list.length), ')'),
-    table(['HOSTNAME', 'POOL', 'STATUS', 'HEALTH', 'GPUS', 'TASKS', 'LAST HEARTBEAT'], rows)];
+  ].map((c) => el('td', {}, c)));
+}
+
+async function hosts() {
+  const t0 = performance.now();
+  const first = await apiWithTotal('/v1/hosts?limit=' + HOST_PAGE);
+  window.mpsfleetFetchMs = performance.now() - t0;
+  const body = el('tbody', {}, first.body.map(hostRow));
+  let shown = first.body.length;
+  const more = el('button', { type: 'button', id: 'more-hosts' }, 'Show more');
+  const count = el('span', {});
+  const showing = () => {
+    count.textContent = 'Showing ' + shown + ' of ' + first.total + ' ';
+    more.hidden = shown >= first.total;
+  };
+  more.addEventListener('click', async () => {
+    const next = await api('/v1/hosts?limit=' + HOST_PAGE + '&skip=' + shown);
+    body.append(...next.map(hostRow));
+    shown += next.length;
+    showing();
+  });
+  showing();
+  return [el('h1', {}, 'Hosts (', String(first.total), ')'),
+    el('table', {}, el('thead', {}, el('tr', {},
+      ['HOSTNAME', 'POOL', 'STATUS', 'HEALTH', 'GPUS', 'TASKS', 'LAST HEARTBEAT'].map((h) => el('th', {}, h)))), body),
+    el('p', {}, count, more)];
 }
 
 async function host(id) {
