@@ -459,10 +459,7 @@ impl State {
                 pids: l.handles.values().filter_map(Handle::pid).collect(),
             })
             .collect();
-        let mut shared = self.view.lock().unwrap_or_else(|p| p.into_inner());
-        if *shared != view {
-            *shared = view;
-        }
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = view;
     }
 
     fn record_path(&self, id: &TaskId) -> PathBuf {

@@ -319,8 +319,7 @@ async fn metrics_need_a_viewer_and_name_no_object_of_the_fleet() {
         let resp = server.http().get(format!("{}/metrics", server.url)).send().await.unwrap();
         assert_eq!(resp.status(), 401);
         // A host credential is not a viewer.
-        let (host, agent_client) = add_host(&server, "gpu", "h-1", 2).await;
-        let _ = agent_client;
+        let (host, _agent) = add_host(&server, "gpu", "h-1", 2).await;
         let text = get_text(&server, &server.admin_token(), "/metrics").await;
         assert!(text.contains("mpsfleet_hosts{pool=\"gpu\",status=\"ACTIVE\",health=\"OK\"} 1"), "{text}");
         assert!(!text.contains(host.as_str()), "a host id in the server's metrics:\n{text}");

@@ -197,12 +197,10 @@ async function render() {
   for (const [re, view] of routes) {
     const m = hash.match(re);
     if (!m) continue;
-    const started = performance.now();
     try {
       const nodes = await view(m);
       main.replaceChildren(...[nodes].flat(3));
       document.body.dataset.rendered = hash;
-      window.mpsfleetRenderMs = performance.now() - started;
       // Since the page's navigation started: what `mpsfleet bench console` reads.
       if (window.mpsfleetFirstRenderAt === undefined) window.mpsfleetFirstRenderAt = performance.now();
     } catch (e) {
