@@ -11,8 +11,15 @@ set -euo pipefail
 ref="${1:-mpsfleet/demo:latest}"
 docker_bin="$(command -v docker || true)"
 [[ -x /usr/bin/docker ]] && docker_bin=/usr/bin/docker
+engine_hint='start the system one (systemctl start docker), or a private one from this checkout, as root:
+  bash scripts/docker-env.sh start && eval "$(bash scripts/docker-env.sh env)"
+then run this script again in the same shell (README.md, "A first session")'
 if [[ -z "$docker_bin" ]]; then
-  echo "build-demo-image: no docker CLI: install Docker Engine first (Debian: apt-get install docker.io)" >&2
+  echo "build-demo-image: no docker CLI: install Docker Engine (Debian: apt-get install docker.io), then $engine_hint" >&2
+  exit 1
+fi
+if ! "$docker_bin" version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+  echo "build-demo-image: no Docker Engine answers at ${DOCKER_HOST:-unix:///var/run/docker.sock}: $engine_hint" >&2
   exit 1
 fi
 if [[ ! -x /bin/busybox ]]; then

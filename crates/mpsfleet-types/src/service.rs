@@ -163,6 +163,59 @@ pub struct Deployment {
     pub failed_tasks: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Why its tasks failed, grouped by stop reason, the latest group last: at most
+    /// `Deployment::FAILURE_GROUPS` groups (an older group makes room for a new reason).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureGroup>,
+}
+
+impl Deployment {
+    /// Failure groups a deployment keeps.
+    pub const FAILURE_GROUPS: usize = 8;
+    /// Characters of a stop reason a group keeps.
+    pub const FAILURE_REASON_CHARS: usize = 512;
+
+    /// Counts one failed task under its stop reason; returns the group's count.
+    pub fn note_failure(&mut self, task: &str, reason: &str, at_ms: u64) -> u32 {
+        let reason: String = reason.chars().take(Self::FAILURE_REASON_CHARS).collect();
+        let group = match self.failures.iter().position(|g| g.reason == reason) {
+            Some(i) => self.failures.remove(i),
+            None => {
+                if self.failures.len() >= Self::FAILURE_GROUPS {
+                    self.failures.remove(0);
+                }
+                FailureGroup { reason, count: 0, last_task: String::new(), last_at_ms: 0 }
+            }
+        };
+        let group = FailureGroup {
+            count: group.count.saturating_add(1),
+            last_task: task.to_string(),
+            last_at_ms: at_ms,
+            ..group
+        };
+        let count = group.count;
+        self.failures.push(group);
+        count
+    }
+
+    /// The failure groups in words, most frequent first: `3 stopped: CannotPullContainerError: …`.
+    pub fn failures_words(&self) -> Vec<String> {
+        let mut groups: Vec<&FailureGroup> = self.failures.iter().collect();
+        groups.sort_by(|a, b| b.count.cmp(&a.count).then(b.last_at_ms.cmp(&a.last_at_ms)));
+        groups.iter().map(|g| format!("{} stopped: {}", g.count, g.reason)).collect()
+    }
+}
+
+/// Tasks of a deployment that stopped for one reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureGroup {
+    /// The tasks' stop reason (`CannotPullContainerError: …`), at most 512 characters.
+    pub reason: String,
+    pub count: u32,
+    /// The latest task that stopped for it.
+    pub last_task: String,
+    pub last_at_ms: u64,
 }
 
 /// One event of an object's history, as kubectl's describe shows them: a stable reason and
@@ -256,4 +309,49 @@ pub struct ServiceEndpoint {
     /// The task passes its readiness check (true without one).
     pub ready: bool,
     pub health_status: crate::task::TaskHealth,
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+
+    fn deployment() -> Deployment {
+        Deployment {
+            id: "d-1".into(),
+            status: DeploymentStatus::Primary,
+            task_definition: TaskDefRef::parse("web:1").unwrap(),
+            desired_count: 3,
+            rollout_state: RolloutState::InProgress,
+            rollout_state_reason: String::new(),
+            failed_tasks: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn failures_are_grouped_by_reason_and_bounded() {
+        let mut d = deployment();
+        assert_eq!(d.note_failure("t-1", "CannotPullContainerError: no such image", 1), 1);
+        assert_eq!(d.note_failure("t-2", "exit 1", 2), 1);
+        assert_eq!(d.note_failure("t-3", "CannotPullContainerError: no such image", 3), 2);
+        assert_eq!(d.failures.len(), 2);
+        assert_eq!(d.failures.last().map(|g| g.last_task.as_str()), Some("t-3"), "the latest group last");
+        assert_eq!(
+            d.failures_words(),
+            ["2 stopped: CannotPullContainerError: no such image", "1 stopped: exit 1"]
+        );
+        // A flood of distinct reasons keeps the newest groups, each reason cut to its bound.
+        for i in 0..100 {
+            d.note_failure("t", &format!("{i}{}", "x".repeat(2000)), 10 + i);
+        }
+        assert_eq!(d.failures.len(), Deployment::FAILURE_GROUPS);
+        assert!(d.failures.iter().all(|g| g.reason.chars().count() == Deployment::FAILURE_REASON_CHARS));
+        assert!(d.failures.last().unwrap().reason.starts_with("99x"));
+        // Stored records from before the groups load without them.
+        let mut old = serde_json::to_value(deployment()).unwrap();
+        old.as_object_mut().unwrap().remove("failures");
+        assert_eq!(serde_json::from_value::<Deployment>(old).unwrap(), deployment());
+    }
 }

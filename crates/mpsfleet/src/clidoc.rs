@@ -105,9 +105,12 @@ there. `mpsfleet COMMAND --help` says the same as this page.
 - **Lists** are newest first; `task list` hides STOPPED tasks and `host list` DEREGISTERED
   hosts unless `--all` (or a `--status`); `--limit` and `--skip` page.
 - **Waiting.** `--wait` (with `--timeout SECONDS`, default 300) on `task run`, `task stop`,
-  `service create`, `service update` and `host drain` prints progress on standard error and
-  exits 0 when done, 1 when it cannot finish (a task stopped instead of running, a
-  deployment failed) and 124 at the timeout.
+  `service create`, `service update` and `host drain` prints progress on standard error,
+  then a final line saying what was reached (`deployment d-2 of api completed: 3 of 3
+  healthy`), and exits 0 when done, 1 when it cannot finish (a task stopped instead of
+  running, a deployment failed) and 124 at the timeout. A service's progress names the stop
+  reasons of its failed tasks, grouped (`2 stopped: CannotPullContainerError: …`), and a
+  scale-down waits until the tasks beyond the desired count have STOPPED.
 - **Colour.** Logs (`server`, `agent`, `up`) are coloured only when standard error is a
   terminal and `NO_COLOR` is not set: log files never carry escape codes.
 - **Shell completion.** `mpsfleet completion bash > /etc/bash_completion.d/mpsfleet` (also

@@ -3,7 +3,7 @@
 //! are UTC. Every value goes through [`output`]'s sanitizing.
 
 use crate::output::{events_section, fields, opt, section, utc_time};
-use mpsfleet_types::service::{CircuitBreaker, DeploymentView};
+use mpsfleet_types::service::{CircuitBreaker, DeploymentStatus, DeploymentView};
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
     GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, ServiceView, Task,
@@ -309,6 +309,20 @@ pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) 
         &crate::cli::DEPLOYMENT_HEADERS,
         &crate::cli::deployment_rows(deployments),
     ));
+    // Why tasks of a live deployment stopped, grouped by reason.
+    let failures: Vec<Vec<String>> =
+        (deployments.iter())
+            .filter(|d| d.deployment.status != DeploymentStatus::Inactive)
+            .flat_map(|d| {
+                let id = &d.deployment.id;
+                d.deployment.failures.iter().rev().map(move |g| {
+                    vec![id.clone(), g.count.to_string(), utc_time(g.last_at_ms), g.reason.clone()]
+                })
+            })
+            .collect();
+    if !failures.is_empty() {
+        out.push_str(&section("Failed tasks", &["DEPLOYMENT", "COUNT", "LAST", "STOP REASON"], &failures));
+    }
     let live = tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped);
     out.push_str(&placed_tasks("Replicas", live, true));
     out.push_str(&events_section(&s.events));

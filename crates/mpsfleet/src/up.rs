@@ -266,7 +266,9 @@ async fn up(args: UpArgs) -> Result<()> {
         ),
         Err(why) => println!(
             "containers: none, tasks run as processes (Docker Engine at {}: {why}); to run images, \
-             install it (Debian: apt-get install docker.io) or point DOCKER_HOST at its socket, and \
+             start an engine (Debian: apt-get install docker.io, then systemctl start docker; or, \
+             from the source tree as root, a private one: bash scripts/docker-env.sh start && \
+             eval \"$(bash scripts/docker-env.sh env)\"), point DOCKER_HOST at its socket, and \
              start up again",
             socket.display()
         ),

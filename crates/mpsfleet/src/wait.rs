@@ -39,13 +39,14 @@ pub struct WaitFlags {
 
 /// What one look at the server says.
 enum Progress {
-    Done,
+    /// It took effect: the final line says what was reached.
+    Done(String),
     Waiting(String),
     Failed(String),
 }
 
 /// Looks every half second until `look` says done or failed, or the timeout passes; prints
-/// each new progress line on stderr.
+/// each new progress line on stderr, and the final line once it is done.
 async fn poll<F, Fut>(flags: WaitFlags, what: &str, mut look: F) -> Result<()>
 where
     F: FnMut() -> Fut,
@@ -55,7 +56,10 @@ where
     let mut last = String::new();
     loop {
         match look().await? {
-            Progress::Done => return Ok(()),
+            Progress::Done(line) => {
+                eprintln!("{line}");
+                return Ok(());
+            }
             Progress::Failed(why) => anyhow::bail!("{what} failed: {why}"),
             Progress::Waiting(line) => {
                 if line != last {
@@ -92,7 +96,7 @@ pub async fn tasks_running(c: &Client, flags: WaitFlags, ids: &[TaskId]) -> Resu
             }
         }
         if pending.is_empty() {
-            return Ok(Progress::Done);
+            return Ok(Progress::Done(format!("{running} of {} task(s) RUNNING", ids.len())));
         }
         Ok(Progress::Waiting(format!("{running} of {} RUNNING; {}", ids.len(), pending.join("; "))))
     })
@@ -104,16 +108,20 @@ pub async fn task_stopped(c: &Client, flags: WaitFlags, id: &TaskId) -> Result<(
     poll(flags, "the task to stop", || async {
         let t = c.describe_task(&id.to_string()).await?;
         Ok(match t.last_status {
-            TaskStatus::Stopped => Progress::Done,
+            TaskStatus::Stopped => Progress::Done(format!(
+                "task {id} STOPPED: {}",
+                t.stopped_reason.as_deref().unwrap_or("no reason given")
+            )),
             s => Progress::Waiting(format!("{id} is {}", s.as_str())),
         })
     })
     .await
 }
 
-/// Until the service's PRIMARY deployment (as it is now) completes and has as many healthy
-/// tasks as it wants (a scale-up of a completed deployment is waited for too); failed when
-/// the deployment fails.
+/// Until the service's PRIMARY deployment (as it is now) completes with as many healthy tasks
+/// as it wants (a scale-up of a completed deployment is waited for too) and no task beyond
+/// the desired count is left (a scale-down); failed when the deployment fails. Progress and
+/// the failure name the stop reasons of the deployment's failed tasks, grouped.
 pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Result<()> {
     let first = c.service_deployments(service).await?;
     let Some(id) = first
@@ -128,16 +136,31 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
         let Some(d) = list.iter().find(|d| d.deployment.id == id) else {
             return Ok(Progress::Failed(format!("deployment {id} is gone")));
         };
-        Ok(match d.deployment.rollout_state {
-            RolloutState::Completed if d.healthy_count >= d.deployment.desired_count => Progress::Done,
-            RolloutState::Failed => Progress::Failed(d.deployment.rollout_state_reason.clone()),
+        let dep = &d.deployment;
+        let query = TaskQuery { service: Some(service.to_string()), live: true, ..Default::default() };
+        let live = c.list_tasks(&query).await?.len() as u32;
+        let failures = dep.failures_words();
+        Ok(match dep.rollout_state {
+            RolloutState::Completed if d.healthy_count >= dep.desired_count && live <= dep.desired_count => {
+                Progress::Done(format!(
+                    "deployment {id} of {service} completed: {} of {} healthy",
+                    d.healthy_count, dep.desired_count
+                ))
+            }
+            RolloutState::Failed => Progress::Failed(dep.rollout_state_reason.clone()),
+            RolloutState::Completed if d.healthy_count >= dep.desired_count => Progress::Waiting(format!(
+                "{live} task(s) not yet STOPPED for {} desired: {} stopping",
+                dep.desired_count,
+                live - dep.desired_count
+            )),
             RolloutState::InProgress | RolloutState::Completed => Progress::Waiting(format!(
-                "{} of {} healthy, {} running, {} pending, {} failed",
+                "{} of {} healthy, {} running, {} pending, {} failed{}",
                 d.healthy_count,
-                d.deployment.desired_count,
+                dep.desired_count,
                 d.running_count,
                 d.pending_count,
-                d.deployment.failed_tasks
+                dep.failed_tasks,
+                if failures.is_empty() { String::new() } else { format!(" ({})", failures.join("; ")) }
             )),
         })
     })
@@ -150,7 +173,7 @@ pub async fn host_drained(c: &Client, flags: WaitFlags, host: &str) -> Result<()
         let query = TaskQuery { host: Some(host.to_string()), live: true, ..Default::default() };
         let left = c.list_tasks(&query).await?;
         Ok(if left.is_empty() {
-            Progress::Done
+            Progress::Done(format!("host {host} drained: no task left on it"))
         } else {
             Progress::Waiting(format!("{} task(s) left", left.len()))
         })

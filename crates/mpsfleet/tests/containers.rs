@@ -498,6 +498,62 @@ async fn a_missing_image_stops_with_cannot_pull() {
     .await;
 }
 
+/// A rolling update to an image that does not exist, as a user meets it through the CLI:
+/// `--wait` names the pull error when it gives up, and so do the service's events; a
+/// successful `--wait` says what it reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rollout_says_why_where_the_user_looks() {
+    within(async {
+        let f = Fleet::start("roll", 1, &[]).await;
+        let cli = |args: &[&str]| {
+            let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+                .args(args)
+                .args(["--server", &f.server.url, "--token", &f.server.admin_token()])
+                .args(["--ca-file", &f.server.ca_file()])
+                .env("HOME", f.dir.path())
+                .output()
+                .unwrap();
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            (out.status.code(), text(&out.stdout), text(&out.stderr))
+        };
+        f.register(def("roll", &f.docker.image, serde_json::json!({"command": ["sleep", "600"]}))).await;
+        let (code, _, err) =
+            cli(&["service", "create", "roll", "--taskdef", "roll:1", "--desired", "2", "--wait"]);
+        assert_eq!(code, Some(0), "{err}\n{}", f.logs());
+        assert!(err.contains("deployment d-1 of roll completed: 2 of 2 healthy"), "no final line: {err}");
+
+        let missing = format!("{}/mpsfleet/missing:none", f.docker.registry);
+        f.register(def("roll", &missing, serde_json::json!({"command": ["sleep", "600"]}))).await;
+        let (code, _, err) =
+            cli(&["service", "update", "roll", "--taskdef", "roll:2", "--wait", "--timeout", "15"]);
+        assert_eq!(code, Some(124), "the rollout cannot finish: {err}");
+        assert!(err.contains("stopped: CannotPullContainerError: "), "--wait does not say why: {err}");
+
+        let (code, shown, err) = cli(&["service", "describe", "roll"]);
+        assert_eq!(code, Some(0), "{err}");
+        let failed = shown.lines().find(|l| l.contains("TasksFailed")).unwrap_or_else(|| panic!("{shown}"));
+        assert!(failed.contains("task(s) of roll:2 stopped: CannotPullContainerError: "), "{failed}");
+        let (_, json, _) = cli(&["service", "deployments", "roll", "-o", "json"]);
+        let list: Vec<mpsfleet_types::service::DeploymentView> = serde_json::from_str(&json).unwrap();
+        let groups = &list[0].deployment.failures;
+        assert!(groups[0].reason.starts_with("CannotPullContainerError: "), "{groups:?}");
+        assert!(groups[0].count >= 1 && list[1].healthy_count == 2, "the old tasks serve on: {list:#?}");
+
+        // A scale-down waits for the tasks it stops, and says so.
+        let (code, _, err) =
+            cli(&["service", "update", "roll", "--taskdef", "roll:1", "--desired", "1", "--wait"]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(err.contains("completed: 1 of 1 healthy"), "{err}");
+        let live = f
+            .admin
+            .list_tasks(&TaskQuery { service: Some("roll".into()), live: true, ..Default::default() })
+            .await
+            .unwrap();
+        assert_eq!(live.len(), 1, "--wait returned before the extra tasks stopped: {live:?}");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_kill9_and_restart_adopts_running_containers_and_reports_exits() {
     within(async {

@@ -256,10 +256,15 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
             cmd = cmd.replace("<task-id>", &id);
         }
         eprintln!("$ {cmd}");
-        let out = s.ok(&cmd);
-        eprint!("{out}");
+        let (ok, out, err) = s.sh(&cmd, Duration::from_secs(240));
+        assert!(ok, "`{cmd}` failed:\n{out}\n{err}");
+        eprint!("{out}{err}");
         if let Some(p) = promised(&line) {
-            assert!(out.contains(&p), "README says `{line}` prints {p}; it printed:\n{out}");
+            // `--wait` prints its progress and final line on stderr, the object on stdout.
+            assert!(
+                out.contains(&p) || err.contains(&p),
+                "README says `{line}` prints {p}; it printed:\n{out}{err}"
+            );
         }
         if line.contains("curl") {
             assert!(out.contains("hello from t-"), "the demo page: {out}");

@@ -71,6 +71,9 @@ pub const MAX_RUN_COUNT: u32 = 10_000;
 /// the oldest failure leaves the window (crash-loop backoff).
 pub const SERVICE_RESTART_BURST: usize = 5;
 pub const SERVICE_RESTART_WINDOW_MS: u64 = 30_000;
+/// How long a service waits after a rollout, a replica's start or an incident in its pool
+/// before it moves a replica to spread them over daemons again (docs/pools.md).
+pub const REBALANCE_SETTLE_MS: u64 = 60_000;
 
 /// The most replicas a service may ask for.
 pub const MAX_DESIRED_COUNT: u32 = 10_000;
@@ -1649,6 +1652,7 @@ impl Cluster {
             }
         }
         let code = t.stop_code;
+        let reason = t.stopped_reason.clone();
         let was = self.replica_state(&task);
         let now_state = self.replica_state(&t);
         self.write_tasks(vec![t])?;
@@ -1669,7 +1673,7 @@ impl Cluster {
                 );
             if let (true, Some(g)) = (failed, &task.group) {
                 self.service_failures.entry(g.clone()).or_default().push_back(now);
-                self.note_service_failure(&task)?;
+                self.note_service_failure(&task, reason.as_deref().unwrap_or("no reason given"))?;
             }
             self.reconcile_group(task.group.as_ref())?;
         } else if was != now_state {

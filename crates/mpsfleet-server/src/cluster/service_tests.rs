@@ -182,6 +182,48 @@ fn a_tripped_breaker_without_rollback_starts_nothing_more() {
     assert_eq!(d[0].deployment.rollout_state, RolloutState::Failed);
     assert_eq!(d[0].deployment.failed_tasks, 3);
     assert_eq!(counts(&w.c), (2, 2), "the old tasks still run");
+    // Why, where the user looks: the deployment's failure groups, the breaker's reason and the
+    // service's events all name the tasks' stop reason.
+    let why = "health check of container c failed";
+    assert_eq!(d[0].deployment.failures.len(), 1, "{:#?}", d[0].deployment.failures);
+    // Counted as they stop: a task started before the breaker tripped may fail after it.
+    assert_eq!(d[0].deployment.failures[0].reason, why);
+    assert!(d[0].deployment.failures[0].count >= 3, "{:#?}", d[0].deployment.failures);
+    assert!(
+        d[0].deployment.rollout_state_reason.ends_with(&format!("(threshold 3): 3 stopped: {why}")),
+        "{}",
+        d[0].deployment.rollout_state_reason
+    );
+    let svc = w.c.service("web").unwrap().service;
+    let failed: Vec<&str> =
+        svc.events.iter().filter(|e| e.reason == "TasksFailed").map(|e| e.message.as_str()).collect();
+    assert_eq!(failed.first(), Some(&format!("1 task(s) of app:2 stopped: {why}").as_str()), "{failed:?}");
+    assert_eq!(failed.get(2), Some(&format!("3 task(s) of app:2 stopped: {why}").as_str()), "{failed:?}");
+    let tripped = svc.events.iter().find(|e| e.reason == "DeploymentFailed").unwrap();
+    assert!(tripped.message.contains(why), "{}", tripped.message);
+}
+
+/// Tasks that fail as fast as they are started are held back, and the service's events say so
+/// with the reason, once per hold, not once per resync.
+#[test]
+fn a_crash_loop_is_held_back_and_says_why() {
+    let (mut w, _) = world(2);
+    service(&mut w, 2, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    update(&mut w, "app:2");
+    agents(&mut w, |td| td.revision == 2, &mut |_| {});
+    for _ in 0..5 {
+        w.advance(1000);
+        w.c.resync().unwrap();
+        agents(&mut w, |td| td.revision == 2, &mut |_| {});
+    }
+    let svc = w.c.service("web").unwrap().service;
+    let held: Vec<_> = svc.events.iter().filter(|e| e.reason == "ReplacementsHeldBack").collect();
+    let failures = svc.events.iter().filter(|e| e.reason == "TasksFailed").count();
+    assert!(!held.is_empty() && held.len() < failures, "{:#?}", svc.events);
+    assert!(held.iter().all(|e| e.count == 1), "once per hold, not once per resync: {held:#?}");
+    assert!(held[0].message.contains("(latest: health check of container c failed)"), "{}", held[0].message);
+    assert_eq!(counts(&w.c), (2, 2), "the old tasks still run");
 }
 
 #[test]
@@ -330,13 +372,28 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     assert_eq!(crowded.len(), 3);
     assert!(crowded.windows(2).all(|p| p[0] == p[1]), "all on host 0's GPU: {crowded:?}");
 
-    // They answer again; each resync may move one replica, as the server's loops run them.
+    // They answer again. Nothing moves within the settle time after the replacements started.
     for h in &hosts[1..] {
         w.heartbeat(h, HealthStatus::Ok);
     }
-    let mut lowest = usize::MAX;
+    let moves = |c: &Cluster| {
+        c.service("web").unwrap().service.events.iter().filter(|e| e.reason == "ReplicaMoved").count()
+    };
     for _ in 0..10 {
         w.advance(1000);
+        w.c.health_tick().unwrap();
+        w.c.resync().unwrap();
+        agents(&mut w, |_| false, &mut |_| {});
+    }
+    assert_eq!(moves(&w.c), 0, "no move within the settle time");
+    // Then each resync may move one replica, as the server's loops run them, a settle time
+    // after the one before started its replacement.
+    let mut lowest = usize::MAX;
+    for _ in 0..10 {
+        w.advance(REBALANCE_SETTLE_MS / 2);
+        for h in &hosts {
+            w.heartbeat(h, HealthStatus::Ok);
+        }
         // The health tick opens a GPU whose daemon answers again; the resync reconciles.
         w.c.health_tick().unwrap();
         w.c.resync().unwrap();
@@ -349,6 +406,11 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     assert_eq!(counts(&w.c), (3, 3));
     let svc = w.c.service("web").unwrap().service;
     assert_eq!(svc.events.iter().filter(|e| e.reason == "ReplicaMoved").count(), 2, "{:#?}", svc.events);
+    let at: Vec<u64> = svc.events.iter().filter(|e| e.reason == "ReplicaMoved").map(|e| e.at_ms).collect();
+    assert!(at[1] - at[0] >= REBALANCE_SETTLE_MS, "a settle time between moves: {at:?}");
+    // A move is told as a move, not as a replacement by a newer definition.
+    assert!(svc.events.iter().any(|e| e.reason == "TasksMoved"), "{:#?}", svc.events);
+    assert!(!svc.events.iter().any(|e| e.reason == "TasksReplaced"), "{:#?}", svc.events);
     assert!(svc.moving.is_empty());
 }
 

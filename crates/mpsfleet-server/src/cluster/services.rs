@@ -324,7 +324,17 @@ impl Cluster {
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let failed = svc.deployments[0].rollout_state == RolloutState::Failed;
-        let may_start = !failed && !self.failing_too_fast(name);
+        let held = !failed && self.failing_too_fast(name);
+        if held && svc.events.last().is_none_or(|e| e.reason != "ReplacementsHeldBack") {
+            let latest = svc.deployments[0].failures.last().map(|g| g.reason.clone());
+            let msg = format!(
+                "replacements held back: {SERVICE_RESTART_BURST} task(s) failed within {} s{}; the next start waits until that slows",
+                SERVICE_RESTART_WINDOW_MS / 1000,
+                latest.map(|r| format!(" (latest: {r})")).unwrap_or_default()
+            );
+            svc.events.push(now, ObjectEvent::new("ReplacementsHeldBack", msg));
+        }
+        let may_start = !failed && !held;
         let live = self.tasks.of_service(name);
         svc.moving.retain(|id| live.contains(id));
         if may_start && svc.moving.is_empty() {
@@ -334,15 +344,16 @@ impl Cluster {
         let plan = deployment::plan(bounds, &replicas, may_start);
 
         let mut to_stop = Vec::with_capacity(plan.stop.len());
-        let (mut replaced, mut scaled_in) = (0, 0);
+        let (mut replaced, mut moved, mut scaled_in) = (0, 0, 0);
         for (id, why) in &plan.stop {
             let Some(e) = self.tasks.get(id) else { continue };
             let reason = match why {
                 StopWhy::Replaced => {
-                    replaced += 1;
                     if svc.moving.contains(id) {
+                        moved += 1;
                         "moved to spread the service's replicas over daemons".to_string()
                     } else {
+                        replaced += 1;
                         format!(
                             "replaced by a task of {} (deployment {})",
                             svc.task_definition, svc.deployments[0].id
@@ -360,6 +371,13 @@ impl Cluster {
         if replaced > 0 {
             let msg = format!("stopped {replaced} task(s) of older definitions ({})", bounds_words(&bounds));
             svc.events.push(now, ObjectEvent::new("TasksReplaced", msg));
+        }
+        if moved > 0 {
+            let msg = format!(
+                "stopped {moved} task(s) to move them to a daemon of their own ({})",
+                bounds_words(&bounds)
+            );
+            svc.events.push(now, ObjectEvent::new("TasksMoved", msg));
         }
         if scaled_in > 0 {
             let msg = format!("stopped {scaled_in} task(s) beyond the desired count");
@@ -429,6 +447,9 @@ impl Cluster {
         let Some(&(_, id)) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max()) else {
             return;
         };
+        if now < self.rebalance_settled_at(svc) {
+            return;
+        }
         let Some(task) = self.tasks.get(&id).map(|e| e.task.clone()) else { return };
         let Ok(req) = self.request_for(&task) else { return };
         // Where a new replica would go; given back at once.
@@ -448,6 +469,25 @@ impl Cluster {
             "moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})"
         );
         svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
+    }
+
+    /// When a move may run: [`REBALANCE_SETTLE_MS`] after the latest of the PRIMARY
+    /// deployment's last change (its completion), the newest replica's start and the latest
+    /// incident of the service's pool (opened or resolved), so that a recovery or a rollout is
+    /// not followed at once by a second disruption nobody asked for.
+    fn rebalance_settled_at(&self, svc: &Service) -> u64 {
+        let deployed = svc.deployments.first().map_or(0, |d| d.updated_at_ms);
+        let started = (self.tasks.of_service(&svc.name).iter())
+            .filter_map(|id| self.tasks.get(id))
+            .map(|e| e.task.created_at_ms)
+            .max()
+            .unwrap_or(0);
+        let incident = (self.incidents.values())
+            .filter(|i| i.value.pool == svc.pool)
+            .map(|i| i.value.resolved_at_ms.unwrap_or(i.value.opened_at_ms).max(i.value.opened_at_ms))
+            .max()
+            .unwrap_or(0);
+        deployed.max(started).max(incident).saturating_add(REBALANCE_SETTLE_MS)
     }
 
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
@@ -493,18 +533,37 @@ impl Cluster {
         trim_deployments(svc);
     }
 
-    /// A task of the service stopped failing: it counts toward the PRIMARY deployment's
-    /// circuit breaker if it ran that deployment's definition.
-    pub(super) fn note_service_failure(&mut self, task: &Task) -> Result<(), ApiError> {
+    /// A task of the service stopped failing (`reason` is its stop reason). The service's
+    /// events say so, grouped by reason with the deployment of the task's definition ("3
+    /// task(s) of web:2 stopped: CannotPullContainerError: …"); it counts toward the PRIMARY
+    /// deployment's circuit breaker if it ran that deployment's definition, and a tripped
+    /// breaker names the reasons.
+    pub(super) fn note_service_failure(&mut self, task: &Task, reason: &str) -> Result<(), ApiError> {
         let Some(name) = &task.group else { return Ok(()) };
         let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
         let now = self.now();
-        let Some(d) = svc.deployments.first_mut() else { return Ok(()) };
+        let id = task.id.to_string();
+        let grouped = svc
+            .deployments
+            .iter_mut()
+            .find(|d| d.status != DeploymentStatus::Inactive && d.task_definition == task.task_definition)
+            .map(|d| {
+                d.updated_at_ms = now;
+                d.note_failure(&id, reason, now)
+            });
+        let shown: String = reason.chars().take(Deployment::FAILURE_REASON_CHARS).collect();
+        let msg = match grouped {
+            Some(n) => format!("{n} task(s) of {} stopped: {shown}", task.task_definition),
+            None => format!("task {id} of {} stopped: {shown}", task.task_definition),
+        };
+        svc.events.push(now, ObjectEvent::new("TasksFailed", msg));
+        let Some(d) = svc.deployments.first_mut() else { return self.write_service(svc) };
         if d.rollout_state != RolloutState::InProgress
             || d.task_definition != task.task_definition
             || task.created_at_ms < d.created_at_ms
         {
-            return Ok(());
+            svc.updated_at_ms = now;
+            return self.write_service(svc);
         }
         d.failed_tasks += 1;
         d.updated_at_ms = now;
@@ -512,8 +571,11 @@ impl Cluster {
         let threshold = CircuitBreaker::threshold(d.desired_count);
         if breaker.enable && d.failed_tasks >= threshold {
             d.rollout_state = RolloutState::Failed;
-            d.rollout_state_reason =
-                format!("circuit breaker tripped: {} task(s) failed (threshold {threshold})", d.failed_tasks);
+            d.rollout_state_reason = format!(
+                "circuit breaker tripped: {} task(s) failed (threshold {threshold}): {}",
+                d.failed_tasks,
+                d.failures_words().join("; ")
+            );
             let failed_id = d.id.clone();
             let msg = format!("deployment {failed_id} failed: {}", d.rollout_state_reason);
             svc.events.push(now, ObjectEvent::new("DeploymentFailed", msg));
@@ -594,6 +656,7 @@ fn start_deployment(svc: &mut Service, now: u64, reason: String) {
             failed_tasks: 0,
             created_at_ms: now,
             updated_at_ms: now,
+            failures: Vec::new(),
         },
     );
     trim_deployments(svc);
