@@ -204,7 +204,10 @@ pub fn explain(pool: &Pool) -> Explanation {
 
 fn provider_detail(p: &Provider) -> String {
     match (p.kind, &p.name) {
-        (ProviderKind::Local, _) => "agents as local processes".into(),
+        (ProviderKind::Local, _) => "agents as local processes of `mpsfleet up`, which are up's to \
+                                     relaunch: Ctrl-C stops them with their tasks ('stopped with up') \
+                                     and the next up on the same data dir starts the same hosts again"
+            .into(),
         (ProviderKind::Exec, Some(name)) => format!("runs the server's exec provider {name}"),
         (ProviderKind::Exec, None) => "no exec provider named (set provider.name)".into(),
     }
@@ -247,6 +250,7 @@ mod tests {
         );
         assert_eq!(e.decision.who, "mpsfleet");
         assert!(e.replacement.what.contains("local provider") && e.replacement.what.contains("4 host(s)"));
+        assert!(e.replacement.what.contains("up's to relaunch"), "{}", e.replacement.what);
         assert!(e.safety_limits.what.contains("more than 30%"));
         assert!(e.resumption.what.contains("starts again from its beginning"));
     }

@@ -212,22 +212,38 @@ async fn up(args: UpArgs) -> Result<()> {
     let req =
         mpsfleet_types::access::CreateJoinToken { expires_in_s: None, description: UP_JOIN_TOKEN.into() };
     let join_token = opened.cluster.create_join_token(req, "mpsfleet up")?.token;
+    // The hosts of an earlier run come back as themselves (same names, directories and so host
+    // ids); one whose directory is gone retires quietly (mpsfleet_server's `local_fleet`).
+    let mut launch: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for h in opened.cluster.hosts(Some(&args.pool)) {
+        if h.status == mpsfleet_types::HostStatus::Deregistered {
+            continue;
+        }
+        if dir.join("hosts").join(&h.hostname).join("identity.json").is_file() {
+            launch.insert(h.hostname.clone());
+        } else {
+            let why = format!("stopped with up: its directory hosts/{} is gone", h.hostname);
+            opened.cluster.retire_host(&h.id, &why)?;
+            println!("host {} ({}) retired: {why}", h.id, h.hostname);
+        }
+    }
+    // A managed pool is kept at its size by the server (through this provider); the hosts of a
+    // self-managed pool are the operator's, started here.
+    if mode == OwnershipMode::SelfManaged {
+        launch.extend((0..hosts).map(|i| format!("local-{i}")));
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(mpsfleet_server::serve(listener, opened.cluster, options, async {
         let _ = stop_rx.await;
     }));
-    // A managed pool is kept at its size by the server (through this provider); the hosts of a
-    // self-managed pool are the operator's, started here.
-    if mode == OwnershipMode::SelfManaged {
-        for i in 0..hosts {
-            provider.launch(&mpsfleet_server::provider::LaunchRequest {
-                name: format!("local-{i}"),
-                pool: args.pool.clone(),
-                server: url.clone(),
-                join_token: join_token.clone(),
-                agent_args: Vec::new(),
-            })?;
-        }
+    for name in launch {
+        provider.launch(&mpsfleet_server::provider::LaunchRequest {
+            name,
+            pool: args.pool.clone(),
+            server: url.clone(),
+            join_token: join_token.clone(),
+            agent_args: Vec::new(),
+        })?;
     }
 
     if let Some(path) = client_config_path() {
@@ -284,10 +300,27 @@ async fn up(args: UpArgs) -> Result<()> {
     let served = server.await;
     // The hosts go even when the server ended with an error.
     stop_hosts(provider).await?;
+    record_stopped(dir, &args.pool);
     served??;
     say("stopped");
     Ok(())
 }
+
+/// The hosts stopped their tasks as they exited, with the server already down: the state says
+/// so, so that the next `up` starts from what really runs (services start their replicas
+/// again; standalone tasks stay STOPPED, "stopped with up").
+fn record_stopped(dir: &Path, pool: &str) {
+    let recorded = mpsfleet_server::open(dir, Arc::new(SystemClock))
+        .and_then(|mut opened| opened.cluster.record_stopped_with_hosts(pool, STOPPED_WITH_UP));
+    match recorded {
+        Ok(0) => {}
+        Ok(n) => say(&format!("{n} task(s) recorded as stopped with up")),
+        Err(e) => eprintln!("warning: cannot record the tasks as stopped with up: {e}"),
+    }
+}
+
+/// The stop reason of the tasks `up` stopped with its hosts.
+pub const STOPPED_WITH_UP: &str = "stopped with up";
 
 /// Prints a line to standard output, ignoring a closed one.
 fn say(line: &str) {

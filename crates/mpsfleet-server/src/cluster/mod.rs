@@ -10,6 +10,7 @@ mod audit;
 mod health;
 mod idempotency;
 mod introspect;
+mod local_fleet;
 mod logs;
 mod metrics;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};

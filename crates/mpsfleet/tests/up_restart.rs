@@ -1,0 +1,246 @@
+//! `mpsfleet up`, Ctrl-C, `up` again on the same data dir, as a new user does it: a clean stop
+//! and start is a non-event (the same hosts, no incident, no replacement, services back to
+//! their count, standalone tasks STOPPED saying why), and a real failure afterwards is still an
+//! incident. The real binary, the real MPS daemon, tasks as processes.
+
+mod common;
+
+use common::*;
+use mpsfleet_client::{Client, TaskQuery};
+use mpsfleet_types::*;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A running `up`, interrupted (then killed) when dropped.
+struct Up {
+    child: Child,
+    admin: Client,
+    lines: Receiver<String>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+            for _ in 0..600 {
+                if self.child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Up {
+    /// `up --hosts 2` on `data` (tasks as processes), once it printed its summary.
+    fn start(home: &Path, data: &Path) -> Up {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .env("HOME", home)
+            .env_remove("XDG_CONFIG_HOME")
+            // Processes, whatever engine the machine has: this is about hosts, not images.
+            .env("DOCKER_HOST", format!("unix://{}/no-docker.sock", home.display()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("up: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let mut url = None;
+        loop {
+            let line = lines.recv_timeout(Duration::from_secs(60)).expect("up printed its summary");
+            if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
+                url = Some(u.to_string());
+            }
+            if line.starts_with("try:") {
+                break;
+            }
+        }
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(home.join(".config/mpsfleet/config.json")).unwrap())
+                .unwrap();
+        let trust =
+            mpsfleet_client::tls::Trust::Ca(std::fs::read(config["caFile"].as_str().unwrap()).unwrap());
+        let token = config["token"].as_str().map(String::from);
+        let admin = Client::with_trust(url.as_deref().unwrap(), token, &trust).unwrap();
+        Up { child, admin, lines }
+    }
+
+    /// Ctrl-C; returns what `up` printed while it stopped.
+    fn interrupt(mut self) -> Vec<String> {
+        assert!(Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "up exited with {status}");
+        self.lines.try_iter().collect()
+    }
+}
+
+async fn active_hosts(admin: &Client) -> Vec<HostView> {
+    eventually(WAIT, "two ACTIVE hosts", || async {
+        admin
+            .list_hosts(None)
+            .await
+            .ok()
+            .filter(|h| h.len() == 2 && h.iter().all(|h| h.status == HostStatus::Active))
+    })
+    .await
+}
+
+async fn running(admin: &Client, service: Option<&str>, n: usize) -> Vec<Task> {
+    let q = TaskQuery { service: service.map(String::from), live: true, ..Default::default() };
+    eventually(WAIT, &format!("{n} RUNNING tasks of {service:?}"), || async {
+        let ts = admin.list_tasks(&q).await.ok()?;
+        (ts.len() == n && ts.iter().all(|t| t.last_status == TaskStatus::Running)).then_some(ts)
+    })
+    .await
+}
+
+#[test]
+fn a_restarted_up_is_a_non_event_and_a_real_failure_after_it_is_not() {
+    if mps_control().is_none() {
+        eprintln!("skipped: the real nvidia-cuda-mps-control is not installed (bash scripts/install-mps.sh)");
+        assert!(!on_ci(), "CI installs the MPS daemon");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+
+    // The first run: a service of two replicas and one standalone task.
+    let up = Up::start(dir.path(), &data);
+    let (hosts, first_replicas, solo) = rt.block_on(async {
+        let hosts = active_hosts(&up.admin).await;
+        up.admin.register_taskdef(mps_taskdef("web", 8192)).await.unwrap();
+        up.admin.register_taskdef(mps_taskdef("solo", 1024)).await.unwrap();
+        let create = CreateService {
+            name: "web".into(),
+            pool: "default".into(),
+            task_definition: "web".into(),
+            desired_count: 2,
+            ..Default::default()
+        };
+        up.admin.create_service(&create).await.unwrap();
+        let run =
+            RunTask { task_definition: "solo".into(), count: 1, pool: "default".into(), client_token: None };
+        let solo = up.admin.run_task(&run).await.unwrap().tasks[0].id;
+        let replicas = running(&up.admin, Some("web"), 2).await;
+        running(&up.admin, None, 3).await;
+        (hosts, replicas, solo)
+    });
+    let ids = |hs: &[HostView]| hs.iter().map(|h| h.id.clone()).collect::<BTreeSet<_>>();
+    let said = up.interrupt();
+    assert!(said.iter().any(|l| l.contains("3 task(s) recorded as stopped with up")), "{said:?}");
+    let left = processes_mentioning(&data.display().to_string());
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+
+    // The second run, on the same data dir: the same hosts come back, nothing else happens.
+    let up = Up::start(dir.path(), &data);
+    rt.block_on(async {
+        let again = active_hosts(&up.admin).await;
+        assert_eq!(ids(&again), ids(&hosts), "the same hosts");
+        let replicas = running(&up.admin, Some("web"), 2).await;
+        assert!(replicas.iter().all(|t| !first_replicas.iter().any(|f| f.id == t.id)), "new replicas");
+        // Past every grace a host that never came back would have run out of.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let all = up.admin.list_hosts(None).await.unwrap();
+        assert_eq!(ids(&all), ids(&hosts), "no other host, none DEREGISTERED: {all:#?}");
+        assert!(
+            all.iter().all(|h| h.status == HostStatus::Active && !h.hostname.starts_with("inc-")),
+            "{all:#?}"
+        );
+        assert_eq!(up.admin.list_incidents().await.unwrap().len(), 0, "a clean restart opened an incident");
+        running(&up.admin, Some("web"), 2).await;
+        let solo = up.admin.describe_task(&solo.to_string()).await.unwrap();
+        assert_eq!(solo.last_status, TaskStatus::Stopped);
+        assert_eq!(solo.stopped_reason.as_deref(), Some("stopped with up"), "{solo:#?}");
+        for f in &first_replicas {
+            let t = up.admin.describe_task(&f.id.to_string()).await.unwrap();
+            assert_eq!(
+                (t.last_status, t.stopped_reason.as_deref()),
+                (TaskStatus::Stopped, Some("stopped with up"))
+            );
+        }
+
+        // A real failure after the restart: one host's agent dies. It is an incident.
+        let victim = &hosts[0];
+        let pid =
+            std::fs::read_to_string(data.join("hosts").join(&victim.hostname).join("agent.pid")).unwrap();
+        let pid = pid.split_whitespace().next().unwrap();
+        assert!(Command::new("kill").args(["-KILL", pid]).status().unwrap().success());
+        let incidents = eventually(WAIT, "an incident for the dead agent", || async {
+            let list = up.admin.list_incidents().await.ok()?;
+            (!list.is_empty()).then_some(list)
+        })
+        .await;
+        assert_eq!(incidents[0].incident.host_id, victim.id, "{incidents:#?}");
+    });
+    drop(up);
+}
+
+/// `server` stopped cleanly (SIGTERM) and started again on its data dir and address, with its
+/// agents running all along: they reconnect and keep their tasks, and nothing is opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_under_running_agents_is_a_non_event() {
+    let Some(mps) = mps_control() else {
+        eprintln!("skipped: the real nvidia-cuda-mps-control is not installed (bash scripts/install-mps.sh)");
+        assert!(!on_ci(), "CI installs the MPS daemon");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    let _agents: Vec<Agent> =
+        (0..2).map(|i| Agent::start(&server, &dir.path().join(format!("a{i}")), 2, &mps, &[])).collect();
+    let hosts = active_hosts(&admin).await;
+    admin.register_taskdef(mps_taskdef("web", 8192)).await.unwrap();
+    let create = CreateService {
+        name: "web".into(),
+        pool: "gpu".into(),
+        task_definition: "web".into(),
+        desired_count: 2,
+        ..Default::default()
+    };
+    admin.create_service(&create).await.unwrap();
+    let before = running(&admin, Some("web"), 2).await;
+
+    let addr = server.addr();
+    assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "a clean stop: {status}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let server = Server::start_on(&dir.path().join("server"), &addr);
+    let admin = server.admin();
+    // Past the heartbeat grace the server counts from its start.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let after = running(&admin, Some("web"), 2).await;
+    let ids = |ts: &[Task]| ts.iter().map(|t| t.id).collect::<BTreeSet<_>>();
+    assert_eq!(ids(&after), ids(&before), "the same tasks run on");
+    let all = admin.list_hosts(None).await.unwrap();
+    assert_eq!(all.len(), hosts.len());
+    assert!(
+        all.iter().all(|h| h.status == HostStatus::Active && h.health_status == HealthStatus::Ok),
+        "{all:#?}"
+    );
+    assert_eq!(admin.list_incidents().await.unwrap().len(), 0, "a clean server restart opened an incident");
+}
