@@ -713,8 +713,14 @@ fn start_supervisors(
 }
 
 /// The host's checks now: one `MPS_DAEMON` check per GPU (with MPS), then one `GPU` check per
-/// GPU.
-fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch, runtime: Option<&SharedCheck>) -> Vec<HostCheck> {
+/// GPU. The MPS checks carry the ages of their failure's first signal and local restarts at
+/// `now_ms` (the agent's clock, which the supervisors' times come from).
+fn checks(
+    supervisors: &Supervisors,
+    gpu_watch: &GpuWatch,
+    runtime: Option<&SharedCheck>,
+    now_ms: u64,
+) -> Vec<HostCheck> {
     let runtime = runtime.and_then(|c| c.lock().ok().map(|c| c.check().clone()));
     supervisors
         .iter()
@@ -727,6 +733,8 @@ fn checks(supervisors: &Supervisors, gpu_watch: &GpuWatch, runtime: Option<&Shar
                 reason: c.reason,
                 since_ms: c.since_ms,
                 restarts: c.restarts,
+                first_failure_age_ms: c.failing_since_ms.map(|t| now_ms.saturating_sub(t)),
+                repair_ages_ms: c.repairs_ms.iter().map(|t| now_ms.saturating_sub(*t)).collect(),
             }
         })
         .chain(gpu_watch.checks())
@@ -767,7 +775,8 @@ async fn heartbeat_loop(
     let mut ca_file_warned = false;
     loop {
         tick.tick().await;
-        let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref());
+        let now_ms = SystemClock.now_ms();
+        let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref(), now_ms);
         let gpu_use = {
             let sources = sources.clone();
             tokio::task::spawn_blocking(move || crate::metrics::reported_use(&sources))

@@ -48,6 +48,8 @@ impl RuntimeCheck {
                 reason: "Docker Engine not pinged yet".into(),
                 since_ms: now_ms,
                 restarts: 0,
+                first_failure_age_ms: None,
+                repair_ages_ms: Vec::new(),
             },
             failures: 0,
             threshold: threshold.max(1),

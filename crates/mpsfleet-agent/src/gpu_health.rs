@@ -269,8 +269,10 @@ impl GpuWatch {
         Ok(GpuWatch { shared })
     }
 
-    /// One `GPU` check per GPU.
+    /// One `GPU` check per GPU; an IMPAIRED one says how long ago it turned so: a host-fatal
+    /// Xid is its first failed signal.
     pub fn checks(&self) -> Vec<HostCheck> {
+        let now_ms = self.shared.clock.now_ms();
         let health = lock(&self.shared.health);
         self.shared
             .gpus
@@ -283,6 +285,9 @@ impl GpuWatch {
                 reason: h.check.reason.clone(),
                 since_ms: h.check.since_ms,
                 restarts: 0,
+                first_failure_age_ms: (h.check.status == HealthStatus::Impaired)
+                    .then(|| now_ms.saturating_sub(h.check.since_ms)),
+                repair_ages_ms: Vec::new(),
             })
             .collect()
     }

@@ -194,28 +194,44 @@ pub fn host_changes(old: &Host, new: &Host, health_why: &str) -> Vec<ObjectEvent
 }
 
 /// Local repairs a heartbeat reports: a check (an MPS daemon) whose restart count went up
-/// since the last report. A check not reported before is not counted (after a server start
-/// the counts are new to it, not the restarts).
+/// since the last report (`DaemonRestarted`: it was restarted), and one whose local restarts
+/// ran out since (`LocalRepairExhausted`: the agent gave up after N restarts). A check not
+/// reported before is not counted (after a server start the counts are new to it, not the
+/// restarts).
 pub fn local_restarts(old: &[HostCheck], new: &[HostCheck]) -> Vec<ObjectEvent> {
+    let exhausted = |c: &HostCheck| {
+        c.status == mpsfleet_types::HealthStatus::Impaired
+            && c.reason.contains(crate::lifecycle::mps::RESTARTS_EXHAUSTED)
+    };
     new.iter()
-        .filter_map(|c| {
-            let before = old.iter().find(|o| o.name == c.name && o.gpu_id == c.gpu_id)?;
-            if c.restarts <= before.restarts {
-                return None;
-            }
+        .filter_map(|c| Some((old.iter().find(|o| o.name == c.name && o.gpu_id == c.gpu_id)?, c)))
+        .flat_map(|(before, c)| {
             let what = match &c.gpu_id {
                 Some(g) => format!("the {} of GPU {g}", check_subject(&c.name)),
                 None => format!("the {}", check_subject(&c.name)),
             };
-            let n = c.restarts - before.restarts;
-            let times = if n == 1 { "once".to_string() } else { format!("{n} times") };
-            Some(ObjectEvent::new(
-                "DaemonRestarted",
-                format!(
-                    "the agent restarted {what} locally ({times}; {} since the agent started): {}",
-                    c.restarts, c.reason
-                ),
-            ))
+            let mut out = Vec::new();
+            if c.restarts > before.restarts {
+                let n = c.restarts - before.restarts;
+                let times = if n == 1 { "once".to_string() } else { format!("{n} times") };
+                out.push(ObjectEvent::new(
+                    "DaemonRestarted",
+                    format!(
+                        "the agent restarted {what} locally ({times}; {} since the agent started)",
+                        c.restarts
+                    ),
+                ));
+            }
+            if exhausted(c) && !exhausted(before) {
+                out.push(ObjectEvent::new(
+                    "LocalRepairExhausted",
+                    format!(
+                        "the agent gave up on {what} after {} local restart(s): {}",
+                        c.restarts, c.reason
+                    ),
+                ));
+            }
+            out
         })
         .collect()
 }
@@ -385,13 +401,29 @@ mod tests {
             reason: "answering".into(),
             since_ms: 1,
             restarts,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
         };
         let ev = local_restarts(&[check(1)], &[check(2)]);
         assert_eq!(ev.len(), 1);
         assert_eq!(
             ev[0].message,
-            "the agent restarted the MPS daemon of GPU GPU-a locally (once; 2 since the agent started): answering"
+            "the agent restarted the MPS daemon of GPU GPU-a locally (once; 2 since the agent started)"
         );
+        // Restarted, then killed again and given up on: both said, each as it happened.
+        let gave_up = HostCheck {
+            status: HealthStatus::Impaired,
+            reason: "daemon exited (signal 9); local restarts exhausted (3 within 10m)".into(),
+            ..check(3)
+        };
+        let ev = local_restarts(&[check(2)], std::slice::from_ref(&gave_up));
+        assert_eq!(reasons(&ev), ["DaemonRestarted", "LocalRepairExhausted"]);
+        assert_eq!(
+            ev[1].message,
+            "the agent gave up on the MPS daemon of GPU GPU-a after 3 local restart(s): daemon exited (signal 9); \
+             local restarts exhausted (3 within 10m)"
+        );
+        assert!(local_restarts(std::slice::from_ref(&gave_up), std::slice::from_ref(&gave_up)).is_empty(), "said once");
         assert!(local_restarts(&[check(2)], &[check(2)]).is_empty());
         // A new agent counts from 0; a first report is not a restart.
         assert!(local_restarts(&[check(3)], &[check(0)]).is_empty());

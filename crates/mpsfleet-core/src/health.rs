@@ -36,6 +36,8 @@ pub struct HealthInput<'a> {
     pub checks: &'a [HostCheck],
     pub last_heartbeat_ms: Option<u64>,
     pub registered_at_ms: u64,
+    /// When `checks` arrived (server clock): the ages they carry are counted back from it.
+    pub reported_at_ms: Option<u64>,
 }
 
 /// One check as the server evaluates it.
@@ -50,6 +52,11 @@ pub struct EvaluatedCheck {
     /// The agent's `since_ms` for a reported check (agent clock); for AGENT, the last
     /// heartbeat (or the registration before the first one).
     pub reported_since_ms: u64,
+    /// The first failed signal of the failure going on (server clock): the report's arrival
+    /// minus the age the agent gave; for AGENT, the last heartbeat. None when unknown.
+    pub first_failure_at_ms: Option<u64>,
+    /// The local repairs of that failure (server clock), oldest first.
+    pub repairs_at_ms: Vec<u64>,
 }
 
 impl EvaluatedCheck {
@@ -62,6 +69,8 @@ impl EvaluatedCheck {
             reason: self.reason.clone(),
             since_ms: self.since_ms,
             restarts: 0,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
         }
     }
 
@@ -168,7 +177,9 @@ pub fn evaluate(
     };
     let agent_silent = agent_status == HealthStatus::Impaired;
 
-    let mut checks = vec![carry(prev, AGENT, None, agent_status, agent_reason, agent_seen, now_ms)];
+    let mut agent = carry(prev, AGENT, None, agent_status, agent_reason, agent_seen, now_ms);
+    agent.first_failure_at_ms = (agent_status == HealthStatus::Impaired).then_some(agent_seen);
+    let mut checks = vec![agent];
     let mut reported: Vec<&HostCheck> = input.checks.iter().filter(|c| c.name != AGENT).collect();
     reported.sort_by(|a, b| (&a.name, &a.gpu_id).cmp(&(&b.name, &b.gpu_id)));
     for c in reported {
@@ -178,7 +189,13 @@ pub fn evaluate(
         } else {
             (c.status, c.reason.clone())
         };
-        checks.push(carry(prev, &c.name, c.gpu_id.as_ref(), status, reason, c.since_ms, now_ms));
+        let mut e = carry(prev, &c.name, c.gpu_id.as_ref(), status, reason, c.since_ms, now_ms);
+        // Ages count back from the report's arrival, on this clock: no skew enters.
+        let back = |age: u64| input.reported_at_ms.map(|at| at.saturating_sub(age));
+        e.first_failure_at_ms = c.first_failure_age_ms.and_then(back);
+        e.repairs_at_ms = c.repair_ages_ms.iter().rev().filter_map(|&a| back(a)).collect();
+        e.repairs_at_ms.sort_unstable();
+        checks.push(e);
     }
 
     let status = checks.iter().map(|c| c.status).max_by_key(|s| severity(*s)).unwrap_or(HealthStatus::Ok);
@@ -209,6 +226,8 @@ fn carry(
         reason,
         since_ms: kept.map_or(now_ms, |p| p.since_ms),
         reported_since_ms,
+        first_failure_at_ms: None,
+        repairs_at_ms: Vec::new(),
     }
 }
 
@@ -251,7 +270,10 @@ fn verdict(prev: &HostHealth, checks: &[EvaluatedCheck], policy: &HealthPolicy, 
             gpu_id: c.gpu_id.clone(),
             reason: c.reason.clone(),
             evidence,
-            first_failure_at_ms: Some(c.reported_since_ms),
+            // The agent's first failed signal when it said; else when the check turned IMPAIRED
+            // on the agent (its clock, kept from before agents said), never after detection.
+            first_failure_at_ms: Some(c.first_failure_at_ms.unwrap_or(c.reported_since_ms).min(c.since_ms)),
+            local_repairs_at_ms: c.repairs_at_ms.clone(),
         },
         impaired_since_ms: c.since_ms,
     }
@@ -308,6 +330,8 @@ mod tests {
             reason: format!("{name} says {}", status.as_str()),
             since_ms,
             restarts: 0,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
         }
     }
 
@@ -349,8 +373,12 @@ mod tests {
         let policy = HealthPolicy { toleration_ms: 10_000, ..HealthPolicy::default() };
         let mut h = HostHealth::new(0);
         for s in steps {
-            let input =
-                HealthInput { checks: &s.checks, last_heartbeat_ms: s.heartbeat, registered_at_ms: 0 };
+            let input = HealthInput {
+                checks: &s.checks,
+                last_heartbeat_ms: s.heartbeat,
+                registered_at_ms: 0,
+                reported_at_ms: s.heartbeat,
+            };
             h = evaluate(&h, &input, &policy, s.now);
         }
         assert_eq!(h.status, want_status, "{name}: {h:#?}");
@@ -529,7 +557,12 @@ mod tests {
             let checks = with(&statuses);
             let h = evaluate(
                 &HostHealth::new(0),
-                &HealthInput { checks: &checks, last_heartbeat_ms: hb, registered_at_ms: 0 },
+                &HealthInput {
+                    checks: &checks,
+                    last_heartbeat_ms: hb,
+                    registered_at_ms: 0,
+                    reported_at_ms: hb,
+                },
                 &HealthPolicy::default(),
                 1_000,
             );
@@ -542,7 +575,12 @@ mod tests {
     fn zero_toleration_declares_at_once_and_since_times_carry() {
         let policy = HealthPolicy { toleration_ms: 0, ..HealthPolicy::default() };
         let checks = vec![reported(MPS_DAEMON, gpu(0), Impaired, 900)];
-        let input = HealthInput { checks: &checks, last_heartbeat_ms: Some(1_000), registered_at_ms: 0 };
+        let input = HealthInput {
+            checks: &checks,
+            last_heartbeat_ms: Some(1_000),
+            registered_at_ms: 0,
+            reported_at_ms: Some(1_000),
+        };
         let h = evaluate(&HostHealth::new(0), &input, &policy, 1_000);
         let Verdict::DeclaredBad { trigger, impaired_since_ms: 1_000 } = &h.verdict else {
             panic!("{:?}", h.verdict)
@@ -562,7 +600,12 @@ mod tests {
     fn next_change() {
         let policy = HealthPolicy::default();
         let checks = vec![reported(MPS_DAEMON, gpu(0), Impaired, 900)];
-        let input = HealthInput { checks: &checks, last_heartbeat_ms: Some(1_000), registered_at_ms: 0 };
+        let input = HealthInput {
+            checks: &checks,
+            last_heartbeat_ms: Some(1_000),
+            registered_at_ms: 0,
+            reported_at_ms: Some(1_000),
+        };
         let h = evaluate(&HostHealth::new(0), &input, &policy, 1_000);
         // Toleration ends at 3_000, before the grace (11_001).
         assert_eq!(next_change_at_ms(&h, &input, &policy), Some(3_000));

@@ -120,7 +120,9 @@ pub struct WorldView {
     pub tasks: Vec<HostTask>,
     pub replacement: ReplacementState,
     pub termination: TerminationState,
-    /// The last status of each replacement task named in the incident's affected tasks.
+    /// The last status of each replacement task named in the incident's affected tasks; one
+    /// counts as RUNNING only once it is ready too (where it declares a readiness check), as
+    /// the caller passes it: that is when the work has resumed.
     pub replacement_tasks: Vec<(TaskId, TaskStatus)>,
 }
 
@@ -670,6 +672,7 @@ mod tests {
             reason: "probe timed out after 3s".into(),
             evidence: "agent reported IMPAIRED".into(),
             first_failure_at_ms: Some(90_000),
+            local_repairs_at_ms: Vec::new(),
         };
         let incident = Incident::open(
             "i-1".into(),
@@ -861,6 +864,7 @@ mod tests {
         assert_eq!(
             steps(i),
             [
+                "FIRST_FAILURE",
                 "DETECTED",
                 "DECIDED",
                 "CORDONED",
@@ -1034,7 +1038,7 @@ mod tests {
             s,
             &[(Nothing, &["DECIDED", storm]), (HostRecovers, &["Resolve"])],
         );
-        assert_eq!(steps(&s.incident), ["DETECTED", "DECIDED", "BLOCKED", "RESOLVED"]);
+        assert_eq!(steps(&s.incident), ["FIRST_FAILURE", "DETECTED", "DECIDED", "BLOCKED", "RESOLVED"]);
 
         let mut s = sim(OwnershipMode::Managed, vec![restart(1, "web")]);
         pool(&mut s, 5, 3, 2);
@@ -1135,7 +1139,7 @@ mod tests {
             &[(Nothing, &[]), (Nothing, &[])],
         );
         assert_eq!((s.incident.owner, &s.incident.state), (IncidentOwner::Operator, &IncidentState::Open));
-        assert_eq!(steps(&s.incident), ["DETECTED"]);
+        assert_eq!(steps(&s.incident), ["FIRST_FAILURE", "DETECTED"]);
         assert!(s.plan().waiting_for.unwrap().contains("host replace"));
 
         let s = check(
@@ -1152,7 +1156,7 @@ mod tests {
                 (ReplacementsRunning, &["TASKS_RUNNING_AGAIN", "Resolve"]),
             ],
         );
-        assert_eq!(s.incident.timeline[1].detail, "operator requested host replace");
+        assert_eq!(s.incident.timeline[2].detail, "operator requested host replace");
         assert_eq!(s.incident.owner, IncidentOwner::Operator);
 
         let s = check(

@@ -2194,6 +2194,21 @@ fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiError> {
             format!("holds at most {MAX_GPU_USE_REPORTS} entries, got {}", report.gpu_use.len()),
         ));
     }
+    if let Some((i, c)) = report
+        .checks
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.repair_ages_ms.len() > mpsfleet_types::MAX_REPAIR_AGES)
+    {
+        return Err(ApiError::invalid(
+            format!("checks[{i}].repairAgesMs"),
+            format!(
+                "holds at most {} entries, got {}",
+                mpsfleet_types::MAX_REPAIR_AGES,
+                c.repair_ages_ms.len()
+            ),
+        ));
+    }
     if report.trusted_ca_sha256.len() > MAX_TRUSTED_CAS {
         return Err(ApiError::invalid(
             "trustedCaSha256",
@@ -2377,5 +2392,27 @@ mod tests {
             allow_task_users: true,
         };
         assert_eq!(serde_json::to_value(&out).unwrap(), serde_json::to_value(&want).unwrap());
+    }
+
+    /// A heartbeat's local-restart ages are bounded: the field and the limit are named.
+    #[test]
+    fn a_check_with_too_many_repair_ages_is_refused() {
+        let check = |n: usize| HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: None,
+            status: HealthStatus::Impaired,
+            reason: "daemon exited".into(),
+            since_ms: 1,
+            restarts: n as u32,
+            first_failure_age_ms: Some(5_000),
+            repair_ages_ms: (0..n as u64).collect(),
+        };
+        let report = |n| HostStatusReport { checks: vec![check(1), check(n)], ..Default::default() };
+        assert!(check_report_hashes(&report(mpsfleet_types::MAX_REPAIR_AGES)).is_ok());
+        let e = check_report_hashes(&report(mpsfleet_types::MAX_REPAIR_AGES + 1)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            ApiError::invalid("checks[1].repairAgesMs", "holds at most 16 entries, got 17").to_string()
+        );
     }
 }

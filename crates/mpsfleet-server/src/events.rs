@@ -430,6 +430,7 @@ mod tests {
             reason: "silent".into(),
             evidence: String::new(),
             first_failure_at_ms: None,
+            local_repairs_at_ms: Vec::new(),
         };
         let mut i = Incident::open(
             "i-1".into(),

@@ -800,6 +800,8 @@ impl Sim {
                 reason: c.reason.clone(),
                 since_ms: c.since_ms,
                 restarts: 0,
+                first_failure_age_ms: c.failing_since_ms.map(|t| self.now.saturating_sub(t)),
+                repair_ages_ms: c.repairs_ms.iter().map(|t| self.now.saturating_sub(*t)).collect(),
             });
         }
         let mps_onboarded = checks.iter().all(|c| c.status != HealthStatus::Initializing);
@@ -815,6 +817,8 @@ impl Sim {
                 reason,
                 since_ms: since,
                 restarts: 0,
+                first_failure_age_ms: d.xid_since.map(|t| self.now.saturating_sub(t)),
+                repair_ages_ms: Vec::new(),
             });
         }
         let report = HostStatusReport {

@@ -86,8 +86,11 @@ pub fn incident_record(i: &Incident, mode: OwnershipMode) -> Option<String> {
     if i.trigger.check.is_empty() || i.trigger.evidence.is_empty() {
         return Some("no detector: the trigger names no check or evidence".into());
     }
-    if i.timeline.first().map(|e| e.step) != Some(Step::Detected) {
-        return Some("the timeline does not start with DETECTED".into());
+    // What came before detection (the first failed signal, local repairs) may precede it;
+    // nothing else may.
+    let before = |s: Step| matches!(s, Step::FirstFailure | Step::LocalRepairAttempt);
+    if i.timeline.iter().find(|e| !before(e.step)).map(|e| e.step) != Some(Step::Detected) {
+        return Some("the timeline does not start with DETECTED (after the first failure)".into());
     }
     if i.owner != IncidentOwner::for_mode(mode) {
         return Some(format!("owner {} in a {} pool", i.owner.as_str(), mode.as_str()));

@@ -193,7 +193,20 @@ pub struct HostCheck {
     /// started; the server records each new one in the host's events.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
+    /// How long before this report the first failed signal of the failure going on now was
+    /// seen (a failed probe, the daemon's exit), on the agent's clock; the server places it on
+    /// its own as the report's arrival minus this, so clock skew never enters. None when
+    /// nothing is failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure_age_ms: Option<u64>,
+    /// How long before this report each local restart of that failure was made, oldest first
+    /// (at most [`MAX_REPAIR_AGES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repair_ages_ms: Vec<u64>,
 }
+
+/// The most local restarts one check may report the ages of.
+pub const MAX_REPAIR_AGES: usize = 16;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

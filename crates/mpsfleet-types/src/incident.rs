@@ -46,10 +46,16 @@ pub struct Trigger {
     pub reason: String,
     /// What was observed, with times: probe output, exit status, timeout, last heartbeat.
     pub evidence: String,
-    /// The earliest failure evidence: when the agent's check turned IMPAIRED (the agent's
-    /// clock) or, for AGENT, the last heartbeat. None when unknown.
+    /// The first failed signal of the failure, on the server's clock: the agent's first failed
+    /// probe or the daemon's first exit (the agent reports how long ago it was, and the server
+    /// places it at the report's arrival minus that), or for AGENT the last heartbeat. Never
+    /// after DETECTED. None when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure_at_ms: Option<u64>,
+    /// When the agent restarted what failed, locally, before the host was declared bad
+    /// (server clock, placed like `firstFailureAtMs`), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_repairs_at_ms: Vec<u64>,
 }
 
 /// Where an incident stands.
@@ -84,6 +90,8 @@ impl IncidentState {
 )]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Step {
+    /// The first failed signal of the failure (before DETECTED): see `Trigger::first_failure_at_ms`.
+    FirstFailure,
     Detected,
     /// An operator took the incident (`incident acknowledge`); nothing else changes.
     Acknowledged,
@@ -111,6 +119,7 @@ pub enum Step {
 impl Step {
     pub fn as_str(self) -> &'static str {
         match self {
+            Step::FirstFailure => "FIRST_FAILURE",
             Step::Detected => "DETECTED",
             Step::Acknowledged => "ACKNOWLEDGED",
             Step::OperatorCommand => "OPERATOR_COMMAND",
@@ -255,6 +264,34 @@ pub struct Durations {
     pub recover_ms: Option<u64>,
 }
 
+/// An incident's timing from the user's side, the one record every figure of recovery reads:
+/// the moments (server clock, milliseconds since the epoch) and the phases between them.
+/// `None` where a moment has not come (yet), or a phase lacks one of its ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryTiming {
+    /// The first failed signal: when the user's work stopped (see `Trigger`).
+    pub first_failure_at_ms: Option<u64>,
+    /// The incident opened: the host was declared bad (its check IMPAIRED, the DETECTED step,
+    /// for the pool's toleration).
+    pub detected_at_ms: Option<u64>,
+    /// The first action taken on it (DECIDED; in a self-managed pool, the operator's).
+    pub decided_at_ms: Option<u64>,
+    /// The replacement host joined, where a provider launched one (REPLACEMENT_READY).
+    pub replacement_ready_at_ms: Option<u64>,
+    /// Every affected service task runs again elsewhere, and is ready where it declares a
+    /// readiness check (TASKS_RUNNING_AGAIN).
+    pub resumed_at_ms: Option<u64>,
+    /// First failure to detected.
+    pub detect_ms: Option<u64>,
+    /// Detected to decided.
+    pub decide_ms: Option<u64>,
+    /// Decided to replacement ready.
+    pub replace_ms: Option<u64>,
+    /// First failure to resumed: how long the work was down.
+    pub total_ms: Option<u64>,
+}
+
 impl Incident {
     /// A new OPEN incident whose timeline starts with DETECTED at `detected_at_ms` (when the
     /// server first saw the trigger IMPAIRED).
@@ -267,10 +304,23 @@ impl Incident {
         detected_at_ms: u64,
         opened_at_ms: u64,
     ) -> Self {
-        let detail = match &trigger.gpu_id {
-            Some(gpu) => format!("{} IMPAIRED on {gpu}: {}", trigger.check, trigger.reason),
-            None => format!("{} IMPAIRED: {}", trigger.check, trigger.reason),
-        };
+        let on = trigger.gpu_id.as_ref().map(|g| format!(" on {g}")).unwrap_or_default();
+        let detail = format!("{} IMPAIRED{on}: {}", trigger.check, trigger.reason);
+        // What came before the incident opened, in the order it happened: the first failed
+        // signal (never after DETECTED), the local repairs, DETECTED.
+        let mut before = Vec::new();
+        if let Some(at) = trigger.first_failure_at_ms {
+            let at = at.min(detected_at_ms);
+            before.push((at, Step::FirstFailure, format!("first failed signal of {}{on}", trigger.check)));
+        }
+        let repairs = trigger.local_repairs_at_ms.iter().filter(|&&at| at <= opened_at_ms);
+        let n = repairs.clone().count();
+        for (i, &at) in repairs.enumerate() {
+            let detail = format!("the agent restarted {}{on} locally ({} of {n})", trigger.check, i + 1);
+            before.push((at, Step::LocalRepairAttempt, detail));
+        }
+        before.push((detected_at_ms, Step::Detected, detail));
+        before.sort_by_key(|b| (b.0, b.1 != Step::FirstFailure));
         let mut i = Self {
             id,
             host_id,
@@ -287,7 +337,9 @@ impl Incident {
             opened_at_ms,
             resolved_at_ms: None,
         };
-        i.push(detected_at_ms, Step::Detected, detail, None);
+        for (at, step, detail) in before {
+            i.push(at, step, detail, None);
+        }
         i
     }
 
@@ -376,6 +428,30 @@ impl Incident {
         }
     }
 
+    /// The incident's timing: its moments and phases (see [`RecoveryTiming`]).
+    pub fn timing(&self) -> RecoveryTiming {
+        let at = |step| self.first(step);
+        // Detected: the incident opened (the server saw the check IMPAIRED at DETECTED, and
+        // declared the host bad once that lasted the pool's toleration).
+        let detected = Some(self.opened_at_ms);
+        // Placed on the server's clock and never after detection; the min guards old records.
+        let first = self.trigger.first_failure_at_ms.map(|f| f.min(self.opened_at_ms));
+        let (decided, ready, resumed) =
+            (at(Step::Decided), at(Step::ReplacementReady), at(Step::TasksRunningAgain));
+        let between = |from: Option<u64>, to: Option<u64>| Some(to?.saturating_sub(from?));
+        RecoveryTiming {
+            first_failure_at_ms: first,
+            detected_at_ms: detected,
+            decided_at_ms: decided,
+            replacement_ready_at_ms: ready,
+            resumed_at_ms: resumed,
+            detect_ms: between(first, detected),
+            decide_ms: between(detected, decided),
+            replace_ms: between(decided, ready),
+            total_ms: between(first, resumed),
+        }
+    }
+
     /// Time to detect, decide and recover, from the timeline.
     pub fn durations(&self) -> Durations {
         let at = |step| self.first(step);
@@ -401,6 +477,7 @@ mod tests {
             reason: "probe timed out after 3s".into(),
             evidence: "agent reported IMPAIRED".into(),
             first_failure_at_ms,
+            local_repairs_at_ms: Vec::new(),
         };
         let mut i = Incident::open(
             "i-1".into(),
@@ -521,11 +598,15 @@ pub struct IncidentView {
     #[serde(flatten)]
     pub incident: Incident,
     pub durations: Durations,
+    /// The moments and phases from the first failure to resumed.
+    #[serde(default)]
+    pub timing: RecoveryTiming,
 }
 
 impl IncidentView {
     pub fn of(incident: Incident) -> Self {
         let durations = incident.durations();
-        IncidentView { incident, durations }
+        let timing = incident.timing();
+        IncidentView { incident, durations, timing }
     }
 }

@@ -1584,14 +1584,15 @@ fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {
                 i.owner.as_str().into(),
                 i.state.as_str().into(),
                 format!("{}: {}", i.trigger.check, i.trigger.reason),
-                secs(v.durations.detect_ms),
-                secs(v.durations.recover_ms),
+                secs(v.timing.detect_ms),
+                secs(v.timing.total_ms),
             ]
         })
         .collect()
 }
 
-const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "RECOVER"];
+/// DETECT: first failure to detected; DOWN: first failure to resumed (docs/pools.md).
+const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "DOWN"];
 
 fn print_incident(f: Format, v: IncidentView) -> Result<()> {
     match f {
@@ -1651,14 +1652,24 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                 println!();
                 print!("{}", output::table(&["TASK", "SERVICE", "REPLACEMENT", "ON HOST"], &rows));
             }
-            let d = &v.durations;
+            let t = &v.timing;
             let secs =
                 |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.3}s", ms as f64 / 1000.0));
+            let at = |ms: Option<u64>| ms.map_or_else(|| "-".into(), mpsfleet_types::utc);
             println!(
-                "\ntime to detect {}, to decide {}, to recover {}",
-                secs(d.detect_ms),
-                secs(d.decide_ms),
-                secs(d.recover_ms)
+                "\nfirst failure {}, detected {}, decided {}, replacement ready {}, resumed {}",
+                at(t.first_failure_at_ms),
+                at(t.detected_at_ms),
+                at(t.decided_at_ms),
+                at(t.replacement_ready_at_ms),
+                at(t.resumed_at_ms)
+            );
+            println!(
+                "time to detect {}, to decide {}, to replace {}; down for {} (first failure to resumed)",
+                secs(t.detect_ms),
+                secs(t.decide_ms),
+                secs(t.replace_ms),
+                secs(t.total_ms)
             );
         }
     }

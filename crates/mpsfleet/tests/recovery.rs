@@ -555,3 +555,133 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
         assert!(i.affected(*t).is_some(), "task {t} missing from the affected tasks: {:?}", i.affected_tasks);
     }
 }
+
+/// Kills the daemon recorded at `record` whenever one runs (the agent's local restarts bring
+/// it back), until `stop` is set: the failure a user meets when a daemon cannot stay up.
+fn keep_killing(
+    record: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        let mut kills = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let pid = std::fs::read(&record)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["pid"].as_u64());
+            // Only a live MPS daemon: never a pid the system gave to something else since.
+            let live = pid.filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("nvidia-cuda-mps-control"))
+                    && std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z "))
+            });
+            if let Some(p) = live {
+                if std::process::Command::new("kill")
+                    .args(["-9", &p.to_string()])
+                    .status()
+                    .is_ok_and(|s| s.success())
+                {
+                    kills += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        kills
+    })
+}
+
+#[allow(clippy::disallowed_methods)] // the test's own clock, to check the server's figures from outside
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A daemon killed again after each local restart until the agent gives up, on one host of a
+/// managed pool with a 3-replica service: the incident's timeline starts at the first kill and
+/// shows each local restart, and its total (first failure to resumed) is what the test itself
+/// measures from its first kill to every replica RUNNING again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
+    // A toleration longer than the local restarts take (the second waits a 1 s backoff), so
+    // the agent has given up before the host is declared bad, as with the defaults.
+    let health = HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: 2,
+        toleration_ms: 3_000,
+    };
+    let Some(fleet) = fleet_with(OwnershipMode::Managed, 3, health).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 3).await;
+    let victim = &tasks[0];
+    let (host, pid) = daemon_pid_of(&fleet, victim).await;
+    assert!(pid.is_some());
+    let index = host.gpus.iter().find(|g| g.gpu_id == victim.gpu_ids[0]).unwrap().index;
+    let record = fleet.host_dir(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
+    let on_victim: Vec<TaskId> = tasks
+        .iter()
+        .filter(|t| t.host_id == victim.host_id && t.gpu_ids == victim.gpu_ids)
+        .map(|t| t.id)
+        .collect();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first_kill = epoch_ms();
+    let killer = keep_killing(record, stop.clone());
+    let opened = incident_of(admin, &host.id).await;
+
+    // Every replica RUNNING again, none left on the daemon that failed: the test's own clock.
+    let q = TaskQuery { service: Some("web".into()), ..Default::default() };
+    let resumed = loop {
+        let ts = admin.list_tasks(&q).await.unwrap();
+        let running: Vec<&Task> = ts
+            .iter()
+            .filter(|t| t.last_status == TaskStatus::Running && t.desired_status == TaskStatus::Running)
+            .collect();
+        if running.len() == 3 && running.iter().all(|t| !on_victim.contains(&t.id)) {
+            break epoch_ms();
+        }
+        assert!(epoch_ms() < first_kill + 60_000, "the replicas never ran again: {ts:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let measured = resumed - first_kill;
+    let i = eventually(WAIT, "the incident's resumed moment", || async {
+        let i = admin.describe_incident(&opened.incident.id).await.ok()?;
+        i.timing.resumed_at_ms.is_some().then_some(i)
+    })
+    .await;
+    // Until the agent gives up (the incident may open before, once the check is IMPAIRED
+    // for the pool's toleration): the host's events say what happened, restarted and then
+    // given up on.
+    let events = eventually(WAIT, "the agent to give up on the daemon", || async {
+        let events = admin.describe_host(host.id.as_str()).await.ok()?.events;
+        events.iter().any(|e| e.reason == "LocalRepairExhausted").then_some(events)
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let kills = killer.join().unwrap();
+    assert!(kills >= 3, "the daemon and its two local restarts were killed: {kills}");
+    let gave_up = events.iter().find(|e| e.reason == "LocalRepairExhausted").unwrap();
+    assert!(gave_up.message.contains("after 2 local restart(s)"), "{events:#?}");
+    let restarted: u64 = events.iter().filter(|e| e.reason == "DaemonRestarted").map(|e| e.count).sum();
+    assert_eq!(restarted, 2, "{events:#?}");
+
+    let t = i.timing;
+    let recorded = t.total_ms.unwrap();
+    println!("measured {measured} ms from the first kill, the incident says {recorded} ms: {t:?}");
+    assert!(recorded.abs_diff(measured) <= 500, "recorded {recorded} ms, measured {measured} ms: {t:#?}");
+    let first = t.first_failure_at_ms.unwrap();
+    assert!(first.abs_diff(first_kill) <= 500, "first failure {first}, first kill {first_kill}");
+    assert!(first < t.detected_at_ms.unwrap(), "{t:?}");
+    // The timeline reads in order: the first failure, the local restarts before detection,
+    // then detection.
+    let steps: Vec<Step> = i.incident.timeline.iter().map(|e| e.step).collect();
+    let decided = steps.iter().position(|s| *s == Step::Decided).unwrap();
+    assert_eq!(steps[0], Step::FirstFailure, "{:#?}", i.incident.timeline);
+    let repairs = steps[..decided].iter().filter(|s| **s == Step::LocalRepairAttempt).count();
+    assert_eq!(repairs, 2, "both local restarts, before the decision: {:#?}", i.incident.timeline);
+    assert!(steps[..decided].contains(&Step::Detected), "{steps:?}");
+    assert!(t.detect_ms.unwrap() >= 3_000, "the host was declared bad after the toleration: {t:?}");
+    let at: Vec<u64> = i.incident.timeline.iter().map(|e| e.at_ms).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "{at:?}");
+}

@@ -91,7 +91,20 @@ pub struct Check {
     pub consecutive_failures: u32,
     /// Local restarts so far (the first start is not one).
     pub restarts: u32,
+    /// The first failed signal (a failed probe, the daemon's exit, a failed start) of the
+    /// failure going on now: set at the first failure after the daemon was answering, kept
+    /// through local restarts, cleared once the daemon has answered `failure_threshold` probes
+    /// in a row again. What an incident's timing starts from.
+    pub failing_since_ms: Option<u64>,
+    /// When each local restart of that failure was made (at most [`REPAIRS_KEPT`], the latest).
+    pub repairs_ms: Vec<u64>,
 }
+
+/// Local restarts of one failure a check keeps the times of.
+pub const REPAIRS_KEPT: usize = 16;
+
+/// What a check's reason says once the local restarts are used up.
+pub const RESTARTS_EXHAUSTED: &str = "local restarts exhausted";
 
 /// What the shell observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +180,8 @@ pub struct DaemonHealth {
     last_failure: String,
     /// PID of the daemon adopted at the first start, until the first probe succeeds.
     adopted: Option<u32>,
+    /// Probes answered in a row since the last failure.
+    consecutive_oks: u32,
 }
 
 const ANSWERING: &str = "daemon answering";
@@ -182,6 +197,8 @@ impl DaemonHealth {
                 since_ms: now_ms,
                 consecutive_failures: 0,
                 restarts: 0,
+                failing_since_ms: None,
+                repairs_ms: Vec::new(),
             },
             first_start: true,
             ever_ok: false,
@@ -190,6 +207,7 @@ impl DaemonHealth {
             last_log_failure: String::new(),
             last_failure: String::new(),
             adopted: None,
+            consecutive_oks: 0,
         }
     }
 
@@ -218,13 +236,18 @@ pub fn step(
                 s.adopted = None;
                 s.check.consecutive_failures = 0;
                 s.phase = Phase::Running;
+                s.consecutive_oks += 1;
+                if s.consecutive_oks >= policy.failure_threshold {
+                    s.check.failing_since_ms = None;
+                    s.check.repairs_ms.clear();
+                }
             }
         }
         Event::ProbeFailed { reason } => {
             if s.phase == Phase::GaveUp {
-                fail(&mut s, reason);
+                fail(&mut s, reason, now_ms);
             } else if s.phase == Phase::Running {
-                fail(&mut s, reason);
+                fail(&mut s, reason, now_ms);
                 // A hung or unreachable daemon is restarted only once it has failed often
                 // enough: a restart takes its servers, and their clients, down with it.
                 if s.check.consecutive_failures >= policy.failure_threshold {
@@ -234,12 +257,12 @@ pub fn step(
         }
         Event::ServersUnhealthy { reason } => {
             if s.phase == Phase::Running {
-                fail(&mut s, reason);
+                fail(&mut s, reason, now_ms);
             }
         }
         Event::DaemonExited { reason } => {
             if s.phase == Phase::Running {
-                fail(&mut s, reason);
+                fail(&mut s, reason, now_ms);
                 schedule_restart(&mut s, now_ms, policy);
             }
         }
@@ -262,7 +285,7 @@ pub fn step(
         }
         Event::RestartFailed { reason } => {
             if s.phase == Phase::Starting {
-                fail(&mut s, format!("daemon failed to start: {reason}"));
+                fail(&mut s, format!("daemon failed to start: {reason}"), now_ms);
                 s.phase = Phase::Running; // so that schedule_restart takes it
                 schedule_restart(&mut s, now_ms, policy);
             }
@@ -281,6 +304,12 @@ pub fn step(
             if !s.first_start || s.check.consecutive_failures > 0 {
                 s.restart_times_ms.push(now_ms);
                 s.check.restarts += 1;
+                if s.check.failing_since_ms.is_some() {
+                    if s.check.repairs_ms.len() >= REPAIRS_KEPT {
+                        s.check.repairs_ms.remove(0);
+                    }
+                    s.check.repairs_ms.push(now_ms);
+                }
             }
             s.phase = Phase::Starting;
             effects.push(Effect::Restart);
@@ -301,8 +330,10 @@ pub fn step(
     (s, effects)
 }
 
-fn fail(s: &mut DaemonHealth, reason: String) {
+fn fail(s: &mut DaemonHealth, reason: String, now_ms: u64) {
     s.check.consecutive_failures += 1;
+    s.consecutive_oks = 0;
+    s.check.failing_since_ms.get_or_insert(now_ms);
     s.last_failure = reason;
 }
 
@@ -325,7 +356,7 @@ fn evaluate(s: &DaemonHealth, policy: &MpsPolicy) -> (HealthStatus, String) {
         return (
             HealthStatus::Impaired,
             format!(
-                "{}; local restarts exhausted ({} within {})",
+                "{}; {RESTARTS_EXHAUSTED} ({} within {})",
                 s.last_failure,
                 policy.max_local_restarts,
                 fmt_duration(policy.restart_window)
@@ -737,5 +768,41 @@ mod tests {
         assert!(e.is_empty(), "{e:?}");
         let (s, _) = step(s, timed_out(), 80, &p);
         assert_eq!(s.check.since_ms, 50, "still OK, since unchanged");
+    }
+
+    /// A daemon killed again after each local restart: the failure starts at the first kill
+    /// and holds through every restart (each timed) until the agent gives up; answering
+    /// `failure_threshold` probes in a row ends it.
+    #[test]
+    fn a_failure_is_timed_from_its_first_signal_through_local_restarts() {
+        let p = policy();
+        let run = |s: DaemonHealth, ev: Event, t: u64| -> DaemonHealth {
+            let (s, effects) = step(s, ev, t, &p);
+            if effects.contains(&Effect::Restart) {
+                return step(s, RestartSucceeded, t, &p).0;
+            }
+            s
+        };
+        let mut s = run(DaemonHealth::new(0), Tick, 0);
+        s = run(s, ProbeOk, 100);
+        assert_eq!(s.check.failing_since_ms, None);
+        s = run(s, exited(), 1_000);
+        assert_eq!((s.check.failing_since_ms, s.check.repairs_ms.clone()), (Some(1_000), vec![1_000]));
+        s = run(s, ProbeOk, 1_500); // answers once after the restart, then dies again
+        s = run(s, exited(), 2_000);
+        s = run(s, Tick, 3_000); // the second restart waits its backoff
+        s = run(s, exited(), 3_500);
+        s = run(s, Tick, 5_500);
+        s = run(s, exited(), 6_000);
+        assert_eq!(s.phase, Phase::GaveUp);
+        assert!(s.check.reason.contains(RESTARTS_EXHAUSTED), "{}", s.check.reason);
+        assert_eq!(s.check.failing_since_ms, Some(1_000), "from the first kill");
+        assert_eq!(s.check.repairs_ms, vec![1_000, 3_000, 5_500]);
+        for t in [7_000, 8_000] {
+            s = run(s, ProbeOk, t);
+        }
+        assert_eq!(s.check.failing_since_ms, Some(1_000), "two answers are not yet the threshold");
+        s = run(s, ProbeOk, 9_000);
+        assert_eq!((s.check.failing_since_ms, s.check.repairs_ms.len()), (None, 0), "over");
     }
 }

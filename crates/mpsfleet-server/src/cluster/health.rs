@@ -307,7 +307,8 @@ impl Cluster {
         }
         let policy = &self.pools.get(&e.host.pool)?.value.health_policy;
         let registered_at_ms = e.host.registered_at_ms.max(self.loaded_at_ms);
-        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms };
+        let input =
+            HealthInput { checks, last_heartbeat_ms, registered_at_ms, reported_at_ms: last_heartbeat_ms };
         Some(evaluate(&e.health, &input, policy, now))
     }
 
@@ -765,7 +766,13 @@ impl Cluster {
             .affected_tasks
             .iter()
             .filter_map(|a| a.replacement)
-            .filter_map(|r| self.tasks.get(&r).map(|t| (r, t.task.last_status)))
+            // A replacement counts as RUNNING once it is also ready (its readiness check
+            // passes, where it declares one): that is when the work has resumed.
+            .filter_map(|r| self.tasks.get(&r).map(|e| (r, &e.task)))
+            .map(|(r, t)| match t.last_status {
+                TaskStatus::Running if !t.ready => (r, TaskStatus::Activating),
+                s => (r, s),
+            })
             .collect();
         Some(WorldView {
             pool: PoolView {

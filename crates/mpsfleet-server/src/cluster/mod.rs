@@ -1890,6 +1890,8 @@ mod tests {
                 reason: format!("daemon {}", status.as_str()),
                 since_ms,
                 restarts: 0,
+                first_failure_age_ms: None,
+                repair_ages_ms: Vec::new(),
             }],
             logs_url: None,
             logs_cert_sha256: None,
@@ -1944,6 +1946,7 @@ mod tests {
                 checks: &r.checks,
                 last_heartbeat_ms: Some(now),
                 registered_at_ms: c.hosts[0].host.registered_at_ms,
+                reported_at_ms: Some(now),
             };
             let expected = evaluate(&before, &input, &policy, now);
             let rev = c.revision();

@@ -108,6 +108,7 @@ impl Cluster {
                     reason: format!("operator asked to {} the host", action.as_str()),
                     evidence: String::new(),
                     first_failure_at_ms: None,
+                    local_repairs_at_ms: Vec::new(),
                 };
                 Incident::open(
                     format!("inc-{:012x}", auth::random_u64()? >> 16),

@@ -69,6 +69,8 @@ impl World {
                 reason: format!("daemon {}", mps.as_str()),
                 since_ms: 5,
                 restarts: 0,
+                first_failure_age_ms: None,
+                repair_ages_ms: Vec::new(),
             }],
             logs_url: None,
             logs_cert_sha256: None,

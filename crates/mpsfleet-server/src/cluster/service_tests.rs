@@ -437,6 +437,8 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
             reason: "answering".into(),
             since_ms: 5,
             restarts,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
         }],
         logs_url: None,
         logs_cert_sha256: None,

@@ -503,6 +503,8 @@ fn healthy_report(
                 reason: "daemon answers".into(),
                 since_ms,
                 restarts: 0,
+                first_failure_age_ms: None,
+                repair_ages_ms: Vec::new(),
             })
             .collect(),
         logs_url: Some("http://127.0.0.1:9".into()),
