@@ -505,8 +505,7 @@ fn error_body(bytes: &[u8]) -> ErrorBody {
         code: "Unknown".into(),
         message: String::from_utf8_lossy(bytes).trim().to_string(),
         field: None,
-        errors: Vec::new(),
-        errors_left_out: 0,
+        errors: Box::default(),
     })
 }
 
