@@ -241,6 +241,37 @@ mod taskdef {
         assert!(text.ends_with("\nand 150 more errors"), "{}", &text[text.len() - 80..]);
     }
 
+    // ---- valueFrom: any string, as ECS takes it ----
+
+    #[test]
+    fn value_from_is_any_string_as_ecs_takes_it() {
+        // ECS's own agent tests register definitions with a placeholder there.
+        let placeholder = "$$$SECRET_VALUE_FROM$$$";
+        let p = ok(&one(json!({
+            "secrets": [{"name": "S", "valueFrom": placeholder}, {"name": "T", "valueFrom": "has space / ü"}],
+            "logConfiguration": {"logDriver": "awslogs", "options": {"awslogs-group": "g"},
+                "secretOptions": [{"name": "awslogs-credentials", "valueFrom": placeholder}]},
+            "repositoryCredentials": {"credentialsParameter": placeholder}
+        })));
+        let c = &p.definition.container_definitions[0];
+        assert_eq!(c.secrets[0].value_from, placeholder);
+        assert_eq!(c.secrets[1].value_from, "has space / ü");
+        assert_eq!(c.log_configuration.as_ref().unwrap().secret_options[0].value_from, placeholder);
+        assert_eq!(c.repository_credentials.as_ref().unwrap().credentials_parameter, placeholder);
+        // The described definition registers again unchanged.
+        let again = ok(&serde_json::to_string(&p.definition).unwrap());
+        assert_eq!(again.definition, p.definition);
+        // 1 to 2048 characters (not bytes).
+        ok(&one(json!({"secrets": [{"name": "S", "valueFrom": "é".repeat(2048)}]})));
+        let path = format!("{C0}.secrets[0].valueFrom");
+        check(&one(json!({"secrets": [{"name": "S", "valueFrom": "é".repeat(2049)}]})), &path, "got 2049");
+        check(
+            &one(json!({"secrets": [{"name": "S", "valueFrom": ""}]})),
+            &path,
+            "must be 1 to 2048 characters",
+        );
+    }
+
     // ---- unknown and ignored fields ----
 
     #[test]
