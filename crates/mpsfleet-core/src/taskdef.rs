@@ -998,11 +998,9 @@ fn parse_port_mappings(
             format!("must have at most {MAX_PORT_MAPPINGS} port mappings, got {}", list.len()),
         ));
     }
-    let mut out = Vec::with_capacity(list.len());
     // (protocol, containerPort) -> index of the mapping that declared it.
     let mut container_ports: HashMap<(Protocol, u16), usize> = HashMap::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let entry_path = format!("{path}[{k}]");
+    each(list, path, |k, entry, entry_path| {
         let obj = as_object(entry, &entry_path)?;
         check_keys(obj, &entry_path, PORT_USED, PORT_IGNORED, ignored)?;
         let cp_path = join(&entry_path, "containerPort");
@@ -1086,9 +1084,8 @@ fn parse_port_mappings(
             }
             host_ports.0.insert((protocol, port), port_path.clone());
         }
-        out.push(PortMapping { container_port, host_port, protocol, name });
-    }
-    Ok(out)
+        Ok(PortMapping { container_port, host_port, protocol, name })
+    })
 }
 
 fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result<Vec<KeyValuePair>> {
@@ -1100,11 +1097,9 @@ fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result
         ));
     }
     entries.add(list.len(), path)?;
-    let mut out: Vec<KeyValuePair> = Vec::with_capacity(list.len());
     // Name -> index of the entry that set it.
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let entry_path = format!("{path}[{k}]");
+    each(list, path, |k, entry, entry_path| {
         let obj = as_object(entry, &entry_path)?;
         check_keys(obj, &entry_path, &["name", "value"], &[], &mut Vec::new())?;
         let name_path = join(&entry_path, "name");
@@ -1133,9 +1128,8 @@ fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result
                 format!("duplicate environment variable {}, already set by {path}[{first}]", quote(name)),
             ));
         }
-        out.push(KeyValuePair { name: name.to_string(), value: val.to_string() });
-    }
-    Ok(out)
+        Ok(KeyValuePair { name: name.to_string(), value: val.to_string() })
+    })
 }
 
 fn optional_check(
@@ -1495,6 +1489,23 @@ fn cut(key: &str) -> String {
     } else {
         key.to_string()
     }
+}
+
+/// Each entry of `list` (the array at `path`) parsed by `one`, given its index and path; the
+/// errors of every entry are kept, and the entries are in order when none has one.
+fn each<'a, T>(
+    list: &'a [Value],
+    path: &str,
+    mut one: impl FnMut(usize, &'a Value, String) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut errors = TaskDefErrors::default();
+    let mut out = Vec::with_capacity(list.len());
+    for (k, entry) in list.iter().enumerate() {
+        if let Some(v) = errors.take(one(k, entry, format!("{path}[{k}]"))) {
+            out.push(v);
+        }
+    }
+    errors.or_ok(out)
 }
 
 fn require<'a>(obj: &'a Map<String, Value>, prefix: &str, key: &str) -> Result<&'a Value> {

@@ -208,6 +208,37 @@ mod taskdef {
     }
 
     #[test]
+    fn every_bad_entry_of_a_list_is_reported() {
+        let doc = json!({
+            "family": "f",
+            "volumes": [{"name": "a b"}, {"name": "ok"}, {"name": "ok"}],
+            "containerDefinitions": [container(json!({
+                "environment": [{"name": "A"}, {"name": "B", "value": "1"}, {"name": "", "value": "x"},
+                                {"name": "B", "value": "2"}],
+                "portMappings": [{"containerPort": 0}, {"containerPort": 80}, {"containerPort": 80}],
+                "secrets": [{"name": "S"}, {"name": "T", "valueFrom": ""}],
+                "mountPoints": [{"sourceVolume": "ok"}, {"sourceVolume": "ok", "containerPath": "x"}]
+            }))]
+        })
+        .to_string();
+        let fields: Vec<String> = all_errors(&doc).into_iter().map(|(f, _)| f).collect();
+        let want = [
+            "volumes[0].name",
+            "volumes[2].name",
+            "containerDefinitions[0].portMappings[0].containerPort",
+            "containerDefinitions[0].portMappings[2].containerPort",
+            "containerDefinitions[0].environment[0].value",
+            "containerDefinitions[0].environment[2].name",
+            "containerDefinitions[0].environment[3].name",
+            "containerDefinitions[0].secrets[0].valueFrom",
+            "containerDefinitions[0].secrets[1].valueFrom",
+            "containerDefinitions[0].mountPoints[0].containerPath",
+            "containerDefinitions[0].mountPoints[1].containerPath",
+        ];
+        assert_eq!(fields, want);
+    }
+
+    #[test]
     fn a_refused_container_causes_no_errors_in_the_others() {
         // `b` depends on `a`, which is refused: only a's own error is reported, not an unknown
         // dependency, nor "no essential container" for the one left.

@@ -184,10 +184,8 @@ const DEVICE_PERMISSIONS: &[&str] = &["read", "write", "mknod"];
 /// `volumes`: each with a unique name and at most one kind.
 pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>) -> Result<Vec<Volume>> {
     let list = bounded_array(value, path, MAX_VOLUMES, "volumes")?;
-    let mut out: Vec<Volume> = Vec::with_capacity(list.len());
     let mut names: HashMap<String, usize> = HashMap::new();
-    for (i, entry) in list.iter().enumerate() {
-        let vpath = format!("{path}[{i}]");
+    super::each(list, path, |i, entry, vpath| {
         let obj = as_object(entry, &vpath)?;
         check_keys(obj, &vpath, VOLUME_KEYS, &[], ignored)?;
         let name_path = join(&vpath, "name");
@@ -235,9 +233,8 @@ pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>
             volume.aws_only.insert(kind.to_string(), v.clone());
             ignored.push(kpath);
         }
-        out.push(volume);
-    }
-    Ok(out)
+        Ok(volume)
+    })
 }
 
 fn check_volume_name(name: &str, path: &str) -> Result<()> {
@@ -523,10 +520,8 @@ fn check_domain(s: &str, path: &str) -> Result<()> {
 
 fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
     let list = bounded_array(value, path, MAX_MOUNT_POINTS, "mount points")?;
-    let mut out: Vec<MountPoint> = Vec::with_capacity(list.len());
     let mut at: HashMap<String, usize> = HashMap::new();
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
+    super::each(list, path, |k, entry, p| {
         let obj = as_object(entry, &p)?;
         check_keys(obj, &p, &["sourceVolume", "containerPath", "readOnly"], &[], &mut Vec::new())?;
         let sv_path = join(&p, "sourceVolume");
@@ -545,13 +540,12 @@ fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
             Some(v) => as_bool(v, &join(&p, "readOnly"))?,
             None => false,
         };
-        out.push(MountPoint {
+        Ok(MountPoint {
             source_volume: source_volume.to_string(),
             container_path: container_path.to_string(),
             read_only,
-        });
-    }
-    Ok(out)
+        })
+    })
 }
 
 fn parse_volumes_from(value: &Value, path: &str) -> Result<Vec<VolumeFrom>> {

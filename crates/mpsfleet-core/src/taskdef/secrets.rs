@@ -4,7 +4,7 @@
 //! run, not here: a definition may be registered before its secrets are stored, and a name is
 //! any string, as ECS takes it.
 
-use super::{as_array, as_object, as_str, check_keys, err, join, quote, require};
+use super::{as_array, as_object, as_str, check_keys, each, err, join, quote, require};
 use super::{Result, MAX_ENV_NAME_BYTES};
 use mpsfleet_types::secret::MAX_SECRET_NAME_CHARS;
 use mpsfleet_types::{KeyValuePair, LogConfiguration, RepositoryCredentials, SecretRef};
@@ -51,10 +51,8 @@ pub(super) fn parse_secrets(
             format!("must have at most {MAX_CONTAINER_SECRETS} secrets, got {}", list.len()),
         ));
     }
-    let mut out = Vec::with_capacity(list.len());
     let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (j, entry) in list.iter().enumerate() {
-        let at = format!("{path}[{j}]");
+    each(list, path, |j, entry, at| {
         let obj = as_object(entry, &at)?;
         check_keys(obj, &at, &["name", "valueFrom"], &[], &mut Vec::new())?;
         let name_path = join(&at, "name");
@@ -89,9 +87,8 @@ pub(super) fn parse_secrets(
         let from_path = join(&at, "valueFrom");
         let from = as_str(require(obj, &at, "valueFrom")?, &from_path)?;
         check_value_from(from, &from_path)?;
-        out.push(SecretRef { name: name.to_string(), value_from: from.to_string() });
-    }
-    Ok(out)
+        Ok(SecretRef { name: name.to_string(), value_from: from.to_string() })
+    })
 }
 
 /// `logConfiguration`: `logDriver`, `options` and `secretOptions`.
