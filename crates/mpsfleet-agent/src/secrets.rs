@@ -26,7 +26,8 @@ pub fn needs_secrets(c: &ContainerDefinition) -> bool {
 
 /// Fetches task `id`'s secrets and puts those of container `c` (the launch's copy) into it. A
 /// container that names none is left as it is, without a call. Err is the task's stop code and
-/// reason.
+/// reason, as ECS gives them: `TaskFailedToStart` and `ResourceInitializationError: …`, naming
+/// the field and the secret (a name is any string: it is quoted, never part of a path or url).
 pub fn fetch_into(
     handle: &tokio::runtime::Handle,
     client: &Client,
@@ -36,7 +37,13 @@ pub fn fetch_into(
     if !needs_secrets(c) {
         return Ok(());
     }
-    let failed = |why: String| (StopCode::TaskFailedToStart, format!("the task's secrets: {why}"));
+    // ECS's stop code and reason for a secret it cannot read at launch.
+    let failed = |why: String| {
+        (
+            StopCode::TaskFailedToStart,
+            format!("ResourceInitializationError: unable to pull secrets or registry auth: {why}"),
+        )
+    };
     let mut attempt = 0;
     let secrets = loop {
         attempt += 1;

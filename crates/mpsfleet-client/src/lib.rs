@@ -505,6 +505,7 @@ fn error_body(bytes: &[u8]) -> ErrorBody {
         code: "Unknown".into(),
         message: String::from_utf8_lossy(bytes).trim().to_string(),
         field: None,
+        errors: Box::default(),
     })
 }
 

@@ -83,7 +83,8 @@ pub struct ParsedTaskDefinition {
     pub ignored_fields: Vec<String>,
 }
 
-/// Why a task definition was refused. `field` is a JSON path (`$` for the whole document).
+/// One reason a task definition was refused. `field` is a JSON path (`$` for the whole
+/// document).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct TaskDefError {
@@ -91,7 +92,104 @@ pub struct TaskDefError {
     pub message: String,
 }
 
-type Result<T> = std::result::Result<T, TaskDefError>;
+/// The most errors one refusal lists; past it, only their number is kept, so that a definition
+/// with thousands of mistakes gets a bounded answer.
+pub const MAX_ERRORS: usize = 100;
+
+/// Why a task definition was refused: every error found, in document order, at most
+/// [`MAX_ERRORS`] of them with the number of the others. Fields whose own value is refused are
+/// left out of the checks that need them (a container with an error is not counted by the
+/// task-wide checks, such as `dependsOn`'s graph), so no error follows from another.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskDefErrors {
+    errors: Vec<TaskDefError>,
+    left_out: usize,
+}
+
+impl TaskDefErrors {
+    /// The first error, in document order: the one a single-error answer names.
+    pub fn first(&self) -> &TaskDefError {
+        // Never empty once returned: parse_task_definition returns Err only with an error.
+        &self.errors[0]
+    }
+
+    /// Every error kept, the first first.
+    pub fn errors(&self) -> &[TaskDefError] {
+        &self.errors
+    }
+
+    /// How many errors were found past the [`MAX_ERRORS`] kept.
+    pub fn left_out(&self) -> usize {
+        self.left_out
+    }
+
+    fn is_empty(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    fn push(&mut self, e: TaskDefError) {
+        if self.errors.len() < MAX_ERRORS {
+            self.errors.push(e);
+        } else {
+            self.left_out = self.left_out.saturating_add(1);
+        }
+    }
+
+    /// Adds the errors of `other` after these.
+    fn absorb(&mut self, other: TaskDefErrors) {
+        for e in other.errors {
+            self.push(e);
+        }
+        self.left_out = self.left_out.saturating_add(other.left_out);
+    }
+
+    /// The value of `r`, or `None` with its errors added to these: the walk goes on.
+    fn take<T>(&mut self, r: Result<T>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.absorb(e);
+                None
+            }
+        }
+    }
+
+    /// `Ok(value)` when no error was found.
+    fn or_ok<T>(self, value: T) -> Result<T> {
+        if self.is_empty() {
+            Ok(value)
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl From<TaskDefError> for TaskDefErrors {
+    fn from(e: TaskDefError) -> Self {
+        TaskDefErrors { errors: vec![e], left_out: 0 }
+    }
+}
+
+/// One error per line, `field: message`, and the number left out.
+impl std::fmt::Display for TaskDefErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        if self.left_out > 0 {
+            let s = if self.left_out == 1 { "" } else { "s" };
+            write!(f, "\nand {} more error{s}", self.left_out)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TaskDefErrors {}
+
+type Result<T> = std::result::Result<T, TaskDefErrors>;
 
 const TOP_USED: &[&str] =
     &["family", "containerDefinitions", "networkMode", "volumes", "pidMode", "ipcMode", "cpu", "memory"];
@@ -176,7 +274,7 @@ const PORT_IGNORED: &[&str] = &["appProtocol", "containerPortRange", "hostPortRa
 /// Parses and validates an ECS-shaped task definition.
 ///
 /// The work is linear in the size of the document, which is at most [`MAX_DOCUMENT_BYTES`].
-pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefinition, TaskDefError> {
+pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefinition, TaskDefErrors> {
     if json.len() > MAX_DOCUMENT_BYTES {
         return Err(err(
             "$",
@@ -189,77 +287,103 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     let doc: Value = serde_json::from_slice(json).map_err(|e| err("$", format!("invalid json: {e}")))?;
     let top =
         doc.as_object().ok_or_else(|| err("$", format!("must be a json object, got {}", describe(&doc))))?;
+    // Every field is checked whatever the others hold; the errors are kept in document order.
+    let mut errors = TaskDefErrors::default();
     let mut ignored = Vec::new();
-    check_keys(top, "", TOP_USED, TOP_IGNORED, &mut ignored)?;
+    errors.take(check_keys(top, "", TOP_USED, TOP_IGNORED, &mut ignored));
 
-    let family_value = require(top, "", "family")?;
-    let family_str = as_str(family_value, "family")?;
-    let family = Family::new(family_str).map_err(|e| name_error("family", family_str, &e))?;
+    let family = errors.take(require(top, "", "family").and_then(|v| {
+        let s = as_str(v, "family")?;
+        Family::new(s).map_err(|e| name_error("family", s, &e))
+    }));
 
+    // A networkMode refused is taken as unset, so that port mappings are still checked.
     let network_mode = match top.get("networkMode") {
-        Some(v) => Some(parse_network_mode(v, "networkMode")?),
+        Some(v) => errors.take(parse_network_mode(v, "networkMode")),
         None => None,
     };
-    let task_cpu = task_size_field(top, "cpu", crate::task_size::task_cpu_units)?;
-    let task_memory = task_size_field(top, "memory", crate::task_size::task_memory_mib)?;
+    let task_cpu = errors.take(task_size_field(top, "cpu", crate::task_size::task_cpu_units)).flatten();
+    let task_memory =
+        errors.take(task_size_field(top, "memory", crate::task_size::task_memory_mib)).flatten();
 
     let volumes = match top.get("volumes") {
-        Some(v) => options::parse_volumes(v, "volumes", &mut ignored)?,
-        None => Vec::new(),
+        Some(v) => errors.take(options::parse_volumes(v, "volumes", &mut ignored)),
+        None => Some(Vec::new()),
     };
     let pid_mode = match top.get("pidMode") {
-        Some(v) => Some(options::parse_pid_mode(v, "pidMode")?),
+        Some(v) => errors.take(options::parse_pid_mode(v, "pidMode")),
         None => None,
     };
     let ipc_mode = match top.get("ipcMode") {
-        Some(v) => Some(options::parse_ipc_mode(v, "ipcMode")?),
+        Some(v) => errors.take(options::parse_ipc_mode(v, "ipcMode")),
         None => None,
     };
 
     let list_path = "containerDefinitions";
-    let list = as_array(require(top, "", list_path)?, list_path)?;
-    if list.is_empty() {
-        return Err(err(list_path, "must have at least one container, got an empty array"));
-    }
-    if list.len() > MAX_CONTAINERS {
-        return Err(err(
-            list_path,
-            format!("must have at most {MAX_CONTAINERS} containers, got {}", list.len()),
-        ));
-    }
+    let list = errors.take(require(top, "", list_path).and_then(|v| {
+        let list = as_array(v, list_path)?;
+        if list.is_empty() {
+            return Err(err(list_path, "must have at least one container, got an empty array"));
+        }
+        if list.len() > MAX_CONTAINERS {
+            return Err(err(
+                list_path,
+                format!("must have at most {MAX_CONTAINERS} containers, got {}", list.len()),
+            ));
+        }
+        Ok(list)
+    }));
+    let list = list.map_or(&[][..], Vec::as_slice);
 
     let mut containers: Vec<ContainerDefinition> = Vec::with_capacity(list.len());
     let mut names: HashMap<String, usize> = HashMap::with_capacity(list.len());
     let mut gpu = GpuTally::default();
     let mut entries = Entries(0);
     let mut host_ports = HostPorts::default();
+    let mut all_containers = true;
     for (i, value) in list.iter().enumerate() {
         let path = format!("{list_path}[{i}]");
         let mut walk = Walk { ignored: &mut ignored, entries: &mut entries, host_ports: &mut host_ports };
-        let (container, gpu_index) = parse_container(value, &path, network_mode, &mut walk)?;
+        let Some((container, gpu_index)) =
+            errors.take(parse_container(value, &path, network_mode, &mut walk))
+        else {
+            all_containers = false;
+            continue;
+        };
         if let Some(first) = names.get(&container.name) {
-            return Err(err(
-                format!("{path}.name"),
-                format!(
+            errors.push(TaskDefError {
+                field: format!("{path}.name"),
+                message: format!(
                     "duplicate container name {}, already used by {list_path}[{first}]",
                     quote(&container.name)
                 ),
-            ));
+            });
+            all_containers = false;
+            continue;
         }
         names.insert(container.name.clone(), i);
         if let Some(j) = gpu_index {
-            gpu.add(&container, &format!("{path}.resourceRequirements[{j}]"))?;
+            errors.take(gpu.add(&container, &format!("{path}.resourceRequirements[{j}]")));
         }
         containers.push(container);
     }
-    if !containers.iter().any(|c| c.essential) {
-        return Err(err(list_path, "at least one container must be essential, got none"));
+    // The checks across containers need all of them: with one refused, they could only report
+    // what follows from its refusal (a dependency on it, say).
+    if all_containers && !containers.is_empty() {
+        if !containers.iter().any(|c| c.essential) {
+            errors.absorb(err(list_path, "at least one container must be essential, got none"));
+        }
+        if let Some(volumes) = &volumes {
+            errors.take(options::check_references(&containers, volumes, list_path));
+        }
+        errors.take(depends::check_graph(&containers, list_path));
+        errors.take(check_task_size(&containers, task_cpu.as_ref(), task_memory.as_ref()));
     }
-    options::check_references(&containers, &volumes, list_path)?;
-    depends::check_graph(&containers, list_path)?;
-    check_task_size(&containers, task_cpu.as_ref(), task_memory.as_ref())?;
 
-    Ok(ParsedTaskDefinition {
+    let (Some(family), Some(volumes)) = (family, volumes) else {
+        return Err(errors);
+    };
+    errors.or_ok(ParsedTaskDefinition {
         definition: TaskDefinition {
             family,
             revision: 0,
@@ -383,6 +507,7 @@ fn parse_network_mode(value: &Value, path: &str) -> Result<NetworkMode> {
     })
 }
 
+/// One container: every field is checked, and all their errors are returned together.
 fn parse_container(
     value: &Value,
     path: &str,
@@ -392,34 +517,45 @@ fn parse_container(
     let ignored = &mut *walk.ignored;
     let entries = &mut *walk.entries;
     let obj = as_object(value, path)?;
-    check_keys(obj, path, CONTAINER_USED, CONTAINER_IGNORED, ignored)?;
+    let mut errors = TaskDefErrors::default();
+    errors.take(check_keys(obj, path, CONTAINER_USED, CONTAINER_IGNORED, ignored));
 
     let name_path = join(path, "name");
-    let name = as_str(require(obj, path, "name")?, &name_path)?;
-    check_name("container name", name).map_err(|e| name_error(&name_path, name, &e))?;
+    let name = errors.take(require(obj, path, "name").and_then(|v| {
+        let name = as_str(v, &name_path)?;
+        check_name("container name", name).map_err(|e| name_error(&name_path, name, &e))?;
+        Ok(name)
+    }));
 
-    let command = optional_string_array(obj, path, "command", entries)?;
-    let entry_point = optional_string_array(obj, path, "entryPoint", entries)?;
+    let command = errors.take(optional_string_array(obj, path, "command", entries));
+    let entry_point = errors.take(optional_string_array(obj, path, "entryPoint", entries));
     let image = match obj.get("image") {
         Some(v) => {
             let image_path = join(path, "image");
-            let image = as_str(v, &image_path)?;
-            check_image(image, &image_path)?;
-            Some(image.to_string())
+            errors.take(as_str(v, &image_path).and_then(|image| {
+                check_image(image, &image_path)?;
+                Ok(Some(image.to_string()))
+            }))
         }
-        None if command.is_empty() && entry_point.is_empty() => {
-            return Err(err(
-                join(path, "image"),
-                "is required when neither command nor entryPoint is given \
-                 (as a non-empty array), got none of the three",
-            ));
-        }
-        None => None,
+        // Required only without a command: one refused is not known to be empty.
+        None => match (&command, &entry_point) {
+            (Some(c), Some(e)) if c.is_empty() && e.is_empty() => {
+                errors.absorb(err(
+                    join(path, "image"),
+                    "is required when neither command nor entryPoint is given \
+                     (as a non-empty array), got none of the three",
+                ));
+                None
+            }
+            _ => Some(None),
+        },
     };
 
     let cpu = match obj.get("cpu") {
-        Some(v) => Some(to_u32(int_in(v, &join(path, "cpu"), 0, MAX_CPU_UNITS, " CPU units")?)),
-        None => None,
+        Some(v) => errors
+            .take(int_in(v, &join(path, "cpu"), 0, MAX_CPU_UNITS, " CPU units"))
+            .map(|n| Some(to_u32(n))),
+        None => Some(None),
     };
     let memory_mib = |key: &str| -> Result<Option<u64>> {
         match obj.get(key) {
@@ -434,11 +570,11 @@ fn parse_container(
             None => Ok(None),
         }
     };
-    let memory = memory_mib("memory")?;
-    let memory_reservation = memory_mib("memoryReservation")?;
-    if let (Some(hard), Some(soft)) = (memory, memory_reservation) {
+    let memory = errors.take(memory_mib("memory"));
+    let memory_reservation = errors.take(memory_mib("memoryReservation"));
+    if let (Some(Some(hard)), Some(Some(soft))) = (memory, memory_reservation) {
         if soft >= hard {
-            return Err(err(
+            errors.absorb(err(
                 join(path, "memoryReservation"),
                 format!(
                     "must be less than memory ({hard} MiB), as ECS requires, \
@@ -451,86 +587,136 @@ fn parse_container(
     let working_directory = match obj.get("workingDirectory") {
         Some(v) => {
             let wd_path = join(path, "workingDirectory");
-            let wd = as_str(v, &wd_path)?;
-            check_working_directory(wd, &wd_path)?;
-            Some(wd.to_string())
+            errors.take(as_str(v, &wd_path).and_then(|wd| {
+                check_working_directory(wd, &wd_path)?;
+                Ok(Some(wd.to_string()))
+            }))
         }
-        None => None,
+        None => Some(None),
     };
 
     let docker_labels = match obj.get("dockerLabels") {
-        Some(v) => parse_labels(v, &join(path, "dockerLabels"))?,
-        None => BTreeMap::new(),
+        Some(v) => errors.take(parse_labels(v, &join(path, "dockerLabels"))),
+        None => Some(BTreeMap::new()),
     };
 
     let port_mappings = match obj.get("portMappings") {
-        Some(v) => {
-            parse_port_mappings(v, &join(path, "portMappings"), network_mode, ignored, walk.host_ports)?
-        }
-        None => Vec::new(),
+        Some(v) => errors.take(parse_port_mappings(
+            v,
+            &join(path, "portMappings"),
+            network_mode,
+            ignored,
+            walk.host_ports,
+        )),
+        None => Some(Vec::new()),
     };
 
     let environment = match obj.get("environment") {
-        Some(v) => parse_environment(v, &join(path, "environment"), entries)?,
-        None => Vec::new(),
+        Some(v) => errors.take(parse_environment(v, &join(path, "environment"), entries)),
+        None => Some(Vec::new()),
     };
     let secrets = match obj.get("secrets") {
-        Some(v) => secrets::parse_secrets(v, &join(path, "secrets"), &environment)?,
-        None => Vec::new(),
+        Some(v) => errors.take(secrets::parse_secrets(
+            v,
+            &join(path, "secrets"),
+            environment.as_deref().unwrap_or_default(),
+        )),
+        None => Some(Vec::new()),
     };
     let log_configuration = match obj.get("logConfiguration") {
-        Some(v) => Some(secrets::parse_log_configuration(v, &join(path, "logConfiguration"))?),
-        None => None,
+        Some(v) => {
+            errors.take(secrets::parse_log_configuration(v, &join(path, "logConfiguration"))).map(Some)
+        }
+        None => Some(None),
     };
     let repository_credentials = match obj.get("repositoryCredentials") {
-        Some(v) => Some(secrets::parse_repository_credentials(v, &join(path, "repositoryCredentials"))?),
-        None => None,
+        Some(v) => errors
+            .take(secrets::parse_repository_credentials(v, &join(path, "repositoryCredentials")))
+            .map(Some),
+        None => Some(None),
     };
 
     let essential = match obj.get("essential") {
-        Some(v) => as_bool(v, &join(path, "essential"))?,
-        None => true,
+        Some(v) => errors.take(as_bool(v, &join(path, "essential"))),
+        None => Some(true),
     };
 
     let user = match obj.get("user") {
-        Some(v) => {
-            let user_path = join(path, "user");
-            let user = as_str(v, &user_path)?;
-            if user.is_empty() {
-                return Err(err(user_path, "must not be empty, got \"\""));
-            }
-            if user.len() > MAX_USER_BYTES {
-                return Err(err(
-                    user_path,
-                    format!("must be at most {MAX_USER_BYTES} bytes, got {} bytes", user.len()),
-                ));
-            }
-            if user.contains('\0') {
-                return Err(err(user_path, "must not contain NUL characters"));
-            }
-            Some(user.to_string())
-        }
-        None => None,
+        Some(v) => errors.take(parse_user(v, &join(path, "user"))).map(Some),
+        None => Some(None),
     };
 
     let stop_timeout = match obj.get("stopTimeout") {
-        Some(v) => Some(to_u32(int_in(v, &join(path, "stopTimeout"), 2, 120, " seconds")?)),
-        None => None,
+        Some(v) => {
+            errors.take(int_in(v, &join(path, "stopTimeout"), 2, 120, " seconds")).map(|n| Some(to_u32(n)))
+        }
+        None => Some(None),
     };
 
-    let health_check = optional_check(obj, path, "healthCheck", entries)?;
-    let startup_check = optional_check(obj, path, "startupCheck", entries)?;
-    let readiness_check = optional_check(obj, path, "readinessCheck", entries)?;
+    let health_check = errors.take(optional_check(obj, path, "healthCheck", entries));
+    let startup_check = errors.take(optional_check(obj, path, "startupCheck", entries));
+    let readiness_check = errors.take(optional_check(obj, path, "readinessCheck", entries));
 
-    let (resource_requirements, gpu_index) = match obj.get("resourceRequirements") {
-        Some(v) => parse_resources(v, &join(path, "resourceRequirements"), ignored)?,
-        None => (Vec::new(), None),
+    let resources = match obj.get("resourceRequirements") {
+        Some(v) => errors.take(parse_resources(v, &join(path, "resourceRequirements"), ignored)),
+        None => Some((Vec::new(), None)),
     };
 
-    let (depends_on, start_timeout) = depends::parse(obj, path)?;
+    let depends = errors.take(depends::parse(obj, path));
 
-    let opts = options::parse_container_options(obj, path)?;
+    let opts = options::parse_container_options(obj, path, &mut errors);
 
+    // Every field parsed exactly when no error was found.
+    let (
+        Some(name),
+        Some(command),
+        Some(entry_point),
+        Some(image),
+        Some(cpu),
+        Some(memory),
+        Some(memory_reservation),
+        Some(working_directory),
+        Some(docker_labels),
+        Some(port_mappings),
+        Some(environment),
+        Some(secrets),
+        Some(log_configuration),
+        Some(repository_credentials),
+        Some(essential),
+        Some(user),
+        Some(stop_timeout),
+        Some(health_check),
+        Some(startup_check),
+        Some(readiness_check),
+        Some((resource_requirements, gpu_index)),
+        Some((depends_on, start_timeout)),
+    ) = (
+        name,
+        command,
+        entry_point,
+        image,
+        cpu,
+        memory,
+        memory_reservation,
+        working_directory,
+        docker_labels,
+        port_mappings,
+        environment,
+        secrets,
+        log_configuration,
+        repository_credentials,
+        essential,
+        user,
+        stop_timeout,
+        health_check,
+        startup_check,
+        readiness_check,
+        resources,
+        depends,
+    )
+    else {
+        return Err(errors);
+    };
     let container = ContainerDefinition {
         name: name.to_string(),
         image,
@@ -567,7 +753,22 @@ fn parse_container(
         extra_hosts: opts.extra_hosts,
         hostname: opts.hostname,
     };
-    Ok((container, gpu_index))
+    errors.or_ok((container, gpu_index))
+}
+
+/// A container's `user`: 1 to [`MAX_USER_BYTES`] bytes without NUL.
+fn parse_user(value: &Value, path: &str) -> Result<String> {
+    let user = as_str(value, path)?;
+    if user.is_empty() {
+        return Err(err(path, "must not be empty, got \"\""));
+    }
+    if user.len() > MAX_USER_BYTES {
+        return Err(err(path, format!("must be at most {MAX_USER_BYTES} bytes, got {} bytes", user.len())));
+    }
+    if user.contains('\0') {
+        return Err(err(path, "must not contain NUL characters"));
+    }
+    Ok(user.to_string())
 }
 
 /// A Docker image reference: `[host[:port]/]path[:tag][@sha256:<64 hex>]`, the path made of
@@ -797,11 +998,9 @@ fn parse_port_mappings(
             format!("must have at most {MAX_PORT_MAPPINGS} port mappings, got {}", list.len()),
         ));
     }
-    let mut out = Vec::with_capacity(list.len());
     // (protocol, containerPort) -> index of the mapping that declared it.
     let mut container_ports: HashMap<(Protocol, u16), usize> = HashMap::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let entry_path = format!("{path}[{k}]");
+    each(list, path, |k, entry, entry_path| {
         let obj = as_object(entry, &entry_path)?;
         check_keys(obj, &entry_path, PORT_USED, PORT_IGNORED, ignored)?;
         let cp_path = join(&entry_path, "containerPort");
@@ -885,9 +1084,8 @@ fn parse_port_mappings(
             }
             host_ports.0.insert((protocol, port), port_path.clone());
         }
-        out.push(PortMapping { container_port, host_port, protocol, name });
-    }
-    Ok(out)
+        Ok(PortMapping { container_port, host_port, protocol, name })
+    })
 }
 
 fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result<Vec<KeyValuePair>> {
@@ -899,11 +1097,9 @@ fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result
         ));
     }
     entries.add(list.len(), path)?;
-    let mut out: Vec<KeyValuePair> = Vec::with_capacity(list.len());
     // Name -> index of the entry that set it.
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let entry_path = format!("{path}[{k}]");
+    each(list, path, |k, entry, entry_path| {
         let obj = as_object(entry, &entry_path)?;
         check_keys(obj, &entry_path, &["name", "value"], &[], &mut Vec::new())?;
         let name_path = join(&entry_path, "name");
@@ -932,9 +1128,8 @@ fn parse_environment(value: &Value, path: &str, entries: &mut Entries) -> Result
                 format!("duplicate environment variable {}, already set by {path}[{first}]", quote(name)),
             ));
         }
-        out.push(KeyValuePair { name: name.to_string(), value: val.to_string() });
-    }
-    Ok(out)
+        Ok(KeyValuePair { name: name.to_string(), value: val.to_string() })
+    })
 }
 
 fn optional_check(
@@ -1052,43 +1247,48 @@ fn parse_resources(
 ) -> Result<(Vec<ResourceRequirement>, Option<usize>)> {
     // Returns the GPU entry (if any) and its index in the input array.
     let list = as_array(value, path)?;
-    let mut gpu: Option<(usize, GpuRequirement)> = None;
+    let mut errors = TaskDefErrors::default();
+    // The first GPU entry, parsed when it could be.
+    let mut gpu: Option<(usize, Option<GpuRequirement>)> = None;
     for (j, entry) in list.iter().enumerate() {
         let entry_path = format!("{path}[{j}]");
-        let obj = as_object(entry, &entry_path)?;
+        let Some(obj) = errors.take(as_object(entry, &entry_path)) else { continue };
         let type_path = join(&entry_path, "type");
-        let kind = as_str(require(obj, &entry_path, "type")?, &type_path)?;
+        let Some(kind) = errors.take(require(obj, &entry_path, "type").and_then(|v| as_str(v, &type_path)))
+        else {
+            continue;
+        };
         match kind {
             "GPU" => {
                 if let Some((first, _)) = gpu {
-                    return Err(err(
+                    errors.absorb(err(
                         entry_path,
                         format!(
                             "a container may have only one GPU entry, \
                              already given at {path}[{first}]"
                         ),
                     ));
+                    continue;
                 }
-                gpu = Some((j, parse_gpu(obj, &entry_path)?));
+                gpu = Some((j, errors.take(parse_gpu(obj, &entry_path))));
             }
             "InferenceAccelerator" => ignored.push(entry_path),
-            other => {
-                return Err(err(
-                    type_path,
-                    format!("must be GPU or InferenceAccelerator, got {}", quote(other)),
-                ))
-            }
+            other => errors
+                .absorb(err(type_path, format!("must be GPU or InferenceAccelerator, got {}", quote(other)))),
         }
     }
-    Ok(match gpu {
-        Some((j, g)) => (vec![ResourceRequirement::Gpu(g)], Some(j)),
-        None => (Vec::new(), None),
+    errors.or_ok(match gpu {
+        Some((j, Some(g))) => (vec![ResourceRequirement::Gpu(g)], Some(j)),
+        _ => (Vec::new(), None),
     })
 }
 
+/// A GPU entry: `value` (whole GPUs) or `sharingStrategy.nvidiaMps` (a share of one GPU), as
+/// ECS's API writes them; every error of the entry is reported.
 fn parse_gpu(obj: &Map<String, Value>, path: &str) -> Result<GpuRequirement> {
-    check_keys(obj, path, &["type", "value", "sharingStrategy"], &[], &mut Vec::new())?;
-    match (obj.get("value"), obj.get("sharingStrategy")) {
+    let mut errors = TaskDefErrors::default();
+    errors.take(check_keys(obj, path, &["type", "value", "sharingStrategy"], &[], &mut Vec::new()));
+    let parsed = match (obj.get("value"), obj.get("sharingStrategy")) {
         (Some(_), Some(_)) => Err(err(path, "value and sharingStrategy cannot be used together")),
         (None, None) => Err(err(
             path,
@@ -1096,35 +1296,44 @@ fn parse_gpu(obj: &Map<String, Value>, path: &str) -> Result<GpuRequirement> {
              (a share of one GPU through MPS), got neither",
         )),
         (Some(v), None) => {
-            let count = gpu_count(v, &join(path, "value"))?;
-            Ok(GpuRequirement::Whole { value: count.to_string() })
+            gpu_count(v, &join(path, "value")).map(|count| GpuRequirement::Whole { value: count.to_string() })
         }
-        (None, Some(s)) => {
-            let s_path = join(path, "sharingStrategy");
-            let s_obj = as_object(s, &s_path)?;
-            check_keys(s_obj, &s_path, &["nvidiaMps"], &[], &mut Vec::new())?;
-            let mps_path = join(&s_path, "nvidiaMps");
-            let mps = as_object(require(s_obj, &s_path, "nvidiaMps")?, &mps_path)?;
-            check_keys(mps, &mps_path, &["memory", "maxComputePercent"], &[], &mut Vec::new())?;
-            let memory = int_in(
-                require(mps, &mps_path, "memory")?,
-                &join(&mps_path, "memory"),
-                1,
-                MAX_MPS_MEMORY_MIB,
-                " (MiB)",
-            )?;
-            let max_compute_percent = match mps.get("maxComputePercent") {
-                Some(v) => {
-                    let p = int_in(v, &join(&mps_path, "maxComputePercent"), 1, 100, "")?;
-                    Some(u8::try_from(p).unwrap_or(100))
-                }
-                None => None,
-            };
-            Ok(GpuRequirement::Mps {
-                sharing_strategy: SharingStrategy { nvidia_mps: NvidiaMps { memory, max_compute_percent } },
-            })
-        }
+        (None, Some(s)) => parse_mps(s, &join(path, "sharingStrategy")),
+    };
+    let parsed = errors.take(parsed);
+    match parsed {
+        Some(g) => errors.or_ok(g),
+        None => Err(errors),
     }
+}
+
+/// `sharingStrategy`: `{"nvidiaMps": {"memory": MiB, "maxComputePercent": 1..=100}}`.
+fn parse_mps(s: &Value, s_path: &str) -> Result<GpuRequirement> {
+    let s_obj = as_object(s, s_path)?;
+    let mut errors = TaskDefErrors::default();
+    errors.take(check_keys(s_obj, s_path, &["nvidiaMps"], &[], &mut Vec::new()));
+    let mps_path = join(s_path, "nvidiaMps");
+    let Some(mps) = errors.take(require(s_obj, s_path, "nvidiaMps").and_then(|v| as_object(v, &mps_path)))
+    else {
+        return Err(errors);
+    };
+    errors.take(check_keys(mps, &mps_path, &["memory", "maxComputePercent"], &[], &mut Vec::new()));
+    let memory = errors.take(
+        require(mps, &mps_path, "memory")
+            .and_then(|v| int_in(v, &join(&mps_path, "memory"), 1, MAX_MPS_MEMORY_MIB, " (MiB)")),
+    );
+    let max_compute_percent = match mps.get("maxComputePercent") {
+        Some(v) => errors
+            .take(int_in(v, &join(&mps_path, "maxComputePercent"), 1, 100, ""))
+            .map(|p| Some(u8::try_from(p).unwrap_or(100))),
+        None => Some(None),
+    };
+    let (Some(memory), Some(max_compute_percent)) = (memory, max_compute_percent) else {
+        return Err(errors);
+    };
+    errors.or_ok(GpuRequirement::Mps {
+        sharing_strategy: SharingStrategy { nvidia_mps: NvidiaMps { memory, max_compute_percent } },
+    })
 }
 
 /// A whole-GPU count, given as ECS writes it (`"1"`) or as a JSON number.
@@ -1222,8 +1431,8 @@ impl GpuTally {
 
 // ---- walking helpers ----
 
-fn err(field: impl Into<String>, message: impl Into<String>) -> TaskDefError {
-    TaskDefError { field: field.into(), message: message.into() }
+fn err(field: impl Into<String>, message: impl Into<String>) -> TaskDefErrors {
+    TaskDefError { field: field.into(), message: message.into() }.into()
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -1234,8 +1443,9 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
-/// Refuses keys that are neither used nor known-ignored; records the known-ignored ones.
-/// Keys are visited sorted so the result does not depend on the map's ordering.
+/// Refuses keys that are neither used nor known-ignored, every one of them, each error listing
+/// the valid names at that path; records the known-ignored ones. Keys are visited sorted so the
+/// result does not depend on the map's ordering.
 fn check_keys(
     obj: &Map<String, Value>,
     prefix: &str,
@@ -1245,6 +1455,8 @@ fn check_keys(
 ) -> Result<()> {
     let mut keys: Vec<&String> = obj.keys().collect();
     keys.sort();
+    let mut errors = TaskDefErrors::default();
+    let mut valid: Option<String> = None;
     for key in keys {
         if used.contains(&key.as_str()) {
             continue;
@@ -1253,9 +1465,47 @@ fn check_keys(
             ignored.push(join(prefix, key));
             continue;
         }
-        return Err(err(join(prefix, key), "unknown field"));
+        let valid = valid.get_or_insert_with(|| {
+            let mut names: Vec<&str> = used.iter().chain(known_ignored).copied().collect();
+            names.sort_unstable();
+            names.join(", ")
+        });
+        errors.push(TaskDefError {
+            field: join(prefix, &cut(key)),
+            message: format!("unknown field; valid names here: {valid}"),
+        });
     }
-    Ok(())
+    errors.or_ok(())
+}
+
+/// A key for a path in a message: cut short if long, as [`quote`] does, and quoted as JSON
+/// writes it if empty or holding control characters (so that no terminal acts on them).
+fn cut(key: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    if key.is_empty() || key.chars().any(char::is_control) {
+        quote(key)
+    } else if key.chars().count() > MAX_CHARS {
+        format!("{}...", key.chars().take(MAX_CHARS).collect::<String>())
+    } else {
+        key.to_string()
+    }
+}
+
+/// Each entry of `list` (the array at `path`) parsed by `one`, given its index and path; the
+/// errors of every entry are kept, and the entries are in order when none has one.
+fn each<'a, T>(
+    list: &'a [Value],
+    path: &str,
+    mut one: impl FnMut(usize, &'a Value, String) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut errors = TaskDefErrors::default();
+    let mut out = Vec::with_capacity(list.len());
+    for (k, entry) in list.iter().enumerate() {
+        if let Some(v) = errors.take(one(k, entry, format!("{path}[{k}]"))) {
+            out.push(v);
+        }
+    }
+    errors.or_ok(out)
 }
 
 fn require<'a>(obj: &'a Map<String, Value>, prefix: &str, key: &str) -> Result<&'a Value> {
@@ -1339,7 +1589,7 @@ fn to_u16(n: u64) -> u16 {
     u16::try_from(n).unwrap_or(u16::MAX)
 }
 
-fn name_error(path: &str, value: &str, e: &NameError) -> TaskDefError {
+fn name_error(path: &str, value: &str, e: &NameError) -> TaskDefErrors {
     let got = if value.len() > 255 { format!("{} characters", value.len()) } else { quote(value) };
     err(path, format!("{}, got {got}", e.reason))
 }
@@ -1387,8 +1637,9 @@ mod tests {
     fn check(json: &str, field: &str, words: &[&str]) {
         match parse_task_definition(json.as_bytes()) {
             Ok(p) => panic!("accepted, expected {field}: {words:?}\ninput: {json}\nparsed: {p:?}"),
-            Err(e) => {
-                assert_eq!(e.field, field, "wrong field for {json}\nerror: {e}");
+            Err(all) => {
+                let e = all.first();
+                assert_eq!(e.field, field, "wrong field for {json}\nerror: {all}");
                 for w in words {
                     assert!(e.message.contains(w), "message {:?} lacks {w:?}\ninput: {json}", e.message);
                 }
@@ -1981,7 +2232,7 @@ mod tests {
                     let again = parse_task_definition(&text).map(|a| a.definition);
                     proptest::prop_assert_eq!(again, Ok(p.definition));
                 }
-                Err(e) => proptest::prop_assert!(!e.field.is_empty() && !e.message.is_empty()),
+                Err(e) => proptest::prop_assert!(!e.first().field.is_empty() && !e.first().message.is_empty()),
             }
         }
     }

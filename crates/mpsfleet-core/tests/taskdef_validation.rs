@@ -2,7 +2,7 @@
 //! Tests live in `mod taskdef` so that `cargo test -p mpsfleet-core taskdef` selects them.
 
 mod taskdef {
-    use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
+    use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition, MAX_ERRORS};
     use mpsfleet_types::{GpuDemand, GpuRequirement, HealthCheck, KeyValuePair};
     use proptest::prelude::*;
     use serde_json::{json, Value};
@@ -14,14 +14,16 @@ mod taskdef {
     fn check(json: &str, field: &str, message: &str) {
         match parse_task_definition(json.as_bytes()) {
             Ok(p) => panic!("accepted, expected {field}: {message}\ninput: {json}\nparsed: {p:?}"),
-            Err(e) => {
-                assert_eq!(e.field, field, "wrong field for {json}\nerror: {e}");
+            Err(all) => {
+                let e = all.first();
+                assert_eq!(e.field, field, "wrong field for {json}\nerror: {all}");
                 assert!(
                     e.message.contains(message),
                     "message {:?} lacks {message:?}\ninput: {json}",
                     e.message
                 );
-                assert_eq!(e.to_string(), format!("{}: {}", e.field, e.message));
+                let first_line = all.to_string().lines().next().unwrap_or_default().to_string();
+                assert_eq!(first_line, format!("{}: {}", e.field, e.message));
             }
         }
     }
@@ -126,6 +128,178 @@ mod taskdef {
             &task(vec![container(json!({})), json!("b")]),
             "containerDefinitions[1]",
             "must be an object, got \"b\"",
+        );
+    }
+
+    // ---- every error at once ----
+
+    /// The fields and messages of every error of `json`, which must be refused.
+    #[track_caller]
+    fn all_errors(json: &str) -> Vec<(String, String)> {
+        match parse_task_definition(json.as_bytes()) {
+            Ok(p) => panic!("accepted: {p:?}\ninput: {json}"),
+            Err(all) => all.errors().iter().map(|e| (e.field.clone(), e.message.clone())).collect(),
+        }
+    }
+
+    #[test]
+    fn several_mistakes_are_reported_in_one_answer() {
+        let mps_path = "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps";
+        let doc = json!({
+            "family": "f",
+            "networkMode": "hots",
+            "containerDefinitions": [
+                container(json!({
+                    "cpu": -1,
+                    "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps":
+                        {"computePercentage": 50, "memoryMiB": 20480}}}]
+                })),
+                container(json!({"name": "b", "environment": [{"name": "X"}]})),
+            ]
+        })
+        .to_string();
+        let errors = all_errors(&doc);
+        let fields: Vec<&str> = errors.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "networkMode".to_string(),
+                format!("{C0}.cpu"),
+                format!("{mps_path}.computePercentage"),
+                format!("{mps_path}.memoryMiB"),
+                format!("{mps_path}.memory"),
+                "containerDefinitions[1].environment[0].value".to_string(),
+            ],
+            "{errors:#?}"
+        );
+        assert!(errors[2].1.starts_with("unknown field"), "{errors:#?}");
+        assert_eq!(errors[4].1, "is required");
+        // One line each, the first as a single error would have it.
+        let text = parse_task_definition(doc.as_bytes()).unwrap_err().to_string();
+        assert_eq!(text.lines().count(), 6, "{text}");
+        assert!(text.starts_with("networkMode: must be one of bridge, host, none, awsvpc"), "{text}");
+        assert!(text.contains(&format!("\n{mps_path}.memoryMiB: unknown field")), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_field_lists_the_valid_names_at_its_path() {
+        let mps_path = "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps";
+        let doc =
+            gpu(json!({"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024, "memoryMiB": 1}}}));
+        assert_eq!(
+            all_errors(&doc),
+            [(
+                format!("{mps_path}.memoryMiB"),
+                "unknown field; valid names here: maxComputePercent, memory".into()
+            )]
+        );
+        let (field, message) = all_errors(&gpu(json!({"type": "GPU", "count": 1, "value": "1"}))).remove(0);
+        assert_eq!(field, "containerDefinitions[0].resourceRequirements[0].count");
+        assert!(message.ends_with("valid names here: sharingStrategy, type, value"), "{message}");
+        // The names ECS has that mpsfleet accepts without using them are valid names too.
+        let (field, message) = all_errors(&top(json!({"famly": "f"}))).remove(0);
+        assert_eq!(field, "famly");
+        assert!(
+            message.contains("containerDefinitions, cpu,") && message.contains("taskRoleArn"),
+            "{message}"
+        );
+        let (_, message) = all_errors(&one(json!({"comand": ["x"]}))).remove(0);
+        assert!(message.contains("command, cpu, credentialSpecs,"), "{message}");
+    }
+
+    #[test]
+    fn every_bad_entry_of_a_list_is_reported() {
+        let doc = json!({
+            "family": "f",
+            "volumes": [{"name": "a b"}, {"name": "ok"}, {"name": "ok"}],
+            "containerDefinitions": [container(json!({
+                "environment": [{"name": "A"}, {"name": "B", "value": "1"}, {"name": "", "value": "x"},
+                                {"name": "B", "value": "2"}],
+                "portMappings": [{"containerPort": 0}, {"containerPort": 80}, {"containerPort": 80}],
+                "secrets": [{"name": "S"}, {"name": "T", "valueFrom": ""}],
+                "mountPoints": [{"sourceVolume": "ok"}, {"sourceVolume": "ok", "containerPath": "x"}]
+            }))]
+        })
+        .to_string();
+        let fields: Vec<String> = all_errors(&doc).into_iter().map(|(f, _)| f).collect();
+        let want = [
+            "volumes[0].name",
+            "volumes[2].name",
+            "containerDefinitions[0].portMappings[0].containerPort",
+            "containerDefinitions[0].portMappings[2].containerPort",
+            "containerDefinitions[0].environment[0].value",
+            "containerDefinitions[0].environment[2].name",
+            "containerDefinitions[0].environment[3].name",
+            "containerDefinitions[0].secrets[0].valueFrom",
+            "containerDefinitions[0].secrets[1].valueFrom",
+            "containerDefinitions[0].mountPoints[0].containerPath",
+            "containerDefinitions[0].mountPoints[1].containerPath",
+        ];
+        assert_eq!(fields, want);
+    }
+
+    #[test]
+    fn a_refused_container_causes_no_errors_in_the_others() {
+        // `b` depends on `a`, which is refused: only a's own error is reported, not an unknown
+        // dependency, nor "no essential container" for the one left.
+        let doc = task(vec![
+            container(json!({"essential": "yes"})),
+            container(json!({"name": "b", "essential": false,
+                "dependsOn": [{"containerName": "a", "condition": "START"}]})),
+        ]);
+        assert_eq!(
+            all_errors(&doc),
+            [(format!("{C0}.essential"), "must be true or false, got \"yes\"".to_string())]
+        );
+        // A command refused does not make the image required.
+        let errors = all_errors(&one(json!({"command": "run"})));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].0, format!("{C0}.command"));
+    }
+
+    #[test]
+    fn the_list_of_errors_is_bounded() {
+        let mut doc = json!({"family": "f", "containerDefinitions": [container(json!({}))]});
+        for i in 0..(MAX_ERRORS + 150) {
+            doc[format!("unknown{i:04}")] = json!(1);
+        }
+        let all = parse_task_definition(doc.to_string().as_bytes()).unwrap_err();
+        assert_eq!(all.errors().len(), MAX_ERRORS);
+        assert_eq!(all.left_out(), 150);
+        assert_eq!(all.first().field, "unknown0000");
+        let text = all.to_string();
+        assert_eq!(text.lines().count(), MAX_ERRORS + 1);
+        assert!(text.ends_with("\nand 150 more errors"), "{}", &text[text.len() - 80..]);
+    }
+
+    // ---- valueFrom: any string, as ECS takes it ----
+
+    #[test]
+    fn value_from_is_any_string_as_ecs_takes_it() {
+        // ECS's own agent tests register definitions with a placeholder there.
+        let placeholder = "$$$SECRET_VALUE_FROM$$$";
+        let p = ok(&one(json!({
+            "secrets": [{"name": "S", "valueFrom": placeholder}, {"name": "T", "valueFrom": "has space / ü"}],
+            "logConfiguration": {"logDriver": "awslogs", "options": {"awslogs-group": "g"},
+                "secretOptions": [{"name": "awslogs-credentials", "valueFrom": placeholder}]},
+            "repositoryCredentials": {"credentialsParameter": placeholder}
+        })));
+        let c = &p.definition.container_definitions[0];
+        assert_eq!(c.secrets[0].value_from, placeholder);
+        assert_eq!(c.secrets[1].value_from, "has space / ü");
+        assert_eq!(c.log_configuration.as_ref().unwrap().secret_options[0].value_from, placeholder);
+        assert_eq!(c.repository_credentials.as_ref().unwrap().credentials_parameter, placeholder);
+        // The described definition registers again unchanged.
+        let again = ok(&serde_json::to_string(&p.definition).unwrap());
+        assert_eq!(again.definition, p.definition);
+        // 1 to 2048 characters (not bytes).
+        ok(&one(json!({"secrets": [{"name": "S", "valueFrom": "é".repeat(2048)}]})));
+        let path = format!("{C0}.secrets[0].valueFrom");
+        check(&one(json!({"secrets": [{"name": "S", "valueFrom": "é".repeat(2049)}]})), &path, "got 2049");
+        check(
+            &one(json!({"secrets": [{"name": "S", "valueFrom": ""}]})),
+            &path,
+            "must be 1 to 2048 characters",
         );
     }
 
@@ -991,9 +1165,12 @@ mod taskdef {
                 let again = parse_task_definition(&text).map(|a| a.definition);
                 assert_eq!(again.as_ref(), Ok(&p.definition));
             }
-            Err(e) => {
-                assert!(!e.message.is_empty());
-                assert!(!e.message.ends_with('.'), "trailing period: {e}");
+            Err(all) => {
+                assert!(!all.errors().is_empty() && all.errors().len() <= MAX_ERRORS, "{all}");
+                for e in all.errors() {
+                    assert!(!e.field.is_empty() && !e.message.is_empty(), "{all}");
+                    assert!(!e.message.ends_with('.'), "trailing period: {e}");
+                }
             }
         }
     }

@@ -3,12 +3,14 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mpsfleet_store::StoreError;
-use mpsfleet_types::api::ErrorBody;
+use mpsfleet_types::api::{ErrorBody, FieldError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("{field}: {message}")]
-    InvalidTaskDefinition { field: String, message: String },
+    /// A task definition refused: the first error's field and message, and every error found
+    /// (the first included, at most `MAX_ERRORS`), one per line in the message.
+    #[error("{field}: {message}{}", further_lines(errors, *left_out))]
+    InvalidTaskDefinition { field: String, message: String, errors: Vec<FieldError>, left_out: usize },
     #[error("{field}: {message}")]
     InvalidParameter { field: String, message: String },
     #[error("request body is not valid JSON: {0}")]
@@ -97,8 +99,28 @@ impl ApiError {
             }
             _ => None,
         };
-        ErrorBody { code: self.status_and_code().1.to_string(), message: self.to_string(), field }
+        let errors = match self {
+            ApiError::InvalidTaskDefinition { errors, .. } => Box::new(errors.clone()),
+            _ => Box::default(),
+        };
+        ErrorBody { code: self.status_and_code().1.to_string(), message: self.to_string(), field, errors }
     }
+}
+
+/// The errors after the first, one per line, and how many were left out.
+fn further_lines(errors: &[FieldError], left_out: usize) -> String {
+    let mut out = String::new();
+    for e in errors.iter().skip(1) {
+        out.push('\n');
+        out.push_str(&e.field);
+        out.push_str(": ");
+        out.push_str(&e.message);
+    }
+    if left_out > 0 {
+        let s = if left_out == 1 { "" } else { "s" };
+        out.push_str(&format!("\nand {left_out} more error{s}"));
+    }
+    out
 }
 
 impl From<StoreError> for ApiError {
@@ -118,5 +140,49 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %self, "request failed");
         }
         (status, axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fe(field: &str, message: &str) -> FieldError {
+        FieldError { field: field.into(), message: message.into() }
+    }
+
+    #[test]
+    fn a_task_definition_refused_for_several_errors_lists_them_all() {
+        let one = ApiError::InvalidTaskDefinition {
+            field: "family".into(),
+            message: "is required".into(),
+            errors: vec![fe("family", "is required")],
+            left_out: 0,
+        };
+        // One error: the message as it always was.
+        assert_eq!(one.body().message, "family: is required");
+        assert_eq!(*one.body().errors, [fe("family", "is required")]);
+        let json = serde_json::to_value(one.body()).unwrap();
+        assert_eq!(json["field"], "family");
+
+        let several = ApiError::InvalidTaskDefinition {
+            field: "family".into(),
+            message: "is required".into(),
+            errors: vec![fe("family", "is required"), fe("x", "unknown field; valid names here: a, b")],
+            left_out: 3,
+        };
+        let body = several.body();
+        assert_eq!(body.code, "InvalidTaskDefinition");
+        assert_eq!(body.field.as_deref(), Some("family"));
+        assert_eq!(
+            body.message,
+            "family: is required\nx: unknown field; valid names here: a, b\nand 3 more errors"
+        );
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(json["errors"][1]["field"], "x");
+        assert_eq!(json["errors"].as_array().map(Vec::len), Some(2));
+        // Other errors have no list.
+        let other = ApiError::invalid("count", "must be 1").body();
+        assert!(serde_json::to_value(other).unwrap().get("errors").is_none());
     }
 }

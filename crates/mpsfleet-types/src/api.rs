@@ -5,13 +5,29 @@ use crate::task::Task;
 use serde::{Deserialize, Serialize};
 
 /// Every error the API returns: a stable code, a message a person can act on, and the field
-/// at fault when there is one.
+/// at fault when there is one. A refused task definition (`InvalidTaskDefinition`) lists every
+/// error found in `errors`, at most 100 (`field` is the first's; the message has one line per
+/// error, and a last line with the number of the others past 100).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: String,
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Boxed: every client error carries an `ErrorBody`, and an empty list costs one pointer.
+    #[serde(default, skip_serializing_if = "no_errors")]
+    pub errors: Box<Vec<FieldError>>,
+}
+
+fn no_errors(errors: &[FieldError]) -> bool {
+    errors.is_empty()
+}
+
+/// One error of a request refused for several: the JSON path of the field and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
 }
 
 /// Response of `POST /v1/taskdefs`.

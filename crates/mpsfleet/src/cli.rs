@@ -784,9 +784,10 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
         }
     });
     // An error may quote the server or what it was sent; it is printed to the terminal too.
+    // Its lines are kept (a refused task definition has one per error), other controls escaped.
     result.map_err(|e| {
         let text = format!("{e:#}");
-        match sanitize(&text) {
+        match sanitize_text(&text) {
             std::borrow::Cow::Borrowed(_) => e,
             std::borrow::Cow::Owned(clean) => anyhow::anyhow!(clean),
         }

@@ -558,3 +558,66 @@ async fn hosts_are_listed_a_page_at_a_time_with_the_total() {
         assert_eq!(body["field"], field, "{q}: {body}");
     }
 }
+
+/// A definition with several mistakes is refused with all of them in one answer: the first as
+/// `field` and at the head of the message, every one in `errors` and on a line of the message,
+/// and `taskdef register` prints them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_definition_lists_every_error_in_one_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("server"));
+    let admin = server.admin();
+    let mps = "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps";
+    let doc = serde_json::json!({
+        "family": "several",
+        "containerDefinitions": [{
+            "name": "a", "command": ["x"], "cpu": -1,
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps":
+                {"computePercentage": 50, "memoryMiB": 20480}}}]
+        }]
+    })
+    .to_string();
+    let e = admin.register_taskdef(doc.clone().into_bytes()).await.unwrap_err();
+    let ClientError::Api { status, body } = e else { panic!("expected an API error") };
+    assert_eq!((status, body.code.as_str()), (400, "InvalidTaskDefinition"));
+    assert_eq!(body.field.as_deref(), Some("containerDefinitions[0].cpu"));
+    let fields: Vec<String> = body.errors.iter().map(|e| e.field.clone()).collect();
+    let want = [
+        "containerDefinitions[0].cpu".to_string(),
+        format!("{mps}.computePercentage"),
+        format!("{mps}.memoryMiB"),
+        format!("{mps}.memory"),
+    ];
+    assert_eq!(fields, want, "{body:?}");
+    assert_eq!(body.errors[2].message, "unknown field; valid names here: maxComputePercent, memory");
+    let lines: Vec<&str> = body.message.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", body.message);
+    assert!(
+        lines[0].starts_with("containerDefinitions[0].cpu: must be an integer from 0 to 262144"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[3], format!("{mps}.memory: is required"));
+    assert!(admin.list_taskdefs(None).await.unwrap().is_empty(), "a refused definition was stored");
+
+    // The CLI prints every error.
+    let file = dir.path().join("several.json");
+    std::fs::write(&file, &doc).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["taskdef", "register", "--file"])
+        .arg(&file)
+        .env("MPSFLEET_SERVER", &server.url)
+        .env("MPSFLEET_TOKEN", server.admin_token())
+        .env("MPSFLEET_CA_FILE", server.ca_file())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // One line each, the first after "error: ".
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), want.len(), "{stderr}");
+    assert!(lines[0].starts_with(&format!("error: {}: ", want[0])), "{stderr}");
+    for (line, field) in lines.iter().zip(&want).skip(1) {
+        assert!(line.starts_with(&format!("{field}: ")), "{field} missing from {stderr}");
+    }
+    assert!(stderr.contains("InvalidTaskDefinition"), "{stderr}");
+}

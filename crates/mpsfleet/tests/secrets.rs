@@ -486,7 +486,7 @@ async fn repository_credentials_log_the_pull_in() {
 }
 
 /// A secret deleted after its task was run, before its container starts (it waits for another
-/// container to succeed), stops the task with a reason that names it.
+/// container to succeed), stops the task as ECS does, with a reason that names it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_secret_deleted_before_its_container_starts_stops_the_task() {
     within(async {
@@ -511,6 +511,7 @@ async fn a_secret_deleted_before_its_container_starts_stops_the_task() {
         let stopped = fleet.task_in(&task.id, TaskStatus::Stopped).await;
         let reason = format!("{:?} {:?}", stopped.stopped_reason, stopped.containers);
         assert!(reason.contains(name) && reason.contains("secrets[0].valueFrom"), "{reason}");
+        assert!(reason.contains("ResourceInitializationError: "), "{reason}");
         assert_eq!(stopped.stop_code, Some(StopCode::TaskFailedToStart), "{reason}");
     })
     .await;

@@ -5,7 +5,7 @@
 //! path and the rule.
 
 use super::{as_array, as_bool, as_object, as_str, check_keys, describe, err, int_in, join, quote, require};
-use super::{Result, TaskDefError};
+use super::{Result, TaskDefErrors};
 use mpsfleet_types::{
     ContainerDefinition, Device, DockerVolumeConfiguration, ExtraHost, HostVolume, KernelCapabilities,
     LinuxParameters, MountPoint, SystemControl, Tmpfs, Ulimit, Volume, VolumeFrom,
@@ -184,10 +184,8 @@ const DEVICE_PERMISSIONS: &[&str] = &["read", "write", "mknod"];
 /// `volumes`: each with a unique name and at most one kind.
 pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>) -> Result<Vec<Volume>> {
     let list = bounded_array(value, path, MAX_VOLUMES, "volumes")?;
-    let mut out: Vec<Volume> = Vec::with_capacity(list.len());
     let mut names: HashMap<String, usize> = HashMap::new();
-    for (i, entry) in list.iter().enumerate() {
-        let vpath = format!("{path}[{i}]");
+    super::each(list, path, |i, entry, vpath| {
         let obj = as_object(entry, &vpath)?;
         check_keys(obj, &vpath, VOLUME_KEYS, &[], ignored)?;
         let name_path = join(&vpath, "name");
@@ -235,9 +233,8 @@ pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>
             volume.aws_only.insert(kind.to_string(), v.clone());
             ignored.push(kpath);
         }
-        out.push(volume);
-    }
-    Ok(out)
+        Ok(volume)
+    })
 }
 
 fn check_volume_name(name: &str, path: &str) -> Result<()> {
@@ -403,60 +400,73 @@ pub(super) struct ContainerOptions {
 }
 
 /// Parses the container's volume and Linux option fields (references to volumes and other
-/// containers are checked by [`check_references`] once all are known).
-pub(super) fn parse_container_options(obj: &Map<String, Value>, path: &str) -> Result<ContainerOptions> {
+/// containers are checked by [`check_references`] once all are known). The errors of every
+/// field are added to `errors`; a field refused is left at its default.
+pub(super) fn parse_container_options(
+    obj: &Map<String, Value>,
+    path: &str,
+    errors: &mut TaskDefErrors,
+) -> ContainerOptions {
     let mut o = ContainerOptions::default();
     if let Some(v) = obj.get("mountPoints") {
-        o.mount_points = parse_mount_points(v, &join(path, "mountPoints"))?;
+        o.mount_points = errors.take(parse_mount_points(v, &join(path, "mountPoints"))).unwrap_or_default();
     }
     if let Some(v) = obj.get("volumesFrom") {
-        o.volumes_from = parse_volumes_from(v, &join(path, "volumesFrom"))?;
+        o.volumes_from = errors.take(parse_volumes_from(v, &join(path, "volumesFrom"))).unwrap_or_default();
     }
     if let Some(v) = obj.get("linuxParameters") {
-        o.linux_parameters = Some(parse_linux(v, &join(path, "linuxParameters"))?);
+        o.linux_parameters = errors.take(parse_linux(v, &join(path, "linuxParameters")));
     }
     if let Some(v) = obj.get("ulimits") {
-        o.ulimits = parse_ulimits(v, &join(path, "ulimits"))?;
+        o.ulimits = errors.take(parse_ulimits(v, &join(path, "ulimits"))).unwrap_or_default();
     }
     if let Some(v) = obj.get("systemControls") {
-        o.system_controls = parse_system_controls(v, &join(path, "systemControls"))?;
+        o.system_controls =
+            errors.take(parse_system_controls(v, &join(path, "systemControls"))).unwrap_or_default();
     }
     if let Some(v) = obj.get("privileged") {
-        o.privileged = Some(as_bool(v, &join(path, "privileged"))?);
+        o.privileged = errors.take(as_bool(v, &join(path, "privileged")));
     }
     if let Some(v) = obj.get("readonlyRootFilesystem") {
-        o.readonly_root_filesystem = Some(as_bool(v, &join(path, "readonlyRootFilesystem"))?);
+        o.readonly_root_filesystem = errors.take(as_bool(v, &join(path, "readonlyRootFilesystem")));
     }
     if let Some(v) = obj.get("dnsServers") {
         let p = join(path, "dnsServers");
-        o.dns_servers = bounded_list(v, &p, MAX_DNS_ENTRIES, "DNS servers", check_ip)?;
+        o.dns_servers =
+            errors.take(bounded_list(v, &p, MAX_DNS_ENTRIES, "DNS servers", check_ip)).unwrap_or_default();
     }
     if let Some(v) = obj.get("dnsSearchDomains") {
         let p = join(path, "dnsSearchDomains");
-        o.dns_search_domains = bounded_list(v, &p, MAX_DNS_ENTRIES, "search domains", check_domain)?;
+        o.dns_search_domains = errors
+            .take(bounded_list(v, &p, MAX_DNS_ENTRIES, "search domains", check_domain))
+            .unwrap_or_default();
     }
     if let Some(v) = obj.get("extraHosts") {
-        o.extra_hosts = parse_extra_hosts(v, &join(path, "extraHosts"))?;
+        o.extra_hosts = errors.take(parse_extra_hosts(v, &join(path, "extraHosts"))).unwrap_or_default();
     }
     if let Some(v) = obj.get("hostname") {
-        let p = join(path, "hostname");
-        let h = as_str(v, &p)?;
-        let ok = !h.is_empty()
-            && h.len() <= MAX_HOSTNAME_BYTES
-            && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.'))
-            && !h.starts_with(['-', '.']);
-        if !ok {
-            return Err(err(
-                p,
-                format!(
-                    "must be 1 to {MAX_HOSTNAME_BYTES} letters, digits, '-' or '.', not starting with '-' or '.', got {}",
-                    describe(v)
-                ),
-            ));
-        }
-        o.hostname = Some(h.to_string());
+        o.hostname = errors.take(parse_hostname(v, &join(path, "hostname")));
     }
-    Ok(o)
+    o
+}
+
+/// A container's `hostname`.
+fn parse_hostname(v: &Value, p: &str) -> Result<String> {
+    let h = as_str(v, p)?;
+    let ok = !h.is_empty()
+        && h.len() <= MAX_HOSTNAME_BYTES
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.'))
+        && !h.starts_with(['-', '.']);
+    if !ok {
+        return Err(err(
+            p,
+            format!(
+                "must be 1 to {MAX_HOSTNAME_BYTES} letters, digits, '-' or '.', not starting with '-' or '.', got {}",
+                describe(v)
+            ),
+        ));
+    }
+    Ok(h.to_string())
 }
 
 /// A list of at most `max` strings, each checked by `check`.
@@ -510,10 +520,8 @@ fn check_domain(s: &str, path: &str) -> Result<()> {
 
 fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
     let list = bounded_array(value, path, MAX_MOUNT_POINTS, "mount points")?;
-    let mut out: Vec<MountPoint> = Vec::with_capacity(list.len());
     let mut at: HashMap<String, usize> = HashMap::new();
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
+    super::each(list, path, |k, entry, p| {
         let obj = as_object(entry, &p)?;
         check_keys(obj, &p, &["sourceVolume", "containerPath", "readOnly"], &[], &mut Vec::new())?;
         let sv_path = join(&p, "sourceVolume");
@@ -532,13 +540,12 @@ fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
             Some(v) => as_bool(v, &join(&p, "readOnly"))?,
             None => false,
         };
-        out.push(MountPoint {
+        Ok(MountPoint {
             source_volume: source_volume.to_string(),
             container_path: container_path.to_string(),
             read_only,
-        });
-    }
-    Ok(out)
+        })
+    })
 }
 
 fn parse_volumes_from(value: &Value, path: &str) -> Result<Vec<VolumeFrom>> {
@@ -842,7 +849,7 @@ pub(super) fn check_references(
     containers: &[ContainerDefinition],
     volumes: &[Volume],
     list_path: &str,
-) -> std::result::Result<(), TaskDefError> {
+) -> Result<()> {
     let names: HashSet<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
     for (i, c) in containers.iter().enumerate() {
         for (k, m) in c.mount_points.iter().enumerate() {
@@ -910,7 +917,7 @@ mod tests {
     fn refused(top: Value, containers: Vec<Value>) -> TaskDefError {
         match parse_task_definition(&doc(top, containers)) {
             Ok(p) => panic!("accepted: {:?}", p.definition),
-            Err(e) => e,
+            Err(e) => e.first().clone(),
         }
     }
 

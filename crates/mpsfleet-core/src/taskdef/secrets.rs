@@ -1,11 +1,12 @@
 //! A container's `secrets`, `logConfiguration` and `repositoryCredentials`: the names of
 //! stored secrets it uses, and its log driver. Every list and string is bounded; every error
 //! names the JSON path and the rule. Whether the named secrets exist is checked when a task is
-//! run, not here: a definition may be registered before its secrets are stored.
+//! run, not here: a definition may be registered before its secrets are stored, and a name is
+//! any string, as ECS takes it.
 
-use super::{as_array, as_object, as_str, check_keys, err, join, quote, require};
+use super::{as_array, as_object, as_str, check_keys, each, err, join, quote, require};
 use super::{Result, MAX_ENV_NAME_BYTES};
-use mpsfleet_types::secret::check_secret_name;
+use mpsfleet_types::secret::MAX_SECRET_NAME_CHARS;
 use mpsfleet_types::{KeyValuePair, LogConfiguration, RepositoryCredentials, SecretRef};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -20,8 +21,21 @@ pub const MAX_LOG_OPTIONS: usize = 64;
 pub const MAX_LOG_OPTION_KEY_BYTES: usize = 255;
 pub const MAX_LOG_OPTION_VALUE_BYTES: usize = 4096;
 
+/// A `valueFrom` (or `credentialsParameter`): any string of 1 to [`MAX_SECRET_NAME_CHARS`]
+/// characters. ECS takes any string there at registration and fails the task at launch when it
+/// names nothing it can read; so does mpsfleet: the name is looked up, as an opaque key, when a
+/// task is run and again when its container starts.
 fn check_value_from(v: &str, path: &str) -> Result<()> {
-    check_secret_name(v).map_err(|m| err(path, format!("{m} (the name of a stored secret)")))
+    let chars = v.chars().count();
+    if chars == 0 || chars > MAX_SECRET_NAME_CHARS {
+        return Err(err(
+            path,
+            format!(
+                "must be 1 to {MAX_SECRET_NAME_CHARS} characters (the name of a stored secret), got {chars}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `secrets[]`: `{name, valueFrom}`, names unique and not set by `environment` too.
@@ -37,10 +51,8 @@ pub(super) fn parse_secrets(
             format!("must have at most {MAX_CONTAINER_SECRETS} secrets, got {}", list.len()),
         ));
     }
-    let mut out = Vec::with_capacity(list.len());
     let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (j, entry) in list.iter().enumerate() {
-        let at = format!("{path}[{j}]");
+    each(list, path, |j, entry, at| {
         let obj = as_object(entry, &at)?;
         check_keys(obj, &at, &["name", "valueFrom"], &[], &mut Vec::new())?;
         let name_path = join(&at, "name");
@@ -75,9 +87,8 @@ pub(super) fn parse_secrets(
         let from_path = join(&at, "valueFrom");
         let from = as_str(require(obj, &at, "valueFrom")?, &from_path)?;
         check_value_from(from, &from_path)?;
-        out.push(SecretRef { name: name.to_string(), value_from: from.to_string() });
-    }
-    Ok(out)
+        Ok(SecretRef { name: name.to_string(), value_from: from.to_string() })
+    })
 }
 
 /// `logConfiguration`: `logDriver`, `options` and `secretOptions`.
@@ -222,11 +233,19 @@ mod tests {
     fn bad_values_name_their_path_and_rule() {
         let cases = [
             (
-                json!({"secrets": [{"name": "A", "valueFrom": "has space"}]}),
-                "containerDefinitions[0].secrets[0].valueFrom",
+                json!({"secrets": [{"name": "A", "valueFrom": ""}]}),
+                "containerDefinitions[0].secrets[0].valueFrom: must be 1 to 2048 characters",
             ),
-            (json!({"secrets": [{"name": "A", "valueFrom": ""}]}), "1 to 2048"),
-            (json!({"secrets": [{"name": "A", "valueFrom": "x".repeat(2049)}]}), "at most 2048"),
+            (json!({"secrets": [{"name": "A", "valueFrom": "x".repeat(2049)}]}), "got 2049"),
+            (json!({"secrets": [{"name": "A", "valueFrom": 5}]}), "must be a string"),
+            (
+                json!({"logConfiguration": {"logDriver": "x", "secretOptions": [{"name": "k", "valueFrom": ""}]}}),
+                "secretOptions[0].valueFrom: must be 1 to 2048",
+            ),
+            (
+                json!({"repositoryCredentials": {"credentialsParameter": ""}}),
+                "credentialsParameter: must be 1",
+            ),
             (
                 json!({"secrets": [{"name": "A", "valueFrom": "a"}, {"name": "A", "valueFrom": "b"}]}),
                 "secrets[1].name",

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
 use mpsfleet_store::{Op, Precondition};
-use mpsfleet_types::api::{RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::api::{FieldError, RegisterHostResponse, RegisterTaskDefResponse};
 use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration, Incident};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -49,8 +49,19 @@ impl ValidTaskDef {
     /// Parses, validates and encodes `body`: the work proportional to its size, done before
     /// the cluster lock is taken.
     pub fn parse(body: &[u8]) -> Result<ValidTaskDef, ApiError> {
-        let parsed = parse_task_definition(body)
-            .map_err(|e| ApiError::InvalidTaskDefinition { field: e.field, message: e.message })?;
+        let parsed = parse_task_definition(body).map_err(|all| {
+            let first = all.first();
+            ApiError::InvalidTaskDefinition {
+                field: first.field.clone(),
+                message: first.message.clone(),
+                errors: all
+                    .errors()
+                    .iter()
+                    .map(|e| FieldError { field: e.field.clone(), message: e.message.clone() })
+                    .collect(),
+                left_out: all.left_out(),
+            }
+        })?;
         let containers_json = serde_json::to_vec(&parsed.definition.container_definitions)
             .map_err(|e| ApiError::Internal(format!("encoding a task definition: {e}")))?;
         Ok(ValidTaskDef { parsed, containers_json })

@@ -310,6 +310,39 @@ mod tests {
         assert!(matches!(c.delete_secret(arn), Err(ApiError::NotFound { .. })));
     }
 
+    /// A `valueFrom` is any string (ECS's own agent tests register `$$$SECRET_VALUE_FROM$$$`):
+    /// it is looked up as an opaque key, and one that names nothing says so, quoted.
+    #[test]
+    fn any_name_is_looked_up_as_an_opaque_key() {
+        let (mut c, _) = cluster();
+        create(&mut c, "db", "v").unwrap();
+        let names = [
+            "$$$SECRET_VALUE_FROM$$$",
+            "../../db",
+            "db\n\u{1b}[2J",
+            "x\0y",
+            "arn:aws:secretsmanager:::secret:db:k::",
+            "arn:aws:secretsmanager:r:a:secret:$$$:k:",
+            ":::::::::::",
+            "ü/é?#%2F",
+        ];
+        for name in names {
+            let why = c.resolve_secret(name).unwrap().unwrap_err();
+            assert!(why.contains(&format!("{name:?}")) || why.contains("\"db\""), "{name:?}: {why}");
+            assert!(!why.contains('\n') && !why.contains('\u{1b}'), "{name:?}: {why}");
+        }
+        // A definition naming it registers, and is refused at run with the field's path.
+        let doc = serde_json::json!({
+            "family": "f",
+            "containerDefinitions": [{"name": "a", "command": ["x"],
+                "secrets": [{"name": "S", "valueFrom": "$$$SECRET_VALUE_FROM$$$"}]}]
+        });
+        let td =
+            mpsfleet_core::taskdef::parse_task_definition(doc.to_string().as_bytes()).unwrap().definition;
+        let e = c.check_task_secrets(&td).unwrap_err().to_string();
+        assert!(e.starts_with("containerDefinitions[0].secrets[0].valueFrom: no secret named"), "{e}");
+    }
+
     #[test]
     fn a_json_key_of_a_secret_is_taken_as_ecs_takes_it() {
         let (mut c, _) = cluster();
