@@ -82,6 +82,10 @@ pub struct AgentArgs {
     /// Docker Engine's socket [default: DOCKER_HOST's unix:// path, else /var/run/docker.sock].
     #[arg(long)]
     docker_socket: Option<PathBuf>,
+    /// The IP address (IPv4 or IPv6) containers' ports are published on, e.g. 127.0.0.1 to
+    /// keep them off the network [default: every address, IPv4 and IPv6, as ECS].
+    #[arg(long, value_name = "ADDR", value_parser = parse_publish_address)]
+    publish_address: Option<std::net::IpAddr>,
     /// When images are pulled, as ECS_IMAGE_PULL_BEHAVIOR: `default` (pull; on failure use a
     /// cached copy), `always`, `once`, `prefer-cached`.
     #[arg(long, default_value = "default")]
@@ -112,6 +116,14 @@ pub struct TaskUserArgs {
     /// the MPS pipe directories) [default: /run/mpsfleet-agent/<key of the data dir>].
     #[arg(long)]
     run_dir: Option<PathBuf>,
+}
+
+/// `--publish-address`: an IP address, never a name (Docker binds an address, and a name
+/// could resolve to another one later).
+fn parse_publish_address(s: &str) -> Result<std::net::IpAddr, String> {
+    s.parse().map_err(|_| {
+        format!("expected an IPv4 or IPv6 address such as 127.0.0.1 or ::1, not a hostname, got {s:?}")
+    })
 }
 
 /// The join token from `--join-token-file`: its first non-blank line, trimmed.
@@ -199,6 +211,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         pull_timeout: Duration::from_secs(args.image_pull_timeout_s),
         container_retention: Duration::from_secs(args.container_retention_s),
         images: ImagePolicy { min_age: Duration::from_secs(args.image_min_age_s), ..ImagePolicy::default() },
+        publish_address: args.publish_address,
     };
     let cfg = AgentConfig {
         server: args.server,
