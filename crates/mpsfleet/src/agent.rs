@@ -122,7 +122,9 @@ pub struct TaskUserArgs {
 /// could resolve to another one later).
 fn parse_publish_address(s: &str) -> Result<std::net::IpAddr, String> {
     s.parse().map_err(|_| {
-        format!("expected an IPv4 or IPv6 address such as 127.0.0.1 or ::1, not a hostname, got {s:?}")
+        "expected an IP address, IPv4 or IPv6 (such as 127.0.0.1 or ::1), without a port; a hostname \
+         is not taken"
+            .to_string()
     })
 }
 
@@ -236,4 +238,20 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_publish_address;
+
+    #[test]
+    fn the_publish_address_is_an_ip_address() {
+        for ok in ["127.0.0.1", "0.0.0.0", "::1", "::", "10.1.2.3", "fd00::5"] {
+            assert_eq!(parse_publish_address(ok).map(|ip| ip.to_string()), Ok(ok.to_string()));
+        }
+        for bad in ["localhost", "127.0.0.1:80", "[::1]", "", "300.1.1.1", "example.com"] {
+            let e = parse_publish_address(bad).expect_err(bad);
+            assert!(e.starts_with("expected an IP address"), "{bad}: {e}");
+        }
+    }
 }
