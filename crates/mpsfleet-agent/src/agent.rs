@@ -60,6 +60,8 @@ pub struct DockerSettings {
     /// before they are removed.
     pub container_retention: Duration,
     pub images: crate::docker::ImagePolicy,
+    /// Where bridge ports are published (`--publish-address`); None: every address, as ECS.
+    pub publish_address: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -860,7 +862,9 @@ async fn choose_runtime(cfg: &AgentConfig) -> Result<Option<String>, AgentError>
     let probe = choose_runtime_docker(cfg).await;
     match (cfg.runtime, probe) {
         (_, Ok(version)) => {
-            tracing::info!(runtime = "docker", socket = %socket.display(), version = %version, "tasks run as containers on Docker Engine");
+            let publish =
+                cfg.docker.publish_address.map_or_else(|| "every address".to_string(), |ip| ip.to_string());
+            tracing::info!(runtime = "docker", socket = %socket.display(), version = %version, ports_published_on = %publish, "tasks run as containers on Docker Engine");
             Ok(Some(version))
         }
         (RuntimeChoice::Docker, Err(reason)) => Err(AgentError::NoDocker { socket, reason }),
@@ -886,6 +890,7 @@ fn connect_docker(cfg: &AgentConfig, host_id: Option<String>) -> Result<DockerRu
         pull_timeout: d.pull_timeout,
         gpu_wiring: None,
         data_dir: cfg.data_dir.join("docker"),
+        publish_address: d.publish_address,
     };
     DockerRuntime::connect(config, tokio::runtime::Handle::current())
         .map_err(|e| AgentError::NoDocker { socket: d.socket.clone(), reason: e.to_string() })

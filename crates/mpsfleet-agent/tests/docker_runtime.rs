@@ -54,6 +54,20 @@ impl Fixture {
     }
 
     fn for_host(host: String, pull: PullBehavior) -> Fixture {
+        Self::publishing_for(host, pull, None)
+    }
+
+    /// Ports published on `address` (`--publish-address`), or on every address.
+    fn publishing(tag: &str, address: Option<std::net::IpAddr>) -> Fixture {
+        let host = format!("t{}-{tag}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
+        Self::publishing_for(host, PullBehavior::Default, address)
+    }
+
+    fn publishing_for(
+        host: String,
+        pull: PullBehavior,
+        publish_address: Option<std::net::IpAddr>,
+    ) -> Fixture {
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -67,6 +81,7 @@ impl Fixture {
             pull_timeout: Duration::from_secs(60),
             gpu_wiring: Some(GpuWiring::DeviceRequests),
             data_dir: dir.path().join("docker"),
+            publish_address,
         };
         let rt = DockerRuntime::connect(cfg, tokio.handle().clone()).expect("connect");
         Fixture { rt, tokio, dir: dir.path().to_path_buf(), _dir: dir }
@@ -332,6 +347,57 @@ fn a_bridge_port_without_host_port_is_published_on_a_port_docker_chooses() {
             }
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The addresses the kernel lists a TCP port listening on (`ss -ltnH`), as ss prints them:
+/// `0.0.0.0:32768`, `[::]:32768`, `127.0.0.1:32768`.
+fn listening_on(port: u16) -> Vec<String> {
+    let out = std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ss (iproute2; docker-env.sh installs it): {e}"));
+    assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+    let mut addrs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    addrs
+}
+
+#[test]
+fn the_reported_binding_is_where_the_kernel_says_the_port_listens() {
+    let ipv6 =
+        std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|s| s.lines().any(|l| l.ends_with(" lo")));
+    // (--publish-address, the bind address reported, every address the port listens on)
+    let mut table: Vec<(Option<&str>, &str, Vec<&str>)> = vec![
+        // Every address, as ECS: Docker binds 0.0.0.0 and (with IPv6) ::; 0.0.0.0 is reported.
+        (None, "0.0.0.0", if ipv6 { vec!["0.0.0.0", "[::]"] } else { vec!["0.0.0.0"] }),
+        (Some("127.0.0.1"), "127.0.0.1", vec!["127.0.0.1"]),
+    ];
+    if ipv6 {
+        table.push((Some("::1"), "::1", vec!["[::1]"]));
+    } else {
+        eprintln!("no IPv6 on lo: the ::1 row is not run");
+    }
+    for (publish, reported, listening) in table {
+        let f = Fixture::publishing("bound", publish.map(|p| p.parse().expect("address")));
+        let mut c = sh("exec httpd -f -p 8080 -h /tmp");
+        c["portMappings"] = serde_json::json!([{"containerPort": 8080}]);
+        let h = f.launch(c);
+        assert_eq!(h.network_bindings.len(), 1, "{publish:?}: {h:?}");
+        let b = &h.network_bindings[0];
+        assert_eq!((b.bind_ip.as_str(), b.container_port), (reported, 8080), "{publish:?}");
+        let want: Vec<String> = listening.iter().map(|a| format!("{a}:{}", b.host_port)).collect();
+        let kernel = listening_on(b.host_port);
+        assert_eq!(kernel, want, "{publish:?}: the kernel lists port {} on {kernel:?}", b.host_port);
+        assert!(
+            kernel.contains(&b.address()),
+            "{publish:?}: reported {} but listening on {kernel:?}",
+            b.address()
+        );
     }
 }
 

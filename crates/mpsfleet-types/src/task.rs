@@ -240,6 +240,24 @@ pub struct NetworkBinding {
     pub protocol: Protocol,
 }
 
+impl NetworkBinding {
+    /// `ADDRESS:PORT` as the kernel lists the socket (`ss -ltn`): an IPv6 address in brackets,
+    /// `0.0.0.0` for an empty bind address (Docker's "every address").
+    pub fn address(&self) -> String {
+        match self.bind_ip.as_str() {
+            "" => format!("0.0.0.0:{}", self.host_port),
+            ip if ip.contains(':') => format!("[{ip}]:{}", self.host_port),
+            ip => format!("{ip}:{}", self.host_port),
+        }
+    }
+
+    /// Bound on every address of the host (`0.0.0.0`, `::` or empty): reachable from every
+    /// network the host is on.
+    pub fn on_every_address(&self) -> bool {
+        self.bind_ip.parse::<std::net::IpAddr>().map_or(self.bind_ip.is_empty(), |ip| ip.is_unspecified())
+    }
+}
+
 impl Task {
     /// A new task, waiting to be placed: `PENDING`, desired `RUNNING`, health unknown.
     pub fn new(
@@ -379,6 +397,33 @@ impl PendingCode {
             PendingCode::NoFittingContainerHost => "NO_FITTING_CONTAINER_HOST",
             PendingCode::HostPortsInUse => "HOST_PORTS_IN_USE",
             PendingCode::TooManyHostPorts => "TOO_MANY_HOST_PORTS",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binding_reads_as_the_kernel_lists_it() {
+        let b = |ip: &str| NetworkBinding {
+            bind_ip: ip.into(),
+            container_port: 80,
+            host_port: 32768,
+            protocol: Protocol::Tcp,
+        };
+        let table = [
+            ("0.0.0.0", "0.0.0.0:32768", true),
+            ("", "0.0.0.0:32768", true),
+            ("::", "[::]:32768", true),
+            ("127.0.0.1", "127.0.0.1:32768", false),
+            ("::1", "[::1]:32768", false),
+            ("10.1.2.3", "10.1.2.3:32768", false),
+        ];
+        for (ip, address, every) in table {
+            assert_eq!(b(ip).address(), address, "{ip:?}");
+            assert_eq!(b(ip).on_every_address(), every, "{ip:?}");
         }
     }
 }

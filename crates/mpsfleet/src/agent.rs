@@ -82,6 +82,10 @@ pub struct AgentArgs {
     /// Docker Engine's socket [default: DOCKER_HOST's unix:// path, else /var/run/docker.sock].
     #[arg(long)]
     docker_socket: Option<PathBuf>,
+    /// The IP address (IPv4 or IPv6) containers' ports are published on, e.g. 127.0.0.1 to
+    /// keep them off the network [default: every address, IPv4 and IPv6, as ECS].
+    #[arg(long, value_name = "ADDR", value_parser = parse_publish_address)]
+    publish_address: Option<std::net::IpAddr>,
     /// When images are pulled, as ECS_IMAGE_PULL_BEHAVIOR: `default` (pull; on failure use a
     /// cached copy), `always`, `once`, `prefer-cached`.
     #[arg(long, default_value = "default")]
@@ -112,6 +116,16 @@ pub struct TaskUserArgs {
     /// the MPS pipe directories) [default: /run/mpsfleet-agent/<key of the data dir>].
     #[arg(long)]
     run_dir: Option<PathBuf>,
+}
+
+/// `--publish-address`: an IP address, never a name (Docker binds an address, and a name
+/// could resolve to another one later).
+fn parse_publish_address(s: &str) -> Result<std::net::IpAddr, String> {
+    s.parse().map_err(|_| {
+        "expected an IP address, IPv4 or IPv6 (such as 127.0.0.1 or ::1), without a port; a hostname \
+         is not taken"
+            .to_string()
+    })
 }
 
 /// The join token from `--join-token-file`: its first non-blank line, trimmed.
@@ -199,6 +213,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         pull_timeout: Duration::from_secs(args.image_pull_timeout_s),
         container_retention: Duration::from_secs(args.container_retention_s),
         images: ImagePolicy { min_age: Duration::from_secs(args.image_min_age_s), ..ImagePolicy::default() },
+        publish_address: args.publish_address,
     };
     let cfg = AgentConfig {
         server: args.server,
@@ -223,4 +238,20 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(mpsfleet_agent::run(cfg, crate::server::shutdown_signal()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_publish_address;
+
+    #[test]
+    fn the_publish_address_is_an_ip_address() {
+        for ok in ["127.0.0.1", "0.0.0.0", "::1", "::", "10.1.2.3", "fd00::5"] {
+            assert_eq!(parse_publish_address(ok).map(|ip| ip.to_string()), Ok(ok.to_string()));
+        }
+        for bad in ["localhost", "127.0.0.1:80", "[::1]", "", "300.1.1.1", "example.com"] {
+            let e = parse_publish_address(bad).expect_err(bad);
+            assert!(e.starts_with("expected an IP address"), "{bad}: {e}");
+        }
+    }
 }

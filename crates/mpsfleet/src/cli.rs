@@ -351,7 +351,8 @@ pub enum ServiceCommand {
         /// The service's name.
         name: String,
     },
-    /// Where every running replica can be reached: host address and port per binding.
+    /// Where every running replica can be reached: the address and port each binding is bound
+    /// on (0.0.0.0: all interfaces), and its scope.
     Endpoints {
         /// The service's name.
         name: String,
@@ -1526,23 +1527,25 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
         }
         ServiceCommand::Endpoints { name } => {
             let list = c.service_endpoints(&name).await?;
-            const EP: [&str; 7] =
-                ["ADDRESS", "PROTOCOL", "CONTAINER PORT", "TASK", "CONTAINER", "HOST", "READY"];
-            let rows = list
-                .iter()
-                .map(|e| {
-                    vec![
-                        e.address.clone(),
-                        e.protocol.as_str().into(),
-                        e.container_port.to_string(),
-                        e.task_id.to_string(),
-                        e.container.clone(),
-                        e.host_id.to_string(),
-                        if e.ready { "yes".into() } else { "no".into() },
-                    ]
-                })
-                .collect();
-            output::print(f, &list, &EP, rows);
+            // The bindings as the agents reported them: the address each port is bound on.
+            let mut tasks = Vec::new();
+            loop {
+                let query = TaskQuery {
+                    service: Some(name.clone()),
+                    live: true,
+                    skip: Some(tasks.len()),
+                    limit: Some(1000),
+                    ..Default::default()
+                };
+                let page = c.list_tasks(&query).await?;
+                let last = page.len() < 1000;
+                tasks.extend(page);
+                if last {
+                    break;
+                }
+            }
+            let views = crate::endpoints::views(&list, &tasks);
+            output::print(f, &views, &crate::endpoints::HEADERS, crate::endpoints::rows(&views));
             return Ok(());
         }
         ServiceCommand::Delete { name } => c.delete_service(&name).await?,

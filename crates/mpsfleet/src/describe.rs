@@ -133,9 +133,7 @@ pub fn task(
             let bindings: Vec<String> = c
                 .network_bindings
                 .iter()
-                .map(|b| {
-                    format!("{}:{}->{}/{}", b.bind_ip, b.host_port, b.container_port, b.protocol.as_str())
-                })
+                .map(|b| format!("{}->{}/{}", b.address(), b.container_port, b.protocol.as_str()))
                 .collect();
             vec![
                 c.name.clone(),
@@ -430,6 +428,22 @@ pub fn pool(p: &Pool) -> String {
 #[cfg(test)]
 mod tests {
     use super::duration;
+
+    #[test]
+    fn bindings_show_the_address_as_bound() {
+        let t: mpsfleet_types::Task = serde_json::from_value(serde_json::json!({
+            "id": "t-0000000000000001", "taskDefinition": "web:1", "pool": "p",
+            "lastStatus": "RUNNING", "desiredStatus": "RUNNING", "healthStatus": "HEALTHY",
+            "startedBy": "run:x", "createdAtMs": 1, "containers": [{"name": "web", "networkBindings": [
+                {"bindIp": "0.0.0.0", "containerPort": 8080, "hostPort": 32768, "protocol": "tcp"},
+                {"bindIp": "::1", "containerPort": 53, "hostPort": 5353, "protocol": "udp"},
+            ]}],
+        }))
+        .expect("task json");
+        let out = super::task(&t, None, &[], &Default::default());
+        assert!(out.contains("0.0.0.0:32768->8080/tcp"), "{out}");
+        assert!(out.contains("[::1]:5353->53/udp"), "{out}");
+    }
 
     #[test]
     fn durations_in_the_largest_whole_unit() {

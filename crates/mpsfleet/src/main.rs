@@ -6,6 +6,7 @@ mod cli;
 #[cfg(test)]
 mod clidoc;
 mod describe;
+mod endpoints;
 mod output;
 mod server;
 mod sim;

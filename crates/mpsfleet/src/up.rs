@@ -172,6 +172,9 @@ async fn up(args: UpArgs) -> Result<()> {
             socket.display().to_string(),
             "--image-pull-behavior".into(),
             "prefer-cached".into(),
+            // A demo on a laptop: its ports are reached from this machine, not the network.
+            "--publish-address".into(),
+            "127.0.0.1".into(),
         ]),
         Err(_) => agent_args.extend(["--runtime".into(), "process".into()]),
     }

@@ -337,29 +337,120 @@ async fn a_port_mapping_is_reachable_at_the_reported_binding() {
         assert_eq!(bodies.len(), 2, "the two endpoints are served by two containers: {bodies:?}");
         assert!(!bodies.contains(&body), "the single task is not part of the service");
 
-        // The CLI lists the same addresses.
-        let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-            .args([
-                "service",
-                "endpoints",
-                "web",
-                "--server",
-                &f.server.url,
-                "--token",
-                &f.server.admin_token(),
-                "--ca-file",
-                &f.server.ca_file(),
-            ])
-            .env("HOME", f.dir.path())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        // The CLI lists the same ports, as bound: on every address (the agents' default).
+        let text = cli(&f, &["service", "endpoints", "web"]);
         for e in &eps {
-            assert!(text.contains(&e.address), "{} missing in {text}", e.address);
+            let bound = format!("0.0.0.0:{}", e.host_port);
+            assert!(text.contains(&bound), "{bound} missing in {text}");
         }
         f.admin.delete_service("web").await.unwrap();
         f.stop_all().await;
+    })
+    .await;
+}
+
+/// The addresses the kernel lists a TCP port listening on, as `ss -ltn` prints them
+/// (`0.0.0.0:32768`, `[::]:32768`, `127.0.0.1:32768`), sorted.
+fn listening_on(port: u16) -> Vec<String> {
+    let out = Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ss (iproute2; docker-env.sh installs it): {e}"));
+    assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+    let mut addrs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    addrs
+}
+
+/// The CLI against the fleet's server; its standard output, after checking it succeeded.
+fn cli(f: &Fleet, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(args)
+        .args([
+            "--server",
+            &f.server.url,
+            "--token",
+            &f.server.admin_token(),
+            "--ca-file",
+            &f.server.ca_file(),
+        ])
+        .env("HOME", f.dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "mpsfleet {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_endpoints_show_the_address_the_kernel_lists_the_port_on() {
+    within(async {
+        // (agent flags, the scope shown); the default is every address, as ECS.
+        let cases: [(&str, &[&str], &str); 2] =
+            [("bound", &[], "all interfaces"), ("bound-lo", &["--publish-address", "127.0.0.1"], "loopback")];
+        for (pool, extra, scope) in cases {
+            let f = Fleet::start(pool, 1, extra).await;
+            f.register(web("web", &f.docker.image, None)).await;
+            f.admin
+                .create_service(&CreateService {
+                    name: "web".into(),
+                    pool: f.pool.clone(),
+                    task_definition: "web".into(),
+                    desired_count: 1,
+                    resumption: None,
+                    deployment_configuration: None,
+                    client_token: None,
+                })
+                .await
+                .unwrap();
+            let admin = &f.admin;
+            let eps = eventually(WAIT, "an endpoint of service web", || async {
+                admin.service_endpoints("web").await.ok().filter(|e| e.len() == 1)
+            })
+            .await;
+            let port = eps[0].host_port;
+            let kernel = listening_on(port);
+
+            // The table's ADDRESS is where the kernel lists the port: 0.0.0.0 (with [::] beside
+            // it where the host has IPv6) for every address, 127.0.0.1 alone for loopback.
+            let table = cli(&f, &["service", "endpoints", "web"]);
+            let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+            let address = row.first().copied().unwrap_or_else(|| panic!("no endpoint row: {table}"));
+            let want: Vec<String> = match scope {
+                "loopback" => vec![format!("127.0.0.1:{port}")],
+                _ => vec![format!("0.0.0.0:{port}"), format!("[::]:{port}")],
+            };
+            assert_eq!(address, want[0], "{pool}: {table}");
+            assert!(
+                kernel.contains(&address.to_string()),
+                "{pool}: {address} shown, the kernel lists {kernel:?}"
+            );
+            assert!(
+                kernel.iter().all(|a| want.contains(a)),
+                "{pool}: the kernel lists {kernel:?}, want {want:?}"
+            );
+            assert!(table.contains(scope), "{pool}: no scope {scope:?} in {table}");
+
+            // JSON keeps the server's fields and adds the bound address.
+            let json: serde_json::Value =
+                serde_json::from_str(&cli(&f, &["service", "endpoints", "web", "-o", "json"])).unwrap();
+            assert_eq!(json[0]["boundAddress"], address, "{pool}: {json}");
+            assert_eq!(json[0]["address"], eps[0].address.as_str(), "{pool}: {json}");
+            assert_eq!(json[0]["hostPort"], port, "{pool}: {json}");
+
+            // task describe shows the same binding, and the port answers there.
+            let task = eps[0].task_id.to_string();
+            let described = cli(&f, &["task", "describe", &task]);
+            assert!(described.contains(&format!("{address}->8080/tcp")), "{pool}: {described}");
+            answers(address, "served by").await;
+
+            f.admin.delete_service("web").await.unwrap();
+            f.stop_all().await;
+        }
     })
     .await;
 }

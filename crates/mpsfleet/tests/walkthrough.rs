@@ -272,6 +272,19 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         if line.starts_with("mpsfleet task list") {
             assert!(out.contains("RUNNING") && out.contains("HEALTHY"), "{out}");
         }
+        if line.starts_with("mpsfleet service endpoints") {
+            // `up` publishes on 127.0.0.1: the kernel lists each port there and nowhere else.
+            for row in out.lines().skip(1) {
+                let address = row.split_whitespace().next().unwrap_or_default();
+                let port =
+                    address.strip_prefix("127.0.0.1:").unwrap_or_else(|| panic!("not on loopback: {out}"));
+                let (_, kernel, _) = s.sh(&format!("ss -ltnH 'sport = :{port}'"), Duration::from_secs(10));
+                let listening: Vec<&str> =
+                    kernel.lines().filter_map(|l| l.split_whitespace().nth(3)).collect();
+                assert_eq!(listening, [address], "{out}\n{kernel}");
+                assert!(row.contains("loopback"), "{out}");
+            }
+        }
         if line.starts_with("mpsfleet task logs") {
             assert!(out.contains("demo: serving /www on port 8080"), "the demo's first line: {out}");
         }

@@ -130,6 +130,8 @@ pub struct DockerConfig {
     pub gpu_wiring: Option<GpuWiring>,
     /// The runtime's own records (see `records.rs`).
     pub data_dir: PathBuf,
+    /// Where bridge ports are published; None: every address, IPv4 and IPv6, as ECS.
+    pub publish_address: Option<std::net::IpAddr>,
 }
 
 impl DockerConfig {
@@ -142,6 +144,7 @@ impl DockerConfig {
             pull_timeout: DEFAULT_PULL_TIMEOUT,
             gpu_wiring: None,
             data_dir,
+            publish_address: None,
         }
     }
 }
@@ -460,18 +463,24 @@ fn handle_of(info: &ContainerInspectResponse, name: &str, notes: Vec<String>) ->
             "tcp" => Protocol::Tcp,
             _ => continue,
         };
+        let mut port: Vec<NetworkBinding> = Vec::new();
         for b in bindings.iter().flatten() {
             let bind_ip = b.host_ip.clone().unwrap_or_default();
-            // IPv4 only, as ECS reports by default.
-            if !bind_ip.is_empty() && bind_ip.parse::<std::net::Ipv4Addr>().is_err() {
-                continue;
-            }
             let Some(host_port) = b.host_port.as_deref().and_then(|p| p.parse::<u16>().ok()) else {
                 continue;
             };
+            // An empty address is Docker's every-address binding (engines before 20.10).
             let bind_ip = if bind_ip.is_empty() { "0.0.0.0".to_string() } else { bind_ip };
-            network_bindings.push(NetworkBinding { bind_ip, container_port, host_port, protocol });
+            port.push(NetworkBinding { bind_ip, container_port, host_port, protocol });
         }
+        // IPv4 bindings, as ECS reports them: Docker's every-address publication is `0.0.0.0`
+        // and `::`, reported as `0.0.0.0`. A port published on an IPv6 address only keeps
+        // its IPv6 bindings.
+        let is_v4 = |b: &NetworkBinding| b.bind_ip.parse::<std::net::Ipv4Addr>().is_ok();
+        if port.iter().any(is_v4) {
+            port.retain(is_v4);
+        }
+        network_bindings.extend(port);
     }
     network_bindings.sort();
     network_bindings.dedup();
@@ -718,7 +727,8 @@ impl DockerRuntime {
         {
             self.ensure_pause_retried(l).map_err(|e| failed("CannotCreateContainerError", e))?;
         }
-        let (name, mut body) = create_body(l, &self.inner.cfg.host_id, &wiring);
+        let (name, mut body) =
+            create_body(l, &self.inner.cfg.host_id, &wiring, self.inner.cfg.publish_address);
         body.image = Some(reference.clone());
         let (log, log_note) = logdriver::log_config(l, &self.log_drivers());
         if let Some(hc) = body.host_config.as_mut() {
@@ -1618,6 +1628,8 @@ mod tests {
                 "Ports": {
                     "8080/tcp": [{"HostIp": "0.0.0.0", "HostPort": "49153"}, {"HostIp": "::", "HostPort": "49153"}],
                     "53/udp": [{"HostIp": "", "HostPort": "5353"}],
+                    "7070/tcp": [{"HostIp": "127.0.0.1", "HostPort": "40001"}],
+                    "9090/tcp": [{"HostIp": "::1", "HostPort": "40002"}],
                     "9/tcp": null
                 },
                 "Networks": {"bridge": {"IPAddress": "10.0.0.2"}}
@@ -1641,6 +1653,18 @@ mod tests {
                     bind_ip: "0.0.0.0".into(),
                     container_port: 8080,
                     host_port: 49153,
+                    protocol: Protocol::Tcp
+                },
+                NetworkBinding {
+                    bind_ip: "127.0.0.1".into(),
+                    container_port: 7070,
+                    host_port: 40001,
+                    protocol: Protocol::Tcp
+                },
+                NetworkBinding {
+                    bind_ip: "::1".into(),
+                    container_port: 9090,
+                    host_port: 40002,
                     protocol: Protocol::Tcp
                 },
             ]

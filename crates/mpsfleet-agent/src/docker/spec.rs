@@ -11,6 +11,7 @@ use bollard::models::{
 };
 use mpsfleet_types::{GpuRequirement, NetworkMode};
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 /// Label keys mpsfleet sets on every container it creates; they win over `dockerLabels`.
 pub const LABEL_HOST: &str = "io.mpsfleet.host";
@@ -84,8 +85,10 @@ pub fn launch_notes(l: &DockerLaunch) -> Vec<String> {
 ///   `awsvpc` `container:<the task's pause container>` (see [`super::awsvpc`]).
 /// - The task-level `cpu` as a CPU quota (`NanoCpus`, 1024 units = one CPU) on every
 ///   container, the task-level `memory` as the hard limit of a container without its own.
-/// - Ports: every mapping is exposed as `port/proto`; in bridge mode each is published on all
-///   addresses, on its `hostPort` or on one Docker chooses (`HostPort` empty); host mode
+/// - Ports: every mapping is exposed as `port/proto`; in bridge mode each is published on
+///   `publish` (the agent's `--publish-address`) or, without one, on every address as ECS does
+///   (`HostIp` empty: Docker binds `0.0.0.0` and `::`), on its `hostPort` or on one Docker
+///   chooses (`HostPort` empty); host mode
 ///   publishes nothing (the ports are the host's), `none` has no ports to publish, nor has
 ///   `awsvpc` (the ports are on the task's own address; Docker refuses ports on a container
 ///   that joins another's namespace).
@@ -95,7 +98,12 @@ pub fn launch_notes(l: &DockerLaunch) -> Vec<String> {
 ///   no count (ECS Anywhere). Emulated GPUs get neither (see [`launch_notes`]).
 /// - MPS containers also get the daemon's pipe directory bind-mounted at the same path.
 /// - Volumes and Linux options: see [`super::options::apply`].
-pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (String, ContainerCreateBody) {
+pub fn create_body(
+    l: &DockerLaunch,
+    host_id: &str,
+    wiring: &GpuWiring,
+    publish: Option<IpAddr>,
+) -> (String, ContainerCreateBody) {
     let c = &l.container;
     let task_id = l.task.id.to_string();
     let name = container_name(host_id, &task_id, &c.name);
@@ -159,6 +167,8 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
         c.port_mappings.iter().map(|p| format!("{}/{}", p.container_port, p.protocol.as_str())).collect();
     let port_bindings = match mode {
         NetworkMode::Bridge if !c.port_mappings.is_empty() => {
+            // Empty: every address, IPv4 and IPv6, as ECS leaves it.
+            let host_ip = publish.map(|ip| ip.to_string()).unwrap_or_default();
             let mut map = HashMap::new();
             for p in &c.port_mappings {
                 let host_port = match p.host_port {
@@ -167,7 +177,7 @@ pub fn create_body(l: &DockerLaunch, host_id: &str, wiring: &GpuWiring) -> (Stri
                 };
                 map.insert(
                     format!("{}/{}", p.container_port, p.protocol.as_str()),
-                    Some(vec![PortBinding { host_ip: Some(String::new()), host_port: Some(host_port) }]),
+                    Some(vec![PortBinding { host_ip: Some(host_ip.clone()), host_port: Some(host_port) }]),
                 );
             }
             Some(map)
@@ -278,7 +288,7 @@ mod tests {
     }
 
     fn body(l: &DockerLaunch) -> ContainerCreateBody {
-        create_body(l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }).1
+        create_body(l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, None).1
     }
 
     fn hc(l: &DockerLaunch) -> HostConfig {
@@ -426,6 +436,49 @@ mod tests {
         assert_eq!(b.host_config.and_then(|h| h.port_bindings), None);
     }
 
+    #[test]
+    fn ports_are_published_on_the_publish_address() {
+        let ports = serde_json::json!({"portMappings": [
+            {"containerPort": 8080},
+            {"containerPort": 53, "hostPort": 5353, "protocol": "udp"},
+        ]});
+        let bindings = |publish: Option<&str>| {
+            let l = launch(container(ports.clone()), None, &[]);
+            let ip = publish.map(|p| p.parse::<IpAddr>().expect("address"));
+            let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests, ip);
+            let map = b.host_config.and_then(|h| h.port_bindings).expect("bindings");
+            let mut out: Vec<(String, String, String)> = map
+                .into_iter()
+                .flat_map(|(key, list)| {
+                    list.unwrap_or_default().into_iter().map(move |p| {
+                        (key.clone(), p.host_ip.unwrap_or_default(), p.host_port.unwrap_or_default())
+                    })
+                })
+                .collect();
+            out.sort();
+            out
+        };
+        let row = |key: &str, ip: &str, port: &str| (key.to_string(), ip.to_string(), port.to_string());
+        // (--publish-address, the HostIp of each binding): none is every address, as ECS.
+        let table = [
+            (None, ""),
+            (Some("127.0.0.1"), "127.0.0.1"),
+            (Some("::1"), "::1"),
+            (Some("0.0.0.0"), "0.0.0.0"),
+        ];
+        for (publish, host_ip) in table {
+            assert_eq!(
+                bindings(publish),
+                vec![row("53/udp", host_ip, "5353"), row("8080/tcp", host_ip, "")],
+                "{publish:?}"
+            );
+        }
+        // Host mode publishes nothing, whatever the address.
+        let l = launch(container(ports.clone()), Some("host"), &[]);
+        let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests, Some(IpAddr::from([127, 0, 0, 1])));
+        assert_eq!(b.host_config.and_then(|h| h.port_bindings), None);
+    }
+
     const GPU: &str = "GPU-11111111-2222-3333-4444-555555555555";
     const GPU2: &str = "GPU-aaaaaaaa-2222-3333-4444-555555555555";
 
@@ -451,7 +504,7 @@ mod tests {
     #[test]
     fn mps_container_nvidia_runtime() {
         let l = mps_launch(Some(25));
-        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() });
+        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, None);
         let h = b.host_config.clone().expect("host config");
         assert_eq!(h.runtime.as_deref(), Some("nvidia"));
         assert_eq!(h.device_requests, None);
@@ -471,7 +524,7 @@ mod tests {
     #[test]
     fn mps_container_device_requests() {
         let l = mps_launch(None);
-        let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests);
+        let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests, None);
         let h = b.host_config.clone().expect("host config");
         assert_eq!(h.runtime, None);
         assert_eq!(
@@ -498,7 +551,7 @@ mod tests {
         let mut l = launch(c, None, &[]);
         l.env.push(("NVIDIA_VISIBLE_DEVICES".into(), "all".into()));
         for wiring in [GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, GpuWiring::DeviceRequests] {
-            let (_, b) = create_body(&l, "h1", &wiring);
+            let (_, b) = create_body(&l, "h1", &wiring, None);
             let env = env_of(&b);
             let nvidia: Vec<&String> =
                 env.iter().filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")).collect();
@@ -510,7 +563,7 @@ mod tests {
         let gpu = container(serde_json::json!({"resourceRequirements": [{"type": "GPU", "value": "1"}]}));
         let mut l = launch(gpu, None, &[GPU]);
         l.env.push(("NVIDIA_VISIBLE_DEVICES".into(), "all".into()));
-        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() });
+        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, None);
         let env = env_of(&b);
         let nvidia: Vec<&String> = env.iter().filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")).collect();
         assert_eq!(nvidia, vec![&format!("NVIDIA_VISIBLE_DEVICES={GPU}")], "{env:?}");
@@ -520,12 +573,13 @@ mod tests {
     fn whole_gpus_both_wirings() {
         let c = container(serde_json::json!({"resourceRequirements": [{"type": "GPU", "value": "2"}]}));
         let l = launch(c, None, &[GPU, GPU2]);
-        let (_, b) = create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia-custom".into() });
+        let (_, b) =
+            create_body(&l, "h1", &GpuWiring::NvidiaRuntime { runtime: "nvidia-custom".into() }, None);
         let h = b.host_config.clone().expect("host config");
         assert_eq!(h.runtime.as_deref(), Some("nvidia-custom"));
         assert_eq!(h.binds, None);
         assert!(env_of(&b).contains(&format!("NVIDIA_VISIBLE_DEVICES={GPU},{GPU2}")));
-        let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests);
+        let (_, b) = create_body(&l, "h1", &GpuWiring::DeviceRequests, None);
         let h = b.host_config.expect("host config");
         assert_eq!(h.runtime, None);
         let req = h.device_requests.expect("device requests");
@@ -539,7 +593,7 @@ mod tests {
         let mut l = mps_launch(None);
         l.gpus_emulated = true;
         for wiring in [GpuWiring::NvidiaRuntime { runtime: "nvidia".into() }, GpuWiring::DeviceRequests] {
-            let (_, b) = create_body(&l, "h1", &wiring);
+            let (_, b) = create_body(&l, "h1", &wiring, None);
             let h = b.host_config.clone().expect("host config");
             assert_eq!(h.runtime, None);
             assert_eq!(h.device_requests, None);
@@ -603,7 +657,7 @@ mod option_tests {
     }
 
     fn body_of(l: &DockerLaunch) -> ContainerCreateBody {
-        create_body(l, "h1", &GpuWiring::DeviceRequests).1
+        create_body(l, "h1", &GpuWiring::DeviceRequests, None).1
     }
 
     fn hc_of(l: &DockerLaunch) -> HostConfig {

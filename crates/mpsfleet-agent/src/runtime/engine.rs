@@ -79,13 +79,22 @@ impl Handle {
 
 /// What a process host does differently from the definition.
 pub fn process_notes(def: &ContainerDefinition) -> Vec<String> {
-    match &def.image {
-        Some(image) => vec![format!(
+    let mut notes = Vec::new();
+    if let Some(image) = &def.image {
+        notes.push(format!(
             "image {image} is not used: this host runs the command as a process (start the agent \
              with --runtime docker to run images)"
-        )],
-        None => Vec::new(),
+        ));
     }
+    if !def.port_mappings.is_empty() {
+        // Nothing is published, so the report has no bindings; the note says why.
+        notes.push(
+            "portMappings are not published: a process shares the host's network and is reached \
+             on the address and port it listens on"
+                .to_string(),
+        );
+    }
+    notes
 }
 
 impl Engine {
@@ -217,5 +226,26 @@ fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
                 notes: Vec::new(),
             }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_says_its_ports_are_not_published() {
+        let def: ContainerDefinition = serde_json::from_value(serde_json::json!({
+            "name": "web", "essential": true, "command": ["httpd"], "portMappings": [{"containerPort": 8080}],
+        }))
+        .expect("container json");
+        let notes = process_notes(&def);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("portMappings are not published"), "{notes:?}");
+        let plain: ContainerDefinition = serde_json::from_value(
+            serde_json::json!({"name": "job", "essential": true, "command": ["true"]}),
+        )
+        .expect("json");
+        assert!(process_notes(&plain).is_empty());
     }
 }
