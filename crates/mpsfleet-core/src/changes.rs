@@ -423,7 +423,10 @@ mod tests {
             "the agent gave up on the MPS daemon of GPU GPU-a after 3 local restart(s): daemon exited (signal 9); \
              local restarts exhausted (3 within 10m)"
         );
-        assert!(local_restarts(std::slice::from_ref(&gave_up), std::slice::from_ref(&gave_up)).is_empty(), "said once");
+        assert!(
+            local_restarts(std::slice::from_ref(&gave_up), std::slice::from_ref(&gave_up)).is_empty(),
+            "said once"
+        );
         assert!(local_restarts(&[check(2)], &[check(2)]).is_empty());
         // A new agent counts from 0; a first report is not a restart.
         assert!(local_restarts(&[check(3)], &[check(0)]).is_empty());

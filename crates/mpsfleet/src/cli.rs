@@ -1066,7 +1066,14 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
                 }
                 _ => Vec::new(),
             };
-            print!("{}", crate::describe::task(&t, def.as_ref(), &gpu_use, &events));
+            // Whether its host or daemon is impaired, and the incident about it.
+            let hosts: Vec<_> = match &t.host_id {
+                Some(h) => c.describe_host(h.as_str()).await.into_iter().collect(),
+                None => Vec::new(),
+            };
+            let incidents = c.list_incidents().await.unwrap_or_default();
+            let trouble = crate::describe::host_trouble(&t, &hosts, &incidents);
+            print!("{}", crate::describe::task(&t, def.as_ref(), &gpu_use, &events, trouble));
         }
         TaskCommand::Logs { id, container, stream, stderr, tail, limit_bytes, follow } => {
             let stream = match (stream, stderr) {
@@ -1265,10 +1272,13 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::Cordon { id } => c.cordon_host(&id, true).await?,
         HostCommand::Uncordon { id } => c.cordon_host(&id, false).await?,
         HostCommand::Drain { id, wait, timeout } => {
-            print_incident(f, c.host_action(&id, "drain").await?)?;
+            let v = c.host_action(&id, "drain").await?;
+            let incident = v.incident.id.clone();
+            print_incident(f, v)?;
             if wait {
                 crate::wait::host_drained(c, crate::wait::WaitFlags { wait, timeout }, &id).await?;
             }
+            warn_unplaced_moves(c, &incident).await;
             return Ok(());
         }
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
@@ -1522,7 +1532,9 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             let deployments = c.service_deployments(&name).await?;
             let query = TaskQuery { service: Some(name.clone()), ..Default::default() };
             let tasks = c.list_tasks(&query).await?;
-            print!("{}", crate::describe::service(&one, &deployments, &tasks));
+            let hosts = c.list_hosts(Some(one.service.pool.as_str())).await.unwrap_or_default();
+            let incidents = c.list_incidents().await.unwrap_or_default();
+            print!("{}", crate::describe::service(&one, &deployments, &tasks, &hosts, &incidents));
             return Ok(());
         }
         ServiceCommand::Endpoints { name } => {
@@ -1678,6 +1690,29 @@ fn print_incident(f: Format, v: IncidentView) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// After a drain: the tasks it moved that no host of the pool can take now, with the reason,
+/// on standard error (nothing when every one was placed).
+async fn warn_unplaced_moves(c: &Client, incident: &str) {
+    let Ok(v) = c.describe_incident(incident).await else { return };
+    let mut waiting: Vec<(String, String)> = Vec::new();
+    for r in v.incident.affected_tasks.iter().filter_map(|a| a.replacement) {
+        let Ok(t) = c.describe_task(&r.to_string()).await else { continue };
+        if t.host_id.is_none() && t.last_status != TaskStatus::Stopped {
+            waiting
+                .push((t.id.to_string(), t.pending_reason.unwrap_or_else(|| "waiting for capacity".into())));
+        }
+    }
+    if let Some((_, why)) = waiting.first() {
+        let ids: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
+        eprintln!(
+            "warning: the pool has no capacity now for {} task(s) moved off the host ({}): {}",
+            waiting.len(),
+            sanitize(&ids.join(", ")),
+            sanitize(why)
+        );
+    }
 }
 
 async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {

@@ -6,8 +6,8 @@ use crate::output::{events_section, fields, opt, section, utc_time};
 use mpsfleet_types::service::{CircuitBreaker, DeploymentStatus, DeploymentView};
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
-    GpuDemand, History, HostStatus, HostView, ObjectEvent, OwnershipMode, Pool, ServiceView, Task,
-    TaskDefinition, TaskGpuUse, TaskStatus,
+    GpuDemand, HealthStatus, History, HostStatus, HostView, IncidentState, IncidentView, ObjectEvent,
+    OwnershipMode, Pool, ServiceView, Task, TaskDefinition, TaskGpuUse, TaskStatus,
 };
 
 /// A duration in the largest unit that keeps it whole: `500ms`, `2s`, `10m`, `1h`.
@@ -80,6 +80,7 @@ pub fn task(
     def: Option<&TaskDefinition>,
     gpu_use: &[TaskGpuUse],
     events: &History<ObjectEvent>,
+    trouble: Option<String>,
 ) -> String {
     let stopped = t.last_status == TaskStatus::Stopped;
     let health = if stopped {
@@ -104,6 +105,10 @@ pub fn task(
         ("Status", format!("{} (desired {})", t.last_status.as_str(), t.desired_status.as_str())),
         ("Health", health),
         ("Host", opt(&t.host_id)),
+        (
+            "Host health",
+            trouble.unwrap_or_else(|| if t.host_id.is_some() { "OK".into() } else { "-".into() }),
+        ),
         ("GPUs", gpus(t)),
         ("GPU demand", demand),
         ("Started by", t.started_by.clone()),
@@ -165,6 +170,42 @@ pub fn task(
     }
     out.push_str(&events_section(events));
     out
+}
+
+/// What is wrong, if anything, with the host and the daemon a live task runs on, in words for
+/// the describe views: its failing checks (those of the task's GPUs and the host-wide ones),
+/// its lifecycle when it is not ACTIVE, and the unresolved incident about it, if any:
+/// `IMPAIRED: MPS_DAEMON of GPU-a: daemon exited; incident inc-1 (OPEN, owner operator)`.
+pub fn host_trouble(t: &Task, hosts: &[HostView], incidents: &[IncidentView]) -> Option<String> {
+    if t.last_status == TaskStatus::Stopped {
+        return None;
+    }
+    let h = hosts.iter().find(|h| Some(&h.id) == t.host_id.as_ref())?;
+    let incident = incidents
+        .iter()
+        .map(|v| &v.incident)
+        .find(|i| i.host_id == h.id && i.state != IncidentState::Resolved)
+        .map(|i| format!("incident {} ({}, owner {})", i.id, i.state.as_str(), i.owner.as_str()));
+    if h.health_status == HealthStatus::Ok && h.status == HostStatus::Active && incident.is_none() {
+        return None;
+    }
+    let failing: Vec<String> = (h.checks.iter())
+        .filter(|c| c.status != HealthStatus::Ok)
+        .filter(|c| c.gpu_id.as_ref().is_none_or(|g| t.gpu_ids.contains(g)))
+        .map(|c| match &c.gpu_id {
+            Some(g) => format!("{} of {g}: {}", c.name, c.reason),
+            None => format!("{}: {}", c.name, c.reason),
+        })
+        .collect();
+    let mut words = vec![format!("host {} {}", h.id, h.health_status.as_str())];
+    if h.status != HostStatus::Active {
+        words[0].push_str(&format!(", {}", h.status.as_str()));
+    }
+    if !failing.is_empty() {
+        words[0].push_str(&format!(": {}", failing.join("; ")));
+    }
+    words.extend(incident);
+    Some(words.join("; "))
 }
 
 /// `host describe`: identity, lifecycle and health; its GPUs (sharing mode, MPS memory and
@@ -269,7 +310,13 @@ pub fn host(h: &HostView, tasks: &[Task]) -> String {
 
 /// `service describe`: the record in words, its deployments, where its replicas run (by
 /// host and GPU), and its events.
-pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) -> String {
+pub fn service(
+    v: &ServiceView,
+    deployments: &[DeploymentView],
+    tasks: &[Task],
+    hosts: &[HostView],
+    incidents: &[IncidentView],
+) -> String {
     let s = &v.service;
     let d = &s.deployment_configuration;
     let cb = &d.deployment_circuit_breaker;
@@ -320,6 +367,14 @@ pub fn service(v: &ServiceView, deployments: &[DeploymentView], tasks: &[Task]) 
             .collect();
     if !failures.is_empty() {
         out.push_str(&section("Failed tasks", &["DEPLOYMENT", "COUNT", "LAST", "STOP REASON"], &failures));
+    }
+    // Replicas whose host or daemon is impaired: counted healthy by their own checks, but the
+    // work is at risk, and the incident says who acts.
+    let troubled: Vec<Vec<String>> = (tasks.iter())
+        .filter_map(|t| Some(vec![t.id.to_string(), host_trouble(t, hosts, incidents)?]))
+        .collect();
+    if !troubled.is_empty() {
+        out.push_str(&section("Replicas on impaired hosts", &["TASK", "HOST HEALTH"], &troubled));
     }
     let live = tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped);
     out.push_str(&placed_tasks("Replicas", live, true));
@@ -440,9 +495,61 @@ mod tests {
             ]}],
         }))
         .expect("task json");
-        let out = super::task(&t, None, &[], &Default::default());
+        let out = super::task(&t, None, &[], &Default::default(), None);
         assert!(out.contains("0.0.0.0:32768->8080/tcp"), "{out}");
         assert!(out.contains("[::1]:5353->53/udp"), "{out}");
+    }
+
+    /// A task on an impaired host names the failing check of its own GPU (not another's) and
+    /// the open incident; on a healthy host, nothing.
+    #[test]
+    fn a_tasks_impaired_host_and_its_incident_are_named() {
+        use mpsfleet_types::*;
+        let t: Task = serde_json::from_value(serde_json::json!({
+            "id": "t-0000000000000001", "taskDefinition": "web:1", "pool": "p", "hostId": "h-1",
+            "gpuIds": ["GPU-a"], "lastStatus": "RUNNING", "desiredStatus": "RUNNING",
+            "healthStatus": "HEALTHY", "startedBy": "run:x", "createdAtMs": 1,
+        }))
+        .unwrap();
+        let check = |gpu: &str, status, reason: &str| HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: Some(GpuUuid::new(gpu).unwrap()),
+            status,
+            reason: reason.into(),
+            since_ms: 1,
+            restarts: 0,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
+        };
+        let mut host: HostView = serde_json::from_value(serde_json::json!({
+            "id": "h-1", "pool": "p", "hostname": "a", "status": "ACTIVE", "healthStatus": "OK",
+            "cordoned": false, "emulated": true, "mpsAvailable": true, "gpus": [], "taskCount": 1,
+            "registeredAtMs": 1, "lastHeartbeatMs": 2,
+        }))
+        .unwrap();
+        assert_eq!(super::host_trouble(&t, std::slice::from_ref(&host), &[]), None);
+        host.health_status = HealthStatus::Impaired;
+        host.checks = vec![
+            check("GPU-a", HealthStatus::Impaired, "daemon exited; local restarts exhausted"),
+            check("GPU-b", HealthStatus::Impaired, "another GPU's"),
+        ];
+        let trigger = Trigger {
+            check: "MPS_DAEMON".into(),
+            gpu_id: None,
+            reason: "daemon exited".into(),
+            evidence: "e".into(),
+            first_failure_at_ms: None,
+            local_repairs_at_ms: Vec::new(),
+        };
+        let pool = PoolName::new("p").unwrap();
+        let open =
+            Incident::open("inc-1".into(), host.id.clone(), pool, IncidentOwner::Operator, trigger, 5, 5);
+        let words = super::host_trouble(&t, &[host], &[IncidentView::of(open)]).unwrap();
+        assert_eq!(
+            words,
+            "host h-1 IMPAIRED: MPS_DAEMON of GPU-a: daemon exited; local restarts exhausted; incident inc-1 \
+             (OPEN, owner operator)"
+        );
     }
 
     #[test]

@@ -41,6 +41,19 @@ impl Fleet {
     fn host_dir(&self, hostname: &str) -> PathBuf {
         self.dir.path().join("server/hosts").join(hostname)
     }
+
+    /// The CLI against this fleet's server: (exit code, stdout, stderr).
+    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(args)
+            .args(["--server", &self.server.url, "--token", &self.server.admin_token()])
+            .args(["--ca-file", &self.server.ca_file()])
+            .env("HOME", self.dir.path())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    }
 }
 
 async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> {
@@ -491,6 +504,14 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     let id = opened.incident.id.clone();
     assert_eq!(opened.incident.owner, IncidentOwner::Operator);
 
+    // Where the work is: the service and the task name the impaired host and the incident.
+    let shown = fleet.cli(&["service", "describe", "web"]).1;
+    let line =
+        shown.lines().find(|l| l.contains(&format!("incident {id}"))).unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.contains(host.id.as_str()) && line.contains("IMPAIRED"), "{line}");
+    let shown = fleet.cli(&["task", "describe", &on_host[0].to_string()]).1;
+    assert!(shown.contains(&format!("incident {id} (OPEN, owner operator)")), "{shown}");
+
     let acked = admin.acknowledge_incident(&id).await.unwrap();
     assert_eq!(acked.incident.acknowledged_by.as_deref(), Some("admin"));
     admin.host_action(host.id.as_str(), "drain").await.unwrap();
@@ -684,4 +705,39 @@ async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
     assert!(t.detect_ms.unwrap() >= 3_000, "the host was declared bad after the toleration: {t:?}");
     let at: Vec<u64> = i.incident.timeline.iter().map(|e| e.at_ms).collect();
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "{at:?}");
+}
+
+/// Draining a self-managed pool's only host: the CLI warns that nothing can take its tasks,
+/// and once the operator activates the host again the incident names where each replacement
+/// landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_the_only_host_says_nothing_can_take_its_tasks() {
+    let Some(fleet) = fleet(OwnershipMode::SelfManaged, 1, 0).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 2).await;
+    let host = tasks[0].host_id.clone().unwrap();
+    let (code, _, err) = fleet.cli(&["host", "drain", host.as_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("warning: the pool has no capacity now for 2 task(s) moved off the host"), "{err}");
+    let id = incident_of(admin, &host).await.incident.id;
+    fleet.cli(&["host", "activate", host.as_str()]);
+    running(admin, "web", 2).await;
+    let i = eventually(WAIT, "the replacements' host on the incident", || async {
+        let i = admin.describe_incident(&id).await.ok()?.incident;
+        i.affected_tasks.iter().all(|a| a.replacement_host.is_some()).then_some(i)
+    })
+    .await;
+    assert!(
+        i.affected_tasks.iter().all(|a| a.replacement_host.as_ref() == Some(&host)),
+        "{:#?}",
+        i.affected_tasks
+    );
+    let shown = fleet.cli(&["incident", "describe", &id]).1;
+    for a in &i.affected_tasks {
+        let row = shown
+            .lines()
+            .find(|l| l.starts_with(&a.task_id.to_string()))
+            .unwrap_or_else(|| panic!("{shown}"));
+        assert!(row.ends_with(host.as_str()), "the replacement's host is named: {row}");
+    }
 }

@@ -116,13 +116,26 @@ impl Cluster {
     }
 
     pub fn incidents(&self) -> Vec<Incident> {
-        let mut v: Vec<Incident> = self.incidents.values().map(|v| v.value.clone()).collect();
+        let mut v: Vec<Incident> = self.incidents.values().map(|v| self.shown(v.value.clone())).collect();
         v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
         v
     }
 
     pub fn incident(&self, id: &str) -> Result<Incident, ApiError> {
-        self.incidents.get(id).map(|v| v.value.clone()).ok_or_else(|| ApiError::not_found("incident", id))
+        self.incidents
+            .get(id)
+            .map(|v| self.shown(v.value.clone()))
+            .ok_or_else(|| ApiError::not_found("incident", id))
+    }
+
+    /// An incident as it is shown: a replacement task placed after the incident recorded it
+    /// (it waited for capacity, say until the host came back) names the host it landed on.
+    pub(super) fn shown(&self, mut i: Incident) -> Incident {
+        for a in i.affected_tasks.iter_mut().filter(|a| a.replacement_host.is_none()) {
+            a.replacement_host =
+                a.replacement.and_then(|r| self.tasks.get(&r)).and_then(|e| e.task.host_id.clone());
+        }
+        i
     }
 
     pub(super) fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {

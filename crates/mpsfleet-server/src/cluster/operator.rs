@@ -200,7 +200,7 @@ impl Cluster {
             updated.cordoned = false;
             self.write_host_and_incident(ix, updated, i.clone())?;
             self.pending_jobs.extend(job);
-            outcome = Some(OperatorOutcome { incident: i, replacement });
+            outcome = Some(OperatorOutcome { incident: self.shown(i), replacement });
         } else if h.status != next || h.cordoned {
             let mut updated = h;
             updated.status = next;
@@ -253,7 +253,7 @@ impl Cluster {
         i.resolved_at_ms = Some(now);
         self.write_incident(i.clone())?;
         self.pending_jobs.extend(job);
-        Ok(OperatorOutcome { incident: i, replacement })
+        Ok(OperatorOutcome { incident: self.shown(i), replacement })
     }
 
     /// Ends the incident's replacement before it is used: revokes its token (in the record the
