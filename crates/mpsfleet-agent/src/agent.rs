@@ -772,6 +772,8 @@ async fn heartbeat_loop(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing_since_logged = false;
+    // The server's count of `host recheck`s, as of the last answer (None before the first).
+    let mut rechecks: Option<u64> = None;
     // The last policy refused, so that it is logged once, not on every heartbeat.
     let mut refused: Option<MpsPolicy> = None;
     let mut ca_file_warned = false;
@@ -796,6 +798,17 @@ async fn heartbeat_loop(
         match agent.report_host_status(&report).await {
             Ok(answer) => {
                 failing_since_logged = false;
+                // `host recheck`: the operator fixed what made local repair give up.
+                if rechecks.is_some_and(|seen| answer.rechecks > seen) {
+                    tracing::info!(
+                        rechecks = answer.rechecks,
+                        "re-arming local repair, as the operator asked"
+                    );
+                    for s in sources.supervisors.values() {
+                        s.rearm();
+                    }
+                }
+                rechecks = Some(answer.rechecks);
                 let wanted = pool_mps_policy(&answer.health_policy, &policy);
                 if wanted != policy && refused.as_ref() != Some(&wanted) {
                     match apply_policy(&sources.supervisors, &wanted) {

@@ -318,6 +318,10 @@ impl Client {
     pub async fn activate_host(&self, id: &str) -> Result<OperatorCommandResponse> {
         self.call(Method::POST, &format!("/v1/hosts/{}/activate", seg(id)), &[], None).await
     }
+    /// `host recheck`: the agent re-arms its exhausted local repair.
+    pub async fn recheck_host(&self, id: &str) -> Result<OperatorCommandResponse> {
+        self.call(Method::POST, &format!("/v1/hosts/{}/recheck", seg(id)), &[], None).await
+    }
     /// `host forget`: a host that does not exist leaves the fleet and frees its GPU UUIDs
     /// (`force`: even while something heartbeats as it).
     pub async fn revoke_host_credential(&self, id: &str) -> Result<HostView> {

@@ -368,6 +368,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         drain_host,
         replace_host,
         activate_host,
+        recheck_host,
         forget_host,
         revoke_host_credential,
         acknowledge_incident,
@@ -422,6 +423,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts/{id}/drain", post(drain_host))
         .route("/v1/hosts/{id}/replace", post(replace_host))
         .route("/v1/hosts/{id}/activate", post(activate_host))
+        .route("/v1/hosts/{id}/recheck", post(recheck_host))
         .route("/v1/hosts/{id}/forget", post(forget_host))
         .route("/v1/hosts/{id}/revoke-credential", post(revoke_host_credential))
         .route("/v1/incidents", get(list_incidents))
@@ -1220,6 +1222,27 @@ async fn activate_host(
         host: Some(host),
         replacement: outcome.as_ref().and_then(|o| o.replacement.clone()),
         incident: outcome.map(|o| IncidentView::of(o.incident)),
+    }))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/{id}/recheck",
+    tag = "hosts",
+    summary = "Re-arm the agent's exhausted local repair after the operator fixed the host.",
+    params(("id" = String, Path, description = "A host id.")),
+    responses((status = 200, description = "OK.", body = mpsfleet_types::api::OperatorCommandResponse), crate::openapi::Errors)
+)]
+async fn recheck_host(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<OperatorCommandResponse>, ApiError> {
+    let (host, incident) = st.call(&headers, operator, move |c, p| c.recheck_host(&id, &actor(&p))).await?;
+    Ok(Json(OperatorCommandResponse {
+        host: Some(host),
+        replacement: None,
+        incident: incident.map(IncidentView::of),
     }))
 }
 

@@ -101,6 +101,10 @@ pub struct HostStatusAnswer {
     /// connection.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_ca_sha256: Vec<String>,
+    /// How many times an operator asked to re-arm the host's local repair (`host recheck`):
+    /// when it goes up, the agent gives every daemon it gave up on a fresh restart budget.
+    #[serde(default)]
+    pub rechecks: u64,
 }
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet

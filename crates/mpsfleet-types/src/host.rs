@@ -175,6 +175,14 @@ pub struct Host {
     /// [`History`]: crate::history::History
     #[serde(default, skip_serializing_if = "crate::history::History::is_empty")]
     pub events: crate::history::History<crate::service::ObjectEvent>,
+    /// How many times an operator asked the agent to re-arm its exhausted local repair
+    /// (`host recheck`); the agent acts when the count its heartbeat answer carries goes up.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub rechecks: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One health check of a host as its agent reports it, e.g. the MPS daemon of one GPU.

@@ -193,6 +193,13 @@ pub enum HostCommand {
         /// The host's id.
         id: String,
     },
+    /// After fixing a host whose agent gave up restarting an MPS daemon: re-arm its local
+    /// repair, so the daemon is started again and its check can turn OK (recorded on the
+    /// host's open incident).
+    Recheck {
+        /// The host's id.
+        id: String,
+    },
     /// Remove a host that does not exist (a machine that is gone, or a registration someone
     /// else made): DEREGISTERED, its tasks stopped, its credential revoked, its GPU UUIDs free
     /// for the machine that has them. Refused while it heartbeats, unless --force.
@@ -1283,6 +1290,7 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         }
         HostCommand::Replace { id } => return print_incident(f, c.host_action(&id, "replace").await?),
         HostCommand::Activate { id } => return print_operator_command(f, c.activate_host(&id).await?),
+        HostCommand::Recheck { id } => return print_operator_command(f, c.recheck_host(&id).await?),
         HostCommand::Forget { id, force } => c.forget_host(&id, force).await?,
         HostCommand::RevokeCredential { id } => c.revoke_host_credential(&id).await?,
     };

@@ -25,6 +25,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("host drain", "mpsfleet host drain h-5f1c --wait"),
     ("host replace", "mpsfleet host replace h-5f1c"),
     ("host activate", "mpsfleet host activate h-5f1c"),
+    ("host recheck", "mpsfleet host recheck h-5f1c"),
     ("host forget", "mpsfleet host forget h-5f1c"),
     ("host revoke-credential", "mpsfleet host revoke-credential h-5f1c"),
     ("pool create", "mpsfleet pool create batch --mode self-managed --strategy spread"),

@@ -741,3 +741,52 @@ async fn draining_the_only_host_says_nothing_can_take_its_tasks() {
         assert!(row.ends_with(host.as_str()), "the replacement's host is named: {row}");
     }
 }
+
+/// A self-managed pool's daemon that the agent gave up restarting: `host activate` is refused
+/// while its check is IMPAIRED; after the operator's fix, `host recheck` re-arms local repair
+/// (the agent starts the daemon again), the check turns OK and `host activate` resolves the
+/// incident; the recheck is on its timeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_recheck_rearms_local_repair_after_the_operator_fixed_the_host() {
+    let Some(fleet) = fleet(OwnershipMode::SelfManaged, 2, 1).await else { return };
+    let admin = &fleet.admin;
+    let tasks = service_of(admin, "web", 2).await;
+    let victim = &tasks[0];
+    let (host, _) = daemon_pid_of(&fleet, victim).await;
+    let index = host.gpus.iter().find(|g| g.gpu_id == victim.gpu_ids[0]).unwrap().index;
+    let record = fleet.host_dir(&host.hostname).join(format!("mps/log/{index}/daemon.json"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = keep_killing(record, stop.clone());
+    eventually(WAIT, "the agent to give up on the daemon", || async {
+        let h = admin.describe_host(host.id.as_str()).await.ok()?;
+        h.events.iter().any(|e| e.reason == "LocalRepairExhausted").then_some(())
+    })
+    .await;
+    // The operator's fix: nothing kills the daemon any more. It stays down: the agent gave up.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    killer.join().unwrap();
+    let id = incident_of(admin, &host.id).await.incident.id;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let err = admin.activate_host(host.id.as_str()).await.unwrap_err().to_string();
+    assert!(err.contains("local restarts exhausted"), "{err}");
+
+    let (code, out, err) = fleet.cli(&["host", "recheck", host.id.as_str()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    eventually(WAIT, "the re-armed daemon's check OK", || async {
+        let h = admin.describe_host(host.id.as_str()).await.ok()?;
+        (h.health_status == HealthStatus::Ok).then_some(())
+    })
+    .await;
+    let activated = admin.activate_host(host.id.as_str()).await.unwrap();
+    assert_eq!(
+        activated.host.map(|h| (h.status, h.health_status)),
+        Some((HostStatus::Active, HealthStatus::Ok))
+    );
+    let i = admin.describe_incident(&id).await.unwrap().incident;
+    assert_eq!(i.state, IncidentState::Resolved, "{:#?}", i.timeline);
+    let recheck =
+        i.timeline.iter().find(|e| e.step == Step::OperatorCommand && e.detail.starts_with("host recheck"));
+    assert_eq!(recheck.and_then(|e| e.by.clone()).as_deref(), Some("admin"), "{:#?}", i.timeline);
+    let h = admin.describe_host(host.id.as_str()).await.unwrap();
+    assert!(h.events.iter().any(|e| e.reason == "RecheckRequested"), "{:#?}", h.events);
+}

@@ -35,6 +35,8 @@ struct Shared {
     history: Mutex<VecDeque<Check>>,
     probes: Mutex<ProbeStats>,
     stopping: Mutex<bool>,
+    /// Set by [`Supervisor::rearm`]; the loop takes it as `Event::Rearm`.
+    rearm: Mutex<bool>,
     wake: Condvar,
 }
 
@@ -90,6 +92,7 @@ impl Supervisor {
             history: Mutex::new(VecDeque::from([state.check.clone()])),
             probes: Mutex::new(ProbeStats::default()),
             stopping: Mutex::new(false),
+            rearm: Mutex::new(false),
             wake: Condvar::new(),
         });
         let thread = std::thread::Builder::new()
@@ -136,6 +139,13 @@ impl Supervisor {
     /// The probes so far.
     pub fn probes(&self) -> ProbeStats {
         *lock(&self.shared.probes)
+    }
+
+    /// The operator fixed what made local repair give up (`host recheck`): the restart budget
+    /// starts afresh and a daemon given up on is started again at once.
+    pub fn rearm(&self) {
+        *lock(&self.shared.rearm) = true;
+        self.shared.wake.notify_all();
     }
 
     /// The latest check.
@@ -308,6 +318,10 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                 events.push(event);
                 last_probe_ms = Some(shared.clock.now_ms());
             }
+        }
+        if std::mem::take(&mut *lock(&shared.rearm)) {
+            tracing::info!(gpu = %shared.label, "local repair re-armed by the operator");
+            events.push(Event::Rearm);
         }
         events.push(Event::Tick);
 

@@ -186,6 +186,7 @@ mod tests {
             credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
             events: Default::default(),
+            rechecks: 0,
         };
         assert!(can_place(&host(Active, false, HealthStatus::Ok)));
         assert!(!can_place(&host(Active, true, HealthStatus::Ok)));

@@ -138,6 +138,9 @@ pub enum Event {
     },
     /// Time passed; due restarts happen on ticks.
     Tick,
+    /// The operator fixed what made local repair give up (`host recheck`): the restart budget
+    /// starts afresh and a daemon given up on is started again now.
+    Rearm,
 }
 
 /// What the shell must do.
@@ -229,6 +232,12 @@ pub fn step(
     let window_ms = policy.restart_window.as_millis() as u64;
     match event {
         Event::Tick => {}
+        Event::Rearm => {
+            s.restart_times_ms.clear();
+            if s.phase == Phase::GaveUp {
+                s.phase = Phase::StartDue { at_ms: now_ms };
+            }
+        }
         Event::ProbeOk => {
             // A hung daemon that was given up on may still come back on its own.
             if matches!(s.phase, Phase::Running | Phase::GaveUp) {
@@ -804,5 +813,39 @@ mod tests {
         assert_eq!(s.check.failing_since_ms, Some(1_000), "two answers are not yet the threshold");
         s = run(s, ProbeOk, 9_000);
         assert_eq!((s.check.failing_since_ms, s.check.repairs_ms.len()), (None, 0), "over");
+    }
+
+    /// A daemon given up on comes back after `Rearm` once it answers again, and its restart
+    /// budget is whole again.
+    #[test]
+    fn rearm_restarts_a_daemon_given_up_on() {
+        let p = policy();
+        let mut s = DaemonHealth::new(0);
+        let mut t = 0;
+        let feed = |s: DaemonHealth, ev: Event, t: u64| {
+            let (s, effects) = step(s, ev, t, &p);
+            if effects.contains(&Effect::Restart) {
+                step(s, RestartSucceeded, t, &p).0
+            } else {
+                s
+            }
+        };
+        s = feed(s, ProbeOk, t);
+        for _ in 0..10 {
+            t += 5_000;
+            s = feed(s, exited(), t);
+            s = feed(s, Tick, t + 2_500);
+        }
+        assert_eq!(s.phase, Phase::GaveUp, "{s:?}");
+        s = feed(s, Rearm, t + 3_000);
+        assert_eq!(s.phase, Phase::Running, "restarted at once");
+        assert_eq!(s.check.restarts, 4, "one more restart");
+        for k in 1..=3 {
+            s = feed(s, ProbeOk, t + 3_000 + k * 100);
+        }
+        assert_eq!((s.check.status, s.check.failing_since_ms), (Ok, None), "{:?}", s.check);
+        // A fresh budget: the next failure is restarted again, not given up on.
+        s = feed(s, exited(), t + 10_000);
+        assert!(matches!(s.phase, Phase::StartDue { .. }), "{s:?}");
     }
 }

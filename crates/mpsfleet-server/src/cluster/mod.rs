@@ -863,6 +863,7 @@ impl Cluster {
             credential_revoked_at_ms: None,
             legacy_agent_token: String::new(),
             events: History::new(),
+            rechecks: 0,
         };
         let registered = format!(
             "registered by its agent: {} GPU(s){}, {} runtime",
@@ -1021,7 +1022,8 @@ impl Cluster {
     fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
         let pool = &self.hosts[ix as usize].host.pool;
         let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
-        HostStatusAnswer { health_policy, cluster_ca_sha256: self.cluster_cas.clone() }
+        let rechecks = self.hosts[ix as usize].host.rechecks;
+        HostStatusAnswer { health_policy, cluster_ca_sha256: self.cluster_cas.clone(), rechecks }
     }
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {

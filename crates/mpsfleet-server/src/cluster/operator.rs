@@ -211,6 +211,37 @@ impl Cluster {
         Ok((self.host_view(ix), outcome))
     }
 
+    /// `host recheck`: the operator fixed what made the agent's local repair give up (a daemon
+    /// it stopped restarting). The host's recheck count goes up; its agent sees it in the next
+    /// heartbeat answer and gives every daemon it gave up on a fresh restart budget, starting
+    /// it again at once. The host's health then follows from its checks as usual (`host
+    /// activate` returns a drained host to service once they are OK). Recorded on the open
+    /// incident's timeline (OPERATOR_COMMAND, by) and in the host's events.
+    pub fn recheck_host(&mut self, host: &str, by: &str) -> Result<(HostView, Option<Incident>), ApiError> {
+        let ix = self.host_ix(host)?;
+        let mut h = self.hosts[ix as usize].host.clone();
+        if h.status == HostStatus::Deregistered {
+            return Err(ApiError::Conflict(format!("host {} is deregistered: no agent runs it", h.id)));
+        }
+        let now = self.now();
+        h.rechecks += 1;
+        let what = "host recheck: the agent re-arms its local repair and restarts what it gave up on";
+        h.events.push(now, ObjectEvent::new("RecheckRequested", format!("{what} (by {by})")));
+        let incident = match self.open_incident_of(&h.id).cloned() {
+            Some(mut i) => {
+                i.push(now, Step::OperatorCommand, what, Some(by.to_string()));
+                self.write_host_and_incident(ix, h, i.clone())?;
+                Some(self.shown(i))
+            }
+            None => {
+                self.write_host(ix, h)?;
+                None
+            }
+        };
+        tracing::info!(host.id = %self.hosts[ix as usize].host.id, by, "host recheck");
+        Ok((self.host_view(ix), incident))
+    }
+
     /// `incident acknowledge`: an operator has taken the incident; nothing else changes.
     pub fn acknowledge_incident(&mut self, id: &str, by: &str) -> Result<Incident, ApiError> {
         let mut i = self.incident(id)?;
