@@ -150,7 +150,15 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
         assert!(text.contains("OPEN") && text.contains(host.id.as_str()) && text.contains("DETECTED"), "{text}");
         let events = b.eval("document.getElementById('event-list').innerText").as_str().unwrap().to_string();
         assert!(events.contains("incident.opened"), "{events}");
+        assert!(text.contains("First failure") && text.contains("Down for"), "{text}");
         shot(&mut b, "incident");
+
+        // Where the work is: the task on the impaired host says so, naming the incident.
+        let incident = admin.list_incidents().await.unwrap()[0].incident.id.clone();
+        b.eval("location.hash = '#/tasks'; true");
+        b.until(WAIT, "document.body.dataset.rendered === '#/tasks'", "the tasks view").await;
+        let marked = b.eval("[...document.querySelectorAll('[data-impaired]')].map((e) => e.dataset.impaired)");
+        assert_eq!(marked, serde_json::json!([incident]), "the task's host cell names the incident");
         drop(agent);
     })
     .await;

@@ -40,6 +40,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/hosts/{id}/drain", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/replace", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/activate", Open::Role(Role::Operator)),
+    ("POST", "/v1/hosts/{id}/recheck", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/forget", Open::Role(Role::Operator)),
     ("POST", "/v1/hosts/{id}/revoke-credential", Open::Role(Role::Admin)),
     ("GET", "/v1/incidents", Open::Role(Role::Viewer)),

@@ -140,23 +140,45 @@ async function host(id) {
   ];
 }
 
+// Unresolved incidents by host: a task on such a host is shown with it, where the work is.
+async function openIncidents() {
+  const list = await api('/v1/incidents').catch(() => []);
+  const byHost = new Map();
+  for (const i of list) if (i.state.status !== 'RESOLVED') byHost.set(i.hostId, i);
+  return byHost;
+}
+
+function hostCell(hostId, byHost) {
+  if (!hostId) return '-';
+  const i = byHost.get(hostId);
+  if (!i) return hostId;
+  return el('span', { class: 'error', 'data-impaired': i.id }, hostId, ' (impaired: incident ', i.id, ', ',
+    i.state.status, ')');
+}
+
 async function tasks() {
-  const list = await api('/v1/tasks');
+  const [list, byHost] = await Promise.all([api('/v1/tasks'), openIncidents()]);
   const rows = list.map((t) => [t.id, t.taskDefinition.family + ':' + t.taskDefinition.revision, t.group || '-',
-    status(t.lastStatus), status(t.healthStatus), t.hostId || '-', (t.gpuIds || []).join(', ') || '-',
-    t.pendingReason || '-']);
+    status(t.lastStatus), status(t.healthStatus),
+    t.lastStatus === 'STOPPED' ? (t.hostId || '-') : hostCell(t.hostId, byHost),
+    (t.gpuIds || []).join(', ') || '-', t.pendingReason || '-']);
   return [el('h1', {}, 'Tasks (', String(list.length), ')'),
     table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING'], rows)];
 }
 
 async function services() {
-  const list = await api('/v1/services');
+  const [list, byHost] = await Promise.all([api('/v1/services'), openIncidents()]);
   const out = [el('h1', {}, 'Services')];
   for (const s of list) {
     const deployments = await api('/v1/services/' + seg(s.name) + '/deployments').catch(() => []);
-    out.push(el('section', {}, el('h2', {}, s.name),
+    const replicas = await api('/v1/tasks?service=' + seg(s.name) + '&live=true').catch(() => []);
+    const impaired = replicas.filter((t) => t.hostId && byHost.has(t.hostId));
+    out.push(el('section', { 'data-service': s.name }, el('h2', {}, s.name),
       fields([['Pool', s.pool], ['Desired', String(s.desiredCount)], ['Running', String(s.runningCount)],
-        ['Healthy', String(s.healthyCount)]]),
+        ['Healthy', String(s.healthyCount)],
+        ['On impaired hosts', impaired.length
+          ? el('span', {}, ...impaired.map((t) => el('span', {}, t.id, ' on ', hostCell(t.hostId, byHost), ' ')))
+          : 'none']]),
       table(['DEPLOYMENT', 'STATUS', 'ROLLOUT', 'DESIRED', 'RUNNING', 'FAILED'], deployments.map((d) => [
         d.id, status(d.status), status(d.rolloutState), String(d.desiredCount), String(d.runningCount ?? '-'),
         String(d.failedTasks ?? 0)]))));
@@ -172,7 +194,10 @@ async function incidents() {
     out.push(el('section', { class: 'incident', 'data-incident': i.id },
       el('h2', {}, i.id, ' ', status(i.state.status), ' host ', i.hostId),
       i.state.reason ? el('p', { class: 'error' }, i.state.reason) : null,
-      fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', utc(i.openedAtMs)], ['Trigger', value(i.trigger)]]),
+      fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', utc(i.openedAtMs)],
+        ['First failure', i.timing && i.timing.firstFailureAtMs ? utc(i.timing.firstFailureAtMs) : '-'],
+        ['Down for', i.timing && i.timing.totalMs != null ? (i.timing.totalMs / 1000).toFixed(3) + ' s (first failure to resumed)' : '-'],
+        ['Trigger', value(i.trigger)]]),
       table(['WHEN', 'STEP', 'DETAIL'], entries.map((e) => [utc(e.atMs), e.step, e.detail]))));
   }
   return out;
