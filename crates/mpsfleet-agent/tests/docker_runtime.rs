@@ -654,6 +654,9 @@ fn unused_images_are_removed_per_the_policy() {
     let reference = format!("127.0.0.1:5000/mpsfleet/cleanup-{}:t", std::process::id());
     // An image of its own (a tag of the test image would share its id with every other
     // test's containers, and an image in use is never removed).
+    // The test image runs here too (the maker below), so this runtime records it as used; a
+    // container of it running throughout keeps it in use, whatever other tests run meanwhile.
+    let holder = f.launch(sh("sleep 300"));
     let maker = f.launch(sh(&format!("echo {} > /marker", std::process::id())));
     f.wait_exited(&maker, Duration::from_secs(20));
     commit(&f, &maker.id, &reference);
@@ -686,8 +689,9 @@ fn unused_images_are_removed_per_the_policy() {
     assert_eq!(f.rt.remove_unused_images(&policy, later).expect("cleanup"), vec![reference.clone()]);
     assert!(!image_exists(&f, &reference));
     assert!(image_record(&f.dir.join("docker"), &reference).is_none());
-    // The test image itself was never launched by this runtime: never a candidate.
+    // The test image, in use by the holder: never a candidate.
     assert!(image_exists(&f, &test_image()));
+    f.rt.remove(&task_of(&holder), "app").expect("remove");
 }
 
 #[test]

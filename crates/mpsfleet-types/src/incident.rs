@@ -532,9 +532,12 @@ mod tests {
         assert_eq!(v["trigger"]["firstFailureAtMs"], json!(400));
         assert_eq!(
             v["timeline"],
-            json!({"entries": [{"atMs": 1000, "step": "DETECTED", "detail": "MPS_DAEMON IMPAIRED on GPU-0: probe timed out after 3s"}]})
+            json!({"entries": [
+                {"atMs": 400, "step": "FIRST_FAILURE", "detail": "first failed signal of MPS_DAEMON on GPU-0"},
+                {"atMs": 1000, "step": "DETECTED", "detail": "MPS_DAEMON IMPAIRED on GPU-0: probe timed out after 3s"}
+            ]})
         );
-        assert_eq!(v["reached"], json!({"DETECTED": 1000}));
+        assert_eq!(v["reached"], json!({"FIRST_FAILURE": 400, "DETECTED": 1000}));
         let back: Incident = serde_json::from_value(v).unwrap();
         assert_eq!(back, i);
         assert_eq!(serde_json::to_value(IncidentState::Open).unwrap(), json!({"status": "OPEN"}));
@@ -542,6 +545,52 @@ mod tests {
         for step in [Step::LocalRepairAttempt, Step::TasksRunningAgain, Step::OldHostTerminated] {
             assert_eq!(serde_json::to_value(step).unwrap(), json!(step.as_str()));
         }
+    }
+
+    /// The timing record: moments on the server's clock and the phases between them; local
+    /// repairs take their place on the timeline before the incident opened.
+    #[test]
+    fn timing_runs_from_the_first_failure_to_resumed() {
+        use Step::*;
+        let mut i =
+            incident(Some(400), &[(5_500, Decided), (7_000, ReplacementReady), (8_000, TasksRunningAgain)]);
+        let t = i.timing();
+        assert_eq!(
+            (
+                t.first_failure_at_ms,
+                t.detected_at_ms,
+                t.decided_at_ms,
+                t.replacement_ready_at_ms,
+                t.resumed_at_ms
+            ),
+            (Some(400), Some(5_000), Some(5_500), Some(7_000), Some(8_000))
+        );
+        assert_eq!(
+            (t.detect_ms, t.decide_ms, t.replace_ms, t.total_ms),
+            (Some(4_600), Some(500), Some(1_500), Some(7_600))
+        );
+        // A first failure placed after the incident opened (an old record) is held to it.
+        i.trigger.first_failure_at_ms = Some(9_000);
+        assert_eq!((i.timing().first_failure_at_ms, i.timing().detect_ms), (Some(5_000), Some(0)));
+
+        let trigger =
+            Trigger { local_repairs_at_ms: vec![600, 1_200, 9_999], ..incident(Some(400), &[]).trigger };
+        let pool = PoolName::new("p").unwrap();
+        let i = Incident::open(
+            "i-2".into(),
+            HostId::new("h-1").unwrap(),
+            pool,
+            IncidentOwner::Mpsfleet,
+            trigger,
+            1_000,
+            5_000,
+        );
+        let steps: Vec<(u64, Step)> = i.timeline.iter().map(|e| (e.at_ms, e.step)).collect();
+        assert_eq!(
+            steps,
+            [(400, FirstFailure), (600, LocalRepairAttempt), (1_000, Detected), (1_200, LocalRepairAttempt)]
+        );
+        assert_eq!(i.timeline[1].detail, "the agent restarted MPS_DAEMON on GPU-0 locally (1 of 2)");
     }
 
     /// A record written before timelines were bounded (a plain array, no `reached`) reads, and
