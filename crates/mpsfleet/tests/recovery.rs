@@ -3,6 +3,11 @@
 
 mod common;
 
+// The fault `mpsfleet bench recovery` injects: a daemon killed again after each local restart.
+#[path = "../src/bench/kill.rs"]
+mod kill;
+use kill::keep_killing;
+
 use common::*;
 use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::policy::*;
@@ -575,40 +580,6 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     for t in &on_host {
         assert!(i.affected(*t).is_some(), "task {t} missing from the affected tasks: {:?}", i.affected_tasks);
     }
-}
-
-/// Kills the daemon recorded at `record` whenever one runs (the agent's local restarts bring
-/// it back), until `stop` is set: the failure a user meets when a daemon cannot stay up.
-fn keep_killing(
-    record: PathBuf,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<u32> {
-    std::thread::spawn(move || {
-        let mut kills = 0;
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-            let pid = std::fs::read(&record)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v["pid"].as_u64());
-            // Only a live MPS daemon: never a pid the system gave to something else since.
-            let live = pid.filter(|p| {
-                std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("nvidia-cuda-mps-control"))
-                    && std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z "))
-            });
-            if let Some(p) = live {
-                if std::process::Command::new("kill")
-                    .args(["-9", &p.to_string()])
-                    .status()
-                    .is_ok_and(|s| s.success())
-                {
-                    kills += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        kills
-    })
 }
 
 #[allow(clippy::disallowed_methods)] // the test's own clock, to check the server's figures from outside

@@ -8,6 +8,7 @@ mod console;
 mod failover;
 mod fleet;
 mod ingest;
+mod kill;
 mod metrics;
 mod recovery;
 mod register;
