@@ -204,7 +204,15 @@ pub fn local_restarts(old: &[HostCheck], new: &[HostCheck]) -> Vec<ObjectEvent> 
             && c.reason.contains(crate::lifecycle::mps::RESTARTS_EXHAUSTED)
     };
     new.iter()
-        .filter_map(|c| Some((old.iter().find(|o| o.name == c.name && o.gpu_id == c.gpu_id)?, c)))
+        .filter_map(|c| {
+            // No restart since the agent started and no given-up daemon (the usual report) is
+            // no news, whatever came before: looked at first, it spares every heartbeat the
+            // search for the old check.
+            if c.restarts == 0 && !exhausted(c) {
+                return None;
+            }
+            Some((old.iter().find(|o| o.name == c.name && o.gpu_id == c.gpu_id)?, c))
+        })
         .flat_map(|(before, c)| {
             let what = match &c.gpu_id {
                 Some(g) => format!("the {} of GPU {g}", check_subject(&c.name)),

@@ -8,21 +8,26 @@
 //! incidents); the simulator never lets those leak into what it records, names hosts by its
 //! own labels, and makes task ids a function of the seed (see `reseed_task_ids`).
 
+mod checks;
+mod shortfall;
+
 use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, WARMUP_MS};
-use crate::invariants::{self, Checker, GpuLoad, Violation};
-use crate::report::{Shortfall, Stats};
+use crate::invariants::{Checker, Violation};
+use crate::report::Stats;
 use crate::rng::Rng;
+use crate::world::{LocalTask, SimHost, World};
 use mpsfleet_core::clock::ManualClock;
 use mpsfleet_core::lifecycle::mps::{
-    self as mh, pool_mps_policy, DaemonHealth, Effect, Event as MpsEvent, MpsPolicy, Phase,
+    self as mh, pool_mps_policy, DaemonHealth, Effect, Event as MpsEvent, Phase,
 };
 use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
 use mpsfleet_server::provider::{AttemptRecord, ExternalProvider, Retry};
-use mpsfleet_store::{MemoryStore, Revision, Store};
-use mpsfleet_types::api::HostStatusReport;
+use mpsfleet_store::{MemoryStore, Revision};
 use mpsfleet_types::policy::Provider;
 use mpsfleet_types::*;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use shortfall::{Mirror, RoomCache, SvcWorld};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,12 +50,7 @@ pub const CLIENT_EXIT_MS: u64 = 1_000;
 pub const MANAGED_POOL: &str = "gpu";
 pub const SELF_POOL: &str = "gpu-self";
 
-/// A task definition the workload uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Demand {
-    pub mps: bool,
-    pub memory_mib: u64,
-}
+pub use crate::world::Demand;
 
 /// One service of the workload.
 #[derive(Debug, Clone)]
@@ -90,77 +90,6 @@ pub fn workload(pool: &str, hosts: u32, gpus_per_host: u32) -> Vec<SvcSpec> {
     ]
 }
 
-/// One GPU's MPS control daemon, as the world has it and as the agent's state machine sees it.
-struct Daemon {
-    running: bool,
-    hung: bool,
-    hang_for_good: bool,
-    broken_for_good: bool,
-    /// The MPS server is in FAULT; `true`: a client is stuck and keeps it there.
-    fault: Option<bool>,
-    xid_since: Option<u64>,
-    health: DaemonHealth,
-    /// Bumped on every (re)start and crash: results of older ones are dropped.
-    gen: u64,
-    /// The probe event that counts; older queued probes are dropped.
-    probe_token: u64,
-    probe_queued: bool,
-}
-
-impl Daemon {
-    /// Probing changes nothing: the daemon answers and the check is OK with no failures.
-    fn steady(&self) -> bool {
-        self.running
-            && !self.hung
-            && self.fault.is_none()
-            && self.health.phase == Phase::Running
-            && self.health.check.status == HealthStatus::Ok
-            && self.health.check.consecutive_failures == 0
-    }
-    fn answers(&self) -> bool {
-        self.running && !self.hung
-    }
-}
-
-/// A task process on a simulated host.
-struct LocalTask {
-    gpus: Vec<usize>,
-    demand: Demand,
-    service: Option<ServiceName>,
-    running_since: Option<u64>,
-    stopping: bool,
-    /// The stop code the server gave when it asked the task to stop; reported back with the
-    /// exit, as the agent does.
-    stop_code: Option<StopCode>,
-}
-
-struct SimHost {
-    label: String,
-    name: String,
-    /// The one-time registration token the provider launched the host with (a replacement).
-    token: Option<String>,
-    pool: usize,
-    slot: Option<u32>,
-    id: Option<HostId>,
-    up: bool,
-    partitioned_until: Option<u64>,
-    gpu_uuids: Vec<GpuUuid>,
-    daemons: Vec<Daemon>,
-    tasks: BTreeMap<TaskId, LocalTask>,
-    /// Tasks this host started and finished: never started again.
-    finished: BTreeSet<TaskId>,
-    outbox: Vec<(TaskId, TaskStateReport)>,
-    policy: MpsPolicy,
-    rng: Rng,
-    /// The last injected fault: when and what.
-    fault: Option<(u64, &'static str)>,
-    fetch_queued: bool,
-    /// Delay of the first heartbeat after boot.
-    phase_ms: u64,
-    /// Terminated or vanished: never comes back.
-    gone: bool,
-}
-
 enum Ev {
     HealthTick,
     Resync,
@@ -175,37 +104,44 @@ enum Ev {
     Stopped { h: usize, t: TaskId },
     ClientsExit { h: usize, g: usize },
     Heal(usize),
-    ProviderDone { job: ProviderJob, ok: bool, epoch: u32, launch: Option<usize> },
-    ProviderRetry { job: ProviderJob, record: AttemptRecord, epoch: u32 },
+    // The provider's events are rare and their jobs large: boxed, so that every queued
+    // heartbeat and probe does not carry their size.
+    ProviderDone(Box<ProviderDone>),
+    ProviderRetry(Box<(ProviderJob, AttemptRecord, u32)>),
 }
 
-/// Per service, what the world really runs.
-struct SvcWorld {
-    desired: u32,
-    pool: String,
-    demand: Demand,
-    fenced: bool,
-    running: u32,
-    last_ms: u64,
-    /// Why the missing replicas are missing, as classified at the end of the last step that
-    /// could change it; the shortfall accrues by these until the next classification.
-    shortfall: Vec<(Shortfall, u32)>,
+/// A provider call's outcome, due when the call returns.
+struct ProviderDone {
+    job: ProviderJob,
+    ok: bool,
+    /// The control plane's epoch when the call was made.
+    epoch: u32,
+    /// The host a launch made, to boot.
+    launch: Option<usize>,
 }
 
-/// A pool's room for one more task, for the shortfall breakdown.
-struct PoolRoom {
-    mps: bool,
-    whole_gpu: bool,
-    /// An unresolved incident of the pool has asked for a replacement host that is not yet
-    /// running the tasks again.
-    replacement_coming: bool,
+/// A queued event: due at `at`, in insertion order (`seq`) among events due at once.
+struct Queued {
+    at: u64,
+    seq: u64,
+    ev: Ev,
 }
 
-/// A service task as the server has it (from the change feed), while it is not STOPPED.
-struct SrvTask {
-    stop_requested: bool,
-    host: Option<HostId>,
-    last: TaskStatus,
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
 }
 
 pub struct Sim {
@@ -215,12 +151,10 @@ pub struct Sim {
     clock: Arc<ManualClock>,
     cluster: Option<Cluster>,
     now: u64,
-    queue: BTreeMap<(u64, u64), Ev>,
+    /// Due events, earliest first (by time, then insertion order).
+    queue: BinaryHeap<Reverse<Queued>>,
     seq: u64,
-    hosts: Vec<SimHost>,
-    by_id: BTreeMap<HostId, usize>,
-    by_name: BTreeMap<String, usize>,
-    slots: BTreeMap<u32, usize>,
+    world: World,
     pool_names: Vec<PoolName>,
     demands: BTreeMap<TaskDefRef, Demand>,
     svcs: BTreeMap<ServiceName, SvcWorld>,
@@ -237,10 +171,10 @@ pub struct Sim {
     pub violation: Option<Violation>,
     /// Services below their count with spare capacity, since when.
     below_since: BTreeMap<ServiceName, u64>,
-    /// The server's live service tasks by service, mirrored from the change feed.
-    srv_tasks: BTreeMap<ServiceName, BTreeMap<TaskId, SrvTask>>,
-    /// Stop times of failed tasks per service, as the server's crash-loop hold-back counts them.
-    svc_failures: BTreeMap<ServiceName, VecDeque<u64>>,
+    /// The server's live service tasks, mirrored from the change feed.
+    mirror: Mirror,
+    /// Spare capacity per pool, while the cluster has committed nothing since.
+    room_cache: RoomCache,
     /// The unresolved incident of each host, by incident id.
     open_incidents: BTreeMap<HostId, String>,
     /// Services whose shortfall is classified again at the end of this step; `all_dirty`: all.
@@ -269,12 +203,9 @@ impl Sim {
             clock,
             cluster: Some(cluster),
             now: 0,
-            queue: BTreeMap::new(),
+            queue: BinaryHeap::new(),
             seq: 0,
-            hosts: Vec::new(),
-            by_id: BTreeMap::new(),
-            by_name: BTreeMap::new(),
-            slots: BTreeMap::new(),
+            world: World::default(),
             pool_names: Vec::new(),
             demands: BTreeMap::new(),
             svcs: BTreeMap::new(),
@@ -287,8 +218,8 @@ impl Sim {
             checker: Checker::default(),
             violation: None,
             below_since: BTreeMap::new(),
-            srv_tasks: BTreeMap::new(),
-            svc_failures: BTreeMap::new(),
+            mirror: Mirror::default(),
+            room_cache: RoomCache::new(),
             open_incidents: BTreeMap::new(),
             dirty_svcs: BTreeSet::new(),
             all_dirty: true,
@@ -304,7 +235,7 @@ impl Sim {
 
     fn at(&mut self, t: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.insert((t.max(self.now), self.seq), ev);
+        self.queue.push(Reverse(Queued { at: t.max(self.now), seq: self.seq, ev }));
     }
 
     fn log(&mut self, line: String) {
@@ -399,7 +330,7 @@ impl Sim {
             // and heartbeat each at its own phase.
             // The first beat comes after the daemons answered, so hosts turn ACTIVE (and fill
             // up, binpack) in slot order.
-            self.hosts[h].phase_ms = DAEMON_RESTART_MS
+            self.world[h].phase_ms = DAEMON_RESTART_MS
                 + 200
                 + u64::from(k) * self.cfg.heartbeat_ms / u64::from(n)
                 + u64::from(k % 7);
@@ -416,69 +347,27 @@ impl Sim {
     }
 
     fn add_host(&mut self, label: String, name: String, pool: usize, slot: Option<u32>) -> usize {
-        let h = self.hosts.len();
         let gpus = self.cfg.gpus_per_host as usize;
-        let gpu_uuids = (0..gpus)
-            .map(|g| {
-                GpuUuid::new(format!("GPU-{label}-{g}")).unwrap_or_else(|_| GpuUuid::new("GPU-x").unwrap())
-            })
-            .collect();
-        let daemons = (0..gpus)
-            .map(|_| Daemon {
-                running: false,
-                hung: false,
-                hang_for_good: false,
-                broken_for_good: false,
-                fault: None,
-                xid_since: None,
-                health: DaemonHealth::new(0),
-                gen: 0,
-                probe_token: 0,
-                probe_queued: false,
-            })
-            .collect();
-        self.hosts.push(SimHost {
-            rng: Rng::fork(self.cfg.seed, &label),
-            label,
-            name: name.clone(),
-            token: None,
-            pool,
-            slot,
-            id: None,
-            up: false,
-            partitioned_until: None,
-            gpu_uuids,
-            daemons,
-            tasks: BTreeMap::new(),
-            finished: BTreeSet::new(),
-            outbox: Vec::new(),
-            policy: MpsPolicy::default(),
-            fault: None,
-            fetch_queued: false,
-            phase_ms: 0,
-            gone: false,
-        });
-        self.by_name.insert(name, h);
-        if let Some(s) = slot {
-            self.slots.insert(s, h);
-        }
-        h
+        self.world.add(SimHost::new(label, name, pool, slot, gpus, self.cfg.seed))
     }
 
     /// Runs to the end (or the first broken invariant).
     pub fn run(&mut self) {
         let end = self.cfg.stop_at_ms.unwrap_or(self.cfg.duration_ms).min(self.cfg.duration_ms);
-        while let Some(entry) = self.queue.first_entry() {
-            let (t, _) = *entry.key();
-            if t > end {
-                break;
-            }
-            let ev = entry.remove();
+        while self.queue.peek().is_some_and(|q| q.0.at <= end) {
+            let Some(Reverse(Queued { at: t, ev, .. })) = self.queue.pop() else { break };
             self.now = t;
             self.clock_set(t);
             self.steps += 1;
             self.handle(ev);
             self.after_step();
+            if cfg!(debug_assertions) {
+                // Debug builds (the tests) rebuild every index from the records after every
+                // step: a drifted index is a bug of the simulator, not of the control plane.
+                if let Err(e) = self.world.audit().and_then(|()| self.mirror.audit(&self.world)) {
+                    panic!("the simulator's indexes drifted from its records at {}: {e}", fmt_time(t));
+                }
+            }
             if self.violation.is_some() {
                 return;
             }
@@ -527,7 +416,7 @@ impl Sim {
             Ev::Heartbeat(h) => self.heartbeat(h),
             Ev::Probe { h, g, token } => self.probe(h, g, token),
             Ev::ProbeResult { h, g, gen, ev } => {
-                if self.hosts[h].up && self.hosts[h].daemons[g].gen == gen {
+                if self.world[h].up && self.world[h].daemons[g].gen == gen {
                     self.daemon_step(h, g, ev);
                 }
             }
@@ -535,33 +424,34 @@ impl Sim {
             Ev::Fetch(h) => self.fetch(h),
             Ev::Started { h, t } => self.started(h, t),
             Ev::Stopped { h, t } => {
-                if self.hosts[h].up && self.hosts[h].tasks.contains_key(&t) {
-                    let code = self.hosts[h].tasks.get(&t).and_then(|l| l.stop_code);
+                if self.world[h].up && self.world[h].tasks().contains_key(&t) {
+                    let code = self.world[h].tasks().get(&t).and_then(|l| l.stop_code);
                     self.remove_task(h, t, true);
                     self.report(h, t, stopped(code, None));
                 }
             }
             Ev::ClientsExit { h, g } => {
-                if self.hosts[h].up {
+                if self.world[h].up {
                     let reason = "MPS server reported a fatal GPU exception to its clients";
                     self.kill_tasks(h, g, true, false, StopCode::EssentialContainerExited, reason);
                     self.clear_fault_if_idle(h, g);
                 }
             }
             Ev::Heal(h) => {
-                if self.hosts[h].up && self.hosts[h].partitioned_until == Some(self.now) {
-                    self.hosts[h].partitioned_until = None;
-                    let label = self.hosts[h].label.clone();
+                if self.world[h].up && self.world[h].partitioned_until == Some(self.now) {
+                    self.world[h].partitioned_until = None;
+                    let label = self.world[h].label.clone();
                     self.log(format!("heal {label}: the agent reaches the control plane again"));
-                    let outbox = std::mem::take(&mut self.hosts[h].outbox);
+                    let outbox = std::mem::take(&mut self.world[h].outbox);
                     for (t, r) in outbox {
                         self.report(h, t, r);
                     }
                     self.queue_fetch(h);
                 }
             }
-            Ev::ProviderDone { job, ok, epoch, launch } => self.provider_done(job, ok, epoch, launch),
-            Ev::ProviderRetry { job, record, epoch } => {
+            Ev::ProviderDone(d) => self.provider_done(d.job, d.ok, d.epoch, d.launch),
+            Ev::ProviderRetry(r) => {
+                let (job, record, epoch) = *r;
                 if epoch == self.epoch {
                     let r = self.c().provider_attempt_failed(&job, &record);
                     self.after_call(r.map(|()| Vec::new()).map_err(err));
@@ -595,8 +485,8 @@ impl Sim {
     /// The label of the host an incident is about.
     fn incident_label(&self, incident: &str) -> Option<(usize, String)> {
         let i = self.cluster.as_ref()?.incident(incident).ok()?;
-        let h = *self.by_id.get(&i.host_id)?;
-        Some((h, self.hosts[h].label.clone()))
+        let h = self.world.by_id(&i.host_id)?;
+        Some((h, self.world[h].label.clone()))
     }
 
     fn job_key(&self, job: &ProviderJob) -> String {
@@ -608,7 +498,7 @@ impl Sim {
                 format!("1 {pool} {}", self.incident_label(incident).map(|x| x.1).unwrap_or_default())
             }
             ProviderJob::Terminate { pool, name, .. } => {
-                let label = self.by_name.get(name).map(|&h| self.hosts[h].label.clone()).unwrap_or_default();
+                let label = self.world.by_name(name).map(|h| self.world[h].label.clone()).unwrap_or_default();
                 format!("2 {pool} {label}")
             }
         }
@@ -639,7 +529,7 @@ impl Sim {
                     backoff_ms: Some(backoff),
                 };
                 let epoch = self.epoch;
-                self.at(self.now + delay, Ev::ProviderRetry { job: job.clone(), record, epoch });
+                self.at(self.now + delay, Ev::ProviderRetry(Box::new((job.clone(), record, epoch))));
                 delay += backoff;
             }
         }
@@ -654,13 +544,13 @@ impl Sim {
                     (name.clone(), None)
                 } else {
                     match self.incident_label(incident) {
-                        Some((h, label)) => (format!("{label}r"), self.hosts[h].slot),
+                        Some((h, label)) => (format!("{label}r"), self.world[h].slot()),
                         None => (name.clone(), None),
                     }
                 };
                 let (delay, ok) = self.provider_call(&job, self.cfg.provider.launch_ms);
                 // Launch is idempotent by name: a host already launched under it is the answer.
-                let existing = self.by_name.get(name).copied().filter(|&h| !self.hosts[h].gone);
+                let existing = self.world.by_name(name).filter(|&h| !self.world[h].gone);
                 let launch = match existing {
                     Some(_) => None,
                     None if ok => Some(self.add_host(label.clone(), name.clone(), pool_ix, None)),
@@ -668,8 +558,8 @@ impl Sim {
                 };
                 if let Some(h) = launch {
                     // Slot faults follow the host's replacement once it is up.
-                    self.hosts[h].slot = slot;
-                    self.hosts[h].token = token.as_ref().map(|t| t.0.clone());
+                    self.world.assign_slot(h, slot);
+                    self.world[h].token = token.as_ref().map(|t| t.0.clone());
                 }
                 self.stats.provider_launches += 1;
                 self.log(format!(
@@ -677,13 +567,19 @@ impl Sim {
                     if ok { "will succeed" } else { "will fail" }
                 ));
                 let epoch = self.epoch;
-                self.at(self.now + delay, Ev::ProviderDone { job, ok, epoch, launch });
+                self.at(
+                    self.now + delay,
+                    Ev::ProviderDone(Box::new(ProviderDone { job, ok, epoch, launch })),
+                );
             }
             ProviderJob::Terminate { .. } => {
                 let (delay, ok) = self.provider_call(&job, self.cfg.provider.terminate_ms);
                 self.stats.provider_terminations += 1;
                 let epoch = self.epoch;
-                self.at(self.now + delay, Ev::ProviderDone { job, ok, epoch, launch: None });
+                self.at(
+                    self.now + delay,
+                    Ev::ProviderDone(Box::new(ProviderDone { job, ok, epoch, launch: None })),
+                );
             }
         }
     }
@@ -702,9 +598,9 @@ impl Sim {
             }
             ProviderJob::Terminate { name, .. } => {
                 if ok {
-                    if let Some(&h) = self.by_name.get(name) {
-                        if self.hosts[h].up {
-                            let label = self.hosts[h].label.clone();
+                    if let Some(h) = self.world.by_name(name) {
+                        if self.world[h].up {
+                            let label = self.world[h].label.clone();
                             self.log(format!("provider terminated {label}"));
                             self.remove_host(h);
                         }
@@ -727,8 +623,8 @@ impl Sim {
     // ---- hosts ------------------------------------------------------------------------------
 
     fn boot(&mut self, h: usize) {
-        let pool = self.pool_names[self.hosts[h].pool].clone();
-        let gpus: Vec<GpuInventory> = self.hosts[h]
+        let pool = self.pool_names[self.world[h].pool].clone();
+        let gpus: Vec<GpuInventory> = self.world[h]
             .gpu_uuids
             .iter()
             .enumerate()
@@ -743,7 +639,7 @@ impl Sim {
             .collect();
         let reg = HostRegistration {
             pool,
-            hostname: self.hosts[h].name.clone(),
+            hostname: self.world[h].name().to_string(),
             gpus,
             mps_available: true,
             emulated: true,
@@ -751,7 +647,7 @@ impl Sim {
             runtime_version: None,
             plugins: Default::default(),
         };
-        let r = match self.hosts[h].token.clone() {
+        let r = match self.world[h].token.clone() {
             Some(token) => self.c().register_host_with_token(reg, &token),
             None => self.c().register_host(reg),
         };
@@ -759,82 +655,45 @@ impl Sim {
             Ok(r) => r.host_id,
             Err(e) => {
                 self.stats.server_errors += 1;
-                let label = self.hosts[h].label.clone();
+                let label = self.world[h].label.clone();
                 self.log(format!("host {label} could not register: {e}"));
                 return;
             }
         };
-        self.by_id.insert(id.clone(), h);
-        let label = self.hosts[h].label.clone();
-        self.hosts[h].id = Some(id);
-        self.hosts[h].up = true;
-        if label != self.hosts[h].name || self.hosts[h].slot.is_none() {
+        let label = self.world[h].label.clone();
+        // Indexed by its id, and serving its slot (a replacement takes over its old host's).
+        self.world.registered(h, id);
+        self.world[h].up = true;
+        if label != self.world[h].name() || self.world[h].slot().is_none() {
             self.log(format!("host {label} joined"));
         }
-        if let Some(s) = self.hosts[h].slot {
-            self.slots.insert(s, h);
-        }
-        for g in 0..self.hosts[h].daemons.len() {
-            self.hosts[h].daemons[g].health = DaemonHealth::new(self.now);
+        for g in 0..self.world[h].daemons.len() {
+            self.world[h].set_health(g, DaemonHealth::new(self.now));
             self.daemon_step(h, g, MpsEvent::Tick);
         }
-        self.at(self.now + 1 + self.hosts[h].phase_ms, Ev::Heartbeat(h));
+        self.at(self.now + 1 + self.world[h].phase_ms, Ev::Heartbeat(h));
     }
 
     fn heartbeat(&mut self, h: usize) {
-        if !self.hosts[h].up {
+        if !self.world[h].up {
             return;
         }
         self.at(self.now + self.cfg.heartbeat_ms, Ev::Heartbeat(h));
-        if self.hosts[h].partitioned_until.is_some() {
+        if self.world[h].partitioned_until.is_some() {
             return;
         }
-        let host = &self.hosts[h];
-        let mut checks = Vec::with_capacity(host.daemons.len() * 2);
-        for (g, d) in host.daemons.iter().enumerate() {
-            let c = &d.health.check;
-            checks.push(HostCheck {
-                name: mpsfleet_core::health::MPS_DAEMON.into(),
-                gpu_id: Some(host.gpu_uuids[g].clone()),
-                status: c.status,
-                reason: c.reason.clone(),
-                since_ms: c.since_ms,
-                restarts: 0,
-                first_failure_age_ms: c.failing_since_ms.map(|t| self.now.saturating_sub(t)),
-                repair_ages_ms: c.repairs_ms.iter().map(|t| self.now.saturating_sub(*t)).collect(),
-            });
+        if self.world[h].id().is_none() {
+            return;
         }
-        let mps_onboarded = checks.iter().all(|c| c.status != HealthStatus::Initializing);
-        for (g, d) in host.daemons.iter().enumerate() {
-            let (status, reason, since) = match d.xid_since {
-                Some(t) => (HealthStatus::Impaired, "Xid 79: GPU has fallen off the bus".to_string(), t),
-                None => (HealthStatus::Ok, "no Xid errors".to_string(), 0),
-            };
-            checks.push(HostCheck {
-                name: mpsfleet_core::health::GPU.into(),
-                gpu_id: Some(host.gpu_uuids[g].clone()),
-                status,
-                reason,
-                since_ms: since,
-                restarts: 0,
-                first_failure_age_ms: d.xid_since.map(|t| self.now.saturating_sub(t)),
-                repair_ages_ms: Vec::new(),
-            });
-        }
-        let report = HostStatusReport {
-            onboarded: mps_onboarded,
-            checks,
-            logs_url: None,
-            logs_cert_sha256: None,
-            ..HostStatusReport::default()
-        };
-        let Some(id) = host.id.clone() else { return };
+        let report = self.world.status_report(h, self.now);
+        let Some(id) = self.world[h].id() else { return };
         self.stats.heartbeats += 1;
-        match self.c().host_status(&id, report) {
+        let cluster = self.cluster.as_mut().expect("the cluster is loaded between steps");
+        match cluster.host_status(id, report) {
             Ok(answer) => {
-                let wanted = pool_mps_policy(&answer.health_policy, &self.hosts[h].policy);
-                if wanted != self.hosts[h].policy && wanted.validate().is_ok() {
-                    self.hosts[h].policy = wanted;
+                let wanted = pool_mps_policy(&answer.health_policy, &self.world[h].policy);
+                if wanted != self.world[h].policy && wanted.validate().is_ok() {
+                    self.world[h].policy = wanted;
                 }
                 self.after_call(Ok(Vec::new()));
             }
@@ -843,18 +702,18 @@ impl Sim {
     }
 
     fn queue_fetch(&mut self, h: usize) {
-        if !self.hosts[h].fetch_queued && self.hosts[h].up {
-            self.hosts[h].fetch_queued = true;
+        if !self.world[h].fetch_queued && self.world[h].up {
+            self.world[h].fetch_queued = true;
             self.at(self.now + FETCH_LATENCY_MS, Ev::Fetch(h));
         }
     }
 
     fn remove_host(&mut self, h: usize) {
-        let ids: Vec<TaskId> = self.hosts[h].tasks.keys().copied().collect();
+        let ids: Vec<TaskId> = self.world[h].tasks().keys().copied().collect();
         for t in ids {
             self.remove_task(h, t, true);
         }
-        let host = &mut self.hosts[h];
+        let host = &mut self.world[h];
         host.up = false;
         host.gone = true;
         host.outbox.clear();
@@ -868,13 +727,13 @@ impl Sim {
 
     fn daemon_step(&mut self, h: usize, g: usize, ev: MpsEvent) {
         let now = self.now;
-        let policy = self.hosts[h].policy.clone();
-        let d = &mut self.hosts[h].daemons[g];
-        let (next, effects) = mh::step(d.health.clone(), ev, now, &policy);
-        d.health = next;
+        let policy = self.world[h].policy.clone();
+        let d = &mut self.world[h].daemons[g];
+        let (next, effects) = mh::step(d.health().clone(), ev, now, &policy);
+        self.world[h].set_health(g, next);
         for e in effects {
             if e == Effect::Restart {
-                let d = &mut self.hosts[h].daemons[g];
+                let d = &mut self.world[h].daemons[g];
                 // Whatever is left of the daemon goes, and its server with it.
                 let had_daemon = d.running;
                 d.running = false;
@@ -894,12 +753,12 @@ impl Sim {
                 self.at(now + DAEMON_RESTART_MS, Ev::RestartDone { h, g, gen });
             }
         }
-        self.ensure_probe(h, g, self.hosts[h].policy.probe_interval.as_millis() as u64);
+        self.ensure_probe(h, g, self.world[h].policy.probe_interval.as_millis() as u64);
     }
 
     fn ensure_probe(&mut self, h: usize, g: usize, after: u64) {
-        let up = self.hosts[h].up;
-        let d = &mut self.hosts[h].daemons[g];
+        let up = self.world[h].up;
+        let d = &mut self.world[h].daemons[g];
         if d.probe_queued || d.steady() || !up {
             return;
         }
@@ -910,7 +769,7 @@ impl Sim {
     }
 
     fn probe(&mut self, h: usize, g: usize, token: u64) {
-        let host = &mut self.hosts[h];
+        let host = &mut self.world[h];
         if !host.up || host.daemons[g].probe_token != token {
             return;
         }
@@ -918,7 +777,7 @@ impl Sim {
         let timeout = host.policy.probe_timeout;
         let d = &mut host.daemons[g];
         d.probe_queued = false;
-        if !d.health.wants_probe() {
+        if !d.health().wants_probe() {
             // Starting or a restart is due: time passes for the state machine.
             self.daemon_step(h, g, MpsEvent::Tick);
             self.ensure_probe(h, g, interval);
@@ -948,10 +807,10 @@ impl Sim {
     }
 
     fn restart_done(&mut self, h: usize, g: usize, gen: u64) {
-        if !self.hosts[h].up || self.hosts[h].daemons[g].gen != gen {
+        if !self.world[h].up || self.world[h].daemons[g].gen != gen {
             return;
         }
-        let d = &mut self.hosts[h].daemons[g];
+        let d = &mut self.world[h].daemons[g];
         if d.broken_for_good {
             d.running = false;
             self.daemon_step(h, g, MpsEvent::RestartFailed { reason: "daemon exited with status 1".into() });
@@ -962,15 +821,15 @@ impl Sim {
         d.fault = None;
         self.daemon_step(h, g, MpsEvent::RestartSucceeded);
         // The agent probes a new daemon at once.
-        let d = &mut self.hosts[h].daemons[g];
+        let d = &mut self.world[h].daemons[g];
         d.probe_queued = false;
         self.ensure_probe(h, g, 0);
     }
 
     fn crash_daemon(&mut self, h: usize, g: usize, for_good: bool) {
-        let d = &mut self.hosts[h].daemons[g];
+        let d = &mut self.world[h].daemons[g];
         d.broken_for_good |= for_good;
-        let starting = d.health.phase == Phase::Starting;
+        let starting = d.health().phase == Phase::Starting;
         d.running = false;
         d.gen += 1;
         self.kill_tasks(h, g, true, false, StopCode::EssentialContainerExited, "MPS daemon exited");
@@ -985,15 +844,13 @@ impl Sim {
     /// The first GPU from `start` on (cyclically) with an MPS client: faults strike where
     /// there is work, or they would go unseen.
     fn busy_gpu(&self, h: usize, start: usize) -> Option<usize> {
-        let n = self.hosts[h].daemons.len();
-        let busy = |g: usize| self.hosts[h].tasks.values().any(|t| t.demand.mps && t.gpus.contains(&g));
-        (0..n).map(|i| (start + i) % n).find(|&g| busy(g))
+        let n = self.world[h].daemons.len();
+        (0..n).map(|i| (start + i) % n).find(|&g| self.world[h].has_mps_client(g))
     }
 
     fn clear_fault_if_idle(&mut self, h: usize, g: usize) {
-        let busy = self.hosts[h].tasks.values().any(|t| t.demand.mps && t.gpus.contains(&g));
-        if !busy {
-            self.hosts[h].daemons[g].fault = None;
+        if !self.world[h].has_mps_client(g) {
+            self.world[h].daemons[g].fault = None;
         }
     }
 
@@ -1015,12 +872,12 @@ impl Sim {
             }
             _ => {}
         }
-        let Some(h) = self.slots.get(&f.slot).copied().filter(|&h| self.hosts[h].up) else {
+        let Some(h) = self.world.in_slot(f.slot).filter(|&h| self.world[h].up) else {
             self.log(format!("fault {} slot {}: no host up, skipped", f.kind.cause(), f.slot));
             return;
         };
-        let label = self.hosts[h].label.clone();
-        let gpus = self.hosts[h].daemons.len();
+        let label = self.world[h].label.clone();
+        let gpus = self.world[h].daemons.len();
         let gpu_of = |g: u32| (g as usize).min(gpus.saturating_sub(1));
         self.log(format!(
             "fault {} on {label}{}",
@@ -1035,8 +892,8 @@ impl Sim {
             }
         ));
         self.stats.fault(f.kind.cause());
-        if self.hosts[h].partitioned_until.is_none() || !matches!(f.kind, FaultKind::Partition { .. }) {
-            self.hosts[h].fault = Some((self.now, f.kind.cause()));
+        if self.world[h].partitioned_until.is_none() || !matches!(f.kind, FaultKind::Partition { .. }) {
+            self.world[h].fault = Some((self.now, f.kind.cause()));
         }
         if gpus == 0 && !matches!(f.kind, FaultKind::Partition { .. } | FaultKind::Vanish) {
             return;
@@ -1053,7 +910,7 @@ impl Sim {
             }
             FaultKind::DaemonHang { gpu, for_good } => {
                 let g = self.busy_gpu(h, gpu_of(gpu)).unwrap_or(gpu_of(gpu));
-                let d = &mut self.hosts[h].daemons[g];
+                let d = &mut self.world[h].daemons[g];
                 if d.running {
                     d.hung = true;
                 }
@@ -1066,8 +923,8 @@ impl Sim {
                     self.log("no MPS client on the host: nothing to fault".into());
                     return;
                 };
-                if self.hosts[h].daemons[g].running {
-                    self.hosts[h].daemons[g].fault = Some(stuck_client);
+                if self.world[h].daemons[g].running {
+                    self.world[h].daemons[g].fault = Some(stuck_client);
                     if !stuck_client {
                         self.at(self.now + CLIENT_EXIT_MS, Ev::ClientsExit { h, g });
                     }
@@ -1077,7 +934,7 @@ impl Sim {
             }
             FaultKind::GpuXid { gpu } => {
                 let g = gpu_of(gpu);
-                self.hosts[h].daemons[g].xid_since.get_or_insert(self.now);
+                self.world[h].xid(g, self.now);
                 self.kill_tasks(
                     h,
                     g,
@@ -1088,9 +945,9 @@ impl Sim {
                 );
             }
             FaultKind::Partition { for_ms } => {
-                if self.hosts[h].partitioned_until.is_none() {
+                if self.world[h].partitioned_until.is_none() {
                     let until = self.now + for_ms.max(1);
-                    self.hosts[h].partitioned_until = Some(until);
+                    self.world[h].partitioned_until = Some(until);
                     self.at(until, Ev::Heal(h));
                 }
             }
@@ -1102,6 +959,7 @@ impl Sim {
     /// Drops the `Cluster` and loads a new one from the same store, as a restarted server does.
     fn restart_control_plane(&mut self) {
         self.cluster = None;
+        self.room_cache.clear();
         self.epoch += 1;
         self.stats.control_plane_restarts += 1;
         match Cluster::load(self.store.clone(), self.clock.clone(), |_| Ok(())) {
@@ -1124,8 +982,8 @@ impl Sim {
             }
         }
         // Agents' long-polls reconnect and read their assignments again.
-        for h in 0..self.hosts.len() {
-            if self.hosts[h].up {
+        for h in 0..self.world.len() {
+            if self.world[h].up {
                 self.queue_fetch(h);
             }
         }
@@ -1136,14 +994,14 @@ impl Sim {
     // ---- tasks ------------------------------------------------------------------------------
 
     fn report(&mut self, h: usize, t: TaskId, r: TaskStateReport) {
-        if !self.hosts[h].up {
+        if !self.world[h].up {
             return;
         }
-        if self.hosts[h].partitioned_until.is_some() {
-            self.hosts[h].outbox.push((t, r));
+        if self.world[h].partitioned_until.is_some() {
+            self.world[h].outbox.push((t, r));
             return;
         }
-        let Some(id) = self.hosts[h].id.clone() else { return };
+        let Some(id) = self.world[h].id().cloned() else { return };
         self.stats.reports += 1;
         let res = self.c().report_task(&id, &t.to_string(), r);
         if res.is_err() {
@@ -1153,33 +1011,33 @@ impl Sim {
     }
 
     fn fetch(&mut self, h: usize) {
-        self.hosts[h].fetch_queued = false;
-        if !self.hosts[h].up || self.hosts[h].partitioned_until.is_some() {
+        self.world[h].fetch_queued = false;
+        if !self.world[h].up || self.world[h].partitioned_until.is_some() {
             return;
         }
-        let Some(id) = self.hosts[h].id.clone() else { return };
+        let Some(id) = self.world[h].id().cloned() else { return };
         let Ok((_, a)) = self.c().assignments(&id) else { return };
         let mut listed = BTreeSet::new();
         let mut tasks = a.tasks;
         tasks.sort_by_key(|t| (t.created_at_ms, t.id));
         for task in tasks {
             listed.insert(task.id);
-            let local = self.hosts[h].tasks.get(&task.id).map(|l| l.stopping);
+            let local = self.world[h].tasks().get(&task.id).map(|l| l.stopping);
             if task.desired_status == TaskStatus::Stopped {
                 match local {
                     Some(false) => {
-                        if let Some(l) = self.hosts[h].tasks.get_mut(&task.id) {
+                        if let Some(l) = self.world[h].task_mut(&task.id) {
                             l.stopping = true;
                             l.stop_code = Some(task.stop_code.unwrap_or(StopCode::UserInitiated));
                         }
-                        let d = self.hosts[h].rng.range(TASK_STOP_MS.0, TASK_STOP_MS.1);
+                        let d = self.world[h].rng.range(TASK_STOP_MS.0, TASK_STOP_MS.1);
                         self.at(self.now + d, Ev::Stopped { h, t: task.id });
                     }
                     Some(true) => {}
                     None if task.last_status != TaskStatus::Stopped
-                        && !self.hosts[h].finished.contains(&task.id) =>
+                        && !self.world[h].finished.contains(&task.id) =>
                     {
-                        self.hosts[h].finished.insert(task.id);
+                        self.world[h].finished.insert(task.id);
                         let code = task.stop_code.unwrap_or(StopCode::UserInitiated);
                         self.report(h, task.id, stopped(Some(code), None));
                     }
@@ -1187,13 +1045,14 @@ impl Sim {
                 }
             } else if local.is_none()
                 && task.last_status < TaskStatus::Running
-                && !self.hosts[h].finished.contains(&task.id)
+                && !self.world[h].finished.contains(&task.id)
             {
                 self.start_task(h, &task);
             }
         }
         // What the server no longer lists has been stopped there (the host left the fleet).
-        let gone: Vec<TaskId> = self.hosts[h].tasks.keys().filter(|t| !listed.contains(t)).copied().collect();
+        let gone: Vec<TaskId> =
+            self.world[h].tasks().keys().filter(|t| !listed.contains(t)).copied().collect();
         for t in gone {
             self.remove_task(h, t, true);
         }
@@ -1201,10 +1060,9 @@ impl Sim {
 
     fn start_task(&mut self, h: usize, task: &Task) {
         let demand = self.demands.get(&task.task_definition).copied().unwrap_or(FAMILIES[0].1);
-        let gpus: Vec<usize> =
-            task.gpu_ids.iter().filter_map(|u| self.hosts[h].gpu_uuids.iter().position(|x| x == u)).collect();
-        self.hosts[h].finished.insert(task.id);
-        let xid = gpus.iter().any(|&g| self.hosts[h].daemons[g].xid_since.is_some());
+        let gpus: Vec<usize> = task.gpu_ids.iter().filter_map(|u| self.world[h].gpu_index(u)).collect();
+        self.world[h].finished.insert(task.id);
+        let xid = gpus.iter().any(|&g| self.world[h].daemons[g].xid_since().is_some());
         if xid || gpus.is_empty() {
             self.report(
                 h,
@@ -1217,12 +1075,12 @@ impl Sim {
         let fail_open = self.cfg.break_invariant && cfg!(any(test, feature = "broken-invariant"));
         if demand.mps {
             let (answers, faulted) = {
-                let d = &self.hosts[h].daemons[gpus[0]];
+                let d = &self.world[h].daemons[gpus[0]];
                 (d.answers(), d.fault.is_some())
             };
             if !answers && fail_open {
                 self.checker.checks += 1;
-                let label = self.hosts[h].label.clone();
+                let label = self.world[h].label.clone();
                 let detail = format!(
                     "MPS task {} started on {label} gpu {} while its daemon was not answering: it runs without its limits",
                     task.id, gpus[0]
@@ -1240,33 +1098,24 @@ impl Sim {
                 return;
             }
         }
-        self.hosts[h].finished.remove(&task.id);
-        self.hosts[h].tasks.insert(
-            task.id,
-            LocalTask {
-                gpus: gpus.clone(),
-                demand,
-                service: task.group.clone(),
-                running_since: None,
-                stopping: false,
-                stop_code: None,
-            },
-        );
+        self.world[h].finished.remove(&task.id);
+        self.world.start_task(h, task.id, LocalTask::starting(gpus, demand, task.group.clone()));
         self.mark(h);
-        let d = self.hosts[h].rng.range(TASK_START_MS.0, TASK_START_MS.1);
+        let d = self.world[h].rng.range(TASK_START_MS.0, TASK_START_MS.1);
         self.at(self.now + d, Ev::Started { h, t: task.id });
     }
 
     fn started(&mut self, h: usize, t: TaskId) {
         let now = self.now;
-        let up = self.hosts[h].up;
-        let Some(l) = self.hosts[h].tasks.get_mut(&t) else { return };
-        if !up || l.running_since.is_some() || l.stopping {
+        let up = self.world[h].up;
+        let Some(l) = self.world[h].tasks().get(&t) else { return };
+        if !up || l.running_since().is_some() || l.stopping {
             return;
         }
-        l.running_since = Some(now);
         let svc = l.service.clone();
+        self.world.set_running(h, t, now);
         if let Some(s) = svc {
+            self.mirror.world_changed(&s, t, &self.world);
             self.svc_change(&s, 1);
             if let Some(w) = self.svcs.get(&s) {
                 self.checker.checks += 1;
@@ -1294,190 +1143,22 @@ impl Sim {
         );
     }
 
-    /// Accrues the service's missing replicas since the last change (by cause, as last
-    /// classified), then applies `delta` to its running count.
-    fn svc_change(&mut self, s: &ServiceName, delta: i32) {
-        let now = self.now;
-        let Some(w) = self.svcs.get_mut(s) else { return };
-        if now > w.last_ms {
-            let dt = u128::from(now - w.last_ms);
-            let missing = w.desired.saturating_sub(w.running);
-            // Kept as it goes, so that a run stopped by a broken invariant reports it too.
-            self.stats.deficit_ms += dt * u128::from(missing);
-            let mut left = missing;
-            for &(cause, n) in &w.shortfall {
-                let k = n.min(left);
-                if k > 0 {
-                    *self.stats.shortfall_ms.entry(cause).or_default() += dt * u128::from(k);
-                }
-                left -= k;
-            }
-            if left > 0 {
-                *self.stats.shortfall_ms.entry(Shortfall::Other).or_default() += dt * u128::from(left);
-            }
-            w.last_ms = now;
-        }
-        w.running = (i64::from(w.running) + i64::from(delta)).max(0) as u32;
-        if delta != 0 {
-            self.dirty_svcs.insert(s.clone());
-        }
-    }
-
-    // ---- the shortfall breakdown ------------------------------------------------------------
-
-    /// A service task record from the change feed: kept while live, counted as a failure when
-    /// it stops with a code the server counts against the service.
-    fn mirror_task(&mut self, t: &Task) {
-        let Some(s) = t.group.clone() else { return };
-        self.dirty_svcs.insert(s.clone());
-        let tasks = self.srv_tasks.entry(s.clone()).or_default();
-        if t.last_status == TaskStatus::Stopped {
-            let was_live = tasks.remove(&t.id).is_some();
-            let failed = !matches!(
-                t.stop_code,
-                Some(
-                    StopCode::UserInitiated
-                        | StopCode::ServiceSchedulerInitiated
-                        | StopCode::HostReplaced
-                        | StopCode::HostLost
-                )
-            );
-            if was_live && failed {
-                self.svc_failures.entry(s).or_default().push_back(t.stopped_at_ms.unwrap_or(self.now));
-            }
-        } else {
-            let rec = SrvTask {
-                stop_requested: t.desired_status == TaskStatus::Stopped,
-                host: t.host_id.clone(),
-                last: t.last_status,
-            };
-            tasks.insert(t.id, rec);
-        }
-    }
-
-    /// Classifies the missing replicas of the services marked since the last step; each
-    /// service first accrues its shortfall so far by the classification it had.
-    fn classify_dirty(&mut self) {
-        if self.now < WARMUP_MS {
-            // Nothing is counted yet; classify everything once counting starts.
-            self.all_dirty = true;
-            self.dirty_svcs.clear();
-            return;
-        }
-        let names: Vec<ServiceName> = if std::mem::take(&mut self.all_dirty) {
-            self.dirty_svcs.clear();
-            self.svcs.keys().cloned().collect()
-        } else {
-            std::mem::take(&mut self.dirty_svcs).into_iter().collect()
-        };
-        let window = mpsfleet_server::cluster::SERVICE_RESTART_WINDOW_MS;
-        let now = self.now;
-        for f in self.svc_failures.values_mut() {
-            while f.front().is_some_and(|&t| now.saturating_sub(t) > window) {
-                f.pop_front();
-            }
-        }
-        let mut pools: BTreeMap<String, PoolRoom> = BTreeMap::new();
-        for s in names {
-            self.svc_change(&s, 0);
-            let shortfall = self.classify(&s, &mut pools);
-            if let Some(w) = self.svcs.get_mut(&s) {
-                w.shortfall = shortfall;
-            }
-        }
-    }
-
-    /// Why each missing replica of `s` is missing, now.
-    fn classify(&self, s: &ServiceName, pools: &mut BTreeMap<String, PoolRoom>) -> Vec<(Shortfall, u32)> {
-        let Some(w) = self.svcs.get(s) else { return Vec::new() };
-        if w.running >= w.desired {
-            return Vec::new();
-        }
-        let mut by_cause: BTreeMap<Shortfall, u32> = BTreeMap::new();
-        let mut current = 0;
-        for (id, t) in self.srv_tasks.get(s).into_iter().flatten() {
-            if t.stop_requested {
-                // Its replacement exists already (the service counts it no more).
-                continue;
-            }
-            current += 1;
-            let host = t.host.as_ref().and_then(|id| self.by_id.get(id).copied());
-            if host.is_some_and(|h| self.hosts[h].tasks.get(id).is_some_and(|l| l.running_since.is_some())) {
-                continue;
-            }
-            *by_cause.entry(self.task_shortfall(w, t, host, pools)).or_default() += 1;
-        }
-        let not_created = w.desired.saturating_sub(current);
-        if not_created > 0 {
-            let burst = mpsfleet_server::cluster::SERVICE_RESTART_BURST;
-            let held = self.svc_failures.get(s).is_some_and(|f| f.len() >= burst);
-            let cause = if held { Shortfall::CrashLoopHoldBack } else { Shortfall::Other };
-            *by_cause.entry(cause).or_default() += not_created;
-        }
-        by_cause.into_iter().collect()
-    }
-
-    /// Why a live task of the service that the world does not run is not running.
-    fn task_shortfall(
-        &self,
-        w: &SvcWorld,
-        t: &SrvTask,
-        host: Option<usize>,
-        pools: &mut BTreeMap<String, PoolRoom>,
-    ) -> Shortfall {
-        let Some(id) = &t.host else {
-            let room = pools.entry(w.pool.clone()).or_insert_with(|| self.pool_room(&w.pool));
-            let fits = if w.demand.mps { room.mps } else { room.whole_gpu };
-            return match (fits, room.replacement_coming) {
-                (true, _) => Shortfall::UnplacedWithRoom,
-                (false, true) => Shortfall::ReplacementHost,
-                (false, false) => Shortfall::NoCapacity,
-            };
-        };
-        if let Some(i) = self.open_incidents.get(id).and_then(|i| self.incidents.get(i)) {
-            return match i.state {
-                IncidentState::Blocked { .. } => Shortfall::RemediationBlocked,
-                _ if i.owner == IncidentOwner::Operator => Shortfall::OperatorHold,
-                _ if w.fenced => Shortfall::FencedTermination,
-                _ => Shortfall::OnBadHost,
-            };
-        }
-        match host.map(|h| &self.hosts[h]) {
-            None => Shortfall::HostUnreachable,
-            Some(h) if !h.up || h.partitioned_until.is_some() => Shortfall::HostUnreachable,
-            Some(_) if t.last < TaskStatus::Running => Shortfall::Starting,
-            Some(_) => Shortfall::Other,
-        }
-    }
-
-    /// Whether the pool has room for another task (of either kind) now, and whether a
-    /// replacement host is on its way.
-    fn pool_room(&self, pool: &str) -> PoolRoom {
-        let (mps, whole_gpu) = self.cluster.as_ref().map_or((false, false), |c| spare_capacity(c, pool));
-        let replacement_coming =
-            self.open_incidents.values().filter_map(|i| self.incidents.get(i)).any(|i| {
-                i.pool.as_str() == pool
-                    && i.has(Step::ReplacementRequested)
-                    && !i.has(Step::TasksRunningAgain)
-            });
-        PoolRoom { mps, whole_gpu, replacement_coming }
-    }
-
     /// The process is gone; `lost`: the work it had done is lost (it starts again elsewhere).
     fn remove_task(&mut self, h: usize, t: TaskId, lost: bool) {
-        let Some(l) = self.hosts[h].tasks.remove(&t) else { return };
+        let Some(l) = self.world.remove_task(h, t) else { return };
         self.mark(h);
-        self.hosts[h].finished.insert(t);
-        if let Some(since) = l.running_since {
+        self.world[h].finished.insert(t);
+        if let Some(since) = l.running_since() {
             if lost {
                 self.stats.work_lost_ms += u128::from(self.now.saturating_sub(since));
             }
             if let Some(s) = &l.service {
+                self.mirror.world_changed(s, t, &self.world);
                 self.svc_change(s, -1);
             }
         }
         for g in l.gpus {
-            if self.hosts[h].daemons.get(g).is_some_and(|d| d.fault == Some(true)) {
+            if self.world[h].daemons.get(g).is_some_and(|d| d.fault == Some(true)) {
                 self.clear_fault_if_idle(h, g);
             }
         }
@@ -1485,8 +1166,8 @@ impl Sim {
 
     /// Tasks on GPU `g` exit: MPS clients (`mps`) and, with `all`, whole-GPU ones too.
     fn kill_tasks(&mut self, h: usize, g: usize, mps: bool, all: bool, code: StopCode, reason: &str) {
-        let victims: Vec<TaskId> = self.hosts[h]
-            .tasks
+        let victims: Vec<TaskId> = self.world[h]
+            .tasks()
             .iter()
             .filter(|(_, l)| l.gpus.contains(&g) && ((mps && l.demand.mps) || all))
             .map(|(t, _)| *t)
@@ -1497,290 +1178,6 @@ impl Sim {
             self.report(h, t, stopped(Some(code), Some(reason)));
         }
     }
-
-    // ---- after every step: the change feed and the invariants ---------------------------------
-
-    fn after_step(&mut self) {
-        let Some(c) = self.cluster.as_ref() else { return };
-        let rev = c.revision();
-        let mut changed_hosts = BTreeSet::new();
-        if rev != self.feed_rev {
-            let changes = match self.store.changes_since(self.feed_rev, usize::MAX) {
-                Ok(c) => c,
-                Err(e) => {
-                    self.fail("store-feed", format!("cannot read the change feed: {e}"));
-                    return;
-                }
-            };
-            self.feed_rev = rev;
-            let mut incidents = Vec::new();
-            for ch in changes {
-                let Some(value) = ch.value else { continue };
-                match ch.kind.as_str() {
-                    "task" => {
-                        if let Ok(t) = serde_json::from_slice::<Task>(&value) {
-                            self.mirror_task(&t);
-                            if let Some(&h) = t.host_id.as_ref().and_then(|id| self.by_id.get(id)) {
-                                changed_hosts.insert(h);
-                            }
-                        }
-                    }
-                    "incident" => {
-                        if let Ok(i) = serde_json::from_slice::<Incident>(&value) {
-                            incidents.push(i);
-                        }
-                    }
-                    "host" => self.all_dirty = true,
-                    _ => {}
-                }
-            }
-            for &h in &changed_hosts {
-                self.queue_fetch(h);
-                self.check_server_gpus(h);
-            }
-            for i in incidents {
-                self.incident_changed(i);
-            }
-        }
-        self.classify_dirty();
-        // The world: what the hosts really run, on the hosts this step may have touched.
-        if self.violation.is_none() {
-            self.check_world();
-        }
-    }
-
-    fn check_server_gpus(&mut self, h: usize) {
-        let Some(id) = self.hosts[h].id.clone() else { return };
-        let Some(c) = self.cluster.as_ref() else { return };
-        let Ok((_, a)) = c.assignments(&id) else { return };
-        let mut load: Vec<GpuLoad> = vec![GpuLoad::default(); self.hosts[h].gpu_uuids.len()];
-        for t in a.tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped) {
-            let demand = self.demands.get(&t.task_definition).copied().unwrap_or(FAMILIES[0].1);
-            for u in &t.gpu_ids {
-                if let Some(g) = self.hosts[h].gpu_uuids.iter().position(|x| x == u) {
-                    load[g].add(demand, t.id);
-                }
-            }
-        }
-        self.checker.checks += 1;
-        if let Some(why) = invariants::gpu_limits(&load, GPU_MEMORY_MIB, MAX_MPS_CLIENTS) {
-            let label = self.hosts[h].label.clone();
-            self.fail("gpu-limits", format!("server placement on {label}: {why}"));
-        }
-    }
-
-    fn check_world(&mut self) {
-        // Only hosts with tasks can break a GPU limit; checking all of them after every step
-        // would cost O(hosts) per event, so each host is checked when its tasks change.
-        let dirty: Vec<usize> = std::mem::take(&mut self.checker.dirty_hosts).into_iter().collect();
-        for h in dirty {
-            let host = &self.hosts[h];
-            let mut load: Vec<GpuLoad> = vec![GpuLoad::default(); host.gpu_uuids.len()];
-            for (t, l) in &host.tasks {
-                for &g in &l.gpus {
-                    load[g].add(l.demand, *t);
-                }
-            }
-            self.checker.checks += 1;
-            if let Some(why) = invariants::gpu_limits(&load, GPU_MEMORY_MIB, MAX_MPS_CLIENTS) {
-                let label = host.label.clone();
-                self.fail("gpu-limits", format!("world on {label}: {why}"));
-                return;
-            }
-        }
-    }
-
-    fn incident_changed(&mut self, i: Incident) {
-        let h = self.by_id.get(&i.host_id).copied();
-        let label = h.map(|h| self.hosts[h].label.clone()).unwrap_or_else(|| "?".into());
-        let prev_len = self.incidents.get(&i.id).map(|p| p.timeline.len());
-        self.all_dirty = true;
-        if i.state == IncidentState::Resolved {
-            if self.open_incidents.get(&i.host_id) == Some(&i.id) {
-                self.open_incidents.remove(&i.host_id);
-            }
-        } else {
-            self.open_incidents.insert(i.host_id.clone(), i.id.clone());
-        }
-        if prev_len.is_none() {
-            let (onset, cause) = h
-                .and_then(|h| self.hosts[h].fault)
-                .map_or((None, "no injected fault"), |(t, c)| (Some(t), c));
-            let tie = self.incidents.values().any(|x| x.pool == i.pool && x.opened_at_ms == i.opened_at_ms);
-            if tie {
-                // The server ranks incidents opened in the same millisecond by their hosts'
-                // registration order; counted, because the storm breaker lets the first through.
-                self.stats.incident_ties += 1;
-                self.log(format!(
-                    "incident on {label} opened in the same millisecond as another in its pool"
-                ));
-            }
-            self.stats.incident_opened(&i.id, cause, onset, i.opened_at_ms, label.clone());
-            self.log(format!(
-                "incident on {label}: {} IMPAIRED ({cause}), owner {}",
-                i.trigger.check,
-                i.owner.as_str()
-            ));
-        }
-        for e in i.timeline.iter().skip(prev_len.unwrap_or(0)) {
-            let line = match e.step {
-                Step::Blocked => Some(format!("incident on {label}: BLOCKED: {}", e.detail)),
-                Step::ReplacementRequested => Some(format!("incident on {label}: replacement requested")),
-                Step::OldHostTerminated => Some(format!("incident on {label}: old host terminated")),
-                Step::TasksRunningAgain => Some(format!("incident on {label}: tasks running again")),
-                Step::Resolved => Some(format!("incident on {label}: resolved: {}", e.detail)),
-                _ => None,
-            };
-            if let Some(l) = line {
-                self.log(l);
-            }
-        }
-        let pool_mode = self
-            .cluster
-            .as_ref()
-            .and_then(|c| c.pool(i.pool.as_str()).ok())
-            .map(|p| (p.mode, p.remediation_policy));
-        self.incidents.insert(i.id.clone(), i.clone());
-        let Some((mode, policy)) = pool_mode else { return };
-        self.checker.checks += 1;
-        if let Some(why) = invariants::incident_record(&i, mode) {
-            self.fail("incident-record", format!("incident on {label}: {why}"));
-            return;
-        }
-        let pool: Vec<&Incident> = self.incidents.values().filter(|x| x.pool == i.pool).collect();
-        self.checker.checks += 1;
-        if let Some(why) = invariants::replacement_limits(&pool, &policy, self.now) {
-            self.fail("storm-breaker", format!("pool {}: {why}", i.pool));
-        }
-    }
-
-    /// At every resync: a service below its count while its pool has room recovers within
-    /// [`invariants::recovery_bound_ms`].
-    fn check_recovery(&mut self) {
-        if self.now < WARMUP_MS {
-            return;
-        }
-        let Some(c) = self.cluster.as_ref() else { return };
-        let views = c.services();
-        let mut room: BTreeMap<String, (bool, bool)> = BTreeMap::new();
-        let mut below = Vec::new();
-        for v in views {
-            let Some(w) = self.svcs.get(&v.service.name) else { continue };
-            if v.running_count >= v.service.desired_count {
-                continue;
-            }
-            let pool = w.pool.clone();
-            let fits = *room.entry(pool.clone()).or_insert_with(|| spare_capacity(c, &pool));
-            let has_room = if w.demand.mps { fits.0 } else { fits.1 };
-            if has_room {
-                below.push(v.service.name.clone());
-            }
-        }
-        let bound = invariants::recovery_bound_ms(&HealthPolicy::default(), self.cfg.heartbeat_ms);
-        let now = self.now;
-        self.below_since.retain(|k, _| below.contains(k));
-        for s in below {
-            let since = *self.below_since.entry(s.clone()).or_insert(now);
-            self.checker.checks += 1;
-            if now - since > bound {
-                let detail = format!(
-                    "service {s} below its desired count for {} with spare capacity in its pool (bound {})",
-                    fmt_time(now - since),
-                    fmt_time(bound)
-                );
-                self.fail("service-recovery", detail);
-                return;
-            }
-        }
-    }
-
-    fn fail(&mut self, invariant: &'static str, detail: String) {
-        if self.violation.is_some() {
-            return;
-        }
-        self.log(format!("INVARIANT BROKEN {invariant}: {detail}"));
-        self.violation = Some(Violation { invariant, at_ms: self.now, detail });
-    }
-
-    fn final_checks(&mut self) {
-        let mut all: Vec<Incident> = self.incidents.values().cloned().collect();
-        all.sort_by(|a, b| (a.opened_at_ms, &a.host_id).cmp(&(b.opened_at_ms, &b.host_id)));
-        for i in all {
-            let mode = self.cluster.as_ref().and_then(|c| c.pool(i.pool.as_str()).ok()).map(|p| p.mode);
-            let Some(mode) = mode else { continue };
-            self.checker.checks += 1;
-            if let Some(why) = invariants::incident_record(&i, mode) {
-                self.fail("incident-record", why);
-                return;
-            }
-        }
-    }
-
-    fn finish_accounting(&mut self) {
-        let names: Vec<ServiceName> = self.svcs.keys().cloned().collect();
-        for s in names {
-            self.svc_change(&s, 0);
-        }
-        let mut opened: Vec<&Incident> = self.incidents.values().collect();
-        opened.sort_by(|a, b| (a.opened_at_ms, &a.host_id).cmp(&(b.opened_at_ms, &b.host_id)));
-        for i in opened {
-            self.stats.incident_final(&i.id, i);
-        }
-        let (running, desired): (u32, u32) =
-            self.svcs.values().fold((0, 0), |(r, d), w| (r + w.running.min(w.desired), d + w.desired));
-        self.stats.replicas_running_at_end = running;
-        self.stats.replicas_desired = desired;
-        if let Some(c) = self.cluster.as_ref() {
-            for v in c.services() {
-                self.stats.services_at_end.push((
-                    v.service.name.to_string(),
-                    v.running_count,
-                    v.service.desired_count,
-                ));
-            }
-            for p in &self.pool_names {
-                let hosts = c.hosts(Some(p.as_str()));
-                let blocked = self
-                    .incidents
-                    .values()
-                    .filter(|i| &i.pool == p && matches!(i.state, IncidentState::Blocked { .. }))
-                    .count();
-                let active = hosts.iter().filter(|h| h.status == HostStatus::Active).count();
-                self.stats.pools_at_end.push((p.to_string(), active, hosts.len(), blocked));
-            }
-        }
-    }
-
-    /// Called by the world code whenever a host's processes change.
-    pub(crate) fn mark(&mut self, h: usize) {
-        self.checker.dirty_hosts.insert(h);
-    }
-}
-
-/// Whether a pool has room now for one more MPS task of the largest shape (`.0`) and for a
-/// whole-GPU task (`.1`), on hosts that take new work.
-fn spare_capacity(c: &Cluster, pool: &str) -> (bool, bool) {
-    let biggest = FAMILIES.iter().filter(|f| f.1.mps).map(|f| f.1.memory_mib).max().unwrap_or(0);
-    let mut out = (false, false);
-    for h in c.hosts(Some(pool)) {
-        if h.status != HostStatus::Active || h.health_status != HealthStatus::Ok || h.cordoned {
-            continue;
-        }
-        for g in &h.gpus {
-            if g.sharing_mode == SharingMode::Idle {
-                out = (true, true);
-            } else if g.sharing_mode == SharingMode::NvidiaMps
-                && g.remaining_memory_mib >= biggest
-                && g.client_count < g.max_clients
-            {
-                out.0 = true;
-            }
-        }
-        if out == (true, true) {
-            break;
-        }
-    }
-    out
 }
 
 fn stopped(code: Option<StopCode>, reason: Option<&str>) -> TaskStateReport {

@@ -4,7 +4,10 @@
 //!
 //! - [`config`]: the fleet, the scenarios, the faults they plan from the seed.
 //! - [`engine`]: the loop; simulated agents (heartbeats with `MPS_DAEMON` and `GPU` checks, the
-//!   agent's own MPS health state machine, tasks), the capacity provider, the MPS model.
+//!   agent's own MPS health state machine, tasks), the capacity provider, the MPS model; the
+//!   invariant checks after every step and the shortfall breakdown in its submodules.
+//! - `world`: the simulated hosts, their daemons and task processes, and the indexes the loop
+//!   finds them by (host id, name, fault slot; running task to host).
 //! - [`invariants`]: what must hold after every step, and the service recovery bound.
 //! - [`report`]: counters and the report.
 //!
@@ -16,6 +19,7 @@ pub mod engine;
 pub mod invariants;
 pub mod report;
 pub mod rng;
+mod world;
 
 pub use config::{parse_duration, Config, Fault, FaultKind, ProviderModel, Scenario};
 pub use invariants::Violation;

@@ -139,10 +139,7 @@ impl Cluster {
     }
 
     pub(super) fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
-        self.incidents
-            .values()
-            .map(|v| &v.value)
-            .find(|i| &i.host_id == host && i.state != IncidentState::Resolved)
+        self.incidents.unresolved().find(|i| &i.host_id == host)
     }
 
     /// Commits an incident, then applies it; an incident equal to the stored one is not
@@ -260,10 +257,14 @@ impl Cluster {
             if self.provider_for(&pool).is_none() {
                 continue;
             }
-            // A launched host counts as in flight until it registers.
-            let registered: BTreeSet<String> = self.hosts.iter().map(|h| h.host.hostname.clone()).collect();
-            if let Some(l) = self.capacity_launches.get_mut(&pool) {
-                l.retain(|name| !registered.contains(name));
+            // A launched host counts as in flight until it registers (the fleet's names are
+            // gathered only while a launch is in flight, not at every tick).
+            if self.capacity_launches.get(&pool).is_some_and(|l| !l.is_empty()) {
+                let registered: BTreeSet<&str> =
+                    self.hosts.iter().map(|h| h.host.hostname.as_str()).collect();
+                if let Some(l) = self.capacity_launches.get_mut(&pool) {
+                    l.retain(|name| !registered.contains(name.as_str()));
+                }
             }
             let launching = &self.capacity_launches;
             self.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
@@ -277,9 +278,9 @@ impl Cluster {
             let in_flight = self.capacity_launches.get(&pool).map_or(0, |l| l.len());
             let replacing = self
                 .incidents
-                .values()
-                .filter(|i| i.value.pool == pool && i.value.state != IncidentState::Resolved)
-                .filter(|i| i.value.has(Step::ReplacementRequested) && !i.value.has(Step::ReplacementReady))
+                .unresolved()
+                .filter(|i| i.pool == pool)
+                .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
                 .count();
             let mut missing = (desired as usize).saturating_sub(live + in_flight + replacing);
             let mut k = 0;
@@ -387,12 +388,8 @@ impl Cluster {
         let mut jobs = Vec::new();
         // Unresolved incidents, earliest opened first (the same order as `incidents()`, without
         // cloning the history of resolved ones).
-        let mut open: Vec<(u64, String)> = self
-            .incidents
-            .values()
-            .filter(|v| v.value.state != IncidentState::Resolved)
-            .map(|v| (v.value.opened_at_ms, v.value.id.clone()))
-            .collect();
+        let mut open: Vec<(u64, String)> =
+            self.incidents.unresolved().map(|i| (i.opened_at_ms, i.id.clone())).collect();
         open.sort();
         // Each pool's storm-breaker counts, worked out once per pool and again only after an
         // incident of that pool acted: incidents that wait (most of them, most of the time) do
@@ -466,24 +463,28 @@ impl Cluster {
         counts: &mut BTreeMap<PoolName, PoolCounts>,
         jobs: &mut Vec<ProviderJob>,
     ) -> Result<bool, ApiError> {
-        let Some(incident) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(false) };
-        let c = match counts.get(&incident.pool) {
-            Some(c) => *c,
-            None => {
-                let c = self.pool_counts(&incident.pool);
-                counts.insert(incident.pool.clone(), c);
-                c
-            }
-        };
-        let Some(world) = self.world_of(&incident, c) else { return Ok(false) };
-        let Some(pool) = self.pools.get(&incident.pool).map(|p| p.value.clone()) else { return Ok(false) };
         let now = self.now();
-        let plan = remediation::plan(&incident, &world, &pool.remediation_policy, pool.mode, now);
-        if plan.actions.is_empty() {
-            return Ok(false);
-        }
+        // Planned from the stored record; copied only when there is something to do (most
+        // passes plan nothing for most incidents).
+        let (plan, mut incident) = {
+            let Some(incident) = self.incidents.get(id).map(|v| &v.value) else { return Ok(false) };
+            let c = match counts.get(&incident.pool) {
+                Some(c) => *c,
+                None => {
+                    let c = self.pool_counts(&incident.pool);
+                    counts.insert(incident.pool.clone(), c);
+                    c
+                }
+            };
+            let Some(world) = self.world_of(incident, c) else { return Ok(false) };
+            let Some(pool) = self.pools.get(&incident.pool).map(|p| &p.value) else { return Ok(false) };
+            let plan = remediation::plan(incident, &world, &pool.remediation_policy, pool.mode, now);
+            if plan.actions.is_empty() {
+                return Ok(false);
+            }
+            (plan, incident.clone())
+        };
         counts.remove(&incident.pool);
-        let mut incident = incident;
         self.note_affected(&mut incident);
         for planned in &plan.actions {
             let moved = self.execute(&mut incident, &planned.action, jobs)?;
@@ -520,7 +521,7 @@ impl Cluster {
     /// idempotent by name) with a new registration token (only the token's digest was kept,
     /// so the old one can no longer be handed out; it is superseded).
     fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), ApiError> {
-        let Some(i) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(()) };
+        let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(()) };
         // A token that expired before its machine joined is minted again, and the machine
         // asked for again, once no launch is in flight.
         let expired = i
@@ -533,11 +534,15 @@ impl Cluster {
             || !i.has(Step::ReplacementRequested)
             || i.has(Step::ReplacementReady)
             || i.replacement.as_ref().is_some_and(|r| r.host_id.is_some() || r.revoked)
-            || self.provider_for(&i.pool).is_none()
         {
             return Ok(());
         }
-        let mut i = i;
+        // Copied only when a launch may be asked for again (rare), not at every pass.
+        let pool = i.pool.clone();
+        if self.provider_for(&pool).is_none() {
+            return Ok(());
+        }
+        let Some(mut i) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(()) };
         let job = self.mint_replacement(&mut i)?;
         self.write_incident(i)?;
         let p = self.provider_progress.entry(id.to_string()).or_default();
@@ -656,9 +661,7 @@ impl Cluster {
     /// unresolved: a host being drained still counts, so a correlated failure declared host by
     /// host cannot slip past the breaker one incident at a time.
     pub(super) fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
-        let open = self.incidents.values().map(|v| &v.value);
-        let open: Vec<&Incident> =
-            open.filter(|i| &i.pool == pool && i.state != IncidentState::Resolved).collect();
+        let open: Vec<&Incident> = self.incidents.unresolved().filter(|i| &i.pool == pool).collect();
         let replacements: BTreeSet<&HostId> =
             open.iter().filter_map(|i| i.replacement.as_ref().and_then(|r| r.host_id.as_ref())).collect();
         // A host an operator drained on purpose (maintenance) is not a failure the breaker
@@ -690,16 +693,15 @@ impl Cluster {
         let e = &self.hosts[ix as usize];
         let mut open: Vec<&Incident> = self
             .incidents
-            .values()
-            .map(|v| &v.value)
-            .filter(|i| i.pool == incident.pool && i.state != IncidentState::Resolved)
+            .unresolved()
+            .filter(|i| i.pool == incident.pool)
             .filter(|i| i.id == incident.id || i.operator_requested != Some(OperatorAction::Drain))
             .collect();
         // Earliest opened first; incidents opened in the same millisecond by their hosts'
         // registration order (not by their random ids), so the ranking is reproducible.
         let seq_of =
             |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
-        open.sort_by_cached_key(|i| (i.opened_at_ms, seq_of(i), i.id.clone()));
+        open.sort_by_cached_key(|&i| (i.opened_at_ms, seq_of(i), i.id.as_str()));
         let rank = open.iter().position(|i| i.id == incident.id).unwrap_or(0) as u32;
         let in_flight = open
             .iter()

@@ -9,6 +9,7 @@
 mod audit;
 mod health;
 mod idempotency;
+mod incident_table;
 mod introspect;
 mod local_fleet;
 mod logs;
@@ -183,7 +184,7 @@ pub struct Cluster {
     services: BTreeMap<ServiceName, Versioned<Service>>,
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
-    incidents: BTreeMap<String, Versioned<Incident>>,
+    incidents: incident_table::IncidentTable,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
     live: Arc<crate::metrics::Live>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
@@ -299,7 +300,7 @@ impl Cluster {
             tasks: tasks::TaskTable::default(),
             services: BTreeMap::new(),
             service_failures: HashMap::new(),
-            incidents: BTreeMap::new(),
+            incidents: Default::default(),
             live: Arc::default(),
             provider_progress: HashMap::new(),
             incident_retry: HashMap::new(),
@@ -923,6 +924,11 @@ impl Cluster {
         HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| ApiError::not_found("host", id))
     }
 
+    /// [`Cluster::host_ix`] of an id already parsed (a heartbeat's): no copy, no second parse.
+    fn host_ix_of(&self, id: &HostId) -> Result<HostIx, ApiError> {
+        self.sched.host(id).ok_or_else(|| ApiError::not_found("host", id.as_str()))
+    }
+
     /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE. Answers with the host's
     /// pool's current health policy, which the agent applies to its MPS daemons.
     pub fn host_status(
@@ -934,7 +940,7 @@ impl Cluster {
             Ok(answer) => return Ok(answer),
             Err(report) => report,
         };
-        let ix = self.host_ix(host.as_str())?;
+        let ix = self.host_ix_of(host)?;
         let now = self.now();
         let entry = &mut self.hosts[ix as usize];
         let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
@@ -974,16 +980,13 @@ impl Cluster {
         host: &HostId,
         mut report: HostStatusReport,
     ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
-        let ix = self.host_ix(host.as_str())?;
+        let ix = self.host_ix_of(host)?;
         let e = &self.hosts[ix as usize];
         // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
         // bad host, its replacement); the 250 ms health tick plans every incident anyway.
         if (report.onboarded && e.host.status == HostStatus::Onboarding)
             || !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty()
-            || self.incidents.values().any(|i| {
-                let i = &i.value;
-                i.state != IncidentState::Resolved && (i.host_id == *host || i.is_replacement(host))
-            })
+            || self.incidents.engages(host)
         {
             return Ok(Err(report));
         }
@@ -995,7 +998,7 @@ impl Cluster {
             entry.last_heartbeat_ms = Some(now);
             entry.keep_reported(report);
             let agent = mpsfleet_core::health::AGENT;
-            if let Some(c) = entry.health.checks.iter_mut().find(|c| c.name == agent && c.gpu_id.is_none()) {
+            if let Some(c) = entry.health.checks.iter_mut().find(|c| c.gpu_id.is_none() && c.name == agent) {
                 c.reported_since_ms = now;
             }
             return Ok(Ok(self.status_answer(ix)));
