@@ -976,7 +976,8 @@ fn apply_policy(supervisors: &Supervisors, policy: &MpsPolicy) -> Result<(), cra
 /// Backs off on errors (server restarts, network trouble) up to 5 s.
 async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::tasks::Input>) {
     let mut after = 0;
-    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut backoff =
+        mpsfleet_core::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         match agent.assignments(after, 30).await {
             Ok(a) => {

@@ -5,8 +5,8 @@
 //! [`RuntimeCheck`] is the pure part; [`watch`] pings on an interval and keeps the check that
 //! the heartbeat reports.
 
-use crate::backoff::Backoff;
 use crate::docker::DockerRuntime;
+use mpsfleet_core::backoff::Backoff;
 use mpsfleet_core::clock::Clock;
 use mpsfleet_types::{HealthStatus, HostCheck};
 use std::sync::{Arc, Mutex};

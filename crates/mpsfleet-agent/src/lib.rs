@@ -6,7 +6,6 @@
 //! in Docker Engine; [`env`] builds a task's environment; [`discovery`] finds the GPUs.
 
 pub mod agent;
-pub mod backoff;
 pub mod container_health;
 pub mod discovery;
 pub mod docker;

@@ -19,7 +19,6 @@
 //! daemon runs one server at a time, for one uid, so MPS tasks of one GPU run at the same time
 //! only under one uid.
 
-use crate::backoff::Backoff;
 use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
 use crate::env::container_env;
 use crate::mps::Supervisor;
@@ -34,6 +33,7 @@ use crate::runtime::{
     UidRange, DEFAULT_STOP_TIMEOUT,
 };
 use mpsfleet_client::{Client, ClientError};
+use mpsfleet_core::backoff::Backoff;
 use mpsfleet_core::clock::Clock;
 use mpsfleet_core::lifecycle::dependencies::{self as deps, ContainerLife, LifeEvent};
 use mpsfleet_types::api::Assignments;

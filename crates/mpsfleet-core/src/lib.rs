@@ -3,8 +3,10 @@
 //! daemons, and the clock seam.
 //! Nothing here does I/O or reads the time by itself.
 
+pub mod backoff;
 pub mod changes;
 pub mod clock;
+pub mod controller;
 pub mod deployment;
 pub mod explain;
 pub mod fit;

@@ -330,14 +330,22 @@ async fn services_keep_their_count_and_spread_replicas() {
         containers: None,
     };
     agent.report_task(&victim.id, &exited).await.unwrap();
-    let live: Vec<Task> = admin
-        .list_tasks(&q)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|t| t.desired_status == TaskStatus::Running)
-        .collect();
-    assert_eq!(live.len(), 4, "the service did not replace its stopped task");
+    // The report asks for the service; the next health tick (250 ms) reconciles it.
+    let mut live: Vec<Task> = Vec::new();
+    for _ in 0..40 {
+        live = admin
+            .list_tasks(&q)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.desired_status == TaskStatus::Running)
+            .collect();
+        if live.len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(live.len(), 4, "the service did not replace its stopped task within 2 s");
     assert!(live.iter().all(|t| t.id != victim.id));
 
     // Scale in: extras are asked to stop; scale to zero and delete.

@@ -182,7 +182,7 @@ impl Engine {
 const DOCKER_STOP_TRIES: u32 = 3;
 
 fn stop_docker(rt: &DockerRuntime, h: &DockerHandle, timeout: Duration) -> Result<StopOutcome, String> {
-    let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+    let mut backoff = mpsfleet_core::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
     let mut tries = 0;
     loop {
         tries += 1;

@@ -166,6 +166,7 @@ impl Cluster {
     /// Evaluates every host (heartbeat grace runs out without any report) and drives every
     /// incident; returns the provider calls to make.
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
+        self.run_work();
         for ix in 0..self.hosts.len() as HostIx {
             // One host's failure (a failed commit) is logged and left for the next tick; the
             // others are evaluated all the same.
@@ -709,12 +710,7 @@ impl Cluster {
                 i.id != incident.id && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
             })
             .count() as u32;
-        let recent: Vec<u64> = self
-            .incidents
-            .values()
-            .filter(|v| v.value.pool == incident.pool)
-            .filter_map(|v| v.value.first(Step::ReplacementRequested))
-            .collect();
+        let recent: Vec<u64> = self.incidents.replacement_requests(&incident.pool).collect();
         let pool = self.pools.get(&incident.pool)?;
         let grace = pool.value.health_policy.agent_heartbeat_grace_ms;
         let now = self.now();

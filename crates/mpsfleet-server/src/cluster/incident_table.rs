@@ -3,14 +3,15 @@
 //! Every heartbeat asks whether an unresolved incident is about its host or names it as the
 //! replacement, and every remediation pass walks the unresolved incidents; resolved records are
 //! kept (up to the retention bounds) and outnumber them as a fleet runs. [`IncidentTable`] keeps
-//! the unresolved incidents apart from the resolved ones, and counts the hosts they engage, in
-//! step with the records: [`IncidentTable::insert`] and [`IncidentTable::remove`] are the only
-//! ways in and out.
+//! the unresolved incidents apart from the resolved ones, counts the hosts they engage, and
+//! keeps each pool's replacement requests in time order (the rate limit's input, which every
+//! planned incident needs), in step with the records: [`IncidentTable::insert`] and
+//! [`IncidentTable::remove`] are the only ways in and out.
 
 use super::Versioned;
-use mpsfleet_types::{HostId, Incident, IncidentState};
+use mpsfleet_types::{HostId, Incident, IncidentState, PoolName, Step};
 use std::borrow::Borrow;
-use std::collections::{btree_map, BTreeMap};
+use std::collections::{btree_map, BTreeMap, BTreeSet};
 use std::iter::Peekable;
 
 #[derive(Debug, Default)]
@@ -22,6 +23,8 @@ pub(super) struct IncidentTable {
     /// For each host, how many unresolved incidents are about it or name it as their
     /// replacement (an incident that does both counts twice).
     engaged: BTreeMap<HostId, u32>,
+    /// When each incident, resolved or not, first asked for a replacement: (pool, time, id).
+    requested: BTreeSet<(PoolName, u64, String)>,
 }
 
 impl IncidentTable {
@@ -48,8 +51,18 @@ impl IncidentTable {
         self.engaged.contains_key(host)
     }
 
+    /// When the incidents of `pool`, resolved or not, first asked for a replacement, earliest
+    /// first.
+    pub(super) fn replacement_requests<'a>(&'a self, pool: &'a PoolName) -> impl Iterator<Item = u64> + 'a {
+        let from = (pool.clone(), 0, String::new());
+        self.requested.range(from..).take_while(move |(p, _, _)| p == pool).map(|(_, t, _)| *t)
+    }
+
     pub(super) fn insert(&mut self, id: String, v: Versioned<Incident>) -> Option<Versioned<Incident>> {
         let old = self.remove(&id);
+        if let Some(t) = v.value.first(Step::ReplacementRequested) {
+            self.requested.insert((v.value.pool.clone(), t, v.value.id.clone()));
+        }
         if v.value.state == IncidentState::Resolved {
             self.resolved.insert(id, v);
         } else {
@@ -64,11 +77,17 @@ impl IncidentTable {
         String: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        if let Some(old) = self.open.remove(id) {
-            self.engage(&old.value, false);
-            return Some(old);
+        let old = match self.open.remove(id) {
+            Some(old) => {
+                self.engage(&old.value, false);
+                old
+            }
+            None => self.resolved.remove(id)?,
+        };
+        if let Some(t) = old.value.first(Step::ReplacementRequested) {
+            self.requested.remove(&(old.value.pool.clone(), t, old.value.id.clone()));
         }
-        self.resolved.remove(id)
+        Some(old)
     }
 
     /// Counts (`add`) or stops counting the hosts an unresolved incident engages.
@@ -110,7 +129,7 @@ impl<'a> Iterator for Values<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mpsfleet_types::{GpuUuid, IncidentOwner, PoolName, ReplacementBinding, Trigger};
+    use mpsfleet_types::{GpuUuid, IncidentOwner, ReplacementBinding, Trigger};
 
     fn host(n: &str) -> HostId {
         HostId::new(n).unwrap()
@@ -138,6 +157,7 @@ mod tests {
             host_id: Some(host(joined)),
             revoked: false,
         });
+        i.push(2_000, Step::ReplacementRequested, "asked the provider", None);
         i
     }
 
@@ -172,6 +192,15 @@ mod tests {
             });
             assert_eq!(t.engages(&h), scanned, "host {h}");
         }
+        let pool = PoolName::new("p").unwrap();
+        let mut scanned: Vec<u64> = t
+            .values()
+            .filter(|v| v.value.pool == pool)
+            .filter_map(|v| v.value.first(Step::ReplacementRequested))
+            .collect();
+        scanned.sort_unstable();
+        assert_eq!(t.replacement_requests(&pool).collect::<Vec<_>>(), scanned, "replacement requests");
+        assert_eq!(t.replacement_requests(&PoolName::new("q").unwrap()).count(), 0);
     }
 
     /// Opening, binding a replacement, resolving, rewriting and removing keep the unresolved
@@ -209,5 +238,13 @@ mod tests {
         assert!(!t.engages(&host("h-b")));
         assert_eq!(t.unresolved().count(), 0);
         assert_eq!(t.values().count(), 1);
+        assert_eq!(t.replacement_requests(&PoolName::new("p").unwrap()).collect::<Vec<_>>(), vec![2_000]);
+        assert!(t.remove("inc-2").is_some());
+        assert_in_step(&t, &hosts);
+        assert_eq!(
+            t.replacement_requests(&PoolName::new("p").unwrap()).count(),
+            0,
+            "removed with its record"
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! queues, indexes) is recomputed from the records rather than stored.
 
 mod audit;
+mod checks_key;
 mod health;
 mod idempotency;
 mod incident_table;
@@ -28,6 +29,7 @@ mod services;
 mod task_policy;
 mod tasks;
 mod tokens;
+mod work;
 pub use tokens::{AdminDigest, JoinDigests};
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
@@ -115,6 +117,9 @@ struct HostEntry {
     /// The API builds the address (`https://PEER:PORT`) from the heartbeat's peer address and
     /// the port the agent reports: it is never a host the agent names.
     checks: Vec<HostCheck>,
+    /// `checks` as one run of bytes (`checks_key.rs`): how a heartbeat that repeats them is
+    /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::set_checks`].
+    checks_key: Vec<u8>,
     logs_url: Option<String>,
     /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
     logs_cert: Option<String>,
@@ -132,6 +137,11 @@ struct HostEntry {
 }
 
 impl HostEntry {
+    fn set_checks(&mut self, checks: Vec<HostCheck>) {
+        checks_key::encode(&checks, &mut self.checks_key);
+        self.checks = checks;
+    }
+
     /// Keeps what a heartbeat says besides its checks: where the agent serves logs (and with
     /// which certificate), and whom it trusts.
     /// Keeps what a heartbeat reports besides its checks.
@@ -185,6 +195,8 @@ pub struct Cluster {
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
     incidents: incident_table::IncidentTable,
+    /// The keys the controllers are asked to reconcile (`work.rs`).
+    work: work::Controllers,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
     live: Arc<crate::metrics::Live>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
@@ -301,6 +313,7 @@ impl Cluster {
             services: BTreeMap::new(),
             service_failures: HashMap::new(),
             incidents: Default::default(),
+            work: Default::default(),
             live: Arc::default(),
             provider_progress: HashMap::new(),
             incident_retry: HashMap::new(),
@@ -909,6 +922,7 @@ impl Cluster {
             version,
             last_heartbeat_ms: None,
             checks: Vec::new(),
+            checks_key: checks_key::of(&[]),
             logs_url: None,
             logs_cert: None,
             trusted_cas: Vec::new(),
@@ -942,10 +956,11 @@ impl Cluster {
         };
         let ix = self.host_ix_of(host)?;
         let now = self.now();
+        let revision = self.revision;
         let entry = &mut self.hosts[ix as usize];
         let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
         entry.last_heartbeat_ms = Some(now);
-        entry.checks = std::mem::take(&mut report.checks);
+        entry.set_checks(std::mem::take(&mut report.checks));
         let onboarded = report.onboarded;
         entry.keep_reported(report);
         entry.evaluated = false;
@@ -965,8 +980,13 @@ impl Cluster {
             self.write_host(ix, h)?;
         }
         self.evaluate_host(ix)?;
-        let jobs = self.remediate()?;
-        self.pending_jobs.extend(jobs);
+        // What this heartbeat changed (a new incident, a health status, an onboarded
+        // replacement) is acted on at once; a heartbeat that committed nothing leaves the
+        // incidents to the next tick's pass, which plans every one of them anyway.
+        if self.revision != revision {
+            let jobs = self.remediate()?;
+            self.pending_jobs.extend(jobs);
+        }
         Ok(self.status_answer(ix))
     }
 
@@ -991,7 +1011,8 @@ impl Cluster {
             return Ok(Err(report));
         }
         let now = self.now();
-        if e.evaluated && e.checks == report.checks && self.stays_healthy(ix, now) {
+        let same_checks = || checks_key::of(&report.checks) == e.checks_key;
+        if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
             // The same checks, all OK: evaluating them with this heartbeat gives the health the
             // host has, but for the time of the agent's last heartbeat.
             let entry = &mut self.hosts[ix as usize];
@@ -1012,7 +1033,7 @@ impl Cluster {
         }
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
-        entry.checks = std::mem::take(&mut report.checks);
+        entry.set_checks(std::mem::take(&mut report.checks));
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
@@ -1681,10 +1702,10 @@ impl Cluster {
                 self.service_failures.entry(g.clone()).or_default().push_back(now);
                 self.note_service_failure(&task, reason.as_deref().unwrap_or("no reason given"))?;
             }
-            self.reconcile_group(task.group.as_ref())?;
+            self.ask_for_group(task.group.as_ref());
         } else if was != now_state {
             // Turned healthy (or stopped being): the rollout may take its next step.
-            self.reconcile_group(task.group.as_ref())?;
+            self.ask_for_group(task.group.as_ref());
         }
         self.task(id)
     }
@@ -1692,24 +1713,6 @@ impl Cluster {
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
     pub fn compact_feed(&mut self, keep: u64) -> Result<(), ApiError> {
         Ok(self.store.compact(self.revision.saturating_sub(keep))?)
-    }
-
-    /// The periodic safety net: reconcile every service and retry every pending queue.
-    /// Each service and pool on its own: one that fails is logged with its name and retried
-    /// at the next resync; the others go on.
-    pub fn resync(&mut self) -> Result<(), ApiError> {
-        let names: Vec<ServiceName> = self.services.keys().cloned().collect();
-        for n in names {
-            if let Err(e) = self.reconcile_service(&n) {
-                tracing::warn!(service = %n, error = %e, "service reconcile failed; retrying at the next resync");
-            }
-        }
-        for p in self.tasks.pools_with_pending() {
-            if let Err(e) = self.place_pending(&p) {
-                tracing::warn!(pool = %p, error = %e, "placement retry failed; retrying at the next resync");
-            }
-        }
-        Ok(())
     }
 }
 

@@ -62,6 +62,8 @@ fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: &mut impl F
         });
         let Some((host, id, r)) = next else { return };
         w.c.report_task(&host, &id.to_string(), r).unwrap();
+        // The tick that follows: the services the report asked for are reconciled.
+        w.c.run_work();
         w.advance(100);
         check(&w.c);
     }
@@ -203,10 +205,9 @@ fn a_tripped_breaker_without_rollback_starts_nothing_more() {
     assert!(tripped.message.contains(why), "{}", tripped.message);
 }
 
-/// Tasks that fail as fast as they are started are held back, and the service's events say so
-/// with the reason, once per hold, not once per resync.
-#[test]
-fn a_crash_loop_is_held_back_and_says_why() {
+/// A service updated to a definition whose tasks fail their health check as soon as they
+/// start, after five seconds of resyncs.
+fn crash_looping() -> World {
     let (mut w, _) = world(2);
     service(&mut w, 2, DeploymentConfiguration::default());
     agents(&mut w, |_| false, &mut |_| {});
@@ -217,6 +218,14 @@ fn a_crash_loop_is_held_back_and_says_why() {
         w.c.resync().unwrap();
         agents(&mut w, |td| td.revision == 2, &mut |_| {});
     }
+    w
+}
+
+/// Tasks that fail as fast as they are started are held back, and the service's events say so
+/// with the reason, once per hold, not once per resync.
+#[test]
+fn a_crash_loop_is_held_back_and_says_why() {
+    let w = crash_looping();
     let svc = w.c.service("web").unwrap().service;
     let held: Vec<_> = svc.events.iter().filter(|e| e.reason == "ReplacementsHeldBack").collect();
     let failures = svc.events.iter().filter(|e| e.reason == "TasksFailed").count();
@@ -224,6 +233,36 @@ fn a_crash_loop_is_held_back_and_says_why() {
     assert!(held.iter().all(|e| e.count == 1), "once per hold, not once per resync: {held:#?}");
     assert!(held[0].message.contains("(latest: health check of container c failed)"), "{}", held[0].message);
     assert_eq!(counts(&w.c), (2, 2), "the old tasks still run");
+}
+
+/// A held-back service asks for itself again when the hold-back's window has passed: the next
+/// start comes from the work queue at a health tick, with no resync.
+#[test]
+fn a_held_back_service_starts_again_when_its_window_passes_without_a_resync() {
+    let mut w = crash_looping();
+    let events = |w: &World, reason: &str| {
+        w.c.service("web")
+            .unwrap()
+            .service
+            .events
+            .iter()
+            .filter(|e| e.reason == reason)
+            .map(|e| e.count)
+            .sum::<u64>()
+    };
+    assert!(events(&w, "ReplacementsHeldBack") > 0);
+    let tasks = |w: &World| w.c.tasks.values().count();
+    let before = tasks(&w);
+    // Only health ticks from here: nothing starts while the window holds, then a start comes.
+    let mut waited = 0;
+    while tasks(&w) == before {
+        assert!(waited <= SERVICE_RESTART_WINDOW_MS + 1_000, "no start {waited} ms after the hold-back");
+        w.advance(250);
+        waited += 250;
+        w.c.health_tick().unwrap();
+    }
+    assert!(waited > 5_000, "started {waited} ms after the last failure, inside the window");
+    assert_eq!(w.c.work_queued(), 0, "nothing left queued once it ran");
 }
 
 #[test]
@@ -367,6 +406,7 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
             w.c.report_task(h, &id.to_string(), r).unwrap();
         }
     }
+    w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
     let crowded = gpus_of(&w.c);
     assert_eq!(crowded.len(), 3);

@@ -11,7 +11,9 @@
 //! (`note_service_failure`), which fails the deployment and, when asked, rolls back to the
 //! last one that completed.
 
+use super::work::Work;
 use super::*;
+use mpsfleet_core::controller::Action;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
 use mpsfleet_types::event::{EventType, Subject};
 use mpsfleet_types::policy::ResumptionBoundary;
@@ -143,39 +145,40 @@ impl Cluster {
     /// Where a live task stands as its service's rollout counts it: healthy once RUNNING,
     /// ready, and passing its essential containers' health checks when it has any.
     pub(super) fn replica_state(&self, t: &Task) -> ReplicaState {
-        if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped {
-            return ReplicaState::Stopping;
-        }
-        if t.host_id.is_none() {
-            return ReplicaState::Waiting;
-        }
-        let checked =
-            self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision)).is_some_and(
-                |d| d.value.container_definitions.iter().any(|c| c.essential && c.health_check.is_some()),
-            );
-        let healthy = match t.health_status {
-            TaskHealth::Healthy => true,
-            TaskHealth::Unknown => !checked,
-            TaskHealth::Unhealthy => false,
-        };
-        if t.last_status == TaskStatus::Running && t.ready && healthy {
-            ReplicaState::Healthy
-        } else {
-            ReplicaState::Starting
-        }
+        replica_state_of(t, || self.health_checked(&t.task_definition))
+    }
+
+    /// Whether a definition's health counts: one of its essential containers has a check.
+    fn health_checked(&self, td: &TaskDefRef) -> bool {
+        self.taskdefs.get(&(td.family.clone(), td.revision)).is_some_and(|d| {
+            d.value.container_definitions.iter().any(|c| c.essential && c.health_check.is_some())
+        })
     }
 
     /// The service's live tasks as replicas of its rollout.
     fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
+        // A service's tasks share one or two definitions: each is looked up once in a row.
+        let mut last: Option<(&TaskDefRef, bool)> = None;
         self.tasks
             .of_service(&svc.name)
             .iter()
             .filter_map(|id| self.tasks.get(id))
-            .map(|e| Replica {
-                id: e.task.id,
-                current: e.task.task_definition == svc.task_definition && !svc.moving.contains(&e.task.id),
-                state: self.replica_state(&e.task),
-                seq: e.seq,
+            .map(|e| {
+                let td = &e.task.task_definition;
+                let state = replica_state_of(&e.task, || match last {
+                    Some((d, checked)) if d == td => checked,
+                    _ => {
+                        let checked = self.health_checked(td);
+                        last = Some((td, checked));
+                        checked
+                    }
+                });
+                Replica {
+                    id: e.task.id,
+                    current: *td == svc.task_definition && !svc.moving.contains(&e.task.id),
+                    state,
+                    seq: e.seq,
+                }
             })
             .collect()
     }
@@ -311,10 +314,24 @@ impl Cluster {
         }
     }
 
-    /// Takes the step of the service's rollout that its bounds allow now (module docs), then
-    /// settles its deployments. A deleted service goes once its last task has stopped.
+    /// Reconciles a service now ([`Cluster::reconcile_service_once`]); when it waits for a
+    /// time (a crash-loop hold-back, a rebalance's settle time), it is asked for again then.
     pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), ApiError> {
-        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
+        if let Action::RequeueAfter(ms) = self.reconcile_service_once(name)? {
+            let at = self.now() + ms;
+            self.work.queue.enqueue_at(Work::Service(name.clone()), at);
+        }
+        Ok(())
+    }
+
+    /// Takes the step of the service's rollout that its bounds allow now (module docs), then
+    /// settles its deployments. A deleted service goes once its last task has stopped. Says
+    /// when to run again: when a hold-back or a settle time it waits for ends, or not until
+    /// something changes.
+    fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, ApiError> {
+        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else {
+            return Ok(Action::AwaitChange);
+        };
         let before = svc.clone();
         let now = self.now();
         if svc.deployments.is_empty() {
@@ -325,6 +342,12 @@ impl Cluster {
         let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let failed = svc.deployments[0].rollout_state == RolloutState::Failed;
         let held = !failed && self.failing_too_fast(name);
+        // When to run again by itself: once the oldest failure leaves the hold-back's window.
+        let mut wake = if held {
+            self.service_failures.get(name).and_then(|f| f.front()).map(|t| t + SERVICE_RESTART_WINDOW_MS + 1)
+        } else {
+            None
+        };
         if held && svc.events.last().is_none_or(|e| e.reason != "ReplacementsHeldBack") {
             let latest = svc.deployments[0].failures.last().map(|g| g.reason.clone());
             let msg = format!(
@@ -337,11 +360,17 @@ impl Cluster {
         let may_start = !failed && !held;
         let live = self.tasks.of_service(name);
         svc.moving.retain(|id| live.contains(id));
+        let mut replicas = self.replicas(&svc);
         if may_start && svc.moving.is_empty() {
-            self.rebalance(&mut svc, now);
+            match self.rebalance(&mut svc, &replicas, now) {
+                // A replica marked as moving is no longer current.
+                Rebalance::Moved => replicas = self.replicas(&svc),
+                Rebalance::SettlesAt(t) => wake = Some(wake.map_or(t, |w| w.min(t))),
+                Rebalance::Nothing => {}
+            }
         }
-        let replicas = self.replicas(&svc);
         let plan = deployment::plan(bounds, &replicas, may_start);
+        let unchanged = plan.stop.is_empty() && plan.start == 0;
 
         let mut to_stop = Vec::with_capacity(plan.stop.len());
         let (mut replaced, mut moved, mut scaled_in) = (0, 0, 0);
@@ -399,18 +428,23 @@ impl Cluster {
                 svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
             }
         }
-        self.settle_deployments(&mut svc, &bounds, now);
+        // Tasks stopped or started: their replicas are looked at again.
+        let replicas = if unchanged { replicas } else { self.replicas(&svc) };
+        self.settle_deployments(&mut svc, &replicas, &bounds, now);
         if svc.status == ServiceStatus::Draining && self.tasks.of_service(name).is_empty() {
             let version = self.services.get(name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
             self.services.remove(name);
-            return Ok(());
+            return Ok(Action::AwaitChange);
         }
         if svc != before {
             svc.updated_at_ms = now;
             self.write_service(svc)?;
         }
-        Ok(())
+        Ok(match wake {
+            Some(t) => Action::RequeueAfter(t.saturating_sub(now).max(1)),
+            None => Action::AwaitChange,
+        })
     }
 
     /// Spreads replicas again: when a healthy replica shares its daemon (its GPU, or its host
@@ -419,49 +453,49 @@ impl Cluster {
     /// rollout then replaces it within the deployment bounds. One at a time, only once the
     /// PRIMARY deployment has completed and every replica is healthy, and for a `fenced`
     /// service only when its configuration opts in.
-    fn rebalance(&mut self, svc: &mut Service, now: u64) {
+    fn rebalance(&mut self, svc: &mut Service, replicas: &[Replica<TaskId>], now: u64) -> Rebalance {
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         if svc.status != ServiceStatus::Active
             || svc.deployments.first().is_none_or(|d| d.rollout_state != RolloutState::Completed)
             || (fenced && !svc.deployment_configuration.rebalance_fenced)
         {
-            return;
+            return Rebalance::Nothing;
         }
-        let replicas = self.replicas(svc);
         if replicas.len() != svc.desired_count as usize
             || replicas.iter().any(|r| !r.current || r.state != ReplicaState::Healthy)
         {
-            return;
+            return Rebalance::Nothing;
         }
         // Each replica's daemon: (host, GPU), or (host, None) without GPUs.
         let daemon = |id: &TaskId| {
             self.tasks.get(id).and_then(|e| e.placement.as_ref()).map(|p| (p.host, p.gpus.first().copied()))
         };
         let mut on: BTreeMap<Daemon, Vec<(u64, TaskId)>> = BTreeMap::new();
-        for r in &replicas {
+        for r in replicas {
             if let Some(d) = daemon(&r.id) {
                 on.entry(d).or_default().push((r.seq, r.id));
             }
         }
         // The newest replica of the first shared daemon.
         let Some(&(_, id)) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max()) else {
-            return;
+            return Rebalance::Nothing;
         };
-        if now < self.rebalance_settled_at(svc) {
-            return;
+        let settled_at = self.rebalance_settled_at(svc);
+        if now < settled_at {
+            return Rebalance::SettlesAt(settled_at);
         }
-        let Some(task) = self.tasks.get(&id).map(|e| e.task.clone()) else { return };
-        let Ok(req) = self.request_for(&task) else { return };
+        let Some(task) = self.tasks.get(&id).map(|e| e.task.clone()) else { return Rebalance::Nothing };
+        let Ok(req) = self.request_for(&task) else { return Rebalance::Nothing };
         // Where a new replica would go; given back at once.
-        let Ok(p) = self.sched.place(&req) else { return };
+        let Ok(p) = self.sched.place(&req) else { return Rebalance::Nothing };
         self.sched.release(&req, &p);
         if on.contains_key(&(p.host, p.gpus.first().copied())) {
-            return;
+            return Rebalance::Nothing;
         }
         let from = match (&task.host_id, task.gpu_ids.first()) {
             (Some(h), Some(g)) => format!("GPU {g} of host {h}"),
             (Some(h), None) => format!("host {h}"),
-            _ => return,
+            _ => return Rebalance::Nothing,
         };
         let to = self.sched.host_id(p.host).clone();
         svc.moving.push(id);
@@ -469,6 +503,7 @@ impl Cluster {
             "moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})"
         );
         svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
+        Rebalance::Moved
     }
 
     /// When a move may run: [`REBALANCE_SETTLE_MS`] after the latest of the PRIMARY
@@ -492,17 +527,16 @@ impl Cluster {
 
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
     /// task is left; retires an older deployment whose last task has stopped.
-    fn settle_deployments(&self, svc: &mut Service, bounds: &Bounds, now: u64) {
-        let replicas = self.replicas(svc);
+    fn settle_deployments(&self, svc: &mut Service, replicas: &[Replica<TaskId>], bounds: &Bounds, now: u64) {
         let healthy_current =
             replicas.iter().filter(|r| r.current && r.state == ReplicaState::Healthy).count() as u32;
         let older_left = replicas.iter().any(|r| !r.current);
-        let live_defs: BTreeSet<TaskDefRef> = self
+        let live_defs: BTreeSet<&TaskDefRef> = self
             .tasks
             .of_service(&svc.name)
             .iter()
             .filter_map(|id| self.tasks.get(id))
-            .map(|e| e.task.task_definition.clone())
+            .map(|e| &e.task.task_definition)
             .collect();
         let primary_def = svc.task_definition.clone();
         let moving = !svc.moving.is_empty();
@@ -521,7 +555,7 @@ impl Cluster {
                 continue;
             }
             if d.status == DeploymentStatus::Active
-                && (d.task_definition == primary_def || !live_defs.contains(&d.task_definition))
+                && (d.task_definition == primary_def || !live_defs.contains(&&d.task_definition))
             {
                 d.status = DeploymentStatus::Inactive;
                 d.updated_at_ms = now;
@@ -718,3 +752,33 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Api
 
 /// A daemon a replica runs under: its host and first GPU, or its host alone without GPUs.
 type Daemon = (HostIx, Option<u32>);
+
+/// What [`Cluster::rebalance`] did.
+enum Rebalance {
+    /// It marked a replica as moving.
+    Moved,
+    /// A replica would move, once the settle time has passed at this time.
+    SettlesAt(u64),
+    Nothing,
+}
+
+/// A task's state as a replica; `checked` says whether its definition's health counts
+/// (asked only for a running task).
+fn replica_state_of(t: &Task, checked: impl FnOnce() -> bool) -> ReplicaState {
+    if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped {
+        return ReplicaState::Stopping;
+    }
+    if t.host_id.is_none() {
+        return ReplicaState::Waiting;
+    }
+    let healthy = match t.health_status {
+        TaskHealth::Healthy => true,
+        TaskHealth::Unknown => !checked(),
+        TaskHealth::Unhealthy => false,
+    };
+    if t.last_status == TaskStatus::Running && t.ready && healthy {
+        ReplicaState::Healthy
+    } else {
+        ReplicaState::Starting
+    }
+}

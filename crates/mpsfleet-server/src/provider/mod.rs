@@ -328,8 +328,7 @@ impl Retry {
 
     /// The wait after failed attempt `attempt` (from 1).
     pub fn backoff_after(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+        mpsfleet_core::backoff::Backoff::nth(self.initial_backoff, self.max_backoff, attempt)
     }
 }
 

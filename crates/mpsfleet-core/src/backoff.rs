@@ -1,5 +1,6 @@
-//! The one retry backoff of the agent: doubles from a first delay up to a ceiling, and starts
-//! again from the first delay after a success.
+//! The one retry backoff: doubles from a first delay up to a ceiling, and starts again from
+//! the first delay after a success. The agent's restarts and pulls, the server's work queue
+//! ([`crate::controller`]) and its provider retries all wait by it.
 
 use std::time::Duration;
 
@@ -27,6 +28,13 @@ impl Backoff {
         self.next
     }
 
+    /// The wait after failure `n` (from 1) of a backoff from `first` up to `max`, without
+    /// keeping count: `first * 2^(n-1)`, at most `max`.
+    pub fn nth(first: Duration, max: Duration, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
+        first.saturating_mul(factor).min(max.max(first))
+    }
+
     /// A success: the next failure waits the first delay again.
     pub fn reset(&mut self) {
         self.next = self.first;
@@ -46,5 +54,15 @@ mod tests {
         b.reset();
         assert_eq!(b.peek(), ms(100));
         assert_eq!(b.fail(), ms(100));
+    }
+
+    #[test]
+    fn the_nth_wait_is_the_one_a_counting_backoff_gives() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(100), ms(500));
+        for n in 1..40 {
+            assert_eq!(Backoff::nth(ms(100), ms(500), n), b.fail(), "failure {n}");
+        }
+        assert_eq!(Backoff::nth(ms(100), ms(500), 0), ms(100));
     }
 }

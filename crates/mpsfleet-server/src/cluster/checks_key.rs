@@ -1,0 +1,134 @@
+//! A host's reported checks as one flat run of bytes, to tell a heartbeat that repeats the
+//! last one (almost every heartbeat) from one that changed something, exactly.
+//!
+//! Comparing the checks themselves reads every string of the stored ones, each in its own
+//! allocation: at a thousand hosts, each reporting sixteen checks every second, those reads
+//! miss the cache and cost more than the rest of the heartbeat together. The key of the new
+//! report is built from memory the request has just written, and compared with the stored key
+//! in one contiguous read. Every field is written with its length, so two lists of checks have
+//! the same key exactly when they are equal: no hash, no collisions.
+
+use mpsfleet_types::{HealthStatus, HostCheck};
+
+/// The key of `checks`.
+pub(super) fn of(checks: &[HostCheck]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 * checks.len() + 8);
+    encode(checks, &mut out);
+    out
+}
+
+/// Writes the key of `checks` into `out` (cleared first).
+pub(super) fn encode(checks: &[HostCheck], out: &mut Vec<u8>) {
+    out.clear();
+    put_len(out, checks.len());
+    for c in checks {
+        // Destructured, so that a field added to `HostCheck` cannot be left out silently.
+        let HostCheck {
+            name,
+            gpu_id,
+            status,
+            reason,
+            since_ms,
+            restarts,
+            first_failure_age_ms,
+            repair_ages_ms,
+        } = c;
+        put_str(out, name);
+        match gpu_id {
+            Some(g) => {
+                out.push(1);
+                put_str(out, g.as_str());
+            }
+            None => out.push(0),
+        }
+        out.push(match status {
+            HealthStatus::Ok => 0,
+            HealthStatus::Initializing => 1,
+            HealthStatus::InsufficientData => 2,
+            HealthStatus::Impaired => 3,
+        });
+        put_str(out, reason);
+        out.extend_from_slice(&since_ms.to_le_bytes());
+        out.extend_from_slice(&restarts.to_le_bytes());
+        match first_failure_age_ms {
+            Some(a) => {
+                out.push(1);
+                out.extend_from_slice(&a.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        put_len(out, repair_ages_ms.len());
+        for a in repair_ages_ms {
+            out.extend_from_slice(&a.to_le_bytes());
+        }
+    }
+}
+
+fn put_len(out: &mut Vec<u8>, n: usize) {
+    out.extend_from_slice(&(n as u64).to_le_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_len(out, s.len());
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::GpuUuid;
+
+    fn key(checks: &[HostCheck]) -> Vec<u8> {
+        let mut out = vec![9, 9, 9];
+        encode(checks, &mut out);
+        out
+    }
+
+    fn check() -> HostCheck {
+        HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: Some(GpuUuid::new("GPU-0").unwrap()),
+            status: HealthStatus::Ok,
+            reason: "answers".into(),
+            since_ms: 5,
+            restarts: 0,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn equal_checks_have_equal_keys_and_any_change_changes_the_key() {
+        let base = vec![check(), HostCheck { name: "GPU".into(), ..check() }];
+        assert_eq!(key(&base), key(&base.clone()));
+        assert_ne!(key(&base), key(&base[..1]));
+        assert_ne!(key(&[]), key(&base[..1]));
+        let changes: Vec<fn(&mut HostCheck)> = vec![
+            |c| c.name = "GPU".into(),
+            |c| c.gpu_id = None,
+            |c| c.gpu_id = Some(GpuUuid::new("GPU-1").unwrap()),
+            |c| c.status = HealthStatus::Impaired,
+            |c| c.status = HealthStatus::Initializing,
+            |c| c.status = HealthStatus::InsufficientData,
+            |c| c.reason = "answers ".into(),
+            |c| c.since_ms = 6,
+            |c| c.restarts = 1,
+            |c| c.first_failure_age_ms = Some(0),
+            |c| c.repair_ages_ms = vec![0],
+        ];
+        for (k, change) in changes.iter().enumerate() {
+            let mut other = base.clone();
+            change(&mut other[0]);
+            assert_ne!(other, base);
+            assert_ne!(key(&other), key(&base), "change {k} left the key as it was");
+        }
+    }
+
+    /// Lengths are written, so moving bytes from one string to the next is a change.
+    #[test]
+    fn field_boundaries_are_part_of_the_key() {
+        let a = HostCheck { name: "AB".into(), reason: "C".into(), ..check() };
+        let b = HostCheck { name: "A".into(), reason: "BC".into(), ..check() };
+        assert_ne!(key(&[a]), key(&[b]));
+    }
+}

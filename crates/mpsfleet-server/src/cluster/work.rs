@@ -1,0 +1,89 @@
+//! The work the controllers are asked for, as keys on one [`WorkQueue`]
+//! (`mpsfleet_core::controller`): a request or an agent's report commits its own change and
+//! asks for the key it touched; [`Cluster::run_work`] (called by every health tick, in the
+//! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
+//! key that fails backs off on its own while the others go on.
+//!
+//! Requests for a queued key merge, so a burst of reports about one service's tasks (a host's
+//! tasks starting, a drain) reconciles the service once per tick, not once per report. A
+//! reconcile that waits for a time (a crash-loop hold-back, a rebalance's settle time) asks for
+//! its key again at that time; every [`SERVICE_RESYNC_MS`] the resync asks for every service,
+//! the safety net for a change nothing asked for.
+
+use super::{ApiError, Cluster};
+use mpsfleet_core::controller::{Action, WorkQueue};
+use mpsfleet_types::ServiceName;
+
+/// How often every service is reconciled whether or not anything asked for it.
+pub const SERVICE_RESYNC_MS: u64 = 60_000;
+
+/// The controllers' queue and when the services' next resync is due.
+#[derive(Debug, Default)]
+pub(super) struct Controllers {
+    pub(super) queue: WorkQueue<Work>,
+    next_service_resync_ms: u64,
+}
+
+/// A key a controller reconciles.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Work {
+    /// A service: its rollout's next step, its replicas, its deployments (`services.rs`).
+    Service(ServiceName),
+}
+
+impl Cluster {
+    /// Asks for `work` to run at the next pass.
+    pub(super) fn ask(&mut self, work: Work) {
+        let now = self.now();
+        self.work.queue.enqueue_at(work, now);
+    }
+
+    /// Asks for the service of a task, if it has one.
+    pub(super) fn ask_for_group(&mut self, group: Option<&ServiceName>) {
+        if let Some(g) = group {
+            self.ask(Work::Service(g.clone()));
+        }
+    }
+
+    /// Reconciles every key that is due, each on its own: one that fails is logged and tried
+    /// again after its backoff; the others go on.
+    pub fn run_work(&mut self) {
+        let now = self.now();
+        for key in self.work.queue.take_due(now) {
+            let result = match &key {
+                Work::Service(name) => self.reconcile_service(name).map(|()| Action::AwaitChange),
+            };
+            if let Err(e) = &result {
+                tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");
+            }
+            let now = self.now();
+            self.work.queue.finish(key, &result, now);
+        }
+    }
+
+    /// The periodic pass: asks for every service once its resync is due, reconciles what is
+    /// due, and retries placing every pool's pending tasks. Each service and pool on its own:
+    /// one that fails is logged with its name and retried; the others go on.
+    pub fn resync(&mut self) -> Result<(), ApiError> {
+        let now = self.now();
+        if now >= self.work.next_service_resync_ms {
+            self.work.next_service_resync_ms = now + SERVICE_RESYNC_MS;
+            let names: Vec<ServiceName> = self.services.keys().cloned().collect();
+            for n in names {
+                self.work.queue.enqueue_at(Work::Service(n), now);
+            }
+        }
+        self.run_work();
+        for p in self.tasks.pools_with_pending() {
+            if let Err(e) = self.place_pending(&p) {
+                tracing::warn!(pool = %p, error = %e, "placement retry failed; retrying at the next resync");
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys waiting to be reconciled (for tests and the simulator's report).
+    pub fn work_queued(&self) -> usize {
+        self.work.queue.len()
+    }
+}
