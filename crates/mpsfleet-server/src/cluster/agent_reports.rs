@@ -1,0 +1,332 @@
+//! What agents tell the server and ask of it: heartbeats (the quiet path that commits nothing,
+//! and the full one that evaluates the host and may open an incident), the tasks a host should
+//! run, and reports about those tasks, bounded in what they may store.
+
+use super::*;
+
+impl Cluster {
+    /// [`Cluster::host_ix`] of an id already parsed (a heartbeat's): no copy, no second parse.
+    pub(super) fn host_ix_of(&self, id: &HostId) -> Result<HostIx, ApiError> {
+        self.sched.host(id).ok_or_else(|| ApiError::not_found("host", id.as_str()))
+    }
+
+    /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE. Answers with the host's
+    /// pool's current health policy, which the agent applies to its MPS daemons.
+    pub fn host_status(
+        &mut self,
+        host: &HostId,
+        report: HostStatusReport,
+    ) -> Result<HostStatusAnswer, ApiError> {
+        let mut report = match self.quiet_heartbeat(host, report)? {
+            Ok(answer) => return Ok(answer),
+            Err(report) => report,
+        };
+        let ix = self.host_ix_of(host)?;
+        let now = self.now();
+        let revision = self.revision;
+        let entry = &mut self.hosts[ix as usize];
+        let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
+        entry.last_heartbeat_ms = Some(now);
+        entry.set_checks(std::mem::take(&mut report.checks));
+        let onboarded = report.onboarded;
+        entry.keep_reported(report);
+        entry.evaluated = false;
+        if !restarts.is_empty() {
+            let mut h = entry.host.clone();
+            for ev in restarts {
+                h.events.push(now, ev);
+            }
+            self.write_host(ix, h)?;
+        }
+        self.close_mps_gpus(ix, &[]);
+        let entry = &mut self.hosts[ix as usize];
+        if onboarded && entry.host.status == HostStatus::Onboarding {
+            let mut h = entry.host.clone();
+            h.status = HostStatus::Active;
+            h.health_status = HealthStatus::Ok;
+            self.write_host(ix, h)?;
+        }
+        self.evaluate_host(ix)?;
+        // What this heartbeat changed (a new incident, a health status, an onboarded
+        // replacement) is acted on at once; a heartbeat that committed nothing leaves the
+        // incidents to the next tick's pass, which plans every one of them anyway.
+        if self.revision != revision {
+            let jobs = self.remediate()?;
+            self.pending_jobs.extend(jobs);
+        }
+        Ok(self.status_answer(ix))
+    }
+
+    /// A heartbeat that commits nothing and leaves remediation nothing to do, applied in
+    /// memory: the host's report is kept and its health re-evaluated, exactly as
+    /// [`Cluster::host_status`] would. Gives the report back, changing nothing, when it would
+    /// commit (onboarding, a changed health status, a new incident) or while an unresolved
+    /// incident is about this host or names it as a replacement (remediation then runs with it).
+    pub fn quiet_heartbeat(
+        &mut self,
+        host: &HostId,
+        mut report: HostStatusReport,
+    ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
+        let ix = self.host_ix_of(host)?;
+        let e = &self.hosts[ix as usize];
+        // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
+        // bad host, its replacement); the 250 ms health tick plans every incident anyway.
+        if (report.onboarded && e.host.status == HostStatus::Onboarding)
+            || !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty()
+            || self.incidents.engages(host)
+        {
+            return Ok(Err(report));
+        }
+        let now = self.now();
+        let same_checks = || checks_key::of(&report.checks) == e.checks_key;
+        if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
+            // The same checks, all OK: evaluating them with this heartbeat gives the health the
+            // host has, but for the time of the agent's last heartbeat.
+            let entry = &mut self.hosts[ix as usize];
+            entry.last_heartbeat_ms = Some(now);
+            entry.keep_reported(report);
+            let agent = mpsfleet_core::health::AGENT;
+            if let Some(c) = entry.health.checks.iter_mut().find(|c| c.gpu_id.is_none() && c.name == agent) {
+                c.reported_since_ms = now;
+            }
+            return Ok(Ok(self.status_answer(ix)));
+        }
+        let health = self.assess_host(ix, &report.checks, Some(now), now);
+        if let Some(h) = &health {
+            let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
+            if h.status != e.host.health_status || declared_bad {
+                return Ok(Err(report));
+            }
+        }
+        let entry = &mut self.hosts[ix as usize];
+        entry.last_heartbeat_ms = Some(now);
+        entry.set_checks(std::mem::take(&mut report.checks));
+        entry.keep_reported(report);
+        entry.evaluated = health.is_some();
+        if let Some(h) = health {
+            entry.health = h;
+        }
+        Ok(Ok(self.status_answer(ix)))
+    }
+
+    /// What a heartbeat is answered with: the host's pool's health policy.
+    pub(super) fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
+        let pool = &self.hosts[ix as usize].host.pool;
+        let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
+        let rechecks = self.hosts[ix as usize].host.rechecks;
+        HostStatusAnswer { health_policy, cluster_ca_sha256: self.cluster_cas.clone(), rechecks }
+    }
+
+    /// The tasks an agent should run (or stop), and the host's change epoch.
+    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
+        let a = self.shared_assignments(host)?;
+        let task_definitions = a.definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
+        Ok((
+            a.epoch,
+            Assignments {
+                revision: a.epoch,
+                tasks: a.tasks,
+                task_definitions,
+                allow_task_users: a.allow_task_users,
+            },
+        ))
+    }
+
+    /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
+    /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
+    /// every host's long-poll.
+    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, ApiError> {
+        let ix = self.host_ix(host.as_str())?;
+        let e = &self.hosts[ix as usize];
+        let tasks: Vec<Task> = self
+            .tasks
+            .on_host(ix)
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|t| t.task.clone())
+            .collect();
+        let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
+        let task_definitions = refs
+            .iter()
+            .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
+            .map(|v| v.value.clone())
+            .collect();
+        let allow_task_users = self.pools.get(&e.host.pool).is_some_and(|p| p.value.allow_task_users);
+        Ok(HostAssignments { epoch: e.epoch, tasks, definitions: task_definitions, allow_task_users })
+    }
+
+    // ---- tasks --------------------------------------------------------------------------
+
+    /// An agent's report about one of its tasks.
+    pub fn report_task(
+        &mut self,
+        host: &HostId,
+        id: &str,
+        mut report: TaskStateReport,
+    ) -> Result<Task, ApiError> {
+        let task = self.task(id)?;
+        if task.host_id.as_ref() != Some(host) {
+            return Err(ApiError::Forbidden(format!("task {id} is not placed on host {host}")));
+        }
+        if let Some(output) = report.output.take() {
+            self.keep_output(task.id, output, report.last_status == TaskStatus::Stopped);
+        }
+        // A stopped task never comes back (late reports change nothing); none moves back.
+        if task_lifecycle::is_terminal(task.last_status) {
+            return Ok(task);
+        }
+        let reported = task_lifecycle::Event::AgentReported(report.last_status);
+        if let Err(e) = task_lifecycle::step(task_lifecycle::TaskState::of(&task), reported) {
+            return Err(ApiError::Conflict(format!("task {id}: {e}")));
+        }
+        let now = self.now();
+        let mut t = task.clone();
+        t.last_status = report.last_status;
+        if let Some(h) = report.health_status {
+            t.health_status = h;
+        }
+        if let Some(r) = report.ready {
+            t.ready = r;
+        }
+        if let Some(containers) = report.containers.take() {
+            check_container_reports(&containers)?;
+            t.containers = containers;
+            let stopped = t.last_status == TaskStatus::Stopped;
+            t.attachments = mpsfleet_types::Attachment::of_containers(&t.containers, stopped);
+        }
+        if t.last_status == TaskStatus::Running {
+            t.started_at_ms.get_or_insert(now);
+        }
+        if t.last_status == TaskStatus::Stopped {
+            t.ready = false;
+            t.desired_status = TaskStatus::Stopped;
+            for a in &mut t.attachments {
+                a.status = "DELETED".into();
+            }
+            t.stopped_at_ms = Some(now);
+            if let Some(code) = report.stop_code {
+                t.stop_code = Some(code);
+            }
+            if let Some(reason) = report.stopped_reason {
+                t.stopped_reason = Some(reason);
+            }
+            t.stop_code.get_or_insert(StopCode::EssentialContainerExited);
+        }
+        if t == task {
+            return Ok(task);
+        }
+        // Refused because its daemon did not answer: its GPU takes no MPS task until the daemon
+        // is seen answering, so the service's replacement goes elsewhere (or waits) instead of
+        // being refused on the same GPU again.
+        if report.stop_code == Some(StopCode::MpsDaemonUnavailable) {
+            let placed = self.tasks.get(&task.id).and_then(|e| e.placement.clone());
+            if let Some(p) = placed {
+                self.close_mps_gpus(p.host, &p.gpus);
+            }
+        }
+        let code = t.stop_code;
+        let reason = t.stopped_reason.clone();
+        let was = self.replica_state(&task);
+        let now_state = self.replica_state(&t);
+        self.write_tasks(vec![t])?;
+        if report.last_status == TaskStatus::Stopped {
+            // The host's faults (a daemon that did not answer, a drain, a replacement) are not
+            // the task's, nor is a stop that was asked for: they do not count toward its
+            // service's crash-loop hold-back or its deployment's circuit breaker.
+            let failed = task.desired_status != TaskStatus::Stopped
+                && !matches!(
+                    code,
+                    Some(
+                        StopCode::UserInitiated
+                            | StopCode::ServiceSchedulerInitiated
+                            | StopCode::HostReplaced
+                            | StopCode::HostDrained
+                            | StopCode::MpsDaemonUnavailable
+                    )
+                );
+            if let (true, Some(g)) = (failed, &task.group) {
+                self.service_failures.entry(g.clone()).or_default().push_back(now);
+                self.note_service_failure(&task, reason.as_deref().unwrap_or("no reason given"))?;
+            }
+            self.ask_for_group(task.group.as_ref());
+        } else if was != now_state {
+            // Turned healthy (or stopped being): the rollout may take its next step.
+            self.ask_for_group(task.group.as_ref());
+        }
+        self.task(id)
+    }
+}
+
+/// The most containers, notes and network bindings one report may carry, and the longest text
+/// of any of their fields: a task has at most 10 containers, each of which publishes at most
+/// 100 ports.
+const MAX_REPORTED_CONTAINERS: usize = 10;
+const MAX_REPORTED_BINDINGS: usize = 200;
+const MAX_REPORTED_INTERFACES: usize = 4;
+const MAX_REPORTED_NOTES: usize = 16;
+const MAX_REPORTED_TEXT: usize = 4096;
+
+/// Bounds what an agent may store in a task's `containers` (the server keeps it).
+pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<(), ApiError> {
+    if containers.len() > MAX_REPORTED_CONTAINERS {
+        return Err(ApiError::invalid(
+            "containers",
+            format!("at most {MAX_REPORTED_CONTAINERS} containers, got {}", containers.len()),
+        ));
+    }
+    for (i, c) in containers.iter().enumerate() {
+        let texts = [
+            Some(&c.name),
+            c.image.as_ref(),
+            c.image_digest.as_ref(),
+            c.runtime_id.as_ref(),
+            c.reason.as_ref(),
+        ];
+        let long = texts.into_iter().flatten().chain(&c.notes).find(|t| t.len() > MAX_REPORTED_TEXT);
+        if let Some(t) = long {
+            return Err(ApiError::invalid(
+                format!("containers[{i}]"),
+                format!("each text is at most {MAX_REPORTED_TEXT} bytes, got {}", t.len()),
+            ));
+        }
+        if c.notes.len() > MAX_REPORTED_NOTES {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].notes"),
+                format!("at most {MAX_REPORTED_NOTES} notes, got {}", c.notes.len()),
+            ));
+        }
+        if c.network_bindings.len() > MAX_REPORTED_BINDINGS {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkBindings"),
+                format!("at most {MAX_REPORTED_BINDINGS} bindings, got {}", c.network_bindings.len()),
+            ));
+        }
+        if let Some(b) = c.network_bindings.iter().find(|b| b.bind_ip.len() > 64) {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkBindings"),
+                format!("bindIp is at most 64 bytes, got {}", b.bind_ip.len()),
+            ));
+        }
+        if c.network_interfaces.len() > MAX_REPORTED_INTERFACES {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkInterfaces"),
+                format!("at most {MAX_REPORTED_INTERFACES} interfaces, got {}", c.network_interfaces.len()),
+            ));
+        }
+        let long = c
+            .network_interfaces
+            .iter()
+            .find(|n| n.attachment_id.len() > 128 || n.private_ipv4_address.len() > 64);
+        if let Some(n) = long {
+            return Err(ApiError::invalid(
+                format!("containers[{i}].networkInterfaces"),
+                format!(
+                    "attachmentId is at most 128 bytes and privateIpv4Address at most 64, got {} and {}",
+                    n.attachment_id.len(),
+                    n.private_ipv4_address.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
