@@ -13,14 +13,6 @@ mod sim;
 mod up;
 mod wait;
 
-/// mimalloc instead of the system allocator: a heartbeat, a task report and a list each make
-/// and drop many small strings, and glibc's allocator spent a fifth of the simulator's time
-/// (its bin consolidation most of it) where mimalloc's per-thread free lists spend a fraction.
-/// Its v2 line: it gives freed memory back to the system after 10 ms, where v3 keeps it for a
-/// second (a large answer read and dropped would stay in the server's RSS that long).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
