@@ -767,14 +767,18 @@ fn an_mps_container_gets_the_pipe_directory_and_an_emulated_gpu_gets_no_device_r
     );
     let seen = pipe.join("seen");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !seen.exists() {
+    // The shell creates the file before `echo` writes its line: wait for the whole line.
+    let text = loop {
+        let text = std::fs::read_to_string(&seen).unwrap_or_default();
+        if text.ends_with('\n') {
+            break text;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the container never wrote to the mounted pipe directory"
+            "the container never wrote its line to the mounted pipe directory (so far: {text:?})"
         );
         std::thread::sleep(Duration::from_millis(100));
-    }
-    let text = std::fs::read_to_string(&seen).expect("read");
+    };
     assert_eq!(text, format!("{} 0=1024M\n", pipe.display()));
     let hc = f.inspect(&h.id).host_config.expect("host config");
     assert_eq!(hc.device_requests.unwrap_or_default(), vec![]);
