@@ -207,6 +207,14 @@ pub struct Plan {
     pub waiting_for: Option<String>,
 }
 
+/// An operator resolves the incident (`incident resolve`, or `host activate` of its repaired
+/// host): the timeline's last step, by whom, and the state RESOLVED.
+pub fn resolve(incident: &mut Incident, now_ms: u64, detail: impl Into<String>, by: &str) {
+    incident.push(now_ms, Step::Resolved, detail, Some(by.to_string()));
+    incident.state = IncidentState::Resolved;
+    incident.resolved_at_ms = Some(now_ms);
+}
+
 /// Writes an executed action to the incident: its timeline step, the state, affected tasks.
 pub fn record(incident: &mut Incident, planned: &Planned, now_ms: u64) {
     if let Some(step) = planned.action.step() {

@@ -4,6 +4,7 @@
 //! thread (the store commits synchronously), holding the cluster lock for that call only.
 
 use crate::auth::{self, Principal};
+use crate::cluster::Error;
 use crate::cluster::{
     Cluster, HostRequest, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, ValidTaskDef, Waiting,
 };
@@ -103,7 +104,7 @@ impl AppState {
         &self,
         headers: &HeaderMap,
         allow: fn(&Principal) -> bool,
-        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, ApiError> + Send + 'static,
+        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, ApiError> {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
         let digest = auth::digest(token);
@@ -116,23 +117,28 @@ impl AppState {
         let (out, jobs) = tokio::task::spawn_blocking(move || {
             let _request = span.enter();
             let mut c = cluster.lock().map_err(|_| {
-                ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
+                ApiError::from(Error::Internal(
+                    "state lock poisoned by an earlier failure; restart the server".into(),
+                ))
             })?;
             let who = c.authenticate_digest(&digest)?;
             if !allow(&who) {
-                return Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))));
+                return Err(ApiError::from(Error::Forbidden(format!(
+                    "this endpoint is not open to {}",
+                    describe(&who)
+                ))));
             }
             let before = c.revision();
             c.begin_audit(audit);
-            let out = f(&mut c, who);
-            c.end_audit(&out);
+            let out = f(&mut c, who).map_err(ApiError::from);
+            c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.status_and_code().1)));
             if c.revision() != before {
                 changed.send_replace(c.revision());
             }
             Ok((out, c.take_jobs()))
         })
         .await
-        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??;
+        .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))??;
         run_jobs(self.clone(), jobs);
         out
     }
@@ -140,12 +146,13 @@ impl AppState {
     /// Runs `f` on the cluster outside any request (the controllers' ticks).
     pub async fn tick(
         &self,
-        f: impl FnOnce(&mut Cluster) -> Result<Vec<ProviderJob>, ApiError> + Send + 'static,
+        f: impl FnOnce(&mut Cluster) -> Result<Vec<ProviderJob>, Error> + Send + 'static,
     ) -> Result<(), ApiError> {
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         let jobs = tokio::task::spawn_blocking(move || {
-            let mut c = cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
+            let mut c =
+                cluster.lock().map_err(|_| ApiError::from(Error::Internal("state lock poisoned".into())))?;
             let before = c.revision();
             let jobs = f(&mut c);
             if c.revision() != before {
@@ -156,7 +163,7 @@ impl AppState {
             Ok::<_, ApiError>(jobs)
         })
         .await
-        .map_err(|e| ApiError::Internal(format!("controller failed: {e}")))??;
+        .map_err(|e| ApiError::from(Error::Internal(format!("controller failed: {e}"))))??;
         run_jobs(self.clone(), jobs);
         Ok(())
     }
@@ -234,7 +241,7 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
 
 /// The pool a list is filtered by: `asked`, or for a token scoped to one pool that pool (and
 /// another one asked for is refused).
-fn scoped_pool(who: &Principal, asked: Option<String>) -> Result<Option<String>, ApiError> {
+fn scoped_pool(who: &Principal, asked: Option<String>) -> Result<Option<String>, Error> {
     match (who.scope(), asked) {
         (None, asked) => Ok(asked),
         (Some(scope), Some(asked)) if asked != scope => {
@@ -272,11 +279,7 @@ pub(crate) fn actor(p: &Principal) -> String {
 
 /// The role of a person's or tool's token: the bootstrap admin token is an admin's.
 pub(crate) fn role_of(p: &Principal) -> Option<Role> {
-    match p {
-        Principal::Admin => Some(Role::Admin),
-        Principal::Token { role, .. } => Some(*role),
-        _ => None,
-    }
+    p.role()
 }
 
 /// Read-only routes.
@@ -295,17 +298,17 @@ pub(crate) fn admin(p: &Principal) -> bool {
 }
 
 pub(crate) fn joiner(p: &Principal) -> bool {
-    matches!(p, Principal::Joiner | Principal::Admin | Principal::Replacement(_) | Principal::Launch { .. })
+    p.may_join()
 }
 
 pub(crate) fn host(p: &Principal) -> bool {
-    matches!(p, Principal::Host(_))
+    p.is_host()
 }
 
-fn host_id(p: Principal) -> Result<HostId, ApiError> {
+fn host_id(p: Principal) -> Result<HostId, Error> {
     match p {
         Principal::Host(h) => Ok(h),
-        _ => Err(ApiError::Forbidden("only a host credential may report for a host".into())),
+        _ => Err(Error::Forbidden("only a host credential may report for a host".into())),
     }
 }
 
@@ -530,7 +533,9 @@ fn created<T: Serialize>(value: T) -> Response {
 
 fn serving_tls(st: &AppState) -> Result<Arc<crate::tls::ServerTls>, ApiError> {
     st.tls.clone().ok_or_else(|| {
-        ApiError::Conflict("this server serves plain HTTP (--insecure-http): it has no certificate".into())
+        ApiError::from(Error::Conflict(
+            "this server serves plain HTTP (--insecure-http): it has no certificate".into(),
+        ))
     })
 }
 
@@ -551,7 +556,7 @@ async fn register_taskdef(
     // before the cluster lock, which is then held for the commit only.
     let valid = tokio::task::spawn_blocking(move || ValidTaskDef::parse(&body))
         .await
-        .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??;
+        .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))??;
     let r = st.call(&headers, operator, move |c, _| c.register_valid_taskdef(valid)).await?;
     Ok(created(r))
 }

@@ -7,7 +7,7 @@
 //! are not stored at all: they are HMAC-SHA256 of what they are for under the server's key
 //! ([`ServerKey`], `<data dir>/server.key`, 0600).
 
-use crate::error::ApiError;
+use crate::cluster::Error;
 use mpsfleet_types::HostId;
 use sha2::{Digest, Sha256};
 use std::io::Write as _;
@@ -48,6 +48,30 @@ impl Principal {
         }
     }
 
+    /// Whether this caller may register a host (the join token, an admin, an incident's
+    /// replacement token, a provider's launch token).
+    pub fn may_join(&self) -> bool {
+        matches!(
+            self,
+            Principal::Joiner | Principal::Admin | Principal::Replacement(_) | Principal::Launch { .. }
+        )
+    }
+
+    /// The role this caller acts with: an admin's, or an API token's; none for the join,
+    /// replacement, launch and host credentials.
+    pub fn role(&self) -> Option<mpsfleet_types::access::Role> {
+        match self {
+            Principal::Admin => Some(mpsfleet_types::access::Role::Admin),
+            Principal::Token { role, .. } => Some(*role),
+            _ => None,
+        }
+    }
+
+    /// Whether this caller is an agent, for its own host.
+    pub fn is_host(&self) -> bool {
+        matches!(self, Principal::Host(_))
+    }
+
     /// Whether this caller may see and act on what belongs to `pool`.
     pub fn sees_pool(&self, pool: &str) -> bool {
         self.scope().is_none_or(|p| p == pool)
@@ -55,10 +79,10 @@ impl Principal {
 }
 
 /// A new random token with a recognisable prefix, such as `mpsf_adm_…`.
-pub fn new_token(prefix: &str) -> Result<String, ApiError> {
+pub fn new_token(prefix: &str) -> Result<String, Error> {
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes)
-        .map_err(|e| ApiError::StoreUnavailable(format!("no randomness for a token: {e}")))?;
+        .map_err(|e| Error::StoreUnavailable(format!("no randomness for a token: {e}")))?;
     Ok(format!("{prefix}{}", hex(&bytes)))
 }
 
@@ -89,17 +113,17 @@ impl std::fmt::Debug for ServerKey {
 }
 
 impl ServerKey {
-    pub fn random() -> Result<Self, ApiError> {
+    pub fn random() -> Result<Self, Error> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)
-            .map_err(|e| ApiError::StoreUnavailable(format!("no randomness for the server key: {e}")))?;
+            .map_err(|e| Error::StoreUnavailable(format!("no randomness for the server key: {e}")))?;
         Ok(ServerKey(bytes))
     }
 
     /// Reads the key at `path` (64 hex digits), creating it 0600 when there is none.
-    pub fn load_or_create(path: &Path) -> Result<Self, ApiError> {
+    pub fn load_or_create(path: &Path) -> Result<Self, Error> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| {
-            ApiError::StoreUnavailable(format!("cannot {what} the server key {}: {e}", path.display()))
+            Error::StoreUnavailable(format!("cannot {what} the server key {}: {e}", path.display()))
         };
         match std::fs::read_to_string(path) {
             Ok(text) => {
@@ -154,7 +178,7 @@ pub fn webhook_signature(secret: &[u8; 32], timestamp: u64, body: &[u8]) -> Stri
 }
 
 /// Reads the webhook secret at `path` (64 hex digits), creating it 0600 when there is none.
-pub fn webhook_secret(path: &Path) -> Result<[u8; 32], ApiError> {
+pub fn webhook_secret(path: &Path) -> Result<[u8; 32], Error> {
     Ok(ServerKey::load_or_create(path)?.0)
 }
 
@@ -176,9 +200,9 @@ pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// A random 64-bit number, for task ids.
-pub fn random_u64() -> Result<u64, ApiError> {
+pub fn random_u64() -> Result<u64, Error> {
     let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| ApiError::StoreUnavailable(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut bytes).map_err(|e| Error::StoreUnavailable(format!("no randomness: {e}")))?;
     Ok(u64::from_le_bytes(bytes))
 }
 
@@ -192,8 +216,8 @@ pub fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
 }
 
 /// The bearer token of an `Authorization` header value.
-pub fn bearer(header: Option<&str>) -> Result<&str, ApiError> {
-    let value = header.ok_or(ApiError::Unauthorized(
+pub fn bearer(header: Option<&str>) -> Result<&str, Error> {
+    let value = header.ok_or(Error::Unauthorized(
         "missing Authorization header: send 'Authorization: Bearer <token>' (see MPSFLEET_TOKEN)",
     ))?;
     value
@@ -202,7 +226,7 @@ pub fn bearer(header: Option<&str>) -> Result<&str, ApiError> {
         .filter(|t| !t.is_empty())
         // A join token may carry the cluster CA's hash after its secret; the secret is the token.
         .map(|t| mpsfleet_client::tls::split_pin(t).0)
-        .ok_or(ApiError::Unauthorized("Authorization header must be 'Bearer <token>'"))
+        .ok_or(Error::Unauthorized("Authorization header must be 'Bearer <token>'"))
 }
 
 #[cfg(test)]

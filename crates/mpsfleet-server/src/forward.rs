@@ -6,6 +6,7 @@
 //! unknown tokens per real address. Bodies are streamed both ways: long polls and event
 //! streams pass through, and the leader applies its own limits to what it receives.
 
+use crate::cluster::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,13 +80,14 @@ pub fn router(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> 
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(2));
     for der in mpsfleet_client::tls::certificates(ca_pem)
-        .map_err(|e| ApiError::Internal(format!("cluster CA: {e}")))?
+        .map_err(|e| ApiError::from(Error::Internal(format!("cluster CA: {e}"))))?
     {
         let cert = reqwest::Certificate::from_der(&der)
-            .map_err(|e| ApiError::Internal(format!("cluster CA: {e}")))?;
+            .map_err(|e| ApiError::from(Error::Internal(format!("cluster CA: {e}"))))?;
         builder = builder.add_root_certificate(cert);
     }
-    let http = builder.build().map_err(|e| ApiError::Internal(format!("forwarding client: {e}")))?;
+    let http =
+        builder.build().map_err(|e| ApiError::from(Error::Internal(format!("forwarding client: {e}"))))?;
     let state = Arc::new(Forwarder { http, leader, key: forwarding_key(key) });
     Ok(Router::new().fallback(forward).with_state(state))
 }

@@ -4,6 +4,7 @@
 
 use crate::api::{self, AppState};
 use crate::auth::{self, Principal};
+use crate::cluster::Error;
 use crate::error::ApiError;
 use crate::ratelimit::{Caller, RateLimiter, RateLimits};
 use axum::body::{Body, HttpBody};
@@ -243,7 +244,10 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
     match who {
         Err(e) => return refuse_closing(e),
         Ok((who, _)) if !allow(&who) => {
-            let e = ApiError::Forbidden(format!("this endpoint is not open to {}", api::describe(&who)));
+            let e = ApiError::from(Error::Forbidden(format!(
+                "this endpoint is not open to {}",
+                api::describe(&who)
+            )));
             let person = matches!(who, Principal::Admin | Principal::Token { .. });
             return refuse(e, person, req);
         }
@@ -290,10 +294,10 @@ async fn scoped(
     use axum::RequestExt as _;
     match reach {
         Reach::NoPool | Reach::List | Reach::BodyPool => Ok(()),
-        Reach::Closed => Err(ApiError::Forbidden(format!(
+        Reach::Closed => Err(ApiError::from(Error::Forbidden(format!(
             "this endpoint is not open to {}: it reaches beyond one pool",
             api::describe(who)
-        ))),
+        )))),
         Reach::Object(kind, param) => {
             let params = req
                 .extract_parts::<axum::extract::RawPathParams>()
@@ -305,7 +309,7 @@ async fn scoped(
             let (cluster, looked_up) = (st.cluster.clone(), id.clone());
             let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &looked_up))
                 .await
-                .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))?;
+                .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))?;
             // Another pool's object is answered as one that does not exist: a scoped token
             // learns nothing of what other pools hold.
             match pool {
@@ -335,7 +339,7 @@ fn charge(
             };
             (Caller::Token(digest), limit, None)
         }
-        Err(ApiError::Unauthorized(_)) => match peer {
+        Err(ApiError::Domain(Error::Unauthorized(_))) => match peer {
             Some(ip) => (Caller::Peer(ip), limits.unknown_per_ip, Some(ip)),
             None => return Ok(()),
         },
@@ -387,12 +391,12 @@ async fn identify(
             let (cluster, digest) = (st.cluster.clone(), digest.clone());
             tokio::task::spawn_blocking(move || {
                 let c = cluster.lock().map_err(|_| {
-                    ApiError::Internal("state lock poisoned by an earlier failure; restart the server".into())
+                    Error::Internal("state lock poisoned by an earlier failure; restart the server".into())
                 })?;
                 c.authenticate_digest(&digest)
             })
             .await
-            .map_err(|e| ApiError::Internal(format!("request handler failed: {e}")))??
+            .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))??
         }
     };
     Ok((who, digest))
@@ -420,7 +424,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
         413 => ApiError::PayloadTooLarge { route: "this route".into(), limit: SMALL_BODY_LIMIT },
         404 => ApiError::not_found("route", "for this method and path"),
         405 => ApiError::MethodNotAllowed,
-        _ if status.is_server_error() => ApiError::Internal(text),
+        _ if status.is_server_error() => ApiError::from(Error::Internal(text)),
         _ => ApiError::BadRequest(text),
     };
     let mut out = e.into_response();

@@ -18,8 +18,8 @@ pub mod request_id;
 mod scope;
 pub mod tls;
 
+use cluster::Error;
 use cluster::{Cluster, FirstStart};
-use error::ApiError;
 use mpsfleet_core::clock::Clock;
 use mpsfleet_store::etcd::Candidate;
 use mpsfleet_store::{EtcdStore, SqliteStore, Store};
@@ -58,17 +58,13 @@ pub struct Opened {
 /// Opens (creating if needed) the data directory and its SQLite state, rebuilding the cluster.
 /// On first start the admin and join tokens are written 0600 next to the state; the join token
 /// carries the cluster CA's hash. The CA's certificate is written to `ca.pem` for clients.
-pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, ApiError> {
+pub fn open(data_dir: &Path, clock: Arc<dyn Clock>) -> Result<Opened, Error> {
     open_with(data_dir, clock, None)
 }
 
 /// [`open`], with the CA the operator gives (`--ca-cert`, `--ca-key`): the cluster's CA on its
 /// first start; refused later unless it is the cluster's CA already.
-pub fn open_with(
-    data_dir: &Path,
-    clock: Arc<dyn Clock>,
-    ca: Option<&tls::GivenCa>,
-) -> Result<Opened, ApiError> {
+pub fn open_with(data_dir: &Path, clock: Arc<dyn Clock>, ca: Option<&tls::GivenCa>) -> Result<Opened, Error> {
     private_data_dir(data_dir)?;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&data_dir.join(STATE_FILE))?);
     // The state holds every host's credential digest and the agents' tokens: the owner's only,
@@ -76,17 +72,16 @@ pub fn open_with(
     // database's mode).
     for file in [STATE_FILE.to_string(), format!("{STATE_FILE}-wal"), format!("{STATE_FILE}-shm")] {
         restrict(&data_dir.join(&file), 0o600).map_err(|e| {
-            ApiError::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
+            Error::StoreUnavailable(format!("cannot make {} private: {e}", data_dir.join(&file).display()))
         })?;
     }
     open_store(data_dir, store, clock, ca)
 }
 
 /// Creates the data directory 0700 (or makes an existing one 0700).
-fn private_data_dir(data_dir: &Path) -> Result<(), ApiError> {
-    create_private_dir(data_dir).map_err(|e| {
-        ApiError::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
-    })
+fn private_data_dir(data_dir: &Path) -> Result<(), Error> {
+    create_private_dir(data_dir)
+        .map_err(|e| Error::StoreUnavailable(format!("cannot create data dir {}: {e}", data_dir.display())))
 }
 
 /// [`open_with`] on a store opened by the caller (an [`EtcdStore`] this server leads). The data
@@ -97,11 +92,11 @@ pub fn open_store(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     ca: Option<&tls::GivenCa>,
-) -> Result<Opened, ApiError> {
+) -> Result<Opened, Error> {
     private_data_dir(data_dir)?;
     let key = auth::ServerKey::load_or_create(&data_dir.join(SERVER_KEY_FILE))?;
     restrict(&data_dir.join(SERVER_KEY_FILE), 0o600).map_err(|e| {
-        ApiError::StoreUnavailable(format!(
+        Error::StoreUnavailable(format!(
             "cannot make {} private: {e}",
             data_dir.join(SERVER_KEY_FILE).display()
         ))
@@ -109,14 +104,14 @@ pub fn open_store(
     let ca = tls::CaSet::load_or_create(store.as_ref(), &key, ca, clock.now_ms())?;
     let ca_path = data_dir.join(CA_FILE);
     write_public(&ca_path, &ca.bundle_pem())
-        .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", ca_path.display())))?;
+        .map_err(|e| Error::StoreUnavailable(format!("cannot write {}: {e}", ca_path.display())))?;
     let mut first_start = None;
     let mut cluster = Cluster::load(store, clock, |tokens| {
         let join = mpsfleet_client::tls::pinned(&tokens.join_token, &ca.active.hash());
         for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &join)] {
             let path = data_dir.join(file);
             auth::write_secret(&path, token)
-                .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", path.display())))?;
+                .map_err(|e| Error::StoreUnavailable(format!("cannot write {}: {e}", path.display())))?;
         }
         first_start = Some(FirstStart { admin_token: tokens.admin_token.clone(), join_token: join });
         Ok(())
@@ -133,11 +128,11 @@ pub(crate) fn staged_admin_token(admin_token_file: &Path) -> std::path::PathBuf 
 
 /// Finishes an admin token rotation a crash interrupted: `admin.token.new` becomes
 /// `admin.token` if it holds the committed token, and is removed if it does not.
-fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), ApiError> {
+fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), Error> {
     let file = data_dir.join(ADMIN_TOKEN_FILE);
     let staged = staged_admin_token(&file);
     let Ok(token) = std::fs::read_to_string(&staged) else { return Ok(()) };
-    let unavailable = |e: std::io::Error| ApiError::StoreUnavailable(format!("{}: {e}", staged.display()));
+    let unavailable = |e: std::io::Error| Error::StoreUnavailable(format!("{}: {e}", staged.display()));
     if cluster.admin_digest().is(&auth::digest(token.trim())) {
         tracing::warn!(path = %file.display(), "finishing an admin token rotation a crash interrupted");
         std::fs::rename(&staged, &file).map_err(unavailable)
@@ -376,7 +371,7 @@ async fn resync_loop(state: api::AppState, mut stopping: tokio::sync::watch::Rec
         }
         let st = state.clone();
         let res = tokio::task::spawn_blocking(move || {
-            let mut c = st.cluster.lock().map_err(|_| ApiError::Internal("state lock poisoned".into()))?;
+            let mut c = st.cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
             let before = c.revision();
             let r = c.resync().and_then(|()| c.compact_history()).and_then(|()| c.prune());
             if c.revision() != before {

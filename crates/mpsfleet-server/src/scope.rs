@@ -17,6 +17,7 @@
 
 use crate::auth::Principal;
 use crate::cluster::Cluster;
+use crate::cluster::Error;
 use crate::error::ApiError;
 
 /// What a route touches, for a scoped token.
@@ -91,8 +92,8 @@ impl Cluster {
 }
 
 /// The refusal of a scoped token's call outside its pool.
-pub(crate) fn outside(who: &Principal, what: &str) -> ApiError {
-    ApiError::Forbidden(format!("{what} is outside the pool of {}", crate::api::describe(who)))
+pub(crate) fn outside(who: &Principal, what: &str) -> Error {
+    Error::Forbidden(format!("{what} is outside the pool of {}", crate::api::describe(who)))
 }
 
 /// Whether a scoped token may make a call with this body: its `pool` must be the token's.
@@ -103,11 +104,11 @@ pub(crate) fn check_body(who: &Principal, body: &[u8]) -> Result<(), ApiError> {
         .and_then(|v| v.get("pool").and_then(|p| p.as_str()).map(str::to_string));
     match pool {
         Some(p) if p == scope => Ok(()),
-        Some(p) => Err(outside(who, &format!("pool {p:?}"))),
-        None => Err(ApiError::Forbidden(format!(
+        Some(p) => Err(outside(who, &format!("pool {p:?}")).into()),
+        None => Err(ApiError::from(Error::Forbidden(format!(
             "{} names its pool in the body (\"pool\": \"{scope}\")",
             crate::api::describe(who)
-        ))),
+        )))),
     }
 }
 

@@ -20,7 +20,7 @@
 //! certificates are issued under it from then on and the old CA is trusted no more.
 
 use crate::auth::{hex, unhex, ServerKey};
-use crate::error::ApiError;
+use crate::cluster::Error;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use mpsfleet_store::{decode, Op, Precondition, Store, StoreError};
@@ -94,11 +94,11 @@ impl std::fmt::Debug for GivenCa {
     }
 }
 
-fn tls_error(what: &str, e: impl std::fmt::Display) -> ApiError {
-    ApiError::Internal(format!("{what}: {e}"))
+fn tls_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("{what}: {e}"))
 }
 
-fn time_at(ms: u64) -> Result<time::OffsetDateTime, ApiError> {
+fn time_at(ms: u64) -> Result<time::OffsetDateTime, Error> {
     let secs = i64::try_from(ms / 1000).map_err(|e| tls_error("the clock", e))?;
     time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| tls_error("the clock", e))
 }
@@ -117,13 +117,13 @@ impl ClusterCa {
         key: &ServerKey,
         given: Option<&GivenCa>,
         now_ms: u64,
-    ) -> Result<ClusterCa, ApiError> {
-        let check = |ca: ClusterCa| -> Result<ClusterCa, ApiError> {
+    ) -> Result<ClusterCa, Error> {
+        let check = |ca: ClusterCa| -> Result<ClusterCa, Error> {
             let Some(given) = given else { return Ok(ca) };
             let hash = mpsfleet_client::tls::ca_hash(given.cert_pem.as_bytes())
-                .map_err(|e| ApiError::invalid("--ca-cert", e))?;
+                .map_err(|e| Error::invalid("--ca-cert", e))?;
             if hash != ca.hash() {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "the cluster already has its CA ({}), not the one --ca-cert gives ({hash}): to \
                      replace it, rotate to the new one (`mpsfleet cluster ca rotate --ca-cert F \
                      --ca-key K`, then `mpsfleet cluster ca activate`)",
@@ -143,7 +143,7 @@ impl ClusterCa {
             Ok(_) => Ok(ca),
             Err(StoreError::Conflict { .. }) => match store.get(TLS, CA_KEY)? {
                 Some(rec) => check(Self::open(decode(&rec)?, key)?),
-                None => Err(ApiError::StoreUnavailable("the cluster CA vanished while being created".into())),
+                None => Err(Error::StoreUnavailable("the cluster CA vanished while being created".into())),
             },
             Err(e) => Err(e.into()),
         }
@@ -164,7 +164,7 @@ impl ClusterCa {
         params
     }
 
-    fn generate(key: &ServerKey, now_ms: u64) -> Result<ClusterCa, ApiError> {
+    fn generate(key: &ServerKey, now_ms: u64) -> Result<ClusterCa, Error> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).map_err(|e| tls_error("no randomness", e))?;
         let name = format!("mpsfleet cluster CA {}", hex(&id));
@@ -189,8 +189,8 @@ impl ClusterCa {
     /// The operator's CA, checked: one CA certificate, valid now and for at least
     /// [`CERT_VALIDITY`] more, allowed to sign certificates, and the private key of its public
     /// key. Each refusal names the field (`caCertPem`, `caKeyPem`) and why.
-    pub fn import(given: &GivenCa, key: &ServerKey, now_ms: u64) -> Result<ClusterCa, ApiError> {
-        let bad_cert = |why: String| ApiError::invalid("caCertPem", why);
+    pub fn import(given: &GivenCa, key: &ServerKey, now_ms: u64) -> Result<ClusterCa, Error> {
+        let bad_cert = |why: String| Error::invalid("caCertPem", why);
         let certs = mpsfleet_client::tls::certificates(given.cert_pem.as_bytes()).map_err(bad_cert)?;
         if certs.len() != 1 {
             return Err(bad_cert(format!("must hold one certificate, the CA's, not {}", certs.len())));
@@ -218,9 +218,9 @@ impl ClusterCa {
             )));
         }
         let signing = KeyPair::from_pem(&given.key_pem)
-            .map_err(|e| ApiError::invalid("caKeyPem", format!("not a PKCS#8 private key in PEM: {e}")))?;
+            .map_err(|e| Error::invalid("caKeyPem", format!("not a PKCS#8 private key in PEM: {e}")))?;
         if signing.public_key_raw() != x509.tbs_certificate.subject_pki.subject_public_key.data.as_ref() {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "caKeyPem",
                 "is not the private key of the CA certificate's public key",
             ));
@@ -250,7 +250,7 @@ impl ClusterCa {
         signing: &KeyPair,
         given: bool,
         now_ms: u64,
-    ) -> Result<CaRecord, ApiError> {
+    ) -> Result<CaRecord, Error> {
         let mut nonce = [0u8; 12];
         getrandom::fill(&mut nonce).map_err(|e| tls_error("no randomness", e))?;
         let sealed = Self::cipher(key)
@@ -258,7 +258,7 @@ impl ClusterCa {
                 Nonce::from_slice(&nonce),
                 Payload { msg: &signing.serialize_der(), aad: KEY_PURPOSE.as_bytes() },
             )
-            .map_err(|_| ApiError::Internal("cannot encrypt the CA key".into()))?;
+            .map_err(|_| Error::Internal("cannot encrypt the CA key".into()))?;
         Ok(CaRecord {
             name: name.to_string(),
             cert_pem,
@@ -269,8 +269,8 @@ impl ClusterCa {
         })
     }
 
-    fn open(rec: CaRecord, key: &ServerKey) -> Result<ClusterCa, ApiError> {
-        let corrupt = |why: &str| ApiError::StoreCorrupt(format!("the cluster CA: {why}"));
+    fn open(rec: CaRecord, key: &ServerKey) -> Result<ClusterCa, Error> {
+        let corrupt = |why: &str| Error::StoreCorrupt(format!("the cluster CA: {why}"));
         let nonce = unhex(&rec.nonce).filter(|n| n.len() == 12).ok_or_else(|| corrupt("bad nonce"))?;
         let sealed = unhex(&rec.sealed_key).ok_or_else(|| corrupt("bad key"))?;
         let der = Self::cipher(key)
@@ -318,9 +318,9 @@ impl ClusterCa {
 
     /// A certificate for a server reached by `names` (DNS names or IP addresses), valid for
     /// [`CERT_VALIDITY`] from `now_ms`, with a fresh key.
-    pub fn issue_server(&self, names: &[String], now_ms: u64) -> Result<Issued, ApiError> {
+    pub fn issue_server(&self, names: &[String], now_ms: u64) -> Result<Issued, Error> {
         let mut params = CertificateParams::new(names.to_vec())
-            .map_err(|e| ApiError::InvalidParameter { field: "--tls-san".into(), message: e.to_string() })?;
+            .map_err(|e| Error::InvalidParameter { field: "--tls-san".into(), message: e.to_string() })?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, names.first().map(String::as_str).unwrap_or("mpsfleet server"));
         params.distinguished_name = dn;
@@ -378,7 +378,7 @@ impl CaSet {
         key: &ServerKey,
         given: Option<&GivenCa>,
         now_ms: u64,
-    ) -> Result<CaSet, ApiError> {
+    ) -> Result<CaSet, Error> {
         let active = Arc::new(ClusterCa::load_or_create(store, key, given, now_ms)?);
         let next = match store.get(TLS, CA_NEXT_KEY)? {
             Some(rec) => Some(Arc::new(ClusterCa::open(decode(&rec)?, key)?)),
@@ -423,14 +423,14 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
-fn certified(issued: Issued) -> Result<(Arc<CertifiedKey>, ServerCertificate), ApiError> {
+fn certified(issued: Issued) -> Result<(Arc<CertifiedKey>, ServerCertificate), Error> {
     let key = rustls::crypto::ring::sign::any_supported_type(&PrivateKeyDer::Pkcs8(issued.key))
         .map_err(|e| tls_error("the server key", e))?;
     Ok((Arc::new(CertifiedKey::new(issued.chain, key)), issued.info))
 }
 
 /// A store commit, with the audit entry of the API call that makes it (`Cluster::commit_ops`).
-pub type Commit<'a> = &'a mut dyn FnMut(&[Op]) -> Result<(), ApiError>;
+pub type Commit<'a> = &'a mut dyn FnMut(&[Op]) -> Result<(), Error>;
 
 impl ServerTls {
     /// Serves a certificate for `names` under the active CA of `cas`, issued now; writes the
@@ -440,7 +440,7 @@ impl ServerTls {
         names: Vec<String>,
         now_ms: u64,
         ca_file: Option<std::path::PathBuf>,
-    ) -> Result<Arc<ServerTls>, ApiError> {
+    ) -> Result<Arc<ServerTls>, Error> {
         let current = certified(cas.active.issue_server(&names, now_ms)?)?;
         let tls = ServerTls { cas: RwLock::new(cas), names, current: RwLock::new(current), ca_file };
         tls.write_ca_file();
@@ -476,7 +476,7 @@ impl ServerTls {
 
     /// Issues a new certificate (a new key too) under the active CA and serves it from the
     /// next connection on.
-    pub fn rotate(&self, now_ms: u64) -> Result<ServerCertificate, ApiError> {
+    pub fn rotate(&self, now_ms: u64) -> Result<ServerCertificate, Error> {
         let next = certified(self.ca().issue_server(&self.names, now_ms)?)?;
         let info = next.1.clone();
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
@@ -487,7 +487,7 @@ impl ServerTls {
     /// Rotates the certificate if less than [`CERT_RENEW_BEFORE`] of it is left, or if it
     /// was issued under a CA that is no longer the active one (an activation whose reissue
     /// failed).
-    pub fn renew_if_due(&self, now_ms: u64) -> Result<Option<ServerCertificate>, ApiError> {
+    pub fn renew_if_due(&self, now_ms: u64) -> Result<Option<ServerCertificate>, Error> {
         let current = self.certificate();
         if current.not_after_ms.saturating_sub(now_ms) > ms(CERT_RENEW_BEFORE)
             && current.ca_hash == self.ca().hash()
@@ -505,10 +505,10 @@ impl ServerTls {
         key: &ServerKey,
         now_ms: u64,
         commit: Commit<'_>,
-    ) -> Result<CaSet, ApiError> {
+    ) -> Result<CaSet, Error> {
         let cas = self.cas();
         if let Some(next) = &cas.next {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "a CA rotation is under way (next CA {}): activate it (`mpsfleet cluster ca activate`) \
                  or cancel it (`mpsfleet cluster ca cancel`) first",
                 next.hash()
@@ -519,7 +519,7 @@ impl ServerTls {
             None => ClusterCa::generate(key, now_ms)?,
         };
         if next.hash() == cas.active.hash() {
-            return Err(ApiError::invalid("caCertPem", "is the cluster's CA already"));
+            return Err(Error::invalid("caCertPem", "is the cluster's CA already"));
         }
         commit(&[Op::put_json(TLS, CA_NEXT_KEY, &next.record, Precondition::Absent)?])?;
         let cas = CaSet { active: cas.active, next: Some(Arc::new(next)) };
@@ -530,7 +530,7 @@ impl ServerTls {
 
     /// Makes the staged CA the active one: this server's certificate is issued under it at
     /// once, and the old CA is trusted no more.
-    pub fn activate_ca(&self, now_ms: u64, commit: Commit<'_>) -> Result<CaSet, ApiError> {
+    pub fn activate_ca(&self, now_ms: u64, commit: Commit<'_>) -> Result<CaSet, Error> {
         let cas = self.cas();
         let next = cas.next.clone().ok_or_else(no_rotation)?;
         commit(&[
@@ -549,7 +549,7 @@ impl ServerTls {
     }
 
     /// Drops the staged CA: clients trust the active one alone again.
-    pub fn cancel_ca_rotation(&self, commit: Commit<'_>) -> Result<CaSet, ApiError> {
+    pub fn cancel_ca_rotation(&self, commit: Commit<'_>) -> Result<CaSet, Error> {
         let cas = self.cas();
         if cas.next.is_none() {
             return Err(no_rotation());
@@ -561,7 +561,7 @@ impl ServerTls {
     }
 
     /// The rustls acceptor of connections: TLS 1.2 and 1.3, HTTP/1.1.
-    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, ApiError> {
+    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -573,8 +573,8 @@ impl ServerTls {
     }
 }
 
-fn no_rotation() -> ApiError {
-    ApiError::Conflict("no CA rotation is under way: begin one with `mpsfleet cluster ca rotate`".into())
+fn no_rotation() -> Error {
+    Error::Conflict("no CA rotation is under way: begin one with `mpsfleet cluster ca rotate`".into())
 }
 
 #[derive(Debug)]
@@ -732,8 +732,8 @@ mod tests {
         assert!(e.to_string().contains("rotate"), "{e}");
 
         // What is refused, and the field named.
-        let field = |e: ApiError| match e {
-            ApiError::InvalidParameter { field, message } => format!("{field}: {message}"),
+        let field = |e: Error| match e {
+            Error::InvalidParameter { field, message } => format!("{field}: {message}"),
             other => panic!("{other}"),
         };
         let not_ca = operator_ca(now, 365, false);
@@ -769,7 +769,7 @@ mod tests {
         )
         .unwrap();
         let old_pem = tls.ca().cert_pem().to_string();
-        let mut commit = |ops: &[Op]| store.commit(ops).map(|_| ()).map_err(ApiError::from);
+        let mut commit = |ops: &[Op]| store.commit(ops).map(|_| ()).map_err(Error::from);
         assert!(tls.activate_ca(now, &mut commit).is_err(), "nothing staged");
         let staged = tls.begin_ca_rotation(None, &key, now, &mut commit).unwrap();
         let next_hash = staged.next.as_ref().unwrap().hash();

@@ -4,7 +4,7 @@
 
 use mpsfleet_core::clock::ManualClock;
 use mpsfleet_server::cluster::Cluster;
-use mpsfleet_server::error::ApiError;
+use mpsfleet_server::cluster::Error;
 use mpsfleet_store::MemoryStore;
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::logs::SNAPSHOT_MAX_BYTES;
@@ -50,7 +50,7 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
     let host = c.register_host(reg).expect("host").host_id;
     c.host_status(
         &host,
-        HostStatusReport {
+        &HostStatusReport {
             onboarded: true,
             checks: Vec::new(),
             logs_url: None,
@@ -100,7 +100,7 @@ fn the_latest_snapshot_is_kept_and_served_when_the_agent_cannot_be_asked() {
     // Once the agent says where it serves logs, it is asked first.
     c.host_status(
         &host,
-        HostStatusReport {
+        &HostStatusReport {
             onboarded: true,
             checks: Vec::new(),
             logs_url: Some("http://10.0.0.1:7071".into()),
@@ -118,10 +118,7 @@ fn a_report_from_another_host_leaves_the_snapshot_alone_and_unknown_tasks_are_no
     let (mut c, _clock, host, id) = setup();
     c.report_task(&host, &id, report("RUNNING", &["mine\n"])).unwrap();
     let other = HostId::new("h-someone-else").unwrap();
-    assert!(matches!(
-        c.report_task(&other, &id, report("RUNNING", &["theirs\n"])),
-        Err(ApiError::Forbidden(_))
-    ));
+    assert!(matches!(c.report_task(&other, &id, report("RUNNING", &["theirs\n"])), Err(Error::Forbidden(_))));
     assert_eq!(c.logs_plan(&id).unwrap().snapshot.unwrap().1.text(), "mine\n");
-    assert!(matches!(c.logs_plan("t-00000000000000ff"), Err(ApiError::NotFound { .. })));
+    assert!(matches!(c.logs_plan("t-00000000000000ff"), Err(Error::NotFound { .. })));
 }

@@ -3,7 +3,7 @@
 
 use mpsfleet_core::clock::ManualClock;
 use mpsfleet_server::cluster::Cluster;
-use mpsfleet_server::error::ApiError;
+use mpsfleet_server::cluster::Error;
 use mpsfleet_store::MemoryStore;
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::*;
@@ -42,7 +42,7 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
     };
     let host = c.register_host(reg).expect("host").host_id;
     let beat = HostStatusReport { onboarded: true, ..Default::default() };
-    c.host_status(&host, beat).expect("heartbeat");
+    c.host_status(&host, &beat).expect("heartbeat");
     let run = RunTask { task_definition: "serve".into(), count: 1, pool: "gpu".into(), client_token: None };
     let task = c.run_tasks(run).expect("run").tasks.remove(0);
     let id = task.id.to_string();
@@ -50,7 +50,7 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
 
     assert_eq!(c.report_task(&host, &id, report("RUNNING")).unwrap().last_status, TaskStatus::Running);
     match c.report_task(&host, &id, report("PENDING")) {
-        Err(ApiError::Conflict(m)) => assert!(m.contains("RUNNING cannot go back to PENDING"), "{m}"),
+        Err(Error::Conflict(m)) => assert!(m.contains("RUNNING cannot go back to PENDING"), "{m}"),
         other => panic!("a report of an earlier status was not refused: {other:?}"),
     }
     assert_eq!(c.task(&id).unwrap().last_status, TaskStatus::Running, "a refused report changed the task");
@@ -89,7 +89,7 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
         };
         let host = c.register_host(reg).expect("host").host_id;
         let beat = HostStatusReport { onboarded: true, ..Default::default() };
-        c.host_status(&host, beat).expect("heartbeat");
+        c.host_status(&host, &beat).expect("heartbeat");
         host
     };
     // Registered first, so it would be the first choice of a task that runs no image.

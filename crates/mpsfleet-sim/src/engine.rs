@@ -682,11 +682,7 @@ impl Sim {
         if self.world[h].partitioned_until.is_some() {
             return;
         }
-        if self.world[h].id().is_none() {
-            return;
-        }
-        let report = self.world.status_report(h, self.now);
-        let Some(id) = self.world[h].id() else { return };
+        let Some((id, report)) = self.world.heartbeat(h, self.now) else { return };
         self.stats.heartbeats += 1;
         let cluster = self.cluster.as_mut().expect("the cluster is loaded between steps");
         match cluster.host_status(id, report) {

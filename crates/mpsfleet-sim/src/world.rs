@@ -86,18 +86,6 @@ impl Daemon {
     pub fn xid_since(&self) -> Option<u64> {
         self.xid_since
     }
-
-    /// How long ago, at `now`, the failure of its check began and its local restarts were:
-    /// the `MPS_DAEMON` check's (`daemon`) or the `GPU` check's (an Xid, never repaired here).
-    fn ages(&self, daemon: bool, now: u64) -> (Option<u64>, Vec<u64>) {
-        let age = |t: u64| now.saturating_sub(t);
-        if daemon {
-            let c = &self.health.check;
-            (c.failing_since_ms.map(age), c.repairs_ms.iter().map(|t| age(*t)).collect())
-        } else {
-            (self.xid_since.map(age), Vec::new())
-        }
-    }
 }
 
 /// A task process on a simulated host.
@@ -149,11 +137,11 @@ pub(crate) struct SimHost {
     pub partitioned_until: Option<u64>,
     pub gpu_uuids: Vec<GpuUuid>,
     pub daemons: Vec<Daemon>,
-    /// The checks of its next heartbeat (`MPS_DAEMON` of each GPU, then `GPU` of each), built
-    /// again only after a daemon's check or an Xid changed them: a heartbeat a second per host
-    /// repeats them almost always, and copying them from this (with the reasons from the
-    /// world's table) reads a few cache lines instead of every daemon's state.
-    report: Option<Vec<CheckLine>>,
+    /// Its last heartbeat (checks: `MPS_DAEMON` of each GPU, then `GPU` of each), sent again
+    /// as it is until a daemon's check or an Xid changes them, or while a check carries an
+    /// age (a failure's, a restart's), which moves with the clock: a heartbeat a second per
+    /// host repeats the last one almost always, and the server takes it by reference.
+    report: Option<HostStatusReport>,
     /// Its task processes, starting, running or stopping (the running ones are indexed).
     tasks: BTreeMap<TaskId, LocalTask>,
     /// Tasks this host started and finished: never started again.
@@ -252,12 +240,12 @@ impl SimHost {
         }
     }
 
-    /// The checks of its heartbeat, compact, with their reasons in `reasons`.
-    fn check_lines(&self, reasons: &mut Reasons) -> Vec<CheckLine> {
-        self.build_checks(0)
-            .into_iter()
-            .map(|c| CheckLine { status: c.status, since_ms: c.since_ms, reason: reasons.intern(c.reason) })
-            .collect()
+    /// Whether a check of its heartbeat carries an age, which changes with every report.
+    fn reports_ages(&self) -> bool {
+        self.daemons.iter().any(|d| {
+            let c = &d.health.check;
+            c.failing_since_ms.is_some() || !c.repairs_ms.is_empty() || d.xid_since.is_some()
+        })
     }
 
     /// The checks its agent reports, built from the daemons' state.
@@ -301,40 +289,10 @@ impl SimHost {
     }
 }
 
-/// One check of a heartbeat, but for its name and GPU (given by its place).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CheckLine {
-    status: HealthStatus,
-    since_ms: u64,
-    /// In the world's [`Reasons`].
-    reason: u32,
-}
-
-/// The texts of the checks' reasons, each once: a fleet's daemons say a few dozen things.
-#[derive(Debug, Default)]
-struct Reasons {
-    texts: Vec<String>,
-    index: BTreeMap<String, u32>,
-}
-
-impl Reasons {
-    fn intern(&mut self, reason: String) -> u32 {
-        if let Some(&k) = self.index.get(&reason) {
-            return k;
-        }
-        let k = self.texts.len() as u32;
-        self.texts.push(reason.clone());
-        self.index.insert(reason, k);
-        k
-    }
-}
-
 /// The hosts, and the indexes over them (module docs).
 #[derive(Debug, Default)]
 pub(crate) struct World {
     hosts: Vec<SimHost>,
-    /// The reasons the hosts' heartbeats report.
-    reasons: Reasons,
     by_id: BTreeMap<HostId, usize>,
     by_name: BTreeMap<String, usize>,
     /// The host serving each fault slot now.
@@ -440,44 +398,26 @@ impl World {
 
     /// The heartbeat host `h`'s agent sends: one `MPS_DAEMON` and one `GPU` check per GPU, as
     /// the daemons' health and the Xids stand; onboarded once no daemon check is INITIALIZING.
-    pub fn status_report(&mut self, h: usize, now: u64) -> HostStatusReport {
+    pub fn status_report(&mut self, h: usize, now: u64) -> &HostStatusReport {
         let host = &mut self.hosts[h];
-        let lines = match host.report.take() {
-            Some(lines) => lines,
-            None => host.check_lines(&mut self.reasons),
-        };
-        let gpus = host.gpu_uuids.len();
-        let mut checks = Vec::with_capacity(lines.len());
-        for (k, l) in lines.iter().enumerate() {
-            let (name, g) = if k < gpus {
-                (mpsfleet_core::health::MPS_DAEMON, k)
-            } else {
-                (mpsfleet_core::health::GPU, k - gpus)
-            };
-            // The ages move with the clock, so they are read at every report, not kept.
-            let (first_failure_age_ms, repair_ages_ms) = host.daemons[g].ages(k < gpus, now);
-            checks.push(HostCheck {
-                name: name.to_string(),
-                gpu_id: Some(host.gpu_uuids[g].clone()),
-                status: l.status,
-                reason: self.reasons.texts[l.reason as usize].clone(),
-                since_ms: l.since_ms,
-                restarts: 0,
-                first_failure_age_ms,
-                repair_ages_ms,
-            });
+        if host.report.is_none() || host.reports_ages() {
+            let checks = host.build_checks(now);
+            let gpus = host.gpu_uuids.len();
+            let onboarded =
+                checks[..gpus.min(checks.len())].iter().all(|c| c.status != HealthStatus::Initializing);
+            host.report = Some(HostStatusReport { onboarded, checks, ..HostStatusReport::default() });
         }
-        host.report = Some(lines);
-        debug_assert_eq!(checks, host.build_checks(now), "the heartbeat of {} is stale", host.label);
-        let onboarded =
-            checks[..gpus.min(checks.len())].iter().all(|c| c.status != HealthStatus::Initializing);
-        HostStatusReport {
-            onboarded,
-            checks,
-            logs_url: None,
-            logs_cert_sha256: None,
-            ..HostStatusReport::default()
-        }
+        let report = host.report.as_ref().expect("built above");
+        debug_assert_eq!(report.checks, host.build_checks(now), "the heartbeat of {} is stale", host.label);
+        report
+    }
+
+    /// [`World::status_report`] of a registered host, with the id it reports under.
+    pub fn heartbeat(&mut self, h: usize, now: u64) -> Option<(&HostId, &HostStatusReport)> {
+        self.hosts[h].id.as_ref()?;
+        self.status_report(h, now);
+        let host = &self.hosts[h];
+        Some((host.id.as_ref()?, host.report.as_ref()?))
     }
 
     /// Rebuilds every index from the hosts and their tasks; the first difference, in words.
@@ -643,7 +583,7 @@ mod tests {
         let mut w = World::default();
         let a = w.add(host("gpu-0", Some(0)));
         let fresh = |h: &SimHost| h.build_checks(100);
-        let r = w.status_report(a, 100);
+        let r = w.status_report(a, 100).clone();
         assert_eq!(r.checks.len(), 4, "an MPS_DAEMON and a GPU check per GPU");
         assert_eq!(r.checks, fresh(&w[a]));
         assert_eq!(r.checks[0].name, mpsfleet_core::health::MPS_DAEMON);
@@ -655,22 +595,24 @@ mod tests {
         // An Xid on GPU 1: its GPU check turns IMPAIRED at once, and stays so.
         w[a].xid(1, 42);
         w[a].xid(1, 99);
-        let r = w.status_report(a, 100);
+        let r = w.status_report(a, 100).clone();
         assert_eq!(r.checks, fresh(&w[a]));
         assert_eq!((r.checks[3].status, r.checks[3].since_ms), (HealthStatus::Impaired, 42));
         assert_eq!(w[a].daemons[1].xid_since(), Some(42));
         assert_eq!(r.checks[3].first_failure_age_ms, Some(58), "the failure's age at the report");
+        let later = w.status_report(a, 200).clone();
+        assert_eq!(later.checks[3].first_failure_age_ms, Some(158), "an age moves with the clock");
 
         // A daemon's check changes with its health; the same health again changes nothing.
         let mut started = DaemonHealth::new(1_000);
         started.check.status = HealthStatus::Ok;
         started.check.reason = "answers".into();
         w[a].set_health(0, started.clone());
-        let r = w.status_report(a, 100);
+        let r = w.status_report(a, 100).clone();
         assert_eq!(r.checks, fresh(&w[a]));
         assert_eq!((r.checks[0].status, r.checks[0].reason.as_str()), (HealthStatus::Ok, "answers"));
         w[a].set_health(0, started);
-        assert_eq!(w.status_report(a, 100).checks, fresh(&w[a]));
+        assert_eq!(w.status_report(a, 100).clone().checks, fresh(&w[a]));
     }
 
     /// The audit notices an index that no longer matches the records.

@@ -85,3 +85,113 @@ fn a_stale_name_and_a_broken_link_are_caught() {
     assert!(!tree.iter().any(|f| f.ends_with("/no/such/file.rs")));
     assert!(!root.join("docs/gone.md").exists());
 }
+
+/// The source of every non-test Rust file under `crates/`: up to its first `#[cfg(test)]` (test
+/// modules sit at the end of a file), leaving out `tests/` folders and `*_tests.rs` files.
+fn production_sources(root: &Path) -> Vec<(String, String)> {
+    files(root)
+        .into_iter()
+        .filter(|f| f.starts_with("crates/") && f.ends_with(".rs"))
+        .filter(|f| !f.contains("/tests/") && !f.ends_with("_tests.rs") && !f.contains("/benches/"))
+        .map(|f| {
+            let text = std::fs::read_to_string(root.join(&f)).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+            (f, code)
+        })
+        .collect()
+}
+
+/// Assignments (`x.FIELD = …`, not `==`) of the named fields, as `file:line: text`.
+fn assignments(file: &str, code: &str, fields: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        for field in fields {
+            let needle = format!(".{field}");
+            let mut rest = code;
+            while let Some(at) = rest.find(&needle) {
+                let after = &rest[at + needle.len()..];
+                let next_is_ident = after.chars().next().is_some_and(|c| c.is_alphanumeric() || c == '_');
+                let value = after.trim_start();
+                if !next_is_ident
+                    && value.starts_with('=')
+                    && !value.starts_with("==")
+                    && !value.starts_with("=>")
+                {
+                    out.push(format!("{file}:{}: {}", n + 1, line.trim()));
+                }
+                rest = after;
+            }
+        }
+    }
+    out
+}
+
+/// The control plane's task and host records change status only through
+/// `lifecycle::{task,host}` (`apply`, which runs `step`), and an incident's state only through
+/// `remediation` (`record`, `resolve`): no other file of the server, the core or the simulator
+/// assigns them. (The agent's own record of a process is what it reports; the server feeds
+/// each report through the task lifecycle.)
+#[test]
+fn statuses_are_written_only_by_the_lifecycles() {
+    let root = root();
+    let sources: Vec<_> = production_sources(&root)
+        .into_iter()
+        .filter(|(f, _)| {
+            ["mpsfleet-server", "mpsfleet-core", "mpsfleet-sim"]
+                .iter()
+                .any(|c| f.starts_with(&format!("crates/{c}/")))
+        })
+        .collect();
+    assert!(sources.len() > 50, "found only {} source files", sources.len());
+    let mut found = Vec::new();
+    for (file, code) in &sources {
+        if !file.contains("/lifecycle/") {
+            found.extend(assignments(file, code, &["last_status", "desired_status", "health_status"]));
+            found.extend(
+                assignments(file, code, &["status"])
+                    .into_iter()
+                    .filter(|l| l.contains("HostStatus::") || l.contains("TaskStatus::")),
+            );
+        }
+        if !file.ends_with("mpsfleet-core/src/remediation.rs") {
+            found.extend(
+                assignments(file, code, &["state"]).into_iter().filter(|l| l.contains("IncidentState::")),
+            );
+        }
+    }
+    assert!(found.is_empty(), "status fields assigned outside the lifecycles:\n{}", found.join("\n"));
+}
+
+/// The domain speaks no HTTP: nothing under the server's `cluster/` (nor `auth.rs`, `tls.rs`)
+/// names the API layer or its error type.
+#[test]
+fn the_domain_does_not_import_the_api_layer() {
+    let root = root();
+    let mut found = Vec::new();
+    for (file, code) in production_sources(&root) {
+        let domain = file.starts_with("crates/mpsfleet-server/src/cluster/")
+            || file.ends_with("mpsfleet-server/src/auth.rs")
+            || file.ends_with("mpsfleet-server/src/tls.rs");
+        if !domain {
+            continue;
+        }
+        for (n, line) in code.lines().enumerate() {
+            for name in ["ApiError", "crate::api", "crate::http", "crate::error", "axum", "StatusCode"] {
+                if line.contains(name) {
+                    found.push(format!("{file}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "the domain names the API layer:\n{}", found.join("\n"));
+}
+
+#[test]
+fn an_assignment_is_told_from_a_comparison() {
+    let code = "t.last_status = TaskStatus::Stopped;\nif t.last_status == x {}\nt.last_status_at = 1;\nmatch a { s.last_status => 1 }\n// t.last_status = y";
+    assert_eq!(
+        assignments("f.rs", code, &["last_status"]),
+        vec!["f.rs:1: t.last_status = TaskStatus::Stopped;"]
+    );
+}

@@ -9,6 +9,9 @@
 //! - a DEREGISTERED host never returns: a machine that comes back registers as a new host.
 //!
 //! Cordoning and health are not statuses: [`can_place`] combines them with the status.
+//!
+//! [`apply`] and [`set_health`] are the only writers of a host record's `status` and
+//! `health_status` (the architecture test holds every other file to it).
 
 use mpsfleet_types::{HealthStatus, Host, HostStatus};
 
@@ -84,6 +87,23 @@ pub fn step(from: HostStatus, event: Event) -> Result<HostStatus, TransitionErro
         (Draining | Active, Event::Activate) => Ok(Active),
         (Registering | Onboarding, Event::Activate) => refuse,
     }
+}
+
+/// Moves the host `h` by `event`: [`step`] decides, and `h.status` becomes the next status.
+/// An onboarded host starts healthy (its checks have all answered). Gives the status it left;
+/// on an error `h` is unchanged.
+pub fn apply(h: &mut Host, event: Event) -> Result<HostStatus, TransitionError> {
+    let from = h.status;
+    h.status = step(from, event)?;
+    if from == HostStatus::Onboarding && h.status == HostStatus::Active {
+        h.health_status = HealthStatus::Ok;
+    }
+    Ok(from)
+}
+
+/// The health the server's evaluation of the host's checks and heartbeats gives it.
+pub fn set_health(h: &mut Host, health: HealthStatus) {
+    h.health_status = health;
 }
 
 /// DEREGISTERED: the host is gone for good.

@@ -10,8 +10,11 @@
 //!   or when its host is gone ([`Event::ForcedStop`]).
 //!
 //! It does not record stop codes, reasons or times: the caller does, from the transition.
+//!
+//! [`apply`] and [`report_health`] are the only writers of a task record's `last_status`,
+//! `desired_status` and `health_status` (the architecture test holds every other file to it).
 
-use mpsfleet_types::{Task, TaskStatus};
+use mpsfleet_types::{Task, TaskHealth, TaskStatus};
 
 /// Where a task stands: its last status, whether a stop was asked for, whether it is placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +113,27 @@ pub fn step(s: TaskState, event: Event) -> Result<TaskState, TransitionError> {
         }
         Event::StopRequested => Ok(TaskState { stop_requested: true, ..s }),
         Event::ForcedStop => Ok(TaskState { last: TaskStatus::Stopped, stop_requested: true, ..s }),
+    }
+}
+
+/// Moves the task `t` by `event`: [`step`] decides, and its `last_status` and `desired_status`
+/// become those of the next state. Gives the state it left, so the caller can record what the
+/// transition means (a stop time, a reason); on an error `t` is unchanged.
+pub fn apply(t: &mut Task, event: Event) -> Result<TaskState, TransitionError> {
+    let from = TaskState::of(t);
+    let next = step(from, event)?;
+    t.last_status = next.last;
+    if next.stop_requested {
+        t.desired_status = TaskStatus::Stopped;
+    }
+    Ok(from)
+}
+
+/// The health the task's agent reports (its containers' health checks). A STOPPED task keeps
+/// the health it last had.
+pub fn report_health(t: &mut Task, health: TaskHealth) {
+    if !is_terminal(t.last_status) {
+        t.health_status = health;
     }
 }
 
@@ -218,6 +242,43 @@ mod tests {
             assert!(is_live(s) && !is_terminal(s), "{s:?}");
         }
         assert!(is_pending(Pending) && is_pending(Activating) && !is_pending(Running));
+    }
+
+    /// `apply` writes what `step` decides, and nothing when it refuses.
+    #[test]
+    fn apply_writes_the_next_state_into_the_record() {
+        let mut t = Task::new(
+            mpsfleet_types::TaskId(1),
+            mpsfleet_types::TaskDefRef { family: mpsfleet_types::Family::new("f").unwrap(), revision: 1 },
+            mpsfleet_types::PoolName::new("p").unwrap(),
+            None,
+            "test".into(),
+            0,
+        );
+        // Unplaced: a stop request stops it at once.
+        let before = t.clone();
+        assert_eq!(apply(&mut t, Event::AgentReported(Running)).map_err(|_| ()), Err(()));
+        assert_eq!(t, before, "a refused event changes nothing");
+        assert_eq!(apply(&mut t, Event::StopRequested).unwrap(), TaskState::NEW);
+        assert_eq!((t.last_status, t.desired_status), (Stopped, Stopped));
+        // Placed: it runs, is asked to stop, and stops when its agent says so.
+        let mut t = before.clone();
+        t.host_id = Some(mpsfleet_types::HostId::new("h-1").unwrap());
+        apply(&mut t, Event::AgentReported(Running)).unwrap();
+        report_health(&mut t, TaskHealth::Healthy);
+        assert_eq!(
+            (t.last_status, t.desired_status, t.health_status),
+            (Running, Running, TaskHealth::Healthy)
+        );
+        apply(&mut t, Event::StopRequested).unwrap();
+        assert_eq!((t.last_status, t.desired_status), (Running, Stopped));
+        apply(&mut t, Event::AgentReported(Stopped)).unwrap();
+        report_health(&mut t, TaskHealth::Unhealthy);
+        assert_eq!(
+            (t.last_status, t.health_status),
+            (Stopped, TaskHealth::Healthy),
+            "health is kept once stopped"
+        );
     }
 
     /// Whatever happens to a task, it never leaves STOPPED and never moves back.

@@ -1,6 +1,7 @@
 //! The cluster's CAs and certificates, API and join tokens, and the audit log.
 
 use super::*;
+use crate::cluster::Error;
 
 /// The cluster CAs' certificates, to anyone: the active CA, then the next one while a CA
 /// rotation is under way. A new agent trusts only the one whose hash its join token names
@@ -38,9 +39,7 @@ pub(super) fn ca_rotation(c: &Cluster, cas: &crate::tls::CaSet) -> mpsfleet_type
 pub(super) async fn ca_step(
     st: &AppState,
     headers: &HeaderMap,
-    step: impl FnOnce(&crate::tls::ServerTls, &mut Cluster) -> Result<crate::tls::CaSet, ApiError>
-        + Send
-        + 'static,
+    step: impl FnOnce(&crate::tls::ServerTls, &mut Cluster) -> Result<crate::tls::CaSet, Error> + Send + 'static,
 ) -> Result<mpsfleet_types::access::CaRotation, ApiError> {
     let tls = serving_tls(st)?;
     st.call(headers, admin, move |c, _| {
@@ -81,7 +80,7 @@ pub(super) async fn cluster_status(
     // Each member is asked in turn, on a blocking thread: a dead member costs its timeout.
     let status = tokio::task::spawn_blocking(move || ha.status(revision))
         .await
-        .map_err(|e| ApiError::Internal(format!("cluster status: {e}")))?;
+        .map_err(|e| ApiError::from(Error::Internal(format!("cluster status: {e}"))))?;
     Ok(Json(status))
 }
 
@@ -151,7 +150,7 @@ pub(super) async fn activate_ca(
         if let (Some(next), false) = (&tls.cas().next, req.force) {
             let behind = c.hosts_not_trusting(&next.hash());
             if !behind.is_empty() {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "{} host(s) have not reported trusting the next CA yet ({}): their agents could \
                      not reach the server once it is active. Wait for their heartbeats (an agent \
                      fetches the CAs within a heartbeat), or give force to activate anyway",
@@ -238,7 +237,7 @@ pub(super) async fn rotate_admin_token(
             let Some(file) = &file else { return c.rotate_admin_token(token) };
             let staged = crate::staged_admin_token(file);
             crate::auth::write_secret(&staged, &token)
-                .map_err(|e| ApiError::StoreUnavailable(format!("cannot write {}: {e}", staged.display())))?;
+                .map_err(|e| Error::StoreUnavailable(format!("cannot write {}: {e}", staged.display())))?;
             let rotated = c.rotate_admin_token(token);
             match &rotated {
                 Ok(_) => {

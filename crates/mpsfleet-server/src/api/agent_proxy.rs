@@ -1,6 +1,7 @@
 //! What the server fetches from agents for a client: a task's logs (bounded, pinned to the agent's certificate), a host's metrics and the scrape targets.
 
 use super::*;
+use crate::cluster::Error;
 
 pub(super) fn default_stream() -> String {
     "stdout".into()
@@ -55,9 +56,10 @@ pub(super) async fn task_logs(
     let (failure, note) = match &plan.agent {
         // Not the agent failing: there is no agent to ask (409, unlike an agent that does not
         // answer, 502).
-        Err(why) => {
-            (ApiError::Conflict(format!("{why}, and its agent reported no output of it")), Some(why.clone()))
-        }
+        Err(why) => (
+            ApiError::from(Error::Conflict(format!("{why}, and its agent reported no output of it"))),
+            Some(why.clone()),
+        ),
         Ok(agent) => match fetch_agent_logs(&st.http, st.tls.is_some(), agent, &plan.task_id, &q).await {
             Ok(answer) => {
                 let (text, lines) = match answer.body {
@@ -80,11 +82,11 @@ pub(super) async fn task_logs(
             }
             Err(AgentLogsFailure::Unreachable(why)) => {
                 let note = format!("host unreachable: {why}");
-                (ApiError::Unavailable(why), Some(note))
+                (ApiError::from(Error::Unavailable(why)), Some(note))
             }
             Err(AgentLogsFailure::BadAnswer(why)) => {
                 let note = format!("the agent's answer was refused: {why}");
-                (ApiError::Unavailable(why), Some(note))
+                (ApiError::from(Error::Unavailable(why)), Some(note))
             }
             Err(AgentLogsFailure::TaskUnknown(e)) => (e, Some("the agent no longer has the task".into())),
             Err(AgentLogsFailure::Refused(e)) => (e, None),
@@ -204,11 +206,12 @@ pub(super) async fn host_metrics(
     let agent = st
         .call(&headers, viewer, move |c, _| {
             let h = c.host(&id)?;
-            c.agent_endpoint(&h.id).map_err(ApiError::Conflict)
+            c.agent_endpoint(&h.id).map_err(Error::Conflict)
         })
         .await?;
     let url = format!("{}/metrics", agent.url);
-    let unavailable = |e: &dyn std::fmt::Display| ApiError::Unavailable(format!("cannot fetch {url}: {e}"));
+    let unavailable =
+        |e: &dyn std::fmt::Display| ApiError::from(Error::Unavailable(format!("cannot fetch {url}: {e}")));
     let http = agent_http(&st.http, st.tls.is_some(), &agent).map_err(|e| unavailable(&e))?;
     let mut resp = http
         .get(&url)

@@ -1,6 +1,7 @@
 //! The agents' own endpoints: registration (batched commits), heartbeats (the quiet path outside the cluster lock when it can), assignments and task reports.
 
 use super::*;
+use crate::cluster::Error;
 
 #[utoipa::path(
     post,
@@ -27,7 +28,7 @@ pub(super) async fn register_host(
     }
     let answer = answered
         .await
-        .map_err(|_| ApiError::Internal("the registration commit stopped unanswered".into()))?;
+        .map_err(|_| ApiError::from(Error::Internal("the registration commit stopped unanswered".into())))?;
     Ok(created(answer?))
 }
 
@@ -43,7 +44,7 @@ pub(super) fn commit_registrations(st: &AppState) {
         let (answers, jobs) = {
             let Ok(mut c) = st.cluster.lock() else {
                 for w in group {
-                    let _ = w.answer.send(Err(ApiError::Internal(
+                    let _ = w.answer.send(Err(Error::Internal(
                         "state lock poisoned by an earlier failure; restart the server".into(),
                     )));
                 }
@@ -58,7 +59,7 @@ pub(super) fn commit_registrations(st: &AppState) {
                     if joiner(&who) {
                         Ok(who)
                     } else {
-                        Err(ApiError::Forbidden(format!("this endpoint is not open to {}", describe(&who))))
+                        Err(Error::Forbidden(format!("this endpoint is not open to {}", describe(&who))))
                     }
                 });
                 match allowed {
@@ -112,17 +113,14 @@ pub(super) async fn host_status(
     // The lock is mostly held for microseconds (by a heartbeat on the other thread): serve
     // other connections for a moment and try again, a few times, before the longer way round.
     for _ in 0..4 {
-        match quiet_heartbeat(&st, token, report) {
+        match quiet_heartbeat(&st, token, &report) {
             Quiet::Done(answer) => return answer.map(Json),
-            Quiet::Commits(r) => {
-                report = r;
-                break;
-            }
-            Quiet::Busy(r) => report = r,
+            Quiet::Commits => break,
+            Quiet::Busy => {}
         }
         tokio::task::yield_now().await;
     }
-    Ok(Json(st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, report)).await?))
+    Ok(Json(st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, &report)).await?))
 }
 
 /// Longest `logsUrl` a heartbeat may carry.
@@ -234,30 +232,30 @@ pub(super) enum Quiet {
     /// Applied (or refused, as the usual path would).
     Done(Result<HostStatusAnswer, ApiError>),
     /// The cluster lock was taken (or poisoned, which the usual path reports).
-    Busy(HostStatusReport),
+    Busy,
     /// It has something to commit: the usual path applies it.
-    Commits(HostStatusReport),
+    Commits,
 }
 
 /// Most heartbeats commit nothing (see [`Cluster::quiet_heartbeat`]): such a one is applied
 /// right here, without a trip to a blocking thread, when the cluster lock is free at once.
-pub(super) fn quiet_heartbeat(st: &AppState, token: &str, report: HostStatusReport) -> Quiet {
+pub(super) fn quiet_heartbeat(st: &AppState, token: &str, report: &HostStatusReport) -> Quiet {
     let digest = auth::digest(token);
-    let Ok(mut c) = st.cluster.try_lock() else { return Quiet::Busy(report) };
+    let Ok(mut c) = st.cluster.try_lock() else { return Quiet::Busy };
     let who = match c.authenticate_digest(&digest) {
         Ok(Principal::Host(h)) => h,
         Ok(other) => {
-            return Quiet::Done(Err(ApiError::Forbidden(format!(
+            return Quiet::Done(Err(ApiError::from(Error::Forbidden(format!(
                 "this endpoint is not open to {}",
                 describe(&other)
-            ))))
+            )))))
         }
-        Err(e) => return Quiet::Done(Err(e)),
+        Err(e) => return Quiet::Done(Err(e.into())),
     };
     match c.quiet_heartbeat(&who, report) {
-        Ok(Ok(answer)) => Quiet::Done(Ok(answer)),
-        Ok(Err(report)) => Quiet::Commits(report),
-        Err(e) => Quiet::Done(Err(e)),
+        Ok(Some(answer)) => Quiet::Done(Ok(answer)),
+        Ok(None) => Quiet::Commits,
+        Err(e) => Quiet::Done(Err(e.into())),
     }
 }
 

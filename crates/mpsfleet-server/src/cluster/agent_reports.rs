@@ -6,8 +6,8 @@ use super::*;
 
 impl Cluster {
     /// [`Cluster::host_ix`] of an id already parsed (a heartbeat's): no copy, no second parse.
-    pub(super) fn host_ix_of(&self, id: &HostId) -> Result<HostIx, ApiError> {
-        self.sched.host(id).ok_or_else(|| ApiError::not_found("host", id.as_str()))
+    pub(super) fn host_ix_of(&self, id: &HostId) -> Result<HostIx, Error> {
+        self.sched.host(id).ok_or_else(|| Error::not_found("host", id.as_str()))
     }
 
     /// A heartbeat; `onboarded` moves an ONBOARDING host to ACTIVE. Answers with the host's
@@ -15,19 +15,18 @@ impl Cluster {
     pub fn host_status(
         &mut self,
         host: &HostId,
-        report: HostStatusReport,
-    ) -> Result<HostStatusAnswer, ApiError> {
-        let mut report = match self.quiet_heartbeat(host, report)? {
-            Ok(answer) => return Ok(answer),
-            Err(report) => report,
-        };
+        report: &HostStatusReport,
+    ) -> Result<HostStatusAnswer, Error> {
+        if let Some(answer) = self.quiet_heartbeat(host, report)? {
+            return Ok(answer);
+        }
         let ix = self.host_ix_of(host)?;
         let now = self.now();
         let revision = self.revision;
         let entry = &mut self.hosts[ix as usize];
         let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
         entry.last_heartbeat_ms = Some(now);
-        entry.set_checks(std::mem::take(&mut report.checks));
+        entry.set_checks(&report.checks);
         let onboarded = report.onboarded;
         entry.keep_reported(report);
         entry.evaluated = false;
@@ -42,8 +41,8 @@ impl Cluster {
         let entry = &mut self.hosts[ix as usize];
         if onboarded && entry.host.status == HostStatus::Onboarding {
             let mut h = entry.host.clone();
-            h.status = HostStatus::Active;
-            h.health_status = HealthStatus::Ok;
+            host_lifecycle::apply(&mut h, host_lifecycle::Event::Onboarded)
+                .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
             self.write_host(ix, h)?;
         }
         self.evaluate_host(ix)?;
@@ -59,14 +58,14 @@ impl Cluster {
 
     /// A heartbeat that commits nothing and leaves remediation nothing to do, applied in
     /// memory: the host's report is kept and its health re-evaluated, exactly as
-    /// [`Cluster::host_status`] would. Gives the report back, changing nothing, when it would
+    /// [`Cluster::host_status`] would. Answers `None`, changing nothing, when it would
     /// commit (onboarding, a changed health status, a new incident) or while an unresolved
     /// incident is about this host or names it as a replacement (remediation then runs with it).
     pub fn quiet_heartbeat(
         &mut self,
         host: &HostId,
-        mut report: HostStatusReport,
-    ) -> Result<Result<HostStatusAnswer, HostStatusReport>, ApiError> {
+        report: &HostStatusReport,
+    ) -> Result<Option<HostStatusAnswer>, Error> {
         let ix = self.host_ix_of(host)?;
         let e = &self.hosts[ix as usize];
         // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
@@ -75,10 +74,10 @@ impl Cluster {
             || !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty()
             || self.incidents.engages(host)
         {
-            return Ok(Err(report));
+            return Ok(None);
         }
         let now = self.now();
-        let same_checks = || checks_key::of(&report.checks) == e.checks_key;
+        let same_checks = || checks_key::matches(&report.checks, &e.checks_key);
         if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
             // The same checks, all OK: evaluating them with this heartbeat gives the health the
             // host has, but for the time of the agent's last heartbeat.
@@ -89,24 +88,24 @@ impl Cluster {
             if let Some(c) = entry.health.checks.iter_mut().find(|c| c.gpu_id.is_none() && c.name == agent) {
                 c.reported_since_ms = now;
             }
-            return Ok(Ok(self.status_answer(ix)));
+            return Ok(Some(self.status_answer(ix)));
         }
         let health = self.assess_host(ix, &report.checks, Some(now), now);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
             if h.status != e.host.health_status || declared_bad {
-                return Ok(Err(report));
+                return Ok(None);
             }
         }
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
-        entry.set_checks(std::mem::take(&mut report.checks));
+        entry.set_checks(&report.checks);
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
         }
-        Ok(Ok(self.status_answer(ix)))
+        Ok(Some(self.status_answer(ix)))
     }
 
     /// What a heartbeat is answered with: the host's pool's health policy.
@@ -118,7 +117,7 @@ impl Cluster {
     }
 
     /// The tasks an agent should run (or stop), and the host's change epoch.
-    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), ApiError> {
+    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), Error> {
         let a = self.shared_assignments(host)?;
         let task_definitions = a.definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
         Ok((
@@ -135,7 +134,7 @@ impl Cluster {
     /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
     /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
     /// every host's long-poll.
-    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, ApiError> {
+    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, Error> {
         let ix = self.host_ix(host.as_str())?;
         let e = &self.hosts[ix as usize];
         let tasks: Vec<Task> = self
@@ -163,10 +162,10 @@ impl Cluster {
         host: &HostId,
         id: &str,
         mut report: TaskStateReport,
-    ) -> Result<Task, ApiError> {
+    ) -> Result<Task, Error> {
         let task = self.task(id)?;
         if task.host_id.as_ref() != Some(host) {
-            return Err(ApiError::Forbidden(format!("task {id} is not placed on host {host}")));
+            return Err(Error::Forbidden(format!("task {id} is not placed on host {host}")));
         }
         if let Some(output) = report.output.take() {
             self.keep_output(task.id, output, report.last_status == TaskStatus::Stopped);
@@ -175,15 +174,16 @@ impl Cluster {
         if task_lifecycle::is_terminal(task.last_status) {
             return Ok(task);
         }
-        let reported = task_lifecycle::Event::AgentReported(report.last_status);
-        if let Err(e) = task_lifecycle::step(task_lifecycle::TaskState::of(&task), reported) {
-            return Err(ApiError::Conflict(format!("task {id}: {e}")));
-        }
         let now = self.now();
         let mut t = task.clone();
-        t.last_status = report.last_status;
+        // The health the report carries is the task's last word before its status moves
+        // (a STOPPED report's too).
         if let Some(h) = report.health_status {
-            t.health_status = h;
+            task_lifecycle::report_health(&mut t, h);
+        }
+        let reported = task_lifecycle::Event::AgentReported(report.last_status);
+        if let Err(e) = task_lifecycle::apply(&mut t, reported) {
+            return Err(Error::Conflict(format!("task {id}: {e}")));
         }
         if let Some(r) = report.ready {
             t.ready = r;
@@ -199,7 +199,6 @@ impl Cluster {
         }
         if t.last_status == TaskStatus::Stopped {
             t.ready = false;
-            t.desired_status = TaskStatus::Stopped;
             for a in &mut t.attachments {
                 a.status = "DELETED".into();
             }
@@ -267,9 +266,9 @@ const MAX_REPORTED_NOTES: usize = 16;
 const MAX_REPORTED_TEXT: usize = 4096;
 
 /// Bounds what an agent may store in a task's `containers` (the server keeps it).
-pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<(), ApiError> {
+pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<(), Error> {
     if containers.len() > MAX_REPORTED_CONTAINERS {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "containers",
             format!("at most {MAX_REPORTED_CONTAINERS} containers, got {}", containers.len()),
         ));
@@ -284,31 +283,31 @@ pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<
         ];
         let long = texts.into_iter().flatten().chain(&c.notes).find(|t| t.len() > MAX_REPORTED_TEXT);
         if let Some(t) = long {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}]"),
                 format!("each text is at most {MAX_REPORTED_TEXT} bytes, got {}", t.len()),
             ));
         }
         if c.notes.len() > MAX_REPORTED_NOTES {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}].notes"),
                 format!("at most {MAX_REPORTED_NOTES} notes, got {}", c.notes.len()),
             ));
         }
         if c.network_bindings.len() > MAX_REPORTED_BINDINGS {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}].networkBindings"),
                 format!("at most {MAX_REPORTED_BINDINGS} bindings, got {}", c.network_bindings.len()),
             ));
         }
         if let Some(b) = c.network_bindings.iter().find(|b| b.bind_ip.len() > 64) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}].networkBindings"),
                 format!("bindIp is at most 64 bytes, got {}", b.bind_ip.len()),
             ));
         }
         if c.network_interfaces.len() > MAX_REPORTED_INTERFACES {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}].networkInterfaces"),
                 format!("at most {MAX_REPORTED_INTERFACES} interfaces, got {}", c.network_interfaces.len()),
             ));
@@ -318,7 +317,7 @@ pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<
             .iter()
             .find(|n| n.attachment_id.len() > 128 || n.private_ipv4_address.len() > 64);
         if let Some(n) = long {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("containers[{i}].networkInterfaces"),
                 format!(
                     "attachmentId is at most 128 bytes and privateIpv4Address at most 64, got {} and {}",

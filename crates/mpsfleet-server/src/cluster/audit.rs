@@ -43,7 +43,7 @@ fn key(seq: u64) -> String {
 }
 
 impl Cluster {
-    pub(super) fn load_audit(&mut self) -> Result<(), ApiError> {
+    pub(super) fn load_audit(&mut self) -> Result<(), Error> {
         let mut keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
         keys.sort();
         self.audit_log.next_seq = keys.last().and_then(|k| k.parse::<u64>().ok()).map_or(0, |s| s + 1);
@@ -56,16 +56,14 @@ impl Cluster {
         self.audit_call = ctx.map(|ctx| AuditCall { ctx, written: false });
     }
 
-    /// Ends the call: one that committed nothing gets an entry of its own, with its result.
-    pub fn end_audit<T>(&mut self, out: &Result<T, ApiError>) {
+    /// Ends the call: one that committed nothing gets an entry of its own, with its result
+    /// (`failure`: the error, as the caller was answered; `None`: it succeeded).
+    pub fn end_audit(&mut self, failure: Option<String>) {
         let Some(call) = self.audit_call.take() else { return };
         if call.written {
             return;
         }
-        let result = match out {
-            Ok(_) => "ok (no change)".to_string(),
-            Err(e) => format!("{}: {e}", e.status_and_code().1),
-        };
+        let result = failure.unwrap_or_else(|| "ok (no change)".to_string());
         let ops = match self.audit_ops(&call.ctx, result, None) {
             Ok(ops) => ops,
             Err(e) => {
@@ -84,7 +82,7 @@ impl Cluster {
 
     /// The ops a commit adds for the call being served, the first time: its entry, and the
     /// removal of the oldest when the log is full. [`Cluster::audit_written`] once committed.
-    pub(super) fn audit_ops_for_commit(&mut self) -> Result<Vec<Op>, ApiError> {
+    pub(super) fn audit_ops_for_commit(&mut self) -> Result<Vec<Op>, Error> {
         let Some(call) = self.audit_call.as_ref().filter(|c| !c.written) else { return Ok(Vec::new()) };
         let ctx = call.ctx.clone();
         // The revision this commit gets: the cluster is the store's one writer, and a commit
@@ -107,12 +105,7 @@ impl Cluster {
     }
 
     /// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
-    fn audit_ops(
-        &self,
-        ctx: &AuditContext,
-        result: String,
-        revision: Option<u64>,
-    ) -> Result<Vec<Op>, ApiError> {
+    fn audit_ops(&self, ctx: &AuditContext, result: String, revision: Option<u64>) -> Result<Vec<Op>, Error> {
         let event = AuditEvent {
             actor: ctx.actor.clone(),
             role: ctx.role,
@@ -132,7 +125,7 @@ impl Cluster {
     }
 
     /// `audit list`: the newest `limit` entries, oldest first.
-    pub fn audit_entries(&self, limit: usize) -> Result<Vec<AuditEntry>, ApiError> {
+    pub fn audit_entries(&self, limit: usize) -> Result<Vec<AuditEntry>, Error> {
         let limit = limit.min(MAX_AUDIT_LIST);
         let start = self.audit_log.keys.len().saturating_sub(limit);
         let mut out = Vec::with_capacity(limit);
@@ -168,11 +161,11 @@ mod tests {
         let before = c.revision();
         c.begin_audit(Some(ctx("POST /v1/pools")));
         let out = c.create_pool(CreatePool { name: "gpu".into(), ..Default::default() });
-        c.end_audit(&out);
+        c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.code())));
         assert_eq!(c.revision(), before + 1, "the pool and its entry are one commit");
         c.begin_audit(Some(ctx("POST /v1/pools")));
         let out = c.create_pool(CreatePool { name: "gpu".into(), ..Default::default() });
-        c.end_audit(&out);
+        c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.code())));
         let entries = c.audit_entries(10).unwrap();
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0].result, "ok");
@@ -182,7 +175,7 @@ mod tests {
         // Calls made without a context (agents, controllers) write none.
         c.begin_audit(None);
         let out = c.update_pool("gpu", UpdatePool::default());
-        c.end_audit(&out);
+        c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.code())));
         assert_eq!(c.audit_entries(10).unwrap().len(), 2);
         // A restarted server continues the sequence.
         let c = Cluster::load(store, clock, |_| Ok(())).unwrap();

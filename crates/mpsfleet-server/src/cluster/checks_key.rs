@@ -3,23 +3,61 @@
 //!
 //! Comparing the checks themselves reads every string of the stored ones, each in its own
 //! allocation: at a thousand hosts, each reporting sixteen checks every second, those reads
-//! miss the cache and cost more than the rest of the heartbeat together. The key of the new
-//! report is built from memory the request has just written, and compared with the stored key
-//! in one contiguous read. Every field is written with its length, so two lists of checks have
-//! the same key exactly when they are equal: no hash, no collisions.
+//! miss the cache and cost more than the rest of the heartbeat together. The new report is
+//! compared with the stored key field by field as its key would be written ([`matches`]), so
+//! the stored side is one contiguous read and nothing is allocated; the key is written again
+//! only when the checks changed. Every field is written with its length, so two lists of
+//! checks have the same key exactly when they are equal: no hash, no collisions.
 
 use mpsfleet_types::{HealthStatus, HostCheck};
 
 /// The key of `checks`.
 pub(super) fn of(checks: &[HostCheck]) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 * checks.len() + 8);
-    encode(checks, &mut out);
+    write(checks, &mut out);
     out
+}
+
+/// Whether `key` is the key of `checks`: compared as it would be written, without writing it.
+pub(super) fn matches(checks: &[HostCheck], key: &[u8]) -> bool {
+    let mut rest = Compare { rest: key, same: true };
+    write(checks, &mut rest);
+    rest.same && rest.rest.is_empty()
 }
 
 /// Writes the key of `checks` into `out` (cleared first).
 pub(super) fn encode(checks: &[HostCheck], out: &mut Vec<u8>) {
     out.clear();
+    write(checks, out);
+}
+
+/// Where a key goes: a buffer, or a comparison with a key written before.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// The part of a key not compared yet, and whether what was compared is equal.
+struct Compare<'a> {
+    rest: &'a [u8],
+    same: bool,
+}
+
+impl Sink for Compare<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        match self.rest.split_at_checked(bytes.len()) {
+            Some((head, tail)) if self.same && head == bytes => self.rest = tail,
+            _ => self.same = false,
+        }
+    }
+}
+
+fn write(checks: &[HostCheck], out: &mut impl Sink) {
     put_len(out, checks.len());
     for c in checks {
         // Destructured, so that a field added to `HostCheck` cannot be left out silently.
@@ -36,41 +74,41 @@ pub(super) fn encode(checks: &[HostCheck], out: &mut Vec<u8>) {
         put_str(out, name);
         match gpu_id {
             Some(g) => {
-                out.push(1);
+                out.put(&[1]);
                 put_str(out, g.as_str());
             }
-            None => out.push(0),
+            None => out.put(&[0]),
         }
-        out.push(match status {
+        out.put(&[match status {
             HealthStatus::Ok => 0,
             HealthStatus::Initializing => 1,
             HealthStatus::InsufficientData => 2,
             HealthStatus::Impaired => 3,
-        });
+        }]);
         put_str(out, reason);
-        out.extend_from_slice(&since_ms.to_le_bytes());
-        out.extend_from_slice(&restarts.to_le_bytes());
+        out.put(&since_ms.to_le_bytes());
+        out.put(&restarts.to_le_bytes());
         match first_failure_age_ms {
             Some(a) => {
-                out.push(1);
-                out.extend_from_slice(&a.to_le_bytes());
+                out.put(&[1]);
+                out.put(&a.to_le_bytes());
             }
-            None => out.push(0),
+            None => out.put(&[0]),
         }
         put_len(out, repair_ages_ms.len());
         for a in repair_ages_ms {
-            out.extend_from_slice(&a.to_le_bytes());
+            out.put(&a.to_le_bytes());
         }
     }
 }
 
-fn put_len(out: &mut Vec<u8>, n: usize) {
-    out.extend_from_slice(&(n as u64).to_le_bytes());
+fn put_len(out: &mut impl Sink, n: usize) {
+    out.put(&(n as u64).to_le_bytes());
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+fn put_str(out: &mut impl Sink, s: &str) {
     put_len(out, s.len());
-    out.extend_from_slice(s.as_bytes());
+    out.put(s.as_bytes());
 }
 
 #[cfg(test)]
@@ -101,6 +139,9 @@ mod tests {
     fn equal_checks_have_equal_keys_and_any_change_changes_the_key() {
         let base = vec![check(), HostCheck { name: "GPU".into(), ..check() }];
         assert_eq!(key(&base), key(&base.clone()));
+        assert!(matches(&base, &key(&base)), "a key matches the checks it was written from");
+        assert!(!matches(&base[..1], &key(&base)), "a prefix of the checks is not them");
+        assert!(!matches(&base, &key(&base[..1])), "nor are more checks");
         assert_ne!(key(&base), key(&base[..1]));
         assert_ne!(key(&[]), key(&base[..1]));
         let changes: Vec<fn(&mut HostCheck)> = vec![
@@ -121,6 +162,7 @@ mod tests {
             change(&mut other[0]);
             assert_ne!(other, base);
             assert_ne!(key(&other), key(&base), "change {k} left the key as it was");
+            assert!(!matches(&other, &key(&base)), "change {k} matched the old key");
         }
     }
 
@@ -129,6 +171,7 @@ mod tests {
     fn field_boundaries_are_part_of_the_key() {
         let a = HostCheck { name: "AB".into(), reason: "C".into(), ..check() };
         let b = HostCheck { name: "A".into(), reason: "BC".into(), ..check() };
-        assert_ne!(key(&[a]), key(&[b]));
+        assert_ne!(key(std::slice::from_ref(&a)), key(std::slice::from_ref(&b)));
+        assert!(!matches(&[b], &key(&[a])));
     }
 }

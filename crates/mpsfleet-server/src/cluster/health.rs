@@ -106,7 +106,7 @@ const TERMINATE_RETRY: Retry = Retry {
 };
 
 impl Cluster {
-    pub(super) fn load_incidents(&mut self) -> Result<(), ApiError> {
+    pub(super) fn load_incidents(&mut self) -> Result<(), Error> {
         for r in self.store.list(INCIDENT)? {
             let mut i: Incident = decode(&r)?;
             i.normalize();
@@ -121,11 +121,11 @@ impl Cluster {
         v
     }
 
-    pub fn incident(&self, id: &str) -> Result<Incident, ApiError> {
+    pub fn incident(&self, id: &str) -> Result<Incident, Error> {
         self.incidents
             .get(id)
             .map(|v| self.shown(v.value.clone()))
-            .ok_or_else(|| ApiError::not_found("incident", id))
+            .ok_or_else(|| Error::not_found("incident", id))
     }
 
     /// An incident as it is shown: a replacement task placed after the incident recorded it
@@ -144,7 +144,7 @@ impl Cluster {
 
     /// Commits an incident, then applies it; an incident equal to the stored one is not
     /// written again (nothing to say, nothing to store).
-    pub(super) fn write_incident(&mut self, incident: Incident) -> Result<(), ApiError> {
+    pub(super) fn write_incident(&mut self, incident: Incident) -> Result<(), Error> {
         let expect = match self.incidents.get(&incident.id) {
             Some(v) if v.value == incident => return Ok(()),
             Some(v) => Precondition::Version(v.version),
@@ -165,7 +165,7 @@ impl Cluster {
 
     /// Evaluates every host (heartbeat grace runs out without any report) and drives every
     /// incident; returns the provider calls to make.
-    pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
+    pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
         self.run_work();
         for ix in 0..self.hosts.len() as HostIx {
             // One host's failure (a failed commit) is logged and left for the next tick; the
@@ -343,7 +343,7 @@ impl Cluster {
 
     /// Re-evaluates one host: a changed health status is written and applied to placement at
     /// once; a host declared bad gets an incident (one per episode).
-    pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), ApiError> {
+    pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), Error> {
         let now = self.now();
         let e = &self.hosts[ix as usize];
         if e.evaluated && self.stays_healthy(ix, now) {
@@ -365,7 +365,7 @@ impl Cluster {
         if changed {
             let mut h = self.hosts[ix as usize].host.clone();
             tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.hosts[ix as usize].health.status.as_str(), "host health changed");
-            h.health_status = self.hosts[ix as usize].health.status;
+            host_lifecycle::set_health(&mut h, self.hosts[ix as usize].health.status);
             self.write_host(ix, h)?;
         }
         if let Verdict::DeclaredBad { trigger, impaired_since_ms } = verdict {
@@ -385,7 +385,7 @@ impl Cluster {
     }
 
     /// Plans and executes every unresolved incident until nothing more can happen now.
-    pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, ApiError> {
+    pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, Error> {
         let mut jobs = Vec::new();
         // Unresolved incidents, earliest opened first (the same order as `incidents()`, without
         // cloning the history of resolved ones).
@@ -429,7 +429,7 @@ impl Cluster {
         id: &str,
         counts: &mut BTreeMap<PoolName, PoolCounts>,
         jobs: &mut Vec<ProviderJob>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         self.resume_launch(id, jobs)?;
         // A few rounds: executing one action can make the next possible at once.
         for _ in 0..8 {
@@ -463,7 +463,7 @@ impl Cluster {
         id: &str,
         counts: &mut BTreeMap<PoolName, PoolCounts>,
         jobs: &mut Vec<ProviderJob>,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, Error> {
         let now = self.now();
         // Planned from the stored record; copied only when there is something to do (most
         // passes plan nothing for most incidents).
@@ -521,7 +521,7 @@ impl Cluster {
     /// timeline says was requested, and that has not joined, is asked for again (launch is
     /// idempotent by name) with a new registration token (only the token's digest was kept,
     /// so the old one can no longer be handed out; it is superseded).
-    fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), ApiError> {
+    fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), Error> {
         let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(()) };
         // A token that expired before its machine joined is minted again, and the machine
         // asked for again, once no launch is in flight.
@@ -556,7 +556,7 @@ impl Cluster {
     /// Mints the one-time registration token of the incident's replacement, binds its digest
     /// to the incident (replacing any earlier one), and returns the launch to request. The
     /// caller writes the incident.
-    fn mint_replacement(&mut self, incident: &mut Incident) -> Result<ProviderJob, ApiError> {
+    fn mint_replacement(&mut self, incident: &mut Incident) -> Result<ProviderJob, Error> {
         let token = auth::new_token("mpsf_repl_")?;
         let digest = auth::digest(&token);
         // Tokens minted before stay valid: the machine launched with one may still be booting
@@ -589,20 +589,20 @@ impl Cluster {
 
     /// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
     /// is no replacement token at all; an error naming why when it was one and is not usable.
-    pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, ApiError> {
+    pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, Error> {
         let Some(id) = self.replacement_tokens.get(digest) else { return Ok(None) };
         let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(None) };
         let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
             return Ok(None);
         };
         if b.host_id.is_some() {
-            return Err(ApiError::Unauthorized("this replacement token was already used"));
+            return Err(Error::Unauthorized("this replacement token was already used"));
         }
         if b.revoked || i.state == IncidentState::Resolved {
-            return Err(ApiError::Unauthorized("this replacement token was revoked: its incident ended"));
+            return Err(Error::Unauthorized("this replacement token was revoked: its incident ended"));
         }
         if self.now() >= b.expires_at_ms {
-            return Err(ApiError::Unauthorized("this replacement token has expired"));
+            return Err(Error::Unauthorized("this replacement token has expired"));
         }
         Ok(Some(id.clone()))
     }
@@ -615,10 +615,10 @@ impl Cluster {
         incident: &str,
         host: &HostId,
         pool: &PoolName,
-    ) -> Result<Option<Incident>, ApiError> {
+    ) -> Result<Option<Incident>, Error> {
         let Some(mut i) = self.incidents.get(incident).map(|v| v.value.clone()) else { return Ok(None) };
         if &i.pool != pool {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "pool",
                 format!(
                     "a replacement token joins pool {}, the pool of incident {}, not {pool}",
@@ -813,7 +813,7 @@ impl Cluster {
         incident: &mut Incident,
         action: &Action,
         jobs: &mut Vec<ProviderJob>,
-    ) -> Result<Moved, ApiError> {
+    ) -> Result<Moved, Error> {
         let Some(ix) = self.sched.host(&incident.host_id) else { return Ok(Vec::new()) };
         let mut moved = Vec::new();
         match action {
@@ -825,8 +825,11 @@ impl Cluster {
             }
             Action::MarkDraining => {
                 let mut h = self.hosts[ix as usize].host.clone();
-                h.status = HostStatus::Draining;
-                self.write_host(ix, h)?;
+                match host_lifecycle::apply(&mut h, host_lifecycle::Event::Drain) {
+                    Ok(_) => self.write_host(ix, h)?,
+                    // A host already gone is not drained again.
+                    Err(e) => tracing::warn!(host.id = %h.id, "not drained: {e}"),
+                }
             }
             Action::RequestReplacement => match self.provider_for(&incident.pool.clone()) {
                 Some(_) => {
@@ -884,7 +887,7 @@ impl Cluster {
     fn forced_stop(&self, task: &Task, code: StopCode, reason: &str, host_gone: bool) -> Task {
         let mut t = self.stopped_record(task, code, reason);
         if host_gone && t.last_status != TaskStatus::Stopped {
-            t.last_status = TaskStatus::Stopped;
+            force_stop(&mut t);
             t.stopped_at_ms = Some(self.now());
         }
         t
@@ -892,7 +895,7 @@ impl Cluster {
 
     /// Moves service tasks off a host in one commit: each old copy is stopped
     /// (`HostReplaced`) and a new task of its service is created and placed elsewhere.
-    fn move_tasks(&mut self, ix: HostIx, moves: &[MoveTask], incident: &str) -> Result<Moved, ApiError> {
+    fn move_tasks(&mut self, ix: HostIx, moves: &[MoveTask], incident: &str) -> Result<Moved, Error> {
         let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
         let host_id = self.hosts[ix as usize].host.id.clone();
         let reason = format!("moved off host {host_id} (incident {incident})");
@@ -939,12 +942,13 @@ impl Cluster {
 
     /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is
     /// recorded as stopped (the machine is gone).
-    pub(super) fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), ApiError> {
+    pub(super) fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), Error> {
         let mut h = self.hosts[ix as usize].host.clone();
         if h.status == HostStatus::Deregistered {
             return Ok(());
         }
-        h.status = HostStatus::Deregistered;
+        host_lifecycle::apply(&mut h, host_lifecycle::Event::Deregister)
+            .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
         self.write_host(ix, h)?;
         self.gpu_hosts.retain(|_, holder| *holder != ix);
         self.host_credentials.retain(|_, holder| *holder != ix);
@@ -966,7 +970,7 @@ impl Cluster {
         &mut self,
         job: &ProviderJob,
         failed: &AttemptRecord,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         let (op, incident, name) = match job {
             ProviderJob::Launch { incident, name, .. } => ("launch", incident, name),
             ProviderJob::Terminate { incident, name, .. } => ("terminate", incident, name),
@@ -989,7 +993,7 @@ impl Cluster {
         &mut self,
         job: &ProviderJob,
         outcome: ProviderOutcome,
-    ) -> Result<Vec<ProviderJob>, ApiError> {
+    ) -> Result<Vec<ProviderJob>, Error> {
         let result = match outcome {
             ProviderOutcome::Done => Ok(()),
             ProviderOutcome::Failed(reason) => Err(reason),

@@ -68,14 +68,14 @@ pub(super) enum Claim {
 
 /// A replay of another kind than its route's: the route is part of the token's key, so this
 /// would be a corrupt record.
-fn mismatched() -> ApiError {
-    ApiError::StoreCorrupt("a client token's record answers for another kind of call".into())
+fn mismatched() -> Error {
+    Error::StoreCorrupt("a client token's record answers for another kind of call".into())
 }
 
-fn check_token(token: &str) -> Result<(), ApiError> {
+fn check_token(token: &str) -> Result<(), Error> {
     if token.is_empty() || token.len() > MAX_CLIENT_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic())
     {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "clientToken",
             format!("must be 1 to {MAX_CLIENT_TOKEN_LEN} printable ASCII characters, without spaces"),
         ));
@@ -84,7 +84,7 @@ fn check_token(token: &str) -> Result<(), ApiError> {
 }
 
 impl Cluster {
-    pub(super) fn load_client_tokens(&mut self) -> Result<(), ApiError> {
+    pub(super) fn load_client_tokens(&mut self) -> Result<(), Error> {
         let mut all = Vec::new();
         for r in self.store.list(CLIENT_TOKEN)? {
             let rec: ClientTokenRecord = decode(&r)?;
@@ -107,17 +107,17 @@ impl Cluster {
         token: &str,
         request: &impl Serialize,
         replay: Replay,
-    ) -> Result<Claim, ApiError> {
+    ) -> Result<Claim, Error> {
         check_token(token)?;
         let key = crate::auth::digest(&format!("{actor}\n{route}\n{token}"));
         let body =
-            serde_json::to_vec(request).map_err(|e| ApiError::Internal(format!("encode a request: {e}")))?;
+            serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encode a request: {e}")))?;
         let request_sha256 = crate::auth::digest(&format!("{route}\n{}", String::from_utf8_lossy(&body)));
         let now = self.now();
         if let Some(rec) = self.client_tokens.by_key.get(&key) {
             if now.saturating_sub(rec.created_at_ms) < CLIENT_TOKEN_TTL_MS {
                 if rec.request_sha256 != request_sha256 {
-                    return Err(ApiError::Conflict(format!(
+                    return Err(Error::Conflict(format!(
                         "client token {token:?} was used with another request (within the last {} h): a \
                          client token names one request; use a new one for a new request",
                         CLIENT_TOKEN_TTL_MS / 3_600_000
@@ -139,7 +139,7 @@ impl Cluster {
 
     /// The ops that store the pending token, and delete the oldest records when they are past
     /// their time or too many.
-    pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, ApiError> {
+    pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, Error> {
         let Some((key, rec)) = &self.client_tokens.pending else { return Ok(Vec::new()) };
         let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
         let now = self.now();
@@ -194,9 +194,9 @@ impl Cluster {
         (actor, route, token): (&str, &str, Option<String>),
         req: R,
         replay: Replay,
-        first: impl FnOnce(&mut Self, R) -> Result<T, ApiError>,
-        again: impl FnOnce(&Self, Replay) -> Result<T, ApiError>,
-    ) -> Result<T, ApiError> {
+        first: impl FnOnce(&mut Self, R) -> Result<T, Error>,
+        again: impl FnOnce(&Self, Replay) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let Some(token) = token else { return first(self, req) };
         let out = match self.claim_client_token(actor, route, &token, &req, replay) {
             Ok(Claim::First) => first(self, req),
@@ -208,7 +208,7 @@ impl Cluster {
     }
 
     /// `task run` with its client token, if any, for `actor`.
-    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, ApiError> {
+    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, Error> {
         let token = req.client_token.take();
         let started_by = format!("run:{:016x}", crate::auth::random_u64()?);
         let replay = Replay::Tasks { started_by: started_by.clone() };
@@ -225,11 +225,7 @@ impl Cluster {
     }
 
     /// `service create` with its client token, if any, for `actor`.
-    pub fn create_service_as(
-        &mut self,
-        mut req: CreateService,
-        actor: &str,
-    ) -> Result<ServiceView, ApiError> {
+    pub fn create_service_as(&mut self, mut req: CreateService, actor: &str) -> Result<ServiceView, Error> {
         let token = req.client_token.take();
         let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
         let route = "POST /v1/services";
@@ -248,7 +244,7 @@ impl Cluster {
         name: &str,
         mut req: UpdateService,
         actor: &str,
-    ) -> Result<ServiceView, ApiError> {
+    ) -> Result<ServiceView, Error> {
         let token = req.client_token.take();
         let pool = self.service_record(name)?.value.pool.to_string();
         let replay = Replay::Service { name: name.to_string(), pool };
@@ -259,11 +255,11 @@ impl Cluster {
 
     /// The service a client token's call was about, as it is now: refused when the name is
     /// another pool's service now (the one the call made is gone).
-    fn replayed_service(&self, replay: Replay) -> Result<ServiceView, ApiError> {
+    fn replayed_service(&self, replay: Replay) -> Result<ServiceView, Error> {
         let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
         let view = self.service(&name)?;
         if view.service.pool.as_str() != pool {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "the client token answered for service {name} of pool {pool}, which is gone"
             )));
         }
@@ -313,7 +309,7 @@ mod tests {
         assert_eq!(ids(&first), ids(&again));
         assert_eq!(c.tasks(&TaskFilter { limit: 100, ..Default::default() }).len(), 2);
         let e = c.run_tasks_as(run(3, "abc"), "admin").unwrap_err();
-        assert!(matches!(e, ApiError::Conflict(_)), "{e}");
+        assert!(matches!(e, Error::Conflict(_)), "{e}");
         // Another caller's token of the same name is its own.
         let theirs = c.run_tasks_as(run(2, "abc"), "token:tok-1").unwrap();
         assert_ne!(ids(&theirs), ids(&first));
@@ -333,7 +329,7 @@ mod tests {
         // What a token may be.
         for bad in ["", "has space", &"x".repeat(MAX_CLIENT_TOKEN_LEN + 1)] {
             let e = c.run_tasks_as(run(1, bad), "admin").unwrap_err();
-            assert!(matches!(&e, ApiError::InvalidParameter { field, .. } if field == "clientToken"), "{e}");
+            assert!(matches!(&e, Error::InvalidParameter { field, .. } if field == "clientToken"), "{e}");
         }
     }
 
@@ -351,9 +347,9 @@ mod tests {
         };
         let first = c.create_service_as(req(0), "admin").unwrap();
         assert_eq!(c.create_service_as(req(0), "admin").unwrap(), first);
-        assert!(matches!(c.create_service_as(req(1), "admin").unwrap_err(), ApiError::Conflict(_)));
+        assert!(matches!(c.create_service_as(req(1), "admin").unwrap_err(), Error::Conflict(_)));
         let without = CreateService { client_token: None, ..req(0) };
-        assert!(matches!(c.create_service_as(without, "admin").unwrap_err(), ApiError::AlreadyExists { .. }));
+        assert!(matches!(c.create_service_as(without, "admin").unwrap_err(), Error::AlreadyExists { .. }));
         let update = |d| UpdateService {
             desired_count: Some(d),
             client_token: Some("u-1".into()),

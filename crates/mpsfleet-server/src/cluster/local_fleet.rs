@@ -18,7 +18,7 @@ impl Cluster {
     /// STOPPED by the user with `reason`, now. For after the hosts were stopped with their
     /// tasks while the server was down; a task still waiting for a host is left waiting.
     /// Returns how many were recorded.
-    pub fn record_stopped_with_hosts(&mut self, pool: &str, reason: &str) -> Result<usize, ApiError> {
+    pub fn record_stopped_with_hosts(&mut self, pool: &str, reason: &str) -> Result<usize, Error> {
         let pool = self.pool(pool)?.name;
         let now = self.now();
         let stopped: Vec<Task> = (self.tasks.values())
@@ -26,7 +26,7 @@ impl Cluster {
             .filter(|t| t.pool == pool && t.host_id.is_some() && t.last_status != TaskStatus::Stopped)
             .map(|t| {
                 let mut t = self.stopped_record(t, StopCode::UserInitiated, reason);
-                t.last_status = TaskStatus::Stopped;
+                force_stop(&mut t);
                 t.stopped_at_ms.get_or_insert(now);
                 t
             })
@@ -40,7 +40,7 @@ impl Cluster {
     /// are gone), leaves the fleet quietly: DEREGISTERED with `reason` in its events, its tasks
     /// recorded as stopped. No incident is opened; unlike `host forget`, the caller vouches that
     /// nothing runs it.
-    pub fn retire_host(&mut self, id: &HostId, reason: &str) -> Result<(), ApiError> {
+    pub fn retire_host(&mut self, id: &HostId, reason: &str) -> Result<(), Error> {
         let ix = self.host_ix(id.as_str())?;
         if self.hosts[ix as usize].host.status == HostStatus::Deregistered {
             return Ok(());

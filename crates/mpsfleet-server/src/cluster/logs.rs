@@ -14,7 +14,7 @@
 //!   keeping them under a kind of their own in the store remains possible.
 
 use super::Cluster;
-use crate::error::ApiError;
+use super::Error;
 use mpsfleet_types::logs::{LogSnapshot, SNAPSHOT_MAX_BYTES};
 use mpsfleet_types::{HostId, HostStatus, PoolName, TaskId};
 use std::collections::{BTreeSet, HashMap};
@@ -133,7 +133,7 @@ impl Cluster {
 
     /// Where to read a task's logs from. A task that is no longer known but has a snapshot (it
     /// was removed) is served from the snapshot; without either it is not found.
-    pub fn logs_plan(&self, id: &str) -> Result<LogsPlan, ApiError> {
+    pub fn logs_plan(&self, id: &str) -> Result<LogsPlan, Error> {
         let snapshot = |task_id: &TaskId| self.output.get(task_id).map(|(at, s)| (at, s.clone()));
         let task = match self.task(id) {
             Ok(t) => t,

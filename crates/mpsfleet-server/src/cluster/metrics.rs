@@ -109,7 +109,7 @@ mod tests {
                 plugins: Default::default(),
             };
             let id = c.register_host(reg).unwrap().host_id;
-            c.host_status(&id, HostStatusReport { onboarded: true, ..Default::default() }).unwrap();
+            c.host_status(&id, &HostStatusReport { onboarded: true, ..Default::default() }).unwrap();
         }
         let td = br#"{"family": "t", "containerDefinitions": [{"name": "m", "command": ["sleep", "1"],
             "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]}"#;

@@ -9,6 +9,7 @@
 mod agent_reports;
 mod audit;
 mod checks_key;
+mod error;
 mod health;
 mod idempotency;
 mod incident_table;
@@ -35,6 +36,7 @@ pub use tokens::{AdminDigest, JoinDigests};
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
+pub use error::Error;
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
@@ -47,9 +49,9 @@ pub use retention::{
 pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
 
 use crate::auth::{self, Principal};
-use crate::error::ApiError;
 use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, LocalProvider};
 use mpsfleet_core::clock::Clock;
+use mpsfleet_core::lifecycle::host as host_lifecycle;
 use mpsfleet_core::lifecycle::task as task_lifecycle;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
@@ -138,19 +140,29 @@ struct HostEntry {
 }
 
 impl HostEntry {
-    fn set_checks(&mut self, checks: Vec<HostCheck>) {
-        checks_key::encode(&checks, &mut self.checks_key);
-        self.checks = checks;
+    /// Takes a heartbeat's checks, copying them only when they changed.
+    fn set_checks(&mut self, checks: &[HostCheck]) {
+        if !checks_key::matches(checks, &self.checks_key) {
+            checks_key::encode(checks, &mut self.checks_key);
+            self.checks = checks.to_vec();
+        }
     }
 
-    /// Keeps what a heartbeat says besides its checks: where the agent serves logs (and with
-    /// which certificate), and whom it trusts.
-    /// Keeps what a heartbeat reports besides its checks.
-    fn keep_reported(&mut self, report: HostStatusReport) {
-        self.logs_url = report.logs_url;
-        self.logs_cert = report.logs_cert_sha256;
-        self.trusted_cas = report.trusted_ca_sha256;
-        self.gpu_use = report.gpu_use;
+    /// Keeps what a heartbeat reports besides its checks: where the agent serves logs (and
+    /// with which certificate), whom it trusts, and what its tasks use of their GPUs.
+    fn keep_reported(&mut self, report: &HostStatusReport) {
+        self.logs_url.clone_from(&report.logs_url);
+        self.logs_cert.clone_from(&report.logs_cert_sha256);
+        self.trusted_cas.clone_from(&report.trusted_ca_sha256);
+        self.gpu_use.clone_from(&report.gpu_use);
+    }
+}
+
+/// Stops `t` without its agent (its host is gone, or was stopped with it): a forced stop applies
+/// in every state.
+fn force_stop(t: &mut Task) {
+    if let Err(e) = task_lifecycle::apply(t, task_lifecycle::Event::ForcedStop) {
+        tracing::error!(task.id = %t.id, "a forced stop was refused: {e}");
     }
 }
 
@@ -264,8 +276,8 @@ impl Cluster {
     pub fn load(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
-        keep_tokens: impl FnOnce(&FirstStart) -> Result<(), ApiError>,
-    ) -> Result<Cluster, ApiError> {
+        keep_tokens: impl FnOnce(&FirstStart) -> Result<(), Error>,
+    ) -> Result<Cluster, Error> {
         Self::migrate(store.as_ref())?;
         let admin_sha256 = match store.get(AUTH, "admin")? {
             Some(a) => decode::<AuthRecord>(&a)?.sha256,
@@ -352,7 +364,7 @@ impl Cluster {
         Ok(c)
     }
 
-    fn rebuild(&mut self) -> Result<(), ApiError> {
+    fn rebuild(&mut self) -> Result<(), Error> {
         for r in self.store.list(POOL)? {
             let pool: Pool = decode(&r)?;
             self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
@@ -403,12 +415,12 @@ impl Cluster {
 
     // ---- auth ---------------------------------------------------------------------------
 
-    pub fn authenticate(&self, token: &str) -> Result<Principal, ApiError> {
+    pub fn authenticate(&self, token: &str) -> Result<Principal, Error> {
         self.authenticate_digest(&auth::digest(token))
     }
 
     /// [`Cluster::authenticate`] for a token whose digest the caller computed (outside the lock).
-    pub fn authenticate_digest(&self, d: &str) -> Result<Principal, ApiError> {
+    pub fn authenticate_digest(&self, d: &str) -> Result<Principal, Error> {
         if self.admin.is(d) {
             Ok(Principal::Admin)
         } else if self.join_token(d)? {
@@ -422,13 +434,13 @@ impl Cluster {
         } else if let Some((pool, name)) = self.launch_tokens.get(d) {
             Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
         } else {
-            Err(ApiError::Unauthorized("unknown token"))
+            Err(Error::Unauthorized("unknown token"))
         }
     }
 
     // ---- commit helper ------------------------------------------------------------------
 
-    fn commit(&mut self, ops: &[Op]) -> Result<Revision, ApiError> {
+    fn commit(&mut self, ops: &[Op]) -> Result<Revision, Error> {
         // The first commit of an audited API call carries its entry (audit.rs).
         // So does the client token of a task run or service change (idempotency.rs).
         let audit = self.audit_ops_for_commit()?;
@@ -503,7 +515,7 @@ impl Cluster {
 
     /// Commits `ops`, which change state kept outside the cluster's own objects (the TLS CA
     /// records), with the audit entry of the API call being served.
-    pub(crate) fn commit_ops(&mut self, ops: &[Op]) -> Result<(), ApiError> {
+    pub(crate) fn commit_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
         self.commit(ops).map(|_| ())
     }
 
@@ -621,10 +633,10 @@ impl Cluster {
 
     // ---- pools --------------------------------------------------------------------------
 
-    pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, ApiError> {
-        let name = PoolName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
+    pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, Error> {
+        let name = PoolName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
         if self.pools.contains_key(&name) {
-            return Err(ApiError::AlreadyExists { kind: "pool", id: name.to_string() });
+            return Err(Error::AlreadyExists { kind: "pool", id: name.to_string() });
         }
         let mode = req.mode.unwrap_or(OwnershipMode::Managed);
         let pool = Pool {
@@ -650,13 +662,13 @@ impl Cluster {
 
     /// Changes a pool's placement settings or policies; nothing restarts. Placement changes
     /// apply to the next placement, policy changes to the next evaluation.
-    pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, ApiError> {
+    pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, Error> {
         let current = self
             .pools
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, v)| v.clone())
-            .ok_or_else(|| ApiError::not_found("pool", name))?;
+            .ok_or_else(|| Error::not_found("pool", name))?;
         let mut pool = current.value.clone();
         if let Some(s) = req.strategy {
             pool.strategy = s;
@@ -697,7 +709,7 @@ impl Cluster {
     }
 
     /// An exec provider a pool names is one of the server's configuration.
-    fn check_provider_configured(&self, pool: &Pool) -> Result<(), ApiError> {
+    fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
         let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
         let known: Vec<&str> = self
             .provider_ctx
@@ -712,13 +724,13 @@ impl Cluster {
         } else {
             format!("it has {}", known.join(", "))
         };
-        Err(ApiError::invalid(
+        Err(Error::invalid(
             "provider.name",
             format!("the server's configuration has no exec provider {name:?}: {configured}"),
         ))
     }
 
-    pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, ApiError> {
+    pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
         Ok(mpsfleet_core::explain::explain(&self.pool(name)?))
     }
 
@@ -726,18 +738,18 @@ impl Cluster {
         self.pools.values().map(|p| p.value.clone()).collect()
     }
 
-    pub fn pool(&self, name: &str) -> Result<Pool, ApiError> {
+    pub fn pool(&self, name: &str) -> Result<Pool, Error> {
         self.pools
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, p)| p.value.clone())
-            .ok_or_else(|| ApiError::not_found("pool", name))
+            .ok_or_else(|| Error::not_found("pool", name))
     }
 
-    fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, ApiError> {
-        let p = PoolName::new(name).map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, Error> {
+        let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
         if !self.pools.contains_key(&p) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 field,
                 format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
             ));
@@ -749,7 +761,7 @@ impl Cluster {
 
     /// Parses and registers a definition. The API parses before it takes the cluster lock and
     /// calls [`Cluster::register_valid_taskdef`].
-    pub fn register_taskdef(&mut self, body: &[u8]) -> Result<RegisterTaskDefResponse, ApiError> {
+    pub fn register_taskdef(&mut self, body: &[u8]) -> Result<RegisterTaskDefResponse, Error> {
         self.register_valid_taskdef(ValidTaskDef::parse(body)?)
     }
 
@@ -761,19 +773,19 @@ impl Cluster {
     }
 
     /// Resolves `family` (latest revision) or `family:revision`.
-    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&TaskDefinition, ApiError> {
+    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
         let (family, revision) = match reference.rsplit_once(':') {
             Some(_) => {
-                let r = TaskDefRef::parse(reference).map_err(|e| ApiError::invalid(field, e.to_string()))?;
+                let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid(field, e.to_string()))?;
                 (r.family, Some(r.revision))
             }
-            None => (Family::new(reference).map_err(|e| ApiError::invalid(field, e.to_string()))?, None),
+            None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
         };
         let revision = revision.or_else(|| self.latest_revision(&family));
         revision
             .and_then(|r| self.taskdefs.get(&(family.clone(), r)))
             .map(|v| v.value.as_ref())
-            .ok_or_else(|| ApiError::not_found("task definition", reference))
+            .ok_or_else(|| Error::not_found("task definition", reference))
     }
 
     /// The definitions (of `family`), shared: the caller encodes them after the lock.
@@ -790,11 +802,11 @@ impl Cluster {
     /// Registers one host for the join token. The API checks and mints before it takes the
     /// cluster lock ([`HostRequest::new`]) and registers concurrent hosts with one commit
     /// ([`Cluster::register_hosts`]).
-    pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, ApiError> {
+    pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, Error> {
         let req = HostRequest::new(reg)?;
         self.register_hosts(vec![(Principal::Joiner, req)])
             .pop()
-            .unwrap_or_else(|| Err(ApiError::Internal("a registration went unanswered".into())))
+            .unwrap_or_else(|| Err(Error::Internal("a registration went unanswered".into())))
     }
 
     /// Registers one host with `token` as its bearer (the join token, or an incident's
@@ -803,15 +815,15 @@ impl Cluster {
         &mut self,
         reg: HostRegistration,
         token: &str,
-    ) -> Result<RegisterHostResponse, ApiError> {
+    ) -> Result<RegisterHostResponse, Error> {
         let who = self.authenticate(token)?;
-        if !crate::api::joiner(&who) {
-            return Err(ApiError::Forbidden("this token cannot register hosts".into()));
+        if !who.may_join() {
+            return Err(Error::Forbidden("this token cannot register hosts".into()));
         }
         let req = HostRequest::new(reg)?;
         self.register_hosts(vec![(who, req)])
             .pop()
-            .unwrap_or_else(|| Err(ApiError::Internal("a registration went unanswered".into())))
+            .unwrap_or_else(|| Err(Error::Internal("a registration went unanswered".into())))
     }
 
     /// One registration by `who`: its checks against the state and against the earlier
@@ -822,40 +834,40 @@ impl Cluster {
         who: &Principal,
         req: HostRequest,
         batch: &register::HostBatch,
-    ) -> Result<(Host, RegisterHostResponse), ApiError> {
+    ) -> Result<(Host, RegisterHostResponse), Error> {
         let pool = self.pool_name("pool", req.reg.pool.as_str())?;
         if let Principal::Launch { pool: launched_into, name } = who {
             if launched_into != &pool || name != &req.reg.hostname {
-                return Err(ApiError::Forbidden(format!(
+                return Err(Error::Forbidden(format!(
                     "this launch token registers host {name} into pool {launched_into}, not host {} into pool {pool}",
                     req.reg.hostname
                 )));
             }
             if self.hosts.iter().any(|h| &h.host.hostname == name) || batch.claims_hostname(name) {
-                return Err(ApiError::Unauthorized("this launch token was already used"));
+                return Err(Error::Unauthorized("this launch token was already used"));
             }
         }
         for g in &req.reg.gpus {
             if let Some(&holder) = self.gpu_hosts.get(&g.uuid) {
                 let h = &self.hosts[holder as usize].host;
-                return Err(ApiError::GpuTaken {
+                return Err(Error::GpuTaken {
                     uuid: g.uuid.to_string(),
                     host: h.id.to_string(),
                     hostname: h.hostname.clone(),
                 });
             }
             if batch.claims_gpu(&g.uuid) {
-                return Err(ApiError::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
+                return Err(Error::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
             }
         }
         if !self.room_for_gpus(batch, req.reg.gpus.len()) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "gpus",
                 format!("the cluster holds at most {} GPUs", mpsfleet_core::scheduler::MAX_GPUS),
             ));
         }
         if self.sched.host(&req.id).is_some() || batch.claims_id(&req.id) {
-            return Err(ApiError::Conflict(format!("host id {} is taken; retry the request", req.id)));
+            return Err(Error::Conflict(format!("host id {} is taken; retry the request", req.id)));
         }
         let HostRequest { reg, id, credential, credential_sha256 } = req;
         let agent_token = self.agent_token(&id, "");
@@ -890,9 +902,9 @@ impl Cluster {
         Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
     }
 
-    fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, ApiError> {
+    fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, Error> {
         let pool = self.sched.pool(host.pool.as_str()).ok_or_else(|| {
-            ApiError::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
+            Error::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
         })?;
         let ix = self
             .sched
@@ -907,7 +919,7 @@ impl Cluster {
                     .map(|g| GpuSpec { memory_mib: g.memory_mib, max_clients: g.max_mps_clients })
                     .collect(),
             })
-            .map_err(|e| ApiError::invalid("gpus", e.to_string()))?;
+            .map_err(|e| Error::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
         // A deregistered host's credential is revoked and it holds its GPUs no more: the
         // machine may join again as a new host.
@@ -935,15 +947,15 @@ impl Cluster {
         Ok(ix)
     }
 
-    fn host_ix(&self, id: &str) -> Result<HostIx, ApiError> {
-        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| ApiError::not_found("host", id))
+    fn host_ix(&self, id: &str) -> Result<HostIx, Error> {
+        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| Error::not_found("host", id))
     }
 
-    pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, ApiError> {
+    pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, Error> {
         let ix = self.host_ix(id)?;
         let mut h = self.hosts[ix as usize].host.clone();
         if !cordoned && h.status == HostStatus::Draining {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "host {} is DRAINING: uncordon does not return it to service; once it is repaired (every \
                  check OK), run `mpsfleet host activate {}`",
                 h.id, h.id
@@ -958,7 +970,7 @@ impl Cluster {
 
     /// Commits a host record, then applies it; a record equal to the stored one is not
     /// written again.
-    fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), ApiError> {
+    fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), Error> {
         if self.hosts[ix as usize].host == host {
             return Ok(());
         }
@@ -1088,7 +1100,7 @@ impl Cluster {
     }
 
     /// One host, with its events (lists leave them out).
-    pub fn host(&self, id: &str) -> Result<HostView, ApiError> {
+    pub fn host(&self, id: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(id)?;
         Ok(HostView { events: self.hosts[ix as usize].host.events.clone(), ..self.host_view(ix) })
     }
@@ -1106,9 +1118,9 @@ impl Cluster {
         }
     }
 
-    fn request_for(&mut self, task: &Task) -> Result<Request, ApiError> {
+    fn request_for(&mut self, task: &Task) -> Result<Request, Error> {
         let pool = self.sched.pool(task.pool.as_str()).ok_or_else(|| {
-            ApiError::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
+            Error::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
         })?;
         let (demand, needs) = self
             .taskdefs
@@ -1124,7 +1136,7 @@ impl Cluster {
                 (td.gpu_demand(), needs)
             })
             .ok_or_else(|| {
-                ApiError::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
+                Error::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
             })?;
         let group = task.group.as_ref().map(|g| self.sched.group(g.as_str()));
         Ok(Request { pool, demand, group, needs })
@@ -1211,15 +1223,15 @@ impl Cluster {
     }
 
     /// A task's events in words, oldest first.
-    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, ApiError> {
-        let id = TaskId::parse(id).map_err(|_| ApiError::not_found("task", id))?;
-        let e = self.tasks.get(&id).ok_or_else(|| ApiError::not_found("task", id.to_string()))?;
+    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
+        let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
+        let e = self.tasks.get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
         Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
     }
 
     /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
     /// Nothing is committed here: see [`Cluster::start_tasks`].
-    fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), ApiError> {
+    fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), Error> {
         let now = self.now();
         // Every task of the spec makes the same request.
         let mut same: Option<Request> = None;
@@ -1257,7 +1269,7 @@ impl Cluster {
     }
 
     /// Creates and commits new tasks as one atomic batch; on any failure nothing stays.
-    fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, ApiError> {
+    fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, Error> {
         let mut batch = Batch::default();
         let created = self.create_tasks(&spec, count, &mut batch);
         let committed = created.and_then(|()| self.commit(&batch.ops));
@@ -1276,15 +1288,15 @@ impl Cluster {
         Ok(out)
     }
 
-    pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, ApiError> {
+    pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, Error> {
         let started_by = format!("run:{:016x}", auth::random_u64()?);
         self.run_tasks_started_by(req, started_by)
     }
 
     /// A task run whose tasks carry `started_by`.
-    fn run_tasks_started_by(&mut self, req: RunTask, started_by: String) -> Result<RunOutcome, ApiError> {
+    fn run_tasks_started_by(&mut self, req: RunTask, started_by: String) -> Result<RunOutcome, Error> {
         if req.count == 0 || req.count > MAX_RUN_COUNT {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "count",
                 format!("must be an integer from 1 to {MAX_RUN_COUNT}, got {}", req.count),
             ));
@@ -1300,12 +1312,12 @@ impl Cluster {
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
     }
 
-    pub fn task(&self, id: &str) -> Result<Task, ApiError> {
+    pub fn task(&self, id: &str) -> Result<Task, Error> {
         TaskId::parse(id)
             .ok()
             .and_then(|id| self.tasks.get(&id))
             .map(|e| e.task.clone())
-            .ok_or_else(|| ApiError::not_found("task", id))
+            .ok_or_else(|| Error::not_found("task", id))
     }
 
     pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
@@ -1340,9 +1352,11 @@ impl Cluster {
     /// asked to stop and its agent reports when it has.
     fn stopped_record(&self, task: &Task, code: StopCode, reason: &str) -> Task {
         let mut t = task.clone();
-        t.desired_status = TaskStatus::Stopped;
-        if t.host_id.is_none() || t.last_status == TaskStatus::Stopped {
-            t.last_status = TaskStatus::Stopped;
+        // A stop request applies in every state (a stopped task's changes nothing).
+        if let Err(e) = task_lifecycle::apply(&mut t, task_lifecycle::Event::StopRequested) {
+            tracing::error!(task.id = %t.id, "a stop request was refused: {e}");
+        }
+        if t.last_status == TaskStatus::Stopped {
             t.pending_reason = None;
             t.pending_code = None;
             t.stopped_at_ms.get_or_insert(self.now());
@@ -1352,7 +1366,7 @@ impl Cluster {
         t
     }
 
-    pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, ApiError> {
+    pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, Error> {
         let task = self.task(id)?;
         if task.desired_status == TaskStatus::Stopped {
             return Ok(task);
@@ -1366,7 +1380,7 @@ impl Cluster {
 
     /// Commits new versions of existing tasks and applies them: capacity released for those
     /// that stopped, epochs moved for the hosts whose agents must act.
-    fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), ApiError> {
+    fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), Error> {
         if tasks.is_empty() {
             return Ok(());
         }
@@ -1391,7 +1405,7 @@ impl Cluster {
 
     /// Applies a committed new version of an existing task; true when it just stopped (its
     /// capacity is free again).
-    fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, ApiError> {
+    fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, Error> {
         let id = t.id;
         let Some(old) = self.tasks.get(&id) else { return Ok(false) };
         let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
@@ -1413,7 +1427,7 @@ impl Cluster {
     }
 
     /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
-    pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), ApiError> {
+    pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), Error> {
         let waiting = self.tasks.pending_in(pool);
         let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
         let mut ops = Vec::new();
@@ -1461,7 +1475,7 @@ impl Cluster {
     }
 
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
-    pub fn compact_feed(&mut self, keep: u64) -> Result<(), ApiError> {
+    pub fn compact_feed(&mut self, keep: u64) -> Result<(), Error> {
         Ok(self.store.compact(self.revision.saturating_sub(keep))?)
     }
 }
@@ -1508,16 +1522,16 @@ pub struct TaskFilter {
 }
 
 /// Checks a pool's settings; errors name the field and its range.
-fn check_pool(p: &Pool) -> Result<(), ApiError> {
+fn check_pool(p: &Pool) -> Result<(), Error> {
     if let Some(c) = p.compute_overcommit_percent {
         if !(1..=4800).contains(&c) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "computeOvercommitPercent",
                 format!("must be an integer from 1 to 4800, got {c}"),
             ));
         }
     }
-    let policy = |e: mpsfleet_types::policy::PolicyError| ApiError::invalid(e.field, e.message);
+    let policy = |e: mpsfleet_types::policy::PolicyError| Error::invalid(e.field, e.message);
     p.health_policy.validate().map_err(policy)?;
     p.remediation_policy.validate().map_err(policy)?;
     if let Some(provider) = &p.provider {
@@ -1610,7 +1624,7 @@ mod tests {
             plugins: Default::default(),
         };
         let host = c.register_host(reg).unwrap().host_id;
-        c.host_status(&host, report(HealthStatus::Ok, 5)).unwrap();
+        c.host_status(&host, &report(HealthStatus::Ok, 5)).unwrap();
         let policy = HealthPolicy::default();
         let steps = [
             (HealthStatus::Ok, 5, false),
@@ -1634,7 +1648,7 @@ mod tests {
             };
             let expected = evaluate(&before, &input, &policy, now);
             let rev = c.revision();
-            c.host_status(&host, r).unwrap();
+            c.host_status(&host, &r).unwrap();
             assert_eq!(c.hosts[0].health, expected, "step {i}");
             assert_eq!(c.hosts[0].host.health_status, expected.status, "step {i}");
             assert_eq!(c.revision() != rev, commits, "step {i}");

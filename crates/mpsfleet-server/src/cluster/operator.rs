@@ -24,18 +24,18 @@ impl Cluster {
     /// made with the join token by someone else) leaves the fleet: DEREGISTERED, its tasks
     /// recorded as stopped, its credential revoked and its GPU UUIDs free for the machine that
     /// really has them. Refused while the host heartbeats (it exists) unless `force`.
-    pub fn forget_host(&mut self, host: &str, force: bool, by: &str) -> Result<HostView, ApiError> {
+    pub fn forget_host(&mut self, host: &str, force: bool, by: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(host)?;
         let e = &self.hosts[ix as usize];
         if e.host.status == HostStatus::Deregistered {
-            return Err(ApiError::Conflict(format!("host {} is already deregistered", e.host.id)));
+            return Err(Error::Conflict(format!("host {} is already deregistered", e.host.id)));
         }
         let grace =
             self.pools.get(&e.host.pool).map_or(10_000, |p| p.value.health_policy.agent_heartbeat_grace_ms);
         let now = self.now();
         if let Some(at) = e.last_heartbeat_ms.filter(|&at| now.saturating_sub(at) < grace) {
             if !force {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "host {} sent a heartbeat {} ago, so something runs it: drain or replace it, or pass \
                      --force if it is not the machine it claims to be",
                     e.host.id,
@@ -52,17 +52,17 @@ impl Cluster {
     /// say). Nothing else changes at once: the host stops reporting, and its pool's health
     /// policy takes it from there (an incident after the heartbeat grace; a managed pool
     /// replaces it). The machine joins again as a new host (`host forget` frees its GPUs).
-    pub fn revoke_host_credential(&mut self, host: &str, by: &str) -> Result<HostView, ApiError> {
+    pub fn revoke_host_credential(&mut self, host: &str, by: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(host)?;
         let mut h = self.hosts[ix as usize].host.clone();
         if h.status == HostStatus::Deregistered {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "host {} is deregistered: its credential works no more",
                 h.id
             )));
         }
         if h.credential_revoked_at_ms.is_some() {
-            return Err(ApiError::Conflict(format!("host {}'s credential is already revoked", h.id)));
+            return Err(Error::Conflict(format!("host {}'s credential is already revoked", h.id)));
         }
         h.credential_revoked_at_ms = Some(self.now());
         let digest = h.credential_sha256.clone();
@@ -80,14 +80,14 @@ impl Cluster {
         host: &str,
         action: OperatorAction,
         by: &str,
-    ) -> Result<Incident, ApiError> {
+    ) -> Result<Incident, Error> {
         let ix = self.host_ix(host)?;
         let h = self.hosts[ix as usize].host.clone();
         if h.status == HostStatus::Deregistered {
-            return Err(ApiError::Conflict(format!("host {} is already deregistered", h.id)));
+            return Err(Error::Conflict(format!("host {} is already deregistered", h.id)));
         }
         if action == OperatorAction::Replace && !self.has_provider(&h.pool) {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "pool {} has no capacity provider, so mpsfleet cannot launch a replacement for host {}: \
                  repair the host and run `mpsfleet host activate {}`, or run `mpsfleet host drain {}` \
                  and remove the machine yourself",
@@ -145,13 +145,14 @@ impl Cluster {
         &mut self,
         host: &str,
         by: &str,
-    ) -> Result<(HostView, Option<OperatorOutcome>), ApiError> {
+    ) -> Result<(HostView, Option<OperatorOutcome>), Error> {
         let ix = self.host_ix(host)?;
         let e = &self.hosts[ix as usize];
         let h = e.host.clone();
-        let next =
-            mpsfleet_core::lifecycle::host::step(h.status, mpsfleet_core::lifecycle::host::Event::Activate)
-                .map_err(|err| ApiError::Conflict(format!("host {} cannot be activated: {err}", h.id)))?;
+        let mut activated = h.clone();
+        host_lifecycle::apply(&mut activated, host_lifecycle::Event::Activate)
+            .map_err(|err| Error::Conflict(format!("host {} cannot be activated: {err}", h.id)))?;
+        activated.cordoned = false;
         let not_ok: Vec<String> = e
             .health
             .host_checks()
@@ -171,7 +172,7 @@ impl Cluster {
             if why.is_empty() {
                 why.push(format!("host health is {}", e.host.health_status.as_str()));
             }
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "host {} is not healthy, so it stays out of service: {}; repair it and try again",
                 h.id,
                 why.join("; ")
@@ -182,7 +183,7 @@ impl Cluster {
         if let Some(open) = self.open_incident_of(&h.id).cloned() {
             let terminating = self.provider_progress.get(&open.id).is_some_and(|p| p.terminating);
             if terminating {
-                return Err(ApiError::Conflict(format!(
+                return Err(Error::Conflict(format!(
                     "host {} is being terminated by the pool's provider (incident {}); it cannot return to service",
                     h.id, open.id
                 )));
@@ -190,22 +191,14 @@ impl Cluster {
             let mut i = open;
             i.push(now, Step::HostActivated, "host returned to ACTIVE by operator", Some(by.to_string()));
             let (replacement, job) = self.cancel_replacement(&mut i, now);
-            i.push(now, Step::Resolved, "host is healthy and active again", Some(by.to_string()));
-            i.state = IncidentState::Resolved;
-            i.resolved_at_ms = Some(now);
+            mpsfleet_core::remediation::resolve(&mut i, now, "host is healthy and active again", by);
             // The host and the incident in one commit: the host is never active under an
             // incident that says it is being drained.
-            let mut updated = h.clone();
-            updated.status = next;
-            updated.cordoned = false;
-            self.write_host_and_incident(ix, updated, i.clone())?;
+            self.write_host_and_incident(ix, activated, i.clone())?;
             self.pending_jobs.extend(job);
             outcome = Some(OperatorOutcome { incident: self.shown(i), replacement });
-        } else if h.status != next || h.cordoned {
-            let mut updated = h;
-            updated.status = next;
-            updated.cordoned = false;
-            self.write_host(ix, updated)?;
+        } else if h.status != activated.status || h.cordoned {
+            self.write_host(ix, activated)?;
         }
         self.place_all_pending()?;
         Ok((self.host_view(ix), outcome))
@@ -217,11 +210,11 @@ impl Cluster {
     /// it again at once. The host's health then follows from its checks as usual (`host
     /// activate` returns a drained host to service once they are OK). Recorded on the open
     /// incident's timeline (OPERATOR_COMMAND, by) and in the host's events.
-    pub fn recheck_host(&mut self, host: &str, by: &str) -> Result<(HostView, Option<Incident>), ApiError> {
+    pub fn recheck_host(&mut self, host: &str, by: &str) -> Result<(HostView, Option<Incident>), Error> {
         let ix = self.host_ix(host)?;
         let mut h = self.hosts[ix as usize].host.clone();
         if h.status == HostStatus::Deregistered {
-            return Err(ApiError::Conflict(format!("host {} is deregistered: no agent runs it", h.id)));
+            return Err(Error::Conflict(format!("host {} is deregistered: no agent runs it", h.id)));
         }
         let now = self.now();
         h.rechecks += 1;
@@ -243,10 +236,10 @@ impl Cluster {
     }
 
     /// `incident acknowledge`: an operator has taken the incident; nothing else changes.
-    pub fn acknowledge_incident(&mut self, id: &str, by: &str) -> Result<Incident, ApiError> {
+    pub fn acknowledge_incident(&mut self, id: &str, by: &str) -> Result<Incident, Error> {
         let mut i = self.incident(id)?;
         if i.state == IncidentState::Resolved {
-            return Err(ApiError::Conflict(format!("incident {id} is already resolved")));
+            return Err(Error::Conflict(format!("incident {id} is already resolved")));
         }
         if i.acknowledged_by.as_deref() == Some(by) {
             return Ok(i);
@@ -260,28 +253,21 @@ impl Cluster {
     /// `incident resolve --reason`: the operator closes the incident. The host is left as it
     /// is (a drained host stays cordoned and DRAINING until `host activate`); a replacement in
     /// flight is cancelled.
-    pub fn resolve_incident(
-        &mut self,
-        id: &str,
-        reason: &str,
-        by: &str,
-    ) -> Result<OperatorOutcome, ApiError> {
+    pub fn resolve_incident(&mut self, id: &str, reason: &str, by: &str) -> Result<OperatorOutcome, Error> {
         let reason = reason.trim();
         if reason.is_empty() || reason.len() > 1024 {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "reason",
                 "must be 1 to 1024 characters: say why the incident is resolved",
             ));
         }
         let mut i = self.incident(id)?;
         if i.state == IncidentState::Resolved {
-            return Err(ApiError::Conflict(format!("incident {id} is already resolved")));
+            return Err(Error::Conflict(format!("incident {id} is already resolved")));
         }
         let now = self.now();
         let (replacement, job) = self.cancel_replacement(&mut i, now);
-        i.push(now, Step::Resolved, format!("resolved by operator: {reason}"), Some(by.to_string()));
-        i.state = IncidentState::Resolved;
-        i.resolved_at_ms = Some(now);
+        mpsfleet_core::remediation::resolve(&mut i, now, format!("resolved by operator: {reason}"), by);
         self.write_incident(i.clone())?;
         self.pending_jobs.extend(job);
         Ok(OperatorOutcome { incident: self.shown(i), replacement })
@@ -331,7 +317,7 @@ impl Cluster {
         ix: HostIx,
         mut host: Host,
         incident: Incident,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         self.record_host_changes(ix, &mut host);
         // The incident's new steps are the host's news too (drained, replaced, ...).
         let seen = self.incidents.get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
@@ -355,7 +341,7 @@ impl Cluster {
     }
 
     /// Retries placement in every pool with waiting tasks (capacity came back).
-    pub(super) fn place_all_pending(&mut self) -> Result<(), ApiError> {
+    pub(super) fn place_all_pending(&mut self) -> Result<(), Error> {
         for p in self.tasks.pools_with_pending() {
             self.place_pending(&p)?;
         }

@@ -51,7 +51,7 @@ impl World {
         }
     }
 
-    pub(super) fn join(&mut self, hostname: &str, token: &str) -> Result<HostId, ApiError> {
+    pub(super) fn join(&mut self, hostname: &str, token: &str) -> Result<HostId, Error> {
         let reg = self.registration(hostname);
         let id = self.c.register_host_with_token(reg, token)?.host_id;
         self.heartbeat(&id, HealthStatus::Ok);
@@ -77,7 +77,7 @@ impl World {
             trusted_ca_sha256: Vec::new(),
             gpu_use: Vec::new(),
         };
-        self.c.host_status(host, report).unwrap();
+        self.c.host_status(host, &report).unwrap();
     }
 
     pub(super) fn advance(&self, ms: u64) {
@@ -395,7 +395,7 @@ fn capacity_launches_carry_a_launch_token_scoped_to_one_host() {
     let e = w.join(&name, &token).unwrap_err().to_string();
     assert!(e.contains("already used") || e.contains("unknown token"), "{e}");
     // The token is no key to anything else.
-    assert!(w.c.authenticate(&token).map_or(true, |p| !crate::api::admin(&p) && !crate::api::host(&p)));
+    assert!(w.c.authenticate(&token).map_or(true, |p| p.role().is_none() && !p.is_host()));
 
     // Same key, same pool and name: the same token (a relaunch after a restart finds it).
     let again = key.derive("mpsf_launch_", "launch", &["p", &name]);

@@ -8,9 +8,9 @@
 //! [`Cluster::register_hosts`] checks each against the state and the earlier members of its
 //! group, commits the ones that pass as one batch and answers each only after that commit.
 
+use super::Error;
 use super::{Cluster, Versioned, HOST, TASKDEF};
 use crate::auth::{self, Principal};
-use crate::error::ApiError;
 use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
 use mpsfleet_store::{Op, Precondition};
@@ -48,10 +48,10 @@ pub struct ValidTaskDef {
 impl ValidTaskDef {
     /// Parses, validates and encodes `body`: the work proportional to its size, done before
     /// the cluster lock is taken.
-    pub fn parse(body: &[u8]) -> Result<ValidTaskDef, ApiError> {
+    pub fn parse(body: &[u8]) -> Result<ValidTaskDef, Error> {
         let parsed = parse_task_definition(body).map_err(|all| {
             let first = all.first();
-            ApiError::InvalidTaskDefinition {
+            Error::InvalidTaskDefinition {
                 field: first.field.clone(),
                 message: first.message.clone(),
                 errors: all
@@ -63,14 +63,14 @@ impl ValidTaskDef {
             }
         })?;
         let containers_json = serde_json::to_vec(&parsed.definition.container_definitions)
-            .map_err(|e| ApiError::Internal(format!("encoding a task definition: {e}")))?;
+            .map_err(|e| Error::Internal(format!("encoding a task definition: {e}")))?;
         Ok(ValidTaskDef { parsed, containers_json })
     }
 
     /// The stored record, as `TaskDefinition` encodes it, from the encoded containers.
-    fn record(&self, family: &Family, revision: u32, registered_at_ms: u64) -> Result<Vec<u8>, ApiError> {
+    fn record(&self, family: &Family, revision: u32, registered_at_ms: u64) -> Result<Vec<u8>, Error> {
         let family = serde_json::to_string(family)
-            .map_err(|e| ApiError::Internal(format!("encoding a task definition: {e}")))?;
+            .map_err(|e| Error::Internal(format!("encoding a task definition: {e}")))?;
         let mut out = Vec::with_capacity(self.containers_json.len() + family.len() + 96);
         out.extend_from_slice(b"{\"family\":");
         out.extend_from_slice(family.as_bytes());
@@ -83,7 +83,7 @@ impl ValidTaskDef {
 
 impl Cluster {
     /// Registers a validated definition as the next revision of its family.
-    pub fn register_valid_taskdef(&mut self, v: ValidTaskDef) -> Result<RegisterTaskDefResponse, ApiError> {
+    pub fn register_valid_taskdef(&mut self, v: ValidTaskDef) -> Result<RegisterTaskDefResponse, Error> {
         let family = v.parsed.definition.family.clone();
         let revision = self.latest_revision(&family).map_or(1, |r| r + 1);
         let registered_at_ms = self.now();
@@ -113,16 +113,16 @@ pub struct HostRequest {
 impl HostRequest {
     /// Checks `reg` on its own (names, GPU counts and figures, a GPU listed twice) and mints
     /// the host's id, credential and agent token: done before the cluster lock is taken.
-    pub fn new(reg: HostRegistration) -> Result<HostRequest, ApiError> {
+    pub fn new(reg: HostRegistration) -> Result<HostRequest, Error> {
         if reg.hostname.is_empty() || reg.hostname.len() > MAX_HOSTNAME_BYTES {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "hostname",
                 format!("must be 1 to {MAX_HOSTNAME_BYTES} characters, got {}", reg.hostname.len()),
             ));
         }
         if let Some(v) = &reg.runtime_version {
             if v.is_empty() || v.len() > MAX_RUNTIME_VERSION_BYTES || v.chars().any(|c| c.is_control()) {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     "runtimeVersion",
                     format!(
                         "must be 1 to {MAX_RUNTIME_VERSION_BYTES} printable characters, got {} bytes",
@@ -133,14 +133,14 @@ impl HostRequest {
         }
         for (kind, names) in [("volume", &reg.plugins.volume), ("log", &reg.plugins.log)] {
             if names.len() > MAX_PLUGINS {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     format!("plugins.{kind}"),
                     format!("at most {MAX_PLUGINS} drivers, got {}", names.len()),
                 ));
             }
             for (i, n) in names.iter().enumerate() {
                 if n.is_empty() || n.len() > MAX_PLUGIN_NAME_BYTES || n.chars().any(|c| c.is_control()) {
-                    return Err(ApiError::invalid(
+                    return Err(Error::invalid(
                         format!("plugins.{kind}[{i}]"),
                         format!(
                             "must be 1 to {MAX_PLUGIN_NAME_BYTES} printable characters, got {} bytes",
@@ -151,7 +151,7 @@ impl HostRequest {
             }
         }
         if reg.gpus.len() > MAX_HOST_GPUS {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "gpus",
                 format!("at most {MAX_HOST_GPUS} GPUs per host, got {}", reg.gpus.len()),
             ));
@@ -159,26 +159,23 @@ impl HostRequest {
         let mut seen = HashSet::with_capacity(reg.gpus.len());
         for (i, g) in reg.gpus.iter().enumerate() {
             if !seen.insert(&g.uuid) {
-                return Err(ApiError::invalid(
-                    format!("gpus[{i}].uuid"),
-                    format!("duplicate GPU {}", g.uuid),
-                ));
+                return Err(Error::invalid(format!("gpus[{i}].uuid"), format!("duplicate GPU {}", g.uuid)));
             }
             if g.memory_mib == 0 || g.memory_mib > MAX_GPU_MEMORY_MIB {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     format!("gpus[{i}].memoryMib"),
                     format!("must be from 1 to {MAX_GPU_MEMORY_MIB} MiB, got {}", g.memory_mib),
                 ));
             }
             if g.max_mps_clients > MAX_GPU_MPS_CLIENTS {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     format!("gpus[{i}].maxMpsClients"),
                     format!("must be at most {MAX_GPU_MPS_CLIENTS}, got {}", g.max_mps_clients),
                 ));
             }
             for (field, text) in [("model", &g.model), ("computeCapability", &g.compute_capability)] {
                 if text.len() > MAX_GPU_TEXT_BYTES {
-                    return Err(ApiError::invalid(
+                    return Err(Error::invalid(
                         format!("gpus[{i}].{field}"),
                         format!("must be at most {MAX_GPU_TEXT_BYTES} bytes, got {} bytes", text.len()),
                     ));
@@ -186,7 +183,7 @@ impl HostRequest {
             }
         }
         let id = HostId::new(format!("h-{:012x}", auth::random_u64()? >> 16))
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
+            .map_err(|e| Error::Internal(e.to_string()))?;
         let credential = auth::new_token("mpsf_host_")?;
         let credential_sha256 = auth::digest(&credential);
         Ok(HostRequest { reg, id, credential, credential_sha256 })
@@ -234,12 +231,7 @@ impl HostBatch {
 
     /// Adds a host that passed its checks: its record is encoded here, and it claims its id and
     /// GPUs for the later members.
-    pub(super) fn add(
-        &mut self,
-        host: Host,
-        answer: RegisterHostResponse,
-        slot: usize,
-    ) -> Result<(), ApiError> {
+    pub(super) fn add(&mut self, host: Host, answer: RegisterHostResponse, slot: usize) -> Result<(), Error> {
         let op = Op::put_json(HOST, host.id.as_str(), &host, Precondition::Absent)?;
         self.gpus.extend(host.gpus.iter().map(|g| g.uuid.clone()));
         self.ids.insert(host.id.clone());
@@ -260,17 +252,17 @@ impl Cluster {
     pub fn register_hosts(
         &mut self,
         requests: Vec<(Principal, HostRequest)>,
-    ) -> Vec<Result<RegisterHostResponse, ApiError>> {
-        let mut out: Vec<Result<RegisterHostResponse, ApiError>> = Vec::with_capacity(requests.len());
+    ) -> Vec<Result<RegisterHostResponse, Error>> {
+        let mut out: Vec<Result<RegisterHostResponse, Error>> = Vec::with_capacity(requests.len());
         let mut batch = HostBatch::default();
         // Incidents whose replacement registers in this batch, with the updated record.
         let mut bound: Vec<Incident> = Vec::new();
         for (slot, (who, req)) in requests.into_iter().enumerate() {
             // A placeholder until the batch is committed.
-            out.push(Err(ApiError::Internal("registration not committed".into())));
+            out.push(Err(Error::Internal("registration not committed".into())));
             let binding = match &who {
                 Principal::Replacement(incident) if bound.iter().any(|i| &i.id == incident) => {
-                    out[slot] = Err(ApiError::Unauthorized("this replacement token was already used"));
+                    out[slot] = Err(Error::Unauthorized("this replacement token was already used"));
                     continue;
                 }
                 Principal::Replacement(incident) => {
@@ -303,7 +295,7 @@ impl Cluster {
                     // Never a replacement without its binding: nothing of this batch commits.
                     tracing::error!(incident.id = %i.id, error = %e, "encoding a replacement binding failed");
                     for m in &batch.members {
-                        out[m.slot] = Err(ApiError::Internal(format!("encoding a replacement binding: {e}")));
+                        out[m.slot] = Err(Error::Internal(format!("encoding a replacement binding: {e}")));
                     }
                     return out;
                 }
@@ -371,7 +363,7 @@ pub struct Waiting {
     /// SHA-256 of the caller's bearer token: it is authenticated under the lock.
     pub token_sha256: String,
     pub request: HostRequest,
-    pub answer: tokio::sync::oneshot::Sender<Result<RegisterHostResponse, ApiError>>,
+    pub answer: tokio::sync::oneshot::Sender<Result<RegisterHostResponse, Error>>,
 }
 
 /// Registrations collected while a group commit is in progress. The first to arrive when none
@@ -472,9 +464,9 @@ mod tests {
             requests.into_iter().map(|r| (Principal::Joiner, HostRequest::new(r).unwrap())).collect();
         let out = c.register_hosts(requests);
         assert_eq!(store.revision().unwrap(), before + 1, "one commit for the whole group");
-        let code = |r: &Result<RegisterHostResponse, ApiError>| match r {
+        let code = |r: &Result<RegisterHostResponse, Error>| match r {
             Ok(_) => "ok",
-            Err(e) => e.status_and_code().1,
+            Err(e) => e.code(),
         };
         let codes: Vec<_> = out.iter().map(code).collect();
         assert_eq!(codes, ["ok", "AlreadyExists", "InvalidParameter", "AlreadyExists", "ok"]);
@@ -498,7 +490,7 @@ mod tests {
         // And the GPU index is rebuilt with it.
         let mut reloaded = reloaded;
         let again = reloaded.register_host(registration("p", "f", &["GPU-a0"])).unwrap_err();
-        assert_eq!(again.status_and_code().1, "AlreadyExists");
+        assert_eq!(again.code(), "AlreadyExists");
     }
 
     /// The checks made before the lock, each naming its field and limit.
@@ -511,7 +503,7 @@ mod tests {
             }
             let reg: HostRegistration = serde_json::from_value(v).unwrap();
             match HostRequest::new(reg) {
-                Err(ApiError::InvalidParameter { field: f, message: m }) => {
+                Err(Error::InvalidParameter { field: f, message: m }) => {
                     assert_eq!(f, field);
                     assert!(m.contains(message), "{m:?} lacks {message:?}");
                 }

@@ -92,7 +92,7 @@ pub(super) fn batch_bytes(ops: &[Op]) -> u64 {
 impl Cluster {
     /// Brings the store's records to [`SCHEMA_VERSION`]; refuses a store written by a newer
     /// build. Runs before anything is loaded.
-    pub(super) fn migrate(store: &dyn Store) -> Result<(), ApiError> {
+    pub(super) fn migrate(store: &dyn Store) -> Result<(), Error> {
         let version = match store.get(META, "schema")? {
             Some(r) => decode::<SchemaRecord>(&r)?.version,
             // No schema record: a new store, or one written before records had a schema.
@@ -100,7 +100,7 @@ impl Cluster {
             None => 1,
         };
         if version > SCHEMA_VERSION {
-            return Err(ApiError::StoreCorrupt(format!(
+            return Err(Error::StoreCorrupt(format!(
                 "the state was written by a newer mpsfleet (schema {version}); this build reads schema \
                  {SCHEMA_VERSION} or older: run the newer build"
             )));
@@ -132,7 +132,7 @@ impl Cluster {
     }
 
     /// Compacts the change feed by count, age and size.
-    pub fn compact_history(&mut self) -> Result<(), ApiError> {
+    pub fn compact_history(&mut self) -> Result<(), Error> {
         let from = self.feed.keep_from(self.revision, self.now());
         if from > self.compacted_before {
             self.store.compact(from)?;
@@ -144,7 +144,7 @@ impl Cluster {
 
     /// Removes stopped tasks and resolved incidents past their retention, oldest first, a
     /// batch at a time; one failed batch is logged and left for the next resync.
-    pub fn prune(&mut self) -> Result<(), ApiError> {
+    pub fn prune(&mut self) -> Result<(), Error> {
         let now = self.now();
         let stopped = self
             .tasks

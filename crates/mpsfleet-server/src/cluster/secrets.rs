@@ -10,8 +10,8 @@
 //! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
 
 use super::Cluster;
+use super::Error;
 use crate::auth::{hex, unhex};
-use crate::error::ApiError;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use mpsfleet_store::{decode, Op, Precondition};
@@ -103,18 +103,15 @@ impl Cluster {
         ChaCha20Poly1305::new(Key::from_slice(&self.key.derive_key(KEY_PURPOSE)))
     }
 
-    fn secret_record(
-        &self,
-        name: &str,
-    ) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, ApiError> {
+    fn secret_record(&self, name: &str) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, Error> {
         match self.store.get(SECRET, name)? {
             Some(r) => Ok(Some((decode(&r)?, r.version))),
             None => Ok(None),
         }
     }
 
-    fn decrypt(&self, rec: &SecretRecord) -> Result<String, ApiError> {
-        let corrupt = |why: &str| ApiError::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
+    fn decrypt(&self, rec: &SecretRecord) -> Result<String, Error> {
+        let corrupt = |why: &str| Error::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
         let nonce = unhex(&rec.nonce).filter(|n| n.len() == 12).ok_or_else(|| corrupt("bad nonce"))?;
         let ct = unhex(&rec.ciphertext).ok_or_else(|| corrupt("bad ciphertext"))?;
         let plain = self
@@ -130,29 +127,29 @@ impl Cluster {
     }
 
     /// Stores a new secret. A name already stored is refused (delete it first).
-    pub fn create_secret(&mut self, req: CreateSecret) -> Result<SecretInfo, ApiError> {
-        check_secret_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
-        check_secret_value(&req.value).map_err(|m| ApiError::invalid("value", m))?;
+    pub fn create_secret(&mut self, req: CreateSecret) -> Result<SecretInfo, Error> {
+        check_secret_name(&req.name).map_err(|m| Error::invalid("name", m))?;
+        check_secret_value(&req.value).map_err(|m| Error::invalid("value", m))?;
         if self.secret_record(&req.name)?.is_some() {
-            return Err(ApiError::AlreadyExists { kind: "secret", id: req.name });
+            return Err(Error::AlreadyExists { kind: "secret", id: req.name });
         }
         let count = self.store.list(SECRET)?.len();
         if count >= MAX_SECRETS {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "name",
                 format!("the server keeps at most {MAX_SECRETS} secrets, and has {count}: delete some first"),
             ));
         }
         let mut nonce = [0u8; 12];
         getrandom::fill(&mut nonce)
-            .map_err(|e| ApiError::StoreUnavailable(format!("no randomness for a secret: {e}")))?;
+            .map_err(|e| Error::StoreUnavailable(format!("no randomness for a secret: {e}")))?;
         let ct = self
             .cipher()
             .encrypt(
                 Nonce::from_slice(&nonce),
                 Payload { msg: req.value.as_bytes(), aad: req.name.as_bytes() },
             )
-            .map_err(|_| ApiError::Internal("encrypting the secret failed".into()))?;
+            .map_err(|_| Error::Internal("encrypting the secret failed".into()))?;
         let now = self.now();
         let rec = SecretRecord {
             name: req.name.clone(),
@@ -168,7 +165,7 @@ impl Cluster {
     }
 
     /// The stored secrets' names and times, by name; never their values.
-    pub fn secrets(&self) -> Result<Vec<SecretInfo>, ApiError> {
+    pub fn secrets(&self) -> Result<Vec<SecretInfo>, Error> {
         let mut out = Vec::new();
         for r in self.store.list(SECRET)? {
             out.push(decode::<SecretRecord>(&r)?.info());
@@ -177,8 +174,8 @@ impl Cluster {
         Ok(out)
     }
 
-    pub fn delete_secret(&mut self, name: &str) -> Result<SecretInfo, ApiError> {
-        let (rec, version) = self.secret_record(name)?.ok_or_else(|| ApiError::not_found("secret", name))?;
+    pub fn delete_secret(&mut self, name: &str) -> Result<SecretInfo, Error> {
+        let (rec, version) = self.secret_record(name)?.ok_or_else(|| Error::not_found("secret", name))?;
         self.commit(&[Op::delete(SECRET, name, Precondition::Version(version))])?;
         tracing::info!(secret = %name, "secret deleted");
         Ok(rec.info())
@@ -186,7 +183,7 @@ impl Cluster {
 
     /// The value `name` stands for: a stored secret of that name, or one key of a stored JSON
     /// secret in ECS's `…:secret:NAME:JSON-KEY::` form. `Err(message)` says why there is none.
-    fn resolve_secret(&self, name: &str) -> Result<Result<String, String>, ApiError> {
+    fn resolve_secret(&self, name: &str) -> Result<Result<String, String>, Error> {
         if let Some((rec, _)) = self.secret_record(name)? {
             return Ok(Ok(self.decrypt(&rec)?));
         }
@@ -220,37 +217,37 @@ impl Cluster {
 
     /// Refuses a definition that names a secret that is not stored (at task run and service
     /// create: such a task could never start).
-    pub(super) fn check_task_secrets(&self, td: &TaskDefinition) -> Result<(), ApiError> {
+    pub(super) fn check_task_secrets(&self, td: &TaskDefinition) -> Result<(), Error> {
         for u in secret_uses(td) {
             if let Err(why) = self.resolve_secret(&u.name)? {
-                return Err(ApiError::invalid(u.path, why));
+                return Err(Error::invalid(u.path, why));
             }
         }
         Ok(())
     }
 
     /// The values task `id`'s definition names, for the agent of the host it is placed on.
-    pub fn task_secrets(&self, host: &HostId, id: &str) -> Result<TaskSecrets, ApiError> {
+    pub fn task_secrets(&self, host: &HostId, id: &str) -> Result<TaskSecrets, Error> {
         let task = TaskId::parse(id)
             .ok()
             .and_then(|id| self.tasks.get(&id))
             .map(|e| &e.task)
-            .ok_or_else(|| ApiError::not_found("task", id))?;
+            .ok_or_else(|| Error::not_found("task", id))?;
         if task.host_id.as_ref() != Some(host) || task.last_status == TaskStatus::Stopped {
-            return Err(ApiError::Forbidden(format!("task {id} is not running on host {host}")));
+            return Err(Error::Forbidden(format!("task {id} is not running on host {host}")));
         }
         let r = &task.task_definition;
         let td = self
             .taskdefs
             .get(&(r.family.clone(), r.revision))
-            .ok_or_else(|| ApiError::not_found("task definition", r.to_string()))?;
+            .ok_or_else(|| Error::not_found("task definition", r.to_string()))?;
         let mut values = BTreeMap::new();
         for u in secret_uses(&td.value) {
             match self.resolve_secret(&u.name)? {
                 Ok(v) => {
                     values.insert(u.name, v);
                 }
-                Err(why) => return Err(ApiError::invalid(u.path, why)),
+                Err(why) => return Err(Error::invalid(u.path, why)),
             }
         }
         tracing::debug!(task = %id, host = %host, secrets = values.len(), "task secrets handed out");
@@ -271,7 +268,7 @@ mod tests {
         (c, store)
     }
 
-    fn create(c: &mut Cluster, name: &str, value: &str) -> Result<SecretInfo, ApiError> {
+    fn create(c: &mut Cluster, name: &str, value: &str) -> Result<SecretInfo, Error> {
         c.create_secret(CreateSecret { name: name.into(), value: value.into() })
     }
 
@@ -299,7 +296,7 @@ mod tests {
         let (mut c, _) = cluster();
         let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:db-pass-AbCdEf";
         create(&mut c, arn, "v").unwrap();
-        assert!(matches!(create(&mut c, arn, "w"), Err(ApiError::AlreadyExists { .. })));
+        assert!(matches!(create(&mut c, arn, "w"), Err(Error::AlreadyExists { .. })));
         let e = create(&mut c, "a b", "v").unwrap_err().to_string();
         assert!(e.contains("name") && e.contains("' '"), "{e}");
         let e = create(&mut c, "big", &"x".repeat(65_537)).unwrap_err().to_string();
@@ -307,7 +304,7 @@ mod tests {
         assert_eq!(c.secrets().unwrap().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [arn]);
         c.delete_secret(arn).unwrap();
         assert!(c.secrets().unwrap().is_empty());
-        assert!(matches!(c.delete_secret(arn), Err(ApiError::NotFound { .. })));
+        assert!(matches!(c.delete_secret(arn), Err(Error::NotFound { .. })));
     }
 
     /// A `valueFrom` is any string (ECS's own agent tests register `$$$SECRET_VALUE_FROM$$$`):

@@ -485,9 +485,9 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
         trusted_ca_sha256: Vec::new(),
         gpu_use: Vec::new(),
     };
-    w.c.host_status(&hosts[0], beat(0)).unwrap();
-    w.c.host_status(&hosts[0], beat(1)).unwrap();
-    w.c.host_status(&hosts[0], beat(1)).unwrap();
+    w.c.host_status(&hosts[0], &beat(0)).unwrap();
+    w.c.host_status(&hosts[0], &beat(1)).unwrap();
+    w.c.host_status(&hosts[0], &beat(1)).unwrap();
     let host = w.c.host(hosts[0].as_str()).unwrap();
     let restarted: Vec<_> = host.events.iter().filter(|e| e.reason == "DaemonRestarted").collect();
     assert_eq!(restarted.len(), 1, "{:?}", host.events);

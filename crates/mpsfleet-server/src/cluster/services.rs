@@ -23,10 +23,10 @@ use mpsfleet_types::service::{
 };
 
 impl Cluster {
-    pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, ApiError> {
-        let name = ServiceName::new(req.name).map_err(|e| ApiError::invalid("name", e.to_string()))?;
+    pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, Error> {
+        let name = ServiceName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
         if self.services.contains_key(&name) {
-            return Err(ApiError::AlreadyExists { kind: "service", id: name.to_string() });
+            return Err(Error::AlreadyExists { kind: "service", id: name.to_string() });
         }
         check_desired(req.desired_count)?;
         let config = req.deployment_configuration.unwrap_or_default();
@@ -61,10 +61,10 @@ impl Cluster {
         self.service(name.as_str())
     }
 
-    pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, ApiError> {
+    pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, Error> {
         let current = self.service_record(name)?;
         if current.value.status == ServiceStatus::Draining {
-            return Err(ApiError::Conflict(format!("service {name} is being deleted")));
+            return Err(Error::Conflict(format!("service {name} is being deleted")));
         }
         let mut svc = current.value.clone();
         let now = self.now();
@@ -100,7 +100,7 @@ impl Cluster {
     }
 
     /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
-    pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, ApiError> {
+    pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, Error> {
         let current = self.service_record(name)?;
         let mut svc = current.value.clone();
         if svc.status != ServiceStatus::Draining {
@@ -115,15 +115,15 @@ impl Cluster {
         Ok(view)
     }
 
-    pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, ApiError> {
+    pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, Error> {
         self.services
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, v)| v.clone())
-            .ok_or_else(|| ApiError::not_found("service", name))
+            .ok_or_else(|| Error::not_found("service", name))
     }
 
-    pub(super) fn write_service(&mut self, svc: Service) -> Result<(), ApiError> {
+    pub(super) fn write_service(&mut self, svc: Service) -> Result<(), Error> {
         let version = self.services.get(&svc.name).map_or(0, |v| v.version);
         let rev =
             self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
@@ -198,13 +198,13 @@ impl Cluster {
         }
     }
 
-    pub fn service(&self, name: &str) -> Result<ServiceView, ApiError> {
+    pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
         Ok(self.view_of(&self.service_record(name)?.value))
     }
 
     /// The service's deployments, newest first, with the counts of their tasks (a task
     /// counts toward the newest live deployment of its definition).
-    pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, ApiError> {
+    pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, Error> {
         let svc = self.service_record(name)?.value;
         let mut views: Vec<DeploymentView> = svc
             .deployments
@@ -242,7 +242,7 @@ impl Cluster {
     /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
     /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
     /// each container port of its definition, at the address its containers report.
-    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, ApiError> {
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
         let svc = self.service_record(name)?.value.name.clone();
         let mut out = Vec::new();
         for id in self.tasks.of_service(&svc) {
@@ -307,7 +307,7 @@ impl Cluster {
         self.services.values().map(|v| self.view_of(&v.value)).collect()
     }
 
-    pub(super) fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), ApiError> {
+    pub(super) fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), Error> {
         match group {
             Some(g) => self.reconcile_service(g),
             None => Ok(()),
@@ -316,7 +316,7 @@ impl Cluster {
 
     /// Reconciles a service now ([`Cluster::reconcile_service_once`]); when it waits for a
     /// time (a crash-loop hold-back, a rebalance's settle time), it is asked for again then.
-    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), ApiError> {
+    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), Error> {
         if let Action::RequeueAfter(ms) = self.reconcile_service_once(name)? {
             let at = self.now() + ms;
             self.work.queue.enqueue_at(Work::Service(name.clone()), at);
@@ -328,7 +328,7 @@ impl Cluster {
     /// settles its deployments. A deleted service goes once its last task has stopped. Says
     /// when to run again: when a hold-back or a settle time it waits for ends, or not until
     /// something changes.
-    fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, ApiError> {
+    fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, Error> {
         let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else {
             return Ok(Action::AwaitChange);
         };
@@ -572,7 +572,7 @@ impl Cluster {
     /// task(s) of web:2 stopped: CannotPullContainerError: …"); it counts toward the PRIMARY
     /// deployment's circuit breaker if it ran that deployment's definition, and a tripped
     /// breaker names the reasons.
-    pub(super) fn note_service_failure(&mut self, task: &Task, reason: &str) -> Result<(), ApiError> {
+    pub(super) fn note_service_failure(&mut self, task: &Task, reason: &str) -> Result<(), Error> {
         let Some(name) = &task.group else { return Ok(()) };
         let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
         let now = self.now();
@@ -717,9 +717,9 @@ fn bounds_words(b: &Bounds) -> String {
     s
 }
 
-fn check_desired(d: u32) -> Result<(), ApiError> {
+fn check_desired(d: u32) -> Result<(), Error> {
     if d > MAX_DESIRED_COUNT {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "desiredCount",
             format!("must be an integer from 0 to {MAX_DESIRED_COUNT}, got {d}"),
         ));
@@ -728,21 +728,21 @@ fn check_desired(d: u32) -> Result<(), ApiError> {
 }
 
 /// ECS's ranges: the minimum from 0 to 100 percent; the maximum from 100 (no surge) to 400.
-fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), ApiError> {
+fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Error> {
     if c.minimum_healthy_percent > 100 {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "deploymentConfiguration.minimumHealthyPercent",
             format!("must be an integer from 0 to 100, got {}", c.minimum_healthy_percent),
         ));
     }
     if !(100..=400).contains(&c.maximum_percent) {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "deploymentConfiguration.maximumPercent",
             format!("must be an integer from 100 to 400, got {}", c.maximum_percent),
         ));
     }
     if c.deployment_circuit_breaker.rollback && !c.deployment_circuit_breaker.enable {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "deploymentConfiguration.deploymentCircuitBreaker.rollback",
             "needs enable: true",
         ));

@@ -4,7 +4,7 @@
 //! definition, so that such a task is refused with the reason instead of waiting for a host
 //! that will never run it.
 
-use crate::error::ApiError;
+use super::Error;
 use mpsfleet_core::fit::{never_fits, Shape};
 use mpsfleet_types::{Host, HostStatus, NetworkMode, Pool, PoolName, RuntimeKind, TaskDefinition};
 use std::collections::BTreeSet;
@@ -13,7 +13,7 @@ impl super::Cluster {
     /// [`check`] against the pool's policy and its hosts.
     /// And the task's GPU demand against the largest host the pool has or its provider
     /// launches (`mpsfleet_core::fit`).
-    pub(super) fn check_task_policy(&self, pool: &PoolName, td: &TaskDefinition) -> Result<(), ApiError> {
+    pub(super) fn check_task_policy(&self, pool: &PoolName, td: &TaskDefinition) -> Result<(), Error> {
         let Some(p) = self.pools.get(pool) else { return Ok(()) };
         let hosts = || self.hosts.iter().map(|e| &e.host).filter(|h| &h.pool == pool);
         check(&p.value, td, hosts())?;
@@ -33,7 +33,7 @@ impl super::Cluster {
                 } else {
                     "its hosts"
                 };
-                Err(ApiError::invalid(
+                Err(Error::invalid(
                     "taskDefinition",
                     format!("{} can never be placed in pool {pool}: {why} (judged by {of})", td.reference()),
                 ))
@@ -52,11 +52,11 @@ pub fn check<'a>(
     pool: &Pool,
     td: &TaskDefinition,
     hosts: impl Iterator<Item = &'a Host>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     let p = &pool.task_policy;
     let name = pool.name.as_str();
     let refuse = |field: String, policy_field: &str, what: &str| {
-        ApiError::invalid(
+        Error::invalid(
             field,
             format!(
                 "{what} is not allowed: pool {name}'s taskPolicy.{policy_field} is false \
@@ -111,7 +111,7 @@ fn check_volumes<'a>(
     pool: &str,
     td: &TaskDefinition,
     hosts: impl Iterator<Item = &'a Host>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     // Only volumes a container mounts matter: an unused one is never made.
     let used: BTreeSet<&str> = td
         .container_definitions
@@ -126,7 +126,7 @@ fn check_volumes<'a>(
             continue;
         }
         if let Some(kind) = v.aws_only.keys().next() {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("volumes[{i}].{kind}"),
                 format!(
                     "volume {} needs {kind}, which only AWS provides: a task mounting it could never \
@@ -158,7 +158,7 @@ fn check_volumes<'a>(
                 all.insert(LOCAL_DRIVER);
                 all.into_iter().collect::<Vec<_>>().join(", ")
             };
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 format!("volumes[{i}].dockerVolumeConfiguration.driver"),
                 format!(
                     "volume {} needs Docker volume driver {driver}, which no Docker host of pool {pool} \
@@ -204,9 +204,9 @@ mod tests {
         json!({"containerDefinitions": [c]})
     }
 
-    fn field_of(e: ApiError) -> (String, String) {
+    fn field_of(e: Error) -> (String, String) {
         match e {
-            ApiError::InvalidParameter { field, message } => (field, message),
+            Error::InvalidParameter { field, message } => (field, message),
             other => panic!("{other}"),
         }
     }

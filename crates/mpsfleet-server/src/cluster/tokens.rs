@@ -82,10 +82,10 @@ impl JoinDigests {
     }
 
     /// `None` when `digest` is no join token's; else whether it is valid now, or why not.
-    pub fn check(&self, digest: &str) -> Option<Result<(), ApiError>> {
+    pub fn check(&self, digest: &str) -> Option<Result<(), Error>> {
         let at = self.map().get(digest)?.view.expires_at_ms;
         Some(if self.clock.now_ms() >= at {
-            Err(ApiError::Unauthorized(
+            Err(Error::Unauthorized(
                 "this join token has expired: make a new one with `mpsfleet join-token create`",
             ))
         } else {
@@ -96,15 +96,15 @@ impl JoinDigests {
 
 /// Checks a token's description and lifetime as `token create` and `join-token create` take
 /// them.
-fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), ApiError> {
+fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), Error> {
     if description.chars().count() > MAX_TOKEN_DESCRIPTION || description.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "description",
             format!("must be at most {MAX_TOKEN_DESCRIPTION} printable characters"),
         ));
     }
     match expires_in_s {
-        Some(s) if s == 0 || s > MAX_TOKEN_LIFETIME_S => Err(ApiError::invalid(
+        Some(s) if s == 0 || s > MAX_TOKEN_LIFETIME_S => Err(Error::invalid(
             "expiresInS",
             format!("must be from 1 to {MAX_TOKEN_LIFETIME_S} seconds, got {s}"),
         )),
@@ -113,7 +113,7 @@ fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(
 }
 
 /// A new token id with `prefix`.
-fn token_id(prefix: &str) -> Result<String, ApiError> {
+fn token_id(prefix: &str) -> Result<String, Error> {
     Ok(format!("{prefix}{:012x}", auth::random_u64()? >> 16))
 }
 
@@ -127,7 +127,7 @@ pub(super) struct TokenRecord {
 }
 
 impl Cluster {
-    pub(super) fn load_api_tokens(&mut self) -> Result<(), ApiError> {
+    pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(API_TOKEN)? {
             let rec: TokenRecord = decode(&r)?;
             self.api_tokens.insert(rec.sha256.clone(), rec);
@@ -136,10 +136,10 @@ impl Cluster {
     }
 
     /// The principal of an API token's digest: `Ok(None)` when it is none of them.
-    pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, ApiError> {
+    pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, Error> {
         let Some(rec) = self.api_tokens.get(digest) else { return Ok(None) };
         if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
-            return Err(ApiError::Unauthorized("this token has expired"));
+            return Err(Error::Unauthorized("this token has expired"));
         }
         Ok(Some(Principal::Token {
             id: rec.view.id.clone(),
@@ -149,22 +149,22 @@ impl Cluster {
     }
 
     /// `token create`: a new token with `req.role`, shown once.
-    pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, ApiError> {
+    pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, Error> {
         check_token_request(&req.description, req.expires_in_s)?;
         if let Some(pool) = &req.pool {
             if req.role == Role::Admin {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     "pool",
                     "an admin token acts on the whole cluster (pools, tokens, secrets): scope viewer or \
                      operator tokens only",
                 ));
             }
             if !self.pools.keys().any(|k| k.as_str() == pool) {
-                return Err(ApiError::invalid("pool", format!("no pool named {pool:?}")));
+                return Err(Error::invalid("pool", format!("no pool named {pool:?}")));
             }
         }
         if self.api_tokens.len() >= MAX_API_TOKENS {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
             )));
         }
@@ -199,13 +199,13 @@ impl Cluster {
     }
 
     /// `token revoke`: the token stops working at once.
-    pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, ApiError> {
+    pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
         let digest = self
             .api_tokens
             .iter()
             .find(|(_, r)| r.view.id == id)
             .map(|(d, _)| d.clone())
-            .ok_or_else(|| ApiError::not_found("token", id))?;
+            .ok_or_else(|| Error::not_found("token", id))?;
         self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
         let rec = self.api_tokens.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "API token revoked");
@@ -214,7 +214,7 @@ impl Cluster {
 }
 
 impl Cluster {
-    pub(super) fn load_join_tokens(&mut self) -> Result<(), ApiError> {
+    pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(JOIN_TOKEN)? {
             self.join_index.insert(decode(&r)?);
         }
@@ -223,7 +223,7 @@ impl Cluster {
 
     /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
     /// has expired.
-    pub(super) fn join_token(&self, digest: &str) -> Result<bool, ApiError> {
+    pub(super) fn join_token(&self, digest: &str) -> Result<bool, Error> {
         self.join_index.check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
     }
 
@@ -241,7 +241,7 @@ impl Cluster {
     pub fn rotate_admin_token(
         &mut self,
         token: String,
-    ) -> Result<mpsfleet_types::access::RotatedAdminToken, ApiError> {
+    ) -> Result<mpsfleet_types::access::RotatedAdminToken, Error> {
         let digest = auth::digest(&token);
         self.commit(&[Op::put_json(
             super::AUTH,
@@ -264,7 +264,7 @@ impl Cluster {
         sha256: String,
         req: &CreateJoinToken,
         by: &str,
-    ) -> Result<JoinTokenRecord, ApiError> {
+    ) -> Result<JoinTokenRecord, Error> {
         check_token_request(&req.description, req.expires_in_s)?;
         let lifetime_ms = req.expires_in_s.unwrap_or(DEFAULT_JOIN_TOKEN_LIFETIME_S).saturating_mul(1000);
         let view = JoinTokenView {
@@ -279,13 +279,9 @@ impl Cluster {
 
     /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
     /// when the server serves HTTPS.
-    pub fn create_join_token(
-        &mut self,
-        req: CreateJoinToken,
-        by: &str,
-    ) -> Result<CreatedJoinToken, ApiError> {
+    pub fn create_join_token(&mut self, req: CreateJoinToken, by: &str) -> Result<CreatedJoinToken, Error> {
         if self.join_index.map().len() >= MAX_JOIN_TOKENS {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
             )));
         }
@@ -308,14 +304,14 @@ impl Cluster {
 
     /// `join-token revoke`: the join token stops working at once (hosts it registered keep
     /// their own credentials).
-    pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, ApiError> {
+    pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, Error> {
         let digest = self
             .join_index
             .map()
             .iter()
             .find(|(_, r)| r.view.id == id)
             .map(|(d, _)| d.clone())
-            .ok_or_else(|| ApiError::not_found("join token", id))?;
+            .ok_or_else(|| Error::not_found("join token", id))?;
         self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
         let rec = self.join_index.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "join token revoked");

@@ -10,7 +10,7 @@
 //! its key again at that time; every [`SERVICE_RESYNC_MS`] the resync asks for every service,
 //! the safety net for a change nothing asked for.
 
-use super::{ApiError, Cluster};
+use super::{Cluster, Error};
 use mpsfleet_core::controller::{Action, WorkQueue};
 use mpsfleet_types::ServiceName;
 
@@ -64,7 +64,7 @@ impl Cluster {
     /// The periodic pass: asks for every service once its resync is due, reconciles what is
     /// due, and retries placing every pool's pending tasks. Each service and pool on its own:
     /// one that fails is logged with its name and retried; the others go on.
-    pub fn resync(&mut self) -> Result<(), ApiError> {
+    pub fn resync(&mut self) -> Result<(), Error> {
         let now = self.now();
         if now >= self.work.next_service_resync_ms {
             self.work.next_service_resync_ms = now + SERVICE_RESYNC_MS;
