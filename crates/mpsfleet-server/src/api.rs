@@ -33,6 +33,7 @@ use tokio::sync::watch;
 mod access;
 mod agent_proxy;
 mod agents;
+mod events;
 use access::*;
 use agent_proxy::*;
 pub use agent_proxy::{agent_answer_limit, AGENT_ANSWER_SLACK};
@@ -407,7 +408,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         assignments,
         report_task,
         task_secrets,
-        crate::events::stream
+        events::stream
     ),
     components(schemas(mpsfleet_types::api::ErrorBody, mpsfleet_types::access::AuditEvent)),
     modifiers(&BearerAuth),
@@ -441,7 +442,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/incidents/{id}", get(describe_incident))
         .route("/v1/incidents/{id}/acknowledge", post(acknowledge_incident))
         .route("/v1/incidents/{id}/resolve", post(resolve_incident))
-        .route("/v1/events", get(crate::events::stream))
+        .route("/v1/events", get(events::stream))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))

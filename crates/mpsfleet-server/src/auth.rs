@@ -7,10 +7,9 @@
 //! are not stored at all: they are HMAC-SHA256 of what they are for under the server's key
 //! ([`ServerKey`], `<data dir>/server.key`, 0600).
 
-use crate::cluster::Error;
+use crate::cluster::error::Error;
 use mpsfleet_types::HostId;
 use sha2::{Digest, Sha256};
-use std::io::Write as _;
 use std::path::Path;
 
 /// Who is calling.
@@ -137,7 +136,7 @@ impl ServerKey {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let key = ServerKey::random()?;
-                write_secret(path, &hex(&key.0)).map_err(|e| unavailable("write", &e))?;
+                crate::files::write_secret(path, &hex(&key.0)).map_err(|e| unavailable("write", &e))?;
                 Ok(key)
             }
             Err(e) => Err(unavailable("read", &e)),
@@ -204,15 +203,6 @@ pub fn random_u64() -> Result<u64, Error> {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).map_err(|e| Error::StoreUnavailable(format!("no randomness: {e}")))?;
     Ok(u64::from_le_bytes(bytes))
-}
-
-/// Writes a secret file readable by its owner only.
-pub fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(secret.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()
 }
 
 /// The bearer token of an `Authorization` header value.

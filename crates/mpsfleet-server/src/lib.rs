@@ -8,6 +8,7 @@ pub mod config;
 pub mod console;
 pub mod error;
 pub mod events;
+pub mod files;
 pub mod forward;
 pub mod http;
 pub mod metrics;
@@ -20,6 +21,7 @@ pub mod tls;
 
 use cluster::Error;
 use cluster::{Cluster, FirstStart};
+use files::{create_private_dir, restrict, write_public};
 use mpsfleet_core::clock::Clock;
 use mpsfleet_store::etcd::Candidate;
 use mpsfleet_store::{EtcdStore, SqliteStore, Store};
@@ -110,7 +112,7 @@ pub fn open_store(
         let join = mpsfleet_client::tls::pinned(&tokens.join_token, &ca.active.hash());
         for (file, token) in [(ADMIN_TOKEN_FILE, &tokens.admin_token), (JOIN_TOKEN_FILE, &join)] {
             let path = data_dir.join(file);
-            auth::write_secret(&path, token)
+            files::write_secret(&path, token)
                 .map_err(|e| Error::StoreUnavailable(format!("cannot write {}: {e}", path.display())))?;
         }
         first_start = Some(FirstStart { admin_token: tokens.admin_token.clone(), join_token: join });
@@ -138,39 +140,6 @@ fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), Error> {
         std::fs::rename(&staged, &file).map_err(unavailable)
     } else {
         std::fs::remove_file(&staged).map_err(unavailable)
-    }
-}
-
-/// Writes `text` to `path` (0644) through a temporary file, so a reader never sees half of it.
-pub(crate) fn write_public(path: &Path, text: &str) -> std::io::Result<()> {
-    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
-        return Ok(());
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    restrict(&tmp, 0o644)?;
-    std::fs::rename(&tmp, path)
-}
-
-/// Creates `dir` 0700, or makes an existing one 0700.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !dir.is_dir() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    }
-    restrict(dir, 0o700)
-}
-
-/// Sets `path`'s mode to `mode` when it exists and has any other bit.
-fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::metadata(path) {
-        Ok(m) if m.permissions().mode() & 0o777 != mode => {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        }
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

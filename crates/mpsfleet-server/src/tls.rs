@@ -20,7 +20,7 @@
 //! certificates are issued under it from then on and the old CA is trusted no more.
 
 use crate::auth::{hex, unhex, ServerKey};
-use crate::cluster::Error;
+use crate::cluster::error::Error;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use mpsfleet_store::{decode, Op, Precondition, Store, StoreError};
@@ -463,7 +463,7 @@ impl ServerTls {
 
     fn write_ca_file(&self) {
         if let Some(path) = &self.ca_file {
-            if let Err(e) = crate::write_public(path, &self.cas().bundle_pem()) {
+            if let Err(e) = crate::files::write_public(path, &self.cas().bundle_pem()) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot write the CA bundle for clients");
             }
         }

@@ -254,7 +254,7 @@ async fn up(args: UpArgs) -> Result<()> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).ok();
         }
-        mpsfleet_server::auth::write_secret(&path, &config.to_string())
+        mpsfleet_server::files::write_secret(&path, &config.to_string())
             .with_context(|| format!("cannot write the client config {}", path.display()))?;
         println!("client config: {} (the CLI in another terminal uses it)", path.display());
     }

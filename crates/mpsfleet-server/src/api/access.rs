@@ -236,7 +236,7 @@ pub(super) async fn rotate_admin_token(
             let token = auth::new_token("mpsf_adm_")?;
             let Some(file) = &file else { return c.rotate_admin_token(token) };
             let staged = crate::staged_admin_token(file);
-            crate::auth::write_secret(&staged, &token)
+            crate::files::write_secret(&staged, &token)
                 .map_err(|e| Error::StoreUnavailable(format!("cannot write {}: {e}", staged.display())))?;
             let rotated = c.rotate_admin_token(token);
             match &rotated {

@@ -9,7 +9,7 @@
 mod agent_reports;
 mod audit;
 mod checks_key;
-mod error;
+pub mod error;
 mod health;
 mod idempotency;
 mod incident_table;
