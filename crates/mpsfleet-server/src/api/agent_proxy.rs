@@ -3,6 +3,25 @@
 use super::*;
 use crate::cluster::Error;
 
+/// The most log bytes one call returns.
+pub const MAX_LOG_TAIL: u64 = 16 << 20;
+
+#[derive(Deserialize, Serialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct LogsQuery {
+    /// Only this container's output (default: every container).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container: Option<String>,
+    #[serde(default = "default_stream")]
+    stream: String,
+    #[serde(default = "default_tail")]
+    tail: u64,
+    /// Only output written strictly after this time (ms since the epoch); checked in the
+    /// handler so that a bad value names the parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since_ms: Option<String>,
+}
+
 pub(super) fn default_stream() -> String {
     "stdout".into()
 }
