@@ -1,7 +1,8 @@
 //! The invariants a run checks after every step, as pure functions over what the step
 //! changed, and the recovery bound.
 
-use crate::engine::{Demand, FETCH_LATENCY_MS, HEALTH_TICK_MS, RESYNC_MS, TASK_START_MS};
+use crate::timing::{FETCH_LATENCY_MS, HEALTH_TICK_MS, RESYNC_MS, TASK_START_MS};
+use crate::world::Demand;
 use mpsfleet_server::cluster::SERVICE_RESTART_WINDOW_MS;
 use mpsfleet_types::{
     HealthPolicy, Incident, IncidentOwner, IncidentState, OwnershipMode, RemediationPolicy, Step, TaskId,

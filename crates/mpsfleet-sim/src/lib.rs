@@ -19,6 +19,7 @@ pub mod engine;
 pub mod invariants;
 pub mod report;
 pub mod rng;
+pub mod timing;
 mod world;
 
 pub use config::{parse_duration, Config, Fault, FaultKind, ProviderModel, Scenario};
