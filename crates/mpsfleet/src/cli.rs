@@ -1,5 +1,6 @@
 //! The resource commands of the CLI: `taskdef`, `task`, `host`, `pool`, `service`, `secret`.
 
+use crate::describe::{deployment_rows, task_policy_cell, DEPLOYMENT_HEADERS};
 use crate::output::{self, opt, sanitize, sanitize_text, Format};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
@@ -9,7 +10,10 @@ use mpsfleet_types::*;
 use std::path::PathBuf;
 
 mod access;
+mod incident;
 use access::{ca_command, cluster_status, join_token, secret, token};
+pub use incident::IncidentCommand;
+use incident::{incident, print_incident, print_operator_command, warn_unplaced_moves};
 
 /// Options every resource command takes, then the command.
 #[derive(Args)]
@@ -219,30 +223,6 @@ pub enum HostCommand {
     RevokeCredential {
         /// The host's id.
         id: String,
-    },
-}
-
-#[derive(Subcommand)]
-pub enum IncidentCommand {
-    /// Incidents, newest first.
-    List,
-    /// One incident: its trigger, its timeline and what is left to do.
-    Describe {
-        /// The incident's id.
-        id: String,
-    },
-    /// Take the incident: recorded on its timeline with who and when; nothing else changes.
-    Acknowledge {
-        /// The incident's id.
-        id: String,
-    },
-    /// Close the incident; a replacement host still in flight is cancelled.
-    Resolve {
-        /// The incident's id.
-        id: String,
-        /// Why the incident is resolved (kept on its timeline).
-        #[arg(long)]
-        reason: String,
     },
 }
 
@@ -1126,26 +1106,6 @@ fn strategy_of(s: &str) -> PlacementStrategy {
     }
 }
 
-/// What a pool's task policy allows, e.g. `privileged,hostNetwork`, or `none`.
-pub(crate) fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
-    let allowed: Vec<&str> = [
-        (p.allow_privileged, "privileged"),
-        (p.allow_host_network, "hostNetwork"),
-        (p.allow_host_namespaces, "hostNamespaces"),
-        (p.allow_host_paths, "hostPaths"),
-        (p.allow_capabilities, "capabilities"),
-        (p.allow_devices, "devices"),
-    ]
-    .into_iter()
-    .filter_map(|(on, name)| on.then_some(name))
-    .collect();
-    if allowed.is_empty() {
-        "none".into()
-    } else {
-        allowed.join(",")
-    }
-}
-
 fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
     pools
         .iter()
@@ -1349,193 +1309,6 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
         ServiceCommand::Delete { name } => c.delete_service(&name).await?,
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
-    Ok(())
-}
-
-pub(crate) const DEPLOYMENT_HEADERS: [&str; 9] =
-    ["ID", "STATUS", "TASK DEFINITION", "ROLLOUT", "DESIRED", "HEALTHY", "RUNNING", "PENDING", "FAILED"];
-
-pub(crate) fn deployment_rows(list: &[DeploymentView]) -> Vec<Vec<String>> {
-    list.iter()
-        .map(|v| {
-            let d = &v.deployment;
-            vec![
-                d.id.clone(),
-                d.status.as_str().into(),
-                d.task_definition.to_string(),
-                d.rollout_state.as_str().into(),
-                d.desired_count.to_string(),
-                v.healthy_count.to_string(),
-                v.running_count.to_string(),
-                v.pending_count.to_string(),
-                d.failed_tasks.to_string(),
-            ]
-        })
-        .collect()
-}
-
-fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {
-    let secs = |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
-    list.iter()
-        .map(|v| {
-            let i = &v.incident;
-            vec![
-                i.id.clone(),
-                i.host_id.to_string(),
-                i.pool.to_string(),
-                i.owner.as_str().into(),
-                i.state.as_str().into(),
-                format!("{}: {}", i.trigger.check, i.trigger.reason),
-                secs(v.timing.detect_ms),
-                secs(v.timing.total_ms),
-            ]
-        })
-        .collect()
-}
-
-/// DETECT: first failure to detected; DOWN: first failure to resumed (docs/pools.md).
-const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "DOWN"];
-
-fn print_incident(f: Format, v: IncidentView) -> Result<()> {
-    match f {
-        Format::Json | Format::Yaml => output::print(f, &v, &[], vec![]),
-        Format::Table | Format::Wide => {
-            print!("{}", output::table(&INCIDENT_HEADERS, &incident_rows(std::slice::from_ref(&v))));
-            let i = &v.incident;
-            if let IncidentState::Blocked { reason } = &i.state {
-                println!("\nblocked: {}", sanitize(reason));
-            }
-            if !i.trigger.evidence.is_empty() {
-                println!("\nevidence: {}", sanitize_text(&i.trigger.evidence));
-            }
-            let start = i.timeline.first().map_or(0, |t| t.at_ms);
-            let rows: Vec<Vec<String>> = i
-                .timeline
-                .iter()
-                .map(|t| {
-                    let mut detail = t.detail.clone();
-                    if t.count > 1 {
-                        let last = t.latest_ms().saturating_sub(start) as f64 / 1000.0;
-                        detail = format!("{detail} (x{}, last at +{last:.3}s)", t.count);
-                    }
-                    if let Some(by) = &t.by {
-                        detail = format!("{detail} [by {by}]");
-                    }
-                    vec![
-                        output::utc_time(t.at_ms),
-                        format!("+{:.3}s", t.at_ms.saturating_sub(start) as f64 / 1000.0),
-                        t.step.as_str().into(),
-                        detail,
-                    ]
-                })
-                .collect();
-            println!();
-            print!("{}", output::table(&["TIME", "AFTER", "STEP", "DETAIL"], &rows));
-            if i.timeline.elided() > 0 {
-                println!("({} older entries not kept between the first and the latest)", i.timeline.elided());
-            }
-            if !i.affected_tasks.is_empty() {
-                let rows: Vec<Vec<String>> = i
-                    .affected_tasks
-                    .iter()
-                    .map(|a| {
-                        vec![
-                            a.task_id.to_string(),
-                            opt(&a.service),
-                            match (a.waiting, &i.state) {
-                                (true, IncidentState::Resolved) => "not moved".into(),
-                                (true, _) => "waiting".into(),
-                                (false, _) => opt(&a.replacement),
-                            },
-                            opt(&a.replacement_host),
-                        ]
-                    })
-                    .collect();
-                println!();
-                print!("{}", output::table(&["TASK", "SERVICE", "REPLACEMENT", "ON HOST"], &rows));
-            }
-            let t = &v.timing;
-            let secs =
-                |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.3}s", ms as f64 / 1000.0));
-            let at = |ms: Option<u64>| ms.map_or_else(|| "-".into(), mpsfleet_types::utc);
-            println!(
-                "\nfirst failure {}, detected {}, decided {}, replacement ready {}, resumed {}",
-                at(t.first_failure_at_ms),
-                at(t.detected_at_ms),
-                at(t.decided_at_ms),
-                at(t.replacement_ready_at_ms),
-                at(t.resumed_at_ms)
-            );
-            println!(
-                "time to detect {}, to decide {}, to replace {}; down for {} (first failure to resumed)",
-                secs(t.detect_ms),
-                secs(t.decide_ms),
-                secs(t.replace_ms),
-                secs(t.total_ms)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// After a drain: the tasks it moved that no host of the pool can take now, with the reason,
-/// on standard error (nothing when every one was placed).
-async fn warn_unplaced_moves(c: &Client, incident: &str) {
-    let Ok(v) = c.describe_incident(incident).await else { return };
-    let mut waiting: Vec<(String, String)> = Vec::new();
-    for r in v.incident.affected_tasks.iter().filter_map(|a| a.replacement) {
-        let Ok(t) = c.describe_task(&r.to_string()).await else { continue };
-        if t.host_id.is_none() && t.last_status != TaskStatus::Stopped {
-            waiting
-                .push((t.id.to_string(), t.pending_reason.unwrap_or_else(|| "waiting for capacity".into())));
-        }
-    }
-    if let Some((_, why)) = waiting.first() {
-        let ids: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
-        eprintln!(
-            "warning: the pool has no capacity now for {} task(s) moved off the host ({}): {}",
-            waiting.len(),
-            sanitize(&ids.join(", ")),
-            sanitize(why)
-        );
-    }
-}
-
-async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {
-    match cmd {
-        IncidentCommand::List => {
-            let list = c.list_incidents().await?;
-            output::print(f, &list, &INCIDENT_HEADERS, incident_rows(&list));
-            Ok(())
-        }
-        IncidentCommand::Describe { id } => print_incident(f, c.describe_incident(&id).await?),
-        IncidentCommand::Acknowledge { id } => print_incident(f, c.acknowledge_incident(&id).await?),
-        IncidentCommand::Resolve { id, reason } => {
-            print_operator_command(f, c.resolve_incident(&id, &reason).await?)
-        }
-    }
-}
-
-/// The answer of `host activate` and `incident resolve`: what changed, in words.
-fn print_operator_command(f: Format, r: OperatorCommandResponse) -> Result<()> {
-    if f.is_data() {
-        output::print(f, &r, &[], vec![]);
-        return Ok(());
-    }
-    if let Some(h) = &r.host {
-        println!(
-            "host {} is {} ({})",
-            sanitize(h.id.as_str()),
-            sanitize(h.status.as_str()),
-            sanitize(h.health_status.as_str())
-        );
-    }
-    if let Some(v) = &r.incident {
-        println!("incident {} is {}", sanitize(&v.incident.id), sanitize(v.incident.state.as_str()));
-    }
-    if let Some(what) = &r.replacement {
-        println!("{}", sanitize(what));
-    }
     Ok(())
 }
 

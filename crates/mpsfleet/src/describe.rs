@@ -349,11 +349,7 @@ pub fn service(
         ("Created", utc_time(s.created_at_ms)),
         ("Updated", utc_time(s.updated_at_ms)),
     ]);
-    out.push_str(&section(
-        "Deployments",
-        &crate::cli::DEPLOYMENT_HEADERS,
-        &crate::cli::deployment_rows(deployments),
-    ));
+    out.push_str(&section("Deployments", &DEPLOYMENT_HEADERS, &deployment_rows(deployments)));
     // Why tasks of a live deployment stopped, grouped by reason.
     let failures: Vec<Vec<String>> =
         (deployments.iter())
@@ -475,9 +471,53 @@ pub fn pool(p: &Pool) -> String {
         ("Remediation", remediation),
         ("Provider", provider),
         ("Task user", user.to_string()),
-        ("Task policy allows", crate::cli::task_policy_cell(&p.task_policy)),
+        ("Task policy allows", task_policy_cell(&p.task_policy)),
         ("Created", utc_time(p.created_at_ms)),
     ])
+}
+
+/// The columns of a service's deployments, as `service deployments` and `service describe`
+/// list them.
+pub(crate) const DEPLOYMENT_HEADERS: [&str; 9] =
+    ["ID", "STATUS", "TASK DEFINITION", "ROLLOUT", "DESIRED", "HEALTHY", "RUNNING", "PENDING", "FAILED"];
+
+pub(crate) fn deployment_rows(list: &[DeploymentView]) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|v| {
+            let d = &v.deployment;
+            vec![
+                d.id.clone(),
+                d.status.as_str().into(),
+                d.task_definition.to_string(),
+                d.rollout_state.as_str().into(),
+                d.desired_count.to_string(),
+                v.healthy_count.to_string(),
+                v.running_count.to_string(),
+                v.pending_count.to_string(),
+                d.failed_tasks.to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// What a pool's task policy allows, e.g. `privileged,hostNetwork`, or `none`.
+pub(crate) fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
+    let allowed: Vec<&str> = [
+        (p.allow_privileged, "privileged"),
+        (p.allow_host_network, "hostNetwork"),
+        (p.allow_host_namespaces, "hostNamespaces"),
+        (p.allow_host_paths, "hostPaths"),
+        (p.allow_capabilities, "capabilities"),
+        (p.allow_devices, "devices"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if allowed.is_empty() {
+        "none".into()
+    } else {
+        allowed.join(",")
+    }
 }
 
 #[cfg(test)]
