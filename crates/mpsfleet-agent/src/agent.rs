@@ -13,6 +13,7 @@ use crate::container_health::{PingPolicy, RuntimeCheck, SharedCheck};
 use crate::discovery::{self, Discovered};
 use crate::docker::{DockerConfig, DockerRuntime};
 use crate::gpu_health::GpuWatch;
+use crate::mps::supervisor::Supervisors;
 use crate::mps::{DaemonConfig, ModelMps, MpsControl, MpsPolicy, RealMps, Supervisor};
 use crate::runtime::engine::Engine;
 use crate::tasks::{Gpus, TaskLoop};
@@ -253,7 +254,7 @@ async fn trust(cfg: &AgentConfig) -> Result<(Trust, CaTrust), AgentError> {
             Err(e) => return Err(refuse(e.to_string())),
         }
     };
-    write_atomic(&kept_path, &pem).map_err(io("cannot keep the cluster CA", &kept_path))?;
+    crate::safe_fs::write_atomic(&kept_path, &pem).map_err(io("cannot keep the cluster CA", &kept_path))?;
     tracing::info!(ca = %pin, "trusting the cluster CA the join token names");
     let trust = CaTrust::of(&pem, Some(kept_path));
     Ok((Trust::Ca(pem), trust))
@@ -271,7 +272,8 @@ async fn follow_cas(agent: &Client, wanted: &[String], kept: &Path) -> Result<Ve
     if !same_cas(&got, wanted) {
         return Err(format!("the server serves the CAs {got:?}, not the {wanted:?} its answer named"));
     }
-    write_atomic(kept, &pem).map_err(|e| format!("cannot keep the CAs in {}: {e}", kept.display()))?;
+    crate::safe_fs::write_atomic(kept, &pem)
+        .map_err(|e| format!("cannot keep the CAs in {}: {e}", kept.display()))?;
     agent.set_trust(&Trust::Ca(pem)).map_err(|e| e.to_string())?;
     Ok(got)
 }
@@ -281,27 +283,6 @@ const MAX_PIPE_DIR: usize = 88;
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> AgentError + 'a {
     move |source| AgentError::Io { what, path: path.to_path_buf(), source }
-}
-
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), mode 0600.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    // A leftover temporary file (of another mode, or a link) is not written through.
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Runs the agent until `shutdown` completes.
@@ -571,7 +552,7 @@ async fn identity(
         runtime: reg.runtime,
     };
     let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
-    write_atomic(&path, &bytes).map_err(io("cannot write the host identity", &path))?;
+    crate::safe_fs::write_atomic(&path, &bytes).map_err(io("cannot write the host identity", &path))?;
     Ok(id)
 }
 
@@ -601,7 +582,7 @@ fn load_identity(path: &Path) -> Result<Option<Identity>, AgentError> {
     if let Some(token) = id.agent_token.take() {
         id.agent_token_sha256 = crate::logs::token_digest(&token);
         let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
-        write_atomic(path, &bytes).map_err(io("cannot write the host identity", path))?;
+        crate::safe_fs::write_atomic(path, &bytes).map_err(io("cannot write the host identity", path))?;
         tracing::info!(path = %path.display(), "the host identity now keeps the agent token's digest only");
     }
     if id.agent_token_sha256.is_empty() {
@@ -661,8 +642,6 @@ fn run_dir(cfg: &AgentConfig) -> Result<PathBuf, AgentError> {
 }
 
 /// One supervisor per GPU (or one for the host), keyed by GPU UUID.
-pub type Supervisors = Arc<BTreeMap<GpuUuid, Arc<Supervisor>>>;
-
 fn start_supervisors(
     cfg: &AgentConfig,
     found: &Discovered,

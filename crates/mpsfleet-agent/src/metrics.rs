@@ -12,10 +12,10 @@
 //! - per task: status, ready, health, the MPS memory limit it declared, and what it uses of
 //!   its GPU ([`crate::gpu_use`]): GPU memory and SM utilisation.
 
-use crate::agent::Supervisors;
 use crate::container_health::SharedCheck;
 use crate::gpu_health::GpuWatch;
 use crate::gpu_use::{self, TaskUse};
+use crate::mps::supervisor::Supervisors;
 use crate::tasks::{TaskGauge, TasksView};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

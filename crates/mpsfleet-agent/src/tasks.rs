@@ -394,7 +394,7 @@ impl State {
         let path = self.record_path(&rec.task.id);
         let res = crate::safe_fs::private_dir(path.parent().unwrap_or(&self.dir), 0o700).and_then(|()| {
             let bytes = serde_json::to_vec_pretty(rec).map_err(std::io::Error::other)?;
-            crate::agent::write_atomic(&path, &bytes)
+            crate::safe_fs::write_atomic(&path, &bytes)
         });
         if let Err(e) = res {
             tracing::error!(task.id = %rec.task.id, error = %e, path = %path.display(), "cannot write the task record");

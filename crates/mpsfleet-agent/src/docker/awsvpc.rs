@@ -12,7 +12,7 @@
 //! tar imported as [`pause_image`]. The container stops with SIGKILL (`StopSignal`): as PID 1
 //! of its namespace it would ignore SIGTERM.
 
-use super::spec::{self, container_name};
+use super::names::{self, container_name};
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, RestartPolicy, RestartPolicyNameEnum,
 };
@@ -71,13 +71,13 @@ pub fn pause_body(
     let family = definition.family.as_str().to_string();
     let revision = definition.revision.to_string();
     let labels: HashMap<String, String> = [
-        (spec::LABEL_HOST, host_id.to_string()),
-        (spec::LABEL_TASK, task_id),
-        (spec::LABEL_CONTAINER, PAUSE_CONTAINER.to_string()),
-        (spec::LABEL_FAMILY, family.clone()),
-        (spec::LABEL_REVISION, revision.clone()),
-        (spec::ECS_LABEL_FAMILY, family),
-        (spec::ECS_LABEL_REVISION, revision),
+        (names::LABEL_HOST, host_id.to_string()),
+        (names::LABEL_TASK, task_id),
+        (names::LABEL_CONTAINER, PAUSE_CONTAINER.to_string()),
+        (names::LABEL_FAMILY, family.clone()),
+        (names::LABEL_REVISION, revision.clone()),
+        (names::ECS_LABEL_FAMILY, family),
+        (names::ECS_LABEL_REVISION, revision),
         (LABEL_ROLE, ROLE_PAUSE.to_string()),
     ]
     .into_iter()
@@ -276,9 +276,9 @@ mod tests {
         assert_eq!(b.stop_signal.as_deref(), Some("SIGKILL"));
         assert_eq!(b.exposed_ports, Some(vec!["53/udp".to_string(), "8080/tcp".to_string()]));
         let labels = b.labels.expect("labels");
-        assert_eq!(labels.get(spec::LABEL_HOST).map(String::as_str), Some("h1"));
-        assert_eq!(labels.get(spec::LABEL_TASK).map(String::as_str), Some("t-00000000000000aa"));
-        assert_eq!(labels.get(spec::LABEL_CONTAINER).map(String::as_str), Some(PAUSE_CONTAINER));
+        assert_eq!(labels.get(names::LABEL_HOST).map(String::as_str), Some("h1"));
+        assert_eq!(labels.get(names::LABEL_TASK).map(String::as_str), Some("t-00000000000000aa"));
+        assert_eq!(labels.get(names::LABEL_CONTAINER).map(String::as_str), Some(PAUSE_CONTAINER));
         assert_eq!(labels.get(LABEL_ROLE).map(String::as_str), Some("pause"));
         let h = b.host_config.expect("host config");
         assert_eq!(h.network_mode.as_deref(), Some("net-id"));

@@ -14,6 +14,7 @@
 pub mod awsvpc;
 mod follow;
 pub mod logdriver;
+pub mod names;
 pub mod options;
 mod records;
 pub mod spec;

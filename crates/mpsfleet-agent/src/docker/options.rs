@@ -2,7 +2,7 @@
 //! maps them (shared/design/ecs-on-docker.md sections 1 and 2). Pure; pinned field by field by
 //! the tests in `spec.rs`.
 
-use super::spec::{container_name, LABEL_HOST, LABEL_TASK};
+use super::names::{container_name, LABEL_HOST, LABEL_TASK};
 use super::DockerLaunch;
 use bollard::models::{DeviceMapping, HostConfig, ResourcesUlimits};
 use mpsfleet_types::{NetworkMode, TaskDefinition, Volume};

@@ -4,6 +4,7 @@
 //! Nothing here does I/O: [`create_body`] returns the name and the body, and the tests below
 //! pin every field.
 
+pub use super::names::*;
 use super::{DockerLaunch, GpuWiring};
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, PortBinding, RestartPolicy,
@@ -12,17 +13,6 @@ use bollard::models::{
 use mpsfleet_types::{GpuRequirement, NetworkMode};
 use std::collections::HashMap;
 use std::net::IpAddr;
-
-/// Label keys mpsfleet sets on every container it creates; they win over `dockerLabels`.
-pub const LABEL_HOST: &str = "io.mpsfleet.host";
-pub const LABEL_TASK: &str = "io.mpsfleet.task";
-pub const LABEL_CONTAINER: &str = "io.mpsfleet.container";
-pub const LABEL_FAMILY: &str = "io.mpsfleet.family";
-pub const LABEL_REVISION: &str = "io.mpsfleet.revision";
-/// ECS's own labels, for tools that read them.
-pub const ECS_LABEL_CONTAINER: &str = "com.amazonaws.ecs.container-name";
-pub const ECS_LABEL_FAMILY: &str = "com.amazonaws.ecs.task-definition-family";
-pub const ECS_LABEL_REVISION: &str = "com.amazonaws.ecs.task-definition-version";
 
 /// The NVIDIA container runtime's variable naming the GPUs a container gets.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -36,16 +26,6 @@ const MIB: i64 = 1 << 20;
 /// Docker's json-file log, capped: at most `max-file` files of `max-size` each.
 pub const LOG_MAX_SIZE: &str = "10m";
 pub const LOG_MAX_FILE: &str = "3";
-
-/// `mpsfleet-<host>-<task>-<container>`, with every character Docker does not allow in a
-/// name (`[a-zA-Z0-9][a-zA-Z0-9_.-]*`) replaced by `-`. Deterministic, so that a container is
-/// found again by name after a restart, even one created just before a crash.
-pub fn container_name(host_id: &str, task_id: &str, container: &str) -> String {
-    let raw = format!("mpsfleet-{host_id}-{task_id}-{container}");
-    raw.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '-' })
-        .collect()
-}
 
 /// Whether the container is given a GPU, and which (the task's GPUs, by UUID).
 fn gpu_uuids(l: &DockerLaunch) -> Vec<String> {

@@ -50,6 +50,10 @@ pub struct ProbeStats {
     pub failed: u64,
 }
 
+/// The supervisors of a host's GPUs, by GPU.
+pub type Supervisors =
+    std::sync::Arc<std::collections::BTreeMap<mpsfleet_types::GpuUuid, std::sync::Arc<Supervisor>>>;
+
 /// Supervises one GPU's MPS control daemon on its own thread.
 pub struct Supervisor {
     shared: Arc<Shared>,

@@ -17,8 +17,8 @@
 use mpsfleet_core::clock::{Clock, SystemClock};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::{File, OpenOptions};
+use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -433,25 +433,12 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ShimError> {
     write_atomic(path, &bytes)
 }
 
-/// Writes `path` through a temporary file and a rename.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ShimError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let io = |what, source| ShimError::Io { what, path: path.to_path_buf(), source };
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| io("create", e))?;
-    f.write_all(bytes).map_err(|e| io("write", e))?;
-    f.sync_all().map_err(|e| io("sync", e))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(|e| io("rename into place", e))
+    crate::safe_fs::write_atomic(path, bytes).map_err(|source| ShimError::Io {
+        what: "write",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
