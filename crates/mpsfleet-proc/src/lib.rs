@@ -1,7 +1,9 @@
-//! The processes of this machine as `/proc` shows them: is a pid still the process that was
-//! recorded, which session and process group it is in, and whether its command line or
-//! environment names a path. The agent uses it to adopt its tasks; the server's `local`
-//! capacity provider to find and end everything a local host ran. [`child`] runs one child
+//! This machine as `/proc` shows it, the one place it is read: is a pid still the process that
+//! was recorded, which session and process group it is in, whether its command line or
+//! environment names a path, how much CPU and memory it used, which users run processes, and
+//! the host name. The agent uses it to adopt its tasks; the server's `local` capacity
+//! provider to find and end everything a local host ran; the benchmarks to measure processes.
+//! [`child`] runs one child
 //! process under a hard timeout, for the agent (MPS control commands, exec probes) and the
 //! server (exec provider commands) alike.
 
@@ -25,6 +27,9 @@ pub struct ProcStat {
     pub pgid: u32,
     /// Field 6: the session.
     pub sid: u32,
+    /// Fields 14 and 15: CPU time in user and kernel mode, in clock ticks.
+    pub utime: u64,
+    pub stime: u64,
     /// Field 22: start time in clock ticks since boot; with the pid it names one process.
     pub start_time: u64,
 }
@@ -50,9 +55,11 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
     let sid = fields.next()?.parse().ok()?;
-    // After the session (field 6), field 22 is the 16th.
-    let start_time = fields.nth(15)?.parse().ok()?;
-    Some(ProcStat { state, ppid, pgid, sid, start_time })
+    // After the session (field 6), fields 14 and 15 are the 8th and 9th, field 22 the 16th.
+    let utime = fields.nth(7)?.parse().ok()?;
+    let stime = fields.next()?.parse().ok()?;
+    let start_time = fields.nth(6)?.parse().ok()?;
+    Some(ProcStat { state, ppid, pgid, sid, utime, stime, start_time })
 }
 
 /// What became of a recorded process.
@@ -86,6 +93,41 @@ pub fn processes() -> Vec<(u32, ProcStat)> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| Some((pid, stat(pid)?)))
         .collect()
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`), if it has one.
+pub fn hostname() -> Option<String> {
+    let name = fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// The effective uids of every process now (the owners of `/proc/PID`).
+pub fn process_uids() -> std::collections::BTreeSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = fs::read_dir("/proc") else { return Default::default() };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .collect()
+}
+
+/// The command line of `pid`, its arguments joined by NULs; None when it is gone.
+pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
+    fs::read(format!("/proc/{pid}/cmdline")).ok()
+}
+
+/// A `Vm…:` line of `/proc/PID/status` (this process's when `pid` is None), in KiB: `VmRSS`
+/// now, `VmHWM` its high-water mark.
+pub fn vm_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let text = fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether the command line or the environment of `pid` names `path` or a path below it: an
@@ -134,10 +176,30 @@ mod tests {
         let line = "1234 (a b) c)) S 1 1234 1230 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(
             parse_stat(line),
-            Some(ProcStat { state: 'S', ppid: 1, pgid: 1234, sid: 1230, start_time: 987654 })
+            Some(ProcStat {
+                state: 'S',
+                ppid: 1,
+                pgid: 1234,
+                sid: 1230,
+                utime: 1,
+                stime: 2,
+                start_time: 987654
+            })
         );
         assert_eq!(parse_stat("1 (x) Z 0"), None);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_process_has_a_command_line_memory_and_an_owner() {
+        let me = std::process::id();
+        assert!(cmdline(me).is_some_and(|c| !c.is_empty()));
+        let rss = vm_kib(Some(me), "VmRSS").expect("VmRSS");
+        assert!(rss > 0 && vm_kib(None, "VmHWM").expect("VmHWM") >= rss);
+        assert_eq!(vm_kib(None, "VmNoSuchField"), None);
+        use std::os::unix::fs::MetadataExt;
+        assert!(process_uids().contains(&fs::metadata("/proc/self").unwrap().uid()));
+        assert!(hostname().is_none_or(|h| !h.is_empty() && h == h.trim()));
     }
 
     #[test]

@@ -592,10 +592,9 @@ impl ResolvesServerCert for Resolver {
 /// `extra` (`--tls-san`).
 pub fn default_names(listen: std::net::SocketAddr, extra: &[String]) -> Vec<String> {
     let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
-    if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-        let host = host.trim();
-        if valid_dns_name(host) && host != "localhost" {
-            names.push(host.to_string());
+    if let Some(host) = mpsfleet_proc::hostname() {
+        if valid_dns_name(&host) && host != "localhost" {
+            names.push(host);
         }
     }
     let listen = (!listen.ip().is_unspecified()).then(|| listen.ip().to_string());

@@ -177,10 +177,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
         args.heartbeat_ms
     );
     let exe = std::env::current_exe().context("cannot find this program's path")?;
-    let hostname = args.hostname.unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map_or_else(|_| "localhost".into(), |h| h.trim().into())
-    });
+    let hostname =
+        args.hostname.unwrap_or_else(|| mpsfleet_proc::hostname().unwrap_or_else(|| "localhost".into()));
     let runtime = match args.runtime.as_str() {
         "docker" => RuntimeChoice::Docker,
         "process" => RuntimeChoice::Process,

@@ -151,15 +151,9 @@ pub fn in_passwd(uid: u32) -> bool {
     matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_)))
 }
 
-/// The effective uids of every process on the host now (the owners of `/proc/PID`).
+/// The effective uids of every process on the host now.
 pub fn process_uids() -> std::collections::BTreeSet<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
-        .collect()
+    mpsfleet_proc::process_uids()
 }
 
 /// How to run a process of a container: environment and identity. Used for the container's

@@ -118,19 +118,11 @@ pub async fn remove_containers(hosts: Vec<String>, scratch: PathBuf) -> Result<u
 /// SIGTERM (then SIGKILL) every process that mentions `dir`: a trial's server, agents,
 /// daemons and tasks.
 pub fn stop_everything_in(dir: &Path) {
-    let needle = dir.display().to_string();
-    let find = || -> Vec<i32> {
-        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
-                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-                let hit = String::from_utf8_lossy(&cmd).contains(&needle)
-                    || String::from_utf8_lossy(&env).contains(&needle);
-                (hit && pid != std::process::id() as i32).then_some(pid)
-            })
+    let find = || -> Vec<u32> {
+        mpsfleet_proc::processes()
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .filter(|&pid| pid != std::process::id() && mpsfleet_proc::mentions(pid, dir))
             .collect()
     };
     for (signal, wait_ms) in [("-TERM", 15_000u64), ("-KILL", 2_000)] {

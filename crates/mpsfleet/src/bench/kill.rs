@@ -16,10 +16,10 @@ pub fn keep_killing(
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| v["pid"].as_u64());
-            let live = pid.filter(|p| {
-                std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("nvidia-cuda-mps-control"))
-                    && std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z "))
+            let live = pid.and_then(|p| u32::try_from(p).ok()).filter(|&p| {
+                mpsfleet_proc::cmdline(p)
+                    .is_some_and(|c| String::from_utf8_lossy(&c).contains("nvidia-cuda-mps-control"))
+                    && mpsfleet_proc::stat(p).is_some_and(|s| !s.is_dead())
             });
             if let Some(p) = live {
                 let killed = std::process::Command::new("kill").args(["-9", &p.to_string()]).status();

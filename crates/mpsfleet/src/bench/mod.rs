@@ -132,14 +132,7 @@ fn workload_item(rng: &mut Rng) -> (GpuDemand, bool) {
 }
 
 fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+    mpsfleet_proc::vm_kib(None, "VmHWM").map_or(0.0, |kb| kb as f64 / 1024.0)
 }
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
@@ -349,14 +342,11 @@ impl Drop for ServerProcess {
 
 /// A `Vm…:` line of `/proc/<pid>/status`, in MiB (VmRSS: now, VmHWM: the high-water mark).
 fn proc_vm_mib(pid: &str, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    let field = field.trim_end_matches(':');
+    pid.parse()
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+        .and_then(|pid| mpsfleet_proc::vm_kib(Some(pid), field))
+        .map_or(0.0, |kb| kb as f64 / 1024.0)
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
@@ -370,13 +360,8 @@ fn proc_cpu_seconds(pid: &str) -> f64 {
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
             .unwrap_or(100.0)
     });
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    (ticks(11) + ticks(12)) / per_second
+    let stat = pid.parse().ok().and_then(mpsfleet_proc::stat);
+    stat.map_or(0.0, |s| (s.utime + s.stime) as f64 / per_second)
 }
 
 fn round1(x: f64) -> f64 {

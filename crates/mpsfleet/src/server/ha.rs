@@ -229,6 +229,5 @@ fn say(line: &str) {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "server".to_owned(), |h| h.trim().to_owned())
+    mpsfleet_proc::hostname().unwrap_or_else(|| "server".to_owned())
 }
