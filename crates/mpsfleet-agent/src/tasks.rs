@@ -19,18 +19,17 @@
 //! daemon runs one server at a time, for one uid, so MPS tasks of one GPU run at the same time
 //! only under one uid.
 
-use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
 use crate::env::container_env;
 use crate::mps::Supervisor;
 use crate::output::{LogTail, RecentOutput};
-use crate::runtime::engine::{Adopted, Engine, Handle};
+use crate::runtime::engine::{Adopted, Engine, Handle, Launch};
 use crate::runtime::identity::{in_passwd, process_uids};
+use crate::runtime::probes::ProbeTarget;
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
-use crate::runtime::probes::{ProbeResult, ProbeTarget};
 use crate::runtime::shim::{EXIT_RECORD, OUTPUT_LOG, PROC_RECORD};
 use crate::runtime::{
-    task_state, ContainerLaunch, ContainerState, ContainerView, ExecContext, ExitRecord, TaskPhase, TaskUser,
-    UidRange, DEFAULT_STOP_TIMEOUT,
+    task_state, ContainerState, ContainerView, ExecContext, ExitRecord, TaskPhase, TaskUser, UidRange,
+    DEFAULT_STOP_TIMEOUT,
 };
 use mpsfleet_client::{Client, ClientError};
 use mpsfleet_core::backoff::Backoff;
@@ -797,17 +796,12 @@ impl State {
                     return;
                 }
             };
-            let target = match (self.runtime.as_ref(), local.handles.get(&c.name)) {
-                (Engine::Docker { rt, .. }, Some(Handle::Docker(h))) => {
-                    let (rt, h) = (rt.clone(), h.clone());
-                    let address = match local.rec.definition.effective_network_mode() {
-                        NetworkMode::Host => None,
-                        _ => h.ip.clone(),
-                    };
-                    let exec = move |argv: &[String], timeout: Duration| docker_probe(&rt, &h, argv, timeout);
-                    ProbeTarget::Container { exec: Arc::new(exec), address }
-                }
-                _ => {
+            let host_network = local.rec.definition.effective_network_mode() == NetworkMode::Host;
+            let in_container =
+                local.handles.get(&c.name).and_then(|h| self.runtime.probe_target(h, host_network));
+            let target = match in_container {
+                Some(target) => target,
+                None => {
                     let env = container_env(&local.rec.task, c, None);
                     match ExecContext::new(&env, c.user.as_deref(), local.rec.task_user.as_ref()) {
                         Ok(ctx) => ProbeTarget::Host(ctx),
@@ -1407,43 +1401,16 @@ fn launch(
     };
     let stop_timeout = stop_timeout(c);
     let env = container_env(&rec.task, c, pipe_dir.as_deref());
-    match engine {
-        Engine::Docker { rt, gpus_emulated, .. } if c.image.is_some() => {
-            let launch = DockerLaunch {
-                task: rec.task.clone(),
-                definition: rec.definition.clone(),
-                container: c.clone(),
-                env,
-                mps_pipe_dir: if c.gpu().is_some() { pipe_dir.clone() } else { None },
-                gpus_emulated: *gpus_emulated,
-                stop_timeout,
-            };
-            rt.launch(&launch).map(Handle::Docker)
-        }
-        _ if c.command.is_empty() && c.entry_point.is_empty() => Err((
-            StopCode::TaskFailedToStart,
-            format!(
-                "container {} has no command and this host runs processes, not images \
-                 (start the agent with --runtime docker)",
-                c.name
-            ),
-        )),
-        _ => {
-            let launch = ContainerLaunch {
-                task_id: rec.task.id.to_string(),
-                container: c.name.clone(),
-                argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
-                env,
-                user: c.user.clone(),
-                task_user: rec.task_user.clone(),
-                stop_timeout,
-                state_dir: dir.to_path_buf(),
-            };
-            engine.processes().launch(&launch).map(Handle::Process).map_err(|e| {
-                (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name))
-            })
-        }
-    }
+    engine.launch(&Launch {
+        task: &rec.task,
+        definition: &rec.definition,
+        container: c,
+        env,
+        pipe_dir,
+        task_user: rec.task_user.as_ref(),
+        stop_timeout,
+        state_dir: dir,
+    })
 }
 
 /// The container's `stopTimeout`, or ECS's default.
@@ -1463,24 +1430,6 @@ fn ended_report(report: &mut ContainerReport, state: &ContainerState) {
     }
 }
 
-/// An exec probe inside a Docker container.
-fn docker_probe(rt: &DockerRuntime, h: &DockerHandle, argv: &[String], timeout: Duration) -> ProbeResult {
-    match rt.exec(h, argv, timeout) {
-        Ok(out) if out.exit_code == 0 => ProbeResult::Success,
-        Ok(out) => {
-            let output = out.output.trim();
-            let tail: String = output.chars().rev().take(200).collect::<Vec<_>>().into_iter().rev().collect();
-            let program = argv.first().map_or("", String::as_str);
-            if tail.is_empty() {
-                ProbeResult::Failure(format!("{program} exited with status {}", out.exit_code))
-            } else {
-                ProbeResult::Failure(format!("{program} exited with status {}: {tail}", out.exit_code))
-            }
-        }
-        Err(e) => ProbeResult::Failure(e.to_string()),
-    }
-}
-
 /// Copies what a Docker container writes into its state directory's framed output log, where
 /// the task's output ring reads it (the shim does the same for a process).
 fn follow_container_output(engine: &Engine, tasks_dir: &Path, local: &mut Local) {
@@ -1492,13 +1441,15 @@ fn follow_container_output(engine: &Engine, tasks_dir: &Path, local: &mut Local)
 
 /// [`follow_container_output`] of one container.
 fn follow_output_of(engine: &Engine, tasks_dir: &Path, id: &TaskId, name: &str, handle: &Handle) {
-    let (Engine::Docker { rt, .. }, Handle::Docker(h)) = (engine, handle) else { return };
+    if !engine.copies_output(handle) {
+        return;
+    }
     let dir = container_dir(tasks_dir, id, name);
     if let Err(e) = crate::safe_fs::private_dir(&dir, 0o700) {
         tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
         return;
     }
-    if let Err(e) = rt.follow_output(h, dir.join(OUTPUT_LOG)) {
+    if let Err(e) = engine.follow_output(handle, dir.join(OUTPUT_LOG)) {
         tracing::warn!(task.id = %id, container = %name, error = %e, "task output not captured");
     }
 }
@@ -1528,7 +1479,7 @@ pub fn container_rel(id: &TaskId, container: &str) -> PathBuf {
 /// Whether this container runs as a process here (not in Docker): its `user` is then the
 /// agent's business.
 fn runs_as_process(engine: &Engine, c: &ContainerDefinition) -> bool {
-    !matches!(engine, Engine::Docker { .. } if c.image.is_some())
+    !engine.runs_image(c)
 }
 
 #[cfg(test)]

@@ -6,11 +6,32 @@
 //! A Docker host runs every container that names an `image` on Docker; a container with a
 //! command and no image runs as a process there too, as it would on a process host.
 
-use super::container::{AdoptedState, ContainerHandle, ContainerState, Runtime, StopOutcome};
-use crate::docker::{DockerHandle, DockerRuntime};
-use mpsfleet_types::{ContainerDefinition, ContainerReport, RuntimeKind};
-use std::path::Path;
+use super::container::{
+    AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, Runtime, StopOutcome,
+};
+use super::identity::TaskUser;
+use super::probes::{ProbeResult, ProbeTarget};
+use crate::docker::{DockerHandle, DockerLaunch, DockerRuntime};
+use mpsfleet_types::{ContainerDefinition, ContainerReport, RuntimeKind, StopCode, Task, TaskDefinition};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// One container to start, whichever runtime starts it.
+pub struct Launch<'a> {
+    pub task: &'a Task,
+    pub definition: &'a TaskDefinition,
+    pub container: &'a ContainerDefinition,
+    /// The container's environment (`crate::env::container_env`).
+    pub env: Vec<(String, String)>,
+    /// The GPU's MPS pipe directory, for a container of an MPS task.
+    pub pipe_dir: Option<PathBuf>,
+    /// Who a process runs as (a container's image says for itself).
+    pub task_user: Option<&'a TaskUser>,
+    pub stop_timeout: Duration,
+    /// The container's state directory under the task's.
+    pub state_dir: &'a Path,
+}
 
 /// How this host runs its tasks.
 pub enum Engine {
@@ -98,6 +119,81 @@ pub fn process_notes(def: &ContainerDefinition) -> Vec<String> {
 }
 
 impl Engine {
+    /// Whether `c` runs as an image on Docker here; otherwise it runs as a process.
+    pub fn runs_image(&self, c: &ContainerDefinition) -> bool {
+        matches!(self, Engine::Docker { .. }) && c.image.is_some()
+    }
+
+    /// Starts one container: on Docker when [`Engine::runs_image`], else as a process under
+    /// its shim (which needs a command).
+    pub fn launch(&self, l: &Launch<'_>) -> Result<Handle, (StopCode, String)> {
+        let c = l.container;
+        if let Engine::Docker { rt, gpus_emulated, .. } = self {
+            if c.image.is_some() {
+                let launch = DockerLaunch {
+                    task: l.task.clone(),
+                    definition: l.definition.clone(),
+                    container: c.clone(),
+                    env: l.env.clone(),
+                    mps_pipe_dir: if c.gpu().is_some() { l.pipe_dir.clone() } else { None },
+                    gpus_emulated: *gpus_emulated,
+                    stop_timeout: l.stop_timeout,
+                };
+                return rt.launch(&launch).map(Handle::Docker);
+            }
+        }
+        if c.command.is_empty() && c.entry_point.is_empty() {
+            return Err((
+                StopCode::TaskFailedToStart,
+                format!(
+                    "container {} has no command and this host runs processes, not images \
+                     (start the agent with --runtime docker)",
+                    c.name
+                ),
+            ));
+        }
+        let launch = ContainerLaunch {
+            task_id: l.task.id.to_string(),
+            container: c.name.clone(),
+            argv: c.entry_point.iter().chain(&c.command).cloned().collect(),
+            env: l.env.clone(),
+            user: c.user.clone(),
+            task_user: l.task_user.cloned(),
+            stop_timeout: l.stop_timeout,
+            state_dir: l.state_dir.to_path_buf(),
+        };
+        self.processes()
+            .launch(&launch)
+            .map(Handle::Process)
+            .map_err(|e| (StopCode::TaskFailedToStart, format!("container {} failed to start: {e}", c.name)))
+    }
+
+    /// Where the probes of a container in Docker run: exec probes inside it, HTTP and TCP
+    /// probes of localhost at its own address (none on the host's network). None for a
+    /// process, whose probes run on the host.
+    pub fn probe_target(&self, handle: &Handle, host_network: bool) -> Option<ProbeTarget> {
+        let (Engine::Docker { rt, .. }, Handle::Docker(h)) = (self, handle) else { return None };
+        let (rt, h) = (rt.clone(), h.clone());
+        let address = if host_network { None } else { h.ip.clone() };
+        let exec = move |argv: &[String], timeout: Duration| docker_probe(&rt, &h, argv, timeout);
+        Some(ProbeTarget::Container { exec: Arc::new(exec), address })
+    }
+
+    /// Whether the agent copies the container's output into its state directory (a Docker
+    /// container's; a process's shim writes its own).
+    pub fn copies_output(&self, handle: &Handle) -> bool {
+        matches!((self, handle), (Engine::Docker { .. }, Handle::Docker(_)))
+    }
+
+    /// Starts copying a Docker container's output into `output_log` (framed as the shim
+    /// writes it); nothing for a process.
+    pub fn follow_output(&self, handle: &Handle, output_log: PathBuf) -> std::io::Result<()> {
+        match (self, handle) {
+            (Engine::Docker { rt, .. }, Handle::Docker(h)) => rt.follow_output(h, output_log).map(drop),
+            _ => Ok(()),
+        }
+    }
+
     pub fn kind(&self) -> RuntimeKind {
         match self {
             Engine::Process(_) => RuntimeKind::Process,
@@ -226,6 +322,25 @@ fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
                 notes: Vec::new(),
             }))
         }
+    }
+}
+
+/// An exec probe inside a Docker container: success on exit status 0, else the status and
+/// the end of what it printed.
+fn docker_probe(rt: &DockerRuntime, h: &DockerHandle, argv: &[String], timeout: Duration) -> ProbeResult {
+    match rt.exec(h, argv, timeout) {
+        Ok(out) if out.exit_code == 0 => ProbeResult::Success,
+        Ok(out) => {
+            let output = out.output.trim();
+            let tail: String = output.chars().rev().take(200).collect::<Vec<_>>().into_iter().rev().collect();
+            let program = argv.first().map_or("", String::as_str);
+            if tail.is_empty() {
+                ProbeResult::Failure(format!("{program} exited with status {}", out.exit_code))
+            } else {
+                ProbeResult::Failure(format!("{program} exited with status {}: {tail}", out.exit_code))
+            }
+        }
+        Err(e) => ProbeResult::Failure(e.to_string()),
     }
 }
 
