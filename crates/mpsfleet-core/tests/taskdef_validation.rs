@@ -181,6 +181,36 @@ mod taskdef {
         assert!(text.contains(&format!("\n{mps_path}.memoryMiB: unknown field")), "{text}");
     }
 
+    /// A list of objects reports each bad entry, and a repeat names the entry it repeats.
+    #[test]
+    fn every_bad_entry_of_a_list_of_objects_is_reported() {
+        let doc = json!({
+            "family": "f",
+            "containerDefinitions": [container(json!({
+                "ulimits": [
+                    {"name": "nofile", "softLimit": 1, "hardLimit": 2},
+                    {"name": "nofile", "softLimit": 1, "hardLimit": 2},
+                    {"name": "stack", "softLimit": 5, "hardLimit": 2},
+                ],
+                "extraHosts": [{"hostname": "a", "ipAddress": "no"}, {"hostname": "b", "ipAddress": "10.0.0.1"}, {"hostname": "c"}],
+            }))]
+        })
+        .to_string();
+        let errors = all_errors(&doc);
+        let fields: Vec<&str> = errors.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                format!("{C0}.ulimits[1].name"),
+                format!("{C0}.ulimits[2].softLimit"),
+                format!("{C0}.extraHosts[0].ipAddress"),
+                format!("{C0}.extraHosts[2].ipAddress"),
+            ],
+            "{errors:#?}"
+        );
+        assert_eq!(errors[0].1, format!("duplicate ulimit \"nofile\", already set by {C0}.ulimits[0]"));
+    }
+
     #[test]
     fn an_unknown_field_lists_the_valid_names_at_its_path() {
         let mps_path = "containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps";

@@ -184,19 +184,14 @@ const DEVICE_PERMISSIONS: &[&str] = &["read", "write", "mknod"];
 /// `volumes`: each with a unique name and at most one kind.
 pub(super) fn parse_volumes(value: &Value, path: &str, ignored: &mut Vec<String>) -> Result<Vec<Volume>> {
     let list = bounded_array(value, path, MAX_VOLUMES, "volumes")?;
-    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut names = FirstUse::new(path, "volume name", "used");
     super::each(list, path, |i, entry, vpath| {
         let obj = as_object(entry, &vpath)?;
         check_keys(obj, &vpath, VOLUME_KEYS, &[], ignored)?;
         let name_path = join(&vpath, "name");
         let name = as_str(require(obj, &vpath, "name")?, &name_path)?;
         check_volume_name(name, &name_path)?;
-        if let Some(first) = names.insert(name.to_string(), i) {
-            return Err(err(
-                name_path,
-                format!("duplicate volume name {}, already used by {path}[{first}]", quote(name)),
-            ));
-        }
+        names.claim(name, i, &name_path)?;
         let kinds: Vec<&str> = ["host", "dockerVolumeConfiguration"]
             .into_iter()
             .chain(AWS_ONLY_VOLUME_KINDS.iter().copied())
@@ -479,6 +474,52 @@ fn bounded_array<'a>(value: &'a Value, path: &str, max: usize, what: &str) -> Re
     Ok(list)
 }
 
+/// The objects of a list of at most `max` `what`, each with its index and path and its keys
+/// checked against `keys`, parsed by `one`: the loop every list of objects in a container's
+/// options shares. Every entry's errors are reported, not only the first.
+fn each_object<'a, T>(
+    value: &'a Value,
+    path: &str,
+    (max, what): (usize, &str),
+    keys: &[&str],
+    mut one: impl FnMut(usize, &'a Map<String, Value>, &str) -> Result<T>,
+) -> Result<Vec<T>> {
+    let list = bounded_array(value, path, max, what)?;
+    super::each(list, path, |k, entry, p| {
+        let obj = as_object(entry, &p)?;
+        check_keys(obj, &p, keys, &[], &mut Vec::new())?;
+        one(k, obj, &p)
+    })
+}
+
+/// Which entry of the list at `list` first used each value of a field, so that a repeat is
+/// refused naming both: "duplicate `noun` X, already `verb` by LIST[i]".
+struct FirstUse<'a> {
+    list: &'a str,
+    noun: &'static str,
+    verb: &'static str,
+    first: HashMap<String, usize>,
+}
+
+impl<'a> FirstUse<'a> {
+    fn new(list: &'a str, noun: &'static str, verb: &'static str) -> Self {
+        FirstUse { list, noun, verb, first: HashMap::new() }
+    }
+
+    /// `value` of entry `k`, at `field_path`.
+    fn claim(&mut self, value: &str, k: usize, field_path: &str) -> Result<()> {
+        if let Some(first) = self.first.get(value) {
+            let (noun, verb, list) = (self.noun, self.verb, self.list);
+            return Err(err(
+                field_path,
+                format!("duplicate {noun} {}, already {verb} by {list}[{first}]", quote(value)),
+            ));
+        }
+        self.first.insert(value.to_string(), k);
+        Ok(())
+    }
+}
+
 fn bounded_list(
     value: &Value,
     path: &str,
@@ -519,25 +560,18 @@ fn check_domain(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
-    let list = bounded_array(value, path, MAX_MOUNT_POINTS, "mount points")?;
-    let mut at: HashMap<String, usize> = HashMap::new();
-    super::each(list, path, |k, entry, p| {
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["sourceVolume", "containerPath", "readOnly"], &[], &mut Vec::new())?;
-        let sv_path = join(&p, "sourceVolume");
-        let source_volume = as_str(require(obj, &p, "sourceVolume")?, &sv_path)?;
+    let mut at = FirstUse::new(path, "mount point", "used");
+    let keys = ["sourceVolume", "containerPath", "readOnly"];
+    each_object(value, path, (MAX_MOUNT_POINTS, "mount points"), &keys, |k, obj, p| {
+        let sv_path = join(p, "sourceVolume");
+        let source_volume = as_str(require(obj, p, "sourceVolume")?, &sv_path)?;
         check_volume_name(source_volume, &sv_path)?;
-        let cp_path = join(&p, "containerPath");
-        let container_path = as_str(require(obj, &p, "containerPath")?, &cp_path)?;
+        let cp_path = join(p, "containerPath");
+        let container_path = as_str(require(obj, p, "containerPath")?, &cp_path)?;
         check_path(container_path, &cp_path)?;
-        if let Some(first) = at.insert(container_path.to_string(), k) {
-            return Err(err(
-                cp_path,
-                format!("duplicate mount point {}, already used by {path}[{first}]", quote(container_path)),
-            ));
-        }
+        at.claim(container_path, k, &cp_path)?;
         let read_only = match obj.get("readOnly") {
-            Some(v) => as_bool(v, &join(&p, "readOnly"))?,
+            Some(v) => as_bool(v, &join(p, "readOnly"))?,
             None => false,
         };
         Ok(MountPoint {
@@ -549,14 +583,9 @@ fn parse_mount_points(value: &Value, path: &str) -> Result<Vec<MountPoint>> {
 }
 
 fn parse_volumes_from(value: &Value, path: &str) -> Result<Vec<VolumeFrom>> {
-    let list = bounded_array(value, path, MAX_VOLUMES_FROM, "entries")?;
-    let mut out: Vec<VolumeFrom> = Vec::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["sourceContainer", "readOnly"], &[], &mut Vec::new())?;
-        let sc_path = join(&p, "sourceContainer");
-        let source_container = as_str(require(obj, &p, "sourceContainer")?, &sc_path)?;
+    each_object(value, path, (MAX_VOLUMES_FROM, "entries"), &["sourceContainer", "readOnly"], |_, obj, p| {
+        let sc_path = join(p, "sourceContainer");
+        let source_container = as_str(require(obj, p, "sourceContainer")?, &sc_path)?;
         if source_container.is_empty() || source_container.len() > 255 {
             return Err(err(
                 sc_path,
@@ -564,12 +593,11 @@ fn parse_volumes_from(value: &Value, path: &str) -> Result<Vec<VolumeFrom>> {
             ));
         }
         let read_only = match obj.get("readOnly") {
-            Some(v) => as_bool(v, &join(&p, "readOnly"))?,
+            Some(v) => as_bool(v, &join(p, "readOnly"))?,
             None => false,
         };
-        out.push(VolumeFrom { source_container: source_container.to_string(), read_only });
-    }
-    Ok(out)
+        Ok(VolumeFrom { source_container: source_container.to_string(), read_only })
+    })
 }
 
 fn parse_linux(value: &Value, path: &str) -> Result<LinuxParameters> {
@@ -630,78 +658,73 @@ fn check_capability(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_devices(value: &Value, path: &str) -> Result<Vec<Device>> {
-    let list = bounded_array(value, path, MAX_DEVICES, "devices")?;
-    let mut out = Vec::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["hostPath", "containerPath", "permissions"], &[], &mut Vec::new())?;
-        let hp_path = join(&p, "hostPath");
-        let host_path = as_str(require(obj, &p, "hostPath")?, &hp_path)?;
-        check_path(host_path, &hp_path)?;
-        let container_path = match obj.get("containerPath") {
-            Some(v) => {
-                let cp = join(&p, "containerPath");
-                let s = as_str(v, &cp)?;
-                check_path(s, &cp)?;
-                Some(s.to_string())
-            }
-            None => None,
-        };
-        let permissions = match obj.get("permissions") {
-            Some(v) => {
-                let pp = join(&p, "permissions");
-                let perms = bounded_list(v, &pp, 3, "permissions", |s, ip| {
-                    if DEVICE_PERMISSIONS.contains(&s) {
-                        Ok(())
-                    } else {
-                        Err(err(ip, format!("must be read, write or mknod, got {}", quote(s))))
-                    }
-                })?;
-                let unique: HashSet<&String> = perms.iter().collect();
-                if unique.len() != perms.len() {
-                    return Err(err(pp, "must not name a permission twice"));
+    each_object(
+        value,
+        path,
+        (MAX_DEVICES, "devices"),
+        &["hostPath", "containerPath", "permissions"],
+        |_, obj, p| {
+            let hp_path = join(p, "hostPath");
+            let host_path = as_str(require(obj, p, "hostPath")?, &hp_path)?;
+            check_path(host_path, &hp_path)?;
+            let container_path = match obj.get("containerPath") {
+                Some(v) => {
+                    let cp = join(p, "containerPath");
+                    let s = as_str(v, &cp)?;
+                    check_path(s, &cp)?;
+                    Some(s.to_string())
                 }
-                perms
-            }
-            None => Vec::new(),
-        };
-        out.push(Device { host_path: host_path.to_string(), container_path, permissions });
-    }
-    Ok(out)
+                None => None,
+            };
+            let permissions = match obj.get("permissions") {
+                Some(v) => {
+                    let pp = join(p, "permissions");
+                    let perms = bounded_list(v, &pp, 3, "permissions", |s, ip| {
+                        if DEVICE_PERMISSIONS.contains(&s) {
+                            Ok(())
+                        } else {
+                            Err(err(ip, format!("must be read, write or mknod, got {}", quote(s))))
+                        }
+                    })?;
+                    let unique: HashSet<&String> = perms.iter().collect();
+                    if unique.len() != perms.len() {
+                        return Err(err(pp, "must not name a permission twice"));
+                    }
+                    perms
+                }
+                None => Vec::new(),
+            };
+            Ok(Device { host_path: host_path.to_string(), container_path, permissions })
+        },
+    )
 }
 
 fn parse_tmpfs(value: &Value, path: &str) -> Result<Vec<Tmpfs>> {
-    let list = bounded_array(value, path, MAX_TMPFS, "tmpfs mounts")?;
-    let mut out: Vec<Tmpfs> = Vec::with_capacity(list.len());
-    let mut at: HashMap<String, usize> = HashMap::new();
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["containerPath", "size", "mountOptions"], &[], &mut Vec::new())?;
-        let cp_path = join(&p, "containerPath");
-        let container_path = as_str(require(obj, &p, "containerPath")?, &cp_path)?;
-        check_path(container_path, &cp_path)?;
-        if let Some(first) = at.insert(container_path.to_string(), k) {
-            return Err(err(
-                cp_path,
-                format!("duplicate tmpfs mount {}, already used by {path}[{first}]", quote(container_path)),
-            ));
-        }
-        let size = int_in(require(obj, &p, "size")?, &join(&p, "size"), 1, MAX_LINUX_MIB, " MiB")?;
-        let mount_options = match obj.get("mountOptions") {
-            Some(v) => bounded_list(
-                v,
-                &join(&p, "mountOptions"),
-                MAX_TMPFS_OPTIONS,
-                "mount options",
-                check_tmpfs_option,
-            )?,
-            None => Vec::new(),
-        };
-        out.push(Tmpfs { container_path: container_path.to_string(), size, mount_options });
-    }
-    Ok(out)
+    let mut at = FirstUse::new(path, "tmpfs mount", "used");
+    each_object(
+        value,
+        path,
+        (MAX_TMPFS, "tmpfs mounts"),
+        &["containerPath", "size", "mountOptions"],
+        |k, obj, p| {
+            let cp_path = join(p, "containerPath");
+            let container_path = as_str(require(obj, p, "containerPath")?, &cp_path)?;
+            check_path(container_path, &cp_path)?;
+            at.claim(container_path, k, &cp_path)?;
+            let size = int_in(require(obj, p, "size")?, &join(p, "size"), 1, MAX_LINUX_MIB, " MiB")?;
+            let mount_options = match obj.get("mountOptions") {
+                Some(v) => bounded_list(
+                    v,
+                    &join(p, "mountOptions"),
+                    MAX_TMPFS_OPTIONS,
+                    "mount options",
+                    check_tmpfs_option,
+                )?,
+                None => Vec::new(),
+            };
+            Ok(Tmpfs { container_path: container_path.to_string(), size, mount_options })
+        },
+    )
 }
 
 /// One of ECS's tmpfs mount options, `name` or, for those that take one, `name=value`.
@@ -735,112 +758,102 @@ fn check_tmpfs_option(s: &str, path: &str) -> Result<()> {
 }
 
 fn parse_ulimits(value: &Value, path: &str) -> Result<Vec<Ulimit>> {
-    let list = bounded_array(value, path, ULIMIT_NAMES.len(), "ulimits (one per name)")?;
-    let mut out: Vec<Ulimit> = Vec::with_capacity(list.len());
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["name", "softLimit", "hardLimit"], &[], &mut Vec::new())?;
-        let name_path = join(&p, "name");
-        let name = as_str(require(obj, &p, "name")?, &name_path)?;
-        if !ULIMIT_NAMES.contains(&name) {
-            return Err(err(
-                name_path,
-                format!("must be one of {}, got {}", ULIMIT_NAMES.join(", "), quote(name)),
-            ));
-        }
-        if let Some(first) = seen.insert(name.to_string(), k) {
-            return Err(err(
-                name_path,
-                format!("duplicate ulimit {}, already set by {path}[{first}]", quote(name)),
-            ));
-        }
-        let limit = |key: &str| -> Result<i64> {
-            let lp = join(&p, key);
-            let v = require(obj, &p, key)?;
-            match v.as_i64() {
-                Some(n) if n >= -1 => Ok(n),
-                _ => Err(err(
-                    lp,
-                    format!("must be an integer from -1 (unlimited) to {}, got {}", i64::MAX, describe(v)),
-                )),
+    let mut seen = FirstUse::new(path, "ulimit", "set");
+    each_object(
+        value,
+        path,
+        (ULIMIT_NAMES.len(), "ulimits (one per name)"),
+        &["name", "softLimit", "hardLimit"],
+        |k, obj, p| {
+            let name_path = join(p, "name");
+            let name = as_str(require(obj, p, "name")?, &name_path)?;
+            if !ULIMIT_NAMES.contains(&name) {
+                return Err(err(
+                    name_path,
+                    format!("must be one of {}, got {}", ULIMIT_NAMES.join(", "), quote(name)),
+                ));
             }
-        };
-        let soft_limit = limit("softLimit")?;
-        let hard_limit = limit("hardLimit")?;
-        let unlimited = |n: i64| n == -1;
-        if !unlimited(hard_limit) && (unlimited(soft_limit) || soft_limit > hard_limit) {
-            return Err(err(
-                join(&p, "softLimit"),
-                format!("must be at most hardLimit ({hard_limit}), got {soft_limit}"),
-            ));
-        }
-        out.push(Ulimit { name: name.to_string(), soft_limit, hard_limit });
-    }
-    Ok(out)
+            seen.claim(name, k, &name_path)?;
+            let limit = |key: &str| -> Result<i64> {
+                let lp = join(p, key);
+                let v = require(obj, p, key)?;
+                match v.as_i64() {
+                    Some(n) if n >= -1 => Ok(n),
+                    _ => Err(err(
+                        lp,
+                        format!(
+                            "must be an integer from -1 (unlimited) to {}, got {}",
+                            i64::MAX,
+                            describe(v)
+                        ),
+                    )),
+                }
+            };
+            let soft_limit = limit("softLimit")?;
+            let hard_limit = limit("hardLimit")?;
+            let unlimited = |n: i64| n == -1;
+            if !unlimited(hard_limit) && (unlimited(soft_limit) || soft_limit > hard_limit) {
+                return Err(err(
+                    join(p, "softLimit"),
+                    format!("must be at most hardLimit ({hard_limit}), got {soft_limit}"),
+                ));
+            }
+            Ok(Ulimit { name: name.to_string(), soft_limit, hard_limit })
+        },
+    )
 }
 
 fn parse_system_controls(value: &Value, path: &str) -> Result<Vec<SystemControl>> {
-    let list = bounded_array(value, path, MAX_SYSTEM_CONTROLS, "system controls")?;
-    let mut out: Vec<SystemControl> = Vec::with_capacity(list.len());
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["namespace", "value"], &[], &mut Vec::new())?;
-        let ns_path = join(&p, "namespace");
-        let namespace = as_str(require(obj, &p, "namespace")?, &ns_path)?;
-        let ok = !namespace.is_empty()
-            && namespace.len() <= MAX_SYSCTL_NAME_BYTES
-            && namespace.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
-        if !ok {
-            return Err(err(
+    let mut seen = FirstUse::new(path, "namespace", "set");
+    each_object(
+        value,
+        path,
+        (MAX_SYSTEM_CONTROLS, "system controls"),
+        &["namespace", "value"],
+        |k, obj, p| {
+            let ns_path = join(p, "namespace");
+            let namespace = as_str(require(obj, p, "namespace")?, &ns_path)?;
+            let ok = !namespace.is_empty()
+                && namespace.len() <= MAX_SYSCTL_NAME_BYTES
+                && namespace
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+            if !ok {
+                return Err(err(
                 ns_path,
                 format!(
                     "must be a kernel parameter name of 1 to {MAX_SYSCTL_NAME_BYTES} letters, digits, '.', '_', '-' or '/', got {}",
                     quote(namespace)
                 ),
             ));
-        }
-        if let Some(first) = seen.insert(namespace.to_string(), k) {
-            return Err(err(
-                ns_path,
-                format!("duplicate namespace {}, already set by {path}[{first}]", quote(namespace)),
-            ));
-        }
-        let value_path = join(&p, "value");
-        let val = as_str(require(obj, &p, "value")?, &value_path)?;
-        if val.len() > MAX_SYSCTL_VALUE_BYTES || val.contains('\0') {
-            return Err(err(
-                value_path,
-                format!(
-                    "must be at most {MAX_SYSCTL_VALUE_BYTES} bytes without NUL, got {} bytes",
-                    val.len()
-                ),
-            ));
-        }
-        out.push(SystemControl { namespace: namespace.to_string(), value: val.to_string() });
-    }
-    Ok(out)
+            }
+            seen.claim(namespace, k, &ns_path)?;
+            let value_path = join(p, "value");
+            let val = as_str(require(obj, p, "value")?, &value_path)?;
+            if val.len() > MAX_SYSCTL_VALUE_BYTES || val.contains('\0') {
+                return Err(err(
+                    value_path,
+                    format!(
+                        "must be at most {MAX_SYSCTL_VALUE_BYTES} bytes without NUL, got {} bytes",
+                        val.len()
+                    ),
+                ));
+            }
+            Ok(SystemControl { namespace: namespace.to_string(), value: val.to_string() })
+        },
+    )
 }
 
 fn parse_extra_hosts(value: &Value, path: &str) -> Result<Vec<ExtraHost>> {
-    let list = bounded_array(value, path, MAX_EXTRA_HOSTS, "extra hosts")?;
-    let mut out = Vec::with_capacity(list.len());
-    for (k, entry) in list.iter().enumerate() {
-        let p = format!("{path}[{k}]");
-        let obj = as_object(entry, &p)?;
-        check_keys(obj, &p, &["hostname", "ipAddress"], &[], &mut Vec::new())?;
-        let hp = join(&p, "hostname");
-        let hostname = as_str(require(obj, &p, "hostname")?, &hp)?;
+    each_object(value, path, (MAX_EXTRA_HOSTS, "extra hosts"), &["hostname", "ipAddress"], |_, obj, p| {
+        let hp = join(p, "hostname");
+        let hostname = as_str(require(obj, p, "hostname")?, &hp)?;
         check_domain(hostname, &hp)?;
-        let ip_path = join(&p, "ipAddress");
-        let ip = as_str(require(obj, &p, "ipAddress")?, &ip_path)?;
+        let ip_path = join(p, "ipAddress");
+        let ip = as_str(require(obj, p, "ipAddress")?, &ip_path)?;
         check_ip(ip, &ip_path)?;
-        out.push(ExtraHost { hostname: hostname.to_string(), ip_address: ip.to_string() });
-    }
-    Ok(out)
+        Ok(ExtraHost { hostname: hostname.to_string(), ip_address: ip.to_string() })
+    })
 }
 
 /// Every `mountPoints[].sourceVolume` names a volume of the task, every
