@@ -178,6 +178,9 @@ impl Cluster {
         self.reopen_mps_gpus();
         let mut jobs = self.remediate()?;
         jobs.extend(self.keep_capacity());
+        // What this tick asked for (a pool whose GPUs opened again, a service an incident
+        // touched) runs now, not a tick later.
+        self.run_work();
         Ok(jobs)
     }
 
@@ -237,9 +240,7 @@ impl Cluster {
             }
         }
         for p in pools {
-            if let Err(e) = self.place_pending(&p) {
-                tracing::warn!(pool = %p, error = %e, "placement after a daemon answered again failed");
-            }
+            self.ask(Work::Placement(p));
         }
     }
 

@@ -32,6 +32,7 @@ mod task_policy;
 mod tasks;
 mod tokens;
 mod work;
+use work::Work;
 pub use tokens::{AdminDigest, JoinDigests};
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
@@ -703,7 +704,7 @@ impl Cluster {
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
-            self.place_pending(&pool.name)?;
+            self.ask(Work::Placement(pool.name.clone()));
         }
         Ok(pool)
     }
@@ -1022,9 +1023,7 @@ impl Cluster {
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {
-            if let Err(e) = self.place_pending(&pool) {
-                tracing::warn!(pool = %pool, error = %e, "placement after a host opened failed; the resync retries it");
-            }
+            self.ask(Work::Placement(pool));
         }
     }
 
@@ -1398,7 +1397,7 @@ impl Cluster {
             }
         }
         for pool in freed {
-            self.place_pending(&pool)?;
+            self.ask(Work::Placement(pool));
         }
         Ok(())
     }

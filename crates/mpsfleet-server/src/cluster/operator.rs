@@ -200,7 +200,7 @@ impl Cluster {
         } else if h.status != activated.status || h.cordoned {
             self.write_host(ix, activated)?;
         }
-        self.place_all_pending()?;
+        self.ask_placement_everywhere();
         Ok((self.host_view(ix), outcome))
     }
 
@@ -337,14 +337,6 @@ impl Cluster {
         let rev = self.commit(&ops)?;
         self.apply_incident(incident, rev);
         self.apply_host(ix, host, rev);
-        Ok(())
-    }
-
-    /// Retries placement in every pool with waiting tasks (capacity came back).
-    pub(super) fn place_all_pending(&mut self) -> Result<(), Error> {
-        for p in self.tasks.pools_with_pending() {
-            self.place_pending(&p)?;
-        }
         Ok(())
     }
 }

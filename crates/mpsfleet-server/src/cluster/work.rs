@@ -4,15 +4,23 @@
 //! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
 //! key that fails backs off on its own while the others go on.
 //!
-//! Requests for a queued key merge, so a burst of reports about one service's tasks (a host's
-//! tasks starting, a drain) reconciles the service once per tick, not once per report. A
-//! reconcile that waits for a time (a crash-loop hold-back, a rebalance's settle time) asks for
-//! its key again at that time; every [`SERVICE_RESYNC_MS`] the resync asks for every service,
-//! the safety net for a change nothing asked for.
+//! Two controllers run on it: services (`Work::Service`, `services.rs`) and placement
+//! (`Work::Placement`, a pool's waiting tasks placed oldest first). Requests for a queued key
+//! merge, so a burst of reports about one service's tasks (a host's tasks starting, a drain)
+//! reconciles the service once per pass, not once per report, and capacity freed by many
+//! stops places a pool's waiting tasks once. A reconcile that waits for a time (a crash-loop
+//! hold-back, a rebalance's settle time) asks for its key again at that time; every
+//! [`SERVICE_RESYNC_MS`] the resync asks for every service, and every resync for every pool
+//! with waiting tasks: the safety net for a change nothing asked for.
+//!
+//! A request that creates tasks still places them in its own commit (a pure decision, so
+//! `task run` answers at once with what cannot be placed); capacity that frees or opens later
+//! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
+//! settings changed) asks for the pool's placement instead of placing inline.
 
 use super::{Cluster, Error};
 use mpsfleet_core::controller::{Action, WorkQueue};
-use mpsfleet_types::ServiceName;
+use mpsfleet_types::{PoolName, ServiceName};
 
 /// How often every service is reconciled whether or not anything asked for it.
 pub const SERVICE_RESYNC_MS: u64 = 60_000;
@@ -29,6 +37,8 @@ pub(super) struct Controllers {
 pub(crate) enum Work {
     /// A service: its rollout's next step, its replicas, its deployments (`services.rs`).
     Service(ServiceName),
+    /// A pool's waiting tasks, placed where they now fit (`Cluster::place_pending`).
+    Placement(PoolName),
 }
 
 impl Cluster {
@@ -36,6 +46,13 @@ impl Cluster {
     pub(super) fn ask(&mut self, work: Work) {
         let now = self.now();
         self.work.queue.enqueue_at(work, now);
+    }
+
+    /// Asks for placement in every pool that has waiting tasks (capacity came back).
+    pub(super) fn ask_placement_everywhere(&mut self) {
+        for p in self.tasks.pools_with_pending() {
+            self.ask(Work::Placement(p));
+        }
     }
 
     /// Asks for the service of a task, if it has one.
@@ -52,6 +69,7 @@ impl Cluster {
         for key in self.work.queue.take_due(now) {
             let result = match &key {
                 Work::Service(name) => self.reconcile_service(name).map(|()| Action::AwaitChange),
+                Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
             };
             if let Err(e) = &result {
                 tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");
@@ -61,9 +79,10 @@ impl Cluster {
         }
     }
 
-    /// The periodic pass: asks for every service once its resync is due, reconciles what is
-    /// due, and retries placing every pool's pending tasks. Each service and pool on its own:
-    /// one that fails is logged with its name and retried; the others go on.
+    /// The periodic pass: asks for every service once its resync is due and for placement in
+    /// every pool with waiting tasks, and reconciles what is due. Each service and pool on its
+    /// own: one that fails is logged with its key and retried after its backoff; the others
+    /// go on.
     pub fn resync(&mut self) -> Result<(), Error> {
         let now = self.now();
         if now >= self.work.next_service_resync_ms {
@@ -73,12 +92,8 @@ impl Cluster {
                 self.work.queue.enqueue_at(Work::Service(n), now);
             }
         }
+        self.ask_placement_everywhere();
         self.run_work();
-        for p in self.tasks.pools_with_pending() {
-            if let Err(e) = self.place_pending(&p) {
-                tracing::warn!(pool = %p, error = %e, "placement retry failed; retrying at the next resync");
-            }
-        }
         Ok(())
     }
 
