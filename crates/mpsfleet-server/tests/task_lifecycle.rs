@@ -115,6 +115,13 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
 
     c.stop_task(&a.id.to_string(), None).expect("stop");
     c.report_task(&hosts[0], &a.id.to_string(), report("STOPPED")).expect("report");
+    // The freed port asks for the pool's placement, which the next pass of the work runs.
+    assert_eq!(
+        c.task(&waiting.id.to_string()).unwrap().host_id,
+        None,
+        "placed inline, not by the controller"
+    );
+    c.run_work();
     let placed = c.task(&waiting.id.to_string()).unwrap();
     assert_eq!(placed.host_id.as_ref(), Some(&hosts[0]), "the freed port was not reused: {placed:?}");
     assert_eq!(placed.pending_reason, None);

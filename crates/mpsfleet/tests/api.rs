@@ -198,8 +198,13 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
         .all(|t| t.pending_reason.as_deref() == Some("no ACTIVE, uncordoned, healthy host in pool gpu")));
 
     // One host with two H200s takes two 100,000 MiB tasks (one per GPU); the third waits.
+    // Placement runs on the server's next health tick (every 250 ms) after the host opens.
     let (host, agent) = add_host(&server, "gpu", "n1", 2).await;
-    let tasks = admin.list_tasks(&TaskQuery::default()).await.unwrap();
+    let tasks = eventually(Duration::from_secs(5), "two tasks placed on the new host", || async {
+        let tasks = admin.list_tasks(&TaskQuery::default()).await.unwrap();
+        (tasks.iter().filter(|t| t.host_id.is_some()).count() == 2).then_some(tasks)
+    })
+    .await;
     let placed: Vec<&Task> = tasks.iter().filter(|t| t.host_id.is_some()).collect();
     assert_eq!(placed.len(), 2);
     assert_ne!(placed[0].gpu_ids, placed[1].gpu_ids, "two 100,000 MiB tasks on one 143,771 MiB GPU");
@@ -230,7 +235,11 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
         containers: None,
     };
     agent.report_task(&placed[0].id, &report).await.unwrap();
-    let third = admin.describe_task(&waiting.id.to_string()).await.unwrap();
+    let third = eventually(Duration::from_secs(5), "the waiting task placed on the freed GPU", || async {
+        let t = admin.describe_task(&waiting.id.to_string()).await.unwrap();
+        t.host_id.is_some().then_some(t)
+    })
+    .await;
     assert_eq!(third.host_id.as_ref(), Some(&host));
     assert_eq!(third.gpu_ids, placed[0].gpu_ids, "the freed GPU takes the waiting task");
 
@@ -248,8 +257,10 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
         .unwrap();
     assert_eq!(out.pending, 1);
     admin.cordon_host(host.as_str(), false).await.unwrap();
-    let t = admin.describe_task(&out.tasks[0].id.to_string()).await.unwrap();
-    assert!(t.host_id.is_some(), "uncordoning should place the waiting task");
+    eventually(Duration::from_secs(5), "uncordoning to place the waiting task", || async {
+        admin.describe_task(&out.tasks[0].id.to_string()).await.unwrap().host_id
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

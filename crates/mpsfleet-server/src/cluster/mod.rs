@@ -32,8 +32,8 @@ mod task_policy;
 mod tasks;
 mod tokens;
 mod work;
-use work::Work;
 pub use tokens::{AdminDigest, JoinDigests};
+use work::Work;
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
