@@ -20,6 +20,9 @@ mod metrics;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
+mod placement;
+mod pools;
+use pools::pool_config;
 #[cfg(test)]
 mod recovery_tests;
 mod register;
@@ -634,130 +637,6 @@ impl Cluster {
 
     // ---- pools --------------------------------------------------------------------------
 
-    pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, Error> {
-        let name = PoolName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
-        if self.pools.contains_key(&name) {
-            return Err(Error::AlreadyExists { kind: "pool", id: name.to_string() });
-        }
-        let mode = req.mode.unwrap_or(OwnershipMode::Managed);
-        let pool = Pool {
-            name: name.clone(),
-            mode,
-            strategy: req.strategy.unwrap_or_default(),
-            compute_overcommit_percent: req.compute_overcommit_percent,
-            health_policy: req.health_policy.unwrap_or_default(),
-            remediation_policy: req.remediation_policy.unwrap_or_default(),
-            // A managed pool without a provider is repaired by draining only; `up` sets `local`.
-            provider: req.provider,
-            allow_task_users: req.allow_task_users.unwrap_or(false),
-            task_policy: req.task_policy.unwrap_or_default(),
-            created_at_ms: self.now(),
-        };
-        check_pool(&pool)?;
-        self.check_provider_configured(&pool)?;
-        let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
-        self.sched.upsert_pool(name.as_str(), pool_config(&pool));
-        self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
-        Ok(pool)
-    }
-
-    /// Changes a pool's placement settings or policies; nothing restarts. Placement changes
-    /// apply to the next placement, policy changes to the next evaluation.
-    pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, Error> {
-        let current = self
-            .pools
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| Error::not_found("pool", name))?;
-        let mut pool = current.value.clone();
-        if let Some(s) = req.strategy {
-            pool.strategy = s;
-        }
-        if req.compute_overcommit_percent.is_some() {
-            pool.compute_overcommit_percent = req.compute_overcommit_percent;
-        }
-        if let Some(h) = req.health_policy {
-            pool.health_policy = h;
-        }
-        if let Some(r) = req.remediation_policy {
-            pool.remediation_policy = r;
-        }
-        if req.provider.is_some() {
-            pool.provider = req.provider;
-        }
-        if let Some(allow) = req.allow_task_users {
-            pool.allow_task_users = allow;
-        }
-        if let Some(policy) = req.task_policy {
-            pool.task_policy = policy;
-        }
-        check_pool(&pool)?;
-        self.check_provider_configured(&pool)?;
-        if pool != current.value {
-            let expect = Precondition::Version(current.version);
-            let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
-            // A provider built from the old configuration is built again from the new one
-            // (providers set from outside, such as the simulator's, stay).
-            if pool.provider != current.value.provider && !self.fixed_providers.contains(&pool.name) {
-                self.providers.remove(&pool.name);
-            }
-            self.sched.upsert_pool(name, pool_config(&pool));
-            self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
-            self.ask(Work::Placement(pool.name.clone()));
-        }
-        Ok(pool)
-    }
-
-    /// An exec provider a pool names is one of the server's configuration.
-    fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
-        let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
-        let known: Vec<&str> = self
-            .provider_ctx
-            .as_ref()
-            .map(|c| c.exec_providers.keys().map(String::as_str).collect())
-            .unwrap_or_default();
-        if known.contains(&name.as_str()) {
-            return Ok(());
-        }
-        let configured = if known.is_empty() {
-            "it has none (start it with --config FILE, see docs/providers.md)".to_string()
-        } else {
-            format!("it has {}", known.join(", "))
-        };
-        Err(Error::invalid(
-            "provider.name",
-            format!("the server's configuration has no exec provider {name:?}: {configured}"),
-        ))
-    }
-
-    pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
-        Ok(mpsfleet_core::explain::explain(&self.pool(name)?))
-    }
-
-    pub fn pools(&self) -> Vec<Pool> {
-        self.pools.values().map(|p| p.value.clone()).collect()
-    }
-
-    pub fn pool(&self, name: &str) -> Result<Pool, Error> {
-        self.pools
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, p)| p.value.clone())
-            .ok_or_else(|| Error::not_found("pool", name))
-    }
-
-    fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, Error> {
-        let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
-        if !self.pools.contains_key(&p) {
-            return Err(Error::invalid(
-                field,
-                format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
-            ));
-        }
-        Ok(p)
-    }
-
     // ---- task definitions ---------------------------------------------------------------
 
     /// Parses and registers a definition. The API parses before it takes the cluster lock and
@@ -1117,67 +996,6 @@ impl Cluster {
         }
     }
 
-    fn request_for(&mut self, task: &Task) -> Result<Request, Error> {
-        let pool = self.sched.pool(task.pool.as_str()).ok_or_else(|| {
-            Error::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
-        })?;
-        let (demand, needs) = self
-            .taskdefs
-            .get(&(task.task_definition.family.clone(), task.task_definition.revision))
-            .map(|v| {
-                let td = &v.value;
-                // More static host ports than one task may hold make a task that waits with
-                // that reason (`Unplaced::TooManyHostPorts`), not a refused call.
-                let needs = mpsfleet_core::scheduler::Needs::new(
-                    td.needs_container_runtime(),
-                    &td.static_host_ports(),
-                );
-                (td.gpu_demand(), needs)
-            })
-            .ok_or_else(|| {
-                Error::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
-            })?;
-        let group = task.group.as_ref().map(|g| self.sched.group(g.as_str()));
-        Ok(Request { pool, demand, group, needs })
-    }
-
-    /// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).
-    fn placement_of(&self, task: &Task) -> Option<Placement> {
-        let host = self.sched.host(task.host_id.as_ref()?)?;
-        let inv = &self.hosts[host as usize].host.gpus;
-        let first = self.sched.host_gpus(host).start;
-        let gpus = task
-            .gpu_ids
-            .iter()
-            .filter_map(|u| inv.iter().position(|g| &g.uuid == u).map(|p| first + p as u32))
-            .collect();
-        Some(Placement { host, gpus })
-    }
-
-    fn apply_placement(
-        &self,
-        task: &mut Task,
-        outcome: &Result<Placement, mpsfleet_core::scheduler::Unplaced>,
-    ) {
-        match outcome {
-            Ok(p) => {
-                let entry = &self.hosts[p.host as usize];
-                let first = self.sched.host_gpus(p.host).start;
-                task.host_id = Some(entry.host.id.clone());
-                task.gpu_ids =
-                    p.gpus.iter().map(|&g| entry.host.gpus[(g - first) as usize].uuid.clone()).collect();
-                task.pending_reason = None;
-                task.pending_code = None;
-            }
-            Err(why) => {
-                task.host_id = None;
-                task.gpu_ids.clear();
-                task.pending_reason = Some(why.to_string());
-                task.pending_code = Some(why.code());
-            }
-        }
-    }
-
     /// Puts a committed new task; `record`: in its events (not for a task loaded from the
     /// store, whose past this server did not see).
     fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>, record: bool) {
@@ -1425,54 +1243,6 @@ impl Cluster {
         Ok(stopped_now)
     }
 
-    /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
-    pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), Error> {
-        let waiting = self.tasks.pending_in(pool);
-        let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
-        let mut ops = Vec::new();
-        for id in waiting {
-            let Some(e) = self.tasks.get(&id) else { continue };
-            if e.task.desired_status == TaskStatus::Stopped {
-                continue;
-            }
-            let mut task = e.task.clone();
-            let version = e.version;
-            let req = self.request_for(&task)?;
-            match self.sched.place(&req) {
-                Ok(p) => {
-                    self.apply_placement(&mut task, &Ok(p.clone()));
-                    ops.push(Op::put_json(TASK, id.to_string(), &task, Precondition::Version(version))?);
-                    placed.push((task, p, req));
-                }
-                // The reason is derived state: refreshed in memory, not written on every retry.
-                Err(unplaced) => {
-                    let why = unplaced.to_string();
-                    if self.tasks.set_pending_reason(&id, &why, unplaced.code()) {
-                        let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
-                        self.record_task(id, pool.clone(), news);
-                    }
-                }
-            }
-        }
-        if placed.is_empty() {
-            return Ok(());
-        }
-        let rev = match self.commit(&ops) {
-            Ok(rev) => rev,
-            Err(e) => {
-                for (_, p, req) in placed.iter().rev() {
-                    self.sched.release(req, p);
-                }
-                return Err(e);
-            }
-        };
-        for (task, p, _) in placed {
-            self.hosts[p.host as usize].epoch = rev;
-            self.put_task(task, rev, Some(p));
-        }
-        Ok(())
-    }
-
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
     pub fn compact_feed(&mut self, keep: u64) -> Result<(), Error> {
         Ok(self.store.compact(self.revision.saturating_sub(keep))?)
@@ -1520,33 +1290,10 @@ pub struct TaskFilter {
     pub live: bool,
 }
 
-/// Checks a pool's settings; errors name the field and its range.
-fn check_pool(p: &Pool) -> Result<(), Error> {
-    if let Some(c) = p.compute_overcommit_percent {
-        if !(1..=4800).contains(&c) {
-            return Err(Error::invalid(
-                "computeOvercommitPercent",
-                format!("must be an integer from 1 to 4800, got {c}"),
-            ));
-        }
-    }
-    let policy = |e: mpsfleet_types::policy::PolicyError| Error::invalid(e.field, e.message);
-    p.health_policy.validate().map_err(policy)?;
-    p.remediation_policy.validate().map_err(policy)?;
-    if let Some(provider) = &p.provider {
-        provider.validate().map_err(policy)?;
-    }
-    Ok(())
-}
-
 /// Whether a host may receive new placements: ACTIVE, not cordoned, and healthy (an impaired
 /// host, or one whose agent has gone quiet, gets nothing new).
 pub fn can_place(h: &Host) -> bool {
     mpsfleet_core::lifecycle::host::can_place(h)
-}
-
-fn pool_config(p: &Pool) -> PoolConfig {
-    PoolConfig { strategy: p.strategy, compute_bound: p.compute_overcommit_percent }
 }
 
 fn taskdef_key(family: &Family, revision: u32) -> String {

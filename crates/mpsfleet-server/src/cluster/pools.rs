@@ -1,0 +1,153 @@
+//! Pools: create, update (checked, and the provider built again when its configuration changed),
+//! describe, explain, and a pool's settings as the scheduler takes them.
+
+use super::*;
+
+impl Cluster {
+    pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, Error> {
+        let name = PoolName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
+        if self.pools.contains_key(&name) {
+            return Err(Error::AlreadyExists { kind: "pool", id: name.to_string() });
+        }
+        let mode = req.mode.unwrap_or(OwnershipMode::Managed);
+        let pool = Pool {
+            name: name.clone(),
+            mode,
+            strategy: req.strategy.unwrap_or_default(),
+            compute_overcommit_percent: req.compute_overcommit_percent,
+            health_policy: req.health_policy.unwrap_or_default(),
+            remediation_policy: req.remediation_policy.unwrap_or_default(),
+            // A managed pool without a provider is repaired by draining only; `up` sets `local`.
+            provider: req.provider,
+            allow_task_users: req.allow_task_users.unwrap_or(false),
+            task_policy: req.task_policy.unwrap_or_default(),
+            created_at_ms: self.now(),
+        };
+        check_pool(&pool)?;
+        self.check_provider_configured(&pool)?;
+        let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
+        self.sched.upsert_pool(name.as_str(), pool_config(&pool));
+        self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
+        Ok(pool)
+    }
+
+    /// Changes a pool's placement settings or policies; nothing restarts. Placement changes
+    /// apply to the next placement, policy changes to the next evaluation.
+    pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, Error> {
+        let current = self
+            .pools
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| Error::not_found("pool", name))?;
+        let mut pool = current.value.clone();
+        if let Some(s) = req.strategy {
+            pool.strategy = s;
+        }
+        if req.compute_overcommit_percent.is_some() {
+            pool.compute_overcommit_percent = req.compute_overcommit_percent;
+        }
+        if let Some(h) = req.health_policy {
+            pool.health_policy = h;
+        }
+        if let Some(r) = req.remediation_policy {
+            pool.remediation_policy = r;
+        }
+        if req.provider.is_some() {
+            pool.provider = req.provider;
+        }
+        if let Some(allow) = req.allow_task_users {
+            pool.allow_task_users = allow;
+        }
+        if let Some(policy) = req.task_policy {
+            pool.task_policy = policy;
+        }
+        check_pool(&pool)?;
+        self.check_provider_configured(&pool)?;
+        if pool != current.value {
+            let expect = Precondition::Version(current.version);
+            let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
+            // A provider built from the old configuration is built again from the new one
+            // (providers set from outside, such as the simulator's, stay).
+            if pool.provider != current.value.provider && !self.fixed_providers.contains(&pool.name) {
+                self.providers.remove(&pool.name);
+            }
+            self.sched.upsert_pool(name, pool_config(&pool));
+            self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
+            self.ask(Work::Placement(pool.name.clone()));
+        }
+        Ok(pool)
+    }
+
+    /// An exec provider a pool names is one of the server's configuration.
+    pub(super) fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
+        let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
+        let known: Vec<&str> = self
+            .provider_ctx
+            .as_ref()
+            .map(|c| c.exec_providers.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if known.contains(&name.as_str()) {
+            return Ok(());
+        }
+        let configured = if known.is_empty() {
+            "it has none (start it with --config FILE, see docs/providers.md)".to_string()
+        } else {
+            format!("it has {}", known.join(", "))
+        };
+        Err(Error::invalid(
+            "provider.name",
+            format!("the server's configuration has no exec provider {name:?}: {configured}"),
+        ))
+    }
+
+    pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
+        Ok(mpsfleet_core::explain::explain(&self.pool(name)?))
+    }
+
+    pub fn pools(&self) -> Vec<Pool> {
+        self.pools.values().map(|p| p.value.clone()).collect()
+    }
+
+    pub fn pool(&self, name: &str) -> Result<Pool, Error> {
+        self.pools
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, p)| p.value.clone())
+            .ok_or_else(|| Error::not_found("pool", name))
+    }
+
+    pub(super) fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, Error> {
+        let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
+        if !self.pools.contains_key(&p) {
+            return Err(Error::invalid(
+                field,
+                format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// Checks a pool's settings; errors name the field and its range.
+pub(super) fn check_pool(p: &Pool) -> Result<(), Error> {
+    if let Some(c) = p.compute_overcommit_percent {
+        if !(1..=4800).contains(&c) {
+            return Err(Error::invalid(
+                "computeOvercommitPercent",
+                format!("must be an integer from 1 to 4800, got {c}"),
+            ));
+        }
+    }
+    let policy = |e: mpsfleet_types::policy::PolicyError| Error::invalid(e.field, e.message);
+    p.health_policy.validate().map_err(policy)?;
+    p.remediation_policy.validate().map_err(policy)?;
+    if let Some(provider) = &p.provider {
+        provider.validate().map_err(policy)?;
+    }
+    Ok(())
+}
+
+pub(super) fn pool_config(p: &Pool) -> PoolConfig {
+    PoolConfig { strategy: p.strategy, compute_bound: p.compute_overcommit_percent }
+}
