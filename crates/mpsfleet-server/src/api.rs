@@ -125,6 +125,10 @@ impl AppState {
         let digest = auth::digest(token);
         // A change by a person or tool is written to the audit log with its first commit.
         let audit = crate::http::AUDIT.try_with(Clone::clone).ok().flatten();
+        // The object a pool-scoped token named: checked again here, under the lock the
+        // operation runs under, so one deleted and made again in another pool since the
+        // request was admitted is not acted on.
+        let object = crate::http::SCOPED_OBJECT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         // What the cluster logs for this call carries its request id.
@@ -142,6 +146,11 @@ impl AppState {
                     "this endpoint is not open to {}",
                     describe(&who)
                 ))));
+            }
+            if let Some((kind, id)) = &object {
+                if c.pool_of(*kind, id).is_some_and(|p| !who.sees_pool(&p)) {
+                    return Err(ApiError::not_found(kind.noun(), id));
+                }
             }
             let before = c.revision();
             c.begin_audit(audit);
@@ -612,6 +621,38 @@ mod tests {
             allow_task_users: true,
         };
         assert_eq!(serde_json::to_value(&out).unwrap(), serde_json::to_value(&want).unwrap());
+    }
+
+    /// A pool-scoped token's object is checked again under the lock its operation takes: an
+    /// object the request was admitted for that is, by then, another pool's (deleted and made
+    /// again there) is answered as one that does not exist; one of the token's pool is served.
+    #[tokio::test]
+    async fn a_scoped_object_is_checked_again_under_the_operations_lock() {
+        use crate::http::SCOPED_OBJECT;
+        use crate::scope::Kind;
+        let store = Arc::new(mpsfleet_store::MemoryStore::new());
+        let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
+        let mut c = Cluster::load(store, clock, |_| Ok(())).unwrap();
+        for name in ["a", "b"] {
+            c.create_pool(CreatePool { name: name.into(), ..Default::default() }).unwrap();
+        }
+        let ask = CreateToken {
+            role: Role::Viewer,
+            expires_in_s: None,
+            description: "scoped".into(),
+            pool: Some("a".into()),
+        };
+        let token = c.create_api_token(ask, "admin").unwrap().token;
+        let st = AppState::new(c);
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let describe = |name: &'static str| {
+            let object = Some((Kind::Pool, name.to_string()));
+            SCOPED_OBJECT.scope(object, st.call(&headers, viewer, move |c, _| c.pool(name)))
+        };
+        let other = describe("b").await.unwrap_err();
+        assert!(matches!(other, ApiError::Domain(Error::NotFound { kind: "pool", .. })), "{other}");
+        assert_eq!(describe("a").await.unwrap().name.as_str(), "a");
     }
 
     /// A heartbeat's local-restart ages are bounded: the field and the limit are named.

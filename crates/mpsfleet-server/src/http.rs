@@ -135,6 +135,9 @@ tokio::task_local! {
     /// The audit context of the request being served: set for a change (POST, PUT, PATCH,
     /// DELETE) made by a person's or tool's token, read by `AppState::call`.
     pub static AUDIT: Option<crate::cluster::AuditContext>;
+    /// The object a pool-scoped token's request names in its path (its kind and id), read by
+    /// `AppState::call`, which checks it again under the lock the operation runs under.
+    pub static SCOPED_OBJECT: Option<(crate::scope::Kind, String)>;
 }
 
 /// The audit context of a request by `who`, when it is a change by a person or tool.
@@ -203,15 +206,15 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
     }
     // A token scoped to one pool reaches that pool only (scope.rs): refused here, or (a body
     // naming its pool) once the body is read.
-    let (scope_refusal, body_scope) = match &who {
+    let (scope_refusal, body_scope, object) = match &who {
         Ok((p, _)) if p.scope().is_some() => {
             let reach = crate::scope::reach(req.method(), &route);
             match scoped(st, p, reach, &mut req).await {
-                Err(e) => (Some(e), None),
-                Ok(()) => (None, (reach == crate::scope::Reach::BodyPool).then(|| p.clone())),
+                Err(e) => (Some(e), None, None),
+                Ok(object) => (None, (reach == crate::scope::Reach::BodyPool).then(|| p.clone()), object),
             }
         }
-        _ => (None, None),
+        _ => (None, None, None),
     };
     if !body {
         if let Some(e) = scope_refusal {
@@ -221,7 +224,7 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         // unknown token is answered 401 whatever its parameters are.
         return match who {
             Err(e) if !PUBLIC_ROUTES.contains(&route.as_str()) => e.into_response(),
-            _ => AUDIT.scope(audit, next.run(req)).await,
+            _ => AUDIT.scope(audit, SCOPED_OBJECT.scope(object, next.run(req))).await,
         };
     }
     let (allow, limit) = route_rules(&route);
@@ -279,21 +282,23 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
             return e.into_response();
         }
     }
-    AUDIT.scope(audit, next.run(Request::from_parts(parts, Body::from(bytes)))).await
+    let run = next.run(Request::from_parts(parts, Body::from(bytes)));
+    AUDIT.scope(audit, SCOPED_OBJECT.scope(object, run)).await
 }
 
 /// Whether a token scoped to one pool may make this call, as far as its route and path say
-/// ([`crate::scope`]; a body's pool is checked once it is read).
+/// ([`crate::scope`]; a body's pool is checked once it is read). Gives the object the path
+/// names, which the handler's call checks again under its own lock.
 async fn scoped(
     st: &AppState,
     who: &Principal,
     reach: crate::scope::Reach,
     req: &mut Request,
-) -> Result<(), ApiError> {
+) -> Result<Option<(crate::scope::Kind, String)>, ApiError> {
     use crate::scope::Reach;
     use axum::RequestExt as _;
     match reach {
-        Reach::NoPool | Reach::List | Reach::BodyPool => Ok(()),
+        Reach::NoPool | Reach::List | Reach::BodyPool => Ok(None),
         Reach::Closed => Err(ApiError::from(Error::Forbidden(format!(
             "this endpoint is not open to {}: it reaches beyond one pool",
             api::describe(who)
@@ -304,7 +309,7 @@ async fn scoped(
                 .await
                 .map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let Some(id) = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v.to_string()) else {
-                return Ok(());
+                return Ok(None);
             };
             let (cluster, looked_up) = (st.cluster.clone(), id.clone());
             let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &looked_up))
@@ -314,7 +319,7 @@ async fn scoped(
             // learns nothing of what other pools hold.
             match pool {
                 Some(p) if !who.sees_pool(&p) => Err(ApiError::not_found(kind.noun(), id)),
-                _ => Ok(()),
+                _ => Ok(Some((kind, id))),
             }
         }
     }

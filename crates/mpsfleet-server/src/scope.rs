@@ -12,6 +12,10 @@
 //!   what every pool's services of that family may run next.
 //! - Everything else (the event stream, and whatever a later route adds): closed.
 //!
+//! The object a path names is checked twice: when the request is admitted (before its body
+//! is read), and again by `AppState::call` under the cluster lock the operation itself runs
+//! under, so an object deleted and made again in another pool in between is not acted on.
+//!
 //! The role is checked as for any token: a scoped operator still cannot do what an operator
 //! cannot. Admin tokens are never scoped.
 
