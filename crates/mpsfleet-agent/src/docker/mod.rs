@@ -13,6 +13,7 @@
 
 pub mod awsvpc;
 mod follow;
+mod images;
 pub mod logdriver;
 pub mod names;
 pub mod options;
@@ -43,6 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 pub use follow::{resume_point, rotated_path, FramedWriter};
+pub use images::{image_record, normalize_reference};
 pub use spec::{container_name, create_body, launch_notes};
 pub use volumes::engine_plugins;
 
@@ -350,27 +352,6 @@ fn map_err(socket: &std::path::Path, what: &str, e: bollard::errors::Error) -> D
     }
 }
 
-/// The registry host of an image reference, as Docker names it for credentials.
-fn registry_of(reference: &str) -> String {
-    match reference.split_once('/') {
-        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first.to_string(),
-        _ => "https://index.docker.io/v1/".to_string(),
-    }
-}
-
-/// `repository[:tag]` with `:latest` added when there is neither a tag nor a digest.
-pub fn normalize_reference(image: &str) -> String {
-    if image.contains('@') {
-        return image.to_string();
-    }
-    let last = image.rsplit('/').next().unwrap_or(image);
-    if last.contains(':') {
-        image.to_string()
-    } else {
-        format!("{image}:latest")
-    }
-}
-
 /// `2026-12-01T08:50:12.123456789Z` (RFC 3339, as Docker writes times) in ms since the epoch;
 /// None for Docker's zero time and anything unparsable.
 pub fn parse_docker_time(s: &str) -> Option<u64> {
@@ -603,95 +584,6 @@ impl DockerRuntime {
             Ok(info) => Ok(Some(info)),
             Err(e) if e.status() == Some(404) => Ok(None),
             Err(e) => Err(e),
-        }
-    }
-
-    fn image_present(&self, reference: &str) -> Result<bool, DockerError> {
-        match self.block("inspect image", INSPECT_TIMEOUT, self.inner.docker.inspect_image(reference)) {
-            Ok(_) => Ok(true),
-            Err(e) if e.status() == Some(404) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Pulls `reference` (with the registry credentials of `repositoryCredentials`, when
-    /// given); Err carries the registry's message.
-    fn pull(&self, reference: &str, auth: Option<&RegistryAuth>) -> Result<(), DockerError> {
-        let docker = self.inner.docker.clone();
-        let options = CreateImageOptions { from_image: Some(reference.to_string()), ..Default::default() };
-        let credentials = auth.map(|a| bollard::auth::DockerCredentials {
-            username: Some(a.username.clone()),
-            password: Some(a.password.clone()),
-            serveraddress: Some(registry_of(reference)),
-            ..Default::default()
-        });
-        let limit = self.inner.cfg.pull_timeout;
-        let socket = self.inner.cfg.socket.clone();
-        self.run(async move {
-            let pull = async {
-                let mut stream = docker.create_image(Some(options), None, credentials);
-                while let Some(item) = stream.next().await {
-                    let info = item.map_err(|e| map_err(&socket, "pull", e))?;
-                    if let Some(detail) = info.error_detail {
-                        let message = detail.message.unwrap_or_else(|| "pull failed".into());
-                        return Err(DockerError::Other { what: "pull".into(), message });
-                    }
-                }
-                Ok(())
-            };
-            match tokio::time::timeout(limit, pull).await {
-                Ok(r) => r,
-                Err(_) => Err(DockerError::Timeout { what: format!("pull of {reference}"), after: limit }),
-            }
-        })
-    }
-
-    fn update_records(&self, f: impl FnOnce(&mut ImageRecords)) {
-        let _lock = self.inner.records.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = &self.inner.cfg.data_dir;
-        let mut r = ImageRecords::load(dir);
-        f(&mut r);
-        if let Err(e) = r.save(dir) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot write the docker image records");
-        }
-    }
-
-    /// Makes sure the image is there per the pull behaviour; notes what was done differently.
-    fn ensure_image(
-        &self,
-        reference: &str,
-        auth: Option<&RegistryAuth>,
-        notes: &mut Vec<String>,
-    ) -> Result<(), (StopCode, String)> {
-        let cannot_pull = |e: DockerError| {
-            (StopCode::CannotPullContainerError, format!("CannotPullContainerError: {}", e.message()))
-        };
-        let pulled_before =
-            ImageRecords::load(&self.inner.cfg.data_dir).images.get(reference).is_some_and(|r| r.pulled);
-        let need_pull = match self.inner.cfg.pull {
-            PullBehavior::Default | PullBehavior::Always => true,
-            PullBehavior::Once => !pulled_before || !self.image_present(reference).unwrap_or(false),
-            PullBehavior::PreferCached => !self.image_present(reference).unwrap_or(false),
-        };
-        if !need_pull {
-            return Ok(());
-        }
-        match self.pull(reference, auth) {
-            Ok(()) => {
-                self.update_records(|r| r.images.entry(reference.to_string()).or_default().pulled = true);
-                Ok(())
-            }
-            Err(e) if self.inner.cfg.pull == PullBehavior::Default => match self.image_present(reference) {
-                Ok(true) => {
-                    notes.push(format!(
-                        "pull of {reference} failed, the cached image was used: {}",
-                        e.message()
-                    ));
-                    Ok(())
-                }
-                _ => Err(cannot_pull(e)),
-            },
-            Err(e) => Err(cannot_pull(e)),
         }
     }
 
@@ -1400,73 +1292,6 @@ impl DockerRuntime {
         })
     }
 
-    /// Removes up to `policy.max_per_cycle` images this runtime launched that no container
-    /// uses and no launch used for `policy.min_age` (see [`ImagePolicy`]); returns their
-    /// references.
-    pub fn remove_unused_images(
-        &self,
-        policy: &ImagePolicy,
-        now_ms: u64,
-    ) -> Result<Vec<String>, DockerError> {
-        let records = {
-            let _lock = self.inner.records.lock().unwrap_or_else(|p| p.into_inner());
-            ImageRecords::load(&self.inner.cfg.data_dir)
-        };
-        let containers = self.block(
-            "list containers",
-            LIST_TIMEOUT,
-            self.inner
-                .docker
-                .list_containers(Some(ListContainersOptions { all: true, ..Default::default() })),
-        )?;
-        let mut used_ids: HashSet<String> = HashSet::new();
-        let mut used_refs: HashSet<String> = HashSet::new();
-        for c in containers {
-            used_ids.extend(c.image_id);
-            used_refs.extend(c.image.map(|i| normalize_reference(&i)));
-        }
-        let images = self.block(
-            "list images",
-            LIST_TIMEOUT,
-            self.inner.docker.list_images(Some(ListImagesOptions { all: false, ..Default::default() })),
-        )?;
-        let id_of: HashMap<String, String> =
-            images.iter().flat_map(|i| i.repo_tags.iter().map(move |t| (t.clone(), i.id.clone()))).collect();
-        let min_age = policy.min_age.as_millis() as u64;
-        let mut candidates: Vec<(u64, String)> = records
-            .images
-            .iter()
-            .filter(|(reference, rec)| {
-                now_ms.saturating_sub(rec.last_used_ms) > min_age
-                    && !used_refs.contains(*reference)
-                    && id_of.get(*reference).is_some_and(|id| !used_ids.contains(id))
-            })
-            .map(|(reference, rec)| (rec.last_used_ms, reference.clone()))
-            .collect();
-        candidates.sort();
-        let mut removed = Vec::new();
-        for (_, reference) in candidates.into_iter().take(policy.max_per_cycle) {
-            match self.block(
-                "remove image",
-                REMOVE_TIMEOUT,
-                self.inner.docker.remove_image(&reference, None::<RemoveImageOptions>, None),
-            ) {
-                Ok(_) => removed.push(reference),
-                Err(e) if e.status() == Some(404) => removed.push(reference),
-                // In use after all (a container created since the listing), or shared: next cycle.
-                Err(e) => tracing::info!(image = %reference, error = %e, "image not removed"),
-            }
-        }
-        if !removed.is_empty() {
-            self.update_records(|r| {
-                for reference in &removed {
-                    r.images.remove(reference);
-                }
-            });
-        }
-        Ok(removed)
-    }
-
     /// Starts the events watcher once: it marks containers of this host as changed when
     /// Docker reports them dead, killed for memory or destroyed, and reconnects with a backoff
     /// when the stream ends (marking every container changed, since events may be lost).
@@ -1535,12 +1360,6 @@ fn split_timestamp(message: &[u8]) -> (Option<u64>, &[u8]) {
         Some(ms) => (Some(ms), &message[space + 1..]),
         None => (None, message),
     }
-}
-
-/// What the runtime's records in `data_dir` say of `reference`: (a pull of it succeeded,
-/// last used by a launch, ms since the epoch).
-pub fn image_record(data_dir: &std::path::Path, reference: &str) -> Option<(bool, u64)> {
-    ImageRecords::load(data_dir).images.get(reference).map(|r: &ImageRecord| (r.pulled, r.last_used_ms))
 }
 
 #[cfg(test)]
