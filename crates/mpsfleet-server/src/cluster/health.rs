@@ -269,7 +269,9 @@ impl Cluster {
                 }
             }
             let launching = &self.capacity_launches;
-            self.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
+            self.creds
+                .launch_tokens
+                .retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
             // Registered hosts (from the store, so this survives a restart), launches in flight,
             // and replacements requested by incidents that have not joined yet.
             let live = self
@@ -579,7 +581,7 @@ impl Cluster {
             host_id: None,
             revoked: false,
         });
-        self.replacement_tokens.insert(digest, incident.id.clone());
+        self.creds.replacement_tokens.insert(digest, incident.id.clone());
         Ok(ProviderJob::Launch {
             incident: incident.id.clone(),
             pool: incident.pool.clone(),
@@ -591,7 +593,7 @@ impl Cluster {
     /// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
     /// is no replacement token at all; an error naming why when it was one and is not usable.
     pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, Error> {
-        let Some(id) = self.replacement_tokens.get(digest) else { return Ok(None) };
+        let Some(id) = self.creds.replacement_tokens.get(digest) else { return Ok(None) };
         let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(None) };
         let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
             return Ok(None);
@@ -645,7 +647,7 @@ impl Cluster {
     /// Indexes the replacement tokens of unresolved incidents (at load), spent ones too, so
     /// that a reuse is refused as such.
     pub(super) fn index_replacement_tokens(&mut self) {
-        self.replacement_tokens = self
+        self.creds.replacement_tokens = self
             .incidents
             .values()
             .filter_map(|v| v.value.replacement.as_ref().map(|b| (b, &v.value.id)))
@@ -952,7 +954,7 @@ impl Cluster {
             .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
         self.write_host(ix, h)?;
         self.gpu_hosts.retain(|_, holder| *holder != ix);
-        self.host_credentials.retain(|_, holder| *holder != ix);
+        self.creds.host_credentials.retain(|_, holder| *holder != ix);
         let ids: Vec<TaskId> = self.tasks.on_host(ix).iter().copied().collect();
         let stopped: Vec<Task> = ids
             .iter()
@@ -1007,7 +1009,7 @@ impl Cluster {
                     if let Some(l) = self.capacity_launches.get_mut(pool) {
                         l.remove(name);
                     }
-                    self.launch_tokens.retain(|_, (p, n)| !(p == pool && n == name));
+                    self.creds.launch_tokens.retain(|_, (p, n)| !(p == pool && n == name));
                     tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
                 }
             }

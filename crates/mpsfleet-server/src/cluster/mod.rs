@@ -222,22 +222,16 @@ pub struct Cluster {
     mps_closed: HashMap<mpsfleet_core::scheduler::GpuIx, u64>,
     /// Incidents whose last remediation pass failed, and when to try them again.
     incident_retry: HashMap<String, health::RetryState>,
-    /// Digests of unspent replacement registration tokens, to their incident.
-    replacement_tokens: HashMap<String, String>,
-    /// Agent and launch tokens are derived under it.
-    key: auth::ServerKey,
     /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
     /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
     cluster_cas: Vec<String>,
+    /// Every credential the cluster takes, by digest (`tokens.rs`).
+    creds: tokens::Credentials,
     /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
     audit_log: audit::AuditLog,
     audit_call: Option<audit::AuditCall>,
     /// Client tokens of task runs and service changes (`idempotency.rs`).
     client_tokens: idempotency::ClientTokens,
-    /// API tokens by digest (`tokens.rs`).
-    api_tokens: HashMap<String, tokens::TokenRecord>,
-    /// Digests of the launch tokens of the hosts in `capacity_launches`.
-    launch_tokens: HashMap<String, (PoolName, String)>,
     /// Provider calls decided inside an API call, for the caller to run.
     pending_jobs: Vec<ProviderJob>,
     /// The capacity provider of each pool that has one, built from the pool's configuration
@@ -248,11 +242,6 @@ pub struct Cluster {
     provider_ctx: Option<ProviderContext>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
-    /// The bootstrap admin token's digest, shared with the HTTP layer.
-    admin: tokens::AdminDigest,
-    /// Join tokens by digest, shared with the HTTP layer (tokens.rs).
-    join_index: tokens::JoinDigests,
-    host_credentials: HashMap<String, HostIx>,
     /// The host of every registered GPU.
     gpu_hosts: HashMap<GpuUuid, HostIx>,
     id_base: u64,
@@ -335,22 +324,24 @@ impl Cluster {
             provider_progress: HashMap::new(),
             incident_retry: HashMap::new(),
             mps_closed: HashMap::new(),
-            replacement_tokens: HashMap::new(),
             pending_jobs: Vec::new(),
             providers: HashMap::new(),
             fixed_providers: BTreeSet::new(),
             provider_ctx: None,
             capacity_launches: HashMap::new(),
-            admin: tokens::AdminDigest::new(admin_sha256),
-            join_index: Self::new_join_index(join_clock),
-            key: auth::ServerKey::random()?,
+            creds: tokens::Credentials {
+                key: auth::ServerKey::random()?,
+                admin: tokens::AdminDigest::new(admin_sha256),
+                join_index: Self::new_join_index(join_clock),
+                api_tokens: HashMap::new(),
+                host_credentials: HashMap::new(),
+                replacement_tokens: HashMap::new(),
+                launch_tokens: HashMap::new(),
+            },
             cluster_cas: Vec::new(),
-            launch_tokens: HashMap::new(),
-            api_tokens: HashMap::new(),
             audit_log: Default::default(),
             audit_call: None,
             client_tokens: Default::default(),
-            host_credentials: HashMap::new(),
             gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
             id_counter: 0,
@@ -425,17 +416,17 @@ impl Cluster {
 
     /// [`Cluster::authenticate`] for a token whose digest the caller computed (outside the lock).
     pub fn authenticate_digest(&self, d: &str) -> Result<Principal, Error> {
-        if self.admin.is(d) {
+        if self.creds.admin.is(d) {
             Ok(Principal::Admin)
         } else if self.join_token(d)? {
             Ok(Principal::Joiner)
-        } else if let Some(&h) = self.host_credentials.get(d) {
+        } else if let Some(&h) = self.creds.host_credentials.get(d) {
             Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
         } else if let Some(incident) = self.replacement_incident(d)? {
             Ok(Principal::Replacement(incident))
         } else if let Some(p) = self.api_token(d)? {
             Ok(p)
-        } else if let Some((pool, name)) = self.launch_tokens.get(d) {
+        } else if let Some((pool, name)) = self.creds.launch_tokens.get(d) {
             Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
         } else {
             Err(Error::Unauthorized("unknown token"))
@@ -490,11 +481,11 @@ impl Cluster {
 
     /// The server's key, from which agent and launch tokens are derived (`server.key`).
     pub fn set_server_key(&mut self, key: auth::ServerKey) {
-        self.key = key;
+        self.creds.key = key;
     }
 
     pub(crate) fn server_key(&self) -> &auth::ServerKey {
-        &self.key
+        &self.creds.key
     }
 
     /// The hashes of the cluster's CAs (`tls::CaSet::hashes`), the active one first: the
@@ -528,7 +519,7 @@ impl Cluster {
     /// server keeps the token that server stored (`legacy`).
     fn agent_token(&self, host: &HostId, legacy: &str) -> String {
         if legacy.is_empty() {
-            self.key.derive("mpsf_agent_", "agent", &[host.as_str()])
+            self.creds.key.derive("mpsf_agent_", "agent", &[host.as_str()])
         } else {
             legacy.to_string()
         }
@@ -616,8 +607,8 @@ impl Cluster {
     }
 
     pub(super) fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
-        let token = self.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
-        self.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
+        let token = self.creds.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
+        self.creds.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
         RegistrationToken(token)
     }
 
@@ -805,7 +796,7 @@ impl Cluster {
         // machine may join again as a new host.
         if host.status != HostStatus::Deregistered {
             if host.credential_revoked_at_ms.is_none() {
-                self.host_credentials.insert(host.credential_sha256.clone(), ix);
+                self.creds.host_credentials.insert(host.credential_sha256.clone(), ix);
             }
             self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
         }

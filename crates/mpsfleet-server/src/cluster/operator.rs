@@ -67,7 +67,7 @@ impl Cluster {
         h.credential_revoked_at_ms = Some(self.now());
         let digest = h.credential_sha256.clone();
         self.write_host(ix, h)?;
-        self.host_credentials.remove(&digest);
+        self.creds.host_credentials.remove(&digest);
         tracing::warn!(host.id = %self.hosts[ix as usize].host.id, by, "host credential revoked");
         Ok(self.host_view(ix))
     }

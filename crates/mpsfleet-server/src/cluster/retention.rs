@@ -182,7 +182,7 @@ impl Cluster {
                 if let Some(v) = self.incidents.remove(id) {
                     if let Some(b) = &v.value.replacement {
                         for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
-                            self.replacement_tokens.remove(d);
+                            self.creds.replacement_tokens.remove(d);
                         }
                     }
                 }

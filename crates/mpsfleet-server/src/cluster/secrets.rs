@@ -100,7 +100,7 @@ fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
 
 impl Cluster {
     fn cipher(&self) -> ChaCha20Poly1305 {
-        ChaCha20Poly1305::new(Key::from_slice(&self.key.derive_key(KEY_PURPOSE)))
+        ChaCha20Poly1305::new(Key::from_slice(&self.creds.key.derive_key(KEY_PURPOSE)))
     }
 
     fn secret_record(&self, name: &str) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, Error> {

@@ -126,18 +126,36 @@ pub(super) struct TokenRecord {
     pub sha256: String,
 }
 
+/// Every credential the cluster takes, by digest, and the key agent and launch tokens are
+/// derived under: the bootstrap admin token, join tokens, API tokens, each host's credential,
+/// and the one-time replacement (by incident) and launch (by pool and name) tokens.
+pub(super) struct Credentials {
+    /// Agent and launch tokens are derived under it.
+    pub(super) key: auth::ServerKey,
+    /// The bootstrap admin token's digest, shared with the HTTP layer.
+    pub(super) admin: AdminDigest,
+    /// Join tokens by digest, shared with the HTTP layer.
+    pub(super) join_index: JoinDigests,
+    pub(super) api_tokens: HashMap<String, TokenRecord>,
+    pub(super) host_credentials: HashMap<String, HostIx>,
+    /// Digests of unspent replacement registration tokens, to their incident.
+    pub(super) replacement_tokens: HashMap<String, String>,
+    /// Digests of the launch tokens of the hosts being launched for capacity.
+    pub(super) launch_tokens: HashMap<String, (PoolName, String)>,
+}
+
 impl Cluster {
     pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(API_TOKEN)? {
             let rec: TokenRecord = decode(&r)?;
-            self.api_tokens.insert(rec.sha256.clone(), rec);
+            self.creds.api_tokens.insert(rec.sha256.clone(), rec);
         }
         Ok(())
     }
 
     /// The principal of an API token's digest: `Ok(None)` when it is none of them.
     pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, Error> {
-        let Some(rec) = self.api_tokens.get(digest) else { return Ok(None) };
+        let Some(rec) = self.creds.api_tokens.get(digest) else { return Ok(None) };
         if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
             return Err(Error::Unauthorized("this token has expired"));
         }
@@ -163,7 +181,7 @@ impl Cluster {
                 return Err(Error::invalid("pool", format!("no pool named {pool:?}")));
             }
         }
-        if self.api_tokens.len() >= MAX_API_TOKENS {
+        if self.creds.api_tokens.len() >= MAX_API_TOKENS {
             return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
             )));
@@ -187,13 +205,13 @@ impl Cluster {
         let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token) };
         self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
-        self.api_tokens.insert(rec.sha256.clone(), rec);
+        self.creds.api_tokens.insert(rec.sha256.clone(), rec);
         Ok(CreatedToken { token, view })
     }
 
     /// `token list`: every API token's record, oldest first.
     pub fn api_tokens(&self) -> Vec<TokenView> {
-        let mut all: Vec<TokenView> = self.api_tokens.values().map(|r| r.view.clone()).collect();
+        let mut all: Vec<TokenView> = self.creds.api_tokens.values().map(|r| r.view.clone()).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         all
     }
@@ -201,13 +219,14 @@ impl Cluster {
     /// `token revoke`: the token stops working at once.
     pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
         let digest = self
+            .creds
             .api_tokens
             .iter()
             .find(|(_, r)| r.view.id == id)
             .map(|(d, _)| d.clone())
             .ok_or_else(|| Error::not_found("token", id))?;
         self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
-        let rec = self.api_tokens.remove(&digest).expect("found above");
+        let rec = self.creds.api_tokens.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "API token revoked");
         Ok(rec.view)
     }
@@ -216,7 +235,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(JOIN_TOKEN)? {
-            self.join_index.insert(decode(&r)?);
+            self.creds.join_index.insert(decode(&r)?);
         }
         Ok(())
     }
@@ -224,16 +243,16 @@ impl Cluster {
     /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
     /// has expired.
     pub(super) fn join_token(&self, digest: &str) -> Result<bool, Error> {
-        self.join_index.check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
+        self.creds.join_index.check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
     }
 
     /// The join tokens' digests, for authentication without the cluster lock.
     pub fn join_digests(&self) -> JoinDigests {
-        self.join_index.clone()
+        self.creds.join_index.clone()
     }
 
     pub fn admin_digest(&self) -> AdminDigest {
-        self.admin.clone()
+        self.creds.admin.clone()
     }
 
     /// Replaces the bootstrap admin token with `token` (a new one, [`auth::new_token`]): the
@@ -249,7 +268,7 @@ impl Cluster {
             &super::AuthRecord { sha256: digest.clone() },
             Precondition::Any,
         )?])?;
-        self.admin.set(digest);
+        self.creds.admin.set(digest);
         Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
     }
 
@@ -280,7 +299,7 @@ impl Cluster {
     /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
     /// when the server serves HTTPS.
     pub fn create_join_token(&mut self, req: CreateJoinToken, by: &str) -> Result<CreatedJoinToken, Error> {
-        if self.join_index.map().len() >= MAX_JOIN_TOKENS {
+        if self.creds.join_index.map().len() >= MAX_JOIN_TOKENS {
             return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
             )));
@@ -290,14 +309,15 @@ impl Cluster {
         self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
-        self.join_index.insert(rec);
+        self.creds.join_index.insert(rec);
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
 
     /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
     /// first.
     pub fn join_tokens(&self) -> Vec<JoinTokenView> {
-        let mut all: Vec<JoinTokenView> = self.join_index.map().values().map(|r| r.view.clone()).collect();
+        let mut all: Vec<JoinTokenView> =
+            self.creds.join_index.map().values().map(|r| r.view.clone()).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         all
     }
@@ -306,6 +326,7 @@ impl Cluster {
     /// their own credentials).
     pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, Error> {
         let digest = self
+            .creds
             .join_index
             .map()
             .iter()
@@ -313,7 +334,7 @@ impl Cluster {
             .map(|(d, _)| d.clone())
             .ok_or_else(|| Error::not_found("join token", id))?;
         self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
-        let rec = self.join_index.remove(&digest).expect("found above");
+        let rec = self.creds.join_index.remove(&digest).expect("found above");
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }
