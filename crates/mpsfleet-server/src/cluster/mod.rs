@@ -1182,7 +1182,9 @@ impl Cluster {
         let reason = reason.unwrap_or_else(|| "stopped by the user".to_string());
         let t = self.stopped_record(&task, StopCode::UserInitiated, &reason);
         self.write_tasks(vec![t])?;
-        self.reconcile_group(task.group.as_ref())?;
+        // Its service (if any) starts a replacement on the next pass of the work queue; the
+        // stop, committed, is not answered with an error of that reconcile.
+        self.ask_for_group(task.group.as_ref());
         self.task(id)
     }
 

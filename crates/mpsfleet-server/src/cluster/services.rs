@@ -307,15 +307,10 @@ impl Cluster {
         self.services.values().map(|v| self.view_of(&v.value)).collect()
     }
 
-    pub(super) fn reconcile_group(&mut self, group: Option<&ServiceName>) -> Result<(), Error> {
-        match group {
-            Some(g) => self.reconcile_service(g),
-            None => Ok(()),
-        }
-    }
-
-    /// Reconciles a service now ([`Cluster::reconcile_service_once`]); when it waits for a
-    /// time (a crash-loop hold-back, a rebalance's settle time), it is asked for again then.
+    /// Reconciles a service now ([`Cluster::reconcile_service_once`]), for the requests that
+    /// change it (create, update, delete) and start its tasks in their own commit; when it
+    /// waits for a time (a crash-loop hold-back, a rebalance's settle time), it is asked for
+    /// again then. The work queue runs `reconcile_service_once` itself and follows its answer.
     pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), Error> {
         if let Action::RequeueAfter(ms) = self.reconcile_service_once(name)? {
             let at = self.now() + ms;
@@ -328,7 +323,7 @@ impl Cluster {
     /// settles its deployments. A deleted service goes once its last task has stopped. Says
     /// when to run again: when a hold-back or a settle time it waits for ends, or not until
     /// something changes.
-    fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, Error> {
+    pub(super) fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, Error> {
         let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else {
             return Ok(Action::AwaitChange);
         };

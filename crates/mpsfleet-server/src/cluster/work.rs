@@ -68,7 +68,7 @@ impl Cluster {
         let now = self.now();
         for key in self.work.queue.take_due(now) {
             let result = match &key {
-                Work::Service(name) => self.reconcile_service(name).map(|()| Action::AwaitChange),
+                Work::Service(name) => self.reconcile_service_once(name),
                 Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
             };
             if let Err(e) = &result {
