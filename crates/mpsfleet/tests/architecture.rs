@@ -86,19 +86,40 @@ fn a_stale_name_and_a_broken_link_are_caught() {
     assert!(!root.join("docs/gone.md").exists());
 }
 
-/// The source of every non-test Rust file under `crates/`: up to its first `#[cfg(test)]` (test
-/// modules sit at the end of a file), leaving out `tests/` folders and `*_tests.rs` files.
+/// The source of every non-test Rust file under `crates/`: up to its inline test module
+/// (`#[cfg(test)] mod tests {`, at the end of a file), leaving out `tests/` folders and the
+/// test modules in files of their own (`tests.rs`, `*_tests.rs`). A `#[cfg(test)]` before a
+/// module declaration (`#[cfg(test)] mod recovery_tests;`) does not end the code.
 fn production_sources(root: &Path) -> Vec<(String, String)> {
     files(root)
         .into_iter()
         .filter(|f| f.starts_with("crates/") && f.ends_with(".rs"))
-        .filter(|f| !f.contains("/tests/") && !f.ends_with("_tests.rs") && !f.contains("/benches/"))
+        .filter(|f| !f.contains("/tests/") && !f.ends_with("/tests.rs") && !f.ends_with("_tests.rs"))
+        .filter(|f| !f.contains("/benches/"))
         .map(|f| {
             let text = std::fs::read_to_string(root.join(&f)).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
-            (f, code)
+            (f, without_test_module(&text).to_string())
         })
         .collect()
+}
+
+/// `text` up to its inline test module, if it has one.
+fn without_test_module(text: &str) -> &str {
+    let start = text.lines().scan(0, |at, line| {
+        let here = *at;
+        *at += line.len() + 1;
+        Some((here, line))
+    });
+    let mut previous_was_cfg_test = false;
+    for (at, line) in start {
+        if previous_was_cfg_test && line.trim_start().starts_with("mod tests {") {
+            // Back to the `#[cfg(test)]` line.
+            let cfg = text[..at].trim_end().rfind('\n').map_or(0, |i| i + 1);
+            return &text[..cfg];
+        }
+        previous_was_cfg_test = line.trim() == "#[cfg(test)]";
+    }
+    text
 }
 
 /// Assignments (`x.FIELD = …`, not `==`) of the named fields, as `file:line: text`.
@@ -185,6 +206,14 @@ fn the_domain_does_not_import_the_api_layer() {
         }
     }
     assert!(found.is_empty(), "the domain names the API layer:\n{}", found.join("\n"));
+}
+
+#[test]
+fn only_the_inline_test_module_is_left_out() {
+    let text = "mod a;\n#[cfg(test)]\nmod recovery_tests;\nfn code() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    let code = without_test_module(text);
+    assert!(code.contains("fn code()") && !code.contains("fn t()"), "{code:?}");
+    assert_eq!(without_test_module("fn only() {}\n"), "fn only() {}\n");
 }
 
 #[test]
