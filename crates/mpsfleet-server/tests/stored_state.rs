@@ -4,11 +4,12 @@
 //! the same fleet's etcd keys with the data dir the server kept beside them. A change to how
 //! records are encoded, keyed or loaded fails here before it reaches a user's data.
 
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
 use mpsfleet_core::clock::SystemClock;
 use mpsfleet_server::cluster::{Cluster, TaskFilter};
 use mpsfleet_store::{EtcdConfig, EtcdStore, Store};
 use mpsfleet_types::TaskStatus;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -91,9 +92,9 @@ fn an_etcd_store_written_by_an_older_build_loads() {
     let dump: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture("etcd/etcd.json")).unwrap()).unwrap();
     let kvs = dump["kvs"].as_array().expect("kvs");
-    let mut written = 0;
+    let mut puts = Vec::new();
     for kv in kvs {
-        let key = String::from_utf8(b64_decode(kv["key"].as_str().unwrap())).unwrap();
+        let key = String::from_utf8(B64.decode(kv["key"].as_str().unwrap()).unwrap()).unwrap();
         let rest =
             key.strip_prefix("/fixture/").unwrap_or_else(|| panic!("{key} outside the fixture's prefix"));
         if rest == "leader" {
@@ -101,11 +102,11 @@ fn an_etcd_store_written_by_an_older_build_loads() {
             continue;
         }
         let value = kv["value"].as_str().unwrap_or("");
-        let body =
-            serde_json::json!({"key": b64_encode(format!("{prefix}/{rest}").as_bytes()), "value": value});
-        gateway_post(&endpoints, "/v3/kv/put", &body);
-        written += 1;
+        let body = serde_json::json!({"key": B64.encode(format!("{prefix}/{rest}")), "value": value});
+        puts.push(("/v3/kv/put", body));
     }
+    let written = puts.len();
+    gateway_post(&endpoints, &puts);
     assert!(written > 10, "the dump holds the fleet's keys ({written})");
 
     let dir = root.path().join("data");
@@ -125,67 +126,23 @@ fn an_etcd_store_written_by_an_older_build_loads() {
         *end.last_mut().unwrap() += 1;
         end
     };
-    gateway_post(
-        &endpoints,
-        "/v3/kv/deleterange",
-        &serde_json::json!({"key": b64_encode(format!("{prefix}/").as_bytes()), "range_end": b64_encode(&range_end)}),
-    );
+    let delete = serde_json::json!({
+        "key": B64.encode(format!("{prefix}/")),
+        "range_end": B64.encode(range_end),
+    });
+    gateway_post(&endpoints, &[("/v3/kv/deleterange", delete)]);
 }
 
-/// One JSON request to the first member's gateway (plain HTTP on 127.0.0.1); panics unless
-/// etcd answers 200.
-fn gateway_post(endpoints: &str, path: &str, body: &serde_json::Value) {
-    let first = endpoints.split(',').next().unwrap();
-    let addr = first.strip_prefix("http://").expect("a plain-HTTP test etcd");
-    let body = body.to_string();
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
-}
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn b64_encode(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(B64[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
+/// JSON requests to the first member's gateway (plain HTTP on 127.0.0.1), one after another;
+/// panics unless etcd answers each with 200.
+fn gateway_post(endpoints: &str, requests: &[(&str, serde_json::Value)]) {
+    let first = endpoints.split(',').next().unwrap().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        for (path, body) in requests {
+            let answer = http.post(format!("{first}{path}")).json(body).send().await.unwrap();
+            assert_eq!(answer.status(), 200, "{path}: {}", answer.text().await.unwrap_or_default());
         }
-    }
-    out
-}
-
-fn b64_decode(s: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let (mut n, mut bits) = (0u32, 0);
-    for c in s.bytes().filter(|c| *c != b'=') {
-        let v = B64.iter().position(|b| *b == c).expect("base64") as u32;
-        n = (n << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((n >> bits) as u8);
-        }
-    }
-    out
-}
-
-#[test]
-fn base64_round_trips() {
-    for s in ["", "a", "ab", "abc", "abcd", "/fixture/obj/tasks/t-1"] {
-        assert_eq!(b64_decode(&b64_encode(s.as_bytes())), s.as_bytes());
-    }
-    assert_eq!(b64_encode(b"/fixture/"), "L2ZpeHR1cmUv");
+    });
 }
