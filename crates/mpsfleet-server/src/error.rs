@@ -42,26 +42,6 @@ impl ApiError {
         Error::not_found(kind, id).into()
     }
 
-    pub fn forbidden(why: impl Into<String>) -> Self {
-        Error::Forbidden(why.into()).into()
-    }
-
-    pub fn conflict(why: impl Into<String>) -> Self {
-        Error::Conflict(why.into()).into()
-    }
-
-    pub fn internal(why: impl Into<String>) -> Self {
-        Error::Internal(why.into()).into()
-    }
-
-    pub fn unavailable(why: impl Into<String>) -> Self {
-        Error::Unavailable(why.into()).into()
-    }
-
-    pub fn store_unavailable(why: impl Into<String>) -> Self {
-        Error::StoreUnavailable(why.into()).into()
-    }
-
     /// The domain error this is, if it is one.
     pub fn domain(&self) -> Option<&Error> {
         match self {
