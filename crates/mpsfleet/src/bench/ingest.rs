@@ -77,12 +77,12 @@ async fn run(b: &IngestBench, server: &ServerProcess) -> Result<()> {
             ..Default::default()
         })
         .await?;
-    let rss_start = proc_vm_mib(&pid, "VmRSS:");
+    let rss_start = proc_vm_mib(&pid, "VmRSS");
     println!("server pid {pid} at {} (RSS {rss_start:.1} MiB); registering {} hosts", server.url, b.hosts);
     let t = Instant::now();
     let hosts = register_hosts(server, "bench", b.hosts, b.gpus_per_host, 16).await?;
     let register_s = t.elapsed().as_secs_f64();
-    let rss_registered = proc_vm_mib(&pid, "VmRSS:");
+    let rss_registered = proc_vm_mib(&pid, "VmRSS");
     println!(
         "registered {} hosts in {register_s:.1}s ({:.0}/s); server RSS {rss_registered:.1} MiB",
         b.hosts,
@@ -133,7 +133,7 @@ async fn run(b: &IngestBench, server: &ServerProcess) -> Result<()> {
     let (cpu1, self1) = (proc_cpu_seconds(&pid), proc_cpu_seconds("self"));
     counters.measuring.store(false, Ordering::Relaxed);
     counters.stop.store(true, Ordering::Relaxed);
-    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS:"), proc_vm_mib(&pid, "VmHWM:"));
+    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS"), proc_vm_mib(&pid, "VmHWM"));
     let mut latencies = Vec::new();
     while let Some(done) = workers.join_next().await {
         latencies.extend(done??);

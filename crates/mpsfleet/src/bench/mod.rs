@@ -340,9 +340,8 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A `Vm…:` line of `/proc/<pid>/status`, in MiB (VmRSS: now, VmHWM: the high-water mark).
+/// A `Vm…` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB (VmRSS: now, VmHWM: the high-water mark).
 fn proc_vm_mib(pid: &str, field: &str) -> f64 {
-    let field = field.trim_end_matches(':');
     pid.parse()
         .ok()
         .and_then(|pid| mpsfleet_proc::vm_kib(Some(pid), field))

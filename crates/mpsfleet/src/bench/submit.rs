@@ -147,7 +147,7 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
         "sharingStrategy": {"nvidiaMps": {"memory": b.memory_mib}}}]}]});
     admin.register_taskdef(td.to_string().into_bytes()).await?;
 
-    let rss_before = proc_vm_mib(&pid, "VmRSS:");
+    let rss_before = proc_vm_mib(&pid, "VmRSS");
     let left = Arc::new(AtomicU64::new(b.tasks));
     let done = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
@@ -204,7 +204,7 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
     }
     let secs = start.elapsed().as_secs_f64();
     latencies.sort_unstable();
-    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS:"), proc_vm_mib(&pid, "VmHWM:"));
+    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS"), proc_vm_mib(&pid, "VmHWM"));
     let ms = |us: u32| (us as f64 / 100.0).round() / 10.0;
     let report = serde_json::json!({
         "bench": "submit",
