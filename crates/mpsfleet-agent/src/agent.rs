@@ -756,6 +756,7 @@ async fn heartbeat_loop(
     // The last policy refused, so that it is logged once, not on every heartbeat.
     let mut refused: Option<MpsPolicy> = None;
     let mut ca_file_warned = false;
+    let mut sent_checks = crate::reported_checks::ReportedChecks::default();
     loop {
         tick.tick().await;
         let now_ms = SystemClock.now_ms();
@@ -766,15 +767,27 @@ async fn heartbeat_loop(
                 .await
                 .unwrap_or_default()
         };
-        let report = HostStatusReport {
+        let mut report = HostStatusReport {
             onboarded: onboarded(&checks),
-            checks,
             logs_url: Some(reported.logs_url.clone()),
             logs_cert_sha256: reported.logs_cert_sha256.clone(),
             trusted_ca_sha256: reported.cas.hashes.clone(),
             gpu_use,
+            ..HostStatusReport::default()
         };
-        match agent.report_host_status(&report).await {
+        sent_checks.fill(&mut report, checks, now_ms);
+        let mut result = agent.report_host_status(&report).await;
+        if let Ok(answer) = &result {
+            if sent_checks.answered(&report, answer) {
+                // The server does not hold the checks this heartbeat left out: send them now.
+                sent_checks.refill(&mut report, now_ms);
+                result = agent.report_host_status(&report).await;
+                if let Ok(answer) = &result {
+                    sent_checks.answered(&report, answer);
+                }
+            }
+        }
+        match result {
             Ok(answer) => {
                 failing_since_logged = false;
                 // `host recheck`: the operator fixed what made local repair give up.

@@ -17,6 +17,7 @@ pub mod logs;
 pub mod metrics;
 pub mod mps;
 pub mod output;
+pub mod reported_checks;
 pub mod runtime;
 pub mod safe_fs;
 pub mod secrets;

@@ -675,5 +675,23 @@ mod tests {
             e.to_string(),
             ApiError::invalid("checks[1].repairAgesMs", "holds at most 16 entries, got 17").to_string()
         );
+        // A heartbeat that leaves its checks out names which ones it means, and carries none.
+        let repeat = |rev, checks| HostStatusReport {
+            checks_unchanged: true,
+            checks_rev: rev,
+            checks,
+            ..Default::default()
+        };
+        assert!(check_report_hashes(&repeat(Some(2), Vec::new())).is_ok());
+        let e = check_report_hashes(&repeat(None, Vec::new())).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            ApiError::invalid("checksUnchanged", "goes with a checksRev: the checks it repeats").to_string()
+        );
+        let e = check_report_hashes(&repeat(Some(2), vec![check(1)])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            ApiError::invalid("checks", "is left out with checksUnchanged, got 1 checks").to_string()
+        );
     }
 }

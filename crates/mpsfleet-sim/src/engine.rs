@@ -667,7 +667,17 @@ impl Sim {
         let Some((id, report)) = self.world.heartbeat(h, self.now) else { return };
         self.stats.heartbeats += 1;
         let cluster = self.cluster.as_mut().expect("the cluster is loaded between steps");
-        match cluster.host_status(id, report) {
+        let mut answered = cluster.host_status(id, report);
+        if answered.as_ref().is_ok_and(|a| self.world.answered(h, a.checks_rev)) {
+            // The server does not hold the checks the heartbeat left out: they go in full.
+            let (id, report) = self.world.heartbeat(h, self.now).expect("registered above");
+            let cluster = self.cluster.as_mut().expect("the cluster is loaded between steps");
+            answered = cluster.host_status(id, report);
+            if let Ok(a) = &answered {
+                self.world.answered(h, a.checks_rev);
+            }
+        }
+        match answered {
             Ok(answer) => {
                 let wanted = pool_mps_policy(&answer.health_policy, &self.world[h].policy);
                 if wanted != self.world[h].policy && wanted.validate().is_ok() {

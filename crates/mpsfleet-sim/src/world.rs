@@ -14,7 +14,7 @@
 //! from the records and names the first difference.
 
 use crate::rng::Rng;
-use mpsfleet_core::lifecycle::mps::{DaemonHealth, MpsPolicy, Phase};
+use mpsfleet_core::lifecycle::mps::{Check, DaemonHealth, MpsPolicy, Phase};
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::{
     GpuUuid, HealthStatus, HostCheck, HostId, ServiceName, StopCode, TaskId, TaskStateReport,
@@ -142,6 +142,15 @@ pub(crate) struct SimHost {
     /// age (a failure's, a restart's), which moves with the clock: a heartbeat a second per
     /// host repeats the last one almost always, and the server takes it by reference.
     report: Option<HostStatusReport>,
+    /// `report` without its checks (`checksUnchanged`), sent while the server holds them.
+    repeat: HostStatusReport,
+    /// The number of `report`'s checks (`checksRev`): one more each time it is built.
+    checks_rev: u64,
+    /// Whether the server answered that it holds `report`'s checks.
+    held: bool,
+    /// Whether a check of `report` carries an age (a failure's, a restart's), which grows
+    /// with the clock: sent in full, it is built again with the ages of that moment.
+    ages: bool,
     /// Its task processes, starting, running or stopping (the running ones are indexed).
     tasks: BTreeMap<TaskId, LocalTask>,
     /// Tasks this host started and finished: never started again.
@@ -186,6 +195,10 @@ impl SimHost {
             gpu_uuids,
             daemons: (0..gpus).map(|_| Daemon::new()).collect(),
             report: None,
+            repeat: HostStatusReport::default(),
+            checks_rev: 0,
+            held: false,
+            ages: false,
             tasks: BTreeMap::new(),
             finished: BTreeSet::new(),
             outbox: Vec::new(),
@@ -226,7 +239,9 @@ impl SimHost {
     /// GPU `g`'s daemon is in state `health` now.
     pub fn set_health(&mut self, g: usize, health: DaemonHealth) {
         let (old, new) = (&self.daemons[g].health.check, &health.check);
-        if (old.status, old.since_ms, &old.reason) != (new.status, new.since_ms, &new.reason) {
+        // Everything of the check that its heartbeat carries.
+        let reported = |c: &Check| (c.status, c.since_ms, c.failing_since_ms);
+        if reported(old) != reported(new) || old.reason != new.reason || old.repairs_ms != new.repairs_ms {
             self.report = None;
         }
         self.daemons[g].health = health;
@@ -400,24 +415,56 @@ impl World {
     /// the daemons' health and the Xids stand; onboarded once no daemon check is INITIALIZING.
     pub fn status_report(&mut self, h: usize, now: u64) -> &HostStatusReport {
         let host = &mut self.hosts[h];
-        if host.report.is_none() || host.reports_ages() {
+        let changed = host.report.is_none();
+        if changed || host.ages {
             let checks = host.build_checks(now);
             let gpus = host.gpu_uuids.len();
             let onboarded =
                 checks[..gpus.min(checks.len())].iter().all(|c| c.status != HealthStatus::Initializing);
-            host.report = Some(HostStatusReport { onboarded, checks, ..HostStatusReport::default() });
+            if changed {
+                // The same checks with older ages keep their number, as the agent's do.
+                host.checks_rev += 1;
+                host.held = false;
+                host.ages = host.reports_ages();
+            }
+            let checks_rev = Some(host.checks_rev);
+            host.repeat = HostStatusReport {
+                onboarded,
+                checks_rev,
+                checks_unchanged: true,
+                ..HostStatusReport::default()
+            };
+            host.report =
+                Some(HostStatusReport { onboarded, checks, checks_rev, ..HostStatusReport::default() });
         }
         let report = host.report.as_ref().expect("built above");
         debug_assert_eq!(report.checks, host.build_checks(now), "the heartbeat of {} is stale", host.label);
+        debug_assert_eq!(host.ages, host.reports_ages(), "the heartbeat of {} is stale", host.label);
         report
     }
 
-    /// [`World::status_report`] of a registered host, with the id it reports under.
+    /// The heartbeat a registered host's agent sends, with the id it reports under:
+    /// [`World::status_report`], without its checks while the server holds them (as the
+    /// agent's `ReportedChecks` sends it).
     pub fn heartbeat(&mut self, h: usize, now: u64) -> Option<(&HostId, &HostStatusReport)> {
-        self.hosts[h].id.as_ref()?;
-        self.status_report(h, now);
         let host = &self.hosts[h];
-        Some((host.id.as_ref()?, host.report.as_ref()?))
+        host.id.as_ref()?;
+        if !host.held || host.report.is_none() {
+            self.status_report(h, now);
+        }
+        let host = &self.hosts[h];
+        let report = if host.held { &host.repeat } else { host.report.as_ref()? };
+        Some((host.id.as_ref()?, report))
+    }
+
+    /// Takes the server's answer to host `h`'s heartbeat: the number of the checks it holds.
+    /// True when the heartbeat left its checks out and the server does not hold them: the
+    /// agent sends them again at once, in full.
+    pub fn answered(&mut self, h: usize, held: Option<u64>) -> bool {
+        let host = &mut self.hosts[h];
+        let repeated = host.held;
+        host.held = held == Some(host.checks_rev);
+        repeated && !host.held
     }
 
     /// Rebuilds every index from the hosts and their tasks; the first difference, in words.
@@ -613,6 +660,37 @@ mod tests {
         assert_eq!((r.checks[0].status, r.checks[0].reason.as_str()), (HealthStatus::Ok, "answers"));
         w[a].set_health(0, started);
         assert_eq!(w.status_report(a, 100).clone().checks, fresh(&w[a]));
+    }
+
+    /// Heartbeats leave the checks out while the server holds their number; a change (not
+    /// an age that grew) numbers them anew, and a server that asks gets them in full, with the
+    /// ages of that moment.
+    #[test]
+    fn heartbeats_repeat_held_checks_by_number() {
+        let mut w = World::default();
+        let a = w.add(host("gpu-0", Some(0)));
+        assert!(w.heartbeat(a, 100).is_none(), "not registered: no heartbeat");
+        w.registered(a, id("h-a"));
+        let sent = |w: &mut World, now| w.heartbeat(a, now).map(|(_, r)| r.clone()).unwrap();
+        let r = sent(&mut w, 100);
+        assert_eq!((r.checks.len(), r.checks_rev, r.checks_unchanged), (4, Some(1), false));
+        assert!(!w.answered(a, Some(1)));
+        let r = sent(&mut w, 1_100);
+        assert_eq!((r.checks.len(), r.checks_rev, r.checks_unchanged), (0, Some(1), true));
+
+        // An Xid: new checks, a new number; then only its age grows, and the number stays.
+        w[a].xid(1, 1_500);
+        let r = sent(&mut w, 2_100);
+        assert_eq!((r.checks_rev, r.checks_unchanged), (Some(2), false));
+        assert_eq!(r.checks[3].first_failure_age_ms, Some(600));
+        assert!(!w.answered(a, Some(2)));
+        assert!(sent(&mut w, 3_100).checks_unchanged);
+        // A server that does not hold them asks: they go again, aged to now.
+        assert!(w.answered(a, None));
+        let r = sent(&mut w, 3_100);
+        assert_eq!((r.checks_rev, r.checks_unchanged), (Some(2), false));
+        assert_eq!(r.checks[3].first_failure_age_ms, Some(1_600));
+        assert!(!w.answered(a, Some(2)));
     }
 
     /// The audit notices an index that no longer matches the records.

@@ -71,6 +71,18 @@ pub struct HostStatusReport {
     pub onboarded: bool,
     #[serde(default)]
     pub checks: Vec<crate::host::HostCheck>,
+    /// The agent's number for its current checks, which grows whenever they change. A server
+    /// that holds them under this number says so in its answer (`checksRev`), and the agent's
+    /// next heartbeats may leave them out until they change (`checksUnchanged`), as a
+    /// kubelet's lease renews a node without sending its status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks_rev: Option<u64>,
+    /// `checks` is left out: the agent's checks are still those of `checksRev`, which the
+    /// server acknowledged holding. A server that does not hold them (it restarted, or a new
+    /// leader answers) takes nothing from the heartbeat and answers without `checksRev`; the
+    /// agent then sends them in full.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checks_unchanged: bool,
     /// Where the agent serves task logs (`https://ADDR`; `http://ADDR` for a plain-HTTP
     /// server), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +117,10 @@ pub struct HostStatusAnswer {
     /// when it goes up, the agent gives every daemon it gave up on a fresh restart budget.
     #[serde(default)]
     pub rechecks: u64,
+    /// The `checksRev` of the host's checks the server holds, if it holds any reported with a
+    /// number: while it equals the agent's, the agent may send heartbeats without its checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks_rev: Option<u64>,
 }
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet

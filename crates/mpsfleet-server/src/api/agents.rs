@@ -191,6 +191,15 @@ pub(super) fn check_report_hashes(report: &HostStatusReport) -> Result<(), ApiEr
             ),
         ));
     }
+    if report.checks_unchanged && report.checks_rev.is_none() {
+        return Err(ApiError::invalid("checksUnchanged", "goes with a checksRev: the checks it repeats"));
+    }
+    if report.checks_unchanged && !report.checks.is_empty() {
+        return Err(ApiError::invalid(
+            "checks",
+            format!("is left out with checksUnchanged, got {} checks", report.checks.len()),
+        ));
+    }
     if report.trusted_ca_sha256.len() > MAX_TRUSTED_CAS {
         return Err(ApiError::invalid(
             "trustedCaSha256",

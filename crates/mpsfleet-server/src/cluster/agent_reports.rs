@@ -24,9 +24,9 @@ impl Cluster {
         let now = self.now();
         let revision = self.revision;
         let entry = &mut self.hosts[ix as usize];
-        let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, &report.checks);
+        let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, entry.reported_checks(report));
         entry.last_heartbeat_ms = Some(now);
-        entry.set_checks(&report.checks);
+        entry.take_checks(report, now);
         let onboarded = report.onboarded;
         entry.keep_reported(report);
         entry.evaluated = false;
@@ -68,29 +68,57 @@ impl Cluster {
     ) -> Result<Option<HostStatusAnswer>, Error> {
         let ix = self.host_ix_of(host)?;
         let e = &self.hosts[ix as usize];
-        // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
-        // bad host, its replacement); the 250 ms health tick plans every incident anyway.
+        if !e.holds_checks_of(report) {
+            // It repeats checks this server does not hold (it restarted, or is a new leader):
+            // nothing is taken from it, and the answer, without `checksRev`, asks for them.
+            return Ok(Some(HostStatusAnswer { checks_rev: None, ..self.status_answer(ix) }));
+        }
         if (report.onboarded && e.host.status == HostStatus::Onboarding)
-            || !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty()
-            || self.incidents.engages(host)
+            || (!report.checks_unchanged
+                && !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty())
         {
             return Ok(None);
         }
         let now = self.now();
-        let same_checks = || checks_key::matches(&report.checks, &e.checks_key);
+        if report.checks_unchanged && self.evaluation_holds(ix, now) {
+            // The checks it was evaluated from, its agent heard from in time, and no time has
+            // come at which they could evaluate otherwise (`health_due_ms`): evaluating them
+            // with this heartbeat gives the health the host has, but for the time of the
+            // agent's last heartbeat. Remediation, which watches this host if an incident is
+            // about it, has nothing new to see.
+            let entry = &mut self.hosts[ix as usize];
+            entry.last_heartbeat_ms = Some(now);
+            entry.keep_reported(report);
+            // `AGENT` is the first check of an evaluation.
+            if let Some(c) = entry.health.checks.first_mut() {
+                c.reported_since_ms = now;
+            }
+            return Ok(Some(self.status_answer(ix)));
+        }
+        // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
+        // bad host, its replacement); the 250 ms health tick plans every incident anyway.
+        if self.incidents.engages(host) {
+            return Ok(None);
+        }
+        let same_checks = || report.checks_unchanged || checks_key::matches(&report.checks, &e.checks_key);
         if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
             // The same checks, all OK: evaluating them with this heartbeat gives the health the
             // host has, but for the time of the agent's last heartbeat.
             let entry = &mut self.hosts[ix as usize];
             entry.last_heartbeat_ms = Some(now);
+            entry.take_checks(report, now);
             entry.keep_reported(report);
-            let agent = mpsfleet_core::health::AGENT;
-            if let Some(c) = entry.health.checks.iter_mut().find(|c| c.gpu_id.is_none() && c.name == agent) {
+            // `AGENT` is the first check of an evaluation.
+            if let Some(c) = entry.health.checks.first_mut() {
                 c.reported_since_ms = now;
             }
             return Ok(Some(self.status_answer(ix)));
         }
-        let health = self.assess_host(ix, &report.checks, Some(now), now);
+        let (checks, reported_at) = match report.checks_unchanged {
+            true => (e.checks.as_slice(), e.checks_at_ms),
+            false => (report.checks.as_slice(), Some(now)),
+        };
+        let health = self.assess_host(ix, checks, Some(now), reported_at, now);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
             if h.status != e.host.health_status || declared_bad {
@@ -99,12 +127,13 @@ impl Cluster {
         }
         let entry = &mut self.hosts[ix as usize];
         entry.last_heartbeat_ms = Some(now);
-        entry.set_checks(&report.checks);
+        entry.take_checks(report, now);
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             entry.health = h;
         }
+        self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
         Ok(Some(self.status_answer(ix)))
     }
 
@@ -112,8 +141,13 @@ impl Cluster {
     pub(super) fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
         let pool = &self.hosts[ix as usize].host.pool;
         let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
-        let rechecks = self.hosts[ix as usize].host.rechecks;
-        HostStatusAnswer { health_policy, cluster_ca_sha256: self.cluster_cas.clone(), rechecks }
+        let entry = &self.hosts[ix as usize];
+        HostStatusAnswer {
+            health_policy,
+            cluster_ca_sha256: self.cluster_cas.clone(),
+            rechecks: entry.host.rechecks,
+            checks_rev: entry.checks_rev,
+        }
     }
 
     /// The tasks an agent should run (or stop), and the host's change epoch.

@@ -160,6 +160,10 @@ impl Cluster {
         let old = self.incidents.get(&incident.id).map(|v| &v.value);
         self.live.incident(old, &incident);
         self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now());
+        // Whether the host's verdict opens an incident depends on its incidents.
+        if let Some(ix) = self.sched.host(&incident.host_id) {
+            self.health_due_ms[ix as usize] = 0;
+        }
         self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
     }
 
@@ -167,7 +171,12 @@ impl Cluster {
     /// incident; returns the provider calls to make.
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
         self.run_work();
+        let now = self.now();
         for ix in 0..self.hosts.len() as HostIx {
+            // Only a host whose evaluation can have changed since the last one.
+            if self.health_due_ms[ix as usize] > now {
+                continue;
+            }
             // One host's failure (a failed commit) is logged and left for the next tick; the
             // others are evaluated all the same.
             if let Err(e) = self.evaluate_host(ix) {
@@ -310,13 +319,15 @@ impl Cluster {
         jobs
     }
 
-    /// What the health of an ACTIVE or DRAINING host comes to with these checks and last
-    /// heartbeat; `None` for a host that is not evaluated (other statuses, or no pool).
+    /// What the health of an ACTIVE or DRAINING host comes to with these checks (reported at
+    /// `reported_at_ms`) and last heartbeat; `None` for a host that is not evaluated (other
+    /// statuses, or no pool).
     pub(super) fn assess_host(
         &self,
         ix: HostIx,
         checks: &[HostCheck],
         last_heartbeat_ms: Option<u64>,
+        reported_at_ms: Option<u64>,
         now: u64,
     ) -> Option<mpsfleet_core::health::HostHealth> {
         let e = &self.hosts[ix as usize];
@@ -325,9 +336,23 @@ impl Cluster {
         }
         let policy = &self.pools.get(&e.host.pool)?.value.health_policy;
         let registered_at_ms = e.host.registered_at_ms.max(self.loaded_at_ms);
-        let input =
-            HealthInput { checks, last_heartbeat_ms, registered_at_ms, reported_at_ms: last_heartbeat_ms };
+        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms, reported_at_ms };
         Some(evaluate(&e.health, &input, policy, now))
+    }
+
+    /// Whether a heartbeat that repeats the checks host `ix` was last evaluated from leaves
+    /// its health as it is: the evaluation is current (its record's health is the evaluated
+    /// one, in a status that is evaluated), its agent was heard from in time (so one more
+    /// heartbeat changes nothing), and no time at which it could change has come.
+    pub(super) fn evaluation_holds(&self, ix: HostIx, now: u64) -> bool {
+        let e = &self.hosts[ix as usize];
+        e.evaluated
+            && now < self.health_due_ms[ix as usize]
+            && e.host.health_status == e.health.status
+            && matches!(e.host.status, HostStatus::Active | HostStatus::Draining)
+            && e.health.checks.first().is_some_and(|c| {
+                c.gpu_id.is_none() && c.name == mpsfleet_core::health::AGENT && c.status == HealthStatus::Ok
+            })
     }
 
     /// Whether evaluating the host again, with the report and heartbeat it was last evaluated
@@ -350,9 +375,14 @@ impl Cluster {
         let now = self.now();
         let e = &self.hosts[ix as usize];
         if e.evaluated && self.stays_healthy(ix, now) {
+            self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
             return Ok(());
         }
-        let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, now) else { return Ok(()) };
+        let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, e.checks_at_ms, now) else {
+            // Not evaluated in its status: a change of its record or pool makes it due again.
+            self.health_due_ms[ix as usize] = u64::MAX;
+            return Ok(());
+        };
         self.hosts[ix as usize].evaluated = true;
         let e = &self.hosts[ix as usize];
         // A server that has just loaded the state (a restart, a new leader) has heard nothing
@@ -384,7 +414,24 @@ impl Cluster {
                 self.write_incident(incident)?;
             }
         }
+        self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
         Ok(())
+    }
+
+    /// When evaluating host `ix` again, with what it was last evaluated from, can next give
+    /// another health (its heartbeat grace running out, an IMPAIRED check reaching the
+    /// toleration); `u64::MAX` when only a report or a change of its record can.
+    pub(super) fn next_evaluation_ms(&self, ix: HostIx) -> u64 {
+        let e = &self.hosts[ix as usize];
+        let Some(pool) = self.pools.get(&e.host.pool) else { return u64::MAX };
+        let input = HealthInput {
+            checks: &e.checks,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+            registered_at_ms: e.host.registered_at_ms.max(self.loaded_at_ms),
+            reported_at_ms: e.checks_at_ms,
+        };
+        mpsfleet_core::health::next_change_at_ms(&e.health, &input, &pool.value.health_policy)
+            .unwrap_or(u64::MAX)
     }
 
     /// Plans and executes every unresolved incident until nothing more can happen now.

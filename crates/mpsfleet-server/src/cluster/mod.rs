@@ -24,6 +24,8 @@ mod placement;
 mod pools;
 use pools::pool_config;
 #[cfg(test)]
+mod heartbeat_tests;
+#[cfg(test)]
 mod recovery_tests;
 mod register;
 mod retention;
@@ -125,8 +127,13 @@ struct HostEntry {
     /// the port the agent reports: it is never a host the agent names.
     checks: Vec<HostCheck>,
     /// `checks` as one run of bytes (`checks_key.rs`): how a heartbeat that repeats them is
-    /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::set_checks`].
+    /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::take_checks`].
     checks_key: Vec<u8>,
+    /// The agent's number for `checks` (`checksRev`), when it gave one: a heartbeat that
+    /// repeats this number with `checksUnchanged` means these checks.
+    checks_rev: Option<u64>,
+    /// When the heartbeat that carried `checks` arrived: the ages they carry count back from it.
+    checks_at_ms: Option<u64>,
     logs_url: Option<String>,
     /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
     logs_cert: Option<String>,
@@ -144,11 +151,31 @@ struct HostEntry {
 }
 
 impl HostEntry {
-    /// Takes a heartbeat's checks, copying them only when they changed.
-    fn set_checks(&mut self, checks: &[HostCheck]) {
-        if !checks_key::matches(checks, &self.checks_key) {
-            checks_key::encode(checks, &mut self.checks_key);
-            self.checks = checks.to_vec();
+    /// Takes a heartbeat's checks, copying them only when they changed; a heartbeat that
+    /// repeats them by number (`checksUnchanged`) leaves them as they are.
+    fn take_checks(&mut self, report: &HostStatusReport, now: u64) {
+        if report.checks_unchanged {
+            return;
+        }
+        if !checks_key::matches(&report.checks, &self.checks_key) {
+            checks_key::encode(&report.checks, &mut self.checks_key);
+            self.checks = report.checks.clone();
+        }
+        self.checks_rev = report.checks_rev;
+        self.checks_at_ms = Some(now);
+    }
+
+    /// Whether a heartbeat that leaves its checks out means checks this entry holds.
+    fn holds_checks_of(&self, report: &HostStatusReport) -> bool {
+        !report.checks_unchanged || (report.checks_rev.is_some() && report.checks_rev == self.checks_rev)
+    }
+
+    /// The checks a heartbeat reports: its own, or the ones it repeats by number.
+    fn reported_checks<'a>(&'a self, report: &'a HostStatusReport) -> &'a [HostCheck] {
+        if report.checks_unchanged {
+            &self.checks
+        } else {
+            &report.checks
         }
     }
 
@@ -204,6 +231,11 @@ pub struct Cluster {
     sched: Scheduler,
     pools: BTreeMap<PoolName, Versioned<Pool>>,
     hosts: Vec<HostEntry>,
+    /// When the health tick must evaluate each host again (by [`HostIx`], beside `hosts` so
+    /// that the tick reads a few bytes per host, not its record): the time its evaluation can
+    /// next change without a report (`health::next_change_at_ms`), or 0 when something it
+    /// depends on changed (its record, its pool, an incident about it).
+    health_due_ms: Vec<u64>,
     /// Shared, so that listing definitions copies pointers under the lock, not documents.
     taskdefs: BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>>,
     /// Task records with their pending queues and per-host and per-service sets.
@@ -314,6 +346,7 @@ impl Cluster {
             sched: Scheduler::new(),
             pools: BTreeMap::new(),
             hosts: Vec::new(),
+            health_due_ms: Vec::new(),
             taskdefs: BTreeMap::new(),
             tasks: tasks::TaskTable::default(),
             services: BTreeMap::new(),
@@ -807,6 +840,8 @@ impl Cluster {
             last_heartbeat_ms: None,
             checks: Vec::new(),
             checks_key: checks_key::of(&[]),
+            checks_rev: None,
+            checks_at_ms: None,
             logs_url: None,
             logs_cert: None,
             trusted_cas: Vec::new(),
@@ -815,6 +850,7 @@ impl Cluster {
             evaluated: false,
             epoch: self.revision,
         });
+        self.health_due_ms.push(0);
         Ok(ix)
     }
 
@@ -890,6 +926,7 @@ impl Cluster {
         let entry = &mut self.hosts[ix as usize];
         entry.host = host;
         entry.version = rev;
+        self.health_due_ms[ix as usize] = 0;
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {
@@ -1330,6 +1367,8 @@ mod tests {
                 first_failure_age_ms: None,
                 repair_ages_ms: Vec::new(),
             }],
+            checks_rev: None,
+            checks_unchanged: false,
             logs_url: None,
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),

@@ -28,6 +28,7 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
+        self.health_due_ms.fill(0);
         Ok(pool)
     }
 
@@ -74,6 +75,8 @@ impl Cluster {
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
+            // Its health policy may have changed: every host is evaluated at the next tick.
+            self.health_due_ms.fill(0);
             self.ask(Work::Placement(pool.name.clone()));
         }
         Ok(pool)

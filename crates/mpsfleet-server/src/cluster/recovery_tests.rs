@@ -72,6 +72,8 @@ impl World {
                 first_failure_age_ms: None,
                 repair_ages_ms: Vec::new(),
             }],
+            checks_rev: None,
+            checks_unchanged: false,
             logs_url: None,
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),

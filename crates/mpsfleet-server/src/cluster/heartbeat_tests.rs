@@ -1,0 +1,123 @@
+//! Heartbeats that leave their checks out (`checksUnchanged`) against the ones that carry
+//! them: the server must come to the same health, the same incidents at the same times, and
+//! ask for the checks when it does not hold them.
+
+use super::recovery_tests::World;
+use super::*;
+use std::time::Duration;
+
+/// One MPS check per GPU of `w`'s host: OK, or IMPAIRED since `failed_at` (agent time, which
+/// here is the server's) with its age counted at `now`.
+fn checks(gpu: &GpuUuid, failed_at: Option<u64>, now: u64) -> Vec<HostCheck> {
+    let status = if failed_at.is_some() { HealthStatus::Impaired } else { HealthStatus::Ok };
+    vec![HostCheck {
+        name: "MPS_DAEMON".into(),
+        gpu_id: Some(gpu.clone()),
+        status,
+        reason: format!("daemon {}", status.as_str()),
+        since_ms: failed_at.unwrap_or(5),
+        restarts: 0,
+        first_failure_age_ms: failed_at.map(|t| now - t),
+        repair_ages_ms: Vec::new(),
+    }]
+}
+
+fn full(checks: Vec<HostCheck>, rev: u64) -> HostStatusReport {
+    HostStatusReport { onboarded: true, checks, checks_rev: Some(rev), ..HostStatusReport::default() }
+}
+
+fn repeat(rev: u64) -> HostStatusReport {
+    HostStatusReport {
+        onboarded: true,
+        checks_rev: Some(rev),
+        checks_unchanged: true,
+        ..HostStatusReport::default()
+    }
+}
+
+/// An incident as these tests compare it: state, opened, first failure.
+type Seen = (IncidentState, u64, Option<u64>);
+
+/// What a user sees of the host and its incidents.
+fn seen(w: &World, host: &HostId) -> (HealthStatus, Vec<Seen>, String) {
+    let view = w.c.host(host.as_str()).unwrap();
+    let incidents =
+        w.c.incidents()
+            .into_iter()
+            .map(|i| (i.state.clone(), i.opened_at_ms, i.timing().first_failure_at_ms))
+            .collect();
+    let checks = format!("{:?}", w.c.hosts[0].health);
+    (view.health_status, incidents, checks)
+}
+
+#[test]
+fn a_heartbeat_without_its_checks_gives_what_the_full_one_gives() {
+    let mut lean = World::new(OwnershipMode::SelfManaged);
+    let mut wide = World::new(OwnershipMode::SelfManaged);
+    let reg = lean.registration("h");
+    let gpu = reg.gpus[0].uuid.clone();
+    let a = lean.c.register_host(reg.clone()).unwrap().host_id;
+    let b = wide.c.register_host(reg).unwrap().host_id;
+    let start = lean.clock.now_ms();
+    // The daemon fails 3 s after the start, for good; heartbeats every second, the health
+    // tick every 250 ms, for two minutes (past the toleration: an incident opens).
+    let failed_at = start + 3_000;
+    let mut rev = 0;
+    let mut held = None;
+    let mut last: Option<Vec<HostCheck>> = None;
+    for step in 0..480u64 {
+        for w in [&mut lean, &mut wide] {
+            w.clock.advance(Duration::from_millis(250));
+        }
+        let now = lean.clock.now_ms();
+        if step % 4 == 0 {
+            let now_checks = checks(&gpu, (now >= failed_at).then_some(failed_at), now);
+            wide.c.host_status(&b, &full(now_checks.clone(), 1)).unwrap();
+            // The same failure with older ages keeps its number.
+            let same = last.as_ref().is_some_and(|l| l[0].status == now_checks[0].status);
+            if !same {
+                rev += 1;
+                last = Some(now_checks.clone());
+            }
+            let report = if held == Some(rev) { repeat(rev) } else { full(now_checks, rev) };
+            held = lean.c.host_status(&a, &report).unwrap().checks_rev;
+            assert_eq!(held, Some(rev), "step {step}: the server holds what it was sent");
+        }
+        for w in [&mut lean, &mut wide] {
+            w.c.health_tick().unwrap();
+        }
+        assert_eq!(seen(&lean, &a), seen(&wide, &b), "step {step}");
+    }
+    let (status, incidents, _) = seen(&lean, &a);
+    assert_eq!(status, HealthStatus::Impaired);
+    assert_eq!(incidents.len(), 1, "{incidents:?}");
+    assert_eq!(incidents[0].2, Some(failed_at), "timed from the first failure the agent reported");
+}
+
+#[test]
+fn a_server_that_does_not_hold_the_checks_asks_for_them_and_takes_nothing() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let reg = w.registration("h");
+    let gpu = reg.gpus[0].uuid.clone();
+    let host = w.c.register_host(reg).unwrap().host_id;
+    let now = w.clock.now_ms();
+    let answer = w.c.host_status(&host, &full(checks(&gpu, None, now), 3)).unwrap();
+    assert_eq!(answer.checks_rev, Some(3));
+    w.clock.advance(Duration::from_secs(1));
+    let answer = w.c.host_status(&host, &repeat(3)).unwrap();
+    assert_eq!(answer.checks_rev, Some(3));
+    assert_eq!(w.c.hosts[0].last_heartbeat_ms, Some(w.clock.now_ms()), "a held repeat is a heartbeat");
+    // Another number (the agent restarted and counts again, or the answer was lost): the
+    // server asks, and the heartbeat counts for nothing.
+    w.clock.advance(Duration::from_secs(1));
+    let before = w.c.hosts[0].last_heartbeat_ms;
+    let answer = w.c.host_status(&host, &repeat(4)).unwrap();
+    assert_eq!(answer.checks_rev, None);
+    assert_eq!(w.c.hosts[0].last_heartbeat_ms, before);
+    // A server loaded again from the store holds no checks at all.
+    let store = w.c.store.clone();
+    let mut again = Cluster::load(store, w.clock.clone(), |_| Ok(())).unwrap();
+    assert_eq!(again.host_status(&host, &repeat(3)).unwrap().checks_rev, None);
+    assert_eq!(again.host_status(&host, &full(checks(&gpu, None, now), 3)).unwrap().checks_rev, Some(3));
+    assert_eq!(again.host_status(&host, &repeat(3)).unwrap().checks_rev, Some(3));
+}
