@@ -131,6 +131,9 @@ impl Cluster {
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
+            if h.verdict != entry.health.verdict {
+                self.breaker_counts.clear();
+            }
             entry.health = h;
         }
         self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);

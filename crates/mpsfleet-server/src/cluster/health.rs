@@ -71,7 +71,7 @@ impl std::fmt::Debug for RegistrationToken {
 }
 
 /// A pool's hosts as the storm breaker counts them (see `Cluster::pool_counts`).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct PoolCounts {
     pub total: u32,
     pub unhealthy: u32,
@@ -164,6 +164,7 @@ impl Cluster {
         if let Some(ix) = self.sched.host(&incident.host_id) {
             self.health_due_ms[ix as usize] = 0;
         }
+        self.breaker_counts.clear();
         self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
     }
 
@@ -394,6 +395,9 @@ impl Cluster {
             && health.status == HealthStatus::InsufficientData;
         let changed = health.status != e.host.health_status && !not_heard_since_load;
         let verdict = health.verdict.clone();
+        if verdict != e.health.verdict {
+            self.breaker_counts.clear();
+        }
         self.hosts[ix as usize].health = health;
         if changed {
             let mut h = self.hosts[ix as usize].host.clone();
@@ -442,17 +446,13 @@ impl Cluster {
         let mut open: Vec<(u64, String)> =
             self.incidents.unresolved().map(|i| (i.opened_at_ms, i.id.clone())).collect();
         open.sort();
-        // Each pool's storm-breaker counts, worked out once per pool and again only after an
-        // incident of that pool acted: incidents that wait (most of them, most of the time) do
-        // not each walk every host of the pool on every tick.
-        let mut counts: BTreeMap<PoolName, PoolCounts> = BTreeMap::new();
         let now = self.now();
         for (_, id) in open {
             // An incident whose last pass failed waits out its backoff; the others go on.
             if self.incident_retry.get(&id).is_some_and(|r| now < r.next_at_ms) {
                 continue;
             }
-            match self.remediate_one(&id, &mut counts, &mut jobs) {
+            match self.remediate_one(&id, &mut jobs) {
                 Ok(()) => {
                     self.incident_retry.remove(&id);
                 }
@@ -460,7 +460,7 @@ impl Cluster {
                     // Jobs already decided stay in `jobs` (their progress markers are set) and
                     // run; the incident is planned again after the backoff.
                     if let Some(i) = self.incidents.get(&id) {
-                        counts.remove(&i.value.pool);
+                        self.breaker_counts.remove(&i.value.pool);
                     }
                     let r = self.incident_retry.entry(id.clone()).or_default();
                     r.failures += 1;
@@ -474,17 +474,12 @@ impl Cluster {
     }
 
     /// Plans and executes one incident until nothing more can happen now.
-    fn remediate_one(
-        &mut self,
-        id: &str,
-        counts: &mut BTreeMap<PoolName, PoolCounts>,
-        jobs: &mut Vec<ProviderJob>,
-    ) -> Result<(), Error> {
+    fn remediate_one(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), Error> {
         self.resume_launch(id, jobs)?;
         // A few rounds: executing one action can make the next possible at once.
         for _ in 0..8 {
             let mark = jobs.len();
-            match self.remediate_round(id, counts, jobs) {
+            match self.remediate_round(id, jobs) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
@@ -508,22 +503,23 @@ impl Cluster {
 
     /// Plans the incident once and executes and records the plan; false when there was
     /// nothing to do.
-    fn remediate_round(
-        &mut self,
-        id: &str,
-        counts: &mut BTreeMap<PoolName, PoolCounts>,
-        jobs: &mut Vec<ProviderJob>,
-    ) -> Result<bool, Error> {
+    fn remediate_round(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<bool, Error> {
         let now = self.now();
         // Planned from the stored record; copied only when there is something to do (most
         // passes plan nothing for most incidents).
         let (plan, mut incident) = {
             let Some(incident) = self.incidents.get(id).map(|v| &v.value) else { return Ok(false) };
-            let c = match counts.get(&incident.pool) {
-                Some(c) => *c,
+            // The pool's storm-breaker counts, kept between passes and worked out again only
+            // after something they count changed (`Cluster::breaker_counts`): incidents that
+            // wait (most of them, most of the time) do not walk every host on every tick.
+            let c = match self.breaker_counts.get(&incident.pool) {
+                Some(c) => {
+                    debug_assert_eq!(*c, self.pool_counts(&incident.pool), "stale breaker counts");
+                    *c
+                }
                 None => {
                     let c = self.pool_counts(&incident.pool);
-                    counts.insert(incident.pool.clone(), c);
+                    self.breaker_counts.insert(incident.pool.clone(), c);
                     c
                 }
             };
@@ -535,7 +531,7 @@ impl Cluster {
             }
             (plan, incident.clone())
         };
-        counts.remove(&incident.pool);
+        self.breaker_counts.remove(&incident.pool);
         self.note_affected(&mut incident);
         for planned in &plan.actions {
             let moved = self.execute(&mut incident, &planned.action, jobs)?;
@@ -688,6 +684,7 @@ impl Cluster {
             // such ("already used") rather than as an unknown token.
             tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
         }
+        self.breaker_counts.clear();
         self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
     }
 

@@ -236,6 +236,9 @@ pub struct Cluster {
     /// next change without a report (`health::next_change_at_ms`), or 0 when something it
     /// depends on changed (its record, its pool, an incident about it).
     health_due_ms: Vec<u64>,
+    /// Each pool's storm-breaker counts (`health::PoolCounts`), kept between health ticks and
+    /// dropped whenever what they count changes: a host's record or verdict, or an incident.
+    breaker_counts: BTreeMap<PoolName, health::PoolCounts>,
     /// Shared, so that listing definitions copies pointers under the lock, not documents.
     taskdefs: BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>>,
     /// Task records with their pending queues and per-host and per-service sets.
@@ -347,6 +350,7 @@ impl Cluster {
             pools: BTreeMap::new(),
             hosts: Vec::new(),
             health_due_ms: Vec::new(),
+            breaker_counts: BTreeMap::new(),
             taskdefs: BTreeMap::new(),
             tasks: tasks::TaskTable::default(),
             services: BTreeMap::new(),
@@ -851,6 +855,7 @@ impl Cluster {
             epoch: self.revision,
         });
         self.health_due_ms.push(0);
+        self.breaker_counts.clear();
         Ok(ix)
     }
 
@@ -927,6 +932,7 @@ impl Cluster {
         entry.host = host;
         entry.version = rev;
         self.health_due_ms[ix as usize] = 0;
+        self.breaker_counts.clear();
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {

@@ -180,6 +180,7 @@ impl Cluster {
             }
             for id in chunk {
                 if let Some(v) = self.incidents.remove(id) {
+                    self.breaker_counts.clear();
                     if let Some(b) = &v.value.replacement {
                         for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
                             self.creds.replacement_tokens.remove(d);
