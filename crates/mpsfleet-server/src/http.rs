@@ -490,17 +490,47 @@ async fn forwarded_peer(State(key): State<[u8; 32]>, mut req: Request, next: Nex
     next.run(req).await
 }
 
-/// When a connection last moved a byte, and how many of its requests are in flight.
+/// When a connection last moved a byte, how many of its requests are in flight, and since when
+/// it has been reading a request's headers.
 #[derive(Default)]
 struct Activity {
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// One more than the millisecond (since the connection's epoch) of the first byte read
+    /// while no request was in flight, until that request's headers are complete; 0 while no
+    /// request is being read. The header read timeout runs from here: from a request's first
+    /// byte (from the connection's start, then its TLS handshake's end, for its first request),
+    /// not from the end of the previous answer, so that a keep-alive connection waiting for its
+    /// next request is closed by the idle timeout only.
+    head_since: AtomicU64,
+    /// Wakes the connection's loop when a request's first byte arrives.
+    head_started: tokio::sync::Notify,
 }
 
 impl Activity {
-    fn touch(&self, epoch: tokio::time::Instant) {
+    fn touch(&self, epoch: tokio::time::Instant) -> u64 {
         let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.store(ms, Ordering::Relaxed);
+        ms
+    }
+
+    /// Bytes were read: while no request is in flight, they begin one.
+    fn read(&self, epoch: tokio::time::Instant) {
+        let ms = self.touch(epoch);
+        if self.in_flight.load(Ordering::Relaxed) == 0
+            && self
+                .head_since
+                .compare_exchange(0, ms.saturating_add(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.head_started.notify_one();
+        }
+    }
+
+    /// A request's headers are complete: it is in flight.
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_since.store(0, Ordering::Relaxed);
     }
 }
 
@@ -520,7 +550,7 @@ impl AsyncRead for Tracked {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.activity.touch(self.epoch);
+            self.activity.read(self.epoch);
         }
         r
     }
@@ -638,13 +668,20 @@ async fn connection(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let epoch = tokio::time::Instant::now();
-    let activity = Arc::new(Activity::default());
+    // A new connection's first request (its TLS handshake first) is due from the start.
+    let activity = Arc::new(Activity { head_since: AtomicU64::new(1), ..Activity::default() });
     let tracked = Tracked { io, activity: activity.clone(), epoch };
     let Some(acceptor) = tls else {
         return http_connection(tracked, peer, app, activity, epoch, limits, stop, permit).await;
     };
     match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tracked)).await {
-        Ok(Ok(stream)) => http_connection(stream, peer, app, activity, epoch, limits, stop, permit).await,
+        Ok(Ok(stream)) => {
+            // The first request's headers are due a header timeout after the handshake (whose
+            // last read may have carried the start of them already).
+            let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+            activity.head_since.store(ms.saturating_add(1), Ordering::Relaxed);
+            http_connection(stream, peer, app, activity, epoch, limits, stop, permit).await
+        }
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
@@ -668,7 +705,7 @@ async fn http_connection<I>(
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         use tower::ServiceExt as _;
         // Counted until its response body is sent (a dropped connection counts no more).
-        counted.in_flight.fetch_add(1, Ordering::Relaxed);
+        counted.request_started();
         let (app, activity) = (app.clone(), counted.clone());
         req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
         async move {
@@ -678,16 +715,24 @@ async fn http_connection<I>(
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // The header read timeout is this loop's (from a request's first byte, `Activity`):
+        // hyper's own runs from the end of the previous answer, which would close a
+        // keep-alive connection after the header timeout instead of the idle timeout.
+        .header_read_timeout(None)
         .keep_alive(true)
         .serve_connection(io, service);
     tokio::pin!(conn);
     let idle_ms = u64::try_from(limits.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+    let header_ms = u64::try_from(limits.header_read_timeout.as_millis()).unwrap_or(u64::MAX);
     let mut closing = false;
     loop {
         let busy = activity.in_flight.load(Ordering::Relaxed) > 0;
         let quiet = quiet_ms(&activity, epoch);
         let check = Duration::from_millis(if busy { idle_ms } else { idle_ms.saturating_sub(quiet).max(1) });
+        // A request whose headers are being read: its deadline.
+        let head_since = activity.head_since.load(Ordering::Relaxed);
+        let head_deadline = (head_since != 0)
+            .then(|| epoch + Duration::from_millis((head_since - 1).saturating_add(header_ms)));
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -698,6 +743,15 @@ async fn http_connection<I>(
             _ = stop.wait_for(|s| *s), if !closing => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();
+            }
+            () = activity.head_started.notified(), if head_deadline.is_none() => {}
+            () = tokio::time::sleep_until(head_deadline.unwrap_or(epoch)), if head_deadline.is_some() => {
+                if activity.head_since.load(Ordering::Relaxed) == head_since
+                    && activity.in_flight.load(Ordering::Relaxed) == 0
+                {
+                    tracing::debug!(%peer, "a request's headers took longer than the header read timeout; closing");
+                    return;
+                }
             }
             () = tokio::time::sleep(check), if !closing => {
                 if quiet_ms(&activity, epoch) >= idle_ms && activity.in_flight.load(Ordering::Relaxed) == 0 {

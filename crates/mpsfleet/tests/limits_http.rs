@@ -313,6 +313,41 @@ async fn an_idle_connection_is_closed_but_a_long_poll_is_not() {
     assert!(started.elapsed() >= Duration::from_millis(2500), "answered after {:?}", started.elapsed());
 }
 
+/// The header read timeout runs from a request's first byte: a keep-alive connection that waits
+/// longer than it for its next request is answered, and closed by the idle timeout only; a
+/// request that starts and stalls in its headers is closed by the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_waits_for_its_next_request_until_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("s"),
+        "127.0.0.1:0",
+        &["--http-header-timeout-ms", "500", "--http-idle-timeout-ms", "3000"],
+    );
+    let healthz = b"GET /v1/healthz HTTP/1.1\r\nHost: test\r\n\r\n";
+    let mut s = connect(&server).await;
+    for _ in 0..3 {
+        s.write_all(healthz).await.unwrap();
+        assert_eq!(read_answer(&mut s).await.status, 200);
+        // Three header timeouts without a byte: not a request that stalls.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    s.write_all(healthz).await.unwrap();
+    assert_eq!(read_answer(&mut s).await.status, 200, "answered after 1.5 s of keep-alive");
+    let took = closed_within(&mut s, Duration::from_secs(6)).await.expect("the idle connection stays open");
+    assert!(took >= Duration::from_millis(2500), "closed after {took:?}, before the idle timeout");
+
+    // The same connection's second request stalls in its headers: closed within the header
+    // timeout of its first byte, long before the idle timeout.
+    let mut s = connect(&server).await;
+    s.write_all(healthz).await.unwrap();
+    assert_eq!(read_answer(&mut s).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    s.write_all(b"GET /v1/healthz HTTP/1.1\r\nHo").await.unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(3)).await.expect("a stalled header stays open");
+    assert!(took < Duration::from_millis(1500), "closed after {took:?}, not by the header timeout");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_connection_cap_a_connection_waits_until_another_closes() {
     let dir = tempfile::tempdir().unwrap();

@@ -274,7 +274,7 @@ impl ServerProcess {
             .arg(&data)
             .args(insecure_http.then_some("--insecure-http"))
             .args(extra)
-            .env("MPSFLEET_LOG", "warn")
+            .env("MPSFLEET_LOG", std::env::var("MPSFLEET_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(dir.join("server.log"))?)
             .spawn()?;
