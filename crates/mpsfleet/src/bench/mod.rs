@@ -416,6 +416,9 @@ impl HttpConn {
     async fn send(&mut self, request: &[u8]) -> Result<(u16, &[u8])> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         self.stream.write_all(request).await?;
+        // A TLS stream may keep the last record in its buffer until flushed: without this, the
+        // request can sit unsent while both ends wait for the other.
+        self.stream.flush().await?;
         self.buf.clear();
         let (head, length) = loop {
             if self.buf.capacity() - self.buf.len() < 4096 {
