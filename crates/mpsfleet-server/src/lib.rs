@@ -255,6 +255,7 @@ pub async fn serve(
     let deliver = webhook.clone().map(|w| tokio::spawn(w.run()));
     let events = events::Events::new(webhook);
     cluster.set_events(events.clone());
+    cluster.start_retention();
     let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;
     let mut state = api::AppState::new(cluster);
     state.tls = options.tls.clone();
@@ -342,7 +343,8 @@ async fn resync_loop(state: api::AppState, mut stopping: tokio::sync::watch::Rec
         let res = tokio::task::spawn_blocking(move || {
             let mut c = st.cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
             let before = c.revision();
-            let r = c.resync().and_then(|()| c.compact_history()).and_then(|()| c.prune());
+            // Retention is a key of the work queue (`Work::Retention`), run by `resync` too.
+            let r = c.resync();
             if c.revision() != before {
                 st.changed.send_replace(c.revision());
             }

@@ -336,6 +336,48 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     assert!(w.c.store.changes_since(rev, 10).is_ok());
 }
 
+/// Retention is a key of the work queue: nothing is removed before the server starts it (the
+/// simulator never does); once started it runs at once, and again every
+/// `RETENTION_INTERVAL_MS`.
+#[test]
+fn retention_runs_on_the_work_queue_once_started() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    let td = br#"{"family": "t", "containerDefinitions": [{"name": "c", "image": "x", "command": ["sleep", "1"]}]}"#;
+    w.c.register_taskdef(td).unwrap();
+    let stop = |w: &mut World| {
+        let run =
+            w.c.run_tasks(RunTask {
+                task_definition: "t".into(),
+                count: 1,
+                pool: "p".into(),
+                client_token: None,
+            })
+            .unwrap();
+        let task = run.tasks[0].id.to_string();
+        w.c.stop_task(&task, None).unwrap();
+        let report: TaskStateReport =
+            serde_json::from_value(serde_json::json!({"lastStatus": "STOPPED"})).unwrap();
+        w.c.report_task(&host, &task, report).unwrap();
+        task
+    };
+    let first = stop(&mut w);
+    w.advance(STOPPED_TASK_RETENTION_MS + 1);
+    w.c.run_work();
+    assert!(w.c.task(&first).is_ok(), "removed before retention was started");
+
+    w.c.start_retention();
+    w.c.run_work();
+    assert!(w.c.task(&first).is_err(), "kept past its retention once retention started");
+    assert!(w.c.work.queue.is_queued(&Work::Retention), "retention asks for its next run");
+
+    let second = stop(&mut w);
+    w.advance(STOPPED_TASK_RETENTION_MS + 1);
+    w.c.run_work();
+    assert!(w.c.task(&second).is_err(), "the next run removes the next stopped task");
+}
+
 /// A replacement token joins its incident's pool only; the refusal spends nothing.
 #[test]
 fn a_replacement_token_joins_its_incidents_pool_only() {

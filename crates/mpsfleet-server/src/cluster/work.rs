@@ -4,8 +4,11 @@
 //! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
 //! key that fails backs off on its own while the others go on.
 //!
-//! Two controllers run on it: services (`Work::Service`, `services.rs`) and placement
-//! (`Work::Placement`, a pool's waiting tasks placed oldest first). Requests for a queued key
+//! Three controllers run on it: services (`Work::Service`, `services.rs`), placement
+//! (`Work::Placement`, a pool's waiting tasks placed oldest first) and retention
+//! (`Work::Retention`, one key: the change feed compacted and old records removed,
+//! `retention.rs`, every [`RETENTION_INTERVAL_MS`] once [`Cluster::start_retention`] asked for
+//! it; the simulator does not, so its reports keep every record). Requests for a queued key
 //! merge, so a burst of reports about one service's tasks (a host's tasks starting, a drain)
 //! reconciles the service once per pass, not once per report, and capacity freed by many
 //! stops places a pool's waiting tasks once. A reconcile that waits for a time (a crash-loop
@@ -25,6 +28,10 @@ use mpsfleet_types::{PoolName, ServiceName};
 /// How often every service is reconciled whether or not anything asked for it.
 pub const SERVICE_RESYNC_MS: u64 = 60_000;
 
+/// How often retention runs once started (and how long it waits after a failure at most,
+/// the queue's backoff aside).
+pub const RETENTION_INTERVAL_MS: u64 = 5_000;
+
 /// The controllers' queue and when the services' next resync is due.
 #[derive(Debug, Default)]
 pub(super) struct Controllers {
@@ -39,6 +46,9 @@ pub(crate) enum Work {
     Service(ServiceName),
     /// A pool's waiting tasks, placed where they now fit (`Cluster::place_pending`).
     Placement(PoolName),
+    /// The change feed compacted and stopped tasks and resolved incidents past their
+    /// retention removed (`retention.rs`).
+    Retention,
 }
 
 impl Cluster {
@@ -46,6 +56,12 @@ impl Cluster {
     pub(super) fn ask(&mut self, work: Work) {
         let now = self.now();
         self.work.queue.enqueue_at(work, now);
+    }
+
+    /// Starts retention: it runs now, then every [`RETENTION_INTERVAL_MS`] (the server does this
+    /// once it serves; the simulator does not).
+    pub fn start_retention(&mut self) {
+        self.ask(Work::Retention);
     }
 
     /// Asks for placement in every pool that has waiting tasks (capacity came back).
@@ -70,6 +86,10 @@ impl Cluster {
             let result = match &key {
                 Work::Service(name) => self.reconcile_service_once(name),
                 Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
+                Work::Retention => self
+                    .compact_history()
+                    .and_then(|()| self.prune())
+                    .map(|()| Action::RequeueAfter(RETENTION_INTERVAL_MS)),
             };
             if let Err(e) = &result {
                 tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");
