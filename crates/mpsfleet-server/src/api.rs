@@ -30,6 +30,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
+tokio::task_local! {
+    /// The audit context of the request being served: set by the HTTP layer (`http.rs`) for a
+    /// change (POST, PUT, PATCH, DELETE) made by a person's or tool's token, read by
+    /// `AppState::call`.
+    pub static AUDIT: Option<crate::cluster::AuditContext>;
+    /// The object a pool-scoped token's request names in its path (its kind and id), read by
+    /// `AppState::call`, which checks it again under the lock the operation runs under.
+    pub static SCOPED_OBJECT: Option<(crate::scope::Kind, String)>;
+}
+
 mod access;
 mod agent_proxy;
 mod agents;
@@ -124,11 +134,11 @@ impl AppState {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
         let digest = auth::digest(token);
         // A change by a person or tool is written to the audit log with its first commit.
-        let audit = crate::http::AUDIT.try_with(Clone::clone).ok().flatten();
+        let audit = AUDIT.try_with(Clone::clone).ok().flatten();
         // The object a pool-scoped token named: checked again here, under the lock the
         // operation runs under, so one deleted and made again in another pool since the
         // request was admitted is not acted on.
-        let object = crate::http::SCOPED_OBJECT.try_with(Clone::clone).ok().flatten();
+        let object = SCOPED_OBJECT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         // What the cluster logs for this call carries its request id.
@@ -144,7 +154,7 @@ impl AppState {
             if !allow(&who) {
                 return Err(ApiError::from(Error::Forbidden(format!(
                     "this endpoint is not open to {}",
-                    describe(&who)
+                    who.describe()
                 ))));
             }
             if let Some((kind, id)) = &object {
@@ -275,20 +285,6 @@ fn scoped_pool(who: &Principal, asked: Option<String>) -> Result<Option<String>,
     }
 }
 
-pub(crate) fn describe(p: &Principal) -> String {
-    match p {
-        Principal::Admin => "the admin token".into(),
-        Principal::Token { id, role, pool: None } => format!("token {id} ({})", role.as_str()),
-        Principal::Token { id, role, pool: Some(pool) } => {
-            format!("token {id} ({} of pool {pool})", role.as_str())
-        }
-        Principal::Joiner => "the join token".into(),
-        Principal::Host(h) => format!("the credential of host {h}"),
-        Principal::Replacement(i) => format!("the replacement token of incident {i}"),
-        Principal::Launch { pool, name } => format!("the launch token of host {name} in pool {pool}"),
-    }
-}
-
 /// The identity recorded on timelines for a command made with this token.
 pub(crate) fn actor(p: &Principal) -> String {
     match p {
@@ -358,8 +354,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::MalformedBody(e.to_string()))
 }
 
-/// The OpenAPI document's operations: every handler the router serves (a test in
-/// `openapi.rs` holds the two to each other).
+/// The OpenAPI document's operations: every handler the router serves (a test below,
+/// `every_route_of_the_router_is_in_the_document`, holds the two to each other).
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(
@@ -438,6 +434,20 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     security(("bearer" = []))
 )]
 pub struct ApiPaths;
+
+/// The document, built once.
+pub fn document() -> &'static utoipa::openapi::OpenApi {
+    static DOC: std::sync::OnceLock<utoipa::openapi::OpenApi> = std::sync::OnceLock::new();
+    DOC.get_or_init(<ApiPaths as utoipa::OpenApi>::openapi)
+}
+
+/// The document as JSON, built once.
+pub fn document_json() -> &'static str {
+    static JSON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    JSON.get_or_init(|| {
+        serde_json::to_string(document()).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    })
+}
 
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -519,7 +529,7 @@ async fn method_not_allowed() -> ApiError {
     security(())
 )]
 async fn openapi_document() -> Response {
-    let json = crate::openapi::document_json();
+    let json = document_json();
     ([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
@@ -628,7 +638,7 @@ mod tests {
     /// again there) is answered as one that does not exist; one of the token's pool is served.
     #[tokio::test]
     async fn a_scoped_object_is_checked_again_under_the_operations_lock() {
-        use crate::http::SCOPED_OBJECT;
+        use super::SCOPED_OBJECT;
         use crate::scope::Kind;
         let store = Arc::new(mpsfleet_store::MemoryStore::new());
         let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
@@ -693,5 +703,74 @@ mod tests {
             e.to_string(),
             ApiError::invalid("checks", "is left out with checksUnchanged, got 1 checks").to_string()
         );
+    }
+}
+
+#[cfg(test)]
+mod document_tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// `(METHOD, path)` of every route `api::router` serves, read from its source (a wildcard
+    /// `{*name}` is the document's `{name}`).
+    fn router_routes() -> BTreeSet<(String, String)> {
+        let source = include_str!("api.rs");
+        let router = &source[source.find("pub fn router").expect("the router")..];
+        let router = &router[..router.find(".fallback(").expect("its end")];
+        // Without whitespace, a call rustfmt split over lines reads as one.
+        let router: String = router.split_whitespace().collect();
+        let mut routes = BTreeSet::new();
+        for part in router.split(".route(\"").skip(1) {
+            let path = part[..part.find('"').unwrap()].replace("{*", "{");
+            let handlers = &part[part.find('"').unwrap()..];
+            for method in ["get", "post", "patch", "delete", "put"] {
+                let call = format!("{method}(");
+                if [",", ".", "::", "("].iter().any(|before| handlers.contains(&format!("{before}{call}"))) {
+                    routes.insert((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        routes
+    }
+
+    fn document_routes() -> BTreeSet<(String, String)> {
+        let doc = serde_json::to_value(document()).unwrap();
+        let mut routes = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in item.as_object().unwrap().keys() {
+                routes.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn every_route_of_the_router_is_in_the_document() {
+        let (router, doc) = (router_routes(), document_routes());
+        assert!(router.len() >= 40, "{router:?}");
+        let undocumented: Vec<_> = router.difference(&doc).collect();
+        let unserved: Vec<_> = doc.difference(&router).collect();
+        assert!(undocumented.is_empty(), "routes missing from the OpenAPI document: {undocumented:?}");
+        assert!(unserved.is_empty(), "documented routes the router does not serve: {unserved:?}");
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_with_every_schema_it_refers_to() {
+        let doc = serde_json::to_value(document()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        let text = document_json();
+        let mut missing = BTreeSet::new();
+        for part in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = &part[..part.find('"').unwrap()];
+            if !schemas.contains_key(name) {
+                missing.insert(name.to_string());
+            }
+        }
+        assert!(missing.is_empty(), "referred to but not defined: {missing:?}");
+        // Public routes need no token; every other one does.
+        assert_eq!(doc["paths"]["/v1/healthz"]["get"]["security"], serde_json::json!([{}]));
+        assert_eq!(doc["security"], serde_json::json!([{"bearer": []}]));
+        assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
     }
 }

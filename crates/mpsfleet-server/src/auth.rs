@@ -39,6 +39,21 @@ pub enum Principal {
 }
 
 impl Principal {
+    /// The caller as errors and logs name it ("token t-1 (operator of pool gpu)").
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Principal::Admin => "the admin token".into(),
+            Principal::Token { id, role, pool: None } => format!("token {id} ({})", role.as_str()),
+            Principal::Token { id, role, pool: Some(pool) } => {
+                format!("token {id} ({} of pool {pool})", role.as_str())
+            }
+            Principal::Joiner => "the join token".into(),
+            Principal::Host(h) => format!("the credential of host {h}"),
+            Principal::Replacement(i) => format!("the replacement token of incident {i}"),
+            Principal::Launch { pool, name } => format!("the launch token of host {name} in pool {pool}"),
+        }
+    }
+
     /// The one pool this caller acts in, when its token is scoped to one.
     pub fn scope(&self) -> Option<&str> {
         match self {

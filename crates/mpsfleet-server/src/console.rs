@@ -51,7 +51,7 @@ mod tests {
     /// The paths the script calls, each a route of the OpenAPI document.
     #[test]
     fn the_script_calls_only_documented_routes() {
-        let doc: serde_json::Value = serde_json::from_str(crate::openapi::document_json()).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(crate::api::document_json()).unwrap();
         let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
         let called: Vec<&str> = SCRIPT
             .split('\'')

@@ -131,15 +131,6 @@ fn too_many_requests(e: ApiError) -> Response {
     resp
 }
 
-tokio::task_local! {
-    /// The audit context of the request being served: set for a change (POST, PUT, PATCH,
-    /// DELETE) made by a person's or tool's token, read by `AppState::call`.
-    pub static AUDIT: Option<crate::cluster::AuditContext>;
-    /// The object a pool-scoped token's request names in its path (its kind and id), read by
-    /// `AppState::call`, which checks it again under the lock the operation runs under.
-    pub static SCOPED_OBJECT: Option<(crate::scope::Kind, String)>;
-}
-
 /// The audit context of a request by `who`, when it is a change by a person or tool.
 fn audit_context(
     req: &Request,
@@ -224,7 +215,7 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         // unknown token is answered 401 whatever its parameters are.
         return match who {
             Err(e) if !PUBLIC_ROUTES.contains(&route.as_str()) => e.into_response(),
-            _ => AUDIT.scope(audit, SCOPED_OBJECT.scope(object, next.run(req))).await,
+            _ => api::AUDIT.scope(audit, api::SCOPED_OBJECT.scope(object, next.run(req))).await,
         };
     }
     let (allow, limit) = route_rules(&route);
@@ -247,10 +238,8 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
     match who {
         Err(e) => return refuse_closing(e),
         Ok((who, _)) if !allow(&who) => {
-            let e = ApiError::from(Error::Forbidden(format!(
-                "this endpoint is not open to {}",
-                api::describe(&who)
-            )));
+            let e =
+                ApiError::from(Error::Forbidden(format!("this endpoint is not open to {}", who.describe())));
             let person = matches!(who, Principal::Admin | Principal::Token { .. });
             return refuse(e, person, req);
         }
@@ -283,7 +272,7 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         }
     }
     let run = next.run(Request::from_parts(parts, Body::from(bytes)));
-    AUDIT.scope(audit, SCOPED_OBJECT.scope(object, run)).await
+    api::AUDIT.scope(audit, api::SCOPED_OBJECT.scope(object, run)).await
 }
 
 /// Whether a token scoped to one pool may make this call, as far as its route and path say
@@ -301,7 +290,7 @@ async fn scoped(
         Reach::NoPool | Reach::List | Reach::BodyPool => Ok(None),
         Reach::Closed => Err(ApiError::from(Error::Forbidden(format!(
             "this endpoint is not open to {}: it reaches beyond one pool",
-            api::describe(who)
+            who.describe()
         )))),
         Reach::Object(kind, param) => {
             let params = req
@@ -352,7 +341,7 @@ fn charge(
     };
     g.limiter.take(caller, limit).map_err(|r| ApiError::TooManyRequests {
         who: match (who, name) {
-            (Ok((p, _)), _) => api::describe(p),
+            (Ok((p, _)), _) => p.describe(),
             (_, Some(ip)) => format!("requests without a known token from {ip}"),
             _ => "this caller".into(),
         },

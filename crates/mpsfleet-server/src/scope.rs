@@ -97,7 +97,7 @@ impl Cluster {
 
 /// The refusal of a scoped token's call outside its pool.
 pub(crate) fn outside(who: &Principal, what: &str) -> Error {
-    Error::Forbidden(format!("{what} is outside the pool of {}", crate::api::describe(who)))
+    Error::Forbidden(format!("{what} is outside the pool of {}", who.describe()))
 }
 
 /// Whether a scoped token may make a call with this body: its `pool` must be the token's.
@@ -111,7 +111,7 @@ pub(crate) fn check_body(who: &Principal, body: &[u8]) -> Result<(), ApiError> {
         Some(p) => Err(outside(who, &format!("pool {p:?}")).into()),
         None => Err(ApiError::from(Error::Forbidden(format!(
             "{} names its pool in the body (\"pool\": \"{scope}\")",
-            crate::api::describe(who)
+            who.describe()
         )))),
     }
 }

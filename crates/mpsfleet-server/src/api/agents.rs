@@ -59,7 +59,7 @@ pub(super) fn commit_registrations(st: &AppState) {
                     if joiner(&who) {
                         Ok(who)
                     } else {
-                        Err(Error::Forbidden(format!("this endpoint is not open to {}", describe(&who))))
+                        Err(Error::Forbidden(format!("this endpoint is not open to {}", who.describe())))
                     }
                 });
                 match allowed {
@@ -256,7 +256,7 @@ pub(super) fn quiet_heartbeat(st: &AppState, token: &str, report: &HostStatusRep
         Ok(other) => {
             return Quiet::Done(Err(ApiError::from(Error::Forbidden(format!(
                 "this endpoint is not open to {}",
-                describe(&other)
+                other.describe()
             )))))
         }
         Err(e) => return Quiet::Done(Err(e.into())),
