@@ -63,6 +63,10 @@ pub const LOGS_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// How long past the stop timeout a stop call may take before it is given up (ECS: 2 min).
 pub const STOP_GRACE: Duration = Duration::from_secs(2 * 60);
+/// How long after a SIGKILL exit of a memory-limited container its OOM kill may still be
+/// unrecorded: Docker Engine sets `State.OOMKilled` from its own OOM event, which can arrive
+/// after the exit. Such an exit is inspected again once this long after it.
+pub const OOM_EVENT_WAIT: Duration = Duration::from_millis(300);
 /// [`DockerRuntime::status`] inspects a running container at least this often even when no
 /// event said it changed (events can be missed while the stream reconnects).
 pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
@@ -396,6 +400,20 @@ pub fn parse_docker_time(s: &str) -> Option<u64> {
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_s;
     u64::try_from(secs * 1000 + ms).ok()
+}
+
+/// Whether an inspect may show a container the kernel killed for its memory limit before
+/// Docker Engine recorded it (`OOM_EVENT_WAIT`): it exited on SIGKILL (137) under a memory
+/// limit within the wait, and `State.OOMKilled` is not set.
+fn oom_may_be_unrecorded(info: &ContainerInspectResponse, now_ms: u64) -> bool {
+    let limited = info.host_config.as_ref().and_then(|h| h.memory).is_some_and(|m| m > 0);
+    let Some(s) = &info.state else { return false };
+    let finished = s.finished_at.as_deref().and_then(parse_docker_time);
+    limited
+        && s.running != Some(true)
+        && s.exit_code == Some(137)
+        && s.oom_killed != Some(true)
+        && finished.is_some_and(|t| now_ms.saturating_sub(t) < OOM_EVENT_WAIT.as_millis() as u64 * 4)
 }
 
 /// The container's state as the task loop sees it, from an inspect.
@@ -962,6 +980,13 @@ impl DockerRuntime {
             seen.changed = false;
         }
         let state = match self.inspect(&h.id)? {
+            Some(info) if oom_may_be_unrecorded(&info, now_ms()) => {
+                std::thread::sleep(OOM_EVENT_WAIT);
+                match self.inspect(&h.id)? {
+                    Some(again) => state_of(&h.name, &again),
+                    None => state_of(&h.name, &info),
+                }
+            }
             Some(info) => state_of(&h.name, &info),
             None => ContainerState::Lost { reason: format!("container {} no longer exists", h.name) },
         };

@@ -121,3 +121,22 @@ fn bindings_from_inspect() {
         ]
     );
 }
+
+/// A SIGKILL exit of a memory-limited container, just now and without `OOMKilled`, is
+/// inspected again (Docker may record the OOM kill after the exit); nothing else is.
+#[test]
+fn a_fresh_sigkill_exit_under_a_memory_limit_is_looked_at_again() {
+    let info = |memory: i64, code: i64, oom: bool| -> ContainerInspectResponse {
+        serde_json::from_value(serde_json::json!({
+            "HostConfig": {"Memory": memory},
+            "State": {"Status": "exited", "Running": false, "ExitCode": code, "OOMKilled": oom,
+                "FinishedAt": "1970-01-01T00:00:02Z"}
+        }))
+        .expect("inspect json")
+    };
+    assert!(oom_may_be_unrecorded(&info(8 << 20, 137, false), 2_100));
+    assert!(!oom_may_be_unrecorded(&info(8 << 20, 137, true), 2_100), "recorded already");
+    assert!(!oom_may_be_unrecorded(&info(0, 137, false), 2_100), "no memory limit");
+    assert!(!oom_may_be_unrecorded(&info(8 << 20, 1, false), 2_100), "not SIGKILL");
+    assert!(!oom_may_be_unrecorded(&info(8 << 20, 137, false), 60_000), "an exit long ago");
+}
