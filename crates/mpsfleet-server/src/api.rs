@@ -607,6 +607,7 @@ fn paging(limit: Option<&String>, skip: Option<&String>, default: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// The long-poll's answer, encoded from shared definitions, is what `Assignments` encodes.
     #[test]
@@ -704,12 +705,6 @@ mod tests {
             ApiError::invalid("checks", "is left out with checksUnchanged, got 1 checks").to_string()
         );
     }
-}
-
-#[cfg(test)]
-mod document_tests {
-    use super::*;
-    use std::collections::BTreeSet;
 
     /// `(METHOD, path)` of every route `api::router` serves, read from its source (a wildcard
     /// `{*name}` is the document's `{name}`).

@@ -498,7 +498,7 @@ struct Activity {
 
 impl Activity {
     fn touch(&self, epoch: tokio::time::Instant) -> u64 {
-        let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = ms_since(epoch);
         self.last_ms.store(ms, Ordering::Relaxed);
         ms
     }
@@ -667,8 +667,7 @@ async fn connection(
         Ok(Ok(stream)) => {
             // The first request's headers are due a header timeout after the handshake (whose
             // last read may have carried the start of them already).
-            let ms = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-            activity.head_since.store(ms.saturating_add(1), Ordering::Relaxed);
+            activity.head_since.store(ms_since(epoch).saturating_add(1), Ordering::Relaxed);
             http_connection(stream, peer, app, activity, epoch, limits, stop, permit).await
         }
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
@@ -754,9 +753,12 @@ async fn http_connection<I>(
 
 /// Milliseconds since the connection last moved a byte.
 fn quiet_ms(activity: &Activity, epoch: tokio::time::Instant) -> u64 {
-    u64::try_from(epoch.elapsed().as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_sub(activity.last_ms.load(Ordering::Relaxed))
+    ms_since(epoch).saturating_sub(activity.last_ms.load(Ordering::Relaxed))
+}
+
+/// Milliseconds since the connection's epoch.
+fn ms_since(epoch: tokio::time::Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -337,7 +337,7 @@ async fn a_keep_alive_connection_waits_for_its_next_request_until_the_idle_timeo
     let took = closed_within(&mut s, Duration::from_secs(6)).await.expect("the idle connection stays open");
     assert!(took >= Duration::from_millis(2500), "closed after {took:?}, before the idle timeout");
 
-    // The same connection's second request stalls in its headers: closed within the header
+    // A connection's second request stalls in its headers: closed within the header
     // timeout of its first byte, long before the idle timeout.
     let mut s = connect(&server).await;
     s.write_all(healthz).await.unwrap();

@@ -63,10 +63,12 @@ pub const LOGS_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// How long past the stop timeout a stop call may take before it is given up (ECS: 2 min).
 pub const STOP_GRACE: Duration = Duration::from_secs(2 * 60);
-/// How long after a SIGKILL exit of a memory-limited container its OOM kill may still be
-/// unrecorded: Docker Engine sets `State.OOMKilled` from its own OOM event, which can arrive
-/// after the exit. Such an exit is inspected again once this long after it.
+/// How long to wait before inspecting again a container that may have been killed for its
+/// memory limit without Docker Engine having recorded it yet: Engine sets `State.OOMKilled`
+/// from its own OOM event, which can arrive after the exit.
 pub const OOM_EVENT_WAIT: Duration = Duration::from_millis(300);
+/// An exit older than this has had time for its OOM event: it is taken as it reads.
+const OOM_EVENT_LATEST_MS: u64 = 2_000;
 /// [`DockerRuntime::status`] inspects a running container at least this often even when no
 /// event said it changed (events can be missed while the stream reconnects).
 pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
@@ -403,8 +405,8 @@ pub fn parse_docker_time(s: &str) -> Option<u64> {
 }
 
 /// Whether an inspect may show a container the kernel killed for its memory limit before
-/// Docker Engine recorded it (`OOM_EVENT_WAIT`): it exited on SIGKILL (137) under a memory
-/// limit within the wait, and `State.OOMKilled` is not set.
+/// Docker Engine recorded it: it exited on SIGKILL (137) under a memory limit within
+/// [`OOM_EVENT_LATEST_MS`], and `State.OOMKilled` is not set.
 fn oom_may_be_unrecorded(info: &ContainerInspectResponse, now_ms: u64) -> bool {
     let limited = info.host_config.as_ref().and_then(|h| h.memory).is_some_and(|m| m > 0);
     let Some(s) = &info.state else { return false };
@@ -413,7 +415,7 @@ fn oom_may_be_unrecorded(info: &ContainerInspectResponse, now_ms: u64) -> bool {
         && s.running != Some(true)
         && s.exit_code == Some(137)
         && s.oom_killed != Some(true)
-        && finished.is_some_and(|t| now_ms.saturating_sub(t) < OOM_EVENT_WAIT.as_millis() as u64 * 4)
+        && finished.is_some_and(|t| now_ms.saturating_sub(t) < OOM_EVENT_LATEST_MS)
 }
 
 /// The container's state as the task loop sees it, from an inspect.
@@ -605,6 +607,18 @@ impl DockerRuntime {
         }
     }
 
+    /// Inspects a container whose state is to be read: a fresh SIGKILL exit under a memory
+    /// limit without `OOMKilled` is inspected once more after [`OOM_EVENT_WAIT`], so that an
+    /// OOM kill that Engine records late still reads as one.
+    fn inspect_state(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
+        let Some(info) = self.inspect(name_or_id)? else { return Ok(None) };
+        if !oom_may_be_unrecorded(&info, now_ms()) {
+            return Ok(Some(info));
+        }
+        std::thread::sleep(OOM_EVENT_WAIT);
+        Ok(Some(self.inspect(name_or_id)?.unwrap_or(info)))
+    }
+
     fn remove_quietly(&self, name: &str) {
         if let Err(e) = self.remove_by_name(name) {
             tracing::warn!(container = name, error = %e, "cannot remove a half-made container");
@@ -689,7 +703,7 @@ impl DockerRuntime {
             self.remove_quietly(&name);
             return Err(failed("CannotStartContainerError", e));
         }
-        let handle = match self.inspect(&created.id) {
+        let handle = match self.inspect_state(&created.id) {
             Ok(Some(info)) => {
                 let state = state_of(&name, &info);
                 self.remember(&created.id, state);
@@ -979,14 +993,7 @@ impl DockerRuntime {
         if let Some(seen) = self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&h.id) {
             seen.changed = false;
         }
-        let state = match self.inspect(&h.id)? {
-            Some(info) if oom_may_be_unrecorded(&info, now_ms()) => {
-                std::thread::sleep(OOM_EVENT_WAIT);
-                match self.inspect(&h.id)? {
-                    Some(again) => state_of(&h.name, &again),
-                    None => state_of(&h.name, &info),
-                }
-            }
+        let state = match self.inspect_state(&h.id)? {
             Some(info) => state_of(&h.name, &info),
             None => ContainerState::Lost { reason: format!("container {} no longer exists", h.name) },
         };
@@ -1037,7 +1044,7 @@ impl DockerRuntime {
         container: &str,
     ) -> Result<Option<(DockerHandle, ContainerState)>, DockerError> {
         let name = container_name(&self.inner.cfg.host_id, task_id, container);
-        let Some(info) = self.inspect(&name)? else { return Ok(None) };
+        let Some(info) = self.inspect_state(&name)? else { return Ok(None) };
         self.start_watcher();
         let state = state_of(&name, &info);
         let mut handle = handle_of(&info, &name, Vec::new());
