@@ -22,8 +22,8 @@ impl Cluster {
         }
         let ix = self.host_ix_of(host)?;
         let now = self.now();
-        let revision = self.revision;
-        let entry = &mut self.hosts[ix as usize];
+        let revision = self.state.revision();
+        let entry = self.state.host_mut(ix);
         let restarts = mpsfleet_core::changes::local_restarts(&entry.checks, entry.reported_checks(report));
         entry.last_heartbeat_ms = Some(now);
         entry.take_checks(report, now);
@@ -31,16 +31,16 @@ impl Cluster {
         entry.keep_reported(report);
         entry.evaluated = false;
         if !restarts.is_empty() {
-            let mut h = entry.host.clone();
+            let mut h = entry.host().clone();
             for ev in restarts {
                 h.events.push(now, ev);
             }
             self.write_host(ix, h)?;
         }
         self.close_mps_gpus(ix, &[]);
-        let entry = &mut self.hosts[ix as usize];
-        if onboarded && entry.host.status == HostStatus::Onboarding {
-            let mut h = entry.host.clone();
+        let entry = self.state.host_mut(ix);
+        if onboarded && entry.host().status == HostStatus::Onboarding {
+            let mut h = entry.host().clone();
             host_lifecycle::apply(&mut h, host_lifecycle::Event::Onboarded)
                 .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
             self.write_host(ix, h)?;
@@ -49,7 +49,7 @@ impl Cluster {
         // What this heartbeat changed (a new incident, a health status, an onboarded
         // replacement) is acted on at once; a heartbeat that committed nothing leaves the
         // incidents to the next tick's pass, which plans every one of them anyway.
-        if self.revision != revision {
+        if self.state.revision() != revision {
             let jobs = self.remediate()?;
             self.pending_jobs.extend(jobs);
         }
@@ -67,13 +67,13 @@ impl Cluster {
         report: &HostStatusReport,
     ) -> Result<Option<HostStatusAnswer>, Error> {
         let ix = self.host_ix_of(host)?;
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         if !e.holds_checks_of(report) {
             // It repeats checks this server does not hold (it restarted, or is a new leader):
             // nothing is taken from it, and the answer, without `checksRev`, asks for them.
             return Ok(Some(HostStatusAnswer { checks_rev: None, ..self.status_answer(ix) }));
         }
-        if (report.onboarded && e.host.status == HostStatus::Onboarding)
+        if (report.onboarded && e.host().status == HostStatus::Onboarding)
             || (!report.checks_unchanged
                 && !mpsfleet_core::changes::local_restarts(&e.checks, &report.checks).is_empty())
         {
@@ -86,7 +86,7 @@ impl Cluster {
             // with this heartbeat gives the health the host has, but for the time of the
             // agent's last heartbeat. Remediation, which watches this host if an incident is
             // about it, has nothing new to see.
-            let entry = &mut self.hosts[ix as usize];
+            let entry = self.state.host_mut(ix);
             entry.last_heartbeat_ms = Some(now);
             entry.keep_reported(report);
             // `AGENT` is the first check of an evaluation.
@@ -97,14 +97,14 @@ impl Cluster {
         }
         // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
         // bad host, its replacement); the 250 ms health tick plans every incident anyway.
-        if self.incidents.engages(host) {
+        if self.state.incidents().engages(host) {
             return Ok(None);
         }
-        let same_checks = || report.checks_unchanged || checks_key::matches(&report.checks, &e.checks_key);
+        let same_checks = || report.checks_unchanged || e.checks_match(&report.checks);
         if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
             // The same checks, all OK: evaluating them with this heartbeat gives the health the
             // host has, but for the time of the agent's last heartbeat.
-            let entry = &mut self.hosts[ix as usize];
+            let entry = self.state.host_mut(ix);
             entry.last_heartbeat_ms = Some(now);
             entry.take_checks(report, now);
             entry.keep_reported(report);
@@ -121,11 +121,11 @@ impl Cluster {
         let health = self.assess_host(ix, checks, Some(now), reported_at, now);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
-            if h.status != e.host.health_status || declared_bad {
+            if h.status != e.host().health_status || declared_bad {
                 return Ok(None);
             }
         }
-        let entry = &mut self.hosts[ix as usize];
+        let entry = self.state.host_mut(ix);
         entry.last_heartbeat_ms = Some(now);
         entry.take_checks(report, now);
         entry.keep_reported(report);
@@ -142,13 +142,14 @@ impl Cluster {
 
     /// What a heartbeat is answered with: the host's pool's health policy.
     pub(super) fn status_answer(&self, ix: HostIx) -> HostStatusAnswer {
-        let pool = &self.hosts[ix as usize].host.pool;
-        let health_policy = self.pools.get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
-        let entry = &self.hosts[ix as usize];
+        let pool = &self.state.hosts()[ix as usize].host().pool;
+        let health_policy =
+            self.state.pools().get(pool).map(|p| p.value.health_policy.clone()).unwrap_or_default();
+        let entry = &self.state.hosts()[ix as usize];
         HostStatusAnswer {
             health_policy,
             cluster_ca_sha256: self.cluster_cas.clone(),
-            rechecks: entry.host.rechecks,
+            rechecks: entry.host().rechecks,
             checks_rev: entry.checks_rev,
         }
     }
@@ -173,21 +174,23 @@ impl Cluster {
     /// every host's long-poll.
     pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, Error> {
         let ix = self.host_ix(host.as_str())?;
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let tasks: Vec<Task> = self
-            .tasks
+            .state
+            .tasks()
             .on_host(ix)
             .iter()
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.state.tasks().get(id))
             .map(|t| t.task.clone())
             .collect();
         let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
         let task_definitions = refs
             .iter()
-            .filter_map(|r| self.taskdefs.get(&(r.family.clone(), r.revision)))
+            .filter_map(|r| self.state.taskdefs().get(&(r.family.clone(), r.revision)))
             .map(|v| v.value.clone())
             .collect();
-        let allow_task_users = self.pools.get(&e.host.pool).is_some_and(|p| p.value.allow_task_users);
+        let allow_task_users =
+            self.state.pools().get(&e.host().pool).is_some_and(|p| p.value.allow_task_users);
         Ok(HostAssignments { epoch: e.epoch, tasks, definitions: task_definitions, allow_task_users })
     }
 
@@ -255,7 +258,7 @@ impl Cluster {
         // is seen answering, so the service's replacement goes elsewhere (or waits) instead of
         // being refused on the same GPU again.
         if report.stop_code == Some(StopCode::MpsDaemonUnavailable) {
-            let placed = self.tasks.get(&task.id).and_then(|e| e.placement.clone());
+            let placed = self.state.tasks().get(&task.id).and_then(|e| e.placement.clone());
             if let Some(p) = placed {
                 self.close_mps_gpus(p.host, &p.gpus);
             }

@@ -73,7 +73,7 @@ impl Cluster {
         };
         match self.store.commit(&ops) {
             Ok(rev) => {
-                self.revision = rev;
+                self.state.committed(rev);
                 self.audit_written(ops.len() - 1);
             }
             Err(e) => tracing::error!(error = %e, action = %call.ctx.action, "cannot write an audit entry"),
@@ -87,7 +87,7 @@ impl Cluster {
         let ctx = call.ctx.clone();
         // The revision this commit gets: the cluster is the store's one writer, and a commit
         // that writes counts the store's revision one up.
-        let revision = self.revision + 1;
+        let revision = self.state.revision() + 1;
         self.audit_ops(&ctx, "ok".into(), Some(revision))
     }
 

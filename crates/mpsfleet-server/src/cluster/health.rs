@@ -110,19 +110,21 @@ impl Cluster {
         for r in self.store.list(INCIDENT)? {
             let mut i: Incident = decode(&r)?;
             i.normalize();
-            self.incidents.insert(i.id.clone(), Versioned { value: i, version: r.version });
+            self.state.apply(r.version, Change::Incident(i));
         }
         Ok(())
     }
 
     pub fn incidents(&self) -> Vec<Incident> {
-        let mut v: Vec<Incident> = self.incidents.values().map(|v| self.shown(v.value.clone())).collect();
+        let mut v: Vec<Incident> =
+            self.state.incidents().values().map(|v| self.shown(v.value.clone())).collect();
         v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
         v
     }
 
     pub fn incident(&self, id: &str) -> Result<Incident, Error> {
-        self.incidents
+        self.state
+            .incidents()
             .get(id)
             .map(|v| self.shown(v.value.clone()))
             .ok_or_else(|| Error::not_found("incident", id))
@@ -133,19 +135,19 @@ impl Cluster {
     pub(super) fn shown(&self, mut i: Incident) -> Incident {
         for a in i.affected_tasks.iter_mut().filter(|a| a.replacement_host.is_none()) {
             a.replacement_host =
-                a.replacement.and_then(|r| self.tasks.get(&r)).and_then(|e| e.task.host_id.clone());
+                a.replacement.and_then(|r| self.state.tasks().get(&r)).and_then(|e| e.task.host_id.clone());
         }
         i
     }
 
     pub(super) fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
-        self.incidents.unresolved().find(|i| &i.host_id == host)
+        self.state.incidents().unresolved().find(|i| &i.host_id == host)
     }
 
     /// Commits an incident, then applies it; an incident equal to the stored one is not
     /// written again (nothing to say, nothing to store).
     pub(super) fn write_incident(&mut self, incident: Incident) -> Result<(), Error> {
-        let expect = match self.incidents.get(&incident.id) {
+        let expect = match self.state.incidents().get(&incident.id) {
             Some(v) if v.value == incident => return Ok(()),
             Some(v) => Precondition::Version(v.version),
             None => Precondition::Absent,
@@ -157,7 +159,7 @@ impl Cluster {
 
     /// Applies a committed incident: announces what changed and counts it in the metrics.
     pub(super) fn apply_incident(&mut self, incident: Incident, rev: Revision) {
-        let old = self.incidents.get(&incident.id).map(|v| &v.value);
+        let old = self.state.incidents().get(&incident.id).map(|v| &v.value);
         self.live.incident(old, &incident);
         self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now());
         // Whether the host's verdict opens an incident depends on its incidents.
@@ -165,7 +167,7 @@ impl Cluster {
             self.health_due_ms[ix as usize] = 0;
         }
         self.breaker_counts.clear();
-        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        self.state.apply(rev, Change::Incident(incident));
     }
 
     /// Evaluates every host (heartbeat grace runs out without any report) and drives every
@@ -173,7 +175,7 @@ impl Cluster {
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
         self.run_work();
         let now = self.now();
-        for ix in 0..self.hosts.len() as HostIx {
+        for ix in 0..self.state.hosts().len() as HostIx {
             // Only a host whose evaluation can have changed since the last one.
             if self.health_due_ms[ix as usize] > now {
                 continue;
@@ -181,7 +183,7 @@ impl Cluster {
             // One host's failure (a failed commit) is logged and left for the next tick; the
             // others are evaluated all the same.
             if let Err(e) = self.evaluate_host(ix) {
-                let host = &self.hosts[ix as usize].host.id;
+                let host = &self.state.hosts()[ix as usize].host().id;
                 tracing::warn!(host.id = %host, error = %e, "host evaluation failed; retrying at the next tick");
             }
         }
@@ -201,15 +203,16 @@ impl Cluster {
     /// passed and the host's latest check of it is OK: at worst one refused start per GPU per
     /// hold, never a loop.
     pub(super) fn close_mps_gpus(&mut self, ix: HostIx, refused: &[mpsfleet_core::scheduler::GpuIx]) {
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let hold = self
-            .pools
-            .get(&e.host.pool)
+            .state
+            .pools()
+            .get(&e.host().pool)
             .map_or(MPS_CLOSED_HOLD_MS, |p| p.value.health_policy.mps_probe_interval_ms)
             .clamp(250, MPS_CLOSED_HOLD_MS);
         let until = self.now() + hold;
         let mut close: Vec<mpsfleet_core::scheduler::GpuIx> = refused.to_vec();
-        for (g, inv) in self.sched.host_gpus(ix).zip(&e.host.gpus) {
+        for (g, inv) in self.sched.host_gpus(ix).zip(&e.host().gpus) {
             if !mps_daemon_ok(&e.checks, &inv.uuid) {
                 close.push(g);
             }
@@ -232,21 +235,22 @@ impl Cluster {
         let mut pools = BTreeSet::new();
         for g in due {
             let ix = self.sched.gpu(g).host;
-            let e = &self.hosts[ix as usize];
-            if e.host.status == HostStatus::Deregistered {
+            let e = &self.state.hosts()[ix as usize];
+            if e.host().status == HostStatus::Deregistered {
                 // Gone: forgotten, and no longer counted as closed (it takes nothing anyway).
                 self.mps_closed.remove(&g);
                 self.sched.set_mps_open(g, true);
                 continue;
             }
-            let Some(inv) = self.sched.host_gpus(ix).zip(&e.host.gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
+            let Some(inv) =
+                self.sched.host_gpus(ix).zip(&e.host().gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
             else {
                 continue;
             };
             if mps_daemon_ok(&e.checks, &inv.uuid) {
                 self.mps_closed.remove(&g);
                 self.sched.set_mps_open(g, true);
-                pools.insert(e.host.pool.clone());
+                pools.insert(e.host().pool.clone());
             }
         }
         for p in pools {
@@ -260,7 +264,8 @@ impl Cluster {
     /// one there; it only starts the pool's hosts.
     fn keep_capacity(&mut self) -> Vec<ProviderJob> {
         let pools: Vec<(PoolName, u32)> = self
-            .pools
+            .state
+            .pools()
             .values()
             .filter_map(|p| p.value.provider.as_ref().map(|prov| (p.value.name.clone(), prov.desired_hosts)))
             .collect();
@@ -273,7 +278,7 @@ impl Cluster {
             // gathered only while a launch is in flight, not at every tick).
             if self.capacity_launches.get(&pool).is_some_and(|l| !l.is_empty()) {
                 let registered: BTreeSet<&str> =
-                    self.hosts.iter().map(|h| h.host.hostname.as_str()).collect();
+                    self.state.hosts().iter().map(|h| h.host().hostname.as_str()).collect();
                 if let Some(l) = self.capacity_launches.get_mut(&pool) {
                     l.retain(|name| !registered.contains(name.as_str()));
                 }
@@ -285,13 +290,15 @@ impl Cluster {
             // Registered hosts (from the store, so this survives a restart), launches in flight,
             // and replacements requested by incidents that have not joined yet.
             let live = self
-                .hosts
+                .state
+                .hosts()
                 .iter()
-                .filter(|h| h.host.pool == pool && h.host.status != HostStatus::Deregistered)
+                .filter(|h| h.host().pool == pool && h.host().status != HostStatus::Deregistered)
                 .count();
             let in_flight = self.capacity_launches.get(&pool).map_or(0, |l| l.len());
             let replacing = self
-                .incidents
+                .state
+                .incidents()
                 .unresolved()
                 .filter(|i| i.pool == pool)
                 .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
@@ -301,7 +308,7 @@ impl Cluster {
             while missing > 0 {
                 let name = format!("{pool}-{k}");
                 k += 1;
-                let taken = self.hosts.iter().any(|h| h.host.hostname == name)
+                let taken = self.state.hosts().iter().any(|h| h.host().hostname == name)
                     || self.capacity_launches.get(&pool).is_some_and(|l| l.contains(&name));
                 if taken {
                     continue;
@@ -331,12 +338,12 @@ impl Cluster {
         reported_at_ms: Option<u64>,
         now: u64,
     ) -> Option<mpsfleet_core::health::HostHealth> {
-        let e = &self.hosts[ix as usize];
-        if !matches!(e.host.status, HostStatus::Active | HostStatus::Draining) {
+        let e = &self.state.hosts()[ix as usize];
+        if !matches!(e.host().status, HostStatus::Active | HostStatus::Draining) {
             return None;
         }
-        let policy = &self.pools.get(&e.host.pool)?.value.health_policy;
-        let registered_at_ms = e.host.registered_at_ms.max(self.loaded_at_ms);
+        let policy = &self.state.pools().get(&e.host().pool)?.value.health_policy;
+        let registered_at_ms = e.host().registered_at_ms.max(self.loaded_at_ms);
         let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms, reported_at_ms };
         Some(evaluate(&e.health, &input, policy, now))
     }
@@ -346,11 +353,11 @@ impl Cluster {
     /// one, in a status that is evaluated), its agent was heard from in time (so one more
     /// heartbeat changes nothing), and no time at which it could change has come.
     pub(super) fn evaluation_holds(&self, ix: HostIx, now: u64) -> bool {
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         e.evaluated
             && now < self.health_due_ms[ix as usize]
-            && e.host.health_status == e.health.status
-            && matches!(e.host.status, HostStatus::Active | HostStatus::Draining)
+            && e.host().health_status == e.health.status
+            && matches!(e.host().status, HostStatus::Active | HostStatus::Draining)
             && e.health.checks.first().is_some_and(|c| {
                 c.gpu_id.is_none() && c.name == mpsfleet_core::health::AGENT && c.status == HealthStatus::Ok
             })
@@ -360,12 +367,12 @@ impl Cluster {
     /// from, must give the same health: every check OK and the last heartbeat within the grace
     /// (the only input that moves with time while all is OK).
     pub(super) fn stays_healthy(&self, ix: HostIx, now: u64) -> bool {
-        let e = &self.hosts[ix as usize];
-        let Some(pool) = self.pools.get(&e.host.pool) else { return false };
+        let e = &self.state.hosts()[ix as usize];
+        let Some(pool) = self.state.pools().get(&e.host().pool) else { return false };
         e.health.status == HealthStatus::Ok
-            && e.host.health_status == HealthStatus::Ok
+            && e.host().health_status == HealthStatus::Ok
             && matches!(e.health.verdict, Verdict::Healthy)
-            && matches!(e.host.status, HostStatus::Active | HostStatus::Draining)
+            && matches!(e.host().status, HostStatus::Active | HostStatus::Draining)
             && e.last_heartbeat_ms
                 .is_some_and(|t| now.saturating_sub(t) <= pool.value.health_policy.agent_heartbeat_grace_ms)
     }
@@ -374,7 +381,7 @@ impl Cluster {
     /// once; a host declared bad gets an incident (one per episode).
     pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), Error> {
         let now = self.now();
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         if e.evaluated && self.stays_healthy(ix, now) {
             self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
             return Ok(());
@@ -384,31 +391,31 @@ impl Cluster {
             self.health_due_ms[ix as usize] = u64::MAX;
             return Ok(());
         };
-        self.hosts[ix as usize].evaluated = true;
-        let e = &self.hosts[ix as usize];
+        self.state.host_mut(ix).evaluated = true;
+        let e = &self.state.hosts()[ix as usize];
         // A server that has just loaded the state (a restart, a new leader) has heard nothing
         // from the hosts yet: "waiting for the first heartbeat" is its own news, not the host's.
         // The stored health stands until the host reports or its grace, counted from the load,
         // runs out; writing it would cost one commit per host at every start and takeover.
         let not_heard_since_load = e.last_heartbeat_ms.is_none()
-            && e.host.registered_at_ms < self.loaded_at_ms
+            && e.host().registered_at_ms < self.loaded_at_ms
             && health.status == HealthStatus::InsufficientData;
-        let changed = health.status != e.host.health_status && !not_heard_since_load;
+        let changed = health.status != e.host().health_status && !not_heard_since_load;
         let verdict = health.verdict.clone();
         if verdict != e.health.verdict {
             self.breaker_counts.clear();
         }
-        self.hosts[ix as usize].health = health;
+        self.state.host_mut(ix).health = health;
         if changed {
-            let mut h = self.hosts[ix as usize].host.clone();
-            tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.hosts[ix as usize].health.status.as_str(), "host health changed");
-            host_lifecycle::set_health(&mut h, self.hosts[ix as usize].health.status);
+            let mut h = self.state.hosts()[ix as usize].host().clone();
+            tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.state.hosts()[ix as usize].health.status.as_str(), "host health changed");
+            host_lifecycle::set_health(&mut h, self.state.hosts()[ix as usize].health.status);
             self.write_host(ix, h)?;
         }
         if let Verdict::DeclaredBad { trigger, impaired_since_ms } = verdict {
-            let host_id = self.hosts[ix as usize].host.id.clone();
-            let pool = &self.hosts[ix as usize].host.pool;
-            let Some(mode) = self.pools.get(pool).map(|p| p.value.mode) else { return Ok(()) };
+            let host_id = self.state.hosts()[ix as usize].host().id.clone();
+            let pool = &self.state.hosts()[ix as usize].host().pool;
+            let Some(mode) = self.state.pools().get(pool).map(|p| p.value.mode) else { return Ok(()) };
             if self.open_incident_of(&host_id).is_none() {
                 let id = format!("inc-{:012x}", auth::random_u64()? >> 16);
                 let owner = IncidentOwner::for_mode(mode);
@@ -426,12 +433,12 @@ impl Cluster {
     /// another health (its heartbeat grace running out, an IMPAIRED check reaching the
     /// toleration); `u64::MAX` when only a report or a change of its record can.
     pub(super) fn next_evaluation_ms(&self, ix: HostIx) -> u64 {
-        let e = &self.hosts[ix as usize];
-        let Some(pool) = self.pools.get(&e.host.pool) else { return u64::MAX };
+        let e = &self.state.hosts()[ix as usize];
+        let Some(pool) = self.state.pools().get(&e.host().pool) else { return u64::MAX };
         let input = HealthInput {
             checks: &e.checks,
             last_heartbeat_ms: e.last_heartbeat_ms,
-            registered_at_ms: e.host.registered_at_ms.max(self.loaded_at_ms),
+            registered_at_ms: e.host().registered_at_ms.max(self.loaded_at_ms),
             reported_at_ms: e.checks_at_ms,
         };
         mpsfleet_core::health::next_change_at_ms(&e.health, &input, &pool.value.health_policy)
@@ -444,7 +451,7 @@ impl Cluster {
         // Unresolved incidents, earliest opened first (the same order as `incidents()`, without
         // cloning the history of resolved ones).
         let mut open: Vec<(u64, String)> =
-            self.incidents.unresolved().map(|i| (i.opened_at_ms, i.id.clone())).collect();
+            self.state.incidents().unresolved().map(|i| (i.opened_at_ms, i.id.clone())).collect();
         open.sort();
         let now = self.now();
         for (_, id) in open {
@@ -459,7 +466,7 @@ impl Cluster {
                 Err(e) => {
                     // Jobs already decided stay in `jobs` (their progress markers are set) and
                     // run; the incident is planned again after the backoff.
-                    if let Some(i) = self.incidents.get(&id) {
+                    if let Some(i) = self.state.incidents().get(&id) {
                         self.breaker_counts.remove(&i.value.pool);
                     }
                     let r = self.incident_retry.entry(id.clone()).or_default();
@@ -508,7 +515,7 @@ impl Cluster {
         // Planned from the stored record; copied only when there is something to do (most
         // passes plan nothing for most incidents).
         let (plan, mut incident) = {
-            let Some(incident) = self.incidents.get(id).map(|v| &v.value) else { return Ok(false) };
+            let Some(incident) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(false) };
             // The pool's storm-breaker counts, kept between passes and worked out again only
             // after something they count changed (`Cluster::breaker_counts`): incidents that
             // wait (most of them, most of the time) do not walk every host on every tick.
@@ -524,7 +531,9 @@ impl Cluster {
                 }
             };
             let Some(world) = self.world_of(incident, c) else { return Ok(false) };
-            let Some(pool) = self.pools.get(&incident.pool).map(|p| &p.value) else { return Ok(false) };
+            let Some(pool) = self.state.pools().get(&incident.pool).map(|p| &p.value) else {
+                return Ok(false);
+            };
             let plan = remediation::plan(incident, &world, &pool.remediation_policy, pool.mode, now);
             if plan.actions.is_empty() {
                 return Ok(false);
@@ -556,8 +565,10 @@ impl Cluster {
             return;
         }
         let Some(ix) = self.sched.host(&incident.host_id) else { return };
-        for id in self.tasks.on_host(ix) {
-            if let Some(t) = self.tasks.get(id).filter(|t| t.task.desired_status != TaskStatus::Stopped) {
+        for id in self.state.tasks().on_host(ix) {
+            if let Some(t) =
+                self.state.tasks().get(id).filter(|t| t.task.desired_status != TaskStatus::Stopped)
+            {
                 incident.note_affected(*id, t.task.group.clone());
             }
         }
@@ -568,7 +579,7 @@ impl Cluster {
     /// idempotent by name) with a new registration token (only the token's digest was kept,
     /// so the old one can no longer be handed out; it is superseded).
     fn resume_launch(&mut self, id: &str, jobs: &mut Vec<ProviderJob>) -> Result<(), Error> {
-        let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(()) };
+        let Some(i) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(()) };
         // A token that expired before its machine joined is minted again, and the machine
         // asked for again, once no launch is in flight.
         let expired = i
@@ -589,7 +600,7 @@ impl Cluster {
         if self.provider_for(&pool).is_none() {
             return Ok(());
         }
-        let Some(mut i) = self.incidents.get(id).map(|v| v.value.clone()) else { return Ok(()) };
+        let Some(mut i) = self.state.incidents().get(id).map(|v| v.value.clone()) else { return Ok(()) };
         let job = self.mint_replacement(&mut i)?;
         self.write_incident(i)?;
         let p = self.provider_progress.entry(id.to_string()).or_default();
@@ -637,7 +648,7 @@ impl Cluster {
     /// is no replacement token at all; an error naming why when it was one and is not usable.
     pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, Error> {
         let Some(id) = self.creds.replacement_tokens.get(digest) else { return Ok(None) };
-        let Some(i) = self.incidents.get(id).map(|v| &v.value) else { return Ok(None) };
+        let Some(i) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(None) };
         let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
             return Ok(None);
         };
@@ -662,7 +673,9 @@ impl Cluster {
         host: &HostId,
         pool: &PoolName,
     ) -> Result<Option<Incident>, Error> {
-        let Some(mut i) = self.incidents.get(incident).map(|v| v.value.clone()) else { return Ok(None) };
+        let Some(mut i) = self.state.incidents().get(incident).map(|v| v.value.clone()) else {
+            return Ok(None);
+        };
         if &i.pool != pool {
             return Err(Error::invalid(
                 "pool",
@@ -685,14 +698,15 @@ impl Cluster {
             tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
         }
         self.breaker_counts.clear();
-        self.incidents.insert(incident.id.clone(), Versioned { value: incident, version: rev });
+        self.state.apply(rev, Change::Incident(incident));
     }
 
     /// Indexes the replacement tokens of unresolved incidents (at load), spent ones too, so
     /// that a reuse is refused as such.
     pub(super) fn index_replacement_tokens(&mut self) {
         self.creds.replacement_tokens = self
-            .incidents
+            .state
+            .incidents()
             .values()
             .filter_map(|v| v.value.replacement.as_ref().map(|b| (b, &v.value.id)))
             .flat_map(|(b, id)| {
@@ -709,7 +723,7 @@ impl Cluster {
     /// unresolved: a host being drained still counts, so a correlated failure declared host by
     /// host cannot slip past the breaker one incident at a time.
     pub(super) fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
-        let open: Vec<&Incident> = self.incidents.unresolved().filter(|i| &i.pool == pool).collect();
+        let open: Vec<&Incident> = self.state.incidents().unresolved().filter(|i| &i.pool == pool).collect();
         let replacements: BTreeSet<&HostId> =
             open.iter().filter_map(|i| i.replacement.as_ref().and_then(|r| r.host_id.as_ref())).collect();
         // A host an operator drained on purpose (maintenance) is not a failure the breaker
@@ -720,15 +734,15 @@ impl Cluster {
             .map(|i| &i.host_id)
             .collect();
         let mut c = PoolCounts::default();
-        for h in &self.hosts {
-            if &h.host.pool != pool
-                || !matches!(h.host.status, HostStatus::Active | HostStatus::Draining)
-                || replacements.contains(&h.host.id)
+        for h in self.state.hosts() {
+            if &h.host().pool != pool
+                || !matches!(h.host().status, HostStatus::Active | HostStatus::Draining)
+                || replacements.contains(&h.host().id)
             {
                 continue;
             }
             c.total += 1;
-            if !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host.id) {
+            if !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host().id) {
                 c.unhealthy += 1;
             }
         }
@@ -738,17 +752,19 @@ impl Cluster {
     /// What the planner needs to know about an incident's host, pool, tasks and provider.
     fn world_of(&self, incident: &Incident, counts: PoolCounts) -> Option<WorldView> {
         let ix = self.sched.host(&incident.host_id)?;
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let mut open: Vec<&Incident> = self
-            .incidents
+            .state
+            .incidents()
             .unresolved()
             .filter(|i| i.pool == incident.pool)
             .filter(|i| i.id == incident.id || i.operator_requested != Some(OperatorAction::Drain))
             .collect();
         // Earliest opened first; incidents opened in the same millisecond by their hosts'
         // registration order (not by their random ids), so the ranking is reproducible.
-        let seq_of =
-            |i: &Incident| self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.hosts[x as usize].host.seq);
+        let seq_of = |i: &Incident| {
+            self.sched.host(&i.host_id).map_or(u64::MAX, |x| self.state.hosts()[x as usize].host().seq)
+        };
         open.sort_by_cached_key(|&i| (i.opened_at_ms, seq_of(i), i.id.as_str()));
         let rank = open.iter().position(|i| i.id == incident.id).unwrap_or(0) as u32;
         let in_flight = open
@@ -757,25 +773,31 @@ impl Cluster {
                 i.id != incident.id && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
             })
             .count() as u32;
-        let recent: Vec<u64> = self.incidents.replacement_requests(&incident.pool).collect();
-        let pool = self.pools.get(&incident.pool)?;
+        let recent: Vec<u64> = self.state.incidents().replacement_requests(&incident.pool).collect();
+        let pool = self.state.pools().get(&incident.pool)?;
         let grace = pool.value.health_policy.agent_heartbeat_grace_ms;
         let now = self.now();
         let agent_reachable = e.last_heartbeat_ms.is_some_and(|t| now.saturating_sub(t) <= grace)
-            && e.host.status != HostStatus::Deregistered;
+            && e.host().status != HostStatus::Deregistered;
         // The host's live tasks (stopped ones matter to no step), from its own index rather than
         // a scan of every task record.
         let tasks: Vec<HostTask> = self
-            .tasks
+            .state
+            .tasks()
             .on_host(ix)
             .iter()
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.state.tasks().get(id))
             .map(|t| HostTask {
                 id: t.task.id,
                 owner: match &t.task.group {
                     Some(g) => TaskOwner::Service {
                         name: g.clone(),
-                        boundary: self.services.get(g).map(|s| s.value.resumption).unwrap_or_default(),
+                        boundary: self
+                            .state
+                            .services()
+                            .get(g)
+                            .map(|s| s.value.resumption)
+                            .unwrap_or_default(),
                     },
                     None => TaskOwner::Standalone,
                 },
@@ -790,11 +812,11 @@ impl Cluster {
             .as_ref()
             .and_then(|r| r.host_id.as_ref())
             .and_then(|id| self.sched.host(id))
-            .map(|x| &self.hosts[x as usize])
-            .filter(|h| h.host.pool == incident.pool)
-            .filter(|h| h.host.status == HostStatus::Active && h.host.health_status == HealthStatus::Ok);
+            .map(|x| &self.state.hosts()[x as usize])
+            .filter(|h| h.host().pool == incident.pool)
+            .filter(|h| h.host().status == HostStatus::Active && h.host().health_status == HealthStatus::Ok);
         let replacement = match (joined, &progress.launch) {
-            (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host.id.clone()) },
+            (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host().id.clone()) },
             (None, Some(Err(reason))) => ReplacementState::Failed { reason: reason.clone() },
             (None, Some(Ok(()))) => ReplacementState::Requested,
             (None, None) if progress.launching => ReplacementState::Requested,
@@ -806,7 +828,7 @@ impl Cluster {
             (None, None) if incident.has(Step::ReplacementRequested) => ReplacementState::Requested,
             (None, None) => ReplacementState::NotRequested,
         };
-        let termination = if e.host.status == HostStatus::Deregistered {
+        let termination = if e.host().status == HostStatus::Deregistered {
             TerminationState::Confirmed
         } else if progress.terminating || progress.terminate.is_some() {
             // A failed termination is requested again (terminate is idempotent) once its
@@ -826,7 +848,7 @@ impl Cluster {
             .filter_map(|a| a.replacement)
             // A replacement counts as RUNNING once it is also ready (its readiness check
             // passes, where it declares one): that is when the work has resumed.
-            .filter_map(|r| self.tasks.get(&r).map(|e| (r, &e.task)))
+            .filter_map(|r| self.state.tasks().get(&r).map(|e| (r, &e.task)))
             .map(|(r, t)| match t.last_status {
                 TaskStatus::Running if !t.ready => (r, TaskStatus::Activating),
                 s => (r, s),
@@ -841,10 +863,10 @@ impl Cluster {
                 incident_rank: rank,
             },
             host: HostState {
-                status: e.host.status,
-                cordoned: e.host.cordoned,
+                status: e.host().status,
+                cordoned: e.host().cordoned,
                 healthy: matches!(e.health.verdict, Verdict::Healthy)
-                    && e.host.health_status == HealthStatus::Ok,
+                    && e.host().health_status == HealthStatus::Ok,
                 agent_reachable,
             },
             tasks,
@@ -866,12 +888,12 @@ impl Cluster {
         match action {
             Action::Record(_) | Action::Resolve | Action::Block { .. } => {}
             Action::Cordon => {
-                let mut h = self.hosts[ix as usize].host.clone();
+                let mut h = self.state.hosts()[ix as usize].host().clone();
                 h.cordoned = true;
                 self.write_host(ix, h)?;
             }
             Action::MarkDraining => {
-                let mut h = self.hosts[ix as usize].host.clone();
+                let mut h = self.state.hosts()[ix as usize].host().clone();
                 match host_lifecycle::apply(&mut h, host_lifecycle::Event::Drain) {
                     Ok(_) => self.write_host(ix, h)?,
                     // A host already gone is not drained again.
@@ -891,7 +913,7 @@ impl Cluster {
             },
             Action::StartReplacements { tasks } => moved = self.move_tasks(ix, tasks, &incident.id)?,
             Action::StopStandalone { task_ids, stop_code } => {
-                let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
+                let gone = self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered;
                 let reason = match stop_code {
                     StopCode::HostDrained => {
                         format!("host {} drained by operator (incident {})", incident.host_id, incident.id)
@@ -900,7 +922,7 @@ impl Cluster {
                 };
                 let stopped: Vec<Task> = task_ids
                     .iter()
-                    .filter_map(|id| self.tasks.get(id))
+                    .filter_map(|id| self.state.tasks().get(id))
                     .map(|e| self.forced_stop(&e.task, *stop_code, &reason, gone))
                     .collect();
                 self.write_tasks(stopped)?;
@@ -911,7 +933,7 @@ impl Cluster {
                     jobs.push(ProviderJob::Terminate {
                         incident: incident.id.clone(),
                         pool: incident.pool.clone(),
-                        name: self.hosts[ix as usize].host.hostname.clone(),
+                        name: self.state.hosts()[ix as usize].host().hostname.clone(),
                     });
                 } else {
                     // Without a provider nothing can confirm the machine is gone, so nothing
@@ -943,17 +965,17 @@ impl Cluster {
     /// Moves service tasks off a host in one commit: each old copy is stopped
     /// (`HostReplaced`) and a new task of its service is created and placed elsewhere.
     fn move_tasks(&mut self, ix: HostIx, moves: &[MoveTask], incident: &str) -> Result<Moved, Error> {
-        let gone = self.hosts[ix as usize].host.status == HostStatus::Deregistered;
-        let host_id = self.hosts[ix as usize].host.id.clone();
+        let gone = self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered;
+        let host_id = self.state.hosts()[ix as usize].host().id.clone();
         let reason = format!("moved off host {host_id} (incident {incident})");
         let mut batch = Batch::default();
         let mut stops = Vec::new();
         let mut pairs = Vec::new();
         for m in moves {
-            let Some(old) = self.tasks.get(&m.task_id).map(|e| e.task.clone()) else { continue };
-            let Some(svc) = self.services.get(&m.service).map(|s| s.value.clone()) else { continue };
+            let Some(old) = self.state.tasks().get(&m.task_id).map(|e| e.task.clone()) else { continue };
+            let Some(svc) = self.state.services().get(&m.service).map(|s| s.value.clone()) else { continue };
             let stopped = self.forced_stop(&old, StopCode::HostReplaced, &reason, gone);
-            let version = self.tasks.get(&old.id).map_or(0, |e| e.version);
+            let version = self.state.tasks().get(&old.id).map_or(0, |e| e.version);
             batch.ops.push(Op::put_json(TASK, old.id.to_string(), &stopped, Precondition::Version(version))?);
             stops.push(stopped);
             let spec = NewTasks {
@@ -990,19 +1012,18 @@ impl Cluster {
     /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is
     /// recorded as stopped (the machine is gone).
     pub(super) fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), Error> {
-        let mut h = self.hosts[ix as usize].host.clone();
+        let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Ok(());
         }
         host_lifecycle::apply(&mut h, host_lifecycle::Event::Deregister)
             .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
+        // Its GPUs and credential leave the indexes with the record (`State::apply`).
         self.write_host(ix, h)?;
-        self.gpu_hosts.retain(|_, holder| *holder != ix);
-        self.creds.host_credentials.retain(|_, holder| *holder != ix);
-        let ids: Vec<TaskId> = self.tasks.on_host(ix).iter().copied().collect();
+        let ids: Vec<TaskId> = self.state.tasks().on_host(ix).iter().copied().collect();
         let stopped: Vec<Task> = ids
             .iter()
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.state.tasks().get(id))
             .filter(|e| e.task.desired_status == TaskStatus::Stopped)
             .map(|e| self.forced_stop(&e.task, StopCode::HostReplaced, reason, true))
             .collect();
@@ -1028,7 +1049,7 @@ impl Cluster {
         );
         let detail = format!("{op} {name}: attempt {} failed: {}; {retry_in}", failed.attempt, failed.error);
         tracing::warn!(%incident, "{detail}");
-        let Some(mut i) = self.incidents.get(incident.as_str()).map(|v| v.value.clone()) else {
+        let Some(mut i) = self.state.incidents().get(incident.as_str()).map(|v| v.value.clone()) else {
             return Ok(());
         };
         i.push(self.now(), Step::ProviderRetry, detail, None);
@@ -1065,7 +1086,8 @@ impl Cluster {
                 // The incident ended while the launch was in flight: the replacement was
                 // cancelled (its token revoked), so the machine the provider made goes again.
                 let cancelled = self
-                    .incidents
+                    .state
+                    .incidents()
                     .get(incident)
                     .and_then(|i| i.value.replacement.as_ref())
                     .is_some_and(|b| b.revoked && b.host_id.is_none());
@@ -1079,7 +1101,8 @@ impl Cluster {
             }
             ProviderJob::Terminate { incident, name, .. } => {
                 let cancelled_replacement = self
-                    .incidents
+                    .state
+                    .incidents()
                     .get(incident)
                     .and_then(|i| i.value.replacement.as_ref())
                     .is_some_and(|b| &b.name == name && b.revoked);
@@ -1104,7 +1127,9 @@ impl Cluster {
                         "terminate {name} failed: {reason}; asked again in {}",
                         mpsfleet_core::health::fmt_ms(backoff)
                     );
-                    if let Some(mut i) = self.incidents.get(incident.as_str()).map(|v| v.value.clone()) {
+                    if let Some(mut i) =
+                        self.state.incidents().get(incident.as_str()).map(|v| v.value.clone())
+                    {
                         i.push(now, Step::ProviderRetry, detail, None);
                         self.write_incident(i)?;
                     }
@@ -1112,13 +1137,14 @@ impl Cluster {
                     p.terminate_failures = 0;
                 }
                 if result.is_ok() {
-                    if let Some(host) = self.incidents.get(incident).map(|i| i.value.host_id.clone()) {
+                    if let Some(host) = self.state.incidents().get(incident).map(|i| i.value.host_id.clone())
+                    {
                         // Only the machine the job named: a termination of another (a cancelled
                         // replacement) never deregisters the incident's host.
                         let named = self
                             .sched
                             .host(&host)
-                            .filter(|&ix| &self.hosts[ix as usize].host.hostname == name);
+                            .filter(|&ix| &self.state.hosts()[ix as usize].host().hostname == name);
                         if let Some(ix) = named {
                             self.deregister(ix, "the provider terminated the host")?;
                         }

@@ -46,7 +46,7 @@ fn seen(w: &World, host: &HostId) -> (HealthStatus, Vec<Seen>, String) {
             .into_iter()
             .map(|i| (i.state.clone(), i.opened_at_ms, i.timing().first_failure_at_ms))
             .collect();
-    let checks = format!("{:?}", w.c.hosts[0].health);
+    let checks = format!("{:?}", w.c.state.hosts()[0].health);
     (view.health_status, incidents, checks)
 }
 
@@ -106,14 +106,18 @@ fn a_server_that_does_not_hold_the_checks_asks_for_them_and_takes_nothing() {
     w.clock.advance(Duration::from_secs(1));
     let answer = w.c.host_status(&host, &repeat(3)).unwrap();
     assert_eq!(answer.checks_rev, Some(3));
-    assert_eq!(w.c.hosts[0].last_heartbeat_ms, Some(w.clock.now_ms()), "a held repeat is a heartbeat");
+    assert_eq!(
+        w.c.state.hosts()[0].last_heartbeat_ms,
+        Some(w.clock.now_ms()),
+        "a held repeat is a heartbeat"
+    );
     // Another number (the agent restarted and counts again, or the answer was lost): the
     // server asks, and the heartbeat counts for nothing.
     w.clock.advance(Duration::from_secs(1));
-    let before = w.c.hosts[0].last_heartbeat_ms;
+    let before = w.c.state.hosts()[0].last_heartbeat_ms;
     let answer = w.c.host_status(&host, &repeat(4)).unwrap();
     assert_eq!(answer.checks_rev, None);
-    assert_eq!(w.c.hosts[0].last_heartbeat_ms, before);
+    assert_eq!(w.c.state.hosts()[0].last_heartbeat_ms, before);
     // A server loaded again from the store holds no checks at all.
     let store = w.c.store.clone();
     let mut again = Cluster::load(store, w.clock.clone(), |_| Ok(())).unwrap();

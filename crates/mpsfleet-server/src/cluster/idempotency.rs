@@ -269,7 +269,7 @@ impl Cluster {
     /// The tasks started with `started_by`, as a task run's answer, in the order they were made.
     fn tasks_started_by(&self, started_by: &str) -> RunOutcome {
         let mut found: Vec<&TaskEntry> =
-            self.tasks.values().filter(|e| e.task.started_by == started_by).collect();
+            self.state.tasks().values().filter(|e| e.task.started_by == started_by).collect();
         found.sort_by_key(|e| e.seq);
         let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;

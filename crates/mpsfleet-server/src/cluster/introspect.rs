@@ -13,6 +13,6 @@ impl Cluster {
 
     /// How many hosts the cluster knows, every status included.
     pub fn host_count(&self) -> usize {
-        self.hosts.len()
+        self.state.hosts().len()
     }
 }

@@ -21,7 +21,7 @@ impl Cluster {
     pub fn record_stopped_with_hosts(&mut self, pool: &str, reason: &str) -> Result<usize, Error> {
         let pool = self.pool(pool)?.name;
         let now = self.now();
-        let stopped: Vec<Task> = (self.tasks.values())
+        let stopped: Vec<Task> = (self.state.tasks().values())
             .map(|e| &e.task)
             .filter(|t| t.pool == pool && t.host_id.is_some() && t.last_status != TaskStatus::Stopped)
             .map(|t| {
@@ -42,11 +42,11 @@ impl Cluster {
     /// nothing runs it.
     pub fn retire_host(&mut self, id: &HostId, reason: &str) -> Result<(), Error> {
         let ix = self.host_ix(id.as_str())?;
-        if self.hosts[ix as usize].host.status == HostStatus::Deregistered {
+        if self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered {
             return Ok(());
         }
         self.deregister(ix, reason)?;
-        let mut h = self.hosts[ix as usize].host.clone();
+        let mut h = self.state.hosts()[ix as usize].host().clone();
         h.events.push(self.now(), ObjectEvent::new("Retired", reason));
         self.write_host(ix, h)
     }

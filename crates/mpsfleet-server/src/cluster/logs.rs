@@ -157,15 +157,15 @@ impl Cluster {
     /// Where a host's agent serves its endpoint (logs, metrics), or why it cannot be asked.
     pub fn agent_endpoint(&self, h: &HostId) -> Result<AgentEndpoint, String> {
         let Some(ix) = self.sched.host(h) else { return Err(format!("host {h} is no longer registered")) };
-        let e = &self.hosts[ix as usize];
-        if e.host.status == HostStatus::Deregistered {
+        let e = &self.state.hosts()[ix as usize];
+        if e.host().status == HostStatus::Deregistered {
             return Err(format!("host {h} is deregistered"));
         }
         e.logs_url
             .clone()
             .map(|url| AgentEndpoint {
                 url,
-                token: self.agent_token(&e.host.id, &e.host.legacy_agent_token),
+                token: self.agent_token(&e.host().id, &e.host().legacy_agent_token),
                 cert_sha256: e.logs_cert.clone(),
             })
             .ok_or_else(|| format!("the agent of host {h} has not reported where it serves its endpoint"))
@@ -174,10 +174,11 @@ impl Cluster {
     /// The hosts whose agents can be scraped (through `GET /v1/hosts/{id}/metrics`): every
     /// registered host with an endpoint, with its pool and hostname.
     pub fn metrics_targets(&self) -> Vec<(HostId, PoolName, String)> {
-        self.hosts
+        self.state
+            .hosts()
             .iter()
-            .filter(|e| e.host.status != HostStatus::Deregistered && e.logs_url.is_some())
-            .map(|e| (e.host.id.clone(), e.host.pool.clone(), e.host.hostname.clone()))
+            .filter(|e| e.host().status != HostStatus::Deregistered && e.logs_url.is_some())
+            .map(|e| (e.host().id.clone(), e.host().pool.clone(), e.host().hostname.clone()))
             .collect()
     }
 }

@@ -21,13 +21,13 @@ impl Cluster {
         fn at<'a>(pools: &'a mut BTreeMap<String, PoolState>, p: &PoolName) -> &'a mut PoolState {
             pools.entry(p.to_string()).or_default()
         }
-        for name in self.pools.keys() {
+        for name in self.state.pools().keys() {
             at(pools, name);
         }
-        for (ix, e) in self.hosts.iter().enumerate() {
-            let p = at(pools, &e.host.pool);
-            *p.hosts.entry((e.host.status.as_str(), e.host.health_status.as_str())).or_default() += 1;
-            if e.host.status == HostStatus::Deregistered {
+        for (ix, e) in self.state.hosts().iter().enumerate() {
+            let p = at(pools, &e.host().pool);
+            *p.hosts.entry((e.host().status.as_str(), e.host().health_status.as_str())).or_default() += 1;
+            if e.host().status == HostStatus::Deregistered {
                 continue;
             }
             for g in self.sched.host_gpus(ix as HostIx) {
@@ -35,14 +35,14 @@ impl Cluster {
                 let mode = s.mode();
                 *p.gpus.entry(mode.as_str()).or_default() += 1;
                 p.gpu_memory_bytes += s.total_mib as i64 * MIB;
-                if e.host.mps_available && mode != SharingMode::Dedicated {
+                if e.host().mps_available && mode != SharingMode::Dedicated {
                     p.mps_memory_reserved_bytes += s.used_mib as i64 * MIB;
                     p.mps_memory_free_bytes += s.remaining_mib() as i64 * MIB;
                     p.mps_clients += i64::from(s.clients);
                 }
             }
         }
-        for e in self.tasks.values() {
+        for e in self.state.tasks().values() {
             let t = &e.task;
             let p = at(pools, &t.pool);
             *p.tasks.entry(t.last_status.as_str()).or_default() += 1;
@@ -50,10 +50,12 @@ impl Cluster {
                 *p.pending.entry(t.pending_code).or_default() += 1;
             }
         }
-        for v in self.services.values() {
+        for v in self.state.services().values() {
             let svc = &v.value;
             let mut s = ServiceState { desired: i64::from(svc.desired_count), ..ServiceState::default() };
-            for e in self.tasks.of_service(&svc.name).iter().filter_map(|id| self.tasks.get(id)) {
+            for e in
+                self.state.tasks().of_service(&svc.name).iter().filter_map(|id| self.state.tasks().get(id))
+            {
                 s.running += i64::from(e.task.last_status == TaskStatus::Running);
                 s.healthy += i64::from(self.replica_state(&e.task) == ReplicaState::Healthy);
             }
@@ -63,10 +65,10 @@ impl Cluster {
             }
             p.services.insert(svc.name.to_string(), s);
         }
-        for v in self.incidents.values().filter(|v| v.value.state != IncidentState::Resolved) {
+        for v in self.state.incidents().values().filter(|v| v.value.state != IncidentState::Resolved) {
             *at(pools, &v.value.pool).incidents.entry(v.value.state.as_str()).or_default() += 1;
         }
-        for (name, pool) in &self.pools {
+        for (name, pool) in self.state.pools() {
             let counts = self.pool_counts(name);
             let allowed = mpsfleet_core::remediation::storm_breaker_allowed(
                 counts.total,

@@ -1,7 +1,8 @@
 //! The cluster: the server's in-memory state over the durable store.
 //!
 //! Every change follows one pattern: compute the new records, commit them to the store as one
-//! batch with compare-and-swap on each record's version, and only then apply them in memory.
+//! batch with compare-and-swap on each record's version, and only then apply them in memory,
+//! through [`State::apply`] (`state.rs`), the one writer of the records and their indexes.
 //! So what the API acknowledges is on disk, and a crash between the two steps loses nothing:
 //! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
 //! queues, indexes) is recomputed from the records rather than stored.
@@ -33,6 +34,8 @@ mod secrets;
 #[cfg(test)]
 mod service_tests;
 mod services;
+mod state;
+use state::{Change, HostEntry};
 mod task_policy;
 mod tasks;
 mod tokens;
@@ -117,78 +120,6 @@ struct TaskEntry {
     events: History<mpsfleet_core::changes::TaskChange>,
 }
 
-#[derive(Debug)]
-struct HostEntry {
-    host: Host,
-    version: Revision,
-    last_heartbeat_ms: Option<u64>,
-    /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
-    /// The API builds the address (`https://PEER:PORT`) from the heartbeat's peer address and
-    /// the port the agent reports: it is never a host the agent names.
-    checks: Vec<HostCheck>,
-    /// `checks` as one run of bytes (`checks_key.rs`): how a heartbeat that repeats them is
-    /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::take_checks`].
-    checks_key: Vec<u8>,
-    /// The agent's number for `checks` (`checksRev`), when it gave one: a heartbeat that
-    /// repeats this number with `checksUnchanged` means these checks.
-    checks_rev: Option<u64>,
-    /// When the heartbeat that carried `checks` arrived: the ages they carry count back from it.
-    checks_at_ms: Option<u64>,
-    logs_url: Option<String>,
-    /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
-    logs_cert: Option<String>,
-    /// The hashes of the CAs the agent reported trusting.
-    trusted_cas: Vec<String>,
-    /// What each task uses of its GPU, as last reported.
-    gpu_use: Vec<TaskGpuUse>,
-    /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
-    health: mpsfleet_core::health::HostHealth,
-    /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
-    evaluated: bool,
-    /// The store revision of the last change to the tasks the agent should run; agents
-    /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
-    epoch: u64,
-}
-
-impl HostEntry {
-    /// Takes a heartbeat's checks, copying them only when they changed; a heartbeat that
-    /// repeats them by number (`checksUnchanged`) leaves them as they are.
-    fn take_checks(&mut self, report: &HostStatusReport, now: u64) {
-        if report.checks_unchanged {
-            return;
-        }
-        if !checks_key::matches(&report.checks, &self.checks_key) {
-            checks_key::encode(&report.checks, &mut self.checks_key);
-            self.checks = report.checks.clone();
-        }
-        self.checks_rev = report.checks_rev;
-        self.checks_at_ms = Some(now);
-    }
-
-    /// Whether a heartbeat that leaves its checks out means checks this entry holds.
-    fn holds_checks_of(&self, report: &HostStatusReport) -> bool {
-        !report.checks_unchanged || (report.checks_rev.is_some() && report.checks_rev == self.checks_rev)
-    }
-
-    /// The checks a heartbeat reports: its own, or the ones it repeats by number.
-    fn reported_checks<'a>(&'a self, report: &'a HostStatusReport) -> &'a [HostCheck] {
-        if report.checks_unchanged {
-            &self.checks
-        } else {
-            &report.checks
-        }
-    }
-
-    /// Keeps what a heartbeat reports besides its checks: where the agent serves logs (and
-    /// with which certificate), whom it trusts, and what its tasks use of their GPUs.
-    fn keep_reported(&mut self, report: &HostStatusReport) {
-        self.logs_url.clone_from(&report.logs_url);
-        self.logs_cert.clone_from(&report.logs_cert_sha256);
-        self.trusted_cas.clone_from(&report.trusted_ca_sha256);
-        self.gpu_use.clone_from(&report.gpu_use);
-    }
-}
-
 /// Stops `t` without its agent (its host is gone, or was stopped with it): a forced stop applies
 /// in every state.
 fn force_stop(t: &mut Task) {
@@ -228,9 +159,9 @@ pub struct Cluster {
     /// heartbeat grace runs from here (or its registration, if later): a restarted server
     /// waits for the agents instead of declaring every host silent since it registered.
     loaded_at_ms: u64,
+    /// The records and their indexes, written only by `State::apply` (`state.rs`).
+    state: state::State,
     sched: Scheduler,
-    pools: BTreeMap<PoolName, Versioned<Pool>>,
-    hosts: Vec<HostEntry>,
     /// When the health tick must evaluate each host again (by [`HostIx`], beside `hosts` so
     /// that the tick reads a few bytes per host, not its record): the time its evaluation can
     /// next change without a report (`health::next_change_at_ms`), or 0 when something it
@@ -239,14 +170,8 @@ pub struct Cluster {
     /// Each pool's storm-breaker counts (`health::PoolCounts`), kept between health ticks and
     /// dropped whenever what they count changes: a host's record or verdict, or an incident.
     breaker_counts: BTreeMap<PoolName, health::PoolCounts>,
-    /// Shared, so that listing definitions copies pointers under the lock, not documents.
-    taskdefs: BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>>,
-    /// Task records with their pending queues and per-host and per-service sets.
-    tasks: tasks::TaskTable,
-    services: BTreeMap<ServiceName, Versioned<Service>>,
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
-    incidents: incident_table::IncidentTable,
     /// The keys the controllers are asked to reconcile (`work.rs`).
     work: work::Controllers,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
@@ -277,11 +202,8 @@ pub struct Cluster {
     provider_ctx: Option<ProviderContext>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     capacity_launches: HashMap<PoolName, BTreeSet<String>>,
-    /// The host of every registered GPU.
-    gpu_hosts: HashMap<GpuUuid, HostIx>,
     id_base: u64,
     id_counter: u64,
-    revision: Revision,
     /// When each retained revision of the change feed was written, and its size (compaction).
     feed: retention::FeedLedger,
     compacted_before: Revision,
@@ -340,22 +262,16 @@ impl Cluster {
         }
         let join_clock = clock.clone();
         let mut c = Cluster {
-            revision: store.revision()?,
+            state: state::State::default(),
             feed: retention::FeedLedger::default(),
             compacted_before: 0,
             store,
             loaded_at_ms: clock.now_ms(),
             clock,
             sched: Scheduler::new(),
-            pools: BTreeMap::new(),
-            hosts: Vec::new(),
             health_due_ms: Vec::new(),
             breaker_counts: BTreeMap::new(),
-            taskdefs: BTreeMap::new(),
-            tasks: tasks::TaskTable::default(),
-            services: BTreeMap::new(),
             service_failures: HashMap::new(),
-            incidents: Default::default(),
             work: Default::default(),
             live: Arc::default(),
             provider_progress: HashMap::new(),
@@ -371,7 +287,6 @@ impl Cluster {
                 admin: tokens::AdminDigest::new(admin_sha256),
                 join_index: Self::new_join_index(join_clock),
                 api_tokens: HashMap::new(),
-                host_credentials: HashMap::new(),
                 replacement_tokens: HashMap::new(),
                 launch_tokens: HashMap::new(),
             },
@@ -379,16 +294,17 @@ impl Cluster {
             audit_log: Default::default(),
             audit_call: None,
             client_tokens: Default::default(),
-            gpu_hosts: HashMap::new(),
             id_base: auth::random_u64()?,
             id_counter: 0,
             events: crate::events::Events::default(),
             output: logs::LogSnapshots::default(),
         };
+        let rev = c.store.revision()?;
+        c.state.committed(rev);
         c.rebuild()?;
         // The feed's revisions from before this load count as written now (their sizes are
         // unknown): they age out of the feed like new ones.
-        let (rev, now) = (c.revision, c.now());
+        let (rev, now) = (c.state.revision(), c.now());
         c.feed.record(rev, now, 0);
         // Capacity may have changed since the tasks waited (or a crash came between a stop and
         // the retry): place what fits and refresh the reasons of the rest.
@@ -400,7 +316,7 @@ impl Cluster {
         for r in self.store.list(POOL)? {
             let pool: Pool = decode(&r)?;
             self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
-            self.pools.insert(pool.name.clone(), Versioned { value: pool, version: r.version });
+            self.state.apply(r.version, Change::Pool(pool));
         }
         let mut hosts: Vec<Versioned<Host>> = Vec::new();
         for r in self.store.list(HOST)? {
@@ -413,10 +329,7 @@ impl Cluster {
         }
         for r in self.store.list(TASKDEF)? {
             let td: TaskDefinition = decode(&r)?;
-            self.taskdefs.insert(
-                (td.family.clone(), td.revision),
-                Versioned { value: Arc::new(td), version: r.version },
-            );
+            self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
         self.load_incidents()?;
         self.index_replacement_tokens();
@@ -427,7 +340,7 @@ impl Cluster {
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
-            self.services.insert(svc.name.clone(), Versioned { value: svc, version: r.version });
+            self.state.apply(r.version, Change::Service(svc));
         }
         let mut tasks: Vec<(Task, Revision)> = Vec::new();
         for r in self.store.list(TASK)? {
@@ -457,8 +370,8 @@ impl Cluster {
             Ok(Principal::Admin)
         } else if self.join_token(d)? {
             Ok(Principal::Joiner)
-        } else if let Some(&h) = self.creds.host_credentials.get(d) {
-            Ok(Principal::Host(self.hosts[h as usize].host.id.clone()))
+        } else if let Some(&h) = self.state.host_credentials().get(d) {
+            Ok(Principal::Host(self.state.hosts()[h as usize].host().id.clone()))
         } else if let Some(incident) = self.replacement_incident(d)? {
             Ok(Principal::Replacement(incident))
         } else if let Some(p) = self.api_token(d)? {
@@ -488,10 +401,10 @@ impl Cluster {
             self.client_token_written();
             rev
         };
-        if rev != self.revision {
+        if rev != self.state.revision() {
             self.feed.record(rev, self.clock.now_ms(), retention::batch_bytes(ops));
         }
-        self.revision = rev;
+        self.state.committed(rev);
         Ok(rev)
     }
 
@@ -504,7 +417,7 @@ impl Cluster {
     }
 
     pub fn revision(&self) -> Revision {
-        self.revision
+        self.state.revision()
     }
 
     /// Where committed changes are announced from now on.
@@ -535,13 +448,14 @@ impl Cluster {
     /// The hosts that may still call the server (not deregistered, credential not revoked)
     /// whose agents have not reported that they trust the CA `hash`.
     pub fn hosts_not_trusting(&self, hash: &str) -> Vec<String> {
-        self.hosts
+        self.state
+            .hosts()
             .iter()
             .filter(|e| {
-                e.host.status != HostStatus::Deregistered && e.host.credential_revoked_at_ms.is_none()
+                e.host().status != HostStatus::Deregistered && e.host().credential_revoked_at_ms.is_none()
             })
             .filter(|e| !e.trusted_cas.iter().any(|h| h.eq_ignore_ascii_case(hash)))
-            .map(|e| e.host.id.to_string())
+            .map(|e| e.host().id.to_string())
             .collect()
     }
 
@@ -574,7 +488,8 @@ impl Cluster {
     }
 
     fn has_provider(&self, pool: &PoolName) -> bool {
-        self.providers.contains_key(pool) || self.pools.get(pool).is_some_and(|p| p.value.provider.is_some())
+        self.providers.contains_key(pool)
+            || self.state.pools().get(pool).is_some_and(|p| p.value.provider.is_some())
     }
 
     /// The pool's capacity provider, built from its configuration the first time.
@@ -582,7 +497,7 @@ impl Cluster {
         if let Some(p) = self.providers.get(pool) {
             return Some(p.clone());
         }
-        let cfg = self.pools.get(pool)?.value.provider.clone()?;
+        let cfg = self.state.pools().get(pool)?.value.provider.clone()?;
         let ctx = self.provider_ctx.as_ref()?;
         let provider: Arc<dyn CapacityProvider> = match (cfg.kind, &cfg.exec) {
             (ProviderKind::Local, _) => Arc::new(LocalProvider::new(
@@ -674,7 +589,8 @@ impl Cluster {
     }
 
     fn latest_revision(&self, family: &Family) -> Option<u32> {
-        self.taskdefs
+        self.state
+            .taskdefs()
             .range((family.clone(), 0)..=(family.clone(), u32::MAX))
             .next_back()
             .map(|((_, r), _)| *r)
@@ -691,14 +607,15 @@ impl Cluster {
         };
         let revision = revision.or_else(|| self.latest_revision(&family));
         revision
-            .and_then(|r| self.taskdefs.get(&(family.clone(), r)))
+            .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
             .map(|v| v.value.as_ref())
             .ok_or_else(|| Error::not_found("task definition", reference))
     }
 
     /// The definitions (of `family`), shared: the caller encodes them after the lock.
     pub fn taskdefs(&self, family: Option<&str>) -> Vec<Arc<TaskDefinition>> {
-        self.taskdefs
+        self.state
+            .taskdefs()
             .values()
             .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
             .map(|v| v.value.clone())
@@ -751,13 +668,13 @@ impl Cluster {
                     req.reg.hostname
                 )));
             }
-            if self.hosts.iter().any(|h| &h.host.hostname == name) || batch.claims_hostname(name) {
+            if self.state.hosts().iter().any(|h| &h.host().hostname == name) || batch.claims_hostname(name) {
                 return Err(Error::Unauthorized("this launch token was already used"));
             }
         }
         for g in &req.reg.gpus {
-            if let Some(&holder) = self.gpu_hosts.get(&g.uuid) {
-                let h = &self.hosts[holder as usize].host;
+            if let Some(&holder) = self.state.gpu_hosts().get(&g.uuid) {
+                let h = self.state.hosts()[holder as usize].host();
                 return Err(Error::GpuTaken {
                     uuid: g.uuid.to_string(),
                     host: h.id.to_string(),
@@ -792,7 +709,7 @@ impl Cluster {
             runtime: reg.runtime,
             runtime_version: reg.runtime_version,
             plugins: reg.plugins,
-            seq: (self.hosts.len() + batch.len()) as u64,
+            seq: (self.state.hosts().len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
             credential_revoked_at_ms: None,
@@ -829,31 +746,7 @@ impl Cluster {
             })
             .map_err(|e| Error::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
-        // A deregistered host's credential is revoked and it holds its GPUs no more: the
-        // machine may join again as a new host.
-        if host.status != HostStatus::Deregistered {
-            if host.credential_revoked_at_ms.is_none() {
-                self.creds.host_credentials.insert(host.credential_sha256.clone(), ix);
-            }
-            self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
-        }
-        let registered_at_ms = host.registered_at_ms;
-        self.hosts.push(HostEntry {
-            host,
-            version,
-            last_heartbeat_ms: None,
-            checks: Vec::new(),
-            checks_key: checks_key::of(&[]),
-            checks_rev: None,
-            checks_at_ms: None,
-            logs_url: None,
-            logs_cert: None,
-            trusted_cas: Vec::new(),
-            gpu_use: Vec::new(),
-            health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
-            evaluated: false,
-            epoch: self.revision,
-        });
+        self.state.apply(version, Change::NewHost(ix, host));
         self.health_due_ms.push(0);
         self.breaker_counts.clear();
         Ok(ix)
@@ -865,7 +758,7 @@ impl Cluster {
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, Error> {
         let ix = self.host_ix(id)?;
-        let mut h = self.hosts[ix as usize].host.clone();
+        let mut h = self.state.hosts()[ix as usize].host().clone();
         if !cordoned && h.status == HostStatus::Draining {
             return Err(Error::Conflict(format!(
                 "host {} is DRAINING: uncordon does not return it to service; once it is repaired (every \
@@ -883,11 +776,11 @@ impl Cluster {
     /// Commits a host record, then applies it; a record equal to the stored one is not
     /// written again.
     fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), Error> {
-        if self.hosts[ix as usize].host == host {
+        if *self.state.hosts()[ix as usize].host() == host {
             return Ok(());
         }
         self.record_host_changes(ix, &mut host);
-        let expect = Precondition::Version(self.hosts[ix as usize].version);
+        let expect = Precondition::Version(self.state.hosts()[ix as usize].version());
         let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
         self.apply_host(ix, host, rev);
         Ok(())
@@ -896,7 +789,7 @@ impl Cluster {
     /// Records in `host`'s events what changed from the stored record: lifecycle, health
     /// (with the checks that are not OK), cordon, credential.
     pub(super) fn record_host_changes(&self, ix: HostIx, host: &mut Host) {
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let why: Vec<String> = e
             .health
             .checks
@@ -908,7 +801,7 @@ impl Cluster {
             })
             .collect();
         let now = self.now();
-        for ev in mpsfleet_core::changes::host_changes(&e.host, host, &why.join("; ")) {
+        for ev in mpsfleet_core::changes::host_changes(e.host(), host, &why.join("; ")) {
             host.events.push(now, ev);
         }
     }
@@ -917,7 +810,7 @@ impl Cluster {
     /// when the host opened up (a failure there is logged; the pending tasks are retried by the
     /// resync).
     fn apply_host(&mut self, ix: HostIx, host: Host, rev: Revision) {
-        let old = &self.hosts[ix as usize].host;
+        let old = self.state.hosts()[ix as usize].host();
         let now = self.now();
         self.events.host((old.status, old.health_status), &host, now);
         let news = host.events.since(old.events.pushed());
@@ -928,9 +821,7 @@ impl Cluster {
         }
         let schedulable = can_place(&host);
         let pool = host.pool.clone();
-        let entry = &mut self.hosts[ix as usize];
-        entry.host = host;
-        entry.version = rev;
+        self.state.apply(rev, Change::Host(ix, host));
         self.health_due_ms[ix as usize] = 0;
         self.breaker_counts.clear();
         let opened = schedulable && !self.sched.is_schedulable(ix);
@@ -941,11 +832,11 @@ impl Cluster {
     }
 
     pub fn host_view(&self, ix: HostIx) -> HostView {
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let gpus = self
             .sched
             .host_gpus(ix)
-            .zip(&e.host.gpus)
+            .zip(&e.host().gpus)
             .map(|(g, inv)| {
                 let s = self.sched.gpu(g);
                 GpuView {
@@ -962,33 +853,33 @@ impl Cluster {
             })
             .collect();
         HostView {
-            id: e.host.id.clone(),
-            pool: e.host.pool.clone(),
-            hostname: e.host.hostname.clone(),
-            status: e.host.status,
-            health_status: e.host.health_status,
-            cordoned: e.host.cordoned,
-            emulated: e.host.emulated,
-            mps_available: e.host.mps_available,
-            runtime: e.host.runtime,
-            runtime_version: e.host.runtime_version.clone(),
-            plugins: e.host.plugins.clone(),
+            id: e.host().id.clone(),
+            pool: e.host().pool.clone(),
+            hostname: e.host().hostname.clone(),
+            status: e.host().status,
+            health_status: e.host().health_status,
+            cordoned: e.host().cordoned,
+            emulated: e.host().emulated,
+            mps_available: e.host().mps_available,
+            runtime: e.host().runtime,
+            runtime_version: e.host().runtime_version.clone(),
+            plugins: e.host().plugins.clone(),
             gpus,
-            gpu_use: if e.host.status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
-            task_count: self.tasks.on_host(ix).len() as u32,
-            registered_at_ms: e.host.registered_at_ms,
+            gpu_use: if e.host().status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
+            task_count: self.state.tasks().on_host(ix).len() as u32,
+            registered_at_ms: e.host().registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
             checks: if e.health.checks.is_empty() { e.checks.clone() } else { self.evaluated_checks(ix) },
             logs_url: e.logs_url.clone(),
             logs_cert_sha256: e.logs_cert.clone(),
-            credential_revoked_at_ms: e.host.credential_revoked_at_ms,
+            credential_revoked_at_ms: e.host().credential_revoked_at_ms,
             events: Default::default(),
         }
     }
 
     /// The server's evaluation of a host's checks, with the restart counts the agent reported.
     fn evaluated_checks(&self, ix: HostIx) -> Vec<HostCheck> {
-        let e = &self.hosts[ix as usize];
+        let e = &self.state.hosts()[ix as usize];
         let mut out = e.health.host_checks();
         for c in &mut out {
             if let Some(r) = e.checks.iter().find(|r| r.name == c.name && r.gpu_id == c.gpu_id) {
@@ -1005,8 +896,9 @@ impl Cluster {
     /// Hosts `skip..skip + limit` in registration order (of `pool`), and how many there are in
     /// all: only the page's views are built.
     pub fn hosts_page(&self, pool: Option<&str>, skip: usize, limit: usize) -> (Vec<HostView>, usize) {
-        let of_pool = |ix: &HostIx| pool.is_none_or(|p| self.hosts[*ix as usize].host.pool.as_str() == p);
-        let all = (0..self.hosts.len() as HostIx).filter(of_pool);
+        let of_pool =
+            |ix: &HostIx| pool.is_none_or(|p| self.state.hosts()[*ix as usize].host().pool.as_str() == p);
+        let all = (0..self.state.hosts().len() as HostIx).filter(of_pool);
         let total = all.clone().count();
         (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
     }
@@ -1014,7 +906,7 @@ impl Cluster {
     /// One host, with its events (lists leave them out).
     pub fn host(&self, id: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(id)?;
-        Ok(HostView { events: self.hosts[ix as usize].host.events.clone(), ..self.host_view(ix) })
+        Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
     }
 
     /// Ids count up from a random base chosen at load, skipping any already taken: consecutive
@@ -1024,7 +916,7 @@ impl Cluster {
         loop {
             self.id_counter += 1;
             let id = TaskId(self.id_base.wrapping_add(self.id_counter));
-            if self.tasks.get(&id).is_none() {
+            if self.state.tasks().get(&id).is_none() {
                 return id;
             }
         }
@@ -1034,25 +926,25 @@ impl Cluster {
     /// store, whose past this server did not see).
     fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>, record: bool) {
         if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
-            let e = &mut self.hosts[p.host as usize];
+            let e = self.state.host_mut(p.host);
             e.epoch = e.epoch.max(version);
         }
         if record {
             self.put_task(task, version, placement);
         } else {
-            self.tasks.put(task, version, placement);
+            self.state.apply(version, Change::Task(task, placement));
         }
     }
 
     /// Puts a committed task record, recording what changed in its events.
     fn put_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
-        let old = self.tasks.get(&task.id).map(|e| &e.task);
+        let old = self.state.tasks().get(&task.id).map(|e| &e.task);
         if task.host_id.is_some() && old.is_none_or(|o| o.host_id.is_none()) {
             self.live.placed(&task.pool, self.now().saturating_sub(task.created_at_ms));
         }
         let news = mpsfleet_core::changes::task_changes(old, &task);
         let (id, pool) = (task.id, task.pool.clone());
-        self.tasks.put(task, version, placement);
+        self.state.apply(version, Change::Task(task, placement));
         self.record_task(id, pool, news);
     }
 
@@ -1063,20 +955,20 @@ impl Cluster {
         }
         let now = self.now();
         if self.events.listened() {
-            if let Some(e) = self.tasks.get(&id) {
+            if let Some(e) = self.state.tasks().get(&id) {
                 let words: Vec<ObjectEvent> =
                     news.iter().map(|c| mpsfleet_core::changes::render(c, &e.task)).collect();
                 let subject = event::Subject { id: id.to_string(), pool };
                 self.events.recorded(event::EventType::TaskEvent, &subject, &words, now);
             }
         }
-        self.tasks.record(&id, now, news);
+        self.state.record_task(&id, now, news);
     }
 
     /// A task's events in words, oldest first.
     pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
         let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
-        let e = self.tasks.get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
+        let e = self.state.tasks().get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
         Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
     }
 
@@ -1166,14 +1058,15 @@ impl Cluster {
     pub fn task(&self, id: &str) -> Result<Task, Error> {
         TaskId::parse(id)
             .ok()
-            .and_then(|id| self.tasks.get(&id))
+            .and_then(|id| self.state.tasks().get(&id))
             .map(|e| e.task.clone())
             .ok_or_else(|| Error::not_found("task", id))
     }
 
     pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
         let mut out: Vec<&TaskEntry> = self
-            .tasks
+            .state
+            .tasks()
             .values()
             .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
             .filter(|e| {
@@ -1239,7 +1132,7 @@ impl Cluster {
         }
         let mut ops = Vec::with_capacity(tasks.len());
         for t in &tasks {
-            let version = self.tasks.get(&t.id).map_or(0, |e| e.version);
+            let version = self.state.tasks().get(&t.id).map_or(0, |e| e.version);
             ops.push(Op::put_json(TASK, t.id.to_string(), t, Precondition::Version(version))?);
         }
         let rev = self.commit(&ops)?;
@@ -1260,7 +1153,7 @@ impl Cluster {
     /// capacity is free again).
     fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, Error> {
         let id = t.id;
-        let Some(old) = self.tasks.get(&id) else { return Ok(false) };
+        let Some(old) = self.state.tasks().get(&id) else { return Ok(false) };
         let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
         let mut placement = old.placement.clone();
         // A task that just stopped gives its capacity back.
@@ -1270,7 +1163,7 @@ impl Cluster {
             self.sched.release(&req, &p);
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
-            self.hosts[h as usize].epoch = rev;
+            self.state.host_mut(h).epoch = rev;
         }
         if stopped_now {
             self.events.task_stopped(&t, self.now());
@@ -1281,7 +1174,7 @@ impl Cluster {
 
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).
     pub fn compact_feed(&mut self, keep: u64) -> Result<(), Error> {
-        Ok(self.store.compact(self.revision.saturating_sub(keep))?)
+        Ok(self.store.compact(self.state.revision().saturating_sub(keep))?)
     }
 }
 
@@ -1350,7 +1243,7 @@ fn host_address(entry: &HostEntry) -> String {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         (!host.is_empty() && host != "0.0.0.0" && host != "::").then(|| host.to_string())
     });
-    from_url.unwrap_or_else(|| entry.host.hostname.clone())
+    from_url.unwrap_or_else(|| entry.host().hostname.clone())
 }
 
 #[cfg(test)]
@@ -1423,22 +1316,22 @@ mod tests {
             clock.advance(Duration::from_secs(1));
             let now = clock.now_ms();
             let r = report(status, since);
-            let before = c.hosts[0].health.clone();
+            let before = c.state.hosts()[0].health.clone();
             let input = HealthInput {
                 checks: &r.checks,
                 last_heartbeat_ms: Some(now),
-                registered_at_ms: c.hosts[0].host.registered_at_ms,
+                registered_at_ms: c.state.hosts()[0].host().registered_at_ms,
                 reported_at_ms: Some(now),
             };
             let expected = evaluate(&before, &input, &policy, now);
             let rev = c.revision();
             c.host_status(&host, &r).unwrap();
-            assert_eq!(c.hosts[0].health, expected, "step {i}");
-            assert_eq!(c.hosts[0].host.health_status, expected.status, "step {i}");
+            assert_eq!(c.state.hosts()[0].health, expected, "step {i}");
+            assert_eq!(c.state.hosts()[0].host().health_status, expected.status, "step {i}");
             assert_eq!(c.revision() != rev, commits, "step {i}");
             // The health tick finds nothing to change either.
             c.health_tick().unwrap();
-            assert_eq!(c.hosts[0].health, expected, "step {i}, after the tick");
+            assert_eq!(c.state.hosts()[0].health, expected, "step {i}, after the tick");
         }
     }
 }

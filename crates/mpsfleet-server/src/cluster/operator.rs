@@ -26,25 +26,28 @@ impl Cluster {
     /// really has them. Refused while the host heartbeats (it exists) unless `force`.
     pub fn forget_host(&mut self, host: &str, force: bool, by: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(host)?;
-        let e = &self.hosts[ix as usize];
-        if e.host.status == HostStatus::Deregistered {
-            return Err(Error::Conflict(format!("host {} is already deregistered", e.host.id)));
+        let e = &self.state.hosts()[ix as usize];
+        if e.host().status == HostStatus::Deregistered {
+            return Err(Error::Conflict(format!("host {} is already deregistered", e.host().id)));
         }
-        let grace =
-            self.pools.get(&e.host.pool).map_or(10_000, |p| p.value.health_policy.agent_heartbeat_grace_ms);
+        let grace = self
+            .state
+            .pools()
+            .get(&e.host().pool)
+            .map_or(10_000, |p| p.value.health_policy.agent_heartbeat_grace_ms);
         let now = self.now();
         if let Some(at) = e.last_heartbeat_ms.filter(|&at| now.saturating_sub(at) < grace) {
             if !force {
                 return Err(Error::Conflict(format!(
                     "host {} sent a heartbeat {} ago, so something runs it: drain or replace it, or pass \
                      --force if it is not the machine it claims to be",
-                    e.host.id,
+                    e.host().id,
                     mpsfleet_core::health::fmt_ms(now.saturating_sub(at))
                 )));
             }
         }
         self.deregister(ix, &format!("host forgotten by {by}"))?;
-        tracing::warn!(host.id = %self.hosts[ix as usize].host.id, by, force, "host forgotten: its GPUs are free");
+        tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, force, "host forgotten: its GPUs are free");
         Ok(self.host_view(ix))
     }
 
@@ -54,7 +57,7 @@ impl Cluster {
     /// replaces it). The machine joins again as a new host (`host forget` frees its GPUs).
     pub fn revoke_host_credential(&mut self, host: &str, by: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(host)?;
-        let mut h = self.hosts[ix as usize].host.clone();
+        let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!(
                 "host {} is deregistered: its credential works no more",
@@ -65,10 +68,8 @@ impl Cluster {
             return Err(Error::Conflict(format!("host {}'s credential is already revoked", h.id)));
         }
         h.credential_revoked_at_ms = Some(self.now());
-        let digest = h.credential_sha256.clone();
         self.write_host(ix, h)?;
-        self.creds.host_credentials.remove(&digest);
-        tracing::warn!(host.id = %self.hosts[ix as usize].host.id, by, "host credential revoked");
+        tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, "host credential revoked");
         Ok(self.host_view(ix))
     }
 
@@ -82,7 +83,7 @@ impl Cluster {
         by: &str,
     ) -> Result<Incident, Error> {
         let ix = self.host_ix(host)?;
-        let h = self.hosts[ix as usize].host.clone();
+        let h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!("host {} is already deregistered", h.id)));
         }
@@ -99,7 +100,8 @@ impl Cluster {
             Some(i) => i.clone(),
             None => {
                 let owner = self
-                    .pools
+                    .state
+                    .pools()
                     .get(&h.pool)
                     .map_or(IncidentOwner::Operator, |p| IncidentOwner::for_mode(p.value.mode));
                 let trigger = Trigger {
@@ -147,8 +149,8 @@ impl Cluster {
         by: &str,
     ) -> Result<(HostView, Option<OperatorOutcome>), Error> {
         let ix = self.host_ix(host)?;
-        let e = &self.hosts[ix as usize];
-        let h = e.host.clone();
+        let e = &self.state.hosts()[ix as usize];
+        let h = e.host().clone();
         let mut activated = h.clone();
         host_lifecycle::apply(&mut activated, host_lifecycle::Event::Activate)
             .map_err(|err| Error::Conflict(format!("host {} cannot be activated: {err}", h.id)))?;
@@ -165,12 +167,12 @@ impl Cluster {
             })
             .collect();
         let healthy = matches!(e.health.verdict, mpsfleet_core::health::Verdict::Healthy)
-            && e.host.health_status == HealthStatus::Ok;
+            && e.host().health_status == HealthStatus::Ok;
         if !not_ok.is_empty() || !healthy {
             let mut why = not_ok;
             why.dedup();
             if why.is_empty() {
-                why.push(format!("host health is {}", e.host.health_status.as_str()));
+                why.push(format!("host health is {}", e.host().health_status.as_str()));
             }
             return Err(Error::Conflict(format!(
                 "host {} is not healthy, so it stays out of service: {}; repair it and try again",
@@ -212,7 +214,7 @@ impl Cluster {
     /// incident's timeline (OPERATOR_COMMAND, by) and in the host's events.
     pub fn recheck_host(&mut self, host: &str, by: &str) -> Result<(HostView, Option<Incident>), Error> {
         let ix = self.host_ix(host)?;
-        let mut h = self.hosts[ix as usize].host.clone();
+        let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!("host {} is deregistered: no agent runs it", h.id)));
         }
@@ -231,7 +233,7 @@ impl Cluster {
                 None
             }
         };
-        tracing::info!(host.id = %self.hosts[ix as usize].host.id, by, "host recheck");
+        tracing::info!(host.id = %self.state.hosts()[ix as usize].host().id, by, "host recheck");
         Ok((self.host_view(ix), incident))
     }
 
@@ -320,18 +322,18 @@ impl Cluster {
     ) -> Result<(), Error> {
         self.record_host_changes(ix, &mut host);
         // The incident's new steps are the host's news too (drained, replaced, ...).
-        let seen = self.incidents.get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
+        let seen = self.state.incidents().get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
         for s in incident.timeline.since(seen) {
             let msg = format!("incident {}: {} {}", incident.id, s.step.as_str(), s.detail);
             host.events.push(s.latest_ms(), ObjectEvent::new("Remediation", msg));
         }
-        let e = &self.hosts[ix as usize];
-        let expect = match self.incidents.get(&incident.id) {
+        let e = &self.state.hosts()[ix as usize];
+        let expect = match self.state.incidents().get(&incident.id) {
             Some(v) => Precondition::Version(v.version),
             None => Precondition::Absent,
         };
         let ops = [
-            Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version))?,
+            Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version()))?,
             Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
         ];
         let rev = self.commit(&ops)?;

@@ -9,7 +9,8 @@ impl Cluster {
             Error::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool))
         })?;
         let (demand, needs) = self
-            .taskdefs
+            .state
+            .taskdefs()
             .get(&(task.task_definition.family.clone(), task.task_definition.revision))
             .map(|v| {
                 let td = &v.value;
@@ -31,7 +32,7 @@ impl Cluster {
     /// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).
     pub(super) fn placement_of(&self, task: &Task) -> Option<Placement> {
         let host = self.sched.host(task.host_id.as_ref()?)?;
-        let inv = &self.hosts[host as usize].host.gpus;
+        let inv = &self.state.hosts()[host as usize].host().gpus;
         let first = self.sched.host_gpus(host).start;
         let gpus = task
             .gpu_ids
@@ -48,11 +49,11 @@ impl Cluster {
     ) {
         match outcome {
             Ok(p) => {
-                let entry = &self.hosts[p.host as usize];
+                let entry = &self.state.hosts()[p.host as usize];
                 let first = self.sched.host_gpus(p.host).start;
-                task.host_id = Some(entry.host.id.clone());
+                task.host_id = Some(entry.host().id.clone());
                 task.gpu_ids =
-                    p.gpus.iter().map(|&g| entry.host.gpus[(g - first) as usize].uuid.clone()).collect();
+                    p.gpus.iter().map(|&g| entry.host().gpus[(g - first) as usize].uuid.clone()).collect();
                 task.pending_reason = None;
                 task.pending_code = None;
             }
@@ -67,11 +68,11 @@ impl Cluster {
 
     /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
     pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), Error> {
-        let waiting = self.tasks.pending_in(pool);
+        let waiting = self.state.tasks().pending_in(pool);
         let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
         let mut ops = Vec::new();
         for id in waiting {
-            let Some(e) = self.tasks.get(&id) else { continue };
+            let Some(e) = self.state.tasks().get(&id) else { continue };
             if e.task.desired_status == TaskStatus::Stopped {
                 continue;
             }
@@ -87,7 +88,7 @@ impl Cluster {
                 // The reason is derived state: refreshed in memory, not written on every retry.
                 Err(unplaced) => {
                     let why = unplaced.to_string();
-                    if self.tasks.set_pending_reason(&id, &why, unplaced.code()) {
+                    if self.state.set_pending_reason(&id, &why, unplaced.code()) {
                         let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
                         self.record_task(id, pool.clone(), news);
                     }
@@ -107,7 +108,7 @@ impl Cluster {
             }
         };
         for (task, p, _) in placed {
-            self.hosts[p.host as usize].epoch = rev;
+            self.state.host_mut(p.host).epoch = rev;
             self.put_task(task, rev, Some(p));
         }
         Ok(())

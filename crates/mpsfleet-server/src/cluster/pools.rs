@@ -6,7 +6,7 @@ use super::*;
 impl Cluster {
     pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, Error> {
         let name = PoolName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
-        if self.pools.contains_key(&name) {
+        if self.state.pools().contains_key(&name) {
             return Err(Error::AlreadyExists { kind: "pool", id: name.to_string() });
         }
         let mode = req.mode.unwrap_or(OwnershipMode::Managed);
@@ -27,7 +27,7 @@ impl Cluster {
         self.check_provider_configured(&pool)?;
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
-        self.pools.insert(name, Versioned { value: pool.clone(), version: rev });
+        self.state.apply(rev, Change::Pool(pool.clone()));
         self.health_due_ms.fill(0);
         Ok(pool)
     }
@@ -36,7 +36,8 @@ impl Cluster {
     /// apply to the next placement, policy changes to the next evaluation.
     pub fn update_pool(&mut self, name: &str, req: UpdatePool) -> Result<Pool, Error> {
         let current = self
-            .pools
+            .state
+            .pools()
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, v)| v.clone())
@@ -74,7 +75,7 @@ impl Cluster {
                 self.providers.remove(&pool.name);
             }
             self.sched.upsert_pool(name, pool_config(&pool));
-            self.pools.insert(pool.name.clone(), Versioned { value: pool.clone(), version: rev });
+            self.state.apply(rev, Change::Pool(pool.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
             self.health_due_ms.fill(0);
             self.ask(Work::Placement(pool.name.clone()));
@@ -109,11 +110,12 @@ impl Cluster {
     }
 
     pub fn pools(&self) -> Vec<Pool> {
-        self.pools.values().map(|p| p.value.clone()).collect()
+        self.state.pools().values().map(|p| p.value.clone()).collect()
     }
 
     pub fn pool(&self, name: &str) -> Result<Pool, Error> {
-        self.pools
+        self.state
+            .pools()
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, p)| p.value.clone())
@@ -122,7 +124,7 @@ impl Cluster {
 
     pub(super) fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, Error> {
         let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
-        if !self.pools.contains_key(&p) {
+        if !self.state.pools().contains_key(&p) {
             return Err(Error::invalid(
                 field,
                 format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),

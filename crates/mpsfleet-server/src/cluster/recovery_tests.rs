@@ -59,7 +59,7 @@ impl World {
     }
 
     pub(super) fn heartbeat(&mut self, host: &HostId, mps: HealthStatus) {
-        let gpu = self.c.hosts[self.c.sched.host(host).unwrap() as usize].host.gpus[0].uuid.clone();
+        let gpu = self.c.state.hosts()[self.c.sched.host(host).unwrap() as usize].host().gpus[0].uuid.clone();
         let report = HostStatusReport {
             onboarded: true,
             checks: vec![HostCheck {
@@ -238,7 +238,7 @@ fn self_managed_drain_repair_activate() {
     ] {
         assert!(steps.contains(&want), "{want:?} missing from {steps:?}");
     }
-    assert!(can_place(&w.c.hosts[w.c.sched.host(&host).unwrap() as usize].host));
+    assert!(can_place(w.c.state.hosts()[w.c.sched.host(&host).unwrap() as usize].host()));
 }
 
 /// A data directory written before timelines were bounded opens: its incidents are rewritten

@@ -9,7 +9,7 @@
 //! group, commits the ones that pass as one batch and answers each only after that commit.
 
 use super::Error;
-use super::{Cluster, Versioned, HOST, TASKDEF};
+use super::{Change, Cluster, HOST, TASKDEF};
 use crate::auth::{self, Principal};
 use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
@@ -95,7 +95,7 @@ impl Cluster {
         td.revision = revision;
         td.registered_at_ms = registered_at_ms;
         let reference = td.reference();
-        self.taskdefs.insert((family, revision), Versioned { value: Arc::new(td), version: rev });
+        self.state.apply(rev, Change::TaskDef(Arc::new(td)));
         Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
     }
 }
@@ -288,7 +288,7 @@ impl Cluster {
         }
         let mut ops: Vec<Op> = batch.members.iter().map(|m| m.op.clone()).collect();
         for i in &bound {
-            let version = self.incidents.get(&i.id).map_or(0, |v| v.version);
+            let version = self.state.incidents().get(&i.id).map_or(0, |v| v.version);
             match Op::put_json(super::health::INCIDENT, i.id.clone(), i, Precondition::Version(version)) {
                 Ok(op) => ops.push(op),
                 Err(e) => {
@@ -321,7 +321,7 @@ impl Cluster {
                         bound.iter().position(|i| i.is_replacement(&m.host.id)).map(|k| bound.remove(k));
                     let mut ops = vec![m.op.clone()];
                     if let Some(i) = &binding {
-                        let version = self.incidents.get(&i.id).map_or(0, |v| v.version);
+                        let version = self.state.incidents().get(&i.id).map_or(0, |v| v.version);
                         match Op::put_json(
                             super::health::INCIDENT,
                             i.id.clone(),

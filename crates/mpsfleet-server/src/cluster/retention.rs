@@ -133,7 +133,7 @@ impl Cluster {
 
     /// Compacts the change feed by count, age and size.
     pub fn compact_history(&mut self) -> Result<(), Error> {
-        let from = self.feed.keep_from(self.revision, self.now());
+        let from = self.feed.keep_from(self.state.revision(), self.now());
         if from > self.compacted_before {
             self.store.compact(from)?;
             self.compacted_before = from;
@@ -147,23 +147,26 @@ impl Cluster {
     pub fn prune(&mut self) -> Result<(), Error> {
         let now = self.now();
         let stopped = self
-            .tasks
+            .state
+            .tasks()
             .values()
             .filter(|e| e.task.last_status == TaskStatus::Stopped)
             .map(|e| (e.task.stopped_at_ms.unwrap_or(0), e.task.id))
             .collect();
         let tasks = past_retention(stopped, MAX_STOPPED_TASKS, STOPPED_TASK_RETENTION_MS, now);
         for chunk in tasks.chunks(PRUNE_BATCH) {
-            let keys = chunk.iter().filter_map(|id| self.tasks.get(id).map(|e| (id.to_string(), e.version)));
+            let keys =
+                chunk.iter().filter_map(|id| self.state.tasks().get(id).map(|e| (id.to_string(), e.version)));
             let keys: Vec<(String, Revision)> = keys.collect();
             if self.commit_deletes(TASK, &keys) {
                 for id in chunk {
-                    self.tasks.remove(id);
+                    self.state.apply(self.state.revision(), Change::TaskRemoved(*id));
                 }
             }
         }
         let resolved = self
-            .incidents
+            .state
+            .incidents()
             .values()
             .filter(|v| v.value.state == IncidentState::Resolved)
             // Kept while a cancelled replacement's launch is still in flight: its answer needs
@@ -173,13 +176,15 @@ impl Cluster {
             .collect();
         let incidents = past_retention(resolved, MAX_RESOLVED_INCIDENTS, RESOLVED_INCIDENT_RETENTION_MS, now);
         for chunk in incidents.chunks(PRUNE_BATCH) {
-            let keys = chunk.iter().filter_map(|id| self.incidents.get(id).map(|v| (id.clone(), v.version)));
+            let keys =
+                chunk.iter().filter_map(|id| self.state.incidents().get(id).map(|v| (id.clone(), v.version)));
             let keys: Vec<(String, Revision)> = keys.collect();
             if !self.commit_deletes(INCIDENT, &keys) {
                 continue;
             }
             for id in chunk {
-                if let Some(v) = self.incidents.remove(id) {
+                if let Some(v) = self.state.incidents().get(id).cloned() {
+                    self.state.apply(self.state.revision(), Change::IncidentRemoved(id.clone()));
                     self.breaker_counts.clear();
                     if let Some(b) = &v.value.replacement {
                         for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {

@@ -230,7 +230,7 @@ impl Cluster {
     pub fn task_secrets(&self, host: &HostId, id: &str) -> Result<TaskSecrets, Error> {
         let task = TaskId::parse(id)
             .ok()
-            .and_then(|id| self.tasks.get(&id))
+            .and_then(|id| self.state.tasks().get(&id))
             .map(|e| &e.task)
             .ok_or_else(|| Error::not_found("task", id))?;
         if task.host_id.as_ref() != Some(host) || task.last_status == TaskStatus::Stopped {
@@ -238,7 +238,8 @@ impl Cluster {
         }
         let r = &task.task_definition;
         let td = self
-            .taskdefs
+            .state
+            .taskdefs()
             .get(&(r.family.clone(), r.revision))
             .ok_or_else(|| Error::not_found("task definition", r.to_string()))?;
         let mut values = BTreeMap::new();

@@ -30,7 +30,7 @@ fn world(hosts: usize) -> (World, Vec<HostId>) {
 /// check. After each report: `check(&cluster)`. Returns when nothing is left to report.
 fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: &mut impl FnMut(&Cluster)) {
     for _ in 0..10_000 {
-        let next = w.c.tasks.values().find_map(|e| {
+        let next = w.c.state.tasks().values().find_map(|e| {
             let t = &e.task;
             let host = t.host_id.clone()?;
             let report = if t.desired_status == TaskStatus::Stopped {
@@ -102,8 +102,14 @@ fn update(w: &mut World, taskdef: &str) {
 /// Healthy replicas and all live replicas of the service.
 fn counts(c: &Cluster) -> (usize, usize) {
     let name = ServiceName::new("web").unwrap();
-    let live: Vec<&Task> =
-        c.tasks.of_service(&name).iter().filter_map(|id| c.tasks.get(id)).map(|e| &e.task).collect();
+    let live: Vec<&Task> = c
+        .state
+        .tasks()
+        .of_service(&name)
+        .iter()
+        .filter_map(|id| c.state.tasks().get(id))
+        .map(|e| &e.task)
+        .collect();
     let healthy = live.iter().filter(|t| c.replica_state(t) == ReplicaState::Healthy).count();
     (healthy, live.len())
 }
@@ -251,7 +257,7 @@ fn a_held_back_service_starts_again_when_its_window_passes_without_a_resync() {
             .sum::<u64>()
     };
     assert!(events(&w, "ReplacementsHeldBack") > 0);
-    let tasks = |w: &World| w.c.tasks.values().count();
+    let tasks = |w: &World| w.c.state.tasks().values().count();
     let before = tasks(&w);
     // Only health ticks from here: nothing starts while the window holds, then a start comes.
     let mut waited = 0;
@@ -378,10 +384,11 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     let gpus_of = |c: &Cluster| -> Vec<GpuUuid> {
         let name = ServiceName::new("web").unwrap();
         let mut g: Vec<GpuUuid> = c
-            .tasks
+            .state
+            .tasks()
             .of_service(&name)
             .iter()
-            .filter_map(|id| c.tasks.get(id))
+            .filter_map(|id| c.state.tasks().get(id))
             .filter(|e| e.task.desired_status != TaskStatus::Stopped)
             .flat_map(|e| e.task.gpu_ids.clone())
             .collect();
@@ -396,7 +403,12 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     for h in &hosts[1..] {
         w.heartbeat(h, HealthStatus::Impaired);
         let on: Vec<TaskId> =
-            w.c.tasks.values().filter(|e| e.task.host_id.as_ref() == Some(h)).map(|e| e.task.id).collect();
+            w.c.state
+                .tasks()
+                .values()
+                .filter(|e| e.task.host_id.as_ref() == Some(h))
+                .map(|e| e.task.id)
+                .collect();
         for id in on {
             let r = TaskStateReport {
                 stop_code: Some(StopCode::MpsDaemonUnavailable),
@@ -460,14 +472,14 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
     let mut rx = w.c.events.subscribe();
     service(&mut w, 1, DeploymentConfiguration::default());
     agents(&mut w, |_| false, &mut |_| {});
-    let task = w.c.tasks.values().next().unwrap().task.clone();
+    let task = w.c.state.tasks().values().next().unwrap().task.clone();
     let events = w.c.task_events(&task.id.to_string()).unwrap();
     let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Placed", "Started", "Ready", "Healthy"], "{events:?}");
 
     // A local daemon restart, as the agent's heartbeat counts it, lands in the host's
     // durable events.
-    let gpu = w.c.hosts[0].host.gpus[0].uuid.clone();
+    let gpu = w.c.state.hosts()[0].host().gpus[0].uuid.clone();
     let beat = |restarts| HostStatusReport {
         onboarded: true,
         checks: vec![HostCheck {

@@ -25,7 +25,7 @@ use mpsfleet_types::service::{
 impl Cluster {
     pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, Error> {
         let name = ServiceName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
-        if self.services.contains_key(&name) {
+        if self.state.services().contains_key(&name) {
             return Err(Error::AlreadyExists { kind: "service", id: name.to_string() });
         }
         check_desired(req.desired_count)?;
@@ -56,7 +56,7 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
         self.sched.group(name.as_str());
         self.publish_service_events(0, &svc);
-        self.services.insert(name.clone(), Versioned { value: svc, version: rev });
+        self.state.apply(rev, Change::Service(svc));
         self.reconcile_service(&name)?;
         self.service(name.as_str())
     }
@@ -116,7 +116,8 @@ impl Cluster {
     }
 
     pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, Error> {
-        self.services
+        self.state
+            .services()
             .iter()
             .find(|(k, _)| k.as_str() == name)
             .map(|(_, v)| v.clone())
@@ -124,12 +125,12 @@ impl Cluster {
     }
 
     pub(super) fn write_service(&mut self, svc: Service) -> Result<(), Error> {
-        let version = self.services.get(&svc.name).map_or(0, |v| v.version);
+        let version = self.state.services().get(&svc.name).map_or(0, |v| v.version);
         let rev =
             self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
-        let seen = self.services.get(&svc.name).map_or(0, |v| v.value.events.pushed());
+        let seen = self.state.services().get(&svc.name).map_or(0, |v| v.value.events.pushed());
         self.publish_service_events(seen, &svc);
-        self.services.insert(svc.name.clone(), Versioned { value: svc, version: rev });
+        self.state.apply(rev, Change::Service(svc));
         Ok(())
     }
 
@@ -150,7 +151,7 @@ impl Cluster {
 
     /// Whether a definition's health counts: one of its essential containers has a check.
     fn health_checked(&self, td: &TaskDefRef) -> bool {
-        self.taskdefs.get(&(td.family.clone(), td.revision)).is_some_and(|d| {
+        self.state.taskdefs().get(&(td.family.clone(), td.revision)).is_some_and(|d| {
             d.value.container_definitions.iter().any(|c| c.essential && c.health_check.is_some())
         })
     }
@@ -159,10 +160,11 @@ impl Cluster {
     fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
         // A service's tasks share one or two definitions: each is looked up once in a row.
         let mut last: Option<(&TaskDefRef, bool)> = None;
-        self.tasks
+        self.state
+            .tasks()
             .of_service(&svc.name)
             .iter()
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.state.tasks().get(id))
             .map(|e| {
                 let td = &e.task.task_definition;
                 let state = replica_state_of(&e.task, || match last {
@@ -184,10 +186,10 @@ impl Cluster {
     }
 
     fn view_of(&self, svc: &Service) -> ServiceView {
-        let live = Some(self.tasks.of_service(&svc.name));
+        let live = Some(self.state.tasks().of_service(&svc.name));
         let count = |f: &dyn Fn(&Task) -> bool| {
             live.map_or(0, |ids| {
-                ids.iter().filter_map(|id| self.tasks.get(id)).filter(|e| f(&e.task)).count()
+                ids.iter().filter_map(|id| self.state.tasks().get(id)).filter(|e| f(&e.task)).count()
             }) as u32
         };
         ServiceView {
@@ -216,8 +218,8 @@ impl Cluster {
                 healthy_count: 0,
             })
             .collect();
-        for id in self.tasks.of_service(&svc.name) {
-            let Some(e) = self.tasks.get(id) else { continue };
+        for id in self.state.tasks().of_service(&svc.name) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
             let t = &e.task;
             let Some(v) = views.iter_mut().find(|v| {
                 v.deployment.task_definition == t.task_definition
@@ -245,17 +247,17 @@ impl Cluster {
     pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
         let svc = self.service_record(name)?.value.name.clone();
         let mut out = Vec::new();
-        for id in self.tasks.of_service(&svc) {
-            let Some(e) = self.tasks.get(id) else { continue };
+        for id in self.state.tasks().of_service(&svc) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
             let t = &e.task;
             if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
                 continue;
             }
             let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { continue };
-            let entry = &self.hosts[host as usize];
+            let entry = &self.state.hosts()[host as usize];
             let address = host_address(entry);
             let definition =
-                self.taskdefs.get(&(t.task_definition.family.clone(), t.task_definition.revision));
+                self.state.taskdefs().get(&(t.task_definition.family.clone(), t.task_definition.revision));
             for c in &t.containers {
                 let task_ip = c.network_interfaces.first().map(|n| n.private_ipv4_address.clone());
                 if let (Some(ip), Some(def)) = (task_ip, definition) {
@@ -268,7 +270,7 @@ impl Cluster {
                     for m in mappings {
                         out.push(ServiceEndpoint {
                             task_id: t.id,
-                            host_id: entry.host.id.clone(),
+                            host_id: entry.host().id.clone(),
                             container: c.name.clone(),
                             address: format!("{ip}:{}", m.container_port),
                             host_port: m.container_port,
@@ -288,7 +290,7 @@ impl Cluster {
                     };
                     out.push(ServiceEndpoint {
                         task_id: t.id,
-                        host_id: entry.host.id.clone(),
+                        host_id: entry.host().id.clone(),
                         container: c.name.clone(),
                         address: format!("{ip}:{}", b.host_port),
                         host_port: b.host_port,
@@ -304,7 +306,7 @@ impl Cluster {
     }
 
     pub fn services(&self) -> Vec<ServiceView> {
-        self.services.values().map(|v| self.view_of(&v.value)).collect()
+        self.state.services().values().map(|v| self.view_of(&v.value)).collect()
     }
 
     /// Reconciles a service now ([`Cluster::reconcile_service_once`]), for the requests that
@@ -324,7 +326,7 @@ impl Cluster {
     /// when to run again: when a hold-back or a settle time it waits for ends, or not until
     /// something changes.
     pub(super) fn reconcile_service_once(&mut self, name: &ServiceName) -> Result<Action, Error> {
-        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else {
+        let Some(mut svc) = self.state.services().get(name).map(|v| v.value.clone()) else {
             return Ok(Action::AwaitChange);
         };
         let before = svc.clone();
@@ -353,7 +355,7 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("ReplacementsHeldBack", msg));
         }
         let may_start = !failed && !held;
-        let live = self.tasks.of_service(name);
+        let live = self.state.tasks().of_service(name);
         svc.moving.retain(|id| live.contains(id));
         let mut replicas = self.replicas(&svc);
         if may_start && svc.moving.is_empty() {
@@ -370,7 +372,7 @@ impl Cluster {
         let mut to_stop = Vec::with_capacity(plan.stop.len());
         let (mut replaced, mut moved, mut scaled_in) = (0, 0, 0);
         for (id, why) in &plan.stop {
-            let Some(e) = self.tasks.get(id) else { continue };
+            let Some(e) = self.state.tasks().get(id) else { continue };
             let reason = match why {
                 StopWhy::Replaced => {
                     if svc.moving.contains(id) {
@@ -426,10 +428,10 @@ impl Cluster {
         // Tasks stopped or started: their replicas are looked at again.
         let replicas = if unchanged { replicas } else { self.replicas(&svc) };
         self.settle_deployments(&mut svc, &replicas, &bounds, now);
-        if svc.status == ServiceStatus::Draining && self.tasks.of_service(name).is_empty() {
-            let version = self.services.get(name).map_or(0, |v| v.version);
+        if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(name).is_empty() {
+            let version = self.state.services().get(name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
-            self.services.remove(name);
+            self.state.apply(self.state.revision(), Change::ServiceRemoved(name.clone()));
             return Ok(Action::AwaitChange);
         }
         if svc != before {
@@ -463,7 +465,11 @@ impl Cluster {
         }
         // Each replica's daemon: (host, GPU), or (host, None) without GPUs.
         let daemon = |id: &TaskId| {
-            self.tasks.get(id).and_then(|e| e.placement.as_ref()).map(|p| (p.host, p.gpus.first().copied()))
+            self.state
+                .tasks()
+                .get(id)
+                .and_then(|e| e.placement.as_ref())
+                .map(|p| (p.host, p.gpus.first().copied()))
         };
         let mut on: BTreeMap<Daemon, Vec<(u64, TaskId)>> = BTreeMap::new();
         for r in replicas {
@@ -479,7 +485,9 @@ impl Cluster {
         if now < settled_at {
             return Rebalance::SettlesAt(settled_at);
         }
-        let Some(task) = self.tasks.get(&id).map(|e| e.task.clone()) else { return Rebalance::Nothing };
+        let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else {
+            return Rebalance::Nothing;
+        };
         let Ok(req) = self.request_for(&task) else { return Rebalance::Nothing };
         // Where a new replica would go; given back at once.
         let Ok(p) = self.sched.place(&req) else { return Rebalance::Nothing };
@@ -507,12 +515,12 @@ impl Cluster {
     /// not followed at once by a second disruption nobody asked for.
     fn rebalance_settled_at(&self, svc: &Service) -> u64 {
         let deployed = svc.deployments.first().map_or(0, |d| d.updated_at_ms);
-        let started = (self.tasks.of_service(&svc.name).iter())
-            .filter_map(|id| self.tasks.get(id))
+        let started = (self.state.tasks().of_service(&svc.name).iter())
+            .filter_map(|id| self.state.tasks().get(id))
             .map(|e| e.task.created_at_ms)
             .max()
             .unwrap_or(0);
-        let incident = (self.incidents.values())
+        let incident = (self.state.incidents().values())
             .filter(|i| i.value.pool == svc.pool)
             .map(|i| i.value.resolved_at_ms.unwrap_or(i.value.opened_at_ms).max(i.value.opened_at_ms))
             .max()
@@ -527,10 +535,11 @@ impl Cluster {
             replicas.iter().filter(|r| r.current && r.state == ReplicaState::Healthy).count() as u32;
         let older_left = replicas.iter().any(|r| !r.current);
         let live_defs: BTreeSet<&TaskDefRef> = self
-            .tasks
+            .state
+            .tasks()
             .of_service(&svc.name)
             .iter()
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.state.tasks().get(id))
             .map(|e| &e.task.task_definition)
             .collect();
         let primary_def = svc.task_definition.clone();
@@ -569,7 +578,7 @@ impl Cluster {
     /// breaker names the reasons.
     pub(super) fn note_service_failure(&mut self, task: &Task, reason: &str) -> Result<(), Error> {
         let Some(name) = &task.group else { return Ok(()) };
-        let Some(mut svc) = self.services.get(name).map(|v| v.value.clone()) else { return Ok(()) };
+        let Some(mut svc) = self.state.services().get(name).map(|v| v.value.clone()) else { return Ok(()) };
         let now = self.now();
         let id = task.id.to_string();
         let grouped = svc

@@ -14,8 +14,8 @@ impl super::Cluster {
     /// And the task's GPU demand against the largest host the pool has or its provider
     /// launches (`mpsfleet_core::fit`).
     pub(super) fn check_task_policy(&self, pool: &PoolName, td: &TaskDefinition) -> Result<(), Error> {
-        let Some(p) = self.pools.get(pool) else { return Ok(()) };
-        let hosts = || self.hosts.iter().map(|e| &e.host).filter(|h| &h.pool == pool);
+        let Some(p) = self.state.pools().get(pool) else { return Ok(()) };
+        let hosts = || self.state.hosts().iter().map(|e| e.host()).filter(|h| &h.pool == pool);
         check(&p.value, td, hosts())?;
         let mut shapes: Vec<Shape> = hosts()
             .filter(|h| h.status != HostStatus::Deregistered)
@@ -76,7 +76,7 @@ pub fn check<'a>(
     for (i, v) in td.volumes.iter().enumerate() {
         if v.host.as_ref().is_some_and(|h| h.source_path.is_some()) && !p.allow_host_paths {
             return Err(refuse(
-                format!("volumes[{i}].host.sourcePath"),
+                format!("volumes[{i}].host().sourcePath"),
                 "allowHostPaths",
                 "a host path volume",
             ));
@@ -232,7 +232,7 @@ mod tests {
             }),
             (
                 json!({"volumes": [{"name": "v", "host": {"sourcePath": "/srv"}}]}),
-                "volumes[0].host.sourcePath",
+                "volumes[0].host().sourcePath",
                 "allowHostPaths",
                 |p| p.allow_host_paths = true,
             ),

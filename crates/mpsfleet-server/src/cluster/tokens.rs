@@ -137,7 +137,6 @@ pub(super) struct Credentials {
     /// Join tokens by digest, shared with the HTTP layer.
     pub(super) join_index: JoinDigests,
     pub(super) api_tokens: HashMap<String, TokenRecord>,
-    pub(super) host_credentials: HashMap<String, HostIx>,
     /// Digests of unspent replacement registration tokens, to their incident.
     pub(super) replacement_tokens: HashMap<String, String>,
     /// Digests of the launch tokens of the hosts being launched for capacity.
@@ -177,7 +176,7 @@ impl Cluster {
                      operator tokens only",
                 ));
             }
-            if !self.pools.keys().any(|k| k.as_str() == pool) {
+            if !self.state.pools().keys().any(|k| k.as_str() == pool) {
                 return Err(Error::invalid("pool", format!("no pool named {pool:?}")));
             }
         }

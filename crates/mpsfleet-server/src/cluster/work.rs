@@ -66,7 +66,7 @@ impl Cluster {
 
     /// Asks for placement in every pool that has waiting tasks (capacity came back).
     pub(super) fn ask_placement_everywhere(&mut self) {
-        for p in self.tasks.pools_with_pending() {
+        for p in self.state.tasks().pools_with_pending() {
             self.ask(Work::Placement(p));
         }
     }
@@ -107,7 +107,7 @@ impl Cluster {
         let now = self.now();
         if now >= self.work.next_service_resync_ms {
             self.work.next_service_resync_ms = now + SERVICE_RESYNC_MS;
-            let names: Vec<ServiceName> = self.services.keys().cloned().collect();
+            let names: Vec<ServiceName> = self.state.services().keys().cloned().collect();
             for n in names {
                 self.work.queue.enqueue_at(Work::Service(n), now);
             }

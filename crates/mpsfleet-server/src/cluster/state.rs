@@ -1,0 +1,289 @@
+//! The cluster's records and the indexes derived from them, apart from what acts on them.
+//!
+//! [`State`] holds every committed record the server keeps in memory (pools, hosts, task
+//! definitions, tasks, services, incidents) with the indexes kept in step with them (each
+//! GPU's host, each host credential's host, the task and incident tables' own indexes) and the
+//! store revision the server last committed. Everything in `cluster/` reads it through
+//! `&State`; it changes only through [`State::apply`], which takes one committed record
+//! change at the version the store wrote it (kube's reflector: one writer, many readers).
+//! The fields are private to this file, and a host's record and version to [`HostEntry`]'s
+//! getters, so the compiler keeps that true.
+//!
+//! What is not a record lives beside the records and is written by its own named methods:
+//! what a host's agent last reported (checks, addresses, GPU use) and the server's evaluation
+//! of it, a task's in-memory events and pending reason. The controllers' own bookkeeping
+//! (health due times, retries, the scheduler's capacity index) is `Cluster`'s.
+
+use super::checks_key;
+use super::incident_table::IncidentTable;
+use super::tasks::TaskTable;
+use super::Versioned;
+use mpsfleet_core::changes::TaskChange;
+use mpsfleet_core::scheduler::{HostIx, Placement};
+use mpsfleet_store::Revision;
+use mpsfleet_types::api::HostStatusReport;
+use mpsfleet_types::{
+    Family, GpuUuid, Host, HostCheck, HostStatus, Incident, PendingCode, Pool, PoolName, Service,
+    ServiceName, Task, TaskDefinition, TaskGpuUse, TaskId,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// One committed record change, as [`State::apply`] takes it.
+pub(super) enum Change {
+    Pool(Pool),
+    /// A host the scheduler indexed at this `HostIx` (the next one: hosts are never removed).
+    NewHost(HostIx, Host),
+    Host(HostIx, Host),
+    TaskDef(Arc<TaskDefinition>),
+    /// A task, held by the scheduler at the placement (None: waiting, or stopped).
+    Task(Task, Option<Placement>),
+    TaskRemoved(TaskId),
+    Service(Service),
+    ServiceRemoved(ServiceName),
+    Incident(Incident),
+    IncidentRemoved(String),
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    /// The store revision of the server's last commit.
+    revision: Revision,
+    pools: BTreeMap<PoolName, Versioned<Pool>>,
+    /// By [`HostIx`], the scheduler's index of the host.
+    hosts: Vec<HostEntry>,
+    /// Shared, so that listing definitions copies pointers under the lock, not documents.
+    taskdefs: BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>>,
+    /// Task records with their pending queues and per-host and per-service sets.
+    tasks: TaskTable,
+    services: BTreeMap<ServiceName, Versioned<Service>>,
+    incidents: IncidentTable,
+    /// The host of every GPU of a host that is not deregistered.
+    gpu_hosts: HashMap<GpuUuid, HostIx>,
+    /// The host of every credential that works: not revoked, host not deregistered.
+    host_credentials: HashMap<String, HostIx>,
+}
+
+impl State {
+    /// Applies one committed change at `version`, the store revision that wrote it.
+    pub(super) fn apply(&mut self, version: Revision, change: Change) {
+        match change {
+            Change::Pool(pool) => {
+                self.pools.insert(pool.name.clone(), Versioned { value: pool, version });
+            }
+            Change::NewHost(ix, host) => {
+                assert_eq!(ix as usize, self.hosts.len(), "hosts are indexed in the scheduler's order");
+                // A deregistered host holds its GPUs no more: the machine may join again as
+                // a new host.
+                if host.status != HostStatus::Deregistered {
+                    self.gpu_hosts.extend(host.gpus.iter().map(|g| (g.uuid.clone(), ix)));
+                }
+                self.index_credential(ix, &host);
+                let registered_at_ms = host.registered_at_ms;
+                self.hosts.push(HostEntry {
+                    host,
+                    version,
+                    last_heartbeat_ms: None,
+                    checks: Vec::new(),
+                    checks_key: checks_key::of(&[]),
+                    checks_rev: None,
+                    checks_at_ms: None,
+                    logs_url: None,
+                    logs_cert: None,
+                    trusted_cas: Vec::new(),
+                    gpu_use: Vec::new(),
+                    health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
+                    evaluated: false,
+                    epoch: self.revision,
+                });
+            }
+            Change::Host(ix, host) => {
+                if host.status == HostStatus::Deregistered {
+                    self.gpu_hosts.retain(|_, holder| *holder != ix);
+                }
+                self.index_credential(ix, &host);
+                let entry = &mut self.hosts[ix as usize];
+                entry.host = host;
+                entry.version = version;
+            }
+            Change::TaskDef(td) => {
+                self.taskdefs.insert((td.family.clone(), td.revision), Versioned { value: td, version });
+            }
+            Change::Task(task, placement) => {
+                self.tasks.put(task, version, placement);
+            }
+            Change::TaskRemoved(id) => {
+                self.tasks.remove(&id);
+            }
+            Change::Service(svc) => {
+                self.services.insert(svc.name.clone(), Versioned { value: svc, version });
+            }
+            Change::ServiceRemoved(name) => {
+                self.services.remove(&name);
+            }
+            Change::Incident(i) => {
+                self.incidents.insert(i.id.clone(), Versioned { value: i, version });
+            }
+            Change::IncidentRemoved(id) => {
+                self.incidents.remove(&id);
+            }
+        }
+    }
+
+    /// The credential of host `ix` works while it is not revoked and the host not deregistered.
+    fn index_credential(&mut self, ix: HostIx, host: &Host) {
+        let works = host.status != HostStatus::Deregistered && host.credential_revoked_at_ms.is_none();
+        if works {
+            self.host_credentials.insert(host.credential_sha256.clone(), ix);
+        } else if self.host_credentials.get(&host.credential_sha256) == Some(&ix) {
+            self.host_credentials.remove(&host.credential_sha256);
+        }
+    }
+
+    /// Notes the revision of a commit (one that changed records or not).
+    pub(super) fn committed(&mut self, rev: Revision) {
+        self.revision = self.revision.max(rev);
+    }
+
+    pub(super) fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    pub(super) fn pools(&self) -> &BTreeMap<PoolName, Versioned<Pool>> {
+        &self.pools
+    }
+
+    pub(super) fn hosts(&self) -> &[HostEntry] {
+        &self.hosts
+    }
+
+    /// What the host's agent reported, to be written by the heartbeat path (its record and
+    /// version stay read-only: they change through [`State::apply`]).
+    pub(super) fn host_mut(&mut self, ix: HostIx) -> &mut HostEntry {
+        &mut self.hosts[ix as usize]
+    }
+
+    pub(super) fn taskdefs(&self) -> &BTreeMap<(Family, u32), Versioned<Arc<TaskDefinition>>> {
+        &self.taskdefs
+    }
+
+    pub(super) fn tasks(&self) -> &TaskTable {
+        &self.tasks
+    }
+
+    pub(super) fn services(&self) -> &BTreeMap<ServiceName, Versioned<Service>> {
+        &self.services
+    }
+
+    pub(super) fn incidents(&self) -> &IncidentTable {
+        &self.incidents
+    }
+
+    pub(super) fn gpu_hosts(&self) -> &HashMap<GpuUuid, HostIx> {
+        &self.gpu_hosts
+    }
+
+    pub(super) fn host_credentials(&self) -> &HashMap<String, HostIx> {
+        &self.host_credentials
+    }
+
+    /// Records changes in a task's events (kept in memory only, not a record).
+    pub(super) fn record_task(&mut self, id: &TaskId, now: u64, entries: Vec<TaskChange>) {
+        self.tasks.record(id, now, entries);
+    }
+
+    /// Why a waiting task waits: derived, refreshed in memory on every placement retry, never
+    /// committed. True when the reason changed.
+    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str, code: PendingCode) -> bool {
+        self.tasks.set_pending_reason(id, reason, code)
+    }
+}
+
+/// A host's record and version, with what its agent last reported and the server's
+/// evaluation of it (in memory only).
+#[derive(Debug)]
+pub(super) struct HostEntry {
+    host: Host,
+    version: Revision,
+    pub(super) last_heartbeat_ms: Option<u64>,
+    /// The agent's latest checks and logs address: reported on every heartbeat, kept in memory.
+    /// The API builds the address (`https://PEER:PORT`) from the heartbeat's peer address and
+    /// the port the agent reports: it is never a host the agent names.
+    pub(super) checks: Vec<HostCheck>,
+    /// `checks` as one run of bytes (`checks_key.rs`): how a heartbeat that repeats them is
+    /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::take_checks`].
+    checks_key: Vec<u8>,
+    /// The agent's number for `checks` (`checksRev`), when it gave one: a heartbeat that
+    /// repeats this number with `checksUnchanged` means these checks.
+    pub(super) checks_rev: Option<u64>,
+    /// When the heartbeat that carried `checks` arrived: the ages they carry count back from it.
+    pub(super) checks_at_ms: Option<u64>,
+    pub(super) logs_url: Option<String>,
+    /// The hash of the certificate its `https://` logs endpoint serves, which is pinned.
+    pub(super) logs_cert: Option<String>,
+    /// The hashes of the CAs the agent reported trusting.
+    pub(super) trusted_cas: Vec<String>,
+    /// What each task uses of its GPU, as last reported.
+    pub(super) gpu_use: Vec<TaskGpuUse>,
+    /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
+    pub(super) health: mpsfleet_core::health::HostHealth,
+    /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
+    pub(super) evaluated: bool,
+    /// The store revision of the last change to the tasks the agent should run; agents
+    /// long-poll on it. Revisions only grow, so epochs stay monotonic across restarts.
+    pub(super) epoch: u64,
+}
+
+impl HostEntry {
+    /// The committed record.
+    pub(super) fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The store version of the record.
+    pub(super) fn version(&self) -> Revision {
+        self.version
+    }
+
+    /// Takes a heartbeat's checks, copying them only when they changed; a heartbeat that
+    /// repeats them by number (`checksUnchanged`) leaves them as they are.
+    pub(super) fn take_checks(&mut self, report: &HostStatusReport, now: u64) {
+        if report.checks_unchanged {
+            return;
+        }
+        if !checks_key::matches(&report.checks, &self.checks_key) {
+            checks_key::encode(&report.checks, &mut self.checks_key);
+            self.checks = report.checks.clone();
+        }
+        self.checks_rev = report.checks_rev;
+        self.checks_at_ms = Some(now);
+    }
+
+    /// Whether `checks` are the ones this entry holds.
+    pub(super) fn checks_match(&self, checks: &[HostCheck]) -> bool {
+        checks_key::matches(checks, &self.checks_key)
+    }
+
+    /// Whether a heartbeat that leaves its checks out means checks this entry holds.
+    pub(super) fn holds_checks_of(&self, report: &HostStatusReport) -> bool {
+        !report.checks_unchanged || (report.checks_rev.is_some() && report.checks_rev == self.checks_rev)
+    }
+
+    /// The checks a heartbeat reports: its own, or the ones it repeats by number.
+    pub(super) fn reported_checks<'a>(&'a self, report: &'a HostStatusReport) -> &'a [HostCheck] {
+        if report.checks_unchanged {
+            &self.checks
+        } else {
+            &report.checks
+        }
+    }
+
+    /// Keeps what a heartbeat reports besides its checks: where the agent serves logs (and
+    /// with which certificate), whom it trusts, and what its tasks use of their GPUs.
+    pub(super) fn keep_reported(&mut self, report: &HostStatusReport) {
+        self.logs_url.clone_from(&report.logs_url);
+        self.logs_cert.clone_from(&report.logs_cert_sha256);
+        self.trusted_cas.clone_from(&report.trusted_ca_sha256);
+        self.gpu_use.clone_from(&report.gpu_use);
+    }
+}
