@@ -161,6 +161,11 @@ impl<K: Ord + Clone> WorkQueue<K> {
         self.queued.contains_key(key)
     }
 
+    /// The keys waiting to run, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.queued.keys()
+    }
+
     /// Keys waiting to run.
     pub fn len(&self) -> usize {
         self.queued.len()

@@ -88,6 +88,9 @@ pub struct AppState {
     pub ha: Option<Arc<crate::HaRole>>,
     /// The metrics' counters and histograms, which the cluster feeds too.
     pub metrics: Arc<crate::metrics::Live>,
+    /// Wakes the controllers' pass (the health loop) when a call asked for an incident
+    /// (`Cluster::take_wake`): recovery runs at once, outside the request.
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
@@ -120,6 +123,7 @@ impl AppState {
             tls: None,
             admin_token_file: None,
             ha: None,
+            wake: Arc::default(),
         }
     }
 
@@ -141,6 +145,7 @@ impl AppState {
         let object = SCOPED_OBJECT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
+        let wake = self.wake.clone();
         // What the cluster logs for this call carries its request id.
         let span = tracing::Span::current();
         let (out, jobs) = tokio::task::spawn_blocking(move || {
@@ -169,6 +174,9 @@ impl AppState {
             if c.revision() != before {
                 changed.send_replace(c.revision());
             }
+            if c.take_wake() {
+                wake.notify_one();
+            }
             Ok((out, c.take_jobs()))
         })
         .await
@@ -184,6 +192,7 @@ impl AppState {
     ) -> Result<(), ApiError> {
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
+        let wake = self.wake.clone();
         let jobs = tokio::task::spawn_blocking(move || {
             let mut c =
                 cluster.lock().map_err(|_| ApiError::from(Error::Internal("state lock poisoned".into())))?;
@@ -191,6 +200,9 @@ impl AppState {
             let jobs = f(&mut c);
             if c.revision() != before {
                 changed.send_replace(c.revision());
+            }
+            if c.take_wake() {
+                wake.notify_one();
             }
             let mut jobs = jobs?;
             jobs.extend(c.take_jobs());

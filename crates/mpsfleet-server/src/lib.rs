@@ -314,13 +314,19 @@ async fn stopped(stopping: &mut tokio::sync::watch::Receiver<bool>) {
 async fn health_loop(state: api::AppState, mut stopping: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(HEALTH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wake = state.wake.clone();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = stopped(&mut stopping) => return,
-        }
         // A tick that has started runs to its end: it commits or it does not.
-        if let Err(e) = state.tick(|c| c.health_tick()).await {
+        let result = tokio::select! {
+            _ = tick.tick() => state.tick(|c| c.health_tick()).await,
+            // An incident asked for by a call: the controllers' pass runs now.
+            () = wake.notified() => state.tick(|c| {
+                c.run_work();
+                Ok(Vec::new())
+            }).await,
+            () = stopped(&mut stopping) => return,
+        };
+        if let Err(e) = result {
             tracing::warn!(error = %e, "health evaluation failed; retrying at the next tick");
         }
     }

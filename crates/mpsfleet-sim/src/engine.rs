@@ -453,6 +453,10 @@ impl Sim {
                 Vec::new()
             }
         };
+        // An incident a call asked for runs at once, as the server's health loop is woken.
+        if self.c().take_wake() {
+            self.c().run_work();
+        }
         jobs.extend(self.c().take_jobs());
         if jobs.is_empty() {
             return;

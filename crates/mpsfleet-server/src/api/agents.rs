@@ -74,6 +74,9 @@ pub(super) fn commit_registrations(st: &AppState) {
             if c.revision() != before {
                 st.changed.send_replace(c.revision());
             }
+            if c.take_wake() {
+                st.wake.notify_one();
+            }
             let answers: Vec<_> = senders
                 .into_iter()
                 .zip(results)

@@ -47,11 +47,11 @@ impl Cluster {
         }
         self.evaluate_host(ix)?;
         // What this heartbeat changed (a new incident, a health status, an onboarded
-        // replacement) is acted on at once; a heartbeat that committed nothing leaves the
-        // incidents to the next tick's pass, which plans every one of them anyway.
+        // replacement) asks for the incidents, which the controllers plan at once (the server
+        // wakes them after this call); a heartbeat that committed nothing leaves them to
+        // their own requeue.
         if self.state.revision() != revision {
-            let jobs = self.remediate()?;
-            self.pending_jobs.extend(jobs);
+            self.ask_incidents();
         }
         Ok(self.status_answer(ix))
     }

@@ -7,8 +7,10 @@
 //! the planner's actions are turned into [`ProviderJob`]s that the caller runs and reports
 //! back with [`Cluster::provider_done`].
 
+use super::work::{CAPACITY_RESYNC_MS, INCIDENT_RESYNC_MS};
 use super::*;
 use crate::provider::{AttemptRecord, Retry};
+use mpsfleet_core::controller::Action as Requeue;
 use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
@@ -19,20 +21,6 @@ pub(super) const INCIDENT: &str = "incident";
 
 /// Tasks moved off a host: the old copy, its replacement, and where that was placed.
 type Moved = Vec<(TaskId, TaskId, Option<HostId>)>;
-
-/// How a controller retries an object whose reconcile failed: 250 ms, doubling up to 30 s.
-pub(super) const CONTROLLER_RETRY: Retry = Retry {
-    initial_backoff: std::time::Duration::from_millis(250),
-    max_backoff: std::time::Duration::from_secs(30),
-    max_attempts: u32::MAX,
-};
-
-/// An object whose last reconcile failed: how often in a row, and when to try again.
-#[derive(Debug, Clone, Default)]
-pub(super) struct RetryState {
-    pub failures: u32,
-    pub next_at_ms: u64,
-}
 
 /// The longest a GPU stays closed to MPS tasks after its daemon did not answer, once its
 /// check is OK again.
@@ -167,7 +155,13 @@ impl Cluster {
             self.health_due_ms[ix as usize] = 0;
         }
         self.breaker_counts.clear();
+        let pool = incident.pool.clone();
+        if incident.state != IncidentState::Resolved {
+            self.ask(Work::Incident(incident.opened_at_ms, incident.id.clone()));
+        }
         self.state.apply(rev, Change::Incident(incident));
+        // A replacement asked for or ready changes what the pool's capacity counts.
+        self.ask_capacity(&pool);
     }
 
     /// Evaluates every host (heartbeat grace runs out without any report) and drives every
@@ -188,12 +182,10 @@ impl Cluster {
             }
         }
         self.reopen_mps_gpus();
-        let mut jobs = self.remediate()?;
-        jobs.extend(self.keep_capacity());
-        // What this tick asked for (a pool whose GPUs opened again, a service an incident
-        // touched) runs now, not a tick later.
+        // What this tick asked for (an incident just opened, a pool whose GPUs opened again)
+        // runs now, not a tick later.
         self.run_work();
-        Ok(jobs)
+        Ok(self.take_jobs())
     }
 
     /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, or
@@ -258,73 +250,88 @@ impl Cluster {
         }
     }
 
-    /// Pools with a provider are kept at their desired host count: hosts the provider runs
+    /// A pool with a provider is kept at its desired host count: hosts the provider runs
     /// (replacements included) count, so a replacement in flight is not launched twice. A
     /// self-managed pool's bad host is not terminated automatically, so this never replaces
-    /// one there; it only starts the pool's hosts.
-    fn keep_capacity(&mut self) -> Vec<ProviderJob> {
-        let pools: Vec<(PoolName, u32)> = self
+    /// one there; it only starts the pool's hosts. Asked for when the pool, its hosts, its
+    /// incidents or a provider call change, and again every [`CAPACITY_RESYNC_MS`].
+    pub(super) fn reconcile_capacity(&mut self, pool: &PoolName) -> Result<Requeue, Error> {
+        let Some(desired) = self
             .state
             .pools()
-            .values()
-            .filter_map(|p| p.value.provider.as_ref().map(|prov| (p.value.name.clone(), prov.desired_hosts)))
-            .collect();
-        let mut jobs = Vec::new();
-        for (pool, desired) in pools {
-            if self.provider_for(&pool).is_none() {
-                continue;
-            }
-            // A launched host counts as in flight until it registers (the fleet's names are
-            // gathered only while a launch is in flight, not at every tick).
-            if self.capacity_launches.get(&pool).is_some_and(|l| !l.is_empty()) {
-                let registered: BTreeSet<&str> =
-                    self.state.hosts().iter().map(|h| h.host().hostname.as_str()).collect();
-                if let Some(l) = self.capacity_launches.get_mut(&pool) {
-                    l.retain(|name| !registered.contains(name.as_str()));
-                }
-            }
-            let launching = &self.capacity_launches;
-            self.creds
-                .launch_tokens
-                .retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
-            // Registered hosts (from the store, so this survives a restart), launches in flight,
-            // and replacements requested by incidents that have not joined yet.
-            let live = self
-                .state
-                .hosts()
-                .iter()
-                .filter(|h| h.host().pool == pool && h.host().status != HostStatus::Deregistered)
-                .count();
-            let in_flight = self.capacity_launches.get(&pool).map_or(0, |l| l.len());
-            let replacing = self
-                .state
-                .incidents()
-                .unresolved()
-                .filter(|i| i.pool == pool)
-                .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
-                .count();
-            let mut missing = (desired as usize).saturating_sub(live + in_flight + replacing);
-            let mut k = 0;
-            while missing > 0 {
-                let name = format!("{pool}-{k}");
-                k += 1;
-                let taken = self.state.hosts().iter().any(|h| h.host().hostname == name)
-                    || self.capacity_launches.get(&pool).is_some_and(|l| l.contains(&name));
-                if taken {
-                    continue;
-                }
-                self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
-                let token = self.mint_launch_token(&pool, &name);
-                jobs.push(ProviderJob::Launch {
-                    incident: String::new(),
-                    pool: pool.clone(),
-                    name,
-                    token: Some(token),
-                });
-                missing -= 1;
+            .get(pool)
+            .and_then(|p| p.value.provider.as_ref())
+            .map(|prov| prov.desired_hosts)
+        else {
+            self.capacity_launches.remove(pool);
+            return Ok(Requeue::AwaitChange);
+        };
+        if self.provider_for(pool).is_none() {
+            return Ok(Requeue::AwaitChange);
+        }
+        // A launched host counts as in flight until it registers (the fleet's names are
+        // gathered only while a launch is in flight, not at every pass).
+        if self.capacity_launches.get(pool).is_some_and(|l| !l.is_empty()) {
+            let registered: BTreeSet<&str> =
+                self.state.hosts().iter().map(|h| h.host().hostname.as_str()).collect();
+            if let Some(l) = self.capacity_launches.get_mut(pool) {
+                l.retain(|name| !registered.contains(name.as_str()));
             }
         }
-        jobs
+        let launching = &self.capacity_launches;
+        self.creds.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
+        // Registered hosts (from the store, so this survives a restart), launches in flight,
+        // and replacements requested by incidents that have not joined yet.
+        let live = self
+            .state
+            .hosts()
+            .iter()
+            .filter(|h| &h.host().pool == pool && h.host().status != HostStatus::Deregistered)
+            .count();
+        let in_flight = self.capacity_launches.get(pool).map_or(0, |l| l.len());
+        let replacing = self
+            .state
+            .incidents()
+            .unresolved()
+            .filter(|i| &i.pool == pool)
+            .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
+            .count();
+        let mut missing = (desired as usize).saturating_sub(live + in_flight + replacing);
+        let mut k = 0;
+        while missing > 0 {
+            let name = format!("{pool}-{k}");
+            k += 1;
+            let taken = self.state.hosts().iter().any(|h| h.host().hostname == name)
+                || self.capacity_launches.get(pool).is_some_and(|l| l.contains(&name));
+            if taken {
+                continue;
+            }
+            self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
+            let token = self.mint_launch_token(pool, &name);
+            self.pending_jobs.push(ProviderJob::Launch {
+                incident: String::new(),
+                pool: pool.clone(),
+                name,
+                token: Some(token),
+            });
+            missing -= 1;
+        }
+        Ok(Requeue::RequeueAfter(CAPACITY_RESYNC_MS))
+    }
+
+    /// Asks for the capacity of every pool with a provider (the resync's safety net).
+    pub(super) fn ask_capacity_everywhere(&mut self) {
+        let pools: Vec<PoolName> = self.state.pools().keys().cloned().collect();
+        for p in pools {
+            self.ask_capacity(&p);
+        }
+    }
+
+    /// Asks for the pool's capacity when it has a provider.
+    pub(super) fn ask_capacity(&mut self, pool: &PoolName) {
+        if self.has_provider(pool) {
+            self.ask(Work::Capacity(pool.clone()));
+        }
     }
 
     /// What the health of an ACTIVE or DRAINING host comes to with these checks (reported at
@@ -445,39 +452,41 @@ impl Cluster {
             .unwrap_or(u64::MAX)
     }
 
-    /// Plans and executes every unresolved incident until nothing more can happen now.
-    pub fn remediate(&mut self) -> Result<Vec<ProviderJob>, Error> {
+    /// The remediation controller's reconcile of one incident: plans and executes it until
+    /// nothing more can happen now. Provider calls it decided go to the caller (decided ones
+    /// stay even when a later round fails: their progress markers are set). An unresolved
+    /// incident is planned again after [`INCIDENT_RESYNC_MS`]: its plan depends on heartbeat
+    /// ages and on the other hosts of its pool, which no one change announces; anything that
+    /// writes it, or a heartbeat that changed something, asks for it at once.
+    pub(super) fn reconcile_incident(&mut self, id: &str) -> Result<Requeue, Error> {
         let mut jobs = Vec::new();
-        // Unresolved incidents, earliest opened first (the same order as `incidents()`, without
-        // cloning the history of resolved ones).
-        let mut open: Vec<(u64, String)> =
-            self.state.incidents().unresolved().map(|i| (i.opened_at_ms, i.id.clone())).collect();
-        open.sort();
-        let now = self.now();
-        for (_, id) in open {
-            // An incident whose last pass failed waits out its backoff; the others go on.
-            if self.incident_retry.get(&id).is_some_and(|r| now < r.next_at_ms) {
-                continue;
+        let result = self.remediate_one(id, &mut jobs);
+        self.pending_jobs.extend(jobs);
+        if let Err(e) = result {
+            // Counted again on the next pass: a failed round may have changed what they count.
+            if let Some(i) = self.state.incidents().get(id) {
+                self.breaker_counts.remove(&i.value.pool);
             }
-            match self.remediate_one(&id, &mut jobs) {
-                Ok(()) => {
-                    self.incident_retry.remove(&id);
-                }
-                Err(e) => {
-                    // Jobs already decided stay in `jobs` (their progress markers are set) and
-                    // run; the incident is planned again after the backoff.
-                    if let Some(i) = self.state.incidents().get(&id) {
-                        self.breaker_counts.remove(&i.value.pool);
-                    }
-                    let r = self.incident_retry.entry(id.clone()).or_default();
-                    r.failures += 1;
-                    let backoff = CONTROLLER_RETRY.backoff_after(r.failures).as_millis() as u64;
-                    r.next_at_ms = now + backoff;
-                    tracing::warn!(incident.id = %id, error = %e, failures = r.failures, retry_in_ms = backoff, "remediation failed; retrying after a backoff");
-                }
-            }
+            return Err(e);
         }
-        Ok(jobs)
+        Ok(match self.state.incidents().get(id) {
+            Some(i) if i.value.state != IncidentState::Resolved => Requeue::RequeueAfter(INCIDENT_RESYNC_MS),
+            _ => Requeue::AwaitChange,
+        })
+    }
+
+    /// Asks for every unresolved incident (a heartbeat changed something, a provider call
+    /// ended).
+    pub(super) fn ask_incidents(&mut self) {
+        let keys: Vec<Work> = self
+            .state
+            .incidents()
+            .unresolved()
+            .map(|i| Work::Incident(i.opened_at_ms, i.id.clone()))
+            .collect();
+        for k in keys {
+            self.ask(k);
+        }
     }
 
     /// Plans and executes one incident until nothing more can happen now.
@@ -1066,6 +1075,10 @@ impl Cluster {
             ProviderOutcome::Done => Ok(()),
             ProviderOutcome::Failed(reason) => Err(reason),
         };
+        let pool = match job {
+            ProviderJob::Launch { pool, .. } | ProviderJob::Terminate { pool, .. } => pool,
+        };
+        self.ask_capacity(pool);
         match job {
             // A launch to keep the pool at its size (no incident).
             ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => {
@@ -1113,7 +1126,8 @@ impl Cluster {
                             tracing::error!(%incident, host = %name, %reason, "could not terminate a cancelled replacement; terminate it by hand")
                         }
                     }
-                    return self.remediate();
+                    self.ask_incidents();
+                    return Ok(Vec::new());
                 }
                 let now = self.now();
                 let p = self.provider_progress.entry(incident.clone()).or_default();
@@ -1152,7 +1166,8 @@ impl Cluster {
                 }
             }
         }
-        self.remediate()
+        self.ask_incidents();
+        Ok(Vec::new())
     }
 }
 

@@ -180,8 +180,6 @@ pub struct Cluster {
     provider_progress: HashMap<String, health::ProviderProgress>,
     /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
     mps_closed: HashMap<mpsfleet_core::scheduler::GpuIx, u64>,
-    /// Incidents whose last remediation pass failed, and when to try them again.
-    incident_retry: HashMap<String, health::RetryState>,
     /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
     /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
     cluster_cas: Vec<String>,
@@ -275,7 +273,6 @@ impl Cluster {
             work: Default::default(),
             live: Arc::default(),
             provider_progress: HashMap::new(),
-            incident_retry: HashMap::new(),
             mps_closed: HashMap::new(),
             pending_jobs: Vec::new(),
             providers: HashMap::new(),
@@ -479,12 +476,14 @@ impl Cluster {
     /// Sets the capacity provider of a pool (providers are processes and commands, not records).
     pub fn set_provider(&mut self, pool: PoolName, provider: Arc<dyn CapacityProvider>) {
         self.fixed_providers.insert(pool.clone());
-        self.providers.insert(pool, provider);
+        self.providers.insert(pool.clone(), provider);
+        self.ask_capacity(&pool);
     }
 
     /// What the server needs to build the providers its pools name.
     pub fn set_provider_context(&mut self, ctx: ProviderContext) {
         self.provider_ctx = Some(ctx);
+        self.ask_capacity_everywhere();
     }
 
     fn has_provider(&self, pool: &PoolName) -> bool {
@@ -746,7 +745,9 @@ impl Cluster {
             })
             .map_err(|e| Error::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
+        let pool = host.pool.clone();
         self.state.apply(version, Change::NewHost(ix, host));
+        self.ask_capacity(&pool);
         self.health_due_ms.push(0);
         self.breaker_counts.clear();
         Ok(ix)
@@ -821,7 +822,11 @@ impl Cluster {
         }
         let schedulable = can_place(&host);
         let pool = host.pool.clone();
+        let left = host.status == HostStatus::Deregistered;
         self.state.apply(rev, Change::Host(ix, host));
+        if left {
+            self.ask_capacity(&pool);
+        }
         self.health_due_ms[ix as usize] = 0;
         self.breaker_counts.clear();
         let opened = schedulable && !self.sched.is_schedulable(ix);

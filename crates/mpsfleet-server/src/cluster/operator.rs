@@ -134,9 +134,8 @@ impl Cluster {
             }
         }
         let id = incident.id.clone();
+        // Written, it is asked for; the controllers carry the command out at once.
         self.write_incident(incident)?;
-        let jobs = self.remediate()?;
-        self.pending_jobs.extend(jobs);
         self.incident(&id)
     }
 

@@ -28,6 +28,7 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.state.apply(rev, Change::Pool(pool.clone()));
+        self.ask(Work::Capacity(pool.name.clone()));
         self.health_due_ms.fill(0);
         Ok(pool)
     }
@@ -76,6 +77,7 @@ impl Cluster {
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.state.apply(rev, Change::Pool(pool.clone()));
+            self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
             self.health_due_ms.fill(0);
             self.ask(Work::Placement(pool.name.clone()));

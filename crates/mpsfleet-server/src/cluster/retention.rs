@@ -193,7 +193,6 @@ impl Cluster {
                     }
                 }
                 self.provider_progress.remove(id);
-                self.incident_retry.remove(id);
             }
         }
         Ok(())

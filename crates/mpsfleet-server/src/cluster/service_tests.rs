@@ -268,7 +268,9 @@ fn a_held_back_service_starts_again_when_its_window_passes_without_a_resync() {
         w.c.health_tick().unwrap();
     }
     assert!(waited > 5_000, "started {waited} ms after the last failure, inside the window");
-    assert_eq!(w.c.work_queued(), 0, "nothing left queued once it ran");
+    // Its key is not left queued (the unresolved incidents' keys requeue on their own).
+    let keys = w.c.work_keys();
+    assert!(!keys.iter().any(|k| k.starts_with("Service")), "{keys:?}");
 }
 
 #[test]

@@ -4,11 +4,22 @@
 //! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
 //! key that fails backs off on its own while the others go on.
 //!
-//! Three controllers run on it: services (`Work::Service`, `services.rs`), placement
-//! (`Work::Placement`, a pool's waiting tasks placed oldest first) and retention
+//! Five controllers run on it: services (`Work::Service`, `services.rs`), placement
+//! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
+//! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
+//! whenever the incident is written, by a heartbeat that changed something and by a provider
+//! call's end, and again every [`INCIDENT_RESYNC_MS`] while it is unresolved), capacity
+//! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
+//! when the pool, its incidents or a provider call change, a host joins or leaves it, and
+//! every [`CAPACITY_RESYNC_MS`]) and retention
 //! (`Work::Retention`, one key: the change feed compacted and old records removed,
 //! `retention.rs`, every [`RETENTION_INTERVAL_MS`] once [`Cluster::start_retention`] asked for
-//! it; the simulator does not, so its reports keep every record). Requests for a queued key
+//! it; the simulator does not, so its reports keep every record).
+//!
+//! Keys run on the controllers' own pass, never inside a request: the health tick runs what
+//! is due every 250 ms, and an incident asked for by a request or a report wakes the pass at
+//! once ([`Cluster::take_wake`]; the server's health loop, the simulator after each call), so
+//! recovery does not wait for the next tick. Requests for a queued key
 //! merge, so a burst of reports about one service's tasks (a host's tasks starting, a drain)
 //! reconciles the service once per pass, not once per report, and capacity freed by many
 //! stops places a pool's waiting tasks once. A reconcile that waits for a time (a crash-loop
@@ -32,11 +43,25 @@ pub const SERVICE_RESYNC_MS: u64 = 60_000;
 /// the queue's backoff aside).
 pub const RETENTION_INTERVAL_MS: u64 = 5_000;
 
+/// How often an unresolved incident is planned again when nothing asked for it (the health
+/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
+pub const INCIDENT_RESYNC_MS: u64 = 250;
+
+/// How often a pool with a provider is checked against its host count when nothing asked.
+pub const CAPACITY_RESYNC_MS: u64 = 1_000;
+
+/// The most passes one [`Cluster::run_work`] makes: a key that a pass asked for (a service an
+/// incident touched) runs in the next pass of the same call, not a tick later.
+const PASSES: usize = 4;
+
 /// The controllers' queue and when the services' next resync is due.
 #[derive(Debug, Default)]
 pub(super) struct Controllers {
     pub(super) queue: WorkQueue<Work>,
     next_service_resync_ms: u64,
+    /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
+    /// pass should run now.
+    wake: bool,
 }
 
 /// A key a controller reconciles.
@@ -46,6 +71,10 @@ pub(crate) enum Work {
     Service(ServiceName),
     /// A pool's waiting tasks, placed where they now fit (`Cluster::place_pending`).
     Placement(PoolName),
+    /// An unresolved incident, by when it opened (a pass plans the earliest first) and id.
+    Incident(u64, String),
+    /// A pool with a capacity provider, kept at its desired host count.
+    Capacity(PoolName),
     /// The change feed compacted and stopped tasks and resolved incidents past their
     /// retention removed (`retention.rs`).
     Retention,
@@ -55,7 +84,14 @@ impl Cluster {
     /// Asks for `work` to run at the next pass.
     pub(super) fn ask(&mut self, work: Work) {
         let now = self.now();
+        self.work.wake |= matches!(work, Work::Incident(..));
         self.work.queue.enqueue_at(work, now);
+    }
+
+    /// Whether an incident was asked for since the last call: the caller runs
+    /// [`Cluster::run_work`] soon (the server wakes its health loop).
+    pub fn take_wake(&mut self) -> bool {
+        std::mem::take(&mut self.work.wake)
     }
 
     /// Starts retention: it runs now, then every [`RETENTION_INTERVAL_MS`] (the server does this
@@ -79,13 +115,25 @@ impl Cluster {
     }
 
     /// Reconciles every key that is due, each on its own: one that fails is logged and tried
-    /// again after its backoff; the others go on.
+    /// again after its backoff; the others go on. Keys asked for by a pass and due at once run
+    /// in the next pass, up to [`PASSES`].
     pub fn run_work(&mut self) {
-        let now = self.now();
+        for _ in 0..PASSES {
+            let now = self.now();
+            if self.work.queue.next_due().is_none_or(|due| due > now) {
+                break;
+            }
+            self.run_pass(now);
+        }
+    }
+
+    fn run_pass(&mut self, now: u64) {
         for key in self.work.queue.take_due(now) {
             let result = match &key {
                 Work::Service(name) => self.reconcile_service_once(name),
                 Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
+                Work::Incident(_, id) => self.reconcile_incident(id),
+                Work::Capacity(pool) => self.reconcile_capacity(pool),
                 Work::Retention => self
                     .compact_history()
                     .and_then(|()| self.prune())
@@ -113,6 +161,9 @@ impl Cluster {
             }
         }
         self.ask_placement_everywhere();
+        // The safety net of the incidents' and capacity's own requeues.
+        self.ask_incidents();
+        self.ask_capacity_everywhere();
         self.run_work();
         Ok(())
     }
@@ -120,5 +171,11 @@ impl Cluster {
     /// Keys waiting to be reconciled (for tests and the simulator's report).
     pub fn work_queued(&self) -> usize {
         self.work.queue.len()
+    }
+
+    /// The keys waiting, in words (for tests).
+    #[cfg(test)]
+    pub(super) fn work_keys(&self) -> Vec<String> {
+        self.work.queue.keys().map(|k| format!("{k:?}")).collect()
     }
 }
