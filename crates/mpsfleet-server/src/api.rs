@@ -91,7 +91,13 @@ pub struct AppState {
     /// Wakes the controllers' pass (the health loop) when a call asked for an incident
     /// (`Cluster::take_wake`): recovery runs at once, outside the request.
     pub wake: Arc<tokio::sync::Notify>,
+    /// The controllers' passes run by the health loop, counted under the cluster lock (see
+    /// [`AppState::settled`]).
+    pub passes: watch::Sender<u64>,
 }
+
+/// The longest [`AppState::settled`] waits for the controllers' pass.
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
 
 /// The HTTP client for calls to agents: it follows no redirect (an agent's 3xx is an error)
 /// and gives up after 10 s (each call sets its own, shorter, timeout too).
@@ -124,7 +130,34 @@ impl AppState {
             admin_token_file: None,
             ha: None,
             wake: Arc::default(),
+            passes: watch::Sender::new(0),
         }
+    }
+
+    /// Waits (at most [`SETTLE_WAIT`]) for a controllers' pass that took the cluster lock after
+    /// this call: what an earlier call of the same request asked for (an operator's command
+    /// on an incident) has then been carried out, and its answer can say so.
+    pub async fn settled(&self) {
+        let mut passes = self.passes.subscribe();
+        let seen = *passes.borrow_and_update();
+        self.wake.notify_one();
+        let _ = tokio::time::timeout(SETTLE_WAIT, passes.wait_for(|n| *n > seen)).await;
+    }
+
+    /// Reads the cluster on a blocking thread, for a request already authenticated and
+    /// audited by its own call.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Cluster) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let cluster = self.cluster.clone();
+        tokio::task::spawn_blocking(move || {
+            let c = cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
+            f(&c)
+        })
+        .await
+        .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))?
+        .map_err(ApiError::from)
     }
 
     /// Runs `f` on the cluster on a blocking thread, after authenticating `headers` and

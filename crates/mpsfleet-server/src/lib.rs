@@ -316,12 +316,18 @@ async fn health_loop(state: api::AppState, mut stopping: tokio::sync::watch::Rec
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let wake = state.wake.clone();
     loop {
+        let passes = state.passes.clone();
         // A tick that has started runs to its end: it commits or it does not.
         let result = tokio::select! {
-            _ = tick.tick() => state.tick(|c| c.health_tick()).await,
+            _ = tick.tick() => state.tick(move |c| {
+                let jobs = c.health_tick();
+                passes.send_modify(|n| *n += 1);
+                jobs
+            }).await,
             // An incident asked for by a call: the controllers' pass runs now.
-            () = wake.notified() => state.tick(|c| {
+            () = wake.notified() => state.tick(move |c| {
                 c.run_work();
+                passes.send_modify(|n| *n += 1);
                 Ok(Vec::new())
             }).await,
             () = stopped(&mut stopping) => return,

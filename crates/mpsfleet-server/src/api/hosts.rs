@@ -90,7 +90,7 @@ pub(super) async fn drain_host(
     let i = st
         .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Drain, &actor(&p)))
         .await?;
-    Ok(Json(IncidentView::of(i)))
+    Ok(Json(IncidentView::of(carried_out(&st, i).await?)))
 }
 
 #[utoipa::path(
@@ -109,7 +109,7 @@ pub(super) async fn replace_host(
     let i = st
         .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Replace, &actor(&p)))
         .await?;
-    Ok(Json(IncidentView::of(i)))
+    Ok(Json(IncidentView::of(carried_out(&st, i).await?)))
 }
 
 #[utoipa::path(
@@ -195,4 +195,11 @@ pub(super) async fn forget_host(
     Q(q): Q<ForgetQuery>,
 ) -> Result<Json<HostView>, ApiError> {
     Ok(Json(st.call(&headers, operator, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
+}
+
+/// The incident an operator's command was recorded on, once the controllers carried the
+/// command out (they run it outside the request, at once).
+async fn carried_out(st: &AppState, i: Incident) -> Result<Incident, ApiError> {
+    st.settled().await;
+    st.read(move |c| c.incident(&i.id)).await
 }

@@ -241,6 +241,27 @@ fn self_managed_drain_repair_activate() {
     assert!(can_place(w.c.state.hosts()[w.c.sched.host(&host).unwrap() as usize].host()));
 }
 
+/// An operator's command is recorded by the request and carried out by the remediation
+/// controller on its own pass (the request wakes it): the request never runs the plan, so a
+/// failing remediation cannot fail it, nor an agent's report.
+#[test]
+fn an_operators_command_is_recorded_by_the_request_and_carried_out_by_the_controller() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let id = w.only_incident().id;
+    w.c.take_wake();
+    let steps =
+        |w: &World| -> Vec<Step> { w.c.incident(&id).unwrap().timeline.iter().map(|e| e.step).collect() };
+    w.c.operator_action(host.as_str(), OperatorAction::Drain, "admin").unwrap();
+    assert!(w.c.take_wake(), "the command wakes the controllers");
+    assert!(steps(&w).contains(&Step::OperatorCommand), "{:?}", steps(&w));
+    assert!(!steps(&w).contains(&Step::DrainStarted), "the request only records it: {:?}", steps(&w));
+    w.c.run_work();
+    assert!(steps(&w).contains(&Step::DrainStarted), "{:?}", steps(&w));
+}
+
 /// A data directory written before timelines were bounded opens: its incidents are rewritten
 /// bounded, with the steps they reached, and the schema version is recorded. A store written
 /// by a newer schema is refused.

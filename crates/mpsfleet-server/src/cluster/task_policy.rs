@@ -76,7 +76,7 @@ pub fn check<'a>(
     for (i, v) in td.volumes.iter().enumerate() {
         if v.host.as_ref().is_some_and(|h| h.source_path.is_some()) && !p.allow_host_paths {
             return Err(refuse(
-                format!("volumes[{i}].host().sourcePath"),
+                format!("volumes[{i}].host.sourcePath"),
                 "allowHostPaths",
                 "a host path volume",
             ));
@@ -232,7 +232,7 @@ mod tests {
             }),
             (
                 json!({"volumes": [{"name": "v", "host": {"sourcePath": "/srv"}}]}),
-                "volumes[0].host().sourcePath",
+                "volumes[0].host.sourcePath",
                 "allowHostPaths",
                 |p| p.allow_host_paths = true,
             ),
