@@ -6,7 +6,8 @@
 use crate::auth::{self, Principal};
 use crate::cluster::Error;
 use crate::cluster::{
-    Cluster, HostRequest, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, ValidTaskDef, Waiting,
+    Cluster, HostRequest, Kind, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, Touch,
+    ValidTaskDef, Waiting,
 };
 use crate::error::ApiError;
 use crate::openapi::BearerAuth;
@@ -35,9 +36,6 @@ tokio::task_local! {
     /// change (POST, PUT, PATCH, DELETE) made by a person's or tool's token, read by
     /// `AppState::call`.
     pub static AUDIT: Option<crate::cluster::AuditContext>;
-    /// The object a pool-scoped token's request names in its path (its kind and id), read by
-    /// `AppState::call`, which checks it again under the lock the operation runs under.
-    pub static SCOPED_OBJECT: Option<(crate::scope::Kind, String)>;
 }
 
 mod access;
@@ -160,22 +158,21 @@ impl AppState {
         .map_err(ApiError::from)
     }
 
-    /// Runs `f` on the cluster on a blocking thread, after authenticating `headers` and
-    /// checking the caller is allowed by `allow`. Wakes long-polls if anything changed.
+    /// Runs `f` on the cluster on a blocking thread, after authenticating `headers`, checking
+    /// the caller is allowed by `allow`, and admitting what the operation touches (`touch`:
+    /// a pool-scoped token reaches its pool only, `cluster/scope.rs`) under the lock `f` runs
+    /// under. Wakes long-polls if anything changed.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         headers: &HeaderMap,
         allow: fn(&Principal) -> bool,
+        touch: Touch,
         f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, ApiError> {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
         let digest = auth::digest(token);
         // A change by a person or tool is written to the audit log with its first commit.
         let audit = AUDIT.try_with(Clone::clone).ok().flatten();
-        // The object a pool-scoped token named: checked again here, under the lock the
-        // operation runs under, so one deleted and made again in another pool since the
-        // request was admitted is not acted on.
-        let object = SCOPED_OBJECT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
         let changed = self.changed.clone();
         let wake = self.wake.clone();
@@ -195,11 +192,7 @@ impl AppState {
                     who.describe()
                 ))));
             }
-            if let Some((kind, id)) = &object {
-                if c.pool_of(*kind, id).is_some_and(|p| !who.sees_pool(&p)) {
-                    return Err(ApiError::not_found(kind.noun(), id));
-                }
-            }
+            c.admit(&who, &touch)?;
             let before = c.revision();
             c.begin_audit(audit);
             let out = f(&mut c, who).map_err(ApiError::from);
@@ -324,7 +317,7 @@ fn scoped_pool(who: &Principal, asked: Option<String>) -> Result<Option<String>,
     match (who.scope(), asked) {
         (None, asked) => Ok(asked),
         (Some(scope), Some(asked)) if asked != scope => {
-            Err(crate::scope::outside(who, &format!("pool {asked:?}")))
+            Err(crate::cluster::scope::outside(who, &format!("pool {asked:?}")))
         }
         (Some(scope), _) => Ok(Some(scope.to_string())),
     }
@@ -599,7 +592,7 @@ async fn healthz() -> Json<serde_json::Value> {
     responses((status = 200, description = "The metrics.", body = String, content_type = "text/plain"), crate::openapi::Errors)
 )]
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let state = st.call(&headers, viewer, |c, _| Ok(c.metrics_state())).await?;
+    let state = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.metrics_state())).await?;
     let text = crate::metrics::render(&state, &st.metrics);
     Ok(([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
@@ -679,13 +672,12 @@ mod tests {
         assert_eq!(serde_json::to_value(&out).unwrap(), serde_json::to_value(&want).unwrap());
     }
 
-    /// A pool-scoped token's object is checked again under the lock its operation takes: an
-    /// object the request was admitted for that is, by then, another pool's (deleted and made
-    /// again there) is answered as one that does not exist; one of the token's pool is served.
+    /// A pool-scoped token's call is admitted under the lock its operation takes, against the
+    /// object the operation names: another pool's is answered as one that does not exist;
+    /// one of the token's pool is served.
     #[tokio::test]
-    async fn a_scoped_object_is_checked_again_under_the_operations_lock() {
-        use super::SCOPED_OBJECT;
-        use crate::scope::Kind;
+    async fn a_scoped_call_is_admitted_under_the_operations_lock() {
+        use crate::cluster::Kind;
         let store = Arc::new(mpsfleet_store::MemoryStore::new());
         let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
         let mut c = Cluster::load(store, clock, |_| Ok(())).unwrap();
@@ -703,8 +695,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
         let describe = |name: &'static str| {
-            let object = Some((Kind::Pool, name.to_string()));
-            SCOPED_OBJECT.scope(object, st.call(&headers, viewer, move |c, _| c.pool(name)))
+            st.call(&headers, viewer, Touch::Object(Kind::Pool, name.into()), move |c, _| c.pool(name))
         };
         let other = describe("b").await.unwrap_err();
         assert!(matches!(other, ApiError::Domain(Error::NotFound { kind: "pool", .. })), "{other}");

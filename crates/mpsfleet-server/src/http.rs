@@ -176,7 +176,7 @@ pub struct Guard {
 /// read, and its body is read within the body read timeout and the route's limit. Requests
 /// without a body need a known token (but on [`PUBLIC_ROUTES`]) and go on to their handlers,
 /// which check its role.
-pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Response {
+pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     let st = &g.state;
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| req.uri().path(), MatchedPath::as_str);
     if route == "/v1/healthz" {
@@ -195,27 +195,12 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         }
         return resp;
     }
-    // A token scoped to one pool reaches that pool only (scope.rs): refused here, or (a body
-    // naming its pool) once the body is read.
-    let (scope_refusal, body_scope, object) = match &who {
-        Ok((p, _)) if p.scope().is_some() => {
-            let reach = crate::scope::reach(req.method(), &route);
-            match scoped(st, p, reach, &mut req).await {
-                Err(e) => (Some(e), None, None),
-                Ok(object) => (None, (reach == crate::scope::Reach::BodyPool).then(|| p.clone()), object),
-            }
-        }
-        _ => (None, None, None),
-    };
     if !body {
-        if let Some(e) = scope_refusal {
-            return e.into_response();
-        }
         // The caller is known before anything of its request is looked at: a missing or
         // unknown token is answered 401 whatever its parameters are.
         return match who {
             Err(e) if !PUBLIC_ROUTES.contains(&route.as_str()) => e.into_response(),
-            _ => api::AUDIT.scope(audit, api::SCOPED_OBJECT.scope(object, next.run(req))).await,
+            _ => api::AUDIT.scope(audit, next.run(req)).await,
         };
     }
     let (allow, limit) = route_rules(&route);
@@ -245,9 +230,6 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         }
         Ok(_) => {}
     }
-    if let Some(e) = scope_refusal {
-        return refuse(e, true, req);
-    }
     if announced.is_some_and(|n| n > limit as u64) {
         return refuse(ApiError::PayloadTooLarge { route, limit }, true, req);
     }
@@ -266,52 +248,8 @@ pub async fn guard(State(g): State<Guard>, mut req: Request, next: Next) -> Resp
         }
         Ok(Ok(b)) => b,
     };
-    if let Some(who) = &body_scope {
-        if let Err(e) = crate::scope::check_body(who, &bytes) {
-            return e.into_response();
-        }
-    }
     let run = next.run(Request::from_parts(parts, Body::from(bytes)));
-    api::AUDIT.scope(audit, api::SCOPED_OBJECT.scope(object, run)).await
-}
-
-/// Whether a token scoped to one pool may make this call, as far as its route and path say
-/// ([`crate::scope`]; a body's pool is checked once it is read). Gives the object the path
-/// names, which the handler's call checks again under its own lock.
-async fn scoped(
-    st: &AppState,
-    who: &Principal,
-    reach: crate::scope::Reach,
-    req: &mut Request,
-) -> Result<Option<(crate::scope::Kind, String)>, ApiError> {
-    use crate::scope::Reach;
-    use axum::RequestExt as _;
-    match reach {
-        Reach::NoPool | Reach::List | Reach::BodyPool => Ok(None),
-        Reach::Closed => Err(ApiError::from(Error::Forbidden(format!(
-            "this endpoint is not open to {}: it reaches beyond one pool",
-            who.describe()
-        )))),
-        Reach::Object(kind, param) => {
-            let params = req
-                .extract_parts::<axum::extract::RawPathParams>()
-                .await
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            let Some(id) = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v.to_string()) else {
-                return Ok(None);
-            };
-            let (cluster, looked_up) = (st.cluster.clone(), id.clone());
-            let pool = tokio::task::spawn_blocking(move || cluster.lock().ok()?.pool_of(kind, &looked_up))
-                .await
-                .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))?;
-            // Another pool's object is answered as one that does not exist: a scoped token
-            // learns nothing of what other pools hold.
-            match pool {
-                Some(p) if !who.sees_pool(&p) => Err(ApiError::not_found(kind.noun(), id)),
-                _ => Ok(Some((kind, id))),
-            }
-        }
-    }
+    api::AUDIT.scope(audit, run).await
 }
 
 /// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown

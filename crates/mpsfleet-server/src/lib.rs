@@ -16,7 +16,6 @@ pub mod openapi;
 pub mod provider;
 pub mod ratelimit;
 pub mod request_id;
-mod scope;
 pub mod tls;
 
 use cluster::Error;

@@ -87,6 +87,34 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/cluster/ca/rotation/activate", Open::Role(Role::Admin)),
 ];
 
+/// The routes that reach beyond one pool, closed to a token scoped to one (403) whatever its
+/// role; every other route is open to it as far as its role goes (what it names is checked
+/// against its pool by the operation, and the ids here name nothing).
+const BEYOND_ONE_POOL: &[(&str, &str)] = &[
+    ("GET", "/metrics"),
+    ("POST", "/v1/taskdefs"),
+    ("POST", "/v1/pools"),
+    ("GET", "/v1/metrics/targets"),
+    ("GET", "/v1/events"),
+    ("POST", "/v1/secrets"),
+    ("GET", "/v1/secrets"),
+    ("DELETE", "/v1/secrets/{*name}"),
+    ("POST", "/v1/tokens"),
+    ("GET", "/v1/tokens"),
+    ("DELETE", "/v1/tokens/{id}"),
+    ("POST", "/v1/join-tokens"),
+    ("GET", "/v1/join-tokens"),
+    ("DELETE", "/v1/join-tokens/{id}"),
+    ("GET", "/v1/audit"),
+    ("POST", "/v1/cluster/certificate/rotate"),
+    ("POST", "/v1/admin-token/rotate"),
+    ("GET", "/v1/cluster/ca/rotation"),
+    ("GET", "/v1/cluster/status"),
+    ("POST", "/v1/cluster/ca/rotation"),
+    ("DELETE", "/v1/cluster/ca/rotation"),
+    ("POST", "/v1/cluster/ca/rotation/activate"),
+];
+
 /// The paths the router serves, read from its source: a route added without a row here fails.
 #[test]
 fn the_table_names_every_route_of_the_router() {
@@ -126,6 +154,13 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         };
         tokens.push((Some(role), admin.create_token(&req).await.expect("create token").token));
     }
+    let scoped_req = CreateToken {
+        role: Role::Operator,
+        expires_in_s: Some(3600),
+        description: "scoped test".into(),
+        pool: Some("gpu".into()),
+    };
+    let scoped = admin.create_token(&scoped_req).await.expect("create token").token;
     let join = server.join_token();
     let joiner = server.client(Some(join.clone()));
     let credential = joiner.register_host(&registration("gpu", "n1", "n1", 1)).await.unwrap().credential;
@@ -146,6 +181,13 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
                 (format!("{} token", r.as_str()), Some(token.clone()), allowed)
             })
             .collect();
+        let beyond = BEYOND_ONE_POOL.contains(&(*method, *path));
+        let scoped_allowed = match open {
+            Open::Public => true,
+            Open::Role(needed) => Role::Operator.allows(*needed) && !beyond,
+            Open::Agent | Open::Join => false,
+        };
+        callers.push(("operator token scoped to gpu".into(), Some(scoped.clone()), scoped_allowed));
         callers.push((
             "host credential".into(),
             Some(credential.clone()),
@@ -162,7 +204,11 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
             }
             let status =
                 req.send().await.unwrap_or_else(|e| panic!("{method} {path} as {who}: {e}")).status();
-            let refused = status == 401 || status == 403;
+            // A scoped token's call is admitted by its operation, after its body is read: the
+            // empty `{}` body of a closed route may be refused as malformed first (400), never
+            // served. (A valid one is 403: `a_token_scoped_to_one_pool_reaches_that_pool_only`.)
+            let malformed = who.contains("scoped") && status == 400;
+            let refused = status == 401 || status == 403 || (malformed && !allowed);
             if refused == allowed {
                 wrong.push(format!("{method} {path} as {who}: {status} (allowed: {allowed})"));
             }
@@ -176,7 +222,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
 
     // Tokens are listed without their value; a revoked one stops at once.
     let list = admin.list_tokens().await.unwrap();
-    assert_eq!(list.len(), 3);
+    assert_eq!(list.len(), 4);
     let listed = serde_json::to_string(&list).unwrap();
     assert!(tokens.iter().all(|(_, t)| !listed.contains(t.as_str())), "token list shows a token");
     let viewer = server.client(Some(tokens[0].1.clone()));

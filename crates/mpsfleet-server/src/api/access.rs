@@ -42,7 +42,7 @@ pub(super) async fn ca_step(
     step: impl FnOnce(&crate::tls::ServerTls, &mut Cluster) -> Result<crate::tls::CaSet, Error> + Send + 'static,
 ) -> Result<mpsfleet_types::access::CaRotation, ApiError> {
     let tls = serving_tls(st)?;
-    st.call(headers, admin, move |c, _| {
+    st.call(headers, admin, Touch::Cluster, move |c, _| {
         let cas = step(&tls, c)?;
         c.set_cluster_cas(cas.hashes());
         Ok(ca_rotation(c, &cas))
@@ -61,7 +61,7 @@ pub(super) async fn cluster_status(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::ClusterStatus>, ApiError> {
-    let revision = st.call(&headers, viewer, |c, _| Ok(c.revision())).await?;
+    let revision = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.revision())).await?;
     let Some(ha) = st.ha.clone() else {
         return Ok(Json(mpsfleet_types::access::ClusterStatus {
             store: "sqlite".into(),
@@ -96,7 +96,7 @@ pub(super) async fn get_ca_rotation(
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
     let tls = serving_tls(&st)?;
-    Ok(Json(st.call(&headers, viewer, move |c, _| Ok(ca_rotation(c, &tls.cas()))).await?))
+    Ok(Json(st.call(&headers, viewer, Touch::Cluster, move |c, _| Ok(ca_rotation(c, &tls.cas()))).await?))
 }
 
 /// Stages the next CA: given in the body, or made by the cluster. Clients are told to trust it
@@ -192,7 +192,7 @@ pub(super) async fn server_certificate(
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::ServerCertificate>, ApiError> {
     let tls = serving_tls(&st)?;
-    Ok(Json(st.call(&headers, viewer, move |_, _| Ok(tls.certificate())).await?))
+    Ok(Json(st.call(&headers, viewer, Touch::NoPool, move |_, _| Ok(tls.certificate())).await?))
 }
 
 /// Issues this server a new certificate (and key) under the cluster CA; connections made
@@ -209,7 +209,7 @@ pub(super) async fn rotate_certificate(
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::ServerCertificate>, ApiError> {
     let tls = serving_tls(&st)?;
-    Ok(Json(st.call(&headers, admin, move |c, _| tls.rotate(c.now_ms())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, _| tls.rotate(c.now_ms())).await?))
 }
 
 // ---- tokens -----------------------------------------------------------------------------
@@ -232,7 +232,7 @@ pub(super) async fn rotate_admin_token(
 ) -> Result<Json<mpsfleet_types::access::RotatedAdminToken>, ApiError> {
     let file = st.admin_token_file.clone();
     let rotated = st
-        .call(&headers, admin, move |c, _| {
+        .call(&headers, admin, Touch::Cluster, move |c, _| {
             let token = auth::new_token("mpsf_adm_")?;
             let Some(file) = &file else { return c.rotate_admin_token(token) };
             let staged = crate::staged_admin_token(file);
@@ -269,7 +269,7 @@ pub(super) async fn create_token(
     body: Bytes,
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
     let req: CreateToken = parse(&body)?;
-    let t = st.call(&headers, admin, move |c, p| c.create_api_token(req, &actor(&p))).await?;
+    let t = st.call(&headers, admin, Touch::Cluster, move |c, p| c.create_api_token(req, &actor(&p))).await?;
     Ok((StatusCode::CREATED, Json(t)))
 }
 
@@ -284,7 +284,7 @@ pub(super) async fn list_tokens(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<TokenView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.api_tokens())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.api_tokens())).await?))
 }
 
 #[utoipa::path(
@@ -300,7 +300,7 @@ pub(super) async fn revoke_token(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<TokenView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_api_token(&id, &actor(&p))).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, p| c.revoke_api_token(&id, &actor(&p))).await?))
 }
 
 #[utoipa::path(
@@ -317,7 +317,8 @@ pub(super) async fn create_join_token(
     body: Bytes,
 ) -> Result<(StatusCode, Json<mpsfleet_types::access::CreatedJoinToken>), ApiError> {
     let req: mpsfleet_types::access::CreateJoinToken = parse(&body)?;
-    let t = st.call(&headers, admin, move |c, p| c.create_join_token(req, &actor(&p))).await?;
+    let t =
+        st.call(&headers, admin, Touch::Cluster, move |c, p| c.create_join_token(req, &actor(&p))).await?;
     Ok((StatusCode::CREATED, Json(t)))
 }
 
@@ -332,7 +333,7 @@ pub(super) async fn list_join_tokens(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<mpsfleet_types::access::JoinTokenView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, |c, _| Ok(c.join_tokens())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.join_tokens())).await?))
 }
 
 #[utoipa::path(
@@ -348,7 +349,9 @@ pub(super) async fn revoke_join_token(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<mpsfleet_types::access::JoinTokenView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_join_token(&id, &actor(&p))).await?))
+    Ok(Json(
+        st.call(&headers, admin, Touch::Cluster, move |c, p| c.revoke_join_token(&id, &actor(&p))).await?,
+    ))
 }
 
 /// Query of `GET /v1/audit`.
@@ -382,7 +385,7 @@ pub(super) async fn list_audit(
     if q.limit == 0 || q.limit > max {
         return Err(ApiError::invalid("limit", format!("must be from 1 to {max}, got {}", q.limit)));
     }
-    Ok(Json(st.call(&headers, admin, move |c, _| c.audit_entries(q.limit)).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, _| c.audit_entries(q.limit)).await?))
 }
 
 // ---- task definitions -------------------------------------------------------------------

@@ -69,7 +69,9 @@ pub(super) async fn task_logs(
             format!("must be from 1 to {MAX_LOG_TAIL} bytes, got {}", q.tail),
         ));
     }
-    let plan = st.call(&headers, viewer, move |c, _| c.logs_plan(&id)).await?;
+    let plan = st
+        .call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.logs_plan(&id))
+        .await?;
     // Why the agent's answer is not shown: the error to return without a snapshot, and the
     // note to show with one; None when the snapshot would not answer the question either.
     let (failure, note) = match &plan.agent {
@@ -223,7 +225,7 @@ pub(super) async fn host_metrics(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let agent = st
-        .call(&headers, viewer, move |c, _| {
+        .call(&headers, viewer, Touch::Object(Kind::Host, id.clone()), move |c, _| {
             let h = c.host(&id)?;
             c.agent_endpoint(&h.id).map_err(Error::Conflict)
         })
@@ -271,7 +273,7 @@ pub(super) async fn metrics_targets(
         .and_then(|v| v.to_str().ok())
         .filter(|h| h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b)))
         .map(str::to_string);
-    let targets = st.call(&headers, viewer, |c, _| Ok(c.metrics_targets())).await?;
+    let targets = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.metrics_targets())).await?;
     // The address the caller reached this server at (Prometheus scrapes it there).
     let Some(host) = host else {
         return Err(ApiError::invalid(

@@ -123,7 +123,9 @@ pub(super) async fn host_status(
         }
         tokio::task::yield_now().await;
     }
-    Ok(Json(st.call(&headers, host, move |c, who| c.host_status(&host_id(who)?, &report)).await?))
+    Ok(Json(
+        st.call(&headers, host, Touch::Cluster, move |c, who| c.host_status(&host_id(who)?, &report)).await?,
+    ))
 }
 
 /// Longest `logsUrl` a heartbeat may carry.
@@ -319,7 +321,8 @@ pub(super) async fn assignments(
     let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
-        let a = st.call(&headers, host, |c, who| c.shared_assignments(&host_id(who)?)).await?;
+        let a =
+            st.call(&headers, host, Touch::Cluster, |c, who| c.shared_assignments(&host_id(who)?)).await?;
         let epoch = a.epoch;
         // A stopping server answers at once, so that it is not kept waiting for the poll.
         if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {
@@ -356,5 +359,8 @@ pub(super) async fn report_task(
     body: Bytes,
 ) -> Result<Json<Task>, ApiError> {
     let report: TaskStateReport = parse(&body)?;
-    Ok(Json(st.call(&headers, host, move |c, who| c.report_task(&host_id(who)?, &id, report)).await?))
+    Ok(Json(
+        st.call(&headers, host, Touch::Cluster, move |c, who| c.report_task(&host_id(who)?, &id, report))
+            .await?,
+    ))
 }

@@ -1,6 +1,7 @@
 //! `GET /v1/events`: the cluster's events as a server-sent event stream, filtered by type.
 
 use super::{viewer, AppState, Q};
+use crate::cluster::Touch;
 use crate::error::ApiError;
 use crate::events::KEEP_ALIVE;
 use axum::extract::State;
@@ -77,7 +78,7 @@ pub(super) async fn stream(
     Q(q): Q<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let filter = Filter::parse(q.types.as_deref())?;
-    st.call(&headers, viewer, |_, _| Ok(())).await?;
+    st.call(&headers, viewer, Touch::Cluster, |_, _| Ok(())).await?;
     let rx = st.events.subscribe();
     let stopping = st.events.stopping();
     let events = futures_util::stream::unfold((rx, stopping), move |(mut rx, mut stopping)| async move {

@@ -19,7 +19,7 @@ pub(super) async fn list_hosts(
 ) -> Result<Response, ApiError> {
     let (limit, skip) = paging(q.limit.as_ref(), q.skip.as_ref(), usize::MAX)?;
     let (page, total) = st
-        .call(&headers, viewer, move |c, who| {
+        .call(&headers, viewer, Touch::List, move |c, who| {
             Ok(c.hosts_page(scoped_pool(&who, q.pool)?.as_deref(), skip, limit))
         })
         .await?;
@@ -39,7 +39,7 @@ pub(super) async fn describe_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.host(&id)).await?))
+    Ok(Json(st.call(&headers, viewer, Touch::Object(Kind::Host, id.clone()), move |c, _| c.host(&id)).await?))
 }
 
 #[utoipa::path(
@@ -55,7 +55,12 @@ pub(super) async fn cordon_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, true)).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, _| {
+            c.set_cordoned(&id, true)
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -71,7 +76,12 @@ pub(super) async fn uncordon_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, operator, move |c, _| c.set_cordoned(&id, false)).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, _| {
+            c.set_cordoned(&id, false)
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -88,7 +98,9 @@ pub(super) async fn drain_host(
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
     let i = st
-        .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Drain, &actor(&p)))
+        .call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.operator_action(&id, OperatorAction::Drain, &actor(&p))
+        })
         .await?;
     Ok(Json(IncidentView::of(carried_out(&st, i).await?)))
 }
@@ -107,7 +119,9 @@ pub(super) async fn replace_host(
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
     let i = st
-        .call(&headers, operator, move |c, p| c.operator_action(&id, OperatorAction::Replace, &actor(&p)))
+        .call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.operator_action(&id, OperatorAction::Replace, &actor(&p))
+        })
         .await?;
     Ok(Json(IncidentView::of(carried_out(&st, i).await?)))
 }
@@ -125,7 +139,11 @@ pub(super) async fn activate_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<OperatorCommandResponse>, ApiError> {
-    let (host, outcome) = st.call(&headers, operator, move |c, p| c.activate_host(&id, &actor(&p))).await?;
+    let (host, outcome) = st
+        .call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.activate_host(&id, &actor(&p))
+        })
+        .await?;
     Ok(Json(OperatorCommandResponse {
         host: Some(host),
         replacement: outcome.as_ref().and_then(|o| o.replacement.clone()),
@@ -146,7 +164,11 @@ pub(super) async fn recheck_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<OperatorCommandResponse>, ApiError> {
-    let (host, incident) = st.call(&headers, operator, move |c, p| c.recheck_host(&id, &actor(&p))).await?;
+    let (host, incident) = st
+        .call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.recheck_host(&id, &actor(&p))
+        })
+        .await?;
     Ok(Json(OperatorCommandResponse {
         host: Some(host),
         replacement: None,
@@ -177,7 +199,12 @@ pub(super) async fn revoke_host_credential(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, p| c.revoke_host_credential(&id, &actor(&p))).await?))
+    Ok(Json(
+        st.call(&headers, admin, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.revoke_host_credential(&id, &actor(&p))
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -194,7 +221,12 @@ pub(super) async fn forget_host(
     Path(id): Path<String>,
     Q(q): Q<ForgetQuery>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, operator, move |c, p| c.forget_host(&id, q.force, &actor(&p))).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Host, id.clone()), move |c, p| {
+            c.forget_host(&id, q.force, &actor(&p))
+        })
+        .await?,
+    ))
 }
 
 /// The incident an operator's command was recorded on, once the controllers carried the

@@ -15,7 +15,11 @@ pub(super) async fn acknowledge_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    let i = st.call(&headers, operator, move |c, p| c.acknowledge_incident(&id, &actor(&p))).await?;
+    let i = st
+        .call(&headers, operator, Touch::Object(Kind::Incident, id.clone()), move |c, p| {
+            c.acknowledge_incident(&id, &actor(&p))
+        })
+        .await?;
     Ok(Json(IncidentView::of(i)))
 }
 
@@ -35,7 +39,11 @@ pub(super) async fn resolve_incident(
     body: Bytes,
 ) -> Result<Json<OperatorCommandResponse>, ApiError> {
     let req: ResolveIncident = parse(&body)?;
-    let o = st.call(&headers, operator, move |c, p| c.resolve_incident(&id, &req.reason, &actor(&p))).await?;
+    let o = st
+        .call(&headers, operator, Touch::Object(Kind::Incident, id.clone()), move |c, p| {
+            c.resolve_incident(&id, &req.reason, &actor(&p))
+        })
+        .await?;
     Ok(Json(OperatorCommandResponse {
         host: None,
         replacement: o.replacement,
@@ -55,7 +63,7 @@ pub(super) async fn list_incidents(
     headers: HeaderMap,
 ) -> Result<Json<Vec<IncidentView>>, ApiError> {
     let list = st
-        .call(&headers, viewer, |c, who| {
+        .call(&headers, viewer, Touch::List, |c, who| {
             Ok(c.incidents().into_iter().filter(|i| who.sees_pool(i.pool.as_str())).collect::<Vec<_>>())
         })
         .await?;
@@ -75,7 +83,10 @@ pub(super) async fn describe_incident(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
-    Ok(Json(IncidentView::of(st.call(&headers, viewer, move |c, _| c.incident(&id)).await?)))
+    Ok(Json(IncidentView::of(
+        st.call(&headers, viewer, Touch::Object(Kind::Incident, id.clone()), move |c, _| c.incident(&id))
+            .await?,
+    )))
 }
 
 // ---- tasks ------------------------------------------------------------------------------

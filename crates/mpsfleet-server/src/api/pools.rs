@@ -16,7 +16,7 @@ pub(super) async fn create_pool(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreatePool = parse(&body)?;
-    Ok(created(st.call(&headers, admin, move |c, _| c.create_pool(req)).await?))
+    Ok(created(st.call(&headers, admin, Touch::Cluster, move |c, _| c.create_pool(req)).await?))
 }
 
 #[utoipa::path(
@@ -31,7 +31,7 @@ pub(super) async fn list_pools(
     headers: HeaderMap,
 ) -> Result<Json<Vec<Pool>>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, |c, who| {
+        st.call(&headers, viewer, Touch::List, |c, who| {
             Ok(c.pools().into_iter().filter(|p| who.sees_pool(p.name.as_str())).collect())
         })
         .await?,
@@ -51,7 +51,9 @@ pub(super) async fn describe_pool(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<Pool>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.pool(&name)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Pool, name.clone()), move |c, _| c.pool(&name)).await?,
+    ))
 }
 
 #[utoipa::path(
@@ -70,7 +72,12 @@ pub(super) async fn update_pool(
     body: Bytes,
 ) -> Result<Json<Pool>, ApiError> {
     let req: UpdatePool = parse(&body)?;
-    Ok(Json(st.call(&headers, admin, move |c, _| c.update_pool(&name, req)).await?))
+    Ok(Json(
+        st.call(&headers, admin, Touch::Object(Kind::Pool, name.clone()), move |c, _| {
+            c.update_pool(&name, req)
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -86,7 +93,10 @@ pub(super) async fn explain_pool(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<mpsfleet_core::explain::Explanation>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.explain_pool(&name)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Pool, name.clone()), move |c, _| c.explain_pool(&name))
+            .await?,
+    ))
 }
 
 // ---- hosts ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ pub(super) async fn create_secret(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: mpsfleet_types::secret::CreateSecret = parse(&body)?;
-    Ok(created(st.call(&headers, admin, move |c, _| c.create_secret(req)).await?))
+    Ok(created(st.call(&headers, admin, Touch::Cluster, move |c, _| c.create_secret(req)).await?))
 }
 
 #[utoipa::path(
@@ -30,7 +30,7 @@ pub(super) async fn list_secrets(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<mpsfleet_types::secret::SecretInfo>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, |c, _| c.secrets()).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| c.secrets()).await?))
 }
 
 #[utoipa::path(
@@ -46,7 +46,7 @@ pub(super) async fn delete_secret(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<mpsfleet_types::secret::SecretInfo>, ApiError> {
-    Ok(Json(st.call(&headers, admin, move |c, _| c.delete_secret(&name)).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, _| c.delete_secret(&name)).await?))
 }
 
 /// The secret values of a task, for the agent of the host it is placed on only.
@@ -64,7 +64,9 @@ pub(super) async fn task_secrets(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<mpsfleet_types::secret::TaskSecrets>, ApiError> {
-    Ok(Json(st.call(&headers, host, move |c, who| c.task_secrets(&host_id(who)?, &id)).await?))
+    Ok(Json(
+        st.call(&headers, host, Touch::Cluster, move |c, who| c.task_secrets(&host_id(who)?, &id)).await?,
+    ))
 }
 
 // ---- agents -----------------------------------------------------------------------------

@@ -16,7 +16,12 @@ pub(super) async fn create_service(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateService = parse(&body)?;
-    Ok(created(st.call(&headers, operator, move |c, p| c.create_service_as(req, &actor(&p))).await?))
+    Ok(created(
+        st.call(&headers, operator, Touch::NewIn(req.pool.to_string()), move |c, p| {
+            c.create_service_as(req, &actor(&p))
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -31,7 +36,7 @@ pub(super) async fn list_services(
     headers: HeaderMap,
 ) -> Result<Json<Vec<ServiceView>>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, |c, who| {
+        st.call(&headers, viewer, Touch::List, |c, who| {
             Ok(c.services().into_iter().filter(|s| who.sees_pool(s.service.pool.as_str())).collect())
         })
         .await?,
@@ -51,7 +56,10 @@ pub(super) async fn describe_service(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.service(&name)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| c.service(&name))
+            .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -67,7 +75,12 @@ pub(super) async fn service_endpoints(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<Vec<ServiceEndpoint>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.service_endpoints(&name)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| {
+            c.service_endpoints(&name)
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -83,7 +96,12 @@ pub(super) async fn service_deployments(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<Vec<DeploymentView>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.service_deployments(&name)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| {
+            c.service_deployments(&name)
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -102,7 +120,12 @@ pub(super) async fn update_service(
     body: Bytes,
 ) -> Result<Json<ServiceView>, ApiError> {
     let req: UpdateService = parse(&body)?;
-    Ok(Json(st.call(&headers, operator, move |c, p| c.update_service_as(&name, req, &actor(&p))).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Service, name.clone()), move |c, p| {
+            c.update_service_as(&name, req, &actor(&p))
+        })
+        .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -118,7 +141,12 @@ pub(super) async fn delete_service(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
-    Ok(Json(st.call(&headers, operator, move |c, _| c.delete_service(&name)).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Service, name.clone()), move |c, _| {
+            c.delete_service(&name)
+        })
+        .await?,
+    ))
 }
 
 // ---- secrets ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ pub(super) async fn register_taskdef(
     let valid = tokio::task::spawn_blocking(move || ValidTaskDef::parse(&body))
         .await
         .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))??;
-    let r = st.call(&headers, operator, move |c, _| c.register_valid_taskdef(valid)).await?;
+    let r = st.call(&headers, operator, Touch::Cluster, move |c, _| c.register_valid_taskdef(valid)).await?;
     Ok(created(r))
 }
 
@@ -45,7 +45,8 @@ pub(super) async fn list_taskdefs(
     Q(q): Q<FamilyQuery>,
 ) -> Result<Response, ApiError> {
     // Shared records out of the lock, encoded here.
-    let list = st.call(&headers, viewer, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
+    let list =
+        st.call(&headers, viewer, Touch::NoPool, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
     let list: Vec<&TaskDefinition> = list.iter().map(AsRef::as_ref).collect();
     Ok(Json(list).into_response())
 }
@@ -63,7 +64,12 @@ pub(super) async fn describe_taskdef(
     headers: HeaderMap,
     Path(reference): Path<String>,
 ) -> Result<Json<TaskDefinition>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.taskdef("taskDefinition", &reference).cloned()).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::NoPool, move |c, _| {
+            c.taskdef("taskDefinition", &reference).cloned()
+        })
+        .await?,
+    ))
 }
 
 // ---- pools ------------------------------------------------------------------------------

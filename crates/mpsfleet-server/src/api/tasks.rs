@@ -16,7 +16,11 @@ pub(super) async fn run_tasks(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: RunTask = parse(&body)?;
-    let out = st.call(&headers, operator, move |c, p| c.run_tasks_as(req, &actor(&p))).await?;
+    let out = st
+        .call(&headers, operator, Touch::NewIn(req.pool.to_string()), move |c, p| {
+            c.run_tasks_as(req, &actor(&p))
+        })
+        .await?;
     Ok(created(RunTaskResponse { tasks: out.tasks, placed: out.placed, pending: out.pending }))
 }
 
@@ -62,7 +66,7 @@ pub(super) async fn list_tasks(
         live,
     };
     Ok(Json(
-        st.call(&headers, viewer, move |c, who| {
+        st.call(&headers, viewer, Touch::List, move |c, who| {
             let mut filter = filter;
             filter.pool = scoped_pool(&who, filter.pool)?;
             Ok(c.tasks(&filter))
@@ -84,7 +88,7 @@ pub(super) async fn describe_task(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.task(&id)).await?))
+    Ok(Json(st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.task(&id)).await?))
 }
 
 #[utoipa::path(
@@ -100,7 +104,10 @@ pub(super) async fn task_events(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<mpsfleet_types::History<mpsfleet_types::ObjectEvent>>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, move |c, _| c.task_events(&id)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.task_events(&id))
+            .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -119,5 +126,10 @@ pub(super) async fn stop_task(
     body: Bytes,
 ) -> Result<Json<Task>, ApiError> {
     let req: StopTask = if body.is_empty() { StopTask::default() } else { parse(&body)? };
-    Ok(Json(st.call(&headers, operator, move |c, _| c.stop_task(&id, req.reason)).await?))
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Task, id.clone()), move |c, _| {
+            c.stop_task(&id, req.reason)
+        })
+        .await?,
+    ))
 }

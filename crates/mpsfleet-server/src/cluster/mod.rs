@@ -30,6 +30,7 @@ mod heartbeat_tests;
 mod recovery_tests;
 mod register;
 mod retention;
+pub mod scope;
 mod secrets;
 #[cfg(test)]
 mod service_tests;
@@ -55,6 +56,7 @@ pub use retention::{
     FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS, MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS,
     RESOLVED_INCIDENT_RETENTION_MS, SCHEMA_VERSION, STOPPED_TASK_RETENTION_MS,
 };
+pub use scope::{Kind, Touch};
 pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
 
 use crate::auth::{self, Principal};
