@@ -12,6 +12,7 @@ pub mod explain;
 pub mod fit;
 pub mod health;
 pub mod lifecycle;
+pub mod mps_model;
 pub mod remediation;
 pub mod scheduler;
 pub mod task_size;

@@ -20,6 +20,7 @@ use mpsfleet_core::clock::ManualClock;
 use mpsfleet_core::lifecycle::mps::{
     self as mh, pool_mps_policy, DaemonHealth, Effect, Event as MpsEvent, Phase,
 };
+use mpsfleet_core::mps_model::{Probe, Refused};
 use mpsfleet_server::cluster::{Cluster, ProviderJob, ProviderOutcome};
 use mpsfleet_server::provider::{AttemptRecord, ExternalProvider, Retry};
 use mpsfleet_store::{MemoryStore, Revision};
@@ -711,7 +712,7 @@ impl Sim {
         host.outbox.clear();
         for d in &mut host.daemons {
             d.gen += 1;
-            d.running = false;
+            d.model.exit();
         }
     }
 
@@ -727,9 +728,7 @@ impl Sim {
             if e == Effect::Restart {
                 let d = &mut self.world[h].daemons[g];
                 // Whatever is left of the daemon goes, and its server with it.
-                let had_daemon = d.running;
-                d.running = false;
-                d.fault = None;
+                let had_daemon = d.model.exit();
                 d.gen += 1;
                 let gen = d.gen;
                 if had_daemon {
@@ -776,7 +775,8 @@ impl Sim {
             return;
         }
         let gen = d.gen;
-        if d.running && d.hung {
+        let probe = d.model.probe();
+        if probe == Probe::TimedOut {
             let reason = format!(
                 "probe timed out after {}",
                 mpsfleet_core::health::fmt_ms(timeout.as_millis() as u64)
@@ -786,12 +786,12 @@ impl Sim {
                 Ev::ProbeResult { h, g, gen, ev: MpsEvent::ProbeFailed { reason } },
             );
         } else {
-            let ev = if !d.running {
-                MpsEvent::ProbeFailed { reason: "Cannot find MPS control daemon process".into() }
-            } else if d.fault.is_some() {
-                MpsEvent::ServersUnhealthy { reason: "MPS server in FAULT".into() }
-            } else {
-                MpsEvent::ProbeOk
+            let ev = match probe {
+                Probe::NoDaemon | Probe::TimedOut => {
+                    MpsEvent::ProbeFailed { reason: "Cannot find MPS control daemon process".into() }
+                }
+                Probe::ServerFault => MpsEvent::ServersUnhealthy { reason: "MPS server in FAULT".into() },
+                Probe::Ok => MpsEvent::ProbeOk,
             };
             self.daemon_step(h, g, ev);
         }
@@ -804,13 +804,12 @@ impl Sim {
         }
         let d = &mut self.world[h].daemons[g];
         if d.broken_for_good {
-            d.running = false;
+            d.model.exit();
             self.daemon_step(h, g, MpsEvent::RestartFailed { reason: "daemon exited with status 1".into() });
             return;
         }
-        d.running = true;
-        d.hung = d.hang_for_good;
-        d.fault = None;
+        d.model.start(d.hang_for_good);
+        d.stuck_client = false;
         self.daemon_step(h, g, MpsEvent::RestartSucceeded);
         // The agent probes a new daemon at once.
         let d = &mut self.world[h].daemons[g];
@@ -822,7 +821,7 @@ impl Sim {
         let d = &mut self.world[h].daemons[g];
         d.broken_for_good |= for_good;
         let starting = d.health().phase == Phase::Starting;
-        d.running = false;
+        d.model.exit();
         d.gen += 1;
         self.kill_tasks(h, g, true, false, StopCode::EssentialContainerExited, "MPS daemon exited");
         let ev = if starting {
@@ -842,7 +841,7 @@ impl Sim {
 
     fn clear_fault_if_idle(&mut self, h: usize, g: usize) {
         if !self.world[h].has_mps_client(g) {
-            self.world[h].daemons[g].fault = None;
+            self.world[h].daemons[g].model.last_client_gone();
         }
     }
 
@@ -903,9 +902,7 @@ impl Sim {
             FaultKind::DaemonHang { gpu, for_good } => {
                 let g = self.busy_gpu(h, gpu_of(gpu)).unwrap_or(gpu_of(gpu));
                 let d = &mut self.world[h].daemons[g];
-                if d.running {
-                    d.hung = true;
-                }
+                d.model.hang();
                 d.hang_for_good |= for_good;
                 self.ensure_probe(h, g, 0);
             }
@@ -915,8 +912,9 @@ impl Sim {
                     self.log("no MPS client on the host: nothing to fault".into());
                     return;
                 };
-                if self.world[h].daemons[g].running {
-                    self.world[h].daemons[g].fault = Some(stuck_client);
+                let d = &mut self.world[h].daemons[g];
+                if d.model.fault() {
+                    d.stuck_client = stuck_client;
                     if !stuck_client {
                         self.at(self.now + CLIENT_EXIT_MS, Ev::ClientsExit { h, g });
                     }
@@ -1066,10 +1064,10 @@ impl Sim {
         // The deliberate bug of test builds: the agent skips its daemon check (fails open).
         let fail_open = self.cfg.break_invariant && cfg!(any(test, feature = "broken-invariant"));
         if demand.mps {
-            let (answers, faulted) = {
-                let d = &self.world[h].daemons[gpus[0]];
-                (d.answers(), d.fault.is_some())
-            };
+            // The task's client connects to the daemon (and its server starts for the first).
+            let connected = self.world[h].daemons[gpus[0]].model.connect();
+            let answers = !matches!(connected, Err(Refused::NoDaemon | Refused::Hung));
+            let faulted = connected == Err(Refused::Fault);
             if !answers && fail_open {
                 self.checker.checks += 1;
                 let label = self.world[h].label.clone();
@@ -1150,7 +1148,7 @@ impl Sim {
             }
         }
         for g in l.gpus {
-            if self.world[h].daemons.get(g).is_some_and(|d| d.fault == Some(true)) {
+            if self.world[h].daemons.get(g).is_some_and(|d| d.stuck_fault()) {
                 self.clear_fault_if_idle(h, g);
             }
         }

@@ -15,6 +15,7 @@
 
 use crate::rng::Rng;
 use mpsfleet_core::lifecycle::mps::{Check, DaemonHealth, MpsPolicy, Phase};
+use mpsfleet_core::mps_model;
 use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::{
     GpuUuid, HealthStatus, HostCheck, HostId, ServiceName, StopCode, TaskId, TaskStateReport,
@@ -31,12 +32,14 @@ pub struct Demand {
 /// One GPU's MPS control daemon, as the world has it and as the agent's state machine sees it.
 #[derive(Debug)]
 pub(crate) struct Daemon {
-    pub running: bool,
-    pub hung: bool,
+    /// The daemon's process and its server, by core's rules (`mps_model`), which the agent's
+    /// model mode runs too.
+    pub model: mps_model::Daemon,
     pub hang_for_good: bool,
     pub broken_for_good: bool,
-    /// The MPS server is in FAULT; `true`: a client is stuck and keeps it there.
-    pub fault: Option<bool>,
+    /// A client of a server in FAULT is stuck: it does not exit, so the FAULT stays until
+    /// the daemon is restarted.
+    pub stuck_client: bool,
     /// Since when the GPU is off the bus; set through [`SimHost::xid`] (it is in the report).
     xid_since: Option<u64>,
     /// Set through [`SimHost::set_health`] (its check is in the report).
@@ -52,11 +55,10 @@ impl Daemon {
     /// A daemon not yet started.
     pub fn new() -> Daemon {
         Daemon {
-            running: false,
-            hung: false,
+            model: mps_model::Daemon::down(),
             hang_for_good: false,
             broken_for_good: false,
-            fault: None,
+            stuck_client: false,
             xid_since: None,
             health: DaemonHealth::new(0),
             gen: 0,
@@ -67,16 +69,15 @@ impl Daemon {
 
     /// Probing changes nothing: the daemon answers and the check is OK with no failures.
     pub fn steady(&self) -> bool {
-        self.running
-            && !self.hung
-            && self.fault.is_none()
+        self.model.probe() == mps_model::Probe::Ok
             && self.health.phase == Phase::Running
             && self.health.check.status == HealthStatus::Ok
             && self.health.check.consecutive_failures == 0
     }
 
-    pub fn answers(&self) -> bool {
-        self.running && !self.hung
+    /// Its server is in FAULT, held there by a stuck client.
+    pub fn stuck_fault(&self) -> bool {
+        self.model.server() == mps_model::Server::Fault && self.stuck_client
     }
 
     pub fn health(&self) -> &DaemonHealth {
@@ -614,7 +615,7 @@ mod tests {
         assert_eq!((w[a].gpu_index(&u1), w[b].gpu_index(&u1)), (Some(1), None));
         assert_eq!(w[b].gpu_index(&w[b].gpu_uuids[0].clone()), Some(0));
         assert_eq!(w[a].daemons.len(), 2);
-        assert!(w[a].daemons.iter().all(|d| !d.answers() && !d.steady()));
+        assert!(w[a].daemons.iter().all(|d| !d.model.answers() && !d.steady()));
 
         w.start_task(a, TaskId(1), LocalTask::starting(vec![1], MPS, None));
         w.start_task(a, TaskId(2), LocalTask::starting(vec![0], WHOLE, None));

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use mpsfleet_core::mps_model;
 use mpsfleet_types::DEFAULT_MAX_MPS_CLIENTS;
 
 use super::{DaemonConfig, ExitInfo, LogEvent, MpsControl, MpsDaemon, MpsError};
@@ -29,17 +30,11 @@ pub enum ClientRefused {
     OtherUser { server_pid: u32, uid: u32 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ModelServerState {
-    Active,
-    Fault,
-}
-
+/// The server of a daemon: its process and clients (its state is the daemon's `model`).
 #[derive(Debug)]
 struct ModelServer {
     pid: u32,
     uid: u32,
-    state: ModelServerState,
     clients: Vec<u32>,
 }
 
@@ -48,7 +43,9 @@ struct DaemonState {
     pid: u32,
     cfg: DaemonConfig,
     exit: Option<ExitInfo>,
-    hung: bool,
+    /// The daemon's process and its server's state, by core's rules (`mps_model`): the
+    /// simulator runs the same ones.
+    model: mps_model::Daemon,
     default_percentage: f64,
     default_pinned: HashMap<String, String>,
     server: Option<ModelServer>,
@@ -57,10 +54,22 @@ struct DaemonState {
 
 impl DaemonState {
     fn alive(&self) -> bool {
-        self.exit.is_none()
+        self.model.alive()
+    }
+
+    fn hung(&self) -> bool {
+        self.model.process() == mps_model::Process::Hung
+    }
+
+    /// The daemon exits, and its server with it.
+    fn die(&mut self, exit: ExitInfo) {
+        self.exit = Some(exit);
+        self.model.exit();
+        self.server = None;
     }
 
     fn end_server(&mut self, status: i32) {
+        self.model.end_server();
         if let Some(server) = self.server.take() {
             if status != 0 {
                 self.log.push(LogEvent::ServerExited {
@@ -140,20 +149,19 @@ impl ModelMps {
     pub fn kill_daemon(&self, pipe_dir: &Path, signal: i32) {
         self.with_daemon(pipe_dir, |d| {
             if d.alive() {
-                d.exit = Some(ExitInfo::Signal(signal));
-                d.server = None;
+                d.die(ExitInfo::Signal(signal));
             }
         });
     }
 
     /// The daemon stops answering (SIGSTOP): every command times out.
     pub fn hang_daemon(&self, pipe_dir: &Path) {
-        self.with_daemon(pipe_dir, |d| d.hung = true);
+        self.with_daemon(pipe_dir, |d| d.model.hang());
     }
 
     /// The daemon answers again (SIGCONT).
     pub fn resume_daemon(&self, pipe_dir: &Path) {
-        self.with_daemon(pipe_dir, |d| d.hung = false);
+        self.with_daemon(pipe_dir, |d| d.model.resume());
     }
 
     /// Every start on `pipe_dir` fails with `reason` until cleared with `None`.
@@ -172,21 +180,18 @@ impl ModelMps {
         let daemon =
             self.daemon(pipe_dir).ok_or_else(|| ClientRefused::NoDaemon { pipe_dir: pipe_dir.into() })?;
         let mut d = lock(&daemon);
-        if !d.alive() {
-            return Err(ClientRefused::NoDaemon { pipe_dir: pipe_dir.into() });
+        match d.model.connect() {
+            Err(mps_model::Refused::NoDaemon) => {
+                return Err(ClientRefused::NoDaemon { pipe_dir: pipe_dir.into() })
+            }
+            Err(mps_model::Refused::Hung) => return Err(ClientRefused::Hung { pipe_dir: pipe_dir.into() }),
+            Err(mps_model::Refused::Fault) => {
+                let server_pid = d.server.as_ref().map_or(0, |s| s.pid);
+                return Err(ClientRefused::Fault { server_pid });
+            }
+            Ok(()) => {}
         }
-        if d.hung {
-            return Err(ClientRefused::Hung { pipe_dir: pipe_dir.into() });
-        }
-        let server = d.server.get_or_insert(ModelServer {
-            pid: new_pid,
-            uid,
-            state: ModelServerState::Active,
-            clients: Vec::new(),
-        });
-        if server.state == ModelServerState::Fault {
-            return Err(ClientRefused::Fault { server_pid: server.pid });
-        }
+        let server = d.server.get_or_insert(ModelServer { pid: new_pid, uid, clients: Vec::new() });
         if server.uid != uid {
             return Err(ClientRefused::OtherUser { server_pid: server.pid, uid: server.uid });
         }
@@ -204,7 +209,7 @@ impl ModelMps {
         self.with_daemon(pipe_dir, |d| {
             let Some(server) = d.server.as_mut() else { return };
             server.clients.retain(|&c| c != client_pid);
-            if server.state == ModelServerState::Fault && server.clients.is_empty() {
+            if server.clients.is_empty() && d.model.last_client_gone() {
                 d.end_server(1);
             }
         });
@@ -214,8 +219,7 @@ impl ModelMps {
     pub fn fault_server(&self, pipe_dir: &Path) {
         self.with_daemon(pipe_dir, |d| {
             let pid = d.pid;
-            if let Some(server) = d.server.as_mut() {
-                server.state = ModelServerState::Fault;
+            if d.model.fault() {
                 d.log.push(LogEvent::Fatal {
                     line: format!(
                         "[model Control {pid}] Server encountered a fatal exception. Shutting down"
@@ -257,7 +261,11 @@ impl MpsControl for ModelMps {
             pid,
             cfg: cfg.clone(),
             exit: None,
-            hung: false,
+            model: {
+                let mut m = mps_model::Daemon::down();
+                m.start(false);
+                m
+            },
             default_percentage: 100.0,
             default_pinned: HashMap::new(),
             server: None,
@@ -294,11 +302,10 @@ impl MpsControl for ModelMps {
         if !d.alive() {
             return Ok(false);
         }
-        if d.hung {
+        if d.hung() {
             return Err(MpsError::Timeout { command: "quit".into(), timeout: cfg.probe_timeout });
         }
-        d.server = None;
-        d.exit = Some(ExitInfo::Status(0));
+        d.die(ExitInfo::Status(0));
         Ok(true)
     }
 }
@@ -325,7 +332,7 @@ impl MpsDaemon for ModelDaemon {
         if !d.alive() {
             return Err(MpsError::NotRunning { pipe_dir: self.pipe_dir.clone() });
         }
-        if d.hung {
+        if d.hung() {
             return Err(MpsError::Timeout { command: command.to_string(), timeout: d.cfg.probe_timeout });
         }
         answer(&mut d, command)
@@ -343,8 +350,8 @@ impl MpsDaemon for ModelDaemon {
         let mut d = lock(&self.state);
         if d.alive() {
             // A hung daemon does not take quit; the process group is killed.
-            d.exit = Some(if d.hung { ExitInfo::Signal(9) } else { ExitInfo::Status(0) });
-            d.server = None;
+            let exit = if d.hung() { ExitInfo::Signal(9) } else { ExitInfo::Status(0) };
+            d.die(exit);
         }
         Ok(())
     }
@@ -369,7 +376,7 @@ fn answer(d: &mut DaemonState, command: &str) -> Result<String, MpsError> {
         ["get_server_list"] => server_pid.map(|p| p.to_string()).unwrap_or_default(),
         ["get_server_status", _] => match (&d.server, pid_arg(1)) {
             (Some(s), Some(p)) if s.pid == p => {
-                if s.state == ModelServerState::Fault { "FAULT" } else { "ACTIVE" }.to_string()
+                if d.model.server() == mps_model::Server::Fault { "FAULT" } else { "ACTIVE" }.to_string()
             }
             _ => format!("Server {} not found", words[1]),
         },
@@ -401,7 +408,7 @@ fn answer(d: &mut DaemonState, command: &str) -> Result<String, MpsError> {
                 Some(server) if Some(server.pid) == sp => match cp {
                     Some(cp) if server.clients.contains(&cp) => {
                         server.clients.retain(|&x| x != cp);
-                        if server.state == ModelServerState::Fault && server.clients.is_empty() {
+                        if server.clients.is_empty() && d.model.last_client_gone() {
                             d.end_server(1);
                         }
                         "0".to_string()
@@ -416,8 +423,8 @@ fn answer(d: &mut DaemonState, command: &str) -> Result<String, MpsError> {
             if d.server.is_none() {
                 // The model has no GPU problems: the server comes up.
                 let pid = d.pid + 1_000 + uid;
-                d.server =
-                    Some(ModelServer { pid, uid, state: ModelServerState::Active, clients: Vec::new() });
+                d.model.start_server();
+                d.server = Some(ModelServer { pid, uid, clients: Vec::new() });
             }
             String::new()
         }
@@ -437,8 +444,7 @@ fn answer(d: &mut DaemonState, command: &str) -> Result<String, MpsError> {
             }
         }
         ["quit"] | ["quit", "-t", _] => {
-            d.server = None;
-            d.exit = Some(ExitInfo::Status(0));
+            d.die(ExitInfo::Status(0));
             String::new()
         }
         _ => return Err(unknown()),
