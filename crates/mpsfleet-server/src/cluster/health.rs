@@ -644,7 +644,6 @@ impl Cluster {
             host_id: None,
             revoked: false,
         });
-        self.creds.replacement_tokens.insert(digest, incident.id.clone());
         Ok(ProviderJob::Launch {
             incident: incident.id.clone(),
             pool: incident.pool.clone(),
@@ -656,7 +655,7 @@ impl Cluster {
     /// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
     /// is no replacement token at all; an error naming why when it was one and is not usable.
     pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, Error> {
-        let Some(id) = self.creds.replacement_tokens.get(digest) else { return Ok(None) };
+        let Some(id) = self.state.replacement_tokens().get(digest) else { return Ok(None) };
         let Some(i) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(None) };
         let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
             return Ok(None);
@@ -708,22 +707,6 @@ impl Cluster {
         }
         self.breaker_counts.clear();
         self.state.apply(rev, Change::Incident(incident));
-    }
-
-    /// Indexes the replacement tokens of unresolved incidents (at load), spent ones too, so
-    /// that a reuse is refused as such.
-    pub(super) fn index_replacement_tokens(&mut self) {
-        self.creds.replacement_tokens = self
-            .state
-            .incidents()
-            .values()
-            .filter_map(|v| v.value.replacement.as_ref().map(|b| (b, &v.value.id)))
-            .flat_map(|(b, id)| {
-                std::iter::once(&b.token_sha256)
-                    .chain(&b.earlier_token_sha256)
-                    .map(move |d| (d.clone(), id.clone()))
-            })
-            .collect();
     }
 
     /// The storm breaker's view of a pool: hosts that are ACTIVE or DRAINING, less the

@@ -262,7 +262,10 @@ impl Cluster {
         }
         let join_clock = clock.clone();
         let mut c = Cluster {
-            state: state::State::default(),
+            state: state::State::new(
+                tokens::AdminDigest::new(admin_sha256),
+                Self::new_join_index(join_clock),
+            ),
             feed: retention::FeedLedger::default(),
             compacted_before: 0,
             store,
@@ -281,14 +284,7 @@ impl Cluster {
             fixed_providers: BTreeSet::new(),
             provider_ctx: None,
             capacity_launches: HashMap::new(),
-            creds: tokens::Credentials {
-                key: auth::ServerKey::random()?,
-                admin: tokens::AdminDigest::new(admin_sha256),
-                join_index: Self::new_join_index(join_clock),
-                api_tokens: HashMap::new(),
-                replacement_tokens: HashMap::new(),
-                launch_tokens: HashMap::new(),
-            },
+            creds: tokens::Credentials { key: auth::ServerKey::random()?, launch_tokens: HashMap::new() },
             cluster_cas: Vec::new(),
             audit_log: Default::default(),
             audit_call: None,
@@ -331,7 +327,6 @@ impl Cluster {
             self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
         self.load_incidents()?;
-        self.index_replacement_tokens();
         self.load_api_tokens()?;
         self.load_join_tokens()?;
         self.load_audit()?;
@@ -365,7 +360,7 @@ impl Cluster {
 
     /// [`Cluster::authenticate`] for a token whose digest the caller computed (outside the lock).
     pub fn authenticate_digest(&self, d: &str) -> Result<Principal, Error> {
-        if self.creds.admin.is(d) {
+        if self.state.admin().is(d) {
             Ok(Principal::Admin)
         } else if self.join_token(d)? {
             Ok(Principal::Joiner)

@@ -183,14 +183,10 @@ impl Cluster {
                 continue;
             }
             for id in chunk {
-                if let Some(v) = self.state.incidents().get(id).cloned() {
+                // Its replacement tokens leave the index with it (`State::apply`).
+                if self.state.incidents().get(id).is_some() {
                     self.state.apply(self.state.revision(), Change::IncidentRemoved(id.clone()));
                     self.breaker_counts.clear();
-                    if let Some(b) = &v.value.replacement {
-                        for d in std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256) {
-                            self.creds.replacement_tokens.remove(d);
-                        }
-                    }
                 }
                 self.provider_progress.remove(id);
             }

@@ -1,9 +1,10 @@
 //! The cluster's records and the indexes derived from them, apart from what acts on them.
 //!
 //! [`State`] holds every committed record the server keeps in memory (pools, hosts, task
-//! definitions, tasks, services, incidents) with the indexes kept in step with them (each
-//! GPU's host, each host credential's host, the task and incident tables' own indexes) and the
-//! store revision the server last committed. Everything in `cluster/` reads it through
+//! definitions, tasks, services, incidents, API and join tokens, the bootstrap admin token's
+//! digest) with the indexes kept in step with them (each GPU's host, each host credential's
+//! host, each replacement token's incident, the task and incident tables' own indexes) and
+//! the store revision the server last committed. Everything in `cluster/` reads it through
 //! `&State`; it changes only through [`State::apply`], which takes one committed record
 //! change at the version the store wrote it (kube's reflector: one writer, many readers).
 //! The fields are private to this file, and a host's record and version to [`HostEntry`]'s
@@ -17,6 +18,7 @@
 use super::checks_key;
 use super::incident_table::IncidentTable;
 use super::tasks::TaskTable;
+use super::tokens::{AdminDigest, JoinDigests, JoinTokenRecord, TokenRecord};
 use super::Versioned;
 use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::scheduler::{HostIx, Placement};
@@ -43,9 +45,16 @@ pub(super) enum Change {
     ServiceRemoved(ServiceName),
     Incident(Incident),
     IncidentRemoved(String),
+    ApiToken(TokenRecord),
+    /// An API token revoked, by its digest.
+    ApiTokenRevoked(String),
+    JoinToken(JoinTokenRecord),
+    /// A join token revoked, by its digest.
+    JoinTokenRevoked(String),
+    /// The bootstrap admin token's new digest.
+    AdminToken(String),
 }
 
-#[derive(Default)]
 pub(super) struct State {
     /// The store revision of the server's last commit.
     revision: Revision,
@@ -62,9 +71,37 @@ pub(super) struct State {
     gpu_hosts: HashMap<GpuUuid, HostIx>,
     /// The host of every credential that works: not revoked, host not deregistered.
     host_credentials: HashMap<String, HostIx>,
+    /// API tokens by digest.
+    api_tokens: HashMap<String, TokenRecord>,
+    /// Join tokens by digest, shared with the HTTP layer (read without the cluster lock).
+    join_tokens: JoinDigests,
+    /// The bootstrap admin token's digest, shared with the HTTP layer.
+    admin: AdminDigest,
+    /// The incident of every replacement token's digest (spent and earlier ones too, while the
+    /// incident is kept, so that a reuse is refused as such).
+    replacement_tokens: HashMap<String, String>,
 }
 
 impl State {
+    /// No records yet but the admin token's digest and the (shared) join tokens' index.
+    pub(super) fn new(admin: AdminDigest, join_tokens: JoinDigests) -> State {
+        State {
+            revision: 0,
+            pools: BTreeMap::new(),
+            hosts: Vec::new(),
+            taskdefs: BTreeMap::new(),
+            tasks: TaskTable::default(),
+            services: BTreeMap::new(),
+            incidents: IncidentTable::default(),
+            gpu_hosts: HashMap::new(),
+            host_credentials: HashMap::new(),
+            api_tokens: HashMap::new(),
+            join_tokens,
+            admin,
+            replacement_tokens: HashMap::new(),
+        }
+    }
+
     /// Applies one committed change at `version`, the store revision that wrote it.
     pub(super) fn apply(&mut self, version: Revision, change: Change) {
         match change {
@@ -122,11 +159,29 @@ impl State {
                 self.services.remove(&name);
             }
             Change::Incident(i) => {
+                for d in replacement_digests(&i) {
+                    self.replacement_tokens.insert(d.clone(), i.id.clone());
+                }
                 self.incidents.insert(i.id.clone(), Versioned { value: i, version });
             }
             Change::IncidentRemoved(id) => {
-                self.incidents.remove(&id);
+                if let Some(old) = self.incidents.remove(&id) {
+                    for d in replacement_digests(&old.value) {
+                        self.replacement_tokens.remove(d);
+                    }
+                }
             }
+            Change::ApiToken(rec) => {
+                self.api_tokens.insert(rec.sha256.clone(), rec);
+            }
+            Change::ApiTokenRevoked(digest) => {
+                self.api_tokens.remove(&digest);
+            }
+            Change::JoinToken(rec) => self.join_tokens.insert(rec),
+            Change::JoinTokenRevoked(digest) => {
+                self.join_tokens.remove(&digest);
+            }
+            Change::AdminToken(digest) => self.admin.set(digest),
         }
     }
 
@@ -187,6 +242,22 @@ impl State {
         &self.host_credentials
     }
 
+    pub(super) fn api_tokens(&self) -> &HashMap<String, TokenRecord> {
+        &self.api_tokens
+    }
+
+    pub(super) fn join_tokens(&self) -> &JoinDigests {
+        &self.join_tokens
+    }
+
+    pub(super) fn admin(&self) -> &AdminDigest {
+        &self.admin
+    }
+
+    pub(super) fn replacement_tokens(&self) -> &HashMap<String, String> {
+        &self.replacement_tokens
+    }
+
     /// Records changes in a task's events (kept in memory only, not a record).
     pub(super) fn record_task(&mut self, id: &TaskId, now: u64, entries: Vec<TaskChange>) {
         self.tasks.record(id, now, entries);
@@ -197,6 +268,11 @@ impl State {
     pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str, code: PendingCode) -> bool {
         self.tasks.set_pending_reason(id, reason, code)
     }
+}
+
+/// The digests of an incident's replacement tokens, the one it holds and the earlier ones.
+fn replacement_digests(i: &Incident) -> impl Iterator<Item = &String> {
+    i.replacement.iter().flat_map(|b| std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256))
 }
 
 /// A host's record and version, with what its agent last reported and the server's

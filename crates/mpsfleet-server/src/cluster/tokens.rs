@@ -51,7 +51,7 @@ impl AdminDigest {
         !admin.is_empty() && *admin == digest
     }
 
-    fn set(&self, digest: String) {
+    pub(super) fn set(&self, digest: String) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = digest;
     }
 }
@@ -69,15 +69,15 @@ impl JoinDigests {
         JoinDigests { by_digest: Arc::default(), clock }
     }
 
-    fn map(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, JoinTokenRecord>> {
+    pub(super) fn map(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, JoinTokenRecord>> {
         self.by_digest.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn insert(&self, rec: JoinTokenRecord) {
+    pub(super) fn insert(&self, rec: JoinTokenRecord) {
         self.by_digest.write().unwrap_or_else(|p| p.into_inner()).insert(rec.sha256.clone(), rec);
     }
 
-    fn remove(&self, digest: &str) -> Option<JoinTokenRecord> {
+    pub(super) fn remove(&self, digest: &str) -> Option<JoinTokenRecord> {
         self.by_digest.write().unwrap_or_else(|p| p.into_inner()).remove(digest)
     }
 
@@ -126,19 +126,13 @@ pub(super) struct TokenRecord {
     pub sha256: String,
 }
 
-/// Every credential the cluster takes, by digest, and the key agent and launch tokens are
-/// derived under: the bootstrap admin token, join tokens, API tokens, each host's credential,
-/// and the one-time replacement (by incident) and launch (by pool and name) tokens.
+/// The credentials that are not records: the key agent and launch tokens are derived under,
+/// and the launch tokens of the hosts being launched for capacity. The stored ones (the
+/// bootstrap admin token's digest, join and API tokens, each host's credential, the
+/// replacement tokens of incidents) are `State`'s.
 pub(super) struct Credentials {
     /// Agent and launch tokens are derived under it.
     pub(super) key: auth::ServerKey,
-    /// The bootstrap admin token's digest, shared with the HTTP layer.
-    pub(super) admin: AdminDigest,
-    /// Join tokens by digest, shared with the HTTP layer.
-    pub(super) join_index: JoinDigests,
-    pub(super) api_tokens: HashMap<String, TokenRecord>,
-    /// Digests of unspent replacement registration tokens, to their incident.
-    pub(super) replacement_tokens: HashMap<String, String>,
     /// Digests of the launch tokens of the hosts being launched for capacity.
     pub(super) launch_tokens: HashMap<String, (PoolName, String)>,
 }
@@ -147,14 +141,14 @@ impl Cluster {
     pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(API_TOKEN)? {
             let rec: TokenRecord = decode(&r)?;
-            self.creds.api_tokens.insert(rec.sha256.clone(), rec);
+            self.state.apply(r.version, Change::ApiToken(rec));
         }
         Ok(())
     }
 
     /// The principal of an API token's digest: `Ok(None)` when it is none of them.
     pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, Error> {
-        let Some(rec) = self.creds.api_tokens.get(digest) else { return Ok(None) };
+        let Some(rec) = self.state.api_tokens().get(digest) else { return Ok(None) };
         if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
             return Err(Error::Unauthorized("this token has expired"));
         }
@@ -180,7 +174,7 @@ impl Cluster {
                 return Err(Error::invalid("pool", format!("no pool named {pool:?}")));
             }
         }
-        if self.creds.api_tokens.len() >= MAX_API_TOKENS {
+        if self.state.api_tokens().len() >= MAX_API_TOKENS {
             return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
             )));
@@ -202,30 +196,30 @@ impl Cluster {
             pool: req.pool,
         };
         let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token) };
-        self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
+        let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
-        self.creds.api_tokens.insert(rec.sha256.clone(), rec);
+        self.state.apply(rev, Change::ApiToken(rec));
         Ok(CreatedToken { token, view })
     }
 
     /// `token list`: every API token's record, oldest first.
     pub fn api_tokens(&self) -> Vec<TokenView> {
-        let mut all: Vec<TokenView> = self.creds.api_tokens.values().map(|r| r.view.clone()).collect();
+        let mut all: Vec<TokenView> = self.state.api_tokens().values().map(|r| r.view.clone()).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         all
     }
 
     /// `token revoke`: the token stops working at once.
     pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
-        let digest = self
-            .creds
-            .api_tokens
-            .iter()
-            .find(|(_, r)| r.view.id == id)
-            .map(|(d, _)| d.clone())
+        let rec = self
+            .state
+            .api_tokens()
+            .values()
+            .find(|r| r.view.id == id)
+            .cloned()
             .ok_or_else(|| Error::not_found("token", id))?;
-        self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
-        let rec = self.creds.api_tokens.remove(&digest).expect("found above");
+        let rev = self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
+        self.state.apply(rev, Change::ApiTokenRevoked(rec.sha256));
         tracing::info!(token.id = %id, by, "API token revoked");
         Ok(rec.view)
     }
@@ -234,7 +228,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(JOIN_TOKEN)? {
-            self.creds.join_index.insert(decode(&r)?);
+            self.state.apply(r.version, Change::JoinToken(decode(&r)?));
         }
         Ok(())
     }
@@ -242,16 +236,16 @@ impl Cluster {
     /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
     /// has expired.
     pub(super) fn join_token(&self, digest: &str) -> Result<bool, Error> {
-        self.creds.join_index.check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
+        self.state.join_tokens().check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
     }
 
     /// The join tokens' digests, for authentication without the cluster lock.
     pub fn join_digests(&self) -> JoinDigests {
-        self.creds.join_index.clone()
+        self.state.join_tokens().clone()
     }
 
     pub fn admin_digest(&self) -> AdminDigest {
-        self.creds.admin.clone()
+        self.state.admin().clone()
     }
 
     /// Replaces the bootstrap admin token with `token` (a new one, [`auth::new_token`]): the
@@ -261,13 +255,13 @@ impl Cluster {
         token: String,
     ) -> Result<mpsfleet_types::access::RotatedAdminToken, Error> {
         let digest = auth::digest(&token);
-        self.commit(&[Op::put_json(
+        let rev = self.commit(&[Op::put_json(
             super::AUTH,
             "admin",
             &super::AuthRecord { sha256: digest.clone() },
             Precondition::Any,
         )?])?;
-        self.creds.admin.set(digest);
+        self.state.apply(rev, Change::AdminToken(digest));
         Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
     }
 
@@ -298,17 +292,17 @@ impl Cluster {
     /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
     /// when the server serves HTTPS.
     pub fn create_join_token(&mut self, req: CreateJoinToken, by: &str) -> Result<CreatedJoinToken, Error> {
-        if self.creds.join_index.map().len() >= MAX_JOIN_TOKENS {
+        if self.state.join_tokens().map().len() >= MAX_JOIN_TOKENS {
             return Err(Error::Conflict(format!(
                 "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
             )));
         }
         let secret = auth::new_token("mpsf_join_")?;
         let rec = Self::join_token_record(self.now(), auth::digest(&secret), &req, by)?;
-        self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
+        let rev = self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
-        self.creds.join_index.insert(rec);
+        self.state.apply(rev, Change::JoinToken(rec));
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
 
@@ -316,7 +310,7 @@ impl Cluster {
     /// first.
     pub fn join_tokens(&self) -> Vec<JoinTokenView> {
         let mut all: Vec<JoinTokenView> =
-            self.creds.join_index.map().values().map(|r| r.view.clone()).collect();
+            self.state.join_tokens().map().values().map(|r| r.view.clone()).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         all
     }
@@ -324,16 +318,16 @@ impl Cluster {
     /// `join-token revoke`: the join token stops working at once (hosts it registered keep
     /// their own credentials).
     pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, Error> {
-        let digest = self
-            .creds
-            .join_index
+        let rec = self
+            .state
+            .join_tokens()
             .map()
-            .iter()
-            .find(|(_, r)| r.view.id == id)
-            .map(|(d, _)| d.clone())
+            .values()
+            .find(|r| r.view.id == id)
+            .cloned()
             .ok_or_else(|| Error::not_found("join token", id))?;
-        self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
-        let rec = self.creds.join_index.remove(&digest).expect("found above");
+        let rev = self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
+        self.state.apply(rev, Change::JoinTokenRevoked(rec.sha256));
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }
