@@ -132,11 +132,11 @@ impl Cluster {
         entry.evaluated = health.is_some();
         if let Some(h) = health {
             if h.verdict != entry.health.verdict {
-                self.breaker_counts.clear();
+                self.work.breaker_counts.clear();
             }
             entry.health = h;
         }
-        self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
+        self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
         Ok(Some(self.status_answer(ix)))
     }
 
@@ -284,7 +284,7 @@ impl Cluster {
                     )
                 );
             if let (true, Some(g)) = (failed, &task.group) {
-                self.service_failures.entry(g.clone()).or_default().push_back(now);
+                self.work.service_failures.entry(g.clone()).or_default().push_back(now);
                 self.note_service_failure(&task, reason.as_deref().unwrap_or("no reason given"))?;
             }
             self.ask_for_group(task.group.as_ref());

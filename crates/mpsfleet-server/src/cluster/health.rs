@@ -152,9 +152,9 @@ impl Cluster {
         self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now());
         // Whether the host's verdict opens an incident depends on its incidents.
         if let Some(ix) = self.sched.host(&incident.host_id) {
-            self.health_due_ms[ix as usize] = 0;
+            self.work.health_due_ms[ix as usize] = 0;
         }
-        self.breaker_counts.clear();
+        self.work.breaker_counts.clear();
         let pool = incident.pool.clone();
         if incident.state != IncidentState::Resolved {
             self.ask(Work::Incident(incident.opened_at_ms, incident.id.clone()));
@@ -171,7 +171,7 @@ impl Cluster {
         let now = self.now();
         for ix in 0..self.state.hosts().len() as HostIx {
             // Only a host whose evaluation can have changed since the last one.
-            if self.health_due_ms[ix as usize] > now {
+            if self.work.health_due_ms[ix as usize] > now {
                 continue;
             }
             // One host's failure (a failed commit) is logged and left for the next tick; the
@@ -210,7 +210,7 @@ impl Cluster {
             }
         }
         for g in close {
-            let at = self.mps_closed.entry(g).or_insert(until);
+            let at = self.work.mps_closed.entry(g).or_insert(until);
             *at = (*at).max(until);
             self.sched.set_mps_open(g, false);
         }
@@ -218,19 +218,19 @@ impl Cluster {
 
     /// Opens the closed GPUs whose hold has passed and whose daemon the host reports OK.
     fn reopen_mps_gpus(&mut self) {
-        if self.mps_closed.is_empty() {
+        if self.work.mps_closed.is_empty() {
             return;
         }
         let now = self.now();
         let due: Vec<mpsfleet_core::scheduler::GpuIx> =
-            self.mps_closed.iter().filter(|(_, &at)| now >= at).map(|(&g, _)| g).collect();
+            self.work.mps_closed.iter().filter(|(_, &at)| now >= at).map(|(&g, _)| g).collect();
         let mut pools = BTreeSet::new();
         for g in due {
             let ix = self.sched.gpu(g).host;
             let e = &self.state.hosts()[ix as usize];
             if e.host().status == HostStatus::Deregistered {
                 // Gone: forgotten, and no longer counted as closed (it takes nothing anyway).
-                self.mps_closed.remove(&g);
+                self.work.mps_closed.remove(&g);
                 self.sched.set_mps_open(g, true);
                 continue;
             }
@@ -240,7 +240,7 @@ impl Cluster {
                 continue;
             };
             if mps_daemon_ok(&e.checks, &inv.uuid) {
-                self.mps_closed.remove(&g);
+                self.work.mps_closed.remove(&g);
                 self.sched.set_mps_open(g, true);
                 pools.insert(e.host().pool.clone());
             }
@@ -263,7 +263,7 @@ impl Cluster {
             .and_then(|p| p.value.provider.as_ref())
             .map(|prov| prov.desired_hosts)
         else {
-            self.capacity_launches.remove(pool);
+            self.work.capacity_launches.remove(pool);
             return Ok(Requeue::AwaitChange);
         };
         if self.provider_for(pool).is_none() {
@@ -271,14 +271,14 @@ impl Cluster {
         }
         // A launched host counts as in flight until it registers (the fleet's names are
         // gathered only while a launch is in flight, not at every pass).
-        if self.capacity_launches.get(pool).is_some_and(|l| !l.is_empty()) {
+        if self.work.capacity_launches.get(pool).is_some_and(|l| !l.is_empty()) {
             let registered: BTreeSet<&str> =
                 self.state.hosts().iter().map(|h| h.host().hostname.as_str()).collect();
-            if let Some(l) = self.capacity_launches.get_mut(pool) {
+            if let Some(l) = self.work.capacity_launches.get_mut(pool) {
                 l.retain(|name| !registered.contains(name.as_str()));
             }
         }
-        let launching = &self.capacity_launches;
+        let launching = &self.work.capacity_launches;
         self.creds.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
         // Registered hosts (from the store, so this survives a restart), launches in flight,
         // and replacements requested by incidents that have not joined yet.
@@ -288,7 +288,7 @@ impl Cluster {
             .iter()
             .filter(|h| &h.host().pool == pool && h.host().status != HostStatus::Deregistered)
             .count();
-        let in_flight = self.capacity_launches.get(pool).map_or(0, |l| l.len());
+        let in_flight = self.work.capacity_launches.get(pool).map_or(0, |l| l.len());
         let replacing = self
             .state
             .incidents()
@@ -302,13 +302,13 @@ impl Cluster {
             let name = format!("{pool}-{k}");
             k += 1;
             let taken = self.state.hosts().iter().any(|h| h.host().hostname == name)
-                || self.capacity_launches.get(pool).is_some_and(|l| l.contains(&name));
+                || self.work.capacity_launches.get(pool).is_some_and(|l| l.contains(&name));
             if taken {
                 continue;
             }
-            self.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
+            self.work.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
             let token = self.mint_launch_token(pool, &name);
-            self.pending_jobs.push(ProviderJob::Launch {
+            self.work.pending_jobs.push(ProviderJob::Launch {
                 incident: String::new(),
                 pool: pool.clone(),
                 name,
@@ -362,7 +362,7 @@ impl Cluster {
     pub(super) fn evaluation_holds(&self, ix: HostIx, now: u64) -> bool {
         let e = &self.state.hosts()[ix as usize];
         e.evaluated
-            && now < self.health_due_ms[ix as usize]
+            && now < self.work.health_due_ms[ix as usize]
             && e.host().health_status == e.health.status
             && matches!(e.host().status, HostStatus::Active | HostStatus::Draining)
             && e.health.checks.first().is_some_and(|c| {
@@ -390,12 +390,12 @@ impl Cluster {
         let now = self.now();
         let e = &self.state.hosts()[ix as usize];
         if e.evaluated && self.stays_healthy(ix, now) {
-            self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
+            self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
             return Ok(());
         }
         let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, e.checks_at_ms, now) else {
             // Not evaluated in its status: a change of its record or pool makes it due again.
-            self.health_due_ms[ix as usize] = u64::MAX;
+            self.work.health_due_ms[ix as usize] = u64::MAX;
             return Ok(());
         };
         self.state.host_mut(ix).evaluated = true;
@@ -410,7 +410,7 @@ impl Cluster {
         let changed = health.status != e.host().health_status && !not_heard_since_load;
         let verdict = health.verdict.clone();
         if verdict != e.health.verdict {
-            self.breaker_counts.clear();
+            self.work.breaker_counts.clear();
         }
         self.state.host_mut(ix).health = health;
         if changed {
@@ -432,7 +432,7 @@ impl Cluster {
                 self.write_incident(incident)?;
             }
         }
-        self.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
+        self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
         Ok(())
     }
 
@@ -461,11 +461,11 @@ impl Cluster {
     pub(super) fn reconcile_incident(&mut self, id: &str) -> Result<Requeue, Error> {
         let mut jobs = Vec::new();
         let result = self.remediate_one(id, &mut jobs);
-        self.pending_jobs.extend(jobs);
+        self.work.pending_jobs.extend(jobs);
         if let Err(e) = result {
             // Counted again on the next pass: a failed round may have changed what they count.
             if let Some(i) = self.state.incidents().get(id) {
-                self.breaker_counts.remove(&i.value.pool);
+                self.work.breaker_counts.remove(&i.value.pool);
             }
             return Err(e);
         }
@@ -503,7 +503,7 @@ impl Cluster {
                     // are not made (a launch whose token binding is not stored could never
                     // join) and their progress markers are reset: the next pass decides again.
                     for job in jobs.drain(mark..) {
-                        if let Some(p) = self.provider_progress.get_mut(id) {
+                        if let Some(p) = self.work.provider_progress.get_mut(id) {
                             match job {
                                 ProviderJob::Launch { .. } => p.launching = false,
                                 ProviderJob::Terminate { .. } => p.terminating = false,
@@ -528,14 +528,14 @@ impl Cluster {
             // The pool's storm-breaker counts, kept between passes and worked out again only
             // after something they count changed (`Cluster::breaker_counts`): incidents that
             // wait (most of them, most of the time) do not walk every host on every tick.
-            let c = match self.breaker_counts.get(&incident.pool) {
+            let c = match self.work.breaker_counts.get(&incident.pool) {
                 Some(c) => {
                     debug_assert_eq!(*c, self.pool_counts(&incident.pool), "stale breaker counts");
                     *c
                 }
                 None => {
                     let c = self.pool_counts(&incident.pool);
-                    self.breaker_counts.insert(incident.pool.clone(), c);
+                    self.work.breaker_counts.insert(incident.pool.clone(), c);
                     c
                 }
             };
@@ -549,7 +549,7 @@ impl Cluster {
             }
             (plan, incident.clone())
         };
-        self.breaker_counts.remove(&incident.pool);
+        self.work.breaker_counts.remove(&incident.pool);
         self.note_affected(&mut incident);
         for planned in &plan.actions {
             let moved = self.execute(&mut incident, &planned.action, jobs)?;
@@ -595,7 +595,7 @@ impl Cluster {
             .replacement
             .as_ref()
             .is_some_and(|b| b.host_id.is_none() && !b.revoked && self.now() >= b.expires_at_ms);
-        let progress = self.provider_progress.get(id);
+        let progress = self.work.provider_progress.get(id);
         if (progress.is_some() && !expired)
             || progress.is_some_and(|p| p.launching)
             || !i.has(Step::ReplacementRequested)
@@ -612,7 +612,7 @@ impl Cluster {
         let Some(mut i) = self.state.incidents().get(id).map(|v| v.value.clone()) else { return Ok(()) };
         let job = self.mint_replacement(&mut i)?;
         self.write_incident(i)?;
-        let p = self.provider_progress.entry(id.to_string()).or_default();
+        let p = self.work.provider_progress.entry(id.to_string()).or_default();
         p.launching = true;
         p.launch = None;
         jobs.push(job);
@@ -705,7 +705,7 @@ impl Cluster {
             // such ("already used") rather than as an unknown token.
             tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
         }
-        self.breaker_counts.clear();
+        self.work.breaker_counts.clear();
         self.state.apply(rev, Change::Incident(incident));
     }
 
@@ -797,7 +797,7 @@ impl Cluster {
                 desired_status: t.task.desired_status,
             })
             .collect();
-        let progress = self.provider_progress.get(&incident.id).cloned().unwrap_or_default();
+        let progress = self.work.provider_progress.get(&incident.id).cloned().unwrap_or_default();
         // Only the host that registered with this incident's token is its replacement.
         let joined = incident
             .replacement
@@ -895,11 +895,11 @@ impl Cluster {
             Action::RequestReplacement => match self.provider_for(&incident.pool.clone()) {
                 Some(_) => {
                     let job = self.mint_replacement(incident)?;
-                    self.provider_progress.entry(incident.id.clone()).or_default().launching = true;
+                    self.work.provider_progress.entry(incident.id.clone()).or_default().launching = true;
                     jobs.push(job);
                 }
                 None => {
-                    self.provider_progress.entry(incident.id.clone()).or_default().launch =
+                    self.work.provider_progress.entry(incident.id.clone()).or_default().launch =
                         Some(Err("the pool has no capacity provider".into()));
                 }
             },
@@ -921,7 +921,7 @@ impl Cluster {
             }
             Action::TerminateOldHost => {
                 if self.provider_for(&incident.pool.clone()).is_some() {
-                    self.provider_progress.entry(incident.id.clone()).or_default().terminating = true;
+                    self.work.provider_progress.entry(incident.id.clone()).or_default().terminating = true;
                     jobs.push(ProviderJob::Terminate {
                         incident: incident.id.clone(),
                         pool: incident.pool.clone(),
@@ -933,7 +933,7 @@ impl Cluster {
                     // again after a backoff) until the operator removes the machine and
                     // resolves the incident.
                     let now = self.now();
-                    let p = self.provider_progress.entry(incident.id.clone()).or_default();
+                    let p = self.work.provider_progress.entry(incident.id.clone()).or_default();
                     p.terminate = Some(Err("the pool has no capacity provider to terminate the host".into()));
                     p.terminate_failures += 1;
                     p.terminate_retry_at_ms =
@@ -1067,7 +1067,7 @@ impl Cluster {
             ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => {
                 // A launched host stays in flight until it registers; a failed one is retried.
                 if let Err(reason) = result {
-                    if let Some(l) = self.capacity_launches.get_mut(pool) {
+                    if let Some(l) = self.work.capacity_launches.get_mut(pool) {
                         l.remove(name);
                     }
                     self.creds.launch_tokens.retain(|_, (p, n)| !(p == pool && n == name));
@@ -1075,7 +1075,7 @@ impl Cluster {
                 }
             }
             ProviderJob::Launch { incident, pool, name, .. } => {
-                let p = self.provider_progress.entry(incident.clone()).or_default();
+                let p = self.work.provider_progress.entry(incident.clone()).or_default();
                 p.launching = false;
                 let launched = result.is_ok();
                 p.launch = Some(result);
@@ -1088,7 +1088,7 @@ impl Cluster {
                     .and_then(|i| i.value.replacement.as_ref())
                     .is_some_and(|b| b.revoked && b.host_id.is_none());
                 if launched && cancelled {
-                    self.pending_jobs.push(ProviderJob::Terminate {
+                    self.work.pending_jobs.push(ProviderJob::Terminate {
                         incident: incident.clone(),
                         pool: pool.clone(),
                         name: name.clone(),
@@ -1113,7 +1113,7 @@ impl Cluster {
                     return Ok(Vec::new());
                 }
                 let now = self.now();
-                let p = self.provider_progress.entry(incident.clone()).or_default();
+                let p = self.work.provider_progress.entry(incident.clone()).or_default();
                 p.terminating = false;
                 p.terminate = Some(result.clone());
                 if let Err(reason) = &result {

@@ -23,7 +23,9 @@ pub use logs::AgentEndpoint;
 mod operator;
 mod placement;
 mod pools;
+mod providers;
 use pools::pool_config;
+pub use providers::ProviderContext;
 #[cfg(test)]
 mod heartbeat_tests;
 #[cfg(test)]
@@ -164,24 +166,10 @@ pub struct Cluster {
     /// The records and their indexes, written only by `State::apply` (`state.rs`).
     state: state::State,
     sched: Scheduler,
-    /// When the health tick must evaluate each host again (by [`HostIx`], beside `hosts` so
-    /// that the tick reads a few bytes per host, not its record): the time its evaluation can
-    /// next change without a report (`health::next_change_at_ms`), or 0 when something it
-    /// depends on changed (its record, its pool, an incident about it).
-    health_due_ms: Vec<u64>,
-    /// Each pool's storm-breaker counts (`health::PoolCounts`), kept between health ticks and
-    /// dropped whenever what they count changes: a host's record or verdict, or an incident.
-    breaker_counts: BTreeMap<PoolName, health::PoolCounts>,
-    /// When each service's tasks last failed (in memory; for the crash-loop backoff).
-    service_failures: HashMap<ServiceName, std::collections::VecDeque<u64>>,
-    /// The keys the controllers are asked to reconcile (`work.rs`).
+    /// The controllers: their work queue and what they keep between runs (`work.rs`).
     work: work::Controllers,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
     live: Arc<crate::metrics::Live>,
-    /// Provider calls in progress or done, by incident (see `health.rs`).
-    provider_progress: HashMap<String, health::ProviderProgress>,
-    /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
-    mps_closed: HashMap<mpsfleet_core::scheduler::GpuIx, u64>,
     /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
     /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
     cluster_cas: Vec<String>,
@@ -192,21 +180,13 @@ pub struct Cluster {
     audit_call: Option<audit::AuditCall>,
     /// Client tokens of task runs and service changes (`idempotency.rs`).
     client_tokens: idempotency::ClientTokens,
-    /// Provider calls decided inside an API call, for the caller to run.
-    pending_jobs: Vec<ProviderJob>,
-    /// The capacity provider of each pool that has one, built from the pool's configuration
-    /// the first time it is needed (and again after the configuration changes).
-    providers: HashMap<PoolName, Arc<dyn CapacityProvider>>,
-    /// Pools whose provider was set with [`Cluster::set_provider`], not built from config.
-    fixed_providers: BTreeSet<PoolName>,
-    provider_ctx: Option<ProviderContext>,
-    /// Hosts being launched to keep managed pools at their size, by pool.
-    capacity_launches: HashMap<PoolName, BTreeSet<String>>,
+    /// The pools' capacity providers (`providers.rs`).
+    providers: providers::Providers,
+    /// Task ids count up from a random base chosen at load (`next_task_id`).
     id_base: u64,
     id_counter: u64,
     /// When each retained revision of the change feed was written, and its size (compaction).
     feed: retention::FeedLedger,
-    compacted_before: Revision,
     /// Where committed changes are announced (`GET /v1/events`, the webhook).
     events: crate::events::Events,
     /// The last output snapshot of each task, in memory (see `logs.rs`).
@@ -267,23 +247,13 @@ impl Cluster {
                 Self::new_join_index(join_clock),
             ),
             feed: retention::FeedLedger::default(),
-            compacted_before: 0,
             store,
             loaded_at_ms: clock.now_ms(),
             clock,
             sched: Scheduler::new(),
-            health_due_ms: Vec::new(),
-            breaker_counts: BTreeMap::new(),
-            service_failures: HashMap::new(),
             work: Default::default(),
             live: Arc::default(),
-            provider_progress: HashMap::new(),
-            mps_closed: HashMap::new(),
-            pending_jobs: Vec::new(),
-            providers: HashMap::new(),
-            fixed_providers: BTreeSet::new(),
-            provider_ctx: None,
-            capacity_launches: HashMap::new(),
+            providers: Default::default(),
             creds: tokens::Credentials { key: auth::ServerKey::random()?, launch_tokens: HashMap::new() },
             cluster_cas: Vec::new(),
             audit_log: Default::default(),
@@ -470,78 +440,6 @@ impl Cluster {
         }
     }
 
-    /// Sets the capacity provider of a pool (providers are processes and commands, not records).
-    pub fn set_provider(&mut self, pool: PoolName, provider: Arc<dyn CapacityProvider>) {
-        self.fixed_providers.insert(pool.clone());
-        self.providers.insert(pool.clone(), provider);
-        self.ask_capacity(&pool);
-    }
-
-    /// What the server needs to build the providers its pools name.
-    pub fn set_provider_context(&mut self, ctx: ProviderContext) {
-        self.provider_ctx = Some(ctx);
-        self.ask_capacity_everywhere();
-    }
-
-    fn has_provider(&self, pool: &PoolName) -> bool {
-        self.providers.contains_key(pool)
-            || self.state.pools().get(pool).is_some_and(|p| p.value.provider.is_some())
-    }
-
-    /// The pool's capacity provider, built from its configuration the first time.
-    pub fn provider_for(&mut self, pool: &PoolName) -> Option<Arc<dyn CapacityProvider>> {
-        if let Some(p) = self.providers.get(pool) {
-            return Some(p.clone());
-        }
-        let cfg = self.state.pools().get(pool)?.value.provider.clone()?;
-        let ctx = self.provider_ctx.as_ref()?;
-        let provider: Arc<dyn CapacityProvider> = match (cfg.kind, &cfg.exec) {
-            (ProviderKind::Local, _) => Arc::new(LocalProvider::new(
-                ctx.exe.clone(),
-                ctx.hosts_dir.clone(),
-                ctx.local_agent_args.clone(),
-                std::time::Duration::from_secs(40),
-            )),
-            (ProviderKind::Exec, _) => {
-                let Some(name) = cfg.name.as_ref() else {
-                    // Commands an older server took through the API are never run.
-                    tracing::error!(
-                        pool = %pool,
-                        "the pool's exec provider has commands of its own, which this server does not run: \
-                         define them in the server's configuration and set the pool's provider.name"
-                    );
-                    return None;
-                };
-                let Some(config) = ctx.exec_providers.get(name) else {
-                    tracing::error!(pool = %pool, provider = %name, "the server's configuration has no such exec provider");
-                    return None;
-                };
-                match ExecProvider::new(config.clone()) {
-                    Ok(p) => Arc::new(p),
-                    Err(err) => {
-                        tracing::error!(pool = %pool, error = %err, "exec provider not usable");
-                        return None;
-                    }
-                }
-            }
-        };
-        self.providers.insert(pool.clone(), provider.clone());
-        Some(provider)
-    }
-
-    /// The launch request for a new host of `pool`, without its token: the caller adds the
-    /// launch or replacement token of the job (the join token never goes to a provider).
-    pub fn launch_request(&self, pool: &PoolName, name: &str) -> LaunchRequest {
-        let ctx = self.provider_ctx.as_ref();
-        LaunchRequest {
-            name: name.to_string(),
-            pool: pool.to_string(),
-            server: ctx.map(|c| c.server_url.clone()).unwrap_or_default(),
-            join_token: String::new(),
-            agent_args: Vec::new(),
-        }
-    }
-
     /// The one-time token a host launched to keep `pool` at its size joins with: derived
     /// from the pool and the host's name, so that a restarted server that launches the same
     /// name again (providers launch by name idempotently) hands out the same token.
@@ -562,7 +460,7 @@ impl Cluster {
 
     /// Provider calls decided during the last API calls, for the caller to run.
     pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
-        std::mem::take(&mut self.pending_jobs)
+        std::mem::take(&mut self.work.pending_jobs)
     }
 
     /// The cluster clock's time, in ms since the epoch.
@@ -745,8 +643,8 @@ impl Cluster {
         let pool = host.pool.clone();
         self.state.apply(version, Change::NewHost(ix, host));
         self.ask_capacity(&pool);
-        self.health_due_ms.push(0);
-        self.breaker_counts.clear();
+        self.work.health_due_ms.push(0);
+        self.work.breaker_counts.clear();
         Ok(ix)
     }
 
@@ -824,8 +722,8 @@ impl Cluster {
         if left {
             self.ask_capacity(&pool);
         }
-        self.health_due_ms[ix as usize] = 0;
-        self.breaker_counts.clear();
+        self.work.health_due_ms[ix as usize] = 0;
+        self.work.breaker_counts.clear();
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {
@@ -1189,21 +1087,6 @@ pub struct HostAssignments {
     pub definitions: Vec<Arc<TaskDefinition>>,
     /// The host's pool lets process tasks run as the `user` their definition names.
     pub allow_task_users: bool,
-}
-
-/// What the server knows that providers need: its own address and join token, and how to
-/// start a local agent.
-#[derive(Debug, Clone)]
-pub struct ProviderContext {
-    pub server_url: String,
-    /// The exec providers of the server's configuration file, by name.
-    pub exec_providers: BTreeMap<String, ExecConfig>,
-    /// The `mpsfleet` binary, for `local` providers.
-    pub exe: std::path::PathBuf,
-    /// Where `local` hosts keep their data dirs.
-    pub hosts_dir: std::path::PathBuf,
-    /// Extra `mpsfleet agent` arguments for `local` hosts.
-    pub local_agent_args: Vec<String>,
 }
 
 /// Filters of `GET /v1/tasks`.

@@ -127,7 +127,7 @@ impl Cluster {
         incident.push(now, Step::OperatorCommand, format!("host {}", action.as_str()), Some(by.to_string()));
         // A failed replacement is tried again on an explicit `replace`.
         if action == OperatorAction::Replace {
-            if let Some(p) = self.provider_progress.get_mut(&incident.id) {
+            if let Some(p) = self.work.provider_progress.get_mut(&incident.id) {
                 if matches!(p.launch, Some(Err(_))) {
                     p.launch = None;
                 }
@@ -182,7 +182,7 @@ impl Cluster {
         let now = self.now();
         let mut outcome = None;
         if let Some(open) = self.open_incident_of(&h.id).cloned() {
-            let terminating = self.provider_progress.get(&open.id).is_some_and(|p| p.terminating);
+            let terminating = self.work.provider_progress.get(&open.id).is_some_and(|p| p.terminating);
             if terminating {
                 return Err(Error::Conflict(format!(
                     "host {} is being terminated by the pool's provider (incident {}); it cannot return to service",
@@ -196,7 +196,7 @@ impl Cluster {
             // The host and the incident in one commit: the host is never active under an
             // incident that says it is being drained.
             self.write_host_and_incident(ix, activated, i.clone())?;
-            self.pending_jobs.extend(job);
+            self.work.pending_jobs.extend(job);
             outcome = Some(OperatorOutcome { incident: self.shown(i), replacement });
         } else if h.status != activated.status || h.cordoned {
             self.write_host(ix, activated)?;
@@ -270,7 +270,7 @@ impl Cluster {
         let (replacement, job) = self.cancel_replacement(&mut i, now);
         mpsfleet_core::remediation::resolve(&mut i, now, format!("resolved by operator: {reason}"), by);
         self.write_incident(i.clone())?;
-        self.pending_jobs.extend(job);
+        self.work.pending_jobs.extend(job);
         Ok(OperatorOutcome { incident: self.shown(i), replacement })
     }
 
@@ -290,7 +290,7 @@ impl Cluster {
         if let Some(b) = i.replacement.as_mut() {
             b.revoked = true;
         }
-        let progress = self.provider_progress.get(&i.id);
+        let progress = self.work.provider_progress.get(&i.id);
         let launching = progress.is_some_and(|p| p.launching);
         let launched = progress.is_some_and(|p| matches!(p.launch, Some(Ok(()))));
         let job = (launched && !launching).then(|| ProviderJob::Terminate {

@@ -29,7 +29,7 @@ impl Cluster {
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.state.apply(rev, Change::Pool(pool.clone()));
         self.ask(Work::Capacity(pool.name.clone()));
-        self.health_due_ms.fill(0);
+        self.work.health_due_ms.fill(0);
         Ok(pool)
     }
 
@@ -72,14 +72,14 @@ impl Cluster {
             let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
             // A provider built from the old configuration is built again from the new one
             // (providers set from outside, such as the simulator's, stay).
-            if pool.provider != current.value.provider && !self.fixed_providers.contains(&pool.name) {
-                self.providers.remove(&pool.name);
+            if pool.provider != current.value.provider && !self.providers.fixed.contains(&pool.name) {
+                self.providers.built.remove(&pool.name);
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.state.apply(rev, Change::Pool(pool.clone()));
             self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
-            self.health_due_ms.fill(0);
+            self.work.health_due_ms.fill(0);
             self.ask(Work::Placement(pool.name.clone()));
         }
         Ok(pool)
@@ -89,7 +89,8 @@ impl Cluster {
     pub(super) fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
         let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
         let known: Vec<&str> = self
-            .provider_ctx
+            .providers
+            .ctx
             .as_ref()
             .map(|c| c.exec_providers.keys().map(String::as_str).collect())
             .unwrap_or_default();

@@ -48,6 +48,8 @@ struct SchemaRecord {
 pub(super) struct FeedLedger {
     entries: VecDeque<(Revision, u64, u64)>,
     bytes: u64,
+    /// The store holds no change below this revision (compacted by this process).
+    pub(super) compacted_before: Revision,
 }
 
 impl FeedLedger {
@@ -134,9 +136,9 @@ impl Cluster {
     /// Compacts the change feed by count, age and size.
     pub fn compact_history(&mut self) -> Result<(), Error> {
         let from = self.feed.keep_from(self.state.revision(), self.now());
-        if from > self.compacted_before {
+        if from > self.feed.compacted_before {
             self.store.compact(from)?;
-            self.compacted_before = from;
+            self.feed.compacted_before = from;
             self.feed.drop_before(from);
         }
         Ok(())
@@ -171,7 +173,7 @@ impl Cluster {
             .filter(|v| v.value.state == IncidentState::Resolved)
             // Kept while a cancelled replacement's launch is still in flight: its answer needs
             // the record to know the machine is to be terminated.
-            .filter(|v| !self.provider_progress.get(&v.value.id).is_some_and(|p| p.launching))
+            .filter(|v| !self.work.provider_progress.get(&v.value.id).is_some_and(|p| p.launching))
             .map(|v| (v.value.resolved_at_ms.unwrap_or(0), v.value.id.clone()))
             .collect();
         let incidents = past_retention(resolved, MAX_RESOLVED_INCIDENTS, RESOLVED_INCIDENT_RETENTION_MS, now);
@@ -186,9 +188,9 @@ impl Cluster {
                 // Its replacement tokens leave the index with it (`State::apply`).
                 if self.state.incidents().get(id).is_some() {
                     self.state.apply(self.state.revision(), Change::IncidentRemoved(id.clone()));
-                    self.breaker_counts.clear();
+                    self.work.breaker_counts.clear();
                 }
-                self.provider_progress.remove(id);
+                self.work.provider_progress.remove(id);
             }
         }
         Ok(())

@@ -341,7 +341,11 @@ impl Cluster {
         let held = !failed && self.failing_too_fast(name);
         // When to run again by itself: once the oldest failure leaves the hold-back's window.
         let mut wake = if held {
-            self.service_failures.get(name).and_then(|f| f.front()).map(|t| t + SERVICE_RESTART_WINDOW_MS + 1)
+            self.work
+                .service_failures
+                .get(name)
+                .and_then(|f| f.front())
+                .map(|t| t + SERVICE_RESTART_WINDOW_MS + 1)
         } else {
             None
         };
@@ -649,7 +653,7 @@ impl Cluster {
     /// `SERVICE_RESTART_WINDOW_MS`; the periodic resync replaces them once the window allows.
     fn failing_too_fast(&mut self, name: &ServiceName) -> bool {
         let now = self.now();
-        let Some(failures) = self.service_failures.get_mut(name) else { return false };
+        let Some(failures) = self.work.service_failures.get_mut(name) else { return false };
         while failures.front().is_some_and(|&t| now.saturating_sub(t) > SERVICE_RESTART_WINDOW_MS) {
             failures.pop_front();
         }

@@ -32,9 +32,12 @@
 //! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
 //! settings changed) asks for the pool's placement instead of placing inline.
 
-use super::{Cluster, Error};
+use super::health::{PoolCounts, ProviderProgress};
+use super::{Cluster, Error, ProviderJob};
 use mpsfleet_core::controller::{Action, WorkQueue};
+use mpsfleet_core::scheduler::GpuIx;
 use mpsfleet_types::{PoolName, ServiceName};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// How often every service is reconciled whether or not anything asked for it.
 pub const SERVICE_RESYNC_MS: u64 = 60_000;
@@ -54,11 +57,30 @@ pub const CAPACITY_RESYNC_MS: u64 = 1_000;
 /// incident touched) runs in the next pass of the same call, not a tick later.
 const PASSES: usize = 4;
 
-/// The controllers' queue and when the services' next resync is due.
-#[derive(Debug, Default)]
+/// The controllers' queue, when the services' next resync is due, and what the controllers
+/// keep between their runs (in memory only; none of it is a record).
+#[derive(Default)]
 pub(super) struct Controllers {
     pub(super) queue: WorkQueue<Work>,
     next_service_resync_ms: u64,
+    /// When the health tick must evaluate each host again (by `HostIx`, apart from the hosts'
+    /// records so that the tick reads a few bytes per host): the time its evaluation can
+    /// next change without a report (`health::next_change_at_ms`), or 0 when something it
+    /// depends on changed (its record, its pool, an incident about it).
+    pub(super) health_due_ms: Vec<u64>,
+    /// Each pool's storm-breaker counts (`health::PoolCounts`), kept between health ticks and
+    /// dropped whenever what they count changes: a host's record or verdict, or an incident.
+    pub(super) breaker_counts: BTreeMap<PoolName, PoolCounts>,
+    /// When each service's tasks last failed (in memory; for the crash-loop backoff).
+    pub(super) service_failures: HashMap<ServiceName, VecDeque<u64>>,
+    /// Provider calls in progress or done, by incident (see `health.rs`).
+    pub(super) provider_progress: HashMap<String, ProviderProgress>,
+    /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
+    pub(super) mps_closed: HashMap<GpuIx, u64>,
+    /// Provider calls decided inside an API call, for the caller to run.
+    pub(super) pending_jobs: Vec<ProviderJob>,
+    /// Hosts being launched to keep managed pools at their size, by pool.
+    pub(super) capacity_launches: HashMap<PoolName, BTreeSet<String>>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
     /// pass should run now.
     wake: bool,
