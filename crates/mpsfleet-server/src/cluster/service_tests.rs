@@ -523,3 +523,82 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
     assert!(kinds.contains(&("service.event", "web".into(), "DeploymentCompleted".into())), "{kinds:?}");
     assert!(kinds.contains(&("host.event", hosts[0].to_string(), "DaemonRestarted".into())), "{kinds:?}");
 }
+
+/// A store that fails one commit once told how many to let pass first.
+struct FlakyStore {
+    inner: mpsfleet_store::MemoryStore,
+    /// Commits to let pass before the one that fails; negative: none fails.
+    pass: std::sync::atomic::AtomicI64,
+}
+
+impl mpsfleet_store::Store for FlakyStore {
+    fn get(
+        &self,
+        kind: &str,
+        key: &str,
+    ) -> Result<Option<mpsfleet_store::Record>, mpsfleet_store::StoreError> {
+        self.inner.get(kind, key)
+    }
+    fn list(&self, kind: &str) -> Result<Vec<mpsfleet_store::Record>, mpsfleet_store::StoreError> {
+        self.inner.list(kind)
+    }
+    fn commit(&self, ops: &[Op]) -> Result<Revision, mpsfleet_store::StoreError> {
+        if self.pass.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            return Err(mpsfleet_store::StoreError::Backend { op: "commit", message: "disk full".into() });
+        }
+        self.inner.commit(ops)
+    }
+    fn revision(&self) -> Result<Revision, mpsfleet_store::StoreError> {
+        self.inner.revision()
+    }
+    fn changes_since(
+        &self,
+        after: Revision,
+        limit: usize,
+    ) -> Result<Vec<mpsfleet_store::Change>, mpsfleet_store::StoreError> {
+        self.inner.changes_since(after, limit)
+    }
+    fn wait_for_revision(
+        &self,
+        after: Revision,
+        timeout: std::time::Duration,
+    ) -> Result<Revision, mpsfleet_store::StoreError> {
+        self.inner.wait_for_revision(after, timeout)
+    }
+    fn compact(&self, before: Revision) -> Result<(), mpsfleet_store::StoreError> {
+        self.inner.compact(before)
+    }
+}
+
+/// A service change answers once its own commit is done, even when the reconcile that
+/// follows it fails: the service is then asked for on the work queue, which starts its task.
+#[test]
+fn a_service_create_answers_once_committed_even_when_its_reconcile_fails() {
+    let store = Arc::new(FlakyStore {
+        inner: mpsfleet_store::MemoryStore::new(),
+        pass: std::sync::atomic::AtomicI64::new(-1),
+    });
+    let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
+    let mut c = Cluster::load(store.clone(), clock, |_| Ok(())).unwrap();
+    c.create_pool(CreatePool { name: "p".into(), ..Default::default() }).unwrap();
+    let td = r#"{"family": "app", "containerDefinitions": [{"name": "c", "command": ["sleep", "3600"]}]}"#;
+    c.register_taskdef(td.as_bytes()).unwrap();
+    // The service's own commit passes; the next one, its reconcile's, fails.
+    store.pass.store(1, std::sync::atomic::Ordering::SeqCst);
+    let req = CreateService {
+        name: "web".into(),
+        pool: "p".into(),
+        task_definition: "app".into(),
+        desired_count: 1,
+        resumption: None,
+        deployment_configuration: None,
+        client_token: None,
+    };
+    let view = c.create_service(req).expect("the request answers: its change is committed");
+    assert_eq!(view.service.name.as_str(), "web");
+    let name = ServiceName::new("web").unwrap();
+    assert!(c.state.tasks().of_service(&name).is_empty(), "the reconcile's commit failed");
+    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    c.run_work();
+    assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the work queue started its task");
+}

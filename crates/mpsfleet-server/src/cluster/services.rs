@@ -57,7 +57,7 @@ impl Cluster {
         self.sched.group(name.as_str());
         self.publish_service_events(0, &svc);
         self.state.apply(rev, Change::Service(svc));
-        self.reconcile_service(&name)?;
+        self.reconcile_service(&name);
         self.service(name.as_str())
     }
 
@@ -95,7 +95,7 @@ impl Cluster {
             self.write_service(svc)?;
         }
         let name = current.value.name;
-        self.reconcile_service(&name)?;
+        self.reconcile_service(&name);
         self.service(name.as_str())
     }
 
@@ -111,7 +111,7 @@ impl Cluster {
             self.write_service(svc.clone())?;
         }
         let view = self.view_of(&svc);
-        self.reconcile_service(&svc.name)?;
+        self.reconcile_service(&svc.name);
         Ok(view)
     }
 
@@ -312,13 +312,21 @@ impl Cluster {
     /// Reconciles a service now ([`Cluster::reconcile_service_once`]), for the requests that
     /// change it (create, update, delete) and start its tasks in their own commit; when it
     /// waits for a time (a crash-loop hold-back, a rebalance's settle time), it is asked for
-    /// again then. The work queue runs `reconcile_service_once` itself and follows its answer.
-    pub fn reconcile_service(&mut self, name: &ServiceName) -> Result<(), Error> {
-        if let Action::RequeueAfter(ms) = self.reconcile_service_once(name)? {
-            let at = self.now() + ms;
-            self.work.queue.enqueue_at(Work::Service(name.clone()), at);
+    /// again then. A failure does not fail the request, whose change is committed: the
+    /// service is asked for on the work queue, which backs it off if it fails again. The work
+    /// queue runs `reconcile_service_once` itself and follows its answer.
+    pub fn reconcile_service(&mut self, name: &ServiceName) {
+        match self.reconcile_service_once(name) {
+            Ok(Action::RequeueAfter(ms)) => {
+                let at = self.now() + ms;
+                self.work.queue.enqueue_at(Work::Service(name.clone()), at);
+            }
+            Ok(Action::AwaitChange) => {}
+            Err(e) => {
+                tracing::warn!(service = %name, error = %e, "reconcile failed; retrying on the work queue");
+                self.ask(Work::Service(name.clone()));
+            }
         }
-        Ok(())
     }
 
     /// Takes the step of the service's rollout that its bounds allow now (module docs), then
