@@ -27,8 +27,8 @@ pub struct AuditContext {
 /// The call being served: its context, and whether its entry is written yet.
 #[derive(Debug)]
 pub(super) struct AuditCall {
-    ctx: AuditContext,
-    written: bool,
+    pub(super) ctx: AuditContext,
+    pub(super) written: bool,
 }
 
 /// The audit log's bookkeeping: the next sequence number and the keys kept, oldest first.
@@ -53,13 +53,13 @@ impl Cluster {
 
     /// From now until [`Cluster::end_audit`], the first commit carries an entry for `ctx`.
     pub fn begin_audit(&mut self, ctx: Option<AuditContext>) {
-        self.audit_call = ctx.map(|ctx| AuditCall { ctx, written: false });
+        self.call.audit = ctx.map(|ctx| AuditCall { ctx, written: false });
     }
 
     /// Ends the call: one that committed nothing gets an entry of its own, with its result
     /// (`failure`: the error, as the caller was answered; `None`: it succeeded).
     pub fn end_audit(&mut self, failure: Option<String>) {
-        let Some(call) = self.audit_call.take() else { return };
+        let Some(call) = self.call.audit.take() else { return };
         if call.written {
             return;
         }
@@ -83,7 +83,7 @@ impl Cluster {
     /// The ops a commit adds for the call being served, the first time: its entry, and the
     /// removal of the oldest when the log is full. [`Cluster::audit_written`] once committed.
     pub(super) fn audit_ops_for_commit(&mut self) -> Result<Vec<Op>, Error> {
-        let Some(call) = self.audit_call.as_ref().filter(|c| !c.written) else { return Ok(Vec::new()) };
+        let Some(call) = self.call.audit.as_ref().filter(|c| !c.written) else { return Ok(Vec::new()) };
         let ctx = call.ctx.clone();
         // The revision this commit gets: the cluster is the store's one writer, and a commit
         // that writes counts the store's revision one up.
@@ -93,7 +93,7 @@ impl Cluster {
 
     /// The entry of [`Cluster::audit_ops_for_commit`] is in the store, `dropped` old ones gone.
     pub(super) fn audit_written(&mut self, dropped: usize) {
-        if let Some(call) = self.audit_call.as_mut() {
+        if let Some(call) = self.call.audit.as_mut() {
             call.written = true;
         }
         let k = key(self.audit_log.next_seq);

@@ -48,14 +48,12 @@ pub(super) struct ClientTokenRecord {
     created_at_ms: u64,
 }
 
-/// The records, oldest first, and the one the call being served will commit.
+/// The records, oldest first (the one the call being served will commit is the call's,
+/// `call.rs`).
 #[derive(Debug, Default)]
 pub(super) struct ClientTokens {
     by_key: HashMap<String, ClientTokenRecord>,
     order: VecDeque<(u64, String)>,
-    pending: Option<(String, ClientTokenRecord)>,
-    /// The oldest keys the pending record's commit deletes.
-    pruning: Vec<String>,
 }
 
 /// What to do with a call that carries a client token.
@@ -126,21 +124,20 @@ impl Cluster {
                 return Ok(Claim::Retry(rec.replay.clone()));
             }
         }
-        self.client_tokens.pending =
-            Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
+        self.call.token = Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
         Ok(Claim::First)
     }
 
     /// The call is over: a token it did not commit is forgotten.
     pub(super) fn release_client_token(&mut self) {
-        self.client_tokens.pending = None;
-        self.client_tokens.pruning.clear();
+        self.call.token = None;
+        self.call.pruning.clear();
     }
 
     /// The ops that store the pending token, and delete the oldest records when they are past
     /// their time or too many.
     pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, Error> {
-        let Some((key, rec)) = &self.client_tokens.pending else { return Ok(Vec::new()) };
+        let Some((key, rec)) = &self.call.token else { return Ok(Vec::new()) };
         let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
         let now = self.now();
         let tokens = &self.client_tokens;
@@ -158,16 +155,17 @@ impl Cluster {
         ops.extend(
             pruning.iter().filter(|k| *k != key).map(|k| Op::delete(CLIENT_TOKEN, k, Precondition::Any)),
         );
-        self.client_tokens.pruning = pruning;
+        self.call.pruning = pruning;
         Ok(ops)
     }
 
     /// [`Cluster::client_token_ops`] are committed.
     pub(super) fn client_token_written(&mut self) {
-        let Some((key, rec)) = self.client_tokens.pending.take() else { return };
+        let Some((key, rec)) = self.call.token.take() else { return };
+        let pruned = std::mem::take(&mut self.call.pruning);
         let tokens = &mut self.client_tokens;
         // The pruned keys are the queue's first ones.
-        for k in std::mem::take(&mut tokens.pruning) {
+        for k in pruned {
             tokens.order.pop_front();
             if k != key {
                 tokens.by_key.remove(&k);

@@ -9,6 +9,7 @@
 
 mod agent_reports;
 mod audit;
+mod call;
 mod checks_key;
 pub mod error;
 mod health;
@@ -177,7 +178,8 @@ pub struct Cluster {
     creds: tokens::Credentials,
     /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
     audit_log: audit::AuditLog,
-    audit_call: Option<audit::AuditCall>,
+    /// The API call being served: what it adds to its first commit (`call.rs`).
+    call: call::ServedCall,
     /// Client tokens of task runs and service changes (`idempotency.rs`).
     client_tokens: idempotency::ClientTokens,
     /// The pools' capacity providers (`providers.rs`).
@@ -257,7 +259,7 @@ impl Cluster {
             creds: tokens::Credentials { key: auth::ServerKey::random()?, launch_tokens: HashMap::new() },
             cluster_cas: Vec::new(),
             audit_log: Default::default(),
-            audit_call: None,
+            call: Default::default(),
             client_tokens: Default::default(),
             id_base: auth::random_u64()?,
             id_counter: 0,
@@ -350,19 +352,15 @@ impl Cluster {
     // ---- commit helper ------------------------------------------------------------------
 
     fn commit(&mut self, ops: &[Op]) -> Result<Revision, Error> {
-        // The first commit of an audited API call carries its entry (audit.rs).
-        // So does the client token of a task run or service change (idempotency.rs).
-        let audit = self.audit_ops_for_commit()?;
-        let client_token = self.client_token_ops()?;
-        let rev = if audit.is_empty() && client_token.is_empty() {
+        // The call being served rides on its first commit: its audit entry and the client
+        // token it claimed (`call.rs`).
+        let (riders, audit) = self.riders()?;
+        let rev = if riders.is_empty() {
             self.timed_commit(ops)?
         } else {
-            let all: Vec<Op> = ops.iter().chain(&audit).chain(&client_token).cloned().collect();
+            let all: Vec<Op> = ops.iter().chain(&riders).cloned().collect();
             let rev = self.timed_commit(&all)?;
-            if !audit.is_empty() {
-                self.audit_written(audit.len() - 1);
-            }
-            self.client_token_written();
+            self.riders_written(audit);
             rev
         };
         if rev != self.state.revision() {

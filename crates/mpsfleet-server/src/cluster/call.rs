@@ -1,0 +1,42 @@
+//! The API call being served, as the cluster sees it: its audit entry and the client token it
+//! claimed. Both ride on the call's first commit ([`Cluster::commit`] asks
+//! [`Cluster::riders`], the one place that adds them), so that a change is never without its
+//! audit entry nor a client token without the change it names. `AppState::call` opens the
+//! call ([`Cluster::begin_audit`]) and closes it ([`Cluster::end_audit`]); a client token is
+//! claimed by the operation that takes one (`idempotency.rs`). Agents' and the controllers'
+//! calls carry neither.
+
+use super::audit::AuditCall;
+use super::idempotency::ClientTokenRecord;
+use super::*;
+
+/// What the call being served adds to its first commit.
+#[derive(Debug, Default)]
+pub(super) struct ServedCall {
+    /// Who makes the call and what it is, and whether its entry is written yet.
+    pub(super) audit: Option<AuditCall>,
+    /// The client token the call claimed, by key, to be stored with its first commit.
+    pub(super) token: Option<(String, ClientTokenRecord)>,
+    /// The oldest client token records that commit deletes.
+    pub(super) pruning: Vec<String>,
+}
+
+impl Cluster {
+    /// The ops the call being served adds to a commit: its audit entry (the first commit
+    /// only) and its client token; and how many of them are the audit log's.
+    pub(super) fn riders(&mut self) -> Result<(Vec<Op>, usize), Error> {
+        let mut ops = self.audit_ops_for_commit()?;
+        let audit = ops.len();
+        ops.extend(self.client_token_ops()?);
+        Ok((ops, audit))
+    }
+
+    /// The riders of [`Cluster::riders`] are committed (`audit`: how many of them were the
+    /// audit log's).
+    pub(super) fn riders_written(&mut self, audit: usize) {
+        if audit > 0 {
+            self.audit_written(audit - 1);
+        }
+        self.client_token_written();
+    }
+}
