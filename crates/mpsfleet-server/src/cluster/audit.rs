@@ -34,8 +34,28 @@ pub(super) struct AuditCall {
 /// The audit log's bookkeeping: the next sequence number and the keys kept, oldest first.
 #[derive(Debug, Default)]
 pub(super) struct AuditLog {
-    next_seq: u64,
-    keys: std::collections::VecDeque<String>,
+    pub(super) next_seq: u64,
+    pub(super) keys: std::collections::VecDeque<String>,
+}
+
+impl AuditLog {
+    /// The entries in the store at load, by key.
+    pub(super) fn loaded(&mut self, mut keys: Vec<String>) {
+        keys.sort();
+        self.next_seq = keys.last().and_then(|k| k.parse::<u64>().ok()).map_or(0, |s| s + 1);
+        self.keys = keys.into();
+    }
+
+    /// The next entry is committed, and the `dropped` oldest ones deleted. Called by
+    /// `State::apply` only.
+    pub(super) fn written(&mut self, dropped: usize) {
+        let k = key(self.next_seq);
+        self.next_seq += 1;
+        self.keys.push_back(k);
+        for _ in 0..dropped {
+            self.keys.pop_front();
+        }
+    }
 }
 
 fn key(seq: u64) -> String {
@@ -44,10 +64,8 @@ fn key(seq: u64) -> String {
 
 impl Cluster {
     pub(super) fn load_audit(&mut self) -> Result<(), Error> {
-        let mut keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
-        keys.sort();
-        self.audit_log.next_seq = keys.last().and_then(|k| k.parse::<u64>().ok()).map_or(0, |s| s + 1);
-        self.audit_log.keys = keys.into();
+        let keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
+        self.state.apply(0, Change::AuditLoaded(keys));
         Ok(())
     }
 
@@ -96,12 +114,8 @@ impl Cluster {
         if let Some(call) = self.call.audit.as_mut() {
             call.written = true;
         }
-        let k = key(self.audit_log.next_seq);
-        self.audit_log.next_seq += 1;
-        self.audit_log.keys.push_back(k);
-        for _ in 0..dropped {
-            self.audit_log.keys.pop_front();
-        }
+        let rev = self.state.revision();
+        self.state.apply(rev, Change::AuditWritten { dropped });
     }
 
     /// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
@@ -116,10 +130,16 @@ impl Cluster {
             revision,
         };
         let entry = AuditEntry::new(self.now(), event);
-        let mut ops = vec![Op::put_json(AUDIT, key(self.audit_log.next_seq), &entry, Precondition::Absent)?];
-        let over = (self.audit_log.keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
+        let mut ops =
+            vec![Op::put_json(AUDIT, key(self.state.audit_log().next_seq), &entry, Precondition::Absent)?];
+        let over = (self.state.audit_log().keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
         ops.extend(
-            self.audit_log.keys.iter().take(over).map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
+            self.state
+                .audit_log()
+                .keys
+                .iter()
+                .take(over)
+                .map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
         );
         Ok(ops)
     }
@@ -127,9 +147,9 @@ impl Cluster {
     /// `audit list`: the newest `limit` entries, oldest first.
     pub fn audit_entries(&self, limit: usize) -> Result<Vec<AuditEntry>, Error> {
         let limit = limit.min(MAX_AUDIT_LIST);
-        let start = self.audit_log.keys.len().saturating_sub(limit);
+        let start = self.state.audit_log().keys.len().saturating_sub(limit);
         let mut out = Vec::with_capacity(limit);
-        for k in self.audit_log.keys.iter().skip(start) {
+        for k in self.state.audit_log().keys.iter().skip(start) {
             if let Some(r) = self.store.get(AUDIT, k)? {
                 out.push(decode(&r)?);
             }
@@ -180,6 +200,6 @@ mod tests {
         // A restarted server continues the sequence.
         let c = Cluster::load(store, clock, |_| Ok(())).unwrap();
         assert_eq!(c.audit_entries(10).unwrap().len(), 2);
-        assert_eq!(c.audit_log.next_seq, 2);
+        assert_eq!(c.state.audit_log().next_seq, 2);
     }
 }

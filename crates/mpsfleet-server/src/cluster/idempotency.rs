@@ -52,8 +52,33 @@ pub(super) struct ClientTokenRecord {
 /// `call.rs`).
 #[derive(Debug, Default)]
 pub(super) struct ClientTokens {
-    by_key: HashMap<String, ClientTokenRecord>,
+    pub(super) by_key: HashMap<String, ClientTokenRecord>,
     order: VecDeque<(u64, String)>,
+}
+
+impl ClientTokens {
+    /// A record committed, with the oldest ones its commit deleted (`pruned`, the queue's
+    /// first ones). Called by `State::apply` only.
+    pub(super) fn put(&mut self, key: String, rec: ClientTokenRecord, pruned: Vec<String>) {
+        for k in pruned {
+            self.order.pop_front();
+            if k != key {
+                self.by_key.remove(&k);
+            }
+        }
+        // A key past its time claimed again, beyond this commit's pruning: its old place goes
+        // (rare, so the scan is fine).
+        if self.by_key.contains_key(&key) && self.order.iter().any(|(_, k)| *k == key) {
+            self.order.retain(|(_, k)| *k != key);
+        }
+        self.order.push_back((rec.created_at_ms, key.clone()));
+        self.by_key.insert(key, rec);
+    }
+
+    /// The records, oldest first.
+    pub(super) fn order(&self) -> &VecDeque<(u64, String)> {
+        &self.order
+    }
 }
 
 /// What to do with a call that carries a client token.
@@ -90,8 +115,7 @@ impl Cluster {
         }
         all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
         for (key, rec) in all {
-            self.client_tokens.order.push_back((rec.created_at_ms, key.clone()));
-            self.client_tokens.by_key.insert(key, rec);
+            self.state.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
         }
         Ok(())
     }
@@ -112,7 +136,7 @@ impl Cluster {
             serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encode a request: {e}")))?;
         let request_sha256 = crate::auth::digest(&format!("{route}\n{}", String::from_utf8_lossy(&body)));
         let now = self.now();
-        if let Some(rec) = self.client_tokens.by_key.get(&key) {
+        if let Some(rec) = self.state.client_tokens().by_key.get(&key) {
             if now.saturating_sub(rec.created_at_ms) < CLIENT_TOKEN_TTL_MS {
                 if rec.request_sha256 != request_sha256 {
                     return Err(Error::Conflict(format!(
@@ -140,10 +164,10 @@ impl Cluster {
         let Some((key, rec)) = &self.call.token else { return Ok(Vec::new()) };
         let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
         let now = self.now();
-        let tokens = &self.client_tokens;
+        let tokens = self.state.client_tokens();
         let over = (tokens.by_key.len() + 1).saturating_sub(MAX_CLIENT_TOKENS);
         let pruning: Vec<String> = tokens
-            .order
+            .order()
             .iter()
             .enumerate()
             .take_while(|(i, (at, _))| *i < over || now.saturating_sub(*at) >= CLIENT_TOKEN_TTL_MS)
@@ -163,25 +187,12 @@ impl Cluster {
     pub(super) fn client_token_written(&mut self) {
         let Some((key, rec)) = self.call.token.take() else { return };
         let pruned = std::mem::take(&mut self.call.pruning);
-        let tokens = &mut self.client_tokens;
-        // The pruned keys are the queue's first ones.
-        for k in pruned {
-            tokens.order.pop_front();
-            if k != key {
-                tokens.by_key.remove(&k);
-            }
-        }
-        // A key past its time claimed again, beyond this commit's pruning: its old place goes
-        // (rare, so the scan is fine).
-        if tokens.by_key.contains_key(&key) && tokens.order.iter().any(|(_, k)| *k == key) {
-            tokens.order.retain(|(_, k)| *k != key);
-        }
-        tokens.order.push_back((rec.created_at_ms, key.clone()));
-        tokens.by_key.insert(key, rec);
+        let rev = self.state.revision();
+        self.state.apply(rev, Change::ClientToken { key, rec, pruned });
     }
 
     pub fn client_token_count(&self) -> usize {
-        self.client_tokens.by_key.len()
+        self.state.client_tokens().by_key.len()
     }
 
     /// Runs `first` on `req` unless `token` (taken from it) names an earlier call by `actor`

@@ -174,14 +174,10 @@ pub struct Cluster {
     /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
     /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
     cluster_cas: Vec<String>,
-    /// Every credential the cluster takes, by digest (`tokens.rs`).
+    /// The credentials that are not records: the server key, launch tokens (`tokens.rs`).
     creds: tokens::Credentials,
-    /// The audit log's bookkeeping, and the API call being served (`audit.rs`).
-    audit_log: audit::AuditLog,
     /// The API call being served: what it adds to its first commit (`call.rs`).
     call: call::ServedCall,
-    /// Client tokens of task runs and service changes (`idempotency.rs`).
-    client_tokens: idempotency::ClientTokens,
     /// The pools' capacity providers (`providers.rs`).
     providers: providers::Providers,
     /// Task ids count up from a random base chosen at load (`next_task_id`).
@@ -258,9 +254,7 @@ impl Cluster {
             providers: Default::default(),
             creds: tokens::Credentials { key: auth::ServerKey::random()?, launch_tokens: HashMap::new() },
             cluster_cas: Vec::new(),
-            audit_log: Default::default(),
             call: Default::default(),
-            client_tokens: Default::default(),
             id_base: auth::random_u64()?,
             id_counter: 0,
             events: crate::events::Events::default(),

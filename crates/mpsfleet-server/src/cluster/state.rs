@@ -2,7 +2,7 @@
 //!
 //! [`State`] holds every committed record the server keeps in memory (pools, hosts, task
 //! definitions, tasks, services, incidents, API and join tokens, the bootstrap admin token's
-//! digest) with the indexes kept in step with them (each GPU's host, each host credential's
+//! digest, the audit log's and the client tokens' records) with the indexes kept in step with them (each GPU's host, each host credential's
 //! host, each replacement token's incident, the task and incident tables' own indexes) and
 //! the store revision the server last committed. Everything in `cluster/` reads it through
 //! `&State`; it changes only through [`State::apply`], which takes one committed record
@@ -15,7 +15,9 @@
 //! of it, a task's in-memory events and pending reason. The controllers' own bookkeeping
 //! (health due times, retries, the scheduler's capacity index) is `Cluster`'s.
 
+use super::audit::AuditLog;
 use super::checks_key;
+use super::idempotency::{ClientTokenRecord, ClientTokens};
 use super::incident_table::IncidentTable;
 use super::tasks::TaskTable;
 use super::tokens::{AdminDigest, JoinDigests, JoinTokenRecord, TokenRecord};
@@ -53,6 +55,18 @@ pub(super) enum Change {
     JoinTokenRevoked(String),
     /// The bootstrap admin token's new digest.
     AdminToken(String),
+    /// The audit log's entries in the store, by key (at load).
+    AuditLoaded(Vec<String>),
+    /// The audit log's next entry, and the `dropped` oldest ones deleted in its commit.
+    AuditWritten {
+        dropped: usize,
+    },
+    /// A client token's record, and the oldest ones deleted in its commit.
+    ClientToken {
+        key: String,
+        rec: ClientTokenRecord,
+        pruned: Vec<String>,
+    },
 }
 
 pub(super) struct State {
@@ -80,6 +94,11 @@ pub(super) struct State {
     /// The incident of every replacement token's digest (spent and earlier ones too, while the
     /// incident is kept, so that a reuse is refused as such).
     replacement_tokens: HashMap<String, String>,
+    /// The audit log's entries, by key, oldest first (the entries themselves are read from
+    /// the store).
+    audit_log: AuditLog,
+    /// The client tokens' records (`idempotency.rs`).
+    client_tokens: ClientTokens,
 }
 
 impl State {
@@ -99,6 +118,8 @@ impl State {
             join_tokens,
             admin,
             replacement_tokens: HashMap::new(),
+            audit_log: AuditLog::default(),
+            client_tokens: ClientTokens::default(),
         }
     }
 
@@ -182,6 +203,9 @@ impl State {
                 self.join_tokens.remove(&digest);
             }
             Change::AdminToken(digest) => self.admin.set(digest),
+            Change::AuditLoaded(keys) => self.audit_log.loaded(keys),
+            Change::AuditWritten { dropped } => self.audit_log.written(dropped),
+            Change::ClientToken { key, rec, pruned } => self.client_tokens.put(key, rec, pruned),
         }
     }
 
@@ -256,6 +280,14 @@ impl State {
 
     pub(super) fn replacement_tokens(&self) -> &HashMap<String, String> {
         &self.replacement_tokens
+    }
+
+    pub(super) fn audit_log(&self) -> &AuditLog {
+        &self.audit_log
+    }
+
+    pub(super) fn client_tokens(&self) -> &ClientTokens {
+        &self.client_tokens
     }
 
     /// Records changes in a task's events (kept in memory only, not a record).
