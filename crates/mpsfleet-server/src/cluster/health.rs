@@ -7,7 +7,6 @@
 //! the planner's actions are turned into [`ProviderJob`]s that the caller runs and reports
 //! back with [`Cluster::provider_done`].
 
-use super::work::{CAPACITY_RESYNC_MS, INCIDENT_RESYNC_MS};
 use super::*;
 use crate::provider::{AttemptRecord, Retry};
 use mpsfleet_core::controller::Action as Requeue;
@@ -18,6 +17,13 @@ use mpsfleet_core::remediation::{
 };
 
 pub(super) const INCIDENT: &str = "incident";
+
+/// How often an unresolved incident is planned again when nothing asked for it (the health
+/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
+pub const INCIDENT_RESYNC_MS: u64 = 250;
+
+/// How often a pool with a provider is checked against its host count when nothing asked.
+pub const CAPACITY_RESYNC_MS: u64 = 1_000;
 
 /// Tasks moved off a host: the old copy, its replacement, and where that was placed.
 type Moved = Vec<(TaskId, TaskId, Option<HostId>)>;

@@ -8,10 +8,10 @@
 //! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
 //! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
 //! whenever the incident is written, by a heartbeat that changed something and by a provider
-//! call's end, and again every [`INCIDENT_RESYNC_MS`] while it is unresolved), capacity
+//! call's end, and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
 //! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
 //! when the pool, its incidents or a provider call change, a host joins or leaves it, and
-//! every [`CAPACITY_RESYNC_MS`]) and retention
+//! every `health::CAPACITY_RESYNC_MS`) and retention
 //! (`Work::Retention`, one key: the change feed compacted and old records removed,
 //! `retention.rs`, every [`RETENTION_INTERVAL_MS`] once [`Cluster::start_retention`] asked for
 //! it; the simulator does not, so its reports keep every record).
@@ -45,13 +45,6 @@ pub const SERVICE_RESYNC_MS: u64 = 60_000;
 /// How often retention runs once started (and how long it waits after a failure at most,
 /// the queue's backoff aside).
 pub const RETENTION_INTERVAL_MS: u64 = 5_000;
-
-/// How often an unresolved incident is planned again when nothing asked for it (the health
-/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
-pub const INCIDENT_RESYNC_MS: u64 = 250;
-
-/// How often a pool with a provider is checked against its host count when nothing asked.
-pub const CAPACITY_RESYNC_MS: u64 = 1_000;
 
 /// The most passes one [`Cluster::run_work`] makes: a key that a pass asked for (a service an
 /// incident touched) runs in the next pass of the same call, not a tick later.
