@@ -63,10 +63,11 @@ pub const LOGS_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// How long past the stop timeout a stop call may take before it is given up (ECS: 2 min).
 pub const STOP_GRACE: Duration = Duration::from_secs(2 * 60);
-/// How long to wait before inspecting again a container that may have been killed for its
-/// memory limit without Docker Engine having recorded it yet: Engine sets `State.OOMKilled`
-/// from its own OOM event, which can arrive after the exit.
-pub const OOM_EVENT_WAIT: Duration = Duration::from_millis(300);
+/// How often a container that may have been killed for its memory limit, without Docker
+/// Engine having recorded it yet, is inspected again: Engine sets `State.OOMKilled` from its
+/// own OOM event, which can arrive after the exit (hundreds of milliseconds later on a busy
+/// host).
+pub const OOM_EVENT_WAIT: Duration = Duration::from_millis(100);
 /// An exit older than this has had time for its OOM event: it is taken as it reads.
 const OOM_EVENT_LATEST_MS: u64 = 2_000;
 /// [`DockerRuntime::status`] inspects a running container at least this often even when no
@@ -608,15 +609,19 @@ impl DockerRuntime {
     }
 
     /// Inspects a container whose state is to be read: a fresh SIGKILL exit under a memory
-    /// limit without `OOMKilled` is inspected once more after [`OOM_EVENT_WAIT`], so that an
-    /// OOM kill that Engine records late still reads as one.
+    /// limit without `OOMKilled` is inspected again every [`OOM_EVENT_WAIT`] until Engine
+    /// records the OOM kill or the exit is [`OOM_EVENT_LATEST_MS`] old, so that an OOM kill
+    /// that Engine records late still reads as one. Only such exits wait, at most that long.
     fn inspect_state(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
-        let Some(info) = self.inspect(name_or_id)? else { return Ok(None) };
-        if !oom_may_be_unrecorded(&info, now_ms()) {
-            return Ok(Some(info));
+        let Some(mut info) = self.inspect(name_or_id)? else { return Ok(None) };
+        while oom_may_be_unrecorded(&info, now_ms()) {
+            std::thread::sleep(OOM_EVENT_WAIT);
+            match self.inspect(name_or_id)? {
+                Some(again) => info = again,
+                None => break,
+            }
         }
-        std::thread::sleep(OOM_EVENT_WAIT);
-        Ok(Some(self.inspect(name_or_id)?.unwrap_or(info)))
+        Ok(Some(info))
     }
 
     fn remove_quietly(&self, name: &str) {
