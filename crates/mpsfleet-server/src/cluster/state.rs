@@ -2,9 +2,9 @@
 //!
 //! [`State`] holds every committed record the server keeps in memory (pools, hosts, task
 //! definitions, tasks, services, incidents, API and join tokens, the bootstrap admin token's
-//! digest, the audit log's and the client tokens' records) with the indexes kept in step with them (each GPU's host, each host credential's
-//! host, each replacement token's incident, the task and incident tables' own indexes) and
-//! the store revision the server last committed. Everything in `cluster/` reads it through
+//! digest, the audit log's and the client tokens' records) with the indexes kept in step with
+//! them (each GPU's host, each host credential's host, each replacement token's incident, the
+//! task and incident tables' own indexes) and the store revision the server last committed. Everything in `cluster/` reads it through
 //! `&State`; it changes only through [`State::apply`], which takes one committed record
 //! change at the version the store wrote it (kube's reflector: one writer, many readers).
 //! The fields are private to this file, and a host's record and version to [`HostEntry`]'s
@@ -13,7 +13,8 @@
 //! What is not a record lives beside the records and is written by its own named methods:
 //! what a host's agent last reported (checks, addresses, GPU use) and the server's evaluation
 //! of it, a task's in-memory events and pending reason. The controllers' own bookkeeping
-//! (health due times, retries, the scheduler's capacity index) is `Cluster`'s.
+//! (health due times, breaker counts, provider progress: `work::Controllers`) and the
+//! scheduler's capacity index are `Cluster`'s.
 
 use super::audit::AuditLog;
 use super::checks_key;
@@ -130,7 +131,7 @@ impl State {
                 self.pools.insert(pool.name.clone(), Versioned { value: pool, version });
             }
             Change::NewHost(ix, host) => {
-                assert_eq!(ix as usize, self.hosts.len(), "hosts are indexed in the scheduler's order");
+                debug_assert_eq!(ix as usize, self.hosts.len(), "hosts are indexed in the scheduler's order");
                 // A deregistered host holds its GPUs no more: the machine may join again as
                 // a new host.
                 if host.status != HostStatus::Deregistered {
