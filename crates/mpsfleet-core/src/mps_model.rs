@@ -157,9 +157,9 @@ impl Daemon {
         ends
     }
 
-    /// The server exits (shut down, or killed). True when one ran.
-    pub fn end_server(&mut self) -> bool {
-        std::mem::replace(&mut self.server, Server::None) != Server::None
+    /// The server exits (shut down, or killed).
+    pub fn end_server(&mut self) {
+        self.server = Server::None;
     }
 
     /// What a probe finds.

@@ -775,24 +775,24 @@ impl Sim {
             return;
         }
         let gen = d.gen;
-        let probe = d.model.probe();
-        if probe == Probe::TimedOut {
-            let reason = format!(
-                "probe timed out after {}",
-                mpsfleet_core::health::fmt_ms(timeout.as_millis() as u64)
-            );
-            self.at(
-                self.now + timeout.as_millis() as u64,
-                Ev::ProbeResult { h, g, gen, ev: MpsEvent::ProbeFailed { reason } },
-            );
-        } else {
-            let ev = match probe {
-                Probe::NoDaemon | Probe::TimedOut => {
-                    MpsEvent::ProbeFailed { reason: "Cannot find MPS control daemon process".into() }
-                }
-                Probe::ServerFault => MpsEvent::ServersUnhealthy { reason: "MPS server in FAULT".into() },
-                Probe::Ok => MpsEvent::ProbeOk,
-            };
+        let ev = match d.model.probe() {
+            Probe::TimedOut => {
+                // Its answer is the timeout, that long from now.
+                let reason = format!(
+                    "probe timed out after {}",
+                    mpsfleet_core::health::fmt_ms(timeout.as_millis() as u64)
+                );
+                let ev = MpsEvent::ProbeFailed { reason };
+                self.at(self.now + timeout.as_millis() as u64, Ev::ProbeResult { h, g, gen, ev });
+                None
+            }
+            Probe::NoDaemon => {
+                Some(MpsEvent::ProbeFailed { reason: "Cannot find MPS control daemon process".into() })
+            }
+            Probe::ServerFault => Some(MpsEvent::ServersUnhealthy { reason: "MPS server in FAULT".into() }),
+            Probe::Ok => Some(MpsEvent::ProbeOk),
+        };
+        if let Some(ev) = ev {
             self.daemon_step(h, g, ev);
         }
         self.ensure_probe(h, g, interval);

@@ -95,8 +95,8 @@ impl Cluster {
             }
             return Ok(Some(self.status_answer(ix)));
         }
-        // Remediation runs with heartbeats of the hosts an unresolved incident is about (the
-        // bad host, its replacement); the 250 ms health tick plans every incident anyway.
+        // A heartbeat of a host an unresolved incident is about (the bad host, its replacement)
+        // is taken in full: what it changes asks for the incidents at once.
         if self.state.incidents().engages(host) {
             return Ok(None);
         }
@@ -131,10 +131,7 @@ impl Cluster {
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         if let Some(h) = health {
-            if h.verdict != entry.health.verdict {
-                self.work.breaker_counts.clear();
-            }
-            entry.health = h;
+            self.set_evaluation(ix, h);
         }
         self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
         Ok(Some(self.status_answer(ix)))

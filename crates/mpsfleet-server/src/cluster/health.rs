@@ -104,7 +104,7 @@ impl Cluster {
         for r in self.store.list(INCIDENT)? {
             let mut i: Incident = decode(&r)?;
             i.normalize();
-            self.state.apply(r.version, Change::Incident(i));
+            self.apply(r.version, Change::Incident(i));
         }
         Ok(())
     }
@@ -160,12 +160,15 @@ impl Cluster {
         if let Some(ix) = self.sched.host(&incident.host_id) {
             self.work.health_due_ms[ix as usize] = 0;
         }
-        self.work.breaker_counts.clear();
         let pool = incident.pool.clone();
-        if incident.state != IncidentState::Resolved {
+        // A new incident gets its key; one already keyed asks for itself every
+        // `INCIDENT_RESYNC_MS` while unresolved, and whoever changes it from outside its
+        // reconcile (an operator, a heartbeat, a provider call) asks for it at once. Its own
+        // reconcile's writes ask for nothing: it has just planned them.
+        if old.is_none() && incident.state != IncidentState::Resolved {
             self.ask(Work::Incident(incident.opened_at_ms, incident.id.clone()));
         }
-        self.state.apply(rev, Change::Incident(incident));
+        self.apply(rev, Change::Incident(incident));
         // A replacement asked for or ready changes what the pool's capacity counts.
         self.ask_capacity(&pool);
     }
@@ -415,10 +418,7 @@ impl Cluster {
             && health.status == HealthStatus::InsufficientData;
         let changed = health.status != e.host().health_status && !not_heard_since_load;
         let verdict = health.verdict.clone();
-        if verdict != e.health.verdict {
-            self.work.breaker_counts.clear();
-        }
-        self.state.host_mut(ix).health = health;
+        self.set_evaluation(ix, health);
         if changed {
             let mut h = self.state.hosts()[ix as usize].host().clone();
             tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.state.hosts()[ix as usize].health.status.as_str(), "host health changed");
@@ -711,8 +711,16 @@ impl Cluster {
             // such ("already used") rather than as an unknown token.
             tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
         }
-        self.work.breaker_counts.clear();
-        self.state.apply(rev, Change::Incident(incident));
+        self.apply(rev, Change::Incident(incident));
+    }
+
+    /// Keeps the server's evaluation of a host; a new verdict drops the storm breaker's counts,
+    /// which count verdicts.
+    pub(super) fn set_evaluation(&mut self, ix: HostIx, health: mpsfleet_core::health::HostHealth) {
+        if health.verdict != self.state.hosts()[ix as usize].health.verdict {
+            self.work.breaker_counts.clear();
+        }
+        self.state.host_mut(ix).health = health;
     }
 
     /// The storm breaker's view of a pool: hosts that are ACTIVE or DRAINING, less the

@@ -277,7 +277,7 @@ impl Cluster {
         for r in self.store.list(POOL)? {
             let pool: Pool = decode(&r)?;
             self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
-            self.state.apply(r.version, Change::Pool(pool));
+            self.apply(r.version, Change::Pool(pool));
         }
         let mut hosts: Vec<Versioned<Host>> = Vec::new();
         for r in self.store.list(HOST)? {
@@ -290,7 +290,7 @@ impl Cluster {
         }
         for r in self.store.list(TASKDEF)? {
             let td: TaskDefinition = decode(&r)?;
-            self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
+            self.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
         self.load_incidents()?;
         self.load_api_tokens()?;
@@ -300,7 +300,7 @@ impl Cluster {
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
-            self.state.apply(r.version, Change::Service(svc));
+            self.apply(r.version, Change::Service(svc));
         }
         let mut tasks: Vec<(Task, Revision)> = Vec::new();
         for r in self.store.list(TASK)? {
@@ -362,6 +362,19 @@ impl Cluster {
         }
         self.state.committed(rev);
         Ok(rev)
+    }
+
+    /// Applies a committed change to the state (`State::apply`, its one writer), and drops
+    /// the storm breaker's counts (`work::Controllers::breaker_counts`) when the change is to
+    /// what they count: a host or an incident.
+    fn apply(&mut self, version: Revision, change: Change) {
+        if matches!(
+            change,
+            Change::NewHost(..) | Change::Host(..) | Change::Incident(_) | Change::IncidentRemoved(_)
+        ) {
+            self.work.breaker_counts.clear();
+        }
+        self.state.apply(version, change);
     }
 
     /// One store commit, its duration and outcome counted in the metrics.
@@ -633,10 +646,9 @@ impl Cluster {
             .map_err(|e| Error::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
         let pool = host.pool.clone();
-        self.state.apply(version, Change::NewHost(ix, host));
+        self.apply(version, Change::NewHost(ix, host));
         self.ask_capacity(&pool);
         self.work.health_due_ms.push(0);
-        self.work.breaker_counts.clear();
         Ok(ix)
     }
 
@@ -710,12 +722,11 @@ impl Cluster {
         let schedulable = can_place(&host);
         let pool = host.pool.clone();
         let left = host.status == HostStatus::Deregistered;
-        self.state.apply(rev, Change::Host(ix, host));
+        self.apply(rev, Change::Host(ix, host));
         if left {
             self.ask_capacity(&pool);
         }
         self.work.health_due_ms[ix as usize] = 0;
-        self.work.breaker_counts.clear();
         let opened = schedulable && !self.sched.is_schedulable(ix);
         self.sched.set_schedulable(ix, schedulable);
         if opened {
@@ -824,7 +835,7 @@ impl Cluster {
         if record {
             self.put_task(task, version, placement);
         } else {
-            self.state.apply(version, Change::Task(task, placement));
+            self.apply(version, Change::Task(task, placement));
         }
     }
 
@@ -836,7 +847,7 @@ impl Cluster {
         }
         let news = mpsfleet_core::changes::task_changes(old, &task);
         let (id, pool) = (task.id, task.pool.clone());
-        self.state.apply(version, Change::Task(task, placement));
+        self.apply(version, Change::Task(task, placement));
         self.record_task(id, pool, news);
     }
 

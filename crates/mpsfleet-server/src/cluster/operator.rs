@@ -134,8 +134,10 @@ impl Cluster {
             }
         }
         let id = incident.id.clone();
-        // Written, it is asked for; the controllers carry the command out at once.
+        // Written and asked for: the controllers carry the command out at once.
+        let key = Work::Incident(incident.opened_at_ms, incident.id.clone());
         self.write_incident(incident)?;
+        self.ask(key);
         self.incident(&id)
     }
 

@@ -27,7 +27,7 @@ impl Cluster {
         self.check_provider_configured(&pool)?;
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
-        self.state.apply(rev, Change::Pool(pool.clone()));
+        self.apply(rev, Change::Pool(pool.clone()));
         self.ask(Work::Capacity(pool.name.clone()));
         self.work.health_due_ms.fill(0);
         Ok(pool)
@@ -76,7 +76,7 @@ impl Cluster {
                 self.providers.built.remove(&pool.name);
             }
             self.sched.upsert_pool(name, pool_config(&pool));
-            self.state.apply(rev, Change::Pool(pool.clone()));
+            self.apply(rev, Change::Pool(pool.clone()));
             self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
             self.work.health_due_ms.fill(0);

@@ -203,16 +203,23 @@ fn an_expired_replacement_token_is_refused() {
     assert!(w.only_incident().replacement.as_ref().is_some_and(|b| b.host_id.is_none()));
 }
 
-/// The operator's path in a self-managed pool: the impaired host is drained, then refused
-/// activation while its check is not OK, then activated once repaired; the incident resolves
-/// and the timeline names who did each step.
-#[test]
-fn self_managed_drain_repair_activate() {
+/// A self-managed pool's one host, impaired until it was declared bad: the world, the host
+/// and its incident.
+fn impaired_self_managed_host() -> (World, HostId, String) {
     let mut w = World::new(OwnershipMode::SelfManaged);
     let join = w.join_token.clone();
     let host = w.join("h", &join).unwrap();
     w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
     let id = w.only_incident().id;
+    (w, host, id)
+}
+
+/// The operator's path in a self-managed pool: the impaired host is drained, then refused
+/// activation while its check is not OK, then activated once repaired; the incident resolves
+/// and the timeline names who did each step.
+#[test]
+fn self_managed_drain_repair_activate() {
+    let (mut w, host, id) = impaired_self_managed_host();
     let err = w.c.operator_action(host.as_str(), OperatorAction::Replace, "admin").unwrap_err();
     assert!(
         err.to_string().contains("no capacity provider") && err.to_string().contains("host activate"),
@@ -242,15 +249,10 @@ fn self_managed_drain_repair_activate() {
 }
 
 /// An operator's command is recorded by the request and carried out by the remediation
-/// controller on its own pass (the request wakes it): the request never runs the plan, so a
-/// failing remediation cannot fail it, nor an agent's report.
+/// controller on its own pass, which the request wakes: the request never runs the plan.
 #[test]
 fn an_operators_command_is_recorded_by_the_request_and_carried_out_by_the_controller() {
-    let mut w = World::new(OwnershipMode::SelfManaged);
-    let join = w.join_token.clone();
-    let host = w.join("h", &join).unwrap();
-    w.run(5, &[(host.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
-    let id = w.only_incident().id;
+    let (mut w, host, id) = impaired_self_managed_host();
     w.c.take_wake();
     let steps =
         |w: &World| -> Vec<Step> { w.c.incident(&id).unwrap().timeline.iter().map(|e| e.step).collect() };

@@ -95,7 +95,7 @@ impl Cluster {
         td.revision = revision;
         td.registered_at_ms = registered_at_ms;
         let reference = td.reference();
-        self.state.apply(rev, Change::TaskDef(Arc::new(td)));
+        self.apply(rev, Change::TaskDef(Arc::new(td)));
         Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
     }
 }

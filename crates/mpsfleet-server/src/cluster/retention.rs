@@ -162,7 +162,7 @@ impl Cluster {
             let keys: Vec<(String, Revision)> = keys.collect();
             if self.commit_deletes(TASK, &keys) {
                 for id in chunk {
-                    self.state.apply(self.state.revision(), Change::TaskRemoved(*id));
+                    self.apply(self.state.revision(), Change::TaskRemoved(*id));
                 }
             }
         }
@@ -187,8 +187,7 @@ impl Cluster {
             for id in chunk {
                 // Its replacement tokens leave the index with it (`State::apply`).
                 if self.state.incidents().get(id).is_some() {
-                    self.state.apply(self.state.revision(), Change::IncidentRemoved(id.clone()));
-                    self.work.breaker_counts.clear();
+                    self.apply(self.state.revision(), Change::IncidentRemoved(id.clone()));
                 }
                 self.work.provider_progress.remove(id);
             }

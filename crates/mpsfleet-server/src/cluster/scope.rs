@@ -68,7 +68,7 @@ impl Cluster {
         match touch {
             Touch::NoPool | Touch::List => Ok(()),
             Touch::Object(kind, id) => match self.pool_of(*kind, id) {
-                Some(p) if !who.sees_pool(&p) => Err(Error::not_found(kind.noun(), id.clone())),
+                Some(p) if !who.sees_pool(p) => Err(Error::not_found(kind.noun(), id.clone())),
                 _ => Ok(()),
             },
             Touch::NewIn(pool) if who.sees_pool(pool) => Ok(()),
@@ -80,14 +80,25 @@ impl Cluster {
         }
     }
 
-    /// The pool of the object of `kind` named `id`; None when there is none.
-    fn pool_of(&self, kind: Kind, id: &str) -> Option<String> {
+    /// The pool of the object of `kind` named `id`, read from its record; None when there is
+    /// none.
+    fn pool_of(&self, kind: Kind, id: &str) -> Option<&str> {
+        let state = &self.state;
         match kind {
-            Kind::Pool => self.pool(id).ok().map(|p| p.name.to_string()),
-            Kind::Host => self.host(id).ok().map(|h| h.pool.to_string()),
-            Kind::Task => self.task(id).ok().map(|t| t.pool.to_string()),
-            Kind::Service => self.service(id).ok().map(|s| s.service.pool.to_string()),
-            Kind::Incident => self.incident(id).ok().map(|i| i.pool.to_string()),
+            Kind::Pool => {
+                let name = mpsfleet_types::PoolName::new(id).ok()?;
+                state.pools().get_key_value(&name).map(|(p, _)| p.as_str())
+            }
+            Kind::Host => self.host_ix(id).ok().map(|ix| state.hosts()[ix as usize].host().pool.as_str()),
+            Kind::Task => {
+                let id = mpsfleet_types::TaskId::parse(id).ok()?;
+                state.tasks().get(&id).map(|e| e.task.pool.as_str())
+            }
+            Kind::Service => {
+                let name = mpsfleet_types::ServiceName::new(id).ok()?;
+                state.services().get(&name).map(|s| s.value.pool.as_str())
+            }
+            Kind::Incident => state.incidents().get(id).map(|i| i.value.pool.as_str()),
         }
     }
 }

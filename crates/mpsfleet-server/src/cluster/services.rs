@@ -56,7 +56,7 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
         self.sched.group(name.as_str());
         self.publish_service_events(0, &svc);
-        self.state.apply(rev, Change::Service(svc));
+        self.apply(rev, Change::Service(svc));
         self.reconcile_service(&name);
         self.service(name.as_str())
     }
@@ -130,7 +130,7 @@ impl Cluster {
             self.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
         let seen = self.state.services().get(&svc.name).map_or(0, |v| v.value.events.pushed());
         self.publish_service_events(seen, &svc);
-        self.state.apply(rev, Change::Service(svc));
+        self.apply(rev, Change::Service(svc));
         Ok(())
     }
 
@@ -443,7 +443,7 @@ impl Cluster {
         if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(name).is_empty() {
             let version = self.state.services().get(name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
-            self.state.apply(self.state.revision(), Change::ServiceRemoved(name.clone()));
+            self.apply(self.state.revision(), Change::ServiceRemoved(name.clone()));
             return Ok(Action::AwaitChange);
         }
         if svc != before {

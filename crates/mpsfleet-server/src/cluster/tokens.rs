@@ -141,7 +141,7 @@ impl Cluster {
     pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(API_TOKEN)? {
             let rec: TokenRecord = decode(&r)?;
-            self.state.apply(r.version, Change::ApiToken(rec));
+            self.apply(r.version, Change::ApiToken(rec));
         }
         Ok(())
     }
@@ -198,7 +198,7 @@ impl Cluster {
         let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token) };
         let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
-        self.state.apply(rev, Change::ApiToken(rec));
+        self.apply(rev, Change::ApiToken(rec));
         Ok(CreatedToken { token, view })
     }
 
@@ -219,7 +219,7 @@ impl Cluster {
             .cloned()
             .ok_or_else(|| Error::not_found("token", id))?;
         let rev = self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
-        self.state.apply(rev, Change::ApiTokenRevoked(rec.sha256));
+        self.apply(rev, Change::ApiTokenRevoked(rec.sha256));
         tracing::info!(token.id = %id, by, "API token revoked");
         Ok(rec.view)
     }
@@ -228,7 +228,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(JOIN_TOKEN)? {
-            self.state.apply(r.version, Change::JoinToken(decode(&r)?));
+            self.apply(r.version, Change::JoinToken(decode(&r)?));
         }
         Ok(())
     }
@@ -261,7 +261,7 @@ impl Cluster {
             &super::AuthRecord { sha256: digest.clone() },
             Precondition::Any,
         )?])?;
-        self.state.apply(rev, Change::AdminToken(digest));
+        self.apply(rev, Change::AdminToken(digest));
         Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
     }
 
@@ -302,7 +302,7 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
-        self.state.apply(rev, Change::JoinToken(rec));
+        self.apply(rev, Change::JoinToken(rec));
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
 
@@ -327,7 +327,7 @@ impl Cluster {
             .cloned()
             .ok_or_else(|| Error::not_found("join token", id))?;
         let rev = self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
-        self.state.apply(rev, Change::JoinTokenRevoked(rec.sha256));
+        self.apply(rev, Change::JoinTokenRevoked(rec.sha256));
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }

@@ -136,6 +136,8 @@ impl Cluster {
         for _ in 0..PASSES {
             let now = self.now();
             if self.work.queue.next_due().is_none_or(|due| due > now) {
+                // Nothing due: what woke the controllers has run.
+                self.work.wake = false;
                 break;
             }
             self.run_pass(now);
