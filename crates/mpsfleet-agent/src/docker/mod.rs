@@ -288,6 +288,9 @@ struct Inner {
     /// The engine's log drivers (`docker info`: `Plugins.Log`), asked once.
     log_drivers: OnceLock<Vec<String>>,
     watched: Mutex<HashMap<String, Watched>>,
+    /// Containers Engine sent an `oom` event for (until they are destroyed): Engine's own
+    /// `State.OOMKilled` can miss an OOM kill whose event and exit cross, its event cannot.
+    oom_events: Mutex<HashSet<String>>,
     watcher: OnceLock<()>,
     records: Mutex<()>,
     /// Held while a pause container or the awsvpc network is looked for or made.
@@ -518,6 +521,7 @@ impl DockerRuntime {
                 wiring,
                 log_drivers: OnceLock::new(),
                 watched: Mutex::new(HashMap::new()),
+                oom_events: Mutex::new(HashSet::new()),
                 watcher: OnceLock::new(),
                 records: Mutex::new(()),
                 awsvpc: Mutex::new(()),
@@ -608,20 +612,33 @@ impl DockerRuntime {
         }
     }
 
-    /// Inspects a container whose state is to be read: a fresh SIGKILL exit under a memory
-    /// limit without `OOMKilled` is inspected again every [`OOM_EVENT_WAIT`] until Engine
-    /// records the OOM kill or the exit is [`OOM_EVENT_LATEST_MS`] old, so that an OOM kill
-    /// that Engine records late still reads as one. Only such exits wait, at most that long.
+    /// Inspects a container whose state is to be read. A fresh SIGKILL exit under a memory
+    /// limit without `OOMKilled` waits, looking again every [`OOM_EVENT_WAIT`], until Engine
+    /// records the OOM kill, its `oom` event for the container has come, or the exit is
+    /// [`OOM_EVENT_LATEST_MS`] old; an exited container Engine sent an `oom` event for reads
+    /// as OOM-killed even where `OOMKilled` missed it. Only such exits wait, at most that long.
     fn inspect_state(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
+        self.start_watcher();
         let Some(mut info) = self.inspect(name_or_id)? else { return Ok(None) };
-        while oom_may_be_unrecorded(&info, now_ms()) {
+        while oom_may_be_unrecorded(&info, now_ms()) && !self.oom_event_seen(&info) {
             std::thread::sleep(OOM_EVENT_WAIT);
             match self.inspect(name_or_id)? {
                 Some(again) => info = again,
                 None => break,
             }
         }
+        if self.oom_event_seen(&info) {
+            if let Some(s) = info.state.as_mut().filter(|s| s.running != Some(true)) {
+                s.oom_killed = Some(true);
+            }
+        }
         Ok(Some(info))
+    }
+
+    /// Whether Engine sent an `oom` event for the inspected container.
+    fn oom_event_seen(&self, info: &ContainerInspectResponse) -> bool {
+        let Some(id) = info.id.as_deref() else { return false };
+        self.inner.oom_events.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
     fn remove_quietly(&self, name: &str) {
@@ -1079,6 +1096,7 @@ impl DockerRuntime {
         self.remove_by_name(&name)?;
         if let Some(id) = id {
             self.inner.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            self.inner.oom_events.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         }
         Ok(())
     }
@@ -1376,6 +1394,15 @@ async fn watch_events(inner: Weak<Inner>) {
 
 fn mark_changed(inner: &Inner, event: &EventMessage) {
     let Some(id) = event.actor.as_ref().and_then(|a| a.id.as_deref()) else { return };
+    match event.action.as_deref() {
+        Some("oom") => {
+            inner.oom_events.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string());
+        }
+        Some("destroy") => {
+            inner.oom_events.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        }
+        _ => {}
+    }
     // Also for a container not seen yet: a launch may be between its inspect and remembering
     // the result. The entry goes when the container is removed.
     let mut watched = inner.watched.lock().unwrap_or_else(|p| p.into_inner());
