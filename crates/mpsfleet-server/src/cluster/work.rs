@@ -7,8 +7,8 @@
 //! Five controllers run on it: services (`Work::Service`, `services.rs`), placement
 //! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
 //! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
-//! whenever the incident is written, by a heartbeat that changed something and by a provider
-//! call's end, and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
+//! when it opens, by an operator's command, by a heartbeat that changed something and by a
+//! provider call's end (its own reconcile's writes ask for nothing), and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
 //! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
 //! when the pool, its incidents or a provider call change, a host joins or leaves it, and
 //! every `health::CAPACITY_RESYNC_MS`) and retention
