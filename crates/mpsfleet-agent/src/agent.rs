@@ -773,6 +773,7 @@ async fn heartbeat_loop(
             logs_cert_sha256: reported.logs_cert_sha256.clone(),
             trusted_ca_sha256: reported.cas.hashes.clone(),
             gpu_use,
+            heartbeat_ms: Some(every.as_millis() as u64),
             ..HostStatusReport::default()
         };
         sent_checks.fill(&mut report, checks, now_ms);

@@ -33,6 +33,9 @@ pub struct Explanation {
     pub replacement: Responsibility,
     pub resumption: Responsibility,
     pub safety_limits: Responsibility,
+    /// How long each phase of a recovery may take under this policy, per kind of failure,
+    /// with the inputs and formulas (docs/pools.md "Recovery bounds").
+    pub bounds: mpsfleet_types::bounds::RecoveryBounds,
 }
 
 impl Explanation {
@@ -53,7 +56,7 @@ fn r(who: &str, what: String, settings: serde_json::Value) -> Responsibility {
     Responsibility { who: who.to_string(), what, settings }
 }
 
-pub fn explain(pool: &Pool) -> Explanation {
+pub fn explain(pool: &Pool, iv: &crate::bounds::Intervals) -> Explanation {
     let h = &pool.health_policy;
     let rem = &pool.remediation_policy;
     let managed = pool.mode == OwnershipMode::Managed;
@@ -199,6 +202,7 @@ pub fn explain(pool: &Pool) -> Explanation {
         replacement,
         resumption,
         safety_limits,
+        bounds: crate::bounds::derive(pool, iv),
     }
 }
 
@@ -234,14 +238,29 @@ mod tests {
             provider,
             allow_task_users: false,
             task_policy: Default::default(),
+            max_resume_seconds: None,
+            events: Default::default(),
             created_at_ms: 0,
         }
+    }
+
+    fn explain_(p: &Pool) -> Explanation {
+        let iv = crate::bounds::Intervals {
+            agent_heartbeat_ms: 1_000,
+            restart_backoff_ms: 1_000,
+            daemon_start_ms: 1_000,
+            health_tick_ms: 250,
+            incident_pass_ms: 250,
+            task_start_ms: 30_000,
+            webhook_ms: 31_500,
+        };
+        explain(p, &iv)
     }
 
     #[test]
     fn managed_pools_are_repaired_by_mpsfleet_with_their_settings() {
         let p = Provider::local(4);
-        let e = explain(&pool(OwnershipMode::Managed, Some(p)));
+        let e = explain_(&pool(OwnershipMode::Managed, Some(p)));
         assert_eq!(e.owner, "mpsfleet");
         assert!(
             e.detector.what.contains("every 2s") && e.detector.what.contains("timeout of 1.5s"),
@@ -257,7 +276,7 @@ mod tests {
 
     #[test]
     fn self_managed_pools_leave_decision_and_replacement_to_the_operator() {
-        let e = explain(&pool(OwnershipMode::SelfManaged, None));
+        let e = explain_(&pool(OwnershipMode::SelfManaged, None));
         assert_eq!(e.owner, "operator");
         assert_eq!(e.decision.who, "operator");
         assert!(e.replacement.what.starts_with("none: the operator"), "{}", e.replacement.what);
@@ -274,7 +293,7 @@ mod tests {
     fn no_local_repair_is_said_plainly() {
         let mut p = pool(OwnershipMode::Managed, None);
         p.health_policy.local_daemon_restarts = 0;
-        let e = explain(&p);
+        let e = explain_(&p);
         assert!(e.local_repair.what.starts_with("none"));
         assert!(e.replacement.what.contains("no capacity provider"));
     }

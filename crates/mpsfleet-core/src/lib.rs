@@ -4,6 +4,7 @@
 //! Nothing here does I/O or reads the time by itself.
 
 pub mod backoff;
+pub mod bounds;
 pub mod changes;
 pub mod clock;
 pub mod controller;

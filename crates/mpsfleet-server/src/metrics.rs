@@ -48,6 +48,14 @@ struct PoolLabels {
     pool: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreachLabels {
+    pool: String,
+    phase: &'static str,
+    /// The cause's name, or `unexplained`.
+    cause: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn api_buckets() -> Histogram {
@@ -84,6 +92,7 @@ pub struct Live {
     detect: Histograms<PoolLabels>,
     decide: Histograms<PoolLabels>,
     recover: Histograms<PoolLabels>,
+    breaches: Family<BreachLabels, Counter>,
 }
 
 impl std::fmt::Debug for Live {
@@ -107,6 +116,7 @@ impl Default for Live {
         let detect = Histograms::<PoolLabels>::new_with_constructor(incident_buckets);
         let decide = Histograms::<PoolLabels>::new_with_constructor(incident_buckets);
         let recover = Histograms::<PoolLabels>::new_with_constructor(incident_buckets);
+        let breaches = Family::<BreachLabels, Counter>::default();
         // Counters are registered without `_total`: the encoder adds it.
         registry.register(
             "mpsfleet_api_requests",
@@ -148,6 +158,11 @@ impl Default for Live {
             "DETECTED to the tasks running again (or RESOLVED when none moved)",
             recover.clone(),
         );
+        registry.register(
+            "mpsfleet_recovery_bound_breaches",
+            "Phases of incidents that ran past their recovery bound, by phase and cause",
+            breaches.clone(),
+        );
         Live {
             registry,
             requests,
@@ -162,6 +177,7 @@ impl Default for Live {
             detect,
             decide,
             recover,
+            breaches,
         }
     }
 }
@@ -236,6 +252,11 @@ impl Live {
         }
         if let Some(ms) = newly(before.recover_ms, now.recover_ms) {
             self.recover.get_or_create(&l).observe(seconds(ms));
+        }
+        for b in new.breaches.iter().skip(old.map_or(0, |o| o.breaches.len())) {
+            let cause = b.cause.map_or("unexplained", |c| c.as_str());
+            let labels = BreachLabels { pool: new.pool.to_string(), phase: b.phase.as_str(), cause };
+            self.breaches.get_or_create(&labels).inc();
         }
     }
 }

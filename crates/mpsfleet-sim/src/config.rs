@@ -214,6 +214,10 @@ pub struct Config {
     /// for speed (anything within the 10s grace keeps hosts healthy).
     pub heartbeat_ms: u64,
     pub provider: ProviderModel,
+    /// The managed pool's `provider.launchTimeoutSeconds`: by default longer than the slowest
+    /// launch and boot of [`ProviderModel`], so that a replacement fails only when the
+    /// provider does.
+    pub launch_timeout_seconds: u32,
     /// The share of the managed pool a `driver-rollout` takes out.
     pub rollout_percent: u32,
     /// Replay exactly these faults instead of planning them from the seed.
@@ -238,6 +242,7 @@ impl Default for Config {
             scenario: Scenario::Steady,
             heartbeat_ms: 1_000,
             provider: ProviderModel::default(),
+            launch_timeout_seconds: 120,
             rollout_percent: 33,
             faults: None,
             stop_at_ms: None,

@@ -173,6 +173,7 @@ fn err(e: impl std::fmt::Display) -> String {
 
 impl Sim {
     pub fn new(cfg: Config) -> Result<Sim, String> {
+        let heartbeat_ms = cfg.heartbeat_ms;
         let faults = cfg.faults.clone().unwrap_or_else(|| plan_faults(&cfg));
         let store = Arc::new(MemoryStore::new());
         let clock = Arc::new(ManualClock::new(0));
@@ -188,7 +189,7 @@ impl Sim {
             now: 0,
             queue: BinaryHeap::new(),
             seq: 0,
-            world: World::default(),
+            world: World::new(heartbeat_ms),
             pool_names: Vec::new(),
             demands: BTreeMap::new(),
             svcs: BTreeMap::new(),
@@ -239,7 +240,10 @@ impl Sim {
             if size == 0 && i > 0 {
                 continue;
             }
-            let provider = (mode == OwnershipMode::Managed).then_some(Provider::local(size));
+            let provider = (mode == OwnershipMode::Managed).then(|| Provider {
+                launch_timeout_seconds: Some(self.cfg.launch_timeout_seconds),
+                ..Provider::local(size)
+            });
             let pool = self
                 .c()
                 .create_pool(CreatePool {
@@ -252,11 +256,13 @@ impl Sim {
             if mode == OwnershipMode::Managed {
                 self.c().set_provider(pool.name.clone(), Arc::new(ExternalProvider));
             }
+            let explained =
+                mpsfleet_core::explain::explain(&pool, &mpsfleet_server::cluster::bounds::intervals());
             for part in [
-                ("detector", mpsfleet_core::explain::explain(&pool).detector.what),
-                ("decision", mpsfleet_core::explain::explain(&pool).decision.what),
-                ("replacement", mpsfleet_core::explain::explain(&pool).replacement.what),
-                ("resumption", mpsfleet_core::explain::explain(&pool).resumption.what),
+                ("detector", explained.detector.what),
+                ("decision", explained.decision.what),
+                ("replacement", explained.replacement.what),
+                ("resumption", explained.resumption.what),
             ] {
                 self.checker.checks += 1;
                 if part.1.trim().is_empty() {
@@ -723,7 +729,17 @@ impl Sim {
         let policy = self.world[h].policy.clone();
         let d = &mut self.world[h].daemons[g];
         let (next, effects) = mh::step(d.health().clone(), ev, now, &policy);
+        let due = match next.phase {
+            Phase::StartDue { at_ms } if at_ms > now => Some(at_ms - now),
+            _ => None,
+        };
         self.world[h].set_health(g, next);
+        if let Some(after) = due {
+            // The agent's supervisor ticks every 100 ms: a restart due after its backoff
+            // happens then, not at the next probe. The queued probe gives way to it.
+            self.world[h].daemons[g].probe_queued = false;
+            self.ensure_probe(h, g, after);
+        }
         for e in effects {
             if e == Effect::Restart {
                 let d = &mut self.world[h].daemons[g];

@@ -172,6 +172,31 @@ pub fn replacement_limits(pool: &[&Incident], policy: &RemediationPolicy, now_ms
     None
 }
 
+/// Every phase of an incident within the bound it is held to, unless the server named a
+/// cause for the breach: a phase past its bound that the server did not record, or recorded
+/// without a cause, is an unexplained breach.
+pub fn bounds_held(i: &Incident) -> Option<String> {
+    use mpsfleet_types::bounds::PhaseVerdict;
+    i.judgement().into_iter().find(|j| j.verdict == PhaseVerdict::Breached && j.cause.is_none()).map(|j| {
+        let recorded = i.breaches.iter().any(|b| b.phase == j.phase);
+        let start = i.timing().first_failure_at_ms.unwrap_or(i.opened_at_ms);
+        let steps: Vec<String> = i
+            .timeline
+            .iter()
+            .map(|e| format!("{} +{}ms", e.step.as_str(), e.at_ms.saturating_sub(start)))
+            .collect();
+        format!(
+            "{} phase ran {} against a bound of {} ({}, {}; timeline {})",
+            j.phase,
+            j.measured_ms.map_or_else(|| "past its bound".into(), |m| format!("{m} ms")),
+            j.bound_ms.map_or_else(|| "-".into(), |b| format!("{b} ms")),
+            i.bounds.map_or("?", |b| b.kind.as_str()),
+            if recorded { "recorded with no cause" } else { "not recorded by the server" },
+            steps.join(", ")
+        )
+    })
+}
+
 /// How long a service may stay below its desired count while its pool has room for the
 /// missing tasks, derived from the health policy and the server's constants:
 ///

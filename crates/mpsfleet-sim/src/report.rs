@@ -117,6 +117,8 @@ pub struct Stats {
     pub tasks_killed: u64,
     pub fail_closed: u64,
     pub incident_ties: u64,
+    /// Recovery bounds breached, by phase and cause (`unexplained` without one).
+    pub breaches: BTreeMap<String, u64>,
     pub work_lost_ms: u128,
     pub deficit_ms: u128,
     /// `deficit_ms` by cause; the parts add up to it.
@@ -131,6 +133,10 @@ pub struct Stats {
 }
 
 impl Stats {
+    pub fn breach(&mut self, phase: &str, cause: &str) {
+        *self.breaches.entry(format!("{phase} {cause}")).or_default() += 1;
+    }
+
     pub fn fault(&mut self, cause: &'static str) {
         *self.faults.entry(cause).or_default() += 1;
     }
@@ -200,6 +206,8 @@ pub struct Report {
     /// Incidents opened in the same millisecond as another of their pool (ranked by their
     /// hosts' registration order).
     pub incident_ties: u64,
+    /// Recovery bounds breached, by `phase cause` (`unexplained` without a cause).
+    pub bound_breaches: BTreeMap<String, u64>,
     /// From the injected fault to the incident opening.
     pub time_to_detect: Percentiles,
     /// From DETECTED to TASKS_RUNNING_AGAIN (or RESOLVED), resolved incidents.
@@ -272,6 +280,7 @@ impl Report {
             incidents_by_cause: by_cause,
             incidents_by_state: by_state,
             incident_ties: stats.incident_ties,
+            bound_breaches: stats.breaches.clone(),
             time_to_detect: percentiles(detect),
             time_to_recover: percentiles(recover),
             task_hours_lost: hours(stats.work_lost_ms),
@@ -336,6 +345,7 @@ impl Report {
                 self.incident_ties
             );
         }
+        let _ = writeln!(s, "bound breaches:       {}", list(&self.bound_breaches));
         let _ = writeln!(
             s,
             "time to detect:       median {}  p99 {}  (n={})",

@@ -315,6 +315,8 @@ pub(crate) struct World {
     slots: BTreeMap<u32, usize>,
     /// Running task processes, to their host.
     running: BTreeMap<TaskId, usize>,
+    /// The agents' heartbeat interval, which their heartbeats report.
+    pub heartbeat_ms: u64,
 }
 
 impl std::ops::Index<usize> for World {
@@ -331,6 +333,11 @@ impl std::ops::IndexMut<usize> for World {
 }
 
 impl World {
+    /// No hosts yet; agents that heartbeat every `heartbeat_ms`.
+    pub fn new(heartbeat_ms: u64) -> World {
+        World { heartbeat_ms, ..World::default() }
+    }
+
     pub fn len(&self) -> usize {
         self.hosts.len()
     }
@@ -435,8 +442,14 @@ impl World {
                 checks_unchanged: true,
                 ..HostStatusReport::default()
             };
-            host.report =
-                Some(HostStatusReport { onboarded, checks, checks_rev, ..HostStatusReport::default() });
+            let heartbeat_ms = Some(self.heartbeat_ms);
+            host.report = Some(HostStatusReport {
+                onboarded,
+                checks,
+                checks_rev,
+                heartbeat_ms,
+                ..HostStatusReport::default()
+            });
         }
         let report = host.report.as_ref().expect("built above");
         debug_assert_eq!(report.checks, host.build_checks(now), "the heartbeat of {} is stale", host.label);

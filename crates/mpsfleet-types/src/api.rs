@@ -95,6 +95,11 @@ pub struct HostStatusReport {
     /// is activated once every host trusts the next CA.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_ca_sha256: Vec<String>,
+    /// The agent's heartbeat interval in ms (`--heartbeat-ms`): the bounds an incident on the
+    /// host is held to count a report's wait as this long. Kept from the last heartbeat that
+    /// carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
     /// What each task uses of its GPU now (at most [`crate::host::MAX_GPU_USE_REPORTS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_use: Vec<crate::host::TaskGpuUse>,

@@ -39,10 +39,13 @@ pub enum EventType {
     /// An entry of a service's events (deployment steps, replacements, ...).
     #[serde(rename = "service.event")]
     ServiceEvent,
+    /// An entry of a pool's events (bounds changed, a recovery bound breached, drills).
+    #[serde(rename = "pool.event")]
+    PoolEvent,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 10] = [
+    pub const ALL: [EventType; 11] = [
         EventType::IncidentOpened,
         EventType::IncidentUpdated,
         EventType::IncidentResolved,
@@ -53,6 +56,7 @@ impl EventType {
         EventType::TaskEvent,
         EventType::HostEvent,
         EventType::ServiceEvent,
+        EventType::PoolEvent,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +71,7 @@ impl EventType {
             EventType::TaskEvent => "task.event",
             EventType::HostEvent => "host.event",
             EventType::ServiceEvent => "service.event",
+            EventType::PoolEvent => "pool.event",
         }
     }
 
@@ -105,11 +110,12 @@ pub struct HostEvent {
     pub previous_health_status: Option<HealthStatus>,
 }
 
-/// The object an entry of its events belongs to (`task.event`, `host.event`, `service.event`).
+/// The object an entry of its events belongs to (`task.event`, `host.event`, `service.event`,
+/// `pool.event`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Subject {
-    /// The task's, host's or service's id (a service's name).
+    /// The task's, host's or service's id (a service's or pool's name).
     pub id: String,
     pub pool: PoolName,
 }

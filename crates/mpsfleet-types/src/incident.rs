@@ -1,6 +1,7 @@
 //! Incidents: the record of one host turning bad and what followed, as a timeline of steps
 //! with timestamps, the evidence that triggered it, its owner and the tasks it moved.
 
+use crate::bounds::{BoundBreach, IncidentBounds, PhaseJudgement, PhaseVerdict, RecoveryPhase};
 use crate::history::{Entry, History, HistoryEvent};
 use crate::ids::{GpuUuid, HostId, PoolName, ServiceName, TaskId};
 use crate::pool::OwnershipMode;
@@ -114,6 +115,8 @@ pub enum Step {
     HostActivated,
     Resolved,
     Blocked,
+    /// A phase of the recovery ran past the bound the incident is held to.
+    BoundBreached,
 }
 
 impl Step {
@@ -137,6 +140,7 @@ impl Step {
             Step::HostActivated => "HOST_ACTIVATED",
             Step::Resolved => "RESOLVED",
             Step::Blocked => "BLOCKED",
+            Step::BoundBreached => "RECOVERY_BOUND_BREACHED",
         }
     }
 }
@@ -249,6 +253,16 @@ pub struct Incident {
     pub opened_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_at_ms: Option<u64>,
+    /// The recovery bounds it is held to, fixed when it opened (docs/pools.md "Recovery
+    /// bounds"); None on records written before incidents had bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<IncidentBounds>,
+    /// Phases seen past their bound, at most one entry per phase.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub breaches: Vec<BoundBreach>,
+    /// The drill that caused it, if a drill did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<String>,
 }
 
 /// Durations derived from an incident's timeline; None where a step has not happened (or,
@@ -336,6 +350,9 @@ impl Incident {
             affected_tasks: Vec::new(),
             opened_at_ms,
             resolved_at_ms: None,
+            bounds: None,
+            breaches: Vec::new(),
+            drill: None,
         };
         for (at, step, detail) in before {
             i.push(at, step, detail, None);
@@ -450,6 +467,82 @@ impl Incident {
             replace_ms: between(decided, ready),
             total_ms: between(first, resumed),
         }
+    }
+
+    /// Whether `phase` is part of this incident's recovery, as far as it has gone: detection
+    /// always; the decision where mpsfleet decides or an operator did; the replacement once
+    /// one was asked for; the total once a service task is affected.
+    fn phase_applies(&self, phase: RecoveryPhase) -> bool {
+        match phase {
+            RecoveryPhase::Detect => true,
+            RecoveryPhase::Decide => true,
+            RecoveryPhase::Replace => self.has(Step::ReplacementRequested),
+            RecoveryPhase::Total => {
+                self.has(Step::TasksRunningAgain) || self.affected_tasks.iter().any(|a| a.service.is_some())
+            }
+        }
+    }
+
+    /// How long `phase` has lasted: its length once it ended, else, while the incident is
+    /// unresolved, since it began until `now_ms`.
+    pub fn phase_ms(&self, phase: RecoveryPhase, now_ms: u64) -> Option<u64> {
+        let t = self.timing();
+        let (start, ended) = match phase {
+            RecoveryPhase::Detect => (t.first_failure_at_ms.or(t.detected_at_ms), t.detect_ms),
+            RecoveryPhase::Decide => (t.detected_at_ms, t.decide_ms),
+            RecoveryPhase::Replace => (t.decided_at_ms, t.replace_ms),
+            RecoveryPhase::Total => (t.first_failure_at_ms.or(t.detected_at_ms), t.total_ms),
+        };
+        match (ended, &self.state) {
+            (Some(ms), _) => Some(ms),
+            (None, IncidentState::Resolved) => None,
+            (None, _) => start.map(|s| now_ms.saturating_sub(s)),
+        }
+    }
+
+    /// The phases that have run past their bound by `now_ms` and are not recorded as
+    /// breached yet: `(phase, measured, bound)`.
+    pub fn new_breaches(&self, now_ms: u64) -> Vec<(RecoveryPhase, u64, u64)> {
+        let Some(b) = self.bounds else { return Vec::new() };
+        RecoveryPhase::ALL
+            .into_iter()
+            .filter(|&p| self.phase_applies(p) && !self.breaches.iter().any(|x| x.phase == p))
+            .filter_map(|p| {
+                let (bound, measured) = (b.bound(p)?, self.phase_ms(p, now_ms)?);
+                (measured > bound).then_some((p, measured, bound))
+            })
+            .collect()
+    }
+
+    /// Each phase against its bound: what `incident describe` shows. Empty without bounds.
+    pub fn judgement(&self) -> Vec<PhaseJudgement> {
+        let Some(b) = self.bounds else { return Vec::new() };
+        let t = self.timing();
+        RecoveryPhase::ALL
+            .into_iter()
+            .map(|phase| {
+                let bound_ms = b.bound(phase);
+                let measured_ms = match phase {
+                    RecoveryPhase::Detect => t.detect_ms,
+                    RecoveryPhase::Decide => t.decide_ms,
+                    RecoveryPhase::Replace => t.replace_ms,
+                    RecoveryPhase::Total => t.total_ms,
+                };
+                let breach = self.breaches.iter().find(|x| x.phase == phase);
+                let over = measured_ms.zip(bound_ms).is_some_and(|(m, b)| m > b);
+                let verdict = match bound_ms {
+                    _ if breach.is_some() || over => PhaseVerdict::Breached,
+                    None => PhaseVerdict::NotApplicable,
+                    Some(_) if !self.phase_applies(phase) && self.state == IncidentState::Resolved => {
+                        PhaseVerdict::NotApplicable
+                    }
+                    Some(_) if measured_ms.is_some() => PhaseVerdict::Within,
+                    Some(_) if self.state == IncidentState::Resolved => PhaseVerdict::NotApplicable,
+                    Some(_) => PhaseVerdict::Running,
+                };
+                PhaseJudgement { phase, bound_ms, measured_ms, verdict, cause: breach.and_then(|x| x.cause) }
+            })
+            .collect()
     }
 
     /// Time to detect, decide and recover, from the timeline.
@@ -650,12 +743,17 @@ pub struct IncidentView {
     /// The moments and phases from the first failure to resumed.
     #[serde(default)]
     pub timing: RecoveryTiming,
+    /// Each phase against the bound the incident is held to (empty for incidents from before
+    /// bounds).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub judgement: Vec<PhaseJudgement>,
 }
 
 impl IncidentView {
     pub fn of(incident: Incident) -> Self {
         let durations = incident.durations();
         let timing = incident.timing();
-        IncidentView { incident, durations, timing }
+        let judgement = incident.judgement();
+        IncidentView { incident, durations, timing, judgement }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod api;
+pub mod bounds;
 pub mod event;
 pub mod history;
 pub mod host;
@@ -17,6 +18,7 @@ pub mod task;
 pub mod taskdef;
 pub mod time;
 
+pub use bounds::*;
 pub use history::{Entry, History, HistoryEvent};
 pub use host::*;
 pub use ids::*;

@@ -203,6 +203,12 @@ pub struct Provider {
     /// hosts are judged (and a pool without hosts waits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_shape: Option<HostShape>,
+    /// How long a launch may take, from the request to the new host joining, before it counts
+    /// as failed: the incident is BLOCKED until `host replace` asks again (a host that joins
+    /// later still becomes the replacement). 10 to 3600; default 60 for `local`, 600 for
+    /// `exec`. The pool's replace bound is built from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_timeout_seconds: Option<u32>,
 }
 
 /// The GPUs of the hosts a provider launches, all alike.
@@ -225,7 +231,14 @@ fn default_shape_clients() -> u32 {
 impl Provider {
     /// A `local` provider keeping `desired_hosts`.
     pub fn local(desired_hosts: u32) -> Self {
-        Provider { kind: ProviderKind::Local, name: None, exec: None, desired_hosts, host_shape: None }
+        Provider {
+            kind: ProviderKind::Local,
+            name: None,
+            exec: None,
+            desired_hosts,
+            host_shape: None,
+            launch_timeout_seconds: None,
+        }
     }
 
     /// The exec provider `name` of the server's configuration, keeping `desired_hosts`.
@@ -236,6 +249,7 @@ impl Provider {
             exec: None,
             desired_hosts,
             host_shape: None,
+            launch_timeout_seconds: None,
         }
     }
 
@@ -273,6 +287,9 @@ impl Provider {
             in_range("provider.hostShape.gpus", shape.gpus.into(), 1, 64, "")?;
             in_range("provider.hostShape.gpuMemoryMib", shape.gpu_memory_mib, 1, 16_777_216, " MiB")?;
             in_range("provider.hostShape.maxMpsClients", shape.max_mps_clients.into(), 1, 48, "")?;
+        }
+        if let Some(t) = self.launch_timeout_seconds {
+            in_range("provider.launchTimeoutSeconds", t.into(), 10, 3_600, "")?;
         }
         in_range("provider.desiredHosts", self.desired_hosts.into(), 0, 10_000, "")
     }
@@ -406,6 +423,11 @@ mod tests {
             json!({"launch": ["/bin/launch"], "terminate": ["/bin/term", "x"], "describe": ["/bin/d"]});
         check(p(json!({"kind": "local", "desiredHosts": 10000})), None);
         check(p(json!({"kind": "exec", "name": "ec2-gpu"})), None);
+        check(p(json!({"kind": "local", "launchTimeoutSeconds": 3600})), None);
+        check(
+            p(json!({"kind": "local", "launchTimeoutSeconds": 9})),
+            Some(("provider.launchTimeoutSeconds", "must be between 10 and 3600, got 9")),
+        );
         check(
             p(json!({"kind": "local", "desiredHosts": 10001})),
             Some(("provider.desiredHosts", "must be between 0 and 10000, got 10001")),

@@ -71,6 +71,15 @@ pub struct Pool {
     /// tasks may use; all refused by default. Always shown.
     #[serde(default)]
     pub task_policy: TaskPolicy,
+    /// The longest the operator accepts from a failure's first signal to its tasks running
+    /// again: a policy whose derived bound is longer is refused (docs/pools.md "Recovery
+    /// bounds"). None: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_resume_seconds: Option<u32>,
+    /// What happened to the pool itself, newest last: its bounds changed, a recovery ran past
+    /// them, drills. Bounded like every object's events.
+    #[serde(default, skip_serializing_if = "crate::History::is_empty")]
+    pub events: crate::History<crate::ObjectEvent>,
     pub created_at_ms: u64,
 }
 
@@ -96,6 +105,9 @@ pub struct CreatePool {
     pub allow_task_users: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_policy: Option<TaskPolicy>,
+    /// 1 to 86400; in an update, 0 removes the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_resume_seconds: Option<u32>,
 }
 
 /// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are
@@ -117,6 +129,9 @@ pub struct UpdatePool {
     pub allow_task_users: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_policy: Option<TaskPolicy>,
+    /// 1 to 86400; in an update, 0 removes the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_resume_seconds: Option<u32>,
 }
 
 /// A pool's task policy: what container options its tasks may use beyond a container's own

@@ -17,6 +17,11 @@ pub fn utc(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
 }
 
+/// A duration as `12.3s`.
+pub fn secs(ms: u64) -> String {
+    format!("{:.1}s", ms as f64 / 1000.0)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -24,5 +29,6 @@ mod tests {
         assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(super::utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(super::utc(1_796_104_260_500), "2026-12-01T05:51:00.500Z");
+        assert_eq!(super::secs(41_249), "41.2s");
     }
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 mod access;
 mod incident;
+mod pool;
 use access::{ca_command, cluster_status, join_token, secret, token};
 pub use incident::IncidentCommand;
 use incident::{incident, print_incident, print_operator_command, warn_unplaced_moves};
@@ -1150,24 +1151,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             c.update_pool(&name, &req).await?
         }
         PoolCommand::Explain { name } => {
-            let e = c.explain_pool(&name).await?;
-            match f {
-                Format::Json | Format::Yaml => output::print(f, &e, &[], vec![]),
-                Format::Table | Format::Wide => {
-                    println!(
-                        "pool {} ({}): host recovery is owned by {}\n",
-                        sanitize(&e.pool.to_string()),
-                        sanitize(&e.mode.to_string()),
-                        sanitize(&e.owner.to_string())
-                    );
-                    let rows = e
-                        .steps()
-                        .iter()
-                        .map(|(step, r)| vec![step.to_string(), r.who.clone(), r.what.clone()])
-                        .collect::<Vec<_>>();
-                    print!("{}", output::table(&["STEP", "WHO", "WHAT"], &rows));
-                }
-            }
+            pool::print_explain(f, &c.explain_pool(&name).await?);
             return Ok(());
         }
         PoolCommand::List => {

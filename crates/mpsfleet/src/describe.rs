@@ -472,8 +472,20 @@ pub fn pool(p: &Pool) -> String {
         ("Provider", provider),
         ("Task user", user.to_string()),
         ("Task policy allows", task_policy_cell(&p.task_policy)),
+        (
+            "Max resume",
+            p.max_resume_seconds.map_or_else(
+                || "no limit on the recovery bound".into(),
+                |s| {
+                    format!(
+                        "{}: a policy bounding first failure to resumed past it is refused",
+                        duration(u64::from(s) * 1000)
+                    )
+                },
+            ),
+        ),
         ("Created", utc_time(p.created_at_ms)),
-    ])
+    ]) + &events_section(&p.events)
 }
 
 /// The columns of a service's deployments, as `service deployments` and `service describe`

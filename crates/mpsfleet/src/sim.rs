@@ -28,6 +28,11 @@ pub struct SimArgs {
     /// How often simulated agents heartbeat (the agent's own default is 1000).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// The managed pool's provider.launchTimeoutSeconds (10 to 3600): the simulated provider
+    /// takes up to 90 s to launch and boot a host, so less than that makes replacements count
+    /// as failed and their incidents breach their replace bound.
+    #[arg(long, default_value_t = 120)]
+    launch_timeout_seconds: u32,
     /// Print the whole event trace after the report.
     #[arg(long)]
     trace: bool,
@@ -49,6 +54,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         fault_rate: args.fault_rate,
         scenario: Scenario::parse(&args.scenario).map_err(|e| anyhow!("--scenario: {e}"))?,
         heartbeat_ms: args.heartbeat_ms,
+        launch_timeout_seconds: args.launch_timeout_seconds,
         minimise: !args.no_minimise,
         ..Config::default()
     };
@@ -57,6 +63,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     if !(100..=10_000).contains(&cfg.heartbeat_ms) {
         bail!("--heartbeat-ms must be from 100 to 10000 (the pool's heartbeat grace is 10s)");
+    }
+    if !(10..=3600).contains(&cfg.launch_timeout_seconds) {
+        bail!("--launch-timeout-seconds must be from 10 to 3600, got {}", cfg.launch_timeout_seconds);
     }
     let out = mpsfleet_sim::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
     match args.output {

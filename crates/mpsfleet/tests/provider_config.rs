@@ -96,6 +96,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
         exec: Some(commands.clone()),
         desired_hosts: 1,
         host_shape: None,
+        launch_timeout_seconds: None,
     };
     let e = admin.create_pool(&pool(attack)).await.unwrap_err().to_string();
     assert!(e.contains("provider.exec") && e.contains("server's configuration"), "{e}");
@@ -113,6 +114,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
             exec: Some(commands),
             desired_hosts: 1,
             host_shape: None,
+            launch_timeout_seconds: None,
         }),
         ..Default::default()
     };

@@ -676,6 +676,25 @@ async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
     assert!(t.detect_ms.unwrap() >= 3_000, "the host was declared bad after the toleration: {t:?}");
     let at: Vec<u64> = i.incident.timeline.iter().map(|e| e.at_ms).collect();
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "{at:?}");
+    // Held to the pool's bounds for a daemon that exits, and within each of them: what the
+    // pool states is what this recovery took, measured from outside above.
+    let b = i.incident.bounds.expect("the incident's bounds");
+    assert_eq!(b.kind, mpsfleet_types::FailureKind::DaemonExit, "{:?}", i.incident.trigger);
+    let stated = admin.explain_pool("gpu").await.unwrap().bounds;
+    let row = stated.of(b.kind).unwrap();
+    assert_eq!((b.detect_ms, b.total_ms), (row.detect_ms, row.total_ms));
+    println!("judged: {:?}", i.judgement);
+    for j in &i.judgement {
+        use mpsfleet_types::{PhaseVerdict, RecoveryPhase};
+        match j.phase {
+            RecoveryPhase::Detect | RecoveryPhase::Decide | RecoveryPhase::Total => {
+                assert_eq!(j.verdict, PhaseVerdict::Within, "{j:?}: {:#?}", i.judgement)
+            }
+            RecoveryPhase::Replace => {}
+        }
+    }
+    assert!(measured <= b.total_ms.unwrap(), "measured {measured} ms, bound {:?}", b.total_ms);
+    assert!(i.incident.breaches.is_empty(), "{:?}", i.incident.breaches);
 }
 
 /// Draining a self-managed pool's only host: the CLI warns that nothing can take its tasks,

@@ -104,7 +104,7 @@ impl Cluster {
         for r in self.store.list(INCIDENT)? {
             let mut i: Incident = decode(&r)?;
             i.normalize();
-            self.apply(r.version, Change::Incident(i));
+            self.apply(r.version, Change::Incident(Box::new(i)));
         }
         Ok(())
     }
@@ -168,7 +168,7 @@ impl Cluster {
         if old.is_none() && incident.state != IncidentState::Resolved {
             self.ask(Work::Incident(incident.opened_at_ms, incident.id.clone()));
         }
-        self.apply(rev, Change::Incident(incident));
+        self.apply(rev, Change::Incident(Box::new(incident)));
         // A replacement asked for or ready changes what the pool's capacity counts.
         self.ask_capacity(&pool);
     }
@@ -432,8 +432,11 @@ impl Cluster {
             if self.open_incident_of(&host_id).is_none() {
                 let id = format!("inc-{:012x}", auth::random_u64()? >> 16);
                 let owner = IncidentOwner::for_mode(mode);
-                let incident =
+                let bounds =
+                    self.state.pools().get(pool).and_then(|p| self.incident_bounds(&p.value, ix, &trigger));
+                let mut incident =
                     Incident::open(id, host_id.clone(), pool.clone(), owner, trigger, impaired_since_ms, now);
+                incident.bounds = bounds;
                 tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
                 self.write_incident(incident)?;
             }
@@ -466,7 +469,7 @@ impl Cluster {
     /// writes it, or a heartbeat that changed something, asks for it at once.
     pub(super) fn reconcile_incident(&mut self, id: &str) -> Result<Requeue, Error> {
         let mut jobs = Vec::new();
-        let result = self.remediate_one(id, &mut jobs);
+        let result = self.remediate_one(id, &mut jobs).and_then(|()| self.judge_incident(id));
         self.work.pending_jobs.extend(jobs);
         if let Err(e) = result {
             // Counted again on the next pass: a failed round may have changed what they count.
@@ -711,7 +714,7 @@ impl Cluster {
             // such ("already used") rather than as an unknown token.
             tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
         }
-        self.apply(rev, Change::Incident(incident));
+        self.apply(rev, Change::Incident(Box::new(incident)));
     }
 
     /// Keeps the server's evaluation of a host; a new verdict drops the storm breaker's counts,
@@ -821,9 +824,26 @@ impl Cluster {
             .map(|x| &self.state.hosts()[x as usize])
             .filter(|h| h.host().pool == incident.pool)
             .filter(|h| h.host().status == HostStatus::Active && h.host().health_status == HealthStatus::Ok);
+        // A launch whose host has not joined within the provider's `launchTimeoutSeconds`
+        // counts as failed (a host that joins later still becomes the replacement).
+        let timeout_ms = self
+            .state
+            .pools()
+            .get(&incident.pool)
+            .and_then(|p| mpsfleet_core::bounds::launch_timeout_ms(&p.value));
+        let overdue = incident
+            .first(Step::ReplacementRequested)
+            .zip(timeout_ms)
+            .filter(|&(at, t)| self.now().saturating_sub(at) > t);
         let replacement = match (joined, &progress.launch) {
             (Some(h), _) => ReplacementState::Ready { host_id: Some(h.host().id.clone()) },
             (None, Some(Err(reason))) => ReplacementState::Failed { reason: reason.clone() },
+            (None, _) if overdue.is_some() => ReplacementState::Failed {
+                reason: format!(
+                    "the provider's host did not join within launchTimeoutSeconds ({})",
+                    mpsfleet_core::health::fmt_ms(overdue.map_or(0, |(_, t)| t))
+                ),
+            },
             (None, Some(Ok(()))) => ReplacementState::Requested,
             (None, None) if progress.launching => ReplacementState::Requested,
             (None, None)

@@ -9,6 +9,7 @@
 
 mod agent_reports;
 mod audit;
+pub mod bounds;
 mod call;
 mod checks_key;
 pub mod error;
@@ -27,6 +28,8 @@ mod pools;
 mod providers;
 use pools::pool_config;
 pub use providers::ProviderContext;
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod heartbeat_tests;
 #[cfg(test)]
@@ -1160,6 +1163,7 @@ mod tests {
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),
             gpu_use: Vec::new(),
+            heartbeat_ms: None,
         }
     }
 

@@ -21,6 +21,8 @@ impl Cluster {
             provider: req.provider,
             allow_task_users: req.allow_task_users.unwrap_or(false),
             task_policy: req.task_policy.unwrap_or_default(),
+            max_resume_seconds: req.max_resume_seconds,
+            events: Default::default(),
             created_at_ms: self.now(),
         };
         check_pool(&pool)?;
@@ -65,8 +67,17 @@ impl Cluster {
         if let Some(policy) = req.task_policy {
             pool.task_policy = policy;
         }
+        if let Some(max) = req.max_resume_seconds {
+            pool.max_resume_seconds = (max > 0).then_some(max);
+        }
         check_pool(&pool)?;
         self.check_provider_configured(&pool)?;
+        let before = mpsfleet_core::bounds::derive(&current.value, &bounds::intervals());
+        let after = mpsfleet_core::bounds::derive(&pool, &bounds::intervals());
+        let changed = bounds::bounds_change(&before, &after);
+        if let Some(words) = &changed {
+            pool.events.push(self.now(), ObjectEvent::new("BoundsChanged", words.clone()));
+        }
         if pool != current.value {
             let expect = Precondition::Version(current.version);
             let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
@@ -77,6 +88,10 @@ impl Cluster {
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.apply(rev, Change::Pool(pool.clone()));
+            if let Some(entry) = changed.map(|w| ObjectEvent::new("BoundsChanged", w)) {
+                let subject = event::Subject { id: pool.name.to_string(), pool: pool.name.clone() };
+                self.events.recorded(event::EventType::PoolEvent, &subject, &[entry], self.now());
+            }
             self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
             self.work.health_due_ms.fill(0);
@@ -109,7 +124,7 @@ impl Cluster {
     }
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
-        Ok(mpsfleet_core::explain::explain(&self.pool(name)?))
+        Ok(mpsfleet_core::explain::explain(&self.pool(name)?, &bounds::intervals()))
     }
 
     pub fn pools(&self) -> Vec<Pool> {
@@ -153,7 +168,7 @@ pub(super) fn check_pool(p: &Pool) -> Result<(), Error> {
     if let Some(provider) = &p.provider {
         provider.validate().map_err(policy)?;
     }
-    Ok(())
+    bounds::checked_bounds(p).map(|_| ())
 }
 
 pub(super) fn pool_config(p: &Pool) -> PoolConfig {

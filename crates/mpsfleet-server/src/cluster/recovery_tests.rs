@@ -69,7 +69,8 @@ impl World {
                 reason: format!("daemon {}", mps.as_str()),
                 since_ms: 5,
                 restarts: 0,
-                first_failure_age_ms: None,
+                // A failure the agent has just seen: the first failure is placed at the report.
+                first_failure_age_ms: (mps == HealthStatus::Impaired).then_some(0),
                 repair_ages_ms: Vec::new(),
             }],
             checks_rev: None,
@@ -78,6 +79,7 @@ impl World {
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),
             gpu_use: Vec::new(),
+            heartbeat_ms: None,
         };
         self.c.host_status(host, &report).unwrap();
     }

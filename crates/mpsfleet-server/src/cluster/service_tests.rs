@@ -500,6 +500,7 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
         logs_cert_sha256: None,
         trusted_ca_sha256: Vec::new(),
         gpu_use: Vec::new(),
+        heartbeat_ms: None,
     };
     w.c.host_status(&hosts[0], &beat(0)).unwrap();
     w.c.host_status(&hosts[0], &beat(1)).unwrap();

@@ -46,7 +46,7 @@ pub(super) enum Change {
     TaskRemoved(TaskId),
     Service(Service),
     ServiceRemoved(ServiceName),
-    Incident(Incident),
+    Incident(Box<Incident>),
     IncidentRemoved(String),
     ApiToken(TokenRecord),
     /// An API token revoked, by its digest.
@@ -151,6 +151,7 @@ impl State {
                     logs_cert: None,
                     trusted_cas: Vec::new(),
                     gpu_use: Vec::new(),
+                    heartbeat_ms: None,
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
                     evaluated: false,
                     epoch: self.revision,
@@ -184,7 +185,7 @@ impl State {
                 for d in replacement_digests(&i) {
                     self.replacement_tokens.insert(d.clone(), i.id.clone());
                 }
-                self.incidents.insert(i.id.clone(), Versioned { value: i, version });
+                self.incidents.insert(i.id.clone(), Versioned { value: *i, version });
             }
             Change::IncidentRemoved(id) => {
                 if let Some(old) = self.incidents.remove(&id) {
@@ -334,6 +335,8 @@ pub(super) struct HostEntry {
     pub(super) trusted_cas: Vec<String>,
     /// What each task uses of its GPU, as last reported.
     pub(super) gpu_use: Vec<TaskGpuUse>,
+    /// The agent's heartbeat interval, as last reported.
+    pub(super) heartbeat_ms: Option<u64>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     pub(super) health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -394,5 +397,8 @@ impl HostEntry {
         self.logs_cert.clone_from(&report.logs_cert_sha256);
         self.trusted_cas.clone_from(&report.trusted_ca_sha256);
         self.gpu_use.clone_from(&report.gpu_use);
+        if report.heartbeat_ms.is_some() {
+            self.heartbeat_ms = report.heartbeat_ms;
+        }
     }
 }

@@ -68,12 +68,29 @@ function link(href, text, attrs) {
 
 // ---- views -------------------------------------------------------------------------------
 
+const secs = (ms) => (ms === undefined || ms === null ? '-' : (ms / 1000).toFixed(1) + ' s');
+
+// A pool's recovery bounds: one row per failure kind, then how they are derived.
+function bounds(b) {
+  const rows = (b.kinds || []).map((k) => [k.kind, secs(k.detectMs), secs(k.notifyMs), secs(k.decideMs),
+    secs(k.replaceMs), secs(k.totalMs), secs(k.totalFencedMs)]);
+  return el('div', { class: 'bounds' },
+    el('h3', {}, 'Recovery bounds', b.maxResumeMs ? ' (maxResumeSeconds ' + secs(b.maxResumeMs) + ')' : ''),
+    table(['FAILURE', 'DETECT', 'NOTIFY', 'DECIDE', 'REPLACE', 'TOTAL (RESTART)', 'TOTAL (FENCED)'], rows),
+    el('ul', {}, (b.formulas || []).map((f) => el('li', {}, f))),
+    value(b.inputs));
+}
+
 async function pools() {
   const list = await api('/v1/pools');
   const out = [el('h1', {}, 'Pools')];
   for (const p of list) {
     const explain = await api('/v1/pools/' + seg(p.name) + '/explain').catch((e) => ({ error: e.message }));
-    out.push(el('section', { 'data-pool': p.name }, el('h2', {}, p.name, ' (', p.mode, ')'), value(explain)));
+    const { bounds: b, ...record } = explain;
+    const events = ((p.events && p.events.entries) || []).map((e) => [utc(e.atMs), e.reason, e.message]);
+    out.push(el('section', { 'data-pool': p.name }, el('h2', {}, p.name, ' (', p.mode, ')'), value(record),
+      b ? bounds(b) : null,
+      events.length ? [el('h3', {}, 'Events'), table(['WHEN', 'REASON', 'MESSAGE'], events)] : null));
   }
   return out;
 }
@@ -197,7 +214,9 @@ async function incidents() {
       fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', utc(i.openedAtMs)],
         ['First failure', i.timing && i.timing.firstFailureAtMs ? utc(i.timing.firstFailureAtMs) : '-'],
         ['Down for', i.timing && i.timing.totalMs != null ? (i.timing.totalMs / 1000).toFixed(3) + ' s (first failure to resumed)' : '-'],
-        ['Trigger', value(i.trigger)]]),
+        ['Trigger', value(i.trigger)], ['Drill', i.drill || 'no']]),
+      (i.judgement || []).length ? table(['PHASE', 'MEASURED', 'BOUND', 'VERDICT'], i.judgement.map((j) =>
+        [j.phase, secs(j.measuredMs), secs(j.boundMs), j.verdict + (j.cause ? ' (' + j.cause + ')' : '')])) : null,
       table(['WHEN', 'STEP', 'DETAIL'], entries.map((e) => [utc(e.atMs), e.step, e.detail]))));
   }
   return out;

@@ -154,11 +154,24 @@ impl Sim {
             .as_ref()
             .and_then(|c| c.pool(i.pool.as_str()).ok())
             .map(|p| (p.mode, p.remediation_policy));
+        let seen_breaches = self.incidents.get(&i.id).map_or(0, |p| p.breaches.len());
         self.incidents.insert(i.id.clone(), i.clone());
         let Some((mode, policy)) = pool_mode else { return };
         self.checker.checks += 1;
         if let Some(why) = invariants::incident_record(&i, mode) {
             self.fail("incident-record", format!("incident on {label}: {why}"));
+            return;
+        }
+        for b in i.breaches.iter().skip(seen_breaches) {
+            self.stats.breach(b.phase.as_str(), b.cause.map_or("unexplained", |c| c.as_str()));
+            self.log(format!("incident on {label}: recovery bound breached: {}", b.words()));
+        }
+        // A breach the server recorded without a cause breaks the run at once; one it did
+        // not record (it records on its next pass) is looked for at the end.
+        self.checker.checks += 1;
+        if let Some(b) = i.breaches.iter().find(|b| b.cause.is_none()) {
+            let why = format!("recovery bound breached with no cause: {}", b.words());
+            self.fail("recovery-bound", format!("incident on {label}: {why}"));
             return;
         }
         let pool: Vec<&Incident> = self.incidents.values().filter(|x| x.pool == i.pool).collect();
@@ -244,6 +257,11 @@ impl Sim {
             self.checker.checks += 1;
             if let Some(why) = invariants::incident_record(&i, mode) {
                 self.fail("incident-record", why);
+                return;
+            }
+            self.checker.checks += 1;
+            if let Some(why) = invariants::bounds_held(&i) {
+                self.fail("recovery-bound", format!("incident {}: {why}", i.id));
                 return;
             }
         }

@@ -503,6 +503,7 @@ fn healthy_report(
         logs_cert_sha256: None,
         trusted_ca_sha256: Vec::new(),
         gpu_use: Vec::new(),
+        heartbeat_ms: None,
     }
 }
 

@@ -126,6 +126,28 @@ pub(super) fn print_incident(f: Format, v: IncidentView) -> Result<()> {
                 secs(t.replace_ms),
                 secs(t.total_ms)
             );
+            if let Some(b) = &v.incident.bounds {
+                let resumption = if b.fenced { "fenced" } else { "restart" };
+                println!("\nheld to the pool's bounds for {} (services: {resumption}):", b.kind);
+                let rows: Vec<Vec<String>> = v
+                    .judgement
+                    .iter()
+                    .map(|j| {
+                        let verdict = match (j.verdict, j.cause) {
+                            (PhaseVerdict::Breached, Some(c)) => format!("breached ({})", c.as_str()),
+                            (PhaseVerdict::Breached, None) => "breached (cause unknown)".into(),
+                            (PhaseVerdict::Within, _) => "within".into(),
+                            (PhaseVerdict::Running, _) => "running".into(),
+                            (PhaseVerdict::NotApplicable, _) => "-".into(),
+                        };
+                        vec![j.phase.as_str().into(), secs(j.measured_ms), secs(j.bound_ms), verdict]
+                    })
+                    .collect();
+                print!("{}", output::table(&["PHASE", "MEASURED", "BOUND", "VERDICT"], &rows));
+            }
+            if let Some(d) = &v.incident.drill {
+                println!("caused by drill {}", sanitize(d));
+            }
         }
     }
     Ok(())

@@ -1,0 +1,103 @@
+//! Recovery bounds on the server, in virtual time: a policy change moves the bounds and is
+//! recorded, `maxResumeSeconds` refuses a policy that cannot meet it, and an incident whose
+//! phase runs past its bound records the breach once, with its cause, on the incident and in
+//! the pool's events.
+
+use super::recovery_tests::World;
+use super::*;
+use mpsfleet_types::bounds::{BreachCause, FailureKind, PhaseVerdict, RecoveryPhase};
+
+fn with_provider(launch_timeout_seconds: u32) -> UpdatePool {
+    UpdatePool {
+        provider: Some(Provider {
+            launch_timeout_seconds: Some(launch_timeout_seconds),
+            ..Provider::local(1)
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_policy_change_moves_the_bounds_and_is_recorded() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let before = w.c.pool_bounds("p").unwrap();
+    let health = HealthPolicy { mps_probe_interval_ms: 7_000, ..HealthPolicy::default() };
+    let p = w.c.update_pool("p", UpdatePool { health_policy: Some(health), ..Default::default() }).unwrap();
+    let after = w.c.pool_bounds("p").unwrap();
+    let hang = |b: &mpsfleet_types::RecoveryBounds| b.of(FailureKind::DaemonHang).unwrap().detect_ms;
+    // Two more seconds for each of the (threshold - 1) intervals before the check turns IMPAIRED.
+    assert_eq!(hang(&after) - hang(&before), 2 * 2_000);
+    let exit = |b: &mpsfleet_types::RecoveryBounds| b.of(FailureKind::DaemonExit).unwrap().detect_ms;
+    assert_eq!(exit(&after), exit(&before));
+    let last = p.events.iter().last().expect("an event");
+    assert_eq!(last.event.reason, "BoundsChanged");
+    assert!(last.event.message.contains("daemon-hang detect 16.2s -> 20.2s"), "{}", last.event.message);
+    // The same policy again changes nothing and records nothing.
+    let again = w
+        .c
+        .update_pool("p", UpdatePool { health_policy: Some(p.health_policy.clone()), ..Default::default() });
+    assert_eq!(again.unwrap().events.len(), p.events.len());
+}
+
+#[test]
+fn max_resume_seconds_refuses_a_policy_that_cannot_meet_it() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let err =
+        w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(20), ..Default::default() }).unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("maxResumeSeconds: the pool's policy bounds"), "{text}");
+    assert!(text.contains("(daemon-hang), more than maxResumeSeconds (20s)"), "{text}");
+    assert_eq!(w.c.pool("p").unwrap().max_resume_seconds, None, "nothing changed");
+    // Within it: accepted; a policy that would then exceed it is refused, naming the limit.
+    w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(60), ..Default::default() }).unwrap();
+    let slow = HealthPolicy { agent_heartbeat_grace_ms: 60_000, ..HealthPolicy::default() };
+    let err =
+        w.c.update_pool("p", UpdatePool { health_policy: Some(slow), ..Default::default() }).unwrap_err();
+    assert!(err.to_string().contains("(agent-lost), more than maxResumeSeconds (1m)"), "{err}");
+    let err = w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(86_401), ..Default::default() });
+    assert!(err.unwrap_err().to_string().contains("must be between 1 and 86400"));
+    // 0 removes the limit.
+    w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(0), ..Default::default() }).unwrap();
+    assert_eq!(w.c.pool("p").unwrap().max_resume_seconds, None);
+}
+
+/// A launch that never joins: after `launchTimeoutSeconds` the replacement counts as failed,
+/// and the replace phase is recorded breached once, as the provider's.
+#[test]
+fn a_replacement_past_its_launch_timeout_breaches_the_replace_bound() {
+    let mut w = World::new(OwnershipMode::Managed);
+    w.c.update_pool("p", with_provider(10)).unwrap();
+    let join = w.join_token.clone();
+    let bad = w.join("bad", &join).unwrap();
+    w.run(2, &[(bad.clone(), HealthStatus::Ok)], |_| ProviderOutcome::Done);
+    w.run(8, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let i = w.c.incidents().pop().unwrap();
+    let b = i.bounds.expect("bounds fixed at open");
+    assert_eq!(b.kind, FailureKind::DaemonHang, "{:?}", i.trigger.reason);
+    assert_eq!(b.replace_ms, Some(10_250));
+    assert!(i.breaches.is_empty(), "{:?}", i.breaches);
+    w.run(20, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    let i = w.c.incidents().pop().unwrap();
+    assert_eq!(i.breaches.len(), 1, "{:?}", i.breaches);
+    let breach = &i.breaches[0];
+    assert_eq!((breach.phase, breach.cause), (RecoveryPhase::Replace, Some(BreachCause::ProviderSlow)));
+    assert!(breach.measured_ms > 10_250 && breach.measured_ms <= 10_750, "{breach:?}");
+    assert!(
+        matches!(&i.state, IncidentState::Blocked { reason } if reason.contains("launchTimeoutSeconds")),
+        "{:?}",
+        i.state
+    );
+    assert_eq!(i.timeline.iter().filter(|e| e.step == Step::BoundBreached).count(), 1);
+    let judged = i.judgement();
+    let replace = judged.iter().find(|j| j.phase == RecoveryPhase::Replace).unwrap();
+    assert_eq!(replace.verdict, PhaseVerdict::Breached);
+    let detect = judged.iter().find(|j| j.phase == RecoveryPhase::Detect).unwrap();
+    assert_eq!(detect.verdict, PhaseVerdict::Within, "{judged:?}");
+    let events: Vec<_> = w.c.pool("p").unwrap().events.iter().map(|e| e.event.clone()).collect();
+    let breached: Vec<_> = events.iter().filter(|e| e.reason == "RecoveryBoundBreached").collect();
+    assert_eq!(breached.len(), 1, "{events:?}");
+    assert!(breached[0].message.contains("replace ran") && breached[0].message.contains("(provider-slow)"));
+    // Later passes record nothing more.
+    w.run(10, &[(bad, HealthStatus::Impaired)], |_| ProviderOutcome::Done);
+    assert_eq!(w.c.incidents().pop().unwrap().breaches.len(), 1);
+}

@@ -1,0 +1,84 @@
+//! How `pool explain` prints a pool's responsibility record and its recovery bounds.
+
+use super::*;
+use mpsfleet_core::explain::Explanation;
+use mpsfleet_types::bounds::RecoveryBounds;
+
+pub(super) fn print_explain(f: Format, e: &Explanation) {
+    if f.is_data() {
+        output::print(f, e, &[], vec![]);
+        return;
+    }
+    println!(
+        "pool {} ({}): host recovery is owned by {}\n",
+        sanitize(&e.pool),
+        sanitize(&e.mode),
+        sanitize(&e.owner)
+    );
+    let rows = e
+        .steps()
+        .iter()
+        .map(|(step, r)| vec![step.to_string(), r.who.clone(), r.what.clone()])
+        .collect::<Vec<_>>();
+    print!("{}", output::table(&["STEP", "WHO", "WHAT"], &rows));
+    print!("\n{}", bounds_words(&e.bounds));
+}
+
+/// The bounds as a table per failure kind, then the formulas and their inputs.
+pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
+    let s = |ms: Option<u64>| ms.map_or_else(|| "-".to_string(), mpsfleet_types::time::secs);
+    let rows: Vec<Vec<String>> = b
+        .kinds
+        .iter()
+        .map(|k| {
+            vec![
+                k.kind.as_str().into(),
+                s(Some(k.detect_ms)),
+                s(Some(k.notify_ms)),
+                s(k.decide_ms),
+                s(k.replace_ms),
+                s(k.total_ms),
+                s(k.total_fenced_ms),
+            ]
+        })
+        .collect();
+    let mut out = String::from("recovery bounds (worst case from the policy; '-': ");
+    out.push_str(if b.owner == "operator" {
+        "the operator's, in a self-managed pool)\n"
+    } else {
+        "nothing to bound: no provider)\n"
+    });
+    out.push_str(&output::table(
+        &["FAILURE", "DETECT", "NOTIFY", "DECIDE", "REPLACE", "TOTAL (RESTART)", "TOTAL (FENCED)"],
+        &rows,
+    ));
+    if let Some(max) = b.max_resume_ms {
+        out.push_str(&format!("maxResumeSeconds: {}\n", mpsfleet_types::time::secs(max)));
+    }
+    out.push_str("\nhow:\n");
+    for f in &b.formulas {
+        out.push_str(&format!("  {f}\n"));
+    }
+    let i = &b.inputs;
+    let launch = i.launch_timeout_ms.map_or_else(|| "none (no provider)".into(), |ms| format!("{ms}"));
+    out.push_str(&format!(
+        "inputs (ms): mpsProbeIntervalMs {}, mpsProbeTimeoutMs {}, mpsFailureThreshold {}, \
+         localDaemonRestarts {}, tolerationMs {}, agentHeartbeatGraceMs {}, launchTimeoutMs {launch}, \
+         agentHeartbeatMs {}, restartBackoffMs {}, daemonStartMs {}, healthTickMs {}, incidentPassMs {}, \
+         taskStartMs {}, webhookMs {}\n",
+        i.mps_probe_interval_ms,
+        i.mps_probe_timeout_ms,
+        i.mps_failure_threshold,
+        i.local_daemon_restarts,
+        i.toleration_ms,
+        i.agent_heartbeat_grace_ms,
+        i.agent_heartbeat_ms,
+        i.restart_backoff_ms,
+        i.daemon_start_ms,
+        i.health_tick_ms,
+        i.incident_pass_ms,
+        i.task_start_ms,
+        i.webhook_ms
+    ));
+    out
+}
