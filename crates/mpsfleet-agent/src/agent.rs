@@ -89,6 +89,8 @@ pub struct AgentConfig {
     /// backoff.
     pub policy: MpsPolicy,
     pub heartbeat: Duration,
+    /// Inject the faults a drill asks for (`--allow-fault-injection`); off, they are ignored.
+    pub allow_fault_injection: bool,
     /// Stop every task when the agent stops (what `mpsfleet up` wants); by default tasks keep
     /// running across agent restarts.
     pub stop_tasks_on_exit: bool,
@@ -419,6 +421,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
     let heartbeat = tokio::spawn(heartbeat_loop(
         agent.clone(),
         sources,
+        Arc::new(crate::faults::Injector::new(cfg.allow_fault_injection, Arc::new(SystemClock))),
         cfg.heartbeat,
         Reported { logs_url, logs_cert_sha256: logs_cert, cas: ca_trust },
         cfg.policy.clone(),
@@ -744,6 +747,7 @@ struct Reported {
 async fn heartbeat_loop(
     agent: Client,
     sources: Arc<crate::metrics::Sources>,
+    faults: Arc<crate::faults::Injector>,
     every: Duration,
     mut reported: Reported,
     mut policy: MpsPolicy,
@@ -759,6 +763,10 @@ async fn heartbeat_loop(
     let mut sent_checks = crate::reported_checks::ReportedChecks::default();
     loop {
         tick.tick().await;
+        if faults.silent() {
+            // A drill's agent-stop: the host goes silent as a lost agent would.
+            continue;
+        }
         let now_ms = SystemClock.now_ms();
         let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref(), now_ms);
         let gpu_use = {
@@ -774,6 +782,7 @@ async fn heartbeat_loop(
             trusted_ca_sha256: reported.cas.hashes.clone(),
             gpu_use,
             heartbeat_ms: Some(every.as_millis() as u64),
+            accepts_faults: faults.allowed(),
             ..HostStatusReport::default()
         };
         sent_checks.fill(&mut report, checks, now_ms);
@@ -802,6 +811,7 @@ async fn heartbeat_loop(
                     }
                 }
                 rechecks = Some(answer.rechecks);
+                faults.apply(&answer.faults, &sources.supervisors, &sources.gpu_watch);
                 let wanted = pool_mps_policy(&answer.health_policy, &policy);
                 if wanted != policy && refused.as_ref() != Some(&wanted) {
                     match apply_policy(&sources.supervisors, &wanted) {

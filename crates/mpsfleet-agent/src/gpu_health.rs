@@ -188,6 +188,8 @@ struct Shared {
     health: Mutex<Vec<GpuHealth>>,
     clock: Arc<dyn Clock>,
     stopping: AtomicBool,
+    /// A drill's failed checks, by GPU, read instead of the watch's own while they last.
+    injected: Mutex<std::collections::BTreeMap<GpuUuid, Check>>,
 }
 
 impl Shared {
@@ -254,6 +256,7 @@ impl GpuWatch {
             health: Mutex::new(found.gpus.iter().map(|_| GpuHealth::new(now)).collect()),
             clock,
             stopping: AtomicBool::new(false),
+            injected: Mutex::new(std::collections::BTreeMap::new()),
         });
         let builder = std::thread::Builder::new().name("gpu-watch".into());
         if found.emulated {
@@ -269,24 +272,47 @@ impl GpuWatch {
         Ok(GpuWatch { shared })
     }
 
+    /// A drill's failed GPU check on `gpu`, as a host-fatal Xid would report it, or none: the
+    /// check reads IMPAIRED from now until the drill takes it back, when it reads what the
+    /// watch itself sees again. Injecting it again keeps its first time.
+    pub fn inject(&self, gpu: &GpuUuid, fault: Option<&str>) {
+        let mut injected = lock(&self.shared.injected);
+        match fault {
+            Some(why) => {
+                let since_ms = self.shared.clock.now_ms();
+                injected.entry(gpu.clone()).or_insert_with(|| {
+                    tracing::warn!(gpu = %gpu, "drill: the GPU check reports a failure");
+                    Check { status: HealthStatus::Impaired, reason: why.to_string(), since_ms }
+                });
+            }
+            None => {
+                if injected.remove(gpu).is_some() {
+                    tracing::info!(gpu = %gpu, "drill: the GPU check's failure taken back");
+                }
+            }
+        }
+    }
+
     /// One `GPU` check per GPU; an IMPAIRED one says how long ago it turned so: a host-fatal
     /// Xid is its first failed signal.
     pub fn checks(&self) -> Vec<HostCheck> {
         let now_ms = self.shared.clock.now_ms();
         let health = lock(&self.shared.health);
+        let injected = lock(&self.shared.injected);
         self.shared
             .gpus
             .iter()
             .zip(health.iter())
-            .map(|((uuid, _), h)| HostCheck {
+            .map(|((uuid, _), h)| (uuid, injected.get(uuid).unwrap_or(&h.check)))
+            .map(|(uuid, c)| HostCheck {
                 name: CHECK.into(),
                 gpu_id: Some(uuid.clone()),
-                status: h.check.status,
-                reason: h.check.reason.clone(),
-                since_ms: h.check.since_ms,
+                status: c.status,
+                reason: c.reason.clone(),
+                since_ms: c.since_ms,
                 restarts: 0,
-                first_failure_age_ms: (h.check.status == HealthStatus::Impaired)
-                    .then(|| now_ms.saturating_sub(h.check.since_ms)),
+                first_failure_age_ms: (c.status == HealthStatus::Impaired)
+                    .then(|| now_ms.saturating_sub(c.since_ms)),
                 repair_ages_ms: Vec::new(),
             })
             .collect()

@@ -3,7 +3,8 @@
 //!
 //! [`agent::run`] is the entry point; [`tasks`] is the task loop; [`mps`] drives and supervises
 //! the daemons; [`runtime`] runs containers under a shim and probes them; [`docker`] runs them
-//! in Docker Engine; [`env`] builds a task's environment; [`discovery`] finds the GPUs.
+//! in Docker Engine; [`env`] builds a task's environment; [`discovery`] finds the GPUs;
+//! [`faults`] injects a drill's faults where the agent allows it.
 
 pub mod agent;
 pub mod container_health;
@@ -11,6 +12,7 @@ pub mod discovery;
 pub mod docker;
 pub mod endpoint;
 pub mod env;
+pub mod faults;
 pub mod gpu_health;
 pub mod gpu_use;
 pub mod logs;

@@ -29,6 +29,14 @@ pub enum ClientError {
     Decode { url: String, message: String },
 }
 
+/// What `POST /v1/drills` answered.
+#[derive(Debug, Clone)]
+pub enum DrillAnswer {
+    Started(Box<mpsfleet_types::drill::Drill>),
+    /// A dry run: nothing injected.
+    Plan(mpsfleet_types::drill::DrillPlan),
+}
+
 impl ClientError {
     /// The API error code, when the server answered with one.
     pub fn code(&self) -> Option<&str> {
@@ -302,6 +310,35 @@ impl Client {
     pub async fn list_incidents(&self) -> Result<Vec<IncidentView>> {
         self.get("/v1/incidents").await
     }
+    // drills
+    /// `drill run`: the drill started, or (`dryRun`) its plan. Both answers are read as JSON
+    /// and told apart by their fields (a plan has `expected`, a drill `status`).
+    pub async fn run_drill(&self, req: &mpsfleet_types::drill::CreateDrill) -> Result<DrillAnswer> {
+        let v: serde_json::Value = self.send(Method::POST, "/v1/drills", req).await?;
+        let parsed = if v.get("expected").is_some() {
+            serde_json::from_value(v).map(DrillAnswer::Plan)
+        } else {
+            serde_json::from_value(v).map(|d| DrillAnswer::Started(Box::new(d)))
+        };
+        parsed.map_err(|e| ClientError::Decode { url: "/v1/drills".into(), message: e.to_string() })
+    }
+    pub async fn list_drills(&self) -> Result<Vec<mpsfleet_types::drill::Drill>> {
+        self.get("/v1/drills").await
+    }
+    pub async fn describe_drill(&self, id: &str) -> Result<mpsfleet_types::drill::Drill> {
+        self.get(&format!("/v1/drills/{}", seg(id))).await
+    }
+    pub async fn abort_drill(&self, id: &str) -> Result<mpsfleet_types::drill::Drill> {
+        self.call(Method::POST, &format!("/v1/drills/{}/abort", seg(id)), &[], None).await
+    }
+    pub async fn drill_switch(&self) -> Result<mpsfleet_types::drill::DrillSwitch> {
+        self.get("/v1/drills/switch").await
+    }
+    pub async fn set_drill_switch(&self, enabled: bool) -> Result<mpsfleet_types::drill::DrillSwitch> {
+        let body = mpsfleet_types::drill::DrillSwitch { enabled, changed_by: None, changed_at_ms: None };
+        self.send(Method::PUT, "/v1/drills/switch", &body).await
+    }
+
     pub async fn describe_incident(&self, id: &str) -> Result<IncidentView> {
         self.get(&format!("/v1/incidents/{}", seg(id))).await
     }

@@ -41,6 +41,7 @@ tokio::task_local! {
 mod access;
 mod agent_proxy;
 mod agents;
+mod drills;
 mod events;
 mod hosts;
 mod incidents;
@@ -53,6 +54,7 @@ use access::*;
 use agent_proxy::*;
 pub use agent_proxy::{agent_answer_limit, AGENT_ANSWER_SLACK, MAX_LOG_TAIL};
 use agents::*;
+use drills::*;
 use hosts::*;
 use incidents::*;
 use pools::*;
@@ -444,6 +446,12 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         resolve_incident,
         list_incidents,
         describe_incident,
+        run_drill,
+        list_drills,
+        drill_switch,
+        set_drill_switch,
+        describe_drill,
+        abort_drill,
         run_tasks,
         list_tasks,
         describe_task,
@@ -513,6 +521,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/incidents/{id}", get(describe_incident))
         .route("/v1/incidents/{id}/acknowledge", post(acknowledge_incident))
         .route("/v1/incidents/{id}/resolve", post(resolve_incident))
+        .route("/v1/drills", post(run_drill).get(list_drills))
+        .route("/v1/drills/switch", get(drill_switch).put(set_drill_switch))
+        .route("/v1/drills/{id}", get(describe_drill))
+        .route("/v1/drills/{id}/abort", post(abort_drill))
         .route("/v1/events", get(events::stream))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))

@@ -49,6 +49,13 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DrillLabels {
+    pool: String,
+    /// `within-bounds`, `breached` or `aborted`.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreachLabels {
     pool: String,
     phase: &'static str,
@@ -93,6 +100,8 @@ pub struct Live {
     decide: Histograms<PoolLabels>,
     recover: Histograms<PoolLabels>,
     breaches: Family<BreachLabels, Counter>,
+    drill_incidents: Family<PoolLabels, Counter>,
+    drills: Family<DrillLabels, Counter>,
 }
 
 impl std::fmt::Debug for Live {
@@ -117,6 +126,8 @@ impl Default for Live {
         let decide = Histograms::<PoolLabels>::new_with_constructor(incident_buckets);
         let recover = Histograms::<PoolLabels>::new_with_constructor(incident_buckets);
         let breaches = Family::<BreachLabels, Counter>::default();
+        let drill_incidents = Family::<PoolLabels, Counter>::default();
+        let drills = Family::<DrillLabels, Counter>::default();
         // Counters are registered without `_total`: the encoder adds it.
         registry.register(
             "mpsfleet_api_requests",
@@ -163,6 +174,8 @@ impl Default for Live {
             "Phases of incidents that ran past their recovery bound, by phase and cause",
             breaches.clone(),
         );
+        registry.register("mpsfleet_drill_incidents", "Incidents a drill caused", drill_incidents.clone());
+        registry.register("mpsfleet_drills", "Drills ended, by result", drills.clone());
         Live {
             registry,
             requests,
@@ -178,6 +191,8 @@ impl Default for Live {
             decide,
             recover,
             breaches,
+            drill_incidents,
+            drills,
         }
     }
 }
@@ -224,6 +239,21 @@ impl Live {
         }
     }
 
+    /// A drill ended with `verdict`.
+    pub fn drill_ended(
+        &self,
+        p: &mpsfleet_types::PoolName,
+        verdict: Option<&mpsfleet_types::drill::DrillVerdict>,
+    ) {
+        use mpsfleet_types::drill::DrillVerdict;
+        let result = match verdict {
+            Some(DrillVerdict::WithinBounds) => "within-bounds",
+            Some(DrillVerdict::Breached { .. }) => "breached",
+            Some(DrillVerdict::Aborted { .. }) | None => "aborted",
+        };
+        self.drills.get_or_create(&DrillLabels { pool: p.to_string(), result }).inc();
+    }
+
     /// An incident written: `old` is what was stored before (None for a new one). Counts what
     /// the write changed, and each duration once, when it first becomes known.
     pub fn incident(&self, old: Option<&mpsfleet_types::Incident>, new: &mpsfleet_types::Incident) {
@@ -234,6 +264,9 @@ impl Live {
         let seconds = |ms: u64| ms as f64 / 1000.0;
         if old.is_none() {
             self.opened.get_or_create(&l).inc();
+            if new.drill.is_some() {
+                self.drill_incidents.get_or_create(&l).inc();
+            }
         }
         let blocked = |s: &IncidentState| matches!(s, IncidentState::Blocked { .. });
         if blocked(&new.state) && !was.is_some_and(|(s, _)| blocked(s)) {

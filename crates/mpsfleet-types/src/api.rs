@@ -100,6 +100,10 @@ pub struct HostStatusReport {
     /// carried it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_ms: Option<u64>,
+    /// The agent was started with `--allow-fault-injection`: it injects the faults a drill
+    /// asks for. Sent with `heartbeatMs`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accepts_faults: bool,
     /// What each task uses of its GPU now (at most [`crate::host::MAX_GPU_USE_REPORTS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_use: Vec<crate::host::TaskGpuUse>,
@@ -126,6 +130,10 @@ pub struct HostStatusAnswer {
     /// number: while it equals the agent's, the agent may send heartbeats without its checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checks_rev: Option<u64>,
+    /// The faults a running drill asks the agent to inject now; one no longer listed is taken
+    /// back (docs/drills.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<crate::drill::InjectedFault>,
 }
 
 /// Response of `GET /v1/agent/assignments`: every task placed on the host that is not yet

@@ -50,6 +50,11 @@ pub struct AgentArgs {
     /// One MPS daemon for all GPUs instead of one per GPU.
     #[arg(long)]
     daemon_per_host: bool,
+    /// Inject the faults a drill asks for (`mpsfleet drill run`): kill or stop this host's MPS
+    /// daemons, fail its GPU check, go silent. Off by default: without it drills cannot strike
+    /// this host.
+    #[arg(long)]
+    allow_fault_injection: bool,
     /// Milliseconds between heartbeats to the server (at least 100).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
@@ -225,6 +230,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         daemon_per_host: args.daemon_per_host,
         policy,
         heartbeat: Duration::from_millis(args.heartbeat_ms),
+        allow_fault_injection: args.allow_fault_injection,
         stop_tasks_on_exit: args.stop_tasks_on_exit,
         shim: vec![exe.into_os_string(), "shim".into()],
         logs_listen: args.logs_listen,

@@ -10,9 +10,11 @@ use mpsfleet_types::*;
 use std::path::PathBuf;
 
 mod access;
+mod drill;
 mod incident;
 mod pool;
 use access::{ca_command, cluster_status, join_token, secret, token};
+pub use drill::DrillCommand;
 pub use incident::IncidentCommand;
 use incident::{incident, print_incident, print_operator_command, warn_unplaced_moves};
 
@@ -557,6 +559,7 @@ pub enum Resource {
     Pool(PoolCommand),
     Service(ServiceCommand),
     Incident(IncidentCommand),
+    Drill(DrillCommand),
 }
 
 /// The pool a command names, else MPSFLEET_POOL (clap reads it), else the server's only pool.
@@ -648,6 +651,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Pool(cmd) => pool(&c, opts.output, cmd).await,
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
+            Resource::Drill(cmd) => drill::drill(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd).await,
             Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,

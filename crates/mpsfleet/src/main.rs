@@ -67,6 +67,9 @@ enum Command {
     Service(cli::Global<cli::ServiceCommand>),
     /// Incidents: hosts declared bad, and what was done about them.
     Incident(cli::Global<cli::IncidentCommand>),
+    /// Drills: a real fault on chosen hosts of a live pool, handled as a real failure and
+    /// measured against the pool's recovery bounds.
+    Drill(cli::Global<cli::DrillCommand>),
     /// Secrets for task definitions' `secrets`, `repositoryCredentials` and log options,
     /// stored encrypted; values are never shown.
     Secret(cli::Global<cli::SecretCommand>),
@@ -164,6 +167,7 @@ fn main() -> std::process::ExitCode {
         Command::Pool(g) => cli::run(g.opts, cli::Resource::Pool(g.command)),
         Command::Service(g) => cli::run(g.opts, cli::Resource::Service(g.command)),
         Command::Incident(g) => cli::run(g.opts, cli::Resource::Incident(g.command)),
+        Command::Drill(g) => cli::run(g.opts, cli::Resource::Drill(g.command)),
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
         Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),

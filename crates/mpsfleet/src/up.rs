@@ -156,7 +156,8 @@ async fn up(args: UpArgs) -> Result<()> {
     let ca_file = ca_file.canonicalize().unwrap_or(ca_file);
 
     // The server, join token, pool and name come with each launch request; these are the rest.
-    let mut agent_args = vec!["--stop-tasks-on-exit".to_string()];
+    // The local fleet takes drills (`mpsfleet drill run`): try the recovery path on it.
+    let mut agent_args = vec!["--stop-tasks-on-exit".to_string(), "--allow-fault-injection".to_string()];
     if !real_gpus {
         agent_args.extend(["--emulate-gpus".into(), format!("{}:{}", args.gpu, args.gpus_per_host)]);
     }

@@ -5,95 +5,15 @@
 
 mod common;
 
+use common::up::Up;
 use common::*;
 use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::*;
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::Command;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-/// A running `up`, interrupted (then killed) when dropped.
-struct Up {
-    child: Child,
-    admin: Client,
-    lines: Receiver<String>,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
-            for _ in 0..600 {
-                if self.child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Up {
-    /// `up --hosts 2` on `data` (tasks as processes), once it printed its summary.
-    fn start(home: &Path, data: &Path) -> Up {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-            .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data)
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-            .env("HOME", home)
-            .env_remove("XDG_CONFIG_HOME")
-            // Processes, whatever engine the machine has: this is about hosts, not images.
-            .env("DOCKER_HOST", format!("unix://{}/no-docker.sock", home.display()))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                eprintln!("up: {line}");
-                let _ = tx.send(line);
-            }
-        });
-        let mut url = None;
-        loop {
-            let line = lines.recv_timeout(Duration::from_secs(60)).expect("up printed its summary");
-            if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
-                url = Some(u.to_string());
-            }
-            if line.starts_with("try:") {
-                break;
-            }
-        }
-        let config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(home.join(".config/mpsfleet/config.json")).unwrap())
-                .unwrap();
-        let trust =
-            mpsfleet_client::tls::Trust::Ca(std::fs::read(config["caFile"].as_str().unwrap()).unwrap());
-        let token = config["token"].as_str().map(String::from);
-        let admin = Client::with_trust(url.as_deref().unwrap(), token, &trust).unwrap();
-        Up { child, admin, lines }
-    }
-
-    /// Ctrl-C; returns what `up` printed while it stopped.
-    fn interrupt(mut self) -> Vec<String> {
-        assert!(Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success());
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "up exited with {status}");
-        self.lines.try_iter().collect()
-    }
-}
 
 async fn active_hosts(admin: &Client) -> Vec<HostView> {
     eventually(WAIT, "two ACTIVE hosts", || async {
@@ -127,7 +47,7 @@ fn a_restarted_up_is_a_non_event_and_a_real_failure_after_it_is_not() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 
     // The first run: a service of two replicas and one standalone task.
-    let up = Up::start(dir.path(), &data);
+    let up = Up::start(dir.path(), &data, 2);
     let (hosts, first_replicas, solo) = rt.block_on(async {
         let hosts = active_hosts(&up.admin).await;
         up.admin.register_taskdef(mps_taskdef("web", 8192)).await.unwrap();
@@ -154,7 +74,7 @@ fn a_restarted_up_is_a_non_event_and_a_real_failure_after_it_is_not() {
     assert!(left.is_empty(), "processes left behind: {left:?}");
 
     // The second run, on the same data dir: the same hosts come back, nothing else happens.
-    let up = Up::start(dir.path(), &data);
+    let up = Up::start(dir.path(), &data, 2);
     rt.block_on(async {
         let again = active_hosts(&up.admin).await;
         assert_eq!(ids(&again), ids(&hosts), "the same hosts");

@@ -279,6 +279,14 @@ pub trait MpsControl: Send + Sync {
 
 /// One running MPS control daemon. Every method is bounded in time and safe to call from
 /// several threads.
+/// What a drill does to a daemon (see [`MpsDaemon::inject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injected {
+    Exit,
+    Hang,
+    Resume,
+}
+
 pub trait MpsDaemon: Send + Sync {
     /// The daemon's process id (the model's is made up).
     fn pid(&self) -> u32;
@@ -303,6 +311,11 @@ pub trait MpsDaemon: Send + Sync {
     fn kill(&self) -> Result<(), MpsError> {
         self.stop()
     }
+
+    /// A drill's fault: the daemon dies as from `kill -KILL` ([`Injected::Exit`]), stops
+    /// answering as from `kill -STOP` ([`Injected::Hang`]), or answers again
+    /// ([`Injected::Resume`]). The real daemon gets the signal; the model acts it out.
+    fn inject(&self, fault: Injected) -> Result<(), MpsError>;
 
     /// New events from the daemon's control.log since the last call.
     fn poll_log(&self) -> Vec<LogEvent>;

@@ -356,6 +356,18 @@ impl MpsDaemon for ModelDaemon {
         Ok(())
     }
 
+    fn inject(&self, fault: super::Injected) -> Result<(), MpsError> {
+        let mut d = lock(&self.state);
+        if d.alive() {
+            match fault {
+                super::Injected::Exit => d.die(ExitInfo::Signal(9)),
+                super::Injected::Hang => d.model.hang(),
+                super::Injected::Resume => d.model.resume(),
+            }
+        }
+        Ok(())
+    }
+
     fn poll_log(&self) -> Vec<LogEvent> {
         std::mem::take(&mut lock(&self.state).log)
     }

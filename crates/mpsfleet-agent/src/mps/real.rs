@@ -768,6 +768,21 @@ impl MpsDaemon for RealDaemon {
         lock(&self.log).poll()
     }
 
+    fn inject(&self, fault: super::Injected) -> Result<(), MpsError> {
+        use nix::sys::signal::{kill, Signal};
+        let signal = match fault {
+            super::Injected::Exit => Signal::SIGKILL,
+            super::Injected::Hang => Signal::SIGSTOP,
+            super::Injected::Resume => Signal::SIGCONT,
+        };
+        // Only a daemon this handle still leads: never a pid that may have been reused.
+        if lock(&self.inner).exit.is_some() {
+            return Ok(());
+        }
+        kill(nix::unistd::Pid::from_raw(self.pid as i32), signal)
+            .map_err(|e| MpsError::Io { path: self.cfg.pipe_dir.clone(), source: e.into() })
+    }
+
     fn server_running(&self, pid: u32) -> bool {
         process_running(pid)
     }

@@ -37,6 +37,8 @@ struct Shared {
     stopping: Mutex<bool>,
     /// Set by [`Supervisor::rearm`]; the loop takes it as `Event::Rearm`.
     rearm: Mutex<bool>,
+    /// A drill's fault on this daemon, while it lasts ([`Supervisor::set_fault`]).
+    fault: Mutex<Option<DaemonFault>>,
     wake: Condvar,
 }
 
@@ -48,6 +50,25 @@ pub struct ProbeStats {
     /// Probes the daemon answered well, and probes that failed or found its servers unhealthy.
     pub ok: u64,
     pub failed: u64,
+}
+
+/// A drill's fault on one daemon: it is killed (`hang: false`) or stopped (`hang: true`);
+/// `persistent` strikes again each daemon the agent starts in its place, else only the one
+/// running when it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DaemonFault {
+    pub hang: bool,
+    pub persistent: bool,
+    /// The pid of the last daemon struck (the loop's bookkeeping).
+    struck: Option<u32>,
+    /// A fault injected once that has struck.
+    spent: bool,
+}
+
+impl DaemonFault {
+    pub fn new(hang: bool, persistent: bool) -> DaemonFault {
+        DaemonFault { hang, persistent, struck: None, spent: false }
+    }
 }
 
 /// The supervisors of a host's GPUs, by GPU.
@@ -97,6 +118,7 @@ impl Supervisor {
             probes: Mutex::new(ProbeStats::default()),
             stopping: Mutex::new(false),
             rearm: Mutex::new(false),
+            fault: Mutex::new(None),
             wake: Condvar::new(),
         });
         let thread = std::thread::Builder::new()
@@ -149,6 +171,32 @@ impl Supervisor {
     /// starts afresh and a daemon given up on is started again at once.
     pub fn rearm(&self) {
         *lock(&self.shared.rearm) = true;
+        self.shared.wake.notify_all();
+    }
+
+    /// A drill's fault on this daemon, or none: a hung daemon the fault stopped is resumed
+    /// when the fault goes (one restarted meanwhile is a new daemon). Setting the same fault
+    /// again changes nothing.
+    pub fn set_fault(&self, fault: Option<DaemonFault>) {
+        let mut current = lock(&self.shared.fault);
+        let same = |a: &DaemonFault, b: &DaemonFault| a.hang == b.hang && a.persistent == b.persistent;
+        match (current.as_ref(), fault.as_ref()) {
+            (Some(a), Some(b)) if same(a, b) => return,
+            (None, None) => return,
+            _ => {}
+        }
+        if let Some(old) = current.take() {
+            if old.hang {
+                if let Some(d) = lock(&self.shared.daemon).clone().filter(|d| Some(d.pid()) == old.struck) {
+                    if let Err(e) = d.inject(super::Injected::Resume) {
+                        tracing::warn!(gpu = %self.shared.label, error = %e, "resuming the stopped mps daemon");
+                    }
+                }
+            }
+            tracing::info!(gpu = %self.shared.label, "drill fault taken back");
+        }
+        *current = fault;
+        drop(current);
         self.shared.wake.notify_all();
     }
 
@@ -284,6 +332,9 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
         let interval_ms = policy.probe_interval.as_millis() as u64;
         let probe_due = last_probe_ms.is_none_or(|t| shared.clock.now_ms() >= t.saturating_add(interval_ms));
         let daemon = lock(&shared.daemon).clone();
+        if let (Some(d), true) = (&daemon, state.wants_probe()) {
+            strike(shared, d.as_ref());
+        }
         if let Some(d) = &daemon {
             for e in d.poll_log() {
                 tracing::warn!(gpu = %shared.label, line = e.line(), "mps server failure");
@@ -355,6 +406,26 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
         }
         drop(shared.wake.wait_timeout(stopping, TICK));
     }
+}
+
+/// A drill's fault strikes the running daemon, once per daemon while it lasts.
+fn strike(shared: &Shared, d: &dyn MpsDaemon) {
+    let mut fault = lock(&shared.fault);
+    let Some(f) = fault.as_mut() else { return };
+    if f.spent || f.struck == Some(d.pid()) {
+        return;
+    }
+    let what = if f.hang { super::Injected::Hang } else { super::Injected::Exit };
+    match d.inject(what) {
+        Ok(()) => {
+            tracing::warn!(gpu = %shared.label, pid = d.pid(), fault = ?what, "drill: injected a fault into the mps daemon")
+        }
+        Err(e) => {
+            tracing::warn!(gpu = %shared.label, error = %e, "drill: cannot inject a fault into the mps daemon")
+        }
+    }
+    f.struck = Some(d.pid());
+    f.spent = !f.persistent;
 }
 
 /// Stops whatever is left of the daemon and starts a new one; with `adopt`, first tries to

@@ -148,6 +148,7 @@ impl Cluster {
             cluster_ca_sha256: self.cluster_cas.clone(),
             rechecks: entry.host().rechecks,
             checks_rev: entry.checks_rev,
+            faults: self.faults_for(&entry.host().id),
         }
     }
 

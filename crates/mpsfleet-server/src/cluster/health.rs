@@ -437,6 +437,7 @@ impl Cluster {
                 let mut incident =
                     Incident::open(id, host_id.clone(), pool.clone(), owner, trigger, impaired_since_ms, now);
                 incident.bounds = bounds;
+                incident.drill = self.drill_striking(&host_id);
                 tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
                 self.write_incident(incident)?;
             }

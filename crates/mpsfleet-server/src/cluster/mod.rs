@@ -12,6 +12,7 @@ mod audit;
 pub mod bounds;
 mod call;
 mod checks_key;
+pub mod drills;
 pub mod error;
 mod health;
 mod idempotency;
@@ -30,6 +31,8 @@ use pools::pool_config;
 pub use providers::ProviderContext;
 #[cfg(test)]
 mod bounds_tests;
+#[cfg(test)]
+mod drill_tests;
 #[cfg(test)]
 mod heartbeat_tests;
 #[cfg(test)]
@@ -296,6 +299,7 @@ impl Cluster {
             self.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
         self.load_incidents()?;
+        self.load_drills()?;
         self.load_api_tokens()?;
         self.load_join_tokens()?;
         self.load_audit()?;
@@ -1164,6 +1168,7 @@ mod tests {
             trusted_ca_sha256: Vec::new(),
             gpu_use: Vec::new(),
             heartbeat_ms: None,
+            accepts_faults: false,
         }
     }
 

@@ -11,6 +11,8 @@ pub(super) struct World {
     pub(super) clock: Arc<ManualClock>,
     pub(super) join_token: String,
     gpu: u32,
+    /// Whether the agents' heartbeats say they accept a drill's faults.
+    pub(super) accepts_faults: bool,
 }
 
 impl World {
@@ -27,7 +29,7 @@ impl World {
         if mode == OwnershipMode::Managed {
             c.set_provider(PoolName::new("p").unwrap(), Arc::new(ExternalProvider));
         }
-        World { c, clock, join_token, gpu: 0 }
+        World { c, clock, join_token, gpu: 0, accepts_faults: false }
     }
 
     pub(super) fn registration(&mut self, hostname: &str) -> HostRegistration {
@@ -79,7 +81,8 @@ impl World {
             logs_cert_sha256: None,
             trusted_ca_sha256: Vec::new(),
             gpu_use: Vec::new(),
-            heartbeat_ms: None,
+            heartbeat_ms: Some(1_000),
+            accepts_faults: self.accepts_faults,
         };
         self.c.host_status(host, &report).unwrap();
     }
@@ -123,7 +126,7 @@ impl World {
     }
 }
 
-fn launch_token(jobs: &[ProviderJob]) -> Option<String> {
+pub(super) fn launch_token(jobs: &[ProviderJob]) -> Option<String> {
     jobs.iter().find_map(|j| match j {
         ProviderJob::Launch { token: Some(t), .. } => Some(t.0.clone()),
         _ => None,

@@ -7,7 +7,7 @@
 //! that puts every operation on one route (as ECS's does) names its operations' objects
 //! the same way.
 //!
-//! - One object (a pool, host, task, service or incident): open when it is in the token's
+//! - One object (a pool, host, task, service, incident or drill): open when it is in the token's
 //!   pool. One of another pool is answered as not found, as one that does not exist is, so
 //!   that the token learns nothing of other pools.
 //! - A new object in a pool (a task run, a service): open when that pool is the token's.
@@ -45,6 +45,7 @@ pub enum Kind {
     Task,
     Service,
     Incident,
+    Drill,
 }
 
 impl Kind {
@@ -55,6 +56,7 @@ impl Kind {
             Kind::Task => "task",
             Kind::Service => "service",
             Kind::Incident => "incident",
+            Kind::Drill => "drill",
         }
     }
 }
@@ -99,6 +101,7 @@ impl Cluster {
                 state.services().get(&name).map(|s| s.value.pool.as_str())
             }
             Kind::Incident => state.incidents().get(id).map(|i| i.value.pool.as_str()),
+            Kind::Drill => state.drills().get(id).map(|d| d.value.pool.as_str()),
         }
     }
 }

@@ -501,6 +501,7 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
         trusted_ca_sha256: Vec::new(),
         gpu_use: Vec::new(),
         heartbeat_ms: None,
+        accepts_faults: false,
     };
     w.c.host_status(&hosts[0], &beat(0)).unwrap();
     w.c.host_status(&hosts[0], &beat(1)).unwrap();

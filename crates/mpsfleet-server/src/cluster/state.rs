@@ -27,6 +27,7 @@ use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::scheduler::{HostIx, Placement};
 use mpsfleet_store::Revision;
 use mpsfleet_types::api::HostStatusReport;
+use mpsfleet_types::drill::{Drill, DrillSwitch};
 use mpsfleet_types::{
     Family, GpuUuid, Host, HostCheck, HostStatus, Incident, PendingCode, Pool, PoolName, Service,
     ServiceName, Task, TaskDefinition, TaskGpuUse, TaskId,
@@ -68,6 +69,9 @@ pub(super) enum Change {
         rec: ClientTokenRecord,
         pruned: Vec<String>,
     },
+    Drill(Box<Drill>),
+    DrillRemoved(String),
+    DrillSwitch(DrillSwitch),
 }
 
 pub(super) struct State {
@@ -100,6 +104,10 @@ pub(super) struct State {
     audit_log: AuditLog,
     /// The client tokens' records (`idempotency.rs`).
     client_tokens: ClientTokens,
+    /// Drills, by id (the latest [`super::drills::MAX_DRILLS`] are kept).
+    drills: BTreeMap<String, Versioned<Drill>>,
+    /// The cluster-wide drill switch; None: never set (drills allowed).
+    drill_switch: Option<Versioned<DrillSwitch>>,
 }
 
 impl State {
@@ -121,6 +129,8 @@ impl State {
             replacement_tokens: HashMap::new(),
             audit_log: AuditLog::default(),
             client_tokens: ClientTokens::default(),
+            drills: BTreeMap::new(),
+            drill_switch: None,
         }
     }
 
@@ -152,6 +162,7 @@ impl State {
                     trusted_cas: Vec::new(),
                     gpu_use: Vec::new(),
                     heartbeat_ms: None,
+                    accepts_faults: false,
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
                     evaluated: false,
                     epoch: self.revision,
@@ -208,6 +219,13 @@ impl State {
             Change::AuditLoaded(keys) => self.audit_log.loaded(keys),
             Change::AuditWritten { dropped } => self.audit_log.written(dropped),
             Change::ClientToken { key, rec, pruned } => self.client_tokens.put(key, rec, pruned),
+            Change::Drill(d) => {
+                self.drills.insert(d.id.clone(), Versioned { value: *d, version });
+            }
+            Change::DrillRemoved(id) => {
+                self.drills.remove(&id);
+            }
+            Change::DrillSwitch(s) => self.drill_switch = Some(Versioned { value: s, version }),
         }
     }
 
@@ -232,6 +250,14 @@ impl State {
 
     pub(super) fn pools(&self) -> &BTreeMap<PoolName, Versioned<Pool>> {
         &self.pools
+    }
+
+    pub(super) fn drills(&self) -> &BTreeMap<String, Versioned<Drill>> {
+        &self.drills
+    }
+
+    pub(super) fn drill_switch(&self) -> Option<&Versioned<DrillSwitch>> {
+        self.drill_switch.as_ref()
     }
 
     pub(super) fn hosts(&self) -> &[HostEntry] {
@@ -337,6 +363,9 @@ pub(super) struct HostEntry {
     pub(super) gpu_use: Vec<TaskGpuUse>,
     /// The agent's heartbeat interval, as last reported.
     pub(super) heartbeat_ms: Option<u64>,
+    /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
+    /// its last full heartbeat said.
+    pub(super) accepts_faults: bool,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     pub(super) health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -399,6 +428,7 @@ impl HostEntry {
         self.gpu_use.clone_from(&report.gpu_use);
         if report.heartbeat_ms.is_some() {
             self.heartbeat_ms = report.heartbeat_ms;
+            self.accepts_faults = report.accepts_faults;
         }
     }
 }

@@ -4,7 +4,8 @@
 //! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
 //! key that fails backs off on its own while the others go on.
 //!
-//! Five controllers run on it: services (`Work::Service`, `services.rs`), placement
+//! Six controllers run on it: drills (`Work::Drill`, `drills.rs`, every
+//! `drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
 //! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
 //! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
 //! when it opens, by an operator's command, by a heartbeat that changed something and by a
@@ -93,6 +94,8 @@ pub(crate) enum Work {
     /// The change feed compacted and stopped tasks and resolved incidents past their
     /// retention removed (`retention.rs`).
     Retention,
+    /// A drill that has not ended (`drills.rs`).
+    Drill(String),
 }
 
 impl Cluster {
@@ -155,6 +158,7 @@ impl Cluster {
                     .compact_history()
                     .and_then(|()| self.prune())
                     .map(|()| Action::RequeueAfter(RETENTION_INTERVAL_MS)),
+                Work::Drill(id) => self.reconcile_drill(id),
             };
             if let Err(e) = &result {
                 tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");

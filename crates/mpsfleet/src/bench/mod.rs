@@ -504,6 +504,7 @@ fn healthy_report(
         trusted_ca_sha256: Vec::new(),
         gpu_use: Vec::new(),
         heartbeat_ms: None,
+        accepts_faults: false,
     }
 }
 

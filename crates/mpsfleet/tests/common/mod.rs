@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub mod up;
+
 pub const H200_MIB: u64 = 143_771;
 
 /// A running server process. Killed (SIGKILL) when dropped.

@@ -1,0 +1,639 @@
+//! Drills (docs/drills.md): a real fault injected through the agents of chosen hosts, handled
+//! by the pool's owner exactly as a real failure, and measured against the pool's bounds.
+//!
+//! `start_drill` checks the safety conditions (the cluster-wide switch, no incident open in
+//! the pool, never its last healthy host, within the storm breaker's budget, agents that
+//! accept injected faults), picks the targets and commits the drill RUNNING; a dry run stops
+//! before the commit and answers the targets and the expected timeline. From then on the
+//! drill controller (`Work::Drill`) passes over it: the faults it asks for go out in the
+//! targets' heartbeat answers while it runs ([`Cluster::faults_for`]); an incident opening on
+//! a target is marked as the drill's when it opens; a stop condition aborts it; the owner's
+//! handling (or its deadline) ends the run, the fault is taken back and local repair re-armed
+//! (`RESTORING`), and once the targets are back (or gone, replaced) it is `ENDED` with its
+//! verdict. The lifecycle is `mpsfleet_core::lifecycle::drill`.
+
+use super::*;
+use mpsfleet_core::controller::Action as Requeue;
+use mpsfleet_core::lifecycle::drill::{self as drill_lifecycle, Event as DrillEvent};
+use mpsfleet_types::bounds::KindBounds;
+use mpsfleet_types::drill::*;
+
+/// Drills kept; the oldest ended ones leave when a new one starts.
+pub const MAX_DRILLS: usize = 100;
+/// How often a drill is looked at while it runs or restores.
+pub const DRILL_PASS_MS: u64 = 250;
+/// Beyond the bound it measures, how long a drill waits for the owner before it takes the
+/// fault back.
+pub const DRILL_SLACK_MS: u64 = 60_000;
+/// A self-managed pool's drill takes the fault back this long after the notification.
+pub const SELF_MANAGED_HOLD_MS: u64 = 2_000;
+/// Tasks of the pool waiting for placement longer than this abort a running drill.
+pub const PENDING_ABORT_MS: u64 = 120_000;
+/// How long a drill waits for its targets to be back after taking the fault back.
+pub const RESTORE_TIMEOUT_MS: u64 = 60_000;
+
+const DRILL: &str = "drill";
+const DRILL_SWITCH: &str = "drill-switch";
+const SWITCH_KEY: &str = "cluster";
+
+/// What `POST /v1/drills` did.
+#[derive(Debug, Clone)]
+pub enum DrillStarted {
+    /// A dry run: what it would strike and expect.
+    Plan(DrillPlan),
+    Started(Box<Drill>),
+}
+
+impl Cluster {
+    pub(super) fn load_drills(&mut self) -> Result<(), Error> {
+        for r in self.store.list(DRILL)? {
+            let d: Drill = decode(&r)?;
+            let running = d.status != DrillStatus::Ended;
+            let id = d.id.clone();
+            self.apply(r.version, Change::Drill(Box::new(d)));
+            if running {
+                self.ask(Work::Drill(id));
+            }
+        }
+        if let Some(r) = self.store.get(DRILL_SWITCH, SWITCH_KEY)? {
+            let s: DrillSwitch = decode(&r)?;
+            self.apply(r.version, Change::DrillSwitch(s));
+        }
+        Ok(())
+    }
+
+    pub fn drills(&self) -> Vec<Drill> {
+        let mut v: Vec<Drill> = self.state.drills().values().map(|d| d.value.clone()).collect();
+        v.sort_by(|a, b| (b.started_at_ms, &b.id).cmp(&(a.started_at_ms, &a.id)));
+        v
+    }
+
+    pub fn drill(&self, id: &str) -> Result<Drill, Error> {
+        self.state.drills().get(id).map(|d| d.value.clone()).ok_or_else(|| Error::not_found("drill", id))
+    }
+
+    pub fn drill_switch(&self) -> DrillSwitch {
+        self.state.drill_switch().map(|s| s.value.clone()).unwrap_or(DrillSwitch {
+            enabled: true,
+            changed_by: None,
+            changed_at_ms: None,
+        })
+    }
+
+    /// The cluster-wide switch: off blocks new drills and aborts the running ones.
+    pub fn set_drill_switch(&mut self, enabled: bool, by: &str) -> Result<DrillSwitch, Error> {
+        let s = DrillSwitch { enabled, changed_by: Some(by.to_string()), changed_at_ms: Some(self.now()) };
+        let expect = match self.state.drill_switch() {
+            Some(v) => Precondition::Version(v.version),
+            None => Precondition::Absent,
+        };
+        let rev = self.commit(&[Op::put_json(DRILL_SWITCH, SWITCH_KEY, &s, expect)?])?;
+        self.apply(rev, Change::DrillSwitch(s.clone()));
+        if !enabled {
+            for id in self.running_drills() {
+                self.ask(Work::Drill(id));
+            }
+        }
+        Ok(s)
+    }
+
+    fn running_drills(&self) -> Vec<String> {
+        self.state
+            .drills()
+            .values()
+            .filter(|d| d.value.status == DrillStatus::Running)
+            .map(|d| d.value.id.clone())
+            .collect()
+    }
+
+    /// The faults the running drills ask `host`'s agent to inject.
+    pub(super) fn faults_for(&self, host: &HostId) -> Vec<InjectedFault> {
+        self.state.drills().values().flat_map(|d| d.value.faults_for(host)).collect()
+    }
+
+    /// The running drill striking `host`, if one is.
+    pub(super) fn drill_striking(&self, host: &HostId) -> Option<String> {
+        self.state
+            .drills()
+            .values()
+            .find(|d| {
+                d.value.status == DrillStatus::Running && d.value.targets.iter().any(|t| &t.host_id == host)
+            })
+            .map(|d| d.value.id.clone())
+    }
+
+    /// `drill run`: checks, picks the targets and starts the drill (or, for a dry run, says
+    /// what it would do).
+    pub fn start_drill(&mut self, req: CreateDrill, by: &str) -> Result<DrillStarted, Error> {
+        let fault = DrillFault::parse(&req.fault).ok_or_else(|| {
+            let all: Vec<&str> = DrillFault::ALL.iter().map(|f| f.as_str()).collect();
+            Error::invalid("fault", format!("must be one of {}, got {:?}", all.join(", "), req.fault))
+        })?;
+        let pool = self.pool_name("pool", &req.pool)?;
+        let p = self.pool(pool.as_str())?;
+        if !self.drill_switch().enabled {
+            return Err(Error::Conflict(
+                "drills are switched off cluster-wide: `mpsfleet drill switch on` allows them again".into(),
+            ));
+        }
+        if let Some(i) = self.state.incidents().unresolved().find(|i| i.pool == pool) {
+            return Err(Error::Conflict(format!(
+                "incident {} is open in pool {pool} (host {}): a drill starts only in a pool without one",
+                i.id, i.host_id
+            )));
+        }
+        if let Some(d) = self
+            .state
+            .drills()
+            .values()
+            .find(|d| d.value.pool == pool && d.value.status != DrillStatus::Ended)
+        {
+            return Err(Error::Conflict(format!(
+                "drill {} is still {} in pool {pool}",
+                d.value.id,
+                d.value.status.as_str()
+            )));
+        }
+        let targets = self.drill_targets(&p, fault, req.hosts.as_deref())?;
+        let bounds = super::bounds::intervals();
+        let derived = mpsfleet_core::bounds::derive(&p, &bounds);
+        let row = *derived.of(fault.kind()).expect("every kind has bounds");
+        let owner = derived.owner.clone();
+        if req.dry_run {
+            let expected = expected_timeline(&row, &owner, fault, req.once);
+            return Ok(DrillStarted::Plan(DrillPlan { pool, fault, targets, owner, bounds: row, expected }));
+        }
+        let now = self.now();
+        let id = format!("drill-{:012x}", auth::random_u64()? >> 16);
+        let deadline_ms = now + drill_time(&row, &owner, req.once);
+        let mut drill = Drill {
+            id: id.clone(),
+            pool: pool.clone(),
+            fault,
+            once: req.once,
+            targets,
+            status: DrillStatus::Running,
+            verdict: None,
+            bounds: row,
+            owner,
+            incidents: Vec::new(),
+            phases: Vec::new(),
+            notified_at_ms: None,
+            started_at_ms: now,
+            deadline_ms,
+            ended_at_ms: None,
+            by: by.to_string(),
+            events: Default::default(),
+        };
+        let names: Vec<&str> = drill.targets.iter().map(|t| t.hostname.as_str()).collect();
+        let what = format!(
+            "{} injected on {} by {by}{}; the drill ends by {}",
+            fault.as_str(),
+            names.join(", "),
+            if req.once { ", once" } else { ", until the owner has acted" },
+            mpsfleet_types::utc(deadline_ms)
+        );
+        drill.events.push(now, ObjectEvent::new("DrillStarted", what.clone()));
+        // The oldest ended drills leave in the same commit, so that the record stays bounded.
+        let mut ended: Vec<&Drill> = self
+            .state
+            .drills()
+            .values()
+            .map(|d| &d.value)
+            .filter(|d| d.status == DrillStatus::Ended)
+            .collect();
+        ended.sort_by_key(|d| (d.started_at_ms, d.id.clone()));
+        let excess = (self.state.drills().len() + 1).saturating_sub(MAX_DRILLS).min(ended.len());
+        let dropped: Vec<String> = ended[..excess].iter().map(|d| d.id.clone()).collect();
+        let mut ops = vec![Op::put_json(DRILL, id.clone(), &drill, Precondition::Absent)?];
+        ops.extend(dropped.iter().map(|d| Op::delete(DRILL, d.clone(), Precondition::Any)));
+        let rev = self.commit(&ops)?;
+        for d in dropped {
+            self.apply(rev, Change::DrillRemoved(d));
+        }
+        self.apply(rev, Change::Drill(Box::new(drill.clone())));
+        tracing::warn!(drill.id = %id, pool = %pool, "drill started: {what}");
+        self.pool_event(&pool, "DrillStarted", format!("drill {id}: {what}"))?;
+        self.ask(Work::Drill(id));
+        Ok(DrillStarted::Started(Box::new(drill)))
+    }
+
+    /// The hosts a drill strikes: healthy ACTIVE hosts of the pool whose agents accept
+    /// injected faults, the busiest first (a fault where no work runs would go unseen), and
+    /// on each the GPU with the most tasks. Refuses what would break a safety condition.
+    fn drill_targets(
+        &self,
+        pool: &Pool,
+        fault: DrillFault,
+        hosts: Option<&str>,
+    ) -> Result<Vec<DrillTarget>, Error> {
+        let live: Vec<(HostIx, &HostEntry)> = self
+            .state
+            .hosts()
+            .iter()
+            .enumerate()
+            .map(|(ix, e)| (ix as HostIx, e))
+            .filter(|(_, e)| e.host().pool == pool.name && e.host().status == HostStatus::Active)
+            .collect();
+        let healthy: Vec<(HostIx, &HostEntry)> = live
+            .iter()
+            .copied()
+            .filter(|(_, e)| e.host().health_status == HealthStatus::Ok && !e.host().cordoned)
+            .collect();
+        let want = match hosts.map(str::trim) {
+            None | Some("") => 1,
+            Some(s) => parse_count(s, live.len()).map_err(|why| Error::invalid("hosts", why))?,
+        };
+        if want >= healthy.len() {
+            return Err(Error::Conflict(format!(
+                "a drill never strikes a pool's last healthy host: pool {} has {} healthy ACTIVE host(s), so \
+                 a drill may strike at most {}, not {want}",
+                pool.name,
+                healthy.len(),
+                healthy.len().saturating_sub(1)
+            )));
+        }
+        if pool.mode == OwnershipMode::Managed {
+            let counts = self.pool_counts(&pool.name);
+            let allowed =
+                mpsfleet_core::remediation::storm_breaker_allowed(counts.total, &pool.remediation_policy);
+            if u64::from(counts.unhealthy) + want as u64 > allowed {
+                return Err(Error::Conflict(format!(
+                    "striking {want} host(s) would exceed the storm breaker's budget: {} of {} hosts are \
+                     unhealthy and remediationPolicy.stormBreakerPercent ({}%) lets {allowed} be replaced at once",
+                    counts.unhealthy, counts.total, pool.remediation_policy.storm_breaker_percent
+                )));
+            }
+        }
+        let mut eligible: Vec<(usize, &HostEntry, Option<GpuUuid>)> = Vec::new();
+        let mut refused = Vec::new();
+        for (ix, e) in healthy {
+            if !e.accepts_faults {
+                refused.push(e.host().hostname.clone());
+                continue;
+            }
+            if fault.per_gpu()
+                && (e.host().gpus.is_empty()
+                    || (fault != DrillFault::GpuCheckFail && !e.host().mps_available))
+            {
+                continue;
+            }
+            let live_tasks: Vec<&Task> = self
+                .state
+                .tasks()
+                .on_host(ix)
+                .iter()
+                .filter_map(|id| self.state.tasks().get(id))
+                .map(|t| &t.task)
+                .filter(|t| t.desired_status != TaskStatus::Stopped)
+                .collect();
+            let gpu = fault.per_gpu().then(|| {
+                e.host()
+                    .gpus
+                    .iter()
+                    .map(|g| (live_tasks.iter().filter(|t| t.gpu_ids.contains(&g.uuid)).count(), &g.uuid))
+                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)))
+                    .map(|(_, u)| u.clone())
+            });
+            eligible.push((live_tasks.len(), e, gpu.flatten()));
+        }
+        if eligible.len() < want {
+            let why = if refused.is_empty() {
+                "they have no GPU the fault could strike".to_string()
+            } else {
+                format!(
+                    "the agents of {} do not accept injected faults: start them with --allow-fault-injection",
+                    refused.join(", ")
+                )
+            };
+            return Err(Error::Conflict(format!(
+                "pool {} has {} host(s) a drill can strike, fewer than {want}: {why}",
+                pool.name,
+                eligible.len()
+            )));
+        }
+        eligible.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.host().id.cmp(&b.1.host().id)));
+        Ok(eligible
+            .into_iter()
+            .take(want)
+            .map(|(_, e, gpu_id)| DrillTarget {
+                host_id: e.host().id.clone(),
+                hostname: e.host().hostname.clone(),
+                gpu_id,
+            })
+            .collect())
+    }
+
+    /// `drill abort ID`: takes the fault back now.
+    pub fn abort_drill(&mut self, id: &str, by: &str) -> Result<Drill, Error> {
+        let d = self.drill(id)?;
+        if d.status == DrillStatus::Running {
+            self.drill_event(&d, DrillEvent::Abort(format!("aborted by {by}")))?;
+        }
+        self.ask(Work::Drill(id.to_string()));
+        self.drill(id)
+    }
+
+    /// The drill controller's reconcile of one drill.
+    pub(super) fn reconcile_drill(&mut self, id: &str) -> Result<Requeue, Error> {
+        let Some(d) = self.state.drills().get(id).map(|d| d.value.clone()) else {
+            return Ok(Requeue::AwaitChange);
+        };
+        match d.status {
+            DrillStatus::Running => self.drive_running(d)?,
+            DrillStatus::Restoring => self.drive_restoring(d)?,
+            DrillStatus::Ended => return Ok(Requeue::AwaitChange),
+        }
+        Ok(match self.state.drills().get(id).map(|d| d.value.status) {
+            Some(DrillStatus::Ended) | None => Requeue::AwaitChange,
+            _ => Requeue::RequeueAfter(DRILL_PASS_MS),
+        })
+    }
+
+    fn drive_running(&mut self, mut d: Drill) -> Result<(), Error> {
+        let now = self.now();
+        let before = d.clone();
+        // The incidents on the targets since the drill started: the drill's.
+        let targets: BTreeSet<&HostId> = d.targets.iter().map(|t| &t.host_id).collect();
+        let mut mine: Vec<&Incident> = self
+            .state
+            .incidents()
+            .values()
+            .map(|v| &v.value)
+            .filter(|i| {
+                i.drill.as_deref() == Some(d.id.as_str())
+                    || (targets.contains(&i.host_id) && i.opened_at_ms >= d.started_at_ms)
+            })
+            .collect();
+        mine.sort_by_key(|i| i.opened_at_ms);
+        for i in &mine {
+            if !d.incidents.contains(&i.id) {
+                d.incidents.push(i.id.clone());
+                d.events.push(
+                    now,
+                    ObjectEvent::new(
+                        "IncidentOpened",
+                        format!("incident {} opened on host {}", i.id, i.host_id),
+                    ),
+                );
+            }
+        }
+        if let Some(first) = mine.first() {
+            d.phases = first.judgement();
+            if d.notified_at_ms.is_none() {
+                d.notified_at_ms = Some(first.opened_at_ms);
+            }
+        }
+        let all_resolved = !mine.is_empty() && mine.iter().all(|i| i.state == IncidentState::Resolved);
+        let every_target = d.targets.iter().all(|t| mine.iter().any(|i| i.host_id == t.host_id));
+        let event = if let Some(why) = self.stop_condition(&d, &targets) {
+            Some(DrillEvent::Abort(why))
+        } else if d.owner == "operator"
+            && every_target
+            && d.notified_at_ms.is_some_and(|n| now >= n + SELF_MANAGED_HOLD_MS)
+        {
+            // Detected and notified: the rest is the operator's, which a drill never does.
+            Some(DrillEvent::Handled)
+        } else if d.owner != "operator" && every_target && all_resolved {
+            Some(DrillEvent::Handled)
+        } else if d.once
+            && mine.is_empty()
+            && now >= d.started_at_ms + d.bounds.detect_ms + SELF_MANAGED_HOLD_MS
+            && self.targets_healthy(&d)
+        {
+            d.events.push(
+                now,
+                ObjectEvent::new(
+                    "RepairedLocally",
+                    "no incident opened: the agent's local repair handled the fault",
+                ),
+            );
+            Some(DrillEvent::Handled)
+        } else if now >= d.deadline_ms {
+            Some(DrillEvent::Deadline)
+        } else {
+            None
+        };
+        match event {
+            Some(e) => {
+                drill_lifecycle::apply(&mut d, &e, now).map_err(Error::Conflict)?;
+                let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
+                d.events.push(
+                    now,
+                    ObjectEvent::new("FaultWithdrawn", format!("{verdict}; restoring what the fault broke")),
+                );
+                self.write_drill(d.clone())?;
+                self.rearm_targets(&d)?;
+                Ok(())
+            }
+            None if d != before => self.write_drill(d),
+            None => Ok(()),
+        }
+    }
+
+    /// Why a running drill must stop now, if it must.
+    fn stop_condition(&self, d: &Drill, targets: &BTreeSet<&HostId>) -> Option<String> {
+        if !self.drill_switch().enabled {
+            return Some("drills were switched off cluster-wide".into());
+        }
+        if let Some(i) =
+            self.state.incidents().unresolved().find(|i| i.pool == d.pool && !targets.contains(&i.host_id))
+        {
+            return Some(format!(
+                "incident {} opened on host {}, which the drill did not strike",
+                i.id, i.host_id
+            ));
+        }
+        let healthy_other = self
+            .state
+            .hosts()
+            .iter()
+            .filter(|e| e.host().pool == d.pool && !targets.contains(&e.host().id))
+            .filter(|e| e.host().status == HostStatus::Active && e.host().health_status == HealthStatus::Ok)
+            .count();
+        if healthy_other == 0 {
+            return Some("no healthy host is left in the pool besides the drill's targets".into());
+        }
+        let now = self.now();
+        let waiting = self
+            .state
+            .tasks()
+            .pending_in(&d.pool)
+            .iter()
+            .filter_map(|id| self.state.tasks().get(id))
+            .filter(|t| now.saturating_sub(t.task.created_at_ms.max(d.started_at_ms)) > PENDING_ABORT_MS)
+            .count();
+        if waiting > 0 {
+            return Some(format!(
+                "{waiting} task(s) of the pool have waited for placement for more than {}",
+                mpsfleet_core::health::fmt_ms(PENDING_ABORT_MS)
+            ));
+        }
+        None
+    }
+
+    /// Every target still in the fleet is healthy again (or gone: replaced and terminated).
+    fn targets_healthy(&self, d: &Drill) -> bool {
+        d.targets.iter().all(|t| {
+            self.sched.host(&t.host_id).map(|ix| &self.state.hosts()[ix as usize]).is_none_or(|e| {
+                e.host().status == HostStatus::Deregistered || e.host().health_status == HealthStatus::Ok
+            })
+        })
+    }
+
+    fn drive_restoring(&mut self, mut d: Drill) -> Result<(), Error> {
+        let now = self.now();
+        let left = d.ended_at_ms.is_none()
+            && (self.targets_healthy(&d) || now >= restore_from(&d) + RESTORE_TIMEOUT_MS);
+        if !left {
+            return Ok(());
+        }
+        let back = self.targets_healthy(&d);
+        drill_lifecycle::apply(&mut d, &DrillEvent::Restored, now).map_err(Error::Conflict)?;
+        let what = if back {
+            "the targets are back (healthy, or replaced)".to_string()
+        } else {
+            format!(
+                "not every target was healthy again within {}: see `mpsfleet host describe`",
+                mpsfleet_core::health::fmt_ms(RESTORE_TIMEOUT_MS)
+            )
+        };
+        d.events.push(now, ObjectEvent::new("DrillEnded", what.clone()));
+        let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
+        self.write_drill(d.clone())?;
+        self.live.drill_ended(&d.pool, d.verdict.as_ref());
+        tracing::warn!(drill.id = %d.id, pool = %d.pool, verdict, "drill ended");
+        self.pool_event(&d.pool, "DrillEnded", format!("drill {}: {verdict}; {what}", d.id))
+    }
+
+    /// After the fault is taken back: each target's local repair re-armed (`host recheck`),
+    /// so that a daemon given up on starts again.
+    fn rearm_targets(&mut self, d: &Drill) -> Result<(), Error> {
+        for t in &d.targets {
+            let Some(ix) = self.sched.host(&t.host_id) else { continue };
+            let mut h = self.state.hosts()[ix as usize].host().clone();
+            if h.status == HostStatus::Deregistered {
+                continue;
+            }
+            h.rechecks += 1;
+            let what = format!("drill {} took its fault back: the agent re-arms its local repair", d.id);
+            h.events.push(self.now(), ObjectEvent::new("RecheckRequested", what));
+            self.write_host(ix, h)?;
+        }
+        Ok(())
+    }
+
+    fn drill_event(&mut self, d: &Drill, e: DrillEvent) -> Result<(), Error> {
+        let mut d = d.clone();
+        let now = self.now();
+        drill_lifecycle::apply(&mut d, &e, now).map_err(Error::Conflict)?;
+        let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
+        d.events.push(
+            now,
+            ObjectEvent::new("FaultWithdrawn", format!("{verdict}; restoring what the fault broke")),
+        );
+        self.write_drill(d.clone())?;
+        self.rearm_targets(&d)
+    }
+
+    fn write_drill(&mut self, d: Drill) -> Result<(), Error> {
+        let expect = match self.state.drills().get(&d.id) {
+            Some(v) if v.value == d => return Ok(()),
+            Some(v) => Precondition::Version(v.version),
+            None => Precondition::Absent,
+        };
+        let rev = self.commit(&[Op::put_json(DRILL, d.id.clone(), &d, expect)?])?;
+        self.apply(rev, Change::Drill(Box::new(d)));
+        Ok(())
+    }
+}
+
+/// When the drill left RUNNING: its last event's time (the withdrawal).
+fn restore_from(d: &Drill) -> u64 {
+    d.events.iter().last().map_or(d.started_at_ms, |e| e.at_ms)
+}
+
+/// `hosts`: a count (`2`) or a share (`25%`, rounded up) of the pool's `total` ACTIVE hosts.
+fn parse_count(s: &str, total: usize) -> Result<usize, String> {
+    let bad = || format!("must be a count of hosts (1 or more) or a percentage (1% to 100%), got {s:?}");
+    let n = match s.strip_suffix('%') {
+        Some(p) => {
+            let p: usize = p.parse().map_err(|_| bad())?;
+            if !(1..=100).contains(&p) {
+                return Err(bad());
+            }
+            (total * p).div_ceil(100).max(1)
+        }
+        None => s.parse().map_err(|_| bad())?,
+    };
+    if n == 0 {
+        return Err(bad());
+    }
+    Ok(n)
+}
+
+/// How long a drill waits for the owner, from its start: the bound it measures and slack.
+fn drill_time(b: &KindBounds, owner: &str, once: bool) -> u64 {
+    let measured = if once || owner == "operator" {
+        b.detect_ms + b.notify_ms
+    } else {
+        b.total_fenced_ms.or(b.total_ms).unwrap_or(b.detect_ms + b.decide_ms.unwrap_or(0))
+            + b.replace_ms.unwrap_or(0)
+    };
+    measured + DRILL_SLACK_MS
+}
+
+/// The timeline the bounds promise, in words, each step with its latest time.
+fn expected_timeline(b: &KindBounds, owner: &str, fault: DrillFault, once: bool) -> Vec<String> {
+    let s = mpsfleet_types::time::secs;
+    let mut v = vec![format!("+0.0s  {} injected by the targets' agents", fault.as_str())];
+    if once {
+        v.push(
+            "the agent restarts the daemon itself; no incident is expected unless local repair fails".into(),
+        );
+    }
+    v.push(format!(
+        "{}  detected: the incident opens (the check IMPAIRED for the toleration)",
+        s(b.detect_ms)
+    ));
+    v.push(format!("{}  notified: the incident's event delivered", s(b.detect_ms + b.notify_ms)));
+    if owner == "operator" {
+        v.push(format!(
+            "the operator decides and acts (not the drill's to do): the drill takes the fault back {} after \
+             the notification and the host returns as it was",
+            s(SELF_MANAGED_HOLD_MS)
+        ));
+        return v;
+    }
+    if let Some(d) = b.decide_ms {
+        v.push(format!("{}  decided: mpsfleet cordons and drains the host", s(b.detect_ms + d)));
+    }
+    if let Some(t) = b.total_ms {
+        v.push(format!("{}  resumed: restart-mode service tasks running again elsewhere", s(t)));
+    }
+    if let (Some(d), Some(r)) = (b.decide_ms, b.replace_ms) {
+        v.push(format!("{}  replacement host ready", s(b.detect_ms + d + r)));
+    }
+    if let Some(t) = b.total_fenced_ms {
+        v.push(format!(
+            "{}  resumed: fenced service tasks running again, once the old host is terminated",
+            s(t)
+        ));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_count;
+
+    #[test]
+    fn host_counts_and_shares() {
+        assert_eq!(parse_count("2", 10), Ok(2));
+        assert_eq!(parse_count("25%", 10), Ok(3));
+        assert_eq!(parse_count("1%", 3), Ok(1));
+        for bad in ["0", "-1", "x", "0%", "101%", "%", "1.5"] {
+            assert!(parse_count(bad, 10).unwrap_err().contains("must be a count"), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! `mpsfleet up` as a new user runs it, for the tests that drive a whole local fleet.
+
+use mpsfleet_client::Client;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+/// A running `up`, interrupted (then killed) when dropped.
+pub struct Up {
+    pub child: Child,
+    pub admin: Client,
+    pub lines: Receiver<String>,
+    /// The server's URL and the CLI's configuration home.
+    pub url: String,
+    pub home: std::path::PathBuf,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+            for _ in 0..600 {
+                if self.child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Up {
+    /// `up --hosts HOSTS --gpus-per-host 2` on `data` (tasks as processes), once it printed
+    /// its summary.
+    pub fn start(home: &Path, data: &Path, hosts: u32) -> Up {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(["up", "--hosts", &hosts.to_string(), "--gpus-per-host", "2", "--listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(data)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .env("HOME", home)
+            .env_remove("XDG_CONFIG_HOME")
+            // Processes, whatever engine the machine has: this is about hosts, not images.
+            .env("DOCKER_HOST", format!("unix://{}/no-docker.sock", home.display()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("up: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let mut url = None;
+        loop {
+            let line = lines.recv_timeout(Duration::from_secs(60)).expect("up printed its summary");
+            if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
+                url = Some(u.to_string());
+            }
+            if line.starts_with("try:") {
+                break;
+            }
+        }
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(home.join(".config/mpsfleet/config.json")).unwrap())
+                .unwrap();
+        let trust =
+            mpsfleet_client::tls::Trust::Ca(std::fs::read(config["caFile"].as_str().unwrap()).unwrap());
+        let token = config["token"].as_str().map(String::from);
+        let admin = Client::with_trust(url.as_deref().unwrap(), token, &trust).unwrap();
+        Up { child, admin, lines, url: url.unwrap(), home: home.to_path_buf() }
+    }
+
+    /// Ctrl-C; returns what `up` printed while it stopped.
+    pub fn interrupt(mut self) -> Vec<String> {
+        assert!(Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "up exited with {status}");
+        self.lines.try_iter().collect()
+    }
+}
+
+impl Up {
+    /// Runs the CLI against this `up`, as its user would (the configuration `up` wrote).
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(args)
+            .env("HOME", &self.home)
+            .env_remove("XDG_CONFIG_HOME")
+            .output()
+            .expect("run the CLI")
+    }
+}
