@@ -741,7 +741,10 @@ struct Reported {
     cas: CaTrust,
 }
 
-/// Posts the host's checks every `every`; each answer carries the pool's health policy, which
+/// How often the heartbeat loop looks for a changed check between heartbeats.
+const CHANGE_POLL: Duration = Duration::from_millis(100);
+
+/// Posts the host's checks every `every`, and at once when a check's status changes; each answer carries the pool's health policy, which
 /// is applied to every supervisor when it differs from `policy`, the one in force (an invalid
 /// one is logged and ignored).
 async fn heartbeat_loop(
@@ -752,8 +755,12 @@ async fn heartbeat_loop(
     mut reported: Reported,
     mut policy: MpsPolicy,
 ) {
-    let mut tick = tokio::time::interval(every);
+    // Wakes every `CHANGE_POLL` to see whether a check's status changed, which is reported at
+    // once (a daemon's confirmed failure reaches the server within a poll, not a heartbeat);
+    // otherwise a heartbeat goes every `every`.
+    let mut tick = tokio::time::interval(CHANGE_POLL.min(every));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sent: Option<(tokio::time::Instant, Vec<HealthStatus>)> = None;
     let mut failing_since_logged = false;
     // The server's count of `host recheck`s, as of the last answer (None before the first).
     let mut rechecks: Option<u64> = None;
@@ -769,6 +776,15 @@ async fn heartbeat_loop(
         }
         let now_ms = SystemClock.now_ms();
         let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref(), now_ms);
+        let statuses: Vec<HealthStatus> = checks.iter().map(|c| c.status).collect();
+        let due = match &last_sent {
+            None => true,
+            Some((at, sent)) => at.elapsed() >= every || *sent != statuses,
+        };
+        if !due {
+            continue;
+        }
+        last_sent = Some((tokio::time::Instant::now(), statuses));
         let gpu_use = {
             let sources = sources.clone();
             tokio::task::spawn_blocking(move || crate::metrics::reported_use(&sources))

@@ -52,7 +52,9 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
     let h = &pool.health_policy;
     let managed = pool.mode == OwnershipMode::Managed;
     let launch = if managed { launch_timeout_ms(pool) } else { None };
-    let report = iv.agent_heartbeat_ms;
+    // A changed check waits up to a heartbeat to be reported, and the report reaches the
+    // evaluation within a tick.
+    let report = iv.agent_heartbeat_ms + iv.health_tick_ms;
     let declare = h.toleration_ms + iv.health_tick_ms;
     // Exits until the check turns IMPAIRED: the threshold, or fewer when the local restarts
     // run out first (the check is IMPAIRED once they have).
@@ -119,13 +121,13 @@ fn formulas(managed: bool, provider: bool, exits: u32) -> Vec<String> {
         format!(
             "detect (daemon-exit) = the local restarts before the check turns IMPAIRED ({} of them: \
              the n-th after (n-1) x restartBackoffMs, each taking daemonStartMs) + agentHeartbeatMs + \
-             tolerationMs + healthTickMs",
+             healthTickMs + tolerationMs + healthTickMs",
             exits.saturating_sub(1)
         ),
         "detect (daemon-hang) = (mpsFailureThreshold - 1) x mpsProbeIntervalMs + mpsProbeTimeoutMs + \
-         agentHeartbeatMs + tolerationMs + healthTickMs"
+         agentHeartbeatMs + healthTickMs + tolerationMs + healthTickMs"
             .into(),
-        "detect (gpu-check-fail) = agentHeartbeatMs + tolerationMs + healthTickMs".into(),
+        "detect (gpu-check-fail) = agentHeartbeatMs + healthTickMs + tolerationMs + healthTickMs".into(),
         "detect (agent-lost, host-lost) = agentHeartbeatGraceMs + healthTickMs + tolerationMs + \
          healthTickMs, counted from the last heartbeat"
             .into(),
@@ -215,15 +217,16 @@ mod tests {
     fn default_managed_pool() {
         let b = derive(&pool(OwnershipMode::Managed, Some(Provider::local(2))), &IV);
         let exit = b.of(FailureKind::DaemonExit).unwrap();
-        // Restarts 1 and 2 (0s and 1s backoff, 1s each) + heartbeat 1s + toleration 2s + tick.
-        assert_eq!(exit.detect_ms, 3_000 + 1_000 + 2_000 + 250);
+        // Restarts 1 and 2 (0s and 1s backoff, 1s each) + heartbeat 1s and a tick + toleration
+        // 2s + a tick.
+        assert_eq!(exit.detect_ms, 3_000 + 1_250 + 2_000 + 250);
         assert_eq!(exit.decide_ms, Some(500));
         assert_eq!(exit.replace_ms, Some(60_250));
-        assert_eq!(exit.total_ms, Some(6_250 + 500 + 250 + 250 + 30_000));
-        assert_eq!(exit.total_fenced_ms, Some(6_250 + 500 + 60_250 + 60_000 + 30_500));
+        assert_eq!(exit.total_ms, Some(6_500 + 500 + 250 + 250 + 30_000));
+        assert_eq!(exit.total_fenced_ms, Some(6_500 + 500 + 60_250 + 60_000 + 30_500));
         let hang = b.of(FailureKind::DaemonHang).unwrap();
-        assert_eq!(hang.detect_ms, 2 * 5_000 + 3_000 + 1_000 + 2_000 + 250);
-        assert_eq!(b.of(FailureKind::GpuCheckFail).unwrap().detect_ms, 3_250);
+        assert_eq!(hang.detect_ms, 2 * 5_000 + 3_000 + 1_250 + 2_000 + 250);
+        assert_eq!(b.of(FailureKind::GpuCheckFail).unwrap().detect_ms, 3_500);
         assert_eq!(b.of(FailureKind::AgentLost).unwrap().detect_ms, 10_000 + 250 + 2_000 + 250);
         assert_eq!(b.of(FailureKind::HostLost).unwrap().detect_ms, 12_500);
         assert_eq!(b.inputs.launch_timeout_ms, Some(60_000));
@@ -250,9 +253,9 @@ mod tests {
     fn restarts_running_out_first_turn_the_check_impaired_sooner() {
         let mut p = pool(OwnershipMode::Managed, None);
         p.health_policy.local_daemon_restarts = 0;
-        assert_eq!(derive(&p, &IV).of(FailureKind::DaemonExit).unwrap().detect_ms, 3_250);
+        assert_eq!(derive(&p, &IV).of(FailureKind::DaemonExit).unwrap().detect_ms, 3_500);
         p.health_policy.local_daemon_restarts = 1;
-        assert_eq!(derive(&p, &IV).of(FailureKind::DaemonExit).unwrap().detect_ms, 4_250);
+        assert_eq!(derive(&p, &IV).of(FailureKind::DaemonExit).unwrap().detect_ms, 4_500);
     }
 
     #[test]

@@ -63,10 +63,8 @@ impl DrillFault {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateDrill {
-    #[serde(default)]
     pub pool: String,
     /// `daemon-exit`, `daemon-hang`, `agent-stop` or `gpu-check-fail`.
-    #[serde(default)]
     pub fault: String,
     /// How many hosts: a count (`2`) or a share of the pool's hosts (`25%`, rounded up).
     /// Default 1.

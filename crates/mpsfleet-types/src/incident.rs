@@ -263,6 +263,12 @@ pub struct Incident {
     /// The drill that caused it, if a drill did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<String>,
+    /// When the last of its moved tasks' replacements started RUNNING, where that was before
+    /// TASKS_RUNNING_AGAIN was recorded (a `restart` service starts copies elsewhere as soon
+    /// as a daemon's failure is confirmed, before the incident opens): the timing's resumed
+    /// moment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at_ms: Option<u64>,
 }
 
 /// Durations derived from an incident's timeline; None where a step has not happened (or,
@@ -353,6 +359,7 @@ impl Incident {
             bounds: None,
             breaches: Vec::new(),
             drill: None,
+            resumed_at_ms: None,
         };
         for (at, step, detail) in before {
             i.push(at, step, detail, None);
@@ -453,8 +460,8 @@ impl Incident {
         let detected = Some(self.opened_at_ms);
         // Placed on the server's clock and never after detection; the min guards old records.
         let first = self.trigger.first_failure_at_ms.map(|f| f.min(self.opened_at_ms));
-        let (decided, ready, resumed) =
-            (at(Step::Decided), at(Step::ReplacementReady), at(Step::TasksRunningAgain));
+        let resumed = at(Step::TasksRunningAgain).map(|r| self.resumed_at_ms.map_or(r, |t| t.min(r)));
+        let (decided, ready) = (at(Step::Decided), at(Step::ReplacementReady));
         let between = |from: Option<u64>, to: Option<u64>| Some(to?.saturating_sub(from?));
         RecoveryTiming {
             first_failure_at_ms: first,

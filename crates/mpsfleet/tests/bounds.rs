@@ -67,7 +67,7 @@ fn pool_explain_states_bounds_that_follow_the_policy() {
     let p = json_of(cli(&server, &["pool", "describe", "gpu", "-o", "json"]));
     let events = p["events"]["entries"].as_array().unwrap();
     let changed = events.iter().find(|e| e["reason"] == "BoundsChanged").expect("a BoundsChanged event");
-    assert!(changed["message"].as_str().unwrap().contains("daemon-hang detect 16.2s -> 20.2s"), "{changed}");
+    assert!(changed["message"].as_str().unwrap().contains("daemon-hang detect 16.5s -> 20.5s"), "{changed}");
 
     // A limit the policy cannot meet is refused, naming it and the bound; nothing changes.
     let tight = file(dir.path(), "tight.json", json!({"maxResumeSeconds": 30}));
@@ -82,7 +82,7 @@ fn pool_explain_states_bounds_that_follow_the_policy() {
     let out = cli(&server, &["pool", "explain", "gpu"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("recovery bounds") && text.contains("daemon-hang") && text.contains("20.2s"),
+        text.contains("recovery bounds") && text.contains("daemon-hang") && text.contains("20.5s"),
         "{text}"
     );
     json_of(cli(&server, &["pool", "create", "ops", "--mode", "self-managed", "-o", "json"]));

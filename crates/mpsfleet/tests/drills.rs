@@ -119,3 +119,55 @@ fn a_drill_on_a_live_pool_is_handled_as_a_real_failure_within_its_bounds() {
     });
     drop(up);
 }
+
+/// In a self-managed pool a drill measures detection and notification, never does the
+/// operator's part, and takes its fault back itself: the host ends as it was (ACTIVE, healthy,
+/// not cordoned) and the incident, marked as the drill's, resolves by itself.
+#[test]
+fn a_self_managed_drill_leaves_the_host_as_it_was() {
+    if mps_control().is_none() {
+        eprintln!("skipped: the real nvidia-cuda-mps-control is not installed (bash scripts/install-mps.sh)");
+        assert!(!on_ci(), "CI installs the MPS daemon");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start_with(dir.path(), &dir.path().join("data"), 2, &["--mode", "self-managed"]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let admin = &up.admin;
+        let hosts = eventually(WAIT, "two ACTIVE, healthy hosts", || async {
+            let hs = admin.list_hosts(None).await.ok()?;
+            (hs.len() == 2
+                && hs.iter().all(|h| h.status == HostStatus::Active && h.health_status == HealthStatus::Ok))
+            .then_some(hs)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let out = up.cli(&["drill", "run", "--fault", "gpu-check-fail", "-o", "json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let d: Drill = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(d.owner, "operator");
+        assert_eq!(d.verdict, Some(DrillVerdict::WithinBounds), "{d:#?}");
+        let notified = d.notified_at_ms.expect("the notification is recorded");
+        let i = admin.describe_incident(&d.incidents[0]).await.unwrap();
+        assert_eq!(i.incident.drill.as_deref(), Some(d.id.as_str()));
+        assert_eq!(notified, i.incident.opened_at_ms, "notified when the incident opened");
+        assert!(i.incident.trigger.reason.contains("injected by drill"), "{:?}", i.incident.trigger);
+        // Detection measured, the operator's phases not bounded.
+        let detect = d.phases.iter().find(|j| j.phase == RecoveryPhase::Detect).unwrap();
+        assert!(detect.measured_ms.unwrap() <= detect.bound_ms.unwrap(), "{detect:?}");
+        assert!(d.phases.iter().filter(|j| j.phase != RecoveryPhase::Detect).all(|j| j.bound_ms.is_none()));
+        // As it was: the same hosts, ACTIVE, healthy, not cordoned; the incident resolved.
+        let target = d.targets[0].host_id.clone();
+        eventually(WAIT, "the incident resolved by itself", || async {
+            let i = admin.describe_incident(&d.incidents[0]).await.ok()?;
+            (i.incident.state == IncidentState::Resolved).then_some(())
+        })
+        .await;
+        let h = admin.describe_host(target.as_str()).await.unwrap();
+        assert_eq!((h.status, h.health_status, h.cordoned), (HostStatus::Active, HealthStatus::Ok, false));
+        assert_eq!(admin.list_hosts(None).await.unwrap().len(), hosts.len(), "nothing replaced");
+        assert!(!i.incident.has(Step::Decided), "the drill never does the operator's part");
+    });
+    drop(up);
+}

@@ -30,6 +30,7 @@ impl Cluster {
         let onboarded = report.onboarded;
         entry.keep_reported(report);
         entry.evaluated = false;
+        let entry = &self.state.hosts()[ix as usize];
         if !restarts.is_empty() {
             let mut h = entry.host().clone();
             for ev in restarts {
@@ -37,6 +38,7 @@ impl Cluster {
             }
             self.write_host(ix, h)?;
         }
+        self.daemons_changed(ix);
         self.close_mps_gpus(ix, &[]);
         let entry = self.state.host_mut(ix);
         if onboarded && entry.host().status == HostStatus::Onboarding {
@@ -130,6 +132,7 @@ impl Cluster {
         entry.take_checks(report, now);
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
+        self.daemons_changed(ix);
         if let Some(h) = health {
             self.set_evaluation(ix, h);
         }
@@ -366,4 +369,55 @@ pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<
         }
     }
     Ok(())
+}
+
+/// The GPUs whose MPS daemon's failure is confirmed, after `checks`: reported IMPAIRED
+/// (`mpsFailureThreshold` failures in a row, or local repair given up), or confirmed before
+/// (`before`) and still failing in the agent's count (a daemon restarted and killed again
+/// flips between OK and IMPAIRED; it is over once it has answered `mpsFailureThreshold`
+/// probes in a row, when the agent drops the failure's first signal).
+fn confirmed_failures(checks: &[HostCheck], before: &BTreeSet<GpuUuid>) -> BTreeSet<GpuUuid> {
+    checks
+        .iter()
+        .filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON)
+        .filter(|c| {
+            c.status == HealthStatus::Impaired
+                || (c.first_failure_age_ms.is_some() && c.gpu_id.as_ref().is_some_and(|g| before.contains(g)))
+        })
+        .filter_map(|c| c.gpu_id.clone())
+        .collect()
+}
+
+impl Cluster {
+    /// A daemon's failure confirmed or over: the `restart` services with tasks on its GPU are
+    /// asked for, to start copies elsewhere now (or to stop the extras once it answers again).
+    fn daemons_changed(&mut self, ix: HostIx) {
+        let entry = &self.state.hosts()[ix as usize];
+        let now = confirmed_failures(&entry.checks, &entry.failed_daemons);
+        if now == entry.failed_daemons {
+            return;
+        }
+        let changed: BTreeSet<GpuUuid> = now.symmetric_difference(&entry.failed_daemons).cloned().collect();
+        self.state.host_mut(ix).failed_daemons = now;
+        let services: BTreeSet<ServiceName> = self
+            .state
+            .tasks()
+            .on_host(ix)
+            .iter()
+            .filter_map(|id| self.state.tasks().get(id))
+            .filter(|e| e.task.gpu_ids.iter().any(|g| changed.contains(g)))
+            .filter_map(|e| e.task.group.clone())
+            .collect();
+        for s in services {
+            self.ask(Work::Service(s));
+        }
+    }
+
+    /// Whether `t` runs on a GPU whose MPS daemon's failure is confirmed: a `restart`
+    /// service counts it no more, and starts a copy elsewhere at once.
+    pub(super) fn at_risk(&self, t: &Task) -> bool {
+        let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
+        let failed = &self.state.hosts()[ix as usize].failed_daemons;
+        !failed.is_empty() && t.gpu_ids.iter().any(|g| failed.contains(g))
+    }
 }

@@ -31,7 +31,7 @@ fn a_policy_change_moves_the_bounds_and_is_recorded() {
     assert_eq!(exit(&after), exit(&before));
     let last = p.events.iter().last().expect("an event");
     assert_eq!(last.event.reason, "BoundsChanged");
-    assert!(last.event.message.contains("daemon-hang detect 16.2s -> 20.2s"), "{}", last.event.message);
+    assert!(last.event.message.contains("daemon-hang detect 16.5s -> 20.5s"), "{}", last.event.message);
     // The same policy again changes nothing and records nothing.
     let again = w
         .c

@@ -564,6 +564,9 @@ impl Cluster {
         for planned in &plan.actions {
             let moved = self.execute(&mut incident, &planned.action, jobs)?;
             remediation::record(&mut incident, planned, now);
+            if planned.action == Action::Record(Step::TasksRunningAgain) {
+                incident.resumed_at_ms = self.replacements_running_since(&incident);
+            }
             // The affected tasks exist once recorded: note where each one went.
             for (old, new, host) in moved {
                 incident.set_replacement(old, new, host);
@@ -998,6 +1001,18 @@ impl Cluster {
         let mut batch = Batch::default();
         let mut stops = Vec::new();
         let mut pairs = Vec::new();
+        // Copies already named as some moved task's replacement.
+        let mut taken: BTreeSet<TaskId> = self
+            .state
+            .incidents()
+            .get(incident)
+            .map(|i| i.value.affected_tasks.iter().filter_map(|a| a.replacement).collect())
+            .unwrap_or_default();
+        // Copies started since the failure's first signal can stand in for a moved task.
+        let since = self.state.incidents().get(incident).map_or(u64::MAX, |i| {
+            let t = i.value.timing();
+            t.first_failure_at_ms.or(t.detected_at_ms).unwrap_or(u64::MAX)
+        });
         for m in moves {
             let Some(old) = self.state.tasks().get(&m.task_id).map(|e| e.task.clone()) else { continue };
             let Some(svc) = self.state.services().get(&m.service).map(|s| s.value.clone()) else { continue };
@@ -1005,6 +1020,13 @@ impl Cluster {
             let version = self.state.tasks().get(&old.id).map_or(0, |e| e.version);
             batch.ops.push(Op::put_json(TASK, old.id.to_string(), &stopped, Precondition::Version(version))?);
             stops.push(stopped);
+            // A `restart` service that started a copy elsewhere once this task's daemon failed
+            // gets no second one: the old copy stops, and that copy is its replacement.
+            if let Some((copy, host)) = self.early_copy(&svc, &old, &taken, since) {
+                taken.insert(copy);
+                pairs.push((old.id, copy, host));
+                continue;
+            }
             let spec = NewTasks {
                 task_definition: svc.task_definition.clone(),
                 pool: svc.pool.clone(),
@@ -1034,6 +1056,50 @@ impl Cluster {
             self.insert_task(task, rev, placement, true);
         }
         Ok(pairs)
+    }
+
+    /// When the last replacement of the incident's moved service tasks started RUNNING, when
+    /// every one has (None when one has not, or none was started).
+    fn replacements_running_since(&self, incident: &Incident) -> Option<u64> {
+        let mut last = None;
+        for a in incident.affected_tasks.iter().filter(|a| a.service.is_some() && !a.waiting) {
+            let t = &self.state.tasks().get(&a.replacement?)?.task;
+            last = last.max(Some(t.started_at_ms?));
+        }
+        last
+    }
+
+    /// The copy a `restart` service already started elsewhere for `old` (on a daemon whose
+    /// failure was confirmed): when the service's counted replicas, `old` left out, already
+    /// make its desired count, the newest of them created `since` the failure's first signal,
+    /// not on `old`'s host and not yet named as a replacement.
+    fn early_copy(
+        &self,
+        svc: &Service,
+        old: &Task,
+        taken: &BTreeSet<TaskId>,
+        since: u64,
+    ) -> Option<(TaskId, Option<HostId>)> {
+        if svc.resumption != ResumptionBoundary::Restart {
+            return None;
+        }
+        let counted: Vec<&Task> = self
+            .state
+            .tasks()
+            .of_service(&svc.name)
+            .iter()
+            .filter_map(|id| self.state.tasks().get(id))
+            .map(|e| &e.task)
+            .filter(|t| t.id != old.id && t.desired_status != TaskStatus::Stopped && !self.at_risk(t))
+            .collect();
+        if (counted.len() as u32) < svc.desired_count {
+            return None;
+        }
+        counted
+            .into_iter()
+            .filter(|t| t.host_id != old.host_id && !taken.contains(&t.id) && t.created_at_ms >= since)
+            .max_by_key(|t| (t.created_at_ms, t.id))
+            .map(|t| (t.id, t.host_id.clone()))
     }
 
     /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is

@@ -156,15 +156,21 @@ impl Cluster {
         })
     }
 
-    /// The service's live tasks as replicas of its rollout.
+    /// The service's live tasks as replicas of its rollout. A `restart` service does not count
+    /// a task whose GPU's MPS daemon has failed (confirmed, local repair still trying): its
+    /// rollout starts a copy elsewhere at once, and once the daemon answers again the task
+    /// counts again and the extra copies stop, the newest first. A `fenced` service counts it
+    /// until its host's incident confirms it gone.
     fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
         // A service's tasks share one or two definitions: each is looked up once in a row.
         let mut last: Option<(&TaskDefRef, bool)> = None;
+        let restart = svc.resumption == ResumptionBoundary::Restart;
         self.state
             .tasks()
             .of_service(&svc.name)
             .iter()
             .filter_map(|id| self.state.tasks().get(id))
+            .filter(|e| !(restart && e.task.desired_status != TaskStatus::Stopped && self.at_risk(&e.task)))
             .map(|e| {
                 let td = &e.task.task_definition;
                 let state = replica_state_of(&e.task, || match last {

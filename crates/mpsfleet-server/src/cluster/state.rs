@@ -162,6 +162,7 @@ impl State {
                     trusted_cas: Vec::new(),
                     gpu_use: Vec::new(),
                     heartbeat_ms: None,
+                    failed_daemons: Default::default(),
                     accepts_faults: false,
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
                     evaluated: false,
@@ -363,6 +364,9 @@ pub(super) struct HostEntry {
     pub(super) gpu_use: Vec<TaskGpuUse>,
     /// The agent's heartbeat interval, as last reported.
     pub(super) heartbeat_ms: Option<u64>,
+    /// The GPUs whose MPS daemon's failure is confirmed: reported IMPAIRED, and not yet
+    /// answering again for good (its check still counts the failure, `firstFailureAgeMs`).
+    pub(super) failed_daemons: std::collections::BTreeSet<GpuUuid>,
     /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
     /// its last full heartbeat said.
     pub(super) accepts_faults: bool,

@@ -36,8 +36,14 @@ impl Up {
     /// `up --hosts HOSTS --gpus-per-host 2` on `data` (tasks as processes), once it printed
     /// its summary.
     pub fn start(home: &Path, data: &Path, hosts: u32) -> Up {
+        Up::start_with(home, data, hosts, &[])
+    }
+
+    /// [`Up::start`] with more arguments for `up` (`--mode self-managed`).
+    pub fn start_with(home: &Path, data: &Path, hosts: u32, extra: &[&str]) -> Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(["up", "--hosts", &hosts.to_string(), "--gpus-per-host", "2", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .arg("--data-dir")
             .arg(data)
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
