@@ -83,10 +83,27 @@ fn a_drill_on_a_live_pool_is_handled_as_a_real_failure_within_its_bounds() {
         assert!(stderr(&out).contains("switched off cluster-wide"), "{}", stderr(&out));
         assert!(up.cli(&["drill", "switch", "on"]).status.success());
 
-        // The drill itself, waited for by the CLI: the verdict, and the exit status says it.
-        let out = up.cli(&["drill", "run", "--fault", "daemon-exit", "-o", "json"]);
+        // The drill itself. While its incident is open, another drill is refused, saying why.
+        let out = up.cli(&["drill", "run", "--fault", "daemon-exit", "--no-wait", "-o", "json"]);
         assert!(out.status.success(), "{}", stderr(&out));
-        let d: Drill = serde_json::from_slice(&out.stdout).unwrap();
+        let started: Drill = serde_json::from_slice(&out.stdout).unwrap();
+        eventually(WAIT, "the drill's incident", || async {
+            let list = admin.list_incidents().await.ok()?;
+            list.iter().any(|i| i.incident.drill.as_deref() == Some(started.id.as_str())).then_some(())
+        })
+        .await;
+        let out = up.cli(&["drill", "run", "--fault", "daemon-hang"]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains("is open in pool default"), "{}", stderr(&out));
+        let d = eventually(WAIT, "the drill's verdict", || async {
+            let d = admin.describe_drill(&started.id).await.ok()?;
+            (d.status == DrillStatus::Ended).then_some(d)
+        })
+        .await;
+        let out = up.cli(&["drill", "describe", &d.id, "-o", "json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let described: Drill = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(described, d);
         assert_eq!(d.status, DrillStatus::Ended);
         assert_eq!(d.verdict, Some(DrillVerdict::WithinBounds), "{d:#?}");
         assert_eq!(d.incidents.len(), 1, "{d:#?}");
