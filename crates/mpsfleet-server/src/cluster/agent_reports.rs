@@ -398,6 +398,11 @@ impl Cluster {
             return;
         }
         let changed: BTreeSet<GpuUuid> = now.symmetric_difference(&entry.failed_daemons).cloned().collect();
+        if now.is_empty() {
+            self.work.failed_daemon_hosts.remove(&ix);
+        } else {
+            self.work.failed_daemon_hosts.insert(ix);
+        }
         self.state.host_mut(ix).failed_daemons = now;
         let services: BTreeSet<ServiceName> = self
             .state
@@ -416,6 +421,9 @@ impl Cluster {
     /// Whether `t` runs on a GPU whose MPS daemon's failure is confirmed: a `restart`
     /// service counts it no more, and starts a copy elsewhere at once.
     pub(super) fn at_risk(&self, t: &Task) -> bool {
+        if self.work.failed_daemon_hosts.is_empty() {
+            return false;
+        }
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
         let failed = &self.state.hosts()[ix as usize].failed_daemons;
         !failed.is_empty() && t.gpu_ids.iter().any(|g| failed.contains(g))

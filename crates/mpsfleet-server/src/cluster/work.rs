@@ -73,6 +73,9 @@ pub(super) struct Controllers {
     pub(super) mps_closed: HashMap<GpuIx, u64>,
     /// Provider calls decided inside an API call, for the caller to run.
     pub(super) pending_jobs: Vec<ProviderJob>,
+    /// Hosts with a GPU whose MPS daemon's failure is confirmed (`HostEntry::failed_daemons`
+    /// not empty): while there is none, no replica is at risk and none is looked up.
+    pub(super) failed_daemon_hosts: BTreeSet<super::HostIx>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     pub(super) capacity_launches: HashMap<PoolName, BTreeSet<String>>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
