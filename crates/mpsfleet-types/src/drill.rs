@@ -208,10 +208,24 @@ impl Drill {
                 fault: self.fault,
                 gpu_id: t.gpu_id.clone(),
                 persistent: !self.once,
-                for_ms: (self.fault == DrillFault::AgentStop)
-                    .then(|| self.deadline_ms.saturating_sub(self.started_at_ms)),
+                for_ms: (self.fault == DrillFault::AgentStop).then(|| self.silence_ms()),
             })
             .collect()
+    }
+}
+
+impl Drill {
+    /// How long an `agent-stop` keeps the agent silent: in a managed pool until the drill's
+    /// deadline (the owner replaces the host meanwhile); where the drill only measures
+    /// detection (a self-managed pool, `--once`), until the incident has surely opened and
+    /// been notified, so that the host is back soon after the drill ends.
+    pub fn silence_ms(&self) -> u64 {
+        let whole = self.deadline_ms.saturating_sub(self.started_at_ms);
+        if self.owner == "operator" || self.once {
+            whole.min(self.bounds.detect_ms + self.bounds.notify_ms.min(5_000) + 5_000)
+        } else {
+            whole
+        }
     }
 }
 
@@ -240,4 +254,59 @@ pub struct DrillSwitch {
     pub changed_by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed_at_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bounds::FailureKind;
+
+    fn drill(owner: &str, once: bool) -> Drill {
+        Drill {
+            id: "drill-1".into(),
+            pool: PoolName::new("p").unwrap(),
+            fault: DrillFault::AgentStop,
+            once,
+            targets: vec![DrillTarget {
+                host_id: HostId::new("h-1").unwrap(),
+                hostname: "a".into(),
+                gpu_id: None,
+            }],
+            status: DrillStatus::Running,
+            verdict: None,
+            bounds: KindBounds {
+                kind: FailureKind::AgentLost,
+                detect_ms: 12_500,
+                notify_ms: 31_500,
+                decide_ms: None,
+                replace_ms: None,
+                total_ms: None,
+                total_fenced_ms: None,
+            },
+            owner: owner.into(),
+            incidents: Vec::new(),
+            phases: Vec::new(),
+            notified_at_ms: None,
+            started_at_ms: 1_000,
+            deadline_ms: 105_000,
+            ended_at_ms: None,
+            by: "admin".into(),
+            events: Default::default(),
+        }
+    }
+
+    /// A silenced agent comes back soon after a drill that only measures detection, and
+    /// stays away until the deadline where the owner replaces its host; the faults go out
+    /// only while the drill runs, and only to its targets.
+    #[test]
+    fn agent_stop_silences_for_what_the_drill_measures() {
+        let host = HostId::new("h-1").unwrap();
+        assert_eq!(drill("operator", false).faults_for(&host)[0].for_ms, Some(12_500 + 5_000 + 5_000));
+        assert_eq!(drill("mpsfleet", true).faults_for(&host)[0].for_ms, Some(22_500));
+        assert_eq!(drill("mpsfleet", false).faults_for(&host)[0].for_ms, Some(104_000));
+        assert!(drill("mpsfleet", false).faults_for(&HostId::new("h-2").unwrap()).is_empty());
+        let mut ended = drill("mpsfleet", false);
+        ended.status = DrillStatus::Restoring;
+        assert!(ended.faults_for(&host).is_empty());
+    }
 }

@@ -24,6 +24,8 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("incident describe", "the session has no incident"),
     ("incident acknowledge", "the session has no incident"),
     ("incident resolve", "the session has no incident"),
+    ("drill describe", "the session runs no drill (its example is a dry run)"),
+    ("drill abort", "the session runs no drill (its example is a dry run)"),
     ("token revoke", "names a token id of another cluster"),
     ("token rotate-admin", "would end the admin token the session uses"),
     ("join-token revoke", "names a join token id of another cluster"),

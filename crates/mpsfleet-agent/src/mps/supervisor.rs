@@ -537,6 +537,29 @@ mod tests {
         assert!(!model.daemon_alive(&pipe));
     }
 
+    /// A drill's persistent fault strikes the daemon and each one started in its place until
+    /// local repair gives up; taken back and re-armed, a new daemon answers. Injected once, a
+    /// fault is repaired by the first restart.
+    #[test]
+    fn a_drill_fault_strikes_each_new_daemon_while_it_persists() {
+        let model = ModelMps::new();
+        let (sup, _) = start(&model, "s7");
+        wait_for(&sup, "ok", |c| c.status == HealthStatus::Ok);
+        sup.set_fault(Some(DaemonFault::new(false, true)));
+        let c = wait_for(&sup, "given up", |c| c.reason.contains(super::super::health::RESTARTS_EXHAUSTED));
+        assert_eq!((c.status, c.restarts), (HealthStatus::Impaired, 3), "{:?}", sup.history());
+        sup.set_fault(None);
+        sup.rearm();
+        wait_for(&sup, "ok again", |c| c.status == HealthStatus::Ok);
+
+        let (once, _) = start(&model, "s8");
+        wait_for(&once, "ok", |c| c.status == HealthStatus::Ok);
+        once.set_fault(Some(DaemonFault::new(true, false)));
+        let c = wait_for(&once, "repaired", |c| c.restarts == 1 && c.status == HealthStatus::Ok);
+        assert_eq!(c.consecutive_failures, 0);
+        assert!(once.history().iter().any(|c| c.status == HealthStatus::Impaired), "{:?}", once.history());
+    }
+
     #[test]
     fn a_hang_impairs_then_restarts() {
         let model = ModelMps::new();

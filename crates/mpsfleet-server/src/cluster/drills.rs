@@ -328,7 +328,7 @@ impl Cluster {
     pub fn abort_drill(&mut self, id: &str, by: &str) -> Result<Drill, Error> {
         let d = self.drill(id)?;
         if d.status == DrillStatus::Running {
-            self.drill_event(&d, DrillEvent::Abort(format!("aborted by {by}")))?;
+            self.drill_event(d, DrillEvent::Abort(format!("aborted by {by}")))?;
         }
         self.ask(Work::Drill(id.to_string()));
         self.drill(id)
@@ -415,17 +415,7 @@ impl Cluster {
             None
         };
         match event {
-            Some(e) => {
-                drill_lifecycle::apply(&mut d, &e, now).map_err(Error::Conflict)?;
-                let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
-                d.events.push(
-                    now,
-                    ObjectEvent::new("FaultWithdrawn", format!("{verdict}; restoring what the fault broke")),
-                );
-                self.write_drill(d.clone())?;
-                self.rearm_targets(&d)?;
-                Ok(())
-            }
+            Some(e) => self.drill_event(d, e),
             None if d != before => self.write_drill(d),
             None => Ok(()),
         }
@@ -523,8 +513,9 @@ impl Cluster {
         Ok(())
     }
 
-    fn drill_event(&mut self, d: &Drill, e: DrillEvent) -> Result<(), Error> {
-        let mut d = d.clone();
+    /// Ends a drill's run for `e`: its verdict, the fault withdrawn (it leaves the heartbeat
+    /// answers), each target's local repair re-armed.
+    fn drill_event(&mut self, mut d: Drill, e: DrillEvent) -> Result<(), Error> {
         let now = self.now();
         drill_lifecycle::apply(&mut d, &e, now).map_err(Error::Conflict)?;
         let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
