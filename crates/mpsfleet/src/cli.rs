@@ -248,8 +248,12 @@ pub enum PoolCommand {
         /// default: they run as an unprivileged user of their own (docs/security.md).
         #[arg(long, value_name = "BOOL")]
         allow_task_users: Option<bool>,
-        /// JSON with any of healthPolicy, remediationPolicy, provider and taskPolicy (see
-        /// docs/pools.md).
+        /// The longest accepted from a failure's first signal to its tasks running again: a
+        /// policy whose stated bound is longer is refused (docs/pools.md "Recovery bounds").
+        #[arg(long)]
+        max_resume_seconds: Option<u32>,
+        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy and
+        /// maxResumeSeconds (see docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -266,7 +270,12 @@ pub enum PoolCommand {
         /// Let process tasks run as the `user` their definition names.
         #[arg(long, value_name = "BOOL")]
         allow_task_users: Option<bool>,
-        /// JSON with any of healthPolicy, remediationPolicy, provider and taskPolicy (docs/pools.md).
+        /// The longest accepted from a failure's first signal to its tasks running again; 0
+        /// removes the limit.
+        #[arg(long)]
+        max_resume_seconds: Option<u32>,
+        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy and
+        /// maxResumeSeconds (docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -1135,7 +1144,15 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
     const HEADERS: [&str; 7] =
         ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER", "PROCESS TASK USER", "TASK POLICY ALLOWS"];
     let one = match cmd {
-        PoolCommand::Create { name, mode, strategy, compute_overcommit_percent, allow_task_users, file } => {
+        PoolCommand::Create {
+            name,
+            mode,
+            strategy,
+            compute_overcommit_percent,
+            allow_task_users,
+            max_resume_seconds,
+            file,
+        } => {
             let mut req: CreatePool = read_json(file.as_ref())?;
             req.name = name;
             req.mode =
@@ -1145,13 +1162,22 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
+            req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
             c.create_pool(&req).await?
         }
-        PoolCommand::Update { name, strategy, compute_overcommit_percent, allow_task_users, file } => {
+        PoolCommand::Update {
+            name,
+            strategy,
+            compute_overcommit_percent,
+            allow_task_users,
+            max_resume_seconds,
+            file,
+        } => {
             let mut req: UpdatePool = read_json(file.as_ref())?;
             req.strategy = strategy.as_deref().map(strategy_of).or(req.strategy);
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
+            req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
             c.update_pool(&name, &req).await?
         }
         PoolCommand::Explain { name } => {

@@ -70,8 +70,7 @@ fn pool_explain_states_bounds_that_follow_the_policy() {
     assert!(changed["message"].as_str().unwrap().contains("daemon-hang detect 16.5s -> 20.5s"), "{changed}");
 
     // A limit the policy cannot meet is refused, naming it and the bound; nothing changes.
-    let tight = file(dir.path(), "tight.json", json!({"maxResumeSeconds": 30}));
-    let out = cli(&server, &["pool", "update", "gpu", "--file", &tight]);
+    let out = cli(&server, &["pool", "update", "gpu", "--max-resume-seconds", "30"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("maxResumeSeconds") && err.contains("more than maxResumeSeconds (30s)"), "{err}");

@@ -243,11 +243,15 @@ async function render() {
     if (!m) continue;
     try {
       const nodes = await view(m);
+      // Navigated while this view was fetched (a live event's redraw of the old view racing a
+      // click): the render of the new view draws, not this one.
+      if ((location.hash || '#/hosts') !== hash) return;
       main.replaceChildren(...[nodes].flat(3));
       document.body.dataset.rendered = hash;
       // Since the page's navigation started: what `mpsfleet bench console` reads.
       if (window.mpsfleetFirstRenderAt === undefined) window.mpsfleetFirstRenderAt = performance.now();
     } catch (e) {
+      if ((location.hash || '#/hosts') !== hash) return;
       if (!(e instanceof ApiError && e.message === 'unauthorized')) {
         main.replaceChildren(el('p', { class: 'error' }, 'Cannot show ' + hash + ': ' + e.message));
       }
