@@ -10,26 +10,10 @@
 //! `launchTimeoutSeconds`, named among the inputs.
 
 use crate::health::fmt_ms;
+pub use mpsfleet_types::bounds::Intervals;
 use mpsfleet_types::bounds::{BoundInputs, FailureKind, KindBounds, RecoveryBounds};
 use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::{OwnershipMode, Pool};
-
-/// The server's and the agent's own intervals that the bounds are built from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Intervals {
-    /// The agent's heartbeat interval: a changed check reaches the server within one.
-    pub agent_heartbeat_ms: u64,
-    /// The agent's backoff between local restarts of one daemon.
-    pub restart_backoff_ms: u64,
-    /// A daemon's start, and a persistent fault seen again after it.
-    pub daemon_start_ms: u64,
-    pub health_tick_ms: u64,
-    pub incident_pass_ms: u64,
-    /// A replacement task's start to RUNNING and ready.
-    pub task_start_ms: u64,
-    /// Every webhook attempt with its timeout and backoff.
-    pub webhook_ms: u64,
-}
 
 /// How long a provider's launch may take before it counts as failed, by default: a local
 /// agent starts in seconds, a cloud machine boots in minutes.
@@ -99,13 +83,7 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
         toleration_ms: h.toleration_ms,
         agent_heartbeat_grace_ms: h.agent_heartbeat_grace_ms,
         launch_timeout_ms: launch,
-        agent_heartbeat_ms: iv.agent_heartbeat_ms,
-        restart_backoff_ms: iv.restart_backoff_ms,
-        daemon_start_ms: iv.daemon_start_ms,
-        health_tick_ms: iv.health_tick_ms,
-        incident_pass_ms: iv.incident_pass_ms,
-        task_start_ms: iv.task_start_ms,
-        webhook_ms: iv.webhook_ms,
+        intervals: *iv,
     };
     RecoveryBounds {
         owner: if managed { "mpsfleet" } else { "operator" }.to_string(),

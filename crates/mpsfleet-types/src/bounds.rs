@@ -133,7 +133,17 @@ pub struct BoundInputs {
     /// The provider's `launchTimeoutSeconds`, in ms; None without a provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_timeout_ms: Option<u64>,
-    /// The agent's heartbeat interval (`mpsfleet agent --heartbeat-ms`, default).
+    #[serde(flatten)]
+    pub intervals: Intervals,
+}
+
+/// The server's and the agents' own intervals that the bounds are built from (the server
+/// passes its constants in, so the figures shown are the ones its loops run on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Intervals {
+    /// The agent's heartbeat interval (`mpsfleet agent --heartbeat-ms`, default): a changed
+    /// check reaches the server within one.
     pub agent_heartbeat_ms: u64,
     /// The agent's backoff between local restarts: the n-th waits `(n - 1) ×` this.
     pub restart_backoff_ms: u64,

@@ -212,9 +212,7 @@ impl Drill {
             })
             .collect()
     }
-}
 
-impl Drill {
     /// How long an `agent-stop` keeps the agent silent: in a managed pool until the drill's
     /// deadline (the owner replaces the host meanwhile); where the drill only measures
     /// detection (a self-managed pool, `--once`), until the incident has surely opened and

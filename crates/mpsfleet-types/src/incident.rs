@@ -481,8 +481,7 @@ impl Incident {
     /// one was asked for; the total once a service task is affected.
     fn phase_applies(&self, phase: RecoveryPhase) -> bool {
         match phase {
-            RecoveryPhase::Detect => true,
-            RecoveryPhase::Decide => true,
+            RecoveryPhase::Detect | RecoveryPhase::Decide => true,
             RecoveryPhase::Replace => self.has(Step::ReplacementRequested),
             RecoveryPhase::Total => {
                 self.has(Step::TasksRunningAgain) || self.affected_tasks.iter().any(|a| a.service.is_some())
@@ -537,15 +536,18 @@ impl Incident {
                 };
                 let breach = self.breaches.iter().find(|x| x.phase == phase);
                 let over = measured_ms.zip(bound_ms).is_some_and(|(m, b)| m > b);
-                let verdict = match bound_ms {
-                    _ if breach.is_some() || over => PhaseVerdict::Breached,
-                    None => PhaseVerdict::NotApplicable,
-                    Some(_) if !self.phase_applies(phase) && self.state == IncidentState::Resolved => {
-                        PhaseVerdict::NotApplicable
-                    }
-                    Some(_) if measured_ms.is_some() => PhaseVerdict::Within,
-                    Some(_) if self.state == IncidentState::Resolved => PhaseVerdict::NotApplicable,
-                    Some(_) => PhaseVerdict::Running,
+                // A phase with a bound that has not ended is running, until the incident is
+                // resolved without it (it did not happen).
+                let verdict = if breach.is_some() || over {
+                    PhaseVerdict::Breached
+                } else if bound_ms.is_none() {
+                    PhaseVerdict::NotApplicable
+                } else if measured_ms.is_some() {
+                    PhaseVerdict::Within
+                } else if self.state == IncidentState::Resolved {
+                    PhaseVerdict::NotApplicable
+                } else {
+                    PhaseVerdict::Running
                 };
                 PhaseJudgement { phase, bound_ms, measured_ms, verdict, cause: breach.and_then(|x| x.cause) }
             })

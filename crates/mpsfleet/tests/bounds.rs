@@ -55,6 +55,11 @@ fn pool_explain_states_bounds_that_follow_the_policy() {
     let inputs = &e["bounds"]["inputs"];
     assert_eq!(inputs["mpsProbeIntervalMs"], 5000);
     assert_eq!(inputs["launchTimeoutMs"], 60000, "the local provider's default launch timeout");
+    // The server's own intervals stand beside the pool's settings, by the same names.
+    assert_eq!(
+        (inputs["agentHeartbeatMs"].as_u64(), inputs["healthTickMs"].as_u64()),
+        (Some(1000), Some(250))
+    );
     assert_eq!(e["bounds"]["owner"], "mpsfleet");
     assert!(!e["bounds"]["formulas"].as_array().unwrap().is_empty());
 

@@ -39,8 +39,8 @@ pub fn intervals() -> Intervals {
     }
 }
 
-/// `pool`'s bounds, or why its policy is refused (`maxResumeSeconds`).
-pub(super) fn checked_bounds(pool: &Pool) -> Result<RecoveryBounds, Error> {
+/// Why `pool`'s policy is refused for `maxResumeSeconds`, if it is.
+pub(super) fn check_max_resume(pool: &Pool) -> Result<(), Error> {
     if pool.max_resume_seconds.is_some_and(|s| !(1..=86_400).contains(&s)) {
         return Err(Error::invalid(
             "maxResumeSeconds",
@@ -48,8 +48,7 @@ pub(super) fn checked_bounds(pool: &Pool) -> Result<RecoveryBounds, Error> {
         ));
     }
     let bounds = core_bounds::derive(pool, &intervals());
-    core_bounds::check_max_resume(&bounds).map_err(|why| Error::invalid("maxResumeSeconds", why))?;
-    Ok(bounds)
+    core_bounds::check_max_resume(&bounds).map_err(|why| Error::invalid("maxResumeSeconds", why))
 }
 
 /// What changed between two pools' bounds, in words; None when nothing did.
@@ -195,8 +194,13 @@ impl Cluster {
         let rev =
             self.commit(&[Op::put_json(POOL, p.name.as_str(), &p, Precondition::Version(current.version))?])?;
         self.apply(rev, Change::Pool(p));
-        let subject = mpsfleet_types::event::Subject { id: pool.to_string(), pool: pool.clone() };
-        self.events.recorded(EventType::PoolEvent, &subject, &[entry], now);
+        self.publish_pool_event(pool, entry, now);
         Ok(())
+    }
+
+    /// Publishes an entry already committed in `pool`'s events (`pool.event`).
+    pub(super) fn publish_pool_event(&self, pool: &PoolName, entry: ObjectEvent, at_ms: u64) {
+        let subject = mpsfleet_types::event::Subject { id: pool.to_string(), pool: pool.clone() };
+        self.events.recorded(EventType::PoolEvent, &subject, &[entry], at_ms);
     }
 }

@@ -74,9 +74,9 @@ impl Cluster {
         self.check_provider_configured(&pool)?;
         let before = mpsfleet_core::bounds::derive(&current.value, &bounds::intervals());
         let after = mpsfleet_core::bounds::derive(&pool, &bounds::intervals());
-        let changed = bounds::bounds_change(&before, &after);
-        if let Some(words) = &changed {
-            pool.events.push(self.now(), ObjectEvent::new("BoundsChanged", words.clone()));
+        let changed = bounds::bounds_change(&before, &after).map(|w| ObjectEvent::new("BoundsChanged", w));
+        if let Some(entry) = &changed {
+            pool.events.push(self.now(), entry.clone());
         }
         if pool != current.value {
             let expect = Precondition::Version(current.version);
@@ -88,9 +88,8 @@ impl Cluster {
             }
             self.sched.upsert_pool(name, pool_config(&pool));
             self.apply(rev, Change::Pool(pool.clone()));
-            if let Some(entry) = changed.map(|w| ObjectEvent::new("BoundsChanged", w)) {
-                let subject = event::Subject { id: pool.name.to_string(), pool: pool.name.clone() };
-                self.events.recorded(event::EventType::PoolEvent, &subject, &[entry], self.now());
+            if let Some(entry) = changed {
+                self.publish_pool_event(&pool.name, entry, self.now());
             }
             self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.
@@ -168,7 +167,7 @@ pub(super) fn check_pool(p: &Pool) -> Result<(), Error> {
     if let Some(provider) = &p.provider {
         provider.validate().map_err(policy)?;
     }
-    bounds::checked_bounds(p).map(|_| ())
+    bounds::check_max_resume(p)
 }
 
 pub(super) fn pool_config(p: &Pool) -> PoolConfig {

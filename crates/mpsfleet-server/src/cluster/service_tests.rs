@@ -613,7 +613,7 @@ fn a_service_create_answers_once_committed_even_when_its_reconcile_fails() {
 #[test]
 fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_the_extras() {
     for resumption in [ResumptionBoundary::Restart, ResumptionBoundary::Fenced] {
-        let (mut w, hosts) = world(2);
+        let (mut w, _) = world(2);
         w.c.create_service(CreateService {
             name: "web".into(),
             pool: "p".into(),
@@ -651,7 +651,6 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
         let mut kept: Vec<TaskId> = first.iter().map(|t| t.id).collect();
         kept.sort();
         assert_eq!(live, kept, "{resumption:?}: the first copies stay, the newer ones stopped");
-        let _ = &hosts;
     }
 }
 

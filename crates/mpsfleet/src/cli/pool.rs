@@ -60,6 +60,7 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
         out.push_str(&format!("  {f}\n"));
     }
     let i = &b.inputs;
+    let iv = &i.intervals;
     let launch = i.launch_timeout_ms.map_or_else(|| "none (no provider)".into(), |ms| format!("{ms}"));
     out.push_str(&format!(
         "inputs (ms): mpsProbeIntervalMs {}, mpsProbeTimeoutMs {}, mpsFailureThreshold {}, \
@@ -72,13 +73,13 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
         i.local_daemon_restarts,
         i.toleration_ms,
         i.agent_heartbeat_grace_ms,
-        i.agent_heartbeat_ms,
-        i.restart_backoff_ms,
-        i.daemon_start_ms,
-        i.health_tick_ms,
-        i.incident_pass_ms,
-        i.task_start_ms,
-        i.webhook_ms
+        iv.agent_heartbeat_ms,
+        iv.restart_backoff_ms,
+        iv.daemon_start_ms,
+        iv.health_tick_ms,
+        iv.incident_pass_ms,
+        iv.task_start_ms,
+        iv.webhook_ms
     ));
     out
 }
