@@ -529,7 +529,9 @@ impl State {
                 tracing::error!(task.id = %t.id, taskdef = %t.task_definition, "assignment without its task definition");
                 continue;
             };
-            let mut rec = Record::new(t.clone(), (*def).clone());
+            // A task run's overrides apply to the definition its containers start from.
+            let def = t.overrides.as_ref().map_or_else(|| (*def).clone(), |o| o.apply(def));
+            let mut rec = Record::new(t.clone(), def);
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;
                 rec.stop_code = Some(t.stop_code.unwrap_or(StopCode::UserInitiated));

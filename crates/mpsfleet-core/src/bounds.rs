@@ -187,6 +187,8 @@ mod tests {
             max_resume_seconds: None,
             events: Default::default(),
             created_at_ms: 0,
+            tags: Vec::new(),
+            kept_fields: Default::default(),
         }
     }
 

@@ -16,5 +16,6 @@ pub mod lifecycle;
 pub mod mps_model;
 pub mod remediation;
 pub mod scheduler;
+pub mod sigv4;
 pub mod task_size;
 pub mod taskdef;

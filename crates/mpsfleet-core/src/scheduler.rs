@@ -611,6 +611,28 @@ impl Scheduler {
         *closed = if open { closed.saturating_sub(1) } else { *closed + 1 };
     }
 
+    /// Places one task on `host` only (ECS's StartTask), or says why it does not fit there:
+    /// the pool's other hosts are closed to placement for this one decision.
+    pub fn place_on(&mut self, req: &Request, host: HostIx) -> Result<Placement, Unplaced> {
+        let pool = self.hosts[host as usize].pool;
+        if pool != req.pool || !self.hosts[host as usize].schedulable {
+            return Err(Unplaced::NoSchedulableHost { pool: self.pools[req.pool as usize].name.clone() });
+        }
+        let others: Vec<HostIx> = (0..self.hosts.len() as HostIx)
+            .filter(|&h| {
+                h != host && self.hosts[h as usize].pool == pool && self.hosts[h as usize].schedulable
+            })
+            .collect();
+        for &h in &others {
+            self.set_schedulable(h, false);
+        }
+        let out = self.place(req);
+        for &h in &others {
+            self.set_schedulable(h, true);
+        }
+        out
+    }
+
     /// Places one task, updating the index, or says why it must wait.
     pub fn place(&mut self, req: &Request) -> Result<Placement, Unplaced> {
         let pool = &self.pools[req.pool as usize];

@@ -193,14 +193,35 @@ impl std::error::Error for TaskDefErrors {}
 
 type Result<T> = std::result::Result<T, TaskDefErrors>;
 
-const TOP_USED: &[&str] =
-    &["family", "containerDefinitions", "networkMode", "volumes", "pidMode", "ipcMode", "cpu", "memory"];
+const TOP_USED: &[&str] = &[
+    "family",
+    "containerDefinitions",
+    "networkMode",
+    "volumes",
+    "pidMode",
+    "ipcMode",
+    "cpu",
+    "memory",
+    "tags",
+];
+/// Fields ECS takes that mpsfleet does not act on but keeps, so that a description shows them
+/// as they were registered ([`TaskDefinition::kept_fields`]).
+pub const TOP_KEPT: &[&str] = &[
+    "taskRoleArn",
+    "executionRoleArn",
+    "requiresCompatibilities",
+    "placementConstraints",
+    "runtimePlatform",
+    "proxyConfiguration",
+    "inferenceAccelerators",
+    "ephemeralStorage",
+    "enableFaultInjection",
+];
 const TOP_IGNORED: &[&str] = &[
     "taskRoleArn",
     "executionRoleArn",
     "requiresCompatibilities",
     "placementConstraints",
-    "tags",
     "runtimePlatform",
     "proxyConfiguration",
     "inferenceAccelerators",
@@ -321,6 +342,13 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
         None => None,
     };
 
+    let tags = match top.get("tags") {
+        Some(v) => errors.take(parse_tags(v)),
+        None => Some(Vec::new()),
+    };
+    let kept_fields: BTreeMap<String, Value> =
+        TOP_KEPT.iter().filter_map(|k| Some((k.to_string(), top.get(*k)?.clone()))).collect();
+
     let list_path = "containerDefinitions";
     let list = errors.take(require(top, "", list_path).and_then(|v| {
         let list = as_array(v, list_path)?;
@@ -397,9 +425,20 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
             pid_mode,
             ipc_mode,
             registered_at_ms: 0,
+            deregistered_at_ms: None,
+            tags: tags.unwrap_or_default(),
+            kept_fields,
         },
         ignored_fields: ignored,
     })
+}
+
+/// A definition's `tags`: ECS's `[{"key": ..., "value": ...}]`, checked as ECS checks them.
+fn parse_tags(v: &Value) -> Result<Vec<mpsfleet_types::labels::Tag>> {
+    let tags: Vec<mpsfleet_types::labels::Tag> = serde_json::from_value(v.clone())
+        .map_err(|e| err("tags", format!("must be a list of {{\"key\": ..., \"value\": ...}}: {e}")))?;
+    mpsfleet_types::labels::check_tags("tags", &tags).map_err(|(field, message)| err(&field, message))?;
+    Ok(tags)
 }
 
 /// Environment variables and command elements counted so far, against [`MAX_ENTRIES`].

@@ -172,7 +172,18 @@ impl AppState {
         f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, ApiError> {
         let token = auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok()))?;
-        let digest = auth::digest(token);
+        self.call_digest(auth::digest(token), allow, touch, f).await
+    }
+
+    /// [`AppState::call`] for the caller whose token has `digest`: the REST API's bearer token,
+    /// or the token of an AWS access key whose signature the ECS-compatible API verified.
+    pub(crate) async fn call_digest<T: Send + 'static>(
+        &self,
+        digest: String,
+        allow: fn(&Principal) -> bool,
+        touch: Touch,
+        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, ApiError> {
         // A change by a person or tool is written to the audit log with its first commit.
         let audit = AUDIT.try_with(Clone::clone).ok().flatten();
         let cluster = self.cluster.clone();
@@ -701,6 +712,7 @@ mod tests {
             expires_in_s: None,
             description: "scoped".into(),
             pool: Some("a".into()),
+            aws: false,
         };
         let token = c.create_api_token(ask, "admin").unwrap().token;
         let st = AppState::new(c);

@@ -255,7 +255,7 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
 /// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown
 /// token) its peer address's. A lookup that failed otherwise (a poisoned lock) is not charged:
 /// the handler answers it.
-fn charge(
+pub(crate) fn charge(
     g: &Guard,
     who: &Result<(Principal, String), ApiError>,
     peer: Option<std::net::IpAddr>,
@@ -343,7 +343,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with(crate::ecs::CONTENT_TYPE));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }
@@ -366,8 +366,13 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
 
 /// The API's router with the HTTP layer's middleware: [`guard`] on every route (not on the
 /// fallbacks, so that an unknown path stays a 404), [`json_errors`] around everything.
-pub fn app(state: AppState, limits: &HttpLimits, rate_limits: RateLimits) -> Router {
-    app_with(state, limits, rate_limits, Arc::default())
+pub fn app(
+    state: AppState,
+    limits: &HttpLimits,
+    rate_limits: RateLimits,
+    ecs: crate::ecs::EcsOptions,
+) -> Router {
+    app_with(state, limits, rate_limits, Arc::default(), ecs)
 }
 
 fn app_with(
@@ -375,6 +380,7 @@ fn app_with(
     limits: &HttpLimits,
     rate_limits: RateLimits,
     limiter: Arc<RateLimiter>,
+    ecs: crate::ecs::EcsOptions,
 ) -> Router {
     let (admin, joins, forward_key) = state
         .cluster
@@ -390,11 +396,14 @@ fn app_with(
         limiter,
     };
     let metrics = state.metrics.clone();
+    let guard_ecs = guard_state.clone();
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .route_layer(axum::middleware::from_fn_with_state(metrics, crate::metrics::observe))
         // The console's page and assets: public, so outside the guard (nothing in them is data).
         .merge(crate::console::router())
+        // The ECS-compatible API at `POST /`: it authenticates SigV4 itself (`ecs`).
+        .merge(crate::ecs::router(guard_ecs, ecs))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
         .layer(axum::middleware::from_fn(crate::request_id::middleware))
@@ -720,7 +729,13 @@ mod tests {
         let admin = admin.expect("first start");
         let limits = RateLimits { unknown_per_ip: Limit::new(1, 10), ..RateLimits::default() };
         let limiter = Arc::new(RateLimiter::default());
-        let app = app_with(AppState::new(cluster), &HttpLimits::default(), limits, limiter.clone());
+        let app = app_with(
+            AppState::new(cluster),
+            &HttpLimits::default(),
+            limits,
+            limiter.clone(),
+            Default::default(),
+        );
         let peer: std::net::SocketAddr = "192.0.2.7:40000".parse().unwrap();
         let send = |token: String| {
             let mut req = Request::get("/v1/pools")

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod ecs;
 pub mod error;
 pub mod events;
 pub mod files;
@@ -219,6 +220,8 @@ pub struct ServeOptions {
     pub admin_token_file: Option<std::path::PathBuf>,
     /// Set when this server leads several on one etcd store.
     pub ha: Option<Arc<HaRole>>,
+    /// How the ECS-compatible API (`POST /`) names this cluster.
+    pub ecs: ecs::EcsOptions,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -256,6 +259,13 @@ pub async fn serve(
     cluster.set_events(events.clone());
     cluster.start_retention();
     let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;
+    options.ecs.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    if options.ecs.conformance {
+        cluster
+            .install_conformance_key(ecs::CONFORMANCE_KEY_ID, ecs::CONFORMANCE_SECRET)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        tracing::warn!("ECS conformance mode: the public key FOOBARKEY is an admin key, and POST /moto-api/reset empties the cluster");
+    }
     let mut state = api::AppState::new(cluster);
     state.tls = options.tls.clone();
     state.admin_token_file = options.admin_token_file.clone();
@@ -263,7 +273,7 @@ pub async fn serve(
     let stopping = state.stopping.clone();
     let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
-    let app = http::app(state, &options.http, options.rate_limits);
+    let app = http::app(state, &options.http, options.rate_limits, options.ecs.clone());
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

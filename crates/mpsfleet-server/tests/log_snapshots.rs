@@ -59,7 +59,13 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
         },
     )
     .expect("heartbeat");
-    let run = RunTask { task_definition: "talk".into(), count: 1, pool: "gpu".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "talk".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let task = c.run_tasks(run).expect("run").tasks.remove(0);
     assert_eq!(task.host_id.as_ref(), Some(&host), "placed on the one host");
     (c, clock, host, task.id.to_string())

@@ -43,7 +43,13 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
     let host = c.register_host(reg).expect("host").host_id;
     let beat = HostStatusReport { onboarded: true, ..Default::default() };
     c.host_status(&host, &beat).expect("heartbeat");
-    let run = RunTask { task_definition: "serve".into(), count: 1, pool: "gpu".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "serve".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let task = c.run_tasks(run).expect("run").tasks.remove(0);
     let id = task.id.to_string();
     assert_eq!(task.host_id.as_ref(), Some(&host), "placed on the one host");
@@ -95,7 +101,13 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
     // Registered first, so it would be the first choice of a task that runs no image.
     let process = register(&mut c, "p1", RuntimeKind::Process);
     let docker = [register(&mut c, "d1", RuntimeKind::Docker), register(&mut c, "d2", RuntimeKind::Docker)];
-    let run = || RunTask { task_definition: "web".into(), count: 1, pool: "gpu".into(), client_token: None };
+    let run = || RunTask {
+        task_definition: "web".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
 
     let a = c.run_tasks(run()).expect("run").tasks.remove(0);
     let b = c.run_tasks(run()).expect("run").tasks.remove(0);

@@ -295,6 +295,7 @@ impl Sim {
                     resumption: Some(s.resumption),
                     deployment_configuration: None,
                     client_token: None,
+                    ..Default::default()
                 })
                 .map_err(err)?;
             self.svcs.insert(

@@ -59,6 +59,10 @@ pub struct CreateToken {
     /// hosts, tasks, services and incidents only. None: every pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Also an AWS access key for the ECS-compatible API: the answer carries an access key id,
+    /// and the token is its secret access key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aws: bool,
 }
 
 /// A token as `token list` shows it: never the token itself.
@@ -76,6 +80,10 @@ pub struct TokenView {
     /// The one pool it acts in, if it is scoped to one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Its AWS access key id (`token create --aws`): the token signs ECS-compatible calls as
+    /// that key's secret access key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
 }
 
 /// Answer of `POST /v1/tokens`: the token, shown this once, and its record.

@@ -10,6 +10,7 @@ pub mod history;
 pub mod host;
 pub mod ids;
 pub mod incident;
+pub mod labels;
 pub mod logs;
 pub mod policy;
 pub mod pool;

@@ -81,6 +81,13 @@ pub struct Pool {
     #[serde(default, skip_serializing_if = "crate::History::is_empty")]
     pub events: crate::History<crate::ObjectEvent>,
     pub created_at_ms: u64,
+    /// Its tags (ECS's cluster tags).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
+    /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
+    /// shows them (`settings`, `configuration`, `serviceConnectDefaults`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Body of `POST /v1/pools`.
@@ -108,6 +115,13 @@ pub struct CreatePool {
     /// 1 to 86400; in an update, 0 removes the limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_resume_seconds: Option<u32>,
+    /// Its tags (ECS's cluster tags).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
+    /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
+    /// shows them (`settings`, `configuration`, `serviceConnectDefaults`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Body of `PATCH /v1/pools/{name}`: what is given replaces what the pool has; policies are

@@ -41,6 +41,13 @@ pub struct Service {
     /// replaced as a deployment replaces an older task, within the same bounds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moving: Vec<crate::ids::TaskId>,
+    /// Its tags (ECS's service tags).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
+    /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
+    /// shows them (`loadBalancers`, `serviceRegistries`, `placementStrategy`, `placementConstraints`, `roleArn`; mpsfleet wires no load balancer).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Deployments a service record keeps (the older INACTIVE ones are dropped).
@@ -167,6 +174,10 @@ pub struct Deployment {
     /// `Deployment::FAILURE_GROUPS` groups (an older group makes room for a new reason).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailureGroup>,
+    /// When a forced deployment (ECS's `forceNewDeployment`) started: the service's tasks
+    /// made before it are replaced although they run the same definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_at_ms: Option<u64>,
 }
 
 impl Deployment {
@@ -276,6 +287,12 @@ pub struct CreateService {
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
+    /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
+    /// shows them (see `Service::kept_fields`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Body of `PATCH /v1/services/{name}`.
@@ -292,6 +309,14 @@ pub struct UpdateService {
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
+    /// Starts a new deployment even when the definition is the same (ECS's
+    /// `forceNewDeployment`): every task of the service is replaced.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_new_deployment: bool,
+    /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
+    /// shows them (replacing those given; see `Service::kept_fields`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Where one running replica of a service can be reached: `mpsfleet service endpoints NAME`.
@@ -327,6 +352,7 @@ mod failure_tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             failures: Vec::new(),
+            forced_at_ms: None,
         }
     }
 

@@ -143,6 +143,17 @@ pub struct Task {
     /// derived from its containers' `networkInterfaces` ([`Attachment::of_containers`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<Attachment>,
+    /// What its run changed of its definition's containers; the host runs the definition with
+    /// them applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<crate::labels::TaskOverride>,
+    /// The label and group its run was given (ECS's `startedBy` and `group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_started_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_group: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
@@ -289,6 +300,10 @@ impl Task {
             stopped_at_ms: None,
             containers: Vec::new(),
             attachments: Vec::new(),
+            overrides: None,
+            run_started_by: None,
+            run_group: None,
+            tags: Vec::new(),
         }
     }
 
@@ -299,7 +314,7 @@ impl Task {
 }
 
 /// Body of `POST /v1/tasks`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunTask {
     /// `family` (latest revision) or `family:revision`.
@@ -311,6 +326,17 @@ pub struct RunTask {
     /// another body is refused (409). 1 to 64 printable ASCII characters, kept 24 h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
+    /// What the run changes of its definition's containers (ECS's `overrides`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<crate::labels::TaskOverride>,
+    /// The caller's own label for the run (ECS's `startedBy`, at most 128 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
+    /// The run's group (ECS's `group`, at most 255 characters; default `family:<family>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.

@@ -37,6 +37,18 @@ pub struct TaskDefinition {
     /// Registration time, milliseconds since the Unix epoch.
     #[serde(default)]
     pub registered_at_ms: u64,
+    /// When it was deregistered (ECS's `INACTIVE`): tasks and services that run it go on, no
+    /// new ones start from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deregistered_at_ms: Option<u64>,
+    /// Its tags (ECS's task definition tags).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<crate::labels::Tag>,
+    /// ECS fields mpsfleet takes without acting on them (`taskRoleArn`,
+    /// `requiresCompatibilities`, `placementConstraints`, ...), kept as they were registered so
+    /// that a description shows them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// ECS `networkMode`. `awsvpc` runs each task in a network namespace of its own on a Docker

@@ -455,6 +455,10 @@ pub enum TokenCommand {
         /// hosts, tasks, services and incidents only.
         #[arg(long)]
         pool: Option<String>,
+        /// Also an AWS access key for the ECS-compatible API (`aws ecs ...`, boto3): prints an
+        /// access key id, and the token is its secret access key.
+        #[arg(long)]
+        aws: bool,
     },
     /// Every token's id, role and expiry (never the tokens themselves).
     List,
@@ -796,7 +800,15 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
         TaskCommand::Run { taskdef, count, pool, client_token, wait } => {
             let pool = resolve_pool(c, pool).await?;
-            let r = c.run_task(&RunTask { task_definition: taskdef, count, pool, client_token }).await?;
+            let r = c
+                .run_task(&RunTask {
+                    task_definition: taskdef,
+                    count,
+                    pool,
+                    client_token,
+                    ..Default::default()
+                })
+                .await?;
             match f {
                 Format::Json | Format::Yaml => output::print(f, &r, &[], vec![]),
                 Format::Table | Format::Wide => {
@@ -1245,6 +1257,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 resumption,
                 deployment_configuration: deployment.apply(DeploymentConfiguration::default()),
                 client_token,
+                ..Default::default()
             };
             let one = c.create_service(&req).await?;
             output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
@@ -1265,6 +1278,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 desired_count: desired,
                 deployment_configuration,
                 client_token,
+                ..Default::default()
             };
             let one = c.update_service(&name, &req).await?;
             output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));

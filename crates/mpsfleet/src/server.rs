@@ -17,6 +17,20 @@ pub struct ServerArgs {
     /// with each API request's id) for log collectors.
     #[arg(long, value_enum, default_value = "text")]
     log_format: crate::LogFormat,
+    /// The account id (12 digits) in the ARNs of the ECS-compatible API (`POST /`,
+    /// docs/ecs-api.md).
+    #[arg(long, default_value = mpsfleet_server::ecs::DEFAULT_ACCOUNT_ID)]
+    aws_account_id: String,
+    /// The one region ECS-compatible calls may be signed for (e.g. `us-east-1`); unset: any,
+    /// and the ARNs of each answer name the region its call was signed for.
+    #[arg(long)]
+    aws_region: Option<String>,
+    /// For running moto's ECS test suite against this server only: the suite's public key
+    /// `FOOBARKEY`/`FOOBARSECRET` becomes an admin key, ARNs carry its account 123456789012, and
+    /// `POST /moto-api/reset` empties the pools, task definitions, services and tasks. Never
+    /// on a server anyone relies on.
+    #[arg(long)]
+    ecs_conformance: bool,
     /// Address to listen on; port 0 picks a free port (the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
@@ -314,6 +328,15 @@ pub(crate) async fn lead(
         tls,
         admin_token_file: Some(args.data_dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
         ha,
+        ecs: mpsfleet_server::ecs::EcsOptions {
+            account_id: if args.ecs_conformance {
+                mpsfleet_server::ecs::CONFORMANCE_ACCOUNT_ID.to_string()
+            } else {
+                args.aws_account_id.clone()
+            },
+            region: args.aws_region.clone(),
+            conformance: args.ecs_conformance,
+        },
     };
     mpsfleet_server::serve(listener, cluster, options, shutdown).await?;
     tracing::info!("stopped");

@@ -26,6 +26,7 @@ async fn run_one(admin: &Client, family: &str) -> Task {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -360,6 +361,7 @@ async fn failing_liveness_stops_the_task_and_its_service_replaces_it() {
             resumption: None,
             deployment_configuration: None,
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -458,6 +460,7 @@ fn up_runs_a_spread_service_and_ctrl_c_leaves_no_process_behind() {
                 resumption: None,
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -499,6 +502,7 @@ async fn a_crash_looping_service_is_held_back() {
             resumption: None,
             deployment_configuration: None,
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -131,6 +131,7 @@ async fn one_running_task(server: &Server) -> (Client, String) {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();

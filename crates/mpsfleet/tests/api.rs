@@ -65,6 +65,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
         count,
         pool: pool.into(),
         client_token: None,
+        ..Default::default()
     };
     for (req, field) in [
         (run(0, "gpu", "infer"), "count"),
@@ -117,6 +118,7 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
                 resumption: None,
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap_err(),
@@ -152,6 +154,7 @@ async fn tokens_limit_who_may_do_what() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -188,6 +191,7 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
             count: 3,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -252,6 +256,7 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -283,6 +288,7 @@ async fn long_poll_wakes_when_a_task_is_assigned() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -314,6 +320,7 @@ async fn services_keep_their_count_and_spread_replicas() {
             resumption: None,
             deployment_configuration: None,
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -157,6 +157,7 @@ async fn two_awsvpc_tasks_on_one_port_each_at_its_own_address_with_containers_on
                 resumption: None,
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -274,6 +275,7 @@ async fn an_agent_restart_adopts_an_awsvpc_task_with_its_pause_container() {
                 count: 1,
                 pool: f.pool.clone(),
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -72,7 +72,7 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
         .await;
         assert_eq!(host.hostname, HOSTNAME);
         admin.register_taskdef(mps_taskdef("infer", 4096)).await.unwrap();
-        let run = RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into(), client_token: None };
+        let run = RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into(), client_token: None, ..Default::default() };
         let id = admin.run_task(&run).await.unwrap().tasks[0].id;
         eventually(WAIT, "the task to run", || async {
             let t = admin.describe_task(&id.to_string()).await.ok()?;
@@ -85,6 +85,7 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
                 description: "console".into(),
                 expires_in_s: None,
                 pool: None,
+aws: false,
             })
             .await
             .unwrap()

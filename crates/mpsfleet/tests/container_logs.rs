@@ -67,6 +67,7 @@ async fn task_logs_of_a_docker_container_by_stream_and_after_it_is_gone() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();

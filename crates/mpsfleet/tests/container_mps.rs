@@ -80,8 +80,13 @@ async fn an_mps_container_reaches_its_real_daemon_through_the_mounted_pipe_direc
         hosts.into_iter().find(|h| h.status == HostStatus::Active && h.health_status == HealthStatus::Ok)
     })
     .await;
-    let run =
-        RunTask { task_definition: "mpsclient".into(), count: 1, pool: "mpsc".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "mpsclient".into(),
+        count: 1,
+        pool: "mpsc".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let id = admin.run_task(&run).await.unwrap().tasks[0].id.to_string();
     let logs = logs_containing(
         &admin,

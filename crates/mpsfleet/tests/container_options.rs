@@ -89,6 +89,7 @@ impl Fleet {
                 count: 1,
                 pool: self.pool.clone(),
                 client_token: None,
+                ..Default::default()
             })
             .await?;
         Ok(r.tasks.into_iter().next().unwrap())
@@ -530,7 +531,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
             let family = format!("refused{i}");
             doc["family"] = family.clone().into();
             f.admin.register_taskdef(taskdef(doc)).await.expect("register");
-            let run = RunTask { task_definition: family.clone(), count: 1, pool: "gpu".into(), client_token: None  };
+            let run = RunTask { task_definition: family.clone(), count: 1, pool: "gpu".into(), client_token: None, ..Default::default()  };
             let (got, message) = refusal(f.admin.run_task(&run).await.unwrap_err());
             assert_eq!(got, field, "{message}");
             assert!(message.contains(words), "{message}");
@@ -539,7 +540,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
                 pool: "gpu".into(),
                 task_definition: family.clone(),
                 desired_count: 1,
-                resumption: None, deployment_configuration: None, client_token: None
+                resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(),
             };
             let (got, _) = refusal(f.admin.create_service(&svc).await.unwrap_err());
             assert_eq!(got, field);
@@ -550,7 +551,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
 
         // A service moving to a definition the policy refuses keeps its definition.
         f.admin.register_taskdef(taskdef(serde_json::json!({"family": "ok", "containerDefinitions": [c(serde_json::json!({}))]}))).await.unwrap();
-        let svc = CreateService { name: "svc".into(), pool: "gpu".into(), task_definition: "ok".into(), desired_count: 0, resumption: None, deployment_configuration: None, client_token: None  };
+        let svc = CreateService { name: "svc".into(), pool: "gpu".into(), task_definition: "ok".into(), desired_count: 0, resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(),  };
         f.admin.create_service(&svc).await.expect("an allowed definition");
         let update = UpdateService { task_definition: Some("refused0".into()), ..Default::default() };
         let (got, message) = refusal(f.admin.update_service("svc", &update).await.unwrap_err());
@@ -564,7 +565,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
         };
         let p = f.admin.update_pool("gpu", &update).await.unwrap();
         assert!(p.task_policy.allow_privileged);
-        let t = f.admin.run_task(&RunTask { task_definition: "refused0".into(), count: 1, pool: "gpu".into(), client_token: None  }).await;
+        let t = f.admin.run_task(&RunTask { task_definition: "refused0".into(), count: 1, pool: "gpu".into(), client_token: None, ..Default::default()  }).await;
         assert!(t.is_ok(), "{t:?}");
     })
     .await;

@@ -108,7 +108,13 @@ async fn a_hung_docker_engine_impairs_the_host_and_leaves_its_containers_running
         })))
         .await
         .unwrap();
-    let run = RunTask { task_definition: "steady".into(), count: 1, pool: "hang".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "steady".into(),
+        count: 1,
+        pool: "hang".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let id = admin.run_task(&run).await.unwrap().tasks[0].id.to_string();
     let running = eventually(Duration::from_secs(60), "the container to run", || async {
         admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Running)
@@ -179,7 +185,13 @@ async fn a_stopped_tasks_container_is_removed_after_its_retention_and_its_output
         admin.list_hosts(Some("keep")).await.ok().filter(|h| h.iter().any(|h| h.status == HostStatus::Active))
     })
     .await;
-    let run = RunTask { task_definition: "brief".into(), count: 1, pool: "keep".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "brief".into(),
+        count: 1,
+        pool: "keep".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let id = admin.run_task(&run).await.unwrap().tasks[0].id.to_string();
     let stopped = eventually(Duration::from_secs(60), "the task to stop", || async {
         admin.describe_task(&id).await.ok().filter(|t| t.last_status == TaskStatus::Stopped)
@@ -221,7 +233,13 @@ async fn an_agent_that_stops_its_tasks_on_exit_leaves_no_container_behind() {
         admin.list_hosts(Some("bye")).await.ok().filter(|h| h.iter().any(|h| h.status == HostStatus::Active))
     })
     .await;
-    let run = RunTask { task_definition: "stay".into(), count: 2, pool: "bye".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "stay".into(),
+        count: 2,
+        pool: "bye".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let ids: Vec<String> =
         admin.run_task(&run).await.unwrap().tasks.iter().map(|t| t.id.to_string()).collect();
     let mut host = String::new();

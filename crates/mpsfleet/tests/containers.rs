@@ -99,6 +99,7 @@ impl Fleet {
                 count,
                 pool: self.pool.clone(),
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -320,6 +321,7 @@ async fn a_port_mapping_is_reachable_at_the_reported_binding() {
                 resumption: None,
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -404,6 +406,7 @@ async fn service_endpoints_show_the_address_the_kernel_lists_the_port_on() {
                     resumption: None,
                     deployment_configuration: None,
                     client_token: None,
+                    ..Default::default()
                 })
                 .await
                 .unwrap();

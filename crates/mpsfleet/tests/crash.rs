@@ -37,6 +37,7 @@ async fn kill_9_mid_batch_loses_nothing_acknowledged() {
                 count: BATCH,
                 pool: "gpu".into(),
                 client_token: None,
+                ..Default::default()
             };
             while let Ok(out) = admin.run_task(&req).await {
                 let by = out.tasks[0].started_by.clone();
@@ -108,7 +109,13 @@ async fn kill_9_mid_batch_loses_nothing_acknowledged() {
     // The same state gives the same decisions: the crashed copy and the restarted original
     // place the next batch identically.
     let twin = Server::start(copy.path());
-    let req = RunTask { task_definition: "crash".into(), count: 20, pool: "gpu".into(), client_token: None };
+    let req = RunTask {
+        task_definition: "crash".into(),
+        count: 20,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
     admin.stop_task(&tasks[0].id.to_string(), None).await.unwrap();
     twin.admin().stop_task(&tasks[0].id.to_string(), None).await.unwrap();
     let a = admin.run_task(&req).await.unwrap();

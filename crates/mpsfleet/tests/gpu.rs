@@ -68,6 +68,7 @@ async fn a_cuda_program_cannot_allocate_past_its_declared_memory() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -136,6 +137,7 @@ async fn an_mps_container_gets_its_gpu_by_uuid_and_its_daemons_pipe_directory() 
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -218,7 +220,13 @@ int main() {
         admin.list_hosts(None).await.ok()?.into_iter().find(|h| h.status == HostStatus::Active)
     })
     .await;
-    let run = RunTask { task_definition: "hold".into(), count: 1, pool: "gpu".into(), client_token: None };
+    let run = RunTask {
+        task_definition: "hold".into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
     let id = admin.run_task(&run).await.unwrap().tasks[0].id;
     let used = eventually(Duration::from_secs(120), "the task's GPU memory in its host's report", || async {
         let h = admin.describe_host(host.id.as_str()).await.ok()?;

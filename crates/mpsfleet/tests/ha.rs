@@ -98,6 +98,7 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
         count: 1,
         pool: "gpu".into(),
         client_token: Some("submit-1".into()),
+        ..Default::default()
     };
     let before = eventually(Duration::from_secs(30), "the host to join and the task to be placed", || {
         let admin = admin.clone();
@@ -183,6 +184,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes
         count: 1,
         pool: "gpu".into(),
         client_token: Some("paused".into()),
+        ..Default::default()
     };
     let in_flight = {
         let (client, run) = (old_leader.admin(), run.clone());

@@ -98,6 +98,7 @@ async fn a_revoked_host_credential_is_refused_at_once_and_after_a_restart() {
                 expires_in_s: None,
                 description: "ops".into(),
                 pool: None,
+                aws: false,
             })
             .await
             .unwrap()

@@ -57,6 +57,7 @@ impl Fleet {
                 count: 1,
                 pool: "gpu".into(),
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -154,8 +154,13 @@ async fn prometheus_reads_the_mps_memory_tasks_declared_and_what_they_use() {
         admin.register_taskdef(mps_taskdef("big", 2048)).await.unwrap();
         let mut ids = Vec::new();
         for family in ["small", "big"] {
-            let run =
-                RunTask { task_definition: family.into(), count: 1, pool: "gpu".into(), client_token: None };
+            let run = RunTask {
+                task_definition: family.into(),
+                count: 1,
+                pool: "gpu".into(),
+                client_token: None,
+                ..Default::default()
+            };
             ids.push(admin.run_task(&run).await.unwrap().tasks[0].id);
         }
         admin
@@ -192,6 +197,7 @@ async fn prometheus_reads_the_mps_memory_tasks_declared_and_what_they_use() {
                 description: "prometheus".into(),
                 expires_in_s: None,
                 pool: None,
+                aws: false,
             })
             .await
             .unwrap()

@@ -88,7 +88,13 @@ impl Fleet {
         self.admin.register_taskdef(taskdef(def)).await.unwrap();
         let out = self
             .admin
-            .run_task(&RunTask { task_definition: family, count: 1, pool: "gpu".into(), client_token: None })
+            .run_task(&RunTask {
+                task_definition: family,
+                count: 1,
+                pool: "gpu".into(),
+                client_token: None,
+                ..Default::default()
+            })
             .await
             .unwrap();
         out.tasks[0].id

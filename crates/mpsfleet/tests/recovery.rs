@@ -110,6 +110,7 @@ async fn service_of(admin: &Client, name: &str, count: u32) -> Vec<Task> {
             resumption: None,
             deployment_configuration: None,
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -266,6 +267,7 @@ async fn self_managed_pool_reports_and_waits_for_the_operator() {
             count: 3,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -462,6 +464,7 @@ async fn fenced_services_wait_for_termination_and_restart_services_do_not() {
                 resumption: Some(resumption),
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -557,6 +560,7 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
             count: 1,
             pool: "gpu".into(),
             client_token: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -158,6 +158,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
             expires_in_s: Some(3600),
             description: format!("{} test", role.as_str()),
             pool: None,
+            aws: false,
         };
         tokens.push((Some(role), admin.create_token(&req).await.expect("create token").token));
     }
@@ -166,6 +167,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         expires_in_s: Some(3600),
         description: "scoped test".into(),
         pool: Some("gpu".into()),
+        aws: false,
     };
     let scoped = admin.create_token(&scoped_req).await.expect("create token").token;
     let join = server.join_token();
@@ -283,8 +285,13 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
         for pool in ["a", "b"] {
             create_pool(&admin, pool).await;
             hosts.push(add_host(&server, pool, &format!("{pool}-1"), 2).await.0.to_string());
-            let run =
-                RunTask { task_definition: "infer".into(), count: 1, pool: pool.into(), client_token: None };
+            let run = RunTask {
+                task_definition: "infer".into(),
+                count: 1,
+                pool: pool.into(),
+                client_token: None,
+                ..Default::default()
+            };
             tasks.push(admin.run_task(&run).await.unwrap().tasks[0].id.to_string());
             let svc = CreateService {
                 name: format!("svc-{pool}"),
@@ -294,6 +301,7 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
                 resumption: None,
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             };
             admin.create_service(&svc).await.unwrap();
         }
@@ -302,6 +310,7 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
             expires_in_s: None,
             description: "pool a".into(),
             pool: Some("a".into()),
+            aws: false,
         };
         let e = admin.create_token(&scoped(Role::Admin)).await.unwrap_err();
         assert!(e.to_string().contains("pool"), "{e}");
@@ -354,6 +363,7 @@ async fn a_token_scoped_to_one_pool_reaches_that_pool_only() {
             count: 1,
             pool: pool.into(),
             client_token: None,
+            ..Default::default()
         };
         op.run_task(&run("a")).await.unwrap();
         forbidden(op.run_task(&run("b")).await, "run in b");
@@ -407,6 +417,7 @@ async fn op_token(admin: &mpsfleet_client::Client) -> String {
         expires_in_s: Some(60),
         description: "raw".into(),
         pool: Some("a".into()),
+        aws: false,
     };
     admin.create_token(&req).await.unwrap().token
 }

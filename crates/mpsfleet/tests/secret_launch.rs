@@ -14,7 +14,13 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn run(admin: &Client, family: &str) -> Result<Task, mpsfleet_client::ClientError> {
-    let req = RunTask { task_definition: family.into(), count: 1, pool: "gpu".into(), client_token: None };
+    let req = RunTask {
+        task_definition: family.into(),
+        count: 1,
+        pool: "gpu".into(),
+        client_token: None,
+        ..Default::default()
+    };
     admin.run_task(&req).await.map(|mut r| r.tasks.remove(0))
 }
 

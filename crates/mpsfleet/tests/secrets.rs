@@ -134,6 +134,7 @@ impl Fleet {
                 count: 1,
                 pool: self.pool.clone(),
                 client_token: None,
+                ..Default::default()
             })
             .await
     }

@@ -209,6 +209,7 @@ impl Fleet {
                 resumption: Some(resumption),
                 deployment_configuration: None,
                 client_token: None,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -172,6 +172,7 @@ async fn after_the_server_certificate_is_rotated_agents_and_the_cli_keep_working
                 expires_in_s: None,
                 description: "look".into(),
                 pool: None,
+                aws: false,
             })
             .await
             .unwrap()

@@ -60,8 +60,13 @@ fn a_restarted_up_is_a_non_event_and_a_real_failure_after_it_is_not() {
             ..Default::default()
         };
         up.admin.create_service(&create).await.unwrap();
-        let run =
-            RunTask { task_definition: "solo".into(), count: 1, pool: "default".into(), client_token: None };
+        let run = RunTask {
+            task_definition: "solo".into(),
+            count: 1,
+            pool: "default".into(),
+            client_token: None,
+            ..Default::default()
+        };
         let solo = up.admin.run_task(&run).await.unwrap().tasks[0].id;
         let replicas = running(&up.admin, Some("web"), 2).await;
         running(&up.admin, None, 3).await;

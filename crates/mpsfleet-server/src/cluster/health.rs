@@ -1032,6 +1032,7 @@ impl Cluster {
                 pool: svc.pool.clone(),
                 group: Some(svc.name.clone()),
                 started_by: format!("service:{}", svc.name),
+                labels: Default::default(),
             };
             let before = batch.created.len();
             if let Err(e) = self.create_tasks(&spec, 1, &mut batch) {

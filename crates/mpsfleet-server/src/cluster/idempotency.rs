@@ -303,7 +303,13 @@ mod tests {
     }
 
     fn run(count: u32, token: &str) -> RunTask {
-        RunTask { task_definition: "t".into(), count, pool: "gpu".into(), client_token: Some(token.into()) }
+        RunTask {
+            task_definition: "t".into(),
+            count,
+            pool: "gpu".into(),
+            client_token: Some(token.into()),
+            ..Default::default()
+        }
     }
 
     fn ids(out: &RunOutcome) -> Vec<String> {
@@ -353,6 +359,7 @@ mod tests {
             resumption: None,
             deployment_configuration: None,
             client_token: Some("svc-1".into()),
+            ..Default::default()
         };
         let first = c.create_service_as(req(0), "admin").unwrap();
         assert_eq!(c.create_service_as(req(0), "admin").unwrap(), first);

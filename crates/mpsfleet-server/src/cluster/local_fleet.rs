@@ -66,7 +66,13 @@ mod tests {
             br#"{"family": "s", "containerDefinitions": [{"name": "c", "command": ["sleep", "9"]}]}"#,
         )
         .unwrap();
-        let run = RunTask { task_definition: "s".into(), count: 2, pool: "p".into(), client_token: None };
+        let run = RunTask {
+            task_definition: "s".into(),
+            count: 2,
+            pool: "p".into(),
+            client_token: None,
+            ..Default::default()
+        };
         let placed = w.c.run_tasks(run).unwrap().tasks;
         assert!(placed.iter().all(|t| t.host_id.is_some()), "{placed:#?}");
 

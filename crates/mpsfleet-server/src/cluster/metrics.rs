@@ -116,7 +116,13 @@ mod tests {
         let td = br#"{"family": "t", "containerDefinitions": [{"name": "m", "command": ["sleep", "1"],
             "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1024}}}]}]}"#;
         c.register_taskdef(td).unwrap();
-        let run = RunTask { task_definition: "t".into(), count: hosts, pool: "p".into(), client_token: None };
+        let run = RunTask {
+            task_definition: "t".into(),
+            count: hosts,
+            pool: "p".into(),
+            client_token: None,
+            ..Default::default()
+        };
         c.run_tasks(run).unwrap();
         c
     }

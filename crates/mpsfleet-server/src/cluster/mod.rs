@@ -11,6 +11,7 @@ mod agent_reports;
 mod audit;
 pub mod bounds;
 mod call;
+pub mod catalog;
 mod checks_key;
 pub mod drills;
 pub mod error;
@@ -32,6 +33,8 @@ pub use providers::ProviderContext;
 #[cfg(test)]
 mod bounds_tests;
 #[cfg(test)]
+mod catalog_tests;
+#[cfg(test)]
 mod drill_tests;
 #[cfg(test)]
 mod heartbeat_tests;
@@ -40,6 +43,7 @@ mod recovery_tests;
 mod register;
 mod retention;
 pub mod scope;
+mod sealed;
 mod secrets;
 #[cfg(test)]
 mod service_tests;
@@ -50,7 +54,7 @@ mod task_policy;
 mod tasks;
 mod tokens;
 mod work;
-pub use tokens::{AdminDigest, JoinDigests};
+pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 use work::Work;
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
@@ -145,6 +149,43 @@ struct NewTasks {
     pool: PoolName,
     group: Option<ServiceName>,
     started_by: String,
+    /// What a task run gave of ECS's `overrides`, `startedBy`, `group` and `tags`.
+    labels: RunLabels,
+}
+
+/// What a task run labels its tasks with, as ECS's RunTask takes it.
+#[derive(Default, Clone)]
+struct RunLabels {
+    overrides: Option<mpsfleet_types::labels::TaskOverride>,
+    started_by: Option<String>,
+    group: Option<String>,
+    tags: Vec<mpsfleet_types::labels::Tag>,
+}
+
+impl RunLabels {
+    /// Checks a run's labels against ECS's limits and its definition.
+    fn of(req: &RunTask, td: &TaskDefinition) -> Result<RunLabels, Error> {
+        use mpsfleet_types::labels::{check_tags, MAX_GROUP, MAX_STARTED_BY};
+        let invalid = |(f, m): (String, String)| Error::invalid(f, m);
+        let text = |field: &str, v: &Option<String>, max: usize| match v {
+            Some(s) if s.is_empty() || s.chars().count() > max || s.chars().any(char::is_control) => {
+                Err(Error::invalid(field, format!("must be 1 to {max} printable characters")))
+            }
+            _ => Ok(()),
+        };
+        text("startedBy", &req.started_by, MAX_STARTED_BY)?;
+        text("group", &req.group, MAX_GROUP)?;
+        check_tags("tags", &req.tags).map_err(invalid)?;
+        if let Some(o) = &req.overrides {
+            o.check(td).map_err(invalid)?;
+        }
+        Ok(RunLabels {
+            overrides: req.overrides.clone().filter(|o| !o.container_overrides.is_empty()),
+            started_by: req.started_by.clone(),
+            group: req.group.clone(),
+            tags: req.tags.clone(),
+        })
+    }
 }
 
 /// Tasks created and placed in memory, not yet committed.
@@ -494,12 +535,36 @@ impl Cluster {
         self.register_valid_taskdef(ValidTaskDef::parse(body)?)
     }
 
+    /// The newest revision of `family`, deregistered or not: the next one registered follows it.
     fn latest_revision(&self, family: &Family) -> Option<u32> {
         self.state
             .taskdefs()
             .range((family.clone(), 0)..=(family.clone(), u32::MAX))
             .next_back()
             .map(|((_, r), _)| *r)
+    }
+
+    /// The newest revision of `family` still registered.
+    fn latest_active_revision(&self, family: &Family) -> Option<u32> {
+        self.state
+            .taskdefs()
+            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
+            .rev()
+            .find(|(_, v)| v.value.deregistered_at_ms.is_none())
+            .map(|((_, r), _)| *r)
+    }
+
+    /// [`Cluster::taskdef`] for a new task or deployment: a deregistered revision starts
+    /// nothing new.
+    pub(super) fn taskdef_to_run(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
+        let td = self.taskdef(field, reference)?;
+        if td.deregistered_at_ms.is_some() {
+            return Err(Error::invalid(
+                field,
+                format!("{} is deregistered (INACTIVE): register a new revision", td.reference()),
+            ));
+        }
+        Ok(td)
     }
 
     /// Resolves `family` (latest revision) or `family:revision`.
@@ -511,7 +576,7 @@ impl Cluster {
             }
             None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
         };
-        let revision = revision.or_else(|| self.latest_revision(&family));
+        let revision = revision.or_else(|| self.latest_active_revision(&family));
         revision
             .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
             .map(|v| v.value.as_ref())
@@ -900,6 +965,10 @@ impl Cluster {
                 spec.started_by.clone(),
                 now,
             );
+            task.overrides = spec.labels.overrides.clone();
+            task.run_started_by = spec.labels.started_by.clone();
+            task.run_group = spec.labels.group.clone();
+            task.tags = spec.labels.tags.clone();
             let req = match same {
                 Some(r) => r,
                 None => *same.insert(self.request_for(&task)?),
@@ -941,6 +1010,50 @@ impl Cluster {
         Ok(out)
     }
 
+    /// ECS's StartTask: one task of `req` on host `host`, placed now, or why it does not fit
+    /// there (nothing is made then). The host must be in `req.pool`.
+    pub fn start_task_on(
+        &mut self,
+        req: &RunTask,
+        host: &str,
+    ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
+        let pool = self.pool_name("cluster", &req.pool)?;
+        let ix = self.host_ix(host)?;
+        if self.state.hosts()[ix as usize].host().pool != pool {
+            return Err(Error::not_found("host", host));
+        }
+        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
+        self.check_task_secrets(td)?;
+        self.check_task_policy(&pool, td)?;
+        let labels = RunLabels::of(req, td)?;
+        let reference = td.reference();
+        let started_by = format!("run:{:016x}", auth::random_u64()?);
+        let mut task = Task::new(self.next_task_id(), reference, pool, None, started_by, self.now());
+        task.overrides = labels.overrides;
+        task.run_started_by = labels.started_by;
+        task.run_group = labels.group;
+        task.tags = labels.tags;
+        let request = self.request_for(&task)?;
+        let outcome = self.sched.place_on(&request, ix);
+        let placement = match outcome {
+            Ok(p) => p,
+            Err(why) => return Ok(Err(why)),
+        };
+        self.apply_placement(&mut task, &Ok(placement.clone()));
+        let committed = Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)
+            .map_err(Error::from)
+            .and_then(|op| self.commit(&[op]));
+        let rev = match committed {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.sched.release(&request, &placement);
+                return Err(e);
+            }
+        };
+        self.insert_task(task.clone(), rev, Some(placement), true);
+        Ok(Ok(task))
+    }
+
     pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, Error> {
         let started_by = format!("run:{:016x}", auth::random_u64()?);
         self.run_tasks_started_by(req, started_by)
@@ -955,11 +1068,12 @@ impl Cluster {
             ));
         }
         let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef("taskDefinition", &req.task_definition)?;
+        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
+        let labels = RunLabels::of(&req, td)?;
         let td = td.reference();
-        let spec = NewTasks { task_definition: td, pool, group: None, started_by };
+        let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels };
         let tasks = self.start_tasks(spec, req.count)?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })

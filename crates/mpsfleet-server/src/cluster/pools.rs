@@ -6,6 +6,7 @@ use super::*;
 impl Cluster {
     pub fn create_pool(&mut self, req: CreatePool) -> Result<Pool, Error> {
         let name = PoolName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
+        mpsfleet_types::labels::check_tags("tags", &req.tags).map_err(|(f, m)| Error::invalid(f, m))?;
         if self.state.pools().contains_key(&name) {
             return Err(Error::AlreadyExists { kind: "pool", id: name.to_string() });
         }
@@ -24,6 +25,8 @@ impl Cluster {
             max_resume_seconds: req.max_resume_seconds,
             events: Default::default(),
             created_at_ms: self.now(),
+            tags: req.tags,
+            kept_fields: req.kept_fields,
         };
         check_pool(&pool)?;
         self.check_provider_configured(&pool)?;

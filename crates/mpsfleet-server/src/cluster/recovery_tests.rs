@@ -330,9 +330,14 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     assert_eq!(i.state, IncidentState::Resolved, "{:#?}", i.timeline);
     let td = br#"{"family": "t", "containerDefinitions": [{"name": "c", "image": "x", "command": ["sleep", "1"]}]}"#;
     w.c.register_taskdef(td).unwrap();
-    let run = w
-        .c
-        .run_tasks(RunTask { task_definition: "t".into(), count: 1, pool: "p".into(), client_token: None })
+    let run =
+        w.c.run_tasks(RunTask {
+            task_definition: "t".into(),
+            count: 1,
+            pool: "p".into(),
+            client_token: None,
+            ..Default::default()
+        })
         .unwrap();
     let task = run.tasks[0].id;
     w.c.stop_task(&task.to_string(), None).unwrap();
@@ -381,6 +386,7 @@ fn retention_runs_on_the_work_queue_once_started() {
                 count: 1,
                 pool: "p".into(),
                 client_token: None,
+                ..Default::default()
             })
             .unwrap();
         let task = run.tasks[0].id.to_string();

@@ -39,10 +39,12 @@ pub const MAX_GROUP: usize = 1024;
 
 // ---- task definitions -------------------------------------------------------------------
 
-/// A task definition that passed validation, with its containers already encoded as JSON.
+/// A task definition that passed validation, with everything but its family, revision and
+/// registration time already encoded as JSON.
 pub struct ValidTaskDef {
     parsed: ParsedTaskDefinition,
-    containers_json: Vec<u8>,
+    /// The definition's other fields as a JSON object's members, without its braces.
+    rest_json: Vec<u8>,
 }
 
 impl ValidTaskDef {
@@ -62,21 +64,44 @@ impl ValidTaskDef {
                 left_out: all.left_out(),
             }
         })?;
-        let containers_json = serde_json::to_vec(&parsed.definition.container_definitions)
-            .map_err(|e| Error::Internal(format!("encoding a task definition: {e}")))?;
-        Ok(ValidTaskDef { parsed, containers_json })
+        Self::encoded(parsed)
     }
 
-    /// The stored record, as `TaskDefinition` encodes it, from the encoded containers.
+    /// Encodes an already parsed definition.
+    pub fn encoded(parsed: ParsedTaskDefinition) -> Result<ValidTaskDef, Error> {
+        let encoding = |e: serde_json::Error| Error::Internal(format!("encoding a task definition: {e}"));
+        let mut fields = match serde_json::to_value(&parsed.definition).map_err(encoding)? {
+            serde_json::Value::Object(m) => m,
+            _ => return Err(Error::Internal("a task definition did not encode as an object".into())),
+        };
+        for set_at_registration in ["family", "revision", "registeredAtMs"] {
+            fields.remove(set_at_registration);
+        }
+        let object = serde_json::to_vec(&fields).map_err(encoding)?;
+        let rest_json = object[1..object.len() - 1].to_vec();
+        Ok(ValidTaskDef { parsed, rest_json })
+    }
+
+    /// The definition being registered.
+    pub fn definition(&self) -> &mpsfleet_types::TaskDefinition {
+        &self.parsed.definition
+    }
+
+    /// The stored record, as `TaskDefinition` encodes it, from the encoded fields.
     fn record(&self, family: &Family, revision: u32, registered_at_ms: u64) -> Result<Vec<u8>, Error> {
         let family = serde_json::to_string(family)
             .map_err(|e| Error::Internal(format!("encoding a task definition: {e}")))?;
-        let mut out = Vec::with_capacity(self.containers_json.len() + family.len() + 96);
+        let mut out = Vec::with_capacity(self.rest_json.len() + family.len() + 96);
         out.extend_from_slice(b"{\"family\":");
         out.extend_from_slice(family.as_bytes());
-        out.extend_from_slice(format!(",\"revision\":{revision},\"containerDefinitions\":").as_bytes());
-        out.extend_from_slice(&self.containers_json);
-        out.extend_from_slice(format!(",\"registeredAtMs\":{registered_at_ms}}}").as_bytes());
+        out.extend_from_slice(
+            format!(",\"revision\":{revision},\"registeredAtMs\":{registered_at_ms}").as_bytes(),
+        );
+        if !self.rest_json.is_empty() {
+            out.push(b',');
+            out.extend_from_slice(&self.rest_json);
+        }
+        out.push(b'}');
         Ok(out)
     }
 }
@@ -409,11 +434,16 @@ mod tests {
     use mpsfleet_types::TaskDefinition;
     use std::sync::Arc;
 
+    /// The stored record is the whole definition: its network mode, volumes, task size, tags and
+    /// kept ECS fields come back after a restart, not only its containers.
     #[test]
     fn task_definition_record_decodes_as_the_definition() {
-        let body =
-            br#"{"family": "web", "containerDefinitions": [{"name": "main", "command": ["run", "\"q\""],
+        let body = br#"{"family": "web", "networkMode": "awsvpc", "cpu": "1024", "memory": "2048",
+            "volumes": [{"name": "scratch"}], "tags": [{"key": "team", "value": "ml"}],
+            "taskRoleArn": "arn:aws:iam::123456789012:role/r",
+            "containerDefinitions": [{"name": "main", "command": ["run", "\"q\""],
             "environment": [{"name": "A", "value": "\u00e9"}],
+            "mountPoints": [{"sourceVolume": "scratch", "containerPath": "/scratch"}],
             "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 512}}}]}]}"#;
         let v = ValidTaskDef::parse(body).unwrap();
         let mut want = v.parsed.definition.clone();
@@ -421,8 +451,12 @@ mod tests {
         want.registered_at_ms = 1_700_000_000_123;
         let record = v.record(&want.family, 7, 1_700_000_000_123).unwrap();
         let got: TaskDefinition = serde_json::from_slice(&record).unwrap();
-        assert_eq!(got, want);
-        assert_eq!(record, serde_json::to_vec(&want).unwrap(), "the record is what TaskDefinition encodes");
+        assert_eq!(got, want, "the record decodes as the definition");
+        assert_eq!(got.network_mode, Some(mpsfleet_types::NetworkMode::Awsvpc));
+        assert_eq!((got.cpu.as_deref(), got.memory.as_deref()), (Some("1024"), Some("2048")));
+        assert_eq!(got.volumes.len(), 1);
+        assert_eq!(got.tags[0].key, "team");
+        assert!(got.kept_fields.contains_key("taskRoleArn"));
     }
 
     fn registration(pool: &str, name: &str, gpus: &[&str]) -> HostRegistration {

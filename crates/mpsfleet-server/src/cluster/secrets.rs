@@ -9,11 +9,9 @@
 //! read decrypts the record. The plaintext goes to one place: the agent of the host a task is
 //! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
 
+use super::sealed::{open, seal, Sealed};
 use super::Cluster;
 use super::Error;
-use crate::auth::{hex, unhex};
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use mpsfleet_store::{decode, Op, Precondition};
 use mpsfleet_types::secret::{check_secret_name, check_secret_value, CreateSecret, SecretInfo, TaskSecrets};
 use mpsfleet_types::{HostId, TaskDefinition, TaskId, TaskStatus};
@@ -99,10 +97,6 @@ fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
 }
 
 impl Cluster {
-    fn cipher(&self) -> ChaCha20Poly1305 {
-        ChaCha20Poly1305::new(Key::from_slice(&self.creds.key.derive_key(KEY_PURPOSE)))
-    }
-
     fn secret_record(&self, name: &str) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, Error> {
         match self.store.get(SECRET, name)? {
             Some(r) => Ok(Some((decode(&r)?, r.version))),
@@ -112,17 +106,8 @@ impl Cluster {
 
     fn decrypt(&self, rec: &SecretRecord) -> Result<String, Error> {
         let corrupt = |why: &str| Error::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
-        let nonce = unhex(&rec.nonce).filter(|n| n.len() == 12).ok_or_else(|| corrupt("bad nonce"))?;
-        let ct = unhex(&rec.ciphertext).ok_or_else(|| corrupt("bad ciphertext"))?;
-        let plain = self
-            .cipher()
-            .decrypt(Nonce::from_slice(&nonce), Payload { msg: &ct, aad: rec.name.as_bytes() })
-            .map_err(|_| {
-                corrupt(
-                    "cannot be decrypted: the server key (server.key) is not the one it was stored under; \
-                     restore that key, or delete the secret and create it again",
-                )
-            })?;
+        let sealed = Sealed { nonce: rec.nonce.clone(), ciphertext: rec.ciphertext.clone() };
+        let plain = open(&self.creds.key, KEY_PURPOSE, &rec.name, &sealed).map_err(corrupt)?;
         String::from_utf8(plain).map_err(|_| corrupt("not UTF-8 after decryption"))
     }
 
@@ -140,21 +125,12 @@ impl Cluster {
                 format!("the server keeps at most {MAX_SECRETS} secrets, and has {count}: delete some first"),
             ));
         }
-        let mut nonce = [0u8; 12];
-        getrandom::fill(&mut nonce)
-            .map_err(|e| Error::StoreUnavailable(format!("no randomness for a secret: {e}")))?;
-        let ct = self
-            .cipher()
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload { msg: req.value.as_bytes(), aad: req.name.as_bytes() },
-            )
-            .map_err(|_| Error::Internal("encrypting the secret failed".into()))?;
+        let sealed = seal(&self.creds.key, KEY_PURPOSE, &req.name, req.value.as_bytes())?;
         let now = self.now();
         let rec = SecretRecord {
             name: req.name.clone(),
-            nonce: hex(&nonce),
-            ciphertext: hex(&ct),
+            nonce: sealed.nonce,
+            ciphertext: sealed.ciphertext,
             size: req.value.len(),
             created_at_ms: now,
             updated_at_ms: now,

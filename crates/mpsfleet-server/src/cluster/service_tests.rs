@@ -341,7 +341,13 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
     let (mut w, _) = world(0);
     w.c.register_taskdef(huge).unwrap();
     let run = |c: &mut Cluster, td: &str| {
-        c.run_tasks(RunTask { task_definition: td.into(), count: 1, pool: "p".into(), client_token: None })
+        c.run_tasks(RunTask {
+            task_definition: td.into(),
+            count: 1,
+            pool: "p".into(),
+            client_token: None,
+            ..Default::default()
+        })
     };
     let waiting = run(&mut w.c, "huge").unwrap();
     assert_eq!(waiting.pending, 1);
@@ -595,6 +601,7 @@ fn a_service_create_answers_once_committed_even_when_its_reconcile_fails() {
         resumption: None,
         deployment_configuration: None,
         client_token: None,
+        ..Default::default()
     };
     let view = c.create_service(req).expect("the request answers: its change is committed");
     assert_eq!(view.service.name.as_str(), "web");

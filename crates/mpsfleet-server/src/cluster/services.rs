@@ -16,6 +16,7 @@ use super::*;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
 use mpsfleet_types::event::{EventType, Subject};
+use mpsfleet_types::labels::check_tags;
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
@@ -25,6 +26,7 @@ use mpsfleet_types::service::{
 impl Cluster {
     pub fn create_service(&mut self, req: CreateService) -> Result<ServiceView, Error> {
         let name = ServiceName::new(req.name).map_err(|e| Error::invalid("name", e.to_string()))?;
+        check_tags("tags", &req.tags).map_err(|(f, m)| Error::invalid(f, m))?;
         if self.state.services().contains_key(&name) {
             return Err(Error::AlreadyExists { kind: "service", id: name.to_string() });
         }
@@ -32,7 +34,7 @@ impl Cluster {
         let config = req.deployment_configuration.unwrap_or_default();
         check_deployment_configuration(&config)?;
         let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef("taskDefinition", &req.task_definition)?;
+        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
         let td = td.reference();
@@ -51,7 +53,18 @@ impl Cluster {
             next_deployment: 1,
             events: Default::default(),
             moving: Vec::new(),
+            tags: req.tags,
+            kept_fields: req.kept_fields,
         };
+        if !svc.kept_fields.is_empty() {
+            let fields: Vec<&str> = svc.kept_fields.keys().map(String::as_str).collect();
+            let msg = format!(
+                "kept as given, not acted on: {} (mpsfleet wires no load balancer, service registry or role, and \
+                 places by the pool's strategy)",
+                fields.join(", ")
+            );
+            svc.events.push(now, ObjectEvent::new("FieldsKept", msg));
+        }
         start_deployment(&mut svc, now, "service created".into());
         let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
         self.sched.group(name.as_str());
@@ -80,7 +93,7 @@ impl Cluster {
             }
         }
         if let Some(td) = &req.task_definition {
-            let def = self.taskdef("taskDefinition", td)?;
+            let def = self.taskdef_to_run("taskDefinition", td)?;
             self.check_task_secrets(def)?;
             self.check_task_policy(&svc.pool, def)?;
             let r = def.reference();
@@ -88,6 +101,15 @@ impl Cluster {
                 let why = format!("{} replaces {}", r, svc.task_definition);
                 svc.task_definition = r;
                 start_deployment(&mut svc, now, why);
+            }
+        }
+        svc.kept_fields.extend(req.kept_fields);
+        if req.force_new_deployment {
+            if svc.task_definition == current.value.task_definition {
+                start_deployment(&mut svc, now, "a new deployment was forced: every task is replaced".into());
+            }
+            if let Some(d) = svc.deployments.first_mut() {
+                d.forced_at_ms = Some(now);
             }
         }
         if svc != current.value {
@@ -165,6 +187,7 @@ impl Cluster {
         // A service's tasks share one or two definitions: each is looked up once in a row.
         let mut last: Option<(&TaskDefRef, bool)> = None;
         let restart = svc.resumption == ResumptionBoundary::Restart;
+        let forced_at = svc.deployments.first().and_then(|d| d.forced_at_ms);
         self.state
             .tasks()
             .of_service(&svc.name)
@@ -183,7 +206,9 @@ impl Cluster {
                 });
                 Replica {
                     id: e.task.id,
-                    current: *td == svc.task_definition && !svc.moving.contains(&e.task.id),
+                    current: *td == svc.task_definition
+                        && !svc.moving.contains(&e.task.id)
+                        && forced_at.is_none_or(|at| e.task.created_at_ms >= at),
                     state,
                     seq: e.seq,
                 }
@@ -433,6 +458,7 @@ impl Cluster {
                 pool: svc.pool.clone(),
                 group: Some(name.clone()),
                 started_by: format!("service:{name}"),
+                labels: Default::default(),
             };
             let started = self.start_tasks(spec, plan.start)?;
             let msg = format!("started {} task(s) of {}", started.len(), svc.task_definition);
@@ -713,6 +739,7 @@ fn start_deployment(svc: &mut Service, now: u64, reason: String) {
             created_at_ms: now,
             updated_at_ms: now,
             failures: Vec::new(),
+            forced_at_ms: None,
         },
     );
     trim_deployments(svc);

@@ -38,10 +38,12 @@ use std::sync::Arc;
 /// One committed record change, as [`State::apply`] takes it.
 pub(super) enum Change {
     Pool(Pool),
+    PoolRemoved(PoolName),
     /// A host the scheduler indexed at this `HostIx` (the next one: hosts are never removed).
     NewHost(HostIx, Host),
     Host(HostIx, Host),
     TaskDef(Arc<TaskDefinition>),
+    TaskDefRemoved(Family, u32),
     /// A task, held by the scheduler at the placement (None: waiting, or stopped).
     Task(Task, Option<Placement>),
     TaskRemoved(TaskId),
@@ -92,6 +94,8 @@ pub(super) struct State {
     host_credentials: HashMap<String, HostIx>,
     /// API tokens by digest.
     api_tokens: HashMap<String, TokenRecord>,
+    /// AWS access key id to its API token's digest.
+    access_keys: HashMap<String, String>,
     /// Join tokens by digest, shared with the HTTP layer (read without the cluster lock).
     join_tokens: JoinDigests,
     /// The bootstrap admin token's digest, shared with the HTTP layer.
@@ -124,6 +128,7 @@ impl State {
             gpu_hosts: HashMap::new(),
             host_credentials: HashMap::new(),
             api_tokens: HashMap::new(),
+            access_keys: HashMap::new(),
             join_tokens,
             admin,
             replacement_tokens: HashMap::new(),
@@ -139,6 +144,12 @@ impl State {
         match change {
             Change::Pool(pool) => {
                 self.pools.insert(pool.name.clone(), Versioned { value: pool, version });
+            }
+            Change::PoolRemoved(name) => {
+                self.pools.remove(&name);
+            }
+            Change::TaskDefRemoved(family, revision) => {
+                self.taskdefs.remove(&(family, revision));
             }
             Change::NewHost(ix, host) => {
                 debug_assert_eq!(ix as usize, self.hosts.len(), "hosts are indexed in the scheduler's order");
@@ -207,10 +218,15 @@ impl State {
                 }
             }
             Change::ApiToken(rec) => {
+                if let Some(key) = &rec.view.access_key_id {
+                    self.access_keys.insert(key.clone(), rec.sha256.clone());
+                }
                 self.api_tokens.insert(rec.sha256.clone(), rec);
             }
             Change::ApiTokenRevoked(digest) => {
-                self.api_tokens.remove(&digest);
+                if let Some(key) = self.api_tokens.remove(&digest).and_then(|r| r.view.access_key_id) {
+                    self.access_keys.remove(&key);
+                }
             }
             Change::JoinToken(rec) => self.join_tokens.insert(rec),
             Change::JoinTokenRevoked(digest) => {
@@ -297,6 +313,11 @@ impl State {
 
     pub(super) fn api_tokens(&self) -> &HashMap<String, TokenRecord> {
         &self.api_tokens
+    }
+
+    /// The API token of an AWS access key id (`token create --aws`).
+    pub(super) fn access_key(&self, id: &str) -> Option<&TokenRecord> {
+        self.access_keys.get(id).and_then(|d| self.api_tokens.get(d))
     }
 
     pub(super) fn join_tokens(&self) -> &JoinDigests {

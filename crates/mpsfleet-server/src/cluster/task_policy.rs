@@ -15,30 +15,34 @@ impl super::Cluster {
     /// launches (`mpsfleet_core::fit`).
     pub(super) fn check_task_policy(&self, pool: &PoolName, td: &TaskDefinition) -> Result<(), Error> {
         let Some(p) = self.state.pools().get(pool) else { return Ok(()) };
-        let hosts = || self.state.hosts().iter().map(|e| e.host()).filter(|h| &h.pool == pool);
-        check(&p.value, td, hosts())?;
-        let mut shapes: Vec<Shape> = hosts()
-            .filter(|h| h.status != HostStatus::Deregistered)
+        let hosts = self.state.hosts().iter().map(|e| e.host()).filter(|h| &h.pool == pool);
+        check(&p.value, td, hosts)?;
+        match self.never_fits(pool, td) {
+            None => Ok(()),
+            Some(why) => Err(Error::invalid("taskDefinition", why)),
+        }
+    }
+
+    /// Why `td` can never be placed in `pool`: its GPU demand against the largest host the
+    /// pool has or its provider launches (`mpsfleet_core::fit`); None when some host could
+    /// hold it, or there is nothing to judge by.
+    pub fn never_fits(&self, pool: &PoolName, td: &TaskDefinition) -> Option<String> {
+        let p = self.state.pools().get(pool)?;
+        let mut shapes: Vec<Shape> = self
+            .state
+            .hosts()
+            .iter()
+            .map(|e| e.host())
+            .filter(|h| &h.pool == pool && h.status != HostStatus::Deregistered)
             .map(|h| Shape { gpus: h.gpus.iter().map(|g| (g.memory_mib, g.max_mps_clients)).collect() })
             .collect();
         let shape = p.value.provider.as_ref().and_then(|pr| pr.host_shape);
         if let Some(s) = shape {
             shapes.push(Shape { gpus: vec![(s.gpu_memory_mib, s.max_mps_clients); s.gpus as usize] });
         }
-        match never_fits(&td.gpu_demand(), &shapes) {
-            None => Ok(()),
-            Some(why) => {
-                let of = if shape.is_some() {
-                    "its hosts and the hosts its provider launches"
-                } else {
-                    "its hosts"
-                };
-                Err(Error::invalid(
-                    "taskDefinition",
-                    format!("{} can never be placed in pool {pool}: {why} (judged by {of})", td.reference()),
-                ))
-            }
-        }
+        let why = never_fits(&td.gpu_demand(), &shapes)?;
+        let of = if shape.is_some() { "its hosts and the hosts its provider launches" } else { "its hosts" };
+        Some(format!("{} can never be placed in pool {pool}: {why} (judged by {of})", td.reference()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! unless told otherwise, the first start's one too) and rotate by making a new one and
 //! revoking the old; stored as digests, like API tokens.
 
+use super::sealed::{open, seal, Sealed};
 use super::*;
 use mpsfleet_types::access::{
     CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
@@ -124,6 +125,33 @@ pub(super) struct TokenRecord {
     #[serde(flatten)]
     pub view: TokenView,
     pub sha256: String,
+    /// The token sealed under the server's key, for an AWS access key (`token create --aws`):
+    /// SigV4 needs the secret itself to check a signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_secret: Option<Sealed>,
+}
+
+/// An AWS access key as the ECS-compatible API checks a signature with it.
+pub struct AwsKey {
+    pub who: Principal,
+    /// The secret access key: the token itself.
+    pub secret: String,
+    /// The token's digest, which the call then runs as.
+    pub digest: String,
+    /// The server's clock, for the signature's age.
+    pub now_ms: u64,
+}
+
+/// What the secret access keys of AWS access keys are sealed for.
+const AWS_KEY_PURPOSE: &str = "aws-access-keys";
+
+/// A new AWS access key id: `AKMF` and 16 letters or digits, 20 characters as AWS's are.
+fn access_key_id() -> Result<String, Error> {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::StoreUnavailable(format!("no randomness for a key: {e}")))?;
+    Ok(format!("AKMF{}", bytes.iter().map(|b| ALPHABET[usize::from(b & 31)] as char).collect::<String>()))
 }
 
 /// The credentials that are not records: the key agent and launch tokens are derived under,
@@ -157,6 +185,42 @@ impl Cluster {
             role: rec.view.role,
             pool: rec.view.pool.clone(),
         }))
+    }
+
+    /// The caller an AWS access key id names, with its secret access key: `Ok(None)` when it is
+    /// none of them; refused when its token has expired.
+    pub fn aws_key(&self, access_key_id: &str) -> Result<Option<AwsKey>, Error> {
+        let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
+        let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
+        let who = self.api_token(&rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
+        let sealed = rec.sealed_secret.as_ref().ok_or_else(|| corrupt("no sealed secret"))?;
+        let secret = open(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, sealed).map_err(corrupt)?;
+        let secret = String::from_utf8(secret).map_err(|_| corrupt("not UTF-8"))?;
+        Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now() }))
+    }
+
+    /// Installs the fixed admin access key the moto conformance suite signs with
+    /// (`--ecs-conformance` only: a key anyone knows is no credential).
+    pub fn install_conformance_key(&mut self, access_key_id: &str, secret: &str) -> Result<(), Error> {
+        if self.state.access_key(access_key_id).is_some() {
+            return Ok(());
+        }
+        let id = token_id("tok-")?;
+        let view = TokenView {
+            id: id.clone(),
+            role: Role::Admin,
+            description: "the conformance suite's fixed key (--ecs-conformance)".into(),
+            created_at_ms: self.now(),
+            expires_at_ms: None,
+            created_by: "--ecs-conformance".into(),
+            pool: None,
+            access_key_id: Some(access_key_id.to_string()),
+        };
+        let sealed_secret = Some(seal(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, secret.as_bytes())?);
+        let rec = TokenRecord { view, sha256: auth::digest(secret), sealed_secret };
+        let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
+        self.apply(rev, Change::ApiToken(rec));
+        Ok(())
     }
 
     /// `token create`: a new token with `req.role`, shown once.
@@ -194,8 +258,13 @@ impl Cluster {
             expires_at_ms: req.expires_in_s.map(|s| now.saturating_add(s.saturating_mul(1000))),
             created_by: by.to_string(),
             pool: req.pool,
+            access_key_id: if req.aws { Some(access_key_id()?) } else { None },
         };
-        let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token) };
+        let sealed_secret = match &view.access_key_id {
+            Some(key) => Some(seal(&self.creds.key, AWS_KEY_PURPOSE, key, token.as_bytes())?),
+            None => None,
+        };
+        let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token), sealed_secret };
         let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
         self.apply(rev, Change::ApiToken(rec));
@@ -343,8 +412,13 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
         let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
-        let req =
-            |role, expires_in_s| CreateToken { role, expires_in_s, description: "ci".into(), pool: None };
+        let req = |role, expires_in_s| CreateToken {
+            role,
+            expires_in_s,
+            description: "ci".into(),
+            pool: None,
+            aws: false,
+        };
         let viewer = c.create_api_token(req(Role::Viewer, Some(60)), "admin").unwrap();
         assert!(viewer.token.starts_with("mpsf_view_"));
         assert_eq!(

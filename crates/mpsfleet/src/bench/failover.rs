@@ -252,6 +252,7 @@ async fn trials(b: &FailoverBench, members: &mut [Member], admin: &Client, prefi
             resumption: None,
             deployment_configuration: None,
             client_token: Some("bench-service".into()),
+            ..Default::default()
         })
         .await?;
     let service_query = || mpsfleet_client::TaskQuery {
@@ -285,6 +286,7 @@ async fn trials(b: &FailoverBench, members: &mut [Member], admin: &Client, prefi
                     count: 1,
                     pool: "bench".into(),
                     client_token: Some(token.clone()),
+                    ..Default::default()
                 };
                 // Retried with the same token until it is acknowledged, as a careful client does.
                 let id = loop {
@@ -453,6 +455,7 @@ pub fn takeover(b: TakeoverBench) -> Result<()> {
                     count: n,
                     pool: "bench".into(),
                     client_token: None,
+                    ..Default::default()
                 })
                 .await?;
             left -= n;
@@ -477,6 +480,7 @@ pub fn takeover(b: TakeoverBench) -> Result<()> {
             count: 1,
             pool: "bench".into(),
             client_token: Some("takeover".into()),
+            ..Default::default()
         };
         loop {
             if admin.run_task(&probe).await.is_ok() {

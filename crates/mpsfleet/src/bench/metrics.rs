@@ -70,8 +70,13 @@ pub(super) async fn populate(
     let mut left = tasks;
     while left > 0 {
         let n = left.min(mpsfleet_server::cluster::MAX_RUN_COUNT);
-        let run =
-            RunTask { task_definition: "bench".into(), count: n, pool: "bench".into(), client_token: None };
+        let run = RunTask {
+            task_definition: "bench".into(),
+            count: n,
+            pool: "bench".into(),
+            client_token: None,
+            ..Default::default()
+        };
         admin.run_task(&run).await?;
         left -= n;
     }

@@ -152,6 +152,7 @@ async fn recovery_measure(fleet: &Fleet, b: &RecoveryBench, container: serde_jso
             resumption: None,
             deployment_configuration: None,
             client_token: None,
+            ..Default::default()
         })
         .await?;
     let q = mpsfleet_client::TaskQuery { service: Some("bench".into()), ..Default::default() };

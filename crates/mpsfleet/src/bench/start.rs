@@ -85,6 +85,7 @@ async fn run(b: &StartBench, dir: &std::path::Path) -> Result<(Vec<f64>, Option<
                 count: 1,
                 pool: "bench".into(),
                 client_token: None,
+                ..Default::default()
             };
             let t = fleet.admin.run_task(&run).await?.tasks.remove(0);
             let accepted = now();

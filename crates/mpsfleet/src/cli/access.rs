@@ -99,15 +99,28 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()
     };
     const HEADERS: &[&str] = &["ID", "ROLE", "POOL", "EXPIRES", "CREATED BY", "DESCRIPTION"];
     match cmd {
-        TokenCommand::Create { role, expires_in, description, pool } => {
-            let req =
-                mpsfleet_types::access::CreateToken { role, expires_in_s: expires_in, description, pool };
+        TokenCommand::Create { role, expires_in, description, pool, aws } => {
+            let req = mpsfleet_types::access::CreateToken {
+                role,
+                expires_in_s: expires_in,
+                description,
+                pool,
+                aws,
+            };
             let t = c.create_token(&req).await?;
-            match f {
-                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
-                Format::Table | Format::Wide => {
+            match (f, &t.view.access_key_id) {
+                (Format::Json | Format::Yaml, _) => output::print(f, &t, &[], vec![]),
+                (Format::Table | Format::Wide, None) => {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\ntoken (shown this once): {}", t.token);
+                }
+                (Format::Table | Format::Wide, Some(key)) => {
+                    print!("{}", output::table(HEADERS, &[row(&t.view)]));
+                    println!(
+                        "\nAWS credentials (the secret is shown this once; it is also the token):\n\
+                         aws_access_key_id = {key}\naws_secret_access_key = {}",
+                        t.token
+                    );
                 }
             }
         }

@@ -1,0 +1,285 @@
+//! What the ECS-compatible API needs beyond creating and running: deleting an empty pool
+//! (ECS's `DeleteCluster`), deregistering a task definition (`DeregisterTaskDefinition`: it
+//! stays, marked, and starts nothing new), and tagging pools, task definitions, services and
+//! tasks (`TagResource`, `UntagResource`). Each is one committed change of the object's record.
+
+use super::*;
+use mpsfleet_types::labels::{check_tags, merge_tags, Tag};
+use std::collections::BTreeMap;
+
+/// What a tag change names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tagged {
+    Pool(String),
+    TaskDef(String),
+    Service(String),
+    Task(String),
+}
+
+impl Tagged {
+    /// What the operation touches, for a pool-scoped caller.
+    pub fn touch(&self) -> Touch {
+        match self {
+            Tagged::Pool(p) => Touch::Object(Kind::Pool, p.clone()),
+            Tagged::Service(s) => Touch::Object(Kind::Service, s.clone()),
+            Tagged::Task(t) => Touch::Object(Kind::Task, t.clone()),
+            // Task definitions belong to no pool, as registering them does.
+            Tagged::TaskDef(_) => Touch::NoPool,
+        }
+    }
+}
+
+fn invalid((field, message): (String, String)) -> Error {
+    Error::InvalidParameter { field, message }
+}
+
+impl Cluster {
+    /// Deletes pool `name` when nothing is in it: no host but deregistered ones, no service, no
+    /// task that is not stopped. Its stopped tasks go with it.
+    pub fn delete_pool(&mut self, name: &str) -> Result<Pool, Error> {
+        let pool = self.pool(name)?;
+        let hosts = self.hosts(Some(name)).iter().filter(|h| h.status != HostStatus::Deregistered).count();
+        if hosts > 0 {
+            return Err(Error::Conflict(format!(
+                "pool {name} has {hosts} host(s): deregister them first (`mpsfleet host forget`)"
+            )));
+        }
+        let services = self.state.services().values().filter(|s| s.value.pool == pool.name).count();
+        if services > 0 {
+            return Err(Error::Conflict(format!("pool {name} has {services} service(s): delete them first")));
+        }
+        let tasks: Vec<TaskId> =
+            self.state.tasks().values().filter(|e| e.task.pool == pool.name).map(|e| e.task.id).collect();
+        let live = tasks
+            .iter()
+            .filter(|id| {
+                self.state.tasks().get(id).is_some_and(|e| e.task.last_status != TaskStatus::Stopped)
+            })
+            .count();
+        if live > 0 {
+            return Err(Error::Conflict(format!(
+                "pool {name} has {live} task(s) not stopped: stop them first"
+            )));
+        }
+        let mut ops = vec![Op::delete(POOL, name, Precondition::Any)];
+        ops.extend(tasks.iter().map(|id| Op::delete(TASK, id.to_string(), Precondition::Any)));
+        let rev = self.commit(&ops)?;
+        for id in tasks {
+            self.apply(rev, Change::TaskRemoved(id));
+        }
+        self.apply(rev, Change::PoolRemoved(pool.name.clone()));
+        tracing::info!(pool = %name, "pool deleted");
+        Ok(pool)
+    }
+
+    /// Replaces the kept ECS fields of pool `name` that `fields` names (ECS's `UpdateCluster`:
+    /// `settings`, `configuration`).
+    pub fn keep_pool_fields(
+        &mut self,
+        name: &str,
+        fields: BTreeMap<String, serde_json::Value>,
+    ) -> Result<Pool, Error> {
+        let current = self.state.pools().get(&self.pool_name("cluster", name)?).cloned();
+        let current = current.ok_or_else(|| Error::not_found("pool", name))?;
+        let mut pool = current.value.clone();
+        pool.kept_fields.extend(fields);
+        if pool != current.value {
+            let rev = self.commit(&[Op::put_json(
+                POOL,
+                pool.name.as_str(),
+                &pool,
+                Precondition::Version(current.version),
+            )?])?;
+            self.apply(rev, Change::Pool(pool.clone()));
+        }
+        Ok(pool)
+    }
+
+    /// Deletes deregistered task definition revisions (ECS's `DeleteTaskDefinitions`): a
+    /// revision still registered is refused, and so is one a task not yet stopped or a
+    /// service still runs. Answers each reference's outcome in order.
+    pub fn delete_taskdefs(
+        &mut self,
+        references: &[String],
+    ) -> Result<Vec<Result<Arc<TaskDefinition>, String>>, Error> {
+        let mut out = Vec::with_capacity(references.len());
+        for r in references {
+            let Ok(parsed) = TaskDefRef::parse(r) else {
+                out.push(Err("The specified task definition identifier is invalid. Specify a valid name or ARN and try again.".to_string()));
+                continue;
+            };
+            let Some(current) = self.state.taskdefs().get(&(parsed.family.clone(), parsed.revision)).cloned()
+            else {
+                out.push(Err("The specified task definition does not exist. Specify a valid account, family, revision and try again.".to_string()));
+                continue;
+            };
+            if current.value.deregistered_at_ms.is_none() {
+                out.push(Err("The specified task definition is still in ACTIVE status. Please deregister the target and try again.".to_string()));
+                continue;
+            }
+            let used = self
+                .state
+                .tasks()
+                .values()
+                .any(|e| e.task.task_definition == parsed && e.task.last_status != TaskStatus::Stopped)
+                || self
+                    .state
+                    .services()
+                    .values()
+                    .any(|s| s.value.deployments.iter().any(|d| d.task_definition == parsed));
+            if used {
+                out.push(Err(format!("{r} is still used by a task or a service: stop them first")));
+                continue;
+            }
+            let rev = self.commit(&[Op::delete(
+                TASKDEF,
+                taskdef_key(&parsed.family, parsed.revision),
+                Precondition::Version(current.version),
+            )])?;
+            self.apply(rev, Change::TaskDefRemoved(parsed.family, parsed.revision));
+            out.push(Ok(current.value));
+        }
+        Ok(out)
+    }
+
+    /// Marks a task definition revision deregistered: what runs it goes on, nothing new
+    /// starts from it, and `family` alone names the latest revision still registered.
+    pub fn deregister_taskdef(&mut self, reference: &str) -> Result<Arc<TaskDefinition>, Error> {
+        let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid("taskDefinition", e.to_string()))?;
+        let current = self
+            .state
+            .taskdefs()
+            .get(&(r.family.clone(), r.revision))
+            .cloned()
+            .ok_or_else(|| Error::not_found("task definition", reference))?;
+        if current.value.deregistered_at_ms.is_some() {
+            return Ok(current.value);
+        }
+        let mut td = (*current.value).clone();
+        td.deregistered_at_ms = Some(self.now());
+        self.write_taskdef(td, current.version)
+    }
+
+    fn write_taskdef(&mut self, td: TaskDefinition, version: Revision) -> Result<Arc<TaskDefinition>, Error> {
+        let key = taskdef_key(&td.family, td.revision);
+        let rev = self.commit(&[Op::put_json(TASKDEF, &key, &td, Precondition::Version(version))?])?;
+        let td = Arc::new(td);
+        self.apply(rev, Change::TaskDef(td.clone()));
+        Ok(td)
+    }
+
+    /// The tags of what `target` names.
+    pub fn tags_of(&self, target: &Tagged) -> Result<Vec<Tag>, Error> {
+        Ok(match target {
+            Tagged::Pool(p) => self.pool(p)?.tags,
+            Tagged::TaskDef(r) => self.taskdef_revision(r)?.value.tags.clone(),
+            Tagged::Service(s) => self.service_record(s)?.value.tags,
+            Tagged::Task(t) => self.task(t)?.tags,
+        })
+    }
+
+    /// Adds `add` to the tags of what `target` names (a key there takes the new value) and
+    /// removes the keys in `remove`; at most 50 tags stay.
+    pub fn retag(&mut self, target: &Tagged, add: &[Tag], remove: &[String]) -> Result<Vec<Tag>, Error> {
+        check_tags("tags", add).map_err(invalid)?;
+        let change = |tags: &mut Vec<Tag>| -> Result<(), Error> {
+            merge_tags(tags, add);
+            tags.retain(|t| !remove.contains(&t.key));
+            check_tags("tags", tags).map_err(invalid)
+        };
+        match target {
+            Tagged::Pool(p) => {
+                let current = self.state.pools().get(&self.pool_name("resourceArn", p)?).cloned();
+                let current = current.ok_or_else(|| Error::not_found("pool", p))?;
+                let mut pool = current.value.clone();
+                change(&mut pool.tags)?;
+                let rev = self.commit(&[Op::put_json(
+                    POOL,
+                    pool.name.as_str(),
+                    &pool,
+                    Precondition::Version(current.version),
+                )?])?;
+                let tags = pool.tags.clone();
+                self.apply(rev, Change::Pool(pool));
+                Ok(tags)
+            }
+            Tagged::TaskDef(r) => {
+                let current = self.taskdef_revision(r)?;
+                let mut td = (*current.value).clone();
+                change(&mut td.tags)?;
+                Ok(self.write_taskdef(td, current.version)?.tags.clone())
+            }
+            Tagged::Service(s) => {
+                let mut svc = self.service_record(s)?.value;
+                change(&mut svc.tags)?;
+                let tags = svc.tags.clone();
+                self.write_service(svc)?;
+                Ok(tags)
+            }
+            Tagged::Task(t) => {
+                let mut task = self.task(t)?;
+                change(&mut task.tags)?;
+                let version = self.state.tasks().get(&task.id).map_or(0, |e| e.version);
+                let rev = self.commit(&[Op::put_json(
+                    TASK,
+                    task.id.to_string(),
+                    &task,
+                    Precondition::Version(version),
+                )?])?;
+                let tags = task.tags.clone();
+                let placement = self.state.tasks().get(&task.id).and_then(|e| e.placement.clone());
+                self.apply(rev, Change::Task(task, placement));
+                Ok(tags)
+            }
+        }
+    }
+
+    /// A task definition by `family:revision` exactly, with its record's version.
+    fn taskdef_revision(&self, reference: &str) -> Result<Versioned<Arc<TaskDefinition>>, Error> {
+        let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid("taskDefinition", e.to_string()))?;
+        self.state
+            .taskdefs()
+            .get(&(r.family, r.revision))
+            .cloned()
+            .ok_or_else(|| Error::not_found("task definition", reference))
+    }
+}
+
+impl Cluster {
+    /// Empties what the ECS-compatible API shows (pools, task definitions, services, tasks):
+    /// the conformance suite's reset before each of its tests. Hosts, tokens and the audit log
+    /// stay. Only a server started for the suite (`--ecs-conformance`) offers it.
+    pub fn empty_for_conformance(&mut self) -> Result<(), Error> {
+        let pools: Vec<PoolName> = self.state.pools().keys().cloned().collect();
+        let defs: Vec<(Family, u32)> = self.state.taskdefs().keys().cloned().collect();
+        let services: Vec<ServiceName> = self.state.services().keys().cloned().collect();
+        let tasks: Vec<TaskId> = self.state.tasks().values().map(|e| e.task.id).collect();
+        let mut ops: Vec<Op> =
+            pools.iter().map(|p| Op::delete(POOL, p.as_str(), Precondition::Any)).collect();
+        ops.extend(defs.iter().map(|(f, r)| Op::delete(TASKDEF, taskdef_key(f, *r), Precondition::Any)));
+        ops.extend(services.iter().map(|s| Op::delete(SERVICE, s.as_str(), Precondition::Any)));
+        ops.extend(tasks.iter().map(|t| Op::delete(TASK, t.to_string(), Precondition::Any)));
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let rev = self.commit(&ops)?;
+        for id in tasks {
+            if let Some(e) = self.state.tasks().get(&id) {
+                if let (Some(p), Ok(req)) = (e.placement.clone(), self.request_for(&e.task.clone())) {
+                    self.sched.release(&req, &p);
+                }
+            }
+            self.apply(rev, Change::TaskRemoved(id));
+        }
+        for s in services {
+            self.apply(rev, Change::ServiceRemoved(s));
+        }
+        for (f, r) in defs {
+            self.apply(rev, Change::TaskDefRemoved(f, r));
+        }
+        for p in pools {
+            self.apply(rev, Change::PoolRemoved(p));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! Container instances are hosts: listed and described with their resources, their GPUs as
+//! ECS's `gpuDevices` (sharing mode, memory total and remaining, containers) and whether their
+//! agent is connected; `UpdateContainerInstancesState` drains (DRAINING) or activates (ACTIVE)
+//! them, as `host drain` and `host activate` do.
+
+use super::page::page;
+use super::shapes;
+use super::*;
+use mpsfleet_types::OperatorAction;
+use mpsfleet_types::{HostStatus, HostView, TaskStatus};
+use serde::Deserialize;
+use serde_json::json;
+
+/// The most instances one Describe or UpdateContainerInstancesState names (ECS's).
+const MAX_BATCH: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct List {
+    cluster: Option<String>,
+    status: Option<String>,
+    filter: Option<String>,
+    next_token: Option<String>,
+    max_results: Option<i64>,
+}
+
+/// ECS's status of a host, as [`shapes::container_instance`] answers it.
+fn status_of(h: &HostView) -> &'static str {
+    match h.status {
+        HostStatus::Registering | HostStatus::Onboarding => "REGISTERING",
+        HostStatus::Active => "ACTIVE",
+        HostStatus::Draining => "DRAINING",
+        HostStatus::Deregistered => "INACTIVE",
+    }
+}
+
+pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
+    if l.filter.is_some() {
+        return Err(EcsError::unsupported_field("filter"));
+    }
+    let arns = call.arns.clone();
+    let (pool, hosts): (String, Vec<(String, &'static str)>) = call
+        .read(move |c, who| {
+            let pool = pool_in(c, &who, &arns, l.cluster.as_deref())?;
+            let hosts = c.hosts(Some(&pool)).iter().map(|h| (h.id.to_string(), status_of(h))).collect();
+            Ok((pool, hosts))
+        })
+        .await?;
+    let hosts: Vec<String> = hosts
+        .into_iter()
+        .filter(|(_, s)| match l.status.as_deref() {
+            Some(want) => *s == want,
+            None => *s != "INACTIVE",
+        })
+        .map(|(h, _)| h)
+        .collect();
+    let (hosts, next) = page(hosts, Clone::clone, l.next_token.as_deref(), l.max_results)?;
+    let arns: Vec<String> = hosts.iter().map(|h| call.arns.container_instance(&pool, h)).collect();
+    Ok(json!({ "containerInstanceArns": arns, "nextToken": next }))
+}
+
+/// A host's ECS shape, with its task counts and whether its agent answers.
+fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
+    let h = c.host(id)?;
+    let filter = crate::cluster::TaskFilter {
+        host: Some(id.to_string()),
+        live: true,
+        limit: usize::MAX,
+        ..Default::default()
+    };
+    let tasks = c.tasks(&filter);
+    let running = tasks.iter().filter(|t| t.last_status == TaskStatus::Running).count();
+    let pending = tasks.len() - running;
+    // Connected: its agent's heartbeats come within the pool's heartbeat grace.
+    let grace = c.pool(h.pool.as_str()).map_or(0, |p| p.health_policy.agent_heartbeat_grace_ms);
+    let connected = h.status != HostStatus::Deregistered
+        && h.last_heartbeat_ms.is_some_and(|at| c.now_ms().saturating_sub(at) <= grace);
+    Ok(shapes::container_instance(arns, &h, running, pending, connected))
+}
+
+/// The host a caller's id or ARN names, in `pool`.
+fn host_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<String> {
+    let id = arns.short("container-instance", given)?;
+    c.host(id).ok().filter(|h| h.pool.as_str() == pool).map(|h| h.id.to_string())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct Describe {
+    cluster: Option<String>,
+    container_instances: Vec<String>,
+}
+
+/// ECS's refusal of an empty list of instances.
+fn none_named() -> EcsError {
+    EcsError::client("Container Instances cannot be empty.")
+}
+
+pub(super) async fn describe(call: &Call, d: Describe) -> Result<Value, EcsError> {
+    let arns = call.arns.clone();
+    let out = call
+        .read(move |c, who| {
+            let pool = pool_in(c, &who, &arns, d.cluster.as_deref())?;
+            if let Err(e) = check_batch("containerInstances", &d.container_instances, MAX_BATCH, none_named())
+            {
+                return Ok(Err(e));
+            }
+            let (mut found, mut failures) = (Vec::new(), Vec::new());
+            for given in &d.container_instances {
+                match host_in(c, &arns, &pool, given) {
+                    Some(id) => found.push(shape(c, &arns, &id)?),
+                    None => {
+                        let arn = if given.starts_with("arn:") {
+                            given.clone()
+                        } else {
+                            arns.container_instance(&pool, given)
+                        };
+                        failures.push(failure(&arn, "MISSING", None));
+                    }
+                }
+            }
+            Ok(Ok(json!({ "containerInstances": found, "failures": failures })))
+        })
+        .await?;
+    out
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct UpdateState {
+    cluster: Option<String>,
+    container_instances: Vec<String>,
+    status: String,
+}
+
+pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, EcsError> {
+    check_batch("containerInstances", &u.container_instances, MAX_BATCH, none_named())?;
+    let drain = match u.status.as_str() {
+        "DRAINING" => true,
+        "ACTIVE" => false,
+        other => {
+            return Err(EcsError::invalid(format!(
+                "status must be ACTIVE or DRAINING, got {other:?} (deregister a host with `mpsfleet host forget`)"
+            )))
+        }
+    };
+    let arns = call.arns.clone();
+    let actor = api::actor(&call.who);
+    call.run(api::operator, Touch::List, move |c, who| {
+        let pool = pool_in(c, &who, &arns, u.cluster.as_deref())?;
+        let (mut done, mut failures) = (Vec::new(), Vec::new());
+        for given in &u.container_instances {
+            let arn =
+                if given.starts_with("arn:") { given.clone() } else { arns.container_instance(&pool, given) };
+            let Some(id) = host_in(c, &arns, &pool, given) else {
+                failures.push(failure(&arn, "MISSING", None));
+                continue;
+            };
+            let status = c.host(&id)?.status;
+            let changed = match (drain, status) {
+                (true, HostStatus::Draining) | (false, HostStatus::Active) => Ok(()),
+                (true, _) => c.operator_action(&id, OperatorAction::Drain, &actor).map(|_| ()),
+                (false, _) => c.activate_host(&id, &actor).map(|_| ()),
+            };
+            match changed {
+                Ok(()) => done.push(shape(c, &arns, &id)?),
+                Err(e @ (Error::Conflict(_) | Error::InvalidParameter { .. })) => {
+                    failures.push(failure(&arn, "INVALID_STATE", Some(e.to_string())))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(json!({ "containerInstances": done, "failures": failures }))
+    })
+    .await
+}
+
+/// `DiscoverPollEndpoint`: where an ECS agent would poll. mpsfleet's agents reach the server
+/// itself, so both endpoints are this server as the caller reached it.
+pub(super) async fn poll_endpoint(call: &Call) -> Result<Value, EcsError> {
+    call.read(|_, _| Ok(())).await?;
+    Ok(json!({ "endpoint": call.endpoint, "telemetryEndpoint": call.endpoint }))
+}

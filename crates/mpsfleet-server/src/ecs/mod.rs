@@ -1,0 +1,387 @@
+//! The ECS-compatible API: Amazon ECS's own wire protocol (AWS JSON 1.1) at `POST /` on the
+//! server's port, so that `aws ecs ...`, boto3 and the AWS SDKs work against mpsfleet unchanged.
+//!
+//! A call names its operation in `X-Amz-Target` (`AmazonEC2ContainerServiceV20141113.RunTask`)
+//! and is signed with SigV4 by an access key that is an mpsfleet token (`token create --aws`).
+//! The handler authenticates the key before it reads the body, charges the key's rate limit,
+//! verifies the signature over the body, then translates the call to the same `Cluster`
+//! operations the REST API calls, under the same roles, pool scopes and audit log. What ECS
+//! names a cluster is a pool, a container instance is a host; services and tasks are what they
+//! are. Errors become ECS's (`__type`) in one place, [`error`]; the shapes of ECS's answers are
+//! built in [`shapes`]; ARNs in [`arn`].
+
+pub mod arn;
+mod clusters;
+mod conformance;
+mod error;
+mod instances;
+mod page;
+mod services;
+mod shapes;
+mod tags;
+mod taskdefs;
+mod tasks;
+
+use crate::api::{self, AppState};
+use crate::auth::Principal;
+use crate::cluster::{AuditContext, Cluster, Error, Touch};
+use crate::http::Guard;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+pub use conformance::{
+    ACCOUNT_ID as CONFORMANCE_ACCOUNT_ID, KEY_ID as CONFORMANCE_KEY_ID, SECRET as CONFORMANCE_SECRET,
+};
+pub use error::EcsError;
+use mpsfleet_core::sigv4;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The prefix of every ECS operation's `X-Amz-Target`.
+pub const TARGET_PREFIX: &str = "AmazonEC2ContainerServiceV20141113.";
+/// The content type of AWS JSON 1.1 requests and answers.
+pub const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
+/// How far a request's `X-Amz-Date` may be from the server's clock, as AWS allows.
+pub const MAX_SKEW_MS: u64 = 15 * 60 * 1000;
+/// The most bytes of a call's body: a task definition's limit, as the REST API's.
+pub const BODY_LIMIT: usize = crate::http::TASKDEF_BODY_LIMIT;
+/// The headers every signature must cover.
+const SIGNED_AT_LEAST: &[&str] = &["host", "x-amz-date", "x-amz-target"];
+
+/// How the ECS-compatible API names this cluster.
+#[derive(Debug, Clone)]
+pub struct EcsOptions {
+    /// The account id in every ARN: 12 digits.
+    pub account_id: String,
+    /// The one region requests may be signed for; none: any, and each answer's ARNs name the
+    /// region its request was signed for.
+    pub region: Option<String>,
+    /// Conformance mode, for running the moto ECS test suite against the server: accepts the
+    /// suite's fixed key, and `POST /moto-api/reset` empties the ECS-visible state. Never on by
+    /// default.
+    pub conformance: bool,
+}
+
+/// The account id ARNs use unless told otherwise.
+pub const DEFAULT_ACCOUNT_ID: &str = "000000000000";
+
+impl Default for EcsOptions {
+    fn default() -> Self {
+        EcsOptions { account_id: DEFAULT_ACCOUNT_ID.into(), region: None, conformance: false }
+    }
+}
+
+impl EcsOptions {
+    /// Checks the account id (12 digits) and region (a lowercase AWS-style name).
+    pub fn check(&self) -> Result<(), String> {
+        if self.account_id.len() != 12 || !self.account_id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("--aws-account-id must be 12 digits, got {:?}", self.account_id));
+        }
+        if let Some(r) = &self.region {
+            if !arn::valid_region(r) {
+                return Err(format!("--aws-region must look like us-east-1, got {r:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Ecs {
+    guard: Guard,
+    options: Arc<EcsOptions>,
+}
+
+/// `POST /` (and in conformance mode `POST /moto-api/reset`), beside the console's `GET /`.
+pub fn router(guard: Guard, options: EcsOptions) -> Router {
+    let conformance = options.conformance;
+    let mut r = Router::new().route("/", post(handle));
+    if conformance {
+        r = r.route("/moto-api/reset", post(conformance::reset));
+    }
+    r.with_state(Ecs { guard, options: Arc::new(options) })
+}
+
+/// One call being served: who makes it, and how its answer names things.
+pub(crate) struct Call {
+    st: AppState,
+    digest: String,
+    who: Principal,
+    arns: arn::Arns,
+    audit: Option<AuditContext>,
+    /// This server as the caller reached it (`https://HOST`), for `DiscoverPollEndpoint`.
+    endpoint: String,
+}
+
+impl Call {
+    /// Runs `f` under the cluster lock for this caller, as the REST API's handlers do: `allow`
+    /// checks its role, `touch` admits what the operation touches for its pool scope, and a
+    /// change is written to the audit log.
+    async fn run<T: Send + 'static>(
+        &self,
+        allow: fn(&Principal) -> bool,
+        touch: Touch,
+        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, EcsError> {
+        let call = self.st.call_digest(self.digest.clone(), allow, touch, f);
+        api::AUDIT.scope(self.audit.clone(), call).await.map_err(EcsError::from)
+    }
+
+    /// A read of the whole cluster for this caller (lists and batches filter by its pool).
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Cluster, Principal) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, EcsError> {
+        self.run(api::viewer, Touch::List, f).await
+    }
+}
+
+/// Parses a call's request into `T`; a body of the wrong shape is ECS's
+/// `SerializationException`, naming what serde found.
+fn request<T: DeserializeOwned>(body: Value) -> Result<T, EcsError> {
+    serde_json::from_value(body).map_err(|e| EcsError::serialization(e.to_string()))
+}
+
+async fn handle(
+    State(ecs): State<Ecs>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let id = headers.get(crate::request_id::HEADER).cloned();
+    let mut resp = match serve(&ecs, peer, &headers, body).await {
+        Ok(v) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], v.to_string()).into_response(),
+        Err(e) => e.into_response(),
+    };
+    if let Some(id) = id {
+        resp.headers_mut().insert("x-amzn-requestid", id);
+    }
+    resp
+}
+
+/// Authenticates, reads and verifies a call, then serves it.
+async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Result<Value, EcsError> {
+    let st = &ecs.guard.state;
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let authorization = text("authorization").ok_or_else(EcsError::missing_token)?;
+    let auth = sigv4::parse_authorization(authorization).map_err(EcsError::from)?;
+    let key = auth.access_key_id.clone();
+    let found = st.read(move |c| c.aws_key(&key)).await;
+    let key = match found {
+        Ok(Some(key)) => Ok(key),
+        Ok(None) => Err(EcsError::unknown_key()),
+        Err(crate::error::ApiError::Domain(Error::Unauthorized(why))) => Err(EcsError::expired_key(why)),
+        Err(e) => Err(EcsError::from(e)),
+    };
+    let charged = match &key {
+        Ok(k) => Ok((k.who.clone(), k.digest.clone())),
+        Err(_) => Err(crate::error::ApiError::from(Error::Unauthorized("unknown access key"))),
+    };
+    crate::http::charge(&ecs.guard, &charged, Some(peer.ip())).map_err(EcsError::from)?;
+    let crate::cluster::AwsKey { who, secret, digest, now_ms } = key?;
+    let bytes = read_body(ecs, body).await?;
+    let target = text("x-amz-target").unwrap_or("");
+    let owned: Vec<(String, Vec<u8>)> =
+        headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
+    let pairs: Vec<(&str, &[u8])> = owned.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let req = sigv4::Request { method: "POST", path: "/", query: "", headers: &pairs, body: &bytes };
+    let expect = sigv4::Expect {
+        service: "ecs",
+        region: ecs.options.region.as_deref(),
+        required_headers: SIGNED_AT_LEAST,
+        now_ms,
+        max_skew_ms: MAX_SKEW_MS,
+    };
+    sigv4::verify(&req, &auth, &secret, &expect).map_err(EcsError::from)?;
+    let op =
+        target.strip_prefix(TARGET_PREFIX).ok_or_else(|| EcsError::unknown_operation(target))?.to_string();
+    let body: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Value::Object(Default::default())
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| EcsError::serialization(format!("the body is not JSON: {e}")))?
+    };
+    if !body.is_object() {
+        return Err(EcsError::serialization("the body must be a JSON object".into()));
+    }
+    let audit = (!is_read(&op)).then(|| AuditContext {
+        actor: api::actor(&who),
+        role: who.role().unwrap_or(mpsfleet_types::access::Role::Viewer),
+        action: format!("ECS {op}"),
+        target: "/".into(),
+        from: peer.ip().to_string(),
+    });
+    let arns = arn::Arns { region: auth.region.clone(), account: ecs.options.account_id.clone() };
+    let scheme = if st.tls.is_some() { "https" } else { "http" };
+    let endpoint = format!("{scheme}://{}", text("host").unwrap_or("localhost"));
+    let call = Call { st: st.clone(), digest, who, arns, audit, endpoint };
+    dispatch(&call, &op, body).await
+}
+
+/// Reads a call's body within the server's body read timeout and [`BODY_LIMIT`].
+async fn read_body(ecs: &Ecs, body: Body) -> Result<axum::body::Bytes, EcsError> {
+    let timeout = ecs.guard.body_read_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Err(_) => Err(EcsError::client(format!(
+            "the request body was not received within {} ms",
+            timeout.as_millis()
+        ))),
+        Ok(Err(e)) => Err(EcsError::client(format!(
+            "the request body could not be read (at most {BODY_LIMIT} bytes): {e}"
+        ))),
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
+/// Whether an operation only reads.
+fn is_read(op: &str) -> bool {
+    op.starts_with("Describe") || op.starts_with("List")
+}
+
+/// The operations served, by name.
+pub const OPERATIONS: &[&str] = &[
+    "CreateCluster",
+    "DeleteCluster",
+    "UpdateCluster",
+    "DescribeClusters",
+    "ListClusters",
+    "RegisterTaskDefinition",
+    "DescribeTaskDefinition",
+    "ListTaskDefinitions",
+    "ListTaskDefinitionFamilies",
+    "DeregisterTaskDefinition",
+    "DeleteTaskDefinitions",
+    "RunTask",
+    "StartTask",
+    "StopTask",
+    "DescribeTasks",
+    "ListTasks",
+    "CreateService",
+    "UpdateService",
+    "DeleteService",
+    "DescribeServices",
+    "ListServices",
+    "ListContainerInstances",
+    "DescribeContainerInstances",
+    "UpdateContainerInstancesState",
+    "DiscoverPollEndpoint",
+    "TagResource",
+    "UntagResource",
+    "ListTagsForResource",
+];
+
+async fn dispatch(call: &Call, op: &str, body: Value) -> Result<Value, EcsError> {
+    match op {
+        "CreateCluster" => clusters::create(call, request(body)?).await,
+        "DeleteCluster" => clusters::delete(call, request(body)?).await,
+        "UpdateCluster" => clusters::update(call, request(body)?).await,
+        "DescribeClusters" => clusters::describe(call, request(body)?).await,
+        "ListClusters" => clusters::list(call, request(body)?).await,
+        "RegisterTaskDefinition" => taskdefs::register(call, body).await,
+        "DescribeTaskDefinition" => taskdefs::describe(call, request(body)?).await,
+        "ListTaskDefinitions" => taskdefs::list(call, request(body)?).await,
+        "ListTaskDefinitionFamilies" => taskdefs::families(call, request(body)?).await,
+        "DeregisterTaskDefinition" => taskdefs::deregister(call, request(body)?).await,
+        "DeleteTaskDefinitions" => taskdefs::delete(call, request(body)?).await,
+        "RunTask" => tasks::run(call, request(body)?).await,
+        "StartTask" => tasks::start(call, request(body)?).await,
+        "StopTask" => tasks::stop(call, request(body)?).await,
+        "DescribeTasks" => tasks::describe(call, request(body)?).await,
+        "ListTasks" => tasks::list(call, request(body)?).await,
+        "CreateService" => services::create(call, request(body)?).await,
+        "UpdateService" => services::update(call, request(body)?).await,
+        "DeleteService" => services::delete(call, request(body)?).await,
+        "DescribeServices" => services::describe(call, request(body)?).await,
+        "ListServices" => services::list(call, request(body)?).await,
+        "ListContainerInstances" => instances::list(call, request(body)?).await,
+        "DescribeContainerInstances" => instances::describe(call, request(body)?).await,
+        "UpdateContainerInstancesState" => instances::update_state(call, request(body)?).await,
+        "DiscoverPollEndpoint" => instances::poll_endpoint(call).await,
+        "TagResource" => tags::tag(call, request(body)?).await,
+        "UntagResource" => tags::untag(call, request(body)?).await,
+        "ListTagsForResource" => tags::list(call, request(body)?).await,
+        other => Err(EcsError::unsupported(other)),
+    }
+}
+
+/// The content type header value of ECS answers.
+pub fn content_type() -> HeaderValue {
+    HeaderValue::from_static(CONTENT_TYPE)
+}
+
+/// The pool a call's `cluster` names (a name or an ARN); none: the default cluster, the only
+/// pool the caller sees or else the one named `default`. A pool outside the caller's scope is
+/// not found, as the REST API answers.
+fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) -> Result<String, Error> {
+    let name = match given.filter(|g| !g.is_empty()) {
+        Some(g) => arns.short("cluster", g).ok_or_else(|| Error::not_found("pool", g))?.to_string(),
+        None => {
+            let seen: Vec<String> =
+                c.pools().into_iter().map(|p| p.name.to_string()).filter(|p| who.sees_pool(p)).collect();
+            match seen.as_slice() {
+                [only] => only.clone(),
+                _ => "default".to_string(),
+            }
+        }
+    };
+    if !who.sees_pool(&name) {
+        return Err(Error::not_found("pool", name));
+    }
+    c.pool(&name)?;
+    Ok(name)
+}
+
+/// A pool's counts, as `DescribeClusters` answers them.
+fn counts(c: &Cluster, pool: &str) -> shapes::ClusterCounts {
+    use mpsfleet_types::{HostStatus, ServiceStatus, TaskStatus};
+    let filter = crate::cluster::TaskFilter {
+        pool: Some(pool.to_string()),
+        limit: usize::MAX,
+        live: true,
+        ..Default::default()
+    };
+    let tasks = c.tasks(&filter);
+    shapes::ClusterCounts {
+        instances: c.hosts(Some(pool)).iter().filter(|h| h.status != HostStatus::Deregistered).count(),
+        running: tasks.iter().filter(|t| t.last_status == TaskStatus::Running).count(),
+        pending: tasks.iter().filter(|t| t.last_status < TaskStatus::Running).count(),
+        services: c
+            .services()
+            .iter()
+            .filter(|s| s.service.pool.as_str() == pool && s.service.status == ServiceStatus::Active)
+            .count(),
+    }
+}
+
+/// Whether `include` (a Describe call's) asks for the tags.
+fn with_tags(include: &[String]) -> bool {
+    include.iter().any(|i| i == "TAGS")
+}
+
+/// ECS's `failures[]` entry.
+fn failure(arn: &str, reason: &str, detail: Option<String>) -> Value {
+    let mut v = serde_json::json!({"arn": arn, "reason": reason});
+    if let Some(d) = detail {
+        v["detail"] = Value::String(d);
+    }
+    v
+}
+
+/// Checks a batch's size: 1 to `max` names. `empty` is ECS's refusal of none (its words).
+fn check_batch(field: &str, given: &[String], max: usize, empty: EcsError) -> Result<(), EcsError> {
+    if given.is_empty() {
+        return Err(empty);
+    }
+    if given.len() > max {
+        return Err(EcsError::invalid(format!(
+            "{field} can list at most {max} names or ARNs, got {}",
+            given.len()
+        )));
+    }
+    Ok(())
+}

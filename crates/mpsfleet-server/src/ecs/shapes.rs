@@ -1,0 +1,393 @@
+//! ECS's answer shapes, built from mpsfleet's records: a pool as a `Cluster`, a task
+//! definition as a `TaskDefinition`, a task as a `Task` (its containers with their GPUs and
+//! `gpuSharingStrategy`), a service as a `Service` with `deployments` and `events`, a host as a
+//! `ContainerInstance` (its resources, and its GPUs as `gpuDevices`). Times are epoch seconds.
+//! Fields ECS always answers with (empty lists, `launchType: EC2`) are answered here too.
+
+use super::arn::Arns;
+use mpsfleet_types::labels::Tag;
+use mpsfleet_types::service::{Deployment, DeploymentView, ServiceView};
+use mpsfleet_types::{
+    GpuRequirement, HealthStatus, HostStatus, HostView, Pool, ResourceRequirement, Task, TaskDefinition,
+    TaskStatus,
+};
+use serde_json::{json, Map, Value};
+
+/// Epoch seconds, as ECS's timestamps are, of epoch milliseconds.
+pub fn seconds(ms: u64) -> Value {
+    json!(ms as f64 / 1000.0)
+}
+
+/// An object's members with the `null` ones left out (ECS leaves out what is not set).
+fn object(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect()),
+        other => other,
+    }
+}
+
+pub fn tags(tags: &[Tag]) -> Value {
+    json!(tags.iter().map(|t| json!({"key": t.key, "value": t.value})).collect::<Vec<_>>())
+}
+
+/// What a cluster counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClusterCounts {
+    pub instances: usize,
+    pub running: usize,
+    pub pending: usize,
+    pub services: usize,
+}
+
+pub fn cluster(a: &Arns, pool: &Pool, counts: ClusterCounts, with_tags: bool) -> Value {
+    let mut v = json!({
+        "clusterArn": a.cluster(pool.name.as_str()),
+        "clusterName": pool.name.as_str(),
+        "status": "ACTIVE",
+        "registeredContainerInstancesCount": counts.instances,
+        "runningTasksCount": counts.running,
+        "pendingTasksCount": counts.pending,
+        "activeServicesCount": counts.services,
+        "statistics": [],
+        "settings": [{"name": "containerInsights", "value": "disabled"}],
+        "capacityProviders": [],
+        "defaultCapacityProviderStrategy": [],
+    });
+    for (k, kept) in &pool.kept_fields {
+        v[k.as_str()] = kept.clone();
+    }
+    if with_tags && !pool.tags.is_empty() {
+        v["tags"] = tags(&pool.tags);
+    }
+    v
+}
+
+/// ECS's `containerDefinitions[]` entry: the definition as registered, with the lists ECS
+/// always answers with.
+fn container_definition(c: &mpsfleet_types::ContainerDefinition) -> Value {
+    let mut v = serde_json::to_value(c).unwrap_or_else(|_| json!({"name": c.name}));
+    if let Value::Object(m) = &mut v {
+        for list in ["portMappings", "environment", "mountPoints", "volumesFrom"] {
+            m.entry(list).or_insert_with(|| json!([]));
+        }
+        m.entry("cpu").or_insert_with(|| json!(0));
+    }
+    v
+}
+
+pub fn task_definition(a: &Arns, td: &TaskDefinition, with_tags: bool) -> Value {
+    let mut m = Map::new();
+    for (k, v) in &td.kept_fields {
+        m.insert(k.clone(), v.clone());
+    }
+    m.insert("taskDefinitionArn".into(), json!(a.task_definition(td.family.as_str(), td.revision)));
+    m.insert(
+        "containerDefinitions".into(),
+        json!(td.container_definitions.iter().map(container_definition).collect::<Vec<_>>()),
+    );
+    m.insert("family".into(), json!(td.family.as_str()));
+    m.insert("networkMode".into(), json!(td.network_mode.map_or("bridge", |n| n.as_str())));
+    m.insert("revision".into(), json!(td.revision));
+    m.insert("volumes".into(), serde_json::to_value(&td.volumes).unwrap_or_else(|_| json!([])));
+    m.insert("status".into(), json!(if td.deregistered_at_ms.is_some() { "INACTIVE" } else { "ACTIVE" }));
+    m.entry("placementConstraints").or_insert_with(|| json!([]));
+    // Every definition runs on the cluster's hosts; one that asked for FARGATE says so too.
+    let fargate = td
+        .kept_fields
+        .get("requiresCompatibilities")
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|c| c == "FARGATE"));
+    m.insert("compatibilities".into(), if fargate { json!(["EC2", "FARGATE"]) } else { json!(["EC2"]) });
+    for (k, v) in
+        [("cpu", &td.cpu), ("memory", &td.memory), ("pidMode", &td.pid_mode), ("ipcMode", &td.ipc_mode)]
+    {
+        if let Some(v) = v {
+            m.insert(k.into(), json!(v));
+        }
+    }
+    if td.registered_at_ms > 0 {
+        m.insert("registeredAt".into(), seconds(td.registered_at_ms));
+    }
+    if let Some(at) = td.deregistered_at_ms {
+        m.insert("deregisteredAt".into(), seconds(at));
+    }
+    let mut v = Value::Object(m);
+    if with_tags {
+        v["tags"] = tags(&td.tags);
+    }
+    v
+}
+
+/// ECS's status words for a task's `lastStatus` and `desiredStatus`.
+pub fn task_status(s: TaskStatus) -> &'static str {
+    s.as_str()
+}
+
+/// The `sharingStrategy` of a container's GPU requirement, if it shares its GPU through MPS.
+fn sharing_strategy(c: &mpsfleet_types::ContainerDefinition) -> Option<Value> {
+    c.resource_requirements.iter().find_map(|r| match r {
+        ResourceRequirement::Gpu(GpuRequirement::Mps { sharing_strategy }) => {
+            serde_json::to_value(sharing_strategy).ok()
+        }
+        ResourceRequirement::Gpu(GpuRequirement::Whole { .. }) => None,
+    })
+}
+
+pub fn task(a: &Arns, t: &Task, td: Option<&TaskDefinition>, with_tags: bool) -> Value {
+    let id = t.id.to_string();
+    let task_arn = a.task(t.pool.as_str(), &id);
+    let defs = td.map(|d| d.container_definitions.as_slice()).unwrap_or_default();
+    let containers: Vec<Value> = defs
+        .iter()
+        .map(|c| {
+            let report = t.containers.iter().find(|r| r.name == c.name);
+            let status = report
+                .map_or(t.last_status, |r| if r.exit_code.is_some() { TaskStatus::Stopped } else { t.last_status });
+            let uses_gpu = !c.resource_requirements.is_empty();
+            object(json!({
+                "containerArn": format!("{task_arn}/{}", c.name),
+                "taskArn": task_arn,
+                "name": c.name,
+                "image": c.image,
+                "imageDigest": report.and_then(|r| r.image_digest.clone()),
+                "runtimeId": report.and_then(|r| r.runtime_id.clone()),
+                "lastStatus": task_status(status),
+                "exitCode": report.and_then(|r| r.exit_code),
+                "reason": report.and_then(|r| r.reason.clone()),
+                "networkBindings": report.map(|r| {
+                    r.network_bindings
+                        .iter()
+                        .map(|b| json!({"bindIP": b.bind_ip, "containerPort": b.container_port, "hostPort": b.host_port, "protocol": b.protocol}))
+                        .collect::<Vec<_>>()
+                }).unwrap_or_default(),
+                "networkInterfaces": report.map(|r| {
+                    r.network_interfaces.iter().map(|n| json!({"attachmentId": n.attachment_id, "privateIpv4Address": n.private_ipv4_address})).collect::<Vec<_>>()
+                }).unwrap_or_default(),
+                "healthStatus": if c.health_check.is_some() { t.health_status.as_str() } else { "UNKNOWN" },
+                "cpu": c.cpu.map(|n| n.to_string()),
+                "memory": c.memory.map(|n| n.to_string()),
+                "memoryReservation": c.memory_reservation.map(|n| n.to_string()),
+                "gpuIds": if uses_gpu { json!(t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>()) } else { Value::Null },
+                "gpuSharingStrategy": sharing_strategy(c),
+            }))
+        })
+        .collect();
+    let overrides = t.overrides.as_ref().map_or_else(|| json!({"containerOverrides": []}), |o| json!(o));
+    let mut v = object(json!({
+        "taskArn": task_arn,
+        "clusterArn": a.cluster(t.pool.as_str()),
+        "taskDefinitionArn": a.task_definition(t.task_definition.family.as_str(), t.task_definition.revision),
+        "containerInstanceArn": t.host_id.as_ref().map(|h| a.container_instance(t.pool.as_str(), h.as_str())),
+        "lastStatus": task_status(t.last_status),
+        "desiredStatus": task_status(t.desired_status),
+        "healthStatus": t.health_status.as_str(),
+        "containers": containers,
+        "cpu": td.and_then(|d| d.cpu.clone()),
+        "memory": td.and_then(|d| d.memory.clone()),
+        "createdAt": seconds(t.created_at_ms),
+        "startedAt": t.started_at_ms.map(seconds),
+        "stoppedAt": t.stopped_at_ms.map(seconds),
+        "stopCode": t.stop_code,
+        "stoppedReason": t.stopped_reason,
+        "startedBy": t.run_started_by.clone().unwrap_or_else(|| t.started_by.clone()),
+        "group": t.run_group.clone().unwrap_or_else(|| match &t.group {
+            Some(s) => format!("service:{s}"),
+            None => format!("family:{}", t.task_definition.family),
+        }),
+        "launchType": "EC2",
+        "overrides": overrides,
+        "attachments": t.attachments,
+        "version": 1,
+    }));
+    if with_tags {
+        v["tags"] = tags(&t.tags);
+    }
+    v
+}
+
+fn deployment(a: &Arns, pool: &str, service: &str, d: &DeploymentView) -> Value {
+    let dep: &Deployment = &d.deployment;
+    json!({
+        "id": deployment_id(service, &dep.id),
+        "status": dep.status.as_str(),
+        "taskDefinition": a.task_definition(dep.task_definition.family.as_str(), dep.task_definition.revision),
+        "desiredCount": dep.desired_count,
+        "pendingCount": d.pending_count,
+        "runningCount": d.running_count,
+        "failedTasks": dep.failed_tasks,
+        "createdAt": seconds(dep.created_at_ms),
+        "updatedAt": seconds(dep.updated_at_ms),
+        "launchType": "EC2",
+        "rolloutState": dep.rollout_state.as_str(),
+        "rolloutStateReason": rollout_reason(service, pool, dep),
+    })
+}
+
+/// ECS's words for a rollout's state, with mpsfleet's reason where it has one (why a rollout
+/// failed or was superseded).
+fn rollout_reason(service: &str, pool: &str, d: &Deployment) -> String {
+    let id = deployment_id(service, &d.id);
+    let state = match d.rollout_state {
+        mpsfleet_types::service::RolloutState::InProgress => "in progress.",
+        mpsfleet_types::service::RolloutState::Completed => "completed.",
+        mpsfleet_types::service::RolloutState::Failed => "failed.",
+    };
+    let why = &d.rollout_state_reason;
+    if why.is_empty() || why == "service created" {
+        format!("ECS deployment {id} in cluster {pool} {state}")
+    } else {
+        format!("ECS deployment {id} in cluster {pool} {state} {why}")
+    }
+}
+
+/// ECS names deployments `ecs-svc/...`: mpsfleet's `d-3` of service `web` is `ecs-svc/web/d-3`.
+pub fn deployment_id(service: &str, id: &str) -> String {
+    format!("ecs-svc/{service}/{id}")
+}
+
+pub fn service(a: &Arns, s: &ServiceView, deployments: &[DeploymentView], with_tags: bool) -> Value {
+    let svc = &s.service;
+    let pool = svc.pool.as_str();
+    let name = svc.name.as_str();
+    let events: Vec<Value> = svc
+        .events
+        .since(0)
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, e)| {
+            json!({
+                "id": format!("{name}-{}", svc.events.pushed().saturating_sub(i as u64)),
+                "createdAt": seconds(e.latest_ms()),
+                "message": format!("(service {name}) {}: {}", e.event.reason, e.event.message),
+            })
+        })
+        .collect();
+    let c = &svc.deployment_configuration;
+    let mut v = json!({
+        "serviceArn": a.service(pool, name),
+        "serviceName": name,
+        "clusterArn": a.cluster(pool),
+        "loadBalancers": [],
+        "serviceRegistries": [],
+        "status": svc.status,
+        "desiredCount": svc.desired_count,
+        "runningCount": s.running_count,
+        "pendingCount": s.pending_count,
+        "launchType": "EC2",
+        "taskDefinition": a.task_definition(svc.task_definition.family.as_str(), svc.task_definition.revision),
+        "deploymentConfiguration": {
+            "minimumHealthyPercent": c.minimum_healthy_percent,
+            "maximumPercent": c.maximum_percent,
+            "deploymentCircuitBreaker": {
+                "enable": c.deployment_circuit_breaker.enable,
+                "rollback": c.deployment_circuit_breaker.rollback,
+            },
+        },
+        "taskSets": [],
+        "deployments": deployments.iter().filter(|d| d.deployment.status.as_str() != "INACTIVE").map(|d| deployment(a, pool, name, d)).collect::<Vec<_>>(),
+        "events": events,
+        "createdAt": seconds(svc.created_at_ms),
+        "placementConstraints": [],
+        "placementStrategy": [],
+        "schedulingStrategy": "REPLICA",
+        "deploymentController": {"type": "ECS"},
+        "propagateTags": "NONE",
+        "enableECSManagedTags": false,
+        "enableExecuteCommand": false,
+    });
+    for (k, kept) in &svc.kept_fields {
+        v[k.as_str()] = kept.clone();
+    }
+    if with_tags {
+        v["tags"] = tags(&svc.tags);
+    }
+    v
+}
+
+/// ECS's container instance status of a host.
+fn instance_status(s: HostStatus) -> &'static str {
+    match s {
+        HostStatus::Registering | HostStatus::Onboarding => "REGISTERING",
+        HostStatus::Active => "ACTIVE",
+        HostStatus::Draining => "DRAINING",
+        HostStatus::Deregistered => "INACTIVE",
+    }
+}
+
+fn integer(name: &str, value: u64) -> Value {
+    json!({"name": name, "type": "INTEGER", "integerValue": value, "doubleValue": 0.0, "longValue": 0})
+}
+
+/// A host as ECS's `ContainerInstance`. `used_gpus` are the GPUs its tasks hold (whole or
+/// shared); `running`/`pending` count its tasks.
+pub fn container_instance(
+    a: &Arns,
+    h: &HostView,
+    running: usize,
+    pending: usize,
+    agent_connected: bool,
+) -> Value {
+    let all: Vec<&str> = h.gpus.iter().map(|g| g.gpu_id.as_str()).collect();
+    let idle: Vec<&str> = h
+        .gpus
+        .iter()
+        .filter(|g| g.sharing_mode == mpsfleet_types::SharingMode::Idle)
+        .map(|g| g.gpu_id.as_str())
+        .collect();
+    let gpu_devices: Vec<Value> = h
+        .gpus
+        .iter()
+        .map(|g| {
+            json!({
+                "gpuId": g.gpu_id.as_str(),
+                "sharingMode": g.sharing_mode.as_str(),
+                "totalMemoryInMiB": g.total_memory_mib,
+                "remainingMemoryInMiB": g.remaining_memory_mib,
+                "containerCount": g.client_count,
+            })
+        })
+        .collect();
+    let health = match h.health_status {
+        HealthStatus::Ok => "OK",
+        HealthStatus::Initializing => "INITIALIZING",
+        HealthStatus::InsufficientData => "INSUFFICIENT_DATA",
+        HealthStatus::Impaired => "IMPAIRED",
+    };
+    json!({
+        "containerInstanceArn": a.container_instance(h.pool.as_str(), h.id.as_str()),
+        "ec2InstanceId": h.hostname,
+        "version": 1,
+        "versionInfo": {"agentVersion": env!("CARGO_PKG_VERSION"), "dockerVersion": h.runtime_version},
+        "registeredResources": [
+            integer("GPU", all.len() as u64),
+            {"name": "GPU", "type": "STRINGSET", "stringSetValue": all, "doubleValue": 0.0, "longValue": 0, "integerValue": 0},
+        ],
+        "remainingResources": [
+            integer("GPU", idle.len() as u64),
+            {"name": "GPU", "type": "STRINGSET", "stringSetValue": idle, "doubleValue": 0.0, "longValue": 0, "integerValue": 0},
+        ],
+        "status": instance_status(h.status),
+        "statusReason": if h.cordoned { "cordoned: no new tasks are placed here" } else { "" },
+        "agentConnected": agent_connected,
+        "runningTasksCount": running,
+        "pendingTasksCount": pending,
+        "attributes": [
+            {"name": "ecs.capability.mps", "value": if h.mps_available { "true" } else { "false" }},
+            {"name": "mpsfleet.runtime", "value": h.runtime.as_str()},
+        ],
+        "registeredAt": seconds(h.registered_at_ms),
+        "attachments": [],
+        "tags": [],
+        "healthStatus": {
+            "overallStatus": health,
+            "details": h.checks.iter().map(|c| json!({
+                "type": "CONTAINER_RUNTIME",
+                "status": c.status.as_str(),
+                "lastUpdated": seconds(c.since_ms),
+                "lastStatusChange": seconds(c.since_ms),
+            })).collect::<Vec<_>>(),
+        },
+        "gpuDevices": gpu_devices,
+    })
+}
