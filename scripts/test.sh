@@ -43,6 +43,11 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 
+# The AWS CLI, boto3 and moto's ECS tests from PyPI (pinned), in target/ecs-env: the ECS-compatible
+# API's tests drive them (MPSFLEET_ECS_ENV).
+MPSFLEET_ECS_ENV="$(bash scripts/ecs-env.sh | tail -n 1)"
+export MPSFLEET_ECS_ENV
+
 # A fresh checkout gains nothing from incremental state, which would double the target folder.
 if [[ "${CI:-}" == "true" ]]; then
   export CARGO_INCREMENTAL=0

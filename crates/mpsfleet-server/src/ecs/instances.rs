@@ -134,7 +134,6 @@ pub(super) struct UpdateState {
 }
 
 pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, EcsError> {
-    check_batch("containerInstances", &u.container_instances, MAX_BATCH, none_named())?;
     let drain = match u.status.as_str() {
         "DRAINING" => true,
         "ACTIVE" => false,
@@ -146,31 +145,48 @@ pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, E
     };
     let arns = call.arns.clone();
     let actor = api::actor(&call.who);
-    call.run(api::operator, Touch::List, move |c, who| {
-        let pool = pool_in(c, &who, &arns, u.cluster.as_deref())?;
-        let (mut done, mut failures) = (Vec::new(), Vec::new());
-        for given in &u.container_instances {
-            let arn =
-                if given.starts_with("arn:") { given.clone() } else { arns.container_instance(&pool, given) };
-            let Some(id) = host_in(c, &arns, &pool, given) else {
-                failures.push(failure(&arn, "MISSING", None));
-                continue;
-            };
-            let status = c.host(&id)?.status;
-            let changed = match (drain, status) {
-                (true, HostStatus::Draining) | (false, HostStatus::Active) => Ok(()),
-                (true, _) => c.operator_action(&id, OperatorAction::Drain, &actor).map(|_| ()),
-                (false, _) => c.activate_host(&id, &actor).map(|_| ()),
-            };
-            match changed {
-                Ok(()) => done.push(shape(c, &arns, &id)?),
-                Err(e @ (Error::Conflict(_) | Error::InvalidParameter { .. })) => {
-                    failures.push(failure(&arn, "INVALID_STATE", Some(e.to_string())))
-                }
-                Err(e) => return Err(e),
+    let (_pool, done, failures) = call
+        .run(api::operator, Touch::List, move |c, who| {
+            let pool = pool_in(c, &who, &arns, u.cluster.as_deref())?;
+            if let Err(e) = check_batch("containerInstances", &u.container_instances, MAX_BATCH, none_named())
+            {
+                return Ok(Err(e));
             }
-        }
-        Ok(json!({ "containerInstances": done, "failures": failures }))
+            let (mut done, mut failures) = (Vec::new(), Vec::new());
+            for given in &u.container_instances {
+                let arn = if given.starts_with("arn:") {
+                    given.clone()
+                } else {
+                    arns.container_instance(&pool, given)
+                };
+                let Some(id) = host_in(c, &arns, &pool, given) else {
+                    failures.push(failure(&arn, "MISSING", None));
+                    continue;
+                };
+                let status = c.host(&id)?.status;
+                let changed = match (drain, status) {
+                    (true, HostStatus::Draining) | (false, HostStatus::Active) => Ok(()),
+                    (true, _) => c.operator_action(&id, OperatorAction::Drain, &actor).map(|_| ()),
+                    (false, _) => c.activate_host(&id, &actor).map(|_| ()),
+                };
+                match changed {
+                    Ok(()) => done.push(id),
+                    Err(e @ (Error::Conflict(_) | Error::InvalidParameter { .. })) => {
+                        failures.push(failure(&arn, "INVALID_STATE", Some(e.to_string())))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Ok((pool, done, failures)))
+        })
+        .await??;
+    // A drain is carried out by the host's incident, which the controllers' pass runs at once:
+    // the answer shows the instances after it.
+    call.st.settled().await;
+    let arns = call.arns.clone();
+    call.read(move |c, _| {
+        let shown = done.iter().map(|id| shape(c, &arns, id)).collect::<Result<Vec<_>, _>>()?;
+        Ok(json!({ "containerInstances": shown, "failures": failures }))
     })
     .await
 }

@@ -382,7 +382,7 @@ pub fn container_instance(
         "healthStatus": {
             "overallStatus": health,
             "details": h.checks.iter().map(|c| json!({
-                "type": "CONTAINER_RUNTIME",
+                "type": c.name,
                 "status": c.status.as_str(),
                 "lastUpdated": seconds(c.since_ms),
                 "lastStatusChange": seconds(c.since_ms),

@@ -233,6 +233,21 @@ pub fn mps_control() -> Option<PathBuf> {
     found
 }
 
+/// The AWS CLI, boto3 and moto's ECS tests from PyPI that `scripts/ecs-env.sh` puts in
+/// `target/ecs-env` (or `MPSFLEET_ECS_ENV`). None (and a printed reason) when absent; on CI a
+/// missing one panics instead.
+pub fn ecs_env() -> Option<PathBuf> {
+    let dir = std::env::var_os("MPSFLEET_ECS_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ecs-env"));
+    let found = dir.join("sdk/bin/python").is_file() && dir.join("cli/bin/aws").is_file();
+    if !found {
+        assert!(!on_ci(), "{} has no AWS CLI and boto3 and CI is set: run scripts/ecs-env.sh", dir.display());
+        println!("skipped: no AWS CLI and boto3 in {}; run scripts/ecs-env.sh", dir.display());
+    }
+    found.then_some(dir)
+}
+
 /// A running `mpsfleet agent` process. Killed (SIGKILL) when dropped.
 pub struct Agent {
     pub child: Child,

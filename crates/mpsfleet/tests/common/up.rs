@@ -41,6 +41,12 @@ impl Up {
 
     /// [`Up::start`] with more arguments for `up` (`--mode self-managed`).
     pub fn start_with(home: &Path, data: &Path, hosts: u32, extra: &[&str]) -> Up {
+        Up::start_on_engine(home, data, hosts, extra, &format!("unix://{}/no-docker.sock", home.display()))
+    }
+
+    /// [`Up::start_with`] on the Docker Engine at `docker_host`: tasks with images run as
+    /// containers.
+    pub fn start_on_engine(home: &Path, data: &Path, hosts: u32, extra: &[&str], docker_host: &str) -> Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(["up", "--hosts", &hosts.to_string(), "--gpus-per-host", "2", "--listen", "127.0.0.1:0"])
             .args(extra)
@@ -49,8 +55,7 @@ impl Up {
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
             .env("HOME", home)
             .env_remove("XDG_CONFIG_HOME")
-            // Processes, whatever engine the machine has: this is about hosts, not images.
-            .env("DOCKER_HOST", format!("unix://{}/no-docker.sock", home.display()))
+            .env("DOCKER_HOST", docker_host)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();

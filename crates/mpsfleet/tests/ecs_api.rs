@@ -1,0 +1,306 @@
+//! The AWS CLI and boto3, from PyPI, against `mpsfleet up` (tasks as containers on the test
+//! Docker Engine, emulated GPUs, the real MPS daemon): an MPS task definition registered, run, waited for, described
+//! with its GPU sharing, a service created, rolled to a new revision and waited stable, the
+//! container instances' GPUs with the MPS memory their tasks hold, an instance drained, a task
+//! stopped. What the ECS answers say is checked against the REST API's view of the same
+//! objects. Then boto3's refusals: a wrong secret, an unknown key, a skewed clock, a viewer's
+//! RunTask, a key scoped to another pool. Every ECS change is in the audit log.
+
+mod common;
+
+use common::up::Up;
+use common::*;
+use mpsfleet_client::TaskQuery;
+use mpsfleet_types::access::{CreateToken, Role};
+use mpsfleet_types::{HostStatus, TaskStatus};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The MPS memory (MiB) each task of the definition declares.
+const MPS_MIB: u64 = 4096;
+
+struct Aws {
+    env: PathBuf,
+    home: PathBuf,
+    endpoint: String,
+    ca: String,
+    key: (String, String),
+}
+
+impl Aws {
+    /// `aws ecs ARGS --output json`: its JSON answer (Null for the waiters, which print nothing).
+    fn ecs(&self, args: &[&str]) -> Value {
+        let out = Command::new(self.env.join("cli/bin/aws"))
+            .arg("ecs")
+            .args(args)
+            .args(["--endpoint-url", &self.endpoint, "--ca-bundle", &self.ca, "--region", "us-east-1"])
+            .args(["--output", "json", "--cli-read-timeout", "30"])
+            .env("HOME", &self.home)
+            .env("AWS_ACCESS_KEY_ID", &self.key.0)
+            .env("AWS_SECRET_ACCESS_KEY", &self.key.1)
+            .env_remove("AWS_PROFILE")
+            .output()
+            .expect("run the AWS CLI");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "aws ecs {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("aws ecs {args:?} printed {stdout}: {e}"))
+        }
+    }
+}
+
+fn taskdef_file(dir: &Path, name: &str, image: &str, command: &str) -> String {
+    let td = json!({
+        "family": "mps-infer",
+        "containerDefinitions": [{
+            "name": "infer",
+            "image": image,
+            "command": ["sh", "-c", command],
+            "memory": 64,
+            "essential": true,
+            "resourceRequirements": [{
+                "type": "GPU",
+                "sharingStrategy": {"nvidiaMps": {"memory": MPS_MIB, "maxComputePercent": 25}}
+            }]
+        }]
+    });
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_vec_pretty(&td).unwrap()).unwrap();
+    format!("file://{}", path.display())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
+    let Some(env) = ecs_env() else { return };
+    if mps_control().is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let docker = docker_env();
+    let engine = format!("unix://{}", docker.socket.display());
+    let up = Up::start_on_engine(home.path(), &data.path().join("fleet"), 2, &[], &engine);
+    let admin = up.admin.clone();
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(home.path().join(".config/mpsfleet/config.json")).unwrap())
+            .unwrap();
+    let ca = config["caFile"].as_str().unwrap().to_string();
+    eventually(Duration::from_secs(90), "two ACTIVE hosts", || async {
+        let hosts = admin.list_hosts(None).await.ok()?;
+        (hosts.len() == 2 && hosts.iter().all(|h| h.status == HostStatus::Active)).then_some(())
+    })
+    .await;
+    create_pool(&admin, "other").await;
+    let key = |role, pool: Option<&str>| {
+        let admin = admin.clone();
+        let req = CreateToken {
+            role,
+            expires_in_s: None,
+            description: "ecs test".into(),
+            pool: pool.map(String::from),
+            aws: true,
+        };
+        async move {
+            let t = admin.create_token(&req).await.unwrap();
+            (t.view.access_key_id.clone().expect("an access key id"), t.token)
+        }
+    };
+    let operator = key(Role::Operator, None).await;
+    let operator_token = admin
+        .list_tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.access_key_id.as_ref() == Some(&operator.0))
+        .unwrap()
+        .id;
+
+    // The AWS CLI 1.46 carries a botocore without MPS's sharingStrategy: it is given botocore
+    // 1.44.8's ECS model, as docs/ecs-api.md says.
+    let aws_home = home.path().join("aws");
+    std::fs::create_dir_all(&aws_home).unwrap();
+    let added = Command::new(env.join("cli/bin/aws"))
+        .args(["configure", "add-model", "--service-name", "ecs", "--service-model"])
+        .arg(format!("file://{}", env.join("ecs-model/service-2.json").display()))
+        .env("HOME", &aws_home)
+        .status()
+        .unwrap();
+    assert!(added.success());
+    let aws = Aws {
+        env: env.clone(),
+        home: aws_home,
+        endpoint: up.url.clone(),
+        ca: ca.clone(),
+        key: operator.clone(),
+    };
+
+    // Register, run, wait.
+    let td = aws.ecs(&[
+        "register-task-definition",
+        "--cli-input-json",
+        &taskdef_file(home.path(), "td1.json", &docker.image, "sleep 600"),
+    ]);
+    assert_eq!(td["taskDefinition"]["revision"], 1);
+    assert_eq!(
+        td["taskDefinition"]["containerDefinitions"][0]["resourceRequirements"][0]["sharingStrategy"]
+            ["nvidiaMps"]["memory"],
+        MPS_MIB
+    );
+    let run =
+        aws.ecs(&["run-task", "--task-definition", "mps-infer", "--count", "1", "--started-by", "nightly"]);
+    assert_eq!(run["failures"], json!([]));
+    let task_arn = run["tasks"][0]["taskArn"].as_str().unwrap().to_string();
+    assert!(task_arn.starts_with("arn:aws:ecs:us-east-1:000000000000:task/default/"), "{task_arn}");
+    aws.ecs(&["wait", "tasks-running", "--tasks", &task_arn]);
+    let sharing = aws.ecs(&[
+        "describe-tasks",
+        "--tasks",
+        &task_arn,
+        "--query",
+        "tasks[0].containers[0].gpuSharingStrategy",
+    ]);
+    assert_eq!(sharing, json!({"nvidiaMps": {"memory": MPS_MIB, "maxComputePercent": 25}}));
+    let described = aws.ecs(&["describe-tasks", "--tasks", &task_arn]);
+    let t = &described["tasks"][0];
+    assert_eq!((t["lastStatus"].as_str(), t["startedBy"].as_str()), (Some("RUNNING"), Some("nightly")));
+    let id = task_arn.rsplit('/').next().unwrap();
+    let rest = admin.describe_task(id).await.unwrap();
+    assert_eq!(rest.last_status, TaskStatus::Running);
+    let gpu_ids: Vec<&str> = rest.gpu_ids.iter().map(|g| g.as_str()).collect();
+    assert_eq!(t["containers"][0]["gpuIds"], json!(gpu_ids), "the GPUs the scheduler gave it");
+    assert!(t["containerInstanceArn"].as_str().unwrap().ends_with(rest.host_id.as_ref().unwrap().as_str()));
+
+    // A service, stable; then rolled to a new revision, stable again.
+    let svc = aws.ecs(&[
+        "create-service",
+        "--service-name",
+        "web",
+        "--task-definition",
+        "mps-infer",
+        "--desired-count",
+        "2",
+    ]);
+    assert_eq!(svc["service"]["desiredCount"], 2);
+    aws.ecs(&["wait", "services-stable", "--services", "web"]);
+    aws.ecs(&[
+        "register-task-definition",
+        "--cli-input-json",
+        &taskdef_file(home.path(), "td2.json", &docker.image, "sleep 700"),
+    ]);
+    let updated = aws.ecs(&["update-service", "--service", "web", "--task-definition", "mps-infer:2"]);
+    assert!(updated["service"]["taskDefinition"].as_str().unwrap().ends_with("task-definition/mps-infer:2"));
+    aws.ecs(&["wait", "services-stable", "--services", "web"]);
+    let stable = aws.ecs(&["describe-services", "--services", "web"]);
+    let s = &stable["services"][0];
+    assert_eq!(
+        (s["runningCount"].as_u64(), s["deployments"].as_array().map(Vec::len)),
+        (Some(2), Some(1)),
+        "{s}"
+    );
+    assert_eq!(s["deployments"][0]["rolloutState"], "COMPLETED", "{s}");
+    let web = admin
+        .list_tasks(&TaskQuery { service: Some("web".into()), live: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(web.len(), 2);
+    assert!(web
+        .iter()
+        .all(|t| t.task_definition.to_string() == "mps-infer:2" && t.last_status == TaskStatus::Running));
+
+    // The container instances' GPUs hold the MPS memory of the three running tasks, as the
+    // scheduler accounts it.
+    let arns = aws.ecs(&["list-container-instances"]);
+    let arns: Vec<String> = arns["containerInstanceArns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(arns.len(), 2);
+    let mut args = vec!["describe-container-instances", "--container-instances"];
+    args.extend(arns.iter().map(String::as_str));
+    let instances = aws.ecs(&args);
+    let mut held = 0;
+    for ci in instances["containerInstances"].as_array().unwrap() {
+        assert_eq!(ci["agentConnected"], true, "{ci}");
+        let host = admin
+            .list_hosts(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|h| ci["containerInstanceArn"].as_str().unwrap().ends_with(h.id.as_str()))
+            .unwrap();
+        for (d, g) in ci["gpuDevices"].as_array().unwrap().iter().zip(&host.gpus) {
+            assert_eq!(d["gpuId"], g.gpu_id.as_str());
+            assert_eq!(d["remainingMemoryInMiB"], g.remaining_memory_mib, "{d}");
+            held += d["totalMemoryInMiB"].as_u64().unwrap() - d["remainingMemoryInMiB"].as_u64().unwrap();
+            if d["containerCount"].as_u64() > Some(0) {
+                assert_eq!(d["sharingMode"], "NVIDIA_MPS", "{d}");
+            }
+        }
+    }
+    assert_eq!(held, 3 * MPS_MIB, "{instances}");
+
+    // Drain one instance: mpsfleet drains the host.
+    let drained = aws.ecs(&[
+        "update-container-instances-state",
+        "--container-instances",
+        &arns[0],
+        "--status",
+        "DRAINING",
+    ]);
+    assert_eq!(drained["containerInstances"][0]["status"], "DRAINING", "{drained}");
+    let host_id = arns[0].rsplit('/').next().unwrap();
+    let h = admin.list_hosts(None).await.unwrap().into_iter().find(|h| h.id.as_str() == host_id).unwrap();
+    assert_eq!(h.status, HostStatus::Draining);
+
+    // Stop the task run first.
+    let stopped = aws.ecs(&["stop-task", "--task", &task_arn, "--reason", "done"]);
+    assert_eq!(stopped["task"]["desiredStatus"], "STOPPED");
+    aws.ecs(&["wait", "tasks-stopped", "--tasks", &task_arn]);
+    let after = aws.ecs(&["describe-tasks", "--tasks", &task_arn]);
+    assert_eq!(after["tasks"][0]["lastStatus"], "STOPPED");
+    assert_eq!(admin.describe_task(id).await.unwrap().last_status, TaskStatus::Stopped);
+
+    // boto3's refusals.
+    let viewer = key(Role::Viewer, None).await;
+    let other = key(Role::Operator, Some("other")).await;
+    let keys = json!({
+        "operator": [operator.0, operator.1], "viewer": [viewer.0, viewer.1], "other": [other.0, other.1],
+        "task": task_arn, "family": "mps-infer",
+    });
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(env.join("sdk/bin/python"))
+        .arg(root.join("tests/ecs/boto3_checks.py"))
+        .args([&up.url, &ca, &keys.to_string()])
+        .output()
+        .unwrap();
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Every ECS change is in the audit log, by the key's token.
+    let audit = admin.audit(200).await.unwrap();
+    for action in [
+        "ECS RegisterTaskDefinition",
+        "ECS RunTask",
+        "ECS CreateService",
+        "ECS UpdateService",
+        "ECS StopTask",
+    ] {
+        assert!(
+            audit
+                .iter()
+                .any(|e| e.event.action == action && e.event.actor == format!("token:{operator_token}")),
+            "{action} is not in the audit log"
+        );
+    }
+}

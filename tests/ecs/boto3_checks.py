@@ -1,0 +1,65 @@
+"""boto3 against mpsfleet's ECS-compatible API: what a wrong secret, an unknown key, a skewed
+clock, a viewer key and a key scoped to another pool get. Every call is boto3's own, signed by
+botocore. Prints one `ok:` line per check; exits non-zero at the first that does not hold.
+
+usage: boto3_checks.py ENDPOINT CA_FILE KEYS_JSON
+KEYS_JSON: {"operator": [id, secret], "viewer": [...], "other": [...] (scoped to pool other),
+            "task": ARN of a task of cluster default, "family": a registered family}
+"""
+
+import datetime
+import json
+import sys
+from unittest import mock
+
+import boto3
+import botocore.auth
+from botocore.exceptions import ClientError
+
+ENDPOINT, CA, KEYS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+
+def ecs(key_id, secret):
+    return boto3.client("ecs", endpoint_url=ENDPOINT, region_name="us-east-1", verify=CA,
+                        aws_access_key_id=key_id, aws_secret_access_key=secret)
+
+
+def refused(what, code, call):
+    try:
+        call()
+    except ClientError as e:
+        got = e.response["Error"]["Code"]
+        assert got == code, f"{what}: got {got}: {e.response['Error'].get('Message')}"
+        assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 400, what
+        print(f"ok: {what}: {code}: {e.response['Error'].get('Message')}")
+        return
+    raise AssertionError(f"{what}: not refused")
+
+
+op_id, op_secret = KEYS["operator"]
+operator = ecs(op_id, op_secret)
+assert operator.list_clusters()["clusterArns"], "the operator key lists clusters"
+print("ok: the operator key's calls are answered")
+
+refused("a wrong secret", "InvalidSignatureException", lambda: ecs(op_id, op_secret + "x").list_clusters())
+refused("an unknown key", "UnrecognizedClientException", lambda: ecs("AKMFNOSUCHKEY0000000", "x").list_clusters())
+
+# A request signed 20 minutes ago (botocore's clock moved back for this one call).
+late = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=20)
+with mock.patch.object(botocore.auth, "get_current_datetime", return_value=late.replace(tzinfo=None)):
+    refused("a signature 20 minutes old", "InvalidSignatureException", lambda: operator.list_clusters())
+
+viewer = ecs(*KEYS["viewer"])
+assert viewer.describe_tasks(cluster="default", tasks=[KEYS["task"]])["tasks"], "a viewer reads"
+refused("RunTask with a viewer key", "AccessDeniedException",
+        lambda: viewer.run_task(cluster="default", taskDefinition=KEYS["family"]))
+
+other = ecs(*KEYS["other"])
+refused("a key scoped to pool other describing a task of pool default", "ClusterNotFoundException",
+        lambda: other.describe_tasks(cluster="default", tasks=[KEYS["task"]]))
+refused("a key scoped to pool other listing pool default's tasks", "ClusterNotFoundException",
+        lambda: other.list_tasks(cluster="default"))
+clusters = [c.rsplit("/", 1)[1] for c in other.list_clusters()["clusterArns"]]
+assert clusters == ["other"], clusters
+assert other.list_tasks(cluster="other")["taskArns"] == []
+print("ok: a key scoped to pool other sees that pool only:", clusters)
