@@ -63,3 +63,12 @@ clusters = [c.rsplit("/", 1)[1] for c in other.list_clusters()["clusterArns"]]
 assert clusters == ["other"], clusters
 assert other.list_tasks(cluster="other")["taskArns"] == []
 print("ok: a key scoped to pool other sees that pool only:", clusters)
+
+# Account-level calls answer a scoped key as the REST API answers a scoped token: it reads every
+# task definition, and may not register one (that reaches beyond its pool).
+families = other.list_task_definition_families()["families"]
+assert KEYS["family"] in families, families
+refused("a key scoped to pool other registering a task definition", "AccessDeniedException",
+        lambda: other.register_task_definition(family="x", containerDefinitions=[
+            {"name": "c", "image": "busybox", "memory": 16}]))
+print("ok: a scoped key reads task definitions and may not register one")

@@ -56,9 +56,9 @@ impl ApiError {
         match self {
             ApiError::Domain(e) => {
                 let status = match e {
-                    Error::InvalidTaskDefinition { .. } | Error::InvalidParameter { .. } => {
-                        StatusCode::BAD_REQUEST
-                    }
+                    Error::InvalidTaskDefinition { .. }
+                    | Error::InvalidParameter { .. }
+                    | Error::NeverFits { .. } => StatusCode::BAD_REQUEST,
                     Error::NotFound { .. } => StatusCode::NOT_FOUND,
                     Error::AlreadyExists { .. } | Error::GpuTaken { .. } | Error::Conflict(_) => {
                         StatusCode::CONFLICT
@@ -85,7 +85,9 @@ impl ApiError {
             Some(Error::InvalidTaskDefinition { field, errors, .. }) => {
                 (Some(field.clone()), Box::new(errors.clone()))
             }
-            Some(Error::InvalidParameter { field, .. }) => (Some(field.clone()), Box::default()),
+            Some(Error::InvalidParameter { field, .. } | Error::NeverFits { field, .. }) => {
+                (Some(field.clone()), Box::default())
+            }
             _ => (None, Box::default()),
         };
         ErrorBody { code: self.status_and_code().1.to_string(), message: self.to_string(), field, errors }

@@ -24,6 +24,11 @@ use crate::error::ApiError;
 /// The header a follower names the original peer in: `IP:PORT;SIGNATURE`.
 pub const FORWARDED_PEER: &str = "x-mpsfleet-forwarded-peer";
 
+/// The header a follower names the `Host` the client sent in: `HOST;SIGNATURE`. The leader
+/// puts it back, so that what the client signed over its Host (an ECS call's SigV4) still
+/// verifies after forwarding.
+pub const FORWARDED_HOST: &str = "x-mpsfleet-forwarded-host";
+
 /// The purpose the forwarding key is derived for.
 const KEY_PURPOSE: &str = "forwarded-peer";
 
@@ -57,6 +62,24 @@ pub fn verify_forwarded_peer(key: &[u8; 32], value: &str) -> Option<SocketAddr> 
         return None;
     }
     peer.parse().ok()
+}
+
+/// The header value naming the client's `host`, signed (apart from peers: a peer's
+/// signature never passes for a host's).
+pub fn forwarded_host(key: &[u8; 32], host: &str) -> String {
+    format!("{host};{}", signature(key, &format!("host {host}")))
+}
+
+/// The host a signed header names; `None` when it is malformed or not signed with `key`.
+pub fn verify_forwarded_host(key: &[u8; 32], value: &str) -> Option<String> {
+    let (host, sig) = value.rsplit_once(';')?;
+    let expected = signature(key, &format!("host {host}"));
+    if expected.len() != sig.len()
+        || expected.bytes().zip(sig.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) != 0
+    {
+        return None;
+    }
+    Some(host.to_string())
 }
 
 /// Where the follower sends what it receives.
@@ -115,11 +138,17 @@ async fn forward(
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
     let mut out = f.http.request(req.method().clone(), format!("{}{path}", leader.trim_end_matches('/')));
     for (name, value) in req.headers() {
-        if !HOP_BY_HOP.contains(&name.as_str()) && name.as_str() != FORWARDED_PEER {
+        if !HOP_BY_HOP.contains(&name.as_str())
+            && name.as_str() != FORWARDED_PEER
+            && name.as_str() != FORWARDED_HOST
+        {
             out = out.header(name, value);
         }
     }
     out = out.header(FORWARDED_PEER, forwarded_peer(&f.key, peer));
+    if let Some(host) = req.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok()) {
+        out = out.header(FORWARDED_HOST, forwarded_host(&f.key, host));
+    }
     let body = req.into_body().into_data_stream().map_err(std::io::Error::other);
     let answer = match out.body(reqwest::Body::wrap_stream(body)).send().await {
         Ok(a) => a,
@@ -167,5 +196,18 @@ mod tests {
         for bad in ["", "10.1.2.3:4567", "10.1.2.3:4567;", ";abc", "x;y"] {
             assert_eq!(verify_forwarded_peer(&key, bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn only_a_host_header_signed_with_the_key_names_the_clients_host() {
+        let key = [7u8; 32];
+        let header = forwarded_host(&key, "ecs.example:7070");
+        assert_eq!(verify_forwarded_host(&key, &header).as_deref(), Some("ecs.example:7070"));
+        assert_eq!(verify_forwarded_host(&[8u8; 32], &header), None, "another key");
+        let forged = header.replacen("ecs.example", "evil.example", 1);
+        assert_eq!(verify_forwarded_host(&key, &forged), None, "another host, same signature");
+        // A peer's signed value is no host's.
+        let peer = forwarded_peer(&key, "10.1.2.3:4567".parse().expect("addr"));
+        assert_eq!(verify_forwarded_host(&key, &peer), None);
     }
 }

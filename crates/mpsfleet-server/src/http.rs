@@ -409,9 +409,9 @@ fn app_with(
         .layer(axum::middleware::from_fn(crate::request_id::middleware))
 }
 
-/// A request a follower forwarded (crate::forward) names its original peer in a signed
-/// header: that peer becomes the request's `ConnectInfo`. An unsigned or forged header is
-/// dropped and the connection's own peer stands.
+/// A request a follower forwarded (crate::forward) names its original peer and Host in signed
+/// headers: that peer becomes the request's `ConnectInfo`, that Host its `Host`. An unsigned or
+/// forged header is dropped and the connection's own peer and Host stand.
 async fn forwarded_peer(State(key): State<[u8; 32]>, mut req: Request, next: Next) -> Response {
     if let Some(value) = req.headers_mut().remove(crate::forward::FORWARDED_PEER) {
         match value.to_str().ok().and_then(|v| crate::forward::verify_forwarded_peer(&key, v)) {
@@ -420,6 +420,18 @@ async fn forwarded_peer(State(key): State<[u8; 32]>, mut req: Request, next: Nex
             }
             None => tracing::warn!(
                 "a request's forwarded-peer header is not signed by a server of this cluster; ignored"
+            ),
+        }
+    }
+    // And the Host the client sent, which its signature may cover (an ECS call's SigV4).
+    if let Some(value) = req.headers_mut().remove(crate::forward::FORWARDED_HOST) {
+        let host = value.to_str().ok().and_then(|v| crate::forward::verify_forwarded_host(&key, v));
+        match host.and_then(|h| HeaderValue::from_str(&h).ok()) {
+            Some(h) => {
+                req.headers_mut().insert(header::HOST, h);
+            }
+            None => tracing::warn!(
+                "a request's forwarded-host header is not signed by a server of this cluster; ignored"
             ),
         }
     }

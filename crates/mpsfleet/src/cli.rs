@@ -459,6 +459,12 @@ pub enum TokenCommand {
         /// access key id, and the token is its secret access key.
         #[arg(long)]
         aws: bool,
+        /// With --aws: write the key as this AWS profile (~/.aws/credentials, and ~/.aws/config
+        /// with this server as its endpoint_url, its CA as ca_bundle, region us-east-1), so
+        /// that `aws --profile NAME ecs ...` and boto3's `Session(profile_name=NAME)` reach it.
+        /// A profile of that name is replaced; nothing else in the files changes.
+        #[arg(long, requires = "aws", value_name = "NAME")]
+        aws_profile: Option<String>,
     },
     /// Every token's id, role and expiry (never the tokens themselves).
     List,
@@ -614,14 +620,19 @@ fn with_scheme(server: &str) -> String {
         .join(",")
 }
 
-/// Server and token: flags or variables first, then the client config `mpsfleet up`
-/// writes, then a server started from this directory with the default data dir.
-fn client(opts: &Opts) -> Result<Client> {
+/// The server the CLI talks to and the CA it trusts there.
+pub(crate) struct Endpoint {
+    pub server: String,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// [`Endpoint`]: flags or variables first, then the client config `mpsfleet up` writes, then
+/// a server started from this directory with the default data dir.
+fn endpoint(opts: &Opts) -> Endpoint {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Config {
         server: String,
-        token: String,
         #[serde(default)]
         ca_file: Option<PathBuf>,
     }
@@ -633,12 +644,26 @@ fn client(opts: &Opts) -> Result<Client> {
         .clone()
         .or_else(|| config.as_ref().map(|c| c.server.clone()))
         .unwrap_or_else(|| "https://127.0.0.1:7070".to_string());
-    let server = with_scheme(&server);
     let ca_file = opts
         .ca_file
         .clone()
         .or_else(|| config.as_ref().and_then(|c| c.ca_file.clone()))
         .or_else(|| Some(PathBuf::from(".mpsfleet/ca.pem")).filter(|p| p.is_file()));
+    Endpoint { server: with_scheme(&server), ca_file }
+}
+
+/// Server and token: flags or variables first, then the client config `mpsfleet up`
+/// writes, then a server started from this directory with the default data dir.
+fn client(opts: &Opts) -> Result<Client> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Config {
+        token: String,
+    }
+    let config: Option<Config> = crate::up::client_config_path()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice::<Config>(&b).ok());
+    let Endpoint { server, ca_file } = endpoint(opts);
     let token = opts
         .token
         .clone()
@@ -666,7 +691,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Drill(cmd) => drill::drill(&c, opts.output, cmd).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
-            Resource::Token(cmd) => token(&c, opts.output, cmd).await,
+            Resource::Token(cmd) => token(&c, opts.output, cmd, &endpoint(&opts)).await,
             Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,
             Resource::Cluster(cmd) => {
                 let cert = match cmd {

@@ -245,6 +245,37 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
     }
     assert_eq!(held, 3 * MPS_MIB, "{instances}");
 
+    // A shape no GPU of the cluster could ever hold is a failure with its reason, as in ECS; one
+    // that only lacks room now is accepted and waits PENDING.
+    let huge = json!({"family": "huge", "containerDefinitions": [{"name": "m", "image": docker.image, "memory": 64,
+        "command": ["sleep", "600"], "resourceRequirements": [{"type": "GPU",
+        "sharingStrategy": {"nvidiaMps": {"memory": 200_000}}}]}]});
+    let big = json!({"family": "big", "containerDefinitions": [{"name": "m", "image": docker.image, "memory": 64,
+        "command": ["sleep", "600"], "resourceRequirements": [{"type": "GPU",
+        "sharingStrategy": {"nvidiaMps": {"memory": 140_000}}}]}]});
+    for td in [&huge, &big] {
+        let path = home.path().join("td.json");
+        std::fs::write(&path, td.to_string()).unwrap();
+        aws.ecs(&["register-task-definition", "--cli-input-json", &format!("file://{}", path.display())]);
+    }
+    let never = aws.ecs(&["run-task", "--task-definition", "huge"]);
+    assert_eq!(never["tasks"], json!([]), "{never}");
+    assert_eq!(never["failures"][0]["reason"], "RESOURCE:GPU", "{never}");
+    assert!(never["failures"][0]["detail"].as_str().unwrap().contains("can never be placed"), "{never}");
+    let later = aws.ecs(&["run-task", "--task-definition", "big", "--count", "5"]);
+    assert_eq!(later["failures"], json!([]), "{later}");
+    let waiting: Vec<&str> = later["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["lastStatus"] == "PENDING" && t.get("containerInstanceArn").is_none())
+        .map(|t| t["taskArn"].as_str().unwrap())
+        .collect();
+    assert!(!waiting.is_empty(), "five 140,000 MiB tasks on four GPUs that hold three small ones: {later}");
+    for t in later["tasks"].as_array().unwrap() {
+        aws.ecs(&["stop-task", "--task", t["taskArn"].as_str().unwrap()]);
+    }
+
     // Drain one instance: mpsfleet drains the host.
     let drained = aws.ecs(&[
         "update-container-instances-state",

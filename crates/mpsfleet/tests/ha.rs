@@ -70,6 +70,26 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
     let status = via_follower.admin().cluster_status().await.expect("status through a follower");
     assert_eq!(status.leader.url.as_deref(), Some(format!("https://127.0.0.1:{}", ports[0]).as_str()));
     create_pool(&via_follower.admin(), "gpu").await;
+    // An ECS call signed over the follower's Host verifies on the leader it is forwarded to.
+    let req = mpsfleet_types::access::CreateToken {
+        role: mpsfleet_types::access::Role::Viewer,
+        expires_in_s: None,
+        description: "ecs via a follower".into(),
+        pool: None,
+        aws: true,
+    };
+    let key = via_follower.admin().create_token(&req).await.expect("an AWS key");
+    let key_id = key.view.access_key_id.expect("its id");
+    let (status, answer) = ecs_call(
+        &via_follower.http(),
+        &via_follower.url,
+        (&key_id, &key.token),
+        "ListClusters",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["clusterArns"], serde_json::json!(["arn:aws:ecs:us-east-1:000000000000:cluster/gpu"]));
 
     // One client and one agent, each given every address; the first server's files (CA,
     // tokens) are the cluster's.

@@ -204,6 +204,13 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_mpsfleet"), bin.join("mpsfleet")).unwrap();
     // The README is run from a checkout: its scripts are where it says.
     std::os::unix::fs::symlink(repo().join("scripts"), dir.path().join("scripts")).unwrap();
+    // The AWS CLI and the ECS model where the README's `bash scripts/ecs-env.sh` puts them.
+    let aws = ecs_env();
+    if let Some(env) = &aws {
+        std::fs::create_dir_all(dir.path().join("target")).unwrap();
+        std::os::unix::fs::symlink(env, dir.path().join("target/ecs-env")).unwrap();
+        std::os::unix::fs::symlink(env.join("cli/bin/aws"), bin.join("aws")).unwrap();
+    }
     let s = Session { dir, bin, docker };
 
     // README's first command, on a port of its own.
@@ -250,7 +257,10 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
     let mut web_task = None;
     for line in readme_session() {
         if line.starts_with("alias ") {
-            continue; // `mpsfleet` is on PATH already
+            continue; // `mpsfleet` and `aws` are on PATH already
+        }
+        if line.starts_with("aws ") && aws.is_none() {
+            continue; // no AWS CLI here, and not on CI (ecs_env said so)
         }
         let mut cmd = line.replace("<host-id>", &host_id);
         if cmd.contains("<task-id>") {

@@ -17,13 +17,15 @@ pub enum Tagged {
 }
 
 impl Tagged {
-    /// What the operation touches, for a pool-scoped caller.
-    pub fn touch(&self) -> Touch {
+    /// What reading (`change`: changing) its tags touches, for a pool-scoped caller.
+    pub fn touch(&self, change: bool) -> Touch {
         match self {
             Tagged::Pool(p) => Touch::Object(Kind::Pool, p.clone()),
             Tagged::Service(s) => Touch::Object(Kind::Service, s.clone()),
             Tagged::Task(t) => Touch::Object(Kind::Task, t.clone()),
-            // Task definitions belong to no pool, as registering them does.
+            // Task definitions belong to no pool: every caller reads them, and changing one
+            // reaches beyond one pool, as registering does.
+            Tagged::TaskDef(_) if change => Touch::Cluster,
             Tagged::TaskDef(_) => Touch::NoPool,
         }
     }

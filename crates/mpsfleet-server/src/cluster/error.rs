@@ -15,6 +15,10 @@ pub enum Error {
     /// A value the operation cannot take: which field, and why.
     #[error("{field}: {message}")]
     InvalidParameter { field: String, message: String },
+    /// A task no host of its pool, present or to come, could ever hold (`mpsfleet_core::fit`):
+    /// refused as an invalid `field` (the REST API's 400), a failure in ECS's RunTask.
+    #[error("{field}: {message}")]
+    NeverFits { field: String, message: String },
     #[error("{kind} {id} not found")]
     NotFound { kind: &'static str, id: String },
     #[error("{kind} {id} already exists")]
@@ -59,7 +63,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::InvalidTaskDefinition { .. } => "InvalidTaskDefinition",
-            Error::InvalidParameter { .. } => "InvalidParameter",
+            Error::InvalidParameter { .. } | Error::NeverFits { .. } => "InvalidParameter",
             Error::NotFound { .. } => "NotFound",
             Error::AlreadyExists { .. } | Error::GpuTaken { .. } => "AlreadyExists",
             Error::Unauthorized(_) => "Unauthorized",

@@ -19,7 +19,7 @@ impl super::Cluster {
         check(&p.value, td, hosts)?;
         match self.never_fits(pool, td) {
             None => Ok(()),
-            Some(why) => Err(Error::invalid("taskDefinition", why)),
+            Some(why) => Err(Error::NeverFits { field: "taskDefinition".into(), message: why }),
         }
     }
 

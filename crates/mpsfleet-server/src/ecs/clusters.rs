@@ -33,8 +33,7 @@ fn kept(rest: &serde_json::Map<String, Value>) -> std::collections::BTreeMap<Str
 pub(super) async fn create(call: &Call, req: Create) -> Result<Value, EcsError> {
     let name = req.cluster_name.filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into());
     let arns = call.arns.clone();
-    let touch = Touch::NewIn(name.clone());
-    call.run(api::admin, touch, move |c, _| {
+    call.run(api::admin, Touch::Cluster, move |c, _| {
         // As ECS does, a cluster that exists is answered as it is.
         let pool = match c.pool(&name) {
             Ok(p) => p,

@@ -107,7 +107,9 @@ impl From<Error> for EcsError {
     fn from(e: Error) -> Self {
         let message = e.to_string();
         match e {
-            Error::InvalidTaskDefinition { .. } | Error::InvalidParameter { .. } => Self::invalid(message),
+            Error::InvalidTaskDefinition { .. }
+            | Error::InvalidParameter { .. }
+            | Error::NeverFits { .. } => Self::invalid(message),
             Error::NotFound { kind: "pool", .. } => Self::cluster_not_found(),
             Error::NotFound { kind: "service", id } => Self::service_not_found(&id),
             Error::NotFound { kind: "task definition", .. } => {

@@ -155,7 +155,7 @@ async fn handle(
 ) -> Response {
     let id = headers.get(crate::request_id::HEADER).cloned();
     let mut resp = match serve(&ecs, peer, &headers, body).await {
-        Ok(v) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], v.to_string()).into_response(),
+        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
         Err(e) => e.into_response(),
     };
     if let Some(id) = id {
@@ -165,13 +165,25 @@ async fn handle(
 }
 
 /// Authenticates, reads and verifies a call, then serves it.
-async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Result<Value, EcsError> {
+async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Result<String, EcsError> {
     let st = &ecs.guard.state;
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let authorization = text("authorization").ok_or_else(EcsError::missing_token)?;
     let auth = sigv4::parse_authorization(authorization).map_err(EcsError::from)?;
-    let key = auth.access_key_id.clone();
-    let found = st.read(move |c| c.aws_key(&key)).await;
+    // The key is looked up on this thread while the cluster lock is free (as bearer tokens are),
+    // on a blocking thread otherwise.
+    let fast = st
+        .cluster
+        .try_lock()
+        .ok()
+        .map(|c| c.aws_key(&auth.access_key_id).map_err(crate::error::ApiError::from));
+    let found = match fast {
+        Some(found) => found,
+        None => {
+            let key = auth.access_key_id.clone();
+            st.read(move |c| c.aws_key(&key)).await
+        }
+    };
     let key = match found {
         Ok(Some(key)) => Ok(key),
         Ok(None) => Err(EcsError::unknown_key()),
@@ -275,8 +287,17 @@ pub const OPERATIONS: &[&str] = &[
     "ListTagsForResource",
 ];
 
-async fn dispatch(call: &Call, op: &str, body: Value) -> Result<Value, EcsError> {
+/// Serves `op`: its answer's JSON.
+async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError> {
+    // The task operations answer many tasks: they serialize them as they build them.
     match op {
+        "RunTask" => return tasks::run(call, request(body)?).await,
+        "StartTask" => return tasks::start(call, request(body)?).await,
+        "StopTask" => return tasks::stop(call, request(body)?).await,
+        "DescribeTasks" => return tasks::describe(call, request(body)?).await,
+        _ => {}
+    }
+    let answer = match op {
         "CreateCluster" => clusters::create(call, request(body)?).await,
         "DeleteCluster" => clusters::delete(call, request(body)?).await,
         "UpdateCluster" => clusters::update(call, request(body)?).await,
@@ -288,10 +309,6 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<Value, EcsError>
         "ListTaskDefinitionFamilies" => taskdefs::families(call, request(body)?).await,
         "DeregisterTaskDefinition" => taskdefs::deregister(call, request(body)?).await,
         "DeleteTaskDefinitions" => taskdefs::delete(call, request(body)?).await,
-        "RunTask" => tasks::run(call, request(body)?).await,
-        "StartTask" => tasks::start(call, request(body)?).await,
-        "StopTask" => tasks::stop(call, request(body)?).await,
-        "DescribeTasks" => tasks::describe(call, request(body)?).await,
         "ListTasks" => tasks::list(call, request(body)?).await,
         "CreateService" => services::create(call, request(body)?).await,
         "UpdateService" => services::update(call, request(body)?).await,
@@ -306,7 +323,8 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<Value, EcsError>
         "UntagResource" => tags::untag(call, request(body)?).await,
         "ListTagsForResource" => tags::list(call, request(body)?).await,
         other => Err(EcsError::unsupported(other)),
-    }
+    };
+    answer.map(|v| v.to_string())
 }
 
 /// The content type header value of ECS answers.

@@ -11,19 +11,17 @@ use mpsfleet_types::{
     GpuRequirement, HealthStatus, HostStatus, HostView, Pool, ResourceRequirement, Task, TaskDefinition,
     TaskStatus,
 };
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 /// Epoch seconds, as ECS's timestamps are, of epoch milliseconds.
-pub fn seconds(ms: u64) -> Value {
-    json!(ms as f64 / 1000.0)
+pub fn secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
 }
 
-/// An object's members with the `null` ones left out (ECS leaves out what is not set).
-fn object(v: Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect()),
-        other => other,
-    }
+/// [`secs`] as JSON.
+pub fn seconds(ms: u64) -> Value {
+    json!(secs(ms))
 }
 
 pub fn tags(tags: &[Tag]) -> Value {
@@ -118,91 +116,193 @@ pub fn task_definition(a: &Arns, td: &TaskDefinition, with_tags: bool) -> Value 
     v
 }
 
-/// ECS's status words for a task's `lastStatus` and `desiredStatus`.
-pub fn task_status(s: TaskStatus) -> &'static str {
-    s.as_str()
-}
-
 /// The `sharingStrategy` of a container's GPU requirement, if it shares its GPU through MPS.
-fn sharing_strategy(c: &mpsfleet_types::ContainerDefinition) -> Option<Value> {
+fn sharing_strategy(c: &mpsfleet_types::ContainerDefinition) -> Option<&mpsfleet_types::SharingStrategy> {
     c.resource_requirements.iter().find_map(|r| match r {
-        ResourceRequirement::Gpu(GpuRequirement::Mps { sharing_strategy }) => {
-            serde_json::to_value(sharing_strategy).ok()
-        }
+        ResourceRequirement::Gpu(GpuRequirement::Mps { sharing_strategy }) => Some(sharing_strategy),
         ResourceRequirement::Gpu(GpuRequirement::Whole { .. }) => None,
     })
 }
 
-pub fn task(a: &Arns, t: &Task, td: Option<&TaskDefinition>, with_tags: bool) -> Value {
+/// ECS's `Task`, serialized as it is built (RunTask and DescribeTasks answer many of them: no
+/// intermediate JSON tree).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EcsTask<'a> {
+    task_arn: String,
+    cluster_arn: String,
+    task_definition_arn: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container_instance_arn: Option<String>,
+    last_status: &'static str,
+    desired_status: &'static str,
+    health_status: &'static str,
+    containers: Vec<EcsContainer<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<&'a str>,
+    created_at: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stopped_at: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_code: Option<mpsfleet_types::StopCode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stopped_reason: Option<&'a str>,
+    started_by: &'a str,
+    group: String,
+    launch_type: &'static str,
+    overrides: Overrides<'a>,
+    attachments: &'a [mpsfleet_types::Attachment],
+    version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tags: Option<&'a [Tag]>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Overrides<'a> {
+    container_overrides: &'a [mpsfleet_types::labels::ContainerOverride],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EcsContainer<'a> {
+    container_arn: String,
+    task_arn: String,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image_digest: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_id: Option<&'a str>,
+    last_status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    network_bindings: Vec<Binding<'a>>,
+    network_interfaces: Vec<Interface<'a>>,
+    health_status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_reservation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_ids: Option<Vec<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_sharing_strategy: Option<&'a mpsfleet_types::SharingStrategy>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Binding<'a> {
+    #[serde(rename = "bindIP")]
+    bind_ip: &'a str,
+    container_port: u16,
+    host_port: u16,
+    protocol: mpsfleet_types::Protocol,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Interface<'a> {
+    attachment_id: &'a str,
+    private_ipv4_address: &'a str,
+}
+
+/// A task as ECS's `Task`; `td` is what it runs (its definition with its overrides applied).
+pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags: bool) -> EcsTask<'a> {
     let id = t.id.to_string();
     let task_arn = a.task(t.pool.as_str(), &id);
     let defs = td.map(|d| d.container_definitions.as_slice()).unwrap_or_default();
-    let containers: Vec<Value> = defs
+    let containers = defs
         .iter()
         .map(|c| {
             let report = t.containers.iter().find(|r| r.name == c.name);
-            let status = report
-                .map_or(t.last_status, |r| if r.exit_code.is_some() { TaskStatus::Stopped } else { t.last_status });
-            let uses_gpu = !c.resource_requirements.is_empty();
-            object(json!({
-                "containerArn": format!("{task_arn}/{}", c.name),
-                "taskArn": task_arn,
-                "name": c.name,
-                "image": c.image,
-                "imageDigest": report.and_then(|r| r.image_digest.clone()),
-                "runtimeId": report.and_then(|r| r.runtime_id.clone()),
-                "lastStatus": task_status(status),
-                "exitCode": report.and_then(|r| r.exit_code),
-                "reason": report.and_then(|r| r.reason.clone()),
-                "networkBindings": report.map(|r| {
-                    r.network_bindings
-                        .iter()
-                        .map(|b| json!({"bindIP": b.bind_ip, "containerPort": b.container_port, "hostPort": b.host_port, "protocol": b.protocol}))
-                        .collect::<Vec<_>>()
-                }).unwrap_or_default(),
-                "networkInterfaces": report.map(|r| {
-                    r.network_interfaces.iter().map(|n| json!({"attachmentId": n.attachment_id, "privateIpv4Address": n.private_ipv4_address})).collect::<Vec<_>>()
-                }).unwrap_or_default(),
-                "healthStatus": if c.health_check.is_some() { t.health_status.as_str() } else { "UNKNOWN" },
-                "cpu": c.cpu.map(|n| n.to_string()),
-                "memory": c.memory.map(|n| n.to_string()),
-                "memoryReservation": c.memory_reservation.map(|n| n.to_string()),
-                "gpuIds": if uses_gpu { json!(t.gpu_ids.iter().map(|g| g.as_str()).collect::<Vec<_>>()) } else { Value::Null },
-                "gpuSharingStrategy": sharing_strategy(c),
-            }))
+            let stopped = report.is_some_and(|r| r.exit_code.is_some());
+            EcsContainer {
+                container_arn: format!("{task_arn}/{}", c.name),
+                task_arn: task_arn.clone(),
+                name: &c.name,
+                image: c.image.as_deref(),
+                image_digest: report.and_then(|r| r.image_digest.as_deref()),
+                runtime_id: report.and_then(|r| r.runtime_id.as_deref()),
+                last_status: if stopped { TaskStatus::Stopped.as_str() } else { t.last_status.as_str() },
+                exit_code: report.and_then(|r| r.exit_code),
+                reason: report.and_then(|r| r.reason.as_deref()),
+                network_bindings: report
+                    .map(|r| {
+                        r.network_bindings
+                            .iter()
+                            .map(|b| Binding {
+                                bind_ip: &b.bind_ip,
+                                container_port: b.container_port,
+                                host_port: b.host_port,
+                                protocol: b.protocol,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                network_interfaces: report
+                    .map(|r| {
+                        r.network_interfaces
+                            .iter()
+                            .map(|n| Interface {
+                                attachment_id: &n.attachment_id,
+                                private_ipv4_address: &n.private_ipv4_address,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                health_status: if c.health_check.is_some() { t.health_status.as_str() } else { "UNKNOWN" },
+                cpu: c.cpu.map(|n| n.to_string()),
+                memory: c.memory.map(|n| n.to_string()),
+                memory_reservation: c.memory_reservation.map(|n| n.to_string()),
+                gpu_ids: (!c.resource_requirements.is_empty())
+                    .then(|| t.gpu_ids.iter().map(|g| g.as_str()).collect()),
+                gpu_sharing_strategy: sharing_strategy(c),
+            }
         })
         .collect();
-    let overrides = t.overrides.as_ref().map_or_else(|| json!({"containerOverrides": []}), |o| json!(o));
-    let mut v = object(json!({
-        "taskArn": task_arn,
-        "clusterArn": a.cluster(t.pool.as_str()),
-        "taskDefinitionArn": a.task_definition(t.task_definition.family.as_str(), t.task_definition.revision),
-        "containerInstanceArn": t.host_id.as_ref().map(|h| a.container_instance(t.pool.as_str(), h.as_str())),
-        "lastStatus": task_status(t.last_status),
-        "desiredStatus": task_status(t.desired_status),
-        "healthStatus": t.health_status.as_str(),
-        "containers": containers,
-        "cpu": td.and_then(|d| d.cpu.clone()),
-        "memory": td.and_then(|d| d.memory.clone()),
-        "createdAt": seconds(t.created_at_ms),
-        "startedAt": t.started_at_ms.map(seconds),
-        "stoppedAt": t.stopped_at_ms.map(seconds),
-        "stopCode": t.stop_code,
-        "stoppedReason": t.stopped_reason,
-        "startedBy": t.run_started_by.clone().unwrap_or_else(|| t.started_by.clone()),
-        "group": t.run_group.clone().unwrap_or_else(|| match &t.group {
+    EcsTask {
+        cluster_arn: a.cluster(t.pool.as_str()),
+        task_definition_arn: a.task_definition(t.task_definition.family.as_str(), t.task_definition.revision),
+        container_instance_arn: t.host_id.as_ref().map(|h| a.container_instance(t.pool.as_str(), h.as_str())),
+        task_arn,
+        last_status: t.last_status.as_str(),
+        desired_status: t.desired_status.as_str(),
+        health_status: t.health_status.as_str(),
+        containers,
+        cpu: td.and_then(|d| d.cpu.as_deref()),
+        memory: td.and_then(|d| d.memory.as_deref()),
+        created_at: secs(t.created_at_ms),
+        started_at: t.started_at_ms.map(secs),
+        stopped_at: t.stopped_at_ms.map(secs),
+        stop_code: t.stop_code,
+        stopped_reason: t.stopped_reason.as_deref(),
+        started_by: t.run_started_by.as_deref().unwrap_or(&t.started_by),
+        group: t.run_group.clone().unwrap_or_else(|| match &t.group {
             Some(s) => format!("service:{s}"),
             None => format!("family:{}", t.task_definition.family),
         }),
-        "launchType": "EC2",
-        "overrides": overrides,
-        "attachments": t.attachments,
-        "version": 1,
-    }));
-    if with_tags {
-        v["tags"] = tags(&t.tags);
+        launch_type: "EC2",
+        overrides: Overrides {
+            container_overrides: t
+                .overrides
+                .as_ref()
+                .map(|o| o.container_overrides.as_slice())
+                .unwrap_or_default(),
+        },
+        attachments: &t.attachments,
+        version: 1,
+        tags: with_tags.then_some(t.tags.as_slice()),
     }
-    v
 }
 
 fn deployment(a: &Arns, pool: &str, service: &str, d: &DeploymentView) -> Value {

@@ -70,7 +70,7 @@ pub(super) struct TagResource {
 
 pub(super) async fn tag(call: &Call, r: TagResource) -> Result<Value, EcsError> {
     let (t, cluster) = target(&call.arns, &r.resource_arn)?;
-    call.run(api::operator, t.touch(), move |c, _| {
+    call.run(api::operator, t.touch(true), move |c, _| {
         check_cluster(c, &t, cluster.as_deref())?;
         c.retag(&t, &r.tags, &[])?;
         Ok(json!({}))
@@ -87,7 +87,7 @@ pub(super) struct UntagResource {
 
 pub(super) async fn untag(call: &Call, r: UntagResource) -> Result<Value, EcsError> {
     let (t, cluster) = target(&call.arns, &r.resource_arn)?;
-    call.run(api::operator, t.touch(), move |c, _| {
+    call.run(api::operator, t.touch(true), move |c, _| {
         check_cluster(c, &t, cluster.as_deref())?;
         c.retag(&t, &[], &r.tag_keys)?;
         Ok(json!({}))
@@ -103,7 +103,7 @@ pub(super) struct ListTags {
 
 pub(super) async fn list(call: &Call, r: ListTags) -> Result<Value, EcsError> {
     let (t, cluster) = target(&call.arns, &r.resource_arn)?;
-    call.run(api::viewer, t.touch(), move |c, _| {
+    call.run(api::viewer, t.touch(false), move |c, _| {
         check_cluster(c, &t, cluster.as_deref())?;
         Ok(json!({ "tags": super::shapes::tags(&c.tags_of(&t)?) }))
     })

@@ -48,6 +48,8 @@ fn ecs_checks(body: &Value) -> Result<(), EcsError> {
     Ok(())
 }
 
+/// Registering, deregistering and deleting change what every pool runs from: closed to a
+/// pool-scoped key, as the REST API's registration is to a pool-scoped token.
 pub(super) async fn register(call: &Call, mut body: Value) -> Result<Value, EcsError> {
     ecs_checks(&body)?;
     // A definition for Fargate runs in its own network namespace there (awsvpc, the one mode
@@ -63,7 +65,7 @@ pub(super) async fn register(call: &Call, mut body: Value) -> Result<Value, EcsE
     // Parsed before the cluster lock is taken, as the REST API's registration is.
     let valid = ValidTaskDef::parse(&bytes).map_err(|e| EcsError::client(e.to_string()))?;
     let arns = call.arns.clone();
-    call.run(api::operator, Touch::NoPool, move |c, _| {
+    call.run(api::operator, Touch::Cluster, move |c, _| {
         let done = c.register_valid_taskdef(valid)?;
         let td = c.taskdef("taskDefinition", &done.task_definition.to_string())?;
         Ok(json!({ "taskDefinition": shapes::task_definition(&arns, td, false), "tags": shapes::tags(&td.tags) }))
@@ -203,7 +205,7 @@ pub(super) async fn deregister(call: &Call, req: Deregister) -> Result<Value, Ec
         }
         Some(_) => {}
     }
-    call.run(api::operator, Touch::NoPool, move |c, _| {
+    call.run(api::operator, Touch::Cluster, move |c, _| {
         let td = c.deregister_taskdef(&r)?;
         Ok(json!({ "taskDefinition": shapes::task_definition(&arns, &td, false) }))
     })
@@ -231,7 +233,7 @@ pub(super) async fn delete(call: &Call, d: Delete) -> Result<Value, EcsError> {
         .iter()
         .map(|t| arns.short("task-definition", t).unwrap_or_default().to_string())
         .collect();
-    call.run(api::operator, Touch::NoPool, move |c, _| {
+    call.run(api::operator, Touch::Cluster, move |c, _| {
         let (mut deleted, mut failures) = (Vec::new(), Vec::new());
         for (given, outcome) in d.task_definitions.iter().zip(c.delete_taskdefs(&refs)?) {
             match outcome {

@@ -7,7 +7,7 @@ use super::shapes;
 use super::*;
 use crate::cluster::TaskFilter;
 use mpsfleet_types::labels::{Tag, TaskOverride};
-use mpsfleet_types::{PendingCode, PoolName, RunTask, Task, TaskStatus};
+use mpsfleet_types::{PendingCode, RunTask, Task, TaskStatus};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -76,19 +76,24 @@ fn run_request(call: &Call, r: &Run, count: u32, pool: String) -> Result<RunTask
     })
 }
 
-/// The answer of a run: the tasks with their definitions.
-fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: Vec<Value>) -> Value {
-    let tasks: Vec<Value> = tasks.iter().map(|t| task_shape(c, arns, t, false)).collect();
-    json!({ "tasks": tasks, "failures": failures })
+/// The answer of a run: the tasks (as [`task_json`]) and the failures.
+fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: &[Value]) -> Result<String, Error> {
+    let tasks = tasks.iter().map(|t| task_json(c, arns, t, false)).collect::<Result<Vec<_>, _>>()?;
+    Ok(format!(r#"{{"tasks":[{}],"failures":{}}}"#, tasks.join(","), json!(failures)))
 }
 
-fn task_shape(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Value {
+/// A task as ECS's `Task` in JSON: what it runs is its definition with its run's overrides.
+fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<String, Error> {
     let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
-    let run = td.map(|d| t.overrides.as_ref().map_or_else(|| d.clone(), |o| o.apply(d)));
-    shapes::task(arns, t, run.as_ref(), tags)
+    let run = match (td, &t.overrides) {
+        (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
+        (d, _) => d.map(std::borrow::Cow::Borrowed),
+    };
+    serde_json::to_string(&shapes::task(arns, t, run.as_deref(), tags))
+        .map_err(|e| Error::Internal(format!("encoding a task: {e}")))
 }
 
-pub(super) async fn run(call: &Call, r: Run) -> Result<Value, EcsError> {
+pub(super) async fn run(call: &Call, r: Run) -> Result<String, EcsError> {
     let count = r.count.unwrap_or(1);
     if count == 0 || count > MAX_COUNT {
         return Err(EcsError::invalid(format!("count must be from 1 to {MAX_COUNT}, got {count}")));
@@ -103,13 +108,13 @@ pub(super) async fn run(call: &Call, r: Run) -> Result<Value, EcsError> {
         let req = RunTask { pool: pool.clone(), ..partial };
         // A shape no host of the cluster could ever hold is a failure, as in ECS; one that only
         // lacks room now waits PENDING.
-        let pool_name = PoolName::new(&pool).map_err(|e| Error::invalid("cluster", e.to_string()))?;
-        let td = c.taskdef_to_run("taskDefinition", &req.task_definition)?;
-        if let Some(why) = c.never_fits(&pool_name, td) {
-            return Ok(json!({ "tasks": [], "failures": [failure(&arns.cluster(&pool), "RESOURCE:GPU", Some(why))] }));
+        match c.run_tasks_as(req, &actor) {
+            Ok(out) => answer(c, &arns, &out.tasks, &[]),
+            Err(Error::NeverFits { message, .. }) => {
+                answer(c, &arns, &[], &[failure(&arns.cluster(&pool), "RESOURCE:GPU", Some(message))])
+            }
+            Err(e) => Err(e),
         }
-        let out = c.run_tasks_as(req, &actor)?;
-        Ok(answer(c, &arns, &out.tasks, Vec::new()))
     })
     .await
 }
@@ -122,7 +127,7 @@ pub(super) struct Start {
     container_instances: Vec<String>,
 }
 
-pub(super) async fn start(call: &Call, s: Start) -> Result<Value, EcsError> {
+pub(super) async fn start(call: &Call, s: Start) -> Result<String, EcsError> {
     let arns = call.arns.clone();
     let given = s.run.cluster.clone();
     let partial = run_request(call, &s.run, 1, String::new())?;
@@ -152,7 +157,7 @@ pub(super) async fn start(call: &Call, s: Start) -> Result<Value, EcsError> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(answer(c, &arns, &tasks, failures))
+        answer(c, &arns, &tasks, &failures)
     })
     .await
 }
@@ -171,7 +176,7 @@ fn task_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<Tas
     c.task(id).ok().filter(|t| t.pool.as_str() == pool)
 }
 
-pub(super) async fn stop(call: &Call, s: Stop) -> Result<Value, EcsError> {
+pub(super) async fn stop(call: &Call, s: Stop) -> Result<String, EcsError> {
     let arns = call.arns.clone();
     call.run(api::operator, Touch::List, move |c, who| {
         let pool = pool_in(c, &who, &arns, s.cluster.as_deref())?;
@@ -179,7 +184,7 @@ pub(super) async fn stop(call: &Call, s: Stop) -> Result<Value, EcsError> {
             return Err(Error::invalid("task", "The referenced task was not found."));
         };
         let t = c.stop_task(&t.id.to_string(), s.reason)?;
-        Ok(json!({ "task": task_shape(c, &arns, &t, false) }))
+        Ok(format!(r#"{{"task":{}}}"#, task_json(c, &arns, &t, false)?))
     })
     .await
 }
@@ -193,7 +198,7 @@ pub(super) struct Describe {
     include: Vec<String>,
 }
 
-pub(super) async fn describe(call: &Call, d: Describe) -> Result<Value, EcsError> {
+pub(super) async fn describe(call: &Call, d: Describe) -> Result<String, EcsError> {
     let arns = call.arns.clone();
     call.read(move |c, who| {
         let pool = pool_in(c, &who, &arns, d.cluster.as_deref())?;
@@ -207,14 +212,14 @@ pub(super) async fn describe(call: &Call, d: Describe) -> Result<Value, EcsError
         let (mut found, mut failures) = (Vec::new(), Vec::new());
         for given in &d.tasks {
             match task_in(c, &arns, &pool, given) {
-                Some(t) => found.push(task_shape(c, &arns, &t, tags)),
+                Some(t) => found.push(task_json(c, &arns, &t, tags)?),
                 None => {
                     let arn = if given.starts_with("arn:") { given.clone() } else { arns.task(&pool, given) };
                     failures.push(failure(&arn, "MISSING", None));
                 }
             }
         }
-        Ok(json!({ "tasks": found, "failures": failures }))
+        Ok(format!(r#"{{"tasks":[{}],"failures":{}}}"#, found.join(","), json!(failures)))
     })
     .await
 }

@@ -46,6 +46,76 @@ pub struct SubmitBench {
     /// The etcd cluster for `--store etcd`.
     #[arg(long, env = "MPSFLEET_ETCD_ENDPOINTS", value_name = "URL[,URL...]")]
     etcd_endpoints: Option<String>,
+    /// Then send as many tasks again through the ECS-compatible API (`POST /`, RunTask of
+    /// `--batch` tasks, at most 10, each request SigV4-signed with an AWS key), on the same
+    /// server: the report gives both runs.
+    #[arg(long)]
+    ecs: bool,
+}
+
+/// How a run's requests are made.
+#[derive(Clone)]
+enum Api {
+    /// `POST /v1/tasks` with the admin token.
+    Rest { token: String },
+    /// ECS's RunTask at `POST /`, signed with this access key id and secret.
+    Ecs { key_id: String, secret: String },
+}
+
+impl Api {
+    fn request(&self, authority: &str, n: u64, client_token: Option<String>) -> Vec<u8> {
+        let token = client_token.map(|t| format!(r#","clientToken":"{t}""#)).unwrap_or_default();
+        match self {
+            Api::Rest { token: bearer } => {
+                let body = format!(r#"{{"taskDefinition":"bench","count":{n},"pool":"bench"{token}}}"#);
+                HttpConn::request("POST", "/v1/tasks", authority, bearer, body.as_bytes())
+            }
+            Api::Ecs { key_id, secret } => {
+                let body = format!(r#"{{"cluster":"bench","taskDefinition":"bench","count":{n}{token}}}"#);
+                let date = mpsfleet_core::sigv4::amz_date(epoch_ms());
+                let target = "AmazonEC2ContainerServiceV20141113.RunTask";
+                let content_type = "application/x-amz-json-1.1";
+                let headers: [(&str, &[u8]); 4] = [
+                    ("content-type", content_type.as_bytes()),
+                    ("host", authority.as_bytes()),
+                    ("x-amz-date", date.as_bytes()),
+                    ("x-amz-target", target.as_bytes()),
+                ];
+                let req = mpsfleet_core::sigv4::Request {
+                    method: "POST",
+                    path: "/",
+                    query: "",
+                    headers: &headers,
+                    body: body.as_bytes(),
+                };
+                let signed = ["content-type", "host", "x-amz-date", "x-amz-target"];
+                let auth =
+                    mpsfleet_core::sigv4::sign(&req, key_id, secret, "us-east-1", "ecs", &date, &signed);
+                let mut r = format!(
+                    "POST / HTTP/1.1\r\nhost: {authority}\r\nauthorization: {auth}\r\ncontent-type: {content_type}\r\n\
+                     x-amz-date: {date}\r\nx-amz-target: {target}\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                r.extend_from_slice(body.as_bytes());
+                r
+            }
+        }
+    }
+
+    /// The tasks an answer placed and left pending.
+    fn counts(&self, status: u16, answer: &[u8]) -> Result<Counts> {
+        match self {
+            Api::Rest { .. } if status == 201 => Ok(serde_json::from_slice(answer)?),
+            Api::Ecs { .. } if status == 200 => {
+                let v: serde_json::Value = serde_json::from_slice(answer)?;
+                let tasks = v["tasks"].as_array().map(Vec::as_slice).unwrap_or_default();
+                let placed = tasks.iter().filter(|t| t["containerInstanceArn"].is_string()).count() as u64;
+                Ok(Counts { placed, pending: tasks.len() as u64 - placed })
+            }
+            _ => bail!("HTTP {status}: {}", String::from_utf8_lossy(answer)),
+        }
+    }
 }
 
 pub fn submit(b: SubmitBench) -> Result<()> {
@@ -56,6 +126,10 @@ pub fn submit(b: SubmitBench) -> Result<()> {
         mpsfleet_server::cluster::MAX_RUN_COUNT
     );
     anyhow::ensure!(b.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(
+        !b.ecs || b.batch <= 10,
+        "--ecs sends RunTask, which starts at most 10 tasks: --batch 10 or less"
+    );
     anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
     anyhow::ensure!((1..=143_771).contains(&b.memory_mib), "--memory-mib must be from 1 to 143771");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -116,7 +190,8 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
     // Each GPU takes 48 one-client tasks at most (or fewer by memory).
     let per_gpu = (143_771 / b.memory_mib).min(48);
     let per_host = per_gpu * u64::from(b.gpus_per_host);
-    let hosts = u32::try_from(b.tasks.div_ceil(per_host) + 1)?;
+    let runs = if b.ecs { 2 } else { 1 };
+    let hosts = u32::try_from((runs * b.tasks).div_ceil(per_host) + 1)?;
     let t = Instant::now();
     let registered = register_hosts(server, "bench", hosts, b.gpus_per_host, 16).await?;
     let authority = server.addr.to_string();
@@ -148,14 +223,67 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
     admin.register_taskdef(td.to_string().into_bytes()).await?;
 
     let rss_before = proc_vm_mib(&pid, "VmRSS");
+    let rest = Api::Rest { token: server.admin_token.clone() };
+    let (secs, latencies) = submit_all(b, server, &rest).await?;
+    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS"), proc_vm_mib(&pid, "VmHWM"));
+    let mut report = serde_json::json!({
+        "bench": "submit",
+        "store": b.store,
+        "etcd_alone": etcd_alone,
+        "tasks": b.tasks,
+        "batch": b.batch,
+        "clients": b.clients,
+        "hosts": hosts,
+        "seconds": (secs * 1000.0).round() / 1000.0,
+        "tasks_per_sec": (b.tasks as f64 / secs).round(),
+        "batch_p50_ms": ms(quantile(&latencies, 0.5)),
+        "batch_p99_ms": ms(quantile(&latencies, 0.99)),
+        "server_rss_before_mib": round1(rss_before),
+        "server_rss_mib": round1(rss),
+        "server_peak_rss_mib": round1(hwm),
+        "server_bytes_per_task": ((rss - rss_before) * 1_048_576.0 / b.tasks as f64).round(),
+    });
+    if b.ecs {
+        let req = mpsfleet_types::access::CreateToken {
+            role: mpsfleet_types::access::Role::Operator,
+            expires_in_s: None,
+            description: "bench submit --ecs".into(),
+            pool: None,
+            aws: true,
+        };
+        let key = admin.create_token(&req).await?;
+        let key_id = key.view.access_key_id.context("the token has no access key id")?;
+        let ecs = Api::Ecs { key_id, secret: key.token };
+        let (secs, latencies) = submit_all(b, server, &ecs).await?;
+        report["ecs"] = serde_json::json!({
+            "seconds": (secs * 1000.0).round() / 1000.0,
+            "tasks_per_sec": (b.tasks as f64 / secs).round(),
+            "batch_p50_ms": ms(quantile(&latencies, 0.5)),
+            "batch_p99_ms": ms(quantile(&latencies, 0.99)),
+        });
+    }
+    println!("{report}");
+    Ok(())
+}
+
+fn ms(us: u32) -> f64 {
+    (us as f64 / 100.0).round() / 10.0
+}
+
+/// Sends `b.tasks` tasks in batches of `b.batch` from `b.clients` clients through `api`, each
+/// answered after its commit and every task placed; the seconds it took and each batch's
+/// latency (µs), sorted.
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+async fn submit_all(b: &SubmitBench, server: &ServerProcess, api: &Api) -> Result<(f64, Vec<u32>)> {
+    let authority = server.addr.to_string();
     let left = Arc::new(AtomicU64::new(b.tasks));
     let done = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..b.clients {
-        let (left, done, sent, authority, token) =
-            (left.clone(), done.clone(), sent.clone(), authority.clone(), server.admin_token.clone());
+        let (left, done, sent, authority, api) =
+            (left.clone(), done.clone(), sent.clone(), authority.clone(), api.clone());
         let client_tokens = b.client_tokens;
         let (addr, batch, total) = (server.addr.clone(), u64::from(b.batch), b.tasks);
         clients.spawn(async move {
@@ -168,21 +296,11 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
                     Ok(l) if l > 0 => l.min(batch),
                     _ => return Ok::<_, anyhow::Error>(latencies),
                 };
-                let body = if client_tokens {
-                    let i = sent.fetch_add(1, Ordering::Relaxed);
-                    format!(
-                        r#"{{"taskDefinition":"bench","count":{n},"pool":"bench","clientToken":"bench-{i}"}}"#
-                    )
-                } else {
-                    format!(r#"{{"taskDefinition":"bench","count":{n},"pool":"bench"}}"#)
-                };
-                let req = HttpConn::request("POST", "/v1/tasks", &authority, &token, body.as_bytes());
+                let token = client_tokens.then(|| format!("bench-{}", sent.fetch_add(1, Ordering::Relaxed)));
+                let req = api.request(&authority, n, token);
                 let t = Instant::now();
                 let (status, answer) = conn.send(&req).await?;
-                if status != 201 {
-                    bail!("HTTP {status}: {}", String::from_utf8_lossy(answer));
-                }
-                let counts: Counts = serde_json::from_slice(answer)?;
+                let counts = api.counts(status, answer)?;
                 latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
                 if counts.placed != n || counts.pending != 0 {
                     bail!(
@@ -204,25 +322,5 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
     }
     let secs = start.elapsed().as_secs_f64();
     latencies.sort_unstable();
-    let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS"), proc_vm_mib(&pid, "VmHWM"));
-    let ms = |us: u32| (us as f64 / 100.0).round() / 10.0;
-    let report = serde_json::json!({
-        "bench": "submit",
-        "store": b.store,
-        "etcd_alone": etcd_alone,
-        "tasks": b.tasks,
-        "batch": b.batch,
-        "clients": b.clients,
-        "hosts": hosts,
-        "seconds": (secs * 1000.0).round() / 1000.0,
-        "tasks_per_sec": (b.tasks as f64 / secs).round(),
-        "batch_p50_ms": ms(quantile(&latencies, 0.5)),
-        "batch_p99_ms": ms(quantile(&latencies, 0.99)),
-        "server_rss_before_mib": round1(rss_before),
-        "server_rss_mib": round1(rss),
-        "server_peak_rss_mib": round1(hwm),
-        "server_bytes_per_task": ((rss - rss_before) * 1_048_576.0 / b.tasks as f64).round(),
-    });
-    println!("{report}");
-    Ok(())
+    Ok((secs, latencies))
 }

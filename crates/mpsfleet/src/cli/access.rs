@@ -85,7 +85,7 @@ pub(super) async fn ca_command(c: &Client, cmd: CaCommand, output: Format) -> Re
     Ok(())
 }
 
-pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()> {
+pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand, at: &Endpoint) -> Result<()> {
     use mpsfleet_types::access::TokenView;
     let row = |t: &TokenView| {
         vec![
@@ -99,7 +99,10 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()
     };
     const HEADERS: &[&str] = &["ID", "ROLE", "POOL", "EXPIRES", "CREATED BY", "DESCRIPTION"];
     match cmd {
-        TokenCommand::Create { role, expires_in, description, pool, aws } => {
+        TokenCommand::Create { role, expires_in, description, pool, aws, aws_profile } => {
+            if let Some(name) = &aws_profile {
+                check_profile_name(name)?;
+            }
             let req = mpsfleet_types::access::CreateToken {
                 role,
                 expires_in_s: expires_in,
@@ -122,6 +125,14 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand) -> Result<()
                         t.token
                     );
                 }
+            }
+            if let (Some(name), Some(key)) = (&aws_profile, &t.view.access_key_id) {
+                let (credentials, config) = write_aws_profile(name, key, &t.token, at)?;
+                eprintln!(
+                    "wrote AWS profile {name} to {} and {}: aws --profile {name} ecs list-clusters",
+                    credentials.display(),
+                    config.display()
+                );
             }
         }
         TokenCommand::RotateAdmin => {
@@ -239,4 +250,113 @@ fn read_secret_value(path: &std::path::Path) -> Result<String> {
         anyhow::bail!("the secret's value ({what}) must be at most {limit} bytes");
     }
     String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the secret's value ({what}) must be UTF-8 text"))
+}
+
+/// An AWS profile name: letters, digits, `-`, `_`, `.`, at most 64.
+fn check_profile_name(name: &str) -> Result<()> {
+    anyhow::ensure!(
+        (1..=64).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
+        "--aws-profile: {name:?} is not a profile name (1 to 64 letters, digits, '-', '_', '.')"
+    );
+    Ok(())
+}
+
+/// Writes the key as AWS profile `name`: its credentials into `~/.aws/credentials` (0600), and
+/// this server as its endpoint, with its CA and a region, into `~/.aws/config` (the AWS CLI
+/// and boto3 honour `endpoint_url` and `ca_bundle` there). Returns both paths.
+fn write_aws_profile(name: &str, key: &str, secret: &str, at: &Endpoint) -> Result<(PathBuf, PathBuf)> {
+    let home =
+        std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set: no ~/.aws to write to")?;
+    let dir = home.join(".aws");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let credentials = dir.join("credentials");
+    let secret_lines =
+        [("aws_access_key_id", key.to_string()), ("aws_secret_access_key", secret.to_string())];
+    replace_ini_section(&credentials, &format!("[{name}]"), &secret_lines, 0o600)?;
+    let mut settings = vec![("region", "us-east-1".to_string()), ("endpoint_url", at.server.clone())];
+    if let Some(ca) = &at.ca_file {
+        let ca =
+            std::fs::canonicalize(ca).with_context(|| format!("cannot find the CA file {}", ca.display()))?;
+        settings.push(("ca_bundle", ca.display().to_string()));
+    }
+    let config = dir.join("config");
+    replace_ini_section(&config, &format!("[profile {name}]"), &settings, 0o600)?;
+    Ok((credentials, config))
+}
+
+/// Rewrites the INI file at `path` with section `header` holding `lines` (the section's old
+/// lines go; every other section stays as it was), mode `mode`.
+fn replace_ini_section(
+    path: &std::path::Path,
+    header: &str,
+    lines: &[(&str, String)],
+    mode: u32,
+) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let old = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in old.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            skipping = trimmed == header;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !out.is_empty() && !out.ends_with("\n\n") {
+        out.push('\n');
+    }
+    out.push_str(header);
+    out.push('\n');
+    for (k, v) in lines {
+        out.push_str(&format!("{k} = {v}\n"));
+    }
+    let tmp = path.with_extension("mpsfleet-tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::io::Write::write_all(&mut file, out.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_replaces_its_own_section_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credentials");
+        std::fs::write(&path, "[default]\naws_access_key_id = A\n\n[mpsfleet]\naws_access_key_id = OLD\nx = y\n\n[other]\nk = v\n")
+            .unwrap();
+        replace_ini_section(&path, "[mpsfleet]", &[("aws_access_key_id", "NEW".into())], 0o600).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("[default]\naws_access_key_id = A") && text.contains("[other]\nk = v"),
+            "{text}"
+        );
+        assert!(
+            text.contains("[mpsfleet]\naws_access_key_id = NEW\n")
+                && !text.contains("OLD")
+                && !text.contains("x = y")
+        );
+        assert_eq!(text.matches("[mpsfleet]").count(), 1);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(check_profile_name("mpsfleet").is_ok() && check_profile_name("a b").is_err());
+    }
 }

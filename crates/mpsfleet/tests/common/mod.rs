@@ -248,6 +248,50 @@ pub fn ecs_env() -> Option<PathBuf> {
     found.then_some(dir)
 }
 
+/// An ECS call (`POST /`, AWS JSON 1.1) to `url`, SigV4-signed with the access key `key` and
+/// its secret (mpsfleet's own signer): the answer's status and JSON.
+#[allow(clippy::disallowed_methods)] // a signature carries the wall-clock time
+pub async fn ecs_call(
+    http: &reqwest::Client,
+    url: &str,
+    key: (&str, &str),
+    operation: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let host = url.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
+    let body = body.to_string();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let date = mpsfleet_core::sigv4::amz_date(now);
+    let target = format!("AmazonEC2ContainerServiceV20141113.{operation}");
+    let headers: [(&str, &[u8]); 4] = [
+        ("content-type", b"application/x-amz-json-1.1"),
+        ("host", host.as_bytes()),
+        ("x-amz-date", date.as_bytes()),
+        ("x-amz-target", target.as_bytes()),
+    ];
+    let req = mpsfleet_core::sigv4::Request {
+        method: "POST",
+        path: "/",
+        query: "",
+        headers: &headers,
+        body: body.as_bytes(),
+    };
+    let signed = ["content-type", "host", "x-amz-date", "x-amz-target"];
+    let auth = mpsfleet_core::sigv4::sign(&req, key.0, key.1, "us-east-1", "ecs", &date, &signed);
+    let resp = http
+        .post(format!("{}/", url.trim_end_matches('/')))
+        .header("content-type", "application/x-amz-json-1.1")
+        .header("x-amz-date", &date)
+        .header("x-amz-target", &target)
+        .header("authorization", auth)
+        .body(body)
+        .send()
+        .await
+        .expect("send an ECS call");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 /// A running `mpsfleet agent` process. Killed (SIGKILL) when dropped.
 pub struct Agent {
     pub child: Child,
