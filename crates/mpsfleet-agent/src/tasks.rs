@@ -530,7 +530,7 @@ impl State {
                 continue;
             };
             // A task run's overrides apply to the definition its containers start from.
-            let def = t.overrides.as_ref().map_or_else(|| (*def).clone(), |o| o.apply(def));
+            let def = t.overrides().map_or_else(|| (*def).clone(), |o| o.apply(def));
             let mut rec = Record::new(t.clone(), def);
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;

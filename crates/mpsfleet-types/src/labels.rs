@@ -61,6 +61,30 @@ pub fn merge_tags(tags: &mut Vec<Tag>, new: &[Tag]) {
     tags.extend(old.into_iter().filter(|o| !new.iter().any(|t| t.key == o.key)));
 }
 
+/// What a task's run and later calls attached to it: ECS's `overrides`, `startedBy`, `group`
+/// and tags. Rarely set, so a task holds one pointer for all of them ([`crate::Task::labels`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskLabels {
+    /// What the run changed of its definition's containers; the host runs the definition with
+    /// them applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<TaskOverride>,
+    /// The label and group its run was given (ECS's `startedBy` and `group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<Tag>,
+}
+
+impl TaskLabels {
+    pub fn is_empty(&self) -> bool {
+        self == &TaskLabels::default()
+    }
+}
+
 /// What a task run changes of its definition's containers (ECS's `overrides`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -143,17 +143,9 @@ pub struct Task {
     /// derived from its containers' `networkInterfaces` ([`Attachment::of_containers`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<Attachment>,
-    /// What its run changed of its definition's containers; the host runs the definition with
-    /// them applied.
+    /// What its run and later calls attached to it (overrides, startedBy, group, tags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overrides: Option<crate::labels::TaskOverride>,
-    /// The label and group its run was given (ECS's `startedBy` and `group`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_started_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_group: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub labels: Option<Box<crate::labels::TaskLabels>>,
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
@@ -300,11 +292,17 @@ impl Task {
             stopped_at_ms: None,
             containers: Vec::new(),
             attachments: Vec::new(),
-            overrides: None,
-            run_started_by: None,
-            run_group: None,
-            tags: Vec::new(),
+            labels: None,
         }
+    }
+
+    /// What its run changed of its definition's containers.
+    pub fn overrides(&self) -> Option<&crate::labels::TaskOverride> {
+        self.labels.as_ref().and_then(|l| l.overrides.as_ref())
+    }
+
+    pub fn tags(&self) -> &[crate::labels::Tag] {
+        self.labels.as_ref().map_or(&[], |l| l.tags.as_slice())
     }
 
     /// Whether the task holds GPU capacity: placed and not yet stopped.

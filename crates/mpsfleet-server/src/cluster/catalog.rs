@@ -176,7 +176,7 @@ impl Cluster {
             Tagged::Pool(p) => self.pool(p)?.tags,
             Tagged::TaskDef(r) => self.taskdef_revision(r)?.value.tags.clone(),
             Tagged::Service(s) => self.service_record(s)?.value.tags,
-            Tagged::Task(t) => self.task(t)?.tags,
+            Tagged::Task(t) => self.task(t)?.tags().to_vec(),
         })
     }
 
@@ -220,7 +220,11 @@ impl Cluster {
             }
             Tagged::Task(t) => {
                 let mut task = self.task(t)?;
-                change(&mut task.tags)?;
+                let labels = task.labels.get_or_insert_with(Default::default);
+                change(&mut labels.tags)?;
+                if labels.is_empty() {
+                    task.labels = None;
+                }
                 let version = self.state.tasks().get(&task.id).map_or(0, |e| e.version);
                 let rev = self.commit(&[Op::put_json(
                     TASK,
@@ -228,7 +232,7 @@ impl Cluster {
                     &task,
                     Precondition::Version(version),
                 )?])?;
-                let tags = task.tags.clone();
+                let tags = task.tags().to_vec();
                 let placement = self.state.tasks().get(&task.id).and_then(|e| e.placement.clone());
                 self.apply(rev, Change::Task(task, placement));
                 Ok(tags)

@@ -95,9 +95,12 @@ fn a_run_keeps_its_labels_and_overrides_and_refuses_bad_ones() {
     };
     let t = w.c.run_tasks(req).unwrap().tasks.remove(0);
     let t = w.c.task(&t.id.to_string()).unwrap();
-    assert_eq!(t.overrides, Some(overrides));
-    assert_eq!((t.run_started_by.as_deref(), t.run_group.as_deref()), (Some("nightly"), Some("batch")));
-    assert_eq!(t.tags, vec![tag("k", "v")]);
+    let labels = t.labels.as_deref().expect("the run's labels");
+    assert_eq!(labels.overrides, Some(overrides));
+    assert_eq!((labels.started_by.as_deref(), labels.group.as_deref()), (Some("nightly"), Some("batch")));
+    assert_eq!(t.tags(), [tag("k", "v")]);
+    // A run without any keeps none: a task record holds one pointer for them.
+    assert!(w.c.run_tasks(run("p")).unwrap().tasks[0].labels.is_none());
     let bad = TaskOverride {
         container_overrides: vec![ContainerOverride { name: "sidecar".into(), ..Default::default() }],
     };

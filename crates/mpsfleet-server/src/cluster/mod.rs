@@ -82,6 +82,7 @@ use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
 use mpsfleet_types::api::{
     Assignments, HostStatusAnswer, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse,
 };
+use mpsfleet_types::labels::TaskLabels;
 use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::*;
 use serde::{Deserialize, Serialize};
@@ -150,42 +151,33 @@ struct NewTasks {
     group: Option<ServiceName>,
     started_by: String,
     /// What a task run gave of ECS's `overrides`, `startedBy`, `group` and `tags`.
-    labels: RunLabels,
+    labels: Option<Box<TaskLabels>>,
 }
 
-/// What a task run labels its tasks with, as ECS's RunTask takes it.
-#[derive(Default, Clone)]
-struct RunLabels {
-    overrides: Option<mpsfleet_types::labels::TaskOverride>,
-    started_by: Option<String>,
-    group: Option<String>,
-    tags: Vec<mpsfleet_types::labels::Tag>,
-}
-
-impl RunLabels {
-    /// Checks a run's labels against ECS's limits and its definition.
-    fn of(req: &RunTask, td: &TaskDefinition) -> Result<RunLabels, Error> {
-        use mpsfleet_types::labels::{check_tags, MAX_GROUP, MAX_STARTED_BY};
-        let invalid = |(f, m): (String, String)| Error::invalid(f, m);
-        let text = |field: &str, v: &Option<String>, max: usize| match v {
-            Some(s) if s.is_empty() || s.chars().count() > max || s.chars().any(char::is_control) => {
-                Err(Error::invalid(field, format!("must be 1 to {max} printable characters")))
-            }
-            _ => Ok(()),
-        };
-        text("startedBy", &req.started_by, MAX_STARTED_BY)?;
-        text("group", &req.group, MAX_GROUP)?;
-        check_tags("tags", &req.tags).map_err(invalid)?;
-        if let Some(o) = &req.overrides {
-            o.check(td).map_err(invalid)?;
+/// A task run's labels (ECS's `overrides`, `startedBy`, `group`, `tags`), checked against ECS's
+/// limits and the run's definition; None when it gave none.
+fn run_labels(req: &RunTask, td: &TaskDefinition) -> Result<Option<Box<TaskLabels>>, Error> {
+    use mpsfleet_types::labels::{check_tags, MAX_GROUP, MAX_STARTED_BY};
+    let invalid = |(f, m): (String, String)| Error::invalid(f, m);
+    let text = |field: &str, v: &Option<String>, max: usize| match v {
+        Some(s) if s.is_empty() || s.chars().count() > max || s.chars().any(char::is_control) => {
+            Err(Error::invalid(field, format!("must be 1 to {max} printable characters")))
         }
-        Ok(RunLabels {
-            overrides: req.overrides.clone().filter(|o| !o.container_overrides.is_empty()),
-            started_by: req.started_by.clone(),
-            group: req.group.clone(),
-            tags: req.tags.clone(),
-        })
+        _ => Ok(()),
+    };
+    text("startedBy", &req.started_by, MAX_STARTED_BY)?;
+    text("group", &req.group, MAX_GROUP)?;
+    check_tags("tags", &req.tags).map_err(invalid)?;
+    if let Some(o) = &req.overrides {
+        o.check(td).map_err(invalid)?;
     }
+    let labels = TaskLabels {
+        overrides: req.overrides.clone().filter(|o| !o.container_overrides.is_empty()),
+        started_by: req.started_by.clone(),
+        group: req.group.clone(),
+        tags: req.tags.clone(),
+    };
+    Ok((!labels.is_empty()).then(|| Box::new(labels)))
 }
 
 /// Tasks created and placed in memory, not yet committed.
@@ -965,10 +957,7 @@ impl Cluster {
                 spec.started_by.clone(),
                 now,
             );
-            task.overrides = spec.labels.overrides.clone();
-            task.run_started_by = spec.labels.started_by.clone();
-            task.run_group = spec.labels.group.clone();
-            task.tags = spec.labels.tags.clone();
+            task.labels = spec.labels.clone();
             let req = match same {
                 Some(r) => r,
                 None => *same.insert(self.request_for(&task)?),
@@ -1025,14 +1014,11 @@ impl Cluster {
         let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
-        let labels = RunLabels::of(req, td)?;
+        let labels = run_labels(req, td)?;
         let reference = td.reference();
         let started_by = format!("run:{:016x}", auth::random_u64()?);
         let mut task = Task::new(self.next_task_id(), reference, pool, None, started_by, self.now());
-        task.overrides = labels.overrides;
-        task.run_started_by = labels.started_by;
-        task.run_group = labels.group;
-        task.tags = labels.tags;
+        task.labels = labels;
         let request = self.request_for(&task)?;
         let outcome = self.sched.place_on(&request, ix);
         let placement = match outcome {
@@ -1071,7 +1057,7 @@ impl Cluster {
         let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
-        let labels = RunLabels::of(&req, td)?;
+        let labels = run_labels(&req, td)?;
         let td = td.reference();
         let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels };
         let tasks = self.start_tasks(spec, req.count)?;

@@ -218,6 +218,7 @@ struct Interface<'a> {
 
 /// A task as ECS's `Task`; `td` is what it runs (its definition with its overrides applied).
 pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags: bool) -> EcsTask<'a> {
+    let labels = t.labels.as_deref();
     let id = t.id.to_string();
     let task_arn = a.task(t.pool.as_str(), &id);
     let defs = td.map(|d| d.container_definitions.as_slice()).unwrap_or_default();
@@ -286,22 +287,18 @@ pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags
         stopped_at: t.stopped_at_ms.map(secs),
         stop_code: t.stop_code,
         stopped_reason: t.stopped_reason.as_deref(),
-        started_by: t.run_started_by.as_deref().unwrap_or(&t.started_by),
-        group: t.run_group.clone().unwrap_or_else(|| match &t.group {
+        started_by: labels.and_then(|l| l.started_by.as_deref()).unwrap_or(&t.started_by),
+        group: labels.and_then(|l| l.group.clone()).unwrap_or_else(|| match &t.group {
             Some(s) => format!("service:{s}"),
             None => format!("family:{}", t.task_definition.family),
         }),
         launch_type: "EC2",
         overrides: Overrides {
-            container_overrides: t
-                .overrides
-                .as_ref()
-                .map(|o| o.container_overrides.as_slice())
-                .unwrap_or_default(),
+            container_overrides: t.overrides().map(|o| o.container_overrides.as_slice()).unwrap_or_default(),
         },
         attachments: &t.attachments,
         version: 1,
-        tags: with_tags.then_some(t.tags.as_slice()),
+        tags: with_tags.then_some(t.tags()),
     }
 }
 

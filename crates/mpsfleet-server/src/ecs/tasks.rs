@@ -85,7 +85,7 @@ fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: &[Value]) -> 
 /// A task as ECS's `Task` in JSON: what it runs is its definition with its run's overrides.
 fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<String, Error> {
     let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
-    let run = match (td, &t.overrides) {
+    let run = match (td, t.overrides()) {
         (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
         (d, _) => d.map(std::borrow::Cow::Borrowed),
     };
@@ -272,9 +272,9 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
                 })
                 .filter(|t| l.family.as_deref().is_none_or(|f| t.task_definition.family.as_str() == f))
                 .filter(|t| {
-                    l.started_by
-                        .as_deref()
-                        .is_none_or(|s| t.run_started_by.as_deref().unwrap_or(&t.started_by) == s)
+                    l.started_by.as_deref().is_none_or(|s| {
+                        t.labels.as_ref().and_then(|l| l.started_by.as_deref()).unwrap_or(&t.started_by) == s
+                    })
                 })
                 .map(|t| (t.created_at_ms, t.id.to_string(), t.pool.to_string()))
                 .collect())

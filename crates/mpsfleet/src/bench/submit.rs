@@ -1,8 +1,8 @@
 //! `mpsfleet bench submit`: `task run` batches to the real server, placed and committed.
 
 use super::{
-    epoch_ms, healthy_report, proc_vm_mib, quantile, register_hosts, round1, send_each_once, HttpConn,
-    ServerProcess,
+    epoch_ms, healthy_report, proc_cpu_seconds, proc_vm_mib, quantile, register_hosts, round1,
+    send_each_once, HttpConn, ServerProcess,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -51,6 +51,10 @@ pub struct SubmitBench {
     /// server: the report gives both runs.
     #[arg(long)]
     ecs: bool,
+    /// With --ecs: the ECS run first, then the REST one (the second run works on a larger
+    /// state; run both orders to compare).
+    #[arg(long, requires = "ecs")]
+    ecs_first: bool,
 }
 
 /// How a run's requests are made.
@@ -108,10 +112,19 @@ impl Api {
         match self {
             Api::Rest { .. } if status == 201 => Ok(serde_json::from_slice(answer)?),
             Api::Ecs { .. } if status == 200 => {
-                let v: serde_json::Value = serde_json::from_slice(answer)?;
-                let tasks = v["tasks"].as_array().map(Vec::as_slice).unwrap_or_default();
-                let placed = tasks.iter().filter(|t| t["containerInstanceArn"].is_string()).count() as u64;
-                Ok(Counts { placed, pending: tasks.len() as u64 - placed })
+                // Only what is counted is read: the client shares the machine with the server.
+                #[derive(serde::Deserialize)]
+                struct Answer {
+                    tasks: Vec<Placed>,
+                }
+                #[derive(serde::Deserialize)]
+                #[serde(rename_all = "camelCase")]
+                struct Placed {
+                    container_instance_arn: Option<serde::de::IgnoredAny>,
+                }
+                let a: Answer = serde_json::from_slice(answer)?;
+                let placed = a.tasks.iter().filter(|t| t.container_instance_arn.is_some()).count() as u64;
+                Ok(Counts { placed, pending: a.tasks.len() as u64 - placed })
             }
             _ => bail!("HTTP {status}: {}", String::from_utf8_lossy(answer)),
         }
@@ -224,7 +237,36 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
 
     let rss_before = proc_vm_mib(&pid, "VmRSS");
     let rest = Api::Rest { token: server.admin_token.clone() };
-    let (secs, latencies) = submit_all(b, server, &rest).await?;
+    let ecs = if b.ecs {
+        let req = mpsfleet_types::access::CreateToken {
+            role: mpsfleet_types::access::Role::Operator,
+            expires_in_s: None,
+            description: "bench submit --ecs".into(),
+            pool: None,
+            aws: true,
+        };
+        let key = admin.create_token(&req).await?;
+        let key_id = key.view.access_key_id.context("the token has no access key id")?;
+        Some(Api::Ecs { key_id, secret: key.token })
+    } else {
+        None
+    };
+    // Each run with the server's CPU seconds it took (the client shares the machine).
+    let pid_ref = &pid;
+    let measured = |api| async move {
+        let cpu = proc_cpu_seconds(pid_ref);
+        let (secs, latencies) = submit_all(b, server, api).await?;
+        Ok::<_, anyhow::Error>((secs, latencies, proc_cpu_seconds(pid_ref) - cpu))
+    };
+    let ecs_run = match (&ecs, b.ecs_first) {
+        (Some(api), true) => Some(measured(api).await?),
+        _ => None,
+    };
+    let (secs, latencies, cpu) = measured(&rest).await?;
+    let ecs_run = match (&ecs, ecs_run) {
+        (Some(api), None) => Some(measured(api).await?),
+        (_, run) => run,
+    };
     let (rss, hwm) = (proc_vm_mib(&pid, "VmRSS"), proc_vm_mib(&pid, "VmHWM"));
     let mut report = serde_json::json!({
         "bench": "submit",
@@ -238,28 +280,19 @@ async fn run(b: &SubmitBench, server: &ServerProcess, etcd_alone: serde_json::Va
         "tasks_per_sec": (b.tasks as f64 / secs).round(),
         "batch_p50_ms": ms(quantile(&latencies, 0.5)),
         "batch_p99_ms": ms(quantile(&latencies, 0.99)),
+        "server_cpu_us_per_task": (cpu * 1e6 / b.tasks as f64).round(),
         "server_rss_before_mib": round1(rss_before),
         "server_rss_mib": round1(rss),
         "server_peak_rss_mib": round1(hwm),
         "server_bytes_per_task": ((rss - rss_before) * 1_048_576.0 / b.tasks as f64).round(),
     });
-    if b.ecs {
-        let req = mpsfleet_types::access::CreateToken {
-            role: mpsfleet_types::access::Role::Operator,
-            expires_in_s: None,
-            description: "bench submit --ecs".into(),
-            pool: None,
-            aws: true,
-        };
-        let key = admin.create_token(&req).await?;
-        let key_id = key.view.access_key_id.context("the token has no access key id")?;
-        let ecs = Api::Ecs { key_id, secret: key.token };
-        let (secs, latencies) = submit_all(b, server, &ecs).await?;
+    if let Some((secs, latencies, cpu)) = ecs_run {
         report["ecs"] = serde_json::json!({
             "seconds": (secs * 1000.0).round() / 1000.0,
             "tasks_per_sec": (b.tasks as f64 / secs).round(),
             "batch_p50_ms": ms(quantile(&latencies, 0.5)),
             "batch_p99_ms": ms(quantile(&latencies, 0.99)),
+            "server_cpu_us_per_task": (cpu * 1e6 / b.tasks as f64).round(),
         });
     }
     println!("{report}");
