@@ -203,6 +203,8 @@ const TOP_USED: &[&str] = &[
     "cpu",
     "memory",
     "tags",
+    // mpsfleet's own describe output holds the kept fields here: they are kept again.
+    "keptFields",
 ];
 /// Fields ECS takes that mpsfleet does not act on but keeps, so that a description shows them
 /// as they were registered ([`TaskDefinition::kept_fields`]).
@@ -217,16 +219,9 @@ pub const TOP_KEPT: &[&str] = &[
     "ephemeralStorage",
     "enableFaultInjection",
 ];
-const TOP_IGNORED: &[&str] = &[
-    "taskRoleArn",
-    "executionRoleArn",
-    "requiresCompatibilities",
-    "placementConstraints",
-    "runtimePlatform",
-    "proxyConfiguration",
-    "inferenceAccelerators",
-    "ephemeralStorage",
-    "enableFaultInjection",
+/// What a description carries that a registration does not act on (ECS's output fields, and
+/// mpsfleet's own), so that a described definition registers again.
+const TOP_OUTPUT: &[&str] = &[
     "status",
     "revision",
     "taskDefinitionArn",
@@ -236,6 +231,7 @@ const TOP_IGNORED: &[&str] = &[
     // mpsfleet's own describe output, so that a described definition registers again.
     "registeredAtMs",
     "deregisteredAt",
+    "deregisteredAtMs",
     "requiresAttributes",
 ];
 
@@ -313,7 +309,9 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
     // Every field is checked whatever the others hold; the errors are kept in document order.
     let mut errors = TaskDefErrors::default();
     let mut ignored = Vec::new();
-    errors.take(check_keys(top, "", TOP_USED, TOP_IGNORED, &mut ignored));
+    // Reported as not acted on: the kept fields, and what a description carries.
+    let top_ignored: Vec<&str> = TOP_KEPT.iter().chain(TOP_OUTPUT).copied().collect();
+    errors.take(check_keys(top, "", TOP_USED, &top_ignored, &mut ignored));
 
     let family = errors.take(require(top, "", "family").and_then(|v| {
         let s = as_str(v, "family")?;
@@ -346,8 +344,12 @@ pub fn parse_task_definition(json: &[u8]) -> std::result::Result<ParsedTaskDefin
         Some(v) => errors.take(parse_tags(v)),
         None => Some(Vec::new()),
     };
-    let kept_fields: BTreeMap<String, Value> =
-        TOP_KEPT.iter().filter_map(|k| Some((k.to_string(), top.get(*k)?.clone()))).collect();
+    // Kept fields given at the top, as ECS takes them, or as mpsfleet describes them.
+    let described = top.get("keptFields").and_then(Value::as_object);
+    let kept_fields: BTreeMap<String, Value> = TOP_KEPT
+        .iter()
+        .filter_map(|k| Some((k.to_string(), top.get(*k).or_else(|| described?.get(*k))?.clone())))
+        .collect();
 
     let list_path = "containerDefinitions";
     let list = errors.take(require(top, "", list_path).and_then(|v| {

@@ -121,9 +121,12 @@ mod taskdef {
             "executionRoleArn",
             "requiresCompatibilities",
             "runtimePlatform",
-            "tags",
             "taskRoleArn",
         ];
+        // Tags are the definition's own now; the fields mpsfleet does not act on are kept as
+        // given besides being reported.
+        assert!(!d.tags.is_empty(), "{:?}", d.tags);
+        assert!(d.kept_fields.contains_key("taskRoleArn"));
         want.sort_unstable();
         let mut got = p.ignored_fields.clone();
         got.sort();

@@ -382,8 +382,13 @@ mod taskdef {
         got.sort();
         assert_eq!(
             got,
-            ["containerDefinitions[0].interactive", "containerDefinitions[1].links", "tags", "taskRoleArn",]
+            ["containerDefinitions[0].interactive", "containerDefinitions[1].links", "taskRoleArn",]
         );
+        // Tags are the definition's own; a bad one is refused naming it.
+        assert!(p.definition.tags.is_empty());
+        let bad = json!({"family": "f", "tags": [{"key": "aws:x", "value": "1"}], "containerDefinitions": [container(json!({"image": "x"}))]});
+        let e = parse_task_definition(bad.to_string().as_bytes()).unwrap_err();
+        assert_eq!(e.first().field, "tags[0].key", "{e}");
     }
 
     // ---- container fields ----

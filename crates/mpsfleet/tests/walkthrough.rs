@@ -159,6 +159,12 @@ impl Session {
             .env_remove("MPSFLEET_TOKEN")
             .env_remove("MPSFLEET_CA_FILE")
             .env_remove("MPSFLEET_POOL")
+            // A new user's shell: no AWS settings of this machine's (AWS_CA_BUNDLE would win
+            // over the profile's ca_bundle).
+            .env_remove("AWS_CA_BUNDLE")
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
             .env_remove("COLUMNS")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

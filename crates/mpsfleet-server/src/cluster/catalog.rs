@@ -147,13 +147,7 @@ impl Cluster {
     /// Marks a task definition revision deregistered: what runs it goes on, nothing new
     /// starts from it, and `family` alone names the latest revision still registered.
     pub fn deregister_taskdef(&mut self, reference: &str) -> Result<Arc<TaskDefinition>, Error> {
-        let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid("taskDefinition", e.to_string()))?;
-        let current = self
-            .state
-            .taskdefs()
-            .get(&(r.family.clone(), r.revision))
-            .cloned()
-            .ok_or_else(|| Error::not_found("task definition", reference))?;
+        let current = self.taskdef_revision(reference)?;
         if current.value.deregistered_at_ms.is_some() {
             return Ok(current.value);
         }

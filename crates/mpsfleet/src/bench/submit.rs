@@ -76,25 +76,17 @@ impl Api {
             }
             Api::Ecs { key_id, secret } => {
                 let body = format!(r#"{{"cluster":"bench","taskDefinition":"bench","count":{n}{token}}}"#);
-                let date = mpsfleet_core::sigv4::amz_date(epoch_ms());
                 let target = "AmazonEC2ContainerServiceV20141113.RunTask";
                 let content_type = "application/x-amz-json-1.1";
-                let headers: [(&str, &[u8]); 4] = [
-                    ("content-type", content_type.as_bytes()),
-                    ("host", authority.as_bytes()),
-                    ("x-amz-date", date.as_bytes()),
-                    ("x-amz-target", target.as_bytes()),
-                ];
-                let req = mpsfleet_core::sigv4::Request {
-                    method: "POST",
-                    path: "/",
-                    query: "",
-                    headers: &headers,
-                    body: body.as_bytes(),
-                };
-                let signed = ["content-type", "host", "x-amz-date", "x-amz-target"];
-                let auth =
-                    mpsfleet_core::sigv4::sign(&req, key_id, secret, "us-east-1", "ecs", &date, &signed);
+                let (date, auth) = mpsfleet_core::sigv4::sign_json_call(
+                    authority,
+                    target,
+                    body.as_bytes(),
+                    (key_id, secret),
+                    "us-east-1",
+                    "ecs",
+                    epoch_ms(),
+                );
                 let mut r = format!(
                     "POST / HTTP/1.1\r\nhost: {authority}\r\nauthorization: {auth}\r\ncontent-type: {content_type}\r\n\
                      x-amz-date: {date}\r\nx-amz-target: {target}\r\ncontent-length: {}\r\n\r\n",

@@ -133,6 +133,12 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand, at: &Endpoin
                     credentials.display(),
                     config.display()
                 );
+                if std::env::var_os("AWS_CA_BUNDLE").is_some() {
+                    eprintln!(
+                        "note: AWS_CA_BUNDLE is set in this shell; the AWS CLI and boto3 take it over the \
+                         profile's ca_bundle: unset it, or pass --ca-bundle"
+                    );
+                }
             }
         }
         TokenCommand::RotateAdmin => {

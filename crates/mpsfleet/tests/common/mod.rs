@@ -261,23 +261,9 @@ pub async fn ecs_call(
     let host = url.trim_start_matches("https://").trim_start_matches("http://").trim_end_matches('/');
     let body = body.to_string();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let date = mpsfleet_core::sigv4::amz_date(now);
     let target = format!("AmazonEC2ContainerServiceV20141113.{operation}");
-    let headers: [(&str, &[u8]); 4] = [
-        ("content-type", b"application/x-amz-json-1.1"),
-        ("host", host.as_bytes()),
-        ("x-amz-date", date.as_bytes()),
-        ("x-amz-target", target.as_bytes()),
-    ];
-    let req = mpsfleet_core::sigv4::Request {
-        method: "POST",
-        path: "/",
-        query: "",
-        headers: &headers,
-        body: body.as_bytes(),
-    };
-    let signed = ["content-type", "host", "x-amz-date", "x-amz-target"];
-    let auth = mpsfleet_core::sigv4::sign(&req, key.0, key.1, "us-east-1", "ecs", &date, &signed);
+    let (date, auth) =
+        mpsfleet_core::sigv4::sign_json_call(host, &target, body.as_bytes(), key, "us-east-1", "ecs", now);
     let resp = http
         .post(format!("{}/", url.trim_end_matches('/')))
         .header("content-type", "application/x-amz-json-1.1")
