@@ -6,7 +6,7 @@ use crate::api::{self, AppState};
 use crate::auth::{self, Principal};
 use crate::cluster::Error;
 use crate::error::ApiError;
-use crate::ratelimit::{Caller, RateLimiter, RateLimits};
+use crate::ratelimit::{RateLimiter, RateLimits};
 use axum::body::{Body, HttpBody};
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
@@ -252,41 +252,13 @@ pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response
     api::AUDIT.scope(audit, run).await
 }
 
-/// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown
-/// token) its peer address's. A lookup that failed otherwise (a poisoned lock) is not charged:
-/// the handler answers it.
-pub(crate) fn charge(
+/// Charges a request to its caller's bucket ([`crate::ratelimit::charge`]).
+fn charge(
     g: &Guard,
     who: &Result<(Principal, String), ApiError>,
     peer: Option<std::net::IpAddr>,
 ) -> Result<(), ApiError> {
-    let limits = &g.rate_limits;
-    let (caller, limit, name) = match who {
-        Ok((p, digest)) => {
-            let limit = match p {
-                Principal::Admin | Principal::Token { .. } => limits.admin,
-                Principal::Joiner => limits.join,
-                // Host credentials, and the one-time tokens one machine registers with.
-                _ => limits.host,
-            };
-            (Caller::Token(digest), limit, None)
-        }
-        Err(ApiError::Domain(Error::Unauthorized(_))) => match peer {
-            Some(ip) => (Caller::Peer(ip), limits.unknown_per_ip, Some(ip)),
-            None => return Ok(()),
-        },
-        Err(_) => return Ok(()),
-    };
-    g.limiter.take(caller, limit).map_err(|r| ApiError::TooManyRequests {
-        who: match (who, name) {
-            (Ok((p, _)), _) => p.describe(),
-            (_, Some(ip)) => format!("requests without a known token from {ip}"),
-            _ => "this caller".into(),
-        },
-        per_second: r.limit.per_second,
-        burst: r.limit.burst,
-        retry_after_s: r.retry_after_s,
-    })
+    crate::ratelimit::charge(&g.rate_limits, &g.limiter, who, peer)
 }
 
 fn is_length_limit(e: &axum::Error) -> bool {
@@ -396,14 +368,22 @@ fn app_with(
         limiter,
     };
     let metrics = state.metrics.clone();
-    let guard_ecs = guard_state.clone();
+    let ecs_router = crate::ecs::router(
+        crate::ecs::Serving {
+            state: state.clone(),
+            body_read_timeout: guard_state.body_read_timeout,
+            rate_limits: guard_state.rate_limits,
+            limiter: guard_state.limiter.clone(),
+        },
+        ecs,
+    );
     api::router(state)
         .route_layer(axum::middleware::from_fn_with_state(guard_state, guard))
         .route_layer(axum::middleware::from_fn_with_state(metrics, crate::metrics::observe))
         // The console's page and assets: public, so outside the guard (nothing in them is data).
         .merge(crate::console::router())
         // The ECS-compatible API at `POST /`: it authenticates SigV4 itself (`ecs`).
-        .merge(crate::ecs::router(guard_ecs, ecs))
+        .merge(ecs_router)
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
         .layer(axum::middleware::from_fn(crate::request_id::middleware))

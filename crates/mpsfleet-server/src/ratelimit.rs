@@ -17,6 +17,9 @@
 //! The arithmetic is pure: every method that reads time has an `_at` form taking the
 //! milliseconds since the limiter was made, which the tests drive.
 
+use crate::auth::Principal;
+use crate::cluster::Error;
+use crate::error::ApiError;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -258,6 +261,43 @@ impl RateLimiter {
         let inner = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (inner.tokens.map.len(), inner.peers.map.len())
     }
+}
+
+/// Charges a request to its caller's bucket: a known token's own, or (a missing or unknown
+/// token) its peer address's. A lookup that failed otherwise (a poisoned lock) is not charged:
+/// the handler answers it.
+pub fn charge(
+    limits: &RateLimits,
+    limiter: &RateLimiter,
+    who: &Result<(Principal, String), ApiError>,
+    peer: Option<IpAddr>,
+) -> Result<(), ApiError> {
+    let (caller, limit, name) = match who {
+        Ok((p, digest)) => {
+            let limit = match p {
+                Principal::Admin | Principal::Token { .. } => limits.admin,
+                Principal::Joiner => limits.join,
+                // Host credentials, and the one-time tokens one machine registers with.
+                _ => limits.host,
+            };
+            (Caller::Token(digest), limit, None)
+        }
+        Err(ApiError::Domain(Error::Unauthorized(_))) => match peer {
+            Some(ip) => (Caller::Peer(ip), limits.unknown_per_ip, Some(ip)),
+            None => return Ok(()),
+        },
+        Err(_) => return Ok(()),
+    };
+    limiter.take(caller, limit).map_err(|r| ApiError::TooManyRequests {
+        who: match (who, name) {
+            (Ok((p, _)), _) => p.describe(),
+            (_, Some(ip)) => format!("requests without a known token from {ip}"),
+            _ => "this caller".into(),
+        },
+        per_second: r.limit.per_second,
+        burst: r.limit.burst,
+        retry_after_s: r.retry_after_s,
+    })
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod pool;
 pub mod secret;
 pub mod service;
+pub mod tags;
 pub mod task;
 pub mod taskdef;
 pub mod time;

@@ -83,7 +83,7 @@ pub struct Pool {
     pub created_at_ms: u64,
     /// Its tags (ECS's cluster tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
     /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
     /// shows them (`settings`, `configuration`, `serviceConnectDefaults`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -117,7 +117,7 @@ pub struct CreatePool {
     pub max_resume_seconds: Option<u32>,
     /// Its tags (ECS's cluster tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
     /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
     /// shows them (`settings`, `configuration`, `serviceConnectDefaults`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

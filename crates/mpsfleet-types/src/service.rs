@@ -43,7 +43,7 @@ pub struct Service {
     pub moving: Vec<crate::ids::TaskId>,
     /// Its tags (ECS's service tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
     /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
     /// shows them (`loadBalancers`, `serviceRegistries`, `placementStrategy`, `placementConstraints`, `roleArn`; mpsfleet wires no load balancer).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -288,7 +288,7 @@ pub struct CreateService {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
     /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
     /// shows them (see `Service::kept_fields`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

@@ -301,7 +301,7 @@ impl Task {
         self.labels.as_ref().and_then(|l| l.overrides.as_ref())
     }
 
-    pub fn tags(&self) -> &[crate::labels::Tag] {
+    pub fn tags(&self) -> &[crate::tags::Tag] {
         self.labels.as_ref().map_or(&[], |l| l.tags.as_slice())
     }
 
@@ -334,7 +334,7 @@ pub struct RunTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.

@@ -43,7 +43,7 @@ pub struct TaskDefinition {
     pub deregistered_at_ms: Option<u64>,
     /// Its tags (ECS's task definition tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<crate::labels::Tag>,
+    pub tags: Vec<crate::tags::Tag>,
     /// ECS fields mpsfleet takes without acting on them (`taskRoleArn`,
     /// `requiresCompatibilities`, `placementConstraints`, ...), kept as they were registered so
     /// that a description shows them.

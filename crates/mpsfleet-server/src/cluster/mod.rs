@@ -1074,8 +1074,24 @@ impl Cluster {
     }
 
     pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
-        let mut out: Vec<&TaskEntry> = self
-            .state
+        let mut out: Vec<&TaskEntry> = self.matching_tasks(filter).collect();
+        if filter.newest_first {
+            out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        } else {
+            out.sort_by_key(|e| e.seq);
+        }
+        out.into_iter().skip(filter.skip).take(filter.limit).map(|e| e.task.clone()).collect()
+    }
+
+    /// Every task `filter` matches, unordered, read in place (nothing is copied): for counts
+    /// and for lists that keep a few fields of each. `skip`, `limit` and the order are the
+    /// caller's.
+    pub fn visit_tasks(&self, filter: &TaskFilter, mut f: impl FnMut(&Task)) {
+        self.matching_tasks(filter).for_each(|e| f(&e.task));
+    }
+
+    fn matching_tasks<'a>(&'a self, filter: &'a TaskFilter) -> impl Iterator<Item = &'a TaskEntry> + 'a {
+        self.state
             .tasks()
             .values()
             .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
@@ -1093,13 +1109,6 @@ impl Cluster {
             })
             .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
             .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
-            .collect();
-        if filter.newest_first {
-            out.sort_by_key(|e| std::cmp::Reverse(e.seq));
-        } else {
-            out.sort_by_key(|e| e.seq);
-        }
-        out.into_iter().skip(filter.skip).take(filter.limit).map(|e| e.task.clone()).collect()
     }
 
     /// The record a stop request produces: an unplaced task stops at once; a placed one is

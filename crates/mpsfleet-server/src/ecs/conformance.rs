@@ -16,7 +16,7 @@ pub const ACCOUNT_ID: &str = "123456789012";
 
 /// `POST /moto-api/reset`.
 pub(super) async fn reset(State(ecs): State<Ecs>) -> impl IntoResponse {
-    let st = ecs.guard.state.clone();
+    let st = ecs.serving.state.clone();
     match st.tick(|c| c.empty_for_conformance().map(|()| Vec::new())).await {
         Ok(()) => (StatusCode::OK, r#"{"status": "ok"}"#).into_response(),
         Err(e) => e.into_response(),

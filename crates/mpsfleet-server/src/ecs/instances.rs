@@ -62,15 +62,12 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
 /// A host's ECS shape, with its task counts and whether its agent answers.
 fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
     let h = c.host(id)?;
-    let filter = crate::cluster::TaskFilter {
-        host: Some(id.to_string()),
-        live: true,
-        limit: usize::MAX,
-        ..Default::default()
-    };
-    let tasks = c.tasks(&filter);
-    let running = tasks.iter().filter(|t| t.last_status == TaskStatus::Running).count();
-    let pending = tasks.len() - running;
+    let filter = crate::cluster::TaskFilter { host: Some(id.to_string()), live: true, ..Default::default() };
+    let (mut running, mut pending) = (0, 0);
+    c.visit_tasks(&filter, |t| match t.last_status {
+        TaskStatus::Running => running += 1,
+        _ => pending += 1,
+    });
     // Connected: its agent's heartbeats come within the pool's heartbeat grace.
     let grace = c.pool(h.pool.as_str()).map_or(0, |p| p.health_policy.agent_heartbeat_grace_ms);
     let connected = h.status != HostStatus::Deregistered
@@ -145,7 +142,7 @@ pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, E
     };
     let arns = call.arns.clone();
     let actor = api::actor(&call.who);
-    let (_pool, done, failures) = call
+    let (done, failures) = call
         .run(api::operator, Touch::List, move |c, who| {
             let pool = pool_in(c, &who, &arns, u.cluster.as_deref())?;
             if let Err(e) = check_batch("containerInstances", &u.container_instances, MAX_BATCH, none_named())
@@ -177,7 +174,7 @@ pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, E
                     Err(e) => return Err(e),
                 }
             }
-            Ok(Ok((pool, done, failures)))
+            Ok(Ok((done, failures)))
         })
         .await??;
     // A drain is carried out by the host's incident, which the controllers' pass runs at once:

@@ -25,10 +25,9 @@ mod tasks;
 use crate::api::{self, AppState};
 use crate::auth::Principal;
 use crate::cluster::{AuditContext, Cluster, Error, Touch};
-use crate::http::Guard;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -49,7 +48,7 @@ pub const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 /// How far a request's `X-Amz-Date` may be from the server's clock, as AWS allows.
 pub const MAX_SKEW_MS: u64 = 15 * 60 * 1000;
 /// The most bytes of a call's body: a task definition's limit, as the REST API's.
-pub const BODY_LIMIT: usize = crate::http::TASKDEF_BODY_LIMIT;
+pub const BODY_LIMIT: usize = 2 << 20;
 /// The headers every signature must cover.
 const SIGNED_AT_LEAST: &[&str] = &["host", "x-amz-date", "x-amz-target"];
 
@@ -91,20 +90,30 @@ impl EcsOptions {
     }
 }
 
+/// What serving ECS calls needs of the server: its state, and the HTTP layer's body read
+/// timeout and rate limits (the REST API's own, charged to the same buckets).
+#[derive(Clone)]
+pub struct Serving {
+    pub state: AppState,
+    pub body_read_timeout: std::time::Duration,
+    pub rate_limits: crate::ratelimit::RateLimits,
+    pub limiter: Arc<crate::ratelimit::RateLimiter>,
+}
+
 #[derive(Clone)]
 struct Ecs {
-    guard: Guard,
+    serving: Serving,
     options: Arc<EcsOptions>,
 }
 
 /// `POST /` (and in conformance mode `POST /moto-api/reset`), beside the console's `GET /`.
-pub fn router(guard: Guard, options: EcsOptions) -> Router {
+pub fn router(serving: Serving, options: EcsOptions) -> Router {
     let conformance = options.conformance;
     let mut r = Router::new().route("/", post(handle));
     if conformance {
         r = r.route("/moto-api/reset", post(conformance::reset));
     }
-    r.with_state(Ecs { guard, options: Arc::new(options) })
+    r.with_state(Ecs { serving, options: Arc::new(options) })
 }
 
 /// One call being served: who makes it, and how its answer names things.
@@ -166,7 +175,7 @@ async fn handle(
 
 /// Authenticates, reads and verifies a call, then serves it.
 async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Result<String, EcsError> {
-    let st = &ecs.guard.state;
+    let st = &ecs.serving.state;
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let authorization = text("authorization").ok_or_else(EcsError::missing_token)?;
     let auth = sigv4::parse_authorization(authorization).map_err(EcsError::from)?;
@@ -194,7 +203,9 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
         Ok(k) => Ok((k.who.clone(), k.digest.clone())),
         Err(_) => Err(crate::error::ApiError::from(Error::Unauthorized("unknown access key"))),
     };
-    crate::http::charge(&ecs.guard, &charged, Some(peer.ip())).map_err(EcsError::from)?;
+    let s = &ecs.serving;
+    crate::ratelimit::charge(&s.rate_limits, &s.limiter, &charged, Some(peer.ip()))
+        .map_err(EcsError::from)?;
     let crate::cluster::AwsKey { who, secret, digest, now_ms } = key?;
     let bytes = read_body(ecs, body).await?;
     let target = text("x-amz-target").unwrap_or("");
@@ -237,7 +248,7 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
 
 /// Reads a call's body within the server's body read timeout and [`BODY_LIMIT`].
 async fn read_body(ecs: &Ecs, body: Body) -> Result<axum::body::Bytes, EcsError> {
-    let timeout = ecs.guard.body_read_timeout;
+    let timeout = ecs.serving.body_read_timeout;
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, BODY_LIMIT)).await {
         Err(_) => Err(EcsError::client(format!(
             "the request body was not received within {} ms",
@@ -327,11 +338,6 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError
     answer.map(|v| v.to_string())
 }
 
-/// The content type header value of ECS answers.
-pub fn content_type() -> HeaderValue {
-    HeaderValue::from_static(CONTENT_TYPE)
-}
-
 /// The pool a call's `cluster` names (a name or an ARN); none: the default cluster, the only
 /// pool the caller sees or else the one named `default`. A pool outside the caller's scope is
 /// not found, as the REST API answers.
@@ -357,17 +363,18 @@ fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) 
 /// A pool's counts, as `DescribeClusters` answers them.
 fn counts(c: &Cluster, pool: &str) -> shapes::ClusterCounts {
     use mpsfleet_types::{HostStatus, ServiceStatus, TaskStatus};
-    let filter = crate::cluster::TaskFilter {
-        pool: Some(pool.to_string()),
-        limit: usize::MAX,
-        live: true,
-        ..Default::default()
-    };
-    let tasks = c.tasks(&filter);
+    let filter =
+        crate::cluster::TaskFilter { pool: Some(pool.to_string()), live: true, ..Default::default() };
+    let (mut running, mut pending) = (0, 0);
+    c.visit_tasks(&filter, |t| match t.last_status {
+        TaskStatus::Running => running += 1,
+        s if s < TaskStatus::Running => pending += 1,
+        _ => {}
+    });
     shapes::ClusterCounts {
         instances: c.hosts(Some(pool)).iter().filter(|h| h.status != HostStatus::Deregistered).count(),
-        running: tasks.iter().filter(|t| t.last_status == TaskStatus::Running).count(),
-        pending: tasks.iter().filter(|t| t.last_status < TaskStatus::Running).count(),
+        running,
+        pending,
         services: c
             .services()
             .iter()

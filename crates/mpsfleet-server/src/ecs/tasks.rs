@@ -258,26 +258,28 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
                 pool: Some(pool.clone()),
                 host: host.map(str::to_string),
                 service: service.map(str::to_string),
-                limit: usize::MAX,
                 ..Default::default()
             };
-            Ok(c.tasks(&filter)
-                .into_iter()
-                .filter(|t| match desired {
+            // Read in place: a pool's tasks are not copied to list their ids.
+            let mut ids = Vec::new();
+            c.visit_tasks(&filter, |t| {
+                let wanted = match desired {
                     // ECS's PENDING: wanted running, not running yet.
                     TaskStatus::Pending => {
                         t.desired_status == TaskStatus::Running && t.last_status < TaskStatus::Running
                     }
                     d => t.desired_status == d,
-                })
-                .filter(|t| l.family.as_deref().is_none_or(|f| t.task_definition.family.as_str() == f))
-                .filter(|t| {
-                    l.started_by.as_deref().is_none_or(|s| {
-                        t.labels.as_ref().and_then(|l| l.started_by.as_deref()).unwrap_or(&t.started_by) == s
-                    })
-                })
-                .map(|t| (t.created_at_ms, t.id.to_string(), t.pool.to_string()))
-                .collect())
+                };
+                let started_by =
+                    t.labels.as_ref().and_then(|l| l.started_by.as_deref()).unwrap_or(&t.started_by);
+                if wanted
+                    && l.family.as_deref().is_none_or(|f| t.task_definition.family.as_str() == f)
+                    && l.started_by.as_deref().is_none_or(|s| started_by == s)
+                {
+                    ids.push((t.created_at_ms, t.id.to_string(), t.pool.to_string()));
+                }
+            });
+            Ok(ids)
         })
         .await?;
     let (ids, next) =
