@@ -55,7 +55,13 @@ fi
 
 # The process tests start the real binary; build it (and everything else) once, up front.
 cargo build --workspace --all-targets --locked
+rm -f target/ecs-conformance.txt
 cargo test --workspace --locked "$@"
+
+# moto's ECS suite against the ECS-compatible API (crates/mpsfleet/tests/ecs_conformance.rs).
+if [[ -f target/ecs-conformance.txt ]]; then
+  grep '^moto ' target/ecs-conformance.txt
+fi
 
 # The API contract against the real server: the OpenAPI document validated, every route fuzzed.
 bash scripts/fuzz-api.sh
