@@ -7,6 +7,27 @@ use super::*;
 use mpsfleet_types::labels::{check_tags, merge_tags, Tag};
 use std::collections::BTreeMap;
 
+/// What a pool holds ([`Cluster::pool_contents`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PoolContents {
+    /// Hosts but deregistered ones.
+    pub hosts: usize,
+    /// Services, active or being deleted; and the active ones.
+    pub services: usize,
+    pub active_services: usize,
+    /// Tasks running; waiting to (placed or not); on their way to STOPPED.
+    pub running: usize,
+    pub pending: usize,
+    pub stopping: usize,
+}
+
+impl PoolContents {
+    /// Tasks not stopped.
+    pub fn live_tasks(&self) -> usize {
+        self.running + self.pending + self.stopping
+    }
+}
+
 /// What a tag change names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tagged {
@@ -36,33 +57,50 @@ fn invalid((field, message): (String, String)) -> Error {
 }
 
 impl Cluster {
-    /// Deletes pool `name` when nothing is in it: no host but deregistered ones, no service, no
-    /// task that is not stopped. Its stopped tasks go with it.
+    /// What pool `name` holds, read in place: its hosts but deregistered ones, its services
+    /// (active or being deleted) and its tasks by phase. What a pool must be empty of to be
+    /// deleted, and what ECS's DescribeClusters counts.
+    pub fn pool_contents(&self, name: &str) -> Result<PoolContents, Error> {
+        let pool = self.pool_name("cluster", name).map_err(|_| Error::not_found("pool", name))?;
+        let hosts = self
+            .state
+            .hosts()
+            .iter()
+            .filter(|e| e.host().pool == pool && e.host().status != HostStatus::Deregistered)
+            .count();
+        let mut n = PoolContents { hosts, ..Default::default() };
+        for s in self.state.services().values().filter(|s| s.value.pool == pool) {
+            n.services += 1;
+            n.active_services += usize::from(s.value.status == ServiceStatus::Active);
+        }
+        for e in self.state.tasks().values().filter(|e| e.task.pool == pool) {
+            match e.task.last_status {
+                TaskStatus::Stopped => {}
+                TaskStatus::Running => n.running += 1,
+                s if s < TaskStatus::Running => n.pending += 1,
+                _ => n.stopping += 1,
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes pool `name` when nothing is in it ([`Cluster::pool_contents`]): no host but
+    /// deregistered ones, no service, no task that is not stopped. Its stopped tasks go with it.
     pub fn delete_pool(&mut self, name: &str) -> Result<Pool, Error> {
         let pool = self.pool(name)?;
-        let hosts = self.hosts(Some(name)).iter().filter(|h| h.status != HostStatus::Deregistered).count();
-        if hosts > 0 {
-            return Err(Error::Conflict(format!(
-                "pool {name} has {hosts} host(s): deregister them first (`mpsfleet host forget`)"
-            )));
+        let n = self.pool_contents(name)?;
+        let refuse = |what: String| Err(Error::Conflict(format!("pool {name} has {what}")));
+        if n.hosts > 0 {
+            return refuse(format!("{} host(s): deregister them first (`mpsfleet host forget`)", n.hosts));
         }
-        let services = self.state.services().values().filter(|s| s.value.pool == pool.name).count();
-        if services > 0 {
-            return Err(Error::Conflict(format!("pool {name} has {services} service(s): delete them first")));
+        if n.services > 0 {
+            return refuse(format!("{} service(s): delete them first", n.services));
+        }
+        if n.live_tasks() > 0 {
+            return refuse(format!("{} task(s) not stopped: stop them first", n.live_tasks()));
         }
         let tasks: Vec<TaskId> =
             self.state.tasks().values().filter(|e| e.task.pool == pool.name).map(|e| e.task.id).collect();
-        let live = tasks
-            .iter()
-            .filter(|id| {
-                self.state.tasks().get(id).is_some_and(|e| e.task.last_status != TaskStatus::Stopped)
-            })
-            .count();
-        if live > 0 {
-            return Err(Error::Conflict(format!(
-                "pool {name} has {live} task(s) not stopped: stop them first"
-            )));
-        }
         let mut ops = vec![Op::delete(POOL, name, Precondition::Any)];
         ops.extend(tasks.iter().map(|id| Op::delete(TASK, id.to_string(), Precondition::Any)));
         let rev = self.commit(&ops)?;
@@ -86,15 +124,17 @@ impl Cluster {
         let mut pool = current.value.clone();
         pool.kept_fields.extend(fields);
         if pool != current.value {
-            let rev = self.commit(&[Op::put_json(
-                POOL,
-                pool.name.as_str(),
-                &pool,
-                Precondition::Version(current.version),
-            )?])?;
-            self.apply(rev, Change::Pool(pool.clone()));
+            self.write_pool(pool.clone(), current.version)?;
         }
         Ok(pool)
+    }
+
+    /// Commits a changed pool record over the `version` it was read at.
+    fn write_pool(&mut self, pool: Pool, version: Revision) -> Result<(), Error> {
+        let rev =
+            self.commit(&[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?])?;
+        self.apply(rev, Change::Pool(pool));
+        Ok(())
     }
 
     /// Deletes deregistered task definition revisions (ECS's `DeleteTaskDefinitions`): a
@@ -189,14 +229,8 @@ impl Cluster {
                 let current = current.ok_or_else(|| Error::not_found("pool", p))?;
                 let mut pool = current.value.clone();
                 change(&mut pool.tags)?;
-                let rev = self.commit(&[Op::put_json(
-                    POOL,
-                    pool.name.as_str(),
-                    &pool,
-                    Precondition::Version(current.version),
-                )?])?;
                 let tags = pool.tags.clone();
-                self.apply(rev, Change::Pool(pool));
+                self.write_pool(pool, current.version)?;
                 Ok(tags)
             }
             Tagged::TaskDef(r) => {

@@ -27,11 +27,15 @@ fn only_an_empty_pool_is_deleted_and_its_stopped_tasks_go_with_it() {
     let mut w = world();
     w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
     let t = w.c.run_tasks(run("q")).unwrap().tasks[0].id.to_string();
+    let n = w.c.pool_contents("q").unwrap();
+    assert_eq!((n.hosts, n.services, n.pending, n.running, n.live_tasks()), (0, 0, 1, 0, 1));
     let e = w.c.delete_pool("q").unwrap_err();
     assert!(matches!(e, Error::Conflict(ref m) if m.contains("not stopped")), "{e}");
     w.c.stop_task(&t, None).unwrap();
+    assert_eq!(w.c.pool_contents("q").unwrap().live_tasks(), 0, "a stopped task is not in the count");
     w.c.delete_pool("q").unwrap();
     assert!(w.c.pool("q").is_err() && w.c.task(&t).is_err());
+    assert!(matches!(w.c.pool_contents("q"), Err(Error::NotFound { kind: "pool", .. })));
     // A pool with a host stays.
     let join = w.join_token.clone();
     w.join("h1", &join).unwrap();

@@ -216,8 +216,18 @@ impl Cluster {
             pool: None,
             access_key_id: Some(access_key_id.to_string()),
         };
-        let sealed_secret = Some(seal(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, secret.as_bytes())?);
-        let rec = TokenRecord { view, sha256: auth::digest(secret), sealed_secret };
+        self.store_api_token(view, secret)
+    }
+
+    /// Stores token `token` with its record `view`: its digest, and for an AWS access key the
+    /// token sealed under the server's key.
+    fn store_api_token(&mut self, view: TokenView, token: &str) -> Result<(), Error> {
+        let sealed_secret = match &view.access_key_id {
+            Some(key) => Some(seal(&self.creds.key, AWS_KEY_PURPOSE, key, token.as_bytes())?),
+            None => None,
+        };
+        let id = view.id.clone();
+        let rec = TokenRecord { view, sha256: auth::digest(token), sealed_secret };
         let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
         self.apply(rev, Change::ApiToken(rec));
         Ok(())
@@ -260,14 +270,8 @@ impl Cluster {
             pool: req.pool,
             access_key_id: if req.aws { Some(access_key_id()?) } else { None },
         };
-        let sealed_secret = match &view.access_key_id {
-            Some(key) => Some(seal(&self.creds.key, AWS_KEY_PURPOSE, key, token.as_bytes())?),
-            None => None,
-        };
-        let rec = TokenRecord { view: view.clone(), sha256: auth::digest(&token), sealed_secret };
-        let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
+        self.store_api_token(view.clone(), &token)?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
-        self.apply(rev, Change::ApiToken(rec));
         Ok(CreatedToken { token, view })
     }
 

@@ -3,8 +3,9 @@
 //! `ListClusters` read them.
 
 use super::page::page;
-use super::shapes::{self, ClusterCounts};
+use super::shapes;
 use super::*;
+use crate::cluster::catalog::PoolContents;
 use mpsfleet_types::labels::Tag;
 use mpsfleet_types::CreatePool;
 use serde::Deserialize;
@@ -44,8 +45,8 @@ pub(super) async fn create(call: &Call, req: Create) -> Result<Value, EcsError> 
                 ..Default::default()
             })?,
         };
-        let counts = counts(c, pool.name.as_str());
-        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, counts, true) }))
+        let n = c.pool_contents(pool.name.as_str())?;
+        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &n, true) }))
     })
     .await
 }
@@ -60,24 +61,25 @@ pub(super) async fn delete(call: &Call, req: Delete) -> Result<Value, EcsError> 
     let out = call
         .run(api::admin, Touch::List, move |c, who| {
             let name = pool_in(c, &who, &arns, Some(&req.cluster))?;
-            let n = counts(c, &name);
+            // ECS names what is left in its refusal; the domain refuses the same (delete_pool).
+            let n = c.pool_contents(&name)?;
             let refuse = |code: &'static str, what: &str| -> Result<Result<Value, EcsError>, Error> {
                 Ok(Err(EcsError {
                     code,
                     ..EcsError::client(format!("The cluster {name} still has {what}."))
                 }))
             };
-            if n.instances > 0 {
+            if n.hosts > 0 {
                 return refuse("ClusterContainsContainerInstancesException", "container instances");
             }
-            if c.services().iter().any(|s| s.service.pool.as_str() == name) {
+            if n.services > 0 {
                 return refuse("ClusterContainsServicesException", "services");
             }
-            if n.running + n.pending > 0 {
+            if n.live_tasks() > 0 {
                 return refuse("ClusterContainsTasksException", "tasks that are not stopped");
             }
             let pool = c.delete_pool(&name)?;
-            let mut v = shapes::cluster(&arns, &pool, ClusterCounts::default(), false);
+            let mut v = shapes::cluster(&arns, &pool, &PoolContents::default(), false);
             v["status"] = json!("INACTIVE");
             Ok(Ok(json!({ "cluster": v })))
         })
@@ -111,7 +113,7 @@ pub(super) async fn describe(call: &Call, req: Describe) -> Result<Value, EcsErr
             match pool_in(c, &who, &arns, given.as_deref()) {
                 Ok(name) => {
                     let pool = c.pool(&name)?;
-                    found.push(shapes::cluster(&arns, &pool, counts(c, &name), tags));
+                    found.push(shapes::cluster(&arns, &pool, &c.pool_contents(&name)?, tags));
                 }
                 Err(Error::NotFound { .. }) => {
                     let given = given.unwrap_or_else(|| "default".into());
@@ -158,7 +160,7 @@ pub(super) async fn update(call: &Call, req: Update) -> Result<Value, EcsError> 
     call.run(api::admin, Touch::List, move |c, who| {
         let name = pool_in(c, &who, &arns, Some(&req.cluster))?;
         let pool = c.keep_pool_fields(&name, kept(&req.rest))?;
-        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, counts(c, &name), false) }))
+        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &c.pool_contents(&name)?, false) }))
     })
     .await
 }

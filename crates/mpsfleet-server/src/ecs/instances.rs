@@ -7,7 +7,7 @@ use super::page::page;
 use super::shapes;
 use super::*;
 use mpsfleet_types::OperatorAction;
-use mpsfleet_types::{HostStatus, HostView, TaskStatus};
+use mpsfleet_types::{HostStatus, TaskStatus};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -24,16 +24,6 @@ pub(super) struct List {
     max_results: Option<i64>,
 }
 
-/// ECS's status of a host, as [`shapes::container_instance`] answers it.
-fn status_of(h: &HostView) -> &'static str {
-    match h.status {
-        HostStatus::Registering | HostStatus::Onboarding => "REGISTERING",
-        HostStatus::Active => "ACTIVE",
-        HostStatus::Draining => "DRAINING",
-        HostStatus::Deregistered => "INACTIVE",
-    }
-}
-
 pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
     if l.filter.is_some() {
         return Err(EcsError::unsupported_field("filter"));
@@ -42,7 +32,11 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
     let (pool, hosts): (String, Vec<(String, &'static str)>) = call
         .read(move |c, who| {
             let pool = pool_in(c, &who, &arns, l.cluster.as_deref())?;
-            let hosts = c.hosts(Some(&pool)).iter().map(|h| (h.id.to_string(), status_of(h))).collect();
+            let hosts = c
+                .hosts(Some(&pool))
+                .iter()
+                .map(|h| (h.id.to_string(), shapes::instance_status(h.status)))
+                .collect();
             Ok((pool, hosts))
         })
         .await?;

@@ -209,9 +209,7 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
     let crate::cluster::AwsKey { who, secret, digest, now_ms } = key?;
     let bytes = read_body(ecs, body).await?;
     let target = text("x-amz-target").unwrap_or("");
-    let owned: Vec<(String, Vec<u8>)> =
-        headers.iter().map(|(k, v)| (k.as_str().to_string(), v.as_bytes().to_vec())).collect();
-    let pairs: Vec<(&str, &[u8])> = owned.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    let pairs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes())).collect();
     let req = sigv4::Request { method: "POST", path: "/", query: "", headers: &pairs, body: &bytes };
     let expect = sigv4::Expect {
         service: "ecs",
@@ -358,29 +356,6 @@ fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) 
     }
     c.pool(&name)?;
     Ok(name)
-}
-
-/// A pool's counts, as `DescribeClusters` answers them.
-fn counts(c: &Cluster, pool: &str) -> shapes::ClusterCounts {
-    use mpsfleet_types::{HostStatus, ServiceStatus, TaskStatus};
-    let filter =
-        crate::cluster::TaskFilter { pool: Some(pool.to_string()), live: true, ..Default::default() };
-    let (mut running, mut pending) = (0, 0);
-    c.visit_tasks(&filter, |t| match t.last_status {
-        TaskStatus::Running => running += 1,
-        s if s < TaskStatus::Running => pending += 1,
-        _ => {}
-    });
-    shapes::ClusterCounts {
-        instances: c.hosts(Some(pool)).iter().filter(|h| h.status != HostStatus::Deregistered).count(),
-        running,
-        pending,
-        services: c
-            .services()
-            .iter()
-            .filter(|s| s.service.pool.as_str() == pool && s.service.status == ServiceStatus::Active)
-            .count(),
-    }
 }
 
 /// Whether `include` (a Describe call's) asks for the tags.

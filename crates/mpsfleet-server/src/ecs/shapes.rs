@@ -5,6 +5,7 @@
 //! Fields ECS always answers with (empty lists, `launchType: EC2`) are answered here too.
 
 use super::arn::Arns;
+use crate::cluster::catalog::PoolContents;
 use mpsfleet_types::labels::Tag;
 use mpsfleet_types::service::{Deployment, DeploymentView, ServiceView};
 use mpsfleet_types::{
@@ -28,24 +29,15 @@ pub fn tags(tags: &[Tag]) -> Value {
     json!(tags.iter().map(|t| json!({"key": t.key, "value": t.value})).collect::<Vec<_>>())
 }
 
-/// What a cluster counts.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ClusterCounts {
-    pub instances: usize,
-    pub running: usize,
-    pub pending: usize,
-    pub services: usize,
-}
-
-pub fn cluster(a: &Arns, pool: &Pool, counts: ClusterCounts, with_tags: bool) -> Value {
+pub fn cluster(a: &Arns, pool: &Pool, n: &PoolContents, with_tags: bool) -> Value {
     let mut v = json!({
         "clusterArn": a.cluster(pool.name.as_str()),
         "clusterName": pool.name.as_str(),
         "status": "ACTIVE",
-        "registeredContainerInstancesCount": counts.instances,
-        "runningTasksCount": counts.running,
-        "pendingTasksCount": counts.pending,
-        "activeServicesCount": counts.services,
+        "registeredContainerInstancesCount": n.hosts,
+        "runningTasksCount": n.running,
+        "pendingTasksCount": n.pending,
+        "activeServicesCount": n.active_services,
         "statistics": [],
         "settings": [{"name": "containerInsights", "value": "disabled"}],
         "capacityProviders": [],
@@ -403,7 +395,7 @@ pub fn service(a: &Arns, s: &ServiceView, deployments: &[DeploymentView], with_t
 }
 
 /// ECS's container instance status of a host.
-fn instance_status(s: HostStatus) -> &'static str {
+pub fn instance_status(s: HostStatus) -> &'static str {
     match s {
         HostStatus::Registering | HostStatus::Onboarding => "REGISTERING",
         HostStatus::Active => "ACTIVE",

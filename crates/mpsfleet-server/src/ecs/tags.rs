@@ -69,13 +69,7 @@ pub(super) struct TagResource {
 }
 
 pub(super) async fn tag(call: &Call, r: TagResource) -> Result<Value, EcsError> {
-    let (t, cluster) = target(&call.arns, &r.resource_arn)?;
-    call.run(api::operator, t.touch(true), move |c, _| {
-        check_cluster(c, &t, cluster.as_deref())?;
-        c.retag(&t, &r.tags, &[])?;
-        Ok(json!({}))
-    })
-    .await
+    retag(call, &r.resource_arn, r.tags, Vec::new()).await
 }
 
 #[derive(Deserialize)]
@@ -86,10 +80,15 @@ pub(super) struct UntagResource {
 }
 
 pub(super) async fn untag(call: &Call, r: UntagResource) -> Result<Value, EcsError> {
-    let (t, cluster) = target(&call.arns, &r.resource_arn)?;
+    retag(call, &r.resource_arn, Vec::new(), r.tag_keys).await
+}
+
+/// Adds `add` to, and removes the keys `remove` from, the tags of what `arn` names.
+async fn retag(call: &Call, arn: &str, add: Vec<Tag>, remove: Vec<String>) -> Result<Value, EcsError> {
+    let (t, cluster) = target(&call.arns, arn)?;
     call.run(api::operator, t.touch(true), move |c, _| {
         check_cluster(c, &t, cluster.as_deref())?;
-        c.retag(&t, &[], &r.tag_keys)?;
+        c.retag(&t, &add, &remove)?;
         Ok(json!({}))
     })
     .await

@@ -2,7 +2,7 @@
 //! takes), described with ECS's fields, listed by family and status, deregistered (kept and
 //! marked `INACTIVE`: nothing new starts from them).
 
-use super::page::page;
+use super::page::{page, page_in};
 use super::shapes;
 use super::*;
 use crate::cluster::ValidTaskDef;
@@ -148,17 +148,9 @@ pub(super) async fn list(call: &Call, req: List) -> Result<Value, EcsError> {
                 .collect())
         })
         .await?;
-    // Keys sort as ECS lists: by family, then revision; DESC turns both around.
-    let key = |(f, r): &(String, u32)| {
-        if desc {
-            let flipped: String =
-                f.chars().map(|ch| char::from_u32(0x10_FFFF - ch as u32).unwrap_or(ch)).collect();
-            format!("{flipped}\u{0}{:010}", u32::MAX - r)
-        } else {
-            format!("{f}\u{0}{r:010}")
-        }
-    };
-    let (defs, next) = page(defs, key, req.next_token.as_deref(), req.max_results)?;
+    // ECS lists by family, then revision; DESC turns both around.
+    let key = |(f, r): &(String, u32)| format!("{f}\u{0}{r:010}");
+    let (defs, next) = page_in(desc, defs, key, req.next_token.as_deref(), req.max_results)?;
     let arns: Vec<String> = defs.iter().map(|(f, r)| call.arns.task_definition(f, *r)).collect();
     Ok(json!({ "taskDefinitionArns": arns, "nextToken": next }))
 }
