@@ -136,6 +136,84 @@ pub fn plan<Id: Copy>(bounds: Bounds, replicas: &[Replica<Id>], may_start: bool)
     Plan { stop, start }
 }
 
+/// One host of a DAEMON service's pool, with the service's replicas there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonHost<Id> {
+    /// ACTIVE in the pool (and the service not deleted): it should run one replica.
+    pub wanted: bool,
+    /// Open to new placements now (not cordoned, not impaired).
+    pub open: bool,
+    pub replicas: Vec<Replica<Id>>,
+}
+
+/// Why a DAEMON service's replica is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonStop {
+    /// Its host is no longer ACTIVE in the pool (draining, gone), or it has none.
+    HostLeft,
+    /// Its host runs another replica of the service.
+    Extra,
+    /// It runs an older definition.
+    Replaced,
+}
+
+/// What a DAEMON service does now: the replicas to stop, and the hosts (by their index in
+/// the planner's input) to start one on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonPlan<Id> {
+    pub stop: Vec<(Id, DaemonStop)>,
+    pub start_on: Vec<usize>,
+}
+
+/// The step a DAEMON service takes now: each wanted host keeps one replica (a current one
+/// first, then a healthy one, then the oldest) and the others there stop; a host that is not
+/// wanted keeps none. A wanted, open host with no replica at all (not even one still
+/// stopping, which holds its GPU and ports) gets one. An older replica is replaced in place:
+/// it stops first and its host gets a new one once it has stopped (`maximumPercent` 100);
+/// unhealthy ones at once, healthy ones while at least `bounds.min_healthy` hosts keep a
+/// healthy replica. `may_start` false (held back, or a failed deployment) starts nothing and
+/// replaces nothing.
+pub fn plan_daemon<Id: Copy + PartialEq>(
+    bounds: Bounds,
+    hosts: &[DaemonHost<Id>],
+    may_start: bool,
+) -> DaemonPlan<Id> {
+    let mut plan = DaemonPlan { stop: Vec::new(), start_on: Vec::new() };
+    let mut healthy = 0u32;
+    let mut older: Vec<&Replica<Id>> = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let live = || h.replicas.iter().filter(|r| r.state != ReplicaState::Stopping);
+        if !h.wanted {
+            plan.stop.extend(live().map(|r| (r.id, DaemonStop::HostLeft)));
+            continue;
+        }
+        let keep = live().min_by_key(|r| (!r.current, r.state != ReplicaState::Healthy, r.seq));
+        let Some(keep) = keep else {
+            if may_start && h.open && h.replicas.is_empty() {
+                plan.start_on.push(i);
+            }
+            continue;
+        };
+        plan.stop.extend(live().filter(|r| r.id != keep.id).map(|r| (r.id, DaemonStop::Extra)));
+        healthy += u32::from(keep.state == ReplicaState::Healthy);
+        if !keep.current {
+            older.push(keep);
+        }
+    }
+    if may_start {
+        older.sort_by_key(|r| (r.state == ReplicaState::Healthy, r.seq));
+        for r in older {
+            if r.state != ReplicaState::Healthy {
+                plan.stop.push((r.id, DaemonStop::Replaced));
+            } else if healthy > bounds.min_healthy {
+                healthy -= 1;
+                plan.stop.push((r.id, DaemonStop::Replaced));
+            }
+        }
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +331,71 @@ mod tests {
         let b = Bounds::new(3, &config(0, 100), false);
         let p = plan(b, &old(3), false);
         assert_eq!(p, Plan { stop: vec![], start: 0 });
+    }
+
+    fn host(replicas: Vec<Replica<u32>>) -> DaemonHost<u32> {
+        DaemonHost { wanted: true, open: true, replicas }
+    }
+
+    fn one(id: u32, current: bool, state: ReplicaState) -> Replica<u32> {
+        Replica { id, current, state, seq: u64::from(id) }
+    }
+
+    #[test]
+    fn a_daemon_starts_one_per_wanted_open_host_and_stops_the_rest() {
+        let b = Bounds::new(4, &DeploymentConfiguration::daemon(), false);
+        let hosts = vec![
+            host(vec![]),
+            host(vec![one(1, true, Healthy), one(2, true, Starting)]),
+            DaemonHost { wanted: false, open: true, replicas: vec![one(3, true, Healthy)] },
+            DaemonHost { wanted: true, open: false, replicas: vec![] },
+            host(vec![one(4, true, Stopping)]),
+        ];
+        let p = plan_daemon(b, &hosts, true);
+        assert_eq!(p.start_on, vec![0], "not the closed host, nor the one whose replica is still stopping");
+        assert_eq!(p.stop, vec![(2, DaemonStop::Extra), (3, DaemonStop::HostLeft)]);
+        assert_eq!(plan_daemon(b, &hosts, false).start_on, Vec::<usize>::new());
+    }
+
+    /// A daemon rollout, step by step as the server runs it: stopped replicas are gone at the
+    /// next step, new ones healthy the step after. Never fewer healthy hosts than the minimum
+    /// (once it is reached), never two replicas on a host.
+    #[test]
+    fn a_daemon_replaces_in_place_within_its_minimum() {
+        for (min, n) in [(0, 4), (50, 4), (75, 4), (100, 3), (50, 1)] {
+            let config =
+                DeploymentConfiguration { minimum_healthy_percent: min, ..DeploymentConfiguration::daemon() };
+            let b = Bounds::new(n, &config, false);
+            let mut hosts: Vec<DaemonHost<u32>> =
+                (0..n).map(|i| host(vec![one(i, false, Healthy)])).collect();
+            let mut next = 100;
+            let mut done = false;
+            for _ in 0..20 {
+                for h in &mut hosts {
+                    h.replicas.retain(|r| r.state != Stopping);
+                    h.replicas.iter_mut().filter(|r| r.state == Starting).for_each(|r| r.state = Healthy);
+                }
+                let p = plan_daemon(b, &hosts, true);
+                if p.stop.is_empty() && p.start_on.is_empty() {
+                    done = true;
+                    break;
+                }
+                for (id, why) in &p.stop {
+                    assert_eq!(*why, DaemonStop::Replaced);
+                    let r =
+                        hosts.iter_mut().flat_map(|h| h.replicas.iter_mut()).find(|r| r.id == *id).unwrap();
+                    r.state = Stopping;
+                }
+                for &i in &p.start_on {
+                    next += 1;
+                    hosts[i].replicas.push(one(next, true, Starting));
+                }
+                let healthy = hosts.iter().filter(|h| h.replicas.iter().any(|r| r.state == Healthy)).count();
+                assert!(healthy as u32 >= b.min_healthy, "min {min}: {healthy} healthy hosts");
+                assert!(hosts.iter().all(|h| h.replicas.len() <= 1));
+            }
+            assert!(done, "min {min}, {n} hosts: the rollout did not end");
+            assert!(hosts.iter().all(|h| h.replicas.len() == 1 && h.replicas[0].current));
+        }
     }
 }

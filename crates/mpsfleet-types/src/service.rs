@@ -11,13 +11,27 @@ pub enum ServiceStatus {
     Draining,
 }
 
+/// How a service decides its tasks (ECS's `schedulingStrategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SchedulingStrategy {
+    /// `desiredCount` tasks, placed wherever the scheduler chooses.
+    #[default]
+    Replica,
+    /// One task on each ACTIVE host of the pool: its desired count follows the pool's hosts.
+    Daemon,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Service {
     pub name: ServiceName,
     pub pool: PoolName,
     pub task_definition: TaskDefRef,
+    /// The tasks to keep running; a DAEMON service's is its pool's ACTIVE hosts.
     pub desired_count: u32,
+    #[serde(default)]
+    pub scheduling_strategy: SchedulingStrategy,
     /// When tasks on a bad host are started elsewhere: at once, or after it is terminated.
     #[serde(default)]
     pub resumption: crate::policy::ResumptionBoundary,
@@ -79,6 +93,14 @@ fn hundred() -> u32 {
 
 fn two_hundred() -> u32 {
     200
+}
+
+impl DeploymentConfiguration {
+    /// A DAEMON service's default, as ECS's: a host's task is stopped before its replacement
+    /// starts there (`maximumPercent` 100), and any number of hosts may be between the two.
+    pub fn daemon() -> Self {
+        DeploymentConfiguration { minimum_healthy_percent: 0, maximum_percent: 100, ..Default::default() }
+    }
 }
 
 impl Default for DeploymentConfiguration {
@@ -279,7 +301,12 @@ pub struct CreateService {
     pub name: String,
     pub pool: String,
     pub task_definition: String,
+    /// 0 for a DAEMON service (its count follows its pool's ACTIVE hosts).
+    #[serde(default)]
     pub desired_count: u32,
+    /// REPLICA (the default) or DAEMON: one task on each ACTIVE host of the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_strategy: Option<SchedulingStrategy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumption: Option<crate::policy::ResumptionBoundary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

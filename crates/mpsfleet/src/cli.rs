@@ -295,7 +295,8 @@ pub enum PoolCommand {
 
 #[derive(Subcommand)]
 pub enum ServiceCommand {
-    /// Create a service: keep --desired tasks of a task definition running.
+    /// Create a service: keep --desired tasks of a task definition running, or with --daemon
+    /// one on each ACTIVE host of the pool.
     Create {
         /// The service's name.
         name: String,
@@ -303,8 +304,13 @@ pub enum ServiceCommand {
         #[arg(long)]
         taskdef: String,
         /// The number of tasks to keep running.
-        #[arg(long)]
-        desired: u32,
+        #[arg(long, required_unless_present = "daemon")]
+        desired: Option<u32>,
+        /// One task on each ACTIVE host of the pool (ECS's DAEMON scheduling strategy): a host
+        /// that joins gets one, a host that drains or leaves has its task stopped, and a
+        /// deployment replaces each host's task in place.
+        #[arg(long, conflicts_with = "desired")]
+        daemon: bool,
         /// The pool to run them in [default: the only pool, or MPSFLEET_POOL].
         #[arg(long, env = "MPSFLEET_POOL")]
         pool: Option<String>,
@@ -1262,6 +1268,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             name,
             taskdef,
             desired,
+            daemon,
             pool,
             resumption,
             deployment,
@@ -1278,9 +1285,14 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 name: name.clone(),
                 pool,
                 task_definition: taskdef,
-                desired_count: desired,
+                desired_count: desired.unwrap_or(0),
+                scheduling_strategy: daemon.then_some(SchedulingStrategy::Daemon),
                 resumption,
-                deployment_configuration: deployment.apply(DeploymentConfiguration::default()),
+                deployment_configuration: deployment.apply(if daemon {
+                    DeploymentConfiguration::daemon()
+                } else {
+                    DeploymentConfiguration::default()
+                }),
                 client_token,
                 ..Default::default()
             };

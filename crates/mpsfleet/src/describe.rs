@@ -3,7 +3,7 @@
 //! are UTC. Every value goes through [`output`]'s sanitizing.
 
 use crate::output::{events_section, fields, opt, section, utc_time};
-use mpsfleet_types::service::{CircuitBreaker, DeploymentStatus, DeploymentView};
+use mpsfleet_types::service::{CircuitBreaker, DeploymentStatus, DeploymentView, SchedulingStrategy};
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
     GpuDemand, HealthStatus, History, HostStatus, HostView, IncidentState, IncidentView, ObjectEvent,
@@ -331,6 +331,13 @@ pub fn service(
         ("Pool", s.pool.to_string()),
         ("Task definition", s.task_definition.to_string()),
         ("Status", format!("{:?}", s.status).to_uppercase()),
+        (
+            "Scheduling",
+            match s.scheduling_strategy {
+                SchedulingStrategy::Replica => "REPLICA".to_string(),
+                SchedulingStrategy::Daemon => "DAEMON (one task on each ACTIVE host of the pool)".to_string(),
+            },
+        ),
         (
             "Tasks",
             format!(

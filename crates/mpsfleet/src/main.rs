@@ -210,6 +210,15 @@ mod tests {
         assert!(matches!(cli.command, Command::Host(_)));
     }
 
+    #[test]
+    fn a_service_takes_a_count_or_daemon_not_both() {
+        assert!(Cli::try_parse_from(args("m service create a --taskdef t --daemon")).is_ok());
+        assert!(Cli::try_parse_from(args("m service create a --taskdef t --desired 2")).is_ok());
+        for bad in ["m service create a --taskdef t", "m service create a --taskdef t --desired 2 --daemon"] {
+            assert!(Cli::try_parse_from(args(bad)).is_err(), "{bad}");
+        }
+    }
+
     /// Every command and every option says what it is for in `--help`.
     #[test]
     fn every_command_and_option_has_help() {

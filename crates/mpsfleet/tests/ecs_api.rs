@@ -14,6 +14,7 @@ use mpsfleet_client::TaskQuery;
 use mpsfleet_types::access::{CreateToken, Role};
 use mpsfleet_types::{HostStatus, TaskStatus};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -276,6 +277,38 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
         aws.ecs(&["stop-task", "--task", t["taskArn"].as_str().unwrap()]);
     }
 
+    // A DAEMON service: one task on each container instance, whatever count is given.
+    let node_agent = json!({"family": "node-agent", "containerDefinitions": [{"name": "a", "image": docker.image,
+        "memory": 32, "command": ["sleep", "600"]}]});
+    let path = home.path().join("node-agent.json");
+    std::fs::write(&path, node_agent.to_string()).unwrap();
+    aws.ecs(&["register-task-definition", "--cli-input-json", &format!("file://{}", path.display())]);
+    let created = aws.ecs(&[
+        "create-service",
+        "--service-name",
+        "node-agent",
+        "--task-definition",
+        "node-agent",
+        "--scheduling-strategy",
+        "DAEMON",
+    ]);
+    assert_eq!(
+        (&created["service"]["schedulingStrategy"], &created["service"]["desiredCount"]),
+        (&json!("DAEMON"), &json!(2)),
+        "{created}"
+    );
+    aws.ecs(&["wait", "services-stable", "--services", "node-agent"]);
+    let daemon_tasks = || async {
+        let q = TaskQuery { service: Some("node-agent".into()), live: true, ..Default::default() };
+        admin.list_tasks(&q).await.unwrap()
+    };
+    let on: BTreeSet<String> =
+        daemon_tasks().await.iter().filter_map(|t| t.host_id.as_ref().map(|h| h.to_string())).collect();
+    assert_eq!(on.len(), 2, "one task on each of the two hosts: {on:?}");
+    let listed = aws.ecs(&["list-services", "--scheduling-strategy", "DAEMON"]);
+    assert_eq!(listed["serviceArns"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert!(listed["serviceArns"][0].as_str().unwrap().ends_with("/node-agent"), "{listed}");
+
     // Drain one instance: mpsfleet drains the host.
     let drained = aws.ecs(&[
         "update-container-instances-state",
@@ -288,6 +321,14 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
     let host_id = arns[0].rsplit('/').next().unwrap();
     let h = admin.list_hosts(None).await.unwrap().into_iter().find(|h| h.id.as_str() == host_id).unwrap();
     assert_eq!(h.status, HostStatus::Draining);
+    // The drained instance's DAEMON task stops, and starts nowhere else.
+    eventually(Duration::from_secs(60), "the drained host's DAEMON task stopped", || async {
+        let live = daemon_tasks().await;
+        (live.len() == 1 && live[0].host_id.as_ref().is_some_and(|h| h.as_str() != host_id)).then_some(())
+    })
+    .await;
+    let daemon = aws.ecs(&["describe-services", "--services", "node-agent"]);
+    assert_eq!(daemon["services"][0]["desiredCount"], 1, "{daemon}");
 
     // Stop the task run first.
     let stopped = aws.ecs(&["stop-task", "--task", &task_arn, "--reason", "done"]);

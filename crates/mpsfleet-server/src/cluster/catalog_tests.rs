@@ -44,6 +44,21 @@ fn only_an_empty_pool_is_deleted_and_its_stopped_tasks_go_with_it() {
 }
 
 #[test]
+fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again() {
+    let mut w = world();
+    let names = |c: &Cluster| c.deleted_pools().map(|p| p.name.to_string()).collect::<Vec<_>>();
+    for n in ["q", "r"] {
+        w.c.create_pool(CreatePool { name: n.into(), ..Default::default() }).unwrap();
+        w.c.delete_pool(n).unwrap();
+    }
+    assert_eq!(names(&w.c), ["q", "r"]);
+    w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
+    assert_eq!(names(&w.c), ["r"], "a pool created again is no longer a deleted one");
+    w.advance(catalog::DELETED_POOL_KEPT_MS + 1);
+    assert!(names(&w.c).is_empty());
+}
+
+#[test]
 fn a_deregistered_revision_starts_nothing_and_only_it_can_be_deleted() {
     let mut w = world();
     w.c.register_taskdef(br#"{"family": "app", "containerDefinitions": [{"name": "main", "image": "y"}]}"#)
@@ -149,8 +164,11 @@ fn start_task_places_on_the_named_host_or_says_why_not() {
 fn the_conformance_reset_empties_what_the_ecs_api_shows() {
     let mut w = world();
     w.c.run_tasks(run("p")).unwrap();
+    w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
+    w.c.delete_pool("q").unwrap();
     w.c.empty_for_conformance().unwrap();
     assert!(w.c.pools().is_empty() && w.c.taskdefs(None).is_empty());
+    assert_eq!(w.c.deleted_pools().count(), 0, "nor the pools deleted before");
     assert!(w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() }).is_empty());
     w.c.create_pool(CreatePool { name: "p".into(), ..Default::default() }).unwrap();
 }

@@ -15,6 +15,7 @@ use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
     WorldView,
 };
+use mpsfleet_types::service::SchedulingStrategy;
 
 pub(super) const INCIDENT: &str = "incident";
 
@@ -802,15 +803,15 @@ impl Cluster {
             .filter_map(|id| self.state.tasks().get(id))
             .map(|t| HostTask {
                 id: t.task.id,
-                owner: match &t.task.group {
-                    Some(g) => TaskOwner::Service {
+                // A DAEMON service's task belongs to its host: it is not moved elsewhere (the
+                // service starts one on the replacement once that is ACTIVE).
+                owner: match t.task.group.as_ref().map(|g| (g, self.state.services().get(g))) {
+                    Some((_, Some(s))) if s.value.scheduling_strategy == SchedulingStrategy::Daemon => {
+                        TaskOwner::Standalone
+                    }
+                    Some((g, s)) => TaskOwner::Service {
                         name: g.clone(),
-                        boundary: self
-                            .state
-                            .services()
-                            .get(g)
-                            .map(|s| s.value.resumption)
-                            .unwrap_or_default(),
+                        boundary: s.map(|s| s.value.resumption).unwrap_or_default(),
                     },
                     None => TaskOwner::Standalone,
                 },

@@ -13,6 +13,7 @@ pub mod bounds;
 mod call;
 pub mod catalog;
 mod checks_key;
+mod daemon;
 pub mod drills;
 pub mod error;
 mod health;
@@ -34,6 +35,8 @@ pub use providers::ProviderContext;
 mod bounds_tests;
 #[cfg(test)]
 mod catalog_tests;
+#[cfg(test)]
+mod daemon_tests;
 #[cfg(test)]
 mod drill_tests;
 #[cfg(test)]
@@ -228,6 +231,8 @@ pub struct Cluster {
     events: crate::events::Events,
     /// The last output snapshot of each task, in memory (see `logs.rs`).
     output: logs::LogSnapshots,
+    /// Pools deleted lately, discoverable as ECS's INACTIVE clusters (`catalog.rs`).
+    deleted_pools: catalog::DeletedPools,
 }
 
 /// Tokens created at first start, to be shown once.
@@ -298,6 +303,7 @@ impl Cluster {
             id_counter: 0,
             events: crate::events::Events::default(),
             output: logs::LogSnapshots::default(),
+            deleted_pools: Default::default(),
         };
         let rev = c.store.revision()?;
         c.state.committed(rev);
@@ -784,6 +790,7 @@ impl Cluster {
             self.events.recorded(event::EventType::HostEvent, &subject, &news, now);
         }
         let schedulable = can_place(&host);
+        let (old_status, new_status) = (old.status, host.status);
         let pool = host.pool.clone();
         let left = host.status == HostStatus::Deregistered;
         self.apply(rev, Change::Host(ix, host));
@@ -792,7 +799,11 @@ impl Cluster {
         }
         self.work.health_due_ms[ix as usize] = 0;
         let opened = schedulable && !self.sched.is_schedulable(ix);
+        let turned = schedulable != self.sched.is_schedulable(ix) || old_status != new_status;
         self.sched.set_schedulable(ix, schedulable);
+        if turned {
+            self.ask_daemons(&pool);
+        }
         if opened {
             self.ask(Work::Placement(pool));
         }
@@ -1019,6 +1030,16 @@ impl Cluster {
         let started_by = format!("run:{:016x}", auth::random_u64()?);
         let mut task = Task::new(self.next_task_id(), reference, pool, None, started_by, self.now());
         task.labels = labels;
+        self.start_one_on(task, ix)
+    }
+
+    /// Places a new task on host `ix` only and commits it, or says why it does not fit there
+    /// (nothing is written then).
+    fn start_one_on(
+        &mut self,
+        mut task: Task,
+        ix: HostIx,
+    ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
         let request = self.request_for(&task)?;
         let outcome = self.sched.place_on(&request, ix);
         let placement = match outcome {

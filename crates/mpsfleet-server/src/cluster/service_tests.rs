@@ -7,7 +7,7 @@ use super::*;
 use mpsfleet_types::service::{CircuitBreaker, DeploymentConfiguration, DeploymentStatus, RolloutState};
 
 /// `app:1` (healthy), `app:2` (healthy), `bad:` revisions fail their health check.
-fn world(hosts: usize) -> (World, Vec<HostId>) {
+pub(super) fn world(hosts: usize) -> (World, Vec<HostId>) {
     let mut w = World::new(OwnershipMode::SelfManaged);
     let join = w.join_token.clone();
     let ids = (0..hosts).map(|i| w.join(&format!("h{i}"), &join).unwrap()).collect();
@@ -28,7 +28,7 @@ fn world(hosts: usize) -> (World, Vec<HostId>) {
 /// What an agent does, one report at a time: a placed task starts (RUNNING, then its health
 /// check answers), a task asked to stop stops. `fails` says which definitions fail their
 /// check. After each report: `check(&cluster)`. Returns when nothing is left to report.
-fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: &mut impl FnMut(&Cluster)) {
+pub(super) fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: &mut impl FnMut(&Cluster)) {
     for _ in 0..10_000 {
         let next = w.c.state.tasks().values().find_map(|e| {
             let t = &e.task;

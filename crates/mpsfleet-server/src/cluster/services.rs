@@ -20,7 +20,7 @@ use mpsfleet_types::labels::check_tags;
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
-    RolloutState, DEPLOYMENTS_KEPT,
+    RolloutState, SchedulingStrategy, DEPLOYMENTS_KEPT,
 };
 
 impl Cluster {
@@ -30,9 +30,19 @@ impl Cluster {
         if self.state.services().contains_key(&name) {
             return Err(Error::AlreadyExists { kind: "service", id: name.to_string() });
         }
-        check_desired(req.desired_count)?;
-        let config = req.deployment_configuration.unwrap_or_default();
+        let strategy = req.scheduling_strategy.unwrap_or_default();
+        let config = match strategy {
+            SchedulingStrategy::Replica => {
+                check_desired(req.desired_count)?;
+                req.deployment_configuration.unwrap_or_default()
+            }
+            SchedulingStrategy::Daemon => {
+                check_daemon_count(req.desired_count)?;
+                req.deployment_configuration.unwrap_or_else(DeploymentConfiguration::daemon)
+            }
+        };
         check_deployment_configuration(&config)?;
+        check_daemon_configuration(strategy, &config)?;
         let pool = self.pool_name("pool", &req.pool)?;
         let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
@@ -44,6 +54,7 @@ impl Cluster {
             pool,
             task_definition: td,
             desired_count: req.desired_count,
+            scheduling_strategy: strategy,
             resumption: req.resumption.unwrap_or_default(),
             status: ServiceStatus::Active,
             created_at_ms: now,
@@ -59,8 +70,8 @@ impl Cluster {
         if !svc.kept_fields.is_empty() {
             let fields: Vec<&str> = svc.kept_fields.keys().map(String::as_str).collect();
             let msg = format!(
-                "kept as given, not acted on: {} (mpsfleet wires no load balancer, service registry or role, and \
-                 places by the pool's strategy)",
+                "kept as given, not acted on: {} (mpsfleet wires no load balancer, service registry or role, \
+                 places by the pool's strategy and runs every task on the pool's hosts)",
                 fields.join(", ")
             );
             svc.events.push(now, ObjectEvent::new("FieldsKept", msg));
@@ -83,9 +94,12 @@ impl Cluster {
         let now = self.now();
         if let Some(c) = req.deployment_configuration {
             check_deployment_configuration(&c)?;
+            check_daemon_configuration(svc.scheduling_strategy, &c)?;
             svc.deployment_configuration = c;
         }
-        if let Some(d) = req.desired_count {
+        if let Some(d) = req.desired_count.filter(|_| svc.scheduling_strategy == SchedulingStrategy::Daemon) {
+            check_daemon_count(d)?;
+        } else if let Some(d) = req.desired_count {
             check_desired(d)?;
             svc.desired_count = d;
             if let Some(p) = svc.deployments.first_mut() {
@@ -374,8 +388,6 @@ impl Cluster {
             // A record from before deployments: its current definition is one in progress.
             start_deployment(&mut svc, now, "deployments began".into());
         }
-        let fenced = svc.resumption == ResumptionBoundary::Fenced;
-        let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let failed = svc.deployments[0].rollout_state == RolloutState::Failed;
         let held = !failed && self.failing_too_fast(name);
         // When to run again by itself: once the oldest failure leaves the hold-back's window.
@@ -398,6 +410,13 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("ReplacementsHeldBack", msg));
         }
         let may_start = !failed && !held;
+        if svc.scheduling_strategy == SchedulingStrategy::Daemon {
+            let bounds = self.daemon_step(&mut svc, may_start, now)?;
+            let replicas = self.replicas(&svc);
+            return self.settle_and_write(svc, before, &replicas, &bounds, wake, now);
+        }
+        let fenced = svc.resumption == ResumptionBoundary::Fenced;
+        let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let live = self.state.tasks().of_service(name);
         svc.moving.retain(|id| live.contains(id));
         let mut replicas = self.replicas(&svc);
@@ -471,7 +490,22 @@ impl Cluster {
         }
         // Tasks stopped or started: their replicas are looked at again.
         let replicas = if unchanged { replicas } else { self.replicas(&svc) };
-        self.settle_deployments(&mut svc, &replicas, &bounds, now);
+        self.settle_and_write(svc, before, &replicas, &bounds, wake, now)
+    }
+
+    /// The end of every reconcile: settles the deployments, removes a deleted service whose
+    /// last task has stopped, writes what changed, and says when to run again (`wake`).
+    fn settle_and_write(
+        &mut self,
+        mut svc: Service,
+        before: Service,
+        replicas: &[Replica<TaskId>],
+        bounds: &Bounds,
+        wake: Option<u64>,
+        now: u64,
+    ) -> Result<Action, Error> {
+        let name = &svc.name.clone();
+        self.settle_deployments(&mut svc, replicas, bounds, now);
         if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(name).is_empty() {
             let version = self.state.services().get(name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
@@ -777,6 +811,30 @@ fn check_desired(d: u32) -> Result<(), Error> {
 }
 
 /// ECS's ranges: the minimum from 0 to 100 percent; the maximum from 100 (no surge) to 400.
+/// A DAEMON service's count is its pool's ACTIVE hosts: a request names none.
+fn check_daemon_count(d: u32) -> Result<(), Error> {
+    if d != 0 {
+        return Err(Error::invalid(
+            "desiredCount",
+            format!(
+                "a DAEMON service runs one task on each ACTIVE host of its pool: leave it unset (got {d})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A DAEMON service replaces each host's task in place: never two on one host.
+fn check_daemon_configuration(s: SchedulingStrategy, c: &DeploymentConfiguration) -> Result<(), Error> {
+    if s == SchedulingStrategy::Daemon && c.maximum_percent != 100 {
+        return Err(Error::invalid(
+            "deploymentConfiguration.maximumPercent",
+            format!("must be 100 for a DAEMON service (each host's task stops before its replacement starts), got {}", c.maximum_percent),
+        ));
+    }
+    Ok(())
+}
+
 fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Error> {
     if c.minimum_healthy_percent > 100 {
         return Err(Error::invalid(

@@ -1,13 +1,14 @@
 //! Clusters are pools: `CreateCluster` makes a pool with the default policy (an admin's call,
 //! as `pool create` is), `DeleteCluster` deletes an empty one, `DescribeClusters` and
-//! `ListClusters` read them.
+//! `ListClusters` read them, with the pools deleted lately as INACTIVE clusters (as ECS lists
+//! its deleted clusters for a while).
 
 use super::page::page;
 use super::shapes;
 use super::*;
 use crate::cluster::catalog::PoolContents;
 use mpsfleet_types::labels::Tag;
-use mpsfleet_types::CreatePool;
+use mpsfleet_types::{CreatePool, Pool};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -79,12 +80,23 @@ pub(super) async fn delete(call: &Call, req: Delete) -> Result<Value, EcsError> 
                 return refuse("ClusterContainsTasksException", "tasks that are not stopped");
             }
             let pool = c.delete_pool(&name)?;
-            let mut v = shapes::cluster(&arns, &pool, &PoolContents::default(), false);
-            v["status"] = json!("INACTIVE");
-            Ok(Ok(json!({ "cluster": v })))
+            Ok(Ok(json!({ "cluster": inactive(&arns, &pool) })))
         })
         .await?;
     out
+}
+
+/// A deleted pool as ECS's INACTIVE cluster: nothing left in it.
+fn inactive(arns: &arn::Arns, pool: &Pool) -> Value {
+    let mut v = shapes::cluster(arns, pool, &PoolContents::default(), false);
+    v["status"] = json!("INACTIVE");
+    v
+}
+
+/// The pool deleted lately that `given` names, if the caller may see it.
+fn deleted<'c>(c: &'c Cluster, who: &Principal, arns: &arn::Arns, given: &str) -> Option<&'c Pool> {
+    let name = arns.short("cluster", given)?;
+    c.deleted_pools().filter(|p| p.name.as_str() == name && who.sees_pool(name)).last()
 }
 
 #[derive(Deserialize)]
@@ -117,6 +129,10 @@ pub(super) async fn describe(call: &Call, req: Describe) -> Result<Value, EcsErr
                 }
                 Err(Error::NotFound { .. }) => {
                     let given = given.unwrap_or_else(|| "default".into());
+                    if let Some(pool) = deleted(c, &who, &arns, &given) {
+                        found.push(inactive(&arns, pool));
+                        continue;
+                    }
                     let arn = if given.starts_with("arn:") { given } else { arns.cluster(&given) };
                     failures.push(failure(&arn, "MISSING", None));
                 }
@@ -139,7 +155,11 @@ pub(super) async fn list(call: &Call, req: List) -> Result<Value, EcsError> {
     let arns = call.arns.clone();
     let names: Vec<String> = call
         .read(move |c, who| {
-            Ok(c.pools().into_iter().map(|p| p.name.to_string()).filter(|p| who.sees_pool(p)).collect())
+            let active = c.pools().into_iter().map(|p| p.name.to_string());
+            let inactive = c.deleted_pools().map(|p| p.name.to_string());
+            let mut names: Vec<String> = active.chain(inactive).filter(|p| who.sees_pool(p)).collect();
+            names.sort();
+            Ok(names)
         })
         .await?;
     let (names, next) = page(names, Clone::clone, req.next_token.as_deref(), req.max_results)?;

@@ -1,6 +1,7 @@
-//! Services, as ECS's: `CreateService`, `UpdateService` (desired count, task definition,
-//! deployment configuration, `forceNewDeployment`), `DeleteService`, `DescribeServices` with
-//! their deployments and events, `ListServices`. A service's name is unique across the
+//! Services, as ECS's: `CreateService` (REPLICA or DAEMON), `UpdateService` (desired count,
+//! task definition, deployment configuration, `forceNewDeployment`), `DeleteService`,
+//! `DescribeServices` with their deployments and events, `ListServices` (by launch type and
+//! scheduling strategy). A service's name is unique across the
 //! cluster's pools (ECS's is unique per cluster).
 
 use super::page::page;
@@ -8,7 +9,7 @@ use super::shapes;
 use super::*;
 use mpsfleet_types::labels::Tag;
 use mpsfleet_types::service::{
-    CircuitBreaker, CreateService, DeploymentConfiguration, ServiceView, UpdateService,
+    CircuitBreaker, CreateService, DeploymentConfiguration, SchedulingStrategy, ServiceView, UpdateService,
 };
 use mpsfleet_types::ServiceStatus;
 use serde::Deserialize;
@@ -91,17 +92,32 @@ fn shape(c: &Cluster, arns: &arn::Arns, v: &ServiceView, tags: bool) -> Result<V
     Ok(shapes::service(arns, v, &deployments, tags))
 }
 
-pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
-    if r.scheduling_strategy.as_deref().is_some_and(|s| s != "REPLICA") {
-        return Err(EcsError::invalid("schedulingStrategy must be REPLICA: mpsfleet has no DAEMON services"));
+/// ECS's `schedulingStrategy` by its name.
+fn strategy(given: Option<&str>) -> Result<SchedulingStrategy, EcsError> {
+    match given {
+        None | Some("REPLICA") => Ok(SchedulingStrategy::Replica),
+        Some("DAEMON") => Ok(SchedulingStrategy::Daemon),
+        Some(other) => {
+            Err(EcsError::invalid(format!("schedulingStrategy must be REPLICA or DAEMON, got {other}")))
+        }
     }
+}
+
+/// The launch type a service shows: the one it was created with (kept as given: every task
+/// runs on the cluster's container instances), else EC2.
+fn launch_type(s: &ServiceView) -> &str {
+    s.service.kept_fields.get("launchType").and_then(Value::as_str).unwrap_or("EC2")
+}
+
+pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
+    let strategy = strategy(r.scheduling_strategy.as_deref())?;
     if r.launch_type.as_deref().is_some_and(|lt| !super::tasks::LAUNCH_TYPES.contains(&lt)) {
         return Err(EcsError::client("launch type should be one of [EC2,FARGATE]"));
     }
     let task_definition = r
         .task_definition
         .as_deref()
-        .ok_or_else(|| EcsError::invalid("taskDefinition is required for a REPLICA service"))?;
+        .ok_or_else(|| EcsError::invalid("taskDefinition is required: a service runs a task definition"))?;
     let td = call
         .arns
         .short("task-definition", task_definition)
@@ -115,15 +131,23 @@ pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
         if c.service(&r.service_name).is_ok() {
             return Err(Error::invalid("serviceName", "Creation of service was not idempotent."));
         }
+        let daemon = strategy == SchedulingStrategy::Daemon;
+        let base = if daemon { DeploymentConfiguration::daemon() } else { Default::default() };
+        let mut kept_fields = kept(&r.rest);
+        if let Some(lt) = r.launch_type.filter(|lt| lt != "EC2") {
+            kept_fields.insert("launchType".into(), json!(lt));
+        }
         let req = CreateService {
             name: r.service_name,
             pool,
             task_definition: td,
-            desired_count: r.desired_count.unwrap_or(0),
-            deployment_configuration: r.deployment_configuration.map(|d| d.over(Default::default())),
+            // A DAEMON service's count is the cluster's ACTIVE container instances.
+            desired_count: if daemon { 0 } else { r.desired_count.unwrap_or(0) },
+            scheduling_strategy: Some(strategy),
+            deployment_configuration: r.deployment_configuration.map(|d| d.over(base)),
             client_token: r.client_token,
             tags: r.tags,
-            kept_fields: kept(&r.rest),
+            kept_fields,
             ..Default::default()
         };
         let v = c.create_service_as(req, &actor)?;
@@ -176,9 +200,10 @@ pub(super) async fn update(call: &Call, u: Update) -> Result<Value, EcsError> {
                 }));
             }
             let name = current.service.name.to_string();
+            let daemon = current.service.scheduling_strategy == SchedulingStrategy::Daemon;
             let req = UpdateService {
                 task_definition: td,
-                desired_count: u.desired_count,
+                desired_count: u.desired_count.filter(|_| !daemon),
                 deployment_configuration: u
                     .deployment_configuration
                     .map(|d| d.over(current.service.deployment_configuration)),
@@ -272,9 +297,12 @@ pub(super) struct List {
     cluster: Option<String>,
     next_token: Option<String>,
     max_results: Option<i64>,
+    launch_type: Option<String>,
+    scheduling_strategy: Option<String>,
 }
 
 pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
+    let strategy = l.scheduling_strategy.as_deref().map(|s| strategy(Some(s))).transpose()?;
     let arns = call.arns.clone();
     let (pool, names): (String, Vec<String>) = call
         .read(move |c, who| {
@@ -283,6 +311,8 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
                 .services()
                 .iter()
                 .filter(|s| s.service.pool.as_str() == pool)
+                .filter(|s| strategy.is_none_or(|st| s.service.scheduling_strategy == st))
+                .filter(|s| l.launch_type.as_deref().is_none_or(|lt| launch_type(s) == lt))
                 .map(|s| s.service.name.to_string())
                 .collect();
             Ok((pool, names))

@@ -379,7 +379,7 @@ pub fn service(a: &Arns, s: &ServiceView, deployments: &[DeploymentView], with_t
         "createdAt": seconds(svc.created_at_ms),
         "placementConstraints": [],
         "placementStrategy": [],
-        "schedulingStrategy": "REPLICA",
+        "schedulingStrategy": svc.scheduling_strategy,
         "deploymentController": {"type": "ECS"},
         "propagateTags": "NONE",
         "enableECSManagedTags": false,
