@@ -36,6 +36,12 @@ pub struct Explanation {
     /// How long each phase of a recovery may take under this policy, per kind of failure,
     /// with the inputs and formulas (docs/pools.md "Recovery bounds").
     pub bounds: mpsfleet_types::bounds::RecoveryBounds,
+    /// Managed scaling, when the pool's provider has it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<Responsibility>,
+    /// The scaling controller's last decision and why, as the server last made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scaling_decision: Option<String>,
 }
 
 impl Explanation {
@@ -203,7 +209,32 @@ pub fn explain(pool: &Pool, iv: &crate::bounds::Intervals) -> Explanation {
         resumption,
         safety_limits,
         bounds: crate::bounds::derive(pool, iv),
+        scaling: pool.provider.as_ref().and_then(scaling),
+        last_scaling_decision: None,
     }
+}
+
+/// What managed scaling does in this pool, in words.
+fn scaling(p: &Provider) -> Option<Responsibility> {
+    let (m, shape) = (p.scaling()?, p.host_shape?);
+    Some(r(
+        "mpsfleet",
+        format!(
+            "keeps between {} and {} hosts of {} GPU(s) of {} MiB: waiting tasks settle (1 s without a new one,              10 s at most), are packed onto that shape as the scheduler places them, and the pool grows in              one step to {}% reservation (steps of {} to {} hosts; no new step within {} s while launched              hosts have not joined); a host empty of work (DAEMON services' tasks aside) for {} s is              removed, at most {}% of the pool per step, never below {} hosts, never while an incident is              open or a drill runs; repairs are launched apart and never wait for scaling",
+            m.min_hosts,
+            m.max_hosts,
+            shape.gpus,
+            shape.gpu_memory_mib,
+            m.target_capacity,
+            m.minimum_scaling_step_size,
+            m.maximum_scaling_step_size,
+            m.instance_warmup_period,
+            m.scale_in_after_seconds,
+            m.scale_in_budget_percent,
+            m.min_hosts,
+        ),
+        serde_json::to_value(m).unwrap_or_default(),
+    ))
 }
 
 fn provider_detail(p: &Provider) -> String {

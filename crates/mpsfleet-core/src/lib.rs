@@ -15,6 +15,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod mps_model;
 pub mod remediation;
+pub mod scaling;
 pub mod scheduler;
 pub mod sigv4;
 pub mod task_size;

@@ -14,6 +14,7 @@ pub mod labels;
 pub mod logs;
 pub mod policy;
 pub mod pool;
+pub mod scaling;
 pub mod secret;
 pub mod service;
 pub mod tags;

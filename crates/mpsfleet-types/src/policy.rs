@@ -20,12 +20,12 @@ impl fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
-fn err(field: &str, message: String) -> PolicyError {
+pub(crate) fn err(field: &str, message: String) -> PolicyError {
     PolicyError { field: field.to_string(), message }
 }
 
 /// Checks `lo <= value <= hi`; `unit` is appended to the bounds in the message ("ms" or "").
-fn in_range(field: &str, value: u64, lo: u64, hi: u64, unit: &str) -> Result<(), PolicyError> {
+pub(crate) fn in_range(field: &str, value: u64, lo: u64, hi: u64, unit: &str) -> Result<(), PolicyError> {
     if (lo..=hi).contains(&value) {
         Ok(())
     } else {
@@ -209,6 +209,10 @@ pub struct Provider {
     /// `exec`. The pool's replace bound is built from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_timeout_seconds: Option<u32>,
+    /// The host count follows the pool's demand (needs `hostShape`): `desiredHosts` is then
+    /// the scaling controller's output ([`crate::scaling::ManagedScaling`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_scaling: Option<crate::scaling::ManagedScaling>,
 }
 
 /// The GPUs of the hosts a provider launches, all alike.
@@ -229,6 +233,11 @@ fn default_shape_clients() -> u32 {
 }
 
 impl Provider {
+    /// The pool's managed scaling, when it is on.
+    pub fn scaling(&self) -> Option<&crate::scaling::ManagedScaling> {
+        self.managed_scaling.as_ref().filter(|m| m.enabled())
+    }
+
     /// A `local` provider keeping `desired_hosts`.
     pub fn local(desired_hosts: u32) -> Self {
         Provider {
@@ -238,6 +247,7 @@ impl Provider {
             desired_hosts,
             host_shape: None,
             launch_timeout_seconds: None,
+            managed_scaling: None,
         }
     }
 
@@ -250,6 +260,7 @@ impl Provider {
             desired_hosts,
             host_shape: None,
             launch_timeout_seconds: None,
+            managed_scaling: None,
         }
     }
 
@@ -290,6 +301,16 @@ impl Provider {
         }
         if let Some(t) = self.launch_timeout_seconds {
             in_range("provider.launchTimeoutSeconds", t.into(), 10, 3_600, "")?;
+        }
+        if let Some(m) = &self.managed_scaling {
+            m.validate()?;
+            if m.enabled() && self.host_shape.is_none() {
+                return Err(err(
+                    "provider.hostShape",
+                    "required with managedScaling: scaling packs waiting tasks onto hosts of this shape"
+                        .into(),
+                ));
+            }
         }
         in_range("provider.desiredHosts", self.desired_hosts.into(), 0, 10_000, "")
     }

@@ -77,6 +77,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("bench takeover", "mpsfleet bench takeover --etcd-endpoints http://127.0.0.1:2379"),
     ("bench metrics", "mpsfleet bench metrics --hosts 20000 --gpus-per-host 8"),
     ("bench console", "mpsfleet bench console --hosts 10000"),
+    ("bench scaling", "mpsfleet bench scaling --pending 100000 --hosts 10000"),
     ("sim", "mpsfleet sim --scenario driver-rollout --hosts 30 --duration 1h"),
     ("completion", "mpsfleet completion bash"),
 ];

@@ -5,7 +5,9 @@ use clap::Args;
 use mpsfleet_core::clock::{Clock, SystemClock};
 use mpsfleet_server::cluster::ProviderContext;
 use mpsfleet_server::provider::{terminate_with_retries, CapacityProvider, LocalProvider, Retry};
-use mpsfleet_types::{CreatePool, OwnershipMode, PoolName};
+use mpsfleet_types::policy::{HostShape, Provider};
+use mpsfleet_types::scaling::ManagedScaling;
+use mpsfleet_types::{CreatePool, HostStatus, OwnershipMode, PoolName};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,14 @@ pub struct UpArgs {
     /// Local hosts to start (agents as child processes).
     #[arg(long, default_value_t = 2)]
     hosts: u32,
+    /// Let the pool grow to this many hosts when tasks wait for room, and shrink back to
+    /// --hosts once hosts have been empty for --scale-in-after (managed scaling; managed mode
+    /// only). A restarted `up` brings back the hosts the pool had.
+    #[arg(long)]
+    max_hosts: Option<u32>,
+    /// Seconds a host stays empty before managed scaling removes it (with --max-hosts).
+    #[arg(long, default_value_t = 900, requires = "max_hosts")]
+    scale_in_after: u32,
     /// Emulated GPUs per host when NVML finds none.
     #[arg(long, default_value_t = 2)]
     gpus_per_host: u32,
@@ -100,6 +110,25 @@ pub fn find_mps_control(flag: Option<&Path>) -> Option<PathBuf> {
     })
 }
 
+/// The local provider of `up --max-hosts`: hosts of the emulated GPUs' shape, scaling between
+/// --hosts and `max`.
+fn scaling_provider(local: Provider, args: &UpArgs, max: u32) -> Result<Provider> {
+    let memory = args.gpu.rsplit_once(':').and_then(|(_, m)| m.parse::<u64>().ok());
+    let memory = memory.with_context(|| format!("--gpu must be MODEL:MEMORY_MIB, got {}", args.gpu))?;
+    Ok(Provider {
+        host_shape: Some(HostShape { gpus: args.gpus_per_host, gpu_memory_mib: memory, max_mps_clients: 48 }),
+        managed_scaling: Some(ManagedScaling {
+            min_hosts: args.hosts,
+            max_hosts: max,
+            // Local hosts start in seconds.
+            instance_warmup_period: 60,
+            scale_in_after_seconds: args.scale_in_after,
+            ..Default::default()
+        }),
+        ..local
+    })
+}
+
 pub fn run(args: UpArgs) -> Result<()> {
     crate::init_logging("warn", args.log_format);
     anyhow::ensure!((1..=64).contains(&args.hosts), "--hosts must be from 1 to 64, got {}", args.hosts);
@@ -124,7 +153,32 @@ async fn up(args: UpArgs) -> Result<()> {
     // GPUs: real ones when NVML finds them (one host: they are this machine's), else declared.
     let real_gpus = mpsfleet_agent::discovery::nvml().is_ok();
     let hosts = if real_gpus { 1 } else { args.hosts };
-    let local = mpsfleet_types::policy::Provider::local(hosts);
+    let mut local = mpsfleet_types::policy::Provider::local(hosts);
+    if let Some(max) = args.max_hosts {
+        anyhow::ensure!(
+            mode == OwnershipMode::Managed,
+            "--max-hosts needs --mode managed: scaling launches hosts"
+        );
+        anyhow::ensure!(
+            !real_gpus,
+            "--max-hosts needs emulated GPUs: every local host would see the same GPUs"
+        );
+        anyhow::ensure!(
+            (hosts..=64).contains(&max),
+            "--max-hosts must be from --hosts ({hosts}) to 64, got {max}"
+        );
+        local = scaling_provider(local, &args, max)?;
+        // The hosts the pool had when `up` last stopped come back, not --hosts.
+        if opened.cluster.pool(&args.pool).is_ok() {
+            let had = opened
+                .cluster
+                .hosts(Some(&args.pool))
+                .iter()
+                .filter(|h| h.status != HostStatus::Deregistered)
+                .count();
+            local.desired_hosts = (had as u32).clamp(hosts, max);
+        }
+    }
     if opened.cluster.pool(&args.pool).is_err() {
         opened.cluster.create_pool(CreatePool {
             name: args.pool.clone(),
@@ -220,7 +274,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // ids); one whose directory is gone retires quietly (mpsfleet_server's `local_fleet`).
     let mut launch: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     for h in opened.cluster.hosts(Some(&args.pool)) {
-        if h.status == mpsfleet_types::HostStatus::Deregistered {
+        if h.status == HostStatus::Deregistered {
             continue;
         }
         if dir.join("hosts").join(&h.hostname).join("identity.json").is_file() {
@@ -260,6 +314,12 @@ async fn up(args: UpArgs) -> Result<()> {
         println!("client config: {} (the CLI in another terminal uses it)", path.display());
     }
     println!("mpsfleet up: server {url}, pool {} ({}), {hosts} host(s)", args.pool, args.mode);
+    if let Some(max) = args.max_hosts {
+        println!(
+            "managed scaling: {hosts} to {max} host(s); a host empty for {} s is removed (mpsfleet pool explain {})",
+            args.scale_in_after, args.pool
+        );
+    }
     if real_gpus {
         println!("GPUs: real, found through NVML (one host: this machine)");
         if args.hosts > 1 {

@@ -97,6 +97,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
         desired_hosts: 1,
         host_shape: None,
         launch_timeout_seconds: None,
+        managed_scaling: None,
     };
     let e = admin.create_pool(&pool(attack)).await.unwrap_err().to_string();
     assert!(e.contains("provider.exec") && e.contains("server's configuration"), "{e}");
@@ -115,6 +116,7 @@ echo '{{"providerId": "'$name'", "state": "PENDING"}}'
             desired_hosts: 1,
             host_shape: None,
             launch_timeout_seconds: None,
+            managed_scaling: None,
         }),
         ..Default::default()
     };

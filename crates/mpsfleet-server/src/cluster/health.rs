@@ -279,6 +279,13 @@ impl Cluster {
         if self.provider_for(pool).is_none() {
             return Ok(Requeue::AwaitChange);
         }
+        // A scaling pool's desired count is managed scaling's output (`scaling.rs`).
+        if let Some(wait) = self.scale(pool)? {
+            return Ok(Requeue::RequeueAfter(wait));
+        }
+        let desired = (self.state.pools().get(pool))
+            .and_then(|p| p.value.provider.as_ref())
+            .map_or(desired, |prov| prov.desired_hosts);
         // A launched host counts as in flight until it registers (the fleet's names are
         // gathered only while a launch is in flight, not at every pass).
         if self.work.capacity_launches.get(pool).is_some_and(|l| !l.is_empty()) {
@@ -1196,6 +1203,15 @@ impl Cluster {
                         pool: pool.clone(),
                         name: name.clone(),
                     });
+                }
+            }
+            // A host scaled in (no incident): it is deregistered already.
+            ProviderJob::Terminate { incident, pool, name } if incident.is_empty() => {
+                if let Err(reason) = result {
+                    let msg =
+                        format!("could not terminate scaled-in host {name}: {reason}; terminate it by hand");
+                    tracing::error!(pool = %pool, host = %name, %reason, "could not terminate a scaled-in host");
+                    self.pool_event(pool, "ScaleInTerminateFailed", msg)?;
                 }
             }
             ProviderJob::Terminate { incident, name, .. } => {

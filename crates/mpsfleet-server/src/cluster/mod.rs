@@ -45,6 +45,9 @@ mod heartbeat_tests;
 mod recovery_tests;
 mod register;
 mod retention;
+mod scaling;
+#[cfg(test)]
+mod scaling_tests;
 pub mod scope;
 mod sealed;
 mod secrets;
@@ -903,6 +906,9 @@ impl Cluster {
     /// Puts a committed new task; `record`: in its events (not for a task loaded from the
     /// store, whose past this server did not see).
     fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>, record: bool) {
+        if placement.is_none() && task.last_status == TaskStatus::Pending {
+            self.ask_scaling(&task.pool.clone());
+        }
         if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
             let e = self.state.host_mut(p.host);
             e.epoch = e.epoch.max(version);

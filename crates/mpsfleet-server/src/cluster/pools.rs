@@ -127,7 +127,14 @@ impl Cluster {
     }
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
-        Ok(mpsfleet_core::explain::explain(&self.pool(name)?, &bounds::intervals()))
+        let pool = self.pool(name)?;
+        let mut e = mpsfleet_core::explain::explain(&pool, &bounds::intervals());
+        if e.scaling.is_some() {
+            e.last_scaling_decision = self
+                .last_scaling_decision(&pool.name)
+                .map(|(at, why)| format!("{}: {why}", mpsfleet_types::time::utc(at)));
+        }
+        Ok(e)
     }
 
     pub fn pools(&self) -> Vec<Pool> {

@@ -70,7 +70,7 @@ pub(super) fn agents(w: &mut World, fails: impl Fn(&TaskDefRef) -> bool, check: 
     panic!("the agents never ran out of reports");
 }
 
-fn report(status: TaskStatus) -> TaskStateReport {
+pub(super) fn report(status: TaskStatus) -> TaskStateReport {
     TaskStateReport {
         last_status: status,
         health_status: None,

@@ -78,6 +78,8 @@ pub(super) struct Controllers {
     pub(super) failed_daemon_hosts: BTreeSet<super::HostIx>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     pub(super) capacity_launches: HashMap<PoolName, BTreeSet<String>>,
+    /// What managed scaling keeps between its runs, by pool (`scaling.rs`).
+    pub(super) scaling: HashMap<PoolName, super::scaling::ScalingMemory>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
     /// pass should run now.
     wake: bool,

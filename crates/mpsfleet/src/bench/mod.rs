@@ -12,6 +12,7 @@ mod kill;
 mod metrics;
 mod recovery;
 mod register;
+mod scaling;
 mod start;
 mod submit;
 use ingest::{ingest, IngestBench};
@@ -45,6 +46,8 @@ pub enum BenchCommand {
     Metrics(metrics::MetricsBench),
     /// The web console's first render of 10,000 hosts in headless Chromium.
     Console(console::ConsoleBench),
+    /// Managed scaling's decision for 100,000 waiting tasks on a 10,000-host pool.
+    Scaling(scaling::ScalingBench),
 }
 
 #[derive(Args)]
@@ -81,6 +84,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Takeover(b) => failover::takeover(b),
         BenchCommand::Metrics(b) => metrics::metrics(b),
         BenchCommand::Console(b) => console::console(b),
+        BenchCommand::Scaling(b) => scaling::scaling(b),
     }
 }
 

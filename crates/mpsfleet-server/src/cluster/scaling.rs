@@ -1,0 +1,234 @@
+//! Managed scaling: a pool whose provider has `managedScaling` ENABLED gets its
+//! `desiredHosts` from here, on the capacity controller's key (`Work::Capacity`, before it
+//! launches what is missing). The decision is pure (`mpsfleet_core::scaling`); this file
+//! gathers its input, waits for a burst of waiting tasks to settle, and carries out a step:
+//!
+//! - **Demand settles first.** A change in the pool's waiting tasks is acted on once none has
+//!   come for [`SETTLE_MS`], or [`SETTLE_MAX_MS`] after the first, so a burst gives one sized
+//!   step, not many small ones. A task that waits in such a pool asks for the key at once.
+//! - **Scale-out** writes the new `desiredHosts` (with a `ScaledOut` pool event saying why);
+//!   the capacity controller launches the hosts.
+//! - **Scale-in** takes each chosen host out of placement and checks it is still empty in the
+//!   same step (no placement can come between: the cluster has one writer), deregisters it
+//!   (`ScaledIn` in its events and the pool's) and asks the provider to terminate it. A host
+//!   counts as empty when nothing but DAEMON services' tasks runs there, from when the
+//!   controller first saw it so (kept in memory: a restarted server starts the quiet time
+//!   again, which only delays a scale-in).
+//!
+//! Repair is apart: incident replacements are launched by remediation and counted as hosts to
+//! come, never scaled in, and scale-in waits while an incident is open or a drill runs.
+
+use super::*;
+use mpsfleet_core::scaling::{self, Input, Shape, Step as ScaleStep};
+use mpsfleet_types::drill::DrillStatus;
+use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
+
+/// A burst of waiting tasks is acted on once none has come for this long...
+pub const SETTLE_MS: u64 = 1_000;
+/// ...or this long after its first task.
+pub const SETTLE_MAX_MS: u64 = 10_000;
+
+/// What the scaling controller keeps between runs, per pool (in memory only).
+#[derive(Debug, Default)]
+pub(crate) struct ScalingMemory {
+    /// The waiting tasks last seen, and since when (the burst's first, its latest change).
+    waiting: usize,
+    first_waiting_ms: Option<u64>,
+    changed_ms: u64,
+    /// When the last scale-out step was taken.
+    last_step_ms: Option<u64>,
+    /// Since when each empty host of the pool has been seen empty.
+    empty_since: HashMap<HostId, u64>,
+    /// The last decision in words, and when: shown by `pool explain`.
+    pub(crate) last: Option<(u64, String)>,
+}
+
+impl Cluster {
+    /// The scaling step of `pool` if its provider scales (module docs). Returns how long to
+    /// wait while a burst of waiting tasks settles, or None once the step is taken (or there
+    /// is none to take) and the capacity controller may go on.
+    pub(super) fn scale(&mut self, pool: &PoolName) -> Result<Option<u64>, Error> {
+        let Some(p) = self.state.pools().get(pool).map(|v| v.value.clone()) else { return Ok(None) };
+        let Some(prov) = p.provider.as_ref() else { return Ok(None) };
+        let (Some(policy), Some(hs)) = (prov.scaling().copied(), prov.host_shape) else { return Ok(None) };
+        let shape = Shape {
+            gpus: hs.gpus,
+            gpu_memory_mib: hs.gpu_memory_mib,
+            max_clients: hs.max_mps_clients,
+            compute_bound: pools::pool_config(&p).compute_bound,
+        };
+        let now = self.now();
+        let waiting = self.waiting_demand(pool);
+        let mem = self.work.scaling.entry(pool.clone()).or_default();
+        if waiting.len() != mem.waiting {
+            mem.waiting = waiting.len();
+            mem.changed_ms = now;
+            mem.first_waiting_ms = if waiting.is_empty() { None } else { mem.first_waiting_ms.or(Some(now)) };
+        }
+        if let Some(first) = mem.first_waiting_ms {
+            let due = (mem.changed_ms + SETTLE_MS).min(first + SETTLE_MAX_MS);
+            if now < due {
+                return Ok(Some(due - now));
+            }
+        }
+
+        // The pool's hosts: busy ones, and how long each empty ACTIVE one has been empty.
+        let mut input = Input { packing: scaling::pack(&shape, &waiting), ..Default::default() };
+        let mut empty: Vec<(u64, HostId)> = Vec::new();
+        let mut seen_empty = Vec::new();
+        for (ix, e) in self.state.hosts().iter().enumerate() {
+            let h = e.host();
+            if h.pool != *pool || h.status == HostStatus::Deregistered {
+                continue;
+            }
+            input.hosts += 1;
+            if self.runs_work(ix as HostIx) {
+                input.busy += 1;
+            } else if h.status == HostStatus::Active {
+                seen_empty.push(h.id.clone());
+            } else {
+                // Joining, draining: neither work to keep nor a host to remove yet.
+                input.busy += 1;
+            }
+        }
+        let mem = self.work.scaling.entry(pool.clone()).or_default();
+        mem.empty_since.retain(|id, _| seen_empty.contains(id));
+        for (i, id) in seen_empty.into_iter().enumerate() {
+            let since = *mem.empty_since.entry(id.clone()).or_insert(now);
+            input.empty_for_ms.push((i as u64, now - since));
+            empty.push((i as u64, id));
+        }
+        input.since_last_step_ms = mem.last_step_ms.map(|t| now.saturating_sub(t));
+        input.launching = self.work.capacity_launches.get(pool).map_or(0, |l| l.len() as u32)
+            + (self.state.incidents().unresolved())
+                .filter(|i| {
+                    &i.pool == pool && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
+                })
+                .count() as u32;
+        input.paused = self.state.incidents().unresolved().any(|i| &i.pool == pool)
+            || self
+                .state
+                .drills()
+                .values()
+                .any(|d| &d.value.pool == pool && d.value.status != DrillStatus::Ended);
+
+        let step = scaling::decide(&policy, &input);
+        let (why, desired) = match &step {
+            ScaleStep::Hold { why, .. } => (why.clone(), None),
+            ScaleStep::Out { add, why, .. } => (why.clone(), Some(input.hosts + input.launching + add)),
+            ScaleStep::In { remove, why, .. } => {
+                let mut removed = 0;
+                for (i, id) in &empty {
+                    if remove.contains(i) && self.scale_in_host(pool, id, why)? {
+                        removed += 1;
+                    }
+                }
+                (why.clone(), Some((input.hosts + input.launching).saturating_sub(removed)))
+            }
+        };
+        let mem = self.work.scaling.entry(pool.clone()).or_default();
+        mem.last = Some((now, why.clone()));
+        if let ScaleStep::Out { .. } = step {
+            mem.last_step_ms = Some(now);
+        }
+        if let Some(desired) = desired.filter(|d| *d != prov.desired_hosts) {
+            let reason = if matches!(step, ScaleStep::Out { .. }) { "ScaledOut" } else { "ScaledIn" };
+            self.set_desired_hosts(pool, desired, reason, why)?;
+        }
+        Ok(None)
+    }
+
+    /// The GPU demand of the pool's waiting tasks.
+    fn waiting_demand(&self, pool: &PoolName) -> Vec<mpsfleet_types::GpuDemand> {
+        let mut last: Option<(&TaskDefRef, mpsfleet_types::GpuDemand)> = None;
+        let mut out = Vec::new();
+        for id in self.state.tasks().pending_in(pool) {
+            let Some(e) = self.state.tasks().get(&id) else { continue };
+            let td = &e.task.task_definition;
+            let demand = match &last {
+                Some((d, demand)) if *d == td => *demand,
+                _ => {
+                    let Some(def) = self.state.taskdefs().get(&(td.family.clone(), td.revision)) else {
+                        continue;
+                    };
+                    def.value.gpu_demand()
+                }
+            };
+            last = Some((td, demand));
+            out.push(demand);
+        }
+        out
+    }
+
+    /// Whether a host runs (or holds) a task that is not a DAEMON service's.
+    fn runs_work(&self, ix: HostIx) -> bool {
+        self.state.tasks().on_host(ix).iter().filter_map(|id| self.state.tasks().get(id)).any(|e| {
+            e.task
+                .group
+                .as_ref()
+                .and_then(|g| self.state.services().get(g))
+                .is_none_or(|s| s.value.scheduling_strategy != SchedulingStrategy::Daemon)
+        })
+    }
+
+    /// Removes one empty host: out of placement, checked empty, deregistered, terminated
+    /// through the provider. False when it was not empty after all.
+    fn scale_in_host(&mut self, pool: &PoolName, id: &HostId, why: &str) -> Result<bool, Error> {
+        let ix = self.host_ix(id.as_str())?;
+        self.sched.set_schedulable(ix, false);
+        if self.runs_work(ix) {
+            let open = can_place(self.state.hosts()[ix as usize].host());
+            self.sched.set_schedulable(ix, open);
+            return Ok(false);
+        }
+        let mut h = self.state.hosts()[ix as usize].host().clone();
+        h.events.push(self.now(), ObjectEvent::new("ScaledIn", format!("removed by managed scaling: {why}")));
+        let name = h.hostname.clone();
+        self.write_host(ix, h)?;
+        self.deregister(ix, "removed by managed scaling")?;
+        self.work.pending_jobs.push(ProviderJob::Terminate {
+            incident: String::new(),
+            pool: pool.clone(),
+            name,
+        });
+        Ok(true)
+    }
+
+    /// Writes the provider's new host count, with the pool event that says why.
+    fn set_desired_hosts(
+        &mut self,
+        pool: &PoolName,
+        desired: u32,
+        reason: &str,
+        why: String,
+    ) -> Result<(), Error> {
+        let Some(current) = self.state.pools().get(pool).cloned() else { return Ok(()) };
+        let mut p = current.value;
+        let Some(prov) = p.provider.as_mut() else { return Ok(()) };
+        let from = prov.desired_hosts;
+        prov.desired_hosts = desired;
+        let now = self.now();
+        let entry = ObjectEvent::new(reason, format!("{from} -> {desired} host(s): {why}"));
+        p.events.push(now, entry.clone());
+        let rev =
+            self.commit(&[Op::put_json(POOL, p.name.as_str(), &p, Precondition::Version(current.version))?])?;
+        self.apply(rev, Change::Pool(p));
+        self.publish_pool_event(pool, entry, now);
+        Ok(())
+    }
+
+    /// The last scaling decision of `pool` in words, and when (`pool explain`).
+    pub fn last_scaling_decision(&self, pool: &PoolName) -> Option<(u64, String)> {
+        self.work.scaling.get(pool).and_then(|m| m.last.clone())
+    }
+
+    /// A task waits in `pool`: a scaling pool looks at its demand now.
+    pub(super) fn ask_scaling(&mut self, pool: &PoolName) {
+        let scales = (self.state.pools().get(pool))
+            .and_then(|p| p.value.provider.as_ref())
+            .is_some_and(|prov| prov.scaling().is_some());
+        if scales {
+            self.ask(Work::Capacity(pool.clone()));
+        }
+    }
+}

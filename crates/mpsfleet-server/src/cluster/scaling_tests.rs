@@ -1,0 +1,140 @@
+//! Managed scaling against the real cluster in virtual time: launched machines join with
+//! their launch tokens, a burst of waiting MPS tasks grows the pool in one step to what it
+//! needs, and once the work is gone and the quiet time has passed the pool shrinks to its
+//! minimum, removing only hosts without work.
+
+use super::recovery_tests::World;
+use super::service_tests::report;
+use super::*;
+use mpsfleet_core::scaling::{pack, Shape};
+use mpsfleet_types::policy::{HostShape, Provider};
+use mpsfleet_types::scaling::ManagedScaling;
+
+const GPU_MIB: u64 = 143_771;
+
+/// A managed pool of one host scaling between 1 and 10 hosts of one H200.
+fn scaling_pool() -> (World, Vec<HostId>) {
+    let mut w = World::new(OwnershipMode::Managed);
+    let provider = Provider {
+        host_shape: Some(HostShape { gpus: 1, gpu_memory_mib: GPU_MIB, max_mps_clients: 48 }),
+        managed_scaling: Some(ManagedScaling {
+            min_hosts: 1,
+            max_hosts: 10,
+            scale_in_after_seconds: 60,
+            ..Default::default()
+        }),
+        ..Provider::local(1)
+    };
+    w.c.update_pool("p", UpdatePool { provider: Some(provider), ..Default::default() }).unwrap();
+    let mut hosts = Vec::new();
+    boot(&mut w, &mut hosts, 2);
+    assert_eq!(hosts.len(), 1, "the pool starts at its minimum");
+    for td in [("m40", 40_000), ("m70", 70_000)] {
+        let body = format!(
+            r#"{{"family": "{}", "containerDefinitions": [{{"name": "c", "command": ["sleep", "3600"],
+                "resourceRequirements": [{{"type": "GPU", "sharingStrategy": {{"nvidiaMps": {{"memory": {}}}}}}}]}}]}}"#,
+            td.0, td.1
+        );
+        w.c.register_taskdef(body.as_bytes()).unwrap();
+    }
+    (w, hosts)
+}
+
+/// Runs `secs` seconds with heartbeats; every launch the provider is asked for boots and
+/// joins with its token (added to `hosts`). Returns the jobs seen.
+fn boot(w: &mut World, hosts: &mut Vec<HostId>, secs: u64) -> Vec<ProviderJob> {
+    let mut seen = Vec::new();
+    for _ in 0..secs {
+        let beats: Vec<(HostId, HealthStatus)> = hosts
+            .iter()
+            .filter(|h| w.c.host(h.as_str()).is_ok_and(|v| v.status != HostStatus::Deregistered))
+            .map(|h| (h.clone(), HealthStatus::Ok))
+            .collect();
+        let jobs = w.run(1, &beats, |_| ProviderOutcome::Done);
+        for j in &jobs {
+            if let ProviderJob::Launch { name, token: Some(t), .. } = j {
+                hosts.push(w.join(name, &t.0).unwrap());
+            }
+        }
+        seen.extend(jobs);
+    }
+    seen
+}
+
+fn run(w: &mut World, family: &str, count: u32) -> Vec<Task> {
+    let req = RunTask { task_definition: family.into(), count, pool: "p".into(), ..Default::default() };
+    w.c.run_tasks(req).unwrap().tasks
+}
+
+fn scaled(w: &World, reason: &str) -> usize {
+    w.c.pool("p").unwrap().events.iter().filter(|e| e.reason == reason).count()
+}
+
+#[test]
+fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touching_work() {
+    let (mut w, mut hosts) = scaling_pool();
+    let mut tasks = run(&mut w, "m40", 12);
+    tasks.extend(run(&mut w, "m70", 6));
+    let waiting: Vec<GpuDemand> = tasks
+        .iter()
+        .filter(|t| t.host_id.is_none())
+        .map(|t| w.c.taskdef("taskDefinition", &t.task_definition.to_string()).unwrap().gpu_demand())
+        .collect();
+    let shape = Shape { gpus: 1, gpu_memory_mib: GPU_MIB, max_clients: 48, compute_bound: None };
+    let needed = pack(&shape, &waiting).hosts;
+    assert!(needed >= 2, "{} waiting need {needed} more hosts", waiting.len());
+
+    let jobs = boot(&mut w, &mut hosts, 15);
+    let launches = jobs.iter().filter(|j| matches!(j, ProviderJob::Launch { .. })).count();
+    assert_eq!(launches as u32, needed, "one step sized to the burst");
+    assert_eq!(scaled(&w, "ScaledOut"), 1, "{:#?}", w.c.pool("p").unwrap().events);
+    let all = w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() });
+    assert!(all.iter().all(|t| t.host_id.is_some()), "every task placed");
+    let (_, why) = w.c.last_scaling_decision(&PoolName::new("p").unwrap()).unwrap();
+    assert!(why.contains("reservation"), "{why}");
+
+    // Everything but one task stops; the quiet time passes: back down, never the busy host.
+    let keep = all[0].clone();
+    for t in &all[1..] {
+        w.c.stop_task(&t.id.to_string(), None).unwrap();
+        w.c.report_task(t.host_id.as_ref().unwrap(), &t.id.to_string(), report(TaskStatus::Stopped)).unwrap();
+    }
+    let jobs = boot(&mut w, &mut hosts, 50);
+    assert!(!jobs.iter().any(|j| matches!(j, ProviderJob::Terminate { .. })), "not before the quiet time");
+    let jobs = boot(&mut w, &mut hosts, 30);
+    let terminated: Vec<&String> = jobs
+        .iter()
+        .filter_map(|j| match j {
+            ProviderJob::Terminate { incident, name, .. } if incident.is_empty() => Some(name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(terminated.len() as u32, needed, "{terminated:?}");
+    let live: Vec<HostView> =
+        w.c.hosts(None).into_iter().filter(|h| h.status != HostStatus::Deregistered).collect();
+    assert_eq!(live.len(), 1, "back to one host");
+    assert_eq!(Some(&live[0].id), keep.host_id.as_ref(), "the host with work stays");
+    assert!(scaled(&w, "ScaledIn") >= 1);
+    assert_eq!(w.c.pool("p").unwrap().provider.unwrap().desired_hosts, 1);
+}
+
+#[test]
+fn a_task_no_host_shape_holds_is_refused_and_scales_nothing() {
+    let (mut w, mut hosts) = scaling_pool();
+    let body = br#"{"family": "huge", "containerDefinitions": [{"name": "c", "command": ["sleep", "1"],
+        "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 200000}}}]}]}"#;
+    w.c.register_taskdef(body).unwrap();
+    let req = RunTask { task_definition: "huge".into(), count: 1, pool: "p".into(), ..Default::default() };
+    let e = w.c.run_tasks(req).unwrap_err().to_string();
+    assert!(e.contains("can never be placed"), "{e}");
+    let jobs = boot(&mut w, &mut hosts, 15);
+    assert!(!jobs.iter().any(|j| matches!(j, ProviderJob::Launch { .. })), "{jobs:?}");
+}
+
+#[test]
+fn a_pool_with_scaling_needs_a_host_shape() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let provider = Provider { managed_scaling: Some(ManagedScaling::default()), ..Provider::local(1) };
+    let e = w.c.update_pool("p", UpdatePool { provider: Some(provider), ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("provider.hostShape"), "{e}");
+}
