@@ -3,7 +3,7 @@
 
 usage: conformance.py ENDPOINT MOTO_TESTS_DIR EXPECTED_FILE
 
-Every test of the three files runs. A test listed as expected to fail must fail; any other
+Every test of the four files runs. A test listed as expected to fail must fail; any other
 test must pass (or be skipped by moto itself in server mode, with its printed reason). Prints
 the counts and exits non-zero on any test whose outcome is not the expected one.
 """
@@ -13,7 +13,7 @@ import sys
 
 ENDPOINT, TESTS, EXPECTED = sys.argv[1:4]
 FILES = ["tests/test_ecs/test_ecs.py", "tests/test_ecs/test_ecs_task_definitions.py",
-         "tests/test_ecs/test_ecs_task_def_tags.py"]
+         "tests/test_ecs/test_ecs_task_def_tags.py", "tests/test_ecs/test_ecs_capacity_provider.py"]
 
 # moto's harness reads these when it is imported: before pytest collects anything.
 os.environ.update(TEST_SERVER_MODE="true", TEST_SERVER_MODE_ENDPOINT=ENDPOINT,

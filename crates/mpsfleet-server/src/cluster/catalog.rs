@@ -62,6 +62,7 @@ pub enum Tagged {
     TaskDef(String),
     Service(String),
     Task(String),
+    CapacityProvider(String),
 }
 
 impl Tagged {
@@ -73,8 +74,8 @@ impl Tagged {
             Tagged::Task(t) => Touch::Object(Kind::Task, t.clone()),
             // Task definitions belong to no pool: every caller reads them, and changing one
             // reaches beyond one pool, as registering does.
-            Tagged::TaskDef(_) if change => Touch::Cluster,
-            Tagged::TaskDef(_) => Touch::NoPool,
+            Tagged::TaskDef(_) | Tagged::CapacityProvider(_) if change => Touch::Cluster,
+            Tagged::TaskDef(_) | Tagged::CapacityProvider(_) => Touch::NoPool,
         }
     }
 }
@@ -165,7 +166,7 @@ impl Cluster {
     }
 
     /// Commits a changed pool record over the `version` it was read at.
-    fn write_pool(&mut self, pool: Pool, version: Revision) -> Result<(), Error> {
+    pub(super) fn write_pool(&mut self, pool: Pool, version: Revision) -> Result<(), Error> {
         let rev =
             self.commit(&[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?])?;
         self.apply(rev, Change::Pool(pool));
@@ -246,6 +247,7 @@ impl Cluster {
             Tagged::TaskDef(r) => self.taskdef_revision(r)?.value.tags.clone(),
             Tagged::Service(s) => self.service_record(s)?.value.tags,
             Tagged::Task(t) => self.task(t)?.tags().to_vec(),
+            Tagged::CapacityProvider(n) => self.capacity_provider(n)?.tags,
         })
     }
 
@@ -259,6 +261,7 @@ impl Cluster {
             check_tags("tags", tags).map_err(invalid)
         };
         match target {
+            Tagged::CapacityProvider(n) => self.retag_capacity_provider(n, add, remove),
             Tagged::Pool(p) => {
                 let current = self.state.pools().get(&self.pool_name("resourceArn", p)?).cloned();
                 let current = current.ok_or_else(|| Error::not_found("pool", p))?;
@@ -328,6 +331,7 @@ impl Cluster {
         ops.extend(defs.iter().map(|(f, r)| Op::delete(TASKDEF, taskdef_key(f, *r), Precondition::Any)));
         ops.extend(services.iter().map(|s| Op::delete(SERVICE, s.as_str(), Precondition::Any)));
         ops.extend(tasks.iter().map(|t| Op::delete(TASK, t.to_string(), Precondition::Any)));
+        ops.extend(self.capacity_provider_deletes()?);
         if ops.is_empty() {
             return Ok(());
         }

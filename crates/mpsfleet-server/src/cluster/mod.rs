@@ -11,6 +11,7 @@ mod agent_reports;
 mod audit;
 pub mod bounds;
 mod call;
+pub mod capacity_providers;
 pub mod catalog;
 mod checks_key;
 mod daemon;

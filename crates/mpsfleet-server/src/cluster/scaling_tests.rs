@@ -138,3 +138,53 @@ fn a_pool_with_scaling_needs_a_host_shape() {
     let e = w.c.update_pool("p", UpdatePool { provider: Some(provider), ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("provider.hostShape"), "{e}");
 }
+
+#[test]
+fn a_capacity_provider_put_on_a_pool_sets_its_scaling_and_follows_updates() {
+    use super::capacity_providers::CapacityProvider;
+    let (mut w, _) = scaling_pool();
+    let cp = CapacityProvider {
+        name: "gpu".into(),
+        auto_scaling_group_arn: "arn:aws:autoscaling:asg".into(),
+        managed_scaling: ManagedScaling {
+            target_capacity: 80,
+            maximum_scaling_step_size: 3,
+            ..Default::default()
+        },
+        managed_termination_protection: "DISABLED".into(),
+        tags: Vec::new(),
+        created_at_ms: 0,
+    };
+    w.c.create_capacity_provider(cp).unwrap();
+    let e = w.c.put_pool_capacity_providers("p", &["nope".into()]).unwrap_err().to_string();
+    assert!(e.contains("capacityProviders") && e.contains("nope"), "{e}");
+    w.c.put_pool_capacity_providers("p", &["gpu".into()]).unwrap();
+    let s = w.c.pool("p").unwrap().provider.unwrap().managed_scaling.unwrap();
+    // ECS's fields from the capacity provider, the host bounds kept from the pool.
+    assert_eq!((s.target_capacity, s.maximum_scaling_step_size, s.min_hosts, s.max_hosts), (80, 3, 1, 10));
+    let updated = ManagedScaling { target_capacity: 60, ..s };
+    w.c.update_capacity_provider("gpu", updated).unwrap();
+    assert_eq!(w.c.pool("p").unwrap().provider.unwrap().managed_scaling.unwrap().target_capacity, 60);
+    let e = w.c.delete_capacity_provider("gpu").unwrap_err().to_string();
+    assert!(e.contains("used by pool p"), "{e}");
+    w.c.put_pool_capacity_providers("p", &[]).unwrap();
+    w.c.delete_capacity_provider("gpu").unwrap();
+    // A pool without a provider cannot take one.
+    w.c.create_pool(CreatePool {
+        name: "bare".into(),
+        mode: Some(OwnershipMode::SelfManaged),
+        ..Default::default()
+    })
+    .unwrap();
+    w.c.create_capacity_provider(CapacityProvider {
+        name: "gpu2".into(),
+        auto_scaling_group_arn: "a".into(),
+        managed_scaling: ManagedScaling::default(),
+        managed_termination_protection: "DISABLED".into(),
+        tags: Vec::new(),
+        created_at_ms: 0,
+    })
+    .unwrap();
+    let e = w.c.put_pool_capacity_providers("bare", &["gpu2".into()]).unwrap_err().to_string();
+    assert!(e.contains("no provider"), "{e}");
+}

@@ -28,6 +28,15 @@ impl Arns {
         self.arn(format_args!("cluster/{pool}"))
     }
 
+    pub fn capacity_provider(&self, name: &str) -> String {
+        self.arn(format_args!("capacity-provider/{name}"))
+    }
+
+    /// A missing capacity provider as ECS names it in a failure: `capacity_provider/NAME`.
+    pub fn missing_capacity_provider(&self, name: &str) -> String {
+        self.arn(format_args!("capacity_provider/{name}"))
+    }
+
     pub fn task_definition(&self, family: &str, revision: u32) -> String {
         self.arn(format_args!("task-definition/{family}:{revision}"))
     }

@@ -11,6 +11,7 @@
 //! built in [`shapes`]; ARNs in [`arn`].
 
 pub mod arn;
+mod capacity;
 mod clusters;
 mod conformance;
 mod error;
@@ -294,6 +295,11 @@ pub const OPERATIONS: &[&str] = &[
     "TagResource",
     "UntagResource",
     "ListTagsForResource",
+    "CreateCapacityProvider",
+    "DescribeCapacityProviders",
+    "UpdateCapacityProvider",
+    "DeleteCapacityProvider",
+    "PutClusterCapacityProviders",
 ];
 
 /// Serves `op`: its answer's JSON.
@@ -331,6 +337,11 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError
         "TagResource" => tags::tag(call, request(body)?).await,
         "UntagResource" => tags::untag(call, request(body)?).await,
         "ListTagsForResource" => tags::list(call, request(body)?).await,
+        "CreateCapacityProvider" => capacity::create(call, request(body)?).await,
+        "DescribeCapacityProviders" => capacity::describe(call, request(body)?).await,
+        "UpdateCapacityProvider" => capacity::update(call, request(body)?).await,
+        "DeleteCapacityProvider" => capacity::delete(call, request(body)?).await,
+        "PutClusterCapacityProviders" => capacity::put_cluster(call, request(body)?).await,
         other => Err(EcsError::unsupported(other)),
     };
     answer.map(|v| v.to_string())

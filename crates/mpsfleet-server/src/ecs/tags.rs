@@ -1,4 +1,4 @@
-//! Tags of clusters, task definitions, services and tasks, named by their ARNs
+//! Tags of clusters, task definitions, services, tasks and capacity providers, named by their ARNs
 //! (`TagResource`, `UntagResource`, `ListTagsForResource`).
 
 use super::*;
@@ -13,7 +13,7 @@ use serde_json::json;
 fn target(arns: &arn::Arns, given: &str) -> Result<(Tagged, Option<String>), EcsError> {
     let unknown = || {
         EcsError::invalid(format!(
-            "resourceArn {given:?} is not the ARN of a cluster, task definition, service or task"
+            "resourceArn {given:?} is not the ARN of a cluster, task definition, service, task or capacity provider"
         ))
     };
     let mut parts = given.splitn(6, ':');
@@ -30,6 +30,7 @@ fn target(arns: &arn::Arns, given: &str) -> Result<(Tagged, Option<String>), Ecs
         "task-definition" => Tagged::TaskDef(last),
         "service" => Tagged::Service(last),
         "task" => Tagged::Task(last),
+        "capacity-provider" => Tagged::CapacityProvider(last),
         _ => return Err(unknown()),
     };
     if account != arns.account {
@@ -45,6 +46,7 @@ fn missing(t: &Tagged) -> Error {
         Tagged::TaskDef(r) => Error::not_found("task definition", r),
         Tagged::Service(s) => Error::not_found("service", s),
         Tagged::Task(id) => Error::not_found("task", id),
+        Tagged::CapacityProvider(n) => Error::not_found("capacity provider", n),
     }
 }
 
@@ -53,7 +55,7 @@ fn check_cluster(c: &Cluster, t: &Tagged, cluster: Option<&str>) -> Result<(), E
     let pool = match t {
         Tagged::Service(s) => c.service(s)?.service.pool.to_string(),
         Tagged::Task(id) => c.task(id)?.pool.to_string(),
-        Tagged::Pool(_) | Tagged::TaskDef(_) => return Ok(()),
+        Tagged::Pool(_) | Tagged::TaskDef(_) | Tagged::CapacityProvider(_) => return Ok(()),
     };
     match cluster {
         Some(cl) if cl != pool => Err(missing(t)),
