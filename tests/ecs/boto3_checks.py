@@ -4,7 +4,8 @@ botocore. Prints one `ok:` line per check; exits non-zero at the first that does
 
 usage: boto3_checks.py ENDPOINT CA_FILE KEYS_JSON
 KEYS_JSON: {"operator": [id, secret], "viewer": [...], "other": [...] (scoped to pool other),
-            "task": ARN of a task of cluster default, "family": a registered family}
+            "task": ARN of a stopped task of cluster default, "family": a registered family,
+            "live": ARN of a running service task of cluster default}
 """
 
 import datetime
@@ -72,3 +73,21 @@ refused("a key scoped to pool other registering a task definition", "AccessDenie
         lambda: other.register_task_definition(family="x", containerDefinitions=[
             {"name": "c", "image": "busybox", "memory": 16}]))
 print("ok: a scoped key reads task definitions and may not register one")
+
+# Task scale-in protection: set, read back with its expiry, ended; a stopped task and a missing
+# one are failures of their own; a viewer may read, not set.
+before = datetime.datetime.now(datetime.timezone.utc)
+got = operator.update_task_protection(cluster="default", tasks=[KEYS["live"], KEYS["task"], "t-00000000000000ff"],
+                                      protectionEnabled=True, expiresInMinutes=30)
+assert [t["taskArn"] for t in got["protectedTasks"]] == [KEYS["live"]], got
+expires = got["protectedTasks"][0]["expirationDate"]
+assert datetime.timedelta(minutes=29) < expires - before < datetime.timedelta(minutes=31), expires
+reasons = sorted(f["reason"] for f in got["failures"])
+assert reasons == ["MISSING", "TASK_NOT_VALID"], got["failures"]
+read = viewer.get_task_protection(cluster="default", tasks=[KEYS["live"]])["protectedTasks"]
+assert read[0]["protectionEnabled"] is True and read[0]["expirationDate"] == expires, read
+refused("UpdateTaskProtection with a viewer key", "AccessDeniedException",
+        lambda: viewer.update_task_protection(cluster="default", tasks=[KEYS["live"]], protectionEnabled=False))
+off = operator.update_task_protection(cluster="default", tasks=[KEYS["live"]], protectionEnabled=False)
+assert off["protectedTasks"][0]["protectionEnabled"] is False, off
+print("ok: task protection is set with its expiry, read back, refused to a viewer and ended")

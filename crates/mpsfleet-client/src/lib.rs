@@ -390,6 +390,11 @@ impl Client {
         self.send(Method::POST, &format!("/v1/tasks/{}/stop", seg(id)), &StopTask { reason }).await
     }
 
+    /// Protects a task from its service's scale-in and deployments for `minutes`, or ends that.
+    pub async fn protect_task(&self, id: &str, req: &mpsfleet_types::ProtectTask) -> Result<Task> {
+        self.send(Method::POST, &format!("/v1/tasks/{}/protection", seg(id)), req).await
+    }
+
     /// The tail of a task container's stdout, stderr or both interleaved (fetched by the
     /// server from its agent), with `since_ms` only what was written after that time; or,
     /// when the agent cannot be asked, the last output snapshot it reported. The answer says

@@ -468,6 +468,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         describe_task,
         task_events,
         stop_task,
+        protect_task,
         task_logs,
         create_service,
         list_services,
@@ -540,6 +541,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))
+        .route("/v1/tasks/{id}/protection", post(protect_task))
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/services", post(create_service).get(list_services))

@@ -322,6 +322,9 @@ pub struct PoolState {
     pub deployments: BTreeMap<&'static str, i64>,
     pub incidents: BTreeMap<&'static str, i64>,
     pub storm_breaker_tripped: bool,
+    /// With managed scaling: the provider's desired hosts and the last reservation computed
+    /// (hosts needed as a percentage of hosts in the pool).
+    pub scaling: Option<(i64, i64)>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -399,6 +402,8 @@ pub fn render(state: &State, live: &Live) -> String {
     let deployments = Family::<PoolStatus, Gauge>::default();
     let incidents = Family::<PoolStatus, Gauge>::default();
     let storm = Family::<PoolLabels, Gauge>::default();
+    let scaling_desired = Family::<PoolLabels, Gauge>::default();
+    let reservation = Family::<PoolLabels, Gauge>::default();
     for (name, p) in &state.pools {
         let l = PoolLabels { pool: name.clone() };
         let at = |status: &'static str| PoolStatus { pool: name.clone(), status };
@@ -435,6 +440,10 @@ pub fn render(state: &State, live: &Live) -> String {
             incidents.get_or_create(&at(s)).set(p.incidents.get(s).copied().unwrap_or(0));
         }
         storm.get_or_create(&l).set(i64::from(p.storm_breaker_tripped));
+        if let Some((d, r)) = p.scaling {
+            scaling_desired.get_or_create(&l).set(d);
+            reservation.get_or_create(&l).set(r);
+        }
     }
     r.register("mpsfleet_hosts", "Hosts, by lifecycle status and health", hosts);
     r.register("mpsfleet_gpus", "GPUs of the pool's hosts, by sharing mode", gpus);
@@ -448,6 +457,16 @@ pub fn render(state: &State, live: &Live) -> String {
     r.register("mpsfleet_mps_clients", "MPS clients placed (tasks on MPS GPUs)", clients);
     r.register("mpsfleet_tasks", "Tasks kept, by last status", tasks);
     r.register("mpsfleet_tasks_pending", "Tasks waiting for placement, by reason code", pending);
+    r.register(
+        "mpsfleet_scaling_desired_hosts",
+        "Hosts managed scaling keeps in the pool (its provider's desiredHosts)",
+        scaling_desired,
+    );
+    r.register(
+        "mpsfleet_scaling_reservation_percent",
+        "Managed scaling's last reservation: hosts needed (with work, or for waiting tasks) per 100 hosts in the pool",
+        reservation,
+    );
     r.register("mpsfleet_service_desired_tasks", "A service's desired count", desired);
     r.register("mpsfleet_service_running_tasks", "A service's tasks that are RUNNING", running);
     r.register(

@@ -25,7 +25,16 @@ pub struct TaskLabels {
     pub group: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<Tag>,
+    /// Scale-in protection (ECS's task protection) until this time: its service neither
+    /// scales it in nor replaces it in a deployment before then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_until_ms: Option<u64>,
 }
+
+/// The longest scale-in protection one call gives, in minutes (ECS's: 48 hours).
+pub const MAX_PROTECTION_MINUTES: u32 = 2_880;
+/// Scale-in protection when a call gives no time, in minutes (ECS's: 2 hours).
+pub const DEFAULT_PROTECTION_MINUTES: u32 = 120;
 
 impl TaskLabels {
     pub fn is_empty(&self) -> bool {

@@ -305,6 +305,11 @@ impl Task {
         self.labels.as_ref().map_or(&[], |l| l.tags.as_slice())
     }
 
+    /// Until when the task is protected from scale-in, if it still is at `now_ms`.
+    pub fn protected_until(&self, now_ms: u64) -> Option<u64> {
+        self.labels.as_ref().and_then(|l| l.protected_until_ms).filter(|&t| t > now_ms)
+    }
+
     /// Whether the task holds GPU capacity: placed and not yet stopped.
     pub fn holds_capacity(&self) -> bool {
         self.host_id.is_some() && self.last_status != TaskStatus::Stopped
@@ -343,6 +348,17 @@ pub struct RunTask {
 pub struct StopTask {
     #[serde(default)]
     pub reason: Option<String>,
+}
+
+/// Body of `POST /v1/tasks/{id}/protection` (ECS's task scale-in protection).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProtectTask {
+    /// True protects the task; false ends its protection.
+    pub protection_enabled: bool,
+    /// For how long: 1 to 2880 minutes, default 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_minutes: Option<u32>,
 }
 
 /// What an agent reports about one of its tasks.

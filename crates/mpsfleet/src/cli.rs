@@ -115,6 +115,18 @@ pub enum TaskCommand {
         /// The task's id.
         id: String,
     },
+    /// Protect a task from its service's scale-in and deployments for a while (ECS's task
+    /// scale-in protection), or end that with --off.
+    Protect {
+        /// The task's id.
+        id: String,
+        /// For how many minutes, 1 to 2880.
+        #[arg(long, default_value_t = 120)]
+        minutes: u32,
+        /// End the task's protection now.
+        #[arg(long, conflicts_with = "minutes")]
+        off: bool,
+    },
     /// Stop a task (its containers get SIGTERM, then SIGKILL after their stopTimeout).
     Stop {
         /// The task's id.
@@ -906,6 +918,17 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             let bytes = tail.map_or(limit_bytes, |n| limit_bytes.max(n as u64 * 1024)).min(MAX_LOG_BYTES);
             let logs = LogsAsk { container: container.as_deref(), stream, bytes, lines: tail };
             task_logs(c, f, &id, logs, follow).await?;
+        }
+        TaskCommand::Protect { id, minutes, off } => {
+            let req = ProtectTask { protection_enabled: !off, expires_in_minutes: (!off).then_some(minutes) };
+            let t = c.protect_task(&id, &req).await?;
+            output::print(f, &t, &TASK_HEADERS, task_rows(std::slice::from_ref(&t)));
+            if !f.is_data() {
+                match t.labels.as_ref().and_then(|l| l.protected_until_ms) {
+                    Some(ms) => println!("protected until {}", mpsfleet_types::time::utc(ms)),
+                    None => println!("not protected"),
+                }
+            }
         }
         TaskCommand::Stop { id, reason, wait } => {
             let t = c.stop_task(&id, reason).await?;

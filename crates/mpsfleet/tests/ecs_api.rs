@@ -341,9 +341,11 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
     // boto3's refusals.
     let viewer = key(Role::Viewer, None).await;
     let other = key(Role::Operator, Some("other")).await;
+    let web_tasks = aws.ecs(&["list-tasks", "--service-name", "web"]);
+    let live = web_tasks["taskArns"][0].as_str().unwrap().to_string();
     let keys = json!({
         "operator": [operator.0, operator.1], "viewer": [viewer.0, viewer.1], "other": [other.0, other.1],
-        "task": task_arn, "family": "mps-infer",
+        "task": task_arn, "family": "mps-infer", "live": live,
     });
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new(env.join("sdk/bin/python"))

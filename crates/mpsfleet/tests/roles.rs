@@ -58,6 +58,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/tasks", Open::Role(Role::Viewer)),
     ("GET", "/v1/tasks/{id}", Open::Role(Role::Viewer)),
     ("POST", "/v1/tasks/{id}/stop", Open::Role(Role::Operator)),
+    ("POST", "/v1/tasks/{id}/protection", Open::Role(Role::Operator)),
     ("GET", "/v1/tasks/{id}/logs", Open::Role(Role::Viewer)),
     ("GET", "/v1/tasks/{id}/events", Open::Role(Role::Viewer)),
     ("POST", "/v1/services", Open::Role(Role::Operator)),

@@ -112,6 +112,31 @@ pub(super) async fn task_events(
 
 #[utoipa::path(
     post,
+    path = "/v1/tasks/{id}/protection",
+    tag = "tasks",
+    summary = "Protect a task from its service's scale-in and deployments, or end that.",
+    request_body = ProtectTask,
+    params(("id" = String, Path, description = "A task id (t- and 16 hex digits).")),
+    responses((status = 200, description = "OK.", body = Task), crate::openapi::Errors)
+)]
+pub(super) async fn protect_task(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Task>, ApiError> {
+    let req: ProtectTask = parse(&body)?;
+    Ok(Json(
+        st.call(&headers, operator, Touch::Object(Kind::Task, id.clone()), move |c, _| {
+            let mut done = c.protect_tasks(&[id], req.protection_enabled, req.expires_in_minutes)?;
+            Ok(done.remove(0))
+        })
+        .await?,
+    ))
+}
+
+#[utoipa::path(
+    post,
     path = "/v1/tasks/{id}/stop",
     tag = "tasks",
     summary = "Stop a task.",

@@ -75,6 +75,10 @@ impl Cluster {
                 &pool.value.remediation_policy,
             );
             at(pools, name).storm_breaker_tripped = u64::from(counts.unhealthy) > allowed;
+            if let Some(prov) = pool.value.provider.as_ref().filter(|p| p.scaling().is_some()) {
+                let reservation = self.work.scaling.get(name).map_or(0, |m| m.reservation_percent);
+                at(pools, name).scaling = Some((i64::from(prov.desired_hosts), reservation as i64));
+            }
         }
         state
     }

@@ -29,6 +29,7 @@ pub use logs::AgentEndpoint;
 mod operator;
 mod placement;
 mod pools;
+mod protection;
 mod providers;
 use pools::pool_config;
 pub use providers::ProviderContext;
@@ -183,6 +184,7 @@ fn run_labels(req: &RunTask, td: &TaskDefinition) -> Result<Option<Box<TaskLabel
         started_by: req.started_by.clone(),
         group: req.group.clone(),
         tags: req.tags.clone(),
+        protected_until_ms: None,
     };
     Ok((!labels.is_empty()).then(|| Box::new(labels)))
 }

@@ -41,6 +41,8 @@ pub(crate) struct ScalingMemory {
     empty_since: HashMap<HostId, u64>,
     /// The last decision in words, and when: shown by `pool explain`.
     pub(crate) last: Option<(u64, String)>,
+    /// The last reservation computed: hosts needed per 100 hosts in the pool (`/metrics`).
+    pub(crate) reservation_percent: u64,
 }
 
 impl Cluster {
@@ -128,6 +130,8 @@ impl Cluster {
         };
         let mem = self.work.scaling.entry(pool.clone()).or_default();
         mem.last = Some((now, why.clone()));
+        let have = u64::from(input.hosts + input.launching);
+        mem.reservation_percent = u64::from(input.busy + input.packing.hosts) * 100 / have.max(1);
         if let ScaleStep::Out { .. } = step {
             mem.last_step_ms = Some(now);
         }

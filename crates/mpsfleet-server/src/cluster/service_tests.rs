@@ -673,3 +673,32 @@ fn of_web(c: &Cluster) -> Vec<Task> {
         .filter(|t| t.desired_status != TaskStatus::Stopped)
         .collect()
 }
+
+/// A protected task is neither scaled in nor replaced until its protection ends; then it is.
+#[test]
+fn a_protected_task_outlives_scale_in_and_deployments_until_it_expires() {
+    let (mut w, _) = world(3);
+    service(&mut w, 3, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let name = ServiceName::new("web").unwrap();
+    let ids: Vec<TaskId> = w.c.state.tasks().of_service(&name).iter().copied().collect();
+    let kept = ids[0].to_string();
+    w.c.protect_tasks(std::slice::from_ref(&kept), true, Some(10)).unwrap();
+    let e = w.c.protect_tasks(&[kept.clone()], true, Some(0)).unwrap_err().to_string();
+    assert!(e.contains("expiresInMinutes"), "{e}");
+
+    w.c.update_service("web", UpdateService { desired_count: Some(1), ..Default::default() }).unwrap();
+    agents(&mut w, |_| false, &mut |_| {});
+    let live =
+        |w: &World| w.c.state.tasks().of_service(&name).iter().map(|t| t.to_string()).collect::<Vec<_>>();
+    assert_eq!(live(&w), [kept.clone()], "scale-in stops the unprotected ones");
+    update(&mut w, "app:2");
+    agents(&mut w, |_| false, &mut |_| {});
+    assert!(live(&w).contains(&kept), "a deployment does not replace it while protected");
+    // Ten minutes on: the service's wake-up replaces it.
+    w.advance(10 * 60_000 + 1);
+    w.c.run_work();
+    agents(&mut w, |_| false, &mut |_| {});
+    assert!(!live(&w).contains(&kept), "{:?}", live(&w));
+    assert_eq!(counts(&w.c), (1, 1));
+}

@@ -428,7 +428,15 @@ impl Cluster {
                 Rebalance::Nothing => {}
             }
         }
-        let plan = deployment::plan(bounds, &replicas, may_start);
+        let mut plan = deployment::plan(bounds, &replicas, may_start);
+        // A protected task stays until its protection ends; the service looks again then.
+        plan.stop.retain(|(id, _)| match self.state.tasks().get(id).and_then(|e| e.task.protected_until(now)) {
+            Some(until) => {
+                wake = Some(wake.map_or(until, |w| w.min(until)));
+                false
+            }
+            None => true,
+        });
         let unchanged = plan.stop.is_empty() && plan.start == 0;
 
         let mut to_stop = Vec::with_capacity(plan.stop.len());

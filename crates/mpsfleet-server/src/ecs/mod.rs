@@ -17,6 +17,7 @@ mod conformance;
 mod error;
 mod instances;
 mod page;
+mod protection;
 mod services;
 mod shapes;
 mod tags;
@@ -262,7 +263,7 @@ async fn read_body(ecs: &Ecs, body: Body) -> Result<axum::body::Bytes, EcsError>
 
 /// Whether an operation only reads.
 fn is_read(op: &str) -> bool {
-    op.starts_with("Describe") || op.starts_with("List")
+    op.starts_with("Describe") || op.starts_with("List") || op.starts_with("Get")
 }
 
 /// The operations served, by name.
@@ -300,6 +301,8 @@ pub const OPERATIONS: &[&str] = &[
     "UpdateCapacityProvider",
     "DeleteCapacityProvider",
     "PutClusterCapacityProviders",
+    "UpdateTaskProtection",
+    "GetTaskProtection",
 ];
 
 /// Serves `op`: its answer's JSON.
@@ -342,6 +345,8 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError
         "UpdateCapacityProvider" => capacity::update(call, request(body)?).await,
         "DeleteCapacityProvider" => capacity::delete(call, request(body)?).await,
         "PutClusterCapacityProviders" => capacity::put_cluster(call, request(body)?).await,
+        "UpdateTaskProtection" => protection::update(call, request(body)?).await,
+        "GetTaskProtection" => protection::get(call, request(body)?).await,
         other => Err(EcsError::unsupported(other)),
     };
     answer.map(|v| v.to_string())

@@ -171,7 +171,7 @@ pub(super) struct Stop {
 }
 
 /// The id a task's name or ARN gives, checked to be in `pool`.
-fn task_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<Task> {
+pub(super) fn task_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<Task> {
     let id = arns.short("task", given)?;
     c.task(id).ok().filter(|t| t.pool.as_str() == pool)
 }
