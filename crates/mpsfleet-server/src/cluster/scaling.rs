@@ -226,6 +226,26 @@ impl Cluster {
         self.work.scaling.get(pool).and_then(|m| m.last.clone())
     }
 
+    /// What a waiting task's reason adds in a scaling pool: the hosts being launched for it,
+    /// or that the pool is at its most hosts. Empty for other pools.
+    pub(super) fn scaling_note(&self, pool: &PoolName) -> String {
+        let Some(p) = self.state.pools().get(pool) else { return String::new() };
+        let Some((prov, m)) = p.value.provider.as_ref().and_then(|prov| Some((prov, prov.scaling()?))) else {
+            return String::new();
+        };
+        // Launches still in flight: their host has not registered yet.
+        let launching = self.work.capacity_launches.get(pool).map_or(0, |l| {
+            l.iter().filter(|name| !self.state.hosts().iter().any(|h| &h.host().hostname == *name)).count()
+        });
+        if launching > 0 {
+            format!("; managed scaling is launching {launching} host(s)")
+        } else if prov.desired_hosts >= m.max_hosts {
+            format!("; the pool is at its maxHosts ({})", m.max_hosts)
+        } else {
+            String::new()
+        }
+    }
+
     /// A task waits in `pool`: a scaling pool looks at its demand now.
     pub(super) fn ask_scaling(&mut self, pool: &PoolName) {
         let scales = (self.state.pools().get(pool))

@@ -188,3 +188,21 @@ fn a_capacity_provider_put_on_a_pool_sets_its_scaling_and_follows_updates() {
     let e = w.c.put_pool_capacity_providers("bare", &["gpu2".into()]).unwrap_err().to_string();
     assert!(e.contains("no provider"), "{e}");
 }
+
+#[test]
+fn a_pool_at_its_most_hosts_says_so_in_the_waiting_tasks_reason() {
+    let (mut w, mut hosts) = scaling_pool();
+    let mut p = w.c.pool("p").unwrap().provider.unwrap();
+    p.managed_scaling.as_mut().unwrap().max_hosts = 2;
+    w.c.update_pool("p", UpdatePool { provider: Some(p), ..Default::default() }).unwrap();
+    run(&mut w, "m70", 8);
+    boot(&mut w, &mut hosts, 15);
+    assert_eq!(hosts.len(), 2, "grown to maxHosts only");
+    let waiting: Vec<String> =
+        w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() })
+            .into_iter()
+            .filter(|t| t.host_id.is_none())
+            .filter_map(|t| t.pending_reason)
+            .collect();
+    assert!(!waiting.is_empty() && waiting.iter().all(|r| r.contains("at its maxHosts (2)")), "{waiting:?}");
+}
