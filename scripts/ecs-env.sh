@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The AWS CLI, boto3 and moto's ECS test suite, from PyPI at pinned versions, for the tests of
 # the ECS-compatible API; in target/ecs-env, nothing installed system-wide:
-#   sdk/        boto3 and botocore 1.44.8 (they model MPS's sharingStrategy), pytest, moto
+#   sdk/        boto3 and botocore 1.44.8 (they model MPS's sharingStrategy), pytest, moto, and
+#               flask and flask-cors for moto_server (the EC2 provider's tests run moto as a server)
 #   cli/        the AWS CLI 1.46.3 (its own botocore 1.43 does not: see docs/ecs-api.md)
 #   moto-tests/ moto's tests/test_ecs from its source distribution
 #   ecs-model/  botocore 1.44.8's ECS model, for `aws configure add-model`
@@ -13,6 +14,8 @@ BOTOCORE=1.44.8
 MOTO=5.2.5
 PYTEST=9.2.0
 AWSCLI=1.46.3
+FLASK=3.1.3
+FLASK_CORS=6.0.5
 DIR="$PWD/target/ecs-env"
 mkdir -p "$DIR"
 
@@ -32,7 +35,8 @@ venv() { # venv NAME PACKAGES...
   echo "$*" > "$stamp"
 }
 
-venv sdk "boto3==$BOTOCORE" "botocore==$BOTOCORE" "pytest==$PYTEST" "moto==$MOTO"
+venv sdk "boto3==$BOTOCORE" "botocore==$BOTOCORE" "pytest==$PYTEST" "moto==$MOTO" \
+  "flask==$FLASK" "flask-cors==$FLASK_CORS"
 venv cli "awscli==$AWSCLI"
 
 if [[ ! -f "$DIR/moto-tests/.version" || "$(cat "$DIR/moto-tests/.version")" != "$MOTO" ]]; then

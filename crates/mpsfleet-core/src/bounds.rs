@@ -20,7 +20,7 @@ use mpsfleet_types::{OwnershipMode, Pool};
 pub fn default_launch_timeout_seconds(kind: ProviderKind) -> u32 {
     match kind {
         ProviderKind::Local => 60,
-        ProviderKind::Exec => 600,
+        ProviderKind::Exec | ProviderKind::AwsEc2 => 600,
     }
 }
 

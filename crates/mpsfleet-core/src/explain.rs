@@ -245,6 +245,10 @@ fn provider_detail(p: &Provider) -> String {
             .into(),
         (ProviderKind::Exec, Some(name)) => format!("runs the server's exec provider {name}"),
         (ProviderKind::Exec, None) => "no exec provider named (set provider.name)".into(),
+        (ProviderKind::AwsEc2, Some(name)) => {
+            format!("EC2 instances, launched through EC2's API by the server's aws-ec2 provider {name}")
+        }
+        (ProviderKind::AwsEc2, None) => "no aws-ec2 provider named (set provider.name)".into(),
     }
 }
 

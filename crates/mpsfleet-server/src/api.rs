@@ -280,8 +280,11 @@ pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
                     let mut req = c.launch_request(pool, name);
                     // A new host joins with a token for it alone (its incident's replacement
                     // token, or its launch token), never with the join token.
-                    if let ProviderJob::Launch { token: Some(t), .. } = &job {
-                        req.join_token = c.join_string(&t.0);
+                    if let ProviderJob::Launch { token, incident, .. } = &job {
+                        if let Some(t) = token {
+                            req.join_token = c.join_string(&t.0);
+                        }
+                        req.incident = incident.clone();
                     }
                     (c.provider_for(pool), req)
                 };

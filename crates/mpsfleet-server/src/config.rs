@@ -1,15 +1,17 @@
 //! The server's configuration file (`mpsfleet server --config FILE`): what the server runs on
 //! its own host, which the API may choose among but never supply. Today that is the exec
-//! capacity providers, by name (docs/providers.md):
+//! capacity providers and the EC2 ones, by name (docs/providers.md):
 //!
 //! ```json
 //! {"providers": {"ec2": {"launch": ["/usr/local/bin/gpu-hosts", "launch"],
 //!                        "terminate": ["/usr/local/bin/gpu-hosts", "terminate"],
 //!                        "describe": ["/usr/local/bin/gpu-hosts", "describe"],
-//!                        "timeoutSeconds": 120, "passEnv": ["AWS_PROFILE"]}}}
+//!                        "timeoutSeconds": 120, "passEnv": ["AWS_PROFILE"]}},
+//!  "ec2Providers": {"gpu": {"region": "us-east-1",
+//!                           "launchTemplate": {"name": "gpu-host", "version": "$Latest"}}}}
 //! ```
 
-use crate::provider::{ExecConfig, DEFAULT_TIMEOUT};
+use crate::provider::{Ec2Config, ExecConfig, DEFAULT_TIMEOUT};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ pub const MAX_TIMEOUT_SECONDS: u64 = 3600;
 pub struct ServerConfig {
     /// Exec providers by name.
     pub providers: BTreeMap<String, ExecConfig>,
+    /// EC2 providers (`ec2Providers`) by name.
+    pub ec2_providers: BTreeMap<String, Ec2Config>,
 }
 
 #[derive(Deserialize)]
@@ -32,6 +36,10 @@ pub struct ServerConfig {
 struct FileConfig {
     #[serde(default)]
     providers: BTreeMap<String, FileProvider>,
+    /// Read as they are (the type refuses unknown fields), then checked with
+    /// [`Ec2Config::validate`].
+    #[serde(default)]
+    ec2_providers: BTreeMap<String, Ec2Config>,
 }
 
 #[derive(Deserialize)]
@@ -118,7 +126,16 @@ impl ServerConfig {
             config.validate().map_err(|e| (format!("{field}.{}", e.field), e.message))?;
             providers.insert(name, config);
         }
-        Ok(ServerConfig { providers })
+        let mut ec2_providers = BTreeMap::new();
+        for (name, config) in file.ec2_providers {
+            let field = format!("ec2Providers.{name}");
+            if let Some(problem) = mpsfleet_types::policy::provider_name_problem(&name) {
+                return Err((field, format!("the name {problem}")));
+            }
+            config.validate().map_err(|e| (format!("{field}.{}", e.field), e.message))?;
+            ec2_providers.insert(name, config);
+        }
+        Ok(ServerConfig { providers, ec2_providers })
     }
 }
 
@@ -167,6 +184,62 @@ mod tests {
         let (field, message) = ServerConfig::parse(br#"{"provider": {}}"#).unwrap_err();
         assert_eq!(field, "");
         assert!(message.contains("unknown field `provider`"), "{message}");
+    }
+
+    #[test]
+    fn config_ec2_providers_are_read_and_checked() {
+        let c = ServerConfig::parse(
+            br#"{"ec2Providers": {"gpu": {"region": "us-east-1", "instanceType": "g5.xlarge",
+                "imageId": "ami-0abc", "subnetId": "subnet-1", "securityGroupIds": ["sg-1"],
+                "keyName": "ops", "iamInstanceProfile": "mpsfleet-host", "profile": "fleet",
+                "agentCommand": "/usr/local/bin/mpsfleet agent --data-dir /var/lib/mpsfleet",
+                "tags": {"Team": "ml"}},
+              "tmpl": {"region": "eu-west-1", "endpointUrl": "http://127.0.0.1:5000",
+                "launchTemplate": {"name": "gpu-host", "version": "$Latest"}}}}"#,
+        )
+        .unwrap();
+        assert!(c.providers.is_empty());
+        let gpu = &c.ec2_providers["gpu"];
+        assert_eq!(gpu.instance_type.as_deref(), Some("g5.xlarge"));
+        assert_eq!(gpu.tags["Team"], "ml");
+        assert_eq!(gpu.agent_command()[0], "/usr/local/bin/mpsfleet");
+        let tmpl = &c.ec2_providers["tmpl"];
+        assert_eq!(tmpl.launch_template.as_ref().and_then(|t| t.name.as_deref()), Some("gpu-host"));
+        assert_eq!(tmpl.endpoint_url(), "http://127.0.0.1:5000");
+
+        refused(
+            r#"{"ec2Providers": {"gpu": {"region": "us-east-1", "imageId": "ami-1"}}}"#,
+            "ec2Providers.gpu.instanceType",
+            "required without launchTemplate",
+        );
+        refused(
+            r#"{"ec2Providers": {"gpu": {"instanceType": "g5.xlarge", "imageId": "ami-1"}}}"#,
+            "ec2Providers.gpu.region",
+            "required (for example us-east-1)",
+        );
+        refused(
+            r#"{"ec2Providers": {"GPU": {"region": "us-east-1", "launchTemplate": {"id": "lt-1"}}}}"#,
+            "ec2Providers.GPU",
+            "the name must be 1 to 64 characters of a-z, 0-9, '-', '_' and '.', got \"GPU\"",
+        );
+        refused(
+            r#"{"ec2Providers": {"gpu": {"region": "us-east-1", "launchTemplate": {"id": "lt-1"},
+                "endpointUrl": "http://10.0.0.1:5000"}}}"#,
+            "ec2Providers.gpu.endpointUrl",
+            "must be https://…, or http:// to 127.0.0.1 or localhost (for tests), got \"http://10.0.0.1:5000\"",
+        );
+        refused(
+            r#"{"ec2Providers": {"gpu": {"region": "us-east-1", "launchTemplate": {"id": "lt-1"},
+                "tags": {"aws:x": "y"}}}}"#,
+            "ec2Providers.gpu.tags.aws:x",
+            "keys starting with aws: or mpsfleet: are reserved",
+        );
+        let (field, message) = ServerConfig::parse(
+            br#"{"ec2Providers": {"gpu": {"region": "us-east-1", "instancetype": "g5.xlarge"}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(field, "");
+        assert!(message.contains("unknown field `instancetype`"), "{message}");
     }
 
     #[test]

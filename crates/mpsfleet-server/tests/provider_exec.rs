@@ -17,6 +17,7 @@ fn request(name: &str) -> LaunchRequest {
         server: "http://10.0.0.5:7070".into(),
         join_token: "join-s3cret".into(),
         agent_args: vec!["--mps-probe-timeout-ms".into(), "2000".into()],
+        incident: String::new(),
     }
 }
 

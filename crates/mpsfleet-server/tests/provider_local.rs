@@ -46,6 +46,7 @@ fn local_provider_launches_describes_and_terminates_an_agent() {
         server: "http://127.0.0.1:7070".into(),
         join_token: "tok".into(),
         agent_args: vec!["--mps-model".into()],
+        incident: String::new(),
     };
     let launched = p.launch(&req).unwrap();
     assert_eq!(launched.state, ProviderHostState::Running);

@@ -18,6 +18,7 @@ fn request(name: &str) -> LaunchRequest {
         server: "http://10.0.0.5:7070".into(),
         join_token: "t".into(),
         agent_args: vec![],
+        incident: String::new(),
     }
 }
 

@@ -158,6 +158,9 @@ pub enum ProviderKind {
     Local,
     /// Operator-supplied commands.
     Exec,
+    /// EC2 instances, launched through EC2's API by the server.
+    #[serde(rename = "aws-ec2")]
+    AwsEc2,
 }
 
 impl ProviderKind {
@@ -165,7 +168,13 @@ impl ProviderKind {
         match self {
             ProviderKind::Local => "local",
             ProviderKind::Exec => "exec",
+            ProviderKind::AwsEc2 => "aws-ec2",
         }
+    }
+
+    /// Whether the kind names one of the server's configured providers (`provider.name`).
+    pub fn is_named(self) -> bool {
+        matches!(self, ProviderKind::Exec | ProviderKind::AwsEc2)
     }
 }
 
@@ -188,8 +197,9 @@ pub const MAX_PROVIDER_NAME: usize = 64;
 pub struct Provider {
     pub kind: ProviderKind,
     /// For `exec`: which of the exec providers in the server's configuration file
-    /// (`providers.<name>`) launches the pool's hosts. The API chooses among them; it never
-    /// supplies commands.
+    /// (`providers.<name>`) launches the pool's hosts; for `aws-ec2`, which of its EC2
+    /// providers (`ec2Providers.<name>`). The API chooses among them; it never supplies
+    /// commands or cloud settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Commands an older server stored in the pool; refused in requests.
@@ -206,7 +216,7 @@ pub struct Provider {
     /// How long a launch may take, from the request to the new host joining, before it counts
     /// as failed: the incident is BLOCKED until `host replace` asks again (a host that joins
     /// later still becomes the replacement). 10 to 3600; default 60 for `local`, 600 for
-    /// `exec`. The pool's replace bound is built from it.
+    /// `exec` and `aws-ec2`. The pool's replace bound is built from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_timeout_seconds: Option<u32>,
     /// The host count follows the pool's demand (needs `hostShape`): `desiredHosts` is then
@@ -277,7 +287,10 @@ impl Provider {
         }
         match (self.kind, &self.name) {
             (ProviderKind::Local, Some(_)) => {
-                return Err(err("provider.name", "only allowed when provider.kind is \"exec\"".into()));
+                return Err(err(
+                    "provider.name",
+                    "only allowed when provider.kind is \"exec\" or \"aws-ec2\"".into(),
+                ));
             }
             (ProviderKind::Exec, None) => {
                 return Err(err(
@@ -287,7 +300,15 @@ impl Provider {
                         .into(),
                 ));
             }
-            (ProviderKind::Exec, Some(name)) => {
+            (ProviderKind::AwsEc2, None) => {
+                return Err(err(
+                    "provider.name",
+                    "required when provider.kind is \"aws-ec2\": the name of an EC2 provider in the \
+                     server's configuration file (ec2Providers.<name>)"
+                        .into(),
+                ));
+            }
+            (ProviderKind::Exec | ProviderKind::AwsEc2, Some(name)) => {
                 if let Some(problem) = provider_name_problem(name) {
                     return Err(err("provider.name", problem));
                 }
@@ -316,7 +337,7 @@ impl Provider {
     }
 }
 
-/// Why `name` cannot name an exec provider: 1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`.
+/// Why `name` cannot name an exec or EC2 provider: 1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`.
 pub fn provider_name_problem(name: &str) -> Option<String> {
     let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.');
     if name.is_empty() || name.len() > MAX_PROVIDER_NAME || !name.chars().all(ok) {
@@ -463,7 +484,20 @@ mod tests {
         check(p(json!({"kind": "local", "exec": exec})), Some(("provider.exec", no_commands)));
         check(
             p(json!({"kind": "local", "name": "x"})),
-            Some(("provider.name", "only allowed when provider.kind is \"exec\"")),
+            Some(("provider.name", "only allowed when provider.kind is \"exec\" or \"aws-ec2\"")),
+        );
+        check(p(json!({"kind": "aws-ec2", "name": "gpu"})), None);
+        check(
+            p(json!({"kind": "aws-ec2"})),
+            Some((
+                "provider.name",
+                "required when provider.kind is \"aws-ec2\": the name of an EC2 provider in the \
+                 server's configuration file (ec2Providers.<name>)",
+            )),
+        );
+        check(
+            p(json!({"kind": "aws-ec2", "name": "Bad"})),
+            Some(("provider.name", "must be 1 to 64 characters of a-z, 0-9, '-', '_' and '.', got \"Bad\"")),
         );
         check(
             p(json!({"kind": "exec"})),
@@ -480,6 +514,18 @@ mod tests {
                 "must be 1 to 64 characters of a-z, 0-9, '-', '_' and '.', got \"Bad Name\"",
             )),
         );
+    }
+
+    #[test]
+    fn provider_kinds_keep_their_spelling() {
+        for (kind, text) in
+            [(ProviderKind::Local, "local"), (ProviderKind::Exec, "exec"), (ProviderKind::AwsEc2, "aws-ec2")]
+        {
+            assert_eq!(serde_json::to_value(kind).unwrap(), json!(text));
+            assert_eq!(serde_json::from_value::<ProviderKind>(json!(text)).unwrap(), kind);
+            assert_eq!(kind.as_str(), text);
+        }
+        assert!(serde_json::from_value::<ProviderKind>(json!("awsec2")).is_err());
     }
 
     #[test]

@@ -251,6 +251,7 @@ pub(crate) async fn lead(
     cluster.set_provider_context(mpsfleet_server::cluster::ProviderContext {
         server_url: ha.as_ref().map_or_else(|| format!("{scheme}://{addr}"), |h| h.me.url.clone()),
         exec_providers: config.providers,
+        ec2_providers: config.ec2_providers,
         exe: std::env::current_exe().context("cannot find this program's path")?,
         hosts_dir: args.data_dir.join("hosts"),
         local_agent_args: args.local_agent_args.split_whitespace().map(String::from).collect(),

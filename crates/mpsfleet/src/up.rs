@@ -252,6 +252,7 @@ async fn up(args: UpArgs) -> Result<()> {
     opened.cluster.set_provider_context(ProviderContext {
         server_url: url.clone(),
         exec_providers: Default::default(),
+        ec2_providers: Default::default(),
         exe,
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
@@ -301,6 +302,7 @@ async fn up(args: UpArgs) -> Result<()> {
             server: url.clone(),
             join_token: join_token.clone(),
             agent_args: Vec::new(),
+            incident: String::new(),
         })?;
     }
 

@@ -103,26 +103,36 @@ impl Cluster {
         Ok(pool)
     }
 
-    /// An exec provider a pool names is one of the server's configuration.
+    /// An exec or aws-ec2 provider a pool names is one of the server's configuration.
     pub(super) fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
-        let Some(name) = pool.provider.as_ref().and_then(|p| p.name.as_ref()) else { return Ok(()) };
-        let known: Vec<&str> = self
-            .providers
-            .ctx
-            .as_ref()
-            .map(|c| c.exec_providers.keys().map(String::as_str).collect())
-            .unwrap_or_default();
+        let Some(provider) = pool.provider.as_ref() else { return Ok(()) };
+        let Some(name) = provider.name.as_ref() else { return Ok(()) };
+        let ctx = self.providers.ctx.as_ref();
+        let (what, known): (&str, Vec<&str>) = match provider.kind {
+            ProviderKind::AwsEc2 => (
+                "aws-ec2 provider",
+                ctx.map(|c| c.ec2_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
+            ),
+            // A name with `local` is refused by the pool's own validation.
+            ProviderKind::Exec | ProviderKind::Local => (
+                "exec provider",
+                ctx.map(|c| c.exec_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
+            ),
+        };
         if known.contains(&name.as_str()) {
             return Ok(());
         }
-        let configured = if known.is_empty() {
-            "it has none (start it with --config FILE, see docs/providers.md)".to_string()
-        } else {
-            format!("it has {}", known.join(", "))
+        let configured = match (known.is_empty(), provider.kind) {
+            (true, ProviderKind::AwsEc2) => {
+                "it has none (define ec2Providers in the file of --config FILE, see docs/providers.md)"
+                    .to_string()
+            }
+            (true, _) => "it has none (start it with --config FILE, see docs/providers.md)".to_string(),
+            (false, _) => format!("it has {}", known.join(", ")),
         };
         Err(Error::invalid(
             "provider.name",
-            format!("the server's configuration has no exec provider {name:?}: {configured}"),
+            format!("the server's configuration has no {what} {name:?}: {configured}"),
         ))
     }
 

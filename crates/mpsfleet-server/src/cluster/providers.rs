@@ -1,8 +1,10 @@
 //! The pools' capacity providers: a pool's provider is built from its configuration (and the
-//! server's, for `exec` providers) the first time it is needed, or set by the caller (tests,
-//! the simulator). Providers are processes and commands, not records: nothing here is stored.
+//! server's, for `exec` and `aws-ec2` providers) the first time it is needed, or set by the
+//! caller (tests, the simulator). Providers are processes, commands and API clients, not
+//! records: nothing here is stored.
 
 use super::*;
+use crate::provider::{Ec2Config, Ec2Provider};
 
 /// The capacity provider of each pool that has one, and what building them needs.
 #[derive(Default)]
@@ -22,6 +24,8 @@ pub struct ProviderContext {
     pub server_url: String,
     /// The exec providers of the server's configuration file, by name.
     pub exec_providers: BTreeMap<String, ExecConfig>,
+    /// The EC2 providers of the server's configuration file (`ec2Providers`), by name.
+    pub ec2_providers: BTreeMap<String, Ec2Config>,
     /// The `mpsfleet` binary, for `local` providers.
     pub exe: std::path::PathBuf,
     /// Where `local` hosts keep their data dirs.
@@ -85,6 +89,24 @@ impl Cluster {
                     }
                 }
             }
+            (ProviderKind::AwsEc2, _) => {
+                let Some(name) = cfg.name.as_ref() else {
+                    tracing::error!(pool = %pool, "the pool's aws-ec2 provider has no provider.name");
+                    return None;
+                };
+                let Some(config) = ctx.ec2_providers.get(name) else {
+                    tracing::error!(pool = %pool, provider = %name, "the server's configuration has no such aws-ec2 provider");
+                    return None;
+                };
+                // Builds no connection: the first call does (on a blocking thread).
+                match Ec2Provider::new(config.clone(), pool.as_str()) {
+                    Ok(p) => Arc::new(p),
+                    Err(err) => {
+                        tracing::error!(pool = %pool, error = %err, "aws-ec2 provider not usable");
+                        return None;
+                    }
+                }
+            }
         };
         self.providers.built.insert(pool.clone(), provider.clone());
         Some(provider)
@@ -100,6 +122,7 @@ impl Cluster {
             server: ctx.map(|c| c.server_url.clone()).unwrap_or_default(),
             join_token: String::new(),
             agent_args: Vec::new(),
+            incident: String::new(),
         }
     }
 }

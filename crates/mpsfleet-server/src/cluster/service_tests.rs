@@ -684,14 +684,14 @@ fn a_protected_task_outlives_scale_in_and_deployments_until_it_expires() {
     let ids: Vec<TaskId> = w.c.state.tasks().of_service(&name).iter().copied().collect();
     let kept = ids[0].to_string();
     w.c.protect_tasks(std::slice::from_ref(&kept), true, Some(10)).unwrap();
-    let e = w.c.protect_tasks(&[kept.clone()], true, Some(0)).unwrap_err().to_string();
+    let e = w.c.protect_tasks(std::slice::from_ref(&kept), true, Some(0)).unwrap_err().to_string();
     assert!(e.contains("expiresInMinutes"), "{e}");
 
     w.c.update_service("web", UpdateService { desired_count: Some(1), ..Default::default() }).unwrap();
     agents(&mut w, |_| false, &mut |_| {});
     let live =
         |w: &World| w.c.state.tasks().of_service(&name).iter().map(|t| t.to_string()).collect::<Vec<_>>();
-    assert_eq!(live(&w), [kept.clone()], "scale-in stops the unprotected ones");
+    assert_eq!(live(&w), std::slice::from_ref(&kept), "scale-in stops the unprotected ones");
     update(&mut w, "app:2");
     agents(&mut w, |_| false, &mut |_| {});
     assert!(live(&w).contains(&kept), "a deployment does not replace it while protected");

@@ -2,15 +2,18 @@
 //! `mpsfleet agent`, and the retry policy that provider calls are wrapped in. `local` runs
 //! agents as child processes of this machine (`mpsfleet up`, tests); `exec` runs
 //! operator-supplied commands that speak a JSON contract on stdin and stdout, so any cloud CLI
-//! or script can be plugged in (docs/providers.md).
+//! or script can be plugged in; `aws-ec2` launches EC2 instances through EC2's API
+//! (docs/providers.md).
 //!
 //! Provider calls block (they wait for processes); async callers run them on
 //! `tokio::task::spawn_blocking`. A terminate that returns `TERMINATED` means nothing of the
 //! host runs any more: the server moves `fenced` tasks only then.
 
+pub mod ec2;
 mod exec;
 mod local;
 
+pub use ec2::{Ec2Config, Ec2ConfigError, Ec2Provider};
 pub use exec::{ExecConfig, ExecConfigError, ExecProvider, CONTRACT_VERSION, DEFAULT_TIMEOUT};
 pub use local::LocalProvider;
 
@@ -61,6 +64,9 @@ pub struct LaunchRequest {
     pub join_token: String,
     /// Extra arguments for `mpsfleet agent`, after the ones derived from the fields above.
     pub agent_args: Vec<String>,
+    /// The incident this launch replaces a host for; empty when none (a launch that keeps the
+    /// pool at its size). The `aws-ec2` provider tags the instance with it.
+    pub incident: String,
 }
 
 impl LaunchRequest {
@@ -113,6 +119,7 @@ impl fmt::Debug for LaunchRequest {
             .field("server", &self.server)
             .field("join_token", &if self.join_token.is_empty() { "" } else { "<redacted>" })
             .field("agent_args", &self.agent_args)
+            .field("incident", &self.incident)
             .finish()
     }
 }
@@ -216,6 +223,17 @@ pub enum ProviderError {
     /// A termination the provider accepted is not confirmed yet.
     #[error("host {name} is not terminated yet: {state}")]
     NotTerminated { name: String, state: ProviderHostState },
+    /// A cloud API call failed (the `aws-ec2` provider): `call` names it (`EC2 RunInstances`),
+    /// `code` is the service's error code (`RequestLimitExceeded`, `HTTP 503`) or what failed
+    /// on the way (`connection`, `timeout`, `bad answer`), `message` the rest. `transient`:
+    /// throttling, the service's own failures and failed connections, which may pass.
+    #[error("cannot {op} host {name}: {call} failed: {code}: {message}")]
+    Cloud { op: ProviderOp, name: String, call: String, code: String, message: String, transient: bool },
+    /// No source of cloud credentials gave any; `tried` says what each source answered (never
+    /// a secret). `transient` when a source failed in a way that may pass (the instance
+    /// metadata service throttled or failed).
+    #[error("cannot {op} host {name}: no usable AWS credentials: {tried}")]
+    Credentials { op: ProviderOp, name: String, tried: String, transient: bool },
 }
 
 impl ProviderError {
@@ -230,7 +248,9 @@ impl ProviderError {
             | ProviderError::BadOutput { name, .. }
             | ProviderError::NotRunning { name, .. }
             | ProviderError::Lingering { name, .. }
-            | ProviderError::NotTerminated { name, .. } => name,
+            | ProviderError::NotTerminated { name, .. }
+            | ProviderError::Cloud { name, .. }
+            | ProviderError::Credentials { name, .. } => name,
         }
     }
 }
@@ -238,9 +258,12 @@ impl ProviderError {
 impl Retryable for ProviderError {
     /// Failures of the provider command itself (non-zero exit, timeout, bad output) may pass;
     /// a missing or non-executable command, an unknown or duplicate host, or a host that
-    /// stopped while booting will not.
+    /// stopped while booting will not. A cloud API's errors say themselves.
     fn is_transient(&self) -> bool {
         match self {
+            ProviderError::Cloud { transient, .. } | ProviderError::Credentials { transient, .. } => {
+                *transient
+            }
             ProviderError::Failed { .. }
             | ProviderError::TimedOut { .. }
             | ProviderError::BadOutput { .. }
@@ -606,6 +629,7 @@ mod tests {
             server: "http://cp:7070".into(),
             join_token: "s3cret".into(),
             agent_args: vec!["--mps-model".into()],
+            incident: "inc-1".into(),
         };
         assert_eq!(
             req.agent_argv(),
