@@ -19,6 +19,7 @@ pub mod engine;
 pub mod invariants;
 pub mod report;
 pub mod rng;
+pub mod scaling;
 pub mod timing;
 mod world;
 

@@ -22,7 +22,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.01)]
     fault_rate: f64,
     /// steady, daemon-crash, hang, server-fault, xid, partition, vanish, provider-flaky,
-    /// driver-rollout, control-plane-restart or mixed.
+    /// driver-rollout, control-plane-restart or mixed; or scaling (managed scaling under a
+    /// day of demand: --hosts is the pool's maxHosts, --duration 24h for a whole day).
     #[arg(long, default_value = "mixed")]
     scenario: String,
     /// How often simulated agents heartbeat (the agent's own default is 1000).
@@ -45,7 +46,37 @@ pub struct SimArgs {
     output: Format,
 }
 
+/// `--scenario scaling`: managed scaling under a day of demand (`mpsfleet_sim::scaling`);
+/// `--hosts` is the pool's maxHosts.
+fn run_scaling(args: &SimArgs) -> anyhow::Result<()> {
+    let cfg = mpsfleet_sim::scaling::ScalingConfig {
+        max_hosts: args.hosts.max(2),
+        min_hosts: 2,
+        gpus_per_host: args.gpus_per_host,
+        duration_ms: parse_duration(&args.duration).map_err(|e| anyhow!("--duration: {e}"))?,
+        seed: args.seed,
+    };
+    if !(1..=64).contains(&cfg.gpus_per_host) || cfg.max_hosts > 1_000 {
+        bail!(
+            "--scenario scaling takes --hosts up to 1000 (the pool's maxHosts) and --gpus-per-host 1 to 64"
+        );
+    }
+    let report =
+        mpsfleet_sim::scaling::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
+    match args.output {
+        Format::Json | Format::Yaml => println!("{}", serde_json::to_string(&report)?),
+        Format::Table | Format::Wide => print!("{}", report.render()),
+    }
+    if report.server_errors > 0 {
+        bail!("{} calls to the control plane failed", report.server_errors);
+    }
+    Ok(())
+}
+
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    if args.scenario == "scaling" {
+        return run_scaling(&args);
+    }
     let cfg = Config {
         hosts: args.hosts,
         gpus_per_host: args.gpus_per_host,

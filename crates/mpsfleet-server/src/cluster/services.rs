@@ -430,12 +430,14 @@ impl Cluster {
         }
         let mut plan = deployment::plan(bounds, &replicas, may_start);
         // A protected task stays until its protection ends; the service looks again then.
-        plan.stop.retain(|(id, _)| match self.state.tasks().get(id).and_then(|e| e.task.protected_until(now)) {
-            Some(until) => {
-                wake = Some(wake.map_or(until, |w| w.min(until)));
-                false
+        plan.stop.retain(|(id, _)| {
+            match self.state.tasks().get(id).and_then(|e| e.task.protected_until(now)) {
+                Some(until) => {
+                    wake = Some(wake.map_or(until, |w| w.min(until)));
+                    false
+                }
+                None => true,
             }
-            None => true,
         });
         let unchanged = plan.stop.is_empty() && plan.start == 0;
 
