@@ -42,6 +42,9 @@ pub struct Explanation {
     /// The scaling controller's last decision and why, as the server last made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scaling_decision: Option<String>,
+    /// The provider's measured launches (ask to join), beside its launchTimeoutSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_launches: Option<String>,
 }
 
 impl Explanation {
@@ -211,6 +214,7 @@ pub fn explain(pool: &Pool, iv: &crate::bounds::Intervals) -> Explanation {
         bounds: crate::bounds::derive(pool, iv),
         scaling: pool.provider.as_ref().and_then(scaling),
         last_scaling_decision: None,
+        measured_launches: None,
     }
 }
 

@@ -94,6 +94,10 @@ fn a_burst_grows_the_pool_in_one_step_and_it_shrinks_back_without_touching_work(
         assert_eq!(live_hosts(admin).await.len(), 4);
         let explain = admin.explain_pool("default").await.unwrap();
         assert!(explain.scaling.is_some() && explain.last_scaling_decision.is_some(), "{explain:?}");
+        assert!(
+            explain.measured_launches.as_deref().is_some_and(|m| m.contains("launch(es)")),
+            "{explain:?}"
+        );
 
         // One small task stays; the burst stops. After 5 quiet seconds: one host again, the one
         // with the task, whose process still runs.

@@ -324,6 +324,7 @@ impl Cluster {
                 continue;
             }
             self.work.capacity_launches.entry(pool.clone()).or_default().insert(name.clone());
+            self.launch_asked(pool, &name);
             let token = self.mint_launch_token(pool, &name);
             self.work.pending_jobs.push(ProviderJob::Launch {
                 incident: String::new(),
@@ -657,6 +658,8 @@ impl Cluster {
             }
         }
         let name = replacement_name(incident);
+        let pool = incident.pool.clone();
+        self.launch_asked(&pool, &name);
         incident.replacement = Some(ReplacementBinding {
             name: name.clone(),
             token_sha256: digest.clone(),

@@ -139,6 +139,7 @@ impl Cluster {
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
         let pool = self.pool(name)?;
         let mut e = mpsfleet_core::explain::explain(&pool, &bounds::intervals());
+        e.measured_launches = self.launch_times(&pool.name);
         if e.scaling.is_some() {
             e.last_scaling_decision = self
                 .last_scaling_decision(&pool.name)

@@ -28,6 +28,10 @@ pub const SETTLE_MS: u64 = 1_000;
 /// ...or this long after its first task.
 pub const SETTLE_MAX_MS: u64 = 10_000;
 
+/// Launch times kept per pool, and launches followed at once (a bound on memory).
+const LAUNCH_TIMES_KEPT: usize = 32;
+const MAX_LAUNCHES_TRACKED: usize = 10_000;
+
 /// What the scaling controller keeps between runs, per pool (in memory only).
 #[derive(Debug, Default)]
 pub(crate) struct ScalingMemory {
@@ -219,6 +223,48 @@ impl Cluster {
         self.apply(rev, Change::Pool(p));
         self.publish_pool_event(pool, entry, now);
         Ok(())
+    }
+
+    /// A launch of host `name` into `pool` was asked for now (the first ask counts: a
+    /// relaunch by name is the same machine).
+    pub(super) fn launch_asked(&mut self, pool: &PoolName, name: &str) {
+        let now = self.now();
+        if self.work.launches_asked.len() < MAX_LAUNCHES_TRACKED {
+            self.work.launches_asked.entry((pool.clone(), name.to_string())).or_insert(now);
+        }
+    }
+
+    /// A host registered: if its launch was asked for, how long it took is kept (the latest
+    /// [`LAUNCH_TIMES_KEPT`] per pool).
+    pub(super) fn launch_joined(&mut self, pool: &PoolName, name: &str) {
+        let Some(asked) = self.work.launches_asked.remove(&(pool.clone(), name.to_string())) else { return };
+        let took = self.now().saturating_sub(asked);
+        let times = self.work.launch_times.entry(pool.clone()).or_default();
+        if times.len() == LAUNCH_TIMES_KEPT {
+            times.pop_front();
+        }
+        times.push_back(took);
+    }
+
+    /// The pool's measured launches, from the ask to the host joining, in words beside the
+    /// provider's `launchTimeoutSeconds` (`pool explain`); None before the first.
+    pub fn launch_times(&self, pool: &PoolName) -> Option<String> {
+        let times = self.work.launch_times.get(pool).filter(|t| !t.is_empty())?;
+        let mut sorted: Vec<u64> = times.iter().copied().collect();
+        sorted.sort_unstable();
+        let timeout = self.state.pools().get(pool).and_then(|p| p.value.provider.as_ref()).map(|p| {
+            p.launch_timeout_seconds.unwrap_or(match p.kind {
+                mpsfleet_types::policy::ProviderKind::Local => 60,
+                _ => 600,
+            })
+        });
+        Some(format!(
+            "the latest {} launch(es) took {} to join (median), {} at most{}",
+            sorted.len(),
+            mpsfleet_types::time::secs(sorted[sorted.len() / 2]),
+            mpsfleet_types::time::secs(sorted[sorted.len() - 1]),
+            timeout.map(|t| format!(", against launchTimeoutSeconds {t}")).unwrap_or_default()
+        ))
     }
 
     /// The last scaling decision of `pool` in words, and when (`pool explain`).

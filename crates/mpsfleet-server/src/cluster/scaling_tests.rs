@@ -92,6 +92,9 @@ fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touchin
     assert!(all.iter().all(|t| t.host_id.is_some()), "every task placed");
     let (_, why) = w.c.last_scaling_decision(&PoolName::new("p").unwrap()).unwrap();
     assert!(why.contains("reservation"), "{why}");
+    let launches = w.c.explain_pool("p").unwrap().measured_launches.unwrap();
+    assert!(launches.contains(&format!("the latest {} launch(es)", needed + 1)), "{launches}");
+    assert!(launches.contains("launchTimeoutSeconds 60"), "{launches}");
 
     // Everything but one task stops; the quiet time passes: back down, never the busy host.
     let keep = all[0].clone();

@@ -78,6 +78,10 @@ pub(super) struct Controllers {
     pub(super) failed_daemon_hosts: BTreeSet<super::HostIx>,
     /// Hosts being launched to keep managed pools at their size, by pool.
     pub(super) capacity_launches: HashMap<PoolName, BTreeSet<String>>,
+    /// When each launch still to join was asked for, by (pool, host name); and how long the
+    /// latest launches of each pool took to join (`scaling.rs`, `launch_times`).
+    pub(super) launches_asked: HashMap<(PoolName, String), u64>,
+    pub(super) launch_times: HashMap<PoolName, VecDeque<u64>>,
     /// What managed scaling keeps between its runs, by pool (`scaling.rs`).
     pub(super) scaling: HashMap<PoolName, super::scaling::ScalingMemory>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'

@@ -21,6 +21,9 @@ pub(super) fn print_explain(f: Format, e: &Explanation) {
         .map(|(step, r)| vec![step.to_string(), r.who.clone(), r.what.clone()])
         .collect::<Vec<_>>();
     print!("{}", output::table(&["STEP", "WHO", "WHAT"], &rows));
+    if let Some(m) = &e.measured_launches {
+        println!("\nmeasured launches: {}", sanitize(m));
+    }
     if let Some(s) = &e.scaling {
         println!("\nscaling ({}): {}", sanitize(&s.who), sanitize(&s.what));
         let last = e.last_scaling_decision.as_deref().unwrap_or("none yet");
