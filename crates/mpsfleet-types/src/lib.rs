@@ -13,6 +13,7 @@ pub mod incident;
 pub mod labels;
 pub mod logs;
 pub mod policy;
+pub mod policy_error;
 pub mod pool;
 pub mod scaling;
 pub mod secret;

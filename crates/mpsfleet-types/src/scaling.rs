@@ -2,7 +2,7 @@
 //! capacity provider `managedScaling`, with mpsfleet's scale-in limits). The decision is
 //! `mpsfleet_core::scaling`; docs/providers.md "Managed scaling".
 
-use crate::policy::{err, in_range, PolicyError};
+use crate::policy_error::{err, in_range, PolicyError};
 use serde::{Deserialize, Serialize};
 
 /// Whether managed scaling acts (ECS's `managedScaling.status`).
