@@ -186,8 +186,21 @@ impl Cluster {
 
     /// Records an entry in `pool`'s events: committed with the pool, then published.
     pub(super) fn pool_event(&mut self, pool: &PoolName, reason: &str, message: String) -> Result<(), Error> {
+        self.change_pool(pool, reason, message, |_| {})
+    }
+
+    /// Changes `pool`'s record with `change` and records an entry in its events, in one
+    /// commit, then publishes the entry.
+    pub(super) fn change_pool(
+        &mut self,
+        pool: &PoolName,
+        reason: &str,
+        message: String,
+        change: impl FnOnce(&mut Pool),
+    ) -> Result<(), Error> {
         let Some(current) = self.state.pools().get(pool).cloned() else { return Ok(()) };
         let mut p = current.value;
+        change(&mut p);
         let now = self.now();
         let entry = ObjectEvent::new(reason, message);
         p.events.push(now, entry.clone());

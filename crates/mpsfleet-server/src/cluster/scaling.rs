@@ -210,19 +210,16 @@ impl Cluster {
         reason: &str,
         why: String,
     ) -> Result<(), Error> {
-        let Some(current) = self.state.pools().get(pool).cloned() else { return Ok(()) };
-        let mut p = current.value;
-        let Some(prov) = p.provider.as_mut() else { return Ok(()) };
-        let from = prov.desired_hosts;
-        prov.desired_hosts = desired;
-        let now = self.now();
-        let entry = ObjectEvent::new(reason, format!("{from} -> {desired} host(s): {why}"));
-        p.events.push(now, entry.clone());
-        let rev =
-            self.commit(&[Op::put_json(POOL, p.name.as_str(), &p, Precondition::Version(current.version))?])?;
-        self.apply(rev, Change::Pool(p));
-        self.publish_pool_event(pool, entry, now);
-        Ok(())
+        let Some(from) =
+            self.state.pools().get(pool).and_then(|p| p.value.provider.as_ref()).map(|p| p.desired_hosts)
+        else {
+            return Ok(());
+        };
+        self.change_pool(pool, reason, format!("{from} -> {desired} host(s): {why}"), |p| {
+            if let Some(prov) = p.provider.as_mut() {
+                prov.desired_hosts = desired;
+            }
+        })
     }
 
     /// A launch of host `name` into `pool` was asked for now (the first ask counts: a

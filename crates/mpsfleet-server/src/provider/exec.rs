@@ -418,16 +418,7 @@ fn show_stderr(stderr: &[u8]) -> String {
 
 /// The start of `bytes`, trimmed to `limit` bytes.
 fn head(bytes: &[u8], limit: usize) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let text = text.trim();
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    super::head_text(&String::from_utf8_lossy(bytes), limit)
 }
 
 #[cfg(test)]

@@ -493,6 +493,20 @@ pub fn wait_until_running(
     )
 }
 
+/// The start of `text`, trimmed, cut to `limit` bytes on a character boundary (with `…` when
+/// cut): what a provider's error shows of a command's output or a cloud's answer.
+pub(crate) fn head_text(text: &str, limit: usize) -> String {
+    let text = text.trim();
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -528,13 +528,5 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// The start of `text`, trimmed to `limit` bytes on a character boundary.
 fn head(text: &str, limit: usize) -> String {
-    let text = text.trim();
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    super::head_text(text, limit)
 }
