@@ -4,9 +4,11 @@
 //! - **Packing.** Waiting tasks are packed onto new hosts of the pool's host shape as the
 //!   scheduler would place them: whole-GPU tasks first (largest first, each on one host with
 //!   that many idle GPUs), then MPS tasks, largest memory first, each onto the fullest GPU that
-//!   still holds its memory, clients and compute (best fit decreasing). A task that fits no
-//!   empty host of the shape is left out: it never scales the pool. Tasks without GPUs ride
-//!   along on any host (the scheduler's own rule: they need no GPU).
+//!   still holds its memory, clients and compute (best fit decreasing). Two tasks that bind the
+//!   same static host port never share a host, as the scheduler places them. A task that fits
+//!   no empty host of the shape is left out: it never scales the pool. Tasks without GPUs ride
+//!   along on any host (the scheduler's own rule: they need no GPU). CPU and memory are not
+//!   packed: the scheduler does not place by them either.
 //! - **Reservation.** ECS's `CapacityProviderReservation = M / N × 100`: M the hosts needed
 //!   (those running work, plus the new ones the waiting tasks pack onto), N the hosts in the
 //!   pool (with launches in flight). The target is `ceil(M × 100 / targetCapacity)`, within
@@ -62,82 +64,125 @@ pub struct Packing {
     pub mps_memory_mib: u64,
 }
 
-/// One GPU being filled: what is left of it.
+/// One waiting task: its GPU demand and the static host ports it binds (as the scheduler
+/// keys them: protocol and port); two tasks binding one port never share a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub demand: GpuDemand,
+    pub ports: Vec<u32>,
+}
+
+impl From<GpuDemand> for Waiting {
+    fn from(demand: GpuDemand) -> Self {
+        Waiting { demand, ports: Vec::new() }
+    }
+}
+
+/// One GPU being filled: what is left of it, and its host.
 #[derive(Clone, Copy)]
 struct Bin {
     clients: u32,
     compute: u32,
+    host: usize,
+}
+
+/// One new host: its GPUs not opened yet and the ports its tasks bind.
+#[derive(Default)]
+struct HostBin {
+    idle: u32,
+    ports: Vec<u32>,
+}
+
+impl HostBin {
+    fn takes(&self, ports: &[u32]) -> bool {
+        ports.iter().all(|p| !self.ports.contains(p))
+    }
 }
 
 /// Packs `waiting` onto as few new hosts of `shape` as best fit decreasing finds (module docs).
 pub fn pack(shape: &Shape, waiting: &[GpuDemand]) -> Packing {
+    let tasks: Vec<Waiting> = waiting.iter().map(|d| Waiting::from(*d)).collect();
+    pack_tasks(shape, &tasks)
+}
+
+/// [`pack`] with each task's static host ports.
+pub fn pack_tasks(shape: &Shape, waiting: &[Waiting]) -> Packing {
     let mut out = Packing::default();
-    let mut whole: Vec<u32> = Vec::new();
-    let mut mps: Vec<(u64, u32, u32)> = Vec::new();
-    let mut cpu_only = 0usize;
-    for d in waiting {
-        if !fits(shape, d) {
+    let mut whole: Vec<(u32, &[u32])> = Vec::new();
+    let mut mps: Vec<(u64, u32, u32, &[u32])> = Vec::new();
+    let mut cpu_only: Vec<&[u32]> = Vec::new();
+    for w in waiting {
+        if !fits(shape, &w.demand) {
             out.never_fit += 1;
             continue;
         }
-        match *d {
-            GpuDemand::None => cpu_only += 1,
-            GpuDemand::Whole { count } => whole.push(count),
+        match w.demand {
+            GpuDemand::None => cpu_only.push(&w.ports),
+            GpuDemand::Whole { count } => whole.push((count, &w.ports)),
             GpuDemand::Mps { memory_mib, clients, compute_percent } => {
-                mps.push((memory_mib, clients, compute_percent))
+                mps.push((memory_mib, clients, compute_percent, &w.ports))
             }
         }
     }
+    let mut hosts: Vec<HostBin> = Vec::new();
+    let new_host = |hosts: &mut Vec<HostBin>| {
+        hosts.push(HostBin { idle: shape.gpus, ports: Vec::new() });
+        hosts.len() - 1
+    };
     // Whole-GPU tasks: first fit decreasing over hosts by their idle GPUs.
-    whole.sort_unstable_by(|a, b| b.cmp(a));
-    let mut idle: Vec<u32> = Vec::new();
-    for count in whole {
-        match idle.iter_mut().find(|free| **free >= count) {
-            Some(free) => *free -= count,
-            None => idle.push(shape.gpus - count),
-        }
+    whole.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    for (count, ports) in whole {
+        let h = match hosts.iter().position(|h| h.idle >= count && h.takes(ports)) {
+            Some(h) => h,
+            None => new_host(&mut hosts),
+        };
+        hosts[h].idle -= count;
+        hosts[h].ports.extend_from_slice(ports);
         out.packed += 1;
     }
-    out.hosts = idle.len() as u32;
-    // MPS tasks: best fit decreasing over GPUs, indexed by memory left. The idle GPUs of the
-    // whole-GPU hosts are filled first; new hosts open a GPU at a time.
-    mps.sort_unstable_by(|a, b| b.cmp(a));
+    // MPS tasks: best fit decreasing over opened GPUs, indexed by memory left; a GPU is opened
+    // on the newest host with one idle (and none of the task's ports), else on a new host.
+    mps.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
     let budget = shape.compute_bound.unwrap_or(u32::MAX);
-    let full = Bin { clients: shape.max_clients, compute: budget };
     let mut by_left: BTreeMap<(u64, u64), Bin> = BTreeMap::new();
     let mut next_id = 0u64;
-    for _ in 0..idle.iter().sum::<u32>() {
-        next_id += 1;
-        by_left.insert((shape.gpu_memory_mib, next_id), full);
-    }
-    let mut spare_gpus_on_new_hosts = 0u32;
-    for (memory, clients, compute) in mps {
+    for (memory, clients, compute, ports) in mps {
         let found = by_left
             .range((memory, 0)..)
-            .find(|(_, b)| b.clients >= clients && b.compute >= compute)
+            .find(|(_, b)| b.clients >= clients && b.compute >= compute && hosts[b.host].takes(ports))
             .map(|(k, b)| (*k, *b));
-        let ((left, id), bin) = found.unwrap_or_else(|| {
-            if spare_gpus_on_new_hosts == 0 {
-                out.hosts += 1;
-                spare_gpus_on_new_hosts = shape.gpus;
+        let ((left, id), bin) = match found {
+            Some(f) => f,
+            None => {
+                let h = match hosts.iter().rposition(|h| h.idle > 0 && h.takes(ports)) {
+                    Some(h) => h,
+                    None => new_host(&mut hosts),
+                };
+                hosts[h].idle -= 1;
+                next_id += 1;
+                (
+                    (shape.gpu_memory_mib, next_id),
+                    Bin { clients: shape.max_clients, compute: budget, host: h },
+                )
             }
-            spare_gpus_on_new_hosts -= 1;
-            next_id += 1;
-            ((shape.gpu_memory_mib, next_id), full)
-        });
+        };
         by_left.remove(&(left, id));
-        by_left.insert(
-            (left - memory, id),
-            Bin { clients: bin.clients - clients, compute: bin.compute - compute },
-        );
+        let rest = Bin { clients: bin.clients - clients, compute: bin.compute - compute, host: bin.host };
+        by_left.insert((left - memory, id), rest);
+        hosts[bin.host].ports.extend_from_slice(ports);
         out.packed += 1;
         out.mps_memory_mib += memory;
     }
-    // Tasks without GPUs need a host only when nothing else opened one.
-    if cpu_only > 0 && out.hosts == 0 {
-        out.hosts = 1;
+    // Tasks without GPUs go on any host without their ports (a new one when none has room).
+    for ports in cpu_only {
+        let h = match hosts.iter().position(|h| h.takes(ports)) {
+            Some(h) => h,
+            None => new_host(&mut hosts),
+        };
+        hosts[h].ports.extend_from_slice(ports);
+        out.packed += 1;
     }
-    out.packed += cpu_only;
+    out.hosts = hosts.len() as u32;
     out
 }
 

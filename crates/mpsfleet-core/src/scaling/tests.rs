@@ -93,3 +93,16 @@ fn scale_in_removes_only_quiet_empty_hosts_within_its_budget() {
     let floor = ManagedScaling { min_hosts: 3, ..policy() };
     assert!(matches!(decide(&floor, &input), Step::In { target: 3, ref remove, .. } if remove.len() == 1));
 }
+
+#[test]
+fn tasks_binding_one_host_port_never_share_a_host() {
+    let port = |p: u32| vec![p];
+    let web = |p: u32| Waiting { demand: mps(1_000), ports: port(p) };
+    // Three small tasks on port 8080 need three hosts; a fourth on 9090 shares one.
+    let tasks = vec![web(8080), web(8080), web(8080), web(9090)];
+    assert_eq!(pack_tasks(&h200(), &tasks).hosts, 3);
+    let cpu = |p: u32| Waiting { demand: GpuDemand::None, ports: port(p) };
+    assert_eq!(pack_tasks(&h200(), &[cpu(80), cpu(80), cpu(81)]).hosts, 2);
+    let whole = Waiting { demand: GpuDemand::Whole { count: 1 }, ports: port(8080) };
+    assert_eq!(pack_tasks(&h200(), &[whole.clone(), whole]).hosts, 2);
+}

@@ -19,7 +19,7 @@
 //! come, never scaled in, and scale-in waits while an incident is open or a drill runs.
 
 use super::*;
-use mpsfleet_core::scaling::{self, Input, Shape, Step as ScaleStep};
+use mpsfleet_core::scaling::{self, Input, Shape, Step as ScaleStep, Waiting};
 use mpsfleet_types::drill::DrillStatus;
 use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
 
@@ -79,7 +79,7 @@ impl Cluster {
         }
 
         // The pool's hosts: busy ones, and how long each empty ACTIVE one has been empty.
-        let mut input = Input { packing: scaling::pack(&shape, &waiting), ..Default::default() };
+        let mut input = Input { packing: scaling::pack_tasks(&shape, &waiting), ..Default::default() };
         let mut empty: Vec<(u64, HostId)> = Vec::new();
         let mut seen_empty = Vec::new();
         for (ix, e) in self.state.hosts().iter().enumerate() {
@@ -146,24 +146,30 @@ impl Cluster {
         Ok(None)
     }
 
-    /// The GPU demand of the pool's waiting tasks.
-    fn waiting_demand(&self, pool: &PoolName) -> Vec<mpsfleet_types::GpuDemand> {
-        let mut last: Option<(&TaskDefRef, mpsfleet_types::GpuDemand)> = None;
+    /// The pool's waiting tasks as the packing sees them: GPU demand and static host ports.
+    fn waiting_demand(&self, pool: &PoolName) -> Vec<Waiting> {
+        let mut last: Option<(&TaskDefRef, Waiting)> = None;
         let mut out = Vec::new();
         for id in self.state.tasks().pending_in(pool) {
             let Some(e) = self.state.tasks().get(&id) else { continue };
             let td = &e.task.task_definition;
-            let demand = match &last {
-                Some((d, demand)) if *d == td => *demand,
+            let w = match &last {
+                Some((d, w)) if *d == td => w.clone(),
                 _ => {
                     let Some(def) = self.state.taskdefs().get(&(td.family.clone(), td.revision)) else {
                         continue;
                     };
-                    def.value.gpu_demand()
+                    let ports = (def.value.static_host_ports().iter())
+                        .map(|(proto, port)| {
+                            (u32::from(*proto == mpsfleet_types::taskdef::Protocol::Udp) << 16)
+                                | u32::from(*port)
+                        })
+                        .collect();
+                    Waiting { demand: def.value.gpu_demand(), ports }
                 }
             };
-            last = Some((td, demand));
-            out.push(demand);
+            last = Some((td, w.clone()));
+            out.push(w);
         }
         out
     }
