@@ -130,7 +130,7 @@ pub fn pack_tasks(shape: &Shape, waiting: &[Waiting]) -> Packing {
         hosts.len() - 1
     };
     // Whole-GPU tasks: first fit decreasing over hosts by their idle GPUs.
-    whole.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    whole.sort_unstable_by_key(|w| std::cmp::Reverse(w.0));
     for (count, ports) in whole {
         let h = match hosts.iter().position(|h| h.idle >= count && h.takes(ports)) {
             Some(h) => h,
