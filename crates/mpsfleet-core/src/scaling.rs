@@ -7,8 +7,9 @@
 //!   still holds its memory, clients and compute (best fit decreasing). Two tasks that bind the
 //!   same static host port never share a host, as the scheduler places them. A task that fits
 //!   no empty host of the shape is left out: it never scales the pool. Tasks without GPUs ride
-//!   along on any host (the scheduler's own rule: they need no GPU). CPU and memory are not
-//!   packed: the scheduler does not place by them either.
+//!   along on any host (the scheduler's own rule: they need no GPU). When the host shape gives
+//!   CPU and memory, a task's `cpu` and `memory` count against them too (the machines to buy
+//!   must hold them; the scheduler itself places by GPUs and ports).
 //! - **Reservation.** ECS's `CapacityProviderReservation = M / N × 100`: M the hosts needed
 //!   (those running work, plus the new ones the waiting tasks pack onto), N the hosts in the
 //!   pool (with launches in flight). The target is `ceil(M × 100 / targetCapacity)`, within
@@ -36,9 +37,13 @@ pub struct Shape {
     pub max_clients: u32,
     /// The pool's bound on the sum of compute percentages on one GPU (`None`: unbounded).
     pub compute_bound: Option<u32>,
+    /// The host's CPU units and memory in MiB (`None`: any).
+    pub cpu: Option<u32>,
+    pub memory_mib: Option<u64>,
 }
 
-/// Whether one task of `demand` fits an empty host of `shape`.
+/// Whether one task of `demand` fits an empty host of `shape` (its GPUs; CPU and memory are
+/// [`Waiting::fits`]'s).
 pub fn fits(shape: &Shape, demand: &GpuDemand) -> bool {
     match *demand {
         GpuDemand::None => true,
@@ -70,11 +75,23 @@ pub struct Packing {
 pub struct Waiting {
     pub demand: GpuDemand,
     pub ports: Vec<u32>,
+    /// The task's CPU units and memory in MiB (0: none declared).
+    pub cpu: u32,
+    pub memory_mib: u64,
 }
 
 impl From<GpuDemand> for Waiting {
     fn from(demand: GpuDemand) -> Self {
-        Waiting { demand, ports: Vec::new() }
+        Waiting { demand, ports: Vec::new(), cpu: 0, memory_mib: 0 }
+    }
+}
+
+impl Waiting {
+    /// Whether one such task fits an empty host of `shape`.
+    pub fn fits(&self, shape: &Shape) -> bool {
+        fits(shape, &self.demand)
+            && shape.cpu.is_none_or(|c| self.cpu <= c)
+            && shape.memory_mib.is_none_or(|m| self.memory_mib <= m)
     }
 }
 
@@ -86,17 +103,34 @@ struct Bin {
     host: usize,
 }
 
-/// One new host: its GPUs not opened yet and the ports its tasks bind.
-#[derive(Default)]
+/// One new host: its GPUs not opened yet, the ports its tasks bind, its CPU and memory left.
 struct HostBin {
     idle: u32,
     ports: Vec<u32>,
+    cpu: u64,
+    memory_mib: u64,
 }
 
 impl HostBin {
-    fn takes(&self, ports: &[u32]) -> bool {
-        ports.iter().all(|p| !self.ports.contains(p))
+    /// Whether a task with these needs (its GPU aside) fits what is left of the host.
+    fn takes(&self, t: &Need) -> bool {
+        t.ports.iter().all(|p| !self.ports.contains(p))
+            && self.cpu >= t.cpu
+            && self.memory_mib >= t.memory_mib
     }
+
+    fn hold(&mut self, t: &Need) {
+        self.ports.extend_from_slice(t.ports);
+        self.cpu -= t.cpu;
+        self.memory_mib -= t.memory_mib;
+    }
+}
+
+/// What a task needs of its host besides GPUs.
+struct Need<'a> {
+    ports: &'a [u32],
+    cpu: u64,
+    memory_mib: u64,
 }
 
 /// Packs `waiting` onto as few new hosts of `shape` as best fit decreasing finds (module docs).
@@ -105,56 +139,62 @@ pub fn pack(shape: &Shape, waiting: &[GpuDemand]) -> Packing {
     pack_tasks(shape, &tasks)
 }
 
-/// [`pack`] with each task's static host ports.
+/// [`pack`] with each task's static host ports, CPU and memory.
 pub fn pack_tasks(shape: &Shape, waiting: &[Waiting]) -> Packing {
     let mut out = Packing::default();
-    let mut whole: Vec<(u32, &[u32])> = Vec::new();
-    let mut mps: Vec<(u64, u32, u32, &[u32])> = Vec::new();
-    let mut cpu_only: Vec<&[u32]> = Vec::new();
+    let mut whole: Vec<(u32, Need)> = Vec::new();
+    let mut mps: Vec<(u64, u32, u32, Need)> = Vec::new();
+    let mut cpu_only: Vec<Need> = Vec::new();
     for w in waiting {
-        if !fits(shape, &w.demand) {
+        if !w.fits(shape) {
             out.never_fit += 1;
             continue;
         }
+        let need = Need { ports: &w.ports, cpu: u64::from(w.cpu), memory_mib: w.memory_mib };
         match w.demand {
-            GpuDemand::None => cpu_only.push(&w.ports),
-            GpuDemand::Whole { count } => whole.push((count, &w.ports)),
+            GpuDemand::None => cpu_only.push(need),
+            GpuDemand::Whole { count } => whole.push((count, need)),
             GpuDemand::Mps { memory_mib, clients, compute_percent } => {
-                mps.push((memory_mib, clients, compute_percent, &w.ports))
+                mps.push((memory_mib, clients, compute_percent, need))
             }
         }
     }
     let mut hosts: Vec<HostBin> = Vec::new();
     let new_host = |hosts: &mut Vec<HostBin>| {
-        hosts.push(HostBin { idle: shape.gpus, ports: Vec::new() });
+        hosts.push(HostBin {
+            idle: shape.gpus,
+            ports: Vec::new(),
+            cpu: shape.cpu.map_or(u64::MAX, u64::from),
+            memory_mib: shape.memory_mib.unwrap_or(u64::MAX),
+        });
         hosts.len() - 1
     };
     // Whole-GPU tasks: first fit decreasing over hosts by their idle GPUs.
     whole.sort_unstable_by_key(|w| std::cmp::Reverse(w.0));
-    for (count, ports) in whole {
-        let h = match hosts.iter().position(|h| h.idle >= count && h.takes(ports)) {
+    for (count, need) in whole {
+        let h = match hosts.iter().position(|h| h.idle >= count && h.takes(&need)) {
             Some(h) => h,
             None => new_host(&mut hosts),
         };
         hosts[h].idle -= count;
-        hosts[h].ports.extend_from_slice(ports);
+        hosts[h].hold(&need);
         out.packed += 1;
     }
     // MPS tasks: best fit decreasing over opened GPUs, indexed by memory left; a GPU is opened
-    // on the newest host with one idle (and none of the task's ports), else on a new host.
+    // on the newest host with one idle (and room for the task), else on a new host.
     mps.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
     let budget = shape.compute_bound.unwrap_or(u32::MAX);
     let mut by_left: BTreeMap<(u64, u64), Bin> = BTreeMap::new();
     let mut next_id = 0u64;
-    for (memory, clients, compute, ports) in mps {
+    for (memory, clients, compute, need) in mps {
         let found = by_left
             .range((memory, 0)..)
-            .find(|(_, b)| b.clients >= clients && b.compute >= compute && hosts[b.host].takes(ports))
+            .find(|(_, b)| b.clients >= clients && b.compute >= compute && hosts[b.host].takes(&need))
             .map(|(k, b)| (*k, *b));
         let ((left, id), bin) = match found {
             Some(f) => f,
             None => {
-                let h = match hosts.iter().rposition(|h| h.idle > 0 && h.takes(ports)) {
+                let h = match hosts.iter().rposition(|h| h.idle > 0 && h.takes(&need)) {
                     Some(h) => h,
                     None => new_host(&mut hosts),
                 };
@@ -169,17 +209,17 @@ pub fn pack_tasks(shape: &Shape, waiting: &[Waiting]) -> Packing {
         by_left.remove(&(left, id));
         let rest = Bin { clients: bin.clients - clients, compute: bin.compute - compute, host: bin.host };
         by_left.insert((left - memory, id), rest);
-        hosts[bin.host].ports.extend_from_slice(ports);
+        hosts[bin.host].hold(&need);
         out.packed += 1;
         out.mps_memory_mib += memory;
     }
-    // Tasks without GPUs go on any host without their ports (a new one when none has room).
-    for ports in cpu_only {
-        let h = match hosts.iter().position(|h| h.takes(ports)) {
+    // Tasks without GPUs go on any host with room (a new one when none has).
+    for need in cpu_only {
+        let h = match hosts.iter().position(|h| h.takes(&need)) {
             Some(h) => h,
             None => new_host(&mut hosts),
         };
-        hosts[h].ports.extend_from_slice(ports);
+        hosts[h].hold(&need);
         out.packed += 1;
     }
     out.hosts = hosts.len() as u32;

@@ -131,7 +131,13 @@ pub fn run(cfg: &ScalingConfig) -> Result<ScalingReport, String> {
     let mut c = Cluster::load(Arc::new(MemoryStore::new()), clock.clone(), |_| Ok(())).map_err(err)?;
     let scaling = ManagedScaling { min_hosts: cfg.min_hosts, max_hosts: cfg.max_hosts, ..Default::default() };
     let provider = Provider {
-        host_shape: Some(HostShape { gpus: cfg.gpus_per_host, gpu_memory_mib: GPU_MIB, max_mps_clients: 48 }),
+        host_shape: Some(HostShape {
+            gpus: cfg.gpus_per_host,
+            gpu_memory_mib: GPU_MIB,
+            max_mps_clients: 48,
+            cpu: None,
+            memory_mib: None,
+        }),
         managed_scaling: Some(scaling),
         launch_timeout_seconds: Some(600),
         ..Provider::local(cfg.min_hosts)
@@ -159,6 +165,8 @@ pub fn run(cfg: &ScalingConfig) -> Result<ScalingReport, String> {
         max_clients: 48,
         // The scheduler's bound for the pool: none unless it sets computeOvercommitPercent.
         compute_bound: pool.compute_overcommit_percent,
+        cpu: None,
+        memory_mib: None,
     };
 
     // Arrivals, minute by minute, from the seed: a diurnal rate sized to the pool (its peak

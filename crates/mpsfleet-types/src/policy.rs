@@ -209,6 +209,13 @@ pub struct HostShape {
     /// MPS clients each GPU accepts, 1 to 48 (default 48).
     #[serde(default = "default_shape_clients")]
     pub max_mps_clients: u32,
+    /// The host's CPU in ECS's units (1024 per vCPU) and memory in MiB, 128 to 1048576 and
+    /// 512 to 16777216: managed scaling packs tasks' `cpu` and `memory` onto them. Unset, a
+    /// host is taken to hold any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
 }
 
 fn default_shape_clients() -> u32 {
@@ -292,6 +299,12 @@ impl Provider {
             in_range("provider.hostShape.gpus", shape.gpus.into(), 1, 64, "")?;
             in_range("provider.hostShape.gpuMemoryMib", shape.gpu_memory_mib, 1, 16_777_216, " MiB")?;
             in_range("provider.hostShape.maxMpsClients", shape.max_mps_clients.into(), 1, 48, "")?;
+            if let Some(cpu) = shape.cpu {
+                in_range("provider.hostShape.cpu", cpu.into(), 128, 1_048_576, "")?;
+            }
+            if let Some(m) = shape.memory_mib {
+                in_range("provider.hostShape.memoryMib", m, 512, 16_777_216, " MiB")?;
+            }
         }
         if let Some(t) = self.launch_timeout_seconds {
             in_range("provider.launchTimeoutSeconds", t.into(), 10, 3_600, "")?;

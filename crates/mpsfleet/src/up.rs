@@ -116,7 +116,13 @@ fn scaling_provider(local: Provider, args: &UpArgs, max: u32) -> Result<Provider
     let memory = args.gpu.rsplit_once(':').and_then(|(_, m)| m.parse::<u64>().ok());
     let memory = memory.with_context(|| format!("--gpu must be MODEL:MEMORY_MIB, got {}", args.gpu))?;
     Ok(Provider {
-        host_shape: Some(HostShape { gpus: args.gpus_per_host, gpu_memory_mib: memory, max_mps_clients: 48 }),
+        host_shape: Some(HostShape {
+            gpus: args.gpus_per_host,
+            gpu_memory_mib: memory,
+            max_mps_clients: 48,
+            cpu: None,
+            memory_mib: None,
+        }),
         managed_scaling: Some(ManagedScaling {
             min_hosts: args.hosts,
             max_hosts: max,

@@ -2,7 +2,14 @@ use super::*;
 
 /// A 2-GPU H200 host, compute unbounded.
 fn h200() -> Shape {
-    Shape { gpus: 2, gpu_memory_mib: 143_771, max_clients: 48, compute_bound: None }
+    Shape {
+        gpus: 2,
+        gpu_memory_mib: 143_771,
+        max_clients: 48,
+        compute_bound: None,
+        cpu: None,
+        memory_mib: None,
+    }
 }
 
 fn mps(memory_mib: u64) -> GpuDemand {
@@ -97,12 +104,26 @@ fn scale_in_removes_only_quiet_empty_hosts_within_its_budget() {
 #[test]
 fn tasks_binding_one_host_port_never_share_a_host() {
     let port = |p: u32| vec![p];
-    let web = |p: u32| Waiting { demand: mps(1_000), ports: port(p) };
+    let web = |p: u32| Waiting { demand: mps(1_000), ports: port(p), cpu: 0, memory_mib: 0 };
     // Three small tasks on port 8080 need three hosts; a fourth on 9090 shares one.
     let tasks = vec![web(8080), web(8080), web(8080), web(9090)];
     assert_eq!(pack_tasks(&h200(), &tasks).hosts, 3);
-    let cpu = |p: u32| Waiting { demand: GpuDemand::None, ports: port(p) };
+    let cpu = |p: u32| Waiting { demand: GpuDemand::None, ports: port(p), cpu: 0, memory_mib: 0 };
     assert_eq!(pack_tasks(&h200(), &[cpu(80), cpu(80), cpu(81)]).hosts, 2);
-    let whole = Waiting { demand: GpuDemand::Whole { count: 1 }, ports: port(8080) };
+    let whole = Waiting { demand: GpuDemand::Whole { count: 1 }, ports: port(8080), cpu: 0, memory_mib: 0 };
     assert_eq!(pack_tasks(&h200(), &[whole.clone(), whole]).hosts, 2);
+}
+
+#[test]
+fn a_shape_with_cpu_and_memory_holds_only_what_they_allow() {
+    let small = Shape { cpu: Some(4_096), memory_mib: Some(32_768), ..h200() };
+    let task = |cpu: u32, memory_mib: u64| Waiting { demand: mps(1_000), ports: Vec::new(), cpu, memory_mib };
+    // 4 vCPUs: four 1-vCPU tasks per host; 32 GiB: two of 16 GiB.
+    assert_eq!(pack_tasks(&small, &vec![task(1_024, 0); 8]).hosts, 2);
+    assert_eq!(pack_tasks(&small, &vec![task(0, 16_384); 5]).hosts, 3);
+    // More than a host has: never fits, launches nothing.
+    let p = pack_tasks(&small, &[task(8_192, 0)]);
+    assert_eq!((p.hosts, p.never_fit), (0, 1));
+    // Unset, a host holds any.
+    assert_eq!(pack_tasks(&h200(), &vec![task(8_192, 100_000); 4]).hosts, 1);
 }

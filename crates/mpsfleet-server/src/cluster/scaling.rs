@@ -62,6 +62,8 @@ impl Cluster {
             gpu_memory_mib: hs.gpu_memory_mib,
             max_clients: hs.max_mps_clients,
             compute_bound: pools::pool_config(&p).compute_bound,
+            cpu: hs.cpu,
+            memory_mib: hs.memory_mib,
         };
         let now = self.now();
         let waiting = self.waiting_demand(pool);
@@ -165,7 +167,8 @@ impl Cluster {
                                 | u32::from(*port)
                         })
                         .collect();
-                    Waiting { demand: def.value.gpu_demand(), ports }
+                    let (cpu, memory_mib) = task_size(&def.value);
+                    Waiting { demand: def.value.gpu_demand(), ports, cpu, memory_mib }
                 }
             };
             last = Some((td, w.clone()));
@@ -304,4 +307,23 @@ impl Cluster {
             self.ask(Work::Capacity(pool.clone()));
         }
     }
+}
+
+/// A task's CPU units and memory in MiB as a host must hold them: the task-level `cpu` and
+/// `memory` when given, else the sum of its containers' (`memory`, or `memoryReservation`).
+fn task_size(td: &TaskDefinition) -> (u32, u64) {
+    use mpsfleet_core::task_size::{task_cpu_units, task_memory_mib};
+    let containers = &td.container_definitions;
+    let cpu = td
+        .cpu
+        .as_deref()
+        .and_then(|c| task_cpu_units(c).ok())
+        .unwrap_or_else(|| containers.iter().map(|c| c.cpu.unwrap_or(0)).fold(0u32, u32::saturating_add));
+    let memory = td.memory.as_deref().and_then(|m| task_memory_mib(m).ok()).unwrap_or_else(|| {
+        containers
+            .iter()
+            .map(|c| c.memory.or(c.memory_reservation).unwrap_or(0))
+            .fold(0u64, u64::saturating_add)
+    });
+    (cpu, memory)
 }

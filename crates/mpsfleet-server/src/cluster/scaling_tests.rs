@@ -16,7 +16,13 @@ const GPU_MIB: u64 = 143_771;
 fn scaling_pool() -> (World, Vec<HostId>) {
     let mut w = World::new(OwnershipMode::Managed);
     let provider = Provider {
-        host_shape: Some(HostShape { gpus: 1, gpu_memory_mib: GPU_MIB, max_mps_clients: 48 }),
+        host_shape: Some(HostShape {
+            gpus: 1,
+            gpu_memory_mib: GPU_MIB,
+            max_mps_clients: 48,
+            cpu: None,
+            memory_mib: None,
+        }),
         managed_scaling: Some(ManagedScaling {
             min_hosts: 1,
             max_hosts: 10,
@@ -80,7 +86,14 @@ fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touchin
         .filter(|t| t.host_id.is_none())
         .map(|t| w.c.taskdef("taskDefinition", &t.task_definition.to_string()).unwrap().gpu_demand())
         .collect();
-    let shape = Shape { gpus: 1, gpu_memory_mib: GPU_MIB, max_clients: 48, compute_bound: None };
+    let shape = Shape {
+        gpus: 1,
+        gpu_memory_mib: GPU_MIB,
+        max_clients: 48,
+        compute_bound: None,
+        cpu: None,
+        memory_mib: None,
+    };
     let needed = pack(&shape, &waiting).hosts;
     assert!(needed >= 2, "{} waiting need {needed} more hosts", waiting.len());
 

@@ -42,6 +42,8 @@ pub fn scaling(b: ScalingBench) -> Result<()> {
         gpu_memory_mib: b.gpu_memory_mib,
         max_clients: 48,
         compute_bound: None,
+        cpu: None,
+        memory_mib: None,
     };
     let policy = ManagedScaling { min_hosts: 1, max_hosts: 10_000, ..Default::default() };
     let busy = b.hosts - b.hosts / 10;
