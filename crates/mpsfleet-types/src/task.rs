@@ -409,10 +409,13 @@ pub enum PendingCode {
     HostPortsInUse,
     /// It needs more static host ports than one task may hold.
     TooManyHostPorts,
+    /// No host has room now and managed scaling is launching hosts for it (its
+    /// `pendingReason` says what room is missing).
+    ScalingOut,
 }
 
 impl PendingCode {
-    pub const ALL: [PendingCode; 10] = [
+    pub const ALL: [PendingCode; 11] = [
         PendingCode::NoSchedulableHost,
         PendingCode::NoMpsHost,
         PendingCode::InsufficientGpuMemory,
@@ -423,6 +426,7 @@ impl PendingCode {
         PendingCode::NoFittingContainerHost,
         PendingCode::HostPortsInUse,
         PendingCode::TooManyHostPorts,
+        PendingCode::ScalingOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -437,6 +441,7 @@ impl PendingCode {
             PendingCode::NoFittingContainerHost => "NO_FITTING_CONTAINER_HOST",
             PendingCode::HostPortsInUse => "HOST_PORTS_IN_USE",
             PendingCode::TooManyHostPorts => "TOO_MANY_HOST_PORTS",
+            PendingCode::ScalingOut => "SCALING_OUT",
         }
     }
 }

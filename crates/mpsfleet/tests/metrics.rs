@@ -283,6 +283,15 @@ async fn prometheus_reads_the_mps_memory_tasks_declared_and_what_they_use() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // The rules' own unit tests: a scaling pool's unmet demand fires, a fixed pool's does not.
+        let tests = repo("deploy/prometheus/mpsfleet-rules-test.yml");
+        let out = Command::new(tool("promtool")).args(["test", "rules"]).arg(&tests).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
 
         // Every query of the dashboard evaluates; each has data, but those that need an
         // incident to have happened. The rate() windows need two scrapes.

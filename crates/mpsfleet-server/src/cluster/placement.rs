@@ -69,7 +69,7 @@ impl Cluster {
     /// Tries to place the waiting tasks of a pool, oldest first, in one batch.
     pub fn place_pending(&mut self, pool: &PoolName) -> Result<(), Error> {
         let waiting = self.state.tasks().pending_in(pool);
-        let scaling = self.scaling_note(pool);
+        let (scaling, scaling_out) = self.scaling_note(pool);
         let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
         let mut ops = Vec::new();
         for id in waiting {
@@ -89,7 +89,8 @@ impl Cluster {
                 // The reason is derived state: refreshed in memory, not written on every retry.
                 Err(unplaced) => {
                     let why = format!("{unplaced}{scaling}");
-                    if self.state.set_pending_reason(&id, &why, unplaced.code()) {
+                    let code = if scaling_out { PendingCode::ScalingOut } else { unplaced.code() };
+                    if self.state.set_pending_reason(&id, &why, code) {
                         let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
                         self.record_task(id, pool.clone(), news);
                     }

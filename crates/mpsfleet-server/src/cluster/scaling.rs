@@ -142,8 +142,12 @@ impl Cluster {
             mem.last_step_ms = Some(now);
         }
         if let Some(desired) = desired.filter(|d| *d != prov.desired_hosts) {
-            let reason = if matches!(step, ScaleStep::Out { .. }) { "ScaledOut" } else { "ScaledIn" };
-            self.set_desired_hosts(pool, desired, reason, why)?;
+            let out = matches!(step, ScaleStep::Out { .. });
+            self.set_desired_hosts(pool, desired, if out { "ScaledOut" } else { "ScaledIn" }, why)?;
+            if out {
+                // The waiting tasks' reasons say that hosts are coming (`scaling_note`).
+                self.ask(Work::Placement(pool.clone()));
+            }
         }
         Ok(None)
     }
@@ -278,23 +282,25 @@ impl Cluster {
         self.work.scaling.get(pool).and_then(|m| m.last.clone())
     }
 
-    /// What a waiting task's reason adds in a scaling pool: the hosts being launched for it,
-    /// or that the pool is at its most hosts. Empty for other pools.
-    pub(super) fn scaling_note(&self, pool: &PoolName) -> String {
-        let Some(p) = self.state.pools().get(pool) else { return String::new() };
+    /// What a waiting task's reason adds in a scaling pool: the hosts being launched for it
+    /// (and then its code is `SCALING_OUT`), or that the pool is at its most hosts. Empty
+    /// for other pools.
+    pub(super) fn scaling_note(&self, pool: &PoolName) -> (String, bool) {
+        let none = (String::new(), false);
+        let Some(p) = self.state.pools().get(pool) else { return none };
         let Some((prov, m)) = p.value.provider.as_ref().and_then(|prov| Some((prov, prov.scaling()?))) else {
-            return String::new();
+            return none;
         };
         // Launches still in flight: their host has not registered yet.
         let launching = self.work.capacity_launches.get(pool).map_or(0, |l| {
             l.iter().filter(|name| !self.state.hosts().iter().any(|h| &h.host().hostname == *name)).count()
         });
         if launching > 0 {
-            format!("; managed scaling is launching {launching} host(s)")
+            (format!("; managed scaling is launching {launching} host(s)"), true)
         } else if prov.desired_hosts >= m.max_hosts {
-            format!("; the pool is at its maxHosts ({})", m.max_hosts)
+            (format!("; the pool is at its maxHosts ({})", m.max_hosts), false)
         } else {
-            String::new()
+            none
         }
     }
 

@@ -222,3 +222,27 @@ fn a_pool_at_its_most_hosts_says_so_in_the_waiting_tasks_reason() {
             .collect();
     assert!(!waiting.is_empty() && waiting.iter().all(|r| r.contains("at its maxHosts (2)")), "{waiting:?}");
 }
+
+#[test]
+fn a_task_waiting_for_hosts_being_launched_says_so_in_its_code() {
+    let (mut w, hosts) = scaling_pool();
+    run(&mut w, "m70", 6);
+    // The launches are asked for and not answered: the machines are still booting.
+    let beats: Vec<(HostId, HealthStatus)> = hosts.iter().map(|h| (h.clone(), HealthStatus::Ok)).collect();
+    let jobs = w.run(12, &beats, |_| ProviderOutcome::Done);
+    assert!(jobs.iter().any(|j| matches!(j, ProviderJob::Launch { .. })));
+    let waiting: Vec<Task> =
+        w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() })
+            .into_iter()
+            .filter(|t| t.host_id.is_none())
+            .collect();
+    assert!(!waiting.is_empty());
+    for t in &waiting {
+        assert_eq!(t.pending_code, Some(PendingCode::ScalingOut), "{:?}", t.pending_reason);
+        assert!(
+            t.pending_reason.as_deref().unwrap().contains("managed scaling is launching"),
+            "{:?}",
+            t.pending_reason
+        );
+    }
+}

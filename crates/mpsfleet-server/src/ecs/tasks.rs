@@ -40,7 +40,8 @@ fn lacking(code: PendingCode) -> &'static str {
         | PendingCode::InsufficientGpuMemory
         | PendingCode::NotEnoughIdleGpus
         | PendingCode::MpsDaemonsNotAnswering
-        | PendingCode::GpuLimits => "RESOURCE:GPU",
+        | PendingCode::GpuLimits
+        | PendingCode::ScalingOut => "RESOURCE:GPU",
         PendingCode::HostPortsInUse | PendingCode::TooManyHostPorts => "RESOURCE:PORTS",
         PendingCode::NoContainerHost | PendingCode::NoFittingContainerHost => "ATTRIBUTE",
         PendingCode::NoSchedulableHost => "AGENT",
