@@ -89,6 +89,7 @@ fn a_burst_grows_the_pool_in_one_step_and_it_shrinks_back_without_touching_work(
         let pool = admin.describe_pool("default").await.unwrap();
         let out: Vec<&str> =
             pool.events.iter().filter(|e| e.reason == "ScaledOut").map(|e| e.message.as_str()).collect();
+        println!("scale-out: {}", out.join(" | "));
         assert_eq!(out.len(), 1, "one step: {out:?}");
         assert!(out[0].starts_with("1 -> 4 host(s)"), "{out:?}");
         assert_eq!(live_hosts(admin).await.len(), 4);
@@ -98,6 +99,7 @@ fn a_burst_grows_the_pool_in_one_step_and_it_shrinks_back_without_touching_work(
             explain.measured_launches.as_deref().is_some_and(|m| m.contains("launch(es)")),
             "{explain:?}"
         );
+        println!("measured launches: {}", explain.measured_launches.as_deref().unwrap_or_default());
 
         // One small task stays; the burst stops. After 5 quiet seconds: one host again, the one
         // with the task, whose process still runs.
