@@ -16,7 +16,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("task run", "mpsfleet task run --taskdef infer --count 4 --wait --timeout 120"),
     ("task list", "mpsfleet task list --service web --all -o wide"),
     ("task describe", "mpsfleet task describe t-00000000000000a1"),
-    ("task protect", "mpsfleet task protect t-0123456789abcdef --minutes 60"),
+    ("task protect", "mpsfleet task protect t-00000000000000a1 --minutes 60"),
     ("task stop", "mpsfleet task stop t-00000000000000a1 --reason retrain --wait"),
     ("task logs", "mpsfleet task logs t-00000000000000a1 --tail 50 --follow"),
     ("host list", "mpsfleet host list --pool default --all"),
