@@ -100,7 +100,8 @@ impl Cluster {
             }
         }
         let mem = self.work.scaling.entry(pool.clone()).or_default();
-        mem.empty_since.retain(|id, _| seen_empty.contains(id));
+        let empty_now: BTreeSet<&HostId> = seen_empty.iter().collect();
+        mem.empty_since.retain(|id, _| empty_now.contains(id));
         for (i, id) in seen_empty.into_iter().enumerate() {
             let since = *mem.empty_since.entry(id.clone()).or_insert(now);
             input.empty_for_ms.push((i as u64, now - since));
@@ -157,7 +158,11 @@ impl Cluster {
         let mut last: Option<(&TaskDefRef, Waiting)> = None;
         let mut out = Vec::new();
         for id in self.state.tasks().pending_in(pool) {
-            let Some(e) = self.state.tasks().get(&id) else { continue };
+            let Some(e) =
+                self.state.tasks().get(&id).filter(|e| e.task.desired_status != TaskStatus::Stopped)
+            else {
+                continue;
+            };
             let td = &e.task.task_definition;
             let w = match &last {
                 Some((d, w)) if *d == td => w.clone(),
