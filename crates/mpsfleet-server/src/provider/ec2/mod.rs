@@ -136,6 +136,9 @@ pub struct Ec2Provider {
     imds_client: OnceLock<Result<reqwest::Client, String>>,
     runtime: OnceLock<Result<tokio::runtime::Runtime, String>>,
     role: Mutex<Option<CachedRole>>,
+    /// The instances this provider launched, by host name: terminate ends them even while
+    /// DescribeInstances does not show them yet (its answers lag behind RunInstances).
+    launched: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
 impl fmt::Debug for Ec2Provider {
@@ -165,7 +168,18 @@ impl Ec2Provider {
             imds_client: OnceLock::new(),
             runtime: OnceLock::new(),
             role: Mutex::new(None),
+            launched: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Remembers that host `name` is instance `id`.
+    fn remember(&self, name: &str, id: &str) {
+        if let Ok(mut l) = self.launched.lock() {
+            let ids = l.entry(name.to_string()).or_default();
+            if !ids.iter().any(|i| i == id) {
+                ids.push(id.to_string());
+            }
+        }
     }
 
     /// Reads `AWS_*` variables and `HOME` from `env` instead of the process's environment.
@@ -266,14 +280,20 @@ impl Ec2Provider {
                 break;
             }
         }
+        if next.is_some() {
+            let message = format!("more than {MAX_PAGES} pages of instances: the answer is not whole");
+            return Err(Failure::cloud("EC2 DescribeInstances", "TooManyPages", message, true));
+        }
         // Only instances that carry the tags (a filter an endpoint ignored does not widen this).
         found.retain(|i| {
             i.tags.get(TAG_POOL).is_some_and(|p| *p == self.pool)
                 && name.is_none_or(|n| i.tags.get(TAG_HOST).is_some_and(|h| h == n))
                 && (states.is_empty() || states.contains(&i.state.as_str()))
         });
-        found.sort_by(|a, b| (a.rank(), &a.id).cmp(&(b.rank(), &b.id)));
+        // One instance seen twice (on two pages, in two states) counts once: its most alive.
+        found.sort_by(|a, b| (&a.id, a.rank()).cmp(&(&b.id, b.rank())));
         found.dedup_by(|a, b| a.id == b.id);
+        found.sort_by(|a, b| (a.rank(), &a.id).cmp(&(b.rank(), &b.id)));
         Ok(found)
     }
 
@@ -371,21 +391,50 @@ impl Ec2Provider {
         }
         // Idempotent by name: a machine that is booting or up is the answer.
         if let Some(live) = self.find(Some(&req.name), &LIVE_STATES)?.into_iter().next() {
+            self.remember(&req.name, &live.id);
             return Ok(LaunchedHost { provider_id: live.id.clone(), state: live.host_state() });
         }
         let user_data = base64_encode(script.as_bytes());
         // The token EC2 deduplicates by: derived from the pool, the name and the rest of the
-        // request, so that a retry of the same launch finds its first instance. EC2 remembers a
-        // token after its instance is gone: answered with a gone instance, ask again with a
-        // token derived from that instance.
-        let base = self.run_query(req, &user_data).body();
+        // request but its user data (which holds the launch's one-time token, new when a
+        // restarted server launches the name again), so that a retry of the same launch finds
+        // its first instance. The same token with other user data is EC2's
+        // IdempotentParameterMismatch: an instance of this name was launched already, which
+        // DescribeInstances may not show yet. EC2 remembers a token after its instance is
+        // gone: answered with a gone instance, ask again with a token derived from that one.
+        let base = self.run_query(req, "").body();
         let mut previous = String::new();
         for _ in 0..MAX_TOKEN_GENERATIONS {
             let token = client_token(&self.pool, &req.name, &base, &previous);
-            let inst = self
-                .run_instance(req, &user_data, &token)
-                .map_err(|f| f.redact(&[&req.join_token, &user_data]))?;
+            let inst = match self.run_instance(req, &user_data, &token) {
+                Ok(inst) => inst,
+                Err(Failure::Cloud { code, .. }) if code == "IdempotentParameterMismatch" => {
+                    match self.find(Some(&req.name), &[])?.into_iter().next() {
+                        Some(i) if LIVE_STATES.contains(&i.state.as_str()) => {
+                            self.remember(&req.name, &i.id);
+                            return Ok(LaunchedHost { provider_id: i.id.clone(), state: i.host_state() });
+                        }
+                        Some(gone) if gone.id != previous => {
+                            previous = gone.id;
+                            continue;
+                        }
+                        _ => {
+                            return Err(Failure::cloud(
+                                "EC2 RunInstances",
+                                "IdempotentParameterMismatch",
+                                format!(
+                                    "an earlier launch of host {} is not visible yet; asking again",
+                                    req.name
+                                ),
+                                true,
+                            ))
+                        }
+                    }
+                }
+                Err(f) => return Err(f.redact(&[&req.join_token, &user_data])),
+            };
             if LIVE_STATES.contains(&inst.state.as_str()) {
+                self.remember(&req.name, &inst.id);
                 return Ok(LaunchedHost { provider_id: inst.id.clone(), state: inst.host_state() });
             }
             tracing::info!(
@@ -410,13 +459,33 @@ impl Ec2Provider {
 
     fn terminate_inner(&self, name: &str) -> Result<ProviderHostState, Failure> {
         let found = self.find(Some(name), &NOT_TERMINATED)?;
-        if found.is_empty() {
+        // Launched here and not described yet (a lagging answer): ended by id all the same.
+        let remembered: Vec<String> = (self.launched.lock().ok())
+            .and_then(|l| l.get(name).cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| !found.iter().any(|i| &i.id == id))
+            .collect();
+        let unseen = |id: &String| {
+            // One the whole answer names as terminated is gone; any other may still run.
+            !self
+                .find(Some(name), &[])
+                .is_ok_and(|all| all.iter().any(|i| &i.id == id && i.state == "terminated"))
+        };
+        let remembered: Vec<String> = remembered.into_iter().filter(unseen).collect();
+        if found.is_empty() && remembered.is_empty() {
+            if let Ok(mut l) = self.launched.lock() {
+                l.remove(name);
+            }
             return Ok(ProviderHostState::Terminated {
                 detail: "no EC2 instance of the host is left".into(),
             });
         }
-        let ids: Vec<&str> =
-            found.iter().filter(|i| i.state != "shutting-down").map(|i| i.id.as_str()).collect();
+        let ids: Vec<&str> = (found.iter())
+            .filter(|i| i.state != "shutting-down")
+            .map(|i| i.id.as_str())
+            .chain(remembered.iter().map(String::as_str))
+            .collect();
         if ids.is_empty() {
             return Ok(ProviderHostState::Terminating);
         }
@@ -425,7 +494,7 @@ impl Ec2Provider {
             q.add(format!("InstanceId.{}", i + 1), *id);
         }
         let answered = parse_instances(&self.call(&q)?);
-        let shutting_down = found.len() > ids.len();
+        let shutting_down = found.iter().any(|i| i.state == "shutting-down");
         let all_gone = !shutting_down
             && ids.iter().all(|id| answered.iter().any(|i| i.id == *id && i.state == "terminated"));
         if all_gone {
