@@ -286,15 +286,7 @@ impl Cluster {
         let desired = (self.state.pools().get(pool))
             .and_then(|p| p.value.provider.as_ref())
             .map_or(desired, |prov| prov.desired_hosts);
-        // A launched host counts as in flight until it registers (the fleet's names are
-        // gathered only while a launch is in flight, not at every pass).
-        if self.work.capacity_launches.get(pool).is_some_and(|l| !l.is_empty()) {
-            let registered: BTreeSet<&str> =
-                self.state.hosts().iter().map(|h| h.host().hostname.as_str()).collect();
-            if let Some(l) = self.work.capacity_launches.get_mut(pool) {
-                l.retain(|name| !registered.contains(name.as_str()));
-            }
-        }
+        // A launched host counts as in flight until it registers (`host_joined`).
         let launching = &self.work.capacity_launches;
         self.creds.launch_tokens.retain(|_, (p, name)| launching.get(p).is_some_and(|l| l.contains(name)));
         // Registered hosts (from the store, so this survives a restart), launches in flight,
@@ -305,15 +297,7 @@ impl Cluster {
             .iter()
             .filter(|h| &h.host().pool == pool && h.host().status != HostStatus::Deregistered)
             .count();
-        let in_flight = self.work.capacity_launches.get(pool).map_or(0, |l| l.len());
-        let replacing = self
-            .state
-            .incidents()
-            .unresolved()
-            .filter(|i| &i.pool == pool)
-            .filter(|i| i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady))
-            .count();
-        let mut missing = (desired as usize).saturating_sub(live + in_flight + replacing);
+        let mut missing = (desired as usize).saturating_sub(live + self.hosts_to_come(pool) as usize);
         let mut k = 0;
         while missing > 0 {
             let name = format!("{pool}-{k}");
@@ -335,6 +319,18 @@ impl Cluster {
             missing -= 1;
         }
         Ok(Requeue::RequeueAfter(CAPACITY_RESYNC_MS))
+    }
+
+    /// Hosts asked for and not joined yet: launches to keep the pool at its size, and
+    /// replacements its incidents requested.
+    pub(super) fn hosts_to_come(&self, pool: &PoolName) -> u32 {
+        let in_flight = self.work.capacity_launches.get(pool).map_or(0, |l| l.len());
+        let replacing = (self.state.incidents().unresolved())
+            .filter(|i| {
+                &i.pool == pool && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
+            })
+            .count();
+        (in_flight + replacing) as u32
     }
 
     /// Asks for the capacity of every pool with a provider (the resync's safety net).

@@ -703,7 +703,7 @@ impl Cluster {
     }
 
     fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, Error> {
-        self.launch_joined(&host.pool, &host.hostname);
+        self.host_joined(&host.pool, &host.hostname);
         let pool = self.sched.pool(host.pool.as_str()).ok_or_else(|| {
             Error::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
         })?;

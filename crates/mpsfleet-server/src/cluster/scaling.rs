@@ -108,12 +108,7 @@ impl Cluster {
             empty.push((i as u64, id));
         }
         input.since_last_step_ms = mem.last_step_ms.map(|t| now.saturating_sub(t));
-        input.launching = self.work.capacity_launches.get(pool).map_or(0, |l| l.len() as u32)
-            + (self.state.incidents().unresolved())
-                .filter(|i| {
-                    &i.pool == pool && i.has(Step::ReplacementRequested) && !i.has(Step::ReplacementReady)
-                })
-                .count() as u32;
+        input.launching = self.hosts_to_come(pool);
         input.paused = self.state.incidents().unresolved().any(|i| &i.pool == pool)
             || self
                 .state
@@ -249,9 +244,12 @@ impl Cluster {
         }
     }
 
-    /// A host registered: if its launch was asked for, how long it took is kept (the latest
-    /// [`LAUNCH_TIMES_KEPT`] per pool).
-    pub(super) fn launch_joined(&mut self, pool: &PoolName, name: &str) {
+    /// A host registered: its launch is no longer in flight, and if it was asked for, how
+    /// long it took is kept (the latest [`LAUNCH_TIMES_KEPT`] per pool).
+    pub(super) fn host_joined(&mut self, pool: &PoolName, name: &str) {
+        if let Some(l) = self.work.capacity_launches.get_mut(pool) {
+            l.remove(name);
+        }
         let Some(asked) = self.work.launches_asked.remove(&(pool.clone(), name.to_string())) else { return };
         let took = self.now().saturating_sub(asked);
         let times = self.work.launch_times.entry(pool.clone()).or_default();
@@ -296,10 +294,7 @@ impl Cluster {
         let Some((prov, m)) = p.value.provider.as_ref().and_then(|prov| Some((prov, prov.scaling()?))) else {
             return none;
         };
-        // Launches still in flight: their host has not registered yet.
-        let launching = self.work.capacity_launches.get(pool).map_or(0, |l| {
-            l.iter().filter(|name| !self.state.hosts().iter().any(|h| &h.host().hostname == *name)).count()
-        });
+        let launching = self.work.capacity_launches.get(pool).map_or(0, |l| l.len());
         if launching > 0 {
             (format!("; managed scaling is launching {launching} host(s)"), true)
         } else if prov.desired_hosts >= m.max_hosts {

@@ -514,10 +514,10 @@ impl Cluster {
         wake: Option<u64>,
         now: u64,
     ) -> Result<Action, Error> {
-        let name = &svc.name.clone();
+        let name = svc.name.clone();
         self.settle_deployments(&mut svc, replicas, bounds, now);
-        if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(name).is_empty() {
-            let version = self.state.services().get(name).map_or(0, |v| v.version);
+        if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(&name).is_empty() {
+            let version = self.state.services().get(&name).map_or(0, |v| v.version);
             self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
             self.apply(self.state.revision(), Change::ServiceRemoved(name.clone()));
             return Ok(Action::AwaitChange);
