@@ -27,6 +27,7 @@ use crate::runtime::identity::{in_passwd, process_uids};
 use crate::runtime::probes::ProbeTarget;
 use crate::runtime::probes::{ContainerProbes, ProbeEvent, ProbeRunner, Transition};
 use crate::runtime::shim::{EXIT_RECORD, OUTPUT_LOG, PROC_RECORD};
+use crate::runtime::Settled;
 use crate::runtime::{
     task_state, ContainerState, ContainerView, ExecContext, ExitRecord, TaskPhase, TaskUser, UidRange,
     DEFAULT_STOP_TIMEOUT,
@@ -443,6 +444,7 @@ impl State {
                         && process
                         && !dir.join(PROC_RECORD).exists()
                         && !dir.join(EXIT_RECORD).exists()
+                        && self.runtime.processes().settle_launch(&dir).ok() == Some(Settled::Withdrawn)
                     {
                         let _ = crate::safe_fs::remove_tree(&dir);
                         continue;

@@ -441,3 +441,124 @@ fn runtime_runs_a_task_uid_in_its_own_home_and_keeps_its_logs_from_it() {
     assert_eq!(wait_exited(&rt, &h).code, Some(0));
     assert_eq!(stdout_of(&launch.state_dir), "0\n/\n");
 }
+
+const AGENT_MARKER: &str = "--mpsfleet-test-agent--";
+
+/// The "agent" of the launch-window test: this executable run again with `--exact agent_entry`
+/// launches `sleep SECONDS` in DIR through a shim that takes a second to start, then waits to
+/// be killed.
+#[test]
+fn agent_entry() {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let Some(i) = args.iter().position(|a| a == AGENT_MARKER) else { return };
+    let (dir, seconds) = (PathBuf::from(&args[i + 1]), args[i + 2].to_string_lossy().into_owned());
+    let exe = std::env::current_exe().expect("test executable");
+    let slow_shim: Vec<OsString> = ["sh", "-c", "sleep 1; exec \"$@\"", "sh"]
+        .into_iter()
+        .map(OsString::from)
+        .chain([exe.into_os_string()])
+        .chain(["--exact", "shim_entry", "--nocapture", "--", SHIM_MARKER].map(OsString::from))
+        .collect();
+    let rt = Runtime::new(slow_shim).expect("runtime");
+    let _ = rt.launch(&spec(&dir, &["sleep", &seconds], &[]));
+    thread::sleep(PATIENCE);
+}
+
+/// Processes whose command line is exactly `argv`.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// Processes whose command line mentions `dir` (shims, and the shell that starts one late).
+fn processes_naming(dir: &Path) -> Vec<u32> {
+    let needle = dir.as_os_str().as_encoded_bytes().to_vec();
+    fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// An agent killed after it spawned a container's shim but before the shim recorded the pid:
+/// the next agent withdraws the launch and starts the container again in the same directory,
+/// and the first shim, starting late, runs nothing. One copy of the task runs, and it is owned.
+#[test]
+fn runtime_an_agent_killed_inside_the_launch_window_leaves_one_copy() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = state_dir(&tmp, "launch-window");
+    let seconds = format!("{}.25", 4000 + std::process::id() % 1000);
+    let exe = std::env::current_exe().expect("test executable");
+    let mut agent = std::process::Command::new(exe)
+        .args(["--exact", "agent_entry", "--nocapture", "--", AGENT_MARKER])
+        .arg(&dir)
+        .arg(&seconds)
+        .spawn()
+        .expect("agent");
+    let mut waited = Duration::ZERO;
+    while !dir.join("launch").exists() {
+        assert!(waited < PATIENCE, "the agent never began the launch");
+        thread::sleep(STEP);
+        waited += STEP;
+    }
+    thread::sleep(Duration::from_millis(100)); // the shim is spawned, and sleeping
+    agent.kill().expect("kill the agent inside the window");
+    agent.wait().expect("reap the agent");
+    assert!(!dir.join("proc.json").exists(), "the window closed before the agent was killed");
+
+    // The next agent: the launch is withdrawn, and the container started again where it was.
+    let rt = runtime();
+    assert_eq!(rt.settle_launch(&dir).expect("settle"), mpsfleet_agent::runtime::Settled::Withdrawn);
+    fs::remove_dir_all(&dir).expect("clear the directory");
+    let h = rt.launch(&spec(&dir, &["sleep", &seconds], &[])).expect("launch again");
+    let pid = h.pid().expect("pid");
+    // Wait until the first shim has woken and gone (then only the new shim names the
+    // directory), or has started a second copy.
+    let mut waited = Duration::ZERO;
+    let copies = loop {
+        let copies = processes_running(&["sleep", &seconds]);
+        if copies.len() > 1 || processes_naming(&dir).len() <= 1 {
+            break copies;
+        }
+        assert!(waited < PATIENCE, "the first shim neither went nor started anything");
+        thread::sleep(STEP);
+        waited += STEP;
+    };
+    for p in copies.iter().filter(|p| **p != pid) {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p as i32), nix::sys::signal::Signal::SIGKILL);
+    }
+    assert_eq!(copies, vec![pid], "exactly the owned copy runs");
+    rt.stop(&h, Duration::from_secs(5)).expect("stop");
+}
+
+/// A shim that has taken the launch is waited for: the next agent adopts the task it starts.
+#[test]
+fn runtime_a_launch_held_by_its_shim_is_adopted_not_withdrawn() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = state_dir(&tmp, "launch-held");
+    let rt = runtime();
+    let h = rt.launch(&spec(&dir, &["sleep", "1000"], &[])).expect("launch");
+    // As if the agent had died before reading the records: hide them while the shim holds on.
+    let proc = fs::read(dir.join("proc.json")).expect("proc.json");
+    fs::remove_file(dir.join("proc.json")).expect("hide proc.json");
+    let writer = {
+        let dir = dir.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(500));
+            fs::write(dir.join("proc.json"), proc).expect("restore proc.json");
+        })
+    };
+    assert_eq!(rt.settle_launch(&dir).expect("settle"), mpsfleet_agent::runtime::Settled::Claimed);
+    writer.join().expect("writer");
+    assert!(dir.join("launch").exists(), "a held launch is not withdrawn");
+    assert!(matches!(rt.adopt(&dir).expect("adopt"), AdoptedState::Running { .. }));
+    rt.stop(&h, Duration::from_secs(5)).expect("stop");
+}

@@ -7,7 +7,8 @@
 use super::identity::{ExecContext, TaskUser, UserError};
 use super::procfs::{self, Liveness};
 use super::shim::{
-    ExitRecord, ProcRecord, ShimArgs, EXIT_RECORD, PROC_RECORD, SHIM_LOG, STDERR_LOG, STDOUT_LOG,
+    ExitRecord, ProcRecord, ShimArgs, EXIT_RECORD, LAUNCH_RECORD, PROC_RECORD, SHIM_LOG, STDERR_LOG,
+    STDOUT_LOG,
 };
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -106,6 +107,17 @@ pub enum AdoptedState {
     Lost {
         reason: String,
     },
+}
+
+/// What [`Runtime::settle_launch`] found in a state directory with neither a pid nor an exit
+/// record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// A shim holds the launch: it has started or is starting the task, and its records follow.
+    Claimed,
+    /// No shim holds it, and none ever will: the launch was withdrawn, the task never ran, and
+    /// it may be started afresh.
+    Withdrawn,
 }
 
 /// How a stop ended.
@@ -226,12 +238,18 @@ impl Runtime {
             path: dir.join(SHIM_LOG),
             source,
         })?;
+        // Written before the shim exists: a later agent finds the launch even if this one dies
+        // before the shim records anything, and settles it with the shim (`settle_launch`).
+        let launch = launch_id();
+        crate::safe_fs::write_atomic(&dir.join(LAUNCH_RECORD), launch.as_bytes())
+            .map_err(|source| RuntimeError::Io { what: "write", path: dir.join(LAUNCH_RECORD), source })?;
         let args = ShimArgs {
             dir: dir.clone(),
             uid: ctx.user.as_ref().map(|u| u.uid),
             gid: ctx.user.as_ref().map(|u| u.gid),
             workdir: task_user.map(|t| t.home.clone()),
             argv: l.argv.iter().map(OsString::from).collect(),
+            launch: Some(launch),
         };
         let mut cmd = Command::new(&self.shim[0]);
         cmd.args(&self.shim[1..])
@@ -285,6 +303,49 @@ impl Runtime {
             }
             thread::sleep(POLL);
             waited += POLL;
+        }
+    }
+
+    /// Settles a launch an earlier agent began in `state_dir` and left without a pid or an exit
+    /// record (it died in between): either a shim holds the launch, and this waits (up to the
+    /// launch wait) for its records, or none does, and the launch is withdrawn so that no shim
+    /// started for it will ever start the task. Only then may the task be started again.
+    pub fn settle_launch(&self, state_dir: &Path) -> Result<Settled, RuntimeError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let lock_path = state_dir.join(super::shim::LAUNCH_LOCK);
+        let lock = super::shim::open_lock(state_dir).map_err(|source| RuntimeError::Io {
+            what: "open",
+            path: lock_path.clone(),
+            source,
+        })?;
+        let recorded = |dir: &Path| dir.join(PROC_RECORD).exists() || dir.join(EXIT_RECORD).exists();
+        match Flock::lock(lock, FlockArg::LockExclusiveNonblock) {
+            Ok(_held) => {
+                if recorded(state_dir) {
+                    return Ok(Settled::Claimed); // a shim ran it to the end and let go
+                }
+                match fs::remove_file(state_dir.join(LAUNCH_RECORD)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(RuntimeError::Io {
+                            what: "withdraw",
+                            path: state_dir.join(LAUNCH_RECORD),
+                            source,
+                        })
+                    }
+                }
+                Ok(Settled::Withdrawn)
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                let mut waited = Duration::ZERO;
+                while !recorded(state_dir) && waited < LAUNCH_WAIT {
+                    thread::sleep(POLL);
+                    waited += POLL;
+                }
+                Ok(Settled::Claimed)
+            }
+            Err((_, e)) => Err(RuntimeError::Io { what: "lock", path: lock_path, source: e.into() }),
         }
     }
 
@@ -405,6 +466,14 @@ impl Runtime {
             waited += step;
         }
     }
+}
+
+/// A launch's id: unique among the launches of one state directory.
+fn launch_id() -> String {
+    use mpsfleet_core::clock::Clock;
+    static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{}-{n}", std::process::id(), mpsfleet_core::clock::SystemClock.now_ms())
 }
 
 fn shim_alive(handle: &ContainerHandle, proc: &ProcRecord) -> bool {

@@ -16,7 +16,7 @@ pub mod task;
 
 pub use container::{
     logs, logs_beneath, AdoptedState, ContainerHandle, ContainerLaunch, ContainerState, LogStream, Runtime,
-    RuntimeError, StopOutcome, DEFAULT_STOP_TIMEOUT,
+    RuntimeError, Settled, StopOutcome, DEFAULT_STOP_TIMEOUT,
 };
 pub use identity::{
     resolve_user, ExecContext, ResolvedUser, TaskUser, UidRange, UserError, DEFAULT_TASK_UIDS,

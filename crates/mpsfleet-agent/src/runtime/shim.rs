@@ -10,7 +10,16 @@
 //! environment. The shim runs as the agent's user: every file it writes is its own, mode 0600,
 //! and the task (another uid) never gets a path to them, only the pipes. It then writes
 //! `DIR/proc.json` (pid and start times) and `DIR/pid`, waits for the process and writes
-//! `DIR/exit.json`. Every record is written to a temporary file and renamed into place, so a
+//! `DIR/exit.json`.
+//!
+//! **Who starts the task.** An agent may die between spawning a shim and the shim recording
+//! the pid; the next agent must then know whether that shim will still start the task. The agent
+//! writes `DIR/launch` (a fresh id) before it spawns the shim with `--launch ID`; the shim holds
+//! `DIR/launch.lock` (flock) from before it starts the task until it exits, and starts it only if
+//! it got the lock at once and `DIR/launch` still holds its id. A later agent that finds
+//! neither record takes the same lock: if a shim holds it, the records follow; if it gets it,
+//! it removes `DIR/launch` while holding it, and no shim will ever start that launch (see
+//! [`super::Runtime::settle_launch`]). Every record is written to a temporary file and renamed into place, so a
 //! reader sees the whole record or none of it. The shim is never in the task's process group,
 //! so stopping a task never kills the shim before it has recorded the exit.
 
@@ -39,6 +48,10 @@ pub const SHIM_LOG: &str = "shim.log";
 pub const PROC_RECORD: &str = "proc.json";
 pub const PID_FILE: &str = "pid";
 pub const EXIT_RECORD: &str = "exit.json";
+/// The id of the launch the agent last asked for; a shim starts the task only under its id.
+pub const LAUNCH_RECORD: &str = "launch";
+/// Held (flock) by the shim that won the launch, from before it starts the task until it exits.
+pub const LAUNCH_LOCK: &str = "launch.lock";
 
 /// The shim's exit code when it could not do its job (bad arguments, unwritable state dir).
 pub const SHIM_FAILURE: i32 = 125;
@@ -56,6 +69,8 @@ pub struct ShimArgs {
     pub workdir: Option<PathBuf>,
     /// The task's argv; `argv[0]` is looked up in `PATH`.
     pub argv: Vec<OsString>,
+    /// The launch this shim is for (`DIR/launch` must hold it); None starts without the check.
+    pub launch: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -79,7 +94,7 @@ impl ShimArgs {
     /// `--dir DIR [--uid N --gid N] -- ARGV...`.
     pub fn parse<I: IntoIterator<Item = OsString>>(args: I) -> Result<ShimArgs, ShimArgsError> {
         let mut args = args.into_iter();
-        let (mut dir, mut uid, mut gid, mut workdir) = (None, None, None, None);
+        let (mut dir, mut uid, mut gid, mut workdir, mut launch) = (None, None, None, None, None);
         loop {
             let Some(arg) = args.next() else { return Err(ShimArgsError::MissingCommand) };
             let flag = arg.to_string_lossy().into_owned();
@@ -94,6 +109,10 @@ impl ShimArgs {
                     workdir = Some(PathBuf::from(
                         args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?,
                     ))
+                }
+                "--launch" => {
+                    let value = args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?;
+                    launch = Some(value.to_string_lossy().into_owned())
                 }
                 "--uid" | "--gid" => {
                     let value = args.next().ok_or(ShimArgsError::MissingValue { flag: flag.clone() })?;
@@ -118,7 +137,7 @@ impl ShimArgs {
         if uid.is_some() != gid.is_some() {
             return Err(ShimArgsError::UidWithoutGid);
         }
-        Ok(ShimArgs { dir, uid, gid, workdir, argv })
+        Ok(ShimArgs { dir, uid, gid, workdir, argv, launch })
     }
 
     /// The inverse of [`ShimArgs::parse`].
@@ -129,6 +148,9 @@ impl ShimArgs {
         }
         if let Some(w) = &self.workdir {
             out.extend(["--workdir".into(), w.clone().into_os_string()]);
+        }
+        if let Some(id) = &self.launch {
+            out.extend(["--launch".into(), id.into()]);
         }
         out.push("--".into());
         out.extend(self.argv.iter().cloned());
@@ -214,12 +236,51 @@ enum ShimError {
     EmptyCommand { dir: PathBuf },
     #[error("cannot {what} {path}: {source}")]
     Io { what: &'static str, path: PathBuf, source: io::Error },
+    #[error("not starting the task of {dir}: {why}")]
+    NotOurs { dir: PathBuf, why: &'static str },
+}
+
+/// Takes the launch of `args.dir` for this shim: the lock, held while the returned file is
+/// open, and the check that the launch is still the one the agent asked for. The task is not
+/// started when it fails.
+fn win_launch(args: &ShimArgs, id: &str) -> Result<nix::fcntl::Flock<File>, ShimError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock = open_lock(&args.dir).map_err(|source| ShimError::Io {
+        what: "open",
+        path: args.dir.join(LAUNCH_LOCK),
+        source,
+    })?;
+    let not_ours = |why| ShimError::NotOurs { dir: args.dir.clone(), why };
+    let held = Flock::lock(lock, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| not_ours("another process holds its launch"))?;
+    let asked = std::fs::read_to_string(args.dir.join(LAUNCH_RECORD)).unwrap_or_default();
+    if asked.trim() != id {
+        return Err(not_ours("the launch was withdrawn (its agent stopped before the task started)"));
+    }
+    if args.dir.join(PROC_RECORD).exists() || args.dir.join(EXIT_RECORD).exists() {
+        return Err(not_ours("it has already run"));
+    }
+    Ok(held)
+}
+
+/// Opens (creating) `dir/launch.lock`, close-on-exec so that the task never inherits it.
+pub(crate) fn open_lock(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(dir.join(LAUNCH_LOCK))
 }
 
 fn run(args: &ShimArgs) -> Result<(), ShimError> {
     let Some(program) = args.argv.first() else {
         return Err(ShimError::EmptyCommand { dir: args.dir.clone() });
     };
+    // Held until the shim exits: a later agent that finds it held waits for the records.
+    let _launch = args.launch.as_deref().map(|id| win_launch(args, id)).transpose()?;
     let open_log = |name: &str| {
         use std::os::unix::fs::OpenOptionsExt;
         let path = args.dir.join(name);
@@ -457,9 +518,10 @@ mod tests {
             gid: Some(65534),
             workdir: Some("/run/home/t-1".into()),
             argv: os(&["sh", "-c", "echo -- hi"]),
+            launch: Some("42-7".into()),
         };
         assert_eq!(ShimArgs::parse(a.to_args()), Ok(a.clone()));
-        let b = ShimArgs { uid: None, gid: None, workdir: None, ..a };
+        let b = ShimArgs { uid: None, gid: None, workdir: None, launch: None, ..a };
         assert_eq!(ShimArgs::parse(b.to_args()), Ok(b));
     }
 
