@@ -368,6 +368,7 @@ fn app_with(
         limiter,
     };
     let metrics = state.metrics.clone();
+    let state_for_leadership = state.clone();
     let ecs_router = crate::ecs::router(
         crate::ecs::Serving {
             state: state.clone(),
@@ -385,8 +386,36 @@ fn app_with(
         // The ECS-compatible API at `POST /`: it authenticates SigV4 itself (`ecs`).
         .merge(ecs_router)
         .layer(axum::middleware::from_fn(json_errors))
+        .layer(axum::middleware::from_fn_with_state(state_for_leadership, leadership))
         .layer(axum::middleware::from_fn_with_state(forward_key, forwarded_peer))
         .layer(axum::middleware::from_fn(crate::request_id::middleware))
+}
+
+/// The answer's fence header: the fence (the leader key's create revision) of the leadership
+/// the answering server serves under. Every write it acknowledged was committed under it.
+pub const FENCE_HEADER: &str = "mpsfleet-fence";
+/// The answer's revision header: the store revision this server had committed or caught up to
+/// when the request arrived; what the answer shows is at least that new.
+pub const REVISION_HEADER: &str = "mpsfleet-revision";
+
+/// On a server of several (etcd), every answer says which leadership gave it and from which
+/// revision; and a leader that can no longer tell, on its own clock, that it still leads (its
+/// lease not renewed for two thirds of the TTL, e.g. after a pause) answers nothing but 503,
+/// so that it never shows a state older than one the new leader has shown.
+async fn leadership(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(role) = state.ha.clone() else { return next.run(req).await };
+    if !role.may_answer() {
+        return ApiError::from(Error::StoreUnavailable(
+            "this server's leadership is not current (its lease was not renewed in time): retry at the leader".into(),
+        ))
+        .into_response();
+    }
+    let revision = *state.changed.borrow();
+    let mut answer = next.run(req).await;
+    let headers = answer.headers_mut();
+    headers.insert(FENCE_HEADER, HeaderValue::from(role.leadership.fence()));
+    headers.insert(REVISION_HEADER, HeaderValue::from(revision));
+    answer
 }
 
 /// A request a follower forwarded (crate::forward) names its original peer and Host in signed

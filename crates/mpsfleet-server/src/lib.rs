@@ -150,6 +150,8 @@ pub struct HaRole {
     pub me: Candidate,
     pub lease: i64,
     pub ttl: Duration,
+    /// The leadership this server serves under: its fence, and whether it is still current.
+    pub leadership: Arc<mpsfleet_store::etcd::Leadership>,
 }
 
 impl std::fmt::Debug for HaRole {
@@ -158,11 +160,18 @@ impl std::fmt::Debug for HaRole {
             .field("me", &self.me)
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
+            .field("fence", &self.leadership.fence())
             .finish()
     }
 }
 
 impl HaRole {
+    /// Whether this server may answer as the leader now (see `Leadership::is_current`); a
+    /// store unfenced for tests answers regardless.
+    pub fn may_answer(&self) -> bool {
+        self.leadership.is_current() || self.store.is_unfenced()
+    }
+
     /// What `GET /v1/cluster/status` answers: the leader as etcd has it, and every member.
     pub fn status(&self, revision: u64) -> mpsfleet_types::access::ClusterStatus {
         use mpsfleet_types::access::{ClusterStatus, EtcdMemberView, LeaderView};

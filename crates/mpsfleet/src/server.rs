@@ -76,6 +76,11 @@ pub struct ServerArgs {
     /// about this long; a shorter one fails over faster and renews more often.
     #[arg(long, default_value_t = 3)]
     leader_ttl: u64,
+    /// Tests only: commit without the fence, so that a deposed leader's writes are kept. Refused
+    /// in release builds and without MPSFLEET_ALLOW_UNFENCED=1 (the nemesis test proves with it
+    /// that its checker can fail).
+    #[arg(long, hide = true)]
+    unfenced_for_tests: bool,
     /// The URL clients and agents reach this server at, as the leader key shows it
     /// [default: https://<listen address>].
     #[arg(long, value_name = "URL")]

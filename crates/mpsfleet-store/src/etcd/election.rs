@@ -59,6 +59,8 @@ pub(crate) struct Held {
     pub(crate) create_revision: i64,
     lease: i64,
     lost: tokio::sync::watch::Sender<Option<String>>,
+    /// When the last renewal that etcd granted was sent (the lease runs from then at the latest).
+    renewed: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Held {
@@ -112,6 +114,20 @@ impl Leadership {
         self.ttl
     }
 
+    /// The fence: the leader key's create revision, which every commit of this leadership
+    /// carries.
+    pub fn fence(&self) -> i64 {
+        self.held.create_revision
+    }
+
+    /// Whether this server may still answer as the leader on its own clock: not lost, and a
+    /// renewal sent within two thirds of the TTL. No other server can have been elected since
+    /// (the lease outlives that by a third of the TTL), so an answer given now is not stale.
+    pub fn is_current(&self) -> bool {
+        self.held.lost.borrow().is_none()
+            && self.held.renewed.lock().unwrap_or_else(|p| p.into_inner()).elapsed() < self.ttl * 2 / 3
+    }
+
     /// Steps down: commits are refused from now on, and the leader key is deleted with its
     /// lease so that another server takes over at once rather than after the TTL.
     pub fn resign(&self) {
@@ -146,6 +162,7 @@ impl EtcdStore {
             }
             let gw = inner.gw.clone();
             let secs = ttl.as_secs_f64().ceil() as i64;
+            let granted = monotonic_now();
             let (lease, _) =
                 inner.io(async move { gw.lease_grant(secs).await }).map_err(backend("campaign"))?;
             let body = txn_body(
@@ -162,7 +179,12 @@ impl EtcdStore {
             // The put is the transaction's only write: the key's create revision is the
             // transaction's revision.
             let (tx, _) = tokio::sync::watch::channel(None);
-            let held = Arc::new(Held { create_revision: a.revision, lease, lost: tx });
+            let held = Arc::new(Held {
+                create_revision: a.revision,
+                lease,
+                lost: tx,
+                renewed: std::sync::Mutex::new(granted),
+            });
             *inner.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
             if let Err(e) = inner.catch_up() {
                 // Leading from a replica that may be behind is not leading: give it back.
@@ -262,7 +284,6 @@ impl EtcdStore {
 /// lease is gone, the key is no longer this process's, or two thirds of the TTL passed
 /// without a renewal.
 fn keep_alive(inner: &Inner, held: &Held, ttl: Duration) {
-    let mut last_renewal = monotonic_now();
     let key = inner.keys.leader();
     loop {
         thread::sleep(ttl / 3);
@@ -271,11 +292,14 @@ fn keep_alive(inner: &Inner, held: &Held, ttl: Duration) {
         }
         let gw = inner.gw.clone();
         let lease = held.lease;
+        let sent = monotonic_now();
         let renewed = inner.io(async move { gw.lease_keepalive(lease).await });
         let ours =
             inner.range(key.clone(), None, 1, 0).map(|a| a.kvs.first().map_or(0, |kv| kv.create_revision));
         match (renewed, ours) {
-            (Ok(left), Ok(cr)) if left > 0 && cr == held.create_revision => last_renewal = monotonic_now(),
+            (Ok(left), Ok(cr)) if left > 0 && cr == held.create_revision => {
+                *held.renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent
+            }
             (Ok(0), _) => return inner.lose("the leader's lease expired"),
             (_, Ok(cr)) if cr != held.create_revision => {
                 return inner.lose("the leader key is no longer this server's")
@@ -285,7 +309,7 @@ fn keep_alive(inner: &Inner, held: &Held, ttl: Duration) {
                 tracing::warn!(error = %why, "could not renew the leader's lease");
             }
         }
-        if last_renewal.elapsed() > ttl * 2 / 3 {
+        if held.renewed.lock().unwrap_or_else(|p| p.into_inner()).elapsed() > ttl * 2 / 3 {
             return inner.lose("the leader's lease could not be renewed in time");
         }
     }

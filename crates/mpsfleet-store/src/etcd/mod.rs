@@ -77,6 +77,8 @@ pub(crate) struct Inner {
     writers: Writers,
     /// The election key's create revision while this process leads.
     fence: Mutex<Option<Arc<election::Held>>>,
+    /// Tests only ([`EtcdStore::unfence_for_tests`]): commit as if anyone could.
+    unfenced: AtomicBool,
     /// Feed entries below this were compacted (as far as this process knows).
     compacted: AtomicU64,
     /// etcd's revision at the previous compaction: history before it is dropped at the next.
@@ -154,6 +156,7 @@ impl EtcdStore {
             watch: RevisionWatch::new(0),
             writers,
             fence: Mutex::new(None),
+            unfenced: AtomicBool::new(false),
             compacted: AtomicU64::new(0),
             history_mark: AtomicU64::new(0),
             pending: (Mutex::new(true), Condvar::new()),
@@ -175,6 +178,23 @@ impl EtcdStore {
     /// The etcd endpoints this store talks to.
     pub fn endpoints(&self) -> Vec<String> {
         self.inner.gw.endpoints().to_vec()
+    }
+
+    /// **Breaks the store's safety, for tests that must see it broken**: from now on commits
+    /// carry no fence (neither the leader-key condition nor the check that this process still
+    /// leads), so a deposed leader commits. Only the nemesis test's check that its checker can
+    /// fail uses it, through a server flag refused outside debug builds and without
+    /// `MPSFLEET_ALLOW_UNFENCED=1`.
+    pub fn unfence_for_tests(&self) {
+        tracing::error!(
+            "this store commits without its fence: a deposed leader's writes are kept (a test switch)"
+        );
+        self.inner.unfenced.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`EtcdStore::unfence_for_tests`] was called.
+    pub fn is_unfenced(&self) -> bool {
+        self.inner.unfenced.load(Ordering::Relaxed)
     }
 }
 
@@ -569,6 +589,7 @@ impl Inner {
         let mut caught_up = false;
         for _ in 0..32 {
             let fence = match (self.writers, self.current_fence()) {
+                _ if self.unfenced.load(Ordering::Relaxed) => None,
                 (Writers::Leader, None) => {
                     return Err(StoreError::Fenced { message: "this server is not the leader".to_owned() })
                 }

@@ -57,6 +57,13 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         .await?
         .with_context(|| format!("cannot open the etcd store at {endpoints}"))?;
     let store = Arc::new(store);
+    if args.unfenced_for_tests {
+        anyhow::ensure!(
+            cfg!(debug_assertions) && std::env::var("MPSFLEET_ALLOW_UNFENCED").as_deref() == Ok("1"),
+            "--unfenced-for-tests breaks the store's safety: it is refused outside debug builds and without MPSFLEET_ALLOW_UNFENCED=1"
+        );
+        store.unfence_for_tests();
+    }
     tracing::info!(id = %me.id, url = %me.url, revision = store.revision().unwrap_or(0), "etcd store open; campaigning");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -125,11 +132,13 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         };
         failed_opens = 0;
         let listener = bind(listen).await?;
+        let leadership = Arc::new(leadership);
         let role = Arc::new(mpsfleet_server::HaRole {
             store: store.clone(),
             me: me.clone(),
             lease: leadership.lease(),
             ttl,
+            leadership: leadership.clone(),
         });
         let lost = leadership.lost();
         let mut stopping = stop_rx.clone();
