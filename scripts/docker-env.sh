@@ -13,6 +13,7 @@
 #   bash scripts/docker-env.sh env     # print the `export ...` lines for the tests
 #   bash scripts/docker-env.sh stop    # stop everything `start` started, leave nothing running
 #   bash scripts/docker-env.sh status  # say what is running
+#   bash scripts/docker-env.sh restart-engine  # stop dockerd (SIGTERM) and start it again: a fault
 #
 # How scripts/test.sh calls it:
 #   bash scripts/docker-env.sh start
@@ -398,10 +399,19 @@ cmd_status() {
   done
 }
 
+# The Engine stopped (SIGTERM) and started again on its data, as an operator's restart does:
+# for a fault that tests inject (`mpsfleet bench soak --restart-docker`).
+cmd_restart_engine() {
+  [[ -S "$sock" ]] || die "not started: run bash scripts/docker-env.sh start"
+  stop_pid dockerd "$dir/dockerd.pid"
+  start_dockerd
+}
+
 case "${1:-}" in
 start) cmd_start ;;
 stop) cmd_stop ;;
+restart-engine) cmd_restart_engine ;;
 env) cmd_env ;;
 status) cmd_status ;;
-*) die "usage: $0 start|stop|env|status" ;;
+*) die "usage: $0 start|stop|env|status|restart-engine" ;;
 esac

@@ -13,6 +13,8 @@ mod metrics;
 mod recovery;
 mod register;
 mod scaling;
+mod soak;
+mod soak_probe;
 mod start;
 mod submit;
 use ingest::{ingest, IngestBench};
@@ -48,6 +50,8 @@ pub enum BenchCommand {
     Console(console::ConsoleBench),
     /// Managed scaling's decision for 100,000 waiting tasks on a 10,000-host pool.
     Scaling(scaling::ScalingBench),
+    /// The whole system under random faults from a seed, checked at the process level.
+    Soak(soak::SoakBench),
 }
 
 #[derive(Args)]
@@ -85,6 +89,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Metrics(b) => metrics::metrics(b),
         BenchCommand::Console(b) => console::console(b),
         BenchCommand::Scaling(b) => scaling::scaling(b),
+        BenchCommand::Soak(b) => soak::soak(b),
     }
 }
 
