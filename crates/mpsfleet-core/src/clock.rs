@@ -19,6 +19,19 @@ impl Clock for SystemClock {
     }
 }
 
+/// The wall clock moved by a fixed skew: a server whose clock is off, for tests that inject
+/// clock skew without touching the machine's clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SkewedClock {
+    pub skew_ms: i64,
+}
+
+impl Clock for SkewedClock {
+    fn now_ms(&self) -> u64 {
+        SystemClock.now_ms().saturating_add_signed(self.skew_ms)
+    }
+}
+
 /// How long something took, for measurements only (metrics' latencies): a monotonic reading
 /// that no decision depends on, so it stays outside the [`Clock`] seam.
 #[derive(Debug, Clone, Copy)]

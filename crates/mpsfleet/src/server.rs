@@ -81,6 +81,10 @@ pub struct ServerArgs {
     /// that its checker can fail).
     #[arg(long, hide = true)]
     unfenced_for_tests: bool,
+    /// Tests only (debug builds): this server's wall clock runs this many milliseconds ahead
+    /// (negative: behind) of the machine's, as a server with a skewed clock would (--store etcd).
+    #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true)]
+    clock_skew_ms: i64,
     /// The URL clients and agents reach this server at, as the leader key shows it
     /// [default: https://<listen address>].
     #[arg(long, value_name = "URL")]

@@ -75,6 +75,8 @@ struct Servers {
     prefix: String,
     children: Vec<Option<Child>>,
     extra: Vec<String>,
+    /// Each server's clock skew (ms), from its next start on.
+    skew: Vec<i64>,
 }
 
 impl Servers {
@@ -86,6 +88,7 @@ impl Servers {
             prefix,
             children: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|a| a.to_string()).collect(),
+            skew: vec![0; n],
         };
         let rx = s.spawn(0);
         wait_for_line(&rx, "mpsfleet server listening on ");
@@ -103,7 +106,9 @@ impl Servers {
     fn spawn(&mut self, i: usize) -> std::sync::mpsc::Receiver<String> {
         let etcd = etcd_endpoints();
         let ttl = TTL.to_string();
+        let skew = format!("--clock-skew-ms={}", self.skew[i]);
         let mut args = vec![
+            &skew,
             "--store",
             "etcd",
             "--etcd-endpoints",
@@ -430,7 +435,17 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
             break;
         }
         let Some(l) = leader(&servers, &http, &token).await else { continue };
-        if rng.below(2) == 0 {
+        let roll = rng.below(5);
+        if roll == 4 {
+            // A follower's clock is skewed from its next start on: it leads with it later.
+            let f = (l + 1 + rng.below(2) as usize) % 3;
+            let skew =
+                (rng.millis(20_000, 90_000).as_millis() as i64) * if rng.below(2) == 0 { 1 } else { -1 };
+            servers.skew[f] = skew;
+            servers.kill(f);
+            servers.spawn(f);
+            faults.push(format!("{} ms: follower s{f} restarted with its clock skewed {skew} ms", at(t0)));
+        } else if roll < 2 {
             servers.kill(l);
             faults.push(format!("{} ms: leader s{l} SIGKILLed", at(t0)));
             tokio::time::sleep(rng.millis(500, 3_000)).await;
@@ -463,6 +478,12 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     .await;
     let history = history.lock().expect("history").clone();
     let verdict = history::check(&history, &last, PER_GPU);
+    // No fault touched the agent or its host: any incident is a false one.
+    let incidents = eventually(Duration::from_secs(30), "the incident list", || {
+        let admin = admin.clone();
+        async move { admin.list_incidents().await.ok() }
+    })
+    .await;
     let faults_summary = summarize(&faults);
     println!(
         "nemesis: seed {seed}, {seconds} s, {clients} clients: {} operations ({} acknowledged, {} unknown), {} tasks at the end; faults: {faults_summary}; verdict: {}",
@@ -476,6 +497,7 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
         println!("  {f}");
     }
     assert!(verdict.ok(), "the history breaks the API's promises:\n{}", verdict.violations.join("\n"));
+    assert!(incidents.is_empty(), "incidents with no host fault: {incidents:#?}");
     assert!(faults.len() >= 2 && verdict.acknowledged > 20, "too little happened to judge: {faults:?}");
     drop(servers);
 }
@@ -483,12 +505,14 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
 fn summarize(faults: &[String]) -> String {
     let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
     for f in faults {
-        for kind in ["SIGKILLed", "SIGSTOPped"] {
+        for kind in ["SIGKILLed", "SIGSTOPped", "skewed"] {
             if f.contains(kind) {
                 let what = if f.contains("etcd") {
                     "etcd member killed"
                 } else if kind == "SIGKILLed" {
                     "leader killed"
+                } else if kind == "skewed" {
+                    "follower restarted with a skewed clock"
                 } else {
                     "leader paused past its lease"
                 };

@@ -64,6 +64,17 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         );
         store.unfence_for_tests();
     }
+    anyhow::ensure!(
+        args.clock_skew_ms == 0 || cfg!(debug_assertions),
+        "--clock-skew-ms is for tests: it is refused outside debug builds"
+    );
+    let clock: Arc<dyn mpsfleet_core::clock::Clock> = match args.clock_skew_ms {
+        0 => Arc::new(SystemClock),
+        skew_ms => {
+            tracing::warn!(skew_ms, "this server's wall clock is skewed (a test switch)");
+            Arc::new(mpsfleet_core::clock::SkewedClock { skew_ms })
+        }
+    };
     tracing::info!(id = %me.id, url = %me.url, revision = store.revision().unwrap_or(0), "etcd store open; campaigning");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -114,10 +125,9 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         say(&format!("elected leader: {} ({}), lease {:x}", me.id, me.url, leadership.lease()));
         let opened = {
             let (dir, s, ca) = (args.data_dir.clone(), store.clone() as Arc<dyn Store>, given_ca.clone());
-            tokio::task::spawn_blocking(move || {
-                mpsfleet_server::open_store(&dir, s, Arc::new(SystemClock), ca.as_ref())
-            })
-            .await?
+            let clock = clock.clone();
+            tokio::task::spawn_blocking(move || mpsfleet_server::open_store(&dir, s, clock, ca.as_ref()))
+                .await?
         };
         let opened = match opened {
             Ok(o) => o,
