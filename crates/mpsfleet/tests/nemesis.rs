@@ -1,8 +1,11 @@
 //! The nemesis: three servers on the three-member etcd of `scripts/etcd-env.sh`, clients that
 //! run tasks with client tokens, stop them, scale a service and read, every operation recorded
 //! (tests/history), while faults arrive from a seed, one after another and overlapping: the
-//! leader SIGKILLed and restarted, the leader SIGSTOPped past its lease and resumed, an etcd
-//! member SIGKILLed and restarted. The history is then checked (docs/ha.md "The nemesis").
+//! leader SIGKILLed and restarted, the leader SIGSTOPped past its lease and resumed, the
+//! leader partitioned from etcd, a server partitioned from its clients, a follower restarted
+//! with a skewed clock, an etcd member SIGKILLed and restarted. The history is then checked
+//! (docs/ha.md "The nemesis"). Partitions are relays on 127.0.0.1 that the test cuts
+//! (tests/partition): every server reaches etcd, and is reached, only through its own.
 //!
 //! CI runs it for `MPSFLEET_NEMESIS_SECONDS` (default 45) with `MPSFLEET_NEMESIS_SEED` (default
 //! 1); a longer run is the same test with a larger figure:
@@ -16,6 +19,7 @@
 
 mod common;
 mod history;
+mod partition;
 
 use common::*;
 use history::{Entry, Op, Outcome, TaskSeen};
@@ -77,18 +81,39 @@ struct Servers {
     extra: Vec<String>,
     /// Each server's clock skew (ms), from its next start on.
     skew: Vec<i64>,
+    /// Each server's relays to the etcd members (cut: partitioned from etcd).
+    to_etcd: Vec<Vec<partition::Relay>>,
+    /// Each server's relay for its clients, agents and the other servers (cut: partitioned
+    /// from them); its advertised address.
+    from_clients: Vec<partition::Relay>,
 }
 
 impl Servers {
-    fn start(root: &Path, n: usize, extra: &[&str]) -> Servers {
+    async fn start(root: &Path, n: usize, extra: &[&str]) -> Servers {
         let prefix = format!("/nemesis/{}-{}", std::process::id(), free_port());
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let members: Vec<std::net::SocketAddr> = etcd_endpoints()
+            .split(',')
+            .map(|u| u.trim_start_matches("http://").parse().expect("an etcd endpoint host:port"))
+            .collect();
+        let (mut to_etcd, mut from_clients) = (Vec::new(), Vec::new());
+        for port in &ports {
+            let mut relays = Vec::new();
+            for m in &members {
+                relays.push(partition::Relay::start(*m).await);
+            }
+            to_etcd.push(relays);
+            from_clients.push(partition::Relay::start(([127, 0, 0, 1], *port).into()).await);
+        }
         let mut s = Servers {
-            ports: (0..n).map(|_| free_port()).collect(),
+            ports,
             dirs: (0..n).map(|i| root.join(format!("s{i}"))).collect(),
             prefix,
             children: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|a| a.to_string()).collect(),
             skew: vec![0; n],
+            to_etcd,
+            from_clients,
         };
         let rx = s.spawn(0);
         wait_for_line(&rx, "mpsfleet server listening on ");
@@ -104,11 +129,15 @@ impl Servers {
     }
 
     fn spawn(&mut self, i: usize) -> std::sync::mpsc::Receiver<String> {
-        let etcd = etcd_endpoints();
+        let etcd: Vec<String> = self.to_etcd[i].iter().map(|r| r.url("http")).collect();
+        let etcd = etcd.join(",");
         let ttl = TTL.to_string();
         let skew = format!("--clock-skew-ms={}", self.skew[i]);
+        let advertise = self.url(i);
         let mut args = vec![
             &skew,
+            "--advertise-url",
+            &advertise,
             "--store",
             "etcd",
             "--etcd-endpoints",
@@ -124,8 +153,9 @@ impl Servers {
         rx
     }
 
+    /// Where clients reach server `i`: through its relay.
     fn url(&self, i: usize) -> String {
-        format!("https://127.0.0.1:{}", self.ports[i])
+        self.from_clients[i].url("https")
     }
 
     fn pid(&self, i: usize) -> Option<nix::unistd::Pid> {
@@ -360,8 +390,10 @@ fn member_alive(n: usize) -> bool {
     let dir = std::env::var("MPSFLEET_TEST_ETCD_DIR").expect("MPSFLEET_TEST_ETCD_DIR");
     std::fs::read_to_string(format!("{dir}/m{n}.pid"))
         .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        // A killed member nobody reaped yet is a zombie: gone, for this purpose.
+        .and_then(mpsfleet_proc::stat)
+        .is_some_and(|st| !st.is_dead())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -371,7 +403,7 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     let seed = env_or("MPSFLEET_NEMESIS_SEED", 1);
     let clients = env_or("MPSFLEET_NEMESIS_CLIENTS", 4) as usize;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut servers = Servers::start(tmp.path(), 3, &[]);
+    let mut servers = Servers::start(tmp.path(), 3, &[]).await;
     let all: Vec<String> = (0..3).map(|i| servers.url(i)).collect();
     let cluster = servers.view(&all.join(","));
     let admin = cluster.admin();
@@ -435,8 +467,25 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
             break;
         }
         let Some(l) = leader(&servers, &http, &token).await else { continue };
-        let roll = rng.below(5);
-        if roll == 4 {
+        let roll = rng.below(7);
+        if roll == 5 {
+            // The leader cut off from every etcd member: it steps down on its own clock.
+            let hold = Duration::from_millis(TTL * 1_000) + rng.millis(500, 3_000);
+            servers.to_etcd[l].iter().for_each(partition::Relay::cut);
+            faults.push(format!("{} ms: leader s{l} partitioned from etcd", at(t0)));
+            tokio::time::sleep(hold).await;
+            servers.to_etcd[l].iter().for_each(partition::Relay::heal);
+            faults.push(format!("{} ms: s{l} reaches etcd again", at(t0)));
+        } else if roll == 6 {
+            // A server cut off from its clients (and the agent, and the other servers) for
+            // less than the agent's heartbeat grace.
+            let s = rng.below(3) as usize;
+            servers.from_clients[s].cut();
+            faults.push(format!("{} ms: s{s} partitioned from its clients", at(t0)));
+            tokio::time::sleep(rng.millis(1_000, 4_000)).await;
+            servers.from_clients[s].heal();
+            faults.push(format!("{} ms: s{s} reachable again", at(t0)));
+        } else if roll == 4 {
             // A follower's clock is skewed from its next start on: it leads with it later.
             let f = (l + 1 + rng.below(2) as usize) % 3;
             let skew =
@@ -505,9 +554,13 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
 fn summarize(faults: &[String]) -> String {
     let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
     for f in faults {
-        for kind in ["SIGKILLed", "SIGSTOPped", "skewed"] {
+        for kind in ["SIGKILLed", "SIGSTOPped", "skewed", "partitioned"] {
             if f.contains(kind) {
-                let what = if f.contains("etcd") {
+                let what = if kind == "partitioned" && f.contains("etcd") {
+                    "leader partitioned from etcd"
+                } else if kind == "partitioned" {
+                    "server partitioned from its clients"
+                } else if f.contains("etcd") {
                     "etcd member killed"
                 } else if kind == "SIGKILLed" {
                     "leader killed"
@@ -528,7 +581,7 @@ fn summarize(faults: &[String]) -> String {
 async fn paused_leader_schedule(unfenced: bool) -> history::Verdict {
     let tmp = tempfile::tempdir().expect("tempdir");
     let extra: &[&str] = if unfenced { &["--unfenced-for-tests"] } else { &[] };
-    let servers = Servers::start(tmp.path(), 2, extra);
+    let servers = Servers::start(tmp.path(), 2, extra).await;
     let (old, new) = (servers.url(0), servers.url(1));
     let cluster = servers.view(&format!("{old},{new}"));
     let admin = cluster.admin();
