@@ -167,8 +167,9 @@ pub fn render() -> String {
         let mut rows = Vec::new();
         for a in cmd.get_arguments() {
             let id = a.get_id().as_str();
-            // The client commands' global flags are described once, in the preamble.
-            if id == "help" || id == "version" || a.is_global_set() {
+            // The client commands' global flags are described once, in the preamble; hidden
+            // flags are for tests.
+            if id == "help" || id == "version" || a.is_global_set() || a.is_hide_set() {
                 continue;
             }
             let name = match (a.get_long(), a.get_short()) {
