@@ -219,6 +219,8 @@ async fn perform(
             "taskDefinition": "nemesis", "count": 1, "pool": "gpu", "clientToken": t, "startedBy": t
         })),
         Op::Stop { task } => http.post(format!("{url}/v1/tasks/{task}/stop")).json(&serde_json::json!({})),
+        Op::Drain { host } => http.post(format!("{url}/v1/hosts/{host}/drain")),
+        Op::Activate { host } => http.post(format!("{url}/v1/hosts/{host}/activate")),
         Op::Scale { desired } => http
             .patch(format!("{url}/v1/services/steady"))
             .json(&serde_json::json!({ "desiredCount": desired })),
@@ -311,11 +313,13 @@ struct Run {
     until: Instant,
     t0: Instant,
     history: Arc<Mutex<Vec<Entry>>>,
+    /// The agent's host, which clients drain and activate.
+    host: String,
 }
 
 /// A client: random operations at random servers until `run.until`.
 async fn client_loop(client: usize, seed: u64, run: Run) {
-    let Run { urls, http, token, until, t0, history } = run;
+    let Run { urls, http, token, until, t0, history, host } = run;
     let mut rng = Rng::new(seed * 1_000 + client as u64);
     let (mut n, mut unresolved, mut known): (u32, Vec<String>, Vec<String>) = (0, Vec::new(), Vec::new());
     while Instant::now() < until {
@@ -335,8 +339,12 @@ async fn client_loop(client: usize, seed: u64, run: Run) {
         } else if roll < 55 && !known.is_empty() {
             // Each stop targets a task not stopped before, so that live tasks stay few.
             Op::Stop { task: known.swap_remove(rng.below(known.len() as u64) as usize) }
-        } else if roll < 58 {
+        } else if roll < 61 {
             Op::Scale { desired: rng.below(3) as u32 }
+        } else if roll < 63 {
+            Op::Drain { host: host.clone() }
+        } else if roll < 67 {
+            Op::Activate { host: host.clone() }
         } else {
             Op::Read
         };
@@ -377,6 +385,11 @@ fn etcd_member(action: &str, n: usize) {
         let pid = std::fs::read_to_string(format!("{dir}/m{n}.pid")).expect("member pid").trim().to_owned();
         let _ = Command::new("kill").args(["-9", &pid]).status();
     } else {
+        // A member started twice (its first copy not yet gone) would fail to bind: end any copy.
+        let _ = Command::new("pkill")
+            .args(["-9", "-f", &format!("etcd --name m{n} --data-dir {dir}/m{n}")])
+            .status();
+        std::thread::sleep(Duration::from_millis(200));
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/etcd-env.sh");
         let ok = Command::new("bash")
             .args([script, "restart-member", &n.to_string()])
@@ -421,7 +434,7 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     let agent_dir = tmp.path().join("agent");
     std::fs::create_dir_all(&agent_dir).expect("agent dir");
     let _agent = Agent::start_with_model(&cluster, &agent_dir, 2);
-    eventually(Duration::from_secs(30), "the host to join", || {
+    let hosts = eventually(Duration::from_secs(30), "the host to join", || {
         let admin = admin.clone();
         async move { admin.list_hosts(None).await.ok().filter(|h| !h.is_empty()) }
     })
@@ -439,6 +452,7 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
         until,
         t0,
         history: history.clone(),
+        host: hosts[0].id.to_string(),
     };
     let workers: Vec<_> = (0..clients).map(|c| tokio::spawn(client_loop(c, seed, run.clone()))).collect();
 
@@ -527,12 +541,15 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     .await;
     let history = history.lock().expect("history").clone();
     let verdict = history::check(&history, &last, PER_GPU);
-    // No fault touched the agent or its host: any incident is a false one.
+    // No fault touched the agent or its host: any incident an operator (a client's drain) did
+    // not ask for is a false one.
     let incidents = eventually(Duration::from_secs(30), "the incident list", || {
         let admin = admin.clone();
         async move { admin.list_incidents().await.ok() }
     })
     .await;
+    let incidents: Vec<_> =
+        incidents.into_iter().filter(|i| i.incident.operator_requested.is_none()).collect();
     let faults_summary = summarize(&faults);
     println!(
         "nemesis: seed {seed}, {seconds} s, {clients} clients: {} operations ({} acknowledged, {} unknown), {} tasks at the end; faults: {faults_summary}; verdict: {}",

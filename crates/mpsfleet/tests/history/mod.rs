@@ -29,6 +29,13 @@ pub enum Op {
     Scale {
         desired: u32,
     },
+    /// `host drain` (moves its tasks off: an operator's incident) and `host activate`.
+    Drain {
+        host: String,
+    },
+    Activate {
+        host: String,
+    },
     /// Every task not STOPPED.
     Read,
     /// Every task (the settled state at the end).
