@@ -306,7 +306,6 @@ async fn inject(
     b: &SoakBench,
     rng: &mut super::Rng,
 ) -> Result<()> {
-    use nix::sys::signal::Signal;
     let host_dir = hosts_dir.join(&fault.hostname);
     let hold = Duration::from_millis(3_000 + rng.below(22_000));
     match fault.kind {
@@ -316,14 +315,7 @@ async fn inject(
                 fault.note = Some("no agent process found".into());
                 return Ok(());
             };
-            if fault.kind == FaultKind::AgentKill {
-                signal(pid, Signal::SIGKILL);
-            } else {
-                signal(pid, Signal::SIGSTOP);
-                tokio::time::sleep(hold).await;
-                signal(pid, Signal::SIGCONT);
-                fault.held_ms = Some(hold.as_millis() as u64);
-            }
+            kill_or_pause(pid, fault.kind == FaultKind::AgentKill, hold, fault).await;
         }
         FaultKind::DaemonKill | FaultKind::DaemonHang => {
             let gpu = rng.below(2);
@@ -342,14 +334,7 @@ async fn inject(
                 return Ok(());
             };
             fault.gpu = Some(gpu as u32);
-            if fault.kind == FaultKind::DaemonKill {
-                signal(pid, Signal::SIGKILL);
-            } else {
-                signal(pid, Signal::SIGSTOP);
-                tokio::time::sleep(hold).await;
-                signal(pid, Signal::SIGCONT);
-                fault.held_ms = Some(hold.as_millis() as u64);
-            }
+            kill_or_pause(pid, fault.kind == FaultKind::DaemonKill, hold, fault).await;
         }
         FaultKind::ServerKill => {
             server.kill();
@@ -369,6 +354,19 @@ async fn inject(
         }
     }
     Ok(())
+}
+
+/// SIGKILL, or SIGSTOP held for `hold` and then SIGCONT.
+async fn kill_or_pause(pid: u32, kill: bool, hold: Duration, fault: &mut Fault) {
+    use nix::sys::signal::Signal;
+    if kill {
+        signal(pid, Signal::SIGKILL);
+    } else {
+        signal(pid, Signal::SIGSTOP);
+        tokio::time::sleep(hold).await;
+        signal(pid, Signal::SIGCONT);
+        fault.held_ms = Some(hold.as_millis() as u64);
+    }
 }
 
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
