@@ -531,8 +531,10 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
             etcd_member("restart", m);
         }
     }
+    let mut attempt = 0;
     let last = eventually(Duration::from_secs(60), "a leader to answer the final read", || {
-        let (http, token, url) = (http.clone(), token.clone(), all[0].clone());
+        attempt += 1;
+        let (http, token, url) = (http.clone(), token.clone(), all[attempt % all.len()].clone());
         async move {
             let e = perform(&http, &token, &url, usize::MAX, Op::ReadAll, t0).await;
             (e.outcome == Outcome::Ok).then_some(e.seen)

@@ -1,24 +1,27 @@
 //! A TCP relay that a test can cut: a network partition between two processes on 127.0.0.1.
 //!
-//! While the relay is whole, bytes pass both ways. Cut, it drops what it reads on every
-//! connection it carried (each stays open and silent, as a connection across a partition
-//! does, until its owner gives up on it) and holds new connections open without connecting
-//! them. Healed, new connections pass again; a connection that lived through the cut never
-//! carries a byte again (bytes were lost in it).
+//! While the relay is whole, bytes pass both ways. Cut, nothing passes: it stops reading, so
+//! what either side sends waits in the sockets' buffers, and a connection made meanwhile is
+//! held without being passed on, as packets across a partition go unanswered. Healed, the
+//! waiting bytes and connections go through, late, as TCP's retransmissions deliver them after
+//! a partition; whoever gave up meanwhile (a timeout) has closed its end, and that close passes
+//! too.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub struct Relay {
     pub port: u16,
     cut: Arc<AtomicBool>,
-    /// Set at each cut; every connection open then sees it and goes silent for good.
-    epoch: Arc<std::sync::atomic::AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
+
+/// How often a stalled direction looks whether the relay was healed.
+const STALL_POLL: Duration = Duration::from_millis(20);
 
 impl Relay {
     /// Relays 127.0.0.1:`port` (a free one) to `target`.
@@ -26,28 +29,22 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a relay");
         let port = listener.local_addr().expect("addr").port();
         let cut = Arc::new(AtomicBool::new(false));
-        let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (c, e) = (cut.clone(), epoch.clone());
+        let c = cut.clone();
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                let (cut, epoch) = (c.clone(), e.clone());
+                let cut = c.clone();
                 tokio::spawn(async move {
-                    if cut.load(Ordering::SeqCst) {
-                        return silent(inbound).await;
-                    }
+                    healed(&cut).await;
                     let Ok(outbound) = TcpStream::connect(target).await else { return };
-                    let born = epoch.load(Ordering::SeqCst);
-                    let alive = move || !cut.load(Ordering::SeqCst) && epoch.load(Ordering::SeqCst) == born;
                     let (mut ir, mut iw) = inbound.into_split();
                     let (mut or, mut ow) = outbound.into_split();
-                    let a = alive.clone();
-                    let up = async move { pump(&mut ir, &mut ow, &a).await };
-                    let down = async move { pump(&mut or, &mut iw, &alive).await };
+                    let up = pump(&mut ir, &mut ow, &cut);
+                    let down = pump(&mut or, &mut iw, &cut);
                     tokio::join!(up, down);
                 });
             }
         });
-        Relay { port, cut, epoch, accept }
+        Relay { port, cut, accept }
     }
 
     pub fn url(&self, scheme: &str) -> String {
@@ -55,7 +52,6 @@ impl Relay {
     }
 
     pub fn cut(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.cut.store(true, Ordering::SeqCst);
     }
 
@@ -70,33 +66,30 @@ impl Drop for Relay {
     }
 }
 
-/// Copies `from` to `to` while `alive()`; after that, reads and drops until `from` closes.
-async fn pump<R, W>(from: &mut R, to: &mut W, alive: &(impl Fn() -> bool + Sync))
+async fn healed(cut: &AtomicBool) {
+    while cut.load(Ordering::SeqCst) {
+        tokio::time::sleep(STALL_POLL).await;
+    }
+}
+
+/// Copies `from` to `to`, stalling (reading nothing, writing nothing) while the relay is cut.
+async fn pump<R, W>(from: &mut R, to: &mut W, cut: &AtomicBool)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
     let mut buf = vec![0u8; 16 << 10];
     loop {
+        healed(cut).await;
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if alive() && to.write_all(&buf[..n]).await.is_err() {
+        healed(cut).await;
+        if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
     }
-    if alive() {
-        let _ = to.shutdown().await;
-    }
-}
-
-/// A connection across the partition: read and dropped, never answered.
-async fn silent(mut s: TcpStream) {
-    let mut buf = vec![0u8; 16 << 10];
-    while let Ok(n) = s.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-    }
+    healed(cut).await;
+    let _ = to.shutdown().await;
 }
