@@ -1,6 +1,9 @@
 //! A typed client of the mpsfleet REST API.
 
+mod stream;
 pub mod tls;
+
+pub use stream::{EventStream, StreamItem};
 
 use mpsfleet_types::api::*;
 use mpsfleet_types::*;

@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::api::OperatorCommandResponse;
+use mpsfleet_types::event::EventType;
 use mpsfleet_types::*;
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ mod access;
 mod drill;
 mod incident;
 mod pool;
+mod watch;
 use access::{ca_command, cluster_status, join_token, secret, token};
 pub use drill::DrillCommand;
 pub use incident::IncidentCommand;
@@ -31,18 +33,36 @@ pub struct Global<C: Subcommand> {
 pub struct Opts {
     /// The server's address [default: from the client config `mpsfleet up` writes, else
     /// https://127.0.0.1:7070].
-    #[arg(long, global = true, env = "MPSFLEET_SERVER")]
+    #[arg(long, global = true, env = "MPSFLEET_SERVER", help_heading = "Global options")]
     server: Option<String>,
     /// The cluster CA to verify an https:// server with [default: from the client config, else
     /// ./.mpsfleet/ca.pem].
-    #[arg(long, global = true, env = "MPSFLEET_CA_FILE")]
+    #[arg(long, global = true, env = "MPSFLEET_CA_FILE", help_heading = "Global options")]
     ca_file: Option<PathBuf>,
     /// Bearer token [default: from the client config, else ./.mpsfleet/admin.token].
-    #[arg(long, global = true, env = "MPSFLEET_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "MPSFLEET_TOKEN",
+        hide_env_values = true,
+        help_heading = "Global options"
+    )]
     token: Option<String>,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    /// Output format: table, wide, json, yaml, name (KIND/NAME per object),
+    /// jsonpath=TEMPLATE (kubectl's template syntax: `{.items[*].id}`, `{range}…{end}`), or
+    /// custom-columns=HEADER:PATH[,HEADER:PATH...] (`ID:.id,HOST:.hostId`).
+    #[arg(short = 'o', long, global = true, value_parser = output::parse_format, default_value = "table", help_heading = "Global options")]
     output: Format,
+    /// Tables without their header line.
+    #[arg(long, global = true, help_heading = "Global options")]
+    no_headers: bool,
+    /// Sort lists by the value at this JSONPath of each item (`.createdAtMs`, `.hostId`).
+    #[arg(long, global = true, value_name = "PATH", help_heading = "Global options")]
+    sort_by: Option<String>,
+    /// Lists: only objects whose tags match (key=value, key!=value or key; comma-separated,
+    /// all must hold). A task's tags are its run's.
+    #[arg(short = 'l', long, global = true, value_name = "SELECTOR", help_heading = "Global options")]
+    selector: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +103,10 @@ pub enum TaskCommand {
         /// answers what the first call did instead of changing anything again (kept 24 h).
         #[arg(long)]
         client_token: Option<String>,
+        /// A tag of the run, KEY=VALUE (repeatable; ECS RunTask's tags): `task list -l KEY=VALUE`
+        /// selects by it.
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
         #[command(flatten)]
         wait: crate::wait::WaitFlags,
     },
@@ -109,6 +133,9 @@ pub enum TaskCommand {
         /// Show STOPPED tasks too.
         #[arg(long)]
         all: bool,
+        /// After the list, print each task again as it changes (kubectl get -w), until Ctrl-C.
+        #[arg(long, short = 'w')]
+        watch: bool,
     },
     /// One task: containers, exit codes, stop code and reason, times, health, GPUs, network bindings.
     Describe {
@@ -177,6 +204,9 @@ pub enum HostCommand {
         /// Show DEREGISTERED hosts too.
         #[arg(long)]
         all: bool,
+        /// After the list, print each host again as it changes (kubectl get -w), until Ctrl-C.
+        #[arg(long, short = 'w')]
+        watch: bool,
     },
     /// One host: GPUs with sharing mode, MPS memory and clients, checks with reasons, tasks.
     Describe {
@@ -597,6 +627,22 @@ pub enum Resource {
     Service(ServiceCommand),
     Incident(IncidentCommand),
     Drill(DrillCommand),
+    Events { kinds: Vec<String>, limit: Option<u64> },
+}
+
+/// `mpsfleet events`: the options every client command takes, and which events.
+#[derive(Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub opts: Opts,
+    /// Only events of this type (repeatable): incident.opened, incident.updated,
+    /// incident.resolved, incident.blocked, host.health, host.status, task.stopped, task.event,
+    /// host.event, service.event or pool.event (drills are their pool's).
+    #[arg(long = "kind", value_name = "TYPE")]
+    pub kinds: Vec<String>,
+    /// Stop after this many events.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
 }
 
 /// The pool a command names, else MPSFLEET_POOL (clap reads it), else the server's only pool.
@@ -697,6 +743,11 @@ fn client(opts: &Opts) -> Result<Client> {
 }
 
 pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
+    output::set_listing(opts.no_headers, opts.sort_by.clone(), opts.selector.as_deref())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if let Resource::Events { kinds, .. } = &cmd {
+        watch::check_kinds(kinds)?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let c = client(&opts)?;
     let result = runtime.block_on(async {
@@ -708,6 +759,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Drill(cmd) => drill::drill(&c, opts.output, cmd).await,
+            Resource::Events { kinds, limit } => watch::events(&c, opts.output, &kinds, limit).await,
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd, &endpoint(&opts)).await,
             Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,
@@ -770,7 +822,9 @@ async fn taskdef(c: &Client, f: Format, cmd: TaskdefCommand) -> Result<()> {
             let json = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let r = c.register_taskdef(json).await?;
             match f {
-                Format::Json | Format::Yaml => output::print(f, &r, &[], vec![]),
+                Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+                    output::print(f, &r, &[], vec![])
+                }
                 Format::Table | Format::Wide => {
                     println!("{}", sanitize(&r.task_definition.to_string()));
                     if !r.ignored_fields.is_empty() {
@@ -810,6 +864,7 @@ fn demand(t: &TaskDefinition) -> String {
 }
 
 fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
+    let now = now_ms();
     tasks
         .iter()
         .map(|t| {
@@ -822,9 +877,15 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
                 opt(&t.host_id),
                 crate::describe::gpus(t),
                 t.pending_reason.clone().or_else(|| t.stopped_reason.clone()).unwrap_or_default(),
+                output::age(now, t.created_at_ms),
             ]
         })
         .collect()
+}
+
+/// The wall clock, for AGE columns.
+fn now_ms() -> u64 {
+    mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock)
 }
 
 /// A stopped task has no health.
@@ -836,24 +897,34 @@ fn task_health(t: &Task) -> String {
     }
 }
 
-const TASK_HEADERS: [&str; 8] =
-    ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON"];
+const TASK_HEADERS: [&str; 9] =
+    ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON", "AGE"];
 
 async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
-        TaskCommand::Run { taskdef, count, pool, client_token, wait } => {
+        TaskCommand::Run { taskdef, count, pool, client_token, tags, wait } => {
             let pool = resolve_pool(c, pool).await?;
+            let tags = tags
+                .iter()
+                .map(|t| {
+                    let (key, value) = t.split_once('=').unwrap_or((t, ""));
+                    mpsfleet_types::tags::Tag { key: key.to_string(), value: value.to_string() }
+                })
+                .collect();
             let r = c
                 .run_task(&RunTask {
                     task_definition: taskdef,
                     count,
                     pool,
                     client_token,
+                    tags,
                     ..Default::default()
                 })
                 .await?;
             match f {
-                Format::Json | Format::Yaml => output::print(f, &r, &[], vec![]),
+                Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+                    output::print(f, &r, &[], vec![])
+                }
                 Format::Table | Format::Wide => {
                     print!("{}", output::table(&TASK_HEADERS, &task_rows(&r.tasks)));
                     println!("{} placed, {} waiting for capacity", r.placed, r.pending);
@@ -864,9 +935,14 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
                 crate::wait::tasks_running(c, wait, &ids).await?;
             }
         }
-        TaskCommand::List { pool, service, host, status, limit, skip, all } => {
+        TaskCommand::List { pool, service, host, status, limit, skip, all, watch } => {
             let live = !all && status.is_none();
             let query = TaskQuery { pool, service, host, status, limit, skip, newest_first: true, live };
+            if watch {
+                let types = [EventType::TaskEvent, EventType::TaskStopped];
+                let fetch = || async { Ok(c.list_tasks(&query).await?) };
+                return watch::watch(c, f, &types, &TASK_HEADERS, task_rows, fetch).await;
+            }
             let tasks = c.list_tasks(&query).await?;
             if f == Format::Wide {
                 let headers = [&TASK_HEADERS[..], &["SERVICE", "CREATED", "STARTED BY"]].concat();
@@ -1036,6 +1112,7 @@ async fn task_logs(c: &Client, f: Format, id: &str, ask: LogsAsk<'_>, follow: bo
 }
 
 fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
+    let now = now_ms();
     hosts
         .iter()
         .map(|h| {
@@ -1061,13 +1138,14 @@ fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
                 h.gpus.len().to_string(),
                 format!("{free}/{total}"),
                 h.task_count.to_string(),
+                output::age(now, h.registered_at_ms),
             ]
         })
         .collect()
 }
 
 async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
-    const HEADERS: [&str; 11] = [
+    const HEADERS: [&str; 12] = [
         "ID",
         "POOL",
         "HOSTNAME",
@@ -1079,13 +1157,22 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         "GPUS",
         "FREE/TOTAL MiB",
         "TASKS",
+        "AGE",
     ];
     let one = match cmd {
-        HostCommand::List { pool, all } => {
-            let mut hosts = c.list_hosts(pool.as_deref()).await?;
-            if !all {
-                hosts.retain(|h| h.status != HostStatus::Deregistered);
+        HostCommand::List { pool, all, watch } => {
+            let fetch = || async {
+                let mut hosts = c.list_hosts(pool.as_deref()).await?;
+                if !all {
+                    hosts.retain(|h| h.status != HostStatus::Deregistered);
+                }
+                Ok(hosts)
+            };
+            if watch {
+                let types = [EventType::HostStatus, EventType::HostHealth, EventType::HostEvent];
+                return watch::watch(c, f, &types, &HEADERS, host_rows, fetch).await;
             }
+            let hosts = fetch().await?;
             if f == Format::Wide {
                 let headers = [&HEADERS[..], &["REGISTERED", "LAST HEARTBEAT"]].concat();
                 let rows = host_rows(&hosts)
@@ -1133,7 +1220,9 @@ async fn host(c: &Client, f: Format, cmd: HostCommand) -> Result<()> {
         HostCommand::RevokeCredential { id } => c.revoke_host_credential(&id).await?,
     };
     match f {
-        Format::Json | Format::Yaml => output::print(f, &one, &[], vec![]),
+        Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+            output::print(f, &one, &[], vec![])
+        }
         Format::Table | Format::Wide => {
             print!("{}", output::table(&HEADERS, &host_rows(std::slice::from_ref(&one))));
             println!();
@@ -1269,6 +1358,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
 }
 
 fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
+    let now = now_ms();
     list.iter()
         .map(|s| {
             vec![
@@ -1279,13 +1369,15 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
                 s.service.desired_count.to_string(),
                 s.running_count.to_string(),
                 s.pending_count.to_string(),
+                output::age(now, s.service.created_at_ms),
             ]
         })
         .collect()
 }
 
 async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
-    const HEADERS: [&str; 7] = ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING"];
+    const HEADERS: [&str; 8] =
+        ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING", "AGE"];
     let one = match cmd {
         ServiceCommand::Create {
             name,

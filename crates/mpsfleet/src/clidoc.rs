@@ -79,7 +79,9 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("bench metrics", "mpsfleet bench metrics --hosts 20000 --gpus-per-host 8"),
     ("bench console", "mpsfleet bench console --hosts 10000"),
     ("bench scaling", "mpsfleet bench scaling --pending 100000 --hosts 10000"),
+    ("bench soak", "mpsfleet bench soak --minutes 20 --seed 1"),
     ("sim", "mpsfleet sim --scenario driver-rollout --hosts 30 --duration 1h"),
+    ("events", "mpsfleet events --kind incident.opened --kind task.stopped"),
     ("completion", "mpsfleet completion bash"),
 ];
 
@@ -108,6 +110,20 @@ there. `mpsfleet COMMAND --help` says the same as this page.
   `createdAt`); `-o yaml` is the same as YAML. Times in tables and describe views are UTC.
   Text that came from elsewhere (hostnames, reasons, task output) is shown with control
   characters as visible escapes (`\x1b`); JSON and YAML keep it exact, escaped.
+- **Output for scripts**, as kubectl's: `-o name` prints `KIND/NAME` per object
+  (`task/t-…`); `-o jsonpath=TEMPLATE` prints a template of the API's JSON, a list given as
+  `{"items": [...]}` (`-o jsonpath='{.items[*].id}'`,
+  `-o jsonpath='{range .items[*]}{.id}{"\t"}{.hostId}{"\n"}{end}'`; paths are RFC 9535
+  JSONPath written from `.`, or `$` for the root); `-o custom-columns=ID:.id,HOST:.hostId`
+  prints those columns. `--no-headers` leaves tables' header line out; `--sort-by PATH`
+  sorts a list by the value at that path of each item (`--sort-by .createdAtMs`); `-l
+  key=value` keeps the objects whose tags match (`key!=value`, `key` alone, several
+  comma-separated, all must hold; a task's tags are its run's).
+- **Watching.** `task list --watch` and `host list --watch` (`-w`) print the list, then each
+  object again, as a new row, whenever it changes (kubectl's `get -w`; `task list --all
+  --watch` to see tasks stop); `mpsfleet events` prints the cluster's events as they happen
+  (`--kind` to choose, `--limit N` to stop after N, `-o json` for a JSON line each). Both
+  read the server's live event stream: what happened before they started is not shown.
 - **Pools.** `--pool` may be left out of `task run` and `service create` when
   `MPSFLEET_POOL` is set or the server has one pool.
 - **Lists** are newest first; `task list` hides STOPPED tasks and `host list` DEREGISTERED

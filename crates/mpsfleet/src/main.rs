@@ -10,6 +10,7 @@ mod endpoints;
 mod output;
 mod server;
 mod sim;
+mod template;
 mod up;
 mod wait;
 
@@ -81,6 +82,9 @@ enum Command {
     Audit(cli::Global<cli::AuditCommand>),
     /// The server's TLS certificate under the cluster CA.
     Cluster(cli::Global<cli::ClusterCommand>),
+    /// What happens in the cluster as it happens: incidents, hosts, tasks, services, pools and
+    /// drills, a line per event, until Ctrl-C (or --limit).
+    Events(cli::EventsArgs),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -97,8 +101,17 @@ enum Command {
 }
 
 /// The client's global flags, and whether each takes a value.
-const GLOBAL_FLAGS: [(&str, bool); 5] =
-    [("--server", true), ("--token", true), ("--ca-file", true), ("--output", true), ("-o", true)];
+const GLOBAL_FLAGS: [(&str, bool); 9] = [
+    ("--server", true),
+    ("--token", true),
+    ("--ca-file", true),
+    ("--output", true),
+    ("-o", true),
+    ("--no-headers", false),
+    ("--sort-by", true),
+    ("-l", true),
+    ("--selector", true),
+];
 
 /// The client's global flags may come anywhere, as kubectl's do: given before the resource
 /// command (`mpsfleet --token T host list`), they are moved after its name, where clap takes
@@ -171,6 +184,7 @@ fn main() -> std::process::ExitCode {
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
         Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),
+        Command::Events(a) => cli::run(a.opts, cli::Resource::Events { kinds: a.kinds, limit: a.limit }),
         Command::JoinToken(g) => cli::run(g.opts, cli::Resource::JoinToken(g.command)),
         Command::Cluster(g) => cli::run(g.opts, cli::Resource::Cluster(g.command)),
     };

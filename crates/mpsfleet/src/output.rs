@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// Columns fitted to the terminal's width (cells cut with `…`); not cut when the output
     /// is not a terminal and `COLUMNS` is not set.
@@ -21,32 +21,177 @@ pub enum Format {
     Json,
     /// As `json`, in YAML.
     Yaml,
+    /// `KIND/NAME` per object (`task/t-…`), as kubectl's `-o name`.
+    Name,
+    /// `jsonpath=TEMPLATE`: the template of [`crate::template`] over the API's JSON.
+    Jsonpath,
+    /// `custom-columns=HEADER:PATH,…`: a table of those columns.
+    CustomColumns,
+}
+
+/// What `-o jsonpath=` and `-o custom-columns=` carry, set once when the flag is parsed.
+enum Spec {
+    Template(crate::template::Template),
+    Columns(crate::template::Columns),
+}
+
+static SPEC: std::sync::OnceLock<Spec> = std::sync::OnceLock::new();
+static NO_HEADERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SORT_BY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static SELECTOR: std::sync::OnceLock<crate::template::Selector> = std::sync::OnceLock::new();
+
+/// The formats `-o` takes, for its help and errors.
+pub const FORMATS: &str =
+    "table, wide, json, yaml, name, jsonpath=TEMPLATE, custom-columns=HEADER:PATH[,...]";
+
+/// Parses `-o`'s value (clap's value parser).
+pub fn parse_format(s: &str) -> Result<Format, String> {
+    Ok(match s {
+        "table" => Format::Table,
+        "wide" => Format::Wide,
+        "json" => Format::Json,
+        "yaml" => Format::Yaml,
+        "name" => Format::Name,
+        _ => {
+            if let Some(t) = s.strip_prefix("jsonpath=") {
+                let _ = SPEC.set(Spec::Template(crate::template::Template::parse(t)?));
+                Format::Jsonpath
+            } else if let Some(c) = s.strip_prefix("custom-columns=") {
+                let _ = SPEC.set(Spec::Columns(crate::template::Columns::parse(c)?));
+                Format::CustomColumns
+            } else {
+                return Err(format!("{s:?} is not an output format: one of {FORMATS}"));
+            }
+        }
+    })
+}
+
+/// `--no-headers`, `--sort-by` and `-l`, for every list printed from now on.
+pub fn set_listing(no_headers: bool, sort_by: Option<String>, selector: Option<&str>) -> Result<(), String> {
+    NO_HEADERS.store(no_headers, std::sync::atomic::Ordering::Relaxed);
+    if let Some(text) = selector {
+        let _ = SELECTOR.set(crate::template::Selector::parse(text).map_err(|e| format!("-l: {e}"))?);
+    }
+    if let Some(path) = sort_by {
+        crate::template::sort_order(&[], &path).map_err(|e| format!("--sort-by: {e}"))?;
+        let _ = SORT_BY.set(path);
+    }
+    Ok(())
 }
 
 impl Format {
-    /// JSON or YAML: the whole record, for programs.
+    /// Anything but a human table: the whole record, for programs.
     pub fn is_data(self) -> bool {
-        matches!(self, Format::Json | Format::Yaml)
+        !matches!(self, Format::Table | Format::Wide)
     }
 }
 
-/// Prints `value` as JSON or YAML, or as a table made by `rows` with the given headers.
+/// Prints `value` as the format asks: JSON, YAML, names, a template or custom columns of its
+/// JSON, or a table made by `rows` with the given headers. A list (a JSON array) is first
+/// narrowed by `-l` and sorted by `--sort-by` when they were given, its rows with it when there
+/// is one row per item.
 pub fn print<T: Serialize>(format: Format, value: &T, headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut v = match serde_json::to_value(value) {
+        Ok(v) => v,
+        Err(e) => return eprintln!("error: cannot encode the answer as JSON: {e}"),
+    };
+    let mut rows = rows;
+    if let (Some(sel), serde_json::Value::Array(items)) = (SELECTOR.get(), &mut v) {
+        let keep: Vec<bool> = items.iter().map(|it| sel.matches(it)).collect();
+        if rows.len() == items.len() {
+            rows = rows.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(r, _)| r).collect();
+        }
+        let mut k = keep.iter();
+        items.retain(|_| *k.next().unwrap_or(&false));
+    }
+    if let (Some(path), serde_json::Value::Array(items)) = (SORT_BY.get(), &mut v) {
+        let refs: Vec<&serde_json::Value> = items.iter().collect();
+        if let Ok(order) = crate::template::sort_order(&refs, path) {
+            if rows.len() == items.len() {
+                rows = order.iter().map(|&i| rows[i].clone()).collect();
+            }
+            *items = order.iter().map(|&i| items[i].clone()).collect();
+        }
+    }
     match format {
-        Format::Json | Format::Yaml => match serde_json::to_value(value) {
-            Ok(mut v) => {
-                annotate_times(&mut v);
-                if format == Format::Yaml {
-                    print!("{}", yaml(&v));
-                } else {
-                    let s = serde_json::to_string_pretty(&v).unwrap_or_default();
-                    println!("{}", escape_json_controls(&s));
+        Format::Json | Format::Yaml => {
+            annotate_times(&mut v);
+            if format == Format::Yaml {
+                print!("{}", yaml(&v));
+            } else {
+                let s = serde_json::to_string_pretty(&v).unwrap_or_default();
+                println!("{}", escape_json_controls(&s));
+            }
+        }
+        Format::Table => print!("{}", headed(fit(headers, &rows, terminal_width()))),
+        Format::Wide => print!("{}", headed(table(headers, &rows))),
+        Format::Name => {
+            let items: Vec<&serde_json::Value> = match &v {
+                serde_json::Value::Array(items) => items.iter().collect(),
+                one => vec![one],
+            };
+            for item in items {
+                // An answer that holds objects (`task run`'s tasks) names them.
+                let held = || {
+                    item.as_object()?.values().find_map(|v| {
+                        let names: Option<Vec<String>> =
+                            v.as_array()?.iter().map(crate::template::name_of).collect();
+                        names.filter(|n| !n.is_empty())
+                    })
+                };
+                match crate::template::name_of(item).map(|n| vec![n]).or_else(held) {
+                    Some(names) => names.iter().for_each(|n| println!("{}", sanitize(n))),
+                    None => eprintln!("error: -o name: this answer is not an object with a name"),
                 }
             }
-            Err(e) => eprintln!("error: cannot encode the answer as JSON: {e}"),
-        },
-        Format::Table => print!("{}", fit(headers, &rows, terminal_width())),
-        Format::Wide => print!("{}", table(headers, &rows)),
+        }
+        Format::Jsonpath | Format::CustomColumns => {
+            // kubectl gives a template a list as {"items": [...]}.
+            let root = match v {
+                serde_json::Value::Array(_) => serde_json::json!({ "items": v }),
+                one => one,
+            };
+            match SPEC.get() {
+                Some(Spec::Template(t)) => {
+                    let text = t.render(&root);
+                    print!("{}", sanitize_text(&text));
+                    if !text.is_empty() && !text.ends_with('\n') {
+                        println!();
+                    }
+                }
+                Some(Spec::Columns(c)) => {
+                    let items: Vec<&serde_json::Value> = match root.get("items").and_then(|i| i.as_array()) {
+                        Some(items) => items.iter().collect(),
+                        None => vec![&root],
+                    };
+                    print!("{}", headed(table(&c.headers(), &c.rows(&items, &root))));
+                }
+                None => eprintln!("error: the output format's template is missing"),
+            }
+        }
+    }
+}
+
+/// How long ago `at_ms` was, as kubectl's AGE: `45s`, `12m`, `3h`, `2d`; `-` for no time.
+pub fn age(now_ms: u64, at_ms: u64) -> String {
+    if at_ms == 0 {
+        return "-".into();
+    }
+    let s = now_ms.saturating_sub(at_ms) / 1000;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7_199 => format!("{}m", s / 60),
+        7_200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// A table without its header line when `--no-headers` was given.
+fn headed(table: String) -> String {
+    if NO_HEADERS.load(std::sync::atomic::Ordering::Relaxed) {
+        table.split_once('\n').map_or(String::new(), |(_, rest)| rest.to_string())
+    } else {
+        table
     }
 }
 
@@ -314,7 +459,7 @@ pub fn utc_time(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{sanitize, sanitize_text};
+    use super::{age, sanitize, sanitize_text};
     use std::borrow::Cow;
 
     #[track_caller]
@@ -415,6 +560,17 @@ mod tests {
         assert_eq!(v["createdAt"], "2026-12-01T05:51:00.500Z");
         assert_eq!(v["timeline"][0]["at"], "2026-12-01T05:51:00.500Z");
         assert!(v.get("toleration").is_none(), "a duration is not a time: {v}");
+    }
+
+    #[test]
+    fn ages_read_as_kubectls() {
+        let now = 1_800_000_000_000;
+        assert_eq!(age(now, now - 45_000), "45s");
+        assert_eq!(age(now, now - 12 * 60_000), "12m");
+        assert_eq!(age(now, now - 3 * 3_600_000), "3h");
+        assert_eq!(age(now, now - 2 * 86_400_000), "2d");
+        assert_eq!(age(now, now + 5_000), "0s");
+        assert_eq!(age(now, 0), "-");
     }
 
     #[test]

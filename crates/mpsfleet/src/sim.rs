@@ -42,7 +42,7 @@ pub struct SimArgs {
     #[arg(long)]
     no_minimise: bool,
     /// Output format: `json` prints the report as one JSON line.
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    #[arg(short = 'o', long, value_parser = crate::output::parse_format, default_value = "table")]
     output: Format,
 }
 
@@ -64,7 +64,9 @@ fn run_scaling(args: &SimArgs) -> anyhow::Result<()> {
     let report =
         mpsfleet_sim::scaling::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
     match args.output {
-        Format::Json | Format::Yaml => println!("{}", serde_json::to_string(&report)?),
+        Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+            println!("{}", serde_json::to_string(&report)?)
+        }
         Format::Table | Format::Wide => print!("{}", report.render()),
     }
     if report.server_errors > 0 {
@@ -100,7 +102,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     let out = mpsfleet_sim::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
     match args.output {
-        Format::Json | Format::Yaml => {
+        Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
             let mut v = serde_json::to_value(&out.report)?;
             v["wallMs"] = serde_json::json!(out.wall_ms);
             println!("{}", serde_json::to_string(&v)?);

@@ -363,7 +363,7 @@ async fn up(args: UpArgs) -> Result<()> {
     }
     println!("admin token: {admin_token}");
     println!("agent logs: {}/hosts/*/agent.log", dir.display());
-    println!("try: mpsfleet host list; press Ctrl-C to stop everything");
+    println!("try: {} host list; press Ctrl-C to stop everything", command_name());
 
     tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
     // The server first: its controllers stop before any host does, so that the hosts going
@@ -398,4 +398,20 @@ pub const STOPPED_WITH_UP: &str = "stopped with up";
 fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// How a user at this shell runs this binary: `mpsfleet` when that name on PATH is this
+/// binary, else its path (`./target/release/mpsfleet` under the working directory).
+fn command_name() -> String {
+    let Ok(me) = std::env::current_exe().and_then(std::fs::canonicalize) else { return "mpsfleet".into() };
+    let on_path = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("mpsfleet")).find(|p| p.is_file()));
+    if on_path.and_then(|p| std::fs::canonicalize(p).ok()).is_some_and(|p| p == me) {
+        return "mpsfleet".into();
+    }
+    let here = std::env::current_dir().and_then(std::fs::canonicalize).ok();
+    match here.as_deref().and_then(|h| me.strip_prefix(h).ok()) {
+        Some(rel) => format!("./{}", rel.display()),
+        None => me.display().to_string(),
+    }
 }

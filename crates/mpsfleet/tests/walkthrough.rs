@@ -43,6 +43,8 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("bench takeover", "a benchmark against etcd: docs/benchmarks.md"),
     ("bench metrics", "a benchmark of many hosts: docs/benchmarks.md"),
     ("bench console", "a benchmark of many hosts in a browser: docs/benchmarks.md"),
+    ("bench soak", "20 minutes of faults: docs/benchmarks.md; a minute of it is tests/soak.rs"),
+    ("events", "follows the live stream until Ctrl-C: tests/cli_output.rs runs it with --limit"),
 ];
 
 /// The placeholders docs/cli.md uses for a task and a host.

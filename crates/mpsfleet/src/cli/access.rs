@@ -112,7 +112,10 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand, at: &Endpoin
             };
             let t = c.create_token(&req).await?;
             match (f, &t.view.access_key_id) {
-                (Format::Json | Format::Yaml, _) => output::print(f, &t, &[], vec![]),
+                (
+                    Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns,
+                    _,
+                ) => output::print(f, &t, &[], vec![]),
                 (Format::Table | Format::Wide, None) => {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\ntoken (shown this once): {}", t.token);
@@ -144,7 +147,9 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand, at: &Endpoin
         TokenCommand::RotateAdmin => {
             let t = c.rotate_admin_token().await?;
             match f {
-                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
+                Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+                    output::print(f, &t, &[], vec![])
+                }
                 Format::Table | Format::Wide => println!(
                     "the old admin token is refused from now on; the server's admin.token holds the new one\n\
                      admin token (shown this once): {}",
@@ -183,7 +188,9 @@ pub(super) async fn join_token(c: &Client, f: Format, cmd: JoinTokenCommand) -> 
             let req = mpsfleet_types::access::CreateJoinToken { expires_in_s: expires_in, description };
             let t = c.create_join_token(&req).await?;
             match f {
-                Format::Json | Format::Yaml => output::print(f, &t, &[], vec![]),
+                Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+                    output::print(f, &t, &[], vec![])
+                }
                 Format::Table | Format::Wide => {
                     print!("{}", output::table(HEADERS, &[row(&t.view)]));
                     println!("\njoin token (shown this once): {}", t.token);

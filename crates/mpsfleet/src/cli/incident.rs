@@ -29,6 +29,7 @@ pub enum IncidentCommand {
 
 fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {
     let secs = |ms: Option<u64>| ms.map_or_else(|| "-".into(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+    let now = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     list.iter()
         .map(|v| {
             let i = &v.incident;
@@ -41,17 +42,22 @@ fn incident_rows(list: &[IncidentView]) -> Vec<Vec<String>> {
                 format!("{}: {}", i.trigger.check, i.trigger.reason),
                 secs(v.timing.detect_ms),
                 secs(v.timing.total_ms),
+                output::age(now, i.opened_at_ms),
             ]
         })
         .collect()
 }
 
-/// DETECT: first failure to detected; DOWN: first failure to resumed (docs/pools.md).
-const INCIDENT_HEADERS: [&str; 8] = ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "DOWN"];
+/// DETECT: first failure to detected; DOWN: first failure to resumed (docs/pools.md); AGE:
+/// since it opened.
+const INCIDENT_HEADERS: [&str; 9] =
+    ["ID", "HOST", "POOL", "OWNER", "STATE", "TRIGGER", "DETECT", "DOWN", "AGE"];
 
 pub(super) fn print_incident(f: Format, v: IncidentView) -> Result<()> {
     match f {
-        Format::Json | Format::Yaml => output::print(f, &v, &[], vec![]),
+        Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
+            output::print(f, &v, &[], vec![])
+        }
         Format::Table | Format::Wide => {
             print!("{}", output::table(&INCIDENT_HEADERS, &incident_rows(std::slice::from_ref(&v))));
             let i = &v.incident;
@@ -179,7 +185,9 @@ pub(super) async fn warn_unplaced_moves(c: &Client, incident: &str) {
 pub(super) async fn incident(c: &Client, f: Format, cmd: IncidentCommand) -> Result<()> {
     match cmd {
         IncidentCommand::List => {
-            let list = c.list_incidents().await?;
+            let mut list = c.list_incidents().await?;
+            // Newest first, as every list.
+            list.sort_by_key(|v| std::cmp::Reverse(v.incident.opened_at_ms));
             output::print(f, &list, &INCIDENT_HEADERS, incident_rows(&list));
             Ok(())
         }

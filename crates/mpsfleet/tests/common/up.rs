@@ -74,7 +74,13 @@ impl Up {
             if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
                 url = Some(u.to_string());
             }
-            if line.starts_with("try:") {
+            if let Some(cmd) = line.strip_prefix("try: ").and_then(|r| r.split_whitespace().next()) {
+                // The command `up` suggests runs from where `up` ran: here, the built binary.
+                let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+                assert!(
+                    cmd == "mpsfleet" || root.join(cmd).is_file(),
+                    "up suggests {cmd:?}, which does not run from its directory: {line}"
+                );
                 break;
             }
         }
