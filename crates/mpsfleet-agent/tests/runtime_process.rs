@@ -559,6 +559,8 @@ fn runtime_a_launch_held_by_its_shim_is_adopted_not_withdrawn() {
     assert_eq!(rt.settle_launch(&dir).expect("settle"), mpsfleet_agent::runtime::Settled::Claimed);
     writer.join().expect("writer");
     assert!(dir.join("launch").exists(), "a held launch is not withdrawn");
+    let never = state_dir(&tmp, "never-launched");
+    assert_eq!(rt.settle_launch(&never).expect("settle"), mpsfleet_agent::runtime::Settled::Withdrawn);
     assert!(matches!(rt.adopt(&dir).expect("adopt"), AdoptedState::Running { .. }));
     rt.stop(&h, Duration::from_secs(5)).expect("stop");
 }

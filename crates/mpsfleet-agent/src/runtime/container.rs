@@ -312,6 +312,9 @@ impl Runtime {
     /// started for it will ever start the task. Only then may the task be started again.
     pub fn settle_launch(&self, state_dir: &Path) -> Result<Settled, RuntimeError> {
         use nix::fcntl::{Flock, FlockArg};
+        if !state_dir.is_dir() {
+            return Ok(Settled::Withdrawn); // never launched: nothing to settle
+        }
         let lock_path = state_dir.join(super::shim::LAUNCH_LOCK);
         let lock = super::shim::open_lock(state_dir).map_err(|source| RuntimeError::Io {
             what: "open",
