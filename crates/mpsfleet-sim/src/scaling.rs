@@ -31,7 +31,6 @@ use std::time::Duration;
 const POOL: &str = "gpu";
 const GPU_MIB: u64 = 143_771;
 const TICK_MS: u64 = 250;
-const DAY_MS: u64 = 24 * 3_600_000;
 
 /// The task shapes: (family, MPS MiB, share of arrivals in percent).
 const SHAPES: [(&str, u64, u64); 3] = [("infer", 20_480, 70), ("embed", 10_240, 20), ("big", 70_000, 10)];
@@ -379,7 +378,6 @@ pub fn run(cfg: &ScalingConfig) -> Result<ScalingReport, String> {
     report.oracle_host_hours = oracle_minutes as f64 / 60.0;
     report.scale_out_steps = scaled_out;
     report.scale_in_hosts = scaled_in;
-    let _ = DAY_MS;
     Ok(report)
 }
 

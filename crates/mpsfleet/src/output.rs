@@ -91,6 +91,10 @@ impl Format {
 /// narrowed by `-l` and sorted by `--sort-by` when they were given, its rows with it when there
 /// is one row per item.
 pub fn print<T: Serialize>(format: Format, value: &T, headers: &[&str], rows: Vec<Vec<String>>) {
+    // A table as built needs no JSON of the answer unless a list is narrowed or sorted.
+    if !format.is_data() && SELECTOR.get().is_none() && SORT_BY.get().is_none() {
+        return print_table(format, headers, &rows);
+    }
     let mut v = match serde_json::to_value(value) {
         Ok(v) => v,
         Err(e) => return eprintln!("error: cannot encode the answer as JSON: {e}"),
@@ -123,8 +127,7 @@ pub fn print<T: Serialize>(format: Format, value: &T, headers: &[&str], rows: Ve
                 println!("{}", escape_json_controls(&s));
             }
         }
-        Format::Table => print!("{}", headed(fit(headers, &rows, terminal_width()))),
-        Format::Wide => print!("{}", headed(table(headers, &rows))),
+        Format::Table | Format::Wide => print_table(format, headers, &rows),
         Format::Name => {
             let items: Vec<&serde_json::Value> = match &v {
                 serde_json::Value::Array(items) => items.iter().collect(),
@@ -184,6 +187,12 @@ pub fn age(now_ms: u64, at_ms: u64) -> String {
         7_200..=172_799 => format!("{}h", s / 3600),
         _ => format!("{}d", s / 86_400),
     }
+}
+
+/// `-o table` (fitted to the terminal) or `-o wide`, with or without its header line.
+fn print_table(format: Format, headers: &[&str], rows: &[Vec<String>]) {
+    let t = if format == Format::Table { fit(headers, rows, terminal_width()) } else { table(headers, rows) };
+    print!("{}", headed(t));
 }
 
 /// A table without its header line when `--no-headers` was given.

@@ -8,12 +8,22 @@ use common::*;
 use mpsfleet_types::*;
 use std::process::Command;
 
+/// The CLI with `args`, as the server's admin.
+fn command(server: &Server, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mpsfleet"));
+    c.args(args).args([
+        "--server",
+        &server.url,
+        "--token",
+        &server.admin_token(),
+        "--ca-file",
+        &server.ca_file(),
+    ]);
+    c
+}
+
 fn cli(server: &Server, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .args(args)
-        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
-        .output()
-        .expect("run the CLI");
+    let out = command(server, args).output().expect("run the CLI");
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8")
 }
@@ -91,12 +101,7 @@ async fn lists_print_names_templates_and_columns_sorted() {
 /// A CLI command left running, its output lines read as they come.
 fn spawn_cli(server: &Server, args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
-        .args(args)
-        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run the CLI");
+    let mut child = command(server, args).stdout(std::process::Stdio::piped()).spawn().expect("run the CLI");
     let out = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

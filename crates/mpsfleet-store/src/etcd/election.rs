@@ -64,6 +64,12 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// Whether the last granted renewal was sent within two thirds of `ttl`: the deadline, on
+    /// this machine's clock, past which this process no longer believes it leads.
+    fn renewed_within(&self, ttl: Duration) -> bool {
+        self.renewed.lock().unwrap_or_else(|p| p.into_inner()).elapsed() < ttl * 2 / 3
+    }
+
     pub(crate) fn lose(&self, reason: &str) {
         self.lost.send_if_modified(|r| {
             if r.is_none() {
@@ -124,8 +130,7 @@ impl Leadership {
     /// renewal sent within two thirds of the TTL. No other server can have been elected since
     /// (the lease outlives that by a third of the TTL), so an answer given now is not stale.
     pub fn is_current(&self) -> bool {
-        self.held.lost.borrow().is_none()
-            && self.held.renewed.lock().unwrap_or_else(|p| p.into_inner()).elapsed() < self.ttl * 2 / 3
+        self.held.lost.borrow().is_none() && self.held.renewed_within(self.ttl)
     }
 
     /// Steps down: commits are refused from now on, and the leader key is deleted with its
@@ -309,7 +314,7 @@ fn keep_alive(inner: &Inner, held: &Held, ttl: Duration) {
                 tracing::warn!(error = %why, "could not renew the leader's lease");
             }
         }
-        if held.renewed.lock().unwrap_or_else(|p| p.into_inner()).elapsed() > ttl * 2 / 3 {
+        if !held.renewed_within(ttl) {
             return inner.lose("the leader's lease could not be renewed in time");
         }
     }

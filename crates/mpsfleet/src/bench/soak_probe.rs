@@ -147,8 +147,7 @@ impl Sampler {
     pub async fn watch(&self, admin: &Client, services: &[(&str, ResumptionBoundary, u32)]) {
         let Ok(tasks) = admin.list_tasks(&Default::default()).await else { return };
         let mut f = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
-        for (name, resumption, replicas) in services.iter().filter(|s| s.1 == ResumptionBoundary::Fenced) {
-            let _ = resumption;
+        for (name, _, replicas) in services.iter().filter(|s| s.1 == ResumptionBoundary::Fenced) {
             f.replicas.insert(name.to_string(), *replicas as usize);
             for t in tasks.iter().filter(|t| t.group.as_ref().is_some_and(|g| g.as_str() == *name)) {
                 f.tasks.insert(t.id.to_string(), name.to_string());
