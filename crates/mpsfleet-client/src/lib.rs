@@ -3,7 +3,7 @@
 mod stream;
 pub mod tls;
 
-pub use stream::{EventStream, StreamItem};
+pub use stream::{EventQuery, EventStream, StreamItem};
 
 use mpsfleet_types::api::*;
 use mpsfleet_types::*;

@@ -22,15 +22,38 @@ pub enum StreamItem {
 /// The most one message may be before the stream is refused as broken.
 const MAX_MESSAGE: usize = 16 << 20;
 
+/// Which events a reader asks for besides the live ones.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    /// Only these types (every type when empty).
+    pub types: Vec<String>,
+    /// Replay the kept events at or after this time (ms since the Unix epoch) first.
+    pub since_ms: Option<u64>,
+    /// Stop after the replayed events (needs `since_ms`).
+    pub no_follow: bool,
+}
+
 impl Client {
-    /// Opens `GET /v1/events?types=…` (every type when `types` is empty). The stream has no
-    /// overall timeout: it lasts as long as the server keeps it.
+    /// Opens `GET /v1/events?types=…` (every type when `types` is empty): only the events
+    /// from now on. The stream has no overall timeout: it lasts as long as the server keeps it.
     pub async fn events(&self, types: &[String]) -> Result<EventStream> {
+        self.events_from(&EventQuery { types: types.to_vec(), ..EventQuery::default() }).await
+    }
+
+    /// Opens `GET /v1/events` as `q` asks: the kept past first when `since_ms` is given, then
+    /// (unless `no_follow`) the events from now on.
+    pub async fn events_from(&self, q: &EventQuery) -> Result<EventStream> {
         let http = self.http.read().unwrap_or_else(|p| p.into_inner()).clone();
         let url = format!("{}/v1/events", self.base());
         let mut req = http.get(&url).timeout(Duration::from_secs(u32::MAX.into()));
-        if !types.is_empty() {
-            req = req.query(&[("types", types.join(","))]);
+        if !q.types.is_empty() {
+            req = req.query(&[("types", q.types.join(","))]);
+        }
+        if let Some(since) = q.since_ms {
+            req = req.query(&[("since_ms", since)]);
+        }
+        if q.no_follow {
+            req = req.query(&[("follow", "false")]);
         }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -47,6 +70,11 @@ impl Client {
 }
 
 impl EventStream {
+    /// Reads the server-sent events of `resp`, an answer from `url`.
+    pub fn new(url: String, resp: reqwest::Response) -> EventStream {
+        EventStream { url, resp, buf: Vec::new() }
+    }
+
     /// The next event (keep-alive comments skipped); None when the server ended the stream.
     pub async fn next(&mut self) -> Result<Option<StreamItem>> {
         loop {

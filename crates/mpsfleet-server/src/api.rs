@@ -488,7 +488,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         assignments,
         report_task,
         task_secrets,
-        events::stream
+        events::stream,
+        events::replica
     ),
     components(schemas(mpsfleet_types::api::ErrorBody, mpsfleet_types::access::AuditEvent)),
     modifiers(&BearerAuth),
@@ -541,6 +542,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/drills/{id}", get(describe_drill))
         .route("/v1/drills/{id}/abort", post(abort_drill))
         .route("/v1/events", get(events::stream))
+        .route("/v1/events/replica", get(events::replica))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))

@@ -1,11 +1,15 @@
 //! Events for operators: what changed in incidents, hosts and tasks, published after the
 //! change is committed, to `GET /v1/events` (server-sent events) and to an optional webhook.
 //!
-//! `Cluster` calls [`Events`] from the few places that write incidents, hosts and tasks. The
-//! calls never block: the stream is a `tokio::sync::broadcast` channel (a subscriber that
-//! falls behind its buffer is told how many events it missed), and the webhook is a bounded
-//! queue drained by one task (when full, the oldest event is dropped and logged).
+//! `Cluster` calls [`Events`] from the few places that write incidents, hosts and tasks. Each
+//! event is kept in the bounded [`history::History`] (the recent past a reader can ask for)
+//! and handed on without blocking: the stream is a `tokio::sync::broadcast` channel (a
+//! subscriber that falls behind its buffer is told how many events it missed), and the webhook
+//! is a bounded queue drained by one task (when full, the oldest event is dropped and logged).
 
+pub mod history;
+
+use history::History;
 use mpsfleet_types::event::{Event, EventType, HostEvent, Subject};
 use mpsfleet_types::{
     HealthStatus, Host, HostStatus, Incident, IncidentState, IncidentView, ObjectEvent, Task,
@@ -43,10 +47,13 @@ pub enum WebhookError {
     Refused { url: String, status: u16 },
 }
 
-/// Where events go: the stream's channel and, when configured, the webhook's queue.
+/// Where events go: the history, the stream's channel and, when configured, the webhook's queue.
 #[derive(Clone)]
 pub struct Events {
     tx: broadcast::Sender<Event>,
+    history: Arc<History>,
+    /// The leadership events are recorded under (its fence; 0 for a lone server).
+    term: u64,
     webhook: Option<Arc<Webhook>>,
     /// Set once when the server stops, so that open streams end and shutdown can finish.
     stopping: watch::Sender<bool>,
@@ -54,13 +61,24 @@ pub struct Events {
 
 impl Default for Events {
     fn default() -> Self {
-        Events::new(None)
+        Events::new(None, Arc::default(), 0)
     }
 }
 
 impl Events {
-    pub fn new(webhook: Option<Arc<Webhook>>) -> Self {
-        Events { tx: broadcast::channel(STREAM_BUFFER).0, webhook, stopping: watch::Sender::new(false) }
+    /// Events kept in `history` under `term`, and sent to `webhook` when there is one.
+    pub fn new(webhook: Option<Arc<Webhook>>, history: Arc<History>, term: u64) -> Self {
+        Events {
+            tx: broadcast::channel(STREAM_BUFFER).0,
+            history,
+            term,
+            webhook,
+            stopping: watch::Sender::new(false),
+        }
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
@@ -77,54 +95,45 @@ impl Events {
         self.stopping.send_replace(true);
     }
 
-    /// Whether anyone would see an event; when not, the hooks build nothing.
-    pub fn listened(&self) -> bool {
-        self.webhook.is_some() || self.tx.receiver_count() > 0
-    }
-
     pub fn publish(&self, ev: Event) {
-        if let Some(w) = &self.webhook {
-            if ev.kind.is_incident() || ev.kind == EventType::HostHealth {
-                w.push(ev.clone());
+        self.history.record(self.term, ev, |ev| {
+            if let Some(w) = &self.webhook {
+                if ev.kind.is_incident() || ev.kind == EventType::HostHealth {
+                    w.push(ev.clone());
+                }
             }
-        }
-        let _ = self.tx.send(ev); // no subscriber: nobody to tell
+            if self.tx.receiver_count() > 0 {
+                let _ = self.tx.send(ev.clone());
+            }
+        });
     }
 
     /// After an incident write: `before` is the stored incident's state and its timeline's
     /// [`History::pushed`](mpsfleet_types::History::pushed) count.
     pub fn incident(&self, before: Option<(&IncidentState, u64)>, after: &Incident, at_ms: u64) {
-        if self.listened() {
-            incident_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
-        }
+        incident_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
     }
 
     /// After a host write: `before` is the stored host's status and health.
     pub fn host(&self, before: (HostStatus, HealthStatus), after: &Host, at_ms: u64) {
-        if self.listened() {
-            host_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
-        }
+        host_events(before, after, at_ms).into_iter().for_each(|e| self.publish(e));
     }
 
     /// Entries just recorded in a task's, host's or service's events (`kind` is one of the
     /// `*.event` types).
     pub fn recorded(&self, kind: EventType, subject: &Subject, entries: &[ObjectEvent], at_ms: u64) {
-        if self.listened() {
-            for e in entries {
-                self.publish(Event {
-                    subject: Some(subject.clone()),
-                    event: Some(e.clone()),
-                    ..Event::new(kind, at_ms)
-                });
-            }
+        for e in entries {
+            self.publish(Event {
+                subject: Some(subject.clone()),
+                event: Some(e.clone()),
+                ..Event::new(kind, at_ms)
+            });
         }
     }
 
     /// After a task update that stopped the task.
     pub fn task_stopped(&self, task: &Task, at_ms: u64) {
-        if self.listened() {
-            self.publish(Event { task: Some(task.clone()), ..Event::new(EventType::TaskStopped, at_ms) });
-        }
+        self.publish(Event { task: Some(task.clone()), ..Event::new(EventType::TaskStopped, at_ms) });
     }
 }
 

@@ -29,6 +29,13 @@ pub const FORWARDED_PEER: &str = "x-mpsfleet-forwarded-peer";
 /// verifies after forwarding.
 pub const FORWARDED_HOST: &str = "x-mpsfleet-forwarded-host";
 
+/// The header a follower signs its copy of the event history's request with:
+/// `TIME_MS;SIGNATURE` (see [`replica_header`]).
+pub const REPLICA: &str = "x-mpsfleet-replica";
+
+/// How far a replica header's time may be from the leader's clock.
+const REPLICA_SKEW_MS: u64 = 5 * 60 * 1000;
+
 /// The purpose the forwarding key is derived for.
 const KEY_PURPOSE: &str = "forwarded-peer";
 
@@ -82,6 +89,21 @@ pub fn verify_forwarded_host(key: &[u8; 32], value: &str) -> Option<String> {
     Some(host.to_string())
 }
 
+/// The header a follower asks for the leader's event history with, at `now_ms`.
+pub fn replica_header(key: &[u8; 32], now_ms: u64) -> String {
+    format!("{now_ms};{}", signature(key, &format!("replica {now_ms}")))
+}
+
+/// Whether `value` is a replica header signed with `key` within [`REPLICA_SKEW_MS`] of `now_ms`.
+pub fn verify_replica(key: &[u8; 32], value: &str, now_ms: u64) -> bool {
+    let Some((at, sig)) = value.split_once(';') else { return false };
+    let Ok(at_ms) = at.parse::<u64>() else { return false };
+    let expected = signature(key, &format!("replica {at_ms}"));
+    expected.len() == sig.len()
+        && expected.bytes().zip(sig.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+        && at_ms.abs_diff(now_ms) <= REPLICA_SKEW_MS
+}
+
 /// Where the follower sends what it receives.
 pub trait LeaderLookup: Send + Sync + 'static {
     /// The leader's URL (`https://HOST:PORT`), if one is elected and it is not this server
@@ -97,6 +119,13 @@ struct Forwarder {
 
 /// The follower's whole API: everything is forwarded to the leader.
 pub fn router(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> Result<Router, ApiError> {
+    let http = leader_client(ca_pem)?;
+    let state = Arc::new(Forwarder { http, leader, key: forwarding_key(key) });
+    Ok(Router::new().fallback(forward).with_state(state))
+}
+
+/// How a follower calls the leader: the cluster's CA only, no redirects.
+fn leader_client(ca_pem: &[u8]) -> Result<reqwest::Client, ApiError> {
     let mut builder = reqwest::Client::builder()
         .use_rustls_tls()
         .tls_built_in_root_certs(false)
@@ -109,10 +138,62 @@ pub fn router(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> 
             .map_err(|e| ApiError::from(Error::Internal(format!("cluster CA: {e}"))))?;
         builder = builder.add_root_certificate(cert);
     }
-    let http =
-        builder.build().map_err(|e| ApiError::from(Error::Internal(format!("forwarding client: {e}"))))?;
-    let state = Arc::new(Forwarder { http, leader, key: forwarding_key(key) });
-    Ok(Router::new().fallback(forward).with_state(state))
+    builder.build().map_err(|e| ApiError::from(Error::Internal(format!("forwarding client: {e}"))))
+}
+
+/// While this server follows: copies the leader's event history into `history` as it grows
+/// (`GET /v1/events/replica` from the last event it has), reconnecting a second after the
+/// leader goes or changes, so that once elected it goes on from the same past. Runs until
+/// aborted.
+pub async fn copy_events(
+    leader: Arc<dyn LeaderLookup>,
+    ca_pem: &[u8],
+    key: &ServerKey,
+    history: Arc<crate::events::history::History>,
+) -> Result<(), ApiError> {
+    let http = leader_client(ca_pem)?;
+    let key = forwarding_key(key);
+    loop {
+        let lookup = leader.clone();
+        if let Some(url) = tokio::task::spawn_blocking(move || lookup.leader_url()).await.ok().flatten() {
+            let copied = copy_from(&http, &key, &url, &history).await;
+            tracing::debug!(leader = %url, copied, "the leader's event stream ended; copying again shortly");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Copies from the leader at `url` until its stream ends or fails; returns how many events.
+async fn copy_from(
+    http: &reqwest::Client,
+    key: &[u8; 32],
+    url: &str,
+    history: &crate::events::history::History,
+) -> u64 {
+    let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+    let endpoint = format!("{}/v1/events/replica", url.trim_end_matches('/'));
+    let request = http
+        .get(&endpoint)
+        .query(&[("after", history.last().to_string())])
+        .header(REPLICA, replica_header(key, now_ms));
+    let resp = match request.send().await {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            tracing::warn!(leader = %url, status = r.status().as_u16(), "the leader refused to share its event history");
+            return 0;
+        }
+        Err(_) => return 0,
+    };
+    let mut stream = mpsfleet_client::EventStream::new(endpoint, resp);
+    let mut copied = 0;
+    while let Ok(Some(item)) = stream.next().await {
+        match item {
+            mpsfleet_client::StreamItem::Event(ev) => copied += u64::from(history.copy(*ev)),
+            // Fell behind: ask again from the last event copied (the history still has the rest).
+            mpsfleet_client::StreamItem::Lagged(_) => break,
+        }
+    }
+    copied
 }
 
 async fn forward(
@@ -183,6 +264,19 @@ fn unavailable(code: &str, message: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_recent_replica_header_signed_with_the_key_passes() {
+        let key = [7u8; 32];
+        let header = replica_header(&key, 1_000_000);
+        assert!(verify_replica(&key, &header, 1_000_000 + 60_000));
+        assert!(!verify_replica(&[8u8; 32], &header, 1_000_000), "another key");
+        assert!(!verify_replica(&key, &header, 1_000_000 + REPLICA_SKEW_MS + 1), "too old");
+        assert!(!verify_replica(&key, &header.replacen("1000000", "1000001", 1), 1_000_000), "another time");
+        for bad in ["", "1000000", "1000000;", ";abc", "x;y"] {
+            assert!(!verify_replica(&key, bad, 1_000_000), "{bad:?}");
+        }
+    }
 
     #[test]
     fn only_a_header_signed_with_the_key_names_a_peer() {

@@ -82,7 +82,9 @@ async fn drain(body: Body, timeout: Duration) -> bool {
 }
 
 /// The routes anyone may call, without a token.
-pub const PUBLIC_ROUTES: &[&str] = &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json"];
+/// (`/v1/events/replica` checks its own caller: a server of the cluster, by a signed header.)
+pub const PUBLIC_ROUTES: &[&str] =
+    &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json", "/v1/events/replica"];
 
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {

@@ -152,6 +152,9 @@ pub struct HaRole {
     pub ttl: Duration,
     /// The leadership this server serves under: its fence, and whether it is still current.
     pub leadership: Arc<mpsfleet_store::etcd::Leadership>,
+    /// The events' history: copied from the leader while this server followed, and gone on
+    /// with while it leads.
+    pub events_history: Arc<events::history::History>,
 }
 
 impl std::fmt::Debug for HaRole {
@@ -264,7 +267,12 @@ pub async fn serve(
         None => None,
     };
     let deliver = webhook.clone().map(|w| tokio::spawn(w.run()));
-    let events = events::Events::new(webhook);
+    // Under a leadership, events go on from the history this server copied while it followed.
+    let (history, term) = match &options.ha {
+        Some(h) => (h.events_history.clone(), u64::try_from(h.leadership.fence()).unwrap_or(0)),
+        None => (Arc::default(), 0),
+    };
+    let events = events::Events::new(webhook, history, term);
     cluster.set_events(events.clone());
     cluster.start_retention();
     let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;

@@ -120,9 +120,14 @@ pub struct Subject {
     pub pool: PoolName,
 }
 
-/// One event: `{"type", "at_ms", "incident"?, "step"?, "host"?, "task"?, "subject"?, "event"?}`.
+/// One event: `{"id", "type", "at_ms", "incident"?, "step"?, "host"?, "task"?, "subject"?, "event"?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
+    /// Where the event stands in the cluster's history, `TERM-N` (the leadership's fence and
+    /// a count within it): later events have greater ids. Set when the server records the
+    /// event; a reader resumes after it with `GET /v1/events?after=ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     #[serde(rename = "type")]
     pub kind: EventType,
     /// Server time of the change, in milliseconds since the Unix epoch.
@@ -150,7 +155,17 @@ pub struct Event {
 impl Event {
     /// An event of `kind` at `at_ms` with no subject yet.
     pub fn new(kind: EventType, at_ms: u64) -> Event {
-        Event { kind, at_ms, incident: None, step: None, host: None, task: None, subject: None, event: None }
+        Event {
+            id: None,
+            kind,
+            at_ms,
+            incident: None,
+            step: None,
+            host: None,
+            task: None,
+            subject: None,
+            event: None,
+        }
     }
 }
 

@@ -11,8 +11,10 @@ use mpsfleet_types::*;
 use std::path::PathBuf;
 
 mod access;
+pub mod complete;
 mod drill;
 mod incident;
+mod logs;
 mod pool;
 mod watch;
 use access::{ca_command, cluster_status, join_token, secret, token};
@@ -82,6 +84,7 @@ pub enum TaskdefCommand {
     /// Describe `family` (latest revision) or `family:revision`.
     Describe {
         /// `family` (latest revision) or `family:revision`.
+        #[arg(add = complete::taskdefs())]
         reference: String,
     },
 }
@@ -91,13 +94,13 @@ pub enum TaskCommand {
     /// Start tasks of a task definition in a pool.
     Run {
         /// `family` (latest revision) or `family:revision`.
-        #[arg(long)]
+        #[arg(long, add = complete::taskdefs())]
         taskdef: String,
         /// How many tasks to start.
         #[arg(long, default_value_t = 1)]
         count: u32,
         /// The pool to place them in [default: the only pool, or MPSFLEET_POOL].
-        #[arg(long, env = "MPSFLEET_POOL")]
+        #[arg(long, env = "MPSFLEET_POOL", add = complete::pools())]
         pool: Option<String>,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
         /// answers what the first call did instead of changing anything again (kept 24 h).
@@ -140,12 +143,14 @@ pub enum TaskCommand {
     /// One task: containers, exit codes, stop code and reason, times, health, GPUs, network bindings.
     Describe {
         /// The task's id.
+        #[arg(add = complete::tasks())]
         id: String,
     },
     /// Protect a task from its service's scale-in and deployments for a while (ECS's task
     /// scale-in protection), or end that with --off.
     Protect {
         /// The task's id.
+        #[arg(add = complete::tasks())]
         id: String,
         /// For how many minutes, 1 to 2880.
         #[arg(long, default_value_t = 120)]
@@ -157,6 +162,7 @@ pub enum TaskCommand {
     /// Stop a task (its containers get SIGTERM, then SIGKILL after their stopTimeout).
     Stop {
         /// The task's id.
+        #[arg(add = complete::tasks())]
         id: String,
         /// Why (kept as the task's stoppedReason).
         #[arg(long)]
@@ -170,27 +176,10 @@ pub enum TaskCommand {
     /// shown as visible escapes such as \x1b; `-o json` gives the exact text.
     Logs {
         /// The task's id.
+        #[arg(add = complete::tasks())]
         id: String,
-        /// The container [default: the task's first].
-        #[arg(long)]
-        container: Option<String>,
-        /// Which output: stdout, stderr, or all (both, interleaved in the order written, each
-        /// printed to its own stream) [default: all].
-        #[arg(long, conflicts_with = "stderr")]
-        stream: Option<mpsfleet_types::logs::LogStreams>,
-        /// The same as --stream stderr.
-        #[arg(long)]
-        stderr: bool,
-        /// Only the last N lines [default: all the agent returns].
-        #[arg(long, value_name = "N")]
-        tail: Option<usize>,
-        /// How many bytes from the end the agent returns (at most 16 MiB); raised to fit
-        /// --tail at 1 KiB a line.
-        #[arg(long, value_name = "BYTES", default_value_t = 65536)]
-        limit_bytes: u64,
-        /// Keep printing new output as it is written, until the task is STOPPED (or Ctrl-C).
-        #[arg(long, short = 'f')]
-        follow: bool,
+        #[command(flatten)]
+        opts: logs::LogOptions,
     },
 }
 
@@ -211,21 +200,25 @@ pub enum HostCommand {
     /// One host: GPUs with sharing mode, MPS memory and clients, checks with reasons, tasks.
     Describe {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// Stop placing new tasks on the host; what runs there keeps running.
     Cordon {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// Place new tasks on the host again.
     Uncordon {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// Cordon and drain the host: its service tasks move, its other tasks stop.
     Drain {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
         /// Wait until no task is left on the host, with progress on stderr (exit 0; 124 if
         /// --timeout passed first).
@@ -238,11 +231,13 @@ pub enum HostCommand {
     /// Drain the host, launch a replacement through the pool's provider, terminate the old one.
     Replace {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// Return a repaired host to ACTIVE (refused while any check is not OK); its incident resolves.
     Activate {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// After fixing a host whose agent gave up restarting an MPS daemon: re-arm its local
@@ -250,6 +245,7 @@ pub enum HostCommand {
     /// host's open incident).
     Recheck {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
     /// Remove a host that does not exist (a machine that is gone, or a registration someone
@@ -257,6 +253,7 @@ pub enum HostCommand {
     /// for the machine that has them. Refused while it heartbeats, unless --force.
     Forget {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
         /// Even though something heartbeats as the host (it is not the machine it claims).
         #[arg(long)]
@@ -267,6 +264,7 @@ pub enum HostCommand {
     /// a new host.
     RevokeCredential {
         /// The host's id.
+        #[arg(add = complete::hosts())]
         id: String,
     },
 }
@@ -302,6 +300,7 @@ pub enum PoolCommand {
     /// Change a pool's policies or placement settings (JSON as for create); nothing restarts.
     Update {
         /// The pool's name.
+        #[arg(add = complete::pools())]
         name: String,
         /// How tasks are placed: binpack or spread.
         #[arg(long, value_parser = ["binpack", "spread"])]
@@ -326,11 +325,13 @@ pub enum PoolCommand {
     /// One pool: its settings and policies.
     Describe {
         /// The pool's name.
+        #[arg(add = complete::pools())]
         name: String,
     },
     /// Who notices, decides, repairs and replaces in this pool, from its configuration.
     Explain {
         /// The pool's name.
+        #[arg(add = complete::pools())]
         name: String,
     },
 }
@@ -343,7 +344,7 @@ pub enum ServiceCommand {
         /// The service's name.
         name: String,
         /// `family` (latest revision) or `family:revision`.
-        #[arg(long)]
+        #[arg(long, add = complete::taskdefs())]
         taskdef: String,
         /// The number of tasks to keep running.
         #[arg(long, required_unless_present = "daemon")]
@@ -354,7 +355,7 @@ pub enum ServiceCommand {
         #[arg(long, conflicts_with = "desired")]
         daemon: bool,
         /// The pool to run them in [default: the only pool, or MPSFLEET_POOL].
-        #[arg(long, env = "MPSFLEET_POOL")]
+        #[arg(long, env = "MPSFLEET_POOL", add = complete::pools())]
         pool: Option<String>,
         /// When tasks on a bad host start elsewhere: at once (restart) or only after the old
         /// host is confirmed terminated (fenced).
@@ -373,6 +374,7 @@ pub enum ServiceCommand {
     /// deployment bounds), desired count or deployment configuration.
     Update {
         /// The service's name.
+        #[arg(add = complete::services())]
         name: String,
         /// The task definition to roll over to: `family` (latest revision) or `family:revision`.
         #[arg(long)]
@@ -394,22 +396,35 @@ pub enum ServiceCommand {
     /// One service: its configuration, deployments, replicas by host and GPU, and events.
     Describe {
         /// The service's name.
+        #[arg(add = complete::services())]
         name: String,
+    },
+    /// The output of every task the service runs, interleaved by time, each line prefixed
+    /// `[task/ID/CONTAINER]` (`-o json`: a JSON line each, with its taskId).
+    Logs {
+        /// The service's name.
+        #[arg(add = complete::services())]
+        name: String,
+        #[command(flatten)]
+        opts: logs::LogOptions,
     },
     /// The service's deployments, newest first: state, definition and task counts.
     Deployments {
         /// The service's name.
+        #[arg(add = complete::services())]
         name: String,
     },
     /// Where every running replica can be reached: the address and port each binding is bound
     /// on (0.0.0.0: all interfaces), and its scope.
     Endpoints {
         /// The service's name.
+        #[arg(add = complete::services())]
         name: String,
     },
     /// Stop the service's tasks and remove it.
     Delete {
         /// The service's name.
+        #[arg(add = complete::services())]
         name: String,
     },
 }
@@ -627,7 +642,7 @@ pub enum Resource {
     Service(ServiceCommand),
     Incident(IncidentCommand),
     Drill(DrillCommand),
-    Events { kinds: Vec<String>, limit: Option<u64> },
+    Events { kinds: Vec<String>, limit: Option<u64>, follow: bool, since: Option<String> },
 }
 
 /// `mpsfleet events`: the options every client command takes, and which events.
@@ -643,6 +658,13 @@ pub struct EventsArgs {
     /// Stop after this many events.
     #[arg(long, value_name = "N")]
     pub limit: Option<u64>,
+    /// Keep printing new events as they happen, after the past ones, until Ctrl-C (or --limit).
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Only events this recent: 30s, 10m, 2h, 1h30m [default: all the server keeps, the last
+    /// hour and at most 10,000 events; with --follow, none of the past].
+    #[arg(long, value_name = "AGE")]
+    pub since: Option<String>,
 }
 
 /// The pool a command names, else MPSFLEET_POOL (clap reads it), else the server's only pool.
@@ -745,8 +767,9 @@ fn client(opts: &Opts) -> Result<Client> {
 pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
     output::set_listing(opts.no_headers, opts.sort_by.clone(), opts.selector.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;
-    if let Resource::Events { kinds, .. } = &cmd {
+    if let Resource::Events { kinds, since, .. } = &cmd {
         watch::check_kinds(kinds)?;
+        since.as_deref().map(watch::parse_age).transpose()?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let c = client(&opts)?;
@@ -759,7 +782,10 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Drill(cmd) => drill::drill(&c, opts.output, cmd).await,
-            Resource::Events { kinds, limit } => watch::events(&c, opts.output, &kinds, limit).await,
+            Resource::Events { kinds, limit, follow, since } => {
+                let since = since.as_deref().map(watch::parse_age).transpose()?;
+                watch::events(&c, opts.output, &kinds, limit, follow, since).await
+            }
             Resource::Secret(cmd) => secret(&c, opts.output, cmd).await,
             Resource::Token(cmd) => token(&c, opts.output, cmd, &endpoint(&opts)).await,
             Resource::JoinToken(cmd) => join_token(&c, opts.output, cmd).await,
@@ -985,16 +1011,7 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             let trouble = crate::describe::host_trouble(&t, &hosts, &incidents);
             print!("{}", crate::describe::task(&t, def.as_ref(), &gpu_use, &events, trouble));
         }
-        TaskCommand::Logs { id, container, stream, stderr, tail, limit_bytes, follow } => {
-            let stream = match (stream, stderr) {
-                (_, true) => mpsfleet_types::logs::LogStreams::Stderr,
-                (Some(s), false) => s,
-                (None, false) => mpsfleet_types::logs::LogStreams::All,
-            };
-            let bytes = tail.map_or(limit_bytes, |n| limit_bytes.max(n as u64 * 1024)).min(MAX_LOG_BYTES);
-            let logs = LogsAsk { container: container.as_deref(), stream, bytes, lines: tail };
-            task_logs(c, f, &id, logs, follow).await?;
-        }
+        TaskCommand::Logs { id, opts } => logs::task_logs(c, f, &id, &opts).await?,
         TaskCommand::Protect { id, minutes, off } => {
             let req = ProtectTask { protection_enabled: !off, expires_in_minutes: (!off).then_some(minutes) };
             let t = c.protect_task(&id, &req).await?;
@@ -1015,100 +1032,6 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The most output one `task logs` call asks of the agent (the server's limit).
-const MAX_LOG_BYTES: u64 = 16 << 20;
-
-/// What `task logs` asks for: the container and streams, the bytes from the end, and how
-/// many of the last lines to print of the first answer.
-#[derive(Clone, Copy)]
-struct LogsAsk<'a> {
-    container: Option<&'a str>,
-    stream: mpsfleet_types::logs::LogStreams,
-    bytes: u64,
-    lines: Option<usize>,
-}
-
-/// The last `n` lines of `text`.
-fn last_lines(text: &str, n: usize) -> &str {
-    let body = text.strip_suffix('\n').unwrap_or(text);
-    match body.rmatch_indices('\n').nth(n.saturating_sub(1)) {
-        Some((i, _)) if n > 0 => &text[i + 1..],
-        _ if n == 0 => "",
-        _ => text,
-    }
-}
-
-/// How often `task logs --follow` asks for new output.
-const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// `task logs`: prints what there is; with `follow`, then asks every [`FOLLOW_EVERY`] for what
-/// was written after the last output printed, until the task is STOPPED (printing the rest)
-/// or Ctrl-C.
-async fn task_logs(c: &Client, f: Format, id: &str, ask: LogsAsk<'_>, follow: bool) -> Result<()> {
-    let LogsAsk { container, stream, bytes: tail, lines } = ask;
-    // Lines are cut from the first answer only; what follows is printed whole.
-    let mut lines = lines;
-    let keep =
-        |v: &[OutputLine], n: Option<usize>| v[v.len().saturating_sub(n.unwrap_or(v.len()))..].to_vec();
-    use mpsfleet_types::logs::{OutputLine, OutputStream};
-    use std::io::Write;
-    let print_lines = |lines: &[OutputLine]| -> std::io::Result<()> {
-        // Both streams, each to its own, as the task wrote them.
-        for line in lines {
-            match line.stream {
-                OutputStream::Stdout => std::io::stdout().write_all(sanitize_text(&line.text).as_bytes())?,
-                OutputStream::Stderr => std::io::stderr().write_all(sanitize_text(&line.text).as_bytes())?,
-            }
-        }
-        std::io::stdout().flush()
-    };
-    // Following starts from the beginning of what the agent keeps (within `tail`).
-    let mut since = follow.then_some(0);
-    let mut noted = false;
-    let mut ending = false;
-    loop {
-        let logs = c.task_logs(id, container, stream, tail, since).await?;
-        let n = lines.take();
-        if f.is_data() {
-            output::print(f, &logs, &[], Vec::new());
-        } else {
-            match (&logs.snapshot, &logs.lines) {
-                (Some(snapshot), _) => {
-                    if !noted {
-                        noted = true;
-                        eprintln!(
-                            "showing the last snapshot reported at {} ({})",
-                            output::utc_time(logs.reported_at_ms.unwrap_or(snapshot.taken_at_ms)),
-                            sanitize(logs.note.as_deref().unwrap_or("the agent was not asked"))
-                        );
-                    }
-                    print_lines(&keep(&snapshot.lines, n))?;
-                }
-                (None, Some(got)) => print_lines(&keep(got, n))?,
-                (None, None) => {
-                    let text = logs.output();
-                    let text = n.map_or(text.as_str(), |n| last_lines(&text, n));
-                    let mut out = std::io::stdout();
-                    out.write_all(sanitize_text(text).as_bytes())?;
-                    out.flush()?;
-                }
-            }
-        }
-        if !follow || ending {
-            return Ok(());
-        }
-        if let Some(last) = logs.last_at_ms {
-            since = Some(last);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(FOLLOW_EVERY) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-        }
-        // Once it is STOPPED, one more call prints what it wrote last.
-        ending = c.describe_task(id).await?.last_status == TaskStatus::Stopped;
-    }
 }
 
 fn host_rows(hosts: &[HostView]) -> Vec<Vec<String>> {
@@ -1449,6 +1372,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             output::print(f, &list, &HEADERS, service_rows(&list));
             return Ok(());
         }
+        ServiceCommand::Logs { name, opts } => return logs::service_logs(c, f, &name, &opts).await,
         ServiceCommand::Describe { name } => {
             let one = c.describe_service(&name).await?;
             if f.is_data() {
@@ -1490,18 +1414,4 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::last_lines;
-
-    #[test]
-    fn tail_counts_lines() {
-        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
-        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
-        assert_eq!(last_lines("a\nb\n", 5), "a\nb\n");
-        assert_eq!(last_lines("a\nb\n", 0), "");
-        assert_eq!(last_lines("", 3), "");
-    }
 }

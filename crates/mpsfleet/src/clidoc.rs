@@ -40,6 +40,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("service describe", "mpsfleet service describe api"),
     ("service deployments", "mpsfleet service deployments api"),
     ("service endpoints", "mpsfleet service endpoints api"),
+    ("service logs", "mpsfleet service logs api --since 10m --timestamps"),
     ("service delete", "mpsfleet service delete api"),
     ("incident list", "mpsfleet incident list -o json"),
     ("incident describe", "mpsfleet incident describe inc-0a1b2c3d4e5f"),
@@ -81,7 +82,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("bench scaling", "mpsfleet bench scaling --pending 100000 --hosts 10000"),
     ("bench soak", "mpsfleet bench soak --minutes 20 --seed 1"),
     ("sim", "mpsfleet sim --scenario driver-rollout --hosts 30 --duration 1h"),
-    ("events", "mpsfleet events --kind incident.opened --kind task.stopped"),
+    ("events", "mpsfleet events --since 10m --kind incident.opened --kind task.stopped"),
     ("completion", "mpsfleet completion bash"),
 ];
 
@@ -121,9 +122,14 @@ there. `mpsfleet COMMAND --help` says the same as this page.
   comma-separated, all must hold; a task's tags are its run's).
 - **Watching.** `task list --watch` and `host list --watch` (`-w`) print the list, then each
   object again, as a new row, whenever it changes (kubectl's `get -w`; `task list --all
-  --watch` to see tasks stop); `mpsfleet events` prints the cluster's events as they happen
-  (`--kind` to choose, `--limit N` to stop after N, `-o json` for a JSON line each). Both
-  read the server's live event stream: what happened before they started is not shown.
+  --watch` to see tasks stop), from the server's live event stream. `mpsfleet events` prints
+  the cluster's events the server keeps (the last hour, at most 10,000; `--since 10m` for
+  fewer), oldest first, and ends; `--follow` (`-f`) then goes on as they happen (`--kind` to
+  choose, `--limit N` to stop after N, `-o json` for a JSON line each).
+- **Logs.** `task logs ID` prints a task's output (`--since 10m`, `--timestamps`, `--tail N`,
+  `--follow`); `service logs NAME` prints every replica's, interleaved by time, each line
+  prefixed `[task/ID/CONTAINER]` as `kubectl logs -l … --prefix` does, `--follow` picking up
+  replicas that start meanwhile.
 - **Pools.** `--pool` may be left out of `task run` and `service create` when
   `MPSFLEET_POOL` is set or the server has one pool.
 - **Lists** are newest first; `task list` hides STOPPED tasks and `host list` DEREGISTERED
@@ -137,8 +143,14 @@ there. `mpsfleet COMMAND --help` says the same as this page.
   scale-down waits until the tasks beyond the desired count have STOPPED.
 - **Colour.** Logs (`server`, `agent`, `up`) are coloured only when standard error is a
   terminal and `NO_COLOR` is not set: log files never carry escape codes.
-- **Shell completion.** `mpsfleet completion bash > /etc/bash_completion.d/mpsfleet` (also
-  `zsh`, `fish`).
+- **Shell completion.** `source <(mpsfleet completion bash)` in `~/.bashrc` (also `zsh`;
+  fish: `mpsfleet completion fish | source`). The script calls `mpsfleet` back on each TAB
+  (clap's dynamic completion, `MPSFLEET_COMPLETE=SHELL`): commands and flags, and the ids and
+  names of live objects (tasks, hosts, incidents, drills, services, pools, task definition
+  families) from the server, asked with the credentials of the line being completed (its
+  `--server`, `--token`, `--ca-file`, else the environment, else the client config) within
+  1.5 s; a server that does not answer leaves flags alone. `--static` prints a script of flags
+  and subcommands that never runs `mpsfleet`.
 "#;
 
 /// The command paths of the tree's leaves (commands without subcommands), depth first.

@@ -82,22 +82,49 @@ enum Command {
     Audit(cli::Global<cli::AuditCommand>),
     /// The server's TLS certificate under the cluster CA.
     Cluster(cli::Global<cli::ClusterCommand>),
-    /// What happens in the cluster as it happens: incidents, hosts, tasks, services, pools and
-    /// drills, a line per event, until Ctrl-C (or --limit).
+    /// What happened in the cluster, a line per event: incidents, hosts, tasks, services, pools
+    /// and drills, from the last hour the server keeps (--since to narrow it); --follow goes on
+    /// as they happen, until Ctrl-C (or --limit).
     Events(cli::EventsArgs),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Simulate a fleet against the real control-plane logic, with faults, in virtual time.
     Sim(sim::SimArgs),
-    /// Print a shell completion script: `source <(mpsfleet completion bash)`, or write it where
-    /// your shell loads completions from (zsh: a file `_mpsfleet` on $fpath; fish:
-    /// ~/.config/fish/completions/mpsfleet.fish).
+    /// Print a shell completion script: `source <(mpsfleet completion bash)` (or zsh; fish:
+    /// `mpsfleet completion fish | source`). The script asks mpsfleet on each TAB, and ids and
+    /// names come live from the server (with the command line's credentials, 1.5 s at most;
+    /// flags alone when it does not answer). --static prints a script of flags and subcommands
+    /// only, which never runs mpsfleet.
     Completion {
         /// The shell: bash, zsh, fish, elvish or powershell.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+        /// Flags and subcommands only, without calling mpsfleet back.
+        #[arg(long = "static")]
+        fixed: bool,
     },
+}
+
+/// The script that registers dynamic completion for `shell`: it completes `mpsfleet` (and the
+/// path this binary was run by, when that is another) by calling this binary back.
+fn completion_script(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    let me = std::env::current_exe()?;
+    let completer = me.to_string_lossy();
+    let shells = clap_complete::env::Shells::builtins();
+    let Some(writer) = shells.completer(&shell.to_string()) else {
+        anyhow::bail!("no dynamic completion for {shell}: use --static");
+    };
+    let mut out = std::io::stdout().lock();
+    let mut names = vec!["mpsfleet".to_string()];
+    let run_as = std::env::args().next().unwrap_or_default();
+    if run_as.contains('/') && !names.contains(&run_as) {
+        names.push(run_as);
+    }
+    for bin in names {
+        writer.write_registration(cli::complete::VAR, "mpsfleet", &bin, &completer, &mut out)?;
+    }
+    Ok(())
 }
 
 /// The client's global flags, and whether each takes a value.
@@ -158,6 +185,11 @@ fn main() -> std::process::ExitCode {
         let code = mpsfleet_agent::runtime::shim_main_from_args(args);
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // A shell asking for completions (`MPSFLEET_COMPLETE=bash mpsfleet -- WORDS…`) is answered
+    // here, and the process ends.
+    clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command)
+        .var(cli::complete::VAR)
+        .complete();
     let cli = Cli::parse_from(hoist_global_flags(std::env::args_os().collect()));
     let result = match cli.command {
         Command::Up(args) => up::run(args),
@@ -165,7 +197,7 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Sim(args) => sim::run(args),
-        Command::Completion { shell } => {
+        Command::Completion { shell, fixed: true } => {
             clap_complete::generate(
                 shell,
                 &mut <Cli as clap::CommandFactory>::command(),
@@ -174,6 +206,7 @@ fn main() -> std::process::ExitCode {
             );
             Ok(())
         }
+        Command::Completion { shell, fixed: false } => completion_script(shell),
         Command::Taskdef(g) => cli::run(g.opts, cli::Resource::Taskdef(g.command)),
         Command::Task(g) => cli::run(g.opts, cli::Resource::Task(g.command)),
         Command::Host(g) => cli::run(g.opts, cli::Resource::Host(g.command)),
@@ -184,7 +217,10 @@ fn main() -> std::process::ExitCode {
         Command::Secret(g) => cli::run(g.opts, cli::Resource::Secret(g.command)),
         Command::Token(g) => cli::run(g.opts, cli::Resource::Token(g.command)),
         Command::Audit(g) => cli::run(g.opts, cli::Resource::Audit(g.command)),
-        Command::Events(a) => cli::run(a.opts, cli::Resource::Events { kinds: a.kinds, limit: a.limit }),
+        Command::Events(a) => cli::run(
+            a.opts,
+            cli::Resource::Events { kinds: a.kinds, limit: a.limit, follow: a.follow, since: a.since },
+        ),
         Command::JoinToken(g) => cli::run(g.opts, cli::Resource::JoinToken(g.command)),
         Command::Cluster(g) => cli::run(g.opts, cli::Resource::Cluster(g.command)),
     };

@@ -138,9 +138,9 @@ async fn watch_and_events_print_changes_as_they_happen() {
     // task list --watch: the list, then the task again when it is stopped.
     let (mut watching, lines) = spawn_cli(&server, &["task", "list", "--all", "--watch", "--no-headers"]);
     line_where(&lines, |l| l.starts_with(&first));
-    // events: the next task event, as JSON.
+    // events --follow: the next task event, as JSON.
     let (mut events, event_lines) =
-        spawn_cli(&server, &["events", "--kind", "task.event", "--limit", "1", "-o", "json"]);
+        spawn_cli(&server, &["events", "--follow", "--kind", "task.event", "--limit", "1", "-o", "json"]);
     std::thread::sleep(std::time::Duration::from_millis(500)); // both streams are open
     admin.stop_task(&first, Some("watched".into())).await.expect("stop");
     let changed = line_where(&lines, |l| l.starts_with(&first) && l.contains("STOPPED"));
@@ -153,6 +153,31 @@ async fn watch_and_events_print_changes_as_they_happen() {
     assert!(events.wait().expect("events ends after --limit").success());
     let _ = watching.kill();
     let _ = watching.wait();
+
+    // events without --follow: the past the server keeps, oldest first, then it ends; the
+    // first task's whole story is there though nobody was listening when it began.
+    let out = command(
+        &server,
+        &["events", "--since", "10m", "--kind", "task.event", "--kind", "task.stopped", "-o", "json"],
+    )
+    .output()
+    .expect("events");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let past: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let of_first: Vec<&serde_json::Value> =
+        past.iter().filter(|e| e["subject"]["id"] == first || e["task"]["id"] == first).collect();
+    let reasons: Vec<&str> = of_first.iter().filter_map(|e| e["event"]["reason"].as_str()).collect();
+    assert_eq!(reasons, ["Placed", "Stopping"], "{of_first:?}");
+    let ids: Vec<&str> = past.iter().map(|e| e["id"].as_str().expect("an id")).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_by_key(|id| id.rsplit('-').next().and_then(|n| n.parse::<u64>().ok()));
+    assert_eq!(ids, sorted, "oldest first");
+    let table = command(&server, &["events", "--since", "10m"]).output().expect("events");
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.lines().any(|l| l.contains(&format!("task/{first}"))), "{text}");
 }
 
 #[test]
@@ -164,6 +189,7 @@ fn a_bad_template_or_path_is_refused_before_anything_is_sent() {
         (vec!["task", "list", "--sort-by", "id"], "not a path"),
         (vec!["task", "list", "-l", "=ml"], "no tag key"),
         (vec!["events", "--kind", "task.exploded"], "not an event type"),
+        (vec!["events", "--since", "10x"], "--since"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(&args)
@@ -173,4 +199,108 @@ fn a_bad_template_or_path_is_refused_before_anything_is_sent() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// What bash's TAB gets for `words` (the last one being completed): the script of
+/// `mpsfleet completion bash` sourced in a real bash, its function called as bash calls it,
+/// COMPREPLY printed a line each.
+fn bash_completes(env: &[(&str, String)], words: &[&str]) -> Vec<String> {
+    let script =
+        Command::new(env!("CARGO_BIN_EXE_mpsfleet")).args(["completion", "bash"]).output().expect("script");
+    assert!(script.status.success());
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("mpsfleet.bash");
+    std::fs::write(&file, &script.stdout).expect("write the script");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let body = format!(
+        "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMP_TYPE=9; \
+         _clap_complete_mpsfleet mpsfleet {} {}; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        file.display(),
+        quoted.join(" "),
+        words.len() - 1,
+        quoted[words.len() - 1],
+        quoted[words.len() - 2],
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "-c", &body])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("bash");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_offers_live_ids_and_falls_back_to_flags() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let server = Server::start(tmp.path());
+    let admin = server.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
+    let (host, _agent) = add_host(&server, "gpu", "node-a", 1).await;
+    let run = RunTask { task_definition: "infer".into(), count: 2, pool: "gpu".into(), ..Default::default() };
+    let mut tasks: Vec<String> =
+        admin.run_task(&run).await.expect("run").tasks.iter().map(|t| t.id.to_string()).collect();
+    tasks.sort();
+    let env = vec![
+        ("MPSFLEET_SERVER", server.url.clone()),
+        ("MPSFLEET_TOKEN", server.admin_token()),
+        ("MPSFLEET_CA_FILE", server.ca_file()),
+    ];
+
+    // bash: live task ids, host ids, pool and family names where the command takes them.
+    let mut got = bash_completes(&env, &["mpsfleet", "task", "describe", ""]);
+    got.retain(|w| w.starts_with("t-"));
+    got.sort();
+    assert_eq!(got, tasks);
+    let prefix = &tasks[0][..tasks[0].len() - 2];
+    let narrowed = bash_completes(&env, &["mpsfleet", "task", "stop", prefix]);
+    assert!(narrowed.contains(&tasks[0]) && narrowed.iter().all(|w| w.starts_with(prefix)), "{narrowed:?}");
+    assert_eq!(bash_completes(&env, &["mpsfleet", "host", "cordon", "h-"]), [host.to_string()]);
+    assert_eq!(bash_completes(&env, &["mpsfleet", "task", "run", "--pool", ""]), ["gpu"]);
+    assert_eq!(bash_completes(&env, &["mpsfleet", "task", "run", "--taskdef", "inf"]), ["infer"]);
+    // The credentials on the command line being completed are the ones used.
+    let flags_only = vec![("MPSFLEET_SERVER", "https://127.0.0.1:9".to_string())];
+    let on_line = bash_completes(
+        &flags_only,
+        &[
+            "mpsfleet",
+            "task",
+            "describe",
+            "--server",
+            &server.url,
+            "--token",
+            &server.admin_token(),
+            "--ca-file",
+            &server.ca_file(),
+            "t-",
+        ],
+    );
+    assert_eq!(on_line.len(), 2, "{on_line:?}");
+
+    // zsh's protocol: value:description lines.
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["--", "mpsfleet", "task", "describe", ""])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("MPSFLEET_COMPLETE", "zsh")
+        .env("_CLAP_COMPLETE_INDEX", "3")
+        .env("_CLAP_IFS", "\n")
+        .output()
+        .expect("zsh completion");
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    for t in &tasks {
+        assert!(lines.lines().any(|l| l.starts_with(&format!("{t}:")) && l.contains("infer")), "{lines}");
+    }
+
+    // A server that accepts and never answers: the TAB gives up and offers the flags.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let silent_env = vec![("MPSFLEET_SERVER", format!("https://{}", silent.local_addr().unwrap()))];
+    let started = tokio::time::Instant::now();
+    let flags = bash_completes(&silent_env, &["mpsfleet", "task", "describe", "-"]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(flags.contains(&"-o".to_string()) && flags.contains(&"--server".to_string()), "{flags:?}");
+    assert!(bash_completes(&silent_env, &["mpsfleet", "task", "describe", ""])
+        .iter()
+        .all(|w| w.starts_with('-')));
+    drop(silent);
 }

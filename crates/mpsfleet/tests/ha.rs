@@ -167,6 +167,30 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
     .await;
     let tasks = admin.list_tasks(&Default::default()).await.expect("list");
     assert_eq!(tasks.len(), 2, "{tasks:?}");
+
+    // The events' history survived the leader: the new one copied it while it followed, so
+    // the first task's start (recorded by the dead leader) is still there, before the second
+    // task's (recorded by the new one), and ids still grow.
+    let q =
+        mpsfleet_client::EventQuery { types: vec!["task.event".into()], since_ms: Some(0), no_follow: true };
+    let mut stream = admin.events_from(&q).await.expect("the kept events");
+    let mut past = Vec::new();
+    while let Some(item) = stream.next().await.expect("an event") {
+        if let mpsfleet_client::StreamItem::Event(ev) = item {
+            past.push(*ev);
+        }
+    }
+    let started = |id: &TaskId| {
+        past.iter().position(|e| {
+            e.subject.as_ref().is_some_and(|s| s.id == id.to_string())
+                && e.event.as_ref().is_some_and(|w| w.reason == "Started")
+        })
+    };
+    let (a, b) = (started(&task), started(&second.tasks[0].id));
+    assert!(a.is_some() && b.is_some() && a < b, "{past:#?}");
+    let (old, new) = (past[a.unwrap()].id.clone().unwrap(), past[b.unwrap()].id.clone().unwrap());
+    let term = |id: &str| id.split('-').next().and_then(|t| t.parse::<u64>().ok()).expect("TERM-N");
+    assert!(term(&old) < term(&new), "a new leadership's events sort after the old one's: {old} {new}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use mpsfleet_client::Client;
+use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::logs::{LogStreams, LogsSource, OutputStream};
 use mpsfleet_types::*;
 use std::process::Command;
@@ -250,4 +250,97 @@ async fn task_logs_interleave_both_streams_give_later_output_and_follow_a_task_t
     let done = admin.describe_task(&ticking).await.unwrap();
     assert_eq!(done.last_status, TaskStatus::Stopped);
     admin.stop_task(&id, None).await.unwrap();
+}
+
+/// Runs the CLI against the fleet's server; its stdout (the test fails on a non-zero exit).
+fn cli(server: &Server, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(args)
+        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_logs_interleave_every_replica_and_task_logs_take_since_and_timestamps() {
+    let chatty = "i=0; while true; do i=$((i+1)); echo \"line-$i from $$\"; sleep 0.3; done";
+    let late = "echo early; sleep 3; echo late; exec sleep 600";
+    let fleet = Fleet::start(&[("chatty", chatty), ("late", late)]).await;
+    let (admin, server) = (&fleet.admin, &fleet.server);
+
+    // task logs --since keeps only what was written that recently; --timestamps says when.
+    let id = fleet.run("late").await;
+    let all = logs_containing(admin, &id, LogStreams::All, "late", WAIT, "both lines").await;
+    let at_late = all.lines.as_ref().unwrap().iter().find(|l| l.text == "late\n").unwrap().at_ms;
+    let recent = cli(server, &["task", "logs", &id, "--since", "2s", "--timestamps"]);
+    let lines: Vec<&str> = recent.lines().collect();
+    assert_eq!(lines.len(), 1, "only the late line is 2 s recent: {recent}");
+    let (stamp, text) = lines[0].split_once(' ').unwrap();
+    assert_eq!((stamp, text), (mpsfleet_types::utc(at_late).as_str(), "late"), "{recent}");
+    assert_eq!(cli(server, &["task", "logs", &id]), "early\nlate\n");
+
+    // service logs: every replica's lines, each prefixed with its task, in time order.
+    admin
+        .create_service(&CreateService {
+            name: "chatty".into(),
+            pool: "gpu".into(),
+            task_definition: "chatty".into(),
+            desired_count: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let q = TaskQuery { service: Some("chatty".into()), live: true, ..Default::default() };
+    let replicas = eventually(WAIT, "two RUNNING replicas", || async {
+        let tasks = admin.list_tasks(&q).await.ok()?;
+        (tasks.len() == 2 && tasks.iter().all(|t| t.last_status == TaskStatus::Running)).then_some(tasks)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // a few lines each
+    let out = cli(server, &["service", "logs", "chatty", "--timestamps"]);
+    for t in &replicas {
+        let prefix = format!("[task/{}/main] ", t.id);
+        assert!(out.lines().filter(|l| l.starts_with(&prefix)).count() >= 2, "{prefix}: {out}");
+    }
+    let stamps: Vec<&str> = out.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    let mut sorted = stamps.clone();
+    sorted.sort();
+    assert_eq!(stamps, sorted, "lines interleave by time: {out}");
+
+    // --follow: new lines of both replicas as they are written.
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["service", "logs", "chatty", "--follow", "--tail", "1", "-o", "json"])
+        .args(["--server", &server.url, "--token", &server.admin_token(), "--ca-file", &server.ca_file()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&line).expect("a JSON line"));
+        }
+    });
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < 2 || seen.values().any(|v| v.len() < 4) {
+        assert!(tokio::time::Instant::now() < deadline, "lines of both replicas while following: {seen:?}");
+        if let Ok(v) = rx.recv_timeout(Duration::from_secs(1)) {
+            let task = v["taskId"].as_str().unwrap().to_string();
+            seen.entry(task).or_default().push(v["text"].as_str().unwrap().to_string());
+        }
+    }
+    let _ = follow.kill();
+    let _ = follow.wait();
+    for (task, lines) in &seen {
+        // Each replica's lines come once each, in order: line-N, line-N+1, ...
+        let n: Vec<u64> = lines
+            .iter()
+            .map(|l| l.trim_start_matches("line-").split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(n.windows(2).all(|w| w[1] == w[0] + 1), "{task}: {lines:?}");
+    }
 }

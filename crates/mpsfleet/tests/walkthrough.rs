@@ -44,7 +44,6 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("bench metrics", "a benchmark of many hosts: docs/benchmarks.md"),
     ("bench console", "a benchmark of many hosts in a browser: docs/benchmarks.md"),
     ("bench soak", "20 minutes of faults: docs/benchmarks.md; a minute of it is tests/soak.rs"),
-    ("events", "follows the live stream until Ctrl-C: tests/cli_output.rs runs it with --limit"),
 ];
 
 /// The placeholders docs/cli.md uses for a task and a host.
@@ -348,7 +347,19 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
             "task stop" => assert!(s
                 .ok(&format!("mpsfleet task describe {task_id}"))
                 .contains("Stopped reason:   retrain")),
-            "completion" => assert!(out.contains("mpsfleet") && out.contains("deployments"), "{out}"),
+            // The script calls mpsfleet back for live ids (tests/cli_output.rs completes with it).
+            "completion" => {
+                assert!(out.contains("_clap_complete_mpsfleet") && out.contains("MPSFLEET_COMPLETE"), "{out}")
+            }
+            // Every replica of api, each line with its task and time.
+            "service logs" => assert!(
+                out.lines().filter(|l| l.starts_with("[task/") && l.contains("demo: serving")).count() >= 2,
+                "{out}"
+            ),
+            // The task stopped above is in the kept past.
+            "events" => {
+                assert!(out.contains(&format!("task/{task_id}")) && out.contains("task.stopped"), "{out}")
+            }
             _ => {}
         }
     }

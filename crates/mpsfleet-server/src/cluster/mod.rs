@@ -930,9 +930,15 @@ impl Cluster {
         if task.host_id.is_some() && old.is_none_or(|o| o.host_id.is_none()) {
             self.live.placed(&task.pool, self.now().saturating_sub(task.created_at_ms));
         }
+        // A task placed as it is created keeps no `Placed` entry (its events show one from the
+        // record); the event stream and its history are told all the same.
+        let placed_at_once = old.is_none() && task.host_id.is_some();
         let news = mpsfleet_core::changes::task_changes(old, &task);
         let (id, pool) = (task.id, task.pool.clone());
         self.apply(version, Change::Task(task, placement));
+        if placed_at_once {
+            self.publish_task(&id, &pool, &[mpsfleet_core::changes::TaskChange::Placed]);
+        }
         self.record_task(id, pool, news);
     }
 
@@ -941,16 +947,19 @@ impl Cluster {
         if news.is_empty() {
             return;
         }
+        self.publish_task(&id, &pool, &news);
         let now = self.now();
-        if self.events.listened() {
-            if let Some(e) = self.state.tasks().get(&id) {
-                let words: Vec<ObjectEvent> =
-                    news.iter().map(|c| mpsfleet_core::changes::render(c, &e.task)).collect();
-                let subject = event::Subject { id: id.to_string(), pool };
-                self.events.recorded(event::EventType::TaskEvent, &subject, &words, now);
-            }
-        }
         self.state.record_task(&id, now, news);
+    }
+
+    /// Publishes changes of a task's events in words (`task.event`).
+    fn publish_task(&self, id: &TaskId, pool: &PoolName, news: &[mpsfleet_core::changes::TaskChange]) {
+        if let Some(e) = self.state.tasks().get(id) {
+            let words: Vec<ObjectEvent> =
+                news.iter().map(|c| mpsfleet_core::changes::render(c, &e.task)).collect();
+            let subject = event::Subject { id: id.to_string(), pool: pool.clone() };
+            self.events.recorded(event::EventType::TaskEvent, &subject, &words, self.now());
+        }
     }
 
     /// A task's events in words, oldest first.

@@ -12,7 +12,7 @@ pub enum DrillCommand {
     /// the verdict; exits 1 when the drill breached a bound or was aborted.
     Run {
         /// The pool (MPSFLEET_POOL, or the server's only pool).
-        #[arg(long, env = "MPSFLEET_POOL")]
+        #[arg(long, env = "MPSFLEET_POOL", add = super::complete::pools())]
         pool: Option<String>,
         /// daemon-exit, daemon-hang, agent-stop or gpu-check-fail.
         #[arg(long)]
@@ -36,11 +36,13 @@ pub enum DrillCommand {
     /// One drill: targets, each phase measured against its bound, verdict, events.
     Describe {
         /// The drill's id.
+        #[arg(add = super::complete::drills())]
         id: String,
     },
     /// Take a running drill's fault back now and restore what it broke.
     Abort {
         /// The drill's id.
+        #[arg(add = super::complete::drills())]
         id: String,
     },
     /// Allow drills cluster-wide (`on`), switch them off (`off`: blocks new drills and aborts

@@ -10,16 +10,19 @@ pub enum IncidentCommand {
     /// One incident: its trigger, its timeline and what is left to do.
     Describe {
         /// The incident's id.
+        #[arg(add = super::complete::incidents())]
         id: String,
     },
     /// Take the incident: recorded on its timeline with who and when; nothing else changes.
     Acknowledge {
         /// The incident's id.
+        #[arg(add = super::complete::incidents())]
         id: String,
     },
     /// Close the incident; a replacement host still in flight is cancelled.
     Resolve {
         /// The incident's id.
+        #[arg(add = super::complete::incidents())]
         id: String,
         /// Why the incident is resolved (kept on its timeline).
         #[arg(long)]

@@ -57,17 +57,33 @@ where
     }
 }
 
-/// `mpsfleet events`: what happens in the cluster as it happens, a line per event (a JSON
-/// line with `-o json`), until `limit` events or Ctrl-C.
-pub(super) async fn events(c: &Client, f: Format, kinds: &[String], limit: Option<u64>) -> Result<()> {
+/// `mpsfleet events`: what happened in the cluster, a line per event (a JSON line with
+/// `-o json`): the kept events `since` ago (all that are kept when `None`, none of them with
+/// `follow` and no `since`), then with `follow` the new ones until `limit` events or Ctrl-C.
+pub(super) async fn events(
+    c: &Client,
+    f: Format,
+    kinds: &[String],
+    limit: Option<u64>,
+    follow: bool,
+    since: Option<std::time::Duration>,
+) -> Result<()> {
     check_kinds(kinds)?;
-    let mut stream = c.events(kinds).await?;
+    let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+    let since_ms = match (since, follow) {
+        (Some(age), _) => Some(now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))),
+        (None, false) => Some(0),
+        (None, true) => None,
+    };
+    let query = mpsfleet_client::EventQuery { types: kinds.to_vec(), since_ms, no_follow: !follow };
+    let mut stream = c.events_from(&query).await?;
     if !f.is_data() {
         println!("TIME                      TYPE              SUBJECT               WHAT");
     }
     let mut printed = 0;
     while limit.is_none_or(|l| printed < l) {
         let ev = match stream.next().await? {
+            None if !follow => break,
             None => anyhow::bail!("the event stream ended (the server stopped or stepped down)"),
             Some(StreamItem::Lagged(n)) => {
                 eprintln!("warning: {n} events were dropped: this reader was too slow");
@@ -92,6 +108,36 @@ pub(super) async fn events(c: &Client, f: Format, kinds: &[String], limit: Optio
         printed += 1;
     }
     Ok(())
+}
+
+/// An age as `--since` takes it: a number and a unit (s, m, h, d), one or more (`1h30m`).
+pub(super) fn parse_age(s: &str) -> Result<std::time::Duration> {
+    let bad = |why: &str| anyhow::anyhow!("--since {s:?}: {why}; write an age such as 30s, 10m, 2h or 1h30m");
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for ch in s.trim().chars() {
+        if ch.is_ascii_digit() {
+            digits.push(ch);
+            continue;
+        }
+        let unit = match ch {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            _ => return Err(bad(&format!("{ch:?} is not a unit"))),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad("a unit needs a number before it"))?;
+        total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(|| bad("too long"))?;
+        digits.clear();
+    }
+    if !digits.is_empty() {
+        return Err(bad("the last number has no unit"));
+    }
+    if total == 0 {
+        return Err(bad("it is empty or zero"));
+    }
+    Ok(std::time::Duration::from_secs(total))
 }
 
 /// Every `--kind` names an event type.
@@ -137,4 +183,21 @@ fn summary(ev: &Event) -> (String, String) {
     });
     let what = ev.event.as_ref().map_or_else(String::new, |e| format!("{}: {}", e.reason, e.message));
     (subject, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_age;
+
+    #[test]
+    fn ages_read_as_kubectl_writes_them() {
+        assert_eq!(parse_age("30s").unwrap().as_secs(), 30);
+        assert_eq!(parse_age("10m").unwrap().as_secs(), 600);
+        assert_eq!(parse_age("1h30m").unwrap().as_secs(), 5400);
+        assert_eq!(parse_age("2d").unwrap().as_secs(), 172_800);
+        for bad in ["", "10", "m", "5x", "0s", "99999999999999999999d"] {
+            let e = parse_age(bad).unwrap_err().to_string();
+            assert!(e.contains("--since"), "{bad:?}: {e}");
+        }
+    }
 }

@@ -83,6 +83,8 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
         stop_tx.send_replace(true);
     });
     let mut failed_opens = 0;
+    // The events' history outlives each term: copied while following, gone on with as leader.
+    let history = Arc::new(mpsfleet_server::events::history::History::default());
     loop {
         let stop = Arc::new(AtomicBool::new(false));
         let campaign = {
@@ -93,7 +95,7 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
             say(&format!("following: {} leads ({})", l.candidate.id, l.candidate.url));
         }
         // While it follows, the server forwards every request to the leader.
-        let follower = match forward(args, &store, &me, listen).await {
+        let follower = match forward(args, &store, &me, listen, history.clone()).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "not forwarding to the leader while following");
@@ -149,6 +151,7 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
             lease: leadership.lease(),
             ttl,
             leadership: leadership.clone(),
+            events_history: history.clone(),
         });
         let lost = leadership.lost();
         let mut stopping = stop_rx.clone();
@@ -170,14 +173,15 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
     }
 }
 
-/// A follower's server: every request forwarded to the leader (`mpsfleet_server::forward`).
-/// `None` until the cluster has its CA and this server has the shared `server.key`, which the
+/// A follower's server: every request forwarded to the leader (`mpsfleet_server::forward`),
+/// and the leader's event history copied into `history`. `None` until the cluster has its CA and this server has the shared `server.key`, which the
 /// follower needs to serve TLS and to sign the peers it forwards.
 async fn forward(
     args: &ServerArgs,
     store: &Arc<EtcdStore>,
     me: &Candidate,
     listen: std::net::SocketAddr,
+    history: Arc<mpsfleet_server::events::history::History>,
 ) -> Result<Option<(tokio::task::JoinHandle<std::io::Result<()>>, tokio::sync::oneshot::Sender<()>)>> {
     let key_file = args.data_dir.join(mpsfleet_server::SERVER_KEY_FILE);
     if !key_file.exists() {
@@ -202,12 +206,23 @@ async fn forward(
     };
     let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> =
         Arc::new(EtcdLeader(store.clone(), me.url.clone()));
-    let app = mpsfleet_server::forward::router(lookup, ca_pem.as_bytes(), &key)?;
+    let app = mpsfleet_server::forward::router(lookup.clone(), ca_pem.as_bytes(), &key)?;
     let listener = bind(listen).await?;
+    let copier = {
+        let ca_pem = ca_pem.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                mpsfleet_server::forward::copy_events(lookup, ca_pem.as_bytes(), &key, history).await
+            {
+                tracing::warn!(error = %e, "not copying the leader's event history");
+            }
+        })
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let limits = mpsfleet_server::http::HttpLimits::default();
-    let handle = tokio::spawn(mpsfleet_server::http::serve(listener, app, acceptor, limits, async {
+    let handle = tokio::spawn(mpsfleet_server::http::serve(listener, app, acceptor, limits, async move {
         let _ = rx.await;
+        copier.abort();
     }));
     say(&format!("forwarding requests to the leader on {listen}"));
     Ok(Some((handle, tx)))
