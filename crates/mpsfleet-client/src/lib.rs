@@ -452,6 +452,14 @@ impl Client {
         self.send(Method::POST, "/v1/secrets", &req).await
     }
     /// `token create`: the token is in the answer, this once.
+    /// A one-time console sign-in link's code, with the caller's role (`mpsfleet console`).
+    pub async fn create_console_link(
+        &self,
+        req: &mpsfleet_types::access::CreateConsoleLink,
+    ) -> Result<mpsfleet_types::access::ConsoleLink> {
+        self.send(Method::POST, "/v1/console/links", req).await
+    }
+
     pub async fn create_token(
         &self,
         req: &mpsfleet_types::access::CreateToken,

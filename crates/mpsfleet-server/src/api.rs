@@ -431,6 +431,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         cancel_ca_rotation,
         create_token,
         list_tokens,
+        create_console_link,
+        open_console_session,
         revoke_token,
         create_join_token,
         list_join_tokens,
@@ -561,6 +563,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/secrets", post(create_secret).get(list_secrets))
         .route("/v1/secrets/{*name}", axum::routing::delete(delete_secret))
         .route("/v1/tokens", post(create_token).get(list_tokens))
+        .route("/v1/console/links", post(create_console_link))
+        .route("/v1/console/session", post(open_console_session))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/v1/join-tokens", post(create_join_token).get(list_join_tokens))
         .route("/v1/join-tokens/{id}", axum::routing::delete(revoke_join_token))
@@ -653,6 +657,8 @@ struct PoolQuery {
     /// Leave out this many first, in registration order (paging; default 0).
     #[param(value_type = Option<usize>)]
     skip: Option<String>,
+    /// `true`: leave out DEREGISTERED hosts (as `host list` does without `--all`).
+    live: Option<bool>,
 }
 
 /// A list's `limit` (1 to 1,000,000; `default` when absent) and `skip`, checked.

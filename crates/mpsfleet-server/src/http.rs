@@ -82,9 +82,10 @@ async fn drain(body: Body, timeout: Duration) -> bool {
 }
 
 /// The routes anyone may call, without a token.
-/// (`/v1/events/replica` checks its own caller: a server of the cluster, by a signed header.)
+/// (`/v1/events/replica` checks its own caller: a server of the cluster, by a signed header;
+/// `/v1/console/session` takes a one-time sign-in code instead of a token.)
 pub const PUBLIC_ROUTES: &[&str] =
-    &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json", "/v1/events/replica"];
+    &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json", "/v1/events/replica", "/v1/console/session"];
 
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
@@ -94,6 +95,7 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         "/v1/agent/status" => (api::host, AGENT_BODY_LIMIT),
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
         "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
+        "/v1/console/links" => (api::viewer, SMALL_BODY_LIMIT),
         "/v1/pools"
         | "/v1/pools/{name}"
         | "/v1/tokens"

@@ -86,6 +86,37 @@ pub struct TokenView {
     pub access_key_id: Option<String>,
 }
 
+/// `POST /v1/console/links`: how long the link works.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateConsoleLink {
+    /// 1 to 600 seconds (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<u64>,
+}
+
+/// Answer of `POST /v1/console/links`: a one-time code the console trades for a token of its
+/// own with the caller's role (`/#login=CODE`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsoleLink {
+    pub code: String,
+    /// The role the console will hold: the caller's.
+    pub role: Role,
+    pub expires_at_ms: u64,
+}
+
+/// Answer of `POST /v1/console/session`: the console's own token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsoleSession {
+    pub token: String,
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    pub expires_at_ms: u64,
+}
+
 /// Answer of `POST /v1/tokens`: the token, shown this once, and its record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

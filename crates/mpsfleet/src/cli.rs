@@ -643,6 +643,20 @@ pub enum Resource {
     Incident(IncidentCommand),
     Drill(DrillCommand),
     Events { kinds: Vec<String>, limit: Option<u64>, follow: bool, since: Option<String> },
+    Console { no_browser: bool, link_ttl: u64 },
+}
+
+/// `mpsfleet console`: the options every client command takes, and how to open it.
+#[derive(Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub opts: Opts,
+    /// Print the address only; do not start a browser.
+    #[arg(long)]
+    pub no_browser: bool,
+    /// How long the sign-in link works, in seconds (1 to 600); it works once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub link_ttl: u64,
 }
 
 /// `mpsfleet events`: the options every client command takes, and which events.
@@ -665,6 +679,41 @@ pub struct EventsArgs {
     /// hour and at most 10,000 events; with --follow, none of the past].
     #[arg(long, value_name = "AGE")]
     pub since: Option<String>,
+}
+
+/// `mpsfleet console`: a one-time sign-in link for the console with this CLI's role, opened in
+/// a browser when one can be started, and printed in any case.
+async fn console(c: &Client, no_browser: bool, link_ttl: u64) -> Result<()> {
+    let req = mpsfleet_types::access::CreateConsoleLink { expires_in_seconds: Some(link_ttl) };
+    let link = c.create_console_link(&req).await?;
+    // The code rides in the fragment: browsers never send it to the server or a proxy.
+    let url = format!("{}/#login={}", c.base().trim_end_matches('/'), link.code);
+    println!(
+        "Open the console, signed in as {} (the link works once, until {}):\n  {url}",
+        link.role.as_str(),
+        output::utc_time(link.expires_at_ms)
+    );
+    if !no_browser {
+        let graphical =
+            std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+        let opener = std::env::var("BROWSER")
+            .ok()
+            .filter(|b| !b.trim().is_empty())
+            .or_else(|| graphical.then(|| "xdg-open".to_string()));
+        if let Some(opener) = opener {
+            let started = std::process::Command::new(&opener)
+                .arg(&url)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn();
+            match started {
+                Ok(_) => println!("opened with {opener}"),
+                Err(e) => eprintln!("could not start {opener} ({e}): open the address above"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pool a command names, else MPSFLEET_POOL (clap reads it), else the server's only pool.
@@ -782,6 +831,7 @@ pub fn run(opts: Opts, cmd: Resource) -> Result<()> {
             Resource::Service(cmd) => service(&c, opts.output, cmd).await,
             Resource::Incident(cmd) => incident(&c, opts.output, cmd).await,
             Resource::Drill(cmd) => drill::drill(&c, opts.output, cmd).await,
+            Resource::Console { no_browser, link_ttl } => console(&c, no_browser, link_ttl).await,
             Resource::Events { kinds, limit, follow, since } => {
                 let since = since.as_deref().map(watch::parse_age).transpose()?;
                 watch::events(&c, opts.output, &kinds, limit, follow, since).await

@@ -83,6 +83,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("bench soak", "mpsfleet bench soak --minutes 20 --seed 1"),
     ("sim", "mpsfleet sim --scenario driver-rollout --hosts 30 --duration 1h"),
     ("events", "mpsfleet events --since 10m --kind incident.opened --kind task.stopped"),
+    ("console", "mpsfleet console --no-browser"),
     ("completion", "mpsfleet completion bash"),
 ];
 

@@ -86,6 +86,10 @@ enum Command {
     /// and drills, from the last hour the server keeps (--since to narrow it); --follow goes on
     /// as they happen, until Ctrl-C (or --limit).
     Events(cli::EventsArgs),
+    /// Open the web console signed in with this CLI's identity: a one-time, short-lived
+    /// sign-in link (never the token itself in a URL), opened in $BROWSER or xdg-open when
+    /// there is a display, and printed in any case.
+    Console(cli::ConsoleArgs),
     /// Benchmarks that print their figures as a final JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -222,6 +226,9 @@ fn main() -> std::process::ExitCode {
             cli::Resource::Events { kinds: a.kinds, limit: a.limit, follow: a.follow, since: a.since },
         ),
         Command::JoinToken(g) => cli::run(g.opts, cli::Resource::JoinToken(g.command)),
+        Command::Console(a) => {
+            cli::run(a.opts, cli::Resource::Console { no_browser: a.no_browser, link_ttl: a.link_ttl })
+        }
         Command::Cluster(g) => cli::run(g.opts, cli::Resource::Cluster(g.command)),
     };
     match result {

@@ -164,3 +164,103 @@ aws: false,
     })
     .await;
 }
+
+/// `mpsfleet console --no-browser` as the holder of `token`: the sign-in address it prints.
+fn console_link(server: &Server, token: &str, ttl_s: u32) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["console", "--no-browser", "--link-ttl", &ttl_s.to_string()])
+        .args(["--server", &server.url, "--token", token, "--ca-file", &server.ca_file()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains(token), "the CLI's token is never in the link: {text}");
+    text.lines().map(str::trim).find(|l| l.starts_with("https://")).expect("the address").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_link_signs_in_once_with_the_clis_role_and_hides_what_the_cli_hides() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("server"));
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        create_pool(&admin, "idle").await;
+        let (_live, _agent) = add_host(&server, "gpu", "node-live", 1).await;
+        let (gone, _gone_agent) = add_host(&server, "gpu", "node-gone", 1).await;
+        admin.forget_host(gone.as_str(), true).await.unwrap();
+        admin.register_taskdef(mps_taskdef("infer", 1024)).await.unwrap();
+        // A task that waits in a pool without hosts, stopped: STOPPED at once.
+        let run = RunTask { task_definition: "infer".into(), count: 1, pool: "idle".into(), ..Default::default() };
+        let stopped = admin.run_task(&run).await.unwrap().tasks[0].id;
+        admin.stop_task(&stopped.to_string(), None).await.unwrap();
+        admin.run_task(&run).await.unwrap();
+        let viewer = admin
+            .create_token(&CreateToken {
+                role: Role::Viewer,
+                description: "cli".into(),
+                expires_in_s: None,
+                pool: None,
+                aws: false,
+            })
+            .await
+            .unwrap()
+            .token;
+
+        let browser_dir = dir.path().join("browser");
+        std::fs::create_dir_all(&browser_dir).unwrap();
+        let mut b = Browser::start(&browser_dir);
+        let link = console_link(&server, &viewer, 30);
+        b.navigate(&link);
+        b.until(WAIT, "document.body.dataset.rendered === '#/hosts'", "signed in by the link").await;
+        // The code left the address; the console holds a token of its own, a viewer's.
+        assert_eq!(b.eval("location.hash"), "#/hosts");
+        assert_eq!(b.eval("sessionStorage.getItem('mpsfleet.role')"), "viewer");
+        assert_eq!(b.eval("sessionStorage.getItem('mpsfleet.token') !== null"), true);
+        let own = b.eval("sessionStorage.getItem('mpsfleet.token')").as_str().unwrap().to_string();
+        assert_ne!(own, viewer, "the console's token is its own");
+        let status = b.eval(
+            "fetch('/v1/tokens', { headers: { Authorization: 'Bearer ' + sessionStorage.getItem('mpsfleet.token') } }).then((r) => r.status)",
+        );
+        assert_eq!(status, 403, "a viewer's console may not list tokens");
+        let made = admin.list_tokens().await.unwrap();
+        assert!(made.iter().any(|t| t.role == Role::Viewer && t.description.starts_with("console sign-in")), "{made:?}");
+
+        // As the CLI: DEREGISTERED hosts and STOPPED tasks only with the toggle (--all), and a
+        // host that left the fleet has no health.
+        let rows = "document.querySelectorAll('main tbody tr').length";
+        assert_eq!(b.eval(rows), 1, "DEREGISTERED hidden");
+        b.eval("document.getElementById('show-all').click(); true");
+        b.until(WAIT, &format!("{rows} === 2"), "every host with the toggle").await;
+        let text = b.eval("document.getElementById('main').innerText").as_str().unwrap().to_string();
+        let gone_row = text.lines().find(|l| l.contains("node-gone")).unwrap_or_default().to_string();
+        assert!(gone_row.contains("DEREGISTERED") && !gone_row.contains("IMPAIRED"), "{gone_row}");
+        assert!(gone_row.contains(" ago)"), "times are UTC and relative: {gone_row}");
+        b.eval("location.hash = '#/tasks'; true");
+        b.until(WAIT, "document.body.dataset.rendered === '#/tasks'", "the tasks view").await;
+        assert_eq!(b.eval(rows), 2, "STOPPED shown with the toggle on");
+        b.eval("document.getElementById('show-all').click(); true");
+        b.until(WAIT, &format!("{rows} === 1"), "STOPPED hidden with the toggle off").await;
+
+        // The same link again: refused. A link past its time: refused.
+        b.navigate("about:blank");
+        b.navigate(&link);
+        let refused = "document.getElementById('signin-error').textContent.includes('used already or has expired')";
+        b.until(WAIT, refused, "a second use refused").await;
+        let short = console_link(&server, &viewer, 1);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        b.navigate("about:blank");
+        b.navigate(&short);
+        b.until(WAIT, refused, "an expired link refused").await;
+        // Refused in the API's words too, and a link cannot make a session of a role above it.
+        let resp = server
+            .http()
+            .post(format!("{}/v1/console/session", server.url))
+            .header("x-mpsfleet-console-code", "mpsf_link_not_a_code")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401);
+    })
+    .await;
+}

@@ -356,6 +356,8 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
                 out.lines().filter(|l| l.starts_with("[task/") && l.contains("demo: serving")).count() >= 2,
                 "{out}"
             ),
+            // A one-time link, never the session's token.
+            "console" => assert!(out.contains("/#login=mpsf_link_"), "{out}"),
             // The task stopped above is in the kept past.
             "events" => {
                 assert!(out.contains(&format!("task/{task_id}")) && out.contains("task.stopped"), "{out}")

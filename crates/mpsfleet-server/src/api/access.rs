@@ -389,3 +389,62 @@ pub(super) async fn list_audit(
 }
 
 // ---- task definitions -------------------------------------------------------------------
+
+/// The header the console sends a sign-in link's code in (never in a URL the server sees).
+pub const CONSOLE_CODE_HEADER: &str = "x-mpsfleet-console-code";
+
+#[utoipa::path(
+    post,
+    path = "/v1/console/links",
+    tag = "access",
+    summary = "A one-time sign-in link for the web console, carrying the caller's role and pool (mpsfleet console). The code works once, for expiresInSeconds (default 60).",
+    request_body = mpsfleet_types::access::CreateConsoleLink,
+    responses((status = 201, description = "OK.", body = mpsfleet_types::access::ConsoleLink), crate::openapi::Errors)
+)]
+pub(super) async fn create_console_link(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<mpsfleet_types::access::ConsoleLink>), ApiError> {
+    let req: mpsfleet_types::access::CreateConsoleLink =
+        if body.is_empty() { Default::default() } else { parse(&body)? };
+    let link = st
+        .call(&headers, viewer, Touch::Cluster, move |c, p| c.create_console_link(&p, req.expires_in_seconds))
+        .await?;
+    Ok((StatusCode::CREATED, Json(link)))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/console/session",
+    tag = "access",
+    summary = "The console trades a sign-in link's code (header x-mpsfleet-console-code; no token) for a token of its own with the link's role, valid 12 hours. A code works once; a used or expired one is 401.",
+    responses((status = 200, description = "OK.", body = mpsfleet_types::access::ConsoleSession), crate::openapi::Errors)
+)]
+pub(super) async fn open_console_session(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<mpsfleet_types::access::ConsoleSession>, ApiError> {
+    let code = headers
+        .get(CONSOLE_CODE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && c.len() <= 128)
+        .ok_or_else(|| {
+            ApiError::invalid(CONSOLE_CODE_HEADER, "names no sign-in code (at most 128 characters)")
+        })?
+        .to_string();
+    let cluster = st.cluster.clone();
+    let changed = st.changed.clone();
+    let session = tokio::task::spawn_blocking(move || {
+        let mut c = cluster
+            .lock()
+            .map_err(|_| ApiError::from(Error::Internal("state lock poisoned; restart the server".into())))?;
+        let out = c.open_console_session(&code).map_err(ApiError::from);
+        changed.send_replace(c.revision());
+        out
+    })
+    .await
+    .map_err(|e| ApiError::from(Error::Internal(format!("console sign-in: {e}"))))??;
+    Ok(Json(session))
+}

@@ -20,7 +20,7 @@ pub(super) async fn list_hosts(
     let (limit, skip) = paging(q.limit.as_ref(), q.skip.as_ref(), usize::MAX)?;
     let (page, total) = st
         .call(&headers, viewer, Touch::List, move |c, who| {
-            Ok(c.hosts_page(scoped_pool(&who, q.pool)?.as_deref(), skip, limit))
+            Ok(c.hosts_page(scoped_pool(&who, q.pool)?.as_deref(), q.live.unwrap_or(false), skip, limit))
         })
         .await?;
     Ok(([("x-total-count", total.to_string())], Json(page)).into_response())

@@ -14,6 +14,7 @@ mod call;
 pub mod capacity_providers;
 pub mod catalog;
 mod checks_key;
+pub mod console_links;
 mod daemon;
 pub mod drills;
 pub mod error;
@@ -233,6 +234,8 @@ pub struct Cluster {
     id_counter: u64,
     /// When each retained revision of the change feed was written, and its size (compaction).
     feed: retention::FeedLedger,
+    /// Console sign-in links not yet used, by their code's digest (memory only).
+    console_links: HashMap<String, console_links::PendingLink>,
     /// Where committed changes are announced (`GET /v1/events`, the webhook).
     events: crate::events::Events,
     /// The last output snapshot of each task, in memory (see `logs.rs`).
@@ -308,6 +311,7 @@ impl Cluster {
             id_base: auth::random_u64()?,
             id_counter: 0,
             events: crate::events::Events::default(),
+            console_links: HashMap::new(),
             output: logs::LogSnapshots::default(),
             deleted_pools: Default::default(),
         };
@@ -875,15 +879,23 @@ impl Cluster {
     }
 
     pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
-        self.hosts_page(pool, 0, usize::MAX).0
+        self.hosts_page(pool, false, 0, usize::MAX).0
     }
 
-    /// Hosts `skip..skip + limit` in registration order (of `pool`), and how many there are in
-    /// all: only the page's views are built.
-    pub fn hosts_page(&self, pool: Option<&str>, skip: usize, limit: usize) -> (Vec<HostView>, usize) {
-        let of_pool =
-            |ix: &HostIx| pool.is_none_or(|p| self.state.hosts()[*ix as usize].host().pool.as_str() == p);
-        let all = (0..self.state.hosts().len() as HostIx).filter(of_pool);
+    /// Hosts `skip..skip + limit` in registration order (of `pool`; without the DEREGISTERED
+    /// ones when `live`), and how many there are in all: only the page's views are built.
+    pub fn hosts_page(
+        &self,
+        pool: Option<&str>,
+        live: bool,
+        skip: usize,
+        limit: usize,
+    ) -> (Vec<HostView>, usize) {
+        let shown = |ix: &HostIx| {
+            let h = self.state.hosts()[*ix as usize].host();
+            pool.is_none_or(|p| h.pool.as_str() == p) && !(live && h.status == HostStatus::Deregistered)
+        };
+        let all = (0..self.state.hosts().len() as HostIx).filter(shown);
         let total = all.clone().count();
         (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
     }

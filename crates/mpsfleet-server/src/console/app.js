@@ -2,9 +2,17 @@
 // step, nothing fetched from elsewhere. Every text from the API goes into the page as a text
 // node (textContent), never as markup: a hostname or task name holding HTML is shown as it is.
 // The token stays in this tab's sessionStorage and goes only in the Authorization header.
+// `mpsfleet console` opens `/#login=CODE`: a one-time code, traded once for a token of the
+// console's own (POST /v1/console/session) and taken out of the address at once.
 'use strict';
 
-const state = { token: sessionStorage.getItem('mpsfleet.token'), stream: null, redraw: null };
+const state = {
+  token: sessionStorage.getItem('mpsfleet.token'),
+  stream: null,
+  redraw: null,
+  // The CLI's --all: STOPPED tasks and DEREGISTERED hosts are hidden unless it is on.
+  all: sessionStorage.getItem('mpsfleet.all') === 'yes',
+};
 
 // An element with attributes and children; strings become text nodes.
 function el(tag, attrs, ...children) {
@@ -42,6 +50,24 @@ async function apiWithTotal(path) {
 
 const seg = (s) => encodeURIComponent(s);
 const utc = (ms) => (ms ? new Date(ms).toISOString().replace('.000', '') : '-');
+
+// How long ago, in the CLI's AGE words: 45s, 12m, 3h, 2d.
+function ago(ms) {
+  const s = Math.max(0, Math.floor((Date.now() - ms) / 1000));
+  if (s < 120) return s + 's';
+  if (s < 7200) return Math.floor(s / 60) + 'm';
+  if (s < 172800) return Math.floor(s / 3600) + 'h';
+  return Math.floor(s / 86400) + 'd';
+}
+
+// A time as UTC and how long ago: 2026-12-05T10:00:00Z (3m ago).
+function when(ms) {
+  if (!ms) return '-';
+  return el('time', { datetime: new Date(ms).toISOString() }, utc(ms), ' (', ago(ms), ' ago)');
+}
+
+// A host's health in the CLI's words: a host that left the fleet has none.
+const health = (h) => (h.status === 'DEREGISTERED' ? '-' : status(h.healthStatus));
 const mib = (n) => n + ' MiB';
 const status = (s) => el('span', { class: s }, s);
 
@@ -54,11 +80,14 @@ function fields(pairs) {
   return el('dl', {}, pairs.map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
 }
 
-// Any JSON value as nested fields (the pool's responsibility record, an incident's trigger).
-function value(v) {
+// Any JSON value as nested fields (the pool's responsibility record, an incident's trigger);
+// a field named …AtMs (or a list of them) is a time, shown as one.
+function value(v, key) {
   if (v === null || v === undefined) return '-';
-  if (Array.isArray(v)) return v.length ? el('ol', {}, v.map((x) => el('li', {}, value(x)))) : '-';
-  if (typeof v === 'object') return fields(Object.entries(v).map(([k, x]) => [k, value(x)]));
+  const time = key && /AtMs$/.test(key);
+  if (Array.isArray(v)) return v.length ? el('ol', {}, v.map((x) => el('li', {}, value(x, key)))) : '-';
+  if (typeof v === 'object') return fields(Object.entries(v).map(([k, x]) => [k, value(x, k)]));
+  if (time && typeof v === 'number') return when(v);
   return String(v);
 }
 
@@ -87,7 +116,7 @@ async function pools() {
   for (const p of list) {
     const explain = await api('/v1/pools/' + seg(p.name) + '/explain').catch((e) => ({ error: e.message }));
     const { bounds: b, ...record } = explain;
-    const events = ((p.events && p.events.entries) || []).map((e) => [utc(e.atMs), e.reason, e.message]);
+    const events = ((p.events && p.events.entries) || []).map((e) => [when(e.atMs), e.reason, e.message]);
     out.push(el('section', { 'data-pool': p.name }, el('h2', {}, p.name, ' (', p.mode, ')'), value(record),
       b ? bounds(b) : null,
       events.length ? [el('h3', {}, 'Events'), table(['WHEN', 'REASON', 'MESSAGE'], events)] : null));
@@ -101,14 +130,15 @@ const HOST_PAGE = 500;
 function hostRow(h) {
   return el('tr', {}, [
     link('#/host/' + seg(h.id), h.hostname, { 'data-host-name': h.id }),
-    h.pool, status(h.status), status(h.healthStatus), String(h.gpus.length), String(h.taskCount),
-    utc(h.lastHeartbeatMs),
+    h.pool, status(h.status), health(h), String(h.gpus.length), String(h.taskCount),
+    when(h.lastHeartbeatMs),
   ].map((c) => el('td', {}, c)));
 }
 
 async function hosts() {
   const t0 = performance.now();
-  const first = await apiWithTotal('/v1/hosts?limit=' + HOST_PAGE);
+  const live = state.all ? '' : '&live=true';
+  const first = await apiWithTotal('/v1/hosts?limit=' + HOST_PAGE + live);
   window.mpsfleetFetchMs = performance.now() - t0;
   const body = el('tbody', {}, first.body.map(hostRow));
   let shown = first.body.length;
@@ -119,13 +149,13 @@ async function hosts() {
     more.hidden = shown >= first.total;
   };
   more.addEventListener('click', async () => {
-    const next = await api('/v1/hosts?limit=' + HOST_PAGE + '&skip=' + shown);
+    const next = await api('/v1/hosts?limit=' + HOST_PAGE + '&skip=' + shown + live);
     body.append(...next.map(hostRow));
     shown += next.length;
     showing();
   });
   showing();
-  return [el('h1', {}, 'Hosts (', String(first.total), ')'),
+  return [el('h1', {}, 'Hosts (', String(first.total), ')', state.all ? '' : ' without DEREGISTERED'),
     el('table', {}, el('thead', {}, el('tr', {},
       ['HOSTNAME', 'POOL', 'STATUS', 'HEALTH', 'GPUS', 'TASKS', 'LAST HEARTBEAT'].map((h) => el('th', {}, h)))), body),
     el('p', {}, count, more)];
@@ -140,15 +170,15 @@ async function host(id) {
       el('span', {}, el('meter', { min: 0, max: 100, value: Math.min(100, g.computePercentSum) }), ' ', g.computePercentSum + '%'),
       g.clientCount + ' / ' + g.maxClients];
   });
-  const checks = (h.checks || []).map((c) => [c.name, c.gpuId || '-', status(c.status), utc(c.sinceMs),
+  const checks = (h.checks || []).map((c) => [c.name, c.gpuId || '-', status(c.status), when(c.sinceMs),
     String(c.restarts || 0), c.reason || '-']);
   const use = (h.gpuUse || []).map((u) => [u.taskId, u.gpuId, mib(u.memoryUsedMiB),
     u.memoryLimitMiB === undefined ? '-' : mib(u.memoryLimitMiB), u.smPercent === undefined ? '-' : u.smPercent + '%']);
   return [
     el('h1', { id: 'host-title' }, h.hostname),
-    fields([['ID', h.id], ['Pool', h.pool], ['Status', status(h.status)], ['Health', status(h.healthStatus)],
+    fields([['ID', h.id], ['Pool', h.pool], ['Status', status(h.status)], ['Health', health(h)],
       ['Cordoned', h.cordoned ? 'yes' : 'no'], ['Runtime', h.runtime + (h.runtimeVersion ? ' ' + h.runtimeVersion : '')],
-      ['Last heartbeat', utc(h.lastHeartbeatMs)]]),
+      ['Last heartbeat', when(h.lastHeartbeatMs)]]),
     el('h2', {}, 'GPUs'),
     table(['INDEX', 'UUID', 'MODEL', 'SHARING', 'MPS MEMORY', 'COMPUTE', 'CLIENTS'], gpus),
     el('h2', {}, 'Checks'),
@@ -174,13 +204,14 @@ function hostCell(hostId, byHost) {
 }
 
 async function tasks() {
-  const [list, byHost] = await Promise.all([api('/v1/tasks'), openIncidents()]);
+  const [list, byHost] = await Promise.all([api('/v1/tasks?order=newest' + (state.all ? '' : '&live=true')), openIncidents()]);
   const rows = list.map((t) => [t.id, t.taskDefinition.family + ':' + t.taskDefinition.revision, t.group || '-',
     status(t.lastStatus), status(t.healthStatus),
     t.lastStatus === 'STOPPED' ? (t.hostId || '-') : hostCell(t.hostId, byHost),
     (t.gpuIds || []).join(', ') || '-', t.pendingReason || '-']);
-  return [el('h1', {}, 'Tasks (', String(list.length), ')'),
-    table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING'], rows)];
+  return [el('h1', {}, 'Tasks (', String(list.length), ')', state.all ? '' : ' without STOPPED'),
+    table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING', 'CREATED'],
+      rows.map((r, n) => r.concat([when(list[n].createdAtMs)])))];
 }
 
 async function services() {
@@ -204,20 +235,20 @@ async function services() {
 }
 
 async function incidents() {
-  const list = await api('/v1/incidents');
+  const list = (await api('/v1/incidents')).sort((a, b) => b.openedAtMs - a.openedAtMs);
   const out = [el('h1', {}, 'Incidents (', String(list.length), ')')];
   for (const i of list) {
     const entries = (i.timeline && i.timeline.entries) || [];
     out.push(el('section', { class: 'incident', 'data-incident': i.id },
       el('h2', {}, i.id, ' ', status(i.state.status), ' host ', i.hostId),
       i.state.reason ? el('p', { class: 'error' }, i.state.reason) : null,
-      fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', utc(i.openedAtMs)],
-        ['First failure', i.timing && i.timing.firstFailureAtMs ? utc(i.timing.firstFailureAtMs) : '-'],
+      fields([['Pool', i.pool], ['Owner', i.owner], ['Opened', when(i.openedAtMs)],
+        ['First failure', i.timing && i.timing.firstFailureAtMs ? when(i.timing.firstFailureAtMs) : '-'],
         ['Down for', i.timing && i.timing.totalMs != null ? (i.timing.totalMs / 1000).toFixed(3) + ' s (first failure to resumed)' : '-'],
         ['Trigger', value(i.trigger)], ['Drill', i.drill || 'no']]),
       (i.judgement || []).length ? table(['PHASE', 'MEASURED', 'BOUND', 'VERDICT'], i.judgement.map((j) =>
         [j.phase, secs(j.measuredMs), secs(j.boundMs), j.verdict + (j.cause ? ' (' + j.cause + ')' : '')])) : null,
-      table(['WHEN', 'STEP', 'DETAIL'], entries.map((e) => [utc(e.atMs), e.step, e.detail]))));
+      table(['WHEN', 'STEP', 'DETAIL'], entries.map((e) => [when(e.atMs), e.step, e.detail]))));
   }
   return out;
 }
@@ -271,11 +302,14 @@ function redrawSoon() {
 function showEvent(type, data) {
   const list = document.getElementById('event-list');
   let subject = '';
+  let at = Date.now();
   try {
     const v = JSON.parse(data);
-    subject = (v.subject && v.subject.id) || v.hostId || v.id || '';
+    subject = (v.subject && v.subject.id) || (v.host && v.host.id) || (v.task && v.task.id)
+      || (v.incident && v.incident.id) || '';
+    if (v.at_ms) at = v.at_ms;
   } catch (_) { /* a comment or a partial event */ }
-  list.prepend(el('li', {}, utc(Date.now()), ' ', type, ' ', subject));
+  list.prepend(el('li', {}, utc(at), ' ', type, ' ', subject));
   while (list.children.length > 50) list.lastChild.remove();
 }
 
@@ -320,7 +354,7 @@ async function follow() {
 // ---- sign in and out ---------------------------------------------------------------------
 
 function signedIn() {
-  for (const id of ['nav', 'live', 'signout', 'events']) document.getElementById(id).hidden = false;
+  for (const id of ['nav', 'live', 'signout', 'events', 'all-toggle']) document.getElementById(id).hidden = false;
   if (!location.hash) location.hash = '#/hosts';
   render();
   follow();
@@ -349,8 +383,36 @@ async function signIn(ev) {
   signedIn();
 }
 
+// `/#login=CODE` from `mpsfleet console`: the code leaves the address before anything else, and
+// is traded once for the console's own token.
+async function signInWithLink(code) {
+  history.replaceState(null, '', location.pathname + location.search + '#/hosts');
+  const err = document.getElementById('signin-error');
+  const r = await fetch('/v1/console/session', { method: 'POST', headers: { 'x-mpsfleet-console-code': code } })
+    .catch((e) => ({ ok: false, status: e.message }));
+  if (!r.ok) {
+    const body = r.json ? await r.json().catch(() => ({})) : {};
+    err.textContent = r.status === 401
+      ? 'This sign-in link was used already or has expired: run mpsfleet console again.'
+      : 'Cannot sign in with the link: ' + (body.message || r.status);
+    return;
+  }
+  const session = await r.json();
+  state.token = session.token;
+  sessionStorage.setItem('mpsfleet.token', session.token);
+  sessionStorage.setItem('mpsfleet.role', session.role);
+  signedIn();
+}
+
 document.addEventListener('DOMContentLoaded', () => {
   document.getElementById('signin').addEventListener('submit', signIn);
+  const toggle = document.getElementById('show-all');
+  toggle.checked = state.all;
+  toggle.addEventListener('change', () => {
+    state.all = toggle.checked;
+    sessionStorage.setItem('mpsfleet.all', state.all ? 'yes' : 'no');
+    render();
+  });
   document.getElementById('signout').addEventListener('click', () => signOut());
   const why = sessionStorage.getItem('mpsfleet.why');
   if (why) {
@@ -358,6 +420,8 @@ document.addEventListener('DOMContentLoaded', () => {
     sessionStorage.removeItem('mpsfleet.why');
   }
   window.addEventListener('hashchange', render);
+  const login = location.hash.match(/^#login=([A-Za-z0-9_-]{1,128})$/);
   document.body.dataset.ready = 'yes';
-  if (state.token) signedIn();
+  if (login) signInWithLink(login[1]);
+  else if (state.token) signedIn();
 });

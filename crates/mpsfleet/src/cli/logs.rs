@@ -266,7 +266,8 @@ mod tests {
                 line(2, OutputStream::Stderr),
                 line(3, OutputStream::Stdout),
             ]),
-            ..serde_json::from_value(serde_json::json!({"taskId": "t-00000000000000a1", "source": "agent"})).unwrap()
+            ..serde_json::from_value(serde_json::json!({"taskId": "t-00000000000000a1", "source": "agent"}))
+                .unwrap()
         };
         let at = |v: Vec<OutputLine>| v.iter().map(|l| l.at_ms).collect::<Vec<_>>();
         assert_eq!(at(lines_of(&logs, LogStreams::All, None).unwrap()), [1, 2, 3]);
