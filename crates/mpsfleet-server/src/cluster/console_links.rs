@@ -34,8 +34,14 @@ pub struct PendingLink {
 }
 
 impl Cluster {
-    /// A one-time link for `who`, working for `ttl_s` seconds (default [`LINK_TTL_S`]).
-    pub fn create_console_link(&mut self, who: &Principal, ttl_s: Option<u64>) -> Result<ConsoleLink, Error> {
+    /// A one-time link for `who` (named `by` in the audit and on the token it makes), working
+    /// for `ttl_s` seconds (default [`LINK_TTL_S`]).
+    pub fn create_console_link(
+        &mut self,
+        who: &Principal,
+        by: String,
+        ttl_s: Option<u64>,
+    ) -> Result<ConsoleLink, Error> {
         let ttl_s = ttl_s.unwrap_or(LINK_TTL_S);
         if !(1..=MAX_LINK_TTL_S).contains(&ttl_s) {
             return Err(Error::invalid(
@@ -60,7 +66,7 @@ impl Cluster {
         }
         let code = crate::auth::new_token("mpsf_link_")?;
         let expires_at_ms = now.saturating_add(ttl_s * 1000);
-        let link = PendingLink { role, pool, by: crate::api::actor(who), expires_at_ms };
+        let link = PendingLink { role, pool, by, expires_at_ms };
         self.console_links.insert(crate::auth::digest(&code), link);
         Ok(ConsoleLink { code, role, expires_at_ms })
     }
