@@ -146,7 +146,8 @@ there. `mpsfleet COMMAND --help` says the same as this page.
   terminal and `NO_COLOR` is not set: log files never carry escape codes.
 - **Shell completion.** `source <(mpsfleet completion bash)` in `~/.bashrc` (also `zsh`;
   fish: `mpsfleet completion fish | source`). The script calls `mpsfleet` back on each TAB
-  (clap's dynamic completion, `MPSFLEET_COMPLETE=SHELL`): commands and flags, and the ids and
+  (clap's dynamic completion: `COMPLETE=SHELL`, also read as `MPSFLEET_COMPLETE`; `source
+  <(COMPLETE=bash mpsfleet)` registers it too): commands and flags, and the ids and
   names of live objects (tasks, hosts, incidents, drills, services, pools, task definition
   families) from the server, asked with the credentials of the line being completed (its
   `--server`, `--token`, `--ca-file`, else the environment, else the client config) within

@@ -189,11 +189,11 @@ fn main() -> std::process::ExitCode {
         let code = mpsfleet_agent::runtime::shim_main_from_args(args);
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    // A shell asking for completions (`MPSFLEET_COMPLETE=bash mpsfleet -- WORDS…`) is answered
-    // here, and the process ends.
-    clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command)
-        .var(cli::complete::VAR)
-        .complete();
+    // A shell asking for completions (`COMPLETE=bash mpsfleet -- WORDS…`, or
+    // MPSFLEET_COMPLETE) is answered here, and the process ends.
+    for var in [cli::complete::VAR, cli::complete::OWN_VAR] {
+        clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command).var(var).complete();
+    }
     let cli = Cli::parse_from(hoist_global_flags(std::env::args_os().collect()));
     let result = match cli.command {
         Command::Up(args) => up::run(args),

@@ -363,7 +363,8 @@ async fn up(args: UpArgs) -> Result<()> {
     }
     println!("admin token: {admin_token}");
     println!("agent logs: {}/hosts/*/agent.log", dir.display());
-    println!("try: {} host list; press Ctrl-C to stop everything", command_name());
+    let me = command_name();
+    println!("try: {me} host list; the web console: {me} console; press Ctrl-C to stop everything");
 
     tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
     // The server first: its controllers stop before any host does, so that the hosts going

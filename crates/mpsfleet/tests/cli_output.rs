@@ -282,7 +282,7 @@ async fn completion_offers_live_ids_and_falls_back_to_flags() {
     let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(["--", "mpsfleet", "task", "describe", ""])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("MPSFLEET_COMPLETE", "zsh")
+        .env("COMPLETE", "zsh")
         .env("_CLAP_COMPLETE_INDEX", "3")
         .env("_CLAP_IFS", "\n")
         .output()
@@ -291,6 +291,21 @@ async fn completion_offers_live_ids_and_falls_back_to_flags() {
     for t in &tasks {
         assert!(lines.lines().any(|l| l.starts_with(&format!("{t}:")) && l.contains("infer")), "{lines}");
     }
+
+    // mpsfleet's own name for the variable answers the same.
+    let own = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["--", "mpsfleet", "host", "describe", ""])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("MPSFLEET_COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", "3")
+        .env("_CLAP_IFS", "\n")
+        .output()
+        .expect("bash completion");
+    assert!(String::from_utf8_lossy(&own.stdout).lines().any(|l| l == host.to_string()), "{own:?}");
+    // clap's usual registration prints the same kind of script.
+    let script =
+        Command::new(env!("CARGO_BIN_EXE_mpsfleet")).env("COMPLETE", "bash").output().expect("script");
+    assert!(String::from_utf8_lossy(&script.stdout).contains("_clap_complete_"), "{script:?}");
 
     // A server that accepts and never answers: the TAB gives up and offers the flags.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");

@@ -349,7 +349,7 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
                 .contains("Stopped reason:   retrain")),
             // The script calls mpsfleet back for live ids (tests/cli_output.rs completes with it).
             "completion" => {
-                assert!(out.contains("_clap_complete_mpsfleet") && out.contains("MPSFLEET_COMPLETE"), "{out}")
+                assert!(out.contains("_clap_complete_mpsfleet") && out.contains("COMPLETE="), "{out}")
             }
             // Every replica of api, each line with its task and time.
             "service logs" => assert!(

@@ -1,5 +1,6 @@
-//! Dynamic shell completion: `mpsfleet completion bash|zsh|fish` prints a script that calls
-//! `mpsfleet` back on each TAB (clap's completion engine, with `MPSFLEET_COMPLETE=SHELL` set),
+//! Dynamic shell completion: `mpsfleet completion bash|zsh|fish` (or clap's own
+//! `COMPLETE=bash mpsfleet`) prints a script that calls `mpsfleet` back on each TAB (clap's
+//! completion engine, with `COMPLETE=SHELL` set; `MPSFLEET_COMPLETE` is read too),
 //! and the arguments that name objects offer the live ones: task, host, incident and drill
 //! ids, service, pool and task definition names, each with a word of what it is. The server is
 //! asked with the credentials the command line being completed would use (its `--server`,
@@ -11,8 +12,11 @@ use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
 use std::future::Future;
 use std::time::Duration;
 
-/// The variable the completion scripts set when they call `mpsfleet` back.
-pub const VAR: &str = "MPSFLEET_COMPLETE";
+/// The variable the completion scripts set when they call `mpsfleet` back: clap's usual name.
+pub const VAR: &str = "COMPLETE";
+
+/// The same, under a name of mpsfleet's own.
+pub const OWN_VAR: &str = "MPSFLEET_COMPLETE";
 
 /// How long a TAB waits for the server before it offers flags alone.
 pub const ASK_TIMEOUT: Duration = Duration::from_millis(1500);
