@@ -96,14 +96,15 @@ impl Events {
     }
 
     pub fn publish(&self, ev: Event) {
-        self.history.record(self.term, ev, |ev| {
+        self.history.record(self.term, ev, |id, ev| {
+            let out = || Event { id: Some(id.to_string()), ..ev.clone() };
             if let Some(w) = &self.webhook {
                 if ev.kind.is_incident() || ev.kind == EventType::HostHealth {
-                    w.push(ev.clone());
+                    w.push(out());
                 }
             }
             if self.tx.receiver_count() > 0 {
-                let _ = self.tx.send(ev.clone());
+                let _ = self.tx.send(out());
             }
         });
     }
@@ -133,7 +134,10 @@ impl Events {
 
     /// After a task update that stopped the task.
     pub fn task_stopped(&self, task: &Task, at_ms: u64) {
-        self.publish(Event { task: Some(task.clone()), ..Event::new(EventType::TaskStopped, at_ms) });
+        self.publish(Event {
+            task: Some(Box::new(task.clone())),
+            ..Event::new(EventType::TaskStopped, at_ms)
+        });
     }
 }
 
@@ -141,7 +145,7 @@ impl Events {
 /// otherwise one `incident.updated` per step recorded (or one without a step when only the
 /// state moved).
 pub fn incident_events(before: Option<(&IncidentState, u64)>, after: &Incident, at_ms: u64) -> Vec<Event> {
-    let view = || Some(IncidentView::of(after.clone()));
+    let view = || Some(Box::new(IncidentView::of(after.clone())));
     let last = || after.timeline.last().cloned();
     let Some((state, len)) = before else {
         return vec![Event {

@@ -132,9 +132,10 @@ pub struct Event {
     pub kind: EventType,
     /// Server time of the change, in milliseconds since the Unix epoch.
     pub at_ms: u64,
-    /// The incident after the change (`incident.*`).
+    /// The incident after the change (`incident.*`). Boxed, as `task` is: an event without
+    /// them stays small in the server's history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub incident: Option<IncidentView>,
+    pub incident: Option<Box<IncidentView>>,
     /// The timeline entry the change recorded, if it recorded one (`incident.*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<TimelineEntry>,
@@ -143,7 +144,7 @@ pub struct Event {
     pub host: Option<HostEvent>,
     /// The task after it stopped (`task.stopped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<Task>,
+    pub task: Option<Box<Task>>,
     /// Whose event it is (`*.event`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<Subject>,

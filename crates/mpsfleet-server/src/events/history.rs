@@ -67,9 +67,11 @@ struct Inner {
 }
 
 impl History {
-    /// Records `ev` under `term`, gives it its id, and hands it to `then` while the history is
-    /// still locked (so that live readers see events in the order of their ids).
-    pub fn record(&self, term: u64, mut ev: Event, then: impl FnOnce(&Event)) {
+    /// Records `ev` under `term` and hands its id and it to `then` while the history is still
+    /// locked (so that live readers see events in the order of their ids). The id is written
+    /// into the copies that leave the history, not into the kept event (one string less per
+    /// event on the submit path).
+    pub fn record(&self, term: u64, ev: Event, then: impl FnOnce(Cursor, &Event)) {
         let mut h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A new leadership's events sort after everything before it; a term that is not
         // greater than the last (a lone server's 0) goes on counting in the last one.
@@ -78,8 +80,7 @@ impl History {
         } else {
             Cursor { term: h.last.term, n: h.last.n + 1 }
         };
-        ev.id = Some(cursor.to_string());
-        then(&ev);
+        then(cursor, &ev);
         h.push(cursor, ev);
     }
 
@@ -111,10 +112,8 @@ impl History {
         let out = h
             .events
             .range(start..)
-            .map(|(_, e)| e)
-            .filter(|e| from.since_ms.is_none_or(|s| e.at_ms >= s))
-            .filter(|e| keep(e))
-            .cloned()
+            .filter(|(_, e)| from.since_ms.is_none_or(|s| e.at_ms >= s) && keep(e))
+            .map(|(c, e)| Event { id: Some(c.to_string()), ..e.clone() })
             .collect();
         (out, h.last)
     }
@@ -157,7 +156,7 @@ mod tests {
     fn events_get_growing_ids_and_are_read_from_a_point() {
         let h = History::default();
         for t in 1..=3 {
-            h.record(0, ev(t * 1000), |_| {});
+            h.record(0, ev(t * 1000), |_, _| {});
         }
         let (all, last) = h.read(From::default(), |_| true);
         assert_eq!(ids(&all), ["0-1", "0-2", "0-3"]);
@@ -174,13 +173,13 @@ mod tests {
     fn the_history_is_bounded_by_count_and_by_age() {
         let h = History::default();
         for t in 0..HISTORY_EVENTS as u64 + 5 {
-            h.record(0, ev(1_000_000 + t), |_| {});
+            h.record(0, ev(1_000_000 + t), |_, _| {});
         }
         assert_eq!(h.len(), HISTORY_EVENTS);
         let (all, _) = h.read(From::default(), |_| true);
         assert_eq!(all[0].id.as_deref(), Some("0-6"), "the oldest went first");
         // An hour after the 10,000th: only the last 5 and the new one are an hour recent.
-        h.record(0, ev(1_010_000 + HISTORY_AGE.as_millis() as u64), |_| {});
+        h.record(0, ev(1_010_000 + HISTORY_AGE.as_millis() as u64), |_, _| {});
         assert_eq!(h.len(), 6, "events older than an hour went");
     }
 
@@ -189,15 +188,17 @@ mod tests {
         let leader = History::default();
         let follower = History::default();
         for t in 1..=3 {
-            leader.record(5, ev(t), |e| assert!(follower.copy(e.clone())));
+            leader.record(5, ev(t), |c, e| {
+                assert!(follower.copy(Event { id: Some(c.to_string()), ..e.clone() }))
+            });
         }
         assert!(!follower.copy(leader.read(From::default(), |_| true).0[0].clone()), "a copy is kept once");
         // Elected under a greater fence: its own events sort after the copied ones.
-        follower.record(9, ev(4), |_| {});
+        follower.record(9, ev(4), |_, _| {});
         let (all, _) = follower.read(From::default(), |_| true);
         assert_eq!(ids(&all), ["5-1", "5-2", "5-3", "9-1"]);
         // A lone server's history (term 0) after copies never goes back.
-        follower.record(0, ev(5), |_| {});
+        follower.record(0, ev(5), |_, _| {});
         assert_eq!(follower.last(), Cursor { term: 9, n: 2 });
     }
 }
