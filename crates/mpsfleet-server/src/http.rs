@@ -96,6 +96,9 @@ fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {
         "/v1/agent/tasks/{id}/status" => (api::host, TASK_REPORT_BODY_LIMIT),
         "/v1/secrets" => (api::admin, SECRET_BODY_LIMIT),
         "/v1/console/links" => (api::viewer, SMALL_BODY_LIMIT),
+        // Takes no body and no token (a code in a header); whoever sends one anyway reaches the
+        // handler, which asks for the code.
+        "/v1/console/session" => (|_| true, SMALL_BODY_LIMIT),
         "/v1/pools"
         | "/v1/pools/{name}"
         | "/v1/tokens"

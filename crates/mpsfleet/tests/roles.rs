@@ -15,6 +15,8 @@ enum Open {
     /// The agent routes: a host credential (the register route: the join token).
     Agent,
     Join,
+    /// Another server of the cluster only (a header signed with the cluster's key): no token.
+    Servers,
 }
 
 /// Every route, with the least that may call it. Ids in paths name nothing: an allowed call
@@ -54,6 +56,10 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("GET", "/v1/drills/{id}", Open::Role(Role::Viewer)),
     ("POST", "/v1/drills/{id}/abort", Open::Role(Role::Operator)),
     ("GET", "/v1/events", Open::Role(Role::Viewer)),
+    ("GET", "/v1/events/replica", Open::Servers),
+    ("POST", "/v1/console/links", Open::Role(Role::Viewer)),
+    // No token: a one-time code in a header (without one, 400 to anyone).
+    ("POST", "/v1/console/session", Open::Public),
     ("POST", "/v1/tasks", Open::Role(Role::Operator)),
     ("GET", "/v1/tasks", Open::Role(Role::Viewer)),
     ("GET", "/v1/tasks/{id}", Open::Role(Role::Viewer)),
@@ -186,7 +192,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
                 let allowed = match open {
                     Open::Public => true,
                     Open::Role(needed) => r.allows(*needed),
-                    Open::Agent | Open::Join => false,
+                    Open::Agent | Open::Join | Open::Servers => false,
                 };
                 (format!("{} token", r.as_str()), Some(token.clone()), allowed)
             })
@@ -195,7 +201,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         let scoped_allowed = match open {
             Open::Public => true,
             Open::Role(needed) => Role::Operator.allows(*needed) && !beyond,
-            Open::Agent | Open::Join => false,
+            Open::Agent | Open::Join | Open::Servers => false,
         };
         callers.push(("operator token scoped to gpu".into(), Some(scoped.clone()), scoped_allowed));
         callers.push((
@@ -266,8 +272,10 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
         log.iter().all(|e| !e.action.starts_with("GET ") && !e.target.starts_with("/v1/agent/")),
         "{log:#?}"
     );
-    // A call its role may not make is refused before it reaches the cluster: no entry.
-    assert!(log.iter().all(|e| e.role != Role::Viewer), "{log:#?}");
+    // A call its role may not make is refused before it reaches the cluster: no entry. The one
+    // change a viewer may make, asking for a console sign-in link, is recorded.
+    assert!(log.iter().all(|e| e.role != Role::Viewer || e.action == "POST /v1/console/links"), "{log:#?}");
+    assert!(log.iter().any(|e| e.role == Role::Viewer && e.action == "POST /v1/console/links"), "{log:#?}");
 }
 
 /// A token scoped to one pool sees and changes that pool's hosts, tasks, services and

@@ -409,7 +409,8 @@ pub(super) async fn create_console_link(
     let req: mpsfleet_types::access::CreateConsoleLink =
         if body.is_empty() { Default::default() } else { parse(&body)? };
     let link = st
-        .call(&headers, viewer, Touch::Cluster, move |c, p| {
+        // Nothing of any pool: the link carries the caller's own scope, no more.
+        .call(&headers, viewer, Touch::NoPool, move |c, p| {
             c.create_console_link(&p, actor(&p), req.expires_in_seconds)
         })
         .await?;

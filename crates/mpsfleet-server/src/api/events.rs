@@ -142,9 +142,15 @@ pub(super) async fn replica(
     headers: HeaderMap,
     Q(q): Q<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let key = st.cluster.lock().map(|c| crate::forward::forwarding_key(c.server_key())).map_err(|_| {
-        ApiError::from(crate::cluster::Error::Internal("the cluster lock is poisoned".into()))
-    })?;
+    // The cluster lock may be held a while (a large commit): taken off the async workers.
+    let cluster = st.cluster.clone();
+    let key = tokio::task::spawn_blocking(move || {
+        cluster.lock().map(|c| crate::forward::forwarding_key(c.server_key())).ok()
+    })
+    .await
+    .ok()
+    .flatten()
+    .ok_or_else(|| ApiError::from(crate::cluster::Error::Internal("the cluster lock is poisoned".into())))?;
     let signed = headers.get(crate::forward::REPLICA).and_then(|v| v.to_str().ok());
     let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     if !signed.is_some_and(|v| crate::forward::verify_replica(&key, v, now_ms)) {
