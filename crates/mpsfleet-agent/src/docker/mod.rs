@@ -410,7 +410,8 @@ pub fn parse_docker_time(s: &str) -> Option<u64> {
 
 /// Whether an inspect may show a container the kernel killed for its memory limit before
 /// Docker Engine recorded it: it exited on SIGKILL (137) under a memory limit within
-/// [`OOM_EVENT_LATEST_MS`], and `State.OOMKilled` is not set.
+/// [`OOM_EVENT_LATEST_MS`] (or Engine has not written its `FinishedAt` yet), and
+/// `State.OOMKilled` is not set.
 fn oom_may_be_unrecorded(info: &ContainerInspectResponse, now_ms: u64) -> bool {
     let limited = info.host_config.as_ref().and_then(|h| h.memory).is_some_and(|m| m > 0);
     let Some(s) = &info.state else { return false };
@@ -419,7 +420,7 @@ fn oom_may_be_unrecorded(info: &ContainerInspectResponse, now_ms: u64) -> bool {
         && s.running != Some(true)
         && s.exit_code == Some(137)
         && s.oom_killed != Some(true)
-        && finished.is_some_and(|t| now_ms.saturating_sub(t) < OOM_EVENT_LATEST_MS)
+        && finished.is_none_or(|t| now_ms.saturating_sub(t) < OOM_EVENT_LATEST_MS)
 }
 
 /// The container's state as the task loop sees it, from an inspect.
@@ -620,7 +621,9 @@ impl DockerRuntime {
     fn inspect_state(&self, name_or_id: &str) -> Result<Option<ContainerInspectResponse>, DockerError> {
         self.start_watcher();
         let Some(mut info) = self.inspect(name_or_id)? else { return Ok(None) };
-        while oom_may_be_unrecorded(&info, now_ms()) && !self.oom_event_seen(&info) {
+        // Bounded by its own clock too: an exit without a time would otherwise never be old.
+        let give_up = now_ms().saturating_add(OOM_EVENT_LATEST_MS);
+        while oom_may_be_unrecorded(&info, now_ms()) && !self.oom_event_seen(&info) && now_ms() < give_up {
             std::thread::sleep(OOM_EVENT_WAIT);
             match self.inspect(name_or_id)? {
                 Some(again) => info = again,

@@ -139,4 +139,12 @@ fn a_fresh_sigkill_exit_under_a_memory_limit_is_looked_at_again() {
     assert!(!oom_may_be_unrecorded(&info(0, 137, false), 2_100), "no memory limit");
     assert!(!oom_may_be_unrecorded(&info(8 << 20, 1, false), 2_100), "not SIGKILL");
     assert!(!oom_may_be_unrecorded(&info(8 << 20, 137, false), 60_000), "an exit long ago");
+    // Engine's zero time (not written yet) reads as an exit just now: it is looked at again.
+    let unwritten: ContainerInspectResponse = serde_json::from_value(serde_json::json!({
+        "HostConfig": {"Memory": 8 << 20},
+        "State": {"Status": "exited", "Running": false, "ExitCode": 137, "OOMKilled": false,
+            "FinishedAt": "0001-01-01T00:00:00Z"}
+    }))
+    .expect("inspect json");
+    assert!(oom_may_be_unrecorded(&unwritten, 60_000));
 }
