@@ -652,6 +652,8 @@ impl DockerRuntime {
 
     /// Pulls (per the pull behaviour), creates and starts the container.
     pub fn launch(&self, l: &DockerLaunch) -> Result<DockerHandle, (StopCode, String)> {
+        // Watching before the container exists: its death can come before the first inspect.
+        self.start_watcher();
         let failed = |prefix: &str, e: DockerError| {
             (StopCode::TaskFailedToStart, format!("{prefix}: {}", e.message()))
         };
@@ -1352,7 +1354,11 @@ impl DockerRuntime {
 
     /// Starts the events watcher once: it marks containers of this host as changed when
     /// Docker reports them dead, killed for memory or destroyed, and reconnects with a backoff
-    /// when the stream ends (marking every container changed, since events may be lost).
+    /// when the stream ends (marking every container changed, since events may be lost). Each
+    /// connection asks Engine for the events since a little before the last one it saw (the
+    /// first: [`EVENTS_REPLAY`] before it started), so that an `oom` sent while it was not yet
+    /// or no longer connected still arrives: a container killed at once for its memory limit
+    /// dies before the first connection is up.
     fn start_watcher(&self) {
         self.inner.watcher.get_or_init(|| {
             let weak = Arc::downgrade(&self.inner);
@@ -1361,8 +1367,13 @@ impl DockerRuntime {
     }
 }
 
+/// How far back the events watcher's first connection asks Engine to replay.
+const EVENTS_REPLAY: Duration = Duration::from_secs(60);
+
 async fn watch_events(inner: Weak<Inner>) {
     let mut backoff = Duration::from_millis(100);
+    // Seconds since the epoch: where the next connection asks Engine to start from.
+    let mut since_s = (now_ms() / 1000).saturating_sub(EVENTS_REPLAY.as_secs());
     loop {
         let (docker, host) = match inner.upgrade() {
             Some(i) => (i.docker.clone(), i.cfg.host_id.clone()),
@@ -1373,12 +1384,18 @@ async fn watch_events(inner: Weak<Inner>) {
             ("label".to_string(), vec![format!("{}={host}", spec::LABEL_HOST)]),
             ("event".to_string(), vec!["die".to_string(), "oom".to_string(), "destroy".to_string()]),
         ]);
-        let mut stream = docker.events(Some(EventsOptions { filters: Some(filters), ..Default::default() }));
+        let options =
+            EventsOptions { filters: Some(filters), since: Some(since_s.to_string()), ..Default::default() };
+        let mut stream = docker.events(Some(options));
         let mut got_any = false;
         while let Some(event) = stream.next().await {
             let Ok(event) = event else { break };
             got_any = true;
             backoff = Duration::from_millis(100);
+            // A second back: events of the same second as the last may come after it.
+            if let Some(t) = event.time.and_then(|t| u64::try_from(t).ok()) {
+                since_s = since_s.max(t.saturating_sub(1));
+            }
             let Some(inner) = inner.upgrade() else { return };
             mark_changed(&inner, &event);
         }
