@@ -398,7 +398,7 @@ pub const CONSOLE_CODE_HEADER: &str = "x-mpsfleet-console-code";
     path = "/v1/console/links",
     tag = "access",
     summary = "A one-time sign-in link for the web console, carrying the caller's role and pool (mpsfleet console). The code works once, for expiresInSeconds (default 60).",
-    request_body = mpsfleet_types::access::CreateConsoleLink,
+    request_body = Option<mpsfleet_types::access::CreateConsoleLink>,
     responses((status = 201, description = "OK.", body = mpsfleet_types::access::ConsoleLink), crate::openapi::Errors)
 )]
 pub(super) async fn create_console_link(
@@ -422,6 +422,8 @@ pub(super) async fn create_console_link(
     path = "/v1/console/session",
     tag = "access",
     summary = "The console trades a sign-in link's code (header x-mpsfleet-console-code; no token) for a token of its own with the link's role, valid 12 hours. A code works once; a used or expired one is 401.",
+    params(("x-mpsfleet-console-code" = String, Header, description = "The code of a link from POST /v1/console/links.")),
+    security(()),
     responses((status = 200, description = "OK.", body = mpsfleet_types::access::ConsoleSession), crate::openapi::Errors)
 )]
 pub(super) async fn open_console_session(
