@@ -28,74 +28,91 @@ fn cli(server: &Server, args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lists_print_names_templates_and_columns_sorted() {
+/// A server with pool "gpu", task definition "infer" and one emulated host of `gpus` GPUs,
+/// running `count` tasks. Fields drop in order: the host's client, the server, the data dir.
+struct Fleet {
+    host: HostId,
+    _agent: mpsfleet_client::Client,
+    admin: mpsfleet_client::Client,
+    run: RunTask,
+    /// The tasks started, their ids sorted.
+    ids: Vec<String>,
+    server: Server,
+    _tmp: tempfile::TempDir,
+}
+
+async fn fleet(gpus: u32, count: u32) -> Fleet {
     let tmp = tempfile::tempdir().expect("tmp");
     let server = Server::start(tmp.path());
     let admin = server.admin();
     create_pool(&admin, "gpu").await;
     admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
-    let (host, _agent) = add_host(&server, "gpu", "node-a", 2).await;
-    let run = RunTask { task_definition: "infer".into(), count: 3, pool: "gpu".into(), ..Default::default() };
-    let tasks = admin.run_task(&run).await.expect("run").tasks;
-    let mut ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
+    let (host, agent) = add_host(&server, "gpu", "node-a", gpus).await;
+    let run = RunTask { task_definition: "infer".into(), count, pool: "gpu".into(), ..Default::default() };
+    let mut ids: Vec<String> =
+        admin.run_task(&run).await.expect("run").tasks.iter().map(|t| t.id.to_string()).collect();
     ids.sort();
+    Fleet { host, _agent: agent, admin, run, ids, server, _tmp: tmp }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_print_names_templates_and_columns_sorted() {
+    let f = fleet(2, 3).await;
+    let (server, host, ids) = (&f.server, &f.host, f.ids.clone());
 
     // -o name: KIND/ID per line, every task.
-    let names = cli(&server, &["task", "list", "-o", "name", "--sort-by", ".id"]);
+    let names = cli(server, &["task", "list", "-o", "name", "--sort-by", ".id"]);
     let want: Vec<String> = ids.iter().map(|i| format!("task/{i}")).collect();
     assert_eq!(names.lines().collect::<Vec<_>>(), want);
 
     // -o jsonpath: a list is {"items": [...]}, as in kubectl; sorted by --sort-by.
-    let line = cli(&server, &["task", "list", "-o", "jsonpath={.items[*].id}", "--sort-by", ".id"]);
+    let line = cli(server, &["task", "list", "-o", "jsonpath={.items[*].id}", "--sort-by", ".id"]);
     assert_eq!(line.trim_end(), ids.join(" "));
     let ranged =
-        cli(&server, &["task", "list", "-o", r#"jsonpath={range .items[*]}{.id}{"\t"}{.hostId}{"\n"}{end}"#]);
+        cli(server, &["task", "list", "-o", r#"jsonpath={range .items[*]}{.id}{"\t"}{.hostId}{"\n"}{end}"#]);
     assert_eq!(ranged.lines().count(), 3, "{ranged}");
     assert!(ranged.lines().all(|l| l.ends_with(&format!("\t{host}"))), "{ranged}");
     // One object is the root itself.
-    let one = cli(&server, &["task", "describe", &ids[0], "-o", "jsonpath={.id} {.lastStatus}"]);
+    let one = cli(server, &["task", "describe", &ids[0], "-o", "jsonpath={.id} {.lastStatus}"]);
     assert!(one.starts_with(&format!("{} ", ids[0])), "{one}");
 
     // -o custom-columns, with and without the header line.
     let table =
-        cli(&server, &["task", "list", "-o", "custom-columns=ID:.id,HOST:.hostId", "--sort-by", ".id"]);
+        cli(server, &["task", "list", "-o", "custom-columns=ID:.id,HOST:.hostId", "--sort-by", ".id"]);
     let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(rows[0], ["ID", "HOST"]);
     for (row, id) in rows[1..].iter().zip(&ids) {
         assert_eq!(row, &[id.as_str(), host.as_str()]);
     }
     let bare =
-        cli(&server, &["task", "list", "-o", "custom-columns=ID:.id", "--no-headers", "--sort-by", ".id"]);
+        cli(server, &["task", "list", "-o", "custom-columns=ID:.id", "--no-headers", "--sort-by", ".id"]);
     assert_eq!(bare.lines().map(str::trim).collect::<Vec<_>>(), ids);
     // Tables with a time have an AGE column, kubectl's way.
     for list in [&["task", "list"][..], &["host", "list"], &["service", "list"]] {
-        let header = cli(&server, list);
+        let header = cli(server, list);
         assert!(header.lines().next().is_some_and(|h| h.trim_end().ends_with("AGE")), "{list:?}: {header}");
     }
-    let age = cli(&server, &["task", "list", "--no-headers"]);
+    let age = cli(server, &["task", "list", "--no-headers"]);
     assert!(age.lines().all(|l| l.trim_end().ends_with('s')), "just made, seconds old: {age}");
-    let plain = cli(&server, &["host", "list", "--no-headers"]);
+    let plain = cli(server, &["host", "list", "--no-headers"]);
     assert!(plain.lines().next().is_some_and(|l| l.starts_with(host.as_str())), "{plain}");
 
     // --sort-by orders the human table too.
-    let newest_first = cli(&server, &["task", "list", "-o", "wide", "--sort-by", ".id", "--no-headers"]);
+    let newest_first = cli(server, &["task", "list", "-o", "wide", "--sort-by", ".id", "--no-headers"]);
     let firsts: Vec<&str> = newest_first.lines().filter_map(|l| l.split_whitespace().next()).collect();
     assert_eq!(firsts, ids);
 
     // -l selects by tag: a task's are its run's (and `task run -o name` names what it ran).
     let ml = cli(
-        &server,
+        server,
         &["task", "run", "--taskdef", "infer", "--pool", "gpu", "--tag", "team=ml", "-o", "name"],
     );
     let ml = ml.trim().strip_prefix("task/").unwrap_or_else(|| panic!("task run -o name: {ml}")).to_string();
-    assert_eq!(cli(&server, &["task", "list", "-l", "team=ml", "-o", "name"]).trim(), format!("task/{ml}"));
-    let others = cli(
-        &server,
-        &["task", "list", "-l", "team!=ml", "-o", "jsonpath={.items[*].id}", "--sort-by", ".id"],
-    );
+    assert_eq!(cli(server, &["task", "list", "-l", "team=ml", "-o", "name"]).trim(), format!("task/{ml}"));
+    let others =
+        cli(server, &["task", "list", "-l", "team!=ml", "-o", "jsonpath={.items[*].id}", "--sort-by", ".id"]);
     assert_eq!(others.trim_end(), ids.join(" "));
-    assert_eq!(cli(&server, &["task", "list", "-l", "team=web", "--no-headers"]), "");
+    assert_eq!(cli(server, &["task", "list", "-l", "team=web", "--no-headers"]), "");
 }
 
 /// A CLI command left running, its output lines read as they come.
@@ -126,26 +143,20 @@ fn line_where(rx: &std::sync::mpsc::Receiver<String>, want: impl Fn(&str) -> boo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_and_events_print_changes_as_they_happen() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let server = Server::start(tmp.path());
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
-    let _host = add_host(&server, "gpu", "node-a", 1).await;
-    let run = RunTask { task_definition: "infer".into(), count: 1, pool: "gpu".into(), ..Default::default() };
-    let first = admin.run_task(&run).await.expect("run").tasks[0].id.to_string();
+    let f = fleet(1, 1).await;
+    let (server, admin, run, first) = (&f.server, &f.admin, &f.run, f.ids[0].clone());
 
     // task list --watch: the list, then the task again when it is stopped.
-    let (mut watching, lines) = spawn_cli(&server, &["task", "list", "--all", "--watch", "--no-headers"]);
+    let (mut watching, lines) = spawn_cli(server, &["task", "list", "--all", "--watch", "--no-headers"]);
     line_where(&lines, |l| l.starts_with(&first));
     // events --follow: the next task event, as JSON.
     let (mut events, event_lines) =
-        spawn_cli(&server, &["events", "--follow", "--kind", "task.event", "--limit", "1", "-o", "json"]);
+        spawn_cli(server, &["events", "--follow", "--kind", "task.event", "--limit", "1", "-o", "json"]);
     std::thread::sleep(std::time::Duration::from_millis(500)); // both streams are open
     admin.stop_task(&first, Some("watched".into())).await.expect("stop");
     let changed = line_where(&lines, |l| l.starts_with(&first) && l.contains("STOPPED"));
     assert!(changed.split_whitespace().count() > 3, "{changed}");
-    let second = admin.run_task(&run).await.expect("run again").tasks[0].id.to_string();
+    let second = admin.run_task(run).await.expect("run again").tasks[0].id.to_string();
     let ev: serde_json::Value =
         serde_json::from_str(&line_where(&event_lines, |l| l.starts_with('{'))).expect("JSON");
     assert_eq!(ev["type"], "task.event", "{ev}");
@@ -157,7 +168,7 @@ async fn watch_and_events_print_changes_as_they_happen() {
     // events without --follow: the past the server keeps, oldest first, then it ends; the
     // first task's whole story is there though nobody was listening when it began.
     let out = command(
-        &server,
+        server,
         &["events", "--since", "10m", "--kind", "task.event", "--kind", "task.stopped", "-o", "json"],
     )
     .output()
@@ -175,7 +186,7 @@ async fn watch_and_events_print_changes_as_they_happen() {
     let mut sorted = ids.clone();
     sorted.sort_by_key(|id| id.rsplit('-').next().and_then(|n| n.parse::<u64>().ok()));
     assert_eq!(ids, sorted, "oldest first");
-    let table = command(&server, &["events", "--since", "10m"]).output().expect("events");
+    let table = command(server, &["events", "--since", "10m"]).output().expect("events");
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.lines().any(|l| l.contains(&format!("task/{first}"))), "{text}");
 }
@@ -232,16 +243,8 @@ fn bash_completes(env: &[(&str, String)], words: &[&str]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_offers_live_ids_and_falls_back_to_flags() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let server = Server::start(tmp.path());
-    let admin = server.admin();
-    create_pool(&admin, "gpu").await;
-    admin.register_taskdef(mps_taskdef("infer", 1024)).await.expect("register");
-    let (host, _agent) = add_host(&server, "gpu", "node-a", 1).await;
-    let run = RunTask { task_definition: "infer".into(), count: 2, pool: "gpu".into(), ..Default::default() };
-    let mut tasks: Vec<String> =
-        admin.run_task(&run).await.expect("run").tasks.iter().map(|t| t.id.to_string()).collect();
-    tasks.sort();
+    let f = fleet(1, 2).await;
+    let (server, host, tasks) = (&f.server, &f.host, f.ids.clone());
     let env = vec![
         ("MPSFLEET_SERVER", server.url.clone()),
         ("MPSFLEET_TOKEN", server.admin_token()),

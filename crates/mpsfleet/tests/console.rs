@@ -39,6 +39,18 @@ fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
     v["pid"].as_u64().unwrap() as u32
 }
 
+/// A new viewer token, for `what`.
+async fn viewer_token(admin: &mpsfleet_client::Client, what: &str) -> String {
+    let req = CreateToken {
+        role: Role::Viewer,
+        description: what.into(),
+        expires_in_s: None,
+        pool: None,
+        aws: false,
+    };
+    admin.create_token(&req).await.unwrap().token
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
     let Some(mps) = mps_control() else { return };
@@ -79,17 +91,7 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
             (t.last_status == TaskStatus::Running).then_some(())
         })
         .await;
-        let viewer = admin
-            .create_token(&CreateToken {
-                role: Role::Viewer,
-                description: "console".into(),
-                expires_in_s: None,
-                pool: None,
-aws: false,
-            })
-            .await
-            .unwrap()
-            .token;
+        let viewer = viewer_token(&admin, "console").await;
 
         // The page and its assets are served with the policy that keeps injected text inert.
         let resp = server.http().get(format!("{}/", server.url)).send().await.unwrap();
@@ -195,17 +197,7 @@ async fn the_console_link_signs_in_once_with_the_clis_role_and_hides_what_the_cl
         let stopped = admin.run_task(&run).await.unwrap().tasks[0].id;
         admin.stop_task(&stopped.to_string(), None).await.unwrap();
         admin.run_task(&run).await.unwrap();
-        let viewer = admin
-            .create_token(&CreateToken {
-                role: Role::Viewer,
-                description: "cli".into(),
-                expires_in_s: None,
-                pool: None,
-                aws: false,
-            })
-            .await
-            .unwrap()
-            .token;
+        let viewer = viewer_token(&admin, "cli").await;
 
         let browser_dir = dir.path().join("browser");
         std::fs::create_dir_all(&browser_dir).unwrap();

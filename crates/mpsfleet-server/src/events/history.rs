@@ -118,12 +118,9 @@ impl History {
         (out, h.last)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).events.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -61,8 +61,7 @@ impl LogOptions {
     /// The time `--since` names, in ms since the epoch.
     fn since_ms(&self) -> Result<Option<u64>> {
         let Some(age) = self.since.as_deref() else { return Ok(None) };
-        let age = watch::parse_age(age)?;
-        Ok(Some(now_ms().saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))))
+        Ok(Some(watch::ago_ms(watch::parse_age(age)?)))
     }
 
     /// Whether lines are needed one by one, with their times (else a stream's plain text will

@@ -69,9 +69,8 @@ pub(super) async fn events(
     since: Option<std::time::Duration>,
 ) -> Result<()> {
     check_kinds(kinds)?;
-    let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     let since_ms = match (since, follow) {
-        (Some(age), _) => Some(now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))),
+        (Some(age), _) => Some(ago_ms(age)),
         (None, false) => Some(0),
         (None, true) => None,
     };
@@ -138,6 +137,12 @@ pub(super) fn parse_age(s: &str) -> Result<std::time::Duration> {
         return Err(bad("it is empty or zero"));
     }
     Ok(std::time::Duration::from_secs(total))
+}
+
+/// The time `age` ago, in ms since the epoch (what `--since AGE` asks for).
+pub(super) fn ago_ms(age: std::time::Duration) -> u64 {
+    let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+    now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Every `--kind` names an event type.
