@@ -78,6 +78,8 @@ pub struct AgentConfig {
     pub pool: String,
     pub data_dir: PathBuf,
     pub hostname: String,
+    /// The zone this host reports (ECS's `availabilityZone` of its tasks).
+    pub availability_zone: String,
     /// `MODEL:MEMORY_MIB:COUNT`, used when NVML finds no GPU.
     pub emulate_gpus: Option<String>,
     pub mps: MpsMode,
@@ -525,6 +527,7 @@ async fn identity(
         runtime: if engine_version.is_some() { RuntimeKind::Docker } else { RuntimeKind::Process },
         runtime_version: engine_version.clone(),
         plugins,
+        platform: platform(&cfg.availability_zone),
     };
     // The secret only: the CA hash after it has done its part (see [`trust`]).
     let joiner = client.with_token(mpsfleet_client::tls::split_pin(&join).0.to_string());
@@ -1014,6 +1017,22 @@ async fn assignments_loop(agent: Client, tx: std::sync::mpsc::Sender<crate::task
                 tokio::time::sleep(wait).await;
             }
         }
+    }
+}
+
+/// This machine as ECS names a container instance: its architecture (`x86_64`, `arm64`), the
+/// zone it was given, its cores as CPU units (1,024 each) and its memory in MiB.
+fn platform(zone: &str) -> mpsfleet_types::HostPlatform {
+    let cpu_architecture = match std::env::consts::ARCH {
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
+    mpsfleet_types::HostPlatform {
+        cpu_architecture: cpu_architecture.to_string(),
+        availability_zone: zone.to_string(),
+        cpu_units: cores * 1024,
+        memory_mib: mpsfleet_proc::memory_total_kib().unwrap_or(0) / 1024,
     }
 }
 

@@ -178,6 +178,8 @@ struct Local {
     tails: Vec<LogTail>,
     /// The output's sequence number and the time when it was last acknowledged.
     output_sent: Option<(u64, u64)>,
+    /// Its image pulls on the loop's clock: the first one's start and the last one's end.
+    pulls: Option<(u64, u64)>,
 }
 
 pub struct TaskLoop {
@@ -740,6 +742,14 @@ impl State {
         match result {
             Ok(handle) => {
                 let handle = *handle;
+                if let Some(p) = handle.pull() {
+                    let start = now.saturating_sub(p.began_ago_ms);
+                    let stop = start.saturating_add(p.took_ms);
+                    local.pulls = Some(match local.pulls {
+                        Some((a, b)) => (a.min(start), b.max(stop)),
+                        None => (start, stop),
+                    });
+                }
                 if let Some(def) = &def {
                     local.reports.insert(name.clone(), handle.report(def));
                     local.reports_unsent = true;
@@ -1096,6 +1106,10 @@ impl State {
                 stopped_reason: if stopped { rec.reason.clone() } else { None },
                 output: with_output.then(|| local.output.snapshot(now)),
                 containers,
+                pull: local.pulls.map(|(start, stop)| PullTiming {
+                    began_ago_ms: now.saturating_sub(start),
+                    took_ms: stop.saturating_sub(start),
+                }),
             };
             let client = self.client.clone();
             let result = self.handle.block_on(async move {
@@ -1234,6 +1248,7 @@ fn new_local(rec: Record) -> Local {
         output: RecentOutput::default(),
         tails: Vec::new(),
         output_sent: None,
+        pulls: None,
         rec,
     }
 }

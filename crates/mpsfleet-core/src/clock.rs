@@ -46,6 +46,11 @@ impl Stopwatch {
     pub fn seconds(&self) -> f64 {
         self.0.elapsed().as_secs_f64()
     }
+
+    /// Whole milliseconds since it started.
+    pub fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// A clock that moves only when told to; for tests and the simulator.

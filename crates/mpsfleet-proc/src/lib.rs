@@ -118,6 +118,18 @@ pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
     fs::read(format!("/proc/{pid}/cmdline")).ok()
 }
 
+/// This machine's memory in KiB (`MemTotal` of `/proc/meminfo`).
+pub fn memory_total_kib() -> Option<u64> {
+    let text = fs::read_to_string("/proc/meminfo").ok()?;
+    kib_field(&text, "MemTotal")
+}
+
+/// The KiB figure of the `FIELD:` line of a `/proc` status-like text.
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// A `Vm…:` line of `/proc/PID/status` (this process's when `pid` is None), in KiB: `VmRSS`
 /// now, `VmHWM` its high-water mark.
 pub fn vm_kib(pid: Option<u32>, field: &str) -> Option<u64> {
@@ -125,9 +137,7 @@ pub fn vm_kib(pid: Option<u32>, field: &str) -> Option<u64> {
         Some(pid) => format!("/proc/{pid}/status"),
         None => "/proc/self/status".to_string(),
     };
-    let text = fs::read_to_string(path).ok()?;
-    let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    kib_field(&fs::read_to_string(path).ok()?, field)
 }
 
 /// Whether the command line or the environment of `pid` names `path` or a path below it: an

@@ -277,10 +277,21 @@ pub async fn serve(
     cluster.start_retention();
     let acceptor = options.tls.as_ref().map(|t| t.acceptor()).transpose().map_err(std::io::Error::other)?;
     options.ecs.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    if options.ecs.conformance {
-        cluster
-            .install_conformance_key(ecs::CONFORMANCE_KEY_ID, ecs::CONFORMANCE_SECRET)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    // The conformance suite's public key works only while the flag is on, and only for
+    // callers on this machine.
+    let conformance = options.ecs.conformance.then_some((ecs::CONFORMANCE_KEY_ID, ecs::CONFORMANCE_SECRET));
+    if conformance.is_some() && !listener.local_addr()?.ip().is_loopback() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "--ecs-conformance serves a public admin key: listen on a loopback address only \
+                 (--listen 127.0.0.1:PORT), not {}",
+                listener.local_addr()?
+            ),
+        ));
+    }
+    cluster.set_conformance_key(conformance).map_err(|e| std::io::Error::other(e.to_string()))?;
+    if conformance.is_some() {
         tracing::warn!("ECS conformance mode: the public key FOOBARKEY is an admin key, and POST /moto-api/reset empties the cluster");
     }
     let mut state = api::AppState::new(cluster);

@@ -46,6 +46,7 @@ fn setup() -> (Cluster, Arc<ManualClock>, HostId, String) {
         runtime: Default::default(),
         runtime_version: None,
         plugins: Default::default(),
+        platform: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
     c.host_status(

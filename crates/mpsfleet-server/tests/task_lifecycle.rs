@@ -39,6 +39,7 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
         runtime: Default::default(),
         runtime_version: None,
         plugins: Default::default(),
+        platform: Default::default(),
     };
     let host = c.register_host(reg).expect("host").host_id;
     let beat = HostStatusReport { onboarded: true, ..Default::default() };
@@ -92,6 +93,7 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
             runtime,
             runtime_version: None,
             plugins: Default::default(),
+            platform: Default::default(),
         };
         let host = c.register_host(reg).expect("host").host_id;
         let beat = HostStatusReport { onboarded: true, ..Default::default() };

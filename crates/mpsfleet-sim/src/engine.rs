@@ -640,6 +640,7 @@ impl Sim {
             runtime: Default::default(),
             runtime_version: None,
             plugins: Default::default(),
+            platform: Default::default(),
         };
         let r = match self.world[h].token.clone() {
             Some(token) => self.c().register_host_with_token(reg, &token),
@@ -1146,6 +1147,7 @@ impl Sim {
                 stopped_reason: None,
                 output: None,
                 containers: None,
+                pull: None,
             },
         );
     }
@@ -1196,5 +1198,6 @@ fn stopped(code: Option<StopCode>, reason: Option<&str>) -> TaskStateReport {
         stopped_reason: reason.map(str::to_string),
         output: None,
         containers: None,
+        pull: None,
     }
 }

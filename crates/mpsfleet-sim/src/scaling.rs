@@ -400,6 +400,7 @@ fn registration(name: &str, gpus: u32) -> HostRegistration {
         runtime: Default::default(),
         runtime_version: None,
         plugins: Default::default(),
+        platform: Default::default(),
     }
 }
 
@@ -437,5 +438,6 @@ fn report_of(status: TaskStatus, code: Option<StopCode>) -> TaskStateReport {
         stopped_reason: code.map(|_| "the work is done".into()),
         output: None,
         containers: None,
+        pull: None,
     }
 }

@@ -84,6 +84,10 @@ pub struct TokenView {
     /// that key's secret access key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_key_id: Option<String>,
+    /// The token it was made from, for a console sign-in (`admin`: the bootstrap admin
+    /// token): it expires no later than that token and is revoked with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// `POST /v1/console/links`: how long the link works.

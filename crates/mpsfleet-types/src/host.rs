@@ -133,6 +133,45 @@ pub struct HostRegistration {
     /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
     #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
     pub plugins: RuntimePlugins,
+    /// Its CPU architecture, zone, cores and memory (agents that predate it send none).
+    #[serde(default, skip_serializing_if = "HostPlatform::is_empty")]
+    pub platform: HostPlatform,
+}
+
+/// What a host is, as ECS names it on a container instance (its attributes
+/// `ecs.cpu-architecture` and `ecs.availability-zone`, its registered CPU and MEMORY) and on
+/// the tasks it runs (`availabilityZone`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPlatform {
+    /// ECS's name of the CPU architecture: `x86_64` or `arm64`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cpu_architecture: String,
+    /// The zone the agent was started in (`--availability-zone`; `local` unless told).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub availability_zone: String,
+    /// CPU units, 1,024 a core, as ECS registers an instance's CPU.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub cpu_units: u64,
+    /// Memory in MiB, as ECS registers an instance's MEMORY.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub memory_mib: u64,
+}
+
+impl HostPlatform {
+    /// The longest architecture and zone names a host may report.
+    pub const MAX_NAME_BYTES: usize = 64;
+
+    pub fn is_empty(&self) -> bool {
+        *self == HostPlatform::default()
+    }
+
+    /// Whether `name` may be an architecture or a zone: 1 to [`Self::MAX_NAME_BYTES`]
+    /// lowercase letters, digits, '-' and '_'.
+    pub fn valid_name(name: &str) -> bool {
+        (1..=Self::MAX_NAME_BYTES).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    }
 }
 
 /// The stored host record.
@@ -155,6 +194,9 @@ pub struct Host {
     /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
     #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
     pub plugins: RuntimePlugins,
+    /// Its architecture, zone, cores and memory as it registered them.
+    #[serde(default, skip_serializing_if = "HostPlatform::is_empty")]
+    pub platform: HostPlatform,
     /// Registration order; keeps placement deterministic across restarts.
     pub seq: u64,
     pub registered_at_ms: u64,
@@ -254,6 +296,8 @@ pub struct HostView {
     /// The Docker Engine's volume and log drivers (a Docker host's), for the tasks that name one.
     #[serde(default, skip_serializing_if = "RuntimePlugins::is_empty")]
     pub plugins: RuntimePlugins,
+    #[serde(default, skip_serializing_if = "HostPlatform::is_empty")]
+    pub platform: HostPlatform,
     pub gpus: Vec<GpuView>,
     /// What each task uses of its GPU, as the agent last reported (kept in memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -136,6 +136,15 @@ pub struct Task {
     pub started_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at_ms: Option<u64>,
+    /// When it was placed on its host (None while it waits, and for records that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_at_ms: Option<u64>,
+    /// When its host began pulling its first image and finished pulling its last, on the
+    /// server's clock (ECS's `pullStartedAt`, `pullStoppedAt`); None when nothing was pulled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_stopped_at_ms: Option<u64>,
     /// What the agent reports of each container: its runtime id, network bindings, exit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerReport>,
@@ -290,6 +299,9 @@ impl Task {
             created_at_ms,
             started_at_ms: None,
             stopped_at_ms: None,
+            placed_at_ms: None,
+            pull_started_at_ms: None,
+            pull_stopped_at_ms: None,
             containers: Vec::new(),
             attachments: Vec::new(),
             labels: None,
@@ -381,6 +393,20 @@ pub struct TaskStateReport {
     /// The containers as they are now; sent when they changed (None keeps the last ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers: Option<Vec<ContainerReport>>,
+    /// The task's image pulls, from the first pull's start to the last one's end, as of
+    /// the moment the report is sent; the server places them on its clock at the report's
+    /// arrival.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<PullTiming>,
+}
+
+/// An image pull, timed on the agent's monotonic clock relative to a moment (a launch's
+/// return, a report's sending): how long before it the pull began, and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PullTiming {
+    pub began_ago_ms: u64,
+    pub took_ms: u64,
 }
 
 /// Why a task waits for placement, as a stable code (its `pendingReason` says it in words).

@@ -38,6 +38,11 @@ pub struct AgentArgs {
     /// The name this host registers under [default: the machine's hostname].
     #[arg(long)]
     hostname: Option<String>,
+    /// The zone this host is in, as ECS's `availabilityZone` of its tasks and the
+    /// `ecs.availability-zone` attribute of its container instance: at most 64 lowercase
+    /// letters, digits, '-' and '_' [default: local].
+    #[arg(long, env = "MPSFLEET_AVAILABILITY_ZONE", default_value = "local", value_parser = zone)]
+    availability_zone: String,
     /// Declare GPUs when NVML finds none: MODEL:MEMORY_MIB:COUNT, e.g. H200:143771:2.
     #[arg(long)]
     emulate_gpus: Option<String>,
@@ -125,6 +130,17 @@ pub struct TaskUserArgs {
 
 /// `--publish-address`: an IP address, never a name (Docker binds an address, and a name
 /// could resolve to another one later).
+fn zone(s: &str) -> Result<String, String> {
+    if mpsfleet_types::HostPlatform::valid_name(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "expected 1 to {} lowercase letters, digits, '-' or '_' (such as us-east-1a)",
+            mpsfleet_types::HostPlatform::MAX_NAME_BYTES
+        ))
+    }
+}
+
 fn parse_publish_address(s: &str) -> Result<std::net::IpAddr, String> {
     s.parse().map_err(|_| {
         "expected an IP address, IPv4 or IPv6 (such as 127.0.0.1 or ::1), without a port; a hostname \
@@ -225,6 +241,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         pool: args.pool,
         data_dir: args.data_dir,
         hostname,
+        availability_zone: args.availability_zone,
         emulate_gpus: args.emulate_gpus,
         mps,
         daemon_per_host: args.daemon_per_host,

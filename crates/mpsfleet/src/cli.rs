@@ -529,9 +529,10 @@ pub enum TokenCommand {
         #[arg(long, requires = "aws", value_name = "NAME")]
         aws_profile: Option<String>,
     },
-    /// Every token's id, role and expiry (never the tokens themselves).
+    /// Every token's id, role and expiry (never the tokens themselves); a console sign-in
+    /// follows the token it was made from, which its FROM column names.
     List,
-    /// The token stops working at once.
+    /// The token stops working at once, and so does every console sign-in made from it.
     Revoke {
         /// The token's id (from `token list`).
         id: String,

@@ -144,6 +144,7 @@ async fn one_running_task(server: &Server) -> (Client, String) {
         stopped_reason: None,
         output: None,
         containers: None,
+        pull: None,
     };
     agent.report_task(&task.id, &running).await.unwrap();
     (agent, task.id.to_string())

@@ -169,6 +169,7 @@ async fn tokens_limit_who_may_do_what() {
         stopped_reason: None,
         output: None,
         containers: None,
+        pull: None,
     };
     let (status, code, _, _) = api_error(other.report_task(&task.id, &report).await.unwrap_err());
     assert_eq!((status, code.as_str()), (403, "Forbidden"), "a host reported for a task of another host");
@@ -237,6 +238,7 @@ async fn tasks_wait_with_a_reason_and_are_placed_when_capacity_appears() {
         stopped_reason: None,
         output: None,
         containers: None,
+        pull: None,
     };
     agent.report_task(&placed[0].id, &report).await.unwrap();
     let third = eventually(Duration::from_secs(5), "the waiting task placed on the freed GPU", || async {
@@ -346,6 +348,7 @@ async fn services_keep_their_count_and_spread_replicas() {
         stopped_reason: Some("exit status 1".into()),
         output: None,
         containers: None,
+        pull: None,
     };
     agent.report_task(&victim.id, &exited).await.unwrap();
     // The report asks for the service; the next health tick (250 ms) reconciles it.

@@ -54,6 +54,39 @@ impl Aws {
     }
 }
 
+/// The keys of the objects under `field` in the outputs of the AWS CLI's own shipped examples
+/// of `aws ecs OPERATION` (its `awscli/examples/ecs/OPERATION.rst`): what real ECS answered.
+fn example_keys(env: &Path, operation: &str, field: &str) -> BTreeSet<String> {
+    let found = Command::new("find")
+        .arg(env.join("cli/lib"))
+        .args(["-path", &format!("*awscli/examples/ecs/{operation}.rst")])
+        .output()
+        .unwrap();
+    let path = String::from_utf8_lossy(&found.stdout).lines().next().map(str::to_string);
+    let text = std::fs::read_to_string(path.expect("the AWS CLI's example")).unwrap();
+    let mut keys = BTreeSet::new();
+    // Each output is a JSON block indented under "Output::".
+    for block in text.split("Output::").skip(1) {
+        let body: String = block
+            .lines()
+            .skip_while(|l| l.trim().is_empty())
+            .take_while(|l| l.trim().is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        let Ok(v) = serde_json::from_str::<Value>(&body) else { continue };
+        for o in v[field].as_array().into_iter().flatten() {
+            keys.extend(o.as_object().unwrap().keys().cloned());
+        }
+    }
+    assert!(!keys.is_empty(), "no {field} in the examples of {operation}");
+    keys
+}
+
+/// The keys of `v` that `example` has and `v` lacks.
+fn missing(example: &BTreeSet<String>, v: &Value) -> Vec<String> {
+    example.iter().filter(|k| v.get(k.as_str()).is_none()).cloned().collect()
+}
+
 fn taskdef_file(dir: &Path, name: &str, image: &str, command: &str) -> String {
     let td = json!({
         "family": "mps-infer",
@@ -139,11 +172,16 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
         key: operator.clone(),
     };
 
-    // Register, run, wait.
+    // Register, run, wait. The first task's image is in the registry and not yet on the
+    // engine, so that its host pulls it (`up` uses what the engine has).
+    let pulled = format!("{}/mpsfleet/pulled:ecs-api-{}", docker.registry, std::process::id());
+    docker.cli_ok(&["tag", &docker.image, &pulled]);
+    docker.cli_ok(&["push", &pulled]);
+    docker.cli_ok(&["rmi", &pulled]);
     let td = aws.ecs(&[
         "register-task-definition",
         "--cli-input-json",
-        &taskdef_file(home.path(), "td1.json", &docker.image, "sleep 600"),
+        &taskdef_file(home.path(), "td1.json", &pulled, "sleep 600"),
     ]);
     assert_eq!(td["taskDefinition"]["revision"], 1);
     assert_eq!(
@@ -165,9 +203,30 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
         "tasks[0].containers[0].gpuSharingStrategy",
     ]);
     assert_eq!(sharing, json!({"nvidiaMps": {"memory": MPS_MIB, "maxComputePercent": 25}}));
-    let described = aws.ecs(&["describe-tasks", "--tasks", &task_arn]);
+    let described = aws.ecs(&["describe-tasks", "--tasks", &task_arn, "--include", "TAGS"]);
     let t = &described["tasks"][0];
     assert_eq!((t["lastStatus"].as_str(), t["startedBy"].as_str()), (Some("RUNNING"), Some("nightly")));
+    // Every key real ECS answers for an EC2 task (the AWS CLI's shipped examples), but the
+    // Fargate-only ones; with ECS's meaning.
+    let mut expected = example_keys(&env, "describe-tasks", "tasks");
+    for fargate_only in ["ephemeralStorage", "platformFamily", "platformVersion"] {
+        expected.remove(fargate_only);
+    }
+    assert_eq!(missing(&expected, t), Vec::<String>::new(), "{t}");
+    assert_eq!(
+        (t["connectivity"].as_str(), t["availabilityZone"].as_str()),
+        (Some("CONNECTED"), Some("local"))
+    );
+    assert_eq!(t["attributes"][0]["name"], "ecs.cpu-architecture", "{t}");
+    // No task-level size: its containers' sums, as ECS answers for an EC2 task.
+    assert_eq!((t["cpu"].as_str(), t["memory"].as_str()), (Some("0"), Some("64")), "{t}");
+    assert_eq!(t["enableExecuteCommand"], false);
+    assert_eq!(t["overrides"]["inferenceAcceleratorOverrides"], json!([]));
+    // The image came from the test registry: the pull is placed between creation and start.
+    let at = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{k} in {t}"));
+    assert!(at("createdAt") <= at("pullStartedAt"), "{t}");
+    assert!(at("pullStartedAt") <= at("pullStoppedAt") && at("pullStoppedAt") <= at("startedAt"), "{t}");
+    assert!(at("createdAt") <= at("connectivityAt") && at("connectivityAt") <= at("startedAt"), "{t}");
     let id = task_arn.rsplit('/').next().unwrap();
     let rest = admin.describe_task(id).await.unwrap();
     assert_eq!(rest.last_status, TaskStatus::Running);
@@ -226,8 +285,24 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
     args.extend(arns.iter().map(String::as_str));
     let instances = aws.ecs(&args);
     let mut held = 0;
+    let expected = example_keys(&env, "describe-container-instances", "containerInstances");
     for ci in instances["containerInstances"].as_array().unwrap() {
         assert_eq!(ci["agentConnected"], true, "{ci}");
+        assert_eq!(missing(&expected, ci), Vec::<String>::new(), "{ci}");
+        let resource = |list: &str, name: &str| {
+            ci[list].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()["integerValue"]
+                .as_u64()
+                .unwrap()
+        };
+        let cores = std::thread::available_parallelism().unwrap().get() as u64;
+        assert_eq!(resource("registeredResources", "CPU"), cores * 1024, "{ci}");
+        assert!(resource("registeredResources", "MEMORY") > 0, "{ci}");
+        assert!(
+            resource("remainingResources", "MEMORY") <= resource("registeredResources", "MEMORY"),
+            "{ci}"
+        );
+        let attrs = ci["attributes"].as_array().unwrap();
+        assert!(attrs.iter().any(|a| a["name"] == "ecs.availability-zone" && a["value"] == "local"), "{ci}");
         let host = admin
             .list_hosts(None)
             .await
@@ -377,4 +452,41 @@ async fn the_aws_cli_and_boto3_run_mps_work_against_up() {
             "{action} is not in the audit log"
         );
     }
+
+    // A deleted service answers INACTIVE (the AWS CLI's waiter looks for that), its
+    // deployments are still listed, and its name is free again at once.
+    aws.ecs(&["delete-service", "--service", "web", "--force"]);
+    aws.ecs(&["wait", "services-inactive", "--services", "web"]);
+    let gone = aws.ecs(&["describe-services", "--services", "web"]);
+    assert_eq!(
+        (&gone["services"][0]["status"], &gone["failures"]),
+        (&json!("INACTIVE"), &json!([])),
+        "{gone}"
+    );
+    let listed = aws.ecs(&["list-service-deployments", "--service", "web"]);
+    let deployments = listed["serviceDeployments"].as_array().unwrap();
+    assert_eq!(deployments.len(), 2, "the first definition's and the second's: {listed}");
+    let newest = deployments[0]["serviceDeploymentArn"].as_str().unwrap();
+    assert!(newest.contains(":service-deployment/default/web/"), "{listed}");
+    assert!(
+        deployments[0]["createdAt"].as_f64() >= deployments[1]["createdAt"].as_f64(),
+        "newest first: {listed}"
+    );
+    let described = aws.ecs(&["describe-service-deployments", "--service-deployment-arns", newest]);
+    let d = &described["serviceDeployments"][0];
+    assert_eq!(d["targetServiceRevision"]["requestedTaskCount"], 2, "{d}");
+    assert_eq!(d["status"], "SUCCESSFUL", "{d}");
+    let expected = example_keys(&env, "describe-service-deployments", "serviceDeployments");
+    assert_eq!(missing(&expected, d), Vec::<String>::new(), "{d}");
+    aws.ecs(&[
+        "create-service",
+        "--service-name",
+        "web",
+        "--task-definition",
+        "mps-infer",
+        "--desired-count",
+        "0",
+    ]);
+    let again = aws.ecs(&["describe-services", "--services", "web"]);
+    assert_eq!(again["services"][0]["status"], "ACTIVE", "the live one is the one a name finds: {again}");
 }

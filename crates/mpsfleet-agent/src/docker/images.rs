@@ -56,12 +56,13 @@ impl DockerRuntime {
     }
 
     /// Makes sure the image is there per the pull behaviour; notes what was done differently.
+    /// Returns how long a pull took (ms), when it pulled (or tried to, and used the cache).
     pub(super) fn ensure_image(
         &self,
         reference: &str,
         auth: Option<&RegistryAuth>,
         notes: &mut Vec<String>,
-    ) -> Result<(), (StopCode, String)> {
+    ) -> Result<Option<u64>, (StopCode, String)> {
         let cannot_pull = |e: DockerError| {
             (StopCode::CannotPullContainerError, format!("CannotPullContainerError: {}", e.message()))
         };
@@ -73,12 +74,13 @@ impl DockerRuntime {
             PullBehavior::PreferCached => !self.image_present(reference).unwrap_or(false),
         };
         if !need_pull {
-            return Ok(());
+            return Ok(None);
         }
+        let watch = mpsfleet_core::clock::Stopwatch::start();
         match self.pull(reference, auth) {
             Ok(()) => {
                 self.update_records(|r| r.images.entry(reference.to_string()).or_default().pulled = true);
-                Ok(())
+                Ok(Some(watch.elapsed_ms()))
             }
             Err(e) if self.inner.cfg.pull == PullBehavior::Default => match self.image_present(reference) {
                 Ok(true) => {
@@ -86,7 +88,7 @@ impl DockerRuntime {
                         "pull of {reference} failed, the cached image was used: {}",
                         e.message()
                     ));
-                    Ok(())
+                    Ok(Some(watch.elapsed_ms()))
                 }
                 _ => Err(cannot_pull(e)),
             },

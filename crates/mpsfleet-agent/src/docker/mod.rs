@@ -220,6 +220,9 @@ pub struct DockerHandle {
     /// awsvpc: the task's address, held by its pause container (the attachment's id).
     pub network_interfaces: Vec<mpsfleet_types::NetworkInterface>,
     pub notes: Vec<String>,
+    /// Its launch pulled the image: how long before the launch returned the pull began, and
+    /// how long it took, in ms.
+    pub pull: Option<mpsfleet_types::PullTiming>,
 }
 
 /// One container [`DockerRuntime::remove_ours`] removed, or failed to.
@@ -500,6 +503,7 @@ fn handle_of(info: &ContainerInspectResponse, name: &str, notes: Vec<String>) ->
         network_bindings,
         network_interfaces: Vec::new(),
         notes,
+        pull: None,
     }
 }
 
@@ -666,7 +670,8 @@ impl DockerRuntime {
         let reference = normalize_reference(image);
         let mut notes = launch_notes(l);
         let auth = l.container.repository_credentials.as_ref().and_then(|r| r.resolved.as_ref());
-        self.ensure_image(&reference, auth, &mut notes)?;
+        let pull_began = mpsfleet_core::clock::Stopwatch::start();
+        let pulled_ms = self.ensure_image(&reference, auth, &mut notes)?;
         self.ensure_volumes(l)?;
         let needs_wiring = l.container.gpu().is_some() && !l.gpus_emulated && !l.task.gpu_ids.is_empty();
         let wiring = if needs_wiring {
@@ -747,6 +752,7 @@ impl DockerRuntime {
                 network_bindings: Vec::new(),
                 network_interfaces: Vec::new(),
                 notes,
+                pull: None,
             },
         };
         let digest = self
@@ -758,7 +764,12 @@ impl DockerRuntime {
                     .into_iter()
                     .find_map(|d| d.split_once('@').map(|(_, digest)| digest.to_string()))
             });
-        Ok(DockerHandle { image_digest: digest.or(handle.image_digest.clone()), ..handle })
+        Ok(DockerHandle {
+            image_digest: digest.or(handle.image_digest.clone()),
+            pull: pulled_ms
+                .map(|took_ms| mpsfleet_types::PullTiming { began_ago_ms: pull_began.elapsed_ms(), took_ms }),
+            ..handle
+        })
     }
 
     /// The awsvpc network's id: made when missing ([`awsvpc::network_request`]). Agents sharing

@@ -75,6 +75,14 @@ impl Handle {
     }
 
     /// The container as the task's report shows it while it runs.
+    /// The image pull its launch made, if it made one.
+    pub fn pull(&self) -> Option<mpsfleet_types::PullTiming> {
+        match self {
+            Handle::Process(_) => None,
+            Handle::Docker(h) => h.pull,
+        }
+    }
+
     pub fn report(&self, def: &ContainerDefinition) -> ContainerReport {
         match self {
             Handle::Process(h) => ContainerReport {
@@ -320,6 +328,7 @@ fn adopt_docker(rt: &DockerRuntime, task_id: &str, container: &str) -> Adopted {
                 network_bindings: Vec::new(),
                 network_interfaces: Vec::new(),
                 notes: Vec::new(),
+                pull: None,
             }))
         }
     }

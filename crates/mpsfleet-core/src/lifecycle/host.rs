@@ -200,6 +200,7 @@ mod tests {
             runtime: Default::default(),
             runtime_version: None,
             plugins: Default::default(),
+            platform: Default::default(),
             seq: 0,
             registered_at_ms: 0,
             credential_sha256: String::new(),

@@ -235,6 +235,12 @@ impl Cluster {
             let stopped = t.last_status == TaskStatus::Stopped;
             t.attachments = mpsfleet_types::Attachment::of_containers(&t.containers, stopped);
         }
+        // The agent says how long ago its pulls began; placed on this clock at the report's
+        // arrival, never after now.
+        if let Some(p) = report.pull {
+            let start = *t.pull_started_at_ms.get_or_insert(now.saturating_sub(p.began_ago_ms));
+            t.pull_stopped_at_ms = Some(start.saturating_add(p.took_ms).min(now));
+        }
         if t.last_status == TaskStatus::Running {
             t.started_at_ms.get_or_insert(now);
         }

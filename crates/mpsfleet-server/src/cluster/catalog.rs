@@ -1,9 +1,10 @@
 //! What the ECS-compatible API needs beyond creating and running: deleting an empty pool
-//! (ECS's `DeleteCluster`; a deleted pool stays discoverable as INACTIVE for a while, in
-//! memory, as ECS's deleted clusters do: [`DeletedPools`]), deregistering a task definition (`DeregisterTaskDefinition`: it
+//! (ECS's `DeleteCluster`; a deleted pool stays discoverable as INACTIVE for an hour, as
+//! ECS's deleted clusters do: `deleted.rs`), deregistering a task definition (`DeregisterTaskDefinition`: it
 //! stays, marked, and starts nothing new), and tagging pools, task definitions, services and
 //! tasks (`TagResource`, `UntagResource`). Each is one committed change of the object's record.
 
+use super::deleted::DeletedObject;
 use super::*;
 use mpsfleet_types::labels::{check_tags, merge_tags, Tag};
 use std::collections::BTreeMap;
@@ -20,32 +21,6 @@ pub struct PoolContents {
     pub running: usize,
     pub pending: usize,
     pub stopping: usize,
-}
-
-/// How long a deleted pool stays discoverable (ECS's INACTIVE cluster), and how many are.
-pub const DELETED_POOL_KEPT_MS: u64 = 60 * 60 * 1000;
-pub const DELETED_POOLS_KEPT: usize = 256;
-
-/// Pools deleted lately, oldest first, each with when: ECS lists and describes a deleted
-/// cluster as INACTIVE for a while ("might remain discoverable"), and tools that wait for a
-/// deletion look for that. Kept in memory by the server that deleted them, at most
-/// [`DELETED_POOLS_KEPT`] for [`DELETED_POOL_KEPT_MS`]; a pool created again under the name
-/// leaves the list.
-#[derive(Default)]
-pub struct DeletedPools(std::collections::VecDeque<(Pool, u64)>);
-
-impl DeletedPools {
-    fn push(&mut self, pool: Pool, at_ms: u64) {
-        self.forget(&pool.name);
-        if self.0.len() == DELETED_POOLS_KEPT {
-            self.0.pop_front();
-        }
-        self.0.push_back((pool, at_ms));
-    }
-
-    pub(super) fn forget(&mut self, name: &PoolName) {
-        self.0.retain(|(p, _)| p.name != *name);
-    }
 }
 
 impl PoolContents {
@@ -129,23 +104,17 @@ impl Cluster {
         }
         let tasks: Vec<TaskId> =
             self.state.tasks().values().filter(|e| e.task.pool == pool.name).map(|e| e.task.id).collect();
-        let mut ops = vec![Op::delete(POOL, name, Precondition::Any)];
+        let (mut ops, kept) = self.keep_deleted(DeletedObject::Pool(Box::new(pool.clone())))?;
+        ops.push(Op::delete(POOL, name, Precondition::Any));
         ops.extend(tasks.iter().map(|id| Op::delete(TASK, id.to_string(), Precondition::Any)));
         let rev = self.commit(&ops)?;
         for id in tasks {
             self.apply(rev, Change::TaskRemoved(id));
         }
         self.apply(rev, Change::PoolRemoved(pool.name.clone()));
+        self.kept_deleted(rev, kept);
         tracing::info!(pool = %name, "pool deleted");
-        let now = self.now();
-        self.deleted_pools.push(pool.clone(), now);
         Ok(pool)
-    }
-
-    /// The pools deleted within [`DELETED_POOL_KEPT_MS`], oldest first (ECS's INACTIVE clusters).
-    pub fn deleted_pools(&self) -> impl Iterator<Item = &Pool> {
-        let since = self.now().saturating_sub(DELETED_POOL_KEPT_MS);
-        self.deleted_pools.0.iter().filter(move |(_, at)| *at >= since).map(|(p, _)| p)
     }
 
     /// Replaces the kept ECS fields of pool `name` that `fields` names (ECS's `UpdateCluster`:
@@ -353,7 +322,8 @@ impl Cluster {
         for p in pools {
             self.apply(rev, Change::PoolRemoved(p));
         }
-        self.deleted_pools = DeletedPools::default();
+        let deleted: Vec<String> = self.state.deleted().keys().cloned().collect();
+        self.forget_deleted(deleted);
         Ok(())
     }
 }

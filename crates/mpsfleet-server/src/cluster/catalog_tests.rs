@@ -44,7 +44,7 @@ fn only_an_empty_pool_is_deleted_and_its_stopped_tasks_go_with_it() {
 }
 
 #[test]
-fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again() {
+fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again_across_restarts() {
     let mut w = world();
     let names = |c: &Cluster| c.deleted_pools().map(|p| p.name.to_string()).collect::<Vec<_>>();
     for n in ["q", "r"] {
@@ -54,8 +54,50 @@ fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again() {
     assert_eq!(names(&w.c), ["q", "r"]);
     w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
     assert_eq!(names(&w.c), ["r"], "a pool created again is no longer a deleted one");
-    w.advance(catalog::DELETED_POOL_KEPT_MS + 1);
+    // Kept in the store: a restarted server (or the next leader) knows them.
+    let store = w.c.store.clone();
+    let again = Cluster::load(store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
+    assert_eq!(names(&again), ["r"]);
+    w.advance(deleted::KEPT_MS + 1);
     assert!(names(&w.c).is_empty());
+    // The retention pass removes the records themselves.
+    assert_eq!(store.list(deleted::DELETED).unwrap().len(), 2);
+    w.c.prune().unwrap();
+    assert!(store.list(deleted::DELETED).unwrap().is_empty());
+}
+
+#[test]
+fn deleted_services_are_kept_in_the_store_their_name_free_at_once_and_bounded() {
+    let mut w = world();
+    let svc = |name: &str| CreateService {
+        name: name.into(),
+        pool: "p".into(),
+        task_definition: "app".into(),
+        desired_count: 0,
+        ..Default::default()
+    };
+    w.c.create_service(svc("web")).unwrap();
+    w.c.delete_service("web").unwrap();
+    assert!(w.c.service("web").is_err(), "no task left: the record goes at once");
+    let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
+    assert_eq!(kept, ["web"]);
+    // The name is free again at once, and the deleted one is still kept beside the new one.
+    w.c.create_service(svc("web")).unwrap();
+    assert_eq!(w.c.deleted_services("p").count(), 1);
+    let again = Cluster::load(w.c.store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
+    assert_eq!(again.deleted_services("p").count(), 1, "a restart keeps it");
+    assert!(again.service("web").is_ok());
+    // At most KEPT_PER_KIND of a kind: the oldest go in the commit of a new one.
+    for i in 0..deleted::KEPT_PER_KIND {
+        let name = format!("s{i}");
+        w.advance(1);
+        w.c.create_service(svc(&name)).unwrap();
+        w.c.delete_service(&name).unwrap();
+    }
+    let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
+    assert_eq!(kept.len(), deleted::KEPT_PER_KIND);
+    assert_eq!(kept[0], "s0", "the first deleted, web, went: {kept:?}");
+    assert_eq!(w.c.store.list(deleted::DELETED).unwrap().len(), deleted::KEPT_PER_KIND);
 }
 
 #[test]

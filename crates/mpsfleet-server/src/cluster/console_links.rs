@@ -31,6 +31,8 @@ pub struct PendingLink {
     pool: Option<String>,
     by: String,
     expires_at_ms: u64,
+    /// The digest of the token that asked for it: it must still work when the link is used.
+    parent_digest: String,
 }
 
 impl Cluster {
@@ -54,6 +56,14 @@ impl Cluster {
             Principal::Token { role, pool, .. } => (*role, pool.clone()),
             _ => return Err(Error::Forbidden("only a person's token may open the console".into())),
         };
+        let parent_digest = match who {
+            Principal::Token { id, .. } => {
+                let rec = self.state.api_tokens().values().find(|r| r.view.id == *id);
+                rec.map(|r| r.sha256.clone())
+                    .ok_or_else(|| Error::Forbidden("only a stored token may open the console".into()))?
+            }
+            _ => self.state.admin().digest(),
+        };
         let now = self.now();
         self.console_links.retain(|_, l| l.expires_at_ms > now);
         while self.console_links.len() >= MAX_PENDING_LINKS {
@@ -66,7 +76,7 @@ impl Cluster {
         }
         let code = crate::auth::new_token("mpsf_link_")?;
         let expires_at_ms = now.saturating_add(ttl_s * 1000);
-        let link = PendingLink { role, pool, by, expires_at_ms };
+        let link = PendingLink { role, pool, by, expires_at_ms, parent_digest };
         self.console_links.insert(crate::auth::digest(&code), link);
         Ok(ConsoleLink { code, role, expires_at_ms })
     }
@@ -83,18 +93,28 @@ impl Cluster {
         if now >= link.expires_at_ms {
             return Err(refused());
         }
-        // Console tokens that expired go first: they would pile up, one per sign-in.
-        let expired: Vec<String> = self
+        // The token that asked for the link must still work: expired or revoked, its link is
+        // dead too.
+        let parent = match self.authenticate_digest(&link.parent_digest) {
+            Ok(Principal::Admin) => (tokens::ADMIN_PARENT.to_string(), None),
+            Ok(Principal::Token { id, .. }) => {
+                let ends =
+                    self.state.api_tokens().get(&link.parent_digest).and_then(|r| r.view.expires_at_ms);
+                (id, ends)
+            }
+            _ => return Err(refused()),
+        };
+        // Console tokens that expired go first (with what was made from them): they would
+        // pile up, one per sign-in.
+        let expired: Vec<_> = self
             .state
             .api_tokens()
             .values()
             .filter(|r| r.view.description.starts_with(SESSION_DESCRIPTION))
             .filter(|r| r.view.expires_at_ms.is_some_and(|at| at <= now))
-            .map(|r| r.view.id.clone())
+            .flat_map(|r| self.with_descendants(&r.view.id))
             .collect();
-        for id in expired {
-            self.revoke_api_token(&id, "console sign-in")?;
-        }
+        self.revoke_records(expired, "console sign-in")?;
         let req = CreateToken {
             role: link.role,
             expires_in_s: Some(CONSOLE_SESSION_S),
@@ -102,7 +122,7 @@ impl Cluster {
             pool: link.pool,
             aws: false,
         };
-        let made = self.create_api_token(req, &link.by)?;
+        let made = self.create_token_from(req, &link.by, Some(parent))?;
         Ok(ConsoleSession {
             token: made.token,
             role: made.view.role,

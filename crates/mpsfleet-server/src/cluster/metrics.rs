@@ -113,6 +113,7 @@ mod tests {
                 runtime: Default::default(),
                 runtime_version: None,
                 plugins: Default::default(),
+                platform: Default::default(),
             };
             let id = c.register_host(reg).unwrap().host_id;
             c.host_status(&id, &HostStatusReport { onboarded: true, ..Default::default() }).unwrap();

@@ -16,6 +16,7 @@ pub mod catalog;
 mod checks_key;
 pub mod console_links;
 mod daemon;
+pub mod deleted;
 pub mod drills;
 pub mod error;
 mod health;
@@ -69,6 +70,14 @@ use work::Work;
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
 pub use error::Error;
+
+/// How a host's agent stands, for the tasks on it ([`Cluster::agent_link`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLink {
+    pub connected: bool,
+    pub last_heartbeat_ms: Option<u64>,
+    pub platform: HostPlatform,
+}
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
@@ -240,8 +249,6 @@ pub struct Cluster {
     events: crate::events::Events,
     /// The last output snapshot of each task, in memory (see `logs.rs`).
     output: logs::LogSnapshots,
-    /// Pools deleted lately, discoverable as ECS's INACTIVE clusters (`catalog.rs`).
-    deleted_pools: catalog::DeletedPools,
 }
 
 /// Tokens created at first start, to be shown once.
@@ -305,7 +312,11 @@ impl Cluster {
             work: Default::default(),
             live: Arc::default(),
             providers: Default::default(),
-            creds: tokens::Credentials { key: auth::ServerKey::random()?, launch_tokens: HashMap::new() },
+            creds: tokens::Credentials {
+                key: auth::ServerKey::random()?,
+                launch_tokens: HashMap::new(),
+                conformance: None,
+            },
             cluster_cas: Vec::new(),
             call: Default::default(),
             id_base: auth::random_u64()?,
@@ -313,7 +324,6 @@ impl Cluster {
             events: crate::events::Events::default(),
             console_links: HashMap::new(),
             output: logs::LogSnapshots::default(),
-            deleted_pools: Default::default(),
         };
         let rev = c.store.revision()?;
         c.state.committed(rev);
@@ -353,6 +363,7 @@ impl Cluster {
         self.load_join_tokens()?;
         self.load_audit()?;
         self.load_client_tokens()?;
+        self.load_deleted()?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -391,6 +402,8 @@ impl Cluster {
         } else if let Some(incident) = self.replacement_incident(d)? {
             Ok(Principal::Replacement(incident))
         } else if let Some(p) = self.api_token(d)? {
+            Ok(p)
+        } else if let Some(p) = self.conformance_principal(d) {
             Ok(p)
         } else if let Some((pool, name)) = self.creds.launch_tokens.get(d) {
             Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
@@ -688,6 +701,7 @@ impl Cluster {
             runtime: reg.runtime,
             runtime_version: reg.runtime_version,
             plugins: reg.plugins,
+            platform: reg.platform,
             seq: (self.state.hosts().len() + batch.len()) as u64,
             registered_at_ms: self.now(),
             credential_sha256,
@@ -853,6 +867,7 @@ impl Cluster {
             runtime: e.host().runtime,
             runtime_version: e.host().runtime_version.clone(),
             plugins: e.host().plugins.clone(),
+            platform: e.host().platform.clone(),
             gpus,
             gpu_use: if e.host().status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
             task_count: self.state.tasks().on_host(ix).len() as u32,
@@ -901,6 +916,26 @@ impl Cluster {
     }
 
     /// One host, with its events (lists leave them out).
+    /// How host `id` stands for the tasks on it (ECS's task `connectivity`): whether its
+    /// agent's heartbeats come within its pool's heartbeat grace, its last heartbeat, and its
+    /// platform. None for an unknown host.
+    pub fn agent_link(&self, id: &HostId) -> Option<AgentLink> {
+        let ix = self.host_ix(id.as_str()).ok()?;
+        let e = &self.state.hosts()[ix as usize];
+        let grace = self
+            .state
+            .pools()
+            .get(&e.host().pool)
+            .map_or(0, |p| p.value.health_policy.agent_heartbeat_grace_ms);
+        let connected = e.host().status != HostStatus::Deregistered
+            && e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) <= grace);
+        Some(AgentLink {
+            connected,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+            platform: e.host().platform.clone(),
+        })
+    }
+
     pub fn host(&self, id: &str) -> Result<HostView, Error> {
         let ix = self.host_ix(id)?;
         Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
@@ -1357,6 +1392,7 @@ mod tests {
             runtime: Default::default(),
             runtime_version: None,
             plugins: Default::default(),
+            platform: Default::default(),
         };
         let host = c.register_host(reg).unwrap().host_id;
         c.host_status(&host, &report(HealthStatus::Ok, 5)).unwrap();

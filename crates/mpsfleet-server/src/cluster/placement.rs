@@ -51,6 +51,9 @@ impl Cluster {
             Ok(p) => {
                 let entry = &self.state.hosts()[p.host as usize];
                 let first = self.sched.host_gpus(p.host).start;
+                if task.host_id.as_ref() != Some(&entry.host().id) {
+                    task.placed_at_ms = Some(self.now());
+                }
                 task.host_id = Some(entry.host().id.clone());
                 task.gpu_ids =
                     p.gpus.iter().map(|&g| entry.host().gpus[(g - first) as usize].uuid.clone()).collect();
@@ -59,6 +62,7 @@ impl Cluster {
             }
             Err(why) => {
                 task.host_id = None;
+                task.placed_at_ms = None;
                 task.gpu_ids.clear();
                 task.pending_reason = Some(why.to_string());
                 task.pending_code = Some(why.code());

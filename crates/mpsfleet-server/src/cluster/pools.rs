@@ -33,7 +33,6 @@ impl Cluster {
         let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
         self.apply(rev, Change::Pool(pool.clone()));
-        self.deleted_pools.forget(&pool.name);
         self.ask(Work::Capacity(pool.name.clone()));
         self.work.health_due_ms.fill(0);
         Ok(pool)

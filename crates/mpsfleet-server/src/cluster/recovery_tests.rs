@@ -50,6 +50,7 @@ impl World {
             runtime: Default::default(),
             runtime_version: None,
             plugins: Default::default(),
+            platform: Default::default(),
         }
     }
 

@@ -156,6 +156,21 @@ impl HostRequest {
                 ));
             }
         }
+        let p = &reg.platform;
+        for (field, name) in [
+            ("platform.cpuArchitecture", &p.cpu_architecture),
+            ("platform.availabilityZone", &p.availability_zone),
+        ] {
+            if !name.is_empty() && !mpsfleet_types::HostPlatform::valid_name(name) {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "must be 1 to {} lowercase letters, digits, '-' or '_'",
+                        mpsfleet_types::HostPlatform::MAX_NAME_BYTES
+                    ),
+                ));
+            }
+        }
         for (kind, names) in [("volume", &reg.plugins.volume), ("log", &reg.plugins.log)] {
             if names.len() > MAX_PLUGINS {
                 return Err(Error::invalid(

@@ -192,6 +192,7 @@ impl Cluster {
                 self.work.provider_progress.remove(id);
             }
         }
+        self.prune_deleted();
         Ok(())
     }
 

@@ -79,6 +79,7 @@ pub(super) fn report(status: TaskStatus) -> TaskStateReport {
         stopped_reason: None,
         output: None,
         containers: None,
+        pull: None,
     }
 }
 

@@ -11,6 +11,7 @@
 //! (`note_service_failure`), which fails the deployment and, when asked, rolls back to the
 //! last one that completed.
 
+use super::deleted::DeletedObject;
 use super::work::Work;
 use super::*;
 use mpsfleet_core::controller::Action;
@@ -517,9 +518,14 @@ impl Cluster {
         let name = svc.name.clone();
         self.settle_deployments(&mut svc, replicas, bounds, now);
         if svc.status == ServiceStatus::Draining && self.state.tasks().of_service(&name).is_empty() {
+            // Kept as ECS's INACTIVE service for a while, in the commit that removes it.
             let version = self.state.services().get(&name).map_or(0, |v| v.version);
-            self.commit(&[Op::delete(SERVICE, name.as_str(), Precondition::Version(version))])?;
-            self.apply(self.state.revision(), Change::ServiceRemoved(name.clone()));
+            svc.updated_at_ms = now;
+            let (mut ops, kept) = self.keep_deleted(DeletedObject::Service(Box::new(svc)))?;
+            ops.push(Op::delete(SERVICE, name.as_str(), Precondition::Version(version)));
+            let rev = self.commit(&ops)?;
+            self.apply(rev, Change::ServiceRemoved(name.clone()));
+            self.kept_deleted(rev, kept);
             return Ok(Action::AwaitChange);
         }
         if svc != before {

@@ -74,6 +74,9 @@ pub(super) enum Change {
     Drill(Box<Drill>),
     DrillRemoved(String),
     DrillSwitch(DrillSwitch),
+    /// A pool or service kept as deleted (`deleted.rs`), and one forgotten, by key.
+    Deleted(Box<super::deleted::Deleted>),
+    DeletedRemoved(String),
 }
 
 pub(super) struct State {
@@ -112,6 +115,8 @@ pub(super) struct State {
     drills: BTreeMap<String, Versioned<Drill>>,
     /// The cluster-wide drill switch; None: never set (drills allowed).
     drill_switch: Option<Versioned<DrillSwitch>>,
+    /// Pools and services deleted lately, by key (`deleted.rs`): one kind's oldest first.
+    deleted: BTreeMap<String, super::deleted::Deleted>,
 }
 
 impl State {
@@ -136,6 +141,7 @@ impl State {
             client_tokens: ClientTokens::default(),
             drills: BTreeMap::new(),
             drill_switch: None,
+            deleted: BTreeMap::new(),
         }
     }
 
@@ -243,6 +249,12 @@ impl State {
                 self.drills.remove(&id);
             }
             Change::DrillSwitch(s) => self.drill_switch = Some(Versioned { value: s, version }),
+            Change::Deleted(d) => {
+                self.deleted.insert(d.key(), *d);
+            }
+            Change::DeletedRemoved(key) => {
+                self.deleted.remove(&key);
+            }
         }
     }
 
@@ -267,6 +279,10 @@ impl State {
 
     pub(super) fn pools(&self) -> &BTreeMap<PoolName, Versioned<Pool>> {
         &self.pools
+    }
+
+    pub(super) fn deleted(&self) -> &BTreeMap<String, super::deleted::Deleted> {
+        &self.deleted
     }
 
     pub(super) fn drills(&self) -> &BTreeMap<String, Versioned<Drill>> {

@@ -12,6 +12,7 @@ use mpsfleet_types::access::{
     CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
     DEFAULT_JOIN_TOKEN_LIFETIME_S,
 };
+use std::collections::HashSet;
 
 /// Store kind of API tokens, keyed by token id.
 pub(super) const API_TOKEN: &str = "token";
@@ -50,6 +51,10 @@ impl AdminDigest {
     pub fn is(&self, digest: &str) -> bool {
         let admin = self.0.read().unwrap_or_else(|p| p.into_inner());
         !admin.is_empty() && *admin == digest
+    }
+
+    pub(super) fn digest(&self) -> String {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub(super) fn set(&self, digest: String) {
@@ -163,6 +168,21 @@ pub(super) struct Credentials {
     pub(super) key: auth::ServerKey,
     /// Digests of the launch tokens of the hosts being launched for capacity.
     pub(super) launch_tokens: HashMap<String, (PoolName, String)>,
+    /// The conformance suite's public key, while `--ecs-conformance` is on; never stored.
+    pub(super) conformance: Option<ConformanceKey>,
+}
+
+/// The `parent` of a token made from the bootstrap admin token.
+pub(super) const ADMIN_PARENT: &str = "admin";
+
+/// What a stored token made for `--ecs-conformance` by an older server says made it.
+const CONFORMANCE_CREATOR: &str = "--ecs-conformance";
+
+/// The conformance suite's fixed access key (`--ecs-conformance`), held in memory only.
+pub(super) struct ConformanceKey {
+    access_key_id: String,
+    secret: String,
+    digest: String,
 }
 
 impl Cluster {
@@ -190,6 +210,13 @@ impl Cluster {
     /// The caller an AWS access key id names, with its secret access key: `Ok(None)` when it is
     /// none of them; refused when its token has expired.
     pub fn aws_key(&self, access_key_id: &str) -> Result<Option<AwsKey>, Error> {
+        if let Some(k) = self.creds.conformance.as_ref().filter(|k| k.access_key_id == access_key_id) {
+            let who = self
+                .conformance_principal(&k.digest)
+                .ok_or_else(|| Error::Internal("conformance key".into()))?;
+            let (secret, digest) = (k.secret.clone(), k.digest.clone());
+            return Ok(Some(AwsKey { who, secret, digest, now_ms: self.now() }));
+        }
         let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
         let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
         let who = self.api_token(&rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
@@ -199,24 +226,33 @@ impl Cluster {
         Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now() }))
     }
 
-    /// Installs the fixed admin access key the moto conformance suite signs with
-    /// (`--ecs-conformance` only: a key anyone knows is no credential).
-    pub fn install_conformance_key(&mut self, access_key_id: &str, secret: &str) -> Result<(), Error> {
-        if self.state.access_key(access_key_id).is_some() {
-            return Ok(());
+    /// Sets the fixed admin access key the moto conformance suite signs with
+    /// (`--ecs-conformance` only: a key anyone knows is no credential). It is kept in memory
+    /// alone, so it works exactly while the flag is on; a key an older server stored for the
+    /// flag is removed here, whether or not the flag is on now.
+    pub fn set_conformance_key(&mut self, key: Option<(&str, &str)>) -> Result<(), Error> {
+        let stored: Vec<String> = self
+            .state
+            .api_tokens()
+            .values()
+            .filter(|r| r.view.created_by == CONFORMANCE_CREATOR)
+            .map(|r| r.view.id.clone())
+            .collect();
+        for id in stored {
+            self.revoke_api_token(&id, "server start")?;
         }
-        let id = token_id("tok-")?;
-        let view = TokenView {
-            id: id.clone(),
-            role: Role::Admin,
-            description: "the conformance suite's fixed key (--ecs-conformance)".into(),
-            created_at_ms: self.now(),
-            expires_at_ms: None,
-            created_by: "--ecs-conformance".into(),
-            pool: None,
-            access_key_id: Some(access_key_id.to_string()),
-        };
-        self.store_api_token(view, secret)
+        self.creds.conformance = key.map(|(id, secret)| ConformanceKey {
+            access_key_id: id.to_string(),
+            secret: secret.to_string(),
+            digest: auth::digest(secret),
+        });
+        Ok(())
+    }
+
+    /// The conformance key's principal, if `digest` is its secret's.
+    pub(super) fn conformance_principal(&self, digest: &str) -> Option<Principal> {
+        let key = self.creds.conformance.as_ref().filter(|k| k.digest == digest)?;
+        Some(Principal::Token { id: key.access_key_id.clone(), role: Role::Admin, pool: None })
     }
 
     /// Stores token `token` with its record `view`: its digest, and for an AWS access key the
@@ -235,6 +271,17 @@ impl Cluster {
 
     /// `token create`: a new token with `req.role`, shown once.
     pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, Error> {
+        self.create_token_from(req, by, None)
+    }
+
+    /// [`Cluster::create_api_token`] for a token made from another (`parent`: its id, and
+    /// when it expires): the new one expires no later, and is revoked with it.
+    pub(super) fn create_token_from(
+        &mut self,
+        req: CreateToken,
+        by: &str,
+        parent: Option<(String, Option<u64>)>,
+    ) -> Result<CreatedToken, Error> {
         check_token_request(&req.description, req.expires_in_s)?;
         if let Some(pool) = &req.pool {
             if req.role == Role::Admin {
@@ -265,36 +312,104 @@ impl Cluster {
             role: req.role,
             description: req.description,
             created_at_ms: now,
-            expires_at_ms: req.expires_in_s.map(|s| now.saturating_add(s.saturating_mul(1000))),
+            expires_at_ms: {
+                let asked = req.expires_in_s.map(|s| now.saturating_add(s.saturating_mul(1000)));
+                let parent_ends = parent.as_ref().and_then(|(_, at)| *at);
+                asked.into_iter().chain(parent_ends).min()
+            },
             created_by: by.to_string(),
             pool: req.pool,
             access_key_id: if req.aws { Some(access_key_id()?) } else { None },
+            parent: parent.map(|(id, _)| id),
         };
         self.store_api_token(view.clone(), &token)?;
         tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
         Ok(CreatedToken { token, view })
     }
 
-    /// `token list`: every API token's record, oldest first.
+    /// `token list`: every API token's record, oldest first, each followed by the tokens made
+    /// from it (console sign-ins), depth first.
     pub fn api_tokens(&self) -> Vec<TokenView> {
-        let mut all: Vec<TokenView> = self.state.api_tokens().values().map(|r| r.view.clone()).collect();
+        let mut all: Vec<&TokenView> = self.state.api_tokens().values().map(|r| &r.view).collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        all
+        let ids: HashSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
+        let mut children: HashMap<&str, Vec<&TokenView>> = HashMap::new();
+        let mut roots = Vec::new();
+        for t in &all {
+            match t.parent.as_deref().filter(|p| ids.contains(p)) {
+                Some(p) => children.entry(p).or_default().push(t),
+                None => roots.push(*t),
+            }
+        }
+        let mut out = Vec::with_capacity(all.len());
+        let mut stack: Vec<&TokenView> = roots.into_iter().rev().collect();
+        while let Some(t) = stack.pop() {
+            out.push(t.clone());
+            if let Some(kids) = children.get(t.id.as_str()) {
+                stack.extend(kids.iter().rev());
+            }
+        }
+        out
     }
 
-    /// `token revoke`: the token stops working at once.
-    pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
-        let rec = self
+    /// Token `id` and every token made from it, transitively (console sign-ins): the records.
+    pub(super) fn with_descendants(&self, id: &str) -> Vec<TokenRecord> {
+        let mut out: Vec<TokenRecord> = Vec::new();
+        let mut next = vec![id.to_string()];
+        while let Some(parent) = next.pop() {
+            for r in self.state.api_tokens().values() {
+                let made_from = r.view.parent.as_deref() == Some(parent.as_str());
+                if (r.view.id == parent || made_from) && !out.iter().any(|o| o.view.id == r.view.id) {
+                    if r.view.id != parent {
+                        next.push(r.view.id.clone());
+                    }
+                    out.push(r.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Revokes the tokens made from `parent` (a token id, or `admin`), transitively, in one
+    /// commit.
+    pub(super) fn revoke_made_from(&mut self, parent: &str, by: &str) -> Result<(), Error> {
+        let gone: Vec<TokenRecord> = self
             .state
             .api_tokens()
             .values()
+            .filter(|r| r.view.parent.as_deref() == Some(parent))
+            .flat_map(|r| self.with_descendants(&r.view.id))
+            .collect();
+        self.revoke_records(gone, by)
+    }
+
+    pub(super) fn revoke_records(&mut self, mut gone: Vec<TokenRecord>, by: &str) -> Result<(), Error> {
+        gone.sort_by(|a, b| a.view.id.cmp(&b.view.id));
+        gone.dedup_by(|a, b| a.view.id == b.view.id);
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<Op> =
+            gone.iter().map(|r| Op::delete(API_TOKEN, &r.view.id, Precondition::Any)).collect();
+        let rev = self.commit(&ops)?;
+        for r in gone {
+            tracing::info!(token.id = %r.view.id, by, "API token revoked");
+            self.apply(rev, Change::ApiTokenRevoked(r.sha256));
+        }
+        Ok(())
+    }
+
+    /// `token revoke`: the token stops working at once, and so does every token made from it
+    /// (console sign-ins), transitively, in the same commit.
+    pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
+        let all = self.with_descendants(id);
+        let view = all
+            .iter()
             .find(|r| r.view.id == id)
-            .cloned()
+            .map(|r| r.view.clone())
             .ok_or_else(|| Error::not_found("token", id))?;
-        let rev = self.commit(&[Op::delete(API_TOKEN, id, Precondition::Any)])?;
-        self.apply(rev, Change::ApiTokenRevoked(rec.sha256));
-        tracing::info!(token.id = %id, by, "API token revoked");
-        Ok(rec.view)
+        self.revoke_records(all, by)?;
+        Ok(view)
     }
 }
 
@@ -328,6 +443,8 @@ impl Cluster {
         token: String,
     ) -> Result<mpsfleet_types::access::RotatedAdminToken, Error> {
         let digest = auth::digest(&token);
+        // Console sign-ins made from the old admin token go with it.
+        self.revoke_made_from(ADMIN_PARENT, "admin token rotation")?;
         let rev = self.commit(&[Op::put_json(
             super::AUTH,
             "admin",
@@ -495,5 +612,103 @@ mod tests {
             .create_join_token(CreateJoinToken { expires_in_s: Some(0), ..Default::default() }, "admin")
             .unwrap_err();
         assert!(e.to_string().contains("expiresInS"), "{e}");
+    }
+
+    fn token(c: &mut Cluster, role: Role, expires_in_s: Option<u64>) -> CreatedToken {
+        let req = CreateToken { role, expires_in_s, description: "t".into(), pool: None, aws: false };
+        c.create_api_token(req, "admin").unwrap()
+    }
+
+    /// A console session made from `parent`'s principal through a one-time link.
+    fn session(c: &mut Cluster, parent: &str) -> Result<String, Error> {
+        let who = c.authenticate(parent)?;
+        let link = c.create_console_link(&who, "t".into(), None)?;
+        Ok(c.open_console_session(&link.code)?.token)
+    }
+
+    #[test]
+    fn a_console_session_expires_and_is_revoked_with_the_token_it_came_from() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store, clock.clone(), |_| Ok(())).unwrap();
+        // From a 4-second token: the session and the session made from it end with it.
+        let short = token(&mut c, Role::Viewer, Some(4));
+        let s1 = session(&mut c, &short.token).unwrap();
+        let s2 = session(&mut c, &s1).unwrap();
+        let listed = c.api_tokens();
+        let ids: Vec<(&str, Option<&str>)> =
+            listed.iter().map(|t| (t.id.as_str(), t.parent.as_deref())).collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids[0], (short.view.id.as_str(), None), "{ids:?}");
+        assert_eq!(ids[1].1, Some(short.view.id.as_str()), "listed under its origin: {ids:?}");
+        assert_eq!(ids[2].1, Some(ids[1].0), "{ids:?}");
+        assert!(listed[1..].iter().all(|t| t.expires_at_ms == short.view.expires_at_ms));
+        assert!(c.authenticate(&s2).is_ok());
+        clock.advance(std::time::Duration::from_secs(4));
+        for t in [&s1, &s2] {
+            assert!(c.authenticate(t).is_err(), "a session outlived its 4-second origin");
+        }
+        // From a token then revoked: every session made from it goes in the same commit.
+        let long = token(&mut c, Role::Operator, None);
+        let s1 = session(&mut c, &long.token).unwrap();
+        let s2 = session(&mut c, &s1).unwrap();
+        let pending = c.create_console_link(&c.authenticate(&long.token).unwrap(), "t".into(), None).unwrap();
+        c.revoke_api_token(&long.view.id, "admin").unwrap();
+        for t in [&s1, &s2] {
+            assert_eq!(c.authenticate(t).unwrap_err().to_string(), "unknown token");
+        }
+        assert!(c.open_console_session(&pending.code).is_err(), "a link outlived its token");
+        // Revoking a session revokes what was made from it, and not its origin.
+        let other = token(&mut c, Role::Viewer, None);
+        let s1 = session(&mut c, &other.token).unwrap();
+        let s2 = session(&mut c, &s1).unwrap();
+        let s1_id =
+            c.api_tokens().into_iter().find(|t| t.parent.as_deref() == Some(other.view.id.as_str())).unwrap();
+        c.revoke_api_token(&s1_id.id, "admin").unwrap();
+        assert!(c.authenticate(&s2).is_err());
+        assert!(c.authenticate(&other.token).is_ok());
+        // Sessions made from the bootstrap admin token go when it is rotated.
+        let admin = auth::new_token("mpsf_adm_").unwrap();
+        let old_admin_session = {
+            let link = c.create_console_link(&Principal::Admin, "admin".into(), None).unwrap();
+            c.open_console_session(&link.code).unwrap().token
+        };
+        assert!(c.authenticate(&old_admin_session).is_ok());
+        c.rotate_admin_token(admin).unwrap();
+        assert!(c.authenticate(&old_admin_session).is_err());
+    }
+
+    #[test]
+    fn the_conformance_key_works_only_while_set_and_an_older_stored_one_is_removed() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
+        // What an older server stored for the flag.
+        let view = TokenView {
+            id: "tok-conformance".into(),
+            role: Role::Admin,
+            description: "the conformance suite's fixed key (--ecs-conformance)".into(),
+            created_at_ms: 1,
+            expires_at_ms: None,
+            created_by: CONFORMANCE_CREATOR.into(),
+            pool: None,
+            access_key_id: Some("FOOBARKEY".into()),
+            parent: None,
+        };
+        c.store_api_token(view, "FOOBARSECRET").unwrap();
+        assert!(c.aws_key("FOOBARKEY").unwrap().is_some());
+        let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
+        c.set_conformance_key(None).unwrap();
+        assert!(c.aws_key("FOOBARKEY").unwrap().is_none());
+        assert!(c.authenticate("FOOBARSECRET").is_err());
+        assert!(c.api_tokens().is_empty() && store.list(API_TOKEN).unwrap().is_empty());
+        c.set_conformance_key(Some(("FOOBARKEY", "FOOBARSECRET"))).unwrap();
+        let key = c.aws_key("FOOBARKEY").unwrap().expect("the key while the flag is on");
+        assert_eq!(key.secret, "FOOBARSECRET");
+        assert!(matches!(
+            c.authenticate("FOOBARSECRET").unwrap(),
+            Principal::Token { role: Role::Admin, .. }
+        ));
+        assert!(store.list(API_TOKEN).unwrap().is_empty(), "never written to the store");
     }
 }

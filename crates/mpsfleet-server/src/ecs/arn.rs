@@ -7,6 +7,7 @@
 //! | task | `arn:aws:ecs:REGION:ACCOUNT:task/CLUSTER/ID` |
 //! | service | `arn:aws:ecs:REGION:ACCOUNT:service/CLUSTER/NAME` |
 //! | container instance (host) | `arn:aws:ecs:REGION:ACCOUNT:container-instance/CLUSTER/ID` |
+//! | service deployment, revision | `arn:aws:ecs:REGION:ACCOUNT:service-deployment/CLUSTER/SERVICE/ID` (`deployments.rs`) |
 //!
 //! Wherever ECS takes an ARN or a short name, both are taken; an ARN of another account, or
 //! of another kind, names nothing here.
@@ -22,6 +23,11 @@ pub struct Arns {
 impl Arns {
     fn arn(&self, resource: std::fmt::Arguments<'_>) -> String {
         format!("arn:aws:ecs:{}:{}:{resource}", self.region, self.account)
+    }
+
+    /// The ARN of `resource` (`service-deployment/gpu/web/ID`) in this account and region.
+    pub fn resource_arn(&self, resource: &str) -> String {
+        self.arn(format_args!("{resource}"))
     }
 
     pub fn cluster(&self, pool: &str) -> String {

@@ -53,20 +53,28 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
     Ok(json!({ "containerInstanceArns": arns, "nextToken": next }))
 }
 
-/// A host's ECS shape, with its task counts and whether its agent answers.
+/// A host's ECS shape, with its task counts, what its live tasks reserve, and whether its
+/// agent answers.
 fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
     let h = c.host(id)?;
     let filter = crate::cluster::TaskFilter { host: Some(id.to_string()), live: true, ..Default::default() };
     let (mut running, mut pending) = (0, 0);
-    c.visit_tasks(&filter, |t| match t.last_status {
-        TaskStatus::Running => running += 1,
-        _ => pending += 1,
+    let mut used = shapes::Reserved::default();
+    c.visit_tasks(&filter, |t| {
+        match t.last_status {
+            TaskStatus::Running => running += 1,
+            _ => pending += 1,
+        }
+        let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
+        let run = match (td, t.overrides()) {
+            (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
+            (d, _) => d.map(std::borrow::Cow::Borrowed),
+        };
+        used.add(t, run.as_deref());
     });
     // Connected: its agent's heartbeats come within the pool's heartbeat grace.
-    let grace = c.pool(h.pool.as_str()).map_or(0, |p| p.health_policy.agent_heartbeat_grace_ms);
-    let connected = h.status != HostStatus::Deregistered
-        && h.last_heartbeat_ms.is_some_and(|at| c.now_ms().saturating_sub(at) <= grace);
-    Ok(shapes::container_instance(arns, &h, running, pending, connected))
+    let connected = c.agent_link(&h.id).is_some_and(|l| l.connected);
+    Ok(shapes::container_instance(arns, &h, running, pending, &used, connected))
 }
 
 /// The host a caller's id or ARN names, in `pool`.

@@ -3,8 +3,9 @@
 //!
 //! A call names its operation in `X-Amz-Target` (`AmazonEC2ContainerServiceV20141113.RunTask`)
 //! and is signed with SigV4 by an access key that is an mpsfleet token (`token create --aws`).
-//! The handler authenticates the key before it reads the body, charges the key's rate limit,
-//! verifies the signature over the body, then translates the call to the same `Cluster`
+//! The handler looks the key up before it reads the body, verifies the signature over the
+//! body, then charges the key's rate limit (a call whose key is unknown or whose signature
+//! fails is charged to its address instead), then translates the call to the same `Cluster`
 //! operations the REST API calls, under the same roles, pool scopes and audit log. What ECS
 //! names a cluster is a pool, a container instance is a host; services and tasks are what they
 //! are. Errors become ECS's (`__type`) in one place, [`error`]; the shapes of ECS's answers are
@@ -14,6 +15,7 @@ pub mod arn;
 mod capacity;
 mod clusters;
 mod conformance;
+mod deployments;
 mod error;
 mod instances;
 mod page;
@@ -195,20 +197,27 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
             st.read(move |c| c.aws_key(&key)).await
         }
     };
-    let key = match found {
-        Ok(Some(key)) => Ok(key),
-        Ok(None) => Err(EcsError::unknown_key()),
-        Err(crate::error::ApiError::Domain(Error::Unauthorized(why))) => Err(EcsError::expired_key(why)),
-        Err(e) => Err(EcsError::from(e)),
-    };
-    let charged = match &key {
-        Ok(k) => Ok((k.who.clone(), k.digest.clone())),
-        Err(_) => Err(crate::error::ApiError::from(Error::Unauthorized("unknown access key"))),
-    };
     let s = &ecs.serving;
-    crate::ratelimit::charge(&s.rate_limits, &s.limiter, &charged, Some(peer.ip()))
-        .map_err(EcsError::from)?;
-    let crate::cluster::AwsKey { who, secret, digest, now_ms } = key?;
+    // A caller is charged to its key's bucket only once its signature holds: whoever knows an
+    // access key id (no secret) cannot spend that key's limit. Until then it is unknown, and
+    // an unknown key or a signature that fails is charged to its address, as REST charges an
+    // unknown token.
+    let unknown = |e: EcsError| {
+        let anonymous = Err(crate::error::ApiError::from(Error::Unauthorized("unknown access key")));
+        match crate::ratelimit::charge(&s.rate_limits, &s.limiter, &anonymous, Some(peer.ip())) {
+            Ok(()) => e,
+            Err(refused) => EcsError::from(refused),
+        }
+    };
+    let key = match found {
+        Ok(Some(key)) => key,
+        Ok(None) => return Err(unknown(EcsError::unknown_key())),
+        Err(crate::error::ApiError::Domain(Error::Unauthorized(why))) => {
+            return Err(unknown(EcsError::expired_key(why)))
+        }
+        Err(e) => return Err(EcsError::from(e)),
+    };
+    let crate::cluster::AwsKey { who, secret, digest, now_ms } = key;
     let bytes = read_body(ecs, body).await?;
     let target = text("x-amz-target").unwrap_or("");
     let pairs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes())).collect();
@@ -220,7 +229,9 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
         now_ms,
         max_skew_ms: MAX_SKEW_MS,
     };
-    sigv4::verify(&req, &auth, &secret, &expect).map_err(EcsError::from)?;
+    sigv4::verify(&req, &auth, &secret, &expect).map_err(|e| unknown(EcsError::from(e)))?;
+    crate::ratelimit::charge(&s.rate_limits, &s.limiter, &Ok((who.clone(), digest.clone())), Some(peer.ip()))
+        .map_err(EcsError::from)?;
     let op =
         target.strip_prefix(TARGET_PREFIX).ok_or_else(|| EcsError::unknown_operation(target))?.to_string();
     let body: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -289,6 +300,8 @@ pub const OPERATIONS: &[&str] = &[
     "DeleteService",
     "DescribeServices",
     "ListServices",
+    "ListServiceDeployments",
+    "DescribeServiceDeployments",
     "ListContainerInstances",
     "DescribeContainerInstances",
     "UpdateContainerInstancesState",
@@ -333,6 +346,8 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError
         "DeleteService" => services::delete(call, request(body)?).await,
         "DescribeServices" => services::describe(call, request(body)?).await,
         "ListServices" => services::list(call, request(body)?).await,
+        "ListServiceDeployments" => deployments::list(call, request(body)?).await,
+        "DescribeServiceDeployments" => deployments::describe(call, request(body)?).await,
         "ListContainerInstances" => instances::list(call, request(body)?).await,
         "DescribeContainerInstances" => instances::describe(call, request(body)?).await,
         "UpdateContainerInstancesState" => instances::update_state(call, request(body)?).await,

@@ -1,6 +1,7 @@
 //! Services, as ECS's: `CreateService` (REPLICA or DAEMON), `UpdateService` (desired count,
 //! task definition, deployment configuration, `forceNewDeployment`), `DeleteService`,
-//! `DescribeServices` with their deployments and events, `ListServices` (by launch type and
+//! `DescribeServices` with their deployments and events (a service deleted within the hour
+//! answers INACTIVE, kept by `cluster/deleted.rs`; a live one of the name comes first), `ListServices` (by launch type and
 //! scheduling strategy). A service's name is unique across the
 //! cluster's pools (ECS's is unique per cluster).
 
@@ -162,6 +163,17 @@ fn service_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<
     c.service(name).ok().filter(|s| s.service.pool.as_str() == pool)
 }
 
+/// The newest service `given` names in `pool` that was deleted within the hour, as ECS's
+/// INACTIVE service (no tasks are left of it).
+fn inactive(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str, tags: bool) -> Option<Value> {
+    let name = arns.short("service", given)?;
+    let (svc, _) = c.deleted_services(pool).filter(|(s, _)| s.name.as_str() == name).last()?;
+    let view = ServiceView { service: svc.clone(), running_count: 0, pending_count: 0, healthy_count: 0 };
+    let mut v = shapes::service(arns, &view, &[], tags);
+    v["status"] = json!("INACTIVE");
+    Some(v)
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct Update {
@@ -276,8 +288,9 @@ pub(super) async fn describe(call: &Call, d: Describe) -> Result<Value, EcsError
         let tags = with_tags(&d.include);
         let (mut found, mut failures) = (Vec::new(), Vec::new());
         for given in &d.services {
-            match service_in(c, &arns, &pool, given) {
-                Some(v) => found.push(shape(c, &arns, &v, tags)?),
+            let live = service_in(c, &arns, &pool, given).map(|v| shape(c, &arns, &v, tags)).transpose()?;
+            match live.or_else(|| inactive(c, &arns, &pool, given, tags)) {
+                Some(v) => found.push(v),
                 None => {
                     // ECS names a missing service by the ARN given, else without its cluster.
                     let arn =

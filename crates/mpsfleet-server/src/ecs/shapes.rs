@@ -6,6 +6,7 @@
 
 use super::arn::Arns;
 use crate::cluster::catalog::PoolContents;
+use crate::cluster::AgentLink;
 use mpsfleet_types::labels::Tag;
 use mpsfleet_types::service::{Deployment, DeploymentView, ServiceView};
 use mpsfleet_types::{
@@ -131,10 +132,14 @@ pub struct EcsTask<'a> {
     health_status: &'static str,
     containers: Vec<EcsContainer<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cpu: Option<&'a str>,
+    cpu: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    memory: Option<&'a str>,
+    memory: Option<String>,
     created_at: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pull_started_at: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pull_stopped_at: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     started_at: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +153,14 @@ pub struct EcsTask<'a> {
     launch_type: &'static str,
     overrides: Overrides<'a>,
     attachments: &'a [mpsfleet_types::Attachment],
+    attributes: Vec<Attribute<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    availability_zone: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connectivity: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connectivity_at: Option<f64>,
+    enable_execute_command: bool,
     version: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     tags: Option<&'a [Tag]>,
@@ -157,6 +170,14 @@ pub struct EcsTask<'a> {
 #[serde(rename_all = "camelCase")]
 struct Overrides<'a> {
     container_overrides: &'a [mpsfleet_types::labels::ContainerOverride],
+    inference_accelerator_overrides: [(); 0],
+}
+
+/// An ECS attribute (`{"name": …, "value": …}`).
+#[derive(Serialize)]
+pub struct Attribute<'a> {
+    name: &'static str,
+    value: std::borrow::Cow<'a, str>,
 }
 
 #[derive(Serialize)]
@@ -208,8 +229,15 @@ struct Interface<'a> {
     private_ipv4_address: &'a str,
 }
 
-/// A task as ECS's `Task`; `td` is what it runs (its definition with its overrides applied).
-pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags: bool) -> EcsTask<'a> {
+/// A task as ECS's `Task`; `td` is what it runs (its definition with its overrides applied),
+/// `host` how its host's agent stands (none while it waits for one).
+pub fn task<'a>(
+    a: &Arns,
+    t: &'a Task,
+    td: Option<&'a TaskDefinition>,
+    host: Option<&AgentLink>,
+    with_tags: bool,
+) -> EcsTask<'a> {
     let labels = t.labels.as_deref();
     let id = t.id.to_string();
     let task_arn = a.task(t.pool.as_str(), &id);
@@ -272,9 +300,13 @@ pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags
         desired_status: t.desired_status.as_str(),
         health_status: t.health_status.as_str(),
         containers,
-        cpu: td.and_then(|d| d.cpu.as_deref()),
-        memory: td.and_then(|d| d.memory.as_deref()),
+        // As given when the definition sets them; else what its containers add up to, as ECS
+        // answers for an EC2 task.
+        cpu: td.map(|d| d.cpu.clone().unwrap_or_else(|| task_size(d).0.to_string())),
+        memory: td.and_then(|d| d.memory.clone().or_else(|| nonzero(task_size(d).1))),
         created_at: secs(t.created_at_ms),
+        pull_started_at: t.pull_started_at_ms.map(secs),
+        pull_stopped_at: t.pull_stopped_at_ms.map(secs),
         started_at: t.started_at_ms.map(secs),
         stopped_at: t.stopped_at_ms.map(secs),
         stop_code: t.stop_code,
@@ -287,8 +319,27 @@ pub fn task<'a>(a: &Arns, t: &'a Task, td: Option<&'a TaskDefinition>, with_tags
         launch_type: "EC2",
         overrides: Overrides {
             container_overrides: t.overrides().map(|o| o.container_overrides.as_slice()).unwrap_or_default(),
+            inference_accelerator_overrides: [],
         },
         attachments: &t.attachments,
+        attributes: host
+            .filter(|h| !h.platform.cpu_architecture.is_empty())
+            .map(|h| {
+                vec![Attribute {
+                    name: "ecs.cpu-architecture",
+                    value: std::borrow::Cow::Owned(h.platform.cpu_architecture.clone()),
+                }]
+            })
+            .unwrap_or_default(),
+        availability_zone: host.map(|h| h.platform.availability_zone.clone()).filter(|z| !z.is_empty()),
+        // Connected once on a host whose agent answers, since it was placed there; else since
+        // the agent's last heartbeat.
+        connectivity: host.map(|h| if h.connected { "CONNECTED" } else { "DISCONNECTED" }),
+        connectivity_at: host
+            .and_then(|h| if h.connected { t.placed_at_ms } else { h.last_heartbeat_ms })
+            .map(secs),
+        // No command runs inside a task from the API yet.
+        enable_execute_command: false,
         version: 1,
         tags: with_tags.then_some(t.tags()),
     }
@@ -408,21 +459,68 @@ fn integer(name: &str, value: u64) -> Value {
     json!({"name": name, "type": "INTEGER", "integerValue": value, "doubleValue": 0.0, "longValue": 0})
 }
 
-/// A host as ECS's `ContainerInstance`. `used_gpus` are the GPUs its tasks hold (whole or
-/// shared); `running`/`pending` count its tasks.
+fn string_set(name: &str, values: &[String]) -> Value {
+    json!({"name": name, "type": "STRINGSET", "stringSetValue": values, "doubleValue": 0.0, "longValue": 0, "integerValue": 0})
+}
+
+fn nonzero(n: u64) -> Option<String> {
+    (n > 0).then(|| n.to_string())
+}
+
+/// A task's CPU units and memory (MiB) as ECS counts them for an EC2 task: the task-level
+/// `cpu` and `memory` when its definition sets them, else the sums of its containers' `cpu`
+/// and `memory` (or `memoryReservation`).
+pub fn task_size(td: &TaskDefinition) -> (u64, u64) {
+    let cpu = td.cpu.as_deref().and_then(|c| mpsfleet_core::task_size::task_cpu_units(c).ok());
+    let containers_cpu: u64 = td.container_definitions.iter().map(|c| u64::from(c.cpu.unwrap_or(0))).sum();
+    let memory = td.memory.as_deref().and_then(|m| mpsfleet_core::task_size::task_memory_mib(m).ok());
+    let containers_memory: u64 =
+        td.container_definitions.iter().map(|c| c.memory.or(c.memory_reservation).unwrap_or(0)).sum();
+    (cpu.map_or(containers_cpu, u64::from), memory.unwrap_or(containers_memory))
+}
+
+/// What a host's live tasks reserve, as ECS counts an instance's remaining resources: each
+/// task's [`task_size`], and the host ports its containers are bound to.
+#[derive(Debug, Default)]
+pub struct Reserved {
+    pub cpu_units: u64,
+    pub memory_mib: u64,
+    pub tcp_ports: std::collections::BTreeSet<u16>,
+    pub udp_ports: std::collections::BTreeSet<u16>,
+}
+
+impl Reserved {
+    pub fn add(&mut self, t: &Task, td: Option<&TaskDefinition>) {
+        if let Some(td) = td {
+            let (cpu, memory) = task_size(td);
+            self.cpu_units += cpu;
+            self.memory_mib += memory;
+        }
+        for b in t.containers.iter().flat_map(|c| &c.network_bindings) {
+            match b.protocol {
+                mpsfleet_types::Protocol::Udp => self.udp_ports.insert(b.host_port),
+                _ => self.tcp_ports.insert(b.host_port),
+            };
+        }
+    }
+}
+
+/// A host as ECS's `ContainerInstance`. `used` is what its live tasks reserve; its GPUs are
+/// used when a task holds them (whole or shared); `running`/`pending` count its tasks.
 pub fn container_instance(
     a: &Arns,
     h: &HostView,
     running: usize,
     pending: usize,
+    used: &Reserved,
     agent_connected: bool,
 ) -> Value {
-    let all: Vec<&str> = h.gpus.iter().map(|g| g.gpu_id.as_str()).collect();
-    let idle: Vec<&str> = h
+    let all: Vec<String> = h.gpus.iter().map(|g| g.gpu_id.to_string()).collect();
+    let idle: Vec<String> = h
         .gpus
         .iter()
         .filter(|g| g.sharing_mode == mpsfleet_types::SharingMode::Idle)
-        .map(|g| g.gpu_id.as_str())
+        .map(|g| g.gpu_id.to_string())
         .collect();
     let gpu_devices: Vec<Value> = h
         .gpus
@@ -443,28 +541,46 @@ pub fn container_instance(
         HealthStatus::InsufficientData => "INSUFFICIENT_DATA",
         HealthStatus::Impaired => "IMPAIRED",
     };
+    let p = &h.platform;
+    let ports = |set: &std::collections::BTreeSet<u16>| set.iter().map(u16::to_string).collect::<Vec<_>>();
+    let mut attributes = vec![
+        json!({"name": "ecs.os-type", "value": "linux"}),
+        json!({"name": "ecs.capability.mps", "value": if h.mps_available { "true" } else { "false" }}),
+        json!({"name": "mpsfleet.runtime", "value": h.runtime.as_str()}),
+    ];
+    if !p.cpu_architecture.is_empty() {
+        attributes.push(json!({"name": "ecs.cpu-architecture", "value": p.cpu_architecture}));
+    }
+    if !p.availability_zone.is_empty() {
+        attributes.push(json!({"name": "ecs.availability-zone", "value": p.availability_zone}));
+    }
     json!({
         "containerInstanceArn": a.container_instance(h.pool.as_str(), h.id.as_str()),
         "ec2InstanceId": h.hostname,
         "version": 1,
         "versionInfo": {"agentVersion": env!("CARGO_PKG_VERSION"), "dockerVersion": h.runtime_version},
         "registeredResources": [
+            integer("CPU", p.cpu_units),
+            integer("MEMORY", p.memory_mib),
+            string_set("PORTS", &[]),
+            string_set("PORTS_UDP", &[]),
             integer("GPU", all.len() as u64),
-            {"name": "GPU", "type": "STRINGSET", "stringSetValue": all, "doubleValue": 0.0, "longValue": 0, "integerValue": 0},
+            string_set("GPU", &all),
         ],
         "remainingResources": [
+            integer("CPU", p.cpu_units.saturating_sub(used.cpu_units)),
+            integer("MEMORY", p.memory_mib.saturating_sub(used.memory_mib)),
+            string_set("PORTS", &ports(&used.tcp_ports)),
+            string_set("PORTS_UDP", &ports(&used.udp_ports)),
             integer("GPU", idle.len() as u64),
-            {"name": "GPU", "type": "STRINGSET", "stringSetValue": idle, "doubleValue": 0.0, "longValue": 0, "integerValue": 0},
+            string_set("GPU", &idle),
         ],
         "status": instance_status(h.status),
         "statusReason": if h.cordoned { "cordoned: no new tasks are placed here" } else { "" },
         "agentConnected": agent_connected,
         "runningTasksCount": running,
         "pendingTasksCount": pending,
-        "attributes": [
-            {"name": "ecs.capability.mps", "value": if h.mps_available { "true" } else { "false" }},
-            {"name": "mpsfleet.runtime", "value": h.runtime.as_str()},
-        ],
+        "attributes": attributes,
         "registeredAt": seconds(h.registered_at_ms),
         "attachments": [],
         "tags": [],

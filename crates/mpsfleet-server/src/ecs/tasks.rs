@@ -90,7 +90,8 @@ fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<Stri
         (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
         (d, _) => d.map(std::borrow::Cow::Borrowed),
     };
-    serde_json::to_string(&shapes::task(arns, t, run.as_deref(), tags))
+    let host = t.host_id.as_ref().and_then(|h| c.agent_link(h));
+    serde_json::to_string(&shapes::task(arns, t, run.as_deref(), host.as_ref(), tags))
         .map_err(|e| Error::Internal(format!("encoding a task: {e}")))
 }
 

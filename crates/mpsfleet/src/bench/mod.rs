@@ -480,6 +480,7 @@ fn emulated_host(pool: &str, n: u32, gpus: u32) -> Result<mpsfleet_types::HostRe
         runtime: Default::default(),
         runtime_version: None,
         plugins: Default::default(),
+        platform: Default::default(),
     })
 }
 

@@ -95,9 +95,11 @@ pub(super) async fn token(c: &Client, f: Format, cmd: TokenCommand, at: &Endpoin
             t.expires_at_ms.map_or_else(|| "never".into(), output::utc_time),
             sanitize(&t.created_by).into_owned(),
             sanitize(&t.description).into_owned(),
+            // A console sign-in is listed under the token it was made from, and names it.
+            sanitize(t.parent.as_deref().unwrap_or("-")).into_owned(),
         ]
     };
-    const HEADERS: &[&str] = &["ID", "ROLE", "POOL", "EXPIRES", "CREATED BY", "DESCRIPTION"];
+    const HEADERS: &[&str] = &["ID", "ROLE", "POOL", "EXPIRES", "CREATED BY", "DESCRIPTION", "FROM"];
     match cmd {
         TokenCommand::Create { role, expires_in, description, pool, aws, aws_profile } => {
             if let Some(name) = &aws_profile {

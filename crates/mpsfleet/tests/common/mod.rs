@@ -172,6 +172,7 @@ pub fn registration(pool: &str, hostname: &str, uuid_key: &str, gpus: u32) -> Ho
         runtime: Default::default(),
         runtime_version: None,
         plugins: Default::default(),
+        platform: Default::default(),
     }
 }
 

@@ -1,0 +1,144 @@
+//! Deleted pools and services, kept discoverable for an hour as ECS keeps its INACTIVE
+//! clusters and services: `DescribeClusters` and `DescribeServices` answer them as INACTIVE,
+//! `ListServiceDeployments` still finds a deleted service's deployments, and tools that wait
+//! for a deletion see it happen.
+//!
+//! Each is a record of its own (store kind [`DELETED`]), written in the very commit that
+//! removes the object, so a restart or a failover keeps it. At most [`KEPT_PER_KIND`] of each
+//! kind are kept (the oldest are deleted in the commit of a new one), each for [`KEPT_MS`]
+//! (the retention pass removes older ones). The name is free again at once: a live pool or
+//! service of that name is always the one a name finds.
+
+use super::*;
+
+/// Store kind of deleted pools and services, keyed by [`Deleted::key`].
+pub(super) const DELETED: &str = "deleted";
+/// How long a deleted pool or service stays discoverable (ms).
+pub const KEPT_MS: u64 = 60 * 60 * 1000;
+/// The most deleted objects of one kind kept.
+pub const KEPT_PER_KIND: usize = 256;
+
+/// A deleted pool or service as it was when it went, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deleted {
+    pub deleted_at_ms: u64,
+    pub object: DeletedObject,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "record", rename_all = "camelCase")]
+pub enum DeletedObject {
+    Pool(Box<Pool>),
+    Service(Box<Service>),
+}
+
+impl Deleted {
+    fn kind(&self) -> &'static str {
+        match &self.object {
+            DeletedObject::Pool(_) => "pool",
+            DeletedObject::Service(_) => "service",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match &self.object {
+            DeletedObject::Pool(p) => p.name.as_str(),
+            DeletedObject::Service(s) => s.name.as_str(),
+        }
+    }
+
+    /// Its key: kind, then time, then name, so that one kind's records sort oldest first.
+    pub(super) fn key(&self) -> String {
+        format!("{}-{:013}-{}", self.kind(), self.deleted_at_ms, self.name())
+    }
+}
+
+impl Cluster {
+    /// The ops that keep `object` as deleted now, to commit with its removal, and the
+    /// record; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply
+    /// with [`Cluster::kept_deleted`] once committed.
+    pub(super) fn keep_deleted(&self, object: DeletedObject) -> Result<(Vec<Op>, Deleted), Error> {
+        let d = Deleted { deleted_at_ms: self.now(), object };
+        let kind = format!("{}-", d.kind());
+        let same: Vec<&String> = self.state.deleted().keys().filter(|k| k.starts_with(&kind)).collect();
+        let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
+        let mut ops: Vec<Op> =
+            same.iter().take(over).map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+        ops.push(Op::put_json(DELETED, d.key(), &d, Precondition::Any)?);
+        Ok((ops, d))
+    }
+
+    /// Applies what [`Cluster::keep_deleted`]'s ops committed at `rev`.
+    pub(super) fn kept_deleted(&mut self, rev: Revision, d: Deleted) {
+        let kind = format!("{}-", d.kind());
+        let same: Vec<String> =
+            self.state.deleted().keys().filter(|k| k.starts_with(&kind)).cloned().collect();
+        let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
+        for k in same.into_iter().take(over) {
+            self.apply(rev, Change::DeletedRemoved(k));
+        }
+        self.apply(rev, Change::Deleted(Box::new(d)));
+    }
+
+    pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
+        for r in self.store.list(DELETED)? {
+            self.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
+        }
+        Ok(())
+    }
+
+    /// Every deleted record still within [`KEPT_MS`], oldest first.
+    fn recently_deleted(&self) -> impl Iterator<Item = &Deleted> {
+        let since = self.now().saturating_sub(KEPT_MS);
+        self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
+    }
+
+    /// The pools deleted within [`KEPT_MS`] whose name no live pool has taken again, oldest
+    /// first (ECS's INACTIVE clusters).
+    pub fn deleted_pools(&self) -> impl Iterator<Item = &Pool> {
+        self.recently_deleted().filter_map(|d| match &d.object {
+            DeletedObject::Pool(p) if !self.state.pools().contains_key(&p.name) => Some(p.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The services of `pool` deleted within [`KEPT_MS`], oldest first, each with when
+    /// (ECS's INACTIVE services; a live service may have the name again).
+    pub fn deleted_services<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = (&'a Service, u64)> + 'a {
+        self.recently_deleted().filter_map(move |d| match &d.object {
+            DeletedObject::Service(s) if s.pool.as_str() == pool => Some((s.as_ref(), d.deleted_at_ms)),
+            _ => None,
+        })
+    }
+
+    /// Removes the records past [`KEPT_MS`]; a failed commit is logged and left for the next
+    /// pass.
+    pub(super) fn prune_deleted(&mut self) {
+        let since = self.now().saturating_sub(KEPT_MS);
+        let old: Vec<String> = self
+            .state
+            .deleted()
+            .iter()
+            .filter(|(_, d)| d.deleted_at_ms < since)
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.forget_deleted(old);
+    }
+
+    /// Deletes these records in one commit (the conformance reset forgets them all).
+    pub(super) fn forget_deleted(&mut self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+        match self.commit(&ops) {
+            Ok(rev) => {
+                for k in keys {
+                    self.apply(rev, Change::DeletedRemoved(k));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later"),
+        }
+    }
+}
