@@ -67,12 +67,16 @@ impl Daemon {
         }
     }
 
-    /// Probing changes nothing: the daemon answers and the check is OK with no failures.
+    /// Probing changes nothing: the daemon answers, the check is OK with no failures, and no
+    /// earlier failure is still going on (one is over only once the daemon has answered the
+    /// failure threshold's probes in a row: until then the agent goes on probing, and a new
+    /// failure would count from the old one's first signal).
     pub fn steady(&self) -> bool {
         self.model.probe() == mps_model::Probe::Ok
             && self.health.phase == Phase::Running
             && self.health.check.status == HealthStatus::Ok
             && self.health.check.consecutive_failures == 0
+            && self.health.check.failing_since_ms.is_none()
     }
 
     /// Its server is in FAULT, held there by a stuck client.
@@ -635,6 +639,42 @@ mod tests {
         assert!(w[a].has_mps_client(1));
         assert!(!w[a].has_mps_client(0), "a whole-GPU task is no MPS client");
         assert!(!w[b].has_mps_client(1));
+    }
+
+    /// A daemon that local repair brought back is not steady (its probes go on) until it has
+    /// answered the failure threshold's probes in a row: until then its failure is not over,
+    /// and a probe left out would leave it running for hours (the seed sweep's seed 42, whose
+    /// next failure was timed from this one).
+    #[test]
+    fn a_repaired_daemon_is_probed_until_its_failure_is_over() {
+        use mpsfleet_core::lifecycle::mps::{step, Effect, Event};
+        let policy = MpsPolicy::default();
+        let mut d = Daemon::new();
+        let go = |d: &mut Daemon, ev: Event, t: u64| {
+            let (h, effects) = step(d.health.clone(), ev, t, &policy);
+            d.health = h;
+            if effects.contains(&Effect::Restart) {
+                d.model.start(false);
+                d.health = step(d.health.clone(), Event::RestartSucceeded, t, &policy).0;
+            }
+        };
+        go(&mut d, Event::Tick, 0);
+        for t in 1..=policy.failure_threshold as u64 {
+            go(&mut d, Event::ProbeOk, t * 1_000);
+        }
+        assert!(d.steady(), "{:?}", d.health.check);
+        d.model.exit();
+        go(&mut d, Event::DaemonExited { reason: "killed".into() }, 10_000);
+        go(&mut d, Event::ProbeOk, 10_100);
+        assert_eq!(d.health.check.status, HealthStatus::Ok);
+        assert_eq!(d.health.check.failing_since_ms, Some(10_000));
+        assert!(!d.steady(), "answered once after the repair: the failure goes on");
+        for t in 2..=policy.failure_threshold as u64 {
+            assert!(!d.steady());
+            go(&mut d, Event::ProbeOk, 10_000 + t * 1_000);
+        }
+        assert_eq!(d.health.check.failing_since_ms, None, "over");
+        assert!(d.steady());
     }
 
     /// The heartbeat's checks follow the daemons' checks and the Xids, whether built afresh

@@ -18,6 +18,13 @@ pub struct SimArgs {
     /// Seed of the random faults and workload; the same seed replays the same run.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run this many seeds, from --seed on, and report each: a sweep (no minimising; replay a
+    /// seed that broke with --seed alone). Exits non-zero if any broke.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    seeds: u64,
+    /// Runs of a sweep at once [default: the machine's cores].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    jobs: Option<u64>,
     /// Random host faults per host per virtual hour, of the scenario's kinds.
     #[arg(long, default_value_t = 0.01)]
     fault_rate: f64,
@@ -100,6 +107,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if !(10..=3600).contains(&cfg.launch_timeout_seconds) {
         bail!("--launch-timeout-seconds must be from 10 to 3600, got {}", cfg.launch_timeout_seconds);
     }
+    if args.seeds > 1 {
+        return sweep(&cfg, args.seeds, args.jobs);
+    }
     let out = mpsfleet_sim::run(&cfg).map_err(|e| anyhow!("the simulation could not start: {e}"))?;
     match args.output {
         Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
@@ -120,6 +130,70 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if out.violation.is_some() {
         eprint!("{}", mpsfleet_sim::failure_text(&cfg, &out));
         bail!("an invariant broke (seed {})", cfg.seed);
+    }
+    Ok(())
+}
+
+/// `--seeds N`: the run of `cfg` at each of N seeds from its own, `jobs` at a time, a line a
+/// seed in seed order; an error naming the seeds that broke an invariant.
+fn sweep(cfg: &Config, seeds: u64, jobs: Option<u64>) -> anyhow::Result<()> {
+    let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let first = cfg.seed;
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let results = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let watch = mpsfleet_core::clock::Stopwatch::start();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(seeds) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= seeds {
+                    break;
+                }
+                let one = Config { seed: first + i, minimise: false, ..cfg.clone() };
+                let line = match mpsfleet_sim::run(&one) {
+                    Ok(out) => match &out.violation {
+                        None => Ok(format!(
+                            "seed {}: invariants held ({} incidents, {:.1}s)",
+                            one.seed,
+                            out.report.incidents,
+                            out.wall_ms as f64 / 1000.0
+                        )),
+                        Some(v) => Err(format!(
+                            "seed {}: INVARIANT BROKEN: {} at {}: {}",
+                            one.seed,
+                            v.invariant,
+                            mpsfleet_sim::config::fmt_time(v.at_ms),
+                            v.detail
+                        )),
+                    },
+                    Err(e) => Err(format!("seed {}: could not start: {e}", one.seed)),
+                };
+                results.lock().unwrap_or_else(|p| p.into_inner()).insert(one.seed, line);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let broken: Vec<u64> = results.iter().filter(|(_, r)| r.is_err()).map(|(s, _)| *s).collect();
+    for line in results.values() {
+        match line {
+            Ok(l) | Err(l) => println!("{l}"),
+        }
+    }
+    println!(
+        "{seeds} seeds from {first} ({} hosts, {} GPUs each, {}, fault rate {}, scenario {}): {} held, {} broken; wall time {:.1}s",
+        cfg.hosts,
+        cfg.gpus_per_host,
+        mpsfleet_sim::config::fmt_time(cfg.duration_ms),
+        cfg.fault_rate,
+        cfg.scenario,
+        seeds - broken.len() as u64,
+        broken.len(),
+        watch.seconds()
+    );
+    if !broken.is_empty() {
+        bail!(
+            "invariants broke at seeds {broken:?}: replay one with --seed S (it looks for the fewest faults)"
+        );
     }
     Ok(())
 }

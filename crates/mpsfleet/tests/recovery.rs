@@ -703,6 +703,80 @@ async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
     assert!(i.incident.breaches.is_empty(), "{:?}", i.incident.breaches);
 }
 
+/// Kills the daemon recorded at `record` once (SIGKILL); its pid.
+fn kill_once(record: &Path) -> u64 {
+    let pid = std::fs::read(record)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["pid"].as_u64())
+        .expect("a daemon record");
+    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    pid
+}
+
+/// An earlier failure that local repair fixed is over once the daemon has answered the
+/// failure threshold's probes in a row again: a later failure of the same daemon (host A), or
+/// of another GPU's daemon (host B), is timed from its own first signal, not the earlier one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_failure_is_timed_from_its_own_first_signal_not_a_repaired_one() {
+    let health = HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: 2,
+        toleration_ms: 1_000,
+    };
+    let Some(fleet) = fleet_with(OwnershipMode::SelfManaged, 2, health).await else { return };
+    let admin = &fleet.admin;
+    let hosts = admin.list_hosts(None).await.unwrap();
+    let record =
+        |h: &HostView, gpu: u32| fleet.host_dir(&h.hostname).join(format!("mps/log/{gpu}/daemon.json"));
+    // One crash of GPU 0's daemon on each host, which local repair fixes.
+    let first_kill = epoch_ms();
+    let old: Vec<u64> = hosts.iter().map(|h| kill_once(&record(h, 0))).collect();
+    for (h, pid) in hosts.iter().zip(&old) {
+        eventually(WAIT, "GPU 0's daemon restarted and answering", || async {
+            let now = admin.describe_host(h.id.as_str()).await.ok()?;
+            let restarted = std::fs::read(record(h, 0))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["pid"].as_u64())
+                .is_some_and(|p| p != *pid);
+            (restarted && now.health_status == HealthStatus::Ok).then_some(())
+        })
+        .await;
+    }
+    // More than the threshold's probes (two, a second apart) answered: the first failure is
+    // over.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(admin.list_incidents().await.unwrap().is_empty(), "a repaired crash opened an incident");
+
+    // Then A's same daemon, and B's other GPU's daemon, fail for good.
+    let (a, b) = (&hosts[0], &hosts[1]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let second_kill = epoch_ms();
+    let killers = [keep_killing(record(a, 0), stop.clone()), keep_killing(record(b, 1), stop.clone())];
+    let incidents = [incident_of(admin, &a.id).await, incident_of(admin, &b.id).await];
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for k in killers {
+        assert!(k.join().unwrap() >= 1);
+    }
+    for (i, gpu) in incidents.iter().zip([0u32, 1]) {
+        let host = hosts.iter().find(|h| h.id == i.incident.host_id).unwrap();
+        let uuid = &host.gpus.iter().find(|g| g.index == gpu).unwrap().gpu_id;
+        assert_eq!(i.incident.trigger.gpu_id.as_ref(), Some(uuid), "{:?}", i.incident.trigger);
+        let first = i.timing.first_failure_at_ms.expect("a first failure");
+        assert!(
+            first.abs_diff(second_kill) <= 500,
+            "host {}: first failure {first}, the failure's first kill {second_kill}, the repaired crash's \
+             {first_kill}: {:?}",
+            host.hostname,
+            i.timing
+        );
+    }
+}
+
 /// Draining a self-managed pool's only host: the CLI warns that nothing can take its tasks,
 /// and once the operator activates the host again the incident names where each replacement
 /// landed.
