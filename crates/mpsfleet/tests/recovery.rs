@@ -587,6 +587,18 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
 }
 
 #[allow(clippy::disallowed_methods)] // the test's own clock, to check the server's figures from outside
+/// Probes every second, IMPAIRED after two failures, two local restarts, and `toleration_ms`.
+fn two_restarts(toleration_ms: u64) -> HealthPolicy {
+    HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: 2,
+        toleration_ms,
+    }
+}
+
 fn epoch_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
@@ -599,14 +611,7 @@ fn epoch_ms() -> u64 {
 async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
     // A toleration longer than the local restarts take (the second waits a 1 s backoff), so
     // the agent has given up before the host is declared bad, as with the defaults.
-    let health = HealthPolicy {
-        agent_heartbeat_grace_ms: 3_000,
-        mps_probe_interval_ms: 1_000,
-        mps_probe_timeout_ms: 200,
-        mps_failure_threshold: 2,
-        local_daemon_restarts: 2,
-        toleration_ms: 3_000,
-    };
+    let health = two_restarts(3_000);
     let Some(fleet) = fleet_with(OwnershipMode::Managed, 3, health).await else { return };
     let admin = &fleet.admin;
     let tasks = service_of(admin, "web", 3).await;
@@ -719,14 +724,7 @@ fn kill_once(record: &Path) -> u64 {
 /// of another GPU's daemon (host B), is timed from its own first signal, not the earlier one's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_failure_is_timed_from_its_own_first_signal_not_a_repaired_one() {
-    let health = HealthPolicy {
-        agent_heartbeat_grace_ms: 3_000,
-        mps_probe_interval_ms: 1_000,
-        mps_probe_timeout_ms: 200,
-        mps_failure_threshold: 2,
-        local_daemon_restarts: 2,
-        toleration_ms: 1_000,
-    };
+    let health = two_restarts(1_000);
     let Some(fleet) = fleet_with(OwnershipMode::SelfManaged, 2, health).await else { return };
     let admin = &fleet.admin;
     let hosts = admin.list_hosts(None).await.unwrap();
