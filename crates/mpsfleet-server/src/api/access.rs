@@ -421,7 +421,7 @@ pub(super) async fn create_console_link(
     post,
     path = "/v1/console/session",
     tag = "access",
-    summary = "The console trades a sign-in link's code (header x-mpsfleet-console-code; no token) for a token of its own with the link's role, valid 12 hours. A code works once; a used or expired one is 401.",
+    summary = "The console trades a sign-in link's code (header x-mpsfleet-console-code; no token) for a token of its own with the link's role, valid 12 hours or until the token that asked for the link expires, and revoked with it. A code works once; a used or expired one, or one whose token is gone, is 401.",
     params(("x-mpsfleet-console-code" = String, Header, description = "The code of a link from POST /v1/console/links.")),
     security(()),
     responses((status = 200, description = "OK.", body = mpsfleet_types::access::ConsoleSession), crate::openapi::Errors)
