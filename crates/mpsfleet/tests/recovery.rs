@@ -586,7 +586,6 @@ async fn the_operators_path_in_a_self_managed_pool_as_documented() {
     }
 }
 
-#[allow(clippy::disallowed_methods)] // the test's own clock, to check the server's figures from outside
 /// Probes every second, IMPAIRED after two failures, two local restarts, and `toleration_ms`.
 fn two_restarts(toleration_ms: u64) -> HealthPolicy {
     HealthPolicy {
@@ -599,6 +598,7 @@ fn two_restarts(toleration_ms: u64) -> HealthPolicy {
     }
 }
 
+#[allow(clippy::disallowed_methods)] // the test's own clock, to check the server's figures from outside
 fn epoch_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }

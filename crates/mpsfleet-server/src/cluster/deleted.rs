@@ -54,31 +54,34 @@ impl Deleted {
     }
 }
 
+/// What [`Cluster::keep_deleted`]'s ops write: the new record, and the oldest ones they delete.
+pub(super) struct Keeping {
+    record: Deleted,
+    evicted: Vec<String>,
+}
+
 impl Cluster {
-    /// The ops that keep `object` as deleted now, to commit with its removal, and the
-    /// record; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply
-    /// with [`Cluster::kept_deleted`] once committed.
-    pub(super) fn keep_deleted(&self, object: DeletedObject) -> Result<(Vec<Op>, Deleted), Error> {
-        let d = Deleted { deleted_at_ms: self.now(), object };
-        let kind = format!("{}-", d.kind());
+    /// The ops that keep `object` as deleted now, to commit with its removal, and what they
+    /// keep; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply with
+    /// [`Cluster::kept_deleted`] once committed.
+    pub(super) fn keep_deleted(&self, object: DeletedObject) -> Result<(Vec<Op>, Keeping), Error> {
+        let record = Deleted { deleted_at_ms: self.now(), object };
+        let kind = format!("{}-", record.kind());
         let same: Vec<&String> = self.state.deleted().keys().filter(|k| k.starts_with(&kind)).collect();
         let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
+        let evicted: Vec<String> = same.into_iter().take(over).cloned().collect();
         let mut ops: Vec<Op> =
-            same.iter().take(over).map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
-        ops.push(Op::put_json(DELETED, d.key(), &d, Precondition::Any)?);
-        Ok((ops, d))
+            evicted.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+        ops.push(Op::put_json(DELETED, record.key(), &record, Precondition::Any)?);
+        Ok((ops, Keeping { record, evicted }))
     }
 
     /// Applies what [`Cluster::keep_deleted`]'s ops committed at `rev`.
-    pub(super) fn kept_deleted(&mut self, rev: Revision, d: Deleted) {
-        let kind = format!("{}-", d.kind());
-        let same: Vec<String> =
-            self.state.deleted().keys().filter(|k| k.starts_with(&kind)).cloned().collect();
-        let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
-        for k in same.into_iter().take(over) {
+    pub(super) fn kept_deleted(&mut self, rev: Revision, kept: Keeping) {
+        for k in kept.evicted {
             self.apply(rev, Change::DeletedRemoved(k));
         }
-        self.apply(rev, Change::Deleted(Box::new(d)));
+        self.apply(rev, Change::Deleted(Box::new(kept.record)));
     }
 
     pub(super) fn load_deleted(&mut self) -> Result<(), Error> {

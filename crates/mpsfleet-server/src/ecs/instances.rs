@@ -65,11 +65,7 @@ fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
             TaskStatus::Running => running += 1,
             _ => pending += 1,
         }
-        let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
-        let run = match (td, t.overrides()) {
-            (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
-            (d, _) => d.map(std::borrow::Cow::Borrowed),
-        };
+        let run = run_definition(c, t);
         used.add(t, run.as_deref());
     });
     // Connected: its agent's heartbeats come within the pool's heartbeat grace.

@@ -40,6 +40,7 @@ pub use conformance::{
 };
 pub use error::EcsError;
 use mpsfleet_core::sigv4;
+use mpsfleet_types::{Task, TaskDefinition};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -387,6 +388,16 @@ fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) 
     }
     c.pool(&name)?;
     Ok(name)
+}
+
+/// What task `t` runs: its definition with its run's overrides applied (None when the
+/// definition is gone).
+fn run_definition<'c>(c: &'c Cluster, t: &Task) -> Option<std::borrow::Cow<'c, TaskDefinition>> {
+    let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
+    match (td, t.overrides()) {
+        (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
+        (d, _) => d.map(std::borrow::Cow::Borrowed),
+    }
 }
 
 /// Whether `include` (a Describe call's) asks for the tags.

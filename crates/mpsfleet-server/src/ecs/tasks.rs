@@ -85,11 +85,7 @@ fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: &[Value]) -> 
 
 /// A task as ECS's `Task` in JSON: what it runs is its definition with its run's overrides.
 fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<String, Error> {
-    let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
-    let run = match (td, t.overrides()) {
-        (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
-        (d, _) => d.map(std::borrow::Cow::Borrowed),
-    };
+    let run = run_definition(c, t);
     let host = t.host_id.as_ref().and_then(|h| c.agent_link(h));
     serde_json::to_string(&shapes::task(arns, t, run.as_deref(), host.as_ref(), tags))
         .map_err(|e| Error::Internal(format!("encoding a task: {e}")))
