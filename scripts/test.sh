@@ -32,6 +32,12 @@ if ! command -v openssl >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 
+# nftables (Debian's nftables): the nemesis test partitions servers from etcd and from their
+# clients with DROP rules in a table of its own (crates/mpsfleet/tests/partition).
+if ! command -v nft >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables >/dev/null
+fi
+
 # A real Prometheus and promtool (Debian's prometheus) scrape a server and an agent in the
 # metrics tests and check deploy/'s rules and dashboard queries.
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then

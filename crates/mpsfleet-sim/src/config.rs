@@ -226,9 +226,21 @@ pub struct Config {
     pub stop_at_ms: Option<u64>,
     /// Look for the shortest reproducing trace when an invariant breaks.
     pub minimise: bool,
-    /// Test builds only (`cfg(test)` or the `broken-invariant` feature): agents start MPS tasks
-    /// without checking that the GPU's daemon answers (fail open), which the checker must catch.
-    pub break_invariant: bool,
+    /// Test builds only (`cfg(test)` or the `broken-invariant` feature): a deliberate bug in
+    /// the simulated agents, which the checker must catch.
+    pub sabotage: Option<Sabotage>,
+}
+
+/// A deliberate bug in the simulated agents, for the tests that show an invariant can fail.
+/// Ignored outside test builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sabotage {
+    /// Agents start MPS tasks without checking that the GPU's daemon answers (fail open):
+    /// breaks `mps-fail-closed`.
+    FailOpen,
+    /// Once the first fault is in, agents take a service task's start and never start it (a
+    /// lost start): its service stays below its count, which breaks `service-recovery`.
+    LoseServiceStarts,
 }
 
 impl Default for Config {
@@ -247,7 +259,7 @@ impl Default for Config {
             faults: None,
             stop_at_ms: None,
             minimise: true,
-            break_invariant: false,
+            sabotage: None,
         }
     }
 }

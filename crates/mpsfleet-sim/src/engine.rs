@@ -11,7 +11,7 @@
 mod checks;
 mod shortfall;
 
-use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, WARMUP_MS};
+use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, Sabotage, WARMUP_MS};
 use crate::invariants::{Checker, Violation};
 use crate::report::Stats;
 use crate::rng::Rng;
@@ -1067,6 +1067,12 @@ impl Sim {
     }
 
     fn start_task(&mut self, h: usize, task: &Task) {
+        if self.sabotaged(Sabotage::LoseServiceStarts)
+            && !self.stats.faults.is_empty()
+            && task.group.is_some()
+        {
+            return;
+        }
         let demand = self.demands.get(&task.task_definition).copied().unwrap_or(FAMILIES[0].1);
         let gpus: Vec<usize> = task.gpu_ids.iter().filter_map(|u| self.world[h].gpu_index(u)).collect();
         self.world[h].finished.insert(task.id);
@@ -1080,7 +1086,7 @@ impl Sim {
             return;
         }
         // The deliberate bug of test builds: the agent skips its daemon check (fails open).
-        let fail_open = self.cfg.break_invariant && cfg!(any(test, feature = "broken-invariant"));
+        let fail_open = self.sabotaged(Sabotage::FailOpen);
         if demand.mps {
             // The task's client connects to the daemon (and its server starts for the first).
             let connected = self.world[h].daemons[gpus[0]].model.connect();
@@ -1111,6 +1117,11 @@ impl Sim {
         self.mark(h);
         let d = self.world[h].rng.range(TASK_START_MS.0, TASK_START_MS.1);
         self.at(self.now + d, Ev::Started { h, t: task.id });
+    }
+
+    /// Whether this test build runs with the deliberate bug `s` ([`Config::sabotage`]).
+    fn sabotaged(&self, s: Sabotage) -> bool {
+        cfg!(any(test, feature = "broken-invariant")) && self.cfg.sabotage == Some(s)
     }
 
     fn started(&mut self, h: usize, t: TaskId) {

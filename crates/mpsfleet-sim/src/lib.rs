@@ -23,7 +23,7 @@ pub mod scaling;
 pub mod timing;
 mod world;
 
-pub use config::{parse_duration, Config, Fault, FaultKind, ProviderModel, Scenario};
+pub use config::{parse_duration, Config, Fault, FaultKind, ProviderModel, Sabotage, Scenario};
 pub use invariants::Violation;
 pub use report::Report;
 
@@ -183,7 +183,7 @@ mod tests {
             seed: 2,
             fault_rate: 0.05,
             scenario: Scenario::DaemonCrash,
-            break_invariant: true,
+            sabotage: Some(Sabotage::FailOpen),
             ..Config::default()
         };
         let o = run(&cfg).expect("runs");
@@ -212,7 +212,34 @@ mod tests {
             "{text}"
         );
         // Without the bug the same run holds every invariant.
-        let ok = run(&Config { break_invariant: false, ..cfg }).expect("runs");
+        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
+        assert!(ok.violation.is_none(), "{:?}", ok.violation);
+    }
+
+    /// A lost start (agents that take a service task's start and never run it) keeps its
+    /// service below its count with room in its pool: `service-recovery` breaks, naming the
+    /// service and the bound. The same run without the bug holds.
+    #[test]
+    fn a_service_kept_below_its_count_breaks_service_recovery() {
+        let cfg = Config {
+            hosts: 12,
+            gpus_per_host: 2,
+            duration_ms: 30 * 60_000,
+            seed: 3,
+            fault_rate: 0.5,
+            scenario: Scenario::DaemonCrash,
+            sabotage: Some(Sabotage::LoseServiceStarts),
+            minimise: false,
+            ..Config::default()
+        };
+        let o = run(&cfg).expect("runs");
+        let v = o
+            .violation
+            .as_ref()
+            .unwrap_or_else(|| panic!("the checker misses the lost starts: {}", o.report.render()));
+        assert_eq!(v.invariant, "service-recovery", "{}", v.detail);
+        assert!(v.detail.contains("below its desired count") && v.detail.contains("bound"), "{}", v.detail);
+        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
         assert!(ok.violation.is_none(), "{:?}", ok.violation);
     }
 }

@@ -81,6 +81,12 @@ pub struct ServerArgs {
     /// that its checker can fail).
     #[arg(long, hide = true)]
     unfenced_for_tests: bool,
+    /// Tests only: break one promise of docs/ha.md on purpose (stale-reads: the leader's task
+    /// list stops following its commits; lost-stops: StopTask is acknowledged and never
+    /// committed). Refused in release builds and without MPSFLEET_ALLOW_BROKEN=1 (the nemesis
+    /// tests prove with it that their checker can fail).
+    #[arg(long, hide = true, value_name = "BUG")]
+    broken_for_tests: Option<mpsfleet_server::cluster::broken::Broken>,
     /// Tests only (debug builds): this server's wall clock runs this many milliseconds ahead
     /// (negative: behind) of the machine's, as a server with a skewed clock would (--store etcd).
     #[arg(long, hide = true, default_value_t = 0, allow_negative_numbers = true)]
@@ -253,6 +259,13 @@ pub(crate) async fn lead(
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut cluster = opened.cluster;
+    if let Some(b) = args.broken_for_tests {
+        anyhow::ensure!(
+            cfg!(debug_assertions) && std::env::var("MPSFLEET_ALLOW_BROKEN").as_deref() == Ok("1"),
+            "--broken-for-tests breaks a promise of the API on purpose: it is refused outside debug builds and without MPSFLEET_ALLOW_BROKEN=1"
+        );
+        cluster.break_for_tests(b);
+    }
     if let Some(t) = &tls {
         cluster.set_cluster_cas(t.cas().hashes());
     }

@@ -4,18 +4,23 @@
 //! leader SIGKILLed and restarted, the leader SIGSTOPped past its lease and resumed, the
 //! leader partitioned from etcd, a server partitioned from its clients, a follower restarted
 //! with a skewed clock, an etcd member SIGKILLed and restarted. The history is then checked
-//! (docs/ha.md "The nemesis"). Partitions are relays on 127.0.0.1 that the test cuts
-//! (tests/partition): every server reaches etcd, and is reached, only through its own.
+//! against a model of the API's promises (tests/history, docs/ha.md "The nemesis").
+//! Partitions drop packets in the kernel (tests/partition: nftables DROP rules on ports of
+//! relays on 127.0.0.1): every server reaches etcd, and is reached, only through its own.
 //!
 //! CI runs it for `MPSFLEET_NEMESIS_SECONDS` (default 45) with `MPSFLEET_NEMESIS_SEED` (default
-//! 1); a longer run is the same test with a larger figure:
+//! 1); the server faults come in an order drawn from the seed, each kind before any repeats, and
+//! the run goes on past the figure (at most a minute) until every kind has happened, which the
+//! test asserts per kind. A longer run is the same test with a larger figure:
 //!
 //! ```sh
 //! MPSFLEET_NEMESIS_SECONDS=900 cargo test -p mpsfleet --test nemesis -- --nocapture faults
 //! ```
 //!
-//! A second test breaks fencing on purpose (`--unfenced-for-tests`) under a fixed schedule and
-//! requires the checker to fail: the check can fail.
+//! Three more tests break a promise on purpose under a fixed schedule and require the checker
+//! to fail, for the named reason, and to pass without the switch: fencing
+//! (`--unfenced-for-tests`), a leader whose reads stop following its commits and a StopTask
+//! acknowledged and never committed (`--broken-for-tests stale-reads|lost-stops`).
 
 mod common;
 mod history;
@@ -23,8 +28,10 @@ mod partition;
 
 use common::*;
 use history::{Entry, Op, Outcome, TaskSeen};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -86,6 +93,7 @@ struct Servers {
     /// Each server's relay for its clients, agents and the other servers (cut: partitioned
     /// from them); its advertised address.
     from_clients: Vec<partition::Relay>,
+    _firewall: Arc<partition::Firewall>,
 }
 
 impl Servers {
@@ -97,13 +105,14 @@ impl Servers {
             .map(|u| u.trim_start_matches("http://").parse().expect("an etcd endpoint host:port"))
             .collect();
         let (mut to_etcd, mut from_clients) = (Vec::new(), Vec::new());
+        let firewall = partition::Firewall::new();
         for port in &ports {
             let mut relays = Vec::new();
             for m in &members {
-                relays.push(partition::Relay::start(*m).await);
+                relays.push(partition::Relay::start(&firewall, *m).await);
             }
             to_etcd.push(relays);
-            from_clients.push(partition::Relay::start(([127, 0, 0, 1], *port).into()).await);
+            from_clients.push(partition::Relay::start(&firewall, ([127, 0, 0, 1], *port).into()).await);
         }
         let mut s = Servers {
             ports,
@@ -114,6 +123,7 @@ impl Servers {
             skew: vec![0; n],
             to_etcd,
             from_clients,
+            _firewall: firewall,
         };
         let rx = s.spawn(0);
         wait_for_line(&rx, "mpsfleet server listening on ");
@@ -224,9 +234,10 @@ async fn perform(
         Op::Scale { desired } => http
             .patch(format!("{url}/v1/services/steady"))
             .json(&serde_json::json!({ "desiredCount": desired })),
-        // Every task not STOPPED (GPU accounting is judged on these).
-        Op::Read => http.get(format!("{url}/v1/tasks?live=true&limit=1000000")),
-        Op::ReadAll => http.get(format!("{url}/v1/tasks?limit=1000000")),
+        // Every task, in any status (GPU accounting is judged on those not STOPPED).
+        Op::Read | Op::ReadAll => http.get(format!("{url}/v1/tasks?limit=1000000")),
+        Op::ReadService => http.get(format!("{url}/v1/services/steady")),
+        Op::ReadHost { host } => http.get(format!("{url}/v1/hosts/{host}")),
     };
     let answer = req.bearer_auth(token).timeout(Duration::from_secs(5)).send().await;
     e.completed_ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -275,6 +286,8 @@ async fn perform(
                 .collect()
         }
         Op::Read | Op::ReadAll => e.seen = seen_tasks(&body),
+        Op::ReadService => e.value = body["desiredCount"].as_u64().map(|d| d.to_string()),
+        Op::ReadHost { .. } => e.value = body["status"].as_str().map(String::from),
         _ => {}
     }
     e
@@ -293,6 +306,7 @@ fn seen_tasks(body: &serde_json::Value) -> Vec<TaskSeen> {
                 .unwrap_or_default()
                 .to_owned(),
             stopped: t["lastStatus"] == "STOPPED",
+            desired_stopped: t["desiredStatus"] == "STOPPED",
             gpus: t["gpuIds"]
                 .as_array()
                 .into_iter()
@@ -310,19 +324,20 @@ struct Run {
     urls: Vec<String>,
     http: reqwest::Client,
     token: String,
-    until: Instant,
+    /// Set when the nemesis is done: the clients stop.
+    done: Arc<AtomicBool>,
     t0: Instant,
     history: Arc<Mutex<Vec<Entry>>>,
     /// The agent's host, which clients drain and activate.
     host: String,
 }
 
-/// A client: random operations at random servers until `run.until`.
+/// A client: random operations at random servers until the nemesis is done.
 async fn client_loop(client: usize, seed: u64, run: Run) {
-    let Run { urls, http, token, until, t0, history, host } = run;
+    let Run { urls, http, token, done, t0, history, host } = run;
     let mut rng = Rng::new(seed * 1_000 + client as u64);
     let (mut n, mut unresolved, mut known): (u32, Vec<String>, Vec<String>) = (0, Vec::new(), Vec::new());
-    while Instant::now() < until {
+    while !done.load(Ordering::SeqCst) {
         let url = &urls[rng.below(urls.len() as u64) as usize];
         let roll = rng.below(100);
         let op = if roll < 30 {
@@ -345,8 +360,12 @@ async fn client_loop(client: usize, seed: u64, run: Run) {
             Op::Drain { host: host.clone() }
         } else if roll < 67 {
             Op::Activate { host: host.clone() }
-        } else {
+        } else if roll < 82 {
             Op::Read
+        } else if roll < 91 {
+            Op::ReadService
+        } else {
+            Op::ReadHost { host: host.clone() }
         };
         let e = perform(&http, &token, url, client, op, t0).await;
         match (&e.op, &e.outcome) {
@@ -445,83 +464,110 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     let history = Arc::new(Mutex::new(Vec::new()));
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs(seconds);
+    // Past the figure, the run goes on until every kind of fault has happened, for at most this.
+    let deadline = until + Duration::from_secs(60);
+    let done = Arc::new(AtomicBool::new(false));
     let run = Run {
         urls: all.clone(),
         http: http.clone(),
         token: token.clone(),
-        until,
+        done: done.clone(),
         t0,
         history: history.clone(),
         host: hosts[0].id.to_string(),
     };
     let workers: Vec<_> = (0..clients).map(|c| tokio::spawn(client_loop(c, seed, run.clone()))).collect();
 
-    // Two nemeses at once: one on the servers, one on etcd's members, so faults overlap.
+    // Two nemeses at once: one on the servers, one on etcd's members, so faults overlap. The
+    // server faults come in an order drawn from the seed, every kind once before any repeats.
     let mut rng = Rng::new(seed);
-    let mut faults: Vec<String> = Vec::new();
+    let mut order = Fault::ON_SERVERS.to_vec();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut turn = 0;
+    // Each fault's start (true) and end (false) lines.
+    let mut faults: Vec<(u128, Fault, bool, String)> = Vec::new();
     let mut next_member_fault = t0 + rng.millis(4_000, 10_000);
     let mut member_down: Option<(usize, Instant)> = None;
     let at = |t0: Instant| t0.elapsed().as_millis();
-    while Instant::now() < until {
+    let all_happened =
+        |faults: &[(u128, Fault, bool, String)]| Fault::ALL.iter().all(|k| faults.iter().any(|f| f.1 == *k));
+    while Instant::now() < deadline
+        && (Instant::now() < until || !all_happened(&faults) || member_down.is_some())
+    {
         tokio::time::sleep(rng.millis(2_000, 5_000)).await;
         if let Some((m, back)) = member_down {
             if Instant::now() >= back {
                 etcd_member("restart", m);
-                faults.push(format!("{} ms: etcd member m{m} restarted", at(t0)));
+                faults.push((at(t0), Fault::EtcdMemberKilled, false, format!("etcd member m{m} restarted")));
                 member_down = None;
             }
-        } else if Instant::now() >= next_member_fault {
+        } else if Instant::now() >= next_member_fault
+            && (Instant::now() < until || !faults.iter().any(|f| f.1 == Fault::EtcdMemberKilled))
+        {
             let m = 1 + rng.below(3) as usize;
             etcd_member("kill", m);
-            faults.push(format!("{} ms: etcd member m{m} SIGKILLed", at(t0)));
+            faults.push((at(t0), Fault::EtcdMemberKilled, true, format!("etcd member m{m} SIGKILLed")));
             member_down = Some((m, Instant::now() + rng.millis(2_000, 6_000)));
             next_member_fault = Instant::now() + rng.millis(8_000, 16_000);
         }
-        if Instant::now() >= until {
-            break;
+        let server_faults_done = Fault::ON_SERVERS.iter().all(|k| faults.iter().any(|f| f.1 == *k));
+        if Instant::now() >= until && server_faults_done {
+            continue;
         }
         let Some(l) = leader(&servers, &http, &token).await else { continue };
-        let roll = rng.below(7);
-        if roll == 5 {
-            // The leader cut off from every etcd member: it steps down on its own clock.
-            let hold = Duration::from_millis(TTL * 1_000) + rng.millis(500, 3_000);
-            servers.to_etcd[l].iter().for_each(partition::Relay::cut);
-            faults.push(format!("{} ms: leader s{l} partitioned from etcd", at(t0)));
-            tokio::time::sleep(hold).await;
-            servers.to_etcd[l].iter().for_each(partition::Relay::heal);
-            faults.push(format!("{} ms: s{l} reaches etcd again", at(t0)));
-        } else if roll == 6 {
-            // A server cut off from its clients (and the agent, and the other servers) for
-            // less than the agent's heartbeat grace.
-            let s = rng.below(3) as usize;
-            servers.from_clients[s].cut();
-            faults.push(format!("{} ms: s{s} partitioned from its clients", at(t0)));
-            tokio::time::sleep(rng.millis(1_000, 4_000)).await;
-            servers.from_clients[s].heal();
-            faults.push(format!("{} ms: s{s} reachable again", at(t0)));
-        } else if roll == 4 {
-            // A follower's clock is skewed from its next start on: it leads with it later.
-            let f = (l + 1 + rng.below(2) as usize) % 3;
-            let skew =
-                (rng.millis(20_000, 90_000).as_millis() as i64) * if rng.below(2) == 0 { 1 } else { -1 };
-            servers.skew[f] = skew;
-            servers.kill(f);
-            servers.spawn(f);
-            faults.push(format!("{} ms: follower s{f} restarted with its clock skewed {skew} ms", at(t0)));
-        } else if roll < 2 {
-            servers.kill(l);
-            faults.push(format!("{} ms: leader s{l} SIGKILLed", at(t0)));
-            tokio::time::sleep(rng.millis(500, 3_000)).await;
-            servers.spawn(l);
-            faults.push(format!("{} ms: s{l} restarted", at(t0)));
-        } else {
-            servers.signal(l, nix::sys::signal::Signal::SIGSTOP);
-            faults.push(format!("{} ms: leader s{l} SIGSTOPped", at(t0)));
-            tokio::time::sleep(Duration::from_millis(TTL * 1_000) + rng.millis(500, 2_500)).await;
-            servers.signal(l, nix::sys::signal::Signal::SIGCONT);
-            faults.push(format!("{} ms: s{l} resumed", at(t0)));
+        let kind = order[turn % order.len()];
+        turn += 1;
+        let mut note = |start: bool, what: String| faults.push((at(t0), kind, start, what));
+        match kind {
+            Fault::LeaderCutFromEtcd => {
+                // The leader cut off from every etcd member: it steps down on its own clock.
+                let hold = Duration::from_millis(TTL * 1_000) + rng.millis(500, 3_000);
+                servers.to_etcd[l].iter().for_each(partition::Relay::cut);
+                note(true, format!("leader s{l} partitioned from etcd"));
+                tokio::time::sleep(hold).await;
+                servers.to_etcd[l].iter().for_each(partition::Relay::heal);
+                note(false, format!("s{l} reaches etcd again"));
+            }
+            Fault::ServerCutFromClients => {
+                // A server cut off from its clients (and the agent, and the other servers) for
+                // less than the agent's heartbeat grace.
+                let s = rng.below(3) as usize;
+                servers.from_clients[s].cut();
+                note(true, format!("s{s} partitioned from its clients"));
+                tokio::time::sleep(rng.millis(1_000, 4_000)).await;
+                servers.from_clients[s].heal();
+                note(false, format!("s{s} reachable again"));
+            }
+            Fault::FollowerSkewed => {
+                // A follower's clock is skewed from its next start on: it leads with it later.
+                let f = (l + 1 + rng.below(2) as usize) % 3;
+                let skew =
+                    (rng.millis(20_000, 90_000).as_millis() as i64) * if rng.below(2) == 0 { 1 } else { -1 };
+                servers.skew[f] = skew;
+                servers.kill(f);
+                servers.spawn(f);
+                note(true, format!("follower s{f} restarted with its clock skewed {skew} ms"));
+            }
+            Fault::LeaderKilled => {
+                servers.kill(l);
+                note(true, format!("leader s{l} SIGKILLed"));
+                tokio::time::sleep(rng.millis(500, 3_000)).await;
+                servers.spawn(l);
+                note(false, format!("s{l} restarted"));
+            }
+            Fault::LeaderPaused => {
+                servers.signal(l, nix::sys::signal::Signal::SIGSTOP);
+                note(true, format!("leader s{l} SIGSTOPped"));
+                tokio::time::sleep(Duration::from_millis(TTL * 1_000) + rng.millis(500, 2_500)).await;
+                servers.signal(l, nix::sys::signal::Signal::SIGCONT);
+                note(false, format!("s{l} resumed"));
+            }
+            Fault::EtcdMemberKilled => unreachable!("not a server fault"),
         }
     }
+    done.store(true, Ordering::SeqCst);
     for w in workers {
         w.await.expect("client");
     }
@@ -552,47 +598,75 @@ async fn faults_on_servers_and_etcd_keep_the_apis_promises() {
     .await;
     let incidents: Vec<_> =
         incidents.into_iter().filter(|i| i.incident.operator_requested.is_none()).collect();
-    let faults_summary = summarize(&faults);
+    let mut by_kind: BTreeMap<Fault, usize> = Fault::ALL.iter().map(|k| (*k, 0)).collect();
+    for (_, kind, start, _) in &faults {
+        *by_kind.entry(*kind).or_default() += usize::from(*start);
+    }
+    let summary: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {}", k.words())).collect();
     println!(
-        "nemesis: seed {seed}, {seconds} s, {clients} clients: {} operations ({} acknowledged, {} unknown), {} tasks at the end; faults: {faults_summary}; verdict: {}",
+        "nemesis: seed {seed}, {} s, {clients} clients: {} operations ({} acknowledged, {} unknown), reads judged {:?}, {} tasks at the end; faults: {}; verdict: {}",
+        t0.elapsed().as_secs(),
         verdict.operations,
         verdict.acknowledged,
         verdict.unknown,
+        verdict.reads_judged,
         last.len(),
+        summary.join(", "),
         if verdict.ok() { "ok".to_owned() } else { format!("{} violations", verdict.violations.len()) }
     );
-    for f in &faults {
-        println!("  {f}");
+    for (ms, _, _, what) in &faults {
+        println!("  {ms} ms: {what}");
     }
     assert!(verdict.ok(), "the history breaks the API's promises:\n{}", verdict.violations.join("\n"));
     assert!(incidents.is_empty(), "incidents with no host fault: {incidents:#?}");
-    assert!(faults.len() >= 2 && verdict.acknowledged > 20, "too little happened to judge: {faults:?}");
+    for (kind, n) in &by_kind {
+        assert!(*n >= 1, "the schedule never made this fault happen: {}; faults: {summary:?}", kind.words());
+    }
+    assert!(verdict.acknowledged > 20, "too little happened to judge: {summary:?}");
+    for (read, n) in &verdict.reads_judged {
+        assert!(*n >= 3, "too few acknowledged reads of the {read} to judge: {:?}", verdict.reads_judged);
+    }
     drop(servers);
 }
 
-fn summarize(faults: &[String]) -> String {
-    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
-    for f in faults {
-        for kind in ["SIGKILLed", "SIGSTOPped", "skewed", "partitioned"] {
-            if f.contains(kind) {
-                let what = if kind == "partitioned" && f.contains("etcd") {
-                    "leader partitioned from etcd"
-                } else if kind == "partitioned" {
-                    "server partitioned from its clients"
-                } else if f.contains("etcd") {
-                    "etcd member killed"
-                } else if kind == "SIGKILLed" {
-                    "leader killed"
-                } else if kind == "skewed" {
-                    "follower restarted with a skewed clock"
-                } else {
-                    "leader paused past its lease"
-                };
-                *by.entry(what).or_default() += 1;
-            }
+/// The kinds of fault, each asserted to have happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    LeaderKilled,
+    LeaderPaused,
+    LeaderCutFromEtcd,
+    ServerCutFromClients,
+    FollowerSkewed,
+    EtcdMemberKilled,
+}
+
+impl Fault {
+    const ON_SERVERS: [Fault; 5] = [
+        Fault::LeaderKilled,
+        Fault::LeaderPaused,
+        Fault::LeaderCutFromEtcd,
+        Fault::ServerCutFromClients,
+        Fault::FollowerSkewed,
+    ];
+    const ALL: [Fault; 6] = [
+        Fault::LeaderKilled,
+        Fault::LeaderPaused,
+        Fault::LeaderCutFromEtcd,
+        Fault::ServerCutFromClients,
+        Fault::FollowerSkewed,
+        Fault::EtcdMemberKilled,
+    ];
+
+    fn words(self) -> &'static str {
+        match self {
+            Fault::LeaderKilled => "leader killed",
+            Fault::LeaderPaused => "leader paused past its lease",
+            Fault::LeaderCutFromEtcd => "leader partitioned from etcd",
+            Fault::ServerCutFromClients => "server partitioned from its clients",
+            Fault::FollowerSkewed => "follower restarted with a skewed clock",
+            Fault::EtcdMemberKilled => "etcd member killed",
         }
     }
-    by.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
 }
 
 /// The fixed schedule of the fencing check: the leader paused past its lease, a new leader
@@ -667,4 +741,70 @@ async fn the_checker_fails_when_fencing_is_broken_and_passes_when_it_is_not() {
     assert!(!broken.ok(), "with fencing broken, the deposed leader's writes must break a promise");
     let intact = paused_leader_schedule(false).await;
     assert!(intact.ok(), "with fencing, the same schedule keeps every promise: {:?}", intact.violations);
+}
+
+/// The fixed schedule of the two "broken promise" checks: one server leads (on etcd, so that
+/// its answers carry their headers); a client reads, runs a task, stops it and reads again,
+/// each acknowledged before the next is invoked.
+async fn run_stop_read(broken: Option<&str>) -> history::Verdict {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let extra: Vec<&str> = broken.map_or_else(Vec::new, |b| vec!["--broken-for-tests", b]);
+    let servers = Servers::start(tmp.path(), 1, &extra).await;
+    let url = servers.url(0);
+    let cluster = servers.view(&url);
+    let admin = cluster.admin();
+    create_pool(&admin, "gpu").await;
+    admin.register_taskdef(mps_taskdef("nemesis", TASK_MIB)).await.expect("register");
+    let (http, token, t0) = (cluster.http(), cluster.admin_token(), Instant::now());
+    let mut history = vec![perform(&http, &token, &url, 0, Op::Read, t0).await];
+    let run = perform(&http, &token, &url, 0, Op::Run { token: "once".into() }, t0).await;
+    let task = run.tasks.first().cloned().unwrap_or_else(|| panic!("RunTask named no task: {run:?}"));
+    history.push(run);
+    history.push(perform(&http, &token, &url, 0, Op::Stop { task }, t0).await);
+    history.push(perform(&http, &token, &url, 0, Op::Read, t0).await);
+    let last = perform(&http, &token, &url, 1, Op::ReadAll, t0).await;
+    for e in history.iter().chain([&last]) {
+        assert_eq!(e.outcome, Outcome::Ok, "{e:?}");
+    }
+    drop(servers);
+    history::check(&history, &last.seen, PER_GPU)
+}
+
+/// The checker of a broken server finds `reason` among its violations; of an intact one,
+/// nothing.
+async fn the_checker_finds(broken: &str, reason: &str) {
+    std::env::set_var("MPSFLEET_ALLOW_BROKEN", "1");
+    let v = run_stop_read(Some(broken)).await;
+    println!("{broken}: {:?}", v.violations);
+    assert!(
+        v.violations.iter().any(|x| x.contains(reason)),
+        "with --broken-for-tests {broken}, the checker must find {reason:?}: {:?}",
+        v.violations
+    );
+    let intact = run_stop_read(None).await;
+    assert!(intact.ok(), "without the switch the same schedule keeps every promise: {:?}", intact.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checker_fails_when_the_leaders_reads_stop_following_its_commits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // The switch is refused outside tests: without MPSFLEET_ALLOW_BROKEN=1 the server does not
+    // start with it.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path())
+        .args(["--broken-for-tests", "stale-reads"])
+        .env_remove("MPSFLEET_ALLOW_BROKEN")
+        .output()
+        .expect("run the server");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("MPSFLEET_ALLOW_BROKEN=1"), "{stderr}");
+    the_checker_finds("stale-reads", "whose RunTask was acknowledged before it").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checker_fails_when_an_acknowledged_stop_is_never_committed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    the_checker_finds("lost-stops", "whose StopTask was acknowledged before it").await;
 }

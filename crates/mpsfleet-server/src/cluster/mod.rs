@@ -10,6 +10,7 @@
 mod agent_reports;
 mod audit;
 pub mod bounds;
+pub mod broken;
 mod call;
 pub mod capacity_providers;
 pub mod catalog;
@@ -249,6 +250,8 @@ pub struct Cluster {
     events: crate::events::Events,
     /// The last output snapshot of each task, in memory (see `logs.rs`).
     output: logs::LogSnapshots,
+    /// A deliberate bug a test turned on (`broken.rs`); off everywhere else.
+    broken: broken::Switch,
 }
 
 /// Tokens created at first start, to be shown once.
@@ -324,6 +327,7 @@ impl Cluster {
             events: crate::events::Events::default(),
             console_links: HashMap::new(),
             output: logs::LogSnapshots::default(),
+            broken: broken::Switch::Off,
         };
         let rev = c.store.revision()?;
         c.state.committed(rev);
@@ -1161,6 +1165,9 @@ impl Cluster {
     }
 
     pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
+        if let Some(stale) = self.broken.stale_tasks(filter) {
+            return stale;
+        }
         let mut out: Vec<&TaskEntry> = self.matching_tasks(filter).collect();
         if filter.newest_first {
             out.sort_by_key(|e| std::cmp::Reverse(e.seq));
@@ -1223,6 +1230,9 @@ impl Cluster {
         }
         let reason = reason.unwrap_or_else(|| "stopped by the user".to_string());
         let t = self.stopped_record(&task, StopCode::UserInitiated, &reason);
+        if matches!(self.broken, broken::Switch::LostStops) {
+            return Ok(t);
+        }
         self.write_tasks(vec![t])?;
         // Its service (if any) starts a replacement on the next pass of the work queue; the
         // stop, committed, is not answered with an error of that reconcile.

@@ -182,7 +182,9 @@ impl Sim {
     }
 
     /// At every resync: a service below its count while its pool has room recovers within
-    /// [`invariants::recovery_bound_ms`].
+    /// [`invariants::recovery_bound_ms`]. A `fenced` replica waiting for its old host's
+    /// termination is not counted missing here: its incident's bound for fenced services
+    /// judges that wait (`recovery-bound`), from the failure's first signal.
     pub(super) fn check_recovery(&mut self) {
         if self.now < WARMUP_MS {
             return;
@@ -193,7 +195,7 @@ impl Sim {
         // of every service at each resync.
         let mut short = Vec::new();
         for (name, w) in &self.svcs {
-            if self.mirror.server_running(name) < w.desired {
+            if self.mirror.server_running(name) + self.awaiting_fence(name) < w.desired {
                 short.push((name.clone(), w.pool.clone(), w.demand.mps));
             }
         }

@@ -284,6 +284,19 @@ impl Sim {
         by_cause.into_iter().collect()
     }
 
+    /// The replicas of a `fenced` service that wait on a host with an open incident for that
+    /// host's termination: by design they start again only once the old copy is fenced, and
+    /// the incident's own bound for fenced services (its `total` phase, judged by the
+    /// `recovery-bound` invariant) holds that wait, not the service bound.
+    pub(super) fn awaiting_fence(&self, s: &ServiceName) -> u32 {
+        let (Some(w), Some(svc)) = (self.svcs.get(s), self.mirror.services.get(s)) else { return 0 };
+        if !w.fenced {
+            return 0;
+        }
+        let waiting = svc.missing.iter().filter_map(|id| svc.tasks.get(id));
+        waiting.filter(|t| self.task_shortfall(true, t) == Some(Shortfall::FencedTermination)).count() as u32
+    }
+
     /// Why a live task of the service that the world does not run is not running; `None`
     /// for one not placed (its cause is the pool's room).
     fn task_shortfall(&self, fenced: bool, t: &SrvTask) -> Option<Shortfall> {
