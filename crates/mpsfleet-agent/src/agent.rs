@@ -562,6 +562,21 @@ async fn identity(
     Ok(id)
 }
 
+/// Records another runtime in the identity of the host whose data dir is `data_dir`, for its
+/// next start (`mpsfleet up`, when the machine's Docker Engine started or went since the host
+/// registered; the server's record is changed with it). False when there is no identity.
+pub fn set_registered_runtime(data_dir: &Path, runtime: RuntimeKind) -> Result<bool, AgentError> {
+    let path = data_dir.join(IDENTITY_FILE);
+    let Some(mut id) = load_identity(&path)? else { return Ok(false) };
+    if id.runtime == runtime {
+        return Ok(true);
+    }
+    id.runtime = runtime;
+    let bytes = serde_json::to_vec_pretty(&id).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    crate::safe_fs::write_atomic(&path, &bytes).map_err(io("cannot write the host identity", &path))?;
+    Ok(true)
+}
+
 /// The identity in `path`, if there is one. One written by an older agent with the agent token
 /// itself is converted: its digest is written in its place.
 fn load_identity(path: &Path) -> Result<Option<Identity>, AgentError> {

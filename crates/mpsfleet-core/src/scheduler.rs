@@ -597,6 +597,17 @@ impl Scheduler {
         self.attach_host(host);
     }
 
+    /// Whether the host runs images: its runtime changed (`mpsfleet up` on a machine whose
+    /// Docker Engine started or went since the host registered).
+    pub fn set_runs_images(&mut self, host: HostIx, runs_images: bool) {
+        if self.hosts[host as usize].runs_images == runs_images {
+            return;
+        }
+        self.detach_host(host);
+        self.hosts[host as usize].runs_images = runs_images;
+        self.attach_host(host);
+    }
+
     /// Opens or closes one GPU to new MPS tasks (its daemon answers, or was seen not to);
     /// whole-GPU placement and what already runs there are unaffected.
     pub fn set_mps_open(&mut self, gpu: GpuIx, open: bool) {

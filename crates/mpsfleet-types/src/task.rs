@@ -125,6 +125,11 @@ pub struct Task {
     /// The same reason as a stable code, for scripts and metrics; None once placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_code: Option<PendingCode>,
+    /// True while no host of the pool, and no host its provider launches, has what the task
+    /// needs (a container runtime): nothing will place it until an operator adds such a host
+    /// (`--wait` gives up at once). False once placed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unplaceable: bool,
     #[serde(default)]
     pub stop_code: Option<StopCode>,
     #[serde(default)]
@@ -293,6 +298,7 @@ impl Task {
             gpu_ids: Vec::new(),
             pending_reason: None,
             pending_code: None,
+            unplaceable: false,
             stop_code: None,
             stopped_reason: None,
             started_by,

@@ -519,10 +519,28 @@ impl TaskDefinition {
     /// Whether the task can only run on a container host: some container has no command of its
     /// own (it runs the image's), or uses a field only a container runtime honours.
     pub fn needs_container_runtime(&self) -> bool {
-        self.container_definitions.iter().any(ContainerDefinition::needs_container_runtime)
-            || self.network_mode.is_some_and(|m| m != NetworkMode::Bridge)
-            || self.pid_mode.is_some()
-            || self.ipc_mode.is_some()
+        self.container_runtime_field().is_some()
+    }
+
+    /// The first field that makes the task need a container runtime, as its path in the task
+    /// definition with what it asks (for the reason a task waits for a host that runs
+    /// containers); None for a task a process host can run.
+    pub fn container_runtime_field(&self) -> Option<String> {
+        for (i, c) in self.container_definitions.iter().enumerate() {
+            if let Some(f) = c.container_runtime_field() {
+                return Some(format!("containerDefinitions[{i}].{f}"));
+            }
+        }
+        if self.network_mode.is_some_and(|m| m != NetworkMode::Bridge) {
+            return Some("networkMode (only a container runtime makes a task's network)".into());
+        }
+        if self.pid_mode.is_some() {
+            return Some("pidMode (only a container runtime honours it)".into());
+        }
+        if self.ipc_mode.is_some() {
+            return Some("ipcMode (only a container runtime honours it)".into());
+        }
+        None
     }
 
     /// The network mode a container host runs the task in: as given, `bridge` by default.
@@ -555,14 +573,27 @@ impl ContainerDefinition {
     /// No `command` or `entryPoint` (the image's own is run), or a field that only a container
     /// runtime honours.
     pub fn needs_container_runtime(&self) -> bool {
-        (self.command.is_empty() && self.entry_point.is_empty())
-            || self.cpu.is_some()
-            || self.memory.is_some()
-            || self.memory_reservation.is_some()
-            || self.working_directory.is_some()
-            || !self.docker_labels.is_empty()
-            || !self.port_mappings.is_empty()
-            || self.uses_container_options()
+        self.container_runtime_field().is_some()
+    }
+
+    /// The first field of the container that only a container runtime honours, with why.
+    fn container_runtime_field(&self) -> Option<&'static str> {
+        let honoured = [
+            (self.cpu.is_some(), "cpu (only a container runtime honours it)"),
+            (self.memory.is_some(), "memory (only a container runtime honours it)"),
+            (self.memory_reservation.is_some(), "memoryReservation (only a container runtime honours it)"),
+            (self.working_directory.is_some(), "workingDirectory (only a container runtime honours it)"),
+            (!self.docker_labels.is_empty(), "dockerLabels (only a container runtime honours them)"),
+            (!self.port_mappings.is_empty(), "portMappings (only a container runtime maps ports)"),
+            (
+                self.uses_container_options(),
+                "volumes or Linux options (only a container runtime honours them)",
+            ),
+        ];
+        if self.command.is_empty() && self.entry_point.is_empty() {
+            return Some("image (no command or entryPoint: the image's own command runs)");
+        }
+        honoured.into_iter().find(|(set, _)| *set).map(|(_, f)| f)
     }
 
     /// Volumes or Linux options only a container runtime honours.

@@ -7,7 +7,7 @@ use mpsfleet_server::cluster::ProviderContext;
 use mpsfleet_server::provider::{terminate_with_retries, CapacityProvider, LocalProvider, Retry};
 use mpsfleet_types::policy::{HostShape, Provider};
 use mpsfleet_types::scaling::ManagedScaling;
-use mpsfleet_types::{CreatePool, HostStatus, OwnershipMode, PoolName};
+use mpsfleet_types::{CreatePool, HostStatus, OwnershipMode, PoolName, RuntimeKind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -291,6 +291,34 @@ async fn up(args: UpArgs) -> Result<()> {
             opened.cluster.retire_host(&h.id, &why)?;
             println!("host {} ({}) retired: {why}", h.id, h.hostname);
         }
+    }
+    // Hosts that registered with another runtime than the machine's now (Docker Engine started
+    // or stopped since) come back with this one: the banner's runtime is every host's.
+    let runtime = if docker.is_ok() { RuntimeKind::Docker } else { RuntimeKind::Process };
+    for h in opened.cluster.hosts(Some(&args.pool)) {
+        if h.runtime == runtime || !launch.contains(&h.hostname) {
+            continue;
+        }
+        let why = match &docker {
+            Ok(_) => "Docker Engine answers on this machine now (mpsfleet up)",
+            Err(_) => "Docker Engine does not answer on this machine now (mpsfleet up)",
+        };
+        mpsfleet_agent::agent::set_registered_runtime(&dir.join("hosts").join(&h.hostname), runtime)
+            .with_context(|| format!("cannot change the runtime of host {} ({})", h.id, h.hostname))?;
+        let plugins = match &docker {
+            Ok(_) => mpsfleet_agent::docker::engine_plugins(&socket, Duration::from_secs(30))
+                .await
+                .unwrap_or_default(),
+            Err(_) => Default::default(),
+        };
+        opened.cluster.change_local_host_runtime(&h.id, runtime, docker.clone().ok(), plugins, why)?;
+        println!(
+            "host {} ({}) now runs tasks {} (it registered {}): {why}",
+            h.id,
+            h.hostname,
+            if runtime == RuntimeKind::Docker { "as containers" } else { "as processes" },
+            if h.runtime == RuntimeKind::Docker { "with Docker" } else { "as a process host" },
+        );
     }
     // A managed pool is kept at its size by the server (through this provider); the hosts of a
     // self-managed pool are the operator's, started here.

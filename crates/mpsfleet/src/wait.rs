@@ -88,6 +88,7 @@ pub async fn tasks_running(c: &Client, flags: WaitFlags, ids: &[TaskId]) -> Resu
                     let why = t.stopped_reason.unwrap_or_else(|| "no reason given".into());
                     return Ok(Progress::Failed(format!("task {id} stopped: {why}")));
                 }
+                _ if t.unplaceable => return Ok(Progress::Failed(never_placed(&t))),
                 s => pending.push(format!(
                     "{id} {}{}",
                     s.as_str(),
@@ -138,7 +139,12 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
         };
         let dep = &d.deployment;
         let query = TaskQuery { service: Some(service.to_string()), live: true, ..Default::default() };
-        let live = c.list_tasks(&query).await?.len() as u32;
+        let tasks = c.list_tasks(&query).await?;
+        let live = tasks.len() as u32;
+        if let Some(t) = tasks.iter().find(|t| t.unplaceable && t.desired_status != TaskStatus::Stopped) {
+            return Ok(Progress::Failed(never_placed(t)));
+        }
+        let waiting = placement_reasons(&tasks);
         let failures = dep.failures_words();
         Ok(match dep.rollout_state {
             RolloutState::Completed if d.healthy_count >= dep.desired_count && live <= dep.desired_count => {
@@ -154,17 +160,43 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
                 live - dep.desired_count
             )),
             RolloutState::InProgress | RolloutState::Completed => Progress::Waiting(format!(
-                "{} of {} healthy, {} running, {} pending, {} failed{}",
+                "{} of {} healthy, {} running, {} pending, {} failed{}{}",
                 d.healthy_count,
                 dep.desired_count,
                 d.running_count,
                 d.pending_count,
                 dep.failed_tasks,
-                if failures.is_empty() { String::new() } else { format!(" ({})", failures.join("; ")) }
+                if failures.is_empty() { String::new() } else { format!(" ({})", failures.join("; ")) },
+                waiting
             )),
         })
     })
     .await
+}
+
+/// The failure of a wait for a task nothing will ever place by itself.
+fn never_placed(t: &mpsfleet_types::Task) -> String {
+    format!(
+        "task {} can never be placed as the pool is: {}",
+        t.id,
+        t.pending_reason.as_deref().unwrap_or("no host of its pool has what it needs")
+    )
+}
+
+/// Why the tasks that wait for a host wait: each distinct reason with how many, or nothing.
+fn placement_reasons(tasks: &[mpsfleet_types::Task]) -> String {
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    for t in tasks.iter().filter(|t| t.host_id.is_none()) {
+        if let Some(r) = &t.pending_reason {
+            *by.entry(r.as_str()).or_default() += 1;
+        }
+    }
+    let each: Vec<String> = by.into_iter().map(|(r, n)| format!("{n} waiting: {r}")).collect();
+    if each.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", each.join("; "))
+    }
 }
 
 /// Until no task is left on the host.

@@ -169,3 +169,91 @@ async fn a_server_restarted_under_running_agents_is_a_non_event() {
     );
     assert_eq!(admin.list_incidents().await.unwrap().len(), 0, "a clean server restart opened an incident");
 }
+
+/// The README's order: `up` before any Docker engine exists (process hosts), Ctrl-C, the
+/// private engine started, `up` again on the same data dir: the same hosts come back running
+/// containers, the banner and `host list` agree, and an image task runs. Then the engine gone
+/// again: back to processes.
+#[test]
+fn up_brings_its_hosts_back_with_the_runtime_the_machine_has_now() {
+    if mps_control().is_none() {
+        eprintln!("skipped: the real nvidia-cuda-mps-control is not installed (bash scripts/install-mps.sh)");
+        assert!(!on_ci(), "CI installs the MPS daemon");
+        return;
+    }
+    let docker = docker_env();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let runtimes = |hs: &[HostView]| hs.iter().map(|h| h.runtime.as_str()).collect::<BTreeSet<_>>();
+
+    let up = Up::start(dir.path(), &data, 2);
+    let hosts = rt.block_on(active_hosts(&up.admin));
+    assert_eq!(runtimes(&hosts), BTreeSet::from(["process"]), "{hosts:#?}");
+    // A task that needs a container runtime (its `memory`), in a pool of process hosts whose
+    // provider launches process hosts: `--wait` gives up at once, naming the field.
+    let def = serde_json::json!({"family": "img", "containerDefinitions": [{
+        "name": "main", "image": docker.image, "command": ["sleep", "600"], "memory": 64
+    }]});
+    rt.block_on(up.admin.register_taskdef(def.to_string().into_bytes())).unwrap();
+    let started = tokio::time::Instant::now();
+    let out = up.cli(&[
+        "service",
+        "create",
+        "web",
+        "--taskdef",
+        "img:1",
+        "--desired",
+        "2",
+        "--wait",
+        "--timeout",
+        "120",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "--wait did not give up at once: {err}");
+    assert!(
+        err.contains("can never be placed as the pool is")
+            && err.contains("containerDefinitions[0].memory (only a container runtime honours it)")
+            && err.contains("nothing places the task until such a host joins"),
+        "{err}"
+    );
+    up.interrupt();
+
+    let engine = format!("unix://{}", docker.socket.display());
+    let up = Up::start_on_engine(dir.path(), &data, 2, &[], &engine);
+    let said = up.banner.clone();
+    rt.block_on(async {
+        let again = active_hosts(&up.admin).await;
+        let ids = |hs: &[HostView]| hs.iter().map(|h| h.id.clone()).collect::<BTreeSet<_>>();
+        assert_eq!(ids(&again), ids(&hosts), "the same hosts");
+        assert_eq!(runtimes(&again), BTreeSet::from(["docker"]), "{again:#?}");
+        for h in &hosts {
+            assert!(
+                said.iter()
+                    .any(|l| l
+                        .contains(&format!("host {} ({}) now runs tasks as containers", h.id, h.hostname))),
+                "{said:?}"
+            );
+        }
+        // The service that could not be placed runs now, as containers.
+        let replicas = running(&up.admin, Some("web"), 2).await;
+        assert!(
+            replicas.iter().all(|t| !t.unplaceable && t.containers.iter().any(|c| c.runtime_id.is_some())),
+            "{replicas:#?}"
+        );
+    });
+    assert!(said.iter().any(|l| l.starts_with("containers: Docker Engine")), "{said:?}");
+    up.interrupt();
+
+    // The engine gone again (another socket): process hosts once more, as the banner says.
+    let up = Up::start(dir.path(), &data, 2);
+    let said = up.banner.clone();
+    rt.block_on(async {
+        let again = active_hosts(&up.admin).await;
+        assert_eq!(runtimes(&again), BTreeSet::from(["process"]), "{again:#?}");
+    });
+    assert!(said.iter().any(|l| l.starts_with("containers: none")), "{said:?}");
+    assert!(said.iter().any(|l| l.contains("now runs tasks as processes")), "{said:?}");
+    drop(up);
+}

@@ -10,6 +10,11 @@
 //!   counts any heartbeat grace. A host whose directory is gone cannot come back: it retires
 //!   quietly, DEREGISTERED with the reason ([`Cluster::retire_host`]), never an incident and
 //!   never a replacement; the pool's provider keeps the pool at its size as usual.
+//! - **Runtime.** A host registered while Docker Engine did not answer runs tasks as processes,
+//!   and one registered with Docker runs containers; when `up` finds the machine's engine
+//!   started (or gone) since, it brings the host back with the runtime it found
+//!   ([`Cluster::change_local_host_runtime`]): same id and name, its tasks recorded as stopped,
+//!   a `RuntimeChanged` event, placement by the new runtime from then on.
 
 use super::*;
 
@@ -34,6 +39,46 @@ impl Cluster {
         let n = stopped.len();
         self.write_tasks(stopped)?;
         Ok(n)
+    }
+
+    /// Brings one of `up`'s hosts back with another runtime (see the module's documentation):
+    /// the caller has not started the host yet and vouches that nothing of it runs, so its
+    /// tasks are recorded as STOPPED with `reason` (their services start them again, where
+    /// the new runtime fits).
+    pub fn change_local_host_runtime(
+        &mut self,
+        id: &HostId,
+        runtime: RuntimeKind,
+        version: Option<String>,
+        plugins: RuntimePlugins,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let ix = self.host_ix(id.as_str())?;
+        let mut h = self.state.hosts()[ix as usize].host().clone();
+        if h.runtime == runtime || h.status == HostStatus::Deregistered {
+            return Ok(());
+        }
+        let now = self.now();
+        let stopped: Vec<Task> = (self.state.tasks().values())
+            .map(|e| &e.task)
+            .filter(|t| t.host_id.as_ref() == Some(id) && t.last_status != TaskStatus::Stopped)
+            .map(|t| {
+                let mut t = self.stopped_record(t, StopCode::UserInitiated, reason);
+                force_stop(&mut t);
+                t.stopped_at_ms.get_or_insert(now);
+                t
+            })
+            .collect();
+        self.write_tasks(stopped)?;
+        let what = format!("{} runtime, was {}: {reason}", runtime.as_str(), h.runtime.as_str());
+        h.events.push(now, ObjectEvent::new("RuntimeChanged", what));
+        h.runtime = runtime;
+        h.runtime_version = version;
+        h.plugins = plugins;
+        self.write_host(ix, h)?;
+        self.sched.set_runs_images(ix, runtime.runs_images());
+        self.ask(Work::Placement(self.state.hosts()[ix as usize].host().pool.clone()));
+        Ok(())
     }
 
     /// A host whose machine is gone for good, known by its owner (`up`, whose hosts' directories

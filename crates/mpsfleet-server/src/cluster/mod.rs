@@ -1216,6 +1216,7 @@ impl Cluster {
         if t.last_status == TaskStatus::Stopped {
             t.pending_reason = None;
             t.pending_code = None;
+            t.unplaceable = false;
             t.stopped_at_ms.get_or_insert(self.now());
         }
         t.stop_code.get_or_insert(code);

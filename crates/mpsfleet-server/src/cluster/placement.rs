@@ -59,14 +59,79 @@ impl Cluster {
                     p.gpus.iter().map(|&g| entry.host().gpus[(g - first) as usize].uuid.clone()).collect();
                 task.pending_reason = None;
                 task.pending_code = None;
+                task.unplaceable = false;
             }
-            Err(why) => {
+            Err(unplaced) => {
+                let (why, code, unplaceable) = self.waiting(task, unplaced);
                 task.host_id = None;
                 task.placed_at_ms = None;
                 task.gpu_ids.clear();
-                task.pending_reason = Some(why.to_string());
-                task.pending_code = Some(why.code());
+                task.pending_reason = Some(why);
+                task.pending_code = Some(code);
+                task.unplaceable = unplaceable;
             }
+        }
+    }
+
+    /// Why a task waits: its reason (naming the task definition's field that asks for what no
+    /// host offers), its code, and whether nothing will ever place it by itself.
+    fn waiting(
+        &self,
+        task: &Task,
+        unplaced: &mpsfleet_core::scheduler::Unplaced,
+    ) -> (String, PendingCode, bool) {
+        use mpsfleet_core::scheduler::Unplaced as U;
+        let field = || {
+            let key = (task.task_definition.family.clone(), task.task_definition.revision);
+            let td = self.state.taskdefs().get(&key);
+            td.and_then(|v| v.value.container_runtime_field()).unwrap_or_else(|| "its task definition".into())
+        };
+        match unplaced {
+            U::NoContainerHost { pool } => {
+                let mut why = format!(
+                    "no schedulable host in pool {pool} runs containers, which {} needs; start an agent \
+                     with --runtime docker",
+                    field()
+                );
+                let never = !self.may_ever_run_containers(&task.pool);
+                if never {
+                    why += "; no host of the pool runs containers and its provider launches none: nothing \
+                            places the task until such a host joins";
+                }
+                (why, unplaced.code(), never)
+            }
+            U::NoFittingContainerHost { pool } => (
+                format!(
+                    "no host in pool {pool} that runs containers has room for the task, which {} needs; \
+                     free capacity there or start an agent with --runtime docker",
+                    field()
+                ),
+                unplaced.code(),
+                false,
+            ),
+            other => (other.to_string(), other.code(), false),
+        }
+    }
+
+    /// Whether a host that runs containers is in the pool (in any state but DEREGISTERED: a
+    /// cordoned or impaired one may come back) or may come from its provider: any but a local
+    /// one whose agents are started with `--runtime process`.
+    fn may_ever_run_containers(&self, pool: &PoolName) -> bool {
+        let hosts = self.state.hosts().iter().map(|e| e.host());
+        if hosts
+            .filter(|h| &h.pool == pool)
+            .any(|h| h.status != HostStatus::Deregistered && h.runtime.runs_images())
+        {
+            return true;
+        }
+        let kind = self.state.pools().get(pool).and_then(|p| p.value.provider.as_ref()).map(|pr| pr.kind);
+        match kind {
+            None => false,
+            Some(ProviderKind::Local) => self.providers.ctx.as_ref().is_none_or(|ctx| {
+                let args = &ctx.local_agent_args;
+                !args.windows(2).any(|w| w[0] == "--runtime" && w[1] == "process")
+            }),
+            Some(_) => true,
         }
     }
 
@@ -92,9 +157,10 @@ impl Cluster {
                 }
                 // The reason is derived state: refreshed in memory, not written on every retry.
                 Err(unplaced) => {
-                    let why = format!("{unplaced}{scaling}");
-                    let code = if scaling_out { PendingCode::ScalingOut } else { unplaced.code() };
-                    if self.state.set_pending_reason(&id, &why, code) {
+                    let (why, code, unplaceable) = self.waiting(&task, &unplaced);
+                    let why = format!("{why}{scaling}");
+                    let code = if scaling_out { PendingCode::ScalingOut } else { code };
+                    if self.state.set_pending_reason(&id, &why, code, unplaceable) {
                         let news = vec![mpsfleet_core::changes::TaskChange::Unplaced(why)];
                         self.record_task(id, pool.clone(), news);
                     }

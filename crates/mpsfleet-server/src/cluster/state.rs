@@ -363,8 +363,14 @@ impl State {
 
     /// Why a waiting task waits: derived, refreshed in memory on every placement retry, never
     /// committed. True when the reason changed.
-    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str, code: PendingCode) -> bool {
-        self.tasks.set_pending_reason(id, reason, code)
+    pub(super) fn set_pending_reason(
+        &mut self,
+        id: &TaskId,
+        reason: &str,
+        code: PendingCode,
+        unplaceable: bool,
+    ) -> bool {
+        self.tasks.set_pending_reason(id, reason, code, unplaceable)
     }
 }
 

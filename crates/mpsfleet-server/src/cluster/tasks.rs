@@ -104,11 +104,18 @@ impl TaskTable {
 
     /// Why a waiting task waits: derived state, refreshed in memory on every placement retry.
     /// True when the reason changed.
-    pub(super) fn set_pending_reason(&mut self, id: &TaskId, reason: &str, code: PendingCode) -> bool {
+    pub(super) fn set_pending_reason(
+        &mut self,
+        id: &TaskId,
+        reason: &str,
+        code: PendingCode,
+        unplaceable: bool,
+    ) -> bool {
         match self.entries.get_mut(id) {
             Some(e) if e.task.pending_reason.as_deref() != Some(reason) => {
                 e.task.pending_reason = Some(reason.to_string());
                 e.task.pending_code = Some(code);
+                e.task.unplaceable = unplaceable;
                 true
             }
             _ => false,

@@ -14,6 +14,8 @@ pub struct Up {
     /// The server's URL and the CLI's configuration home.
     pub url: String,
     pub home: std::path::PathBuf,
+    /// What `up` printed up to and including its `try:` line.
+    pub banner: Vec<String>,
 }
 
 impl Drop for Up {
@@ -69,8 +71,10 @@ impl Up {
             }
         });
         let mut url = None;
+        let mut banner = Vec::new();
         loop {
             let line = lines.recv_timeout(Duration::from_secs(60)).expect("up printed its summary");
+            banner.push(line.clone());
             if let Some(u) = line.strip_prefix("mpsfleet up: server ").and_then(|r| r.split(',').next()) {
                 url = Some(u.to_string());
             }
@@ -91,7 +95,7 @@ impl Up {
             mpsfleet_client::tls::Trust::Ca(std::fs::read(config["caFile"].as_str().unwrap()).unwrap());
         let token = config["token"].as_str().map(String::from);
         let admin = Client::with_trust(url.as_deref().unwrap(), token, &trust).unwrap();
-        Up { child, admin, lines, url: url.unwrap(), home: home.to_path_buf() }
+        Up { child, admin, lines, url: url.unwrap(), home: home.to_path_buf(), banner }
     }
 
     /// Ctrl-C; returns what `up` printed while it stopped.
