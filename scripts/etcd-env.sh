@@ -61,12 +61,25 @@ start_member() {
   echo $! >"$dir/m$i.pid"
 }
 
+# Each tool this script runs, and the Debian package that has it: a machine that has one of
+# them already (etcd-server installed by hand, without etcd-client) gets the other.
+install_packages() {
+  local missing=()
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+  command -v setsid >/dev/null 2>&1 || missing+=(util-linux)
+  ((${#missing[@]} == 0)) && return 0
+  [[ "$(id -u)" == 0 ]] || die "missing packages ${missing[*]} (etcd, etcdctl, setsid): run as root, or install them first"
+  command -v apt-get >/dev/null 2>&1 || die "missing packages ${missing[*]} and no apt-get: this script needs Debian"
+  log "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || die "could not install ${missing[*]}"
+  command -v etcd >/dev/null 2>&1 || die "etcd is still missing after installing etcd-server"
+  command -v etcdctl >/dev/null 2>&1 || die "etcdctl is still missing after installing etcd-client"
+}
+
 start() {
-  if ! command -v etcd >/dev/null 2>&1; then
-    log "installing Debian's etcd-server and etcd-client"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null \
-      || die "could not install etcd-server (run as root on Debian)"
-  fi
+  install_packages
   if running; then
     log "already running at $(endpoints)"
     return
