@@ -444,6 +444,8 @@ pub struct Scheduler {
     gpus: Vec<GpuState>,
     groups: Vec<GroupCounts>,
     group_ix: HashMap<String, GroupIx>,
+    /// Slots of groups forgotten ([`Scheduler::forget_groups`]), for the next new group.
+    free_groups: Vec<GroupIx>,
 }
 
 fn mps_key(remaining: u64, gpu: GpuIx) -> u64 {
@@ -510,10 +512,40 @@ impl Scheduler {
         if let Some(&g) = self.group_ix.get(name) {
             return g;
         }
-        let g = self.groups.len() as GroupIx;
-        self.groups.push(GroupCounts::default());
+        let g = match self.free_groups.pop() {
+            Some(g) => g,
+            None => {
+                self.groups.push(GroupCounts::default());
+                (self.groups.len() - 1) as GroupIx
+            }
+        };
         self.group_ix.insert(name.to_string(), g);
         g
+    }
+
+    /// Forgets the groups that hold no task and that `keep` does not name (the deployments
+    /// that are gone): a long-lived server interns one group per deployment, and this keeps
+    /// their number that of the deployments it still has.
+    pub fn forget_groups(&mut self, keep: impl Fn(&str) -> bool) {
+        let groups = &self.groups;
+        let gone: Vec<(String, GroupIx)> = self
+            .group_ix
+            .iter()
+            .filter(|(name, &g)| {
+                let c = &groups[g as usize];
+                c.by_host.is_empty() && c.by_gpu.is_empty() && !keep(name)
+            })
+            .map(|(n, &g)| (n.clone(), g))
+            .collect();
+        for (name, g) in gone {
+            self.group_ix.remove(&name);
+            self.free_groups.push(g);
+        }
+    }
+
+    /// How many groups are interned (for tests of [`Scheduler::forget_groups`]).
+    pub fn group_count(&self) -> usize {
+        self.group_ix.len()
     }
 
     /// Adds a host, not yet schedulable. Hosts must be added in registration order.

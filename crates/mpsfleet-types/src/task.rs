@@ -160,6 +160,12 @@ pub struct Task {
     /// What its run and later calls attached to it (overrides, startedBy, group, tags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<Box<crate::labels::TaskLabels>>,
+    /// The deployment of its service that started it (`d-N`); the scheduler spreads each
+    /// deployment's tasks over hosts and daemons by themselves, so that a rollout leaves the
+    /// service as spread as placement allows once the older tasks stop. None for a task run
+    /// on its own, or started before tasks recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
@@ -311,6 +317,7 @@ impl Task {
             containers: Vec::new(),
             attachments: Vec::new(),
             labels: None,
+            deployment: None,
         }
     }
 

@@ -653,3 +653,17 @@ proptest! {
         prop_assert_eq!(run(&c), run(&c));
     }
 }
+
+/// Groups that hold no task and are not kept are forgotten, and their slots reused.
+#[test]
+fn forgotten_groups_free_their_slots() {
+    let mut s = Scheduler::default();
+    let a = s.group("web/d-1");
+    let b = s.group("web/d-2");
+    assert_ne!(a, b);
+    s.forget_groups(|name| name == "web/d-2");
+    assert_eq!(s.group_count(), 1);
+    assert_eq!(s.group("web/d-2"), b, "kept");
+    assert_eq!(s.group("web/d-3"), a, "the freed slot is reused");
+    assert_eq!(s.group_count(), 2);
+}

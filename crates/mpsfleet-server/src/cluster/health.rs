@@ -1040,6 +1040,7 @@ impl Cluster {
                 group: Some(svc.name.clone()),
                 started_by: format!("service:{}", svc.name),
                 labels: Default::default(),
+                deployment: svc.deployments.first().map(|d| d.id.clone()),
             };
             let before = batch.created.len();
             if let Err(e) = self.create_tasks(&spec, 1, &mut batch) {

@@ -122,9 +122,6 @@ pub const MAX_RUN_COUNT: u32 = 10_000;
 /// the oldest failure leaves the window (crash-loop backoff).
 pub const SERVICE_RESTART_BURST: usize = 5;
 pub const SERVICE_RESTART_WINDOW_MS: u64 = 30_000;
-/// How long a service waits after a rollout, a replica's start or an incident in its pool
-/// before it moves a replica to spread them over daemons again (docs/pools.md).
-pub const REBALANCE_SETTLE_MS: u64 = 60_000;
 
 /// The most replicas a service may ask for.
 pub const MAX_DESIRED_COUNT: u32 = 10_000;
@@ -171,6 +168,8 @@ struct NewTasks {
     started_by: String,
     /// What a task run gave of ECS's `overrides`, `startedBy`, `group` and `tags`.
     labels: Option<Box<TaskLabels>>,
+    /// The service's deployment that starts them (its PRIMARY one).
+    deployment: Option<String>,
 }
 
 /// A task run's labels (ECS's `overrides`, `startedBy`, `group`, `tags`), checked against ECS's
@@ -1039,6 +1038,7 @@ impl Cluster {
                 now,
             );
             task.labels = spec.labels.clone();
+            task.deployment = spec.deployment.clone();
             let req = match same {
                 Some(r) => r,
                 None => *same.insert(self.request_for(&task)?),
@@ -1150,7 +1150,7 @@ impl Cluster {
         self.check_task_policy(&pool, td)?;
         let labels = run_labels(&req, td)?;
         let td = td.reference();
-        let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels };
+        let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels, deployment: None };
         let tasks = self.start_tasks(spec, req.count)?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })

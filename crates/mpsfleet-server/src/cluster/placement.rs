@@ -25,7 +25,12 @@ impl Cluster {
             .ok_or_else(|| {
                 Error::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
             })?;
-        let group = task.group.as_ref().map(|g| self.sched.group(g.as_str()));
+        // A service's tasks spread by deployment: a rollout's new tasks spread among themselves,
+        // as they will be once the older ones stop.
+        let group = task.group.as_ref().map(|g| match &task.deployment {
+            Some(d) => self.sched.group(&format!("{g}/{d}")),
+            None => self.sched.group(g.as_str()),
+        });
         Ok(Request { pool, demand, group, needs })
     }
 

@@ -147,6 +147,15 @@ impl Cluster {
     /// Removes stopped tasks and resolved incidents past their retention, oldest first, a
     /// batch at a time; one failed batch is logged and left for the next resync.
     pub fn prune(&mut self) -> Result<(), Error> {
+        // The spread groups of deployments no service keeps any more (placement.rs).
+        let services = self.state.services();
+        self.sched.forget_groups(|group| match group.split_once('/') {
+            None => true,
+            Some((svc, d)) => ServiceName::new(svc)
+                .ok()
+                .and_then(|n| services.get(&n))
+                .is_some_and(|s| s.value.deployments.iter().any(|x| x.id == d)),
+        });
         let now = self.now();
         let stopped = self
             .state

@@ -384,7 +384,8 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
 
 /// After a daemon failure put every replica on the one GPU left, and the daemons came back,
 /// the service moves its replicas back one at a time, never below its healthy minimum, until
-/// each is on a daemon of its own.
+/// each is on a host (and daemon) of its own: as soon as the hosts take tasks again, with no
+/// settle time of its own.
 #[test]
 fn replicas_spread_over_daemons_again_once_capacity_returns() {
     let (mut w, hosts) = world(3);
@@ -433,25 +434,14 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     assert_eq!(crowded.len(), 3);
     assert!(crowded.windows(2).all(|p| p[0] == p[1]), "all on host 0's GPU: {crowded:?}");
 
-    // They answer again. Nothing moves within the settle time after the replacements started.
+    // They answer again: with nothing else moving, each resync may move one replica, as the
+    // server's loops run them, once the move before it has completed.
     for h in &hosts[1..] {
         w.heartbeat(h, HealthStatus::Ok);
     }
-    let moves = |c: &Cluster| {
-        c.service("web").unwrap().service.events.iter().filter(|e| e.reason == "ReplicaMoved").count()
-    };
-    for _ in 0..10 {
-        w.advance(1000);
-        w.c.health_tick().unwrap();
-        w.c.resync().unwrap();
-        agents(&mut w, |_| false, &mut |_| {});
-    }
-    assert_eq!(moves(&w.c), 0, "no move within the settle time");
-    // Then each resync may move one replica, as the server's loops run them, a settle time
-    // after the one before started its replacement.
     let mut lowest = usize::MAX;
-    for _ in 0..10 {
-        w.advance(REBALANCE_SETTLE_MS / 2);
+    for _ in 0..40 {
+        w.advance(5_000);
         for h in &hosts {
             w.heartbeat(h, HealthStatus::Ok);
         }
@@ -467,12 +457,53 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     assert_eq!(counts(&w.c), (3, 3));
     let svc = w.c.service("web").unwrap().service;
     assert_eq!(svc.events.iter().filter(|e| e.reason == "ReplicaMoved").count(), 2, "{:#?}", svc.events);
-    let at: Vec<u64> = svc.events.iter().filter(|e| e.reason == "ReplicaMoved").map(|e| e.at_ms).collect();
-    assert!(at[1] - at[0] >= REBALANCE_SETTLE_MS, "a settle time between moves: {at:?}");
     // A move is told as a move, not as a replacement by a newer definition.
     assert!(svc.events.iter().any(|e| e.reason == "TasksMoved"), "{:#?}", svc.events);
     assert!(!svc.events.iter().any(|e| e.reason == "TasksReplaced"), "{:#?}", svc.events);
     assert!(svc.moving.is_empty());
+}
+
+/// A service bunched on one host (the others cordoned when it started) is spread by its next
+/// rolling deployment: the new tasks spread among themselves while the old ones still run, so
+/// the service is one replica per host the moment the deployment completes, with no move of
+/// its own.
+#[test]
+fn a_bunched_service_is_spread_by_its_next_deployment() {
+    let (mut w, hosts) = world(3);
+    for h in &hosts[1..] {
+        w.c.set_cordoned(h.as_str(), true).unwrap();
+    }
+    service(&mut w, 3, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let hosts_of = |c: &Cluster| -> Vec<HostId> {
+        let mut h: Vec<HostId> = of_web(c)
+            .into_iter()
+            .filter(|t| t.desired_status != TaskStatus::Stopped)
+            .filter_map(|t| t.host_id)
+            .collect();
+        h.sort();
+        h
+    };
+    assert_eq!(hosts_of(&w.c), vec![hosts[0].clone(); 3], "bunched on the one open host");
+    for h in &hosts[1..] {
+        w.c.set_cordoned(h.as_str(), false).unwrap();
+    }
+    update(&mut w, "app:2");
+    let mut at_completion = None;
+    agents(&mut w, |_| false, &mut |c| {
+        let d = c.service_deployments("web").unwrap();
+        if at_completion.is_none() && d[0].deployment.rollout_state == RolloutState::Completed {
+            at_completion = Some(hosts_of(c));
+        }
+    });
+    let mut spread = hosts.clone();
+    spread.sort();
+    assert_eq!(at_completion, Some(spread), "one replica per host when the deployment completes");
+    let svc = w.c.service("web").unwrap().service;
+    assert!(!svc.events.iter().any(|e| e.reason == "ReplicaMoved"), "{:#?}", svc.events);
+    assert!(of_web(&w.c)
+        .iter()
+        .all(|t| t.deployment.as_deref() == Some("d-2") || t.desired_status == TaskStatus::Stopped));
 }
 
 #[test]

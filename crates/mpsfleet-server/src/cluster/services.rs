@@ -489,6 +489,7 @@ impl Cluster {
                 group: Some(name.clone()),
                 started_by: format!("service:{name}"),
                 labels: Default::default(),
+                deployment: svc.deployments.first().map(|d| d.id.clone()),
             };
             let started = self.start_tasks(spec, plan.start)?;
             let msg = format!("started {} task(s) of {}", started.len(), svc.task_definition);
@@ -538,12 +539,13 @@ impl Cluster {
         })
     }
 
-    /// Spreads replicas again: when a healthy replica shares its daemon (its GPU, or its host
-    /// for a task without GPUs) with another replica of the service, while the scheduler would
-    /// place a new replica on a daemon with none, that replica is marked as moving; the
-    /// rollout then replaces it within the deployment bounds. One at a time, only once the
-    /// PRIMARY deployment has completed and every replica is healthy, and for a `fenced`
-    /// service only when its configuration opts in.
+    /// Spreads replicas again, one at a time, once nothing else moves (the PRIMARY deployment
+    /// completed, every replica current and healthy: no recovery of the service under way; a `fenced` service
+    /// only when its configuration opts in). A replica is marked as moving, and the rollout
+    /// replaces it within the deployment bounds, when the scheduler would place a new replica
+    /// on a host holding at least two fewer of the service's replicas than the most crowded
+    /// one (over hosts first), or else on a daemon (a GPU, or a host for a task without GPUs)
+    /// with none while this replica shares its daemon.
     fn rebalance(&mut self, svc: &mut Service, replicas: &[Replica<TaskId>], now: u64) -> Rebalance {
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         if svc.status != ServiceStatus::Active
@@ -566,19 +568,21 @@ impl Cluster {
                 .map(|p| (p.host, p.gpus.first().copied()))
         };
         let mut on: BTreeMap<Daemon, Vec<(u64, TaskId)>> = BTreeMap::new();
+        let mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>> = BTreeMap::new();
         for r in replicas {
             if let Some(d) = daemon(&r.id) {
                 on.entry(d).or_default().push((r.seq, r.id));
+                per_host.entry(d.0).or_default().push((r.seq, r.id));
             }
         }
-        // The newest replica of the first shared daemon.
-        let Some(&(_, id)) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max()) else {
+        // The newest replica of the most crowded host, else of the first shared daemon.
+        let crowded =
+            per_host.values().filter(|v| v.len() > 1).max_by_key(|v| v.len()).and_then(|v| v.iter().max());
+        let shared = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max());
+        let Some(&(_, id)) = crowded.or(shared) else {
             return Rebalance::Nothing;
         };
-        let settled_at = self.rebalance_settled_at(svc);
-        if now < settled_at {
-            return Rebalance::SettlesAt(settled_at);
-        }
+        let Some((from_host, from_gpu)) = daemon(&id) else { return Rebalance::Nothing };
         let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else {
             return Rebalance::Nothing;
         };
@@ -586,7 +590,11 @@ impl Cluster {
         // Where a new replica would go; given back at once.
         let Ok(p) = self.sched.place(&req) else { return Rebalance::Nothing };
         self.sched.release(&req, &p);
-        if on.contains_key(&(p.host, p.gpus.first().copied())) {
+        let count = |h: HostIx| per_host.get(&h).map_or(0, Vec::len);
+        let spreads_hosts = count(p.host) + 2 <= count(from_host);
+        let frees_daemon = on.get(&(from_host, from_gpu)).is_some_and(|v| v.len() > 1)
+            && !on.contains_key(&(p.host, p.gpus.first().copied()));
+        if !spreads_hosts && !frees_daemon {
             return Rebalance::Nothing;
         }
         let from = match (&task.host_id, task.gpu_ids.first()) {
@@ -596,30 +604,17 @@ impl Cluster {
         };
         let to = self.sched.host_id(p.host).clone();
         svc.moving.push(id);
-        let msg = format!(
-            "moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})"
-        );
+        let msg = if spreads_hosts {
+            format!(
+                "moving task {id} off {from}, whose host holds {} of the service's replicas, to host {to}, which holds {}",
+                count(from_host),
+                count(p.host)
+            )
+        } else {
+            format!("moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})")
+        };
         svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
         Rebalance::Moved
-    }
-
-    /// When a move may run: [`REBALANCE_SETTLE_MS`] after the latest of the PRIMARY
-    /// deployment's last change (its completion), the newest replica's start and the latest
-    /// incident of the service's pool (opened or resolved), so that a recovery or a rollout is
-    /// not followed at once by a second disruption nobody asked for.
-    fn rebalance_settled_at(&self, svc: &Service) -> u64 {
-        let deployed = svc.deployments.first().map_or(0, |d| d.updated_at_ms);
-        let started = (self.state.tasks().of_service(&svc.name).iter())
-            .filter_map(|id| self.state.tasks().get(id))
-            .map(|e| e.task.created_at_ms)
-            .max()
-            .unwrap_or(0);
-        let incident = (self.state.incidents().values())
-            .filter(|i| i.value.pool == svc.pool)
-            .map(|i| i.value.resolved_at_ms.unwrap_or(i.value.opened_at_ms).max(i.value.opened_at_ms))
-            .max()
-            .unwrap_or(0);
-        deployed.max(started).max(incident).saturating_add(REBALANCE_SETTLE_MS)
     }
 
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
