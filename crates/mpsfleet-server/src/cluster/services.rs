@@ -421,13 +421,9 @@ impl Cluster {
         let live = self.state.tasks().of_service(name);
         svc.moving.retain(|id| live.contains(id));
         let mut replicas = self.replicas(&svc);
-        if may_start && svc.moving.is_empty() {
-            match self.rebalance(&mut svc, &replicas, now) {
-                // A replica marked as moving is no longer current.
-                Rebalance::Moved => replicas = self.replicas(&svc),
-                Rebalance::SettlesAt(t) => wake = Some(wake.map_or(t, |w| w.min(t))),
-                Rebalance::Nothing => {}
-            }
+        // A replica marked as moving is no longer current.
+        if may_start && svc.moving.is_empty() && self.rebalance(&mut svc, &replicas, now) {
+            replicas = self.replicas(&svc);
         }
         let mut plan = deployment::plan(bounds, &replicas, may_start);
         // A protected task stays until its protection ends; the service looks again then.
@@ -546,18 +542,18 @@ impl Cluster {
     /// on a host holding at least two fewer of the service's replicas than the most crowded
     /// one (over hosts first), or else on a daemon (a GPU, or a host for a task without GPUs)
     /// with none while this replica shares its daemon.
-    fn rebalance(&mut self, svc: &mut Service, replicas: &[Replica<TaskId>], now: u64) -> Rebalance {
+    fn rebalance(&mut self, svc: &mut Service, replicas: &[Replica<TaskId>], now: u64) -> bool {
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         if svc.status != ServiceStatus::Active
             || svc.deployments.first().is_none_or(|d| d.rollout_state != RolloutState::Completed)
             || (fenced && !svc.deployment_configuration.rebalance_fenced)
         {
-            return Rebalance::Nothing;
+            return false;
         }
         if replicas.len() != svc.desired_count as usize
             || replicas.iter().any(|r| !r.current || r.state != ReplicaState::Healthy)
         {
-            return Rebalance::Nothing;
+            return false;
         }
         // Each replica's daemon: (host, GPU), or (host, None) without GPUs.
         let daemon = |id: &TaskId| {
@@ -580,27 +576,27 @@ impl Cluster {
             per_host.values().filter(|v| v.len() > 1).max_by_key(|v| v.len()).and_then(|v| v.iter().max());
         let shared = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max());
         let Some(&(_, id)) = crowded.or(shared) else {
-            return Rebalance::Nothing;
+            return false;
         };
-        let Some((from_host, from_gpu)) = daemon(&id) else { return Rebalance::Nothing };
+        let Some((from_host, from_gpu)) = daemon(&id) else { return false };
         let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else {
-            return Rebalance::Nothing;
+            return false;
         };
-        let Ok(req) = self.request_for(&task) else { return Rebalance::Nothing };
+        let Ok(req) = self.request_for(&task) else { return false };
         // Where a new replica would go; given back at once.
-        let Ok(p) = self.sched.place(&req) else { return Rebalance::Nothing };
+        let Ok(p) = self.sched.place(&req) else { return false };
         self.sched.release(&req, &p);
         let count = |h: HostIx| per_host.get(&h).map_or(0, Vec::len);
         let spreads_hosts = count(p.host) + 2 <= count(from_host);
         let frees_daemon = on.get(&(from_host, from_gpu)).is_some_and(|v| v.len() > 1)
             && !on.contains_key(&(p.host, p.gpus.first().copied()));
         if !spreads_hosts && !frees_daemon {
-            return Rebalance::Nothing;
+            return false;
         }
         let from = match (&task.host_id, task.gpu_ids.first()) {
             (Some(h), Some(g)) => format!("GPU {g} of host {h}"),
             (Some(h), None) => format!("host {h}"),
-            _ => return Rebalance::Nothing,
+            _ => return false,
         };
         let to = self.sched.host_id(p.host).clone();
         svc.moving.push(id);
@@ -614,7 +610,7 @@ impl Cluster {
             format!("moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})")
         };
         svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
-        Rebalance::Moved
+        true
     }
 
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
@@ -870,15 +866,6 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Err
 
 /// A daemon a replica runs under: its host and first GPU, or its host alone without GPUs.
 type Daemon = (HostIx, Option<u32>);
-
-/// What [`Cluster::rebalance`] did.
-enum Rebalance {
-    /// It marked a replica as moving.
-    Moved,
-    /// A replica would move, once the settle time has passed at this time.
-    SettlesAt(u64),
-    Nothing,
-}
 
 /// A task's state as a replica; `checked` says whether its definition's health counts
 /// (asked only for a running task).
