@@ -4,17 +4,22 @@
 //! processes and, given an image, Docker containers), three services (`steady`: restart,
 //! `pinned`: fenced, `boxed`: restart, in Docker), and faults drawn from a seed, one at a time:
 //! agent SIGKILL and SIGSTOP, MPS daemon kill and hang, server SIGKILL and restart, Docker
-//! Engine restart, the hosts' disk nearly full. A sampler reads `/proc` every 100 ms; after
-//! each fault the fleet must settle, and is then checked. See docs/benchmarks.md "Soak".
+//! Engine restart, the hosts' disk nearly full. A sampler reads `/proc` four times a second and
+//! records every copy of every task; after each fault the fleet must settle. At the end a pure
+//! judge (`soak_judge`) holds every fault to its kind's stated bound and checks every copy the
+//! sampler saw. See docs/benchmarks.md "Soak".
 
 use super::recovery::epoch_ms;
-use super::soak_probe::{data_dir_bytes, fill_disk, processes_of, Fault, FaultKind, Sampler, Violations};
+use super::soak_judge::{self, bound_for, History, IncidentRecord, Judgement, ServicePlan, Violation};
+use super::soak_probe::{
+    data_dir_bytes, inject, processes_of, service_tag, Fault, FaultKind, Sampler, Schedule, Scope,
+    ServerProc, Target, SERVICE_ENV,
+};
 use anyhow::{Context, Result};
 use clap::Args;
 use mpsfleet_client::Client;
 use mpsfleet_types::*;
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -83,47 +88,6 @@ pub fn soak(b: SoakBench) -> Result<()> {
     Ok(())
 }
 
-/// The server, restartable on its port and data dir.
-struct ServerProc {
-    child: std::process::Child,
-    listen: String,
-    data: PathBuf,
-    agent_args: String,
-}
-
-impl ServerProc {
-    fn start(data: &Path, listen: &str, agent_args: &str) -> Result<(ServerProc, String)> {
-        let mut child = std::process::Command::new(std::env::current_exe()?)
-            .args(["server", "--listen", listen, "--local-agent-args", agent_args, "--data-dir"])
-            .arg(data)
-            .env("MPSFLEET_LOG", std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into()))
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let stdout = child.stdout.take().context("no server output")?;
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string))
-            .context("the server did not start")?;
-        std::thread::spawn(move || lines.for_each(drop));
-        let listen = url.trim_start_matches("https://").to_owned();
-        Ok((ServerProc { child, listen, data: data.to_path_buf(), agent_args: agent_args.into() }, url))
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn restart(&mut self) -> Result<()> {
-        self.kill();
-        let (again, _) = ServerProc::start(&self.data, &self.listen, &self.agent_args)?;
-        *self = again;
-        Ok(())
-    }
-}
-
 async fn run(b: &SoakBench, mps: &Path, dir: &Path) -> Result<serde_json::Value> {
     let data = dir.join("server");
     let hosts_dir = data.join("hosts");
@@ -149,78 +113,150 @@ async fn run(b: &SoakBench, mps: &Path, dir: &Path) -> Result<serde_json::Value>
     let token = std::fs::read_to_string(data.join("admin.token"))?.trim().to_string();
     let ca = std::fs::read(data.join(mpsfleet_server::CA_FILE))?;
     let admin = Client::with_trust(&url, Some(token), &mpsfleet_client::tls::Trust::Ca(ca))?;
-    setup(&admin, b).await?;
+    setup(&admin, b, dir).await?;
     let services: Vec<(&str, ResumptionBoundary, u32)> =
         SERVICES.iter().copied().filter(|(name, ..)| docker || *name != "boxed").collect();
-    settle(&admin, &services, Duration::from_secs(180)).await.context("the services never ran")?;
+    let (_, ready) = settle(&admin, &services, Duration::from_secs(180)).await;
+    ready.context("the services never got to their replicas within 180 s")?;
+    // The bounds every fault is judged by: the pool's own, as the server states them.
+    let bounds = admin.explain_pool(POOL).await.context("the pool's recovery bounds")?.bounds;
 
-    let mut kinds = vec![
-        FaultKind::AgentKill,
-        FaultKind::AgentStop,
-        FaultKind::DaemonKill,
-        FaultKind::DaemonHang,
-        FaultKind::ServerKill,
-    ];
+    let mut planned: Vec<FaultKind> = FaultKind::ALL.to_vec();
     let mut left_out = Vec::new();
-    match (&b.restart_docker, docker) {
-        (Some(_), true) => kinds.push(FaultKind::DockerRestart),
-        _ => left_out.push("docker-restart (no --image and --restart-docker)"),
+    if b.restart_docker.is_none() || !docker {
+        planned.retain(|k| *k != FaultKind::DockerRestart);
+        left_out.push("docker-restart (no --image and --restart-docker)");
     }
-    if disk {
-        kinds.push(FaultKind::DiskFull);
-    } else {
+    if !disk {
+        planned.retain(|k| *k != FaultKind::DiskFull);
         left_out.push("disk-full (could not mount a tmpfs for the hosts' disk)");
     }
-    let violations = Violations::default();
-    let sampler = Sampler::start(hosts_dir.clone(), violations.clone());
+    let sampler = Sampler::start(dir.to_path_buf());
     let mut rng = super::Rng(b.seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let mut schedule = Schedule::new(planned.clone(), &mut rng);
     let start_ms = epoch_ms();
     let until = start_ms + (b.minutes * 60_000.0) as u64;
     let mut faults: Vec<Fault> = Vec::new();
+    let mut seen: Vec<Violation> = Vec::new();
+    let mut incidents: BTreeMap<String, IncidentRecord> = BTreeMap::new();
     let mut max_state = 0u64;
     let mut gone = BTreeMap::new();
-    while epoch_ms() < until {
-        sampler.watch(&admin, &services).await;
+    while let Some(kind) = schedule.next(&mut rng, epoch_ms() < until) {
         let wait = b.fault_every * 500 + rng.below(b.fault_every * 1000);
         tokio::time::sleep(Duration::from_millis(wait)).await;
-        let kind = kinds[rng.below(kinds.len() as u64) as usize];
-        let live = live_hosts(&admin).await?;
-        let Some(host) = live.get(rng.below(live.len().max(1) as u64) as usize).cloned() else { continue };
-        let mut fault = Fault::new(kind, &host, epoch_ms());
-        inject(&mut fault, &mut server, &hosts_dir, b, &mut rng).await?;
+        let mut host = None;
+        let target = match kind.scope() {
+            Scope::Fleet => Target::Fleet,
+            Scope::Host => {
+                let live = live_hosts(&admin).await?;
+                host = live.get(rng.below(live.len().max(1) as u64) as usize).cloned();
+                match &host {
+                    Some(h) => Target::Host { id: h.id.clone(), gpu: None },
+                    None => Target::Missed("no ACTIVE, healthy host".into()),
+                }
+            }
+        };
+        let fenced = fenced_on(&admin, &services, &target).await?;
+        let mut fault = Fault::new(kind, target, epoch_ms());
+        if fault.happened() {
+            inject(&mut fault, host.as_ref(), &mut server, &hosts_dir, b.restart_docker.as_deref(), &mut rng)
+                .await?;
+        }
         println!("{} ms: {}", fault.at_ms - start_ms, fault.describe());
+        schedule.record(kind, fault.happened());
+        if !fault.happened() {
+            faults.push(fault);
+            continue;
+        }
+        fault.bound = bound_for(kind, &bounds, fenced, fault.held_ms.unwrap_or(0));
         // Give the server the time its bound allows to notice before judging the fleet whole.
-        tokio::time::sleep(noticed_within(&admin, fault.kind).await).await;
-        let settled = settle(&admin, &services, Duration::from_secs(240)).await;
-        fault.settled_ms = settled.ok().map(|t| t.saturating_sub(fault.at_ms));
-        sampler.watch(&admin, &services).await;
-        judge(&admin, &mut fault, &violations).await?;
-        check_fleet(&admin, &hosts_dir, &mut gone, &violations).await?;
+        let detect = bounds.of(kind.judged_as()).map_or(5_000, |k| k.detect_ms + 1_000);
+        tokio::time::sleep(Duration::from_millis(detect)).await;
+        let limit = fault.bound.map_or(240_000, |b| b.closed() + 60_000);
+        let (resumed, settled) = settle(&admin, &services, Duration::from_millis(limit)).await;
+        fault.resumed_ms = resumed.map(|t| t.saturating_sub(fault.at_ms));
+        fault.settled_ms = settled.map(|t| t.saturating_sub(fault.at_ms));
+        for i in admin.list_incidents().await? {
+            incidents.insert(i.incident.id.clone(), record_of(&i.incident));
+        }
+        check_fleet(&admin, &hosts_dir, &mut gone, kind, &mut seen).await?;
         let state = data_dir_bytes(&data);
         max_state = max_state.max(state);
         if state > b.max_state_mib << 20 {
-            violations.add(format!("state is {} MiB, past --max-state-mib {}", state >> 20, b.max_state_mib));
+            let what = format!("state is {} MiB, past --max-state-mib {}", state >> 20, b.max_state_mib);
+            seen.push(Violation { kind: Some(kind), at_ms: epoch_ms(), what });
         }
         faults.push(fault);
     }
-    let max_copies = sampler.stop();
-    incidents_without_faults(&admin, &faults, start_ms, &violations).await?;
+    let (observations, samples) = sampler.stop();
+    for i in admin.list_incidents().await? {
+        incidents.insert(i.incident.id.clone(), record_of(&i.incident));
+    }
     server.kill();
     let elapsed = epoch_ms() - start_ms;
-    Ok(report(b, &faults, &violations, &left_out, (max_state, max_copies), elapsed))
-}
-
-/// How long after a fault the server may take to notice it: the stated detect bound of its
-/// kind and a second; 5 s for faults with no stated bound.
-async fn noticed_within(admin: &Client, kind: FaultKind) -> Duration {
-    let detect = match (kind.failure(), admin.explain_pool(POOL).await) {
-        (Some(k), Ok(e)) => e.bounds.of(k).map(|b| b.detect_ms + 1_000),
-        _ => None,
+    let history = History {
+        start_ms,
+        services: services
+            .iter()
+            .map(|(name, r, n)| ServicePlan {
+                name: name.to_string(),
+                fenced: *r == ResumptionBoundary::Fenced,
+                replicas: *n as usize,
+            })
+            .collect(),
+        planned,
+        faults,
+        incidents: incidents.into_values().collect(),
+        observations,
+        seen,
     };
-    Duration::from_millis(detect.unwrap_or(5_000))
+    let judgement = soak_judge::judge(&history);
+    let injected = history.faults.iter().filter(|f| f.happened()).count();
+    println!(
+        "soak: {injected} faults judged, {} found no target, in {:.1} min (seed {}, {samples} samples of /proc)",
+        history.faults.len() - injected,
+        elapsed as f64 / 60_000.0,
+        b.seed
+    );
+    for line in summary(&history, &judgement) {
+        println!("{line}");
+    }
+    for l in &left_out {
+        println!("  not drawn: {l}");
+    }
+    for v in &judgement.violations {
+        let kind = v.kind.map_or(String::new(), |k| format!(" [{}]", k.name()));
+        println!("VIOLATION at {} ms{kind}: {}", v.at_ms.saturating_sub(start_ms), v.what);
+    }
+    let mut report = figures(&history, &judgement);
+    for (k, v) in [
+        ("bench", serde_json::json!("soak")),
+        ("minutes", b.minutes.into()),
+        ("seed", b.seed.into()),
+        ("hosts", b.hosts.into()),
+        ("samples", samples.into()),
+        ("max_state_mib", (max_state >> 20).into()),
+    ] {
+        report[k] = v;
+    }
+    Ok(report)
 }
 
-async fn setup(admin: &Client, b: &SoakBench) -> Result<()> {
+/// What the judge reads of an incident.
+fn record_of(i: &Incident) -> IncidentRecord {
+    IncidentRecord {
+        id: i.id.clone(),
+        host: i.host_id.clone(),
+        opened_at_ms: i.opened_at_ms,
+        breaches: i
+            .breaches
+            .iter()
+            .map(|b| (b.phase.to_string(), b.cause.map(|c| c.as_str().to_owned())))
+            .collect(),
+    }
+}
+
+async fn setup(admin: &Client, b: &SoakBench, dir: &Path) -> Result<()> {
     admin
         .create_pool(&CreatePool {
             name: POOL.into(),
@@ -230,23 +266,27 @@ async fn setup(admin: &Client, b: &SoakBench) -> Result<()> {
         })
         .await?;
     let mps = serde_json::json!([{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": TASK_MIB}}}]);
-    let proc_def = serde_json::json!({"family": "soak-proc", "containerDefinitions": [
-        {"name": "main", "command": ["sleep", "86400"], "stopTimeout": 2, "resourceRequirements": mps}]});
-    admin.register_taskdef(proc_def.to_string().into_bytes()).await?;
-    if let Some(image) = &b.image {
-        let boxed = serde_json::json!({"family": "soak-box", "containerDefinitions": [
-            {"name": "main", "image": image, "command": ["sleep", "86400"], "stopTimeout": 2, "resourceRequirements": mps}]});
-        admin.register_taskdef(boxed.to_string().into_bytes()).await?;
-    }
     for (name, resumption, replicas) in SERVICES {
-        if name == "boxed" && b.image.is_none() {
-            continue;
+        let image = match (name, &b.image) {
+            ("boxed", None) => continue,
+            ("boxed", Some(image)) => Some(image),
+            _ => None,
+        };
+        // Each service its own family, whose tasks say which service and run they are of.
+        let env = [{ serde_json::json!({"name": SERVICE_ENV, "value": service_tag(dir, name)}) }];
+        let mut main = serde_json::json!({"name": "main", "command": ["sleep", "86400"], "stopTimeout": 2,
+            "environment": env, "resourceRequirements": mps});
+        if let Some(image) = image {
+            main["image"] = image.as_str().into();
         }
+        let family = format!("soak-{name}");
+        let def = serde_json::json!({"family": family, "containerDefinitions": [main]});
+        admin.register_taskdef(def.to_string().into_bytes()).await?;
         admin
             .create_service(&CreateService {
                 name: name.into(),
                 pool: POOL.into(),
-                task_definition: if name == "boxed" { "soak-box" } else { "soak-proc" }.into(),
+                task_definition: family,
                 desired_count: replicas,
                 resumption: Some(resumption),
                 ..Default::default()
@@ -266,24 +306,33 @@ async fn live_hosts(admin: &Client) -> Result<Vec<HostView>> {
         .collect())
 }
 
-/// Waits until every service has its replicas RUNNING on live hosts and no incident is open;
-/// returns when (epoch ms). The server may be restarting: errors are retried.
+/// Waits until every service has its replicas RUNNING on live hosts and no incident is open.
+/// Returns when the services were back (the start of their last stretch all there) and when
+/// the fleet settled (epoch ms); None for what did not happen within `limit`. The server may be
+/// restarting: errors are retried.
 async fn settle(
     admin: &Client,
     services: &[(&str, ResumptionBoundary, u32)],
     limit: Duration,
-) -> Result<u64> {
+) -> (Option<u64>, Option<u64>) {
     let until = tokio::time::Instant::now() + limit;
+    let mut resumed = None;
     loop {
-        if let Ok(true) = settled(admin, services).await {
-            return Ok(epoch_ms());
+        if let Ok((full, open)) = fleet_state(admin, services).await {
+            resumed = if full { resumed.or(Some(epoch_ms())) } else { None };
+            if full && !open {
+                return (resumed, Some(epoch_ms()));
+            }
         }
-        anyhow::ensure!(tokio::time::Instant::now() < until, "the fleet did not settle within {limit:?}");
+        if tokio::time::Instant::now() >= until {
+            return (resumed, None);
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn settled(admin: &Client, services: &[(&str, ResumptionBoundary, u32)]) -> Result<bool> {
+/// Whether every service is at its replicas on live hosts, and whether an incident is open.
+async fn fleet_state(admin: &Client, services: &[(&str, ResumptionBoundary, u32)]) -> Result<(bool, bool)> {
     let live: Vec<HostId> = live_hosts(admin).await?.into_iter().map(|h| h.id).collect();
     let tasks = admin.list_tasks(&Default::default()).await?;
     let open = admin.list_incidents().await?.iter().any(|i| i.incident.resolved_at_ms.is_none());
@@ -296,127 +345,41 @@ async fn settled(admin: &Client, services: &[(&str, ResumptionBoundary, u32)]) -
         });
         running.count() == *replicas as usize
     });
-    Ok(full && !open)
+    Ok((full, open))
 }
 
-async fn inject(
-    fault: &mut Fault,
-    server: &mut ServerProc,
-    hosts_dir: &Path,
-    b: &SoakBench,
-    rng: &mut super::Rng,
-) -> Result<()> {
-    let host_dir = hosts_dir.join(&fault.hostname);
-    let hold = Duration::from_millis(3_000 + rng.below(22_000));
-    match fault.kind {
-        FaultKind::AgentKill | FaultKind::AgentStop => {
-            let agent = processes_of(&host_dir).into_iter().find(|(_, cmd)| cmd.contains(" agent "));
-            let Some((pid, _)) = agent else {
-                fault.note = Some("no agent process found".into());
-                return Ok(());
-            };
-            kill_or_pause(pid, fault.kind == FaultKind::AgentKill, hold, fault).await;
-        }
-        FaultKind::DaemonKill | FaultKind::DaemonHang => {
-            let gpu = rng.below(2);
-            let record = host_dir.join(format!("mps/log/{gpu}/daemon.json"));
-            let pid = std::fs::read(&record)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v["pid"].as_u64())
-                .and_then(|p| u32::try_from(p).ok())
-                .filter(|&p| {
-                    mpsfleet_proc::cmdline(p)
-                        .is_some_and(|c| String::from_utf8_lossy(&c).contains("mps-control"))
-                });
-            let Some(pid) = pid else {
-                fault.note = Some(format!("no live daemon in {}", record.display()));
-                return Ok(());
-            };
-            fault.gpu = Some(gpu as u32);
-            kill_or_pause(pid, fault.kind == FaultKind::DaemonKill, hold, fault).await;
-        }
-        FaultKind::ServerKill => {
-            server.kill();
-            tokio::time::sleep(Duration::from_millis(500 + rng.below(2_500))).await;
-            server.restart()?;
-        }
-        FaultKind::DockerRestart => {
-            let cmd = b.restart_docker.as_deref().unwrap_or("true");
-            let ok = std::process::Command::new("sh").args(["-c", cmd]).status().is_ok_and(|s| s.success());
-            anyhow::ensure!(ok, "--restart-docker failed: {cmd}");
-        }
-        FaultKind::DiskFull => {
-            let filler = fill_disk(hosts_dir, 1 << 20)?;
-            tokio::time::sleep(hold).await;
-            let _ = std::fs::remove_file(filler);
-            fault.held_ms = Some(hold.as_millis() as u64);
-        }
-    }
-    Ok(())
-}
-
-/// SIGKILL, or SIGSTOP held for `hold` and then SIGCONT.
-async fn kill_or_pause(pid: u32, kill: bool, hold: Duration, fault: &mut Fault) {
-    use nix::sys::signal::Signal;
-    if kill {
-        signal(pid, Signal::SIGKILL);
-    } else {
-        signal(pid, Signal::SIGSTOP);
-        tokio::time::sleep(hold).await;
-        signal(pid, Signal::SIGCONT);
-        fault.held_ms = Some(hold.as_millis() as u64);
-    }
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-}
-
-/// A fault's recovery against the pool's stated bound for its kind: the services back at
-/// their replicas within the total bound (plus how long the fault was held), unless an
-/// incident recorded a breach with its cause.
-async fn judge(admin: &Client, fault: &mut Fault, violations: &Violations) -> Result<()> {
-    let Some(kind) = fault.kind.failure() else { return Ok(()) };
-    let bounds = admin.explain_pool(POOL).await?.bounds;
-    // The fenced service's bound where it is longer: every service must be back.
-    let bound = bounds.of(kind).and_then(|k| k.total_ms.max(k.total_fenced_ms));
-    fault.bound_ms = bound.map(|b| b + fault.held_ms.unwrap_or(0));
-    let incidents: Vec<IncidentView> = admin
-        .list_incidents()
-        .await?
-        .into_iter()
-        .filter(|i| i.incident.host_id == fault.host && i.incident.opened_at_ms + 1_000 >= fault.at_ms)
-        .collect();
-    fault.incidents = incidents.len();
-    let causes: Vec<String> = incidents
-        .iter()
-        .flat_map(|i| &i.incident.breaches)
-        .filter_map(|b| b.cause.map(|c| format!("{c:?}")))
-        .collect();
-    fault.causes = causes.clone();
-    match (fault.settled_ms, fault.bound_ms) {
-        (None, _) => violations.add(format!("{}: the services never got back to their replicas", fault.describe())),
-        (Some(took), Some(bound)) if took > bound && causes.is_empty() => violations.add(format!(
-            "{}: the services were back after {took} ms, past the stated bound of {bound} ms, and no breach names a cause",
-            fault.describe()
-        )),
-        _ => {}
-    }
-    Ok(())
+/// Whether a task of a fenced service runs where `target` hits.
+async fn fenced_on(
+    admin: &Client,
+    services: &[(&str, ResumptionBoundary, u32)],
+    target: &Target,
+) -> Result<bool> {
+    let fenced = |t: &Task| {
+        let group = t.group.as_ref().map(|g| g.as_str());
+        services.iter().any(|(name, r, _)| *r == ResumptionBoundary::Fenced && group == Some(*name))
+    };
+    let tasks = admin.list_tasks(&Default::default()).await?;
+    Ok(tasks.iter().filter(|t| fenced(t) && t.desired_status == TaskStatus::Running).any(|t| match target {
+        Target::Host { id, .. } => t.host_id.as_ref() == Some(id),
+        Target::Fleet => true,
+        Target::Missed(_) => false,
+    }))
 }
 
 /// How long a deregistered host's processes may take to go.
 const LEFTOVER_GRACE_MS: u64 = 15_000;
 
 /// After a fault settled: GPU accounting matches the tasks, and no process of a host
-/// deregistered a while ago is left (`gone`: when each was first seen deregistered).
+/// deregistered a while ago is left (`gone`: when each was first seen deregistered). What is
+/// broken is charged to `kind`.
 async fn check_fleet(
     admin: &Client,
     hosts_dir: &Path,
     gone: &mut BTreeMap<HostId, u64>,
-    violations: &Violations,
+    kind: FaultKind,
+    seen: &mut Vec<Violation>,
 ) -> Result<()> {
+    let mut broken = |what: String| seen.push(Violation { kind: Some(kind), at_ms: epoch_ms(), what });
     let tasks = admin.list_tasks(&Default::default()).await?;
     let mut used: BTreeMap<&GpuUuid, u64> = BTreeMap::new();
     for t in tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped) {
@@ -428,10 +391,10 @@ async fn check_fleet(
     for h in &hosts {
         if h.status == HostStatus::Deregistered {
             // Its processes have had their time to go once it was seen gone a while ago.
-            let seen = *gone.entry(h.id.clone()).or_insert_with(epoch_ms);
+            let first = *gone.entry(h.id.clone()).or_insert_with(epoch_ms);
             let left = processes_of(&hosts_dir.join(&h.hostname));
-            if epoch_ms() >= seen + LEFTOVER_GRACE_MS && !left.is_empty() {
-                violations.add(format!("deregistered host {} still has processes: {left:?}", h.id));
+            if epoch_ms() >= first + LEFTOVER_GRACE_MS && !left.is_empty() {
+                broken(format!("deregistered host {} still has processes: {left:?}", h.id));
             }
             continue;
         }
@@ -439,7 +402,7 @@ async fn check_fleet(
             let accounted = g.total_memory_mib - g.remaining_memory_mib;
             let expected = used.get(&g.gpu_id).copied().unwrap_or(0);
             if accounted != expected {
-                violations.add(format!(
+                broken(format!(
                     "GPU {} of host {}: the scheduler accounts {accounted} MiB, its tasks hold {expected} MiB",
                     g.gpu_id, h.id
                 ));
@@ -449,80 +412,84 @@ async fn check_fleet(
     Ok(())
 }
 
-/// Every incident opened during the run is on a host a fault was injected into, after it.
-async fn incidents_without_faults(
-    admin: &Client,
-    faults: &[Fault],
-    start_ms: u64,
-    violations: &Violations,
-) -> Result<()> {
-    for i in admin.list_incidents().await? {
-        let inc = &i.incident;
-        if inc.opened_at_ms < start_ms {
-            continue;
-        }
-        let explained = faults.iter().any(|f| f.host == inc.host_id && inc.opened_at_ms + 1_000 >= f.at_ms);
-        if !explained {
-            violations.add(format!(
-                "incident {} on host {} opened with no fault injected there",
-                inc.id, inc.host_id
-            ));
-        }
+/// The human summary, line by line, times from the start of the run.
+fn summary(h: &History, j: &Judgement) -> Vec<String> {
+    let rel = |ms: u64| format!("{:.1} s", ms.saturating_sub(h.start_ms) as f64 / 1000.0);
+    let mut out = vec![format!(
+        "  {:<15}{:>9}{:>9}{:>8}{:>11}{:>11}{:>11}  slowest resumed / settled (settle bound)",
+        "kind", "planned", "injected", "judged", "no-target", "violations", "incidents"
+    )];
+    for (kind, k) in &j.kinds {
+        let ms = |v: Option<u64>| v.map_or("-".into(), |v| format!("{v} ms"));
+        let slow = format!(
+            "{} / {} ({} as {})",
+            ms(k.slowest_resumed_ms),
+            ms(k.slowest_ms),
+            ms(k.bound_ms),
+            kind.judged_as()
+        );
+        out.push(format!(
+            "  {:<15}{:>9}{:>9}{:>8}{:>11}{:>11}{:>11}  {slow}",
+            kind.name(),
+            if k.planned { "yes" } else { "no" },
+            k.injected,
+            k.judged,
+            k.no_target,
+            k.violations,
+            k.incidents
+        ));
     }
-    Ok(())
+    for ((f, v), own) in h.faults.iter().zip(&j.verdicts).zip(&j.explains) {
+        let ids: Vec<&str> = own.iter().map(|&i| h.incidents[i].id.as_str()).collect();
+        let incidents =
+            if ids.is_empty() { String::new() } else { format!("; incidents {}", ids.join(", ")) };
+        let judged_as = f.bound.map_or(String::new(), |b| {
+            let resumed = f.resumed_ms.map_or("-".into(), |t| t.to_string());
+            let fenced = if b.fenced { "fenced " } else { "" };
+            format!(
+                " [as {}: resumed in {resumed} ms, bound {} ms ({fenced}total)]",
+                b.judged_as,
+                b.resumed()
+            )
+        });
+        out.push(format!("  {}: {}: {}{judged_as}{incidents}", rel(f.at_ms), f.describe(), v.words()));
+    }
+    let copies: Vec<String> = j.copies_seen.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    out.push(format!(
+        "  copies seen: {}; most fenced copies at once: {}",
+        copies.join(", "),
+        j.max_fenced_copies
+    ));
+    out
 }
 
-fn report(
-    b: &SoakBench,
-    faults: &[Fault],
-    violations: &Violations,
-    left_out: &[&str],
-    (max_state, max_copies): (u64, usize),
-    elapsed_ms: u64,
-) -> serde_json::Value {
-    let mut by_kind: BTreeMap<&str, (usize, Vec<u64>, usize)> = BTreeMap::new();
-    for f in faults {
-        let e = by_kind.entry(f.kind.name()).or_default();
-        e.0 += 1;
-        e.1.extend(f.settled_ms);
-        e.2 += f.incidents;
-    }
-    println!("soak: {} faults in {:.1} min (seed {})", faults.len(), elapsed_ms as f64 / 60_000.0, b.seed);
-    for (kind, (n, times, incidents)) in &by_kind {
-        let worst = times.iter().max().copied().unwrap_or(0);
-        println!("  {kind}: {n}, {incidents} incidents, back to every replica in at most {worst} ms");
-    }
-    for f in faults.iter().filter(|f| f.bound_ms.is_some()) {
-        println!(
-            "  {} recovered in {} ms, bound {} ms{}",
-            f.describe(),
-            f.settled_ms.map_or("-".into(), |t| t.to_string()),
-            f.bound_ms.unwrap_or(0),
-            if f.causes.is_empty() {
-                String::new()
-            } else {
-                format!(" (breach causes: {})", f.causes.join(", "))
-            }
-        );
-    }
-    for l in left_out {
-        println!("  not drawn: {l}");
-    }
-    let list = violations.list();
-    for v in &list {
-        println!("VIOLATION {v}");
-    }
+/// The final JSON line's figures from the judgement (the caller adds the run's own).
+pub(super) fn figures(h: &History, j: &Judgement) -> serde_json::Value {
+    let injected = |f: &&Fault| f.happened();
+    let by_kind: BTreeMap<&str, serde_json::Value> = j
+        .kinds
+        .iter()
+        .map(|(kind, k)| {
+            let v = serde_json::json!({
+                "planned": k.planned, "injected": k.injected, "judged": k.judged,
+                "no_target": k.no_target, "violations": k.violations, "incidents": k.incidents,
+                "max_resumed_ms": k.slowest_resumed_ms, "max_recovery_ms": k.slowest_ms, "bound_ms": k.bound_ms,
+            });
+            (kind.name(), v)
+        })
+        .collect();
     serde_json::json!({
-        "bench": "soak",
-        "minutes": b.minutes,
-        "seed": b.seed,
-        "hosts": b.hosts,
-        "faults": faults.len(),
-        "faults_by_kind": by_kind.iter().map(|(k, v)| (k.to_string(), v.0)).collect::<BTreeMap<_, _>>(),
-        "incidents": faults.iter().map(|f| f.incidents).sum::<usize>(),
-        "max_recovery_ms": faults.iter().filter_map(|f| f.settled_ms).max(),
-        "max_state_mib": max_state >> 20,
-        "max_fenced_copies": max_copies,
-        "violations": list.len(),
+        "faults": h.faults.iter().filter(injected).count(),
+        "faults_judged": j.verdicts.iter().filter(|v| v.judged()).count(),
+        "faults_no_target": h.faults.iter().filter(|f| !f.happened()).count(),
+        "faults_by_kind": j.kinds.iter().filter(|(_, k)| k.injected > 0).map(|(kind, k)| (kind.name(), k.injected)).collect::<BTreeMap<_, _>>(),
+        "by_kind": by_kind,
+        "planned": h.planned.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        "incidents": j.explains.iter().map(Vec::len).sum::<usize>(),
+        "unexplained_incidents": j.unexplained,
+        "max_recovery_ms": h.faults.iter().filter(injected).filter_map(|f| f.settled_ms).max(),
+        "max_fenced_copies": j.max_fenced_copies,
+        "copies_seen": j.copies_seen,
+        "violations": j.violations.len(),
     })
 }

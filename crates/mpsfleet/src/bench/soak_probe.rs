@@ -1,18 +1,31 @@
-//! What `bench soak` measures with: its faults, the `/proc` sampler that catches a task running
-//! twice, and the fleet's files.
+//! What `bench soak` measures with: its faults, their schedule and how each is injected (the
+//! server it kills and restarts among them), the `/proc` sampler that records every copy of
+//! every task (processes and Docker containers alike), and the fleet's files. What the
+//! records are judged by is in `soak_judge`.
 
-use mpsfleet_client::Client;
-use mpsfleet_types::{FailureKind, HostId, HostView, ResumptionBoundary};
-use std::collections::{BTreeMap, BTreeSet};
+use super::recovery::epoch_ms;
+use super::soak_judge::{Bound, Copy, Observation};
+use anyhow::{Context, Result};
+use mpsfleet_types::{FailureKind, HostId, HostView};
+use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the sampler reads `/proc`: four looks a second catch a copy that lasts one.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The variable every task of the soak carries: `<run dir>/service/<service>`. It names the
+/// run (two soaks on one machine never read each other's tasks) and the service, so a copy is
+/// known for what it is the moment it is seen, whoever started it; being a path under the run
+/// dir, it also lets the clean-up find a container's processes.
+pub const SERVICE_ENV: &str = "MPSFLEET_SOAK_SERVICE";
+/// The variable the agent gives every task's processes (and containers): its task id.
+const TASK_ENV: &str = "MPSFLEET_TASK_ID";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FaultKind {
     AgentKill,
     AgentStop,
@@ -23,7 +36,24 @@ pub enum FaultKind {
     DiskFull,
 }
 
+/// What a fault hits: one host, or every host at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Host,
+    Fleet,
+}
+
 impl FaultKind {
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::AgentKill,
+        FaultKind::AgentStop,
+        FaultKind::DaemonKill,
+        FaultKind::DaemonHang,
+        FaultKind::ServerKill,
+        FaultKind::DockerRestart,
+        FaultKind::DiskFull,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             FaultKind::AgentKill => "agent-kill",
@@ -36,192 +66,331 @@ impl FaultKind {
         }
     }
 
-    /// The failure whose stated bound the recovery is held to; None where the pool states none.
-    pub fn failure(self) -> Option<FailureKind> {
+    /// The failure whose stated bounds its recovery is judged by (docs/benchmarks.md "Soak"):
+    /// - an agent killed or stopped: `agent-lost`, what the server sees;
+    /// - a daemon killed: `daemon-exit`; a daemon stopped: `daemon-hang`;
+    /// - the server killed and restarted: `agent-lost`, counted from its return: to the server
+    ///   every host has been silent, and it gives each its heartbeat grace again;
+    /// - the Docker Engine restarted: `daemon-hang`, as the server judges an incident of the
+    ///   engine's `CONTAINER_RUNTIME` check (any check but `AGENT`, `GPU` and an exited daemon);
+    /// - the hosts' disk full: `daemon-hang`, the widest of the host's own checks a full disk
+    ///   can fail (a daemon, an agent or the engine that cannot write).
+    pub fn judged_as(self) -> FailureKind {
         match self {
-            FaultKind::AgentKill | FaultKind::AgentStop => Some(FailureKind::AgentLost),
-            FaultKind::DaemonKill => Some(FailureKind::DaemonExit),
-            FaultKind::DaemonHang => Some(FailureKind::DaemonHang),
-            FaultKind::ServerKill | FaultKind::DockerRestart | FaultKind::DiskFull => None,
+            FaultKind::AgentKill | FaultKind::AgentStop | FaultKind::ServerKill => FailureKind::AgentLost,
+            FaultKind::DaemonKill => FailureKind::DaemonExit,
+            FaultKind::DaemonHang | FaultKind::DockerRestart | FaultKind::DiskFull => FailureKind::DaemonHang,
+        }
+    }
+
+    pub fn scope(self) -> Scope {
+        match self {
+            FaultKind::ServerKill | FaultKind::DockerRestart | FaultKind::DiskFull => Scope::Fleet,
+            _ => Scope::Host,
         }
     }
 }
 
-/// One injected fault and what followed it.
+/// What an injected fault hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Host {
+        id: HostId,
+        gpu: Option<u32>,
+    },
+    /// Every host (the server, the one Docker Engine, the hosts' one disk).
+    Fleet,
+    /// Nothing was found to inject into, and why: the fault did not happen.
+    Missed(String),
+}
+
+/// One fault: what was done, to what, and how the fleet came back.
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub kind: FaultKind,
-    pub host: HostId,
-    pub hostname: String,
+    pub target: Target,
     pub at_ms: u64,
-    /// How long a SIGSTOP or a full disk was held.
+    /// How long a SIGSTOP, a full disk, the server's or the engine's absence lasted.
     pub held_ms: Option<u64>,
-    pub gpu: Option<u32>,
-    /// From the fault to every service back at its replicas on live hosts.
+    /// From the fault to every service back at its replicas on live hosts (the start of the
+    /// last stretch of them all there before the fleet settled).
+    pub resumed_ms: Option<u64>,
+    /// From the fault to the fleet settled: every service back, and no incident open.
     pub settled_ms: Option<u64>,
-    /// The stated total bound for its kind, plus the time it was held.
-    pub bound_ms: Option<u64>,
-    pub incidents: usize,
-    pub causes: Vec<String>,
-    pub note: Option<String>,
+    /// The stated bound it is judged by; None where the pool states none.
+    pub bound: Option<Bound>,
 }
 
 impl Fault {
-    pub fn new(kind: FaultKind, host: &HostView, at_ms: u64) -> Fault {
-        Fault {
-            kind,
-            host: host.id.clone(),
-            hostname: host.hostname.clone(),
-            at_ms,
-            held_ms: None,
-            gpu: None,
-            settled_ms: None,
-            bound_ms: None,
-            incidents: 0,
-            causes: Vec::new(),
-            note: None,
+    pub fn new(kind: FaultKind, target: Target, at_ms: u64) -> Fault {
+        Fault { kind, target, at_ms, held_ms: None, resumed_ms: None, settled_ms: None, bound: None }
+    }
+
+    /// Whether it found something to inject into.
+    pub fn happened(&self) -> bool {
+        !matches!(self.target, Target::Missed(_))
+    }
+
+    /// Whether it hit `host`.
+    pub fn covers(&self, host: &HostId) -> bool {
+        match &self.target {
+            Target::Host { id, .. } => id == host,
+            Target::Fleet => true,
+            Target::Missed(_) => false,
         }
     }
 
     pub fn describe(&self) -> String {
-        let target = match (self.kind, self.gpu) {
-            (FaultKind::ServerKill | FaultKind::DockerRestart, _) => String::new(),
-            (FaultKind::DiskFull, _) => " on the hosts' disk".to_owned(),
-            (_, Some(g)) => format!(" on host {} GPU {g}", self.host),
-            _ => format!(" on host {}", self.host),
+        let target = match &self.target {
+            Target::Host { id, gpu: Some(g) } => format!(" on host {id} GPU {g}"),
+            Target::Host { id, gpu: None } => format!(" on host {id}"),
+            Target::Fleet if self.kind == FaultKind::DiskFull => " on the hosts' disk".to_owned(),
+            Target::Fleet => String::new(),
+            Target::Missed(why) => format!(": no target ({why})"),
         };
         let held = self.held_ms.map_or(String::new(), |ms| format!(" for {ms} ms"));
-        let note = self.note.as_ref().map_or(String::new(), |n| format!(" ({n})"));
-        format!("{}{target}{held}{note}", self.kind.name())
+        format!("{}{target}{held}", self.kind.name())
     }
 }
 
-/// The broken invariants, with when they were seen.
-#[derive(Clone, Default)]
-pub struct Violations(Arc<Mutex<Vec<String>>>);
+/// A planned kind that found no target this many times is given up (and reported).
+pub const MAX_MISSES: u32 = 3;
 
-impl Violations {
-    pub fn add(&self, what: String) {
-        let at = super::recovery::epoch_ms();
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(format!("at {at}: {what}"));
-    }
-
-    pub fn list(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
+/// Which fault comes next: first every planned kind once, in an order drawn from the seed (a
+/// kind that found no target is drawn again, up to [`MAX_MISSES`] times), so a run of any length
+/// judges every kind; then kinds at random while there is time.
+pub struct Schedule {
+    pub planned: Vec<FaultKind>,
+    owed: Vec<FaultKind>,
+    misses: BTreeMap<FaultKind, u32>,
 }
 
-/// Which tasks belong to a fenced service, and how many replicas it has; the soak's loop
-/// refreshes it from the API.
-#[derive(Default)]
-struct Fenced {
-    tasks: BTreeMap<String, String>,
-    replicas: BTreeMap<String, usize>,
-}
-
-/// Reads `/proc` every [`SAMPLE_EVERY`]: a task with two live processes, or a fenced service
-/// with more live processes than replicas, is a violation the moment it is seen.
-pub struct Sampler {
-    fenced: Arc<Mutex<Fenced>>,
-    stop: Arc<AtomicBool>,
-    max_copies: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Sampler {
-    pub fn start(hosts_dir: PathBuf, violations: Violations) -> Sampler {
-        let fenced = Arc::new(Mutex::new(Fenced::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let max_copies = Arc::new(AtomicUsize::new(0));
-        let (f, s, m) = (fenced.clone(), stop.clone(), max_copies.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                sample(&hosts_dir, &f, &m, &violations);
-                std::thread::sleep(SAMPLE_EVERY);
-            }
-        });
-        Sampler { fenced, stop, max_copies, thread: Some(thread) }
+impl Schedule {
+    pub fn new(planned: Vec<FaultKind>, rng: &mut super::Rng) -> Schedule {
+        let mut owed = planned.clone();
+        for i in (1..owed.len()).rev() {
+            owed.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        Schedule { planned, owed, misses: BTreeMap::new() }
     }
 
-    /// Learns the fenced services' tasks (errors leave the last known ones).
-    pub async fn watch(&self, admin: &Client, services: &[(&str, ResumptionBoundary, u32)]) {
-        let Ok(tasks) = admin.list_tasks(&Default::default()).await else { return };
-        let mut f = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
-        for (name, _, replicas) in services.iter().filter(|s| s.1 == ResumptionBoundary::Fenced) {
-            f.replicas.insert(name.to_string(), *replicas as usize);
-            for t in tasks.iter().filter(|t| t.group.as_ref().is_some_and(|g| g.as_str() == *name)) {
-                f.tasks.insert(t.id.to_string(), name.to_string());
-            }
+    /// The next kind; None once every kind was judged and there is no time left.
+    pub fn next(&mut self, rng: &mut super::Rng, time_left: bool) -> Option<FaultKind> {
+        if let Some(&k) = self.owed.first() {
+            return Some(k);
+        }
+        (time_left && !self.planned.is_empty())
+            .then(|| self.planned[rng.below(self.planned.len() as u64) as usize])
+    }
+
+    pub fn record(&mut self, kind: FaultKind, happened: bool) {
+        let misses = self.misses.entry(kind).or_default();
+        if !happened {
+            *misses += 1;
+        }
+        if happened || *misses >= MAX_MISSES {
+            self.owed.retain(|k| *k != kind);
         }
     }
-
-    /// Stops sampling; the most live processes a fenced service had at once.
-    pub fn stop(mut self) -> usize {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        self.max_copies.load(Ordering::Relaxed)
-    }
 }
 
-/// One look at `/proc`: each shim under the hosts' directory names its task; the shim's live
-/// child is the task's process.
-fn sample(hosts_dir: &Path, fenced: &Mutex<Fenced>, max_copies: &AtomicUsize, violations: &Violations) {
+/// The value of [`SERVICE_ENV`] for `service`'s tasks in the run at `dir`.
+pub fn service_tag(dir: &Path, service: &str) -> String {
+    format!("{}/service/{service}", dir.display())
+}
+
+/// One look at `/proc`: every live process of the run's tasks whose parent is not the same
+/// task's (a task's shim or a container's init, with what they started below them), with its
+/// service and task. A Docker container is found as a process is: its init carries the
+/// task's environment.
+pub fn scan(dir: &Path) -> Vec<Copy> {
+    let prefix = format!("{SERVICE_ENV}={}", service_tag(dir, ""));
     let procs = mpsfleet_proc::processes();
-    let mut shims: BTreeMap<u32, String> = BTreeMap::new();
+    let mut tagged: BTreeMap<u32, (String, String)> = BTreeMap::new();
     for (pid, st) in &procs {
         if st.is_dead() {
             continue;
         }
-        let Some(cmd) = mpsfleet_proc::cmdline(*pid) else { continue };
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        if !args.iter().any(|a| *a == b"shim") {
-            continue;
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let (mut service, mut task) = (None, None);
+        for item in env.split(|b| *b == 0) {
+            let item = String::from_utf8_lossy(item);
+            if let Some(s) = item.strip_prefix(&prefix) {
+                service = Some(s.to_owned());
+            } else if let Some(t) = item.strip_prefix(TASK_ENV).and_then(|t| t.strip_prefix('=')) {
+                task = Some(t.to_owned());
+            }
         }
-        let dir = args
-            .windows(2)
-            .find(|w| w[0] == b"--dir")
-            .map(|w| Path::new(std::str::from_utf8(w[1]).unwrap_or("")));
-        if let Some(task) = dir.filter(|d| d.starts_with(hosts_dir)).and_then(task_of) {
-            shims.insert(*pid, task);
-        }
-    }
-    let mut copies: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-    for (pid, st) in &procs {
-        if let Some(task) = shims.get(&st.ppid).filter(|_| !st.is_dead()) {
-            copies.entry(task).or_default().push(*pid);
+        if let (Some(s), Some(t)) = (service, task) {
+            tagged.insert(*pid, (s, t));
         }
     }
-    for (task, pids) in &copies {
-        if pids.len() > 1 {
-            violations.add(format!("task {task} runs {} copies: {pids:?}", pids.len()));
-        }
+    let parent: BTreeMap<u32, u32> = procs.iter().map(|(pid, st)| (*pid, st.ppid)).collect();
+    let mut copies: Vec<Copy> = tagged
+        .iter()
+        .filter(|(pid, tag)| parent.get(pid).and_then(|pp| tagged.get(pp)) != Some(tag))
+        .map(|(pid, (service, task))| Copy { service: service.clone(), task: task.clone(), pid: *pid })
+        .collect();
+    copies.sort();
+    copies
+}
+
+/// Reads `/proc` every [`SAMPLE_EVERY`] and records what it saw: a new [`Observation`] each
+/// time the set of copies changes, the last one stretched while it does not.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(Vec<Observation>, u64)>>,
+}
+
+impl Sampler {
+    pub fn start(dir: PathBuf) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut seen, mut samples): (Vec<Observation>, u64) = (Vec::new(), 0);
+            while !s.load(Ordering::Relaxed) {
+                let copies = scan(&dir);
+                let now = epoch_ms();
+                samples += 1;
+                match seen.last_mut() {
+                    Some(last) if last.copies == copies => last.to_ms = now,
+                    _ => seen.push(Observation { from_ms: now, to_ms: now, copies }),
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+            (seen, samples)
+        });
+        Sampler { stop, thread: Some(thread) }
     }
-    let f = fenced.lock().unwrap_or_else(|p| p.into_inner());
-    let mut per_service: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-    for (task, pids) in &copies {
-        if let Some(service) = f.tasks.get(*task) {
-            per_service.entry(service).or_default().extend(pids);
-        }
-    }
-    for (service, pids) in per_service {
-        max_copies.fetch_max(pids.len(), Ordering::Relaxed);
-        let replicas = f.replicas.get(service).copied().unwrap_or(0);
-        if pids.len() > replicas {
-            violations.add(format!(
-                "fenced service {service} has {} live copies for {replicas} replicas: {pids:?}",
-                pids.len()
-            ));
-        }
+
+    /// Stops sampling; what it saw, and how many looks it took.
+    pub fn stop(mut self) -> (Vec<Observation>, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
 }
 
-/// `…/<task id>/containers/<name>` → the task id.
-fn task_of(dir: &Path) -> Option<String> {
-    let parts: Vec<_> = dir.components().collect();
-    let i = parts.iter().rposition(|c| c.as_os_str() == "containers")?;
-    Some(parts.get(i.checked_sub(1)?)?.as_os_str().to_string_lossy().into_owned())
+/// The server, restartable on its port and data dir.
+pub struct ServerProc {
+    child: std::process::Child,
+    listen: String,
+    data: PathBuf,
+    agent_args: String,
+}
+
+impl ServerProc {
+    pub fn start(data: &Path, listen: &str, agent_args: &str) -> Result<(ServerProc, String)> {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["server", "--listen", listen, "--local-agent-args", agent_args, "--data-dir"])
+            .arg(data)
+            .env("MPSFLEET_LOG", std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().context("no server output")?;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("mpsfleet server listening on ").map(str::to_string))
+            .context("the server did not start")?;
+        std::thread::spawn(move || lines.for_each(drop));
+        let listen = url.trim_start_matches("https://").to_owned();
+        Ok((ServerProc { child, listen, data: data.to_path_buf(), agent_args: agent_args.into() }, url))
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        let (again, _) = ServerProc::start(&self.data, &self.listen, &self.agent_args)?;
+        *self = again;
+        Ok(())
+    }
+}
+
+/// Injects `fault` (into `host` for a host's fault); one that finds nothing to hit says so in
+/// its target.
+pub async fn inject(
+    fault: &mut Fault,
+    host: Option<&HostView>,
+    server: &mut ServerProc,
+    hosts_dir: &Path,
+    restart_docker: Option<&str>,
+    rng: &mut super::Rng,
+) -> Result<()> {
+    let host_dir = hosts_dir.join(host.map_or("", |h| h.hostname.as_str()));
+    let hold = Duration::from_millis(3_000 + rng.below(22_000));
+    let started = epoch_ms();
+    match fault.kind {
+        FaultKind::AgentKill | FaultKind::AgentStop => {
+            let agent = processes_of(&host_dir).into_iter().find(|(_, cmd)| cmd.contains(" agent "));
+            let Some((pid, _)) = agent else {
+                fault.target = Target::Missed(format!("no agent process under {}", host_dir.display()));
+                return Ok(());
+            };
+            kill_or_pause(pid, fault.kind == FaultKind::AgentKill, hold, fault).await;
+        }
+        FaultKind::DaemonKill | FaultKind::DaemonHang => {
+            let gpu = rng.below(2);
+            let record = host_dir.join(format!("mps/log/{gpu}/daemon.json"));
+            let pid = std::fs::read(&record)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["pid"].as_u64())
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|&p| {
+                    mpsfleet_proc::cmdline(p)
+                        .is_some_and(|c| String::from_utf8_lossy(&c).contains("mps-control"))
+                });
+            let Some(pid) = pid else {
+                fault.target = Target::Missed(format!("no live daemon in {}", record.display()));
+                return Ok(());
+            };
+            if let Target::Host { gpu: g, .. } = &mut fault.target {
+                *g = Some(gpu as u32);
+            }
+            kill_or_pause(pid, fault.kind == FaultKind::DaemonKill, hold, fault).await;
+        }
+        FaultKind::ServerKill => {
+            server.kill();
+            tokio::time::sleep(Duration::from_millis(500 + rng.below(2_500))).await;
+            server.restart()?;
+            fault.held_ms = Some(epoch_ms() - started);
+        }
+        FaultKind::DockerRestart => {
+            let cmd = restart_docker.unwrap_or("true");
+            let ok = std::process::Command::new("sh").args(["-c", cmd]).status().is_ok_and(|s| s.success());
+            anyhow::ensure!(ok, "--restart-docker failed: {cmd}");
+            fault.held_ms = Some(epoch_ms() - started);
+        }
+        FaultKind::DiskFull => {
+            let filler = fill_disk(hosts_dir, 1 << 20)?;
+            tokio::time::sleep(hold).await;
+            let _ = std::fs::remove_file(filler);
+            fault.held_ms = Some(epoch_ms() - started);
+        }
+    }
+    Ok(())
+}
+
+/// SIGKILL, or SIGSTOP held for `hold` and then SIGCONT.
+async fn kill_or_pause(pid: u32, kill: bool, hold: Duration, fault: &mut Fault) {
+    use nix::sys::signal::Signal;
+    if kill {
+        signal(pid, Signal::SIGKILL);
+    } else {
+        signal(pid, Signal::SIGSTOP);
+        tokio::time::sleep(hold).await;
+        signal(pid, Signal::SIGCONT);
+        fault.held_ms = Some(hold.as_millis() as u64);
+    }
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 
 /// Live processes whose command line or environment names `dir` (or a path below it), with
@@ -273,45 +442,64 @@ pub fn data_dir_bytes(dir: &Path) -> u64 {
 mod tests {
     use super::*;
 
+    /// Every kind is drawn once, in the seed's order, before any is drawn again; a kind that
+    /// found no target is drawn again until it gives up; with no time left the run ends.
     #[test]
-    fn a_shims_directory_names_its_task() {
-        let dir = Path::new("/tmp/s/server/hosts/h1/tasks/t-00000000000000a1/containers/main");
-        assert_eq!(task_of(dir).as_deref(), Some("t-00000000000000a1"));
-        assert_eq!(task_of(Path::new("/tmp/x")), None);
+    fn the_schedule_owes_every_planned_kind_once() {
+        let planned = vec![FaultKind::AgentKill, FaultKind::DaemonKill, FaultKind::DiskFull];
+        let mut rng = super::super::Rng(7);
+        let mut s = Schedule::new(planned.clone(), &mut rng);
+        let mut drawn = Vec::new();
+        while let Some(k) = s.next(&mut rng, false) {
+            let happened = k != FaultKind::DiskFull;
+            s.record(k, happened);
+            drawn.push(k);
+        }
+        for k in &planned {
+            let n = drawn.iter().filter(|d| *d == k).count();
+            assert_eq!(n, if *k == FaultKind::DiskFull { MAX_MISSES as usize } else { 1 }, "{drawn:?}");
+        }
+        assert!(s.next(&mut rng, true).is_some_and(|k| planned.contains(&k)));
     }
 
-    /// A stand-in shim (a shell whose arguments are a shim's) with two live children: the
-    /// sampler sees the task run twice, and a fenced service over its replicas.
+    /// Two stand-ins for one task of the fenced service (shells carrying a task's environment,
+    /// each with a child that carries it too): the scan finds two copies, the children not.
     #[test]
-    fn the_sampler_sees_a_task_running_twice() {
-        let tmp = std::env::temp_dir().join(format!("soak-probe-{}", std::process::id()));
-        let dir = tmp.join("hosts/h1/tasks/t-00000000000000a1/containers/main");
-        let mut shim = std::process::Command::new("sh")
-            .args(["-c", "sleep 60 & sleep 60 & wait", "shim", "--dir"])
-            .arg(&dir)
-            .spawn()
-            .expect("sh");
-        let violations = Violations::default();
-        let fenced = Mutex::new(Fenced::default());
-        {
-            let mut f = fenced.lock().unwrap();
-            f.tasks.insert("t-00000000000000a1".into(), "pinned".into());
-            f.replicas.insert("pinned".into(), 1);
-        }
-        let max = AtomicUsize::new(0);
+    fn the_scan_finds_every_copy_of_a_task_by_its_environment() {
+        let dir = std::env::temp_dir().join(format!("soak-probe-{}", std::process::id()));
+        let spawn = |task: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", "sleep 60 & wait"])
+                .env(SERVICE_ENV, service_tag(&dir, "pinned"))
+                .env(TASK_ENV, task)
+                .spawn()
+                .expect("sh")
+        };
+        let mut shells =
+            [spawn("t-00000000000000a1"), spawn("t-00000000000000a1"), spawn("t-00000000000000a2")];
+        let mut copies = Vec::new();
         for _ in 0..100 {
-            sample(&tmp.join("hosts"), &fenced, &max, &violations);
-            if !violations.list().is_empty() {
+            copies = scan(&dir);
+            if copies.len() >= 3 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::process::Command::new("pkill").args(["-P", &shim.id().to_string()]).status();
-        let _ = shim.kill();
-        let _ = shim.wait();
-        let all = violations.list().join("\n");
-        assert!(all.contains("task t-00000000000000a1 runs 2 copies"), "{all}");
-        assert!(all.contains("fenced service pinned has 2 live copies for 1 replicas"), "{all}");
-        assert_eq!(max.load(Ordering::Relaxed), 2);
+        let pids: Vec<u32> = shells.iter().map(|s| s.id()).collect();
+        for s in &mut shells {
+            let _ = std::process::Command::new("pkill").args(["-P", &s.id().to_string()]).status();
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let mut want: Vec<(u32, &str)> = pids
+            .iter()
+            .copied()
+            .zip(["t-00000000000000a1", "t-00000000000000a1", "t-00000000000000a2"])
+            .collect();
+        want.sort();
+        let got: Vec<(u32, &str)> = copies.iter().map(|c| (c.pid, c.task.as_str())).collect();
+        assert_eq!(got, want, "{copies:?}");
+        assert!(copies.iter().all(|c| c.service == "pinned"));
+        assert!(scan(&dir.join("other")).is_empty(), "another run's tasks are not this one's");
     }
 }
