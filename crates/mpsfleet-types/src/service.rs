@@ -279,6 +279,10 @@ pub struct DeploymentView {
     pub pending_count: u32,
     /// Running, ready and passing its health check (if it has one).
     pub healthy_count: u32,
+    /// Whether the deployment's task definition has a container health check: without one,
+    /// "healthy" only means running and ready, and is not said.
+    #[serde(default)]
+    pub health_checked: bool,
 }
 
 /// A service as the API returns it: the record plus counts derived from its tasks.
@@ -292,6 +296,10 @@ pub struct ServiceView {
     /// Running, ready and passing its health check (if it has one).
     #[serde(default)]
     pub healthy_count: u32,
+    /// Whether the service's task definition has a container health check: without one,
+    /// "healthy" only means running and ready, and is not said.
+    #[serde(default)]
+    pub health_checked: bool,
 }
 
 /// Body of `POST /v1/services`.

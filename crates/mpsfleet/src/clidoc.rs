@@ -138,10 +138,15 @@ there. `mpsfleet COMMAND --help` says the same as this page.
 - **Waiting.** `--wait` (with `--timeout SECONDS`, default 300) on `task run`, `task stop`,
   `service create`, `service update` and `host drain` prints progress on standard error,
   then a final line saying what was reached (`deployment d-2 of api completed: 3 of 3
-  healthy`), and exits 0 when done, 1 when it cannot finish (a task stopped instead of
-  running, a deployment failed) and 124 at the timeout. A service's progress names the stop
-  reasons of its failed tasks, grouped (`2 stopped: CannotPullContainerError: …`), and a
-  scale-down waits until the tasks beyond the desired count have STOPPED.
+  healthy`; `3 of 3 running (no health check)` for tasks without a health check), and exits
+  0 when done, 1 when it cannot finish (a task stopped instead of running, a deployment
+  failed, a task that can never be placed as the pool is) and 124 at the timeout. A
+  service's progress names the stop reasons of its failed tasks, grouped (`2 stopped:
+  CannotPullContainerError: …`), and why its waiting tasks wait (`2 waiting: no schedulable
+  host in pool default runs containers, which containerDefinitions[0].image … needs`); a task
+  nothing will place by itself (no host of the pool runs what it needs, and its provider
+  launches none) ends the wait at once with that reason. A scale-down waits until the tasks
+  beyond the desired count have STOPPED.
 - **Colour.** Logs (`server`, `agent`, `up`) are coloured only when standard error is a
   terminal and `NO_COLOR` is not set: log files never carry escape codes.
 - **Shell completion.** `source <(mpsfleet completion bash)` in `~/.bashrc` (also `zsh`;

@@ -107,7 +107,7 @@ pub fn task(
         ("Host", opt(&t.host_id)),
         (
             "Host health",
-            trouble.unwrap_or_else(|| if t.host_id.is_some() { "OK".into() } else { "-".into() }),
+            trouble.unwrap_or_else(|| if t.host_id.is_some() && !stopped { "OK".into() } else { "-".into() }),
         ),
         ("GPUs", gpus(t)),
         ("GPU demand", demand),
@@ -175,12 +175,14 @@ pub fn task(
 /// What is wrong, if anything, with the host and the daemon a live task runs on, in words for
 /// the describe views: its failing checks (those of the task's GPUs and the host-wide ones),
 /// its lifecycle when it is not ACTIVE, and the unresolved incident about it, if any:
-/// `IMPAIRED: MPS_DAEMON of GPU-a: daemon exited; incident inc-1 (OPEN, owner operator)`.
+/// `IMPAIRED: MPS_DAEMON of GPU-a: daemon exited; incident inc-1 (OPEN, owner operator)`. For
+/// a stopped task, only that its host left the fleet (DEREGISTERED).
 pub fn host_trouble(t: &Task, hosts: &[HostView], incidents: &[IncidentView]) -> Option<String> {
-    if t.last_status == TaskStatus::Stopped {
-        return None;
-    }
     let h = hosts.iter().find(|h| Some(&h.id) == t.host_id.as_ref())?;
+    if t.last_status == TaskStatus::Stopped {
+        // Its host now, for a task that ran there: only a host gone from the fleet is news.
+        return (h.status == HostStatus::Deregistered).then(|| format!("host {} DEREGISTERED", h.id));
+    }
     let incident = incidents
         .iter()
         .map(|v| &v.incident)
@@ -340,10 +342,17 @@ pub fn service(
         ),
         (
             "Tasks",
-            format!(
-                "{} desired, {} healthy, {} running, {} pending",
-                s.desired_count, v.healthy_count, v.running_count, v.pending_count
-            ),
+            if v.health_checked {
+                format!(
+                    "{} desired, {} healthy, {} running, {} pending",
+                    s.desired_count, v.healthy_count, v.running_count, v.pending_count
+                )
+            } else {
+                format!(
+                    "{} desired, {} running (no health check), {} pending",
+                    s.desired_count, v.running_count, v.pending_count
+                )
+            },
         ),
         ("Resumption", s.resumption.as_str().to_string()),
         (
@@ -374,6 +383,7 @@ pub fn service(
     // Replicas whose host or daemon is impaired: counted healthy by their own checks, but the
     // work is at risk, and the incident says who acts.
     let troubled: Vec<Vec<String>> = (tasks.iter())
+        .filter(|t| t.last_status != TaskStatus::Stopped)
         .filter_map(|t| Some(vec![t.id.to_string(), host_trouble(t, hosts, incidents)?]))
         .collect();
     if !troubled.is_empty() {
@@ -609,6 +619,36 @@ mod tests {
             "host h-1 IMPAIRED: MPS_DAEMON of GPU-a: daemon exited; local restarts exhausted; incident inc-1 \
              (OPEN, owner operator)"
         );
+    }
+
+    /// A stopped task whose host left the fleet says so; it never says its host is OK.
+    #[test]
+    fn a_stopped_tasks_host_is_not_said_to_be_ok() {
+        use mpsfleet_types::*;
+        let t: Task = serde_json::from_value(serde_json::json!({
+            "id": "t-0000000000000001", "taskDefinition": "web:1", "pool": "p", "hostId": "h-1",
+            "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "healthStatus": "UNKNOWN",
+            "startedBy": "run:x", "createdAtMs": 1,
+        }))
+        .unwrap();
+        let mut host: HostView = serde_json::from_value(serde_json::json!({
+            "id": "h-1", "pool": "p", "hostname": "a", "status": "DEREGISTERED", "healthStatus": "OK",
+            "cordoned": false, "emulated": true, "mpsAvailable": true, "gpus": [], "taskCount": 0,
+            "registeredAtMs": 1, "lastHeartbeatMs": 2,
+        }))
+        .unwrap();
+        let trouble = super::host_trouble(&t, std::slice::from_ref(&host), &[]);
+        assert_eq!(trouble.as_deref(), Some("host h-1 DEREGISTERED"));
+        let out = super::task(&t, None, &[], &Default::default(), trouble);
+        assert!(
+            out.lines().any(|l| l.starts_with("Host health") && l.ends_with("host h-1 DEREGISTERED")),
+            "{out}"
+        );
+        host.status = HostStatus::Active;
+        let trouble = super::host_trouble(&t, &[host], &[]);
+        let out = super::task(&t, None, &[], &Default::default(), trouble);
+        let line = out.lines().find(|l| l.starts_with("Host health")).unwrap();
+        assert!(line.ends_with('-') && !line.contains("OK"), "{out}");
     }
 
     #[test]

@@ -149,8 +149,10 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
         Ok(match dep.rollout_state {
             RolloutState::Completed if d.healthy_count >= dep.desired_count && live <= dep.desired_count => {
                 Progress::Done(format!(
-                    "deployment {id} of {service} completed: {} of {} healthy",
-                    d.healthy_count, dep.desired_count
+                    "deployment {id} of {service} completed: {} of {} {}",
+                    d.healthy_count,
+                    dep.desired_count,
+                    if d.health_checked { "healthy" } else { "running (no health check)" }
                 ))
             }
             RolloutState::Failed => Progress::Failed(dep.rollout_state_reason.clone()),
@@ -159,6 +161,17 @@ pub async fn deployment_done(c: &Client, flags: WaitFlags, service: &str) -> Res
                 dep.desired_count,
                 live - dep.desired_count
             )),
+            RolloutState::InProgress | RolloutState::Completed if !d.health_checked => {
+                Progress::Waiting(format!(
+                    "{} of {} running (no health check), {} pending, {} failed{}{}",
+                    d.running_count,
+                    dep.desired_count,
+                    d.pending_count,
+                    dep.failed_tasks,
+                    if failures.is_empty() { String::new() } else { format!(" ({})", failures.join("; ")) },
+                    waiting
+                ))
+            }
             RolloutState::InProgress | RolloutState::Completed => Progress::Waiting(format!(
                 "{} of {} healthy, {} running, {} pending, {} failed{}{}",
                 d.healthy_count,

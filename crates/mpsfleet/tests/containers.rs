@@ -614,7 +614,10 @@ async fn a_failed_rollout_says_why_where_the_user_looks() {
         let (code, _, err) =
             cli(&["service", "create", "roll", "--taskdef", "roll:1", "--desired", "2", "--wait"]);
         assert_eq!(code, Some(0), "{err}\n{}", f.logs());
-        assert!(err.contains("deployment d-1 of roll completed: 2 of 2 healthy"), "no final line: {err}");
+        assert!(
+            err.contains("deployment d-1 of roll completed: 2 of 2 running (no health check)"),
+            "no final line: {err}"
+        );
 
         let missing = format!("{}/mpsfleet/missing:none", f.docker.registry);
         f.register(def("roll", &missing, serde_json::json!({"command": ["sleep", "600"]}))).await;
@@ -637,7 +640,7 @@ async fn a_failed_rollout_says_why_where_the_user_looks() {
         let (code, _, err) =
             cli(&["service", "update", "roll", "--taskdef", "roll:1", "--desired", "1", "--wait"]);
         assert_eq!(code, Some(0), "{err}");
-        assert!(err.contains("completed: 1 of 1 healthy"), "{err}");
+        assert!(err.contains("completed: 1 of 1 running (no health check)"), "{err}");
         let live = f
             .admin
             .list_tasks(&TaskQuery { service: Some("roll".into()), live: true, ..Default::default() })

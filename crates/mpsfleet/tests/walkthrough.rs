@@ -113,6 +113,17 @@ fn promised(line: &str) -> Option<String> {
     comment.strip_prefix("prints ").map(|p| p.split(';').next().unwrap().trim().to_string())
 }
 
+/// The words in capitals of a README line's comment: the columns and states it says the
+/// output shows.
+fn sample_capitals(line: &str) -> Vec<String> {
+    let Some((_, comment)) = line.split_once("  # ") else { return Vec::new() };
+    comment
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.len() >= 3 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .map(String::from)
+        .collect()
+}
+
 /// `mpsfleet up`, stopped as Ctrl-C stops it (then killed) if the test ends early.
 struct Up(std::process::Child);
 
@@ -291,6 +302,13 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         if line.starts_with("mpsfleet task list") {
             assert!(out.contains("RUNNING") && out.contains("HEALTHY"), "{out}");
         }
+        // A list's sample output names its columns and states in capitals (`RUNTIME docker`,
+        // `RUNNING and HEALTHY`): each one is in what the command printed.
+        if line.starts_with("mpsfleet ") && line.split("  # ").next().is_some_and(|c| c.contains(" list")) {
+            for word in sample_capitals(&line) {
+                assert!(out.contains(&word), "README says `{line}` shows {word}; it printed:\n{out}");
+            }
+        }
         if line.starts_with("mpsfleet service endpoints") {
             // `up` publishes on 127.0.0.1: the kernel lists each port there and nowhere else.
             for row in out.lines().skip(1) {
@@ -420,4 +438,14 @@ fn up_on_a_port_in_use_writes_nothing() {
     assert!(err.contains(&format!("cannot listen on {listen}")), "{err}");
     assert!(!data.exists(), "up wrote {} before it failed", data.display());
     assert!(!dir.path().join(".config").exists(), "up wrote a client config before it failed");
+}
+
+/// The sample check reads the capitals of a comment, and only those: the README's old `host
+/// list` line would have asked for an IDLE no output has.
+#[test]
+fn a_samples_capitals_are_its_columns_and_states() {
+    let old =
+        "mpsfleet host list                                 # two ACTIVE hosts, RUNTIME docker, GPUs IDLE";
+    assert_eq!(sample_capitals(old), ["ACTIVE", "RUNTIME", "IDLE"]);
+    assert!(sample_capitals("mpsfleet task list").is_empty());
 }

@@ -243,8 +243,10 @@ impl Cluster {
             running_count: count(&|t| t.last_status == TaskStatus::Running),
             pending_count: count(&|t| t.last_status < TaskStatus::Running),
             healthy_count: count(&|t| self.replica_state(t) == ReplicaState::Healthy),
+            health_checked: self.health_checked(&svc.task_definition),
         }
     }
+
 
     pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
         Ok(self.view_of(&self.service_record(name)?.value))
@@ -262,6 +264,7 @@ impl Cluster {
                 running_count: 0,
                 pending_count: 0,
                 healthy_count: 0,
+                health_checked: self.health_checked(&d.task_definition),
             })
             .collect();
         for id in self.state.tasks().of_service(&svc.name) {

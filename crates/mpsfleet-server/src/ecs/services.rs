@@ -168,7 +168,13 @@ fn service_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<
 fn inactive(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str, tags: bool) -> Option<Value> {
     let name = arns.short("service", given)?;
     let (svc, _) = c.deleted_services(pool).filter(|(s, _)| s.name.as_str() == name).last()?;
-    let view = ServiceView { service: svc.clone(), running_count: 0, pending_count: 0, healthy_count: 0 };
+    let view = ServiceView {
+        service: svc.clone(),
+        running_count: 0,
+        pending_count: 0,
+        healthy_count: 0,
+        health_checked: false,
+    };
     let mut v = shapes::service(arns, &view, &[], tags);
     v["status"] = json!("INACTIVE");
     Some(v)
