@@ -247,7 +247,6 @@ impl Cluster {
         }
     }
 
-
     pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
         Ok(self.view_of(&self.service_record(name)?.value))
     }
