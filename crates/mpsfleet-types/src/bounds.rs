@@ -248,6 +248,10 @@ pub enum BreachCause {
     /// The phase began before the server (re)started or took over: nobody was deciding
     /// meanwhile.
     ControlPlaneRestart,
+    /// The failure came more slowly than the bound's kind assumes: a daemon that exited again
+    /// only a while after each local restart, where the `daemon-exit` bound counts each
+    /// restart killed at once. Detection waited on the failure, not on the server.
+    SlowerFailure,
 }
 
 impl BreachCause {
@@ -258,6 +262,7 @@ impl BreachCause {
             BreachCause::BreakerOpen => "breaker-open",
             BreachCause::TaskSlowToStart => "task-slow-to-start",
             BreachCause::ControlPlaneRestart => "control-plane-restart",
+            BreachCause::SlowerFailure => "slower-failure",
         }
     }
 }

@@ -144,7 +144,7 @@ impl Cluster {
     }
 
     /// Why `phase` of `incident` ran long, when the record or the world says.
-    fn breach_cause(&self, incident: &Incident, phase: RecoveryPhase) -> Option<BreachCause> {
+    pub(super) fn breach_cause(&self, incident: &Incident, phase: RecoveryPhase) -> Option<BreachCause> {
         let t = incident.timing();
         let began = match phase {
             RecoveryPhase::Detect | RecoveryPhase::Total => t.first_failure_at_ms.or(t.detected_at_ms),
@@ -160,7 +160,8 @@ impl Cluster {
             return Some(if provider { BreachCause::ProviderSlow } else { BreachCause::BreakerOpen });
         }
         match phase {
-            RecoveryPhase::Detect | RecoveryPhase::Decide => None,
+            RecoveryPhase::Detect => self.slower_failure(incident),
+            RecoveryPhase::Decide => None,
             // A launch not joined within its timeout counts as failed: the provider's.
             RecoveryPhase::Replace => Some(BreachCause::ProviderSlow),
             RecoveryPhase::Total => {
@@ -182,6 +183,23 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// A daemon whose local restarts came further apart than the `daemon-exit` bound counts
+    /// (each restart killed again at once, the n-th after (n-1) x restartBackoffMs and its
+    /// start): the failure, not the server, took the time.
+    fn slower_failure(&self, incident: &Incident) -> Option<BreachCause> {
+        if incident.bounds?.kind != mpsfleet_types::bounds::FailureKind::DaemonExit {
+            return None;
+        }
+        let first = incident.trigger.first_failure_at_ms?;
+        let last = *incident.trigger.local_repairs_at_ms.last()?;
+        let h = &self.state.pools().get(&incident.pool)?.value.health_policy;
+        let iv = intervals();
+        let exits = h.mps_failure_threshold.min(h.local_daemon_restarts + 1);
+        let assumed: u64 =
+            (1..u64::from(exits)).map(|n| (n - 1) * iv.restart_backoff_ms + iv.daemon_start_ms).sum();
+        (last.saturating_sub(first) > assumed).then_some(BreachCause::SlowerFailure)
     }
 
     /// Records an entry in `pool`'s events: committed with the pool, then published.

@@ -5,7 +5,7 @@
 
 use super::recovery_tests::World;
 use super::*;
-use mpsfleet_types::bounds::{BreachCause, FailureKind, PhaseVerdict, RecoveryPhase};
+use mpsfleet_types::bounds::{BreachCause, FailureKind, IncidentBounds, PhaseVerdict, RecoveryPhase};
 
 fn with_provider(launch_timeout_seconds: u32) -> UpdatePool {
     UpdatePool {
@@ -100,4 +100,39 @@ fn a_replacement_past_its_launch_timeout_breaches_the_replace_bound() {
     // Later passes record nothing more.
     w.run(10, &[(bad, HealthStatus::Impaired)], |_| ProviderOutcome::Done);
     assert_eq!(w.c.incidents().pop().unwrap().breaches.len(), 1);
+}
+
+/// A daemon that exits again only a while after each local restart detects later than the
+/// `daemon-exit` bound (which counts each restart killed at once): the breach names the slower
+/// failure as its cause, not "unknown". Restarts as fast as the bound assumes name none.
+#[test]
+fn a_detect_breach_of_a_slower_failure_says_so() {
+    let mut w = World::new(OwnershipMode::Managed);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    // Well after the server loaded: the failure is not older than the server.
+    w.advance(60_000);
+    let now = w.c.now();
+    let incident = |repairs: Vec<u64>| {
+        let trigger = Trigger {
+            check: "MPS_DAEMON".into(),
+            gpu_id: None,
+            reason: "daemon exited (signal 9)".into(),
+            evidence: "e".into(),
+            first_failure_at_ms: Some(now - 10_000),
+            local_repairs_at_ms: repairs,
+        };
+        let pool = PoolName::new("p").unwrap();
+        let mut i =
+            Incident::open("inc-1".into(), host.clone(), pool, IncidentOwner::Mpsfleet, trigger, now, now);
+        let bounds = w.c.pool_bounds("p").unwrap();
+        i.bounds = Some(IncidentBounds::of(bounds.of(FailureKind::DaemonExit).unwrap(), false));
+        i
+    };
+    // Each kill 1.5 s after its restart: the two restarts end 4.5 s after the first failure,
+    // against the 3 s the bound counts for them (a start, then a backoff and a start).
+    let slow = incident(vec![now - 8_000, now - 5_500]);
+    assert_eq!(w.c.breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
+    let fast = incident(vec![now - 9_000, now - 8_000]);
+    assert_eq!(w.c.breach_cause(&fast, RecoveryPhase::Detect), None);
 }

@@ -160,13 +160,27 @@ pub(super) fn check_kinds(kinds: &[String]) -> Result<()> {
 fn summary(ev: &Event) -> (String, String) {
     if let Some(i) = &ev.incident {
         let inc = &i.incident;
-        let what = format!(
-            "{} on host {} ({}: {})",
-            inc.state.as_str(),
-            inc.host_id,
-            inc.trigger.check,
-            inc.trigger.reason
-        );
+        // The step the event is about, when it has one: an incident update is one step, and
+        // several in one write are several events that say different things.
+        let what = match &ev.step {
+            Some(s) if !s.event.detail.is_empty() => {
+                format!(
+                    "{} on host {}: {}: {}",
+                    inc.state.as_str(),
+                    inc.host_id,
+                    s.event.step.as_str(),
+                    s.event.detail
+                )
+            }
+            Some(s) => format!("{} on host {}: {}", inc.state.as_str(), inc.host_id, s.event.step.as_str()),
+            None => format!(
+                "{} on host {} ({}: {})",
+                inc.state.as_str(),
+                inc.host_id,
+                inc.trigger.check,
+                inc.trigger.reason
+            ),
+        };
         return (format!("incident/{}", inc.id), what);
     }
     if let Some(h) = &ev.host {
@@ -193,6 +207,44 @@ fn summary(ev: &Event) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::parse_age;
+
+    /// Two steps of one incident written at once are two events that read differently.
+    #[test]
+    fn an_incident_update_names_its_step() {
+        use mpsfleet_types::event::{Event, EventType};
+        use mpsfleet_types::*;
+        let trigger = Trigger {
+            check: "MPS_DAEMON".into(),
+            gpu_id: None,
+            reason: "daemon exited".into(),
+            evidence: "e".into(),
+            first_failure_at_ms: None,
+            local_repairs_at_ms: Vec::new(),
+        };
+        let host = HostId::new("h-1").unwrap();
+        let pool = PoolName::new("p").unwrap();
+        let mut inc = Incident::open("inc-1".into(), host, pool, IncidentOwner::Mpsfleet, trigger, 5, 5);
+        inc.timeline
+            .push(6, TimelineEvent { step: Step::Decided, detail: "replace the host".into(), by: None });
+        inc.timeline
+            .push(6, TimelineEvent { step: Step::ReplacementRequested, detail: String::new(), by: None });
+        let lines: Vec<String> = inc
+            .timeline
+            .since(1)
+            .iter()
+            .map(|s| {
+                let ev = Event {
+                    incident: Some(Box::new(IncidentView::of(inc.clone()))),
+                    step: Some(s.clone()),
+                    ..Event::new(EventType::IncidentUpdated, 6)
+                };
+                super::summary(&ev).1
+            })
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_ne!(lines[0], lines[1], "{lines:?}");
+        assert!(lines[0].ends_with("DECIDED: replace the host"), "{lines:?}");
+    }
 
     #[test]
     fn ages_read_as_kubectl_writes_them() {
