@@ -1064,7 +1064,38 @@ impl Cluster {
         for (task, placement, _) in batch.created {
             self.insert_task(task, rev, placement, true);
         }
+        self.tell_services_of_moves(&pairs, moves, &host_id, incident)?;
         Ok(pairs)
+    }
+
+    /// Each service whose tasks an incident moved says so in its events: which task went
+    /// where, and why (the service's describe shows a move it did not make itself).
+    fn tell_services_of_moves(
+        &mut self,
+        pairs: &Moved,
+        moves: &[MoveTask],
+        from: &HostId,
+        incident: &str,
+    ) -> Result<(), Error> {
+        let mut by_service: BTreeMap<ServiceName, Vec<String>> = BTreeMap::new();
+        for (old, new, host) in pairs {
+            let Some(m) = moves.iter().find(|m| m.task_id == *old) else { continue };
+            let to =
+                host.as_ref().map_or_else(|| "waiting for a host".to_string(), |h| format!("on host {h}"));
+            by_service.entry(m.service.clone()).or_default().push(format!("{old} -> {new} ({to})"));
+        }
+        let now = self.now();
+        for (name, words) in by_service {
+            let Some(mut svc) = self.state.services().get(&name).map(|s| s.value.clone()) else { continue };
+            let msg = format!(
+                "incident {incident} moved {} task(s) off host {from}: {}",
+                words.len(),
+                words.join(", ")
+            );
+            svc.events.push(now, ObjectEvent::new("TasksMovedByIncident", msg));
+            self.write_service(svc)?;
+        }
+        Ok(())
     }
 
     /// When the last replacement of the incident's moved service tasks started RUNNING, when

@@ -677,6 +677,15 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
             ResumptionBoundary::Restart => {
                 assert_eq!(elsewhere, 2, "{resumption:?}: {live:#?}");
                 assert_eq!(live.len(), 2 + on_failed, "the old copies run on while repair tries");
+                // Its events say why it runs above its count.
+                let events = w.c.service("web").unwrap().service.events;
+                assert!(
+                    events.iter().any(|e| e.reason == "TasksStarted"
+                        && e.message.contains(&format!(
+                            "for {on_failed} replica(s) on an MPS daemon whose failure is confirmed"
+                        ))),
+                    "{events:#?}"
+                );
             }
             ResumptionBoundary::Fenced => assert_eq!(live.len(), 2, "{resumption:?}: {live:#?}"),
         }
@@ -691,6 +700,29 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
         kept.sort();
         assert_eq!(live, kept, "{resumption:?}: the first copies stay, the newer ones stopped");
     }
+}
+
+/// A replica an incident moves (here an operator's drain) is told in its service's events:
+/// which task went where, and which incident moved it.
+#[test]
+fn a_replica_moved_by_an_incident_is_in_its_services_events() {
+    let (mut w, hosts) = world(2);
+    service(&mut w, 2, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let first = of_web(&w.c);
+    let drained = first[0].host_id.clone().unwrap();
+    w.c.operator_action(drained.as_str(), OperatorAction::Drain, "admin").unwrap();
+    w.c.run_work();
+    agents(&mut w, |_| false, &mut |_| {});
+    let events = w.c.service("web").unwrap().service.events;
+    let moved: Vec<&str> =
+        events.iter().filter(|e| e.reason == "TasksMovedByIncident").map(|e| e.message.as_str()).collect();
+    assert_eq!(moved.len(), 1, "{events:#?}");
+    assert!(
+        moved[0].contains(&format!("off host {drained}")) && moved[0].contains(&first[0].id.to_string()),
+        "{moved:?}"
+    );
+    assert!(hosts.iter().any(|h| h != &drained && moved[0].contains(h.as_str())), "{moved:?}");
 }
 
 /// The live tasks of the service `web`.

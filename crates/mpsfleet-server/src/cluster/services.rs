@@ -490,7 +490,22 @@ impl Cluster {
                 deployment: svc.deployments.first().map(|d| d.id.clone()),
             };
             let started = self.start_tasks(spec, plan.start)?;
-            let msg = format!("started {} task(s) of {}", started.len(), svc.task_definition);
+            // Replicas on a daemon whose failure is confirmed are not counted: their copies
+            // start now, and the service runs more than its count until they stop or their
+            // daemon answers again (at least once, never fewer).
+            let at_risk = (self.state.tasks().of_service(name).iter())
+                .filter_map(|id| self.state.tasks().get(id))
+                .filter(|e| e.task.desired_status != TaskStatus::Stopped && self.at_risk(&e.task))
+                .count();
+            let why = if at_risk > 0 {
+                format!(
+                    " for {at_risk} replica(s) on an MPS daemon whose failure is confirmed (the service runs above \
+                     its count until they stop or their daemon answers again)"
+                )
+            } else {
+                String::new()
+            };
+            let msg = format!("started {} task(s) of {}{why}", started.len(), svc.task_definition);
             svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
             if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
                 let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
