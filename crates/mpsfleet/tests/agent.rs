@@ -59,14 +59,6 @@ fn var<'a>(env: &'a [(String, String)], k: &str) -> Option<&'a str> {
     env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
 }
 
-/// The pid of the daemon the agent started for GPU `index` (from its daemon record).
-fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
-    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["pid"].as_u64().expect("pid in daemon.json") as u32
-}
-
 fn alive(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     !stat.is_empty() && !stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'))

@@ -32,13 +32,6 @@ fn shot(b: &mut Browser, name: &str) {
     }
 }
 
-/// The pid of the MPS daemon of GPU `index`, from the agent's daemon record.
-fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
-    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    v["pid"].as_u64().unwrap() as u32
-}
-
 /// A new viewer token, for `what`.
 async fn viewer_token(admin: &mpsfleet_client::Client, what: &str) -> String {
     let req = CreateToken {

@@ -10,7 +10,6 @@ use mpsfleet_client::{Client, TaskQuery};
 use mpsfleet_types::api::RunTaskResponse;
 use mpsfleet_types::*;
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -189,11 +188,6 @@ async fn answers(addr: &str, needle: &str) -> String {
         body.contains(needle).then_some(body)
     })
     .await
-}
-
-/// A free TCP port on this machine (bound and released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A definition of one container `main` of the test image with `extra` fields.
@@ -723,14 +717,6 @@ async fn agent_kill9_and_restart_adopts_running_containers_and_reports_exits() {
         );
     })
     .await;
-}
-
-/// The pid of the MPS daemon the agent started for GPU `index` (from its daemon record).
-fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
-    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    u32::try_from(v["pid"].as_u64().expect("pid in daemon.json")).unwrap()
 }
 
 fn signal(pid: u32, sig: &str) {

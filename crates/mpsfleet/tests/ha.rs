@@ -18,10 +18,6 @@ fn etcd_endpoints() -> String {
     })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 /// Starts `mpsfleet server --store etcd` on `port`; the receiver gets each line it prints.
 fn start_server(dir: &Path, port: u16, prefix: &str) -> (Server, std::sync::mpsc::Receiver<String>) {
     let etcd = etcd_endpoints();

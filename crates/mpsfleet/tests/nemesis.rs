@@ -54,10 +54,6 @@ fn etcd_endpoints() -> String {
     })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
 /// A small deterministic generator (xorshift64*), so that a seed gives the same schedule.
 struct Rng(u64);
 

@@ -379,11 +379,6 @@ async fn log_drivers_pass_through_or_fall_back_with_a_note() {
     .await;
 }
 
-/// A free port on 127.0.0.1.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// bcrypt of [`REGISTRY_PASSWORD`] (as `htpasswd -B` writes it), for a registry that requires
 /// a login.
 const REGISTRY_USER: &str = "puller";

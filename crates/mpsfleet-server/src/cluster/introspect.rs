@@ -10,9 +10,4 @@ impl Cluster {
         self.id_base = base;
         self.id_counter = 0;
     }
-
-    /// How many hosts the cluster knows, every status included.
-    pub fn host_count(&self) -> usize {
-        self.state.hosts().len()
-    }
 }

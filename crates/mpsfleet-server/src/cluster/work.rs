@@ -198,11 +198,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// Keys waiting to be reconciled (for tests and the simulator's report).
-    pub fn work_queued(&self) -> usize {
-        self.work.queue.len()
-    }
-
     /// The keys waiting, in words (for tests).
     #[cfg(test)]
     pub(super) fn work_keys(&self) -> Vec<String> {

@@ -278,48 +278,8 @@ fn is_read(op: &str) -> bool {
     op.starts_with("Describe") || op.starts_with("List") || op.starts_with("Get")
 }
 
-/// The operations served, by name.
-pub const OPERATIONS: &[&str] = &[
-    "CreateCluster",
-    "DeleteCluster",
-    "UpdateCluster",
-    "DescribeClusters",
-    "ListClusters",
-    "RegisterTaskDefinition",
-    "DescribeTaskDefinition",
-    "ListTaskDefinitions",
-    "ListTaskDefinitionFamilies",
-    "DeregisterTaskDefinition",
-    "DeleteTaskDefinitions",
-    "RunTask",
-    "StartTask",
-    "StopTask",
-    "DescribeTasks",
-    "ListTasks",
-    "CreateService",
-    "UpdateService",
-    "DeleteService",
-    "DescribeServices",
-    "ListServices",
-    "ListServiceDeployments",
-    "DescribeServiceDeployments",
-    "ListContainerInstances",
-    "DescribeContainerInstances",
-    "UpdateContainerInstancesState",
-    "DiscoverPollEndpoint",
-    "TagResource",
-    "UntagResource",
-    "ListTagsForResource",
-    "CreateCapacityProvider",
-    "DescribeCapacityProviders",
-    "UpdateCapacityProvider",
-    "DeleteCapacityProvider",
-    "PutClusterCapacityProviders",
-    "UpdateTaskProtection",
-    "GetTaskProtection",
-];
-
-/// Serves `op`: its answer's JSON.
+/// Serves `op`: its answer's JSON. The one list of the operations served: any other name is
+/// `UnsupportedOperation`.
 async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError> {
     // The task operations answer many tasks: they serialize them as they build them.
     match op {

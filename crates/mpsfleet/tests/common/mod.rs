@@ -16,6 +16,19 @@ pub mod up;
 
 pub const H200_MIB: u64 = 143_771;
 
+/// A TCP port free now on every address (the kernel's pick), for a process the test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// The pid of the MPS daemon an agent started for GPU `index` (from its daemon record).
+pub fn daemon_pid(agent_dir: &Path, index: u32) -> u32 {
+    let path = agent_dir.canonicalize().unwrap().join(format!("mps/log/{index}/daemon.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    u32::try_from(v["pid"].as_u64().expect("pid in daemon.json")).unwrap()
+}
+
 /// A running server process. Killed (SIGKILL) when dropped.
 pub struct Server {
     pub child: Child,
