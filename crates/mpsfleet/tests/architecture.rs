@@ -149,7 +149,9 @@ fn assignments(file: &str, code: &str, fields: &[&str]) -> Vec<String> {
 }
 
 /// The control plane's task and host records change status only through
-/// `lifecycle::{task,host}` (`apply`, which runs `step`), and an incident's state only through
+/// `lifecycle::{task,host}` (`apply`, which runs `step`), drills through `lifecycle::drill`,
+/// services, deployments (status and rollout state) and task attachments through
+/// `lifecycle::service`, and an incident's state only through
 /// `remediation` (`record`, `resolve`): no other file of the server, the core or the simulator
 /// assigns them. (The agent's own record of a process is what it reports; the server feeds
 /// each report through the task lifecycle.)
@@ -168,9 +170,24 @@ fn statuses_are_written_only_by_the_lifecycles() {
     let mut found = Vec::new();
     for (file, code) in &sources {
         if !file.contains("/lifecycle/") {
-            found.extend(assignments(file, code, &["last_status", "desired_status", "health_status"]));
+            found.extend(assignments(
+                file,
+                code,
+                &["last_status", "desired_status", "health_status", "rollout_state"],
+            ));
             found.extend(assignments(file, code, &["status"]).into_iter().filter(|l| {
-                l.contains("HostStatus::") || l.contains("TaskStatus::") || l.contains("DrillStatus::")
+                [
+                    "HostStatus::",
+                    "TaskStatus::",
+                    "DrillStatus::",
+                    "ServiceStatus::",
+                    "DeploymentStatus::",
+                    "\"DELETED\"",
+                    "\"ATTACHED\"",
+                    "\"PRECREATED\"",
+                ]
+                .iter()
+                .any(|s| l.contains(s))
             }));
         }
         if !file.ends_with("mpsfleet-core/src/remediation.rs") {

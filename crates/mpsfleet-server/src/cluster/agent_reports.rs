@@ -246,9 +246,7 @@ impl Cluster {
         }
         if t.last_status == TaskStatus::Stopped {
             t.ready = false;
-            for a in &mut t.attachments {
-                a.status = "DELETED".into();
-            }
+            mpsfleet_core::lifecycle::service::detach(&mut t);
             t.stopped_at_ms = Some(now);
             if let Some(code) = report.stop_code {
                 t.stop_code = Some(code);

@@ -16,6 +16,7 @@ use super::work::Work;
 use super::*;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
+use mpsfleet_core::lifecycle::service as service_lifecycle;
 use mpsfleet_types::event::{EventType, Subject};
 use mpsfleet_types::labels::check_tags;
 use mpsfleet_types::policy::ResumptionBoundary;
@@ -141,7 +142,8 @@ impl Cluster {
         let current = self.service_record(name)?;
         let mut svc = current.value.clone();
         if svc.status != ServiceStatus::Draining {
-            svc.status = ServiceStatus::Draining;
+            service_lifecycle::apply_service(&mut svc, service_lifecycle::ServiceEvent::Delete)
+                .map_err(Error::Conflict)?;
             svc.desired_count = 0;
             svc.updated_at_ms = self.now();
             svc.events.push(svc.updated_at_ms, ObjectEvent::new("ServiceDeleted", "stopping every task"));
@@ -651,10 +653,13 @@ impl Cluster {
             if i == 0 {
                 let done = healthy_current >= bounds.desired && !older_left && !moving;
                 if d.rollout_state == RolloutState::InProgress && done {
-                    d.rollout_state = RolloutState::Completed;
-                    d.rollout_state_reason =
+                    let reason =
                         format!("all {} task(s) of {} are healthy", bounds.desired, d.task_definition);
-                    d.updated_at_ms = now;
+                    let completed = service_lifecycle::DeploymentEvent::Completed { reason };
+                    if let Err(e) = service_lifecycle::apply_deployment(d, completed, now) {
+                        tracing::warn!(deployment = %d.id, "{e}");
+                        continue;
+                    }
                     let msg = format!("deployment {} completed: the service reached a steady state", d.id);
                     events.push(ObjectEvent::new("DeploymentCompleted", msg));
                 }
@@ -663,8 +668,11 @@ impl Cluster {
             if d.status == DeploymentStatus::Active
                 && (d.task_definition == primary_def || !live_defs.contains(&&d.task_definition))
             {
-                d.status = DeploymentStatus::Inactive;
-                d.updated_at_ms = now;
+                if let Err(e) =
+                    service_lifecycle::apply_deployment(d, service_lifecycle::DeploymentEvent::Drained, now)
+                {
+                    tracing::warn!(deployment = %d.id, "{e}");
+                }
             }
         }
         for e in events {
@@ -710,12 +718,17 @@ impl Cluster {
         let breaker = svc.deployment_configuration.deployment_circuit_breaker;
         let threshold = CircuitBreaker::threshold(d.desired_count);
         if breaker.enable && d.failed_tasks >= threshold {
-            d.rollout_state = RolloutState::Failed;
-            d.rollout_state_reason = format!(
+            let reason = format!(
                 "circuit breaker tripped: {} task(s) failed (threshold {threshold}): {}",
                 d.failed_tasks,
                 d.failures_words().join("; ")
             );
+            service_lifecycle::apply_deployment(
+                d,
+                service_lifecycle::DeploymentEvent::Failed { reason },
+                now,
+            )
+            .map_err(Error::Conflict)?;
             let failed_id = d.id.clone();
             let msg = format!("deployment {failed_id} failed: {}", d.rollout_state_reason);
             svc.events.push(now, ObjectEvent::new("DeploymentFailed", msg));
@@ -768,11 +781,9 @@ impl Cluster {
 fn start_deployment(svc: &mut Service, now: u64, reason: String) {
     for d in &mut svc.deployments {
         if d.status == DeploymentStatus::Primary {
-            d.status = DeploymentStatus::Active;
-            if d.rollout_state == RolloutState::InProgress {
-                d.rollout_state_reason = "superseded by a newer deployment".into();
-            }
-            d.updated_at_ms = now;
+            // PRIMARY takes Superseded in every rollout state: this cannot fail.
+            let _ =
+                service_lifecycle::apply_deployment(d, service_lifecycle::DeploymentEvent::Superseded, now);
         }
     }
     let n = svc.next_deployment.max(1);
