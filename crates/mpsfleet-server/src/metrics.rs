@@ -216,9 +216,9 @@ fn pool(p: &mpsfleet_types::PoolName) -> PoolLabels {
 }
 
 impl Live {
-    /// One answered request: `route` is the matched route's template.
-    pub fn request(&self, method: &axum::http::Method, route: &str, code: u16, seconds: f64) {
-        let method = method_label(method);
+    /// One answered request: `method` its label (`GET`, …, `OTHER`), `route` the matched
+    /// route's template. Plain values: the HTTP layer's types stay in the HTTP layer.
+    pub fn request(&self, method: &'static str, route: &str, code: u16, seconds: f64) {
         self.requests.get_or_create(&RequestLabels { method, route: route.to_string(), code }).inc();
         self.request_seconds
             .get_or_create(&RouteLabels { method, route: route.to_string() })
@@ -506,7 +506,7 @@ pub async fn observe(
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let resp = next.run(req).await;
-    live.request(&method, &route, resp.status().as_u16(), watch.seconds());
+    live.request(method_label(&method), &route, resp.status().as_u16(), watch.seconds());
     resp
 }
 
@@ -517,7 +517,7 @@ mod tests {
     #[test]
     fn counters_end_in_total_and_the_state_is_by_pool() {
         let live = Live::default();
-        live.request(&axum::http::Method::GET, "/v1/tasks/{id}", 200, 0.002);
+        live.request(method_label(&axum::http::Method::GET), "/v1/tasks/{id}", 200, 0.002);
         live.placed(&mpsfleet_types::PoolName::new("gpu").unwrap(), 1500);
         let mut state = State { leader: true, ..State::default() };
         let p = state.pools.entry("gpu".into()).or_default();
