@@ -113,6 +113,25 @@ fn default_max_clients() -> u32 {
     DEFAULT_MAX_MPS_CLIENTS
 }
 
+/// An NVIDIA H200's memory, as NVML reports it (the emulated GPU of `up`, the benchmarks and
+/// the tests).
+pub const H200_MEMORY_MIB: u64 = 143_771;
+
+impl GpuInventory {
+    /// An emulated H200 (compute capability 9.0, 48 MPS clients): the one fixture of the GPU
+    /// the tests, benchmarks and simulations declare.
+    pub fn emulated_h200(uuid: GpuUuid, index: u32) -> GpuInventory {
+        GpuInventory {
+            uuid,
+            index,
+            model: "H200".into(),
+            memory_mib: H200_MEMORY_MIB,
+            compute_capability: "9.0".into(),
+            max_mps_clients: DEFAULT_MAX_MPS_CLIENTS,
+        }
+    }
+}
+
 /// What an agent sends when it registers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -99,14 +99,7 @@ mod tests {
                 pool: PoolName::new("p").unwrap(),
                 hostname: format!("h{h}"),
                 gpus: (0..8)
-                    .map(|g| GpuInventory {
-                        uuid: GpuUuid::new(format!("GPU-{h}-{g}")).unwrap(),
-                        index: g,
-                        model: "H200".into(),
-                        memory_mib: 143_771,
-                        compute_capability: "9.0".into(),
-                        max_mps_clients: 48,
-                    })
+                    .map(|g| GpuInventory::emulated_h200(GpuUuid::new(format!("GPU-{h}-{g}")).unwrap(), g))
                     .collect(),
                 mps_available: true,
                 emulated: true,

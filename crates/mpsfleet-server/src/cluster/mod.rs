@@ -1390,14 +1390,7 @@ mod tests {
         let reg = HostRegistration {
             pool: PoolName::new("p").unwrap(),
             hostname: "h".into(),
-            gpus: vec![GpuInventory {
-                uuid: GpuUuid::new("GPU-00000000-0000").unwrap(),
-                index: 0,
-                model: "H200".into(),
-                memory_mib: 143_771,
-                compute_capability: "9.0".into(),
-                max_mps_clients: 48,
-            }],
+            gpus: vec![GpuInventory::emulated_h200(GpuUuid::new("GPU-00000000-0000").unwrap(), 0)],
             mps_available: true,
             emulated: true,
             runtime: Default::default(),

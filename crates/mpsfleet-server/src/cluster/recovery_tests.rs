@@ -37,14 +37,10 @@ impl World {
         HostRegistration {
             pool: PoolName::new("p").unwrap(),
             hostname: hostname.into(),
-            gpus: vec![GpuInventory {
-                uuid: GpuUuid::new(format!("GPU-{:08x}", self.gpu)).unwrap(),
-                index: 0,
-                model: "H200".into(),
-                memory_mib: 143_771,
-                compute_capability: "9.0".into(),
-                max_mps_clients: 48,
-            }],
+            gpus: vec![GpuInventory::emulated_h200(
+                GpuUuid::new(format!("GPU-{:08x}", self.gpu)).unwrap(),
+                0,
+            )],
             mps_available: true,
             emulated: true,
             runtime: Default::default(),

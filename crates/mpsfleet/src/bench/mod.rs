@@ -466,14 +466,10 @@ fn emulated_host(pool: &str, n: u32, gpus: u32) -> Result<mpsfleet_types::HostRe
         hostname: format!("bench-{n:06}"),
         gpus: (0..gpus)
             .map(|g| {
-                Ok(mpsfleet_types::GpuInventory {
-                    uuid: GpuUuid::new(format!("GPU-{n:08x}-{g:04x}"))?,
-                    index: g,
-                    model: "NVIDIA H200".into(),
-                    memory_mib: 143_771,
-                    compute_capability: "9.0".into(),
-                    max_mps_clients: 48,
-                })
+                Ok(mpsfleet_types::GpuInventory::emulated_h200(
+                    GpuUuid::new(format!("GPU-{n:08x}-{g:04x}"))?,
+                    g,
+                ))
             })
             .collect::<Result<_>>()?,
         mps_available: true,

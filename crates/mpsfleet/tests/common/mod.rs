@@ -14,7 +14,7 @@ use std::time::Duration;
 
 pub mod up;
 
-pub const H200_MIB: u64 = 143_771;
+pub const H200_MIB: u64 = mpsfleet_types::H200_MEMORY_MIB;
 
 /// A TCP port free now on every address (the kernel's pick), for a process the test starts.
 pub fn free_port() -> u16 {
