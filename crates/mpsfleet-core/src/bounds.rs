@@ -97,8 +97,9 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
 fn formulas(managed: bool, provider: bool, exits: u32) -> Vec<String> {
     let mut f = vec![
         format!(
-            "detect (daemon-exit) = the local restarts before the check turns IMPAIRED ({} of them: \
-             the n-th after (n-1) x restartBackoffMs, each taking daemonStartMs) + agentHeartbeatMs + \
+            "detect (daemon-exit) = the local restarts before the check turns IMPAIRED (at most {} for \
+             one failure, fewer when an earlier one used the 10-minute budget: the n-th after (n-1) x \
+             restartBackoffMs, each taking daemonStartMs) + agentHeartbeatMs + \
              healthTickMs + tolerationMs + healthTickMs",
             exits.saturating_sub(1)
         ),

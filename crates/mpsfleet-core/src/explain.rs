@@ -121,7 +121,8 @@ pub fn explain(pool: &Pool, iv: &crate::bounds::Intervals) -> Explanation {
         } else {
             format!(
                 "the agent restarts a dead or hung MPS daemon itself (stale sockets cleaned), up to {} \
-                 times in 10 minutes, before its check stays IMPAIRED",
+                 times in 10 minutes (an earlier failure's restarts in that time count; an incident's \
+                 timeline numbers each restart so), before its check stays IMPAIRED",
                 h.local_daemon_restarts
             )
         },

@@ -274,6 +274,7 @@ fn verdict(prev: &HostHealth, checks: &[EvaluatedCheck], policy: &HealthPolicy, 
             // on the agent (its clock, kept from before agents said), never after detection.
             first_failure_at_ms: Some(c.first_failure_at_ms.unwrap_or(c.reported_since_ms).min(c.since_ms)),
             local_repairs_at_ms: c.repairs_at_ms.clone(),
+            earlier_repairs_at_ms: Vec::new(),
         },
         impaired_since_ms: c.since_ms,
     }

@@ -681,6 +681,7 @@ mod tests {
             evidence: "agent reported IMPAIRED".into(),
             first_failure_at_ms: Some(90_000),
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let incident = Incident::open(
             "i-1".into(),

@@ -351,6 +351,7 @@ mod tests {
             evidence: String::new(),
             first_failure_at_ms: None,
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let mut i = Incident::open(
             "i-1".into(),

@@ -57,6 +57,11 @@ pub struct Trigger {
     /// (server clock, placed like `firstFailureAtMs`), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_repairs_at_ms: Vec<u64>,
+    /// Local restarts of an earlier failure of the same daemon within the agent's restart
+    /// window (10 minutes) before this failure's first signal: they count against the same
+    /// budget (`localDaemonRestarts` within 10 minutes), which is why this failure had fewer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_repairs_at_ms: Vec<u64>,
 }
 
 /// Where an incident stands.
@@ -333,10 +338,20 @@ impl Incident {
             let at = at.min(detected_at_ms);
             before.push((at, Step::FirstFailure, format!("first failed signal of {}{on}", trigger.check)));
         }
+        // Each restart is numbered as the agent's budget counts it: within 10 minutes, an
+        // earlier failure's restarts first.
+        let earlier = trigger.earlier_repairs_at_ms.len();
         let repairs = trigger.local_repairs_at_ms.iter().filter(|&&at| at <= opened_at_ms);
-        let n = repairs.clone().count();
         for (i, &at) in repairs.enumerate() {
-            let detail = format!("the agent restarted {}{on} locally ({} of {n})", trigger.check, i + 1);
+            let before_this = match earlier {
+                0 => String::new(),
+                n => format!(", {n} of them by an earlier failure"),
+            };
+            let detail = format!(
+                "the agent restarted {}{on} locally (restart {} within 10 minutes{before_this})",
+                trigger.check,
+                earlier + i + 1
+            );
             before.push((at, Step::LocalRepairAttempt, detail));
         }
         before.push((detected_at_ms, Step::Detected, detail));
@@ -580,6 +595,7 @@ mod tests {
             evidence: "agent reported IMPAIRED".into(),
             first_failure_at_ms,
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let mut i = Incident::open(
             "i-1".into(),
@@ -692,7 +708,30 @@ mod tests {
             steps,
             [(400, FirstFailure), (600, LocalRepairAttempt), (1_000, Detected), (1_200, LocalRepairAttempt)]
         );
-        assert_eq!(i.timeline[1].detail, "the agent restarted MPS_DAEMON on GPU-0 locally (1 of 2)");
+        assert_eq!(
+            i.timeline[1].detail,
+            "the agent restarted MPS_DAEMON on GPU-0 locally (restart 1 within 10 minutes)"
+        );
+        // An earlier failure's restart within the window counts first, and is named.
+        let trigger = Trigger {
+            local_repairs_at_ms: vec![600],
+            earlier_repairs_at_ms: vec![100],
+            ..incident(Some(400), &[]).trigger
+        };
+        let i = Incident::open(
+            "i-3".into(),
+            HostId::new("h-1").unwrap(),
+            PoolName::new("p").unwrap(),
+            IncidentOwner::Mpsfleet,
+            trigger,
+            1_000,
+            5_000,
+        );
+        let repair = i.timeline.iter().find(|e| e.step == LocalRepairAttempt).unwrap();
+        assert_eq!(
+            repair.detail,
+            "the agent restarted MPS_DAEMON on GPU-0 locally (restart 2 within 10 minutes, 1 of them by an earlier failure)"
+        );
     }
 
     /// A record written before timelines were bounded (a plain array, no `reached`) reads, and

@@ -609,6 +609,7 @@ mod tests {
             evidence: "e".into(),
             first_failure_at_ms: None,
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let pool = PoolName::new("p").unwrap();
         let open =

@@ -121,6 +121,7 @@ fn a_detect_breach_of_a_slower_failure_says_so() {
             evidence: "e".into(),
             first_failure_at_ms: Some(now - 10_000),
             local_repairs_at_ms: repairs,
+            earlier_repairs_at_ms: Vec::new(),
         };
         let pool = PoolName::new("p").unwrap();
         let mut i =
@@ -135,4 +136,71 @@ fn a_detect_breach_of_a_slower_failure_says_so() {
     assert_eq!(w.c.breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
     let fast = incident(vec![now - 9_000, now - 8_000]);
     assert_eq!(w.c.breach_cause(&fast, RecoveryPhase::Detect), None);
+}
+
+/// After one repaired crash and then a failure of the same daemon that exhausts its local
+/// restarts, the incident numbers each restart as the agent's budget counts them (within 10
+/// minutes, the earlier failure's first) and names the earlier failure's: the trigger's `3
+/// within 10m`, the timeline and `pool explain`'s `up to 3 times in 10 minutes` agree.
+#[test]
+fn an_earlier_failures_restart_is_counted_in_the_incidents_timeline() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let join = w.join_token.clone();
+    let host = w.join("h", &join).unwrap();
+    let gpu = w.c.state.hosts()[w.c.sched.host(&host).unwrap() as usize].host().gpus[0].uuid.clone();
+    let report =
+        |status: HealthStatus, first: Option<u64>, repairs: Vec<u64>, reason: &str| HostStatusReport {
+            onboarded: true,
+            checks: vec![HostCheck {
+                name: "MPS_DAEMON".into(),
+                gpu_id: Some(gpu.clone()),
+                status,
+                reason: reason.into(),
+                since_ms: 5,
+                restarts: repairs.len() as u32,
+                first_failure_age_ms: first,
+                repair_ages_ms: repairs,
+            }],
+            checks_rev: None,
+            checks_unchanged: false,
+            logs_url: None,
+            logs_cert_sha256: None,
+            trusted_ca_sha256: Vec::new(),
+            gpu_use: Vec::new(),
+            heartbeat_ms: Some(1_000),
+            accepts_faults: false,
+        };
+    // A crash the agent repaired: its restart 500 ms ago, the failure not yet over.
+    w.advance(60_000);
+    w.c.host_status(&host, &report(HealthStatus::Ok, Some(1_000), vec![500], "daemon OK")).unwrap();
+    w.advance(60_000);
+    w.c.host_status(&host, &report(HealthStatus::Ok, None, vec![], "daemon OK")).unwrap();
+    // A minute later the daemon dies for good: two more restarts, then the budget is spent.
+    w.advance(60_000);
+    let exhausted = "daemon exited (signal 9); local restarts exhausted (3 within 10m)";
+    for _ in 0..20 {
+        w.c.host_status(&host, &report(HealthStatus::Impaired, Some(3_000), vec![2_000, 1_000], exhausted))
+            .unwrap();
+        w.advance(250);
+        w.c.health_tick().unwrap();
+    }
+    let i = w.c.incidents().pop().expect("an incident");
+    assert_eq!(i.trigger.earlier_repairs_at_ms.len(), 1, "{:?}", i.trigger);
+    let repairs: Vec<&str> =
+        i.timeline.iter().filter(|e| e.step == Step::LocalRepairAttempt).map(|e| e.detail.as_str()).collect();
+    assert_eq!(repairs.len(), 2, "{:#?}", i.timeline);
+    assert!(
+        repairs[0].ends_with("(restart 2 within 10 minutes, 1 of them by an earlier failure)"),
+        "{repairs:?}"
+    );
+    assert!(
+        repairs[1].ends_with("(restart 3 within 10 minutes, 1 of them by an earlier failure)"),
+        "{repairs:?}"
+    );
+    assert!(i.trigger.reason.contains("3 within 10m"));
+    let explained = serde_json::to_string(&w.c.explain_pool("p").unwrap()).unwrap();
+    assert!(
+        explained.contains("up to 3 times in 10 minutes (an earlier failure's restarts in that time count"),
+        "{explained}"
+    );
 }

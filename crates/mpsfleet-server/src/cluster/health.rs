@@ -430,7 +430,11 @@ impl Cluster {
             host_lifecycle::set_health(&mut h, self.state.hosts()[ix as usize].health.status);
             self.write_host(ix, h)?;
         }
-        if let Verdict::DeclaredBad { trigger, impaired_since_ms } = verdict {
+        if let Verdict::DeclaredBad { mut trigger, impaired_since_ms } = verdict {
+            // The restarts an earlier failure of the daemon used of the same budget.
+            if let (Some(g), Some(first)) = (&trigger.gpu_id, trigger.first_failure_at_ms) {
+                trigger.earlier_repairs_at_ms = self.state.hosts()[ix as usize].repairs_before(g, first);
+            }
             let host_id = self.state.hosts()[ix as usize].host().id.clone();
             let pool = &self.state.hosts()[ix as usize].host().pool;
             let Some(mode) = self.state.pools().get(pool).map(|p| p.value.mode) else { return Ok(()) };

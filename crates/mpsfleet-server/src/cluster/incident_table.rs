@@ -143,6 +143,7 @@ mod tests {
             evidence: "agent reported IMPAIRED".into(),
             first_failure_at_ms: None,
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let pool = PoolName::new("p").unwrap();
         Incident::open(id.into(), host(on), pool, IncidentOwner::Mpsfleet, trigger, 1_000, 5_000)

@@ -111,6 +111,7 @@ impl Cluster {
                     evidence: String::new(),
                     first_failure_at_ms: None,
                     local_repairs_at_ms: Vec::new(),
+                    earlier_repairs_at_ms: Vec::new(),
                 };
                 Incident::open(
                     format!("inc-{:012x}", auth::random_u64()? >> 16),

@@ -181,6 +181,7 @@ impl State {
                     heartbeat_ms: None,
                     failed_daemons: Default::default(),
                     accepts_faults: false,
+                    recent_repairs: Vec::new(),
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
                     evaluated: false,
                     epoch: self.revision,
@@ -379,6 +380,12 @@ fn replacement_digests(i: &Incident) -> impl Iterator<Item = &String> {
     i.replacement.iter().flat_map(|b| std::iter::once(&b.token_sha256).chain(&b.earlier_token_sha256))
 }
 
+/// The window of the agent's local restart budget (its `restart_window`, 10 minutes): the
+/// restarts within it count against the same `localDaemonRestarts`.
+pub(super) const RESTART_WINDOW_MS: u64 = 600_000;
+/// The most restarts a host entry remembers (a budget is a few per GPU).
+const MAX_RECENT_REPAIRS: usize = 256;
+
 /// A host's record and version, with what its agent last reported and the server's
 /// evaluation of it (in memory only).
 #[derive(Debug)]
@@ -413,6 +420,10 @@ pub(super) struct HostEntry {
     /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
     /// its last full heartbeat said.
     pub(super) accepts_faults: bool,
+    /// The local restarts of each GPU's MPS daemon seen in the last [`RESTART_WINDOW_MS`]
+    /// (server clock), those of failures already over included: an incident names the ones
+    /// an earlier failure used of the agent's restart budget. Memory only.
+    pub(super) recent_repairs: Vec<(GpuUuid, u64)>,
     /// The server's evaluation of those checks and of the heartbeats (derived, not stored).
     pub(super) health: mpsfleet_core::health::HostHealth,
     /// Whether `health` was evaluated from the current `checks` and `last_heartbeat_ms`.
@@ -442,9 +453,36 @@ impl HostEntry {
         if !checks_key::matches(&report.checks, &self.checks_key) {
             checks_key::encode(&report.checks, &mut self.checks_key);
             self.checks = report.checks.clone();
+            self.note_repairs(now);
         }
         self.checks_rev = report.checks_rev;
         self.checks_at_ms = Some(now);
+    }
+
+    /// Keeps the local restarts the checks report (placed on the server's clock, each once)
+    /// for [`RESTART_WINDOW_MS`].
+    fn note_repairs(&mut self, now: u64) {
+        self.recent_repairs.retain(|(_, at)| at + RESTART_WINDOW_MS > now);
+        for c in self.checks.iter().filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON) {
+            let Some(gpu) = &c.gpu_id else { continue };
+            for at in c.repair_ages_ms.iter().map(|age| now.saturating_sub(*age)) {
+                // The same restart, reported again with an age that grew: within a heartbeat.
+                let seen = self.recent_repairs.iter().any(|(g, t)| g == gpu && t.abs_diff(at) <= 2_000);
+                if !seen && self.recent_repairs.len() < MAX_RECENT_REPAIRS {
+                    self.recent_repairs.push((gpu.clone(), at));
+                }
+            }
+        }
+    }
+
+    /// The local restarts of `gpu`'s daemon before `before_ms` within the restart window.
+    pub(super) fn repairs_before(&self, gpu: &GpuUuid, before_ms: u64) -> Vec<u64> {
+        let mut at: Vec<u64> = (self.recent_repairs.iter())
+            .filter(|(g, t)| g == gpu && *t + 2_000 < before_ms && t + RESTART_WINDOW_MS > before_ms)
+            .map(|(_, t)| *t)
+            .collect();
+        at.sort_unstable();
+        at
     }
 
     /// Whether `checks` are the ones this entry holds.

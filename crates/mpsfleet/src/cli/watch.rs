@@ -220,6 +220,7 @@ mod tests {
             evidence: "e".into(),
             first_failure_at_ms: None,
             local_repairs_at_ms: Vec::new(),
+            earlier_repairs_at_ms: Vec::new(),
         };
         let host = HostId::new("h-1").unwrap();
         let pool = PoolName::new("p").unwrap();
