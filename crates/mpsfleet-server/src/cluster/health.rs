@@ -256,7 +256,7 @@ impl Cluster {
             }
         }
         for p in pools {
-            self.ask(Work::Placement(p));
+            self.capacity_opened(p);
         }
     }
 

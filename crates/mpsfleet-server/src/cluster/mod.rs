@@ -833,8 +833,21 @@ impl Cluster {
             self.ask_daemons(&pool);
         }
         if opened {
-            self.ask(Work::Placement(pool));
+            self.capacity_opened(pool);
         }
+    }
+
+    /// Capacity came back in `pool` (a host or a GPU opened): its waiting tasks are placed,
+    /// and its services may spread onto it at once.
+    pub(super) fn capacity_opened(&mut self, pool: PoolName) {
+        let services: Vec<ServiceName> = (self.state.services().values())
+            .filter(|v| v.value.pool == pool)
+            .map(|v| v.value.name.clone())
+            .collect();
+        for s in services {
+            self.ask(Work::Service(s));
+        }
+        self.ask(Work::Placement(pool));
     }
 
     pub fn host_view(&self, ix: HostIx) -> HostView {
@@ -1256,8 +1269,11 @@ impl Cluster {
         let mut freed = BTreeSet::new();
         for t in tasks {
             let pool = t.pool.clone();
+            let group = t.group.clone();
             if self.apply_task_update(t, rev)? {
                 freed.insert(pool);
+                // Its service may have waited for it (a rebalance waits for every stop).
+                self.ask_for_group(group.as_ref());
             }
         }
         for pool in freed {

@@ -702,6 +702,29 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
     }
 }
 
+/// Capacity coming back (hosts uncordoned) asks the pool's services at once: a service bunched
+/// on one host starts moving a replica on the next pass of the work queue, not at its next
+/// periodic resync.
+#[test]
+fn capacity_back_asks_the_services_to_spread_at_once() {
+    let (mut w, hosts) = world(3);
+    for h in &hosts[1..] {
+        w.c.set_cordoned(h.as_str(), true).unwrap();
+    }
+    service(&mut w, 3, DeploymentConfiguration::default());
+    agents(&mut w, |_| false, &mut |_| {});
+    let moves = |c: &Cluster| {
+        c.service("web").unwrap().service.events.iter().filter(|e| e.reason == "ReplicaMoved").count()
+    };
+    assert_eq!(moves(&w.c), 0);
+    for h in &hosts[1..] {
+        w.c.set_cordoned(h.as_str(), false).unwrap();
+    }
+    // No resync: only what the uncordon asked for.
+    w.c.run_work();
+    assert_eq!(moves(&w.c), 1, "{:#?}", w.c.service("web").unwrap().service.events);
+}
+
 /// A replica an incident moves (here an operator's drain) is told in its service's events:
 /// which task went where, and which incident moved it.
 #[test]
