@@ -126,7 +126,7 @@ pub struct Stats {
     pub replicas_running_at_end: u32,
     pub replicas_desired: u32,
     pub services_at_end: Vec<(String, u32, u32)>,
-    /// (pool, active hosts, hosts, incidents BLOCKED)
+    /// (pool, ACTIVE hosts, hosts not DEREGISTERED, incidents BLOCKED)
     pub pools_at_end: Vec<(String, usize, usize, usize)>,
     /// By incident id (the server's, random): only ever read in an order of our own.
     incidents: BTreeMap<String, IncStat>,

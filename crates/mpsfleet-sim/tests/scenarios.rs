@@ -138,6 +138,9 @@ fn driver_rollout() {
     assert_eq!(o.report.hosts_terminated, 3, "{}", o.report.render());
     assert_eq!(o.report.incident_ties, 0);
     assert!(pool_recovered(&o, "gpu"));
+    // The pool's hosts at the end are the hosts it has: the 3 replaced ones are not counted.
+    let gpu = o.report.pools_at_end.iter().find(|p| p.0 == "gpu").expect("pool gpu at the end");
+    assert_eq!((gpu.1, gpu.2), (8, 8), "{}", o.report.render());
 }
 
 #[test]

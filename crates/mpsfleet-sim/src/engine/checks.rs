@@ -299,7 +299,9 @@ impl Sim {
                     .filter(|i| &i.pool == p && matches!(i.state, IncidentState::Blocked { .. }))
                     .count();
                 let active = hosts.iter().filter(|h| h.status == HostStatus::Active).count();
-                self.stats.pools_at_end.push((p.to_string(), active, hosts.len(), blocked));
+                // The pool's hosts now: a replaced (DEREGISTERED) one is not one of them.
+                let members = hosts.iter().filter(|h| h.status != HostStatus::Deregistered).count();
+                self.stats.pools_at_end.push((p.to_string(), active, members, blocked));
             }
         }
     }
