@@ -147,40 +147,30 @@ fn an_earlier_failures_restart_is_counted_in_the_incidents_timeline() {
     let mut w = World::new(OwnershipMode::SelfManaged);
     let join = w.join_token.clone();
     let host = w.join("h", &join).unwrap();
-    let gpu = w.c.state.hosts()[w.c.sched.host(&host).unwrap() as usize].host().gpus[0].uuid.clone();
-    let report =
-        |status: HealthStatus, first: Option<u64>, repairs: Vec<u64>, reason: &str| HostStatusReport {
-            onboarded: true,
-            checks: vec![HostCheck {
-                name: "MPS_DAEMON".into(),
-                gpu_id: Some(gpu.clone()),
-                status,
-                reason: reason.into(),
-                since_ms: 5,
-                restarts: repairs.len() as u32,
-                first_failure_age_ms: first,
-                repair_ages_ms: repairs,
-            }],
-            checks_rev: None,
-            checks_unchanged: false,
-            logs_url: None,
-            logs_cert_sha256: None,
-            trusted_ca_sha256: Vec::new(),
-            gpu_use: Vec::new(),
-            heartbeat_ms: Some(1_000),
-            accepts_faults: false,
+    let report = |w: &World, status: HealthStatus, first: Option<u64>, repairs: Vec<u64>, reason: &str| {
+        let check = HostCheck {
+            reason: reason.into(),
+            restarts: repairs.len() as u32,
+            first_failure_age_ms: first,
+            repair_ages_ms: repairs,
+            ..w.mps_check(&host, status)
         };
+        w.report(vec![check])
+    };
     // A crash the agent repaired: its restart 500 ms ago, the failure not yet over.
     w.advance(60_000);
-    w.c.host_status(&host, &report(HealthStatus::Ok, Some(1_000), vec![500], "daemon OK")).unwrap();
+    w.c.host_status(&host, &report(&w, HealthStatus::Ok, Some(1_000), vec![500], "daemon OK")).unwrap();
     w.advance(60_000);
-    w.c.host_status(&host, &report(HealthStatus::Ok, None, vec![], "daemon OK")).unwrap();
+    w.c.host_status(&host, &report(&w, HealthStatus::Ok, None, vec![], "daemon OK")).unwrap();
     // A minute later the daemon dies for good: two more restarts, then the budget is spent.
     w.advance(60_000);
     let exhausted = "daemon exited (signal 9); local restarts exhausted (3 within 10m)";
     for _ in 0..20 {
-        w.c.host_status(&host, &report(HealthStatus::Impaired, Some(3_000), vec![2_000, 1_000], exhausted))
-            .unwrap();
+        w.c.host_status(
+            &host,
+            &report(&w, HealthStatus::Impaired, Some(3_000), vec![2_000, 1_000], exhausted),
+        )
+        .unwrap();
         w.advance(250);
         w.c.health_tick().unwrap();
     }

@@ -58,20 +58,35 @@ impl World {
     }
 
     pub(super) fn heartbeat(&mut self, host: &HostId, mps: HealthStatus) {
+        let check = HostCheck {
+            // A failure the agent has just seen: the first failure is placed at the report.
+            first_failure_age_ms: (mps == HealthStatus::Impaired).then_some(0),
+            ..self.mps_check(host, mps)
+        };
+        let report = self.report(vec![check]);
+        self.c.host_status(host, &report).unwrap();
+    }
+
+    /// The `MPS_DAEMON` check of the host's first GPU, in `status`, with no failure or restart.
+    pub(super) fn mps_check(&self, host: &HostId, status: HealthStatus) -> HostCheck {
         let gpu = self.c.state.hosts()[self.c.sched.host(host).unwrap() as usize].host().gpus[0].uuid.clone();
-        let report = HostStatusReport {
+        HostCheck {
+            name: "MPS_DAEMON".into(),
+            gpu_id: Some(gpu),
+            status,
+            reason: format!("daemon {}", status.as_str()),
+            since_ms: 5,
+            restarts: 0,
+            first_failure_age_ms: None,
+            repair_ages_ms: Vec::new(),
+        }
+    }
+
+    /// A full heartbeat (onboarded, 1 s interval) carrying `checks`.
+    pub(super) fn report(&self, checks: Vec<HostCheck>) -> HostStatusReport {
+        HostStatusReport {
             onboarded: true,
-            checks: vec![HostCheck {
-                name: "MPS_DAEMON".into(),
-                gpu_id: Some(gpu),
-                status: mps,
-                reason: format!("daemon {}", mps.as_str()),
-                since_ms: 5,
-                restarts: 0,
-                // A failure the agent has just seen: the first failure is placed at the report.
-                first_failure_age_ms: (mps == HealthStatus::Impaired).then_some(0),
-                repair_ages_ms: Vec::new(),
-            }],
+            checks,
             checks_rev: None,
             checks_unchanged: false,
             logs_url: None,
@@ -80,8 +95,7 @@ impl World {
             gpu_use: Vec::new(),
             heartbeat_ms: Some(1_000),
             accepts_faults: self.accepts_faults,
-        };
-        self.c.host_status(host, &report).unwrap();
+        }
     }
 
     pub(super) fn advance(&self, ms: u64) {

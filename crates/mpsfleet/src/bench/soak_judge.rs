@@ -587,15 +587,8 @@ mod tests {
         use mpsfleet_types::{OwnershipMode, PlacementStrategy, Provider};
         let pool = serde_json::json!({"name": "soak", "mode": OwnershipMode::Managed,
             "strategy": PlacementStrategy::Binpack, "provider": Provider::local(3), "createdAtMs": 0});
-        let iv = mpsfleet_core::bounds::Intervals {
-            agent_heartbeat_ms: 1_000,
-            restart_backoff_ms: 1_000,
-            daemon_start_ms: 1_000,
-            health_tick_ms: 250,
-            incident_pass_ms: 250,
-            task_start_ms: 30_000,
-            webhook_ms: 33_500,
-        };
+        // The server's own intervals, as `pool explain` derives the bounds from them.
+        let iv = mpsfleet_server::cluster::bounds::intervals();
         let mut bounds = mpsfleet_core::bounds::derive(&serde_json::from_value(pool).unwrap(), &iv);
         for kind in FaultKind::ALL {
             let stated = bounds.of(kind.judged_as()).unwrap();
