@@ -243,7 +243,12 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     assert!(tokens.iter().all(|(_, t)| !listed.contains(t.as_str())), "token list shows a token");
     let viewer = server.client(Some(tokens[0].1.clone()));
     viewer.list_pools().await.expect("a viewer reads pools");
-    admin.revoke_token(&list[0].id).await.unwrap();
+    // Tokens made in the same millisecond list in id order: find each by what it was made as.
+    let made_as = |description: &str| {
+        let view = list.iter().find(|t| t.description == description);
+        view.unwrap_or_else(|| panic!("no token {description:?} in {list:#?}")).id.clone()
+    };
+    admin.revoke_token(&made_as("viewer test")).await.unwrap();
     let e = viewer.list_pools().await.unwrap_err();
     assert_eq!(e.code(), Some("Unauthorized"), "{e}");
 
@@ -251,7 +256,7 @@ async fn each_role_is_refused_exactly_what_it_may_not_do() {
     let operator = server.client(Some(tokens[1].1.clone()));
     operator.cordon_host("nope", true).await.unwrap_err();
     let log = admin.audit(10_000).await.unwrap();
-    let op_id = &list[1].id;
+    let op_id = made_as("operator test");
     let entry = log
         .iter()
         .rev()
