@@ -241,6 +241,11 @@ pub enum Sabotage {
     /// Once the first fault is in, agents take a service task's start and never start it (a
     /// lost start): its service stays below its count, which breaks `service-recovery`.
     LoseServiceStarts,
+    /// Agents lose every stop the service scheduler asks for (a replica moved to spread its
+    /// service, an extra copy) and go on running the task: the first move never completes,
+    /// the rebalancer waits for it for good, and the hosts the fleet's first placements
+    /// crowded stay crowded, which breaks `service-spread`.
+    LoseSchedulerStops,
 }
 
 impl Default for Config {

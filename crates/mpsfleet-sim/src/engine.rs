@@ -10,6 +10,7 @@
 
 mod checks;
 mod shortfall;
+mod spread;
 
 use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, Sabotage, WARMUP_MS};
 use crate::invariants::{Checker, Violation};
@@ -51,6 +52,9 @@ pub const FAMILIES: [(&str, Demand); 3] = [
     ("embed", Demand { mps: true, memory_mib: 10_240 }),
     ("train", Demand { mps: false, memory_mib: 0 }),
 ];
+
+/// The compute share each MPS task of the workload asks for (`maxComputePercent`).
+pub const MPS_COMPUTE_PERCENT: u32 = 50;
 
 /// Per pool: `restart` inference on half its GPUs, `fenced` embedding on half, whole-GPU
 /// training on an eighth: about half the fleet's memory, so there is room to recover.
@@ -154,6 +158,8 @@ pub struct Sim {
     pub violation: Option<Violation>,
     /// Services below their count with spare capacity, since when.
     below_since: BTreeMap<ServiceName, u64>,
+    /// Services crowded on a host, since when, and each pool's bound (`service-spread`).
+    spread: spread::Spread,
     /// The server's live service tasks, mirrored from the change feed.
     mirror: Mirror,
     /// Spare capacity per pool, while the cluster has committed nothing since.
@@ -202,6 +208,7 @@ impl Sim {
             checker: Checker::default(),
             violation: None,
             below_since: BTreeMap::new(),
+            spread: spread::Spread::default(),
             mirror: Mirror::default(),
             room_cache: RoomCache::new(),
             open_incidents: BTreeMap::new(),
@@ -269,12 +276,14 @@ impl Sim {
                     return Err(format!("pool {name}: explain has no {}", part.0));
                 }
             }
+            self.spread.add_pool(&pool);
+            self.stats.spread = self.spread.stats();
             self.pool_names.push(pool.name.clone());
             specs.extend(workload(name, size, self.cfg.gpus_per_host));
         }
         for (family, demand) in FAMILIES {
             let gpu = if demand.mps {
-                serde_json::json!({"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": demand.memory_mib, "maxComputePercent": 50}}})
+                serde_json::json!({"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": demand.memory_mib, "maxComputePercent": MPS_COMPUTE_PERCENT}}})
             } else {
                 serde_json::json!({"type": "GPU", "value": "1"})
             };
@@ -305,6 +314,7 @@ impl Sim {
                     pool: s.pool,
                     demand,
                     fenced: s.resumption == ResumptionBoundary::Fenced,
+                    rebalance_fenced: view.service.deployment_configuration.rebalance_fenced,
                     running: 0,
                     last_ms: WARMUP_MS,
                     shortfall: Vec::new(),
@@ -396,6 +406,9 @@ impl Sim {
                 });
                 self.after_call(r.map(|()| Vec::new()).map_err(err));
                 self.check_recovery();
+                if self.violation.is_none() {
+                    self.check_spread();
+                }
                 self.at(self.now + RESYNC_MS, Ev::Resync);
             }
             Ev::Fault(i) => {
@@ -1033,6 +1046,11 @@ impl Sim {
             let local = self.world[h].tasks().get(&task.id).map(|l| l.stopping);
             if task.desired_status == TaskStatus::Stopped {
                 match local {
+                    // The deliberate bug of test builds: the stop the service scheduler asked
+                    // for (a move, an extra copy) is lost, and the process goes on running.
+                    Some(false)
+                        if self.sabotaged(Sabotage::LoseSchedulerStops)
+                            && task.stop_code == Some(StopCode::ServiceSchedulerInitiated) => {}
                     Some(false) => {
                         if let Some(l) = self.world[h].task_mut(&task.id) {
                             l.stopping = true;

@@ -218,6 +218,37 @@ pub fn recovery_bound_ms(policy: &HealthPolicy, heartbeat_ms: u64) -> u64 {
     detect + hold_back + start + 10_000
 }
 
+/// The most replicas of a service one host may keep (`service-spread`): ceil(replicas /
+/// hosts with room). The hosts with room are those that could take one more of the
+/// service's tasks (`room_hosts`, holding `on_room` replicas) and the host judged (holding
+/// `on_host`, itself among them when `host_has_room`); the replicas, those on these hosts
+/// less the service's replicas above its desired count (`excess`: a move's new copy, counted
+/// where it runs but not twice in the sum).
+///
+/// A host over it means a host with room holds at least two fewer replicas of the service
+/// than it does: when every host with room holds at least `most - 1` (the server's rebalancer
+/// is done), no host is over it.
+pub fn spread_bound(
+    on_room: u32,
+    room_hosts: u32,
+    excess: u32,
+    on_host: u32,
+    host_has_room: bool,
+) -> SpreadBound {
+    let (replicas, hosts) =
+        if host_has_room { (on_room, room_hosts) } else { (on_room + on_host, room_hosts + 1) };
+    let replicas = replicas.saturating_sub(excess);
+    SpreadBound { replicas, hosts, most: replicas.div_ceil(hosts.max(1)) }
+}
+
+/// What [`spread_bound`] counted, and the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpreadBound {
+    pub replicas: u32,
+    pub hosts: u32,
+    pub most: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +282,37 @@ mod tests {
         let mut twice = load(&[1], 0);
         twice.add(Demand { mps: true, memory_mib: 1 }, TaskId(0));
         check(vec![twice], Some("runs twice"));
+    }
+
+    /// The figures of the spread bound, and its promise: a spread the rebalancer is done
+    /// with (every host with room within one of the most crowded) is never over it, at every
+    /// small fleet.
+    #[test]
+    fn the_spread_bound_counts_the_hosts_that_could_take_more() {
+        // 8 replicas on 4 hosts with room: 2 each at most.
+        assert_eq!(spread_bound(8, 4, 0, 3, true), SpreadBound { replicas: 8, hosts: 4, most: 2 });
+        // A full host with 3 counts itself and its replicas: ceil(8 / 4) = 2 < 3.
+        assert_eq!(spread_bound(5, 3, 0, 3, false).most, 2);
+        // During a move the new copy is not counted twice.
+        assert_eq!(spread_bound(9, 4, 1, 3, true).most, 2);
+        assert_eq!(spread_bound(0, 0, 0, 2, false).most, 2, "alone, a host keeps what it has");
+        // Hosts with room, `low` of them holding `most - 1` and the others `most`; the judged
+        // host holds `most`, among them or apart (a full host).
+        for hosts in 1..6u32 {
+            for most in 1..6u32 {
+                for low in 0..=hosts {
+                    let on_room = low * (most - 1) + (hosts - low) * most;
+                    let apart = spread_bound(on_room, hosts, 0, most, false);
+                    assert!(most <= apart.most, "{hosts} hosts, {low} low, most {most}: {apart:?}");
+                    if low < hosts {
+                        let among = spread_bound(on_room, hosts, 0, most, true);
+                        assert!(most <= among.most, "{hosts} hosts, {low} low, most {most}: {among:?}");
+                    }
+                }
+            }
+        }
+        // And one host with room two below is enough to be over it at some fleet.
+        assert!(spread_bound(4 + 2, 2, 0, 4, true).most < 4);
     }
 
     #[test]

@@ -242,4 +242,46 @@ mod tests {
         let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
         assert!(ok.violation.is_none(), "{:?}", ok.violation);
     }
+
+    /// Agents that lose the stops the service scheduler asks for (`Sabotage::LoseSchedulerStops`)
+    /// leave the server's first move of a replica unfinished for good: the rebalancer waits
+    /// for it, and the hosts the fleet's first placements crowded (its tasks were placed as
+    /// the first hosts turned ACTIVE) stay crowded. `service-spread` breaks after the pool's
+    /// bound, naming the service and the host; the same run without the bug spreads its
+    /// replicas and holds.
+    #[test]
+    fn replicas_kept_crowded_break_service_spread() {
+        let cfg = Config {
+            hosts: 12,
+            gpus_per_host: 4,
+            duration_ms: 15 * 60_000,
+            seed: 1,
+            fault_rate: 0.0,
+            scenario: Scenario::Steady,
+            sabotage: Some(Sabotage::LoseSchedulerStops),
+            minimise: false,
+            ..Config::default()
+        };
+        let o = run(&cfg).expect("runs");
+        let v = o
+            .violation
+            .as_ref()
+            .unwrap_or_else(|| panic!("the checker misses the crowded hosts: {}", o.report.render()));
+        assert_eq!(v.invariant, "service-spread", "{}", v.detail);
+        assert!(
+            v.detail.contains("service gpu-infer keeps") && v.detail.contains("hosts with room"),
+            "{}",
+            v.detail
+        );
+        // Timed from the first resync after the warm-up, and broken once past the bound.
+        let bound = o.report.spread.bound_ms;
+        assert!(v.at_ms > config::WARMUP_MS + bound && v.at_ms <= config::WARMUP_MS + bound + 5_000, "{v:?}");
+        assert!(
+            o.trace.iter().any(|l| l.contains("service gpu-infer crowded on")),
+            "no crowding in the trace"
+        );
+        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
+        assert!(ok.violation.is_none(), "{:?}", ok.violation);
+        assert_eq!(ok.report.spread.longest_ms, 0, "{}", ok.report.render());
+    }
 }

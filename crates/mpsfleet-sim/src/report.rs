@@ -128,6 +128,9 @@ pub struct Stats {
     pub services_at_end: Vec<(String, u32, u32)>,
     /// (pool, ACTIVE hosts, hosts not DEREGISTERED, incidents BLOCKED)
     pub pools_at_end: Vec<(String, usize, usize, usize)>,
+    /// `service-spread`: hosts seen crowded, the longest one stayed so while timed, and the
+    /// largest pool bound.
+    pub spread: SpreadStats,
     /// By incident id (the server's, random): only ever read in an order of our own.
     incidents: BTreeMap<String, IncStat>,
 }
@@ -163,6 +166,17 @@ impl Stats {
         s.host_terminated = i.has(Step::OldHostTerminated);
         s.breaker = i.timeline.iter().any(|e| e.step == Step::Blocked && e.detail.contains("storm breaker"));
     }
+}
+
+/// How crowded hosts fared against `service-spread` (docs/sim.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpreadStats {
+    /// A service seen over ceil(replicas / hosts with room) on a host, counted once per spell.
+    pub crowded: u64,
+    /// The longest such spell, timed from when capacity came back.
+    pub longest_ms: u64,
+    pub bound_ms: u64,
 }
 
 /// Median and 99th percentile, in ms.
@@ -236,6 +250,7 @@ pub struct Report {
     pub replicas_desired: u32,
     pub services_at_end: Vec<(String, u32, u32)>,
     pub pools_at_end: Vec<(String, usize, usize, usize)>,
+    pub spread: SpreadStats,
     pub invariant_checks: u64,
     pub violation: Option<String>,
 }
@@ -308,6 +323,7 @@ impl Report {
             replicas_desired: stats.replicas_desired,
             services_at_end: stats.services_at_end.clone(),
             pools_at_end: stats.pools_at_end.clone(),
+            spread: stats.spread,
             invariant_checks: checks,
             violation: violation.map(|v| format!("{} at {}: {}", v.invariant, fmt_time(v.at_ms), v.detail)),
         }
@@ -394,6 +410,13 @@ impl Report {
             let _ =
                 writeln!(s, "  pool {pool}: {active} of {total} hosts ACTIVE, {blocked} incident(s) BLOCKED");
         }
+        let _ = writeln!(
+            s,
+            "spread:               {} crowded host(s), longest {} of a {} bound",
+            self.spread.crowded,
+            ms(Some(self.spread.longest_ms)),
+            ms(Some(self.spread.bound_ms))
+        );
         let _ = writeln!(
             s,
             "control plane:        {} heartbeats, {} task reports ({} refused), {} errors, {} restarts",

@@ -383,13 +383,23 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
 }
 
 /// After a daemon failure put every replica on the one GPU left, and the daemons came back,
-/// the service moves its replicas back one at a time, never below its healthy minimum, until
-/// each is on a host (and daemon) of its own: as soon as the hosts take tasks again, with no
-/// settle time of its own.
+/// the service moves its replicas back, never below its healthy minimum, until each is on a
+/// host (and daemon) of its own: as soon as the hosts take tasks again, with no settle time of
+/// its own. With room to surge (`maximumPercent` 200, the default) both moves are one step;
+/// without (100), one replica at a time.
 #[test]
 fn replicas_spread_over_daemons_again_once_capacity_returns() {
+    let surge = DeploymentConfiguration::default();
+    let no_surge =
+        DeploymentConfiguration { minimum_healthy_percent: 50, maximum_percent: 100, ..surge.clone() };
+    for (config, steps, lowest_allowed) in [(surge, 1, 3), (no_surge, 2, 2)] {
+        spread_again_after_a_failure(config, steps, lowest_allowed);
+    }
+}
+
+fn spread_again_after_a_failure(config: DeploymentConfiguration, steps: usize, lowest_allowed: usize) {
     let (mut w, hosts) = world(3);
-    service(&mut w, 3, DeploymentConfiguration::default());
+    service(&mut w, 3, config);
     agents(&mut w, |_| false, &mut |_| {});
     let gpus_of = |c: &Cluster| -> Vec<GpuUuid> {
         let name = ServiceName::new("web").unwrap();
@@ -453,10 +463,14 @@ fn replicas_spread_over_daemons_again_once_capacity_returns() {
     let mut after = gpus_of(&w.c);
     after.dedup();
     assert_eq!(after.len(), 3, "one replica per daemon again");
-    assert_eq!(lowest, 3, "never below the minimum (100%)");
+    assert_eq!(lowest, lowest_allowed, "never below the minimum");
     assert_eq!(counts(&w.c), (3, 3));
     let svc = w.c.service("web").unwrap().service;
-    assert_eq!(svc.events.iter().filter(|e| e.reason == "ReplicaMoved").count(), 2, "{:#?}", svc.events);
+    let moved: Vec<_> = svc.events.iter().filter(|e| e.reason == "ReplicaMoved").collect();
+    assert_eq!(moved.len(), steps, "{:#?}", svc.events);
+    if steps == 1 {
+        assert!(moved[0].message.starts_with("moving 2 tasks to spread"), "{moved:#?}");
+    }
     // A move is told as a move, not as a replacement by a newer definition.
     assert!(svc.events.iter().any(|e| e.reason == "TasksMoved"), "{:#?}", svc.events);
     assert!(!svc.events.iter().any(|e| e.reason == "TasksReplaced"), "{:#?}", svc.events);

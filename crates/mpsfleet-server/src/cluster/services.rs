@@ -554,13 +554,17 @@ impl Cluster {
         })
     }
 
-    /// Spreads replicas again, one at a time, once nothing else moves (the PRIMARY deployment
-    /// completed, every replica current and healthy: no recovery of the service under way; a `fenced` service
-    /// only when its configuration opts in). A replica is marked as moving, and the rollout
-    /// replaces it within the deployment bounds, when the scheduler would place a new replica
-    /// on a host holding at least two fewer of the service's replicas than the most crowded
-    /// one (over hosts first), or else on a daemon (a GPU, or a host for a task without GPUs)
-    /// with none while this replica shares its daemon.
+    /// Spreads replicas again once nothing else moves (the PRIMARY deployment completed, every
+    /// replica current and healthy: no recovery of the service under way; a `fenced` service
+    /// only when its configuration opts in). Replicas are marked as moving, and the rollout
+    /// replaces them within the deployment bounds:
+    /// - over hosts first: while the scheduler would place a new replica on a host holding at
+    ///   least two fewer of the service's replicas than the most crowded one, the newest
+    ///   replica there moves; as many at once as the deployment's surge (`maximumPercent`
+    ///   above the desired count) can start, each placed in turn, so a large imbalance is
+    ///   spread in one step rather than one replica per rollout;
+    /// - else one replica that shares its daemon (a GPU, or a host for a task without GPUs)
+    ///   while the scheduler would place it on a daemon with none.
     fn rebalance(&mut self, svc: &mut Service, replicas: &[Replica<TaskId>], now: u64) -> bool {
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         if svc.status != ServiceStatus::Active
@@ -574,7 +578,101 @@ impl Cluster {
         {
             return false;
         }
-        // Each replica's daemon: (host, GPU), or (host, None) without GPUs.
+        let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
+        let at_once = bounds.max_total.saturating_sub(bounds.desired).max(1) as usize;
+        let mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>> = BTreeMap::new();
+        for r in replicas {
+            if let Some(p) = self.state.tasks().get(&r.id).and_then(|e| e.placement.as_ref()) {
+                per_host.entry(p.host).or_default().push((r.seq, r.id));
+            }
+        }
+        let moves = self.host_moves(per_host, at_once);
+        let msg = match moves.as_slice() {
+            [] => match self.daemon_move(replicas) {
+                Some((id, msg)) => {
+                    svc.moving.push(id);
+                    msg
+                }
+                None => return false,
+            },
+            [m] => format!(
+                "moving task {} off host {}, which holds {} of the service's replicas, to host {}, which holds {}",
+                m.task, m.from, m.from_held, m.to, m.to_held
+            ),
+            many => {
+                let listed: Vec<String> = many
+                    .iter()
+                    .take(5)
+                    .map(|m| format!("{} off host {} ({}) to host {} ({})", m.task, m.from, m.from_held, m.to, m.to_held))
+                    .collect();
+                let more = many.len().saturating_sub(listed.len());
+                let more = if more > 0 { format!(", and {more} more") } else { String::new() };
+                format!(
+                    "moving {} tasks to spread the service's replicas over hosts (replicas each host held): {}{more}",
+                    many.len(),
+                    listed.join(", ")
+                )
+            }
+        };
+        svc.moving.extend(moves.iter().map(|m| m.task));
+        svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
+        true
+    }
+
+    /// Up to `at_once` moves that spread the replicas (`per_host`: each host's replicas of the
+    /// service, with their sequence numbers) over hosts: the newest replica of the most
+    /// crowded host, to where the scheduler would place it, while that host holds at least two
+    /// fewer. Each move's placement is held while the next is chosen, then all are given back:
+    /// the rollout places the replacements.
+    fn host_moves(
+        &mut self,
+        mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>>,
+        at_once: usize,
+    ) -> Vec<HostMove> {
+        let mut held = Vec::new();
+        let mut moves = Vec::new();
+        let mut arriving: BTreeMap<HostIx, usize> = BTreeMap::new();
+        let count =
+            |per_host: &BTreeMap<HostIx, Vec<(u64, TaskId)>>, arriving: &BTreeMap<HostIx, usize>, h| {
+                per_host.get(&h).map_or(0, Vec::len) + arriving.get(&h).copied().unwrap_or(0)
+            };
+        while moves.len() < at_once {
+            // The most crowded host (the first among equals) and its newest replica.
+            let Some(from) = per_host
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(h, _)| *h)
+                .max_by_key(|h| (count(&per_host, &arriving, *h), std::cmp::Reverse(*h)))
+            else {
+                break;
+            };
+            let Some(&(_, id)) = per_host[&from].iter().max() else { break };
+            let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else { break };
+            let Ok(req) = self.request_for(&task) else { break };
+            let Ok(p) = self.sched.place(&req) else { break };
+            let (from_held, to_held) =
+                (count(&per_host, &arriving, from), count(&per_host, &arriving, p.host));
+            let to = p.host;
+            held.push((req, p));
+            if to_held + 2 > from_held {
+                break;
+            }
+            *arriving.entry(to).or_default() += 1;
+            if let Some(v) = per_host.get_mut(&from) {
+                v.retain(|(_, t)| *t != id);
+            }
+            let (from, to) = (self.sched.host_id(from).clone(), self.sched.host_id(to).clone());
+            moves.push(HostMove { task: id, from, from_held, to, to_held });
+        }
+        for (req, p) in held.iter().rev() {
+            self.sched.release(req, p);
+        }
+        moves
+    }
+
+    /// One replica that shares its daemon with another, when the scheduler would place it on
+    /// a daemon with none of the service's replicas; with the event's message.
+    fn daemon_move(&mut self, replicas: &[Replica<TaskId>]) -> Option<(TaskId, String)> {
         let daemon = |id: &TaskId| {
             self.state
                 .tasks()
@@ -583,53 +681,27 @@ impl Cluster {
                 .map(|p| (p.host, p.gpus.first().copied()))
         };
         let mut on: BTreeMap<Daemon, Vec<(u64, TaskId)>> = BTreeMap::new();
-        let mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>> = BTreeMap::new();
         for r in replicas {
             if let Some(d) = daemon(&r.id) {
                 on.entry(d).or_default().push((r.seq, r.id));
-                per_host.entry(d.0).or_default().push((r.seq, r.id));
             }
         }
-        // The newest replica of the most crowded host, else of the first shared daemon.
-        let crowded =
-            per_host.values().filter(|v| v.len() > 1).max_by_key(|v| v.len()).and_then(|v| v.iter().max());
-        let shared = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max());
-        let Some(&(_, id)) = crowded.or(shared) else {
-            return false;
-        };
-        let Some((from_host, from_gpu)) = daemon(&id) else { return false };
-        let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else {
-            return false;
-        };
-        let Ok(req) = self.request_for(&task) else { return false };
+        let &(_, id) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max())?;
+        let task = self.state.tasks().get(&id).map(|e| e.task.clone())?;
+        let req = self.request_for(&task).ok()?;
         // Where a new replica would go; given back at once.
-        let Ok(p) = self.sched.place(&req) else { return false };
+        let p = self.sched.place(&req).ok()?;
         self.sched.release(&req, &p);
-        let count = |h: HostIx| per_host.get(&h).map_or(0, Vec::len);
-        let spreads_hosts = count(p.host) + 2 <= count(from_host);
-        let frees_daemon = on.get(&(from_host, from_gpu)).is_some_and(|v| v.len() > 1)
-            && !on.contains_key(&(p.host, p.gpus.first().copied()));
-        if !spreads_hosts && !frees_daemon {
-            return false;
+        if on.contains_key(&(p.host, p.gpus.first().copied())) {
+            return None;
         }
         let from = match (&task.host_id, task.gpu_ids.first()) {
             (Some(h), Some(g)) => format!("GPU {g} of host {h}"),
             (Some(h), None) => format!("host {h}"),
-            _ => return false,
+            _ => return None,
         };
         let to = self.sched.host_id(p.host).clone();
-        svc.moving.push(id);
-        let msg = if spreads_hosts {
-            format!(
-                "moving task {id} off {from}, whose host holds {} of the service's replicas, to host {to}, which holds {}",
-                count(from_host),
-                count(p.host)
-            )
-        } else {
-            format!("moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})")
-        };
-        svc.events.push(now, ObjectEvent::new("ReplicaMoved", msg));
-        true
+        Some((id, format!("moving task {id} off {from}, which it shares with another replica, to a daemon with none (on host {to})")))
     }
 
     /// Completes the PRIMARY deployment once its desired tasks are all healthy and no older
@@ -914,4 +986,14 @@ fn replica_state_of(t: &Task, checked: impl FnOnce() -> bool) -> ReplicaState {
     } else {
         ReplicaState::Starting
     }
+}
+
+/// One replica the rebalancer moves to spread a service over hosts, with the replicas of the
+/// service each host held when it was chosen.
+struct HostMove {
+    task: TaskId,
+    from: HostId,
+    from_held: usize,
+    to: HostId,
+    to_held: usize,
 }

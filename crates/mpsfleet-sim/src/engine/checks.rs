@@ -113,6 +113,9 @@ impl Sim {
             if self.open_incidents.get(&i.host_id) == Some(&i.id) {
                 self.open_incidents.remove(&i.host_id);
             }
+            if self.incidents.get(&i.id).is_none_or(|p| p.state != IncidentState::Resolved) {
+                self.spread.resolved(i.pool.as_str(), self.now);
+            }
         } else {
             self.open_incidents.insert(i.host_id.clone(), i.id.clone());
         }
@@ -282,6 +285,7 @@ impl Sim {
         let (running, desired): (u32, u32) =
             self.svcs.values().fold((0, 0), |(r, d), w| (r + w.running.min(w.desired), d + w.desired));
         self.stats.replicas_running_at_end = running;
+        self.stats.spread = self.spread.stats();
         self.stats.replicas_desired = desired;
         if let Some(c) = self.cluster.as_ref() {
             for v in c.services() {

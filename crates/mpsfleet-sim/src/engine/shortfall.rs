@@ -22,6 +22,9 @@ pub(super) struct SvcWorld {
     pub pool: String,
     pub demand: Demand,
     pub fenced: bool,
+    /// `deploymentConfiguration.rebalanceFenced`: the server may move a fenced replica to
+    /// spread the service.
+    pub rebalance_fenced: bool,
     pub running: u32,
     pub last_ms: u64,
     /// Why the missing replicas are missing, as classified at the end of the last step that
