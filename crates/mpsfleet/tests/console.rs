@@ -155,6 +155,20 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
         b.until(WAIT, "document.body.dataset.rendered === '#/tasks'", "the tasks view").await;
         let marked = b.eval("[...document.querySelectorAll('[data-impaired]')].map((e) => e.dataset.impaired)");
         assert_eq!(marked, serde_json::json!([incident]), "the task's host cell names the incident");
+
+        // A service whose definition has no health check is never called healthy.
+        let service = CreateService {
+            name: "web".into(),
+            pool: "gpu".into(),
+            task_definition: "infer".into(),
+            desired_count: 1,
+            ..Default::default()
+        };
+        admin.create_service(&service).await.unwrap();
+        b.eval("location.hash = '#/services'; true");
+        b.until(WAIT, "document.body.dataset.rendered === '#/services'", "the services view").await;
+        let text = b.eval("document.querySelector('[data-service=web]').innerText").as_str().unwrap().to_string();
+        assert!(text.contains("no health check") && !text.contains("Healthy"), "{text}");
         drop(agent);
     })
     .await;

@@ -223,7 +223,8 @@ async function services() {
     const impaired = replicas.filter((t) => t.hostId && byHost.has(t.hostId));
     out.push(el('section', { 'data-service': s.name }, el('h2', {}, s.name),
       fields([['Pool', s.pool], ['Desired', String(s.desiredCount)], ['Running', String(s.runningCount)],
-        ['Healthy', String(s.healthyCount)],
+        // "Healthy" only of tasks with a health check; without one it would mean running.
+        s.healthChecked ? ['Healthy', String(s.healthyCount)] : ['Health', 'no health check'],
         ['On impaired hosts', impaired.length
           ? el('span', {}, ...impaired.map((t) => el('span', {}, t.id, ' on ', hostCell(t.hostId, byHost), ' ')))
           : 'none']]),
