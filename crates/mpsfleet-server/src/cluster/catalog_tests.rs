@@ -77,12 +77,15 @@ fn deleted_services_are_kept_in_the_store_their_name_free_at_once_and_bounded() 
         ..Default::default()
     };
     w.c.create_service(svc("web")).unwrap();
+    w.c.run_work();
     w.c.delete_service("web").unwrap();
+    w.c.run_work();
     assert!(w.c.service("web").is_err(), "no task left: the record goes at once");
     let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
     assert_eq!(kept, ["web"]);
     // The name is free again at once, and the deleted one is still kept beside the new one.
     w.c.create_service(svc("web")).unwrap();
+    w.c.run_work();
     assert_eq!(w.c.deleted_services("p").count(), 1);
     let again = Cluster::load(w.c.store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
     assert_eq!(again.deleted_services("p").count(), 1, "a restart keeps it");
@@ -92,7 +95,9 @@ fn deleted_services_are_kept_in_the_store_their_name_free_at_once_and_bounded() 
         let name = format!("s{i}");
         w.advance(1);
         w.c.create_service(svc(&name)).unwrap();
+        w.c.run_work();
         w.c.delete_service(&name).unwrap();
+        w.c.run_work();
     }
     let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
     assert_eq!(kept.len(), deleted::KEPT_PER_KIND);

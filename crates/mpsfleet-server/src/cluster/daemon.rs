@@ -11,6 +11,13 @@ use mpsfleet_core::deployment::{self, Bounds, DaemonHost, DaemonStop, Replica};
 use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
 
 impl Cluster {
+    /// The desired count of a DAEMON service of `pool` now: the pool's ACTIVE hosts (what a
+    /// create answers with; every reconcile keeps it up to date).
+    pub(super) fn active_hosts_of(&self, pool: &PoolName) -> u32 {
+        let active = |h: &Host| h.pool == *pool && h.status == HostStatus::Active;
+        self.state.hosts().iter().filter(|e| active(e.host())).count() as u32
+    }
+
     /// One step of a DAEMON service: its desired count follows the pool's ACTIVE hosts, then
     /// the planner's stops and starts are written, and the service's events say what was done.
     /// Returns the bounds the step kept to, for settling its deployments.

@@ -8,14 +8,17 @@ use super::*;
 use mpsfleet_types::incident::OperatorAction;
 use mpsfleet_types::service::{DeploymentConfiguration, RolloutState, SchedulingStrategy};
 
+/// Creates the DAEMON service; the controllers' pass that the request wakes follows.
 fn daemon(w: &mut World) -> Result<ServiceView, Error> {
-    w.c.create_service(CreateService {
+    let view = w.c.create_service(CreateService {
         name: "agent".into(),
         pool: "p".into(),
         task_definition: "app:1".into(),
         scheduling_strategy: Some(SchedulingStrategy::Daemon),
         ..Default::default()
-    })
+    });
+    w.c.run_work();
+    view
 }
 
 /// The service's live tasks by host: (host, task definition revision) pairs.
@@ -78,6 +81,7 @@ fn a_daemon_deployment_replaces_each_hosts_task_in_place() {
     agents(&mut w, |_| false, &mut |c| one_per_host(c));
     let req = UpdateService { task_definition: Some("app:2".into()), ..Default::default() };
     w.c.update_service("agent", req).unwrap();
+    w.c.run_work();
     agents(&mut w, |_| false, &mut |c| one_per_host(c));
     let by_host = live_by_host(&w.c);
     assert_eq!(by_host.len(), 4);
@@ -99,17 +103,21 @@ fn a_daemon_refuses_a_count_and_a_surge() {
         ..Default::default()
     };
     let e = w.c.create_service(req.clone()).unwrap_err().to_string();
+    w.c.run_work();
     assert!(e.contains("desiredCount") && e.contains("ACTIVE host"), "{e}");
     req.desired_count = 0;
     req.deployment_configuration = Some(DeploymentConfiguration::default());
     let e = w.c.create_service(req.clone()).unwrap_err().to_string();
+    w.c.run_work();
     assert!(e.contains("maximumPercent") && e.contains("100"), "{e}");
     daemon(&mut w).unwrap();
     let e = w.c.update_service("agent", UpdateService { desired_count: Some(3), ..Default::default() });
+    w.c.run_work();
     assert!(e.unwrap_err().to_string().contains("desiredCount"));
     // Deleted: every task stops and the record goes.
     agents(&mut w, |_| false, &mut |_| {});
     w.c.delete_service("agent").unwrap();
+    w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
     w.c.run_work();
     assert!(w.c.service("agent").is_err());

@@ -93,11 +93,13 @@ fn service(w: &mut World, desired: u32, config: DeploymentConfiguration) {
         ..Default::default()
     })
     .unwrap();
+    w.c.run_work();
 }
 
 fn update(w: &mut World, taskdef: &str) {
     let req = UpdateService { task_definition: Some(taskdef.into()), ..Default::default() };
     w.c.update_service("web", req).unwrap();
+    w.c.run_work();
 }
 
 /// Healthy replicas and all live replicas of the service.
@@ -286,6 +288,7 @@ fn a_fenced_service_stops_each_task_before_its_replacement_starts() {
         ..Default::default()
     })
     .unwrap();
+    w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
     update(&mut w, "app:2");
     agents(&mut w, |_| false, &mut |c| assert!(counts(c).1 <= 3));
@@ -372,6 +375,7 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
     let e = w
         .c
         .update_service("web", UpdateService { task_definition: Some("huge".into()), ..Default::default() });
+    w.c.run_work();
     assert!(e.unwrap_err().to_string().contains("can never be placed"));
     assert_eq!(w.c.service("web").unwrap().service.task_definition.to_string(), "app:1");
     assert_eq!(
@@ -390,8 +394,7 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
 #[test]
 fn replicas_spread_over_daemons_again_once_capacity_returns() {
     let surge = DeploymentConfiguration::default();
-    let no_surge =
-        DeploymentConfiguration { minimum_healthy_percent: 50, maximum_percent: 100, ..surge.clone() };
+    let no_surge = DeploymentConfiguration { minimum_healthy_percent: 50, maximum_percent: 100, ..surge };
     for (config, steps, lowest_allowed) in [(surge, 1, 3), (no_surge, 2, 2)] {
         spread_again_after_a_failure(config, steps, lowest_allowed);
     }
@@ -624,38 +627,50 @@ impl mpsfleet_store::Store for FlakyStore {
     }
 }
 
-/// A service change answers once its own commit is done, even when the reconcile that
-/// follows it fails: the service is then asked for on the work queue, which starts its task.
+/// A service change answers once its own commit is done and never runs the service's
+/// reconcile itself: it asks for the service's key and wakes the controllers' pass, which
+/// does the rest; a reconcile whose commit fails is tried again after its backoff. A create
+/// places its first tasks in its own commit, so its answer shows them, as RunTask's does.
 #[test]
-fn a_service_create_answers_once_committed_even_when_its_reconcile_fails() {
+fn a_service_change_answers_once_committed_and_leaves_the_rest_to_the_controller() {
     let store = Arc::new(FlakyStore {
         inner: mpsfleet_store::MemoryStore::new(),
         pass: std::sync::atomic::AtomicI64::new(-1),
     });
     let clock = Arc::new(mpsfleet_core::clock::ManualClock::new(1_000_000));
-    let mut c = Cluster::load(store.clone(), clock, |_| Ok(())).unwrap();
+    let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
     c.create_pool(CreatePool { name: "p".into(), ..Default::default() }).unwrap();
     let td = r#"{"family": "app", "containerDefinitions": [{"name": "c", "command": ["sleep", "3600"]}]}"#;
     c.register_taskdef(td.as_bytes()).unwrap();
-    // The service's own commit passes; the next one, its reconcile's, fails.
-    store.pass.store(1, std::sync::atomic::Ordering::SeqCst);
     let req = CreateService {
         name: "web".into(),
         pool: "p".into(),
         task_definition: "app".into(),
         desired_count: 1,
-        resumption: None,
-        deployment_configuration: None,
-        client_token: None,
         ..Default::default()
     };
-    let view = c.create_service(req).expect("the request answers: its change is committed");
-    assert_eq!(view.service.name.as_str(), "web");
+    let before = c.revision();
+    let view = c.create_service(req).expect("create");
+    assert_eq!(c.revision(), before + 1, "the service and its first task are one commit");
+    assert_eq!(view.pending_count, 1, "the answer shows its task");
     let name = ServiceName::new("web").unwrap();
-    assert!(c.state.tasks().of_service(&name).is_empty(), "the reconcile's commit failed");
-    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    assert_eq!(c.state.tasks().of_service(&name).len(), 1);
+    assert!(c.take_wake(), "the request wakes the controllers' pass");
     c.run_work();
-    assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the work queue started its task");
+
+    // The update's own commit passes; the next one, its reconcile's, fails.
+    store.pass.store(1, std::sync::atomic::Ordering::SeqCst);
+    let view = c.update_service("web", UpdateService { desired_count: Some(2), ..Default::default() });
+    assert_eq!(view.expect("the request answers: its change is committed").service.desired_count, 2);
+    assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the request started nothing itself");
+    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    assert!(c.take_wake(), "the request wakes the controllers' pass");
+    c.run_work();
+    assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the reconcile's commit failed");
+    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    clock.advance(std::time::Duration::from_secs(60));
+    c.run_work();
+    assert_eq!(c.state.tasks().of_service(&name).len(), 2, "the work queue started its task");
 }
 
 /// Once a daemon's failure is confirmed (its check IMPAIRED), a `restart` service starts
@@ -676,6 +691,7 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
             ..Default::default()
         })
         .unwrap();
+        w.c.run_work();
         agents(&mut w, |_| false, &mut |_| {});
         let first: Vec<Task> = of_web(&w.c);
         assert_eq!(first.len(), 2);
@@ -789,6 +805,7 @@ fn a_protected_task_outlives_scale_in_and_deployments_until_it_expires() {
     assert!(e.contains("expiresInMinutes"), "{e}");
 
     w.c.update_service("web", UpdateService { desired_count: Some(1), ..Default::default() }).unwrap();
+    w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
     let live =
         |w: &World| w.c.state.tasks().of_service(&name).iter().map(|t| t.to_string()).collect::<Vec<_>>();

@@ -1,7 +1,7 @@
 //! Services: keep N tasks of a task definition running, and roll them over to a new one
 //! through deployments, as ECS does.
 //!
-//! A service record holds its deployments, newest (PRIMARY) first. `reconcile_service` takes
+//! A service record holds its deployments, newest (PRIMARY) first. `reconcile_service_once` takes
 //! where every replica stands, asks the pure planner (`mpsfleet_core::deployment::plan`) what
 //! the deployment's bounds allow now, stops and starts that, and then settles the
 //! deployments: the PRIMARY one completes once all its desired tasks are healthy and no older
@@ -51,11 +51,15 @@ impl Cluster {
         self.check_task_policy(&pool, td)?;
         let td = td.reference();
         let now = self.now();
+        let desired_count = match strategy {
+            SchedulingStrategy::Replica => req.desired_count,
+            SchedulingStrategy::Daemon => self.active_hosts_of(&pool),
+        };
         let mut svc = Service {
             name: name.clone(),
             pool,
             task_definition: td,
-            desired_count: req.desired_count,
+            desired_count,
             scheduling_strategy: strategy,
             resumption: req.resumption.unwrap_or_default(),
             status: ServiceStatus::Active,
@@ -79,11 +83,31 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("FieldsKept", msg));
         }
         start_deployment(&mut svc, now, "service created".into());
-        let rev = self.commit(&[Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?])?;
-        self.sched.group(name.as_str());
+        // A REPLICA service's first tasks are placed in its own commit, so the answer shows
+        // them as RunTask's does; everything after is the service controller's.
+        let mut batch = Batch::default();
+        let first = match strategy {
+            SchedulingStrategy::Replica => self.create_tasks(&tasks_of(&svc), svc.desired_count, &mut batch),
+            SchedulingStrategy::Daemon => Ok(()),
+        };
+        let started: Vec<Task> = batch.created.iter().map(|(t, _, _)| t.clone()).collect();
+        push_started(&mut svc, &started, String::new(), now);
+        let committed = first
+            .and_then(|()| Ok(Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?))
+            .and_then(|op| self.commit(&[&[op][..], &batch.ops].concat()));
+        let rev = match committed {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.rollback(&batch);
+                return Err(e);
+            }
+        };
         self.publish_service_events(0, &svc);
         self.apply(rev, Change::Service(svc));
-        self.reconcile_service(&name);
+        for (task, placement, _) in batch.created {
+            self.insert_task(task, rev, placement, true);
+        }
+        self.ask_now(Work::Service(name.clone()));
         self.service(name.as_str())
     }
 
@@ -133,7 +157,7 @@ impl Cluster {
             self.write_service(svc)?;
         }
         let name = current.value.name;
-        self.reconcile_service(&name);
+        self.ask_now(Work::Service(name.clone()));
         self.service(name.as_str())
     }
 
@@ -150,7 +174,7 @@ impl Cluster {
             self.write_service(svc.clone())?;
         }
         let view = self.view_of(&svc);
-        self.reconcile_service(&svc.name);
+        self.ask_now(Work::Service(svc.name.clone()));
         Ok(view)
     }
 
@@ -359,26 +383,6 @@ impl Cluster {
         self.state.services().values().map(|v| self.view_of(&v.value)).collect()
     }
 
-    /// Reconciles a service now ([`Cluster::reconcile_service_once`]), for the requests that
-    /// change it (create, update, delete) and start its tasks in their own commit; when it
-    /// waits for a time (a crash-loop hold-back, a rebalance's settle time), it is asked for
-    /// again then. A failure does not fail the request, whose change is committed: the
-    /// service is asked for on the work queue, which backs it off if it fails again. The work
-    /// queue runs `reconcile_service_once` itself and follows its answer.
-    pub fn reconcile_service(&mut self, name: &ServiceName) {
-        match self.reconcile_service_once(name) {
-            Ok(Action::RequeueAfter(ms)) => {
-                let at = self.now() + ms;
-                self.work.queue.enqueue_at(Work::Service(name.clone()), at);
-            }
-            Ok(Action::AwaitChange) => {}
-            Err(e) => {
-                tracing::warn!(service = %name, error = %e, "reconcile failed; retrying on the work queue");
-                self.ask(Work::Service(name.clone()));
-            }
-        }
-    }
-
     /// Takes the step of the service's rollout that its bounds allow now (module docs), then
     /// settles its deployments. A deleted service goes once its last task has stopped. Says
     /// when to run again: when a hold-back or a settle time it waits for ends, or not until
@@ -483,15 +487,7 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("ScaledIn", msg));
         }
         if plan.start > 0 {
-            let spec = NewTasks {
-                task_definition: svc.task_definition.clone(),
-                pool: svc.pool.clone(),
-                group: Some(name.clone()),
-                started_by: format!("service:{name}"),
-                labels: Default::default(),
-                deployment: svc.deployments.first().map(|d| d.id.clone()),
-            };
-            let started = self.start_tasks(spec, plan.start)?;
+            let started = self.start_tasks(tasks_of(&svc), plan.start)?;
             // Replicas on a daemon whose failure is confirmed are not counted: their copies
             // start now, and the service runs more than its count until they stop or their
             // daemon answers again (at least once, never fewer).
@@ -507,13 +503,7 @@ impl Cluster {
             } else {
                 String::new()
             };
-            let msg = format!("started {} task(s) of {}{why}", started.len(), svc.task_definition);
-            svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
-            if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
-                let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
-                let msg = format!("unable to place {waiting} task(s): {reason}");
-                svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
-            }
+            push_started(&mut svc, &started, why, now);
         }
         // Tasks stopped or started: their replicas are looked at again.
         let replicas = if unchanged { replicas } else { self.replicas(&svc) };
@@ -996,4 +986,31 @@ struct HostMove {
     from_held: usize,
     to: HostId,
     to_held: usize,
+}
+
+/// What a service's new tasks are: its definition, in its pool, of its PRIMARY deployment.
+fn tasks_of(svc: &Service) -> NewTasks {
+    NewTasks {
+        task_definition: svc.task_definition.clone(),
+        pool: svc.pool.clone(),
+        group: Some(svc.name.clone()),
+        started_by: format!("service:{}", svc.name),
+        labels: Default::default(),
+        deployment: svc.deployments.first().map(|d| d.id.clone()),
+    }
+}
+
+/// The service's events for tasks it started (`why`: what the count is for, or empty), and
+/// why those it could not place wait.
+fn push_started(svc: &mut Service, started: &[Task], why: String, now: u64) {
+    if started.is_empty() {
+        return;
+    }
+    let msg = format!("started {} task(s) of {}{why}", started.len(), svc.task_definition);
+    svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
+    if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
+        let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
+        let msg = format!("unable to place {waiting} task(s): {reason}");
+        svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
+    }
 }

@@ -115,7 +115,15 @@ impl Cluster {
         self.work.queue.enqueue_at(work, now);
     }
 
-    /// Whether an incident was asked for since the last call: the caller runs
+    /// Asks for `work` on behalf of a request that changed it: the controllers' pass runs at
+    /// once, outside the request ([`Cluster::take_wake`]), so the request's answer never waits
+    /// for a reconcile and the change does not wait for the next tick.
+    pub(super) fn ask_now(&mut self, work: Work) {
+        self.work.wake = true;
+        self.ask(work);
+    }
+
+    /// Whether an incident, or a key a request changed, was asked for since the last call: the caller runs
     /// [`Cluster::run_work`] soon (the server wakes its health loop).
     pub fn take_wake(&mut self) -> bool {
         std::mem::take(&mut self.work.wake)
