@@ -6,12 +6,10 @@
 use crate::auth::{self, Principal};
 use crate::cluster::Error;
 use crate::cluster::{
-    Cluster, HostRequest, Kind, ProviderJob, ProviderOutcome, RegistrationQueue, TaskFilter, Touch,
-    ValidTaskDef, Waiting,
+    Cluster, HostRequest, Kind, RegistrationQueue, TaskFilter, Touch, ValidTaskDef, Waiting,
 };
 use crate::error::ApiError;
 use crate::openapi::BearerAuth;
-use crate::provider;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -191,7 +189,7 @@ impl AppState {
         let wake = self.wake.clone();
         // What the cluster logs for this call carries its request id.
         let span = tracing::Span::current();
-        let (out, jobs) = tokio::task::spawn_blocking(move || {
+        let out = tokio::task::spawn_blocking(move || {
             let _request = span.enter();
             let mut c = cluster.lock().map_err(|_| {
                 ApiError::from(Error::Internal(
@@ -213,117 +211,15 @@ impl AppState {
             if c.revision() != before {
                 changed.send_replace(c.revision());
             }
+            // An incident asked for, or a provider call decided: the controllers' loop runs it.
             if c.take_wake() {
                 wake.notify_one();
             }
-            Ok((out, c.take_jobs()))
+            Ok(out)
         })
         .await
         .map_err(|e| ApiError::from(Error::Internal(format!("request handler failed: {e}"))))??;
-        run_jobs(self.clone(), jobs);
         out
-    }
-
-    /// Runs `f` on the cluster outside any request (the controllers' ticks).
-    pub async fn tick(
-        &self,
-        f: impl FnOnce(&mut Cluster) -> Result<Vec<ProviderJob>, Error> + Send + 'static,
-    ) -> Result<(), ApiError> {
-        let cluster = self.cluster.clone();
-        let changed = self.changed.clone();
-        let wake = self.wake.clone();
-        let jobs = tokio::task::spawn_blocking(move || {
-            let mut c =
-                cluster.lock().map_err(|_| ApiError::from(Error::Internal("state lock poisoned".into())))?;
-            let before = c.revision();
-            let jobs = f(&mut c);
-            if c.revision() != before {
-                changed.send_replace(c.revision());
-            }
-            if c.take_wake() {
-                wake.notify_one();
-            }
-            let mut jobs = jobs?;
-            jobs.extend(c.take_jobs());
-            Ok::<_, ApiError>(jobs)
-        })
-        .await
-        .map_err(|e| ApiError::from(Error::Internal(format!("controller failed: {e}"))))??;
-        run_jobs(self.clone(), jobs);
-        Ok(())
-    }
-}
-
-/// Runs provider calls (slow: processes, cloud CLIs) on blocking threads, each with retries,
-/// and feeds the outcome back to the cluster, which may ask for more.
-pub fn run_jobs(state: AppState, jobs: Vec<ProviderJob>) {
-    if *state.stopping.borrow() && !jobs.is_empty() {
-        // The next server plans them again (remediation repeats nothing it recorded).
-        tracing::info!(jobs = jobs.len(), "shutting down: provider calls left to the next start");
-        return;
-    }
-    for job in jobs {
-        let st = state.clone();
-        tokio::spawn(async move {
-            let st2 = st.clone();
-            let job2 = job.clone();
-            let outcome = tokio::task::spawn_blocking(move || {
-                let job = job2;
-                let (provider, req) = {
-                    let Ok(mut c) = st2.cluster.lock() else {
-                        return ProviderOutcome::Failed("state lock poisoned".into());
-                    };
-                    let (pool, name) = match &job {
-                        ProviderJob::Launch { pool, name, .. }
-                        | ProviderJob::Terminate { pool, name, .. } => (pool, name),
-                    };
-                    let mut req = c.launch_request(pool, name);
-                    // A new host joins with a token for it alone (its incident's replacement
-                    // token, or its launch token), never with the join token.
-                    if let ProviderJob::Launch { token, incident, .. } = &job {
-                        if let Some(t) = token {
-                            req.join_token = c.join_string(&t.0);
-                        }
-                        req.incident = incident.clone();
-                    }
-                    (c.provider_for(pool), req)
-                };
-                let Some(p) = provider else {
-                    return ProviderOutcome::Failed("the pool has no capacity provider".into());
-                };
-                let sleep = |failed: &provider::AttemptRecord, backoff| {
-                    if let Ok(mut c) = st2.cluster.lock() {
-                        if let Err(e) = c.provider_attempt_failed(&job, failed) {
-                            tracing::error!(error = %e, "recording a provider retry failed");
-                        }
-                    }
-                    std::thread::sleep(backoff)
-                };
-                let result = match &job {
-                    ProviderJob::Launch { .. } => {
-                        provider::launch_with_retries(p.as_ref(), &req, &provider::Retry::default(), sleep)
-                            .result
-                            .map(|_| ())
-                    }
-                    ProviderJob::Terminate { name, .. } => {
-                        let (policy, confirm) = (provider::Retry::default(), provider::Retry::boot());
-                        provider::terminate_confirmed(p.as_ref(), name, &policy, &confirm, sleep)
-                            .result
-                            .map(|_| ())
-                    }
-                };
-                match result {
-                    Ok(()) => ProviderOutcome::Done,
-                    Err(e) => ProviderOutcome::Failed(e.to_string()),
-                }
-            })
-            .await
-            .unwrap_or_else(|e| ProviderOutcome::Failed(e.to_string()));
-            let res = st.tick(move |c| c.provider_done(&job, outcome)).await;
-            if let Err(e) = res {
-                tracing::error!(error = %e, "recording a provider outcome failed");
-            }
-        });
     }
 }
 

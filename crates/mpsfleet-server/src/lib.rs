@@ -12,6 +12,8 @@ pub mod events;
 pub mod files;
 pub mod forward;
 pub mod http;
+pub mod loops;
+pub use loops::{HEALTH_INTERVAL, RESYNC_INTERVAL};
 pub mod metrics;
 pub mod openapi;
 pub mod provider;
@@ -41,9 +43,6 @@ pub const SERVER_KEY_FILE: &str = "server.key";
 pub const WEBHOOK_SECRET_FILE: &str = "webhook.secret";
 /// The cluster CA's certificate (public), for clients: `--ca-file`, `MPSFLEET_CA_FILE`.
 pub const CA_FILE: &str = "ca.pem";
-
-/// How often services are reconciled and pending tasks retried as a safety net.
-pub const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How many recent revisions of the change feed are kept for watchers.
 pub const FEED_RETAINED_REVISIONS: u64 = 100_000;
@@ -299,8 +298,8 @@ pub async fn serve(
     state.admin_token_file = options.admin_token_file.clone();
     state.ha = options.ha.clone();
     let stopping = state.stopping.clone();
-    let resync = tokio::spawn(resync_loop(state.clone(), stopping.subscribe()));
-    let health = tokio::spawn(health_loop(state.clone(), stopping.subscribe()));
+    let resync = tokio::spawn(loops::resync_loop(state.clone(), stopping.subscribe()));
+    let health = tokio::spawn(loops::health_loop(state.clone(), stopping.subscribe()));
     let app = http::app(state, &options.http, options.rate_limits, options.ecs.clone());
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
@@ -338,74 +337,6 @@ pub async fn serve(
         d.abort();
     }
     result
-}
-
-/// How often host health is evaluated (heartbeat grace) and incidents are driven.
-pub const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
-
-/// Completes once `stopping` is set (or its sender is gone).
-async fn stopped(stopping: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = stopping.wait_for(|s| *s).await;
-}
-
-async fn health_loop(state: api::AppState, mut stopping: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(HEALTH_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let wake = state.wake.clone();
-    loop {
-        let passes = state.passes.clone();
-        // A tick that has started runs to its end: it commits or it does not.
-        let result = tokio::select! {
-            _ = tick.tick() => state.tick(move |c| {
-                let jobs = c.health_tick();
-                passes.send_modify(|n| *n += 1);
-                jobs
-            }).await,
-            // An incident asked for by a call: the controllers' pass runs now.
-            () = wake.notified() => state.tick(move |c| {
-                c.run_work();
-                passes.send_modify(|n| *n += 1);
-                Ok(Vec::new())
-            }).await,
-            () = stopped(&mut stopping) => return,
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "health evaluation failed; retrying at the next tick");
-        }
-    }
-}
-
-async fn resync_loop(state: api::AppState, mut stopping: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(RESYNC_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = stopped(&mut stopping) => return,
-        }
-        if let Some(tls) = &state.tls {
-            let now = state.cluster.lock().map(|c| c.now_ms()).unwrap_or_default();
-            if let Err(e) = tls.renew_if_due(now) {
-                tracing::error!(error = %e, "cannot renew the server certificate; retrying at the next interval");
-            }
-        }
-        let st = state.clone();
-        let res = tokio::task::spawn_blocking(move || {
-            let mut c = st.cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
-            let before = c.revision();
-            // Retention is a key of the work queue (`Work::Retention`), run by `resync` too.
-            let r = c.resync();
-            if c.revision() != before {
-                st.changed.send_replace(c.revision());
-            }
-            r
-        })
-        .await;
-        match res {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "resync failed; retrying at the next interval"),
-            Err(e) => tracing::error!(error = %e, "resync task failed"),
-        }
-    }
 }
 
 /// Where the data directory lives when none is given.

@@ -463,7 +463,7 @@ impl Sim {
         }
     }
 
-    /// Provider jobs from a cluster call: run them the way `run_jobs` does, in a canonical
+    /// Provider jobs from a cluster call: run them the way `loops::run_provider_jobs` does, in a canonical
     /// order (the server's own order follows its random incident ids).
     fn after_call(&mut self, r: Result<Vec<ProviderJob>, String>) {
         let mut jobs = match r {
@@ -528,7 +528,7 @@ impl Sim {
             }
             self.stats.provider_attempts_failed += 1;
             if attempt < max_attempts {
-                // `run_jobs` records each failed attempt on the incident before its backoff.
+                // `loops::run_provider_jobs` records each failed attempt on the incident before its backoff.
                 let backoff = retry.backoff_after(attempt).as_millis() as u64;
                 let record = AttemptRecord {
                     attempt,

@@ -41,7 +41,7 @@ pub(super) fn commit_registrations(st: &AppState) {
         if group.is_empty() {
             return;
         }
-        let (answers, jobs) = {
+        let answers = {
             let Ok(mut c) = st.cluster.lock() else {
                 for w in group {
                     let _ = w.answer.send(Err(Error::Internal(
@@ -82,12 +82,11 @@ pub(super) fn commit_registrations(st: &AppState) {
                 .zip(results)
                 .chain(refused.into_iter().map(|(tx, e)| (tx, Err(e))))
                 .collect();
-            (answers, c.take_jobs())
+            answers
         };
         for (tx, result) in answers {
             let _ = tx.send(result);
         }
-        run_jobs(st.clone(), jobs);
     }
 }
 

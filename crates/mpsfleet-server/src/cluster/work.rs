@@ -125,8 +125,10 @@ impl Cluster {
 
     /// Whether an incident, or a key a request changed, was asked for since the last call: the caller runs
     /// [`Cluster::run_work`] soon (the server wakes its health loop).
+    /// Provider calls a request or a report decided count too: requests never run them, the
+    /// controllers' loop does.
     pub fn take_wake(&mut self) -> bool {
-        std::mem::take(&mut self.work.wake)
+        std::mem::take(&mut self.work.wake) || !self.work.pending_jobs.is_empty()
     }
 
     /// Starts retention: it runs now, then every [`RETENTION_INTERVAL_MS`] (the server does this

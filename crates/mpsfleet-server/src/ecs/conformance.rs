@@ -19,6 +19,6 @@ pub(super) async fn reset(State(ecs): State<Ecs>) -> impl IntoResponse {
     let st = ecs.serving.state.clone();
     match st.tick(|c| c.empty_for_conformance().map(|()| Vec::new())).await {
         Ok(()) => (StatusCode::OK, r#"{"status": "ok"}"#).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => crate::error::ApiError::from(e).into_response(),
     }
 }
