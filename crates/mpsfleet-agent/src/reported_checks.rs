@@ -10,7 +10,7 @@
 //! them, so the times it places them at stay those of that report.
 
 use mpsfleet_types::api::{HostStatusAnswer, HostStatusReport};
-use mpsfleet_types::HostCheck;
+use mpsfleet_types::{check_key, HostCheck};
 
 /// How far an age may stray from the one last sent plus the time that passed and still be
 /// the same: ages and the time are read from the same clock, so only rounding and the
@@ -71,30 +71,7 @@ impl ReportedChecks {
 /// Whether `now` (read at `now_ms`) are the checks `then` (sent at `then_ms`): equal, but for
 /// ages that grew by the time that passed (within [`AGE_SLACK_MS`]).
 pub fn same_checks(then: &[HostCheck], then_ms: u64, now: &[HostCheck], now_ms: u64) -> bool {
-    let passed = now_ms.saturating_sub(then_ms);
-    let aged = |old: u64, new: u64| (old + passed).abs_diff(new) <= AGE_SLACK_MS;
-    then.len() == now.len()
-        && then.iter().zip(now).all(|(a, b)| {
-            let HostCheck {
-                name,
-                gpu_id,
-                status,
-                reason,
-                since_ms,
-                restarts,
-                first_failure_age_ms,
-                repair_ages_ms,
-            } = a;
-            (name, gpu_id, status, reason, since_ms, restarts)
-                == (&b.name, &b.gpu_id, &b.status, &b.reason, &b.since_ms, &b.restarts)
-                && match (first_failure_age_ms, b.first_failure_age_ms) {
-                    (None, None) => true,
-                    (Some(old), Some(new)) => aged(*old, new),
-                    _ => false,
-                }
-                && repair_ages_ms.len() == b.repair_ages_ms.len()
-                && repair_ages_ms.iter().zip(&b.repair_ages_ms).all(|(&old, &new)| aged(old, new))
-        })
+    check_key::same_but_aged(then, now, now_ms.saturating_sub(then_ms), AGE_SLACK_MS)
 }
 
 #[cfg(test)]

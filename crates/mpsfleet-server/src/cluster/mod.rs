@@ -14,7 +14,6 @@ pub mod broken;
 mod call;
 pub mod capacity_providers;
 pub mod catalog;
-mod checks_key;
 pub mod console_links;
 mod daemon;
 pub mod deleted;

@@ -17,7 +17,6 @@
 //! scheduler's capacity index are `Cluster`'s.
 
 use super::audit::AuditLog;
-use super::checks_key;
 use super::idempotency::{ClientTokenRecord, ClientTokens};
 use super::incident_table::IncidentTable;
 use super::tasks::TaskTable;
@@ -27,6 +26,7 @@ use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::scheduler::{HostIx, Placement};
 use mpsfleet_store::Revision;
 use mpsfleet_types::api::HostStatusReport;
+use mpsfleet_types::check_key as checks_key;
 use mpsfleet_types::drill::{Drill, DrillSwitch};
 use mpsfleet_types::{
     Family, GpuUuid, Host, HostCheck, HostStatus, Incident, PendingCode, Pool, PoolName, Service,
@@ -397,7 +397,7 @@ pub(super) struct HostEntry {
     /// The API builds the address (`https://PEER:PORT`) from the heartbeat's peer address and
     /// the port the agent reports: it is never a host the agent names.
     pub(super) checks: Vec<HostCheck>,
-    /// `checks` as one run of bytes (`checks_key.rs`): how a heartbeat that repeats them is
+    /// `checks` as one run of bytes (`mpsfleet_types::check_key`): how a heartbeat that repeats them is
     /// told apart, cheaply and exactly. Set only with `checks`, by [`HostEntry::take_checks`].
     checks_key: Vec<u8>,
     /// The agent's number for `checks` (`checksRev`), when it gave one: a heartbeat that

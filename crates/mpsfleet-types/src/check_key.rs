@@ -1,39 +1,56 @@
-//! A host's reported checks as one flat run of bytes, to tell a heartbeat that repeats the
-//! last one (almost every heartbeat) from one that changed something, exactly.
+//! The one encoding of a host's checks (`HostCheck`), shared by the agent and the server: a
+//! flat run of bytes in which every field is written with its length, so two lists of checks
+//! have the same key exactly when they are equal (no hash, no collisions). A field added to
+//! `HostCheck` is added here, once: [`write`] destructures it, so one left out does not
+//! compile.
 //!
-//! Comparing the checks themselves reads every string of the stored ones, each in its own
-//! allocation: at a thousand hosts, each reporting sixteen checks every second, those reads
-//! miss the cache and cost more than the rest of the heartbeat together. The new report is
-//! compared with the stored key field by field as its key would be written ([`matches`]), so
-//! the stored side is one contiguous read and nothing is allocated; the key is written again
-//! only when the checks changed. Every field is written with its length, so two lists of
-//! checks have the same key exactly when they are equal: no hash, no collisions.
+//! - The server keeps each host's key and compares a heartbeat's checks with it as they would
+//!   be written ([`matches`]): the stored side is one contiguous read and nothing is
+//!   allocated, which at a thousand hosts reporting every second costs less than comparing
+//!   the checks' strings, each in its own allocation.
+//! - The agent asks whether its checks are the ones it last sent, but for the ages of a
+//!   failure going on, which grow with the time that passed ([`same_but_aged`]).
 
-use mpsfleet_types::{HealthStatus, HostCheck};
+use crate::{HealthStatus, HostCheck};
 
 /// The key of `checks`.
-pub(super) fn of(checks: &[HostCheck]) -> Vec<u8> {
+pub fn of(checks: &[HostCheck]) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 * checks.len() + 8);
     write(checks, &mut out);
     out
 }
 
 /// Whether `key` is the key of `checks`: compared as it would be written, without writing it.
-pub(super) fn matches(checks: &[HostCheck], key: &[u8]) -> bool {
+pub fn matches(checks: &[HostCheck], key: &[u8]) -> bool {
     let mut rest = Compare { rest: key, same: true };
     write(checks, &mut rest);
     rest.same && rest.rest.is_empty()
 }
 
 /// Writes the key of `checks` into `out` (cleared first).
-pub(super) fn encode(checks: &[HostCheck], out: &mut Vec<u8>) {
+pub fn encode(checks: &[HostCheck], out: &mut Vec<u8>) {
     out.clear();
     write(checks, out);
+}
+
+/// Whether `now` are the checks `then`, read `passed` ms earlier: equal field by field, but for
+/// the ages (of the failure going on and of each local repair), each of which must have grown
+/// by `passed`, within `slack`.
+pub fn same_but_aged(then: &[HostCheck], now: &[HostCheck], passed: u64, slack: u64) -> bool {
+    let mut parts = Parts(Vec::new());
+    write(then, &mut parts);
+    let mut walk = AgedCompare { parts: parts.0.iter(), passed, slack, same: true };
+    write(now, &mut walk);
+    walk.same && walk.parts.next().is_none()
 }
 
 /// Where a key goes: a buffer, or a comparison with a key written before.
 trait Sink {
     fn put(&mut self, bytes: &[u8]);
+    /// An age, which grows with time: written as its bytes.
+    fn age(&mut self, ms: u64) {
+        self.put(&ms.to_le_bytes());
+    }
 }
 
 impl Sink for Vec<u8> {
@@ -54,6 +71,42 @@ impl Sink for Compare<'_> {
             Some((head, tail)) if self.same && head == bytes => self.rest = tail,
             _ => self.same = false,
         }
+    }
+}
+
+/// A key as the parts it was written in, ages apart.
+enum Part {
+    Bytes(Vec<u8>),
+    Age(u64),
+}
+
+struct Parts(Vec<Part>);
+
+impl Sink for Parts {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.push(Part::Bytes(bytes.to_vec()));
+    }
+    fn age(&mut self, ms: u64) {
+        self.0.push(Part::Age(ms));
+    }
+}
+
+/// Walks the parts of an earlier key: bytes must be equal, ages grown by `passed` within
+/// `slack`.
+struct AgedCompare<'a> {
+    parts: std::slice::Iter<'a, Part>,
+    passed: u64,
+    slack: u64,
+    same: bool,
+}
+
+impl Sink for AgedCompare<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.same &= matches!(self.parts.next(), Some(Part::Bytes(b)) if b == bytes);
+    }
+    fn age(&mut self, ms: u64) {
+        let grown = |old: u64| (old + self.passed).abs_diff(ms) <= self.slack;
+        self.same &= matches!(self.parts.next(), Some(Part::Age(old)) if grown(*old));
     }
 }
 
@@ -91,13 +144,13 @@ fn write(checks: &[HostCheck], out: &mut impl Sink) {
         match first_failure_age_ms {
             Some(a) => {
                 out.put(&[1]);
-                out.put(&a.to_le_bytes());
+                out.age(*a);
             }
             None => out.put(&[0]),
         }
         put_len(out, repair_ages_ms.len());
         for a in repair_ages_ms {
-            out.put(&a.to_le_bytes());
+            out.age(*a);
         }
     }
 }
@@ -114,7 +167,7 @@ fn put_str(out: &mut impl Sink, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mpsfleet_types::GpuUuid;
+    use crate::GpuUuid;
 
     fn key(checks: &[HostCheck]) -> Vec<u8> {
         let mut out = vec![9, 9, 9];
@@ -173,5 +226,29 @@ mod tests {
         let b = HostCheck { name: "A".into(), reason: "BC".into(), ..check() };
         assert_ne!(key(std::slice::from_ref(&a)), key(std::slice::from_ref(&b)));
         assert!(!matches(&[b], &key(&[a])));
+    }
+
+    /// Ages compare as grown by the time that passed, within the slack; every other field,
+    /// and the number of ages, exactly.
+    #[test]
+    fn ages_compare_as_grown_and_nothing_else_does() {
+        let failing = |age, repairs: &[u64]| HostCheck {
+            status: HealthStatus::Impaired,
+            first_failure_age_ms: Some(age),
+            repair_ages_ms: repairs.to_vec(),
+            ..check()
+        };
+        let then = [failing(500, &[400])];
+        assert!(same_but_aged(&then, &then, 0, 0));
+        assert!(same_but_aged(&then, &[failing(3_500, &[3_400])], 3_000, 0));
+        assert!(same_but_aged(&then, &[failing(3_600, &[3_300])], 3_000, 100));
+        assert!(!same_but_aged(&then, &[failing(3_601, &[3_400])], 3_000, 100));
+        assert!(!same_but_aged(&then, &[failing(3_500, &[3_400, 0])], 3_000, 0), "a new repair");
+        assert!(!same_but_aged(&then, &[failing(3_500, &[])], 3_000, 0), "a repair fewer");
+        assert!(!same_but_aged(&then, &[check()], 3_000, 0), "the failure is over");
+        let renamed = HostCheck { reason: "another".into(), ..failing(3_500, &[3_400]) };
+        assert!(!same_but_aged(&then, &[renamed], 3_000, 0));
+        assert!(!same_but_aged(&then, &[failing(3_500, &[3_400]), check()], 3_000, 0), "a check more");
+        assert!(!same_but_aged(&[], &then, 0, 0));
     }
 }
