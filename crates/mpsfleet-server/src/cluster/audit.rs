@@ -89,11 +89,8 @@ impl Cluster {
                 return;
             }
         };
-        match self.store.commit(&ops) {
-            Ok(rev) => {
-                self.state.committed(rev);
-                self.audit_written(ops.len() - 1);
-            }
+        match self.writer().commit(&ops) {
+            Ok(_) => self.audit_written(ops.len() - 1),
             Err(e) => tracing::error!(error = %e, action = %call.ctx.action, "cannot write an audit entry"),
         }
     }

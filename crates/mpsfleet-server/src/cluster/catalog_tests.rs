@@ -62,7 +62,7 @@ fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again_across_rest
     assert!(names(&w.c).is_empty());
     // The retention pass removes the records themselves.
     assert_eq!(store.list(deleted::DELETED).unwrap().len(), 2);
-    w.c.prune().unwrap();
+    w.c.run_retention().unwrap();
     assert!(store.list(deleted::DELETED).unwrap().is_empty());
 }
 

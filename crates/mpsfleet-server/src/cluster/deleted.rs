@@ -115,20 +115,6 @@ impl Cluster {
         })
     }
 
-    /// Removes the records past [`KEPT_MS`]; a failed commit is logged and left for the next
-    /// pass.
-    pub(super) fn prune_deleted(&mut self) {
-        let since = self.now().saturating_sub(KEPT_MS);
-        let old: Vec<String> = self
-            .state
-            .deleted()
-            .iter()
-            .filter(|(_, d)| d.deleted_at_ms < since)
-            .map(|(k, _)| k.clone())
-            .collect();
-        self.forget_deleted(old);
-    }
-
     /// Deletes these records in one commit (the conformance reset forgets them all).
     pub(super) fn forget_deleted(&mut self, keys: Vec<String>) {
         if keys.is_empty() {

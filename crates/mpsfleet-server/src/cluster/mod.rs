@@ -39,6 +39,7 @@ pub use providers::ProviderContext;
 mod bounds_tests;
 #[cfg(test)]
 mod catalog_tests;
+pub(crate) mod controllers;
 #[cfg(test)]
 mod daemon_tests;
 #[cfg(test)]
@@ -48,10 +49,10 @@ mod heartbeat_tests;
 #[cfg(test)]
 mod recovery_tests;
 mod register;
-mod retention;
 mod scaling;
 #[cfg(test)]
 mod scaling_tests;
+mod schema;
 pub mod scope;
 mod sealed;
 mod secrets;
@@ -59,6 +60,7 @@ mod secrets;
 mod service_tests;
 mod services;
 mod state;
+mod write;
 use state::{Change, HostEntry};
 mod task_policy;
 mod tasks;
@@ -78,17 +80,19 @@ pub struct AgentLink {
     pub last_heartbeat_ms: Option<u64>,
     pub platform: HostPlatform,
 }
+pub use controllers::retention::{
+    MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS, RESOLVED_INCIDENT_RETENTION_MS, RETENTION_INTERVAL_MS,
+    STOPPED_TASK_RETENTION_MS,
+};
 pub use health::{
     replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
 pub use operator::OperatorOutcome;
 pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
-pub use retention::{
-    FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS, MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS,
-    RESOLVED_INCIDENT_RETENTION_MS, SCHEMA_VERSION, STOPPED_TASK_RETENTION_MS,
-};
+pub use schema::SCHEMA_VERSION;
 pub use scope::{Kind, Touch};
 pub use secrets::{secret_uses, SecretUse, MAX_SECRETS};
+pub use write::{FEED_MAX_AGE_MS, FEED_MAX_BYTES, FEED_MAX_REVISIONS};
 
 use crate::auth::{self, Principal};
 use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest, LocalProvider};
@@ -241,7 +245,7 @@ pub struct Cluster {
     id_base: u64,
     id_counter: u64,
     /// When each retained revision of the change feed was written, and its size (compaction).
-    feed: retention::FeedLedger,
+    feed: write::FeedLedger,
     /// Console sign-in links not yet used, by their code's digest (memory only).
     console_links: HashMap<String, console_links::PendingLink>,
     /// Where committed changes are announced (`GET /v1/events`, the webhook).
@@ -305,7 +309,7 @@ impl Cluster {
                 tokens::AdminDigest::new(admin_sha256),
                 Self::new_join_index(join_clock),
             ),
-            feed: retention::FeedLedger::default(),
+            feed: write::FeedLedger::default(),
             store,
             loaded_at_ms: clock.now_ms(),
             clock,
@@ -420,40 +424,43 @@ impl Cluster {
         // The call being served rides on its first commit: its audit entry and the client
         // token it claimed (`call.rs`).
         let (riders, audit) = self.riders()?;
-        let rev = if riders.is_empty() {
-            self.timed_commit(ops)?
-        } else {
-            let all: Vec<Op> = ops.iter().chain(&riders).cloned().collect();
-            let rev = self.timed_commit(&all)?;
-            self.riders_written(audit);
-            rev
-        };
-        if rev != self.state.revision() {
-            self.feed.record(rev, self.clock.now_ms(), retention::batch_bytes(ops));
+        if riders.is_empty() {
+            return self.writer().commit(ops);
         }
-        self.state.committed(rev);
+        let all: Vec<Op> = ops.iter().chain(&riders).cloned().collect();
+        let rev = self.writer().commit(&all)?;
+        self.riders_written(audit);
         Ok(rev)
     }
 
-    /// Applies a committed change to the state (`State::apply`, its one writer), and drops
-    /// the storm breaker's counts (`work::Controllers::breaker_counts`) when the change is to
-    /// what they count: a host or an incident.
+    /// Applies a committed change (`Writer::apply`).
     fn apply(&mut self, version: Revision, change: Change) {
-        if matches!(
-            change,
-            Change::NewHost(..) | Change::Host(..) | Change::Incident(_) | Change::IncidentRemoved(_)
-        ) {
-            self.work.breaker_counts.clear();
-        }
-        self.state.apply(version, change);
+        self.writer().apply(version, change);
     }
 
-    /// One store commit, its duration and outcome counted in the metrics.
-    fn timed_commit(&self, ops: &[Op]) -> Result<Revision, mpsfleet_store::StoreError> {
-        let watch = mpsfleet_core::clock::Stopwatch::start();
-        let result = self.store.commit(ops);
-        self.live.committed(watch.seconds(), result.is_ok());
-        result
+    /// The one way to write records (`write.rs`).
+    fn writer(&mut self) -> write::Writer<'_> {
+        self.writer_and_scheduler().0
+    }
+
+    /// A controller's context (`controllers/`): the writer, the scheduler and the time,
+    /// borrowed from the cluster's fields.
+    fn controller_ctx(&mut self) -> controllers::Ctx<'_> {
+        let (w, sched) = self.writer_and_scheduler();
+        let now_ms = w.now_ms;
+        controllers::Ctx { w, sched, now_ms }
+    }
+
+    fn writer_and_scheduler(&mut self) -> (write::Writer<'_>, &mut Scheduler) {
+        let w = write::Writer {
+            store: self.store.as_ref(),
+            state: &mut self.state,
+            feed: &mut self.feed,
+            live: &self.live,
+            breaker_counts: &mut self.work.breaker_counts,
+            now_ms: self.clock.now_ms(),
+        };
+        (w, &mut self.sched)
     }
 
     pub fn revision(&self) -> Revision {

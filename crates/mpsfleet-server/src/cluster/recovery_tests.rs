@@ -358,23 +358,23 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     w.c.report_task(&host, &task.to_string(), report).unwrap();
     assert_eq!(w.c.task(&task.to_string()).unwrap().last_status, TaskStatus::Stopped);
 
-    w.c.prune().unwrap();
+    w.c.run_retention().unwrap();
     assert!(w.c.task(&task.to_string()).is_ok(), "kept within its retention");
     assert!(w.c.incident(&i.id).is_ok(), "kept within its retention");
 
     w.advance(STOPPED_TASK_RETENTION_MS + 1);
-    w.c.prune().unwrap();
+    w.c.run_retention().unwrap();
     assert!(w.c.task(&task.to_string()).is_err());
     assert!(w.c.store.get(TASK, &task.to_string()).unwrap().is_none());
     assert!(w.c.incident(&i.id).is_ok());
     w.advance(RESOLVED_INCIDENT_RETENTION_MS);
-    w.c.prune().unwrap();
+    w.c.run_retention().unwrap();
     assert!(w.c.incident(&i.id).is_err());
     assert!(w.c.store.get(super::health::INCIDENT, &i.id).unwrap().is_none());
 
     // Everything in the feed is older than its age limit now.
     let rev = w.c.revision();
-    w.c.compact_history().unwrap();
+    w.c.run_retention().unwrap();
     let err = w.c.store.changes_since(0, 10).unwrap_err();
     assert!(matches!(err, mpsfleet_store::StoreError::Compacted { .. }), "{err}");
     assert!(w.c.store.changes_since(rev, 10).is_ok());

@@ -14,7 +14,7 @@
 //! when the pool, its incidents or a provider call change, a host joins or leaves it, and
 //! every `health::CAPACITY_RESYNC_MS`) and retention
 //! (`Work::Retention`, one key: the change feed compacted and old records removed,
-//! `retention.rs`, every [`RETENTION_INTERVAL_MS`] once [`Cluster::start_retention`] asked for
+//! `controllers/retention.rs`, every `RETENTION_INTERVAL_MS` once [`Cluster::start_retention`] asked for
 //! it; the simulator does not, so its reports keep every record).
 //!
 //! Keys run on the controllers' own pass, never inside a request: the health tick runs what
@@ -33,6 +33,7 @@
 //! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
 //! settings changed) asks for the pool's placement instead of placing inline.
 
+use super::controllers::retention::Retention;
 use super::health::{PoolCounts, ProviderProgress};
 use super::{Cluster, Error, ProviderJob};
 use mpsfleet_core::controller::{Action, WorkQueue};
@@ -42,10 +43,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// How often every service is reconciled whether or not anything asked for it.
 pub const SERVICE_RESYNC_MS: u64 = 60_000;
-
-/// How often retention runs once started (and how long it waits after a failure at most,
-/// the queue's backoff aside).
-pub const RETENTION_INTERVAL_MS: u64 = 5_000;
 
 /// The most passes one [`Cluster::run_work`] makes: a key that a pass asked for (a service an
 /// incident touched) runs in the next pass of the same call, not a tick later.
@@ -131,7 +128,7 @@ impl Cluster {
         std::mem::take(&mut self.work.wake) || !self.work.pending_jobs.is_empty()
     }
 
-    /// Starts retention: it runs now, then every [`RETENTION_INTERVAL_MS`] (the server does this
+    /// Starts retention: it runs now, then every `RETENTION_INTERVAL_MS` (the server does this
     /// once it serves; the simulator does not).
     pub fn start_retention(&mut self) {
         self.ask(Work::Retention);
@@ -173,10 +170,7 @@ impl Cluster {
                 Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
                 Work::Incident(_, id) => self.reconcile_incident(id),
                 Work::Capacity(pool) => self.reconcile_capacity(pool),
-                Work::Retention => self
-                    .compact_history()
-                    .and_then(|()| self.prune())
-                    .map(|()| Action::RequeueAfter(RETENTION_INTERVAL_MS)),
+                Work::Retention => self.run_retention(),
                 Work::Drill(id) => self.reconcile_drill(id),
             };
             if let Err(e) = &result {
@@ -185,6 +179,20 @@ impl Cluster {
             let now = self.now();
             self.work.queue.finish(key, &result, now);
         }
+    }
+
+    /// Runs the retention controller (`controllers/retention.rs`); the incidents it removed
+    /// leave the remediation's memory of their provider calls.
+    pub(super) fn run_retention(&mut self) -> Result<Action, Error> {
+        let progress = std::mem::take(&mut self.work.provider_progress);
+        let launching = |id: &str| progress.get(id).is_some_and(|p| p.launching);
+        let result = Retention::reconcile(&mut self.controller_ctx(), &launching);
+        self.work.provider_progress = progress;
+        let (action, removed) = result?;
+        for id in removed {
+            self.work.provider_progress.remove(&id);
+        }
+        Ok(action)
     }
 
     /// The periodic pass: asks for every service once its resync is due and for placement in
