@@ -223,6 +223,74 @@ fn the_domain_does_not_import_the_api_layer() {
     assert!(found.is_empty(), "the domain names the API layer:\n{}", found.join("\n"));
 }
 
+/// Where a file's code names one of `names` as a word (not inside a longer identifier), as
+/// `file:line: text`; comment lines are left out.
+fn naming(file: &str, code: &str, names: &[&str]) -> Vec<String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let code_part = line.split("//").next().unwrap_or("");
+        let named = names.iter().any(|name| {
+            code_part.match_indices(name).any(|(at, _)| {
+                let before = code_part[..at].chars().next_back();
+                let after = code_part[at + name.len()..].chars().next();
+                !before.is_some_and(word) && !after.is_some_and(word)
+            })
+        });
+        if named {
+            out.push(format!("{file}:{}: {}", n + 1, line.trim()));
+        }
+    }
+    out
+}
+
+/// Controllers are rooms of their own: nothing under `cluster/controllers/` names `Cluster`;
+/// what a controller needs is in its context (`Ctx`) or its arguments.
+#[test]
+fn no_controller_names_cluster() {
+    let root = root();
+    let mut found = Vec::new();
+    let mut controllers = 0;
+    for (file, code) in production_sources(&root) {
+        if file.starts_with("crates/mpsfleet-server/src/cluster/controllers/") {
+            controllers += 1;
+            found.extend(naming(&file, &code, &["Cluster"]));
+        }
+    }
+    assert!(controllers >= 2, "no controller module found");
+    assert!(found.is_empty(), "a controller names Cluster:\n{}", found.join("\n"));
+}
+
+/// Provider calls are the controllers' effects (`loops.rs`), never the HTTP layer's: nothing
+/// in `api.rs`, `api/` or `ecs/` names a provider job or calls a provider.
+#[test]
+fn the_http_layer_makes_no_provider_call() {
+    let root = root();
+    let effects =
+        ["ProviderJob", "run_provider_jobs", "launch_with_retries", "terminate_confirmed", "provider_for"];
+    let mut found = Vec::new();
+    for (file, code) in production_sources(&root) {
+        let http = file == "crates/mpsfleet-server/src/api.rs"
+            || file.starts_with("crates/mpsfleet-server/src/api/")
+            || file.starts_with("crates/mpsfleet-server/src/ecs/");
+        if http {
+            found.extend(naming(&file, &code, &effects));
+        }
+    }
+    assert!(found.is_empty(), "the HTTP layer runs provider calls:\n{}", found.join("\n"));
+}
+
+/// The two checks above find a name as a word in code, and only there.
+#[test]
+fn a_name_is_found_in_code_not_in_comments_or_longer_words() {
+    let code = "use super::Cluster;\n// never names Cluster\nlet c: ClusterView = x; // Cluster\nfn f(c: &Cluster) {}";
+    assert_eq!(
+        naming("f.rs", code, &["Cluster"]),
+        vec!["f.rs:1: use super::Cluster;", "f.rs:4: fn f(c: &Cluster) {}"]
+    );
+    assert!(naming("f.rs", "let j = ProviderJobs::new();", &["ProviderJob"]).is_empty());
+}
+
 #[test]
 fn only_the_inline_test_module_is_left_out() {
     let text = "mod a;\n#[cfg(test)]\nmod recovery_tests;\nfn code() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
@@ -237,5 +305,151 @@ fn an_assignment_is_told_from_a_comparison() {
     assert_eq!(
         assignments("f.rs", code, &["last_status"]),
         vec!["f.rs:1: t.last_status = TaskStatus::Stopped;"]
+    );
+}
+
+/// ARCHITECTURE.md is read in ten minutes (at most 300 lines), and every path and type it names
+/// in backticks exists. A path (a token with a `/`, or ending in `.rs`, `.md`, `.sh`, `.py` or
+/// `.toml`; routes such as `/v1/events` left aside) is looked for from the root, each crate's
+/// folder, each crate's `src/`, the server's `src/` and each crate's `tests/`. A type
+/// (`Name`, CamelCase) must be declared as a `struct`, `enum`, `trait` or `type` in a source
+/// file under `crates/`; in `Type::member`, the member must also appear as `fn member` or at
+/// the start of a line (an enum's variant).
+#[test]
+fn architecture_md_names_only_what_exists_and_stays_short() {
+    const MAX_LINES: usize = 300;
+    const ENDINGS: &[&str] = &[".rs", ".md", ".sh", ".py", ".toml"];
+
+    fn is_ident(c: char) -> bool {
+        c.is_ascii_alphanumeric() || c == '_'
+    }
+    /// `Name`: starts with a capital, has a small letter (`IMPAIRED` is a word, not a type).
+    fn is_type_name(t: &str) -> bool {
+        t.starts_with(|c: char| c.is_ascii_uppercase())
+            && t.len() > 1
+            && t.chars().all(|c| c.is_ascii_alphanumeric())
+            && t.chars().any(|c| c.is_ascii_lowercase())
+    }
+    /// Whether `needle` occurs in `hay` not followed by an identifier character.
+    fn has_word(hay: &str, needle: &str) -> bool {
+        hay.match_indices(needle)
+            .any(|(at, _)| !hay[at + needle.len()..].chars().next().is_some_and(is_ident))
+    }
+    /// What a backticked token names, if it names a path or a type.
+    enum Named<'a> {
+        Path(&'a str),
+        Type(&'a str, Option<&'a str>),
+    }
+    fn classify(token: &str) -> Option<Named<'_>> {
+        let token = token.trim();
+        let head = token.split("::").next().unwrap_or("");
+        let head = head.split(char::is_whitespace).next().unwrap_or("");
+        let path_chars = |t: &str| t.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c));
+        if !head.is_empty()
+            && !head.starts_with('/')
+            && path_chars(head)
+            && (head.contains('/') || ENDINGS.iter().any(|e| head.ends_with(e) && head.len() > e.len()))
+        {
+            return Some(Named::Path(head.trim_end_matches('/')));
+        }
+        // `Type`, `Type::member`, `Type::Variant(..)`: what comes before a `(`.
+        let name = token.split('(').next().unwrap_or("");
+        let parts: Vec<&str> = name.split("::").collect();
+        match parts.as_slice() {
+            [ty] if is_type_name(ty) => Some(Named::Type(ty, None)),
+            [ty, member]
+                if is_type_name(ty)
+                    && !member.is_empty()
+                    && member.chars().all(is_ident)
+                    && !member.starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                Some(Named::Type(ty, Some(member)))
+            }
+            _ => None,
+        }
+    }
+
+    let root = root();
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+
+    // Fenced blocks (the diagram) are pictures, not names.
+    let mut fenced = false;
+    let prose: String = text
+        .lines()
+        .filter(|l| {
+            if l.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+
+    let mut crate_dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    crate_dirs.sort();
+    let mut bases = vec![root.clone()];
+    bases.extend(crate_dirs.iter().cloned());
+    bases.extend(crate_dirs.iter().map(|c| c.join("src")));
+    bases.push(root.join("crates/mpsfleet-server/src"));
+    bases.extend(crate_dirs.iter().map(|c| c.join("tests")));
+
+    let sources: Vec<String> = files(&root)
+        .into_iter()
+        .filter(|f| f.starts_with("crates/") && f.ends_with(".rs"))
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let declared = |ty: &str| {
+        ["struct", "enum", "trait", "type"].iter().any(|kw| {
+            let needle = format!("{kw} {ty}");
+            sources.iter().any(|s| has_word(s, &needle))
+        })
+    };
+    let has_member = |member: &str| {
+        let func = format!("fn {member}");
+        sources.iter().any(|s| {
+            has_word(s, &func)
+                || s.lines().any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with(member) && !l[member.len()..].chars().next().is_some_and(is_ident)
+                })
+        })
+    };
+
+    let (mut paths, mut types) = (0, 0);
+    let mut missing = Vec::new();
+    for token in prose.split('`').skip(1).step_by(2) {
+        match classify(token) {
+            Some(Named::Path(path)) => {
+                paths += 1;
+                if !bases.iter().any(|b| b.join(path).exists()) {
+                    missing.push(format!("no file or folder `{path}` (from `{token}`)"));
+                }
+            }
+            Some(Named::Type(ty, member)) => {
+                types += 1;
+                if !declared(ty) {
+                    missing.push(format!("no struct, enum, trait or type `{ty}` (from `{token}`)"));
+                } else if let Some(m) = member.filter(|m| !has_member(m)) {
+                    missing.push(format!("no `fn {m}` nor variant `{m}` (from `{token}`)"));
+                }
+            }
+            None => {}
+        }
+    }
+    // A parser that finds nothing would pass: the page names dozens of each.
+    assert!(
+        paths > 40 && types > 20,
+        "found only {paths} paths and {types} types: is the parser still right?"
+    );
+    assert!(
+        lines <= MAX_LINES && missing.is_empty(),
+        "ARCHITECTURE.md: {lines} lines (at most {MAX_LINES}); names that do not exist:\n{}",
+        missing.join("\n")
     );
 }
