@@ -44,6 +44,12 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# Stock HAProxy (Debian's haproxy) reads the server's DNS in the traffic tests, with the
+# configuration in deploy/haproxy/; the test checks that configuration with `haproxy -c` too.
+if ! command -v haproxy >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+fi
+
 # Headless Chromium (Debian's chromium) runs the web console test.
 if ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null

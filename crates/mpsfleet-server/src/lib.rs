@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod dns;
 pub mod ecs;
 pub mod error;
 pub mod events;
@@ -233,6 +234,8 @@ pub struct ServeOptions {
     pub ha: Option<Arc<HaRole>>,
     /// How the ECS-compatible API (`POST /`) names this cluster.
     pub ecs: ecs::EcsOptions,
+    /// Where service discovery is answered over DNS (`dns/`), if anywhere.
+    pub dns: Option<dns::DnsOptions>,
 }
 
 /// How long requests in flight may take to finish once the server stops; then their
@@ -293,11 +296,28 @@ pub async fn serve(
     if conformance.is_some() {
         tracing::warn!("ECS conformance mode: the public key FOOBARKEY is an admin key, and POST /moto-api/reset empties the cluster");
     }
+    // Bound before anything is served: a DNS address in use fails the start.
+    let dns = match &options.dns {
+        Some(d) => {
+            let bound = dns::bind(d.listen).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot answer DNS on {} (--dns-listen): {e}", d.listen),
+                )
+            })?;
+            tracing::info!(address = %bound.local_addr()?, "answering DNS for service discovery");
+            Some((bound, d.pools.clone()))
+        }
+        None => None,
+    };
     let mut state = api::AppState::new(cluster);
     state.tls = options.tls.clone();
     state.admin_token_file = options.admin_token_file.clone();
     state.ha = options.ha.clone();
     let stopping = state.stopping.clone();
+    if let Some((bound, pools)) = dns {
+        tokio::spawn(dns::serve(bound, state.clone(), pools));
+    }
     let resync = tokio::spawn(loops::resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(loops::health_loop(state.clone(), stopping.subscribe()));
     let app = http::app(state, &options.http, options.rate_limits, options.ecs.clone());

@@ -5,6 +5,7 @@ pub mod access;
 pub mod api;
 pub mod bounds;
 pub mod check_key;
+pub mod discovery;
 pub mod drill;
 pub mod event;
 pub mod history;

@@ -114,7 +114,8 @@ pub struct PortMapping {
     pub host_port: Option<u16>,
     #[serde(default)]
     pub protocol: Protocol,
-    /// ECS's name of the mapping (Service Connect); kept and shown, not otherwise used.
+    /// ECS's name of the mapping (Service Connect): the port's name in service discovery
+    /// (`_<name>._tcp.<service>.<pool>.mpsfleet.`, docs/traffic.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }

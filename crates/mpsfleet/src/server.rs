@@ -116,6 +116,14 @@ pub struct ServerArgs {
     /// A CA (PEM) to verify an https:// webhook receiver with, besides the system's roots.
     #[arg(long)]
     webhook_ca_file: Option<PathBuf>,
+    /// Answer service discovery over DNS (UDP and TCP) on HOST:PORT: SRV records
+    /// `_<port>._tcp.<service>.<pool>.mpsfleet.` a load balancer reads (docs/traffic.md). DNS
+    /// carries no credentials: whoever reaches it reads the replicas' addresses.
+    #[arg(long, env = "MPSFLEET_DNS_LISTEN")]
+    dns_listen: Option<std::net::SocketAddr>,
+    /// Publish only these pools in DNS (comma-separated); all when not given.
+    #[arg(long, value_delimiter = ',', requires = "dns_listen")]
+    dns_pools: Vec<String>,
     /// The secret webhook deliveries are signed with (64 hex digits); default
     /// `<data dir>/webhook.secret`, made at the first start that needs it.
     #[arg(long)]
@@ -360,6 +368,10 @@ pub(crate) async fn lead(
             region: args.aws_region.clone(),
             conformance: args.ecs_conformance,
         },
+        dns: args.dns_listen.map(|listen| mpsfleet_server::dns::DnsOptions {
+            listen,
+            pools: (!args.dns_pools.is_empty()).then(|| args.dns_pools.iter().cloned().collect()),
+        }),
     };
     mpsfleet_server::serve(listener, cluster, options, shutdown).await?;
     tracing::info!("stopped");

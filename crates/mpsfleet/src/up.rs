@@ -44,6 +44,10 @@ pub struct UpArgs {
     /// Address the server listens on (HTTPS), HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
+    /// Where service discovery answers DNS (UDP and TCP), HOST:PORT, or `off`. Not given:
+    /// 127.0.0.1:8600 (Consul's port), skipped with a note when it is in use.
+    #[arg(long)]
+    dns_listen: Option<String>,
     /// The server's state (cluster data, CA, admin token) and the local hosts' directories.
     #[arg(long, default_value = ".mpsfleet")]
     data_dir: PathBuf,
@@ -263,9 +267,11 @@ async fn up(args: UpArgs) -> Result<()> {
         hosts_dir: dir.join("hosts"),
         local_agent_args: agent_args,
     });
+    let (dns, dns_note) = dns_address(args.dns_listen.as_deref()).await?;
     let options = mpsfleet_server::ServeOptions {
         tls: Some(tls),
         admin_token_file: Some(dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
+        dns: dns.map(|listen| mpsfleet_server::dns::DnsOptions { listen, pools: None }),
         ..Default::default()
     };
     // The hosts of a self-managed pool join with a join token of this run's own (the data
@@ -389,6 +395,14 @@ async fn up(args: UpArgs) -> Result<()> {
             socket.display()
         ),
     }
+    match dns {
+        Some(a) => println!(
+            "service discovery: DNS on {a} (UDP and TCP): SRV _<port>._tcp.<service>.{}.mpsfleet.; a load \
+             balancer reads it with 'nameserver mpsfleet {a}' (HAProxy: deploy/haproxy/, docs/traffic.md)",
+            args.pool
+        ),
+        None => println!("service discovery: no DNS ({dns_note})"),
+    }
     println!("admin token: {admin_token}");
     println!("agent logs: {}/hosts/*/agent.log", dir.display());
     let me = command_name();
@@ -442,5 +456,25 @@ fn command_name() -> String {
     match here.as_deref().and_then(|h| me.strip_prefix(h).ok()) {
         Some(rel) => format!("./{}", rel.display()),
         None => me.display().to_string(),
+    }
+}
+
+/// Where `up` answers DNS: the address asked for (which must be free), none for `off`, and by
+/// default 127.0.0.1:8600 when it is free (with why not otherwise).
+async fn dns_address(asked: Option<&str>) -> anyhow::Result<(Option<std::net::SocketAddr>, String)> {
+    match asked {
+        Some("off") => Ok((None, "--dns-listen off".into())),
+        Some(a) => {
+            let addr = a.parse().with_context(|| format!("--dns-listen {a:?}: not HOST:PORT (or off)"))?;
+            Ok((Some(addr), String::new()))
+        }
+        None => {
+            let default: std::net::SocketAddr = ([127, 0, 0, 1], 8600).into();
+            // Free on both UDP and TCP now; the server binds it again at once.
+            match mpsfleet_server::dns::bind(default).await {
+                Ok(_) => Ok((Some(default), String::new())),
+                Err(e) => Ok((None, format!("{default} is in use ({e}); pass --dns-listen HOST:PORT"))),
+            }
+        }
     }
 }

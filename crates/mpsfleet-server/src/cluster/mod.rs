@@ -17,6 +17,7 @@ pub mod catalog;
 pub mod console_links;
 mod daemon;
 pub mod deleted;
+mod discovery;
 pub mod drills;
 pub mod error;
 mod health;

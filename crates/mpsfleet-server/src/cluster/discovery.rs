@@ -1,0 +1,144 @@
+//! Where a service's replicas take traffic: `service endpoints` (every binding of every
+//! RUNNING replica) and what service discovery publishes ([`Cluster::discovery`]: the
+//! replicas that take traffic, and those leaving it).
+//!
+//! A replica is in traffic while it is RUNNING, ready and healthy (where its definition has a
+//! health check) and its GPU's MPS daemon has not failed; it is leaving once it is asked to
+//! stop and until it has stopped. Anything else is not published.
+
+use super::*;
+use mpsfleet_core::deployment::ReplicaState;
+use mpsfleet_types::discovery::{DiscoveredPort, DiscoveredReplica, DiscoveredService, Traffic};
+use mpsfleet_types::service::ServiceEndpoint;
+use std::net::IpAddr;
+
+impl Cluster {
+    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
+    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
+    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
+    /// each container port of its definition, at the address its containers report.
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
+        let svc = self.service_record(name)?.value.name.clone();
+        let mut out = Vec::new();
+        for id in self.state.tasks().of_service(&svc) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
+            let t = &e.task;
+            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            out.extend(self.bindings_of(t));
+        }
+        Ok(out)
+    }
+
+    /// What service discovery publishes of every service (of `pools` only, when given), in
+    /// name order: module docs.
+    pub fn discovery(&self, pools: Option<&BTreeSet<String>>) -> Vec<DiscoveredService> {
+        let mut out = Vec::new();
+        for v in self.state.services().values() {
+            let svc = &v.value;
+            if pools.is_some_and(|p| !p.contains(svc.pool.as_str())) {
+                continue;
+            }
+            let mut replicas = Vec::new();
+            for id in self.state.tasks().of_service(&svc.name) {
+                let Some(e) = self.state.tasks().get(id) else { continue };
+                if let Some(r) = self.discovered(&e.task) {
+                    replicas.push(r);
+                }
+            }
+            out.push(DiscoveredService {
+                pool: svc.pool.to_string(),
+                service: svc.name.to_string(),
+                replicas,
+            });
+        }
+        out
+    }
+
+    /// A replica as discovery publishes it, or None when it takes no traffic and is not
+    /// leaving it (or has no address a record can carry).
+    fn discovered(&self, t: &Task) -> Option<DiscoveredReplica> {
+        if t.last_status != TaskStatus::Running {
+            return None;
+        }
+        let traffic = if t.desired_status == TaskStatus::Stopped {
+            Traffic::Leaving
+        } else if self.replica_state(t) == ReplicaState::Healthy && !self.at_risk(t) {
+            Traffic::In
+        } else {
+            return None;
+        };
+        let bindings = self.bindings_of(t);
+        let address: IpAddr = bindings.iter().find_map(|b| ip_of(&b.address))?;
+        let definition =
+            self.state.taskdefs().get(&(t.task_definition.family.clone(), t.task_definition.revision));
+        let name_of = |container: &str, port: u16| {
+            let defs = definition.map(|d| d.value.container_definitions.as_slice()).unwrap_or_default();
+            let mappings = defs.iter().filter(|d| d.name == container).flat_map(|d| &d.port_mappings);
+            mappings.filter(|m| m.container_port == port).find_map(|m| m.name.clone())
+        };
+        let ports = bindings
+            .iter()
+            .filter(|b| ip_of(&b.address) == Some(address))
+            .map(|b| DiscoveredPort {
+                name: name_of(&b.container, b.container_port),
+                container_port: b.container_port,
+                port: b.host_port,
+            })
+            .collect();
+        Some(DiscoveredReplica { task: t.id, address, traffic, ports })
+    }
+
+    /// Where a running task's ports are reached: its containers' bindings at the host's
+    /// address, or at the task's own for awsvpc (`service_endpoints`). A process task maps no
+    /// ports (placement keeps a definition with port mappings off process hosts).
+    fn bindings_of(&self, t: &Task) -> Vec<ServiceEndpoint> {
+        let mut out = Vec::new();
+        let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return out };
+        let entry = &self.state.hosts()[host as usize];
+        let address = host_address(entry);
+        let definition =
+            self.state.taskdefs().get(&(t.task_definition.family.clone(), t.task_definition.revision));
+        let endpoint =
+            |container: &str, ip: &str, host_port: u16, container_port: u16, protocol| ServiceEndpoint {
+                task_id: t.id,
+                host_id: entry.host().id.clone(),
+                container: container.to_string(),
+                address: if ip.contains(':') {
+                    format!("[{ip}]:{host_port}")
+                } else {
+                    format!("{ip}:{host_port}")
+                },
+                host_port,
+                container_port,
+                protocol,
+                ready: t.ready,
+                health_status: t.health_status,
+            };
+        let defs = definition.map(|d| d.value.container_definitions.as_slice()).unwrap_or_default();
+        for c in &t.containers {
+            if let Some(ip) = c.network_interfaces.first().map(|n| n.private_ipv4_address.clone()) {
+                for m in defs.iter().filter(|d| d.name == c.name).flat_map(|d| &d.port_mappings) {
+                    out.push(endpoint(&c.name, &ip, m.container_port, m.container_port, m.protocol));
+                }
+                continue;
+            }
+            for b in &c.network_bindings {
+                let ip = if b.bind_ip.is_empty() || b.bind_ip == "0.0.0.0" || b.bind_ip == "::" {
+                    address.as_str()
+                } else {
+                    b.bind_ip.as_str()
+                };
+                out.push(endpoint(&c.name, ip, b.host_port, b.container_port, b.protocol));
+            }
+        }
+        out
+    }
+}
+
+/// The IP address of an `ADDRESS:PORT` endpoint, if it is one (not a hostname).
+fn ip_of(address: &str) -> Option<IpAddr> {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}

@@ -1,0 +1,43 @@
+//! What service discovery publishes: each service's replicas that take traffic or are leaving
+//! it, with their addresses and ports. The server computes it from its state
+//! (`Cluster::discovery`); the DNS server (`mpsfleet-server`'s `dns/`) publishes it.
+
+use crate::ids::TaskId;
+use std::net::IpAddr;
+
+/// One service as discovery publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredService {
+    pub pool: String,
+    pub service: String,
+    /// In task order.
+    pub replicas: Vec<DiscoveredReplica>,
+}
+
+/// A replica's traffic state as discovery publishes it: [`Traffic::In`] takes requests;
+/// [`Traffic::Leaving`] is still listed, with weight 0, so that load balancers stop sending
+/// it new requests while those in flight finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    In,
+    Leaving,
+}
+
+/// One replica: where it is reached and on which ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredReplica {
+    pub task: TaskId,
+    pub address: IpAddr,
+    pub traffic: Traffic,
+    pub ports: Vec<DiscoveredPort>,
+}
+
+/// One port of a replica: its mapping's name (ECS's `portMappings[].name`), if it has one,
+/// the container port, and the port it is reached at (the host port; in awsvpc mode the
+/// container port at the task's own address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredPort {
+    pub name: Option<String>,
+    pub container_port: u16,
+    pub port: u16,
+}

@@ -1,0 +1,207 @@
+//! Service discovery as a load balancer reads it: the server's DNS (`--dns-listen`) answers
+//! SRV and A records for a service's replicas over UDP and TCP, and stock HAProxy, with the
+//! configuration shipped in deploy/haproxy/, finds the replicas through it alone.
+
+mod common;
+
+use common::*;
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use mpsfleet_types::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Asks the DNS server at `addr` for `name`'s records of type `t`, over UDP or TCP.
+async fn ask(addr: &str, name: &str, t: RecordType, tcp: bool) -> Message {
+    let mut q = Message::query();
+    q.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+    let bytes = q.to_vec().unwrap();
+    let answer = if tcp {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(&(bytes.len() as u16).to_be_bytes()).await.unwrap();
+        conn.write_all(&bytes).await.unwrap();
+        let mut len = [0u8; 2];
+        conn.read_exact(&mut len).await.unwrap();
+        let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+        conn.read_exact(&mut buf).await.unwrap();
+        buf
+    } else {
+        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        sock.send_to(&bytes, addr).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(2), sock.recv(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let m = Message::from_vec(&answer).expect("a DNS message");
+    assert_eq!(m.metadata.id, q.metadata.id);
+    m
+}
+
+/// The SRV answer's (target, port) pairs.
+fn srv(m: &Message) -> Vec<(String, u16)> {
+    m.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::SRV(s) => Some((s.target.to_ascii(), s.port)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Stock HAProxy with deploy/haproxy/haproxy.cfg, pointed at `dns`, fronting `port`, for
+/// `srv_name`. Killed when dropped.
+struct Haproxy(Child);
+
+impl Haproxy {
+    fn start(dir: &Path, dns: &str, front: u16, srv_name: &str) -> Haproxy {
+        let shipped =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/haproxy/haproxy.cfg"))
+                .expect("deploy/haproxy/haproxy.cfg");
+        let socket = dir.join("haproxy.sock");
+        let cfg = shipped
+            .replace("nameserver mpsfleet 127.0.0.1:8600", &format!("nameserver mpsfleet {dns}"))
+            .replace("bind 127.0.0.1:8080", &format!("bind 127.0.0.1:{front}"))
+            .replace("/tmp/haproxy-mpsfleet.sock", &socket.display().to_string())
+            .replace("_http._tcp.web.default.mpsfleet", srv_name);
+        assert!(cfg.contains(srv_name) && cfg.contains(dns), "the shipped configuration changed shape");
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, cfg).unwrap();
+        let log = std::fs::File::create(dir.join("haproxy.log")).unwrap();
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("haproxy (Debian's haproxy package; scripts/test.sh installs it)");
+        Haproxy(child)
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let dns = format!("127.0.0.1:{}", free_port());
+        let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let docker = docker_env();
+        let _agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
+        // Each replica answers with its container's hostname, on a port Docker picks.
+        let td = serde_json::json!({
+            "family": "web",
+            "networkMode": "bridge",
+            "containerDefinitions": [{
+                "name": "main",
+                "image": docker.image,
+                "command": ["/bin/sh", "-c", "hostname > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+                "portMappings": [{"containerPort": 8080, "name": "http"}],
+                "stopTimeout": 2,
+            }]
+        });
+        admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
+        let create = CreateService {
+            name: "Web".into(),
+            pool: "gpu".into(),
+            task_definition: "web".into(),
+            desired_count: 2,
+            ..Default::default()
+        };
+        admin.create_service(&create).await.unwrap();
+
+        // The replicas, once running, are published: SRV by their port's name, each target's
+        // address in the additional section, over UDP and TCP alike; names without case.
+        let name = "_http._tcp.web.gpu.mpsfleet.";
+        let m = eventually(WAIT, "both replicas in DNS", || async {
+            let m = ask(&dns, name, RecordType::SRV, false).await;
+            (m.answers.len() == 2).then_some(m)
+        })
+        .await;
+        let endpoints = admin.service_endpoints("Web").await.unwrap();
+        let mut published = srv(&m);
+        published.sort();
+        let mut expected: Vec<(String, u16)> =
+            endpoints.iter().map(|e| (format!("{}.web.gpu.mpsfleet.", e.task_id), e.host_port)).collect();
+        expected.sort();
+        assert_eq!(published, expected, "what `service endpoints` shows");
+        assert!(m.metadata.authoritative && m.answers.iter().all(|r| r.ttl == 0));
+        assert_eq!(m.additionals.len(), 2, "{m:?}");
+        for a in &m.additionals {
+            assert!(expected.iter().any(|(t, _)| *t == a.name.to_ascii()), "{a:?}");
+            assert!(matches!(a.data, RData::A(ip) if !ip.0.is_unspecified()), "{a:?}");
+        }
+        let mut over_tcp = srv(&ask(&dns, "_HTTP._TCP.WEB.GPU.MPSFLEET.", RecordType::SRV, true).await);
+        over_tcp.iter_mut().for_each(|(t, _)| *t = t.to_lowercase());
+        over_tcp.sort();
+        assert_eq!(over_tcp, expected);
+        let a = ask(&dns, "web.gpu.mpsfleet.", RecordType::A, true).await;
+        assert_eq!(a.answers.len(), 1, "both replicas are on one host: one address {a:?}");
+        let nx = ask(&dns, "api.gpu.mpsfleet.", RecordType::A, false).await;
+        assert_eq!(nx.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(
+            ask(&dns, "example.com.", RecordType::A, false).await.metadata.response_code,
+            ResponseCode::Refused
+        );
+
+        // HAProxy knows nothing but the DNS address and the SRV name.
+        let front = free_port();
+        let _haproxy = Haproxy::start(dir.path(), &dns, front, "_http._tcp.web.gpu.mpsfleet");
+        let http = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{front}/");
+        // Round robin over both replicas: two different answers.
+        let answered = std::sync::Mutex::new(std::collections::BTreeSet::new());
+        eventually(WAIT, "requests served through HAProxy by both replicas", || async {
+            let r = http.get(&url).send().await.ok()?;
+            let ok = r.status().is_success();
+            let body = r.text().await.ok()?;
+            let mut seen = answered.lock().unwrap();
+            if ok {
+                seen.insert(body.trim().to_string());
+            }
+            (seen.len() == 2).then_some(())
+        })
+        .await;
+
+        // Scaled to 0: the replica leaves DNS, and HAProxy stops sending it requests.
+        let update = UpdateService { desired_count: Some(0), ..Default::default() };
+        admin.update_service("Web", &update).await.unwrap();
+        eventually(WAIT, "the replica gone from DNS", || async {
+            let m = ask(&dns, name, RecordType::SRV, false).await;
+            m.answers.is_empty().then_some(())
+        })
+        .await;
+        eventually(WAIT, "HAProxy without a replica", || async {
+            let r = http.get(&url).send().await.ok()?;
+            (r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+/// The configuration shipped in deploy/haproxy/ is one HAProxy accepts as it is.
+#[test]
+fn the_shipped_haproxy_configuration_is_valid() {
+    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/haproxy/haproxy.cfg");
+    let out = Command::new("haproxy").args(["-c", "-f", cfg]).output().expect("haproxy");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("Configuration file is valid"), "{text}");
+}
