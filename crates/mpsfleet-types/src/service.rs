@@ -41,6 +41,12 @@ pub struct Service {
     /// How tasks roll over to a new definition (ECS's `deploymentConfiguration`).
     #[serde(default)]
     pub deployment_configuration: DeploymentConfiguration,
+    /// How long a replica stopped by a plan (a deployment, a scale-in) stays out of service
+    /// discovery before it gets SIGTERM, so that load balancers stop sending it requests and
+    /// those in flight finish: named after the load balancer attribute it mirrors
+    /// (`deregistration_delay.timeout_seconds`), 2 s by default, 0 to stop at once.
+    #[serde(default = "default_deregistration_delay")]
+    pub deregistration_delay_seconds: u32,
     /// The newest deployments, newest first: the PRIMARY one, ACTIVE ones whose tasks still
     /// run, and a few INACTIVE ones (at most [`DEPLOYMENTS_KEPT`]).
     #[serde(default)]
@@ -66,6 +72,16 @@ pub struct Service {
 
 /// Deployments a service record keeps (the older INACTIVE ones are dropped).
 pub const DEPLOYMENTS_KEPT: usize = 8;
+
+/// The default of `Service::deregistration_delay_seconds`: enough for a load balancer that
+/// asks every 200 ms and the requests it has in flight, not ELB's 300 s.
+pub const DEFAULT_DEREGISTRATION_DELAY_S: u32 = 2;
+/// The longest `deregistrationDelaySeconds` (ELB's bound).
+pub const MAX_DEREGISTRATION_DELAY_S: u32 = 3600;
+
+fn default_deregistration_delay() -> u32 {
+    DEFAULT_DEREGISTRATION_DELAY_S
+}
 
 /// ECS's `deploymentConfiguration` of a service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -319,6 +335,9 @@ pub struct CreateService {
     pub resumption: Option<crate::policy::ResumptionBoundary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment_configuration: Option<DeploymentConfiguration>,
+    /// `Service::deregistration_delay_seconds`; 2 s when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deregistration_delay_seconds: Option<u32>,
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,
@@ -341,6 +360,9 @@ pub struct UpdateService {
     /// Replaces the whole configuration; takes effect at the next deployment step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment_configuration: Option<DeploymentConfiguration>,
+    /// `Service::deregistration_delay_seconds`, for the stops planned from now on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deregistration_delay_seconds: Option<u32>,
     /// Makes the call idempotent (see `RunTask::client_token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_token: Option<String>,

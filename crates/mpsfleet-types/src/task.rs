@@ -166,6 +166,22 @@ pub struct Task {
     /// on its own, or started before tasks recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
+    /// A planned stop on its way: the task left service discovery (weight 0) at `sinceMs` and
+    /// is stopped, with `stopCode` and `reason`, at `untilMs` (its service's
+    /// `deregistrationDelaySeconds` later), so that load balancers send it nothing new and
+    /// the requests in flight finish first (docs/traffic.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<Draining>,
+}
+
+/// A task leaving traffic before it is stopped (`Task::draining`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Draining {
+    pub since_ms: u64,
+    pub until_ms: u64,
+    pub stop_code: StopCode,
+    pub reason: String,
 }
 
 /// One container of a task as its agent reports it (ECS's `containers[]`).
@@ -318,6 +334,7 @@ impl Task {
             attachments: Vec::new(),
             labels: None,
             deployment: None,
+            draining: None,
         }
     }
 

@@ -361,6 +361,11 @@ pub enum ServiceCommand {
         /// host is confirmed terminated (fenced).
         #[arg(long, value_parser = ["restart", "fenced"], default_value = "restart")]
         resumption: String,
+        /// Seconds a replica stopped by a deployment or a scale-in stays out of service
+        /// discovery (DNS weight 0) before it gets SIGTERM, for the requests in flight
+        /// (docs/traffic.md) [default: 2 on create].
+        #[arg(long, value_name = "SECONDS")]
+        deregistration_delay: Option<u32>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -382,6 +387,11 @@ pub enum ServiceCommand {
         /// The number of tasks to keep running.
         #[arg(long)]
         desired: Option<u32>,
+        /// Seconds a replica stopped by a deployment or a scale-in stays out of service
+        /// discovery (DNS weight 0) before it gets SIGTERM, for the requests in flight
+        /// (docs/traffic.md) [default: 2 on create].
+        #[arg(long, value_name = "SECONDS")]
+        deregistration_delay: Option<u32>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -1360,6 +1370,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             daemon,
             pool,
             resumption,
+            deregistration_delay,
             deployment,
             client_token,
             wait,
@@ -1382,6 +1393,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 } else {
                     DeploymentConfiguration::default()
                 }),
+                deregistration_delay_seconds: deregistration_delay,
                 client_token,
                 ..Default::default()
             };
@@ -1392,7 +1404,15 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             }
             return Ok(());
         }
-        ServiceCommand::Update { name, taskdef, desired, deployment, client_token, wait } => {
+        ServiceCommand::Update {
+            name,
+            taskdef,
+            desired,
+            deregistration_delay,
+            deployment,
+            client_token,
+            wait,
+        } => {
             let deployment_configuration = match deployment.apply(DeploymentConfiguration::default()) {
                 None => None,
                 Some(_) => {
@@ -1403,6 +1423,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 task_definition: taskdef,
                 desired_count: desired,
                 deployment_configuration,
+                deregistration_delay_seconds: deregistration_delay,
                 client_token,
                 ..Default::default()
             };

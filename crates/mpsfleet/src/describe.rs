@@ -362,6 +362,16 @@ pub fn service(
                 d.minimum_healthy_percent, d.maximum_percent
             ),
         ),
+        (
+            "Traffic",
+            match s.deregistration_delay_seconds {
+                0 => "a replica stopped by a deployment or a scale-in stops at once (deregistration delay 0)"
+                    .to_string(),
+                n => format!(
+                    "a replica stopped by a deployment or a scale-in leaves service discovery {n} s before it is stopped"
+                ),
+            },
+        ),
         ("Created", utc_time(s.created_at_ms)),
         ("Updated", utc_time(s.updated_at_ms)),
     ]);
@@ -388,6 +398,17 @@ pub fn service(
         .collect();
     if !troubled.is_empty() {
         out.push_str(&section("Replicas on impaired hosts", &["TASK", "HOST HEALTH"], &troubled));
+    }
+    // Replicas out of service discovery, waiting for their stop.
+    let leaving: Vec<Vec<String>> = (tasks.iter())
+        .filter(|t| t.desired_status != TaskStatus::Stopped)
+        .filter_map(|t| {
+            let d = t.draining.as_ref()?;
+            Some(vec![t.id.to_string(), utc_time(d.since_ms), utc_time(d.until_ms), d.reason.clone()])
+        })
+        .collect();
+    if !leaving.is_empty() {
+        out.push_str(&section("Leaving traffic", &["TASK", "SINCE", "STOPPED AT", "WHY"], &leaving));
     }
     let live = tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped);
     out.push_str(&placed_tasks("Replicas", live, true));

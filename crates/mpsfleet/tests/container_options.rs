@@ -547,7 +547,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
                 pool: "gpu".into(),
                 task_definition: family.clone(),
                 desired_count: 1,
-                resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(), scheduling_strategy: None,
+                resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(), scheduling_strategy: None, ..Default::default()
             };
             let (got, _) = refusal(f.admin.create_service(&svc).await.unwrap_err());
             assert_eq!(got, field);
@@ -558,7 +558,7 @@ async fn the_pool_policy_and_volumes_no_host_can_give_are_refused_at_run_and_ser
 
         // A service moving to a definition the policy refuses keeps its definition.
         f.admin.register_taskdef(taskdef(serde_json::json!({"family": "ok", "containerDefinitions": [c(serde_json::json!({}))]}))).await.unwrap();
-        let svc = CreateService { name: "svc".into(), pool: "gpu".into(), task_definition: "ok".into(), desired_count: 0, resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(), scheduling_strategy: None,  };
+        let svc = CreateService { name: "svc".into(), pool: "gpu".into(), task_definition: "ok".into(), desired_count: 0, resumption: None, deployment_configuration: None, client_token: None, tags: Vec::new(), kept_fields: Default::default(), scheduling_strategy: None, ..Default::default() };
         f.admin.create_service(&svc).await.expect("an allowed definition");
         let update = UpdateService { task_definition: Some("refused0".into()), ..Default::default() };
         let (got, message) = refusal(f.admin.update_service("svc", &update).await.unwrap_err());

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
+use mpsfleet_types::service::RolloutState;
 use mpsfleet_types::*;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -193,6 +194,109 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
             (r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(())
         })
         .await;
+    })
+    .await;
+}
+
+/// A rolling deployment under a steady request rate through stock HAProxy fails no request:
+/// each old replica leaves DNS (weight 0) before it is stopped, and each new one joins only once
+/// it runs and is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deployment_under_load_fails_no_request() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let dns = format!("127.0.0.1:{}", free_port());
+        let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let docker = docker_env();
+        let _agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
+        let td = serde_json::json!({
+            "family": "web",
+            "networkMode": "bridge",
+            "containerDefinitions": [{
+                "name": "main",
+                "image": docker.image,
+                "command": ["/bin/sh", "-c", "hostname > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+                "portMappings": [{"containerPort": 8080, "name": "http"}],
+                "stopTimeout": 2,
+            }]
+        });
+        admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
+        let create = CreateService {
+            name: "web".into(),
+            pool: "gpu".into(),
+            task_definition: "web".into(),
+            desired_count: 2,
+            ..Default::default()
+        };
+        let created = admin.create_service(&create).await.unwrap();
+        assert_eq!(created.service.deregistration_delay_seconds, 2, "the default");
+        let name = "_http._tcp.web.gpu.mpsfleet.";
+        eventually(WAIT, "both replicas in DNS", || async {
+            (ask(&dns, name, RecordType::SRV, false).await.answers.len() == 2).then_some(())
+        })
+        .await;
+        let front = free_port();
+        let _haproxy = Haproxy::start(dir.path(), &dns, front, "_http._tcp.web.gpu.mpsfleet");
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+        let url = format!("http://127.0.0.1:{front}/");
+        eventually(WAIT, "HAProxy serving", || async {
+            http.get(&url).send().await.ok().filter(|r| r.status().is_success()).map(|_| ())
+        })
+        .await;
+
+        // 50 requests a second, each sent at its time whatever the others do (open loop).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load = {
+            let (http, url, stop) = (http.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = Vec::new();
+                let mut tick = tokio::time::interval(Duration::from_millis(20));
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    tick.tick().await;
+                    let (http, url) = (http.clone(), url.clone());
+                    sent.push(tokio::spawn(async move {
+                        match http.get(&url).send().await {
+                            Ok(r) => r.status().as_u16(),
+                            Err(_) => 0,
+                        }
+                    }));
+                }
+                let mut statuses = Vec::new();
+                for s in sent {
+                    statuses.push(s.await.unwrap_or(0));
+                }
+                statuses
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let update = UpdateService { force_new_deployment: true, ..Default::default() };
+        admin.update_service("web", &update).await.unwrap();
+        // While it rolls, DNS shows a replica leaving (weight 0) before it goes.
+        let saw_leaving = std::sync::atomic::AtomicBool::new(false);
+        eventually(
+            Duration::from_secs(120),
+            "the deployment to complete with the old tasks gone",
+            || async {
+                let m = ask(&dns, name, RecordType::SRV, false).await;
+                if m.answers.iter().any(|r| matches!(&r.data, RData::SRV(s) if s.weight == 0)) {
+                    saw_leaving.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                let d = admin.service_deployments("web").await.ok()?;
+                let live = admin.list_tasks(&Default::default()).await.ok()?;
+                let running = live.iter().filter(|t| t.last_status != TaskStatus::Stopped).count();
+                (d[0].deployment.rollout_state == RolloutState::Completed && running == 2).then_some(())
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let statuses = load.await.unwrap();
+        let failed: Vec<&u16> = statuses.iter().filter(|s| **s != 200).collect();
+        assert!(statuses.len() > 100, "{} requests", statuses.len());
+        assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), statuses.len());
+        assert!(saw_leaving.into_inner(), "no replica was seen leaving with weight 0");
     })
     .await;
 }

@@ -3,13 +3,15 @@
 //! replicas that take traffic, and those leaving it).
 //!
 //! A replica is in traffic while it is RUNNING, ready and healthy (where its definition has a
-//! health check) and its GPU's MPS daemon has not failed; it is leaving once it is asked to
-//! stop and until it has stopped. Anything else is not published.
+//! health check) and its GPU's MPS daemon has not failed; it is leaving (weight 0) while a
+//! planned stop drains it ([`Cluster::planned_stop`]), and gone once it is told to stop.
+//! Anything else is not published.
 
 use super::*;
 use mpsfleet_core::deployment::ReplicaState;
 use mpsfleet_types::discovery::{DiscoveredPort, DiscoveredReplica, DiscoveredService, Traffic};
 use mpsfleet_types::service::ServiceEndpoint;
+use mpsfleet_types::Draining;
 use std::net::IpAddr;
 
 impl Cluster {
@@ -59,10 +61,10 @@ impl Cluster {
     /// A replica as discovery publishes it, or None when it takes no traffic and is not
     /// leaving it (or has no address a record can carry).
     fn discovered(&self, t: &Task) -> Option<DiscoveredReplica> {
-        if t.last_status != TaskStatus::Running {
+        if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
             return None;
         }
-        let traffic = if t.desired_status == TaskStatus::Stopped {
+        let traffic = if t.draining.is_some() {
             Traffic::Leaving
         } else if self.replica_state(t) == ReplicaState::Healthy && !self.at_risk(t) {
             Traffic::In
@@ -88,6 +90,22 @@ impl Cluster {
             })
             .collect();
         Some(DiscoveredReplica { task: t.id, address, traffic, ports })
+    }
+
+    /// The record of a stop its service planned (a deployment, a scale-in, a move): a replica
+    /// in traffic with ports first leaves discovery for `delay_s` (`Task::draining`), and its
+    /// service stops it once that is over; any other stops at once.
+    pub(super) fn planned_stop(&self, t: &Task, delay_s: u32, reason: &str, now: u64) -> Task {
+        let code = StopCode::ServiceSchedulerInitiated;
+        let in_traffic = self.discovered(t).is_some_and(|r| r.traffic == Traffic::In && !r.ports.is_empty());
+        if delay_s == 0 || t.draining.is_some() || !in_traffic {
+            return self.stopped_record(t, code, reason);
+        }
+        let mut out = t.clone();
+        let until_ms = now + u64::from(delay_s) * 1000;
+        out.draining =
+            Some(Draining { since_ms: now, until_ms, stop_code: code, reason: reason.to_string() });
+        out
     }
 
     /// Where a running task's ports are reached: its containers' bindings at the host's

@@ -22,7 +22,8 @@ use mpsfleet_types::labels::check_tags;
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
-    RolloutState, SchedulingStrategy, DEPLOYMENTS_KEPT,
+    RolloutState, SchedulingStrategy, DEFAULT_DEREGISTRATION_DELAY_S, DEPLOYMENTS_KEPT,
+    MAX_DEREGISTRATION_DELAY_S,
 };
 
 impl Cluster {
@@ -66,6 +67,7 @@ impl Cluster {
             created_at_ms: now,
             updated_at_ms: now,
             deployment_configuration: config,
+            deregistration_delay_seconds: check_deregistration_delay(req.deregistration_delay_seconds)?,
             deployments: Vec::new(),
             next_deployment: 1,
             events: Default::default(),
@@ -122,6 +124,9 @@ impl Cluster {
             check_deployment_configuration(&c)?;
             check_daemon_configuration(svc.scheduling_strategy, &c)?;
             svc.deployment_configuration = c;
+        }
+        if req.deregistration_delay_seconds.is_some() {
+            svc.deregistration_delay_seconds = check_deregistration_delay(req.deregistration_delay_seconds)?;
         }
         if let Some(d) = req.desired_count.filter(|_| svc.scheduling_strategy == SchedulingStrategy::Daemon) {
             check_daemon_count(d)?;
@@ -403,8 +408,26 @@ impl Cluster {
                     "service scaled in".to_string()
                 }
             };
-            to_stop.push(self.stopped_record(&e.task, StopCode::ServiceSchedulerInitiated, &reason));
+            let record = self.planned_stop(&e.task, svc.deregistration_delay_seconds, &reason, now);
+            if let Some(d) = &record.draining {
+                wake = Some(wake.map_or(d.until_ms, |w| w.min(d.until_ms)));
+            }
+            to_stop.push(record);
         }
+        // Replicas whose time out of traffic is over get their stop now.
+        for id in self.state.tasks().of_service(name) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
+            match &e.task.draining {
+                Some(d) if e.task.desired_status != TaskStatus::Stopped && d.until_ms <= now => {
+                    to_stop.push(self.stopped_record(&e.task, d.stop_code, &d.reason));
+                }
+                Some(d) if e.task.desired_status != TaskStatus::Stopped => {
+                    wake = Some(wake.map_or(d.until_ms, |w| w.min(d.until_ms)));
+                }
+                _ => {}
+            }
+        }
+        let unchanged = unchanged && to_stop.is_empty();
         self.write_tasks(to_stop)?;
         if replaced > 0 {
             let msg = format!("stopped {replaced} task(s) of older definitions ({})", bounds_words(&bounds));
@@ -832,6 +855,19 @@ fn bounds_words(b: &Bounds) -> String {
     s
 }
 
+/// `deregistrationDelaySeconds`, checked: 0 to [`MAX_DEREGISTRATION_DELAY_S`]; the default
+/// when not given.
+fn check_deregistration_delay(s: Option<u32>) -> Result<u32, Error> {
+    match s {
+        None => Ok(DEFAULT_DEREGISTRATION_DELAY_S),
+        Some(s) if s <= MAX_DEREGISTRATION_DELAY_S => Ok(s),
+        Some(s) => Err(Error::invalid(
+            "deregistrationDelaySeconds",
+            format!("must be an integer from 0 to {MAX_DEREGISTRATION_DELAY_S}, got {s}"),
+        )),
+    }
+}
+
 fn check_desired(d: u32) -> Result<(), Error> {
     if d > MAX_DESIRED_COUNT {
         return Err(Error::invalid(
@@ -895,7 +931,8 @@ type Daemon = (HostIx, Option<u32>);
 /// A task's state as a replica; `checked` says whether its definition's health counts
 /// (asked only for a running task).
 fn replica_state_of(t: &Task, checked: impl FnOnce() -> bool) -> ReplicaState {
-    if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped {
+    if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped || t.draining.is_some()
+    {
         return ReplicaState::Stopping;
     }
     if t.host_id.is_none() {
