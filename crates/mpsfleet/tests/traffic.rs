@@ -301,6 +301,58 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
     .await;
 }
 
+/// A host whose agent stops answering takes its replicas out of DNS at its first missed
+/// heartbeats, long before the server's grace declares the host (no incident yet), while the
+/// container still runs; heartbeats again bring the replica back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_host_leaves_dns_before_it_is_declared() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let dns = format!("127.0.0.1:{}", free_port());
+        let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
+        let admin = server.admin();
+        create_pool(&admin, "gpu").await;
+        let docker = docker_env();
+        let agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
+        let td = serde_json::json!({
+            "family": "web",
+            "networkMode": "bridge",
+            "containerDefinitions": [{
+                "name": "main",
+                "image": docker.image,
+                "command": ["/bin/sh", "-c", "hostname > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+                "portMappings": [{"containerPort": 8080, "name": "http"}],
+                "stopTimeout": 2,
+            }]
+        });
+        admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
+        let create = CreateService {
+            name: "web".into(),
+            pool: "gpu".into(),
+            task_definition: "web".into(),
+            desired_count: 1,
+            ..Default::default()
+        };
+        admin.create_service(&create).await.unwrap();
+        let name = "_http._tcp.web.gpu.mpsfleet.";
+        let in_dns = |want: usize| {
+            let dns = dns.clone();
+            async move { (ask(&dns, name, RecordType::SRV, false).await.answers.len() == want).then_some(()) }
+        };
+        eventually(WAIT, "the replica in DNS", || in_dns(1)).await;
+        let pid = agent.child.id().to_string();
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        eventually(WAIT, "the replica out of DNS", || in_dns(0)).await;
+        assert!(admin.list_incidents().await.unwrap().is_empty(), "the host is not declared yet");
+        let task = admin.list_tasks(&Default::default()).await.unwrap().remove(0);
+        assert_eq!(task.last_status, TaskStatus::Running, "the replica itself runs on");
+        assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        eventually(WAIT, "the replica back in DNS", || in_dns(1)).await;
+        drop(agent);
+    })
+    .await;
+}
+
 /// The configuration shipped in deploy/haproxy/ is one HAProxy accepts as it is.
 #[test]
 fn the_shipped_haproxy_configuration_is_valid() {

@@ -3,7 +3,8 @@
 //! replicas that take traffic, and those leaving it).
 //!
 //! A replica is in traffic while it is RUNNING, ready and healthy (where its definition has a
-//! health check) and its GPU's MPS daemon has not failed; it is leaving (weight 0) while a
+//! health check), its GPU's MPS daemon has not failed and its host has not missed
+//! [`MISSED_HEARTBEATS`] heartbeats in a row; it is leaving (weight 0) while a
 //! planned stop drains it ([`Cluster::planned_stop`]), and gone once it is told to stop.
 //! Anything else is not published.
 
@@ -13,6 +14,9 @@ use mpsfleet_types::discovery::{DiscoveredPort, DiscoveredReplica, DiscoveredSer
 use mpsfleet_types::service::ServiceEndpoint;
 use mpsfleet_types::Draining;
 use std::net::IpAddr;
+
+/// Heartbeats a host may miss in a row before its replicas leave traffic.
+pub const MISSED_HEARTBEATS: u64 = 3;
 
 impl Cluster {
     /// Every binding of every RUNNING replica of a service, in task order: where its traffic
@@ -66,7 +70,10 @@ impl Cluster {
         }
         let traffic = if t.draining.is_some() {
             Traffic::Leaving
-        } else if self.replica_state(t) == ReplicaState::Healthy && !self.at_risk(t) {
+        } else if self.replica_state(t) == ReplicaState::Healthy
+            && !self.at_risk(t)
+            && !self.heartbeats_missed(t)
+        {
             Traffic::In
         } else {
             return None;
@@ -106,6 +113,17 @@ impl Cluster {
         out.draining =
             Some(Draining { since_ms: now, until_ms, stop_code: code, reason: reason.to_string() });
         out
+    }
+
+    /// Whether the task's host has missed [`MISSED_HEARTBEATS`] heartbeats in a row (of the
+    /// interval its agent reports, at least a second's worth): the first sign that the host
+    /// or its agent is gone, long before its grace declares it. A server that has heard
+    /// nothing since it started does not judge.
+    fn heartbeats_missed(&self, t: &Task) -> bool {
+        let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
+        let e = &self.state.hosts()[ix as usize];
+        let limit = (e.heartbeat_ms.unwrap_or(1_000) * MISSED_HEARTBEATS).max(1_000);
+        e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) > limit)
     }
 
     /// Where a running task's ports are reached: its containers' bindings at the host's
