@@ -124,6 +124,17 @@ fn sample_capitals(line: &str) -> Vec<String> {
         .collect()
 }
 
+/// Kills the process whose pid a file names, when dropped (a daemon a README line started).
+struct KillPidFile(PathBuf);
+
+impl Drop for KillPidFile {
+    fn drop(&mut self) {
+        if let Some(pid) = std::fs::read_to_string(&self.0).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }
+}
+
 /// `mpsfleet up`, stopped as Ctrl-C stops it (then killed) if the test ends early.
 struct Up(std::process::Child);
 
@@ -222,6 +233,21 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_mpsfleet"), bin.join("mpsfleet")).unwrap();
     // The README is run from a checkout: its scripts are where it says.
     std::os::unix::fs::symlink(repo().join("scripts"), dir.path().join("scripts")).unwrap();
+    // deploy/haproxy/haproxy.cfg as shipped, but for the DNS and front ports of this run (the
+    // README's are taken by whatever else runs on this machine).
+    let dns_port = free_port();
+    let front_port = free_port();
+    let shipped = std::fs::read_to_string(repo().join("deploy/haproxy/haproxy.cfg")).unwrap();
+    let cfg = shipped
+        .replace("127.0.0.1:8600", &format!("127.0.0.1:{dns_port}"))
+        .replace("bind 127.0.0.1:8080", &format!("bind 127.0.0.1:{front_port}"))
+        .replace("/tmp/haproxy-mpsfleet.sock", &dir.path().join("haproxy.sock").display().to_string());
+    assert!(
+        cfg.contains(&dns_port.to_string()) && cfg.contains(&front_port.to_string()),
+        "the shipped config changed"
+    );
+    std::fs::create_dir_all(dir.path().join("deploy/haproxy")).unwrap();
+    std::fs::write(dir.path().join("deploy/haproxy/haproxy.cfg"), cfg).unwrap();
     // The AWS CLI and the ECS model where the README's `bash scripts/ecs-env.sh` puts them.
     let aws = ecs_env();
     if let Some(env) = &aws {
@@ -230,6 +256,9 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
         std::os::unix::fs::symlink(env.join("cli/bin/aws"), bin.join("aws")).unwrap();
     }
     let s = Session { dir, bin, docker };
+    // The README's HAProxy (started with -D) ends with the test, whatever happens (before the
+    // session's directory goes).
+    let _haproxy = KillPidFile(s.dir.path().join("haproxy.pid"));
 
     // README's first command, on a port of its own.
     let listen = format!(
@@ -239,6 +268,7 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
     let up = s
         .command(env!("CARGO_BIN_EXE_mpsfleet"))
         .args(["up", "--hosts", "2", "--gpus-per-host", "2", "--listen", &listen])
+        .args(["--dns-listen", &format!("127.0.0.1:{dns_port}")])
         .args(
             mps_control()
                 .map(|p| vec!["--mps-control".to_string(), p.display().to_string()])
@@ -281,6 +311,10 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
             continue; // no AWS CLI here, and not on CI (ecs_env said so)
         }
         let mut cmd = line.replace("<host-id>", &host_id);
+        if line.starts_with("curl ") {
+            // HAProxy's front end, on this run's port.
+            cmd = cmd.replace("http://127.0.0.1:8080/", &format!("http://127.0.0.1:{front_port}/"));
+        }
         if cmd.contains("<task-id>") {
             let id = web_task.get_or_insert_with(|| s.first_id("mpsfleet task list --service web")).clone();
             cmd = cmd.replace("<task-id>", &id);
