@@ -353,6 +353,36 @@ async fn a_silent_host_leaves_dns_before_it_is_declared() {
     .await;
 }
 
+/// The traffic benchmark's short run, as CI runs it: one of each planned event through the
+/// shipped HAProxy, every request counted, none failed.
+#[test]
+fn the_traffic_bench_counts_every_request_through_each_event() {
+    let docker = docker_env();
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["bench", "traffic", "--runs", "1", "--rate", "50", "--image", &docker.image])
+        .env("DOCKER_HOST", format!("unix://{}", docker.socket.display()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let events = last["events"].as_array().unwrap();
+    let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(names, ["deployment", "scale-in", "drain"]);
+    for e in events {
+        // 50 a second through each event's window (it lasts a few seconds at least).
+        assert!(e["sent"].as_u64().unwrap() >= 50, "{e}");
+        assert_eq!(e["failed"], 0, "{e}");
+        assert!(e["p99_ms"].as_f64().unwrap() > 0.0, "{e}");
+    }
+    // A deployment replaces every replica: the old ones served until they left, the new ones
+    // after they joined.
+    assert!(events[0]["last_served_by_leaving_ms"].is_number(), "{}", events[0]);
+    assert!(events[0]["first_served_by_new_ms"].is_number(), "{}", events[0]);
+    assert_eq!(last["sent"], events.iter().map(|e| e["sent"].as_u64().unwrap()).sum::<u64>());
+}
+
 /// The configuration shipped in deploy/haproxy/ is one HAProxy accepts as it is.
 #[test]
 fn the_shipped_haproxy_configuration_is_valid() {

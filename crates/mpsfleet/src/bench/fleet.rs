@@ -26,11 +26,24 @@ impl Fleet {
         hosts: u32,
         health: HealthPolicy,
     ) -> Result<Fleet> {
+        Fleet::start_with(dir, agent_args, pool, hosts, health, &[]).await
+    }
+
+    /// [`Fleet::start`] with more `mpsfleet server` arguments.
+    pub async fn start_with(
+        dir: &Path,
+        agent_args: &str,
+        pool: &str,
+        hosts: u32,
+        health: HealthPolicy,
+        server_args: &[&str],
+    ) -> Result<Fleet> {
         std::fs::create_dir_all(dir)?;
         let data = dir.join("server");
         let mut server = std::process::Command::new(std::env::current_exe()?)
             .args(["server", "--listen", "127.0.0.1:0", "--local-agent-args", agent_args, "--data-dir"])
             .arg(&data)
+            .args(server_args)
             // Quiet unless asked otherwise: the figures are the output.
             .env("MPSFLEET_LOG", std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into()))
             .stdout(std::process::Stdio::piped())

@@ -18,6 +18,7 @@ mod soak_judge;
 mod soak_probe;
 mod start;
 mod submit;
+mod traffic;
 use ingest::{ingest, IngestBench};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, Needs, PoolConfig, Request, Scheduler};
 use mpsfleet_types::{GpuDemand, GpuUuid, HostId, PlacementStrategy, PoolName, Task, TaskDefRef, TaskId};
@@ -53,6 +54,9 @@ pub enum BenchCommand {
     Scaling(scaling::ScalingBench),
     /// The whole system under random faults from a seed, checked at the process level.
     Soak(soak::SoakBench),
+    /// Failed requests through HAProxy reading the server's DNS, through deployments,
+    /// scale-ins and host drains.
+    Traffic(traffic::TrafficBench),
 }
 
 #[derive(Args)]
@@ -91,6 +95,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Console(b) => console::console(b),
         BenchCommand::Scaling(b) => scaling::scaling(b),
         BenchCommand::Soak(b) => soak::soak(b),
+        BenchCommand::Traffic(b) => traffic::traffic(b),
     }
 }
 
