@@ -96,17 +96,26 @@ impl Drop for Haproxy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
-    within(async {
+/// A server answering DNS, one Docker host in pool `gpu`, and service `service` of `desired`
+/// replicas, each answering with its container's hostname on a port Docker picks (mapping
+/// `http`). Dropped in field order: the agent before the server.
+struct Web {
+    agent: Agent,
+    _server: Server,
+    admin: mpsfleet_client::Client,
+    dns: String,
+    dir: tempfile::TempDir,
+}
+
+impl Web {
+    async fn start(service: &str, desired: u32, deregistration_delay_seconds: Option<u32>) -> Web {
         let dir = tempfile::tempdir().unwrap();
         let dns = format!("127.0.0.1:{}", free_port());
         let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
         let admin = server.admin();
         create_pool(&admin, "gpu").await;
         let docker = docker_env();
-        let _agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
-        // Each replica answers with its container's hostname, on a port Docker picks.
+        let agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
         let td = serde_json::json!({
             "family": "web",
             "networkMode": "bridge",
@@ -120,19 +129,30 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
         });
         admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
         let create = CreateService {
-            name: "Web".into(),
+            name: service.into(),
             pool: "gpu".into(),
             task_definition: "web".into(),
-            desired_count: 2,
+            desired_count: desired,
+            deregistration_delay_seconds,
             ..Default::default()
         };
-        admin.create_service(&create).await.unwrap();
+        let created = admin.create_service(&create).await.unwrap();
+        let want = deregistration_delay_seconds.unwrap_or(2);
+        assert_eq!(created.service.deregistration_delay_seconds, want, "2 s when not given");
+        Web { agent, _server: server, admin, dns, dir }
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
+    within(async {
+        let web = Web::start("Web", 2, None).await;
+        let (admin, dns, dir) = (&web.admin, &web.dns, web.dir.path());
         // The replicas, once running, are published: SRV by their port's name, each target's
         // address in the additional section, over UDP and TCP alike; names without case.
         let name = "_http._tcp.web.gpu.mpsfleet.";
         let m = eventually(WAIT, "both replicas in DNS", || async {
-            let m = ask(&dns, name, RecordType::SRV, false).await;
+            let m = ask(dns, name, RecordType::SRV, false).await;
             (m.answers.len() == 2).then_some(m)
         })
         .await;
@@ -149,22 +169,22 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
             assert!(expected.iter().any(|(t, _)| *t == a.name.to_ascii()), "{a:?}");
             assert!(matches!(a.data, RData::A(ip) if !ip.0.is_unspecified()), "{a:?}");
         }
-        let mut over_tcp = srv(&ask(&dns, "_HTTP._TCP.WEB.GPU.MPSFLEET.", RecordType::SRV, true).await);
+        let mut over_tcp = srv(&ask(dns, "_HTTP._TCP.WEB.GPU.MPSFLEET.", RecordType::SRV, true).await);
         over_tcp.iter_mut().for_each(|(t, _)| *t = t.to_lowercase());
         over_tcp.sort();
         assert_eq!(over_tcp, expected);
-        let a = ask(&dns, "web.gpu.mpsfleet.", RecordType::A, true).await;
+        let a = ask(dns, "web.gpu.mpsfleet.", RecordType::A, true).await;
         assert_eq!(a.answers.len(), 1, "both replicas are on one host: one address {a:?}");
-        let nx = ask(&dns, "api.gpu.mpsfleet.", RecordType::A, false).await;
+        let nx = ask(dns, "api.gpu.mpsfleet.", RecordType::A, false).await;
         assert_eq!(nx.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(
-            ask(&dns, "example.com.", RecordType::A, false).await.metadata.response_code,
+            ask(dns, "example.com.", RecordType::A, false).await.metadata.response_code,
             ResponseCode::Refused
         );
 
         // HAProxy knows nothing but the DNS address and the SRV name.
         let front = free_port();
-        let _haproxy = Haproxy::start(dir.path(), &dns, front, "_http._tcp.web.gpu.mpsfleet");
+        let _haproxy = Haproxy::start(dir, dns, front, "_http._tcp.web.gpu.mpsfleet");
         let http = reqwest::Client::new();
         let url = format!("http://127.0.0.1:{front}/");
         // Round robin over both replicas: two different answers.
@@ -185,7 +205,7 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
         let update = UpdateService { desired_count: Some(0), ..Default::default() };
         admin.update_service("Web", &update).await.unwrap();
         eventually(WAIT, "the replica gone from DNS", || async {
-            let m = ask(&dns, name, RecordType::SRV, false).await;
+            let m = ask(dns, name, RecordType::SRV, false).await;
             m.answers.is_empty().then_some(())
         })
         .await;
@@ -204,41 +224,15 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_deployment_under_load_fails_no_request() {
     within(async {
-        let dir = tempfile::tempdir().unwrap();
-        let dns = format!("127.0.0.1:{}", free_port());
-        let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
-        let admin = server.admin();
-        create_pool(&admin, "gpu").await;
-        let docker = docker_env();
-        let _agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
-        let td = serde_json::json!({
-            "family": "web",
-            "networkMode": "bridge",
-            "containerDefinitions": [{
-                "name": "main",
-                "image": docker.image,
-                "command": ["/bin/sh", "-c", "hostname > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
-                "portMappings": [{"containerPort": 8080, "name": "http"}],
-                "stopTimeout": 2,
-            }]
-        });
-        admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
-        let create = CreateService {
-            name: "web".into(),
-            pool: "gpu".into(),
-            task_definition: "web".into(),
-            desired_count: 2,
-            ..Default::default()
-        };
-        let created = admin.create_service(&create).await.unwrap();
-        assert_eq!(created.service.deregistration_delay_seconds, 2, "the default");
+        let web = Web::start("web", 2, None).await;
+        let (admin, dns, dir) = (&web.admin, &web.dns, web.dir.path());
         let name = "_http._tcp.web.gpu.mpsfleet.";
         eventually(WAIT, "both replicas in DNS", || async {
-            (ask(&dns, name, RecordType::SRV, false).await.answers.len() == 2).then_some(())
+            (ask(dns, name, RecordType::SRV, false).await.answers.len() == 2).then_some(())
         })
         .await;
         let front = free_port();
-        let _haproxy = Haproxy::start(dir.path(), &dns, front, "_http._tcp.web.gpu.mpsfleet");
+        let _haproxy = Haproxy::start(dir, dns, front, "_http._tcp.web.gpu.mpsfleet");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
         let url = format!("http://127.0.0.1:{front}/");
         eventually(WAIT, "HAProxy serving", || async {
@@ -279,7 +273,7 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
             Duration::from_secs(120),
             "the deployment to complete with the old tasks gone",
             || async {
-                let m = ask(&dns, name, RecordType::SRV, false).await;
+                let m = ask(dns, name, RecordType::SRV, false).await;
                 if m.answers.iter().any(|r| matches!(&r.data, RData::SRV(s) if s.weight == 0)) {
                     saw_leaving.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
@@ -307,40 +301,15 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_host_leaves_dns_before_it_is_declared() {
     within(async {
-        let dir = tempfile::tempdir().unwrap();
-        let dns = format!("127.0.0.1:{}", free_port());
-        let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
-        let admin = server.admin();
-        create_pool(&admin, "gpu").await;
-        let docker = docker_env();
-        let agent = Agent::start_docker(&server, &dir.path().join("a"), "gpu", "h1", &docker, &[]);
-        let td = serde_json::json!({
-            "family": "web",
-            "networkMode": "bridge",
-            "containerDefinitions": [{
-                "name": "main",
-                "image": docker.image,
-                "command": ["/bin/sh", "-c", "hostname > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
-                "portMappings": [{"containerPort": 8080, "name": "http"}],
-                "stopTimeout": 2,
-            }]
-        });
-        admin.register_taskdef(td.to_string().into_bytes()).await.unwrap();
-        let create = CreateService {
-            name: "web".into(),
-            pool: "gpu".into(),
-            task_definition: "web".into(),
-            desired_count: 1,
-            ..Default::default()
-        };
-        admin.create_service(&create).await.unwrap();
+        let web = Web::start("web", 1, None).await;
+        let (admin, dns) = (&web.admin, &web.dns);
         let name = "_http._tcp.web.gpu.mpsfleet.";
         let in_dns = |want: usize| {
             let dns = dns.clone();
             async move { (ask(&dns, name, RecordType::SRV, false).await.answers.len() == want).then_some(()) }
         };
         eventually(WAIT, "the replica in DNS", || in_dns(1)).await;
-        let pid = agent.child.id().to_string();
+        let pid = web.agent.child.id().to_string();
         assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
         eventually(WAIT, "the replica out of DNS", || in_dns(0)).await;
         assert!(admin.list_incidents().await.unwrap().is_empty(), "the host is not declared yet");
@@ -348,7 +317,6 @@ async fn a_silent_host_leaves_dns_before_it_is_declared() {
         assert_eq!(task.last_status, TaskStatus::Running, "the replica itself runs on");
         assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
         eventually(WAIT, "the replica back in DNS", || in_dns(1)).await;
-        drop(agent);
     })
     .await;
 }
