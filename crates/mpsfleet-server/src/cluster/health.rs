@@ -1038,14 +1038,7 @@ impl Cluster {
                 pairs.push((old.id, copy, host));
                 continue;
             }
-            let spec = NewTasks {
-                task_definition: svc.task_definition.clone(),
-                pool: svc.pool.clone(),
-                group: Some(svc.name.clone()),
-                started_by: format!("service:{}", svc.name),
-                labels: Default::default(),
-                deployment: svc.deployments.first().map(|d| d.id.clone()),
-            };
+            let spec = services::tasks_of(&svc);
             let before = batch.created.len();
             if let Err(e) = self.create_tasks(&spec, 1, &mut batch) {
                 self.rollback(&batch);

@@ -961,7 +961,7 @@ struct HostMove {
 }
 
 /// What a service's new tasks are: its definition, in its pool, of its PRIMARY deployment.
-fn tasks_of(svc: &Service) -> NewTasks {
+pub(super) fn tasks_of(svc: &Service) -> NewTasks {
     NewTasks {
         task_definition: svc.task_definition.clone(),
         pool: svc.pool.clone(),
