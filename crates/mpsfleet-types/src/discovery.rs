@@ -41,3 +41,22 @@ pub struct DiscoveredPort {
     pub container_port: u16,
     pub port: u16,
 }
+
+/// Whether `s` is a DNS label as hosts are named: 1 to 63 letters, digits and hyphens.
+pub fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// Why service `service` of pool `pool` cannot be published in DNS, if it cannot: a name
+/// that is not a DNS label.
+pub fn unpublishable(pool: &str, service: &str) -> Option<String> {
+    if !is_dns_label(pool) {
+        Some(format!("pool {pool:?}: its name is not a DNS label (1 to 63 letters, digits and hyphens)"))
+    } else if !is_dns_label(service) {
+        Some(format!(
+            "service {service:?} of pool {pool:?}: its name is not a DNS label (1 to 63 letters, digits and hyphens)"
+        ))
+    } else {
+        None
+    }
+}

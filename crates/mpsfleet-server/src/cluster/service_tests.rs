@@ -820,3 +820,34 @@ fn a_protected_task_outlives_scale_in_and_deployments_until_it_expires() {
     assert!(!live(&w).contains(&kept), "{:?}", live(&w));
     assert_eq!(counts(&w.c), (1, 1));
 }
+
+/// A service discovery cannot publish says so in its events when it is created: a name that
+/// is not a DNS label, or one another service of its pool has but for case.
+#[test]
+fn a_service_dns_cannot_publish_says_why() {
+    let (mut w, _) = world(1);
+    let create = |w: &mut World, name: &str| {
+        let req = CreateService {
+            name: name.into(),
+            pool: "p".into(),
+            task_definition: "app:1".into(),
+            desired_count: 0,
+            ..Default::default()
+        };
+        w.c.create_service(req).unwrap().service.events
+    };
+    let said = |events: &mpsfleet_types::History<ObjectEvent>| {
+        events.iter().filter(|e| e.reason == "NotInDiscovery").map(|e| e.message.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(said(&create(&mut w, "web")), Vec::<String>::new());
+    let twin = said(&create(&mut w, "Web"));
+    assert!(
+        matches!(&twin[..], [m] if m.contains("service web of pool p has the same name but for case")),
+        "{twin:?}"
+    );
+    let underscore = said(&create(&mut w, "api_v2"));
+    assert!(
+        matches!(&underscore[..], [m] if m.contains("\"api_v2\"") && m.contains("not a DNS label")),
+        "{underscore:?}"
+    );
+}

@@ -84,6 +84,9 @@ impl Cluster {
             );
             svc.events.push(now, ObjectEvent::new("FieldsKept", msg));
         }
+        if let Some(why) = self.not_in_discovery(&svc) {
+            svc.events.push(now, ObjectEvent::new("NotInDiscovery", format!("not published in DNS: {why}")));
+        }
         start_deployment(&mut svc, now, "service created".into());
         // A REPLICA service's first tasks are placed in its own commit, so the answer shows
         // them as RunTask's does; everything after is the service controller's.
@@ -181,6 +184,23 @@ impl Cluster {
         let view = self.view_of(&svc);
         self.ask_now(Work::Service(svc.name.clone()));
         Ok(view)
+    }
+
+    /// Why service discovery will not publish `svc` (docs/traffic.md), if it will not: a name
+    /// that is not a DNS label, or one another service of its pool has but for case.
+    fn not_in_discovery(&self, svc: &Service) -> Option<String> {
+        if let Some(why) = mpsfleet_types::discovery::unpublishable(svc.pool.as_str(), svc.name.as_str()) {
+            return Some(why);
+        }
+        let twin = self.state.services().values().map(|v| &v.value).find(|o| {
+            o.pool == svc.pool
+                && o.name != svc.name
+                && o.name.as_str().eq_ignore_ascii_case(svc.name.as_str())
+        })?;
+        Some(format!(
+            "service {} of pool {} has the same name but for case: neither is published",
+            twin.name, svc.pool
+        ))
     }
 
     pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, Error> {

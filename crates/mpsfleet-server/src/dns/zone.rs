@@ -10,7 +10,7 @@
 //! A service or pool whose name is not a DNS label (1 to 63 letters, digits and hyphens), or
 //! whose name equals another's but for case, is not published; [`Zone::skipped`] says why.
 
-use mpsfleet_types::discovery::{DiscoveredService, Traffic};
+use mpsfleet_types::discovery::{unpublishable, DiscoveredService, Traffic};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -37,10 +37,7 @@ pub struct Zone {
     pub serial: u32,
 }
 
-/// Whether `s` is a DNS label as hosts are named: 1 to 63 letters, digits and hyphens.
-pub fn is_label(s: &str) -> bool {
-    (1..=63).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-}
+pub use mpsfleet_types::discovery::is_dns_label as is_label;
 
 impl Zone {
     pub fn build(services: &[DiscoveredService], serial: u32) -> Zone {
@@ -52,16 +49,8 @@ impl Zone {
             *seen.entry(format!("{}.{}", s.service, s.pool).to_ascii_lowercase()).or_default() += 1;
         }
         for s in services {
-            let why = if !is_label(&s.pool) {
-                Some(format!(
-                    "pool {:?}: its name is not a DNS label (1 to 63 letters, digits and hyphens)",
-                    s.pool
-                ))
-            } else if !is_label(&s.service) {
-                Some(format!(
-                    "service {:?} of pool {:?}: its name is not a DNS label (1 to 63 letters, digits and hyphens)",
-                    s.service, s.pool
-                ))
+            let why = if let Some(why) = unpublishable(&s.pool, &s.service) {
+                Some(why)
             } else if seen[&format!("{}.{}", s.service, s.pool).to_ascii_lowercase()] > 1 {
                 Some(format!(
                     "service {:?} of pool {:?}: another service's name equals it but for case",
