@@ -408,7 +408,8 @@ async fn up(args: UpArgs) -> Result<()> {
     let me = command_name();
     println!("try: {me} host list; the web console: {me} console; press Ctrl-C to stop everything");
 
-    tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+    // Ctrl-C, or SIGTERM (a service manager, `kill`): the same orderly stop either way.
+    crate::server::shutdown_signal().await;
     // The server first: its controllers stop before any host does, so that the hosts going
     // away open no incident and launch no replacement.
     let _ = stop_tx.send(());

@@ -257,3 +257,22 @@ fn up_brings_its_hosts_back_with_the_runtime_the_machine_has_now() {
     assert!(said.iter().any(|l| l.contains("now runs tasks as processes")), "{said:?}");
     drop(up);
 }
+
+/// SIGTERM (a service manager's stop, `kill`) stops `up` as Ctrl-C does: hosts, tasks and MPS
+/// daemons stopped, nothing of the data dir left running.
+#[test]
+fn sigterm_stops_up_as_ctrl_c_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let up = Up::start_with(dir.path(), &data, 2, &["--dns-listen", "off"]);
+    rt.block_on(active_hosts(&up.admin));
+    let printed = up.stop_with("-TERM");
+    assert!(printed.iter().any(|l| l == "stopped"), "{printed:?}");
+    let left: Vec<u32> = mpsfleet_proc::processes()
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|&pid| mpsfleet_proc::mentions(pid, &data))
+        .collect();
+    assert!(left.is_empty(), "processes of the data dir still run: {left:?}");
+}

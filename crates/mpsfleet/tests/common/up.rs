@@ -99,9 +99,14 @@ impl Up {
     }
 
     /// Ctrl-C; returns what `up` printed while it stopped.
-    pub fn interrupt(mut self) -> Vec<String> {
+    pub fn interrupt(self) -> Vec<String> {
+        self.stop_with("-INT")
+    }
+
+    /// Sends `signal` (`-INT`, `-TERM`); returns what `up` printed while it stopped.
+    pub fn stop_with(mut self, signal: &str) -> Vec<String> {
         assert!(Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status()
             .unwrap()
             .success());
