@@ -81,6 +81,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("bench console", "mpsfleet bench console --hosts 10000"),
     ("bench scaling", "mpsfleet bench scaling --pending 100000 --hosts 10000"),
     ("bench soak", "mpsfleet bench soak --minutes 20 --seed 1"),
+    ("bench traffic", "mpsfleet bench traffic --runs 5 --rate 100"),
     ("sim", "mpsfleet sim --scenario driver-rollout --hosts 30 --duration 1h"),
     ("events", "mpsfleet events --since 10m --kind incident.opened --kind task.stopped"),
     ("console", "mpsfleet console --no-browser"),

@@ -44,6 +44,7 @@ const NOT_RUN: &[(&str, &str)] = &[
     ("bench metrics", "a benchmark of many hosts: docs/benchmarks.md"),
     ("bench console", "a benchmark of many hosts in a browser: docs/benchmarks.md"),
     ("bench soak", "20 minutes of faults: docs/benchmarks.md; a minute of it is tests/soak.rs"),
+    ("bench traffic", "a benchmark through HAProxy: docs/benchmarks.md; CI runs it in tests/traffic.rs"),
 ];
 
 /// The placeholders docs/cli.md uses for a task and a host.
