@@ -1,9 +1,10 @@
 //! Service discovery over DNS (docs/traffic.md): the names of `zone.rs`, answered by
 //! `answer.rs`, served over UDP and TCP on `--dns-listen` by [`serve`].
 //!
-//! The zone is rebuilt from the cluster's state after every committed change (and every
-//! second, for what changes without a commit), outside the request path: a query reads the
-//! latest zone and never takes the cluster's lock. DNS carries no credentials: whoever
+//! The zone is rebuilt from the cluster's state after committed changes (at most every 50 ms,
+//! so a burst of commits is one rebuild) and every second (for what changes without a
+//! commit: a host's missed heartbeats), outside the request path: a query reads the latest
+//! zone and never takes the cluster's lock. DNS carries no credentials: whoever
 //! reaches the listener reads the published addresses (docs/security.md); `--dns-pools`
 //! publishes only the pools named.
 
@@ -33,6 +34,10 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 const TCP_MAX: usize = 64;
 /// How often the zone is rebuilt even when nothing was committed.
 const REFRESH: Duration = Duration::from_secs(1);
+/// The least time between two rebuilds: a burst of commits (a fleet's task reports) is one
+/// rebuild, and a rebuild holds the cluster's lock at most a small share of the time. A load
+/// balancer asking every 200 ms sees a change within this and its own period.
+const MIN_GAP: Duration = Duration::from_millis(50);
 
 /// The sockets of a DNS listener, bound before serving (so a port in use fails the start).
 pub struct Bound {
@@ -92,6 +97,7 @@ async fn refresh_loop(state: AppState, pools: Option<BTreeSet<String>>, zone: Ar
                 *w = Arc::new(z);
             }
         }
+        tokio::time::sleep(MIN_GAP).await;
         tokio::select! {
             r = changed.changed() => if r.is_err() { return },
             () = tokio::time::sleep(REFRESH) => {}
