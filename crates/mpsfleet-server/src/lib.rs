@@ -315,9 +315,8 @@ pub async fn serve(
     state.admin_token_file = options.admin_token_file.clone();
     state.ha = options.ha.clone();
     let stopping = state.stopping.clone();
-    if let Some((bound, pools)) = dns {
-        tokio::spawn(dns::serve(bound, state.clone(), pools));
-    }
+    // Aborted when `serve` returns, whatever ends it: the DNS port is free again at once.
+    let _dns = dns.map(|(bound, pools)| AbortOnDrop(tokio::spawn(dns::serve(bound, state.clone(), pools))));
     let resync = tokio::spawn(loops::resync_loop(state.clone(), stopping.subscribe()));
     let health = tokio::spawn(loops::health_loop(state.clone(), stopping.subscribe()));
     let app = http::app(state, &options.http, options.rate_limits, options.ecs.clone());
@@ -362,4 +361,13 @@ pub async fn serve(
 /// Where the data directory lives when none is given.
 pub fn default_data_dir() -> PathBuf {
     PathBuf::from(".mpsfleet")
+}
+
+/// A spawned task that is aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -58,17 +58,17 @@ impl Bound {
     }
 }
 
-/// Serves DNS from the cluster in `state` until `state.stopping` is set.
+/// Serves DNS from the cluster in `state` until `state.stopping` is set, or until this future
+/// is dropped: its sockets close with it (a leadership that ends frees the port for the next).
 pub async fn serve(bound: Bound, state: AppState, pools: Option<BTreeSet<String>>) {
     let zone = Arc::new(RwLock::new(Arc::new(Zone::default())));
-    let refresh = tokio::spawn(refresh_loop(state.clone(), pools, zone.clone()));
-    let udp = tokio::spawn(udp_loop(bound.udp, zone.clone()));
-    let tcp = tokio::spawn(tcp_loop(bound.tcp, zone));
     let mut stopping = state.stopping.subscribe();
-    let _ = stopping.wait_for(|s| *s).await;
-    refresh.abort();
-    udp.abort();
-    tcp.abort();
+    tokio::select! {
+        () = refresh_loop(state.clone(), pools, zone.clone()) => {}
+        () = udp_loop(bound.udp, zone.clone()) => {}
+        () = tcp_loop(bound.tcp, zone) => {}
+        _ = stopping.wait_for(|s| *s) => {}
+    }
 }
 
 /// Rebuilds the zone after every committed change, and every [`REFRESH`].
