@@ -173,6 +173,21 @@ fn wall_clock_ms() -> u64 {
 mod tests {
     use super::*;
 
+    /// A checker that can fail: `cfg` (with its sabotage) breaks `invariant`, and the same run
+    /// without the sabotage holds every invariant. Returns both runs for the caller's checks.
+    fn breaks_then_holds(cfg: &Config, invariant: &str) -> (Outcome, Outcome) {
+        assert!(cfg.sabotage.is_some(), "a run to break needs its sabotage");
+        let broken = run(cfg).expect("runs");
+        let v = broken
+            .violation
+            .as_ref()
+            .unwrap_or_else(|| panic!("the checker misses {:?}: {}", cfg.sabotage, broken.report.render()));
+        assert_eq!(v.invariant, invariant, "{}", v.detail);
+        let held = run(&Config { sabotage: None, ..cfg.clone() }).expect("runs");
+        assert!(held.violation.is_none(), "{:?}", held.violation);
+        (broken, held)
+    }
+
     /// The deliberately broken world (agents start MPS tasks without their daemon) is caught, reported with its seed, and minimised to a trace shorter than the run's.
     #[test]
     fn a_broken_invariant_is_caught_with_its_seed_and_a_short_trace() {
@@ -186,9 +201,8 @@ mod tests {
             sabotage: Some(Sabotage::FailOpen),
             ..Config::default()
         };
-        let o = run(&cfg).expect("runs");
-        let v = o.violation.as_ref().expect("the checker catches the broken world");
-        assert_eq!(v.invariant, "mps-fail-closed");
+        let (o, _) = breaks_then_holds(&cfg, "mps-fail-closed");
+        let v = o.violation.as_ref().expect("broken");
         assert!(v.detail.contains("without its limits"), "{}", v.detail);
         // A run stopped early still reports its shortfall, and the causes add up to it.
         let r = &o.report;
@@ -211,9 +225,6 @@ mod tests {
             )),
             "{text}"
         );
-        // Without the bug the same run holds every invariant.
-        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
-        assert!(ok.violation.is_none(), "{:?}", ok.violation);
     }
 
     /// A lost start (agents that take a service task's start and never run it) keeps its
@@ -232,15 +243,9 @@ mod tests {
             minimise: false,
             ..Config::default()
         };
-        let o = run(&cfg).expect("runs");
-        let v = o
-            .violation
-            .as_ref()
-            .unwrap_or_else(|| panic!("the checker misses the lost starts: {}", o.report.render()));
-        assert_eq!(v.invariant, "service-recovery", "{}", v.detail);
+        let (o, _) = breaks_then_holds(&cfg, "service-recovery");
+        let v = o.violation.as_ref().expect("broken");
         assert!(v.detail.contains("below its desired count") && v.detail.contains("bound"), "{}", v.detail);
-        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
-        assert!(ok.violation.is_none(), "{:?}", ok.violation);
     }
 
     /// Agents that lose the stops the service scheduler asks for (`Sabotage::LoseSchedulerStops`)
@@ -262,12 +267,8 @@ mod tests {
             minimise: false,
             ..Config::default()
         };
-        let o = run(&cfg).expect("runs");
-        let v = o
-            .violation
-            .as_ref()
-            .unwrap_or_else(|| panic!("the checker misses the crowded hosts: {}", o.report.render()));
-        assert_eq!(v.invariant, "service-spread", "{}", v.detail);
+        let (o, ok) = breaks_then_holds(&cfg, "service-spread");
+        let v = o.violation.as_ref().expect("broken");
         assert!(
             v.detail.contains("service gpu-infer keeps") && v.detail.contains("hosts with room"),
             "{}",
@@ -280,8 +281,6 @@ mod tests {
             o.trace.iter().any(|l| l.contains("service gpu-infer crowded on")),
             "no crowding in the trace"
         );
-        let ok = run(&Config { sabotage: None, ..cfg }).expect("runs");
-        assert!(ok.violation.is_none(), "{:?}", ok.violation);
         assert_eq!(ok.report.spread.longest_ms, 0, "{}", ok.report.render());
     }
 }

@@ -108,7 +108,7 @@ struct Web {
 }
 
 impl Web {
-    async fn start(service: &str, desired: u32, deregistration_delay_seconds: Option<u32>) -> Web {
+    async fn start(service: &str, desired: u32) -> Web {
         let dir = tempfile::tempdir().unwrap();
         let dns = format!("127.0.0.1:{}", free_port());
         let server = Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--dns-listen", &dns]);
@@ -133,29 +133,35 @@ impl Web {
             pool: "gpu".into(),
             task_definition: "web".into(),
             desired_count: desired,
-            deregistration_delay_seconds,
             ..Default::default()
         };
         let created = admin.create_service(&create).await.unwrap();
-        let want = deregistration_delay_seconds.unwrap_or(2);
-        assert_eq!(created.service.deregistration_delay_seconds, want, "2 s when not given");
+        assert_eq!(created.service.deregistration_delay_seconds, 2, "2 s when not given");
         Web { agent, _server: server, admin, dns, dir }
     }
+
+    /// The SRV answer for the service's `http` port, once it has `n` targets.
+    async fn published(&self, n: usize) -> Message {
+        let what = format!("{n} replica(s) in DNS");
+        eventually(WAIT, &what, || async {
+            let m = ask(&self.dns, SRV_NAME, RecordType::SRV, false).await;
+            (m.answers.len() == n).then_some(m)
+        })
+        .await
+    }
 }
+
+/// The SRV name of the `web` service's `http` port in pool `gpu`.
+const SRV_NAME: &str = "_http._tcp.web.gpu.mpsfleet.";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
     within(async {
-        let web = Web::start("Web", 2, None).await;
+        let web = Web::start("Web", 2).await;
         let (admin, dns, dir) = (&web.admin, &web.dns, web.dir.path());
         // The replicas, once running, are published: SRV by their port's name, each target's
         // address in the additional section, over UDP and TCP alike; names without case.
-        let name = "_http._tcp.web.gpu.mpsfleet.";
-        let m = eventually(WAIT, "both replicas in DNS", || async {
-            let m = ask(dns, name, RecordType::SRV, false).await;
-            (m.answers.len() == 2).then_some(m)
-        })
-        .await;
+        let m = web.published(2).await;
         let endpoints = admin.service_endpoints("Web").await.unwrap();
         let mut published = srv(&m);
         published.sort();
@@ -204,11 +210,7 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
         // Scaled to 0: the replica leaves DNS, and HAProxy stops sending it requests.
         let update = UpdateService { desired_count: Some(0), ..Default::default() };
         admin.update_service("Web", &update).await.unwrap();
-        eventually(WAIT, "the replica gone from DNS", || async {
-            let m = ask(dns, name, RecordType::SRV, false).await;
-            m.answers.is_empty().then_some(())
-        })
-        .await;
+        web.published(0).await;
         eventually(WAIT, "HAProxy without a replica", || async {
             let r = http.get(&url).send().await.ok()?;
             (r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(())
@@ -224,13 +226,9 @@ async fn haproxy_finds_a_services_replicas_through_the_servers_dns_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_deployment_under_load_fails_no_request() {
     within(async {
-        let web = Web::start("web", 2, None).await;
+        let web = Web::start("web", 2).await;
         let (admin, dns, dir) = (&web.admin, &web.dns, web.dir.path());
-        let name = "_http._tcp.web.gpu.mpsfleet.";
-        eventually(WAIT, "both replicas in DNS", || async {
-            (ask(dns, name, RecordType::SRV, false).await.answers.len() == 2).then_some(())
-        })
-        .await;
+        web.published(2).await;
         let front = free_port();
         let _haproxy = Haproxy::start(dir, dns, front, "_http._tcp.web.gpu.mpsfleet");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
@@ -273,7 +271,7 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
             Duration::from_secs(120),
             "the deployment to complete with the old tasks gone",
             || async {
-                let m = ask(dns, name, RecordType::SRV, false).await;
+                let m = ask(dns, SRV_NAME, RecordType::SRV, false).await;
                 if m.answers.iter().any(|r| matches!(&r.data, RData::SRV(s) if s.weight == 0)) {
                     saw_leaving.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
@@ -301,22 +299,17 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_host_leaves_dns_before_it_is_declared() {
     within(async {
-        let web = Web::start("web", 1, None).await;
-        let (admin, dns) = (&web.admin, &web.dns);
-        let name = "_http._tcp.web.gpu.mpsfleet.";
-        let in_dns = |want: usize| {
-            let dns = dns.clone();
-            async move { (ask(&dns, name, RecordType::SRV, false).await.answers.len() == want).then_some(()) }
-        };
-        eventually(WAIT, "the replica in DNS", || in_dns(1)).await;
+        let web = Web::start("web", 1).await;
+        let admin = &web.admin;
+        web.published(1).await;
         let pid = web.agent.child.id().to_string();
         assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
-        eventually(WAIT, "the replica out of DNS", || in_dns(0)).await;
+        web.published(0).await;
         assert!(admin.list_incidents().await.unwrap().is_empty(), "the host is not declared yet");
         let task = admin.list_tasks(&Default::default()).await.unwrap().remove(0);
         assert_eq!(task.last_status, TaskStatus::Running, "the replica itself runs on");
         assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
-        eventually(WAIT, "the replica back in DNS", || in_dns(1)).await;
+        web.published(1).await;
     })
     .await;
 }

@@ -14,7 +14,7 @@ use mpsfleet_types::event::EventType;
 /// The agent's heartbeat interval by default (`mpsfleet agent --heartbeat-ms`).
 pub const AGENT_HEARTBEAT_MS: u64 = 1_000;
 /// The longest heartbeat interval an agent's report is taken at (the longest grace).
-const MAX_HEARTBEAT_MS: u64 = 600_000;
+pub(super) const MAX_HEARTBEAT_MS: u64 = 600_000;
 /// A daemon's start, and a persistent fault seen again after it.
 pub const DAEMON_START_MS: u64 = 1_000;
 /// A replacement task's start to RUNNING and ready: its image present, its readiness check

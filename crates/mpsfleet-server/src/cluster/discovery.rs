@@ -122,7 +122,9 @@ impl Cluster {
     fn heartbeats_missed(&self, t: &Task) -> bool {
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
         let e = &self.state.hosts()[ix as usize];
-        let limit = (e.heartbeat_ms.unwrap_or(1_000) * MISSED_HEARTBEATS).max(1_000);
+        // The interval is the agent's word: bounded as the recovery bounds bound it.
+        let interval = e.heartbeat_ms.unwrap_or(1_000).min(super::bounds::MAX_HEARTBEAT_MS);
+        let limit = (interval * MISSED_HEARTBEATS).max(1_000);
         e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) > limit)
     }
 

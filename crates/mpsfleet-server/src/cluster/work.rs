@@ -184,6 +184,8 @@ impl Cluster {
     /// Runs the retention controller (`controllers/retention.rs`); the incidents it removed
     /// leave the remediation's memory of their provider calls.
     pub(super) fn run_retention(&mut self) -> Result<Action, Error> {
+        // Lent out while the context borrows the cluster's fields, and put back whatever
+        // the reconcile answers.
         let progress = std::mem::take(&mut self.work.provider_progress);
         let launching = |id: &str| progress.get(id).is_some_and(|p| p.launching);
         let result = Retention::reconcile(&mut self.controller_ctx(), &launching);

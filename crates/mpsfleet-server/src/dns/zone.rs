@@ -74,8 +74,11 @@ impl Zone {
         for r in &s.replicas {
             let target = format!("{}.{base}", r.task);
             self.push(&target, Data::Addr(r.address));
-            if r.traffic == Traffic::In {
-                self.push(&base, Data::Addr(r.address));
+            // Each address once, however many of the replicas share its host.
+            let addr = Data::Addr(r.address);
+            let listed = self.records.get(&base).is_some_and(|v| v.contains(&addr));
+            if r.traffic == Traffic::In && !listed {
+                self.push(&base, addr);
             }
             let weight = match r.traffic {
                 Traffic::In => 1,
@@ -89,11 +92,6 @@ impl Zone {
                 let srv = Data::Srv { weight, port: p.port, target: target.clone() };
                 self.push(&format!("_{label}._tcp.{base}"), srv);
             }
-        }
-        // One address once, however many replicas share it (processes on one host).
-        if let Some(addrs) = self.records.get_mut(&base) {
-            let mut seen = BTreeSet::new();
-            addrs.retain(|d| seen.insert(format!("{d:?}")));
         }
     }
 
@@ -178,6 +176,21 @@ mod tests {
         assert!(z.lookup("api.default.mpsfleet.").is_none());
         assert!(z.lookup("_8080._tcp.web.default.mpsfleet.").is_none(), "a named port is published by name");
         assert_eq!(z.serial, 7);
+    }
+
+    /// Replicas sharing a host share one address under the service's name.
+    #[test]
+    fn an_address_is_listed_once() {
+        let ports = &[(None, 80, 80)];
+        let replicas = vec![
+            replica(1, "10.0.0.1", Traffic::In, ports),
+            replica(2, "10.0.0.1", Traffic::In, ports),
+            replica(3, "10.0.0.2", Traffic::In, ports),
+        ];
+        let z = Zone::build(&[service("default", "web", replicas)], 1);
+        let addrs = z.lookup("web.default.mpsfleet.").unwrap();
+        assert_eq!(addrs, [Data::Addr("10.0.0.1".parse().unwrap()), Data::Addr("10.0.0.2".parse().unwrap())]);
+        assert_eq!(z.lookup("_80._tcp.web.default.mpsfleet.").unwrap().len(), 3, "one target per replica");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::cluster::state::Change;
 use crate::cluster::Error;
 use crate::cluster::TASK;
 use mpsfleet_core::controller::Action;
-use mpsfleet_store::{Op, Precondition, Revision};
+use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::{IncidentState, ServiceName, TaskStatus};
 
 /// How long a STOPPED task stays listed after it stopped.
@@ -64,8 +64,9 @@ impl Retention {
         let tasks = past_retention(stopped, MAX_STOPPED_TASKS, STOPPED_TASK_RETENTION_MS, now);
         for chunk in tasks.chunks(PRUNE_BATCH) {
             let state = ctx.w.state();
-            let keys =
-                chunk.iter().filter_map(|id| state.tasks().get(id).map(|e| (id.to_string(), e.version)));
+            let keys = chunk.iter().filter_map(|id| {
+                state.tasks().get(id).map(|e| (id.to_string(), Precondition::Version(e.version)))
+            });
             delete(ctx, TASK, keys.collect(), chunk.iter().map(|id| Change::TaskRemoved(*id)));
         }
         let resolved = (ctx.w.state().incidents().values())
@@ -76,8 +77,9 @@ impl Retention {
         let mut removed = Vec::new();
         for chunk in incidents.chunks(PRUNE_BATCH) {
             let state = ctx.w.state();
-            let keys =
-                chunk.iter().filter_map(|id| state.incidents().get(id).map(|v| (id.clone(), v.version)));
+            let keys = chunk.iter().filter_map(|id| {
+                state.incidents().get(id).map(|v| (id.clone(), Precondition::Version(v.version)))
+            });
             // Its replacement tokens leave the index with it (`State::apply`).
             let changes = chunk.iter().map(|id| Change::IncidentRemoved(id.clone()));
             if delete(ctx, INCIDENT, keys.collect(), changes) {
@@ -86,26 +88,25 @@ impl Retention {
         }
         let since = now.saturating_sub(KEPT_MS);
         let deleted = ctx.w.state().deleted().iter().filter(|(_, d)| d.deleted_at_ms < since);
-        let old: Vec<(String, Revision)> = deleted.map(|(k, _)| (k.clone(), 0)).collect();
+        let old: Vec<(String, Precondition)> = deleted.map(|(k, _)| (k.clone(), Precondition::Any)).collect();
         let changes: Vec<Change> = old.iter().map(|(k, _)| Change::DeletedRemoved(k.clone())).collect();
         delete(ctx, DELETED, old, changes);
         Ok((Action::RequeueAfter(RETENTION_INTERVAL_MS), removed))
     }
 }
 
-/// Deletes these records (at these versions; 0: any) in one commit and applies `changes`;
+/// Deletes these records (each under its precondition) in one commit and applies `changes`;
 /// false, logged, when the commit fails.
 fn delete(
     ctx: &mut Ctx<'_>,
     kind: &str,
-    keys: Vec<(String, Revision)>,
+    keys: Vec<(String, Precondition)>,
     changes: impl IntoIterator<Item = Change>,
 ) -> bool {
     if keys.is_empty() {
         return false;
     }
-    let precondition = |v: Revision| if v == 0 { Precondition::Any } else { Precondition::Version(v) };
-    let ops: Vec<Op> = keys.into_iter().map(|(k, v)| Op::delete(kind, k, precondition(v))).collect();
+    let ops: Vec<Op> = keys.into_iter().map(|(k, p)| Op::delete(kind, k, p)).collect();
     match ctx.w.write(&ops, changes) {
         Ok(_) => true,
         Err(e) => {
