@@ -298,16 +298,20 @@ pub async fn serve(
     }
     // Bound before anything is served: a DNS address in use fails the start.
     let dns = match &options.dns {
-        Some(d) => {
-            let bound = dns::bind(d.listen).await.map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot answer DNS on {} (--dns-listen): {e}", d.listen),
-                )
-            })?;
-            tracing::info!(address = %bound.local_addr()?, "answering DNS for service discovery");
-            Some((bound, d.pools.clone()))
-        }
+        Some(d) => match dns::bind(d.listen).await {
+            Ok(bound) => {
+                tracing::info!(address = %bound.local_addr()?, "answering DNS for service discovery");
+                Some((bound, d.pools.clone()))
+            }
+            Err(e) if d.required => {
+                let why = format!("cannot answer DNS on {} (--dns-listen): {e}", d.listen);
+                return Err(std::io::Error::new(e.kind(), why));
+            }
+            Err(e) => {
+                tracing::warn!(address = %d.listen, error = %e, "not answering DNS: the address is taken");
+                None
+            }
+        },
         None => None,
     };
     let mut state = api::AppState::new(cluster);

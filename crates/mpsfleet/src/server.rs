@@ -371,6 +371,7 @@ pub(crate) async fn lead(
         dns: args.dns_listen.map(|listen| mpsfleet_server::dns::DnsOptions {
             listen,
             pools: (!args.dns_pools.is_empty()).then(|| args.dns_pools.iter().cloned().collect()),
+            required: true,
         }),
     };
     mpsfleet_server::serve(listener, cluster, options, shutdown).await?;

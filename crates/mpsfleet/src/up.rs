@@ -271,7 +271,13 @@ async fn up(args: UpArgs) -> Result<()> {
     let options = mpsfleet_server::ServeOptions {
         tls: Some(tls),
         admin_token_file: Some(dir.join(mpsfleet_server::ADMIN_TOKEN_FILE)),
-        dns: dns.map(|listen| mpsfleet_server::dns::DnsOptions { listen, pools: None }),
+        // The default address may be taken between the check and the bind (another `up`):
+        // then the server starts without DNS rather than not at all.
+        dns: dns.map(|listen| mpsfleet_server::dns::DnsOptions {
+            listen,
+            pools: None,
+            required: args.dns_listen.is_some(),
+        }),
         ..Default::default()
     };
     // The hosts of a self-managed pool join with a join token of this run's own (the data

@@ -26,6 +26,9 @@ pub struct DnsOptions {
     pub listen: SocketAddr,
     /// Publish these pools only; all when None.
     pub pools: Option<BTreeSet<String>>,
+    /// Whether the server must not start without it (an address asked for); otherwise (a
+    /// default address another process took meanwhile) it starts without DNS, saying so.
+    pub required: bool,
 }
 
 /// The most a TCP client may keep a connection open without asking.

@@ -52,6 +52,8 @@ impl Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
             .args(["up", "--hosts", &hosts.to_string(), "--gpus-per-host", "2", "--listen", "127.0.0.1:0"])
             .args(extra)
+            // Tests run side by side: none takes the machine's default DNS port unless it asks.
+            .args(if extra.contains(&"--dns-listen") { &[][..] } else { &["--dns-listen", "off"][..] })
             .arg("--data-dir")
             .arg(data)
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
