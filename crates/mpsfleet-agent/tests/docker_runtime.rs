@@ -373,7 +373,8 @@ fn the_reported_binding_is_where_the_kernel_says_the_port_listens() {
         std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|s| s.lines().any(|l| l.ends_with(" lo")));
     // (--publish-address, the bind address reported, addresses the port must listen on, and
     // those it may listen on besides)
-    let mut table: Vec<(Option<&str>, &str, Vec<&str>, Vec<&str>)> = vec![
+    type Row<'a> = (Option<&'a str>, &'a str, Vec<&'a str>, Vec<&'a str>);
+    let mut table: Vec<Row> = vec![
         // Every address, as ECS: Docker binds 0.0.0.0 and, where its daemon binds IPv6 too
         // (its choice, which differs between engines), ::. 0.0.0.0 is what is reported.
         (None, "0.0.0.0", vec!["0.0.0.0"], if ipv6 { vec!["[::]"] } else { vec![] }),

@@ -9,7 +9,6 @@ use mpsfleet_core::bounds::{self as core_bounds, Intervals};
 use mpsfleet_types::bounds::{
     BoundBreach, BreachCause, FailureKind, IncidentBounds, RecoveryBounds, RecoveryPhase,
 };
-use mpsfleet_types::event::EventType;
 
 /// The agent's heartbeat interval by default (`mpsfleet agent --heartbeat-ms`).
 pub const AGENT_HEARTBEAT_MS: u64 = 1_000;
@@ -140,7 +139,7 @@ impl Cluster {
         let message = format!("incident {} on host {}: {}", incident.id, incident.host_id, words.join("; "));
         tracing::warn!(incident.id = %incident.id, pool = %pool, "{message}");
         self.write_incident(incident)?;
-        self.pool_event(&pool, "RecoveryBoundBreached", message)
+        self.writing(|w| w.pool_event(&pool, "RecoveryBoundBreached", message))
     }
 
     /// Why `phase` of `incident` ran long, when the record or the world says.
@@ -200,38 +199,5 @@ impl Cluster {
         let assumed: u64 =
             (1..u64::from(exits)).map(|n| (n - 1) * iv.restart_backoff_ms + iv.daemon_start_ms).sum();
         (last.saturating_sub(first) > assumed).then_some(BreachCause::SlowerFailure)
-    }
-
-    /// Records an entry in `pool`'s events: committed with the pool, then published.
-    pub(super) fn pool_event(&mut self, pool: &PoolName, reason: &str, message: String) -> Result<(), Error> {
-        self.change_pool(pool, reason, message, |_| {})
-    }
-
-    /// Changes `pool`'s record with `change` and records an entry in its events, in one
-    /// commit, then publishes the entry.
-    pub(super) fn change_pool(
-        &mut self,
-        pool: &PoolName,
-        reason: &str,
-        message: String,
-        change: impl FnOnce(&mut Pool),
-    ) -> Result<(), Error> {
-        let Some(current) = self.state.pools().get(pool).cloned() else { return Ok(()) };
-        let mut p = current.value;
-        change(&mut p);
-        let now = self.now();
-        let entry = ObjectEvent::new(reason, message);
-        p.events.push(now, entry.clone());
-        let rev =
-            self.commit(&[Op::put_json(POOL, p.name.as_str(), &p, Precondition::Version(current.version))?])?;
-        self.apply(rev, Change::Pool(p));
-        self.publish_pool_event(pool, entry, now);
-        Ok(())
-    }
-
-    /// Publishes an entry already committed in `pool`'s events (`pool.event`).
-    pub(super) fn publish_pool_event(&self, pool: &PoolName, entry: ObjectEvent, at_ms: u64) {
-        let subject = mpsfleet_types::event::Subject { id: pool.to_string(), pool: pool.clone() };
-        self.events.recorded(EventType::PoolEvent, &subject, &[entry], at_ms);
     }
 }

@@ -8,7 +8,7 @@
 
 use super::*;
 use mpsfleet_core::deployment::{self, Bounds, DaemonHost, DaemonStop, Replica};
-use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
+use mpsfleet_types::service::ObjectEvent;
 
 impl Cluster {
     /// The desired count of a DAEMON service of `pool` now: the pool's ACTIVE hosts (what a
@@ -147,16 +147,5 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
         }
         Ok(bounds)
-    }
-
-    /// Asks for the DAEMON services of `pool`: one of its hosts opened, closed, joined or left.
-    pub(super) fn ask_daemons(&mut self, pool: &PoolName) {
-        let daemons: Vec<ServiceName> = (self.state.services().values())
-            .filter(|v| v.value.pool == *pool && v.value.scheduling_strategy == SchedulingStrategy::Daemon)
-            .map(|v| v.value.name.clone())
-            .collect();
-        for name in daemons {
-            self.ask(super::work::Work::Service(name));
-        }
     }
 }

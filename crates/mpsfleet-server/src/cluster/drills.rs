@@ -6,15 +6,12 @@
 //! accept injected faults), picks the targets and commits the drill RUNNING; a dry run stops
 //! before the commit and answers the targets and the expected timeline. From then on the
 //! drill controller (`Work::Drill`) passes over it: the faults it asks for go out in the
-//! targets' heartbeat answers while it runs ([`Cluster::faults_for`]); an incident opening on
-//! a target is marked as the drill's when it opens; a stop condition aborts it; the owner's
-//! handling (or its deadline) ends the run, the fault is taken back and local repair re-armed
-//! (`RESTORING`), and once the targets are back (or gone, replaced) it is `ENDED` with its
-//! verdict. The lifecycle is `mpsfleet_core::lifecycle::drill`.
+//! targets' heartbeat answers while it runs ([`Cluster::faults_for`]), and the controller
+//! (`controllers/drills.rs`) follows it to its verdict. The lifecycle is
+//! `mpsfleet_core::lifecycle::drill`.
 
 use super::*;
-use mpsfleet_core::controller::Action as Requeue;
-use mpsfleet_core::lifecycle::drill::{self as drill_lifecycle, Event as DrillEvent};
+use mpsfleet_core::lifecycle::drill::Event as DrillEvent;
 use mpsfleet_types::bounds::KindBounds;
 use mpsfleet_types::drill::*;
 
@@ -32,7 +29,7 @@ pub const PENDING_ABORT_MS: u64 = 120_000;
 /// How long a drill waits for its targets to be back after taking the fault back.
 pub const RESTORE_TIMEOUT_MS: u64 = 60_000;
 
-const DRILL: &str = "drill";
+pub(super) const DRILL: &str = "drill";
 const DRILL_SWITCH: &str = "drill-switch";
 const SWITCH_KEY: &str = "cluster";
 
@@ -73,11 +70,7 @@ impl Cluster {
     }
 
     pub fn drill_switch(&self) -> DrillSwitch {
-        self.state.drill_switch().map(|s| s.value.clone()).unwrap_or(DrillSwitch {
-            enabled: true,
-            changed_by: None,
-            changed_at_ms: None,
-        })
+        controllers::drills::switch(&self.state)
     }
 
     /// The cluster-wide switch: off blocks new drills and aborts the running ones.
@@ -213,7 +206,7 @@ impl Cluster {
         }
         self.apply(rev, Change::Drill(Box::new(drill.clone())));
         tracing::warn!(drill.id = %id, pool = %pool, "drill started: {what}");
-        self.pool_event(&pool, "DrillStarted", format!("drill {id}: {what}"))?;
+        self.writing(|w| w.pool_event(&pool, "DrillStarted", format!("drill {id}: {what}")))?;
         self.ask(Work::Drill(id));
         Ok(DrillStarted::Started(Box::new(drill)))
     }
@@ -328,220 +321,12 @@ impl Cluster {
     pub fn abort_drill(&mut self, id: &str, by: &str) -> Result<Drill, Error> {
         let d = self.drill(id)?;
         if d.status == DrillStatus::Running {
-            self.drill_event(d, DrillEvent::Abort(format!("aborted by {by}")))?;
+            let abort = DrillEvent::Abort(format!("aborted by {by}"));
+            self.writing(|w| controllers::drills::end_run(w, d, abort))?;
         }
         self.ask(Work::Drill(id.to_string()));
         self.drill(id)
     }
-
-    /// The drill controller's reconcile of one drill.
-    pub(super) fn reconcile_drill(&mut self, id: &str) -> Result<Requeue, Error> {
-        let Some(d) = self.state.drills().get(id).map(|d| d.value.clone()) else {
-            return Ok(Requeue::AwaitChange);
-        };
-        match d.status {
-            DrillStatus::Running => self.drive_running(d)?,
-            DrillStatus::Restoring => self.drive_restoring(d)?,
-            DrillStatus::Ended => return Ok(Requeue::AwaitChange),
-        }
-        Ok(match self.state.drills().get(id).map(|d| d.value.status) {
-            Some(DrillStatus::Ended) | None => Requeue::AwaitChange,
-            _ => Requeue::RequeueAfter(DRILL_PASS_MS),
-        })
-    }
-
-    fn drive_running(&mut self, mut d: Drill) -> Result<(), Error> {
-        let now = self.now();
-        let before = d.clone();
-        // The incidents on the targets since the drill started: the drill's.
-        let targets: BTreeSet<&HostId> = d.targets.iter().map(|t| &t.host_id).collect();
-        let mut mine: Vec<&Incident> = self
-            .state
-            .incidents()
-            .values()
-            .map(|v| &v.value)
-            .filter(|i| {
-                i.drill.as_deref() == Some(d.id.as_str())
-                    || (targets.contains(&i.host_id) && i.opened_at_ms >= d.started_at_ms)
-            })
-            .collect();
-        mine.sort_by_key(|i| i.opened_at_ms);
-        for i in &mine {
-            if !d.incidents.contains(&i.id) {
-                d.incidents.push(i.id.clone());
-                d.events.push(
-                    now,
-                    ObjectEvent::new(
-                        "IncidentOpened",
-                        format!("incident {} opened on host {}", i.id, i.host_id),
-                    ),
-                );
-            }
-        }
-        if let Some(first) = mine.first() {
-            d.phases = first.judgement();
-            if d.notified_at_ms.is_none() {
-                d.notified_at_ms = Some(first.opened_at_ms);
-            }
-        }
-        let all_resolved = !mine.is_empty() && mine.iter().all(|i| i.state == IncidentState::Resolved);
-        let every_target = d.targets.iter().all(|t| mine.iter().any(|i| i.host_id == t.host_id));
-        let event = if let Some(why) = self.stop_condition(&d, &targets) {
-            Some(DrillEvent::Abort(why))
-        } else if d.owner == "operator"
-            && every_target
-            && d.notified_at_ms.is_some_and(|n| now >= n + SELF_MANAGED_HOLD_MS)
-        {
-            // Detected and notified: the rest is the operator's, which a drill never does.
-            Some(DrillEvent::Handled)
-        } else if d.owner != "operator" && every_target && all_resolved {
-            Some(DrillEvent::Handled)
-        } else if d.once
-            && mine.is_empty()
-            && now >= d.started_at_ms + d.bounds.detect_ms + SELF_MANAGED_HOLD_MS
-            && self.targets_healthy(&d)
-        {
-            d.events.push(
-                now,
-                ObjectEvent::new(
-                    "RepairedLocally",
-                    "no incident opened: the agent's local repair handled the fault",
-                ),
-            );
-            Some(DrillEvent::Handled)
-        } else if now >= d.deadline_ms {
-            Some(DrillEvent::Deadline)
-        } else {
-            None
-        };
-        match event {
-            Some(e) => self.drill_event(d, e),
-            None if d != before => self.write_drill(d),
-            None => Ok(()),
-        }
-    }
-
-    /// Why a running drill must stop now, if it must.
-    fn stop_condition(&self, d: &Drill, targets: &BTreeSet<&HostId>) -> Option<String> {
-        if !self.drill_switch().enabled {
-            return Some("drills were switched off cluster-wide".into());
-        }
-        if let Some(i) =
-            self.state.incidents().unresolved().find(|i| i.pool == d.pool && !targets.contains(&i.host_id))
-        {
-            return Some(format!(
-                "incident {} opened on host {}, which the drill did not strike",
-                i.id, i.host_id
-            ));
-        }
-        let healthy_other = self
-            .state
-            .hosts()
-            .iter()
-            .filter(|e| e.host().pool == d.pool && !targets.contains(&e.host().id))
-            .filter(|e| e.host().status == HostStatus::Active && e.host().health_status == HealthStatus::Ok)
-            .count();
-        if healthy_other == 0 {
-            return Some("no healthy host is left in the pool besides the drill's targets".into());
-        }
-        let now = self.now();
-        let waiting = self
-            .state
-            .tasks()
-            .pending_in(&d.pool)
-            .iter()
-            .filter_map(|id| self.state.tasks().get(id))
-            .filter(|t| now.saturating_sub(t.task.created_at_ms.max(d.started_at_ms)) > PENDING_ABORT_MS)
-            .count();
-        if waiting > 0 {
-            return Some(format!(
-                "{waiting} task(s) of the pool have waited for placement for more than {}",
-                mpsfleet_core::health::fmt_ms(PENDING_ABORT_MS)
-            ));
-        }
-        None
-    }
-
-    /// Every target still in the fleet is healthy again (or gone: replaced and terminated).
-    fn targets_healthy(&self, d: &Drill) -> bool {
-        d.targets.iter().all(|t| {
-            self.sched.host(&t.host_id).map(|ix| &self.state.hosts()[ix as usize]).is_none_or(|e| {
-                e.host().status == HostStatus::Deregistered || e.host().health_status == HealthStatus::Ok
-            })
-        })
-    }
-
-    fn drive_restoring(&mut self, mut d: Drill) -> Result<(), Error> {
-        let now = self.now();
-        let left = d.ended_at_ms.is_none()
-            && (self.targets_healthy(&d) || now >= restore_from(&d) + RESTORE_TIMEOUT_MS);
-        if !left {
-            return Ok(());
-        }
-        let back = self.targets_healthy(&d);
-        drill_lifecycle::apply(&mut d, &DrillEvent::Restored, now).map_err(Error::Conflict)?;
-        let what = if back {
-            "the targets are back (healthy, or replaced)".to_string()
-        } else {
-            format!(
-                "not every target was healthy again within {}: see `mpsfleet host describe`",
-                mpsfleet_core::health::fmt_ms(RESTORE_TIMEOUT_MS)
-            )
-        };
-        d.events.push(now, ObjectEvent::new("DrillEnded", what.clone()));
-        let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
-        self.write_drill(d.clone())?;
-        self.live.drill_ended(&d.pool, d.verdict.as_ref());
-        tracing::warn!(drill.id = %d.id, pool = %d.pool, verdict, "drill ended");
-        self.pool_event(&d.pool, "DrillEnded", format!("drill {}: {verdict}; {what}", d.id))
-    }
-
-    /// After the fault is taken back: each target's local repair re-armed (`host recheck`),
-    /// so that a daemon given up on starts again.
-    fn rearm_targets(&mut self, d: &Drill) -> Result<(), Error> {
-        for t in &d.targets {
-            let Some(ix) = self.sched.host(&t.host_id) else { continue };
-            let mut h = self.state.hosts()[ix as usize].host().clone();
-            if h.status == HostStatus::Deregistered {
-                continue;
-            }
-            h.rechecks += 1;
-            let what = format!("drill {} took its fault back: the agent re-arms its local repair", d.id);
-            h.events.push(self.now(), ObjectEvent::new("RecheckRequested", what));
-            self.write_host(ix, h)?;
-        }
-        Ok(())
-    }
-
-    /// Ends a drill's run for `e`: its verdict, the fault withdrawn (it leaves the heartbeat
-    /// answers), each target's local repair re-armed.
-    fn drill_event(&mut self, mut d: Drill, e: DrillEvent) -> Result<(), Error> {
-        let now = self.now();
-        drill_lifecycle::apply(&mut d, &e, now).map_err(Error::Conflict)?;
-        let verdict = d.verdict.as_ref().map(DrillVerdict::words).unwrap_or_default();
-        d.events.push(
-            now,
-            ObjectEvent::new("FaultWithdrawn", format!("{verdict}; restoring what the fault broke")),
-        );
-        self.write_drill(d.clone())?;
-        self.rearm_targets(&d)
-    }
-
-    fn write_drill(&mut self, d: Drill) -> Result<(), Error> {
-        let expect = match self.state.drills().get(&d.id) {
-            Some(v) if v.value == d => return Ok(()),
-            Some(v) => Precondition::Version(v.version),
-            None => Precondition::Absent,
-        };
-        let rev = self.commit(&[Op::put_json(DRILL, d.id.clone(), &d, expect)?])?;
-        self.apply(rev, Change::Drill(Box::new(d)));
-        Ok(())
-    }
-}
-
-/// When the drill left RUNNING: its last event's time (the withdrawal).
-fn restore_from(d: &Drill) -> u64 {
-    d.events.iter().last().map_or(d.started_at_ms, |e| e.at_ms)
 }
 
 /// `hosts`: a count (`2`) or a share (`25%`, rounded up) of the pool's `total` ACTIVE hosts.

@@ -256,7 +256,7 @@ impl Cluster {
             }
         }
         for p in pools {
-            self.capacity_opened(p);
+            self.writer().capacity_opened(p);
         }
     }
 
@@ -1239,7 +1239,7 @@ impl Cluster {
                     let msg =
                         format!("could not terminate scaled-in host {name}: {reason}; terminate it by hand");
                     tracing::error!(pool = %pool, host = %name, %reason, "could not terminate a scaled-in host");
-                    self.pool_event(pool, "ScaleInTerminateFailed", msg)?;
+                    self.writing(|w| w.pool_event(pool, "ScaleInTerminateFailed", msg))?;
                 }
             }
             ProviderJob::Terminate { incident, name, .. } => {

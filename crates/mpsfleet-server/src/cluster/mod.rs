@@ -30,7 +30,6 @@ mod metrics;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
-mod placement;
 mod pools;
 mod protection;
 mod providers;
@@ -67,6 +66,7 @@ mod task_policy;
 mod tasks;
 mod tokens;
 mod work;
+use controllers::placement;
 pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 use work::Work;
 
@@ -382,9 +382,13 @@ impl Cluster {
         }
         tasks.sort_by_key(|(t, _)| (t.created_at_ms, t.id));
         for (task, version) in tasks {
-            let placement = if task.holds_capacity() { self.placement_of(&task) } else { None };
+            let placement = if task.holds_capacity() {
+                placement::placement_of(&self.state, &self.sched, &task)
+            } else {
+                None
+            };
             if let Some(p) = &placement {
-                let req = self.request_for(&task)?;
+                let req = placement::request_for(&self.state, &mut self.sched, &task)?;
                 self.sched.reserve(&req, p);
             }
             self.insert_task(task, version, placement, false);
@@ -422,16 +426,7 @@ impl Cluster {
     // ---- commit helper ------------------------------------------------------------------
 
     fn commit(&mut self, ops: &[Op]) -> Result<Revision, Error> {
-        // The call being served rides on its first commit: its audit entry and the client
-        // token it claimed (`call.rs`).
-        let (riders, audit) = self.riders()?;
-        if riders.is_empty() {
-            return self.writer().commit(ops);
-        }
-        let all: Vec<Op> = ops.iter().chain(&riders).cloned().collect();
-        let rev = self.writer().commit(&all)?;
-        self.riders_written(audit);
-        Ok(rev)
+        self.writing(|w| w.commit(ops))
     }
 
     /// Applies a committed change (`Writer::apply`).
@@ -439,29 +434,46 @@ impl Cluster {
         self.writer().apply(version, change);
     }
 
-    /// The one way to write records (`write.rs`).
+    /// Runs `f` with the one way to write records (`write.rs`), the call being served riding
+    /// on its first commit: its audit entry and the client token it claimed (`call.rs`).
+    fn writing<R>(&mut self, f: impl FnOnce(&mut write::Writer<'_>) -> Result<R, Error>) -> Result<R, Error> {
+        let (riders, audit) = self.riders()?;
+        let had = !riders.is_empty();
+        let mut w = self.writer();
+        w.riders = riders;
+        let result = f(&mut w);
+        let rode = had && w.riders.is_empty();
+        drop(w);
+        if rode {
+            self.riders_written(audit);
+        }
+        result
+    }
+
+    /// The one way to write records (`write.rs`), with no riders: a controller's.
     fn writer(&mut self) -> write::Writer<'_> {
-        self.writer_and_scheduler().0
-    }
-
-    /// A controller's context (`controllers/`): the writer, the scheduler and the time,
-    /// borrowed from the cluster's fields.
-    fn controller_ctx(&mut self) -> controllers::Ctx<'_> {
-        let (w, sched) = self.writer_and_scheduler();
-        let now_ms = w.now_ms;
-        controllers::Ctx { w, sched, now_ms }
-    }
-
-    fn writer_and_scheduler(&mut self) -> (write::Writer<'_>, &mut Scheduler) {
-        let w = write::Writer {
+        write::Writer {
             store: self.store.as_ref(),
             state: &mut self.state,
             feed: &mut self.feed,
             live: &self.live,
+            events: &self.events,
+            sched: &mut self.sched,
+            queue: &mut self.work.queue,
+            wake: &mut self.work.wake,
+            health_due_ms: &mut self.work.health_due_ms,
             breaker_counts: &mut self.work.breaker_counts,
+            riders: Vec::new(),
             now_ms: self.clock.now_ms(),
-        };
-        (w, &mut self.sched)
+        }
+    }
+
+    /// A controller's context (`controllers/`): the writer and the time, borrowed from the
+    /// cluster's fields.
+    fn controller_ctx(&mut self) -> controllers::Ctx<'_> {
+        let w = self.writer();
+        let now_ms = w.now_ms;
+        controllers::Ctx { w, now_ms }
     }
 
     pub fn revision(&self) -> Revision {
@@ -778,83 +790,9 @@ impl Cluster {
         Ok(self.host_view(ix))
     }
 
-    /// Commits a host record, then applies it; a record equal to the stored one is not
-    /// written again.
-    fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), Error> {
-        if *self.state.hosts()[ix as usize].host() == host {
-            return Ok(());
-        }
-        self.record_host_changes(ix, &mut host);
-        let expect = Precondition::Version(self.state.hosts()[ix as usize].version());
-        let rev = self.commit(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?])?;
-        self.apply_host(ix, host, rev);
-        Ok(())
-    }
-
-    /// Records in `host`'s events what changed from the stored record: lifecycle, health
-    /// (with the checks that are not OK), cordon, credential.
-    pub(super) fn record_host_changes(&self, ix: HostIx, host: &mut Host) {
-        let e = &self.state.hosts()[ix as usize];
-        let why: Vec<String> = e
-            .health
-            .checks
-            .iter()
-            .filter(|c| c.status != HealthStatus::Ok)
-            .map(|c| match &c.gpu_id {
-                Some(g) => format!("{} of {g}: {}", c.name, c.reason),
-                None => format!("{}: {}", c.name, c.reason),
-            })
-            .collect();
-        let now = self.now();
-        for ev in mpsfleet_core::changes::host_changes(e.host(), host, &why.join("; ")) {
-            host.events.push(now, ev);
-        }
-    }
-
-    /// Applies a committed host record: events, placement eligibility, and a placement retry
-    /// when the host opened up (a failure there is logged; the pending tasks are retried by the
-    /// resync).
-    fn apply_host(&mut self, ix: HostIx, host: Host, rev: Revision) {
-        let old = self.state.hosts()[ix as usize].host();
-        let now = self.now();
-        self.events.host((old.status, old.health_status), &host, now);
-        let news = host.events.since(old.events.pushed());
-        if !news.is_empty() {
-            let subject = event::Subject { id: host.id.to_string(), pool: host.pool.clone() };
-            let news: Vec<ObjectEvent> = news.iter().map(|e| e.event.clone()).collect();
-            self.events.recorded(event::EventType::HostEvent, &subject, &news, now);
-        }
-        let schedulable = can_place(&host);
-        let (old_status, new_status) = (old.status, host.status);
-        let pool = host.pool.clone();
-        let left = host.status == HostStatus::Deregistered;
-        self.apply(rev, Change::Host(ix, host));
-        if left {
-            self.ask_capacity(&pool);
-        }
-        self.work.health_due_ms[ix as usize] = 0;
-        let opened = schedulable && !self.sched.is_schedulable(ix);
-        let turned = schedulable != self.sched.is_schedulable(ix) || old_status != new_status;
-        self.sched.set_schedulable(ix, schedulable);
-        if turned {
-            self.ask_daemons(&pool);
-        }
-        if opened {
-            self.capacity_opened(pool);
-        }
-    }
-
-    /// Capacity came back in `pool` (a host or a GPU opened): its waiting tasks are placed,
-    /// and its services may spread onto it at once.
-    pub(super) fn capacity_opened(&mut self, pool: PoolName) {
-        let services: Vec<ServiceName> = (self.state.services().values())
-            .filter(|v| v.value.pool == pool)
-            .map(|v| v.value.name.clone())
-            .collect();
-        for s in services {
-            self.ask(Work::Service(s));
-        }
-        self.ask(Work::Placement(pool));
+    /// Commits a host record, then applies it (`Writer::write_host`).
+    fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), Error> {
+        self.writing(|w| w.write_host(ix, host))
     }
 
     pub fn host_view(&self, ix: HostIx) -> HostView {
@@ -988,47 +926,9 @@ impl Cluster {
             e.epoch = e.epoch.max(version);
         }
         if record {
-            self.put_task(task, version, placement);
+            self.writer().put_task(task, version, placement);
         } else {
             self.apply(version, Change::Task(task, placement));
-        }
-    }
-
-    /// Puts a committed task record, recording what changed in its events.
-    fn put_task(&mut self, task: Task, version: Revision, placement: Option<Placement>) {
-        let old = self.state.tasks().get(&task.id).map(|e| &e.task);
-        if task.host_id.is_some() && old.is_none_or(|o| o.host_id.is_none()) {
-            self.live.placed(&task.pool, self.now().saturating_sub(task.created_at_ms));
-        }
-        // A task placed as it is created keeps no `Placed` entry (its events show one from the
-        // record); the event stream and its history are told all the same.
-        let placed_at_once = old.is_none() && task.host_id.is_some();
-        let news = mpsfleet_core::changes::task_changes(old, &task);
-        let (id, pool) = (task.id, task.pool.clone());
-        self.apply(version, Change::Task(task, placement));
-        if placed_at_once {
-            self.publish_task(&id, &pool, &[mpsfleet_core::changes::TaskChange::Placed]);
-        }
-        self.record_task(id, pool, news);
-    }
-
-    /// Records changes in a task's events and publishes them in words.
-    fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<mpsfleet_core::changes::TaskChange>) {
-        if news.is_empty() {
-            return;
-        }
-        self.publish_task(&id, &pool, &news);
-        let now = self.now();
-        self.state.record_task(&id, now, news);
-    }
-
-    /// Publishes changes of a task's events in words (`task.event`).
-    fn publish_task(&self, id: &TaskId, pool: &PoolName, news: &[mpsfleet_core::changes::TaskChange]) {
-        if let Some(e) = self.state.tasks().get(id) {
-            let words: Vec<ObjectEvent> =
-                news.iter().map(|c| mpsfleet_core::changes::render(c, &e.task)).collect();
-            let subject = event::Subject { id: id.to_string(), pool: pool.clone() };
-            self.events.recorded(event::EventType::TaskEvent, &subject, &words, self.now());
         }
     }
 
@@ -1061,10 +961,17 @@ impl Cluster {
             task.deployment = spec.deployment.clone();
             let req = match same {
                 Some(r) => r,
-                None => *same.insert(self.request_for(&task)?),
+                None => *same.insert(placement::request_for(&self.state, &mut self.sched, &task)?),
             };
             let outcome = self.sched.place(&req);
-            self.apply_placement(&mut task, &outcome);
+            placement::apply_placement(
+                &self.state,
+                &self.sched,
+                self.now(),
+                &mut task,
+                &outcome,
+                self.local_runs_images(),
+            );
             batch.ops.push(Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)?);
             batch.created.push((task, outcome.ok(), req));
         }
@@ -1130,13 +1037,20 @@ impl Cluster {
         mut task: Task,
         ix: HostIx,
     ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let request = self.request_for(&task)?;
+        let request = placement::request_for(&self.state, &mut self.sched, &task)?;
         let outcome = self.sched.place_on(&request, ix);
         let placement = match outcome {
             Ok(p) => p,
             Err(why) => return Ok(Err(why)),
         };
-        self.apply_placement(&mut task, &Ok(placement.clone()));
+        placement::apply_placement(
+            &self.state,
+            &self.sched,
+            self.now(),
+            &mut task,
+            &Ok(placement.clone()),
+            self.local_runs_images(),
+        );
         let committed = Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)
             .map_err(Error::from)
             .and_then(|op| self.commit(&[op]));
@@ -1299,7 +1213,7 @@ impl Cluster {
         // A task that just stopped gives its capacity back.
         let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
         if let Some((p, old_task)) = freed {
-            let req = self.request_for(&old_task)?;
+            let req = placement::request_for(&self.state, &mut self.sched, &old_task)?;
             self.sched.release(&req, &p);
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
@@ -1308,7 +1222,7 @@ impl Cluster {
         if stopped_now {
             self.events.task_stopped(&t, self.now());
         }
-        self.put_task(t, rev, placement);
+        self.writer().put_task(t, rev, placement);
         Ok(stopped_now)
     }
 

@@ -322,7 +322,7 @@ impl Cluster {
         mut host: Host,
         incident: Incident,
     ) -> Result<(), Error> {
-        self.record_host_changes(ix, &mut host);
+        self.writer().record_host_changes(ix, &mut host);
         // The incident's new steps are the host's news too (drained, replaced, ...).
         let seen = self.state.incidents().get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
         for s in incident.timeline.since(seen) {
@@ -340,7 +340,7 @@ impl Cluster {
         ];
         let rev = self.commit(&ops)?;
         self.apply_incident(incident, rev);
-        self.apply_host(ix, host, rev);
+        self.apply(rev, Change::Host(ix, host));
         Ok(())
     }
 }

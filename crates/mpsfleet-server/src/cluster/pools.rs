@@ -92,7 +92,7 @@ impl Cluster {
             self.sched.upsert_pool(name, pool_config(&pool));
             self.apply(rev, Change::Pool(pool.clone()));
             if let Some(entry) = changed {
-                self.publish_pool_event(&pool.name, entry, self.now());
+                self.writer().publish_pool_event(&pool.name, entry);
             }
             self.ask(Work::Capacity(pool.name.clone()));
             // Its health policy may have changed: every host is evaluated at the next tick.

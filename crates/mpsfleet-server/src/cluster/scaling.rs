@@ -141,7 +141,7 @@ impl Cluster {
             let out = matches!(step, ScaleStep::Out { .. });
             self.set_desired_hosts(pool, desired, if out { "ScaledOut" } else { "ScaledIn" }, why)?;
             if out {
-                // The waiting tasks' reasons say that hosts are coming (`scaling_note`).
+                // The waiting tasks' reasons say that hosts are coming (`placement::scaling_note`).
                 self.ask(Work::Placement(pool.clone()));
             }
         }
@@ -228,10 +228,12 @@ impl Cluster {
         else {
             return Ok(());
         };
-        self.change_pool(pool, reason, format!("{from} -> {desired} host(s): {why}"), |p| {
-            if let Some(prov) = p.provider.as_mut() {
-                prov.desired_hosts = desired;
-            }
+        self.writing(|w| {
+            w.change_pool(pool, reason, format!("{from} -> {desired} host(s): {why}"), |p| {
+                if let Some(prov) = p.provider.as_mut() {
+                    prov.desired_hosts = desired;
+                }
+            })
         })
     }
 
@@ -283,25 +285,6 @@ impl Cluster {
     /// The last scaling decision of `pool` in words, and when (`pool explain`).
     pub fn last_scaling_decision(&self, pool: &PoolName) -> Option<(u64, String)> {
         self.work.scaling.get(pool).and_then(|m| m.last.clone())
-    }
-
-    /// What a waiting task's reason adds in a scaling pool: the hosts being launched for it
-    /// (and then its code is `SCALING_OUT`), or that the pool is at its most hosts. Empty
-    /// for other pools.
-    pub(super) fn scaling_note(&self, pool: &PoolName) -> (String, bool) {
-        let none = (String::new(), false);
-        let Some(p) = self.state.pools().get(pool) else { return none };
-        let Some((prov, m)) = p.value.provider.as_ref().and_then(|prov| Some((prov, prov.scaling()?))) else {
-            return none;
-        };
-        let launching = self.work.capacity_launches.get(pool).map_or(0, |l| l.len());
-        if launching > 0 {
-            (format!("; managed scaling is launching {launching} host(s)"), true)
-        } else if prov.desired_hosts >= m.max_hosts {
-            (format!("; the pool is at its maxHosts ({})", m.max_hosts), false)
-        } else {
-            none
-        }
     }
 
     /// A task waits in `pool`: a scaling pool looks at its demand now.

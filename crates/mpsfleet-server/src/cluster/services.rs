@@ -616,7 +616,7 @@ impl Cluster {
             };
             let Some(&(_, id)) = per_host[&from].iter().max() else { break };
             let Some(task) = self.state.tasks().get(&id).map(|e| e.task.clone()) else { break };
-            let Ok(req) = self.request_for(&task) else { break };
+            let Ok(req) = placement::request_for(&self.state, &mut self.sched, &task) else { break };
             let Ok(p) = self.sched.place(&req) else { break };
             let (from_held, to_held) =
                 (count(&per_host, &arriving, from), count(&per_host, &arriving, p.host));
@@ -656,7 +656,7 @@ impl Cluster {
         }
         let &(_, id) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max())?;
         let task = self.state.tasks().get(&id).map(|e| e.task.clone())?;
-        let req = self.request_for(&task).ok()?;
+        let req = placement::request_for(&self.state, &mut self.sched, &task).ok()?;
         // Where a new replica would go; given back at once.
         let p = self.sched.place(&req).ok()?;
         self.sched.release(&req, &p);

@@ -4,7 +4,7 @@
 //! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
 //! key that fails backs off on its own while the others go on.
 //!
-//! Six controllers run on it: drills (`Work::Drill`, `drills.rs`, every
+//! Six controllers run on it: drills (`Work::Drill`, `controllers/drills.rs`, every
 //! `drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
 //! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
 //! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
@@ -33,6 +33,8 @@
 //! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
 //! settings changed) asks for the pool's placement instead of placing inline.
 
+use super::controllers::drills::Drills;
+use super::controllers::placement::{Outlook, Placer};
 use super::controllers::retention::Retention;
 use super::health::{PoolCounts, ProviderProgress};
 use super::{Cluster, Error, ProviderJob};
@@ -83,7 +85,7 @@ pub(super) struct Controllers {
     pub(super) scaling: HashMap<PoolName, super::scaling::ScalingMemory>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
     /// pass should run now.
-    wake: bool,
+    pub(super) wake: bool,
 }
 
 /// A key a controller reconciles.
@@ -91,7 +93,7 @@ pub(super) struct Controllers {
 pub(crate) enum Work {
     /// A service: its rollout's next step, its replicas, its deployments (`services.rs`).
     Service(ServiceName),
-    /// A pool's waiting tasks, placed where they now fit (`Cluster::place_pending`).
+    /// A pool's waiting tasks, placed where they now fit (`controllers/placement.rs`).
     Placement(PoolName),
     /// An unresolved incident, by when it opened (a pass plans the earliest first) and id.
     Incident(u64, String),
@@ -100,16 +102,14 @@ pub(crate) enum Work {
     /// The change feed compacted and stopped tasks and resolved incidents past their
     /// retention removed (`retention.rs`).
     Retention,
-    /// A drill that has not ended (`drills.rs`).
+    /// A drill that has not ended (`controllers/drills.rs`).
     Drill(String),
 }
 
 impl Cluster {
     /// Asks for `work` to run at the next pass.
     pub(super) fn ask(&mut self, work: Work) {
-        let now = self.now();
-        self.work.wake |= matches!(work, Work::Incident(..));
-        self.work.queue.enqueue_at(work, now);
+        self.writer().ask(work);
     }
 
     /// Asks for `work` on behalf of a request that changed it: the controllers' pass runs at
@@ -167,11 +167,17 @@ impl Cluster {
         for key in self.work.queue.take_due(now) {
             let result = match &key {
                 Work::Service(name) => self.reconcile_service_once(name),
-                Work::Placement(pool) => self.place_pending(pool).map(|()| Action::AwaitChange),
+                Work::Placement(pool) => {
+                    let outlook = Outlook {
+                        launching: self.work.capacity_launches.get(pool).map_or(0, |l| l.len()),
+                        local_runs_images: self.local_runs_images(),
+                    };
+                    Placer::reconcile(&mut self.controller_ctx(), pool, &outlook)
+                }
                 Work::Incident(_, id) => self.reconcile_incident(id),
                 Work::Capacity(pool) => self.reconcile_capacity(pool),
                 Work::Retention => self.run_retention(),
-                Work::Drill(id) => self.reconcile_drill(id),
+                Work::Drill(id) => Drills::reconcile(&mut self.controller_ctx(), id),
             };
             if let Err(e) = &result {
                 tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");

@@ -1,15 +1,24 @@
 //! The one way records are written ([`Writer`]): a change is committed to the store first,
-//! then applied to [`State`] (its one writer, `State::apply`), then what depends on it is
-//! dropped (the storm breaker's counts) and the feed's ledger told. A failed commit changes
-//! nothing in memory. Requests reach it through `Cluster::commit` and `Cluster::apply`,
-//! which add the call's riders (its audit entry, its client token); the controllers in
+//! then applied to [`State`] (its one writer, `State::apply`), then what it affects follows:
+//! the storm breaker's counts dropped, a host's events published and the keys its change
+//! asks for (its pool's capacity, daemons, placement and services), and the feed's ledger
+//! told. A failed commit changes nothing in memory. Requests reach it through
+//! `Cluster::commit`, `Cluster::apply` and `Cluster::writing`, which put the call's riders
+//! (its audit entry, its client token) on its first commit; the controllers in
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
 use super::health::PoolCounts;
 use super::state::{Change, State};
-use super::Error;
-use mpsfleet_store::{Op, Revision, Store};
-use mpsfleet_types::PoolName;
+use super::work::Work;
+use super::{Error, HOST, POOL};
+use mpsfleet_core::changes::{self, TaskChange};
+use mpsfleet_core::controller::WorkQueue;
+use mpsfleet_core::scheduler::{HostIx, Placement, Scheduler};
+use mpsfleet_store::{Op, Precondition, Revision, Store};
+use mpsfleet_types::{
+    event, HealthStatus, Host, HostStatus, ObjectEvent, Pool, PoolName, SchedulingStrategy, ServiceName,
+    Task, TaskId,
+};
 use std::collections::{BTreeMap, VecDeque};
 
 /// The most revisions of the change feed kept for watchers.
@@ -67,14 +76,25 @@ pub(super) fn batch_bytes(ops: &[Op]) -> u64 {
         .sum()
 }
 
-/// What writing a record takes: the store, the state, the feed's ledger, the metrics, and
-/// what is dropped when a record it counts changes.
+/// What writing a record takes: the store, the state, the feed's ledger, the metrics, the
+/// event stream, the scheduler and the controllers' queue (a change asks for the keys it
+/// affects), and what is dropped when a record it counts changes.
 pub(in crate::cluster) struct Writer<'a> {
     pub(super) store: &'a dyn Store,
     pub(super) state: &'a mut State,
     pub(super) feed: &'a mut FeedLedger,
     pub(super) live: &'a crate::metrics::Live,
+    pub(super) events: &'a crate::events::Events,
+    pub(super) sched: &'a mut Scheduler,
+    pub(super) queue: &'a mut WorkQueue<Work>,
+    /// Set when a key that should run at once was asked for (`Cluster::take_wake`).
+    pub(super) wake: &'a mut bool,
+    /// When the health tick evaluates each host next (`work::Controllers::health_due_ms`).
+    pub(super) health_due_ms: &'a mut Vec<u64>,
     pub(super) breaker_counts: &'a mut BTreeMap<PoolName, PoolCounts>,
+    /// The ops the call being served adds to its first commit (its audit entry, its client
+    /// token: `call.rs`), taken by that commit; empty for a controller.
+    pub(super) riders: Vec<Op>,
     pub(super) now_ms: u64,
 }
 
@@ -82,6 +102,12 @@ impl Writer<'_> {
     /// The state, to read.
     pub(in crate::cluster) fn state(&self) -> &State {
         self.state
+    }
+
+    /// Asks for `work` at the next pass; an incident wakes the pass at once.
+    pub(in crate::cluster) fn ask(&mut self, work: Work) {
+        *self.wake |= matches!(work, Work::Incident(..));
+        self.queue.enqueue_at(work, self.now_ms);
     }
 
     /// Commits `ops` and applies `changes` at its revision: the one call a controller makes
@@ -98,22 +124,31 @@ impl Writer<'_> {
         Ok(rev)
     }
 
-    /// One store commit, its duration and outcome counted in the metrics, its size in the
-    /// feed's ledger; nothing is applied yet.
+    /// One store commit (with the call's riders, the first time), its duration and outcome
+    /// counted in the metrics, its size in the feed's ledger; nothing is applied yet.
     pub(super) fn commit(&mut self, ops: &[Op]) -> Result<Revision, Error> {
+        let all: Vec<Op>;
+        let batch = if self.riders.is_empty() {
+            ops
+        } else {
+            all = ops.iter().chain(&self.riders).cloned().collect();
+            &all
+        };
         let watch = mpsfleet_core::clock::Stopwatch::start();
-        let result = self.store.commit(ops);
+        let result = self.store.commit(batch);
         self.live.committed(watch.seconds(), result.is_ok());
         let rev = result?;
+        self.riders.clear();
         if rev != self.state.revision() {
-            self.feed.record(rev, self.now_ms, batch_bytes(ops));
+            self.feed.record(rev, self.now_ms, batch_bytes(batch));
         }
         self.state.committed(rev);
         Ok(rev)
     }
 
-    /// Applies a committed change to the state, and drops the storm breaker's counts when the
-    /// change is to what they count: a host or an incident.
+    /// Applies a committed change to the state, then what it affects: the storm breaker's
+    /// counts dropped when the change is to what they count (a host or an incident); for a
+    /// host, its events published and the keys its new record asks for.
     pub(super) fn apply(&mut self, version: Revision, change: Change) {
         if matches!(
             change,
@@ -121,7 +156,178 @@ impl Writer<'_> {
         ) {
             self.breaker_counts.clear();
         }
-        self.state.apply(version, change);
+        match change {
+            Change::Host(ix, host) => self.apply_host(version, ix, host),
+            change => self.state.apply(version, change),
+        }
+    }
+
+    /// Commits a host record, then applies it; a record equal to the stored one is not
+    /// written again.
+    pub(in crate::cluster) fn write_host(&mut self, ix: HostIx, mut host: Host) -> Result<(), Error> {
+        let stored = &self.state.hosts()[ix as usize];
+        if *stored.host() == host {
+            return Ok(());
+        }
+        self.record_host_changes(ix, &mut host);
+        let expect = Precondition::Version(self.state.hosts()[ix as usize].version());
+        self.write(&[Op::put_json(HOST, host.id.as_str(), &host, expect)?], [Change::Host(ix, host)])?;
+        Ok(())
+    }
+
+    /// Records in `host`'s events what changed from the stored record: lifecycle, health
+    /// (with the checks that are not OK), cordon, credential.
+    pub(in crate::cluster) fn record_host_changes(&self, ix: HostIx, host: &mut Host) {
+        let e = &self.state.hosts()[ix as usize];
+        let why: Vec<String> = e
+            .health
+            .checks
+            .iter()
+            .filter(|c| c.status != HealthStatus::Ok)
+            .map(|c| match &c.gpu_id {
+                Some(g) => format!("{} of {g}: {}", c.name, c.reason),
+                None => format!("{}: {}", c.name, c.reason),
+            })
+            .collect();
+        for ev in mpsfleet_core::changes::host_changes(e.host(), host, &why.join("; ")) {
+            host.events.push(self.now_ms, ev);
+        }
+    }
+
+    /// Applies a committed host record: its events published, placement eligibility, the
+    /// pool's capacity asked for when the host left, its daemon services when it turned, and
+    /// its waiting tasks and services when it opened up; its health evaluated at the next
+    /// tick.
+    fn apply_host(&mut self, rev: Revision, ix: HostIx, host: Host) {
+        let old = self.state.hosts()[ix as usize].host();
+        let now = self.now_ms;
+        self.events.host((old.status, old.health_status), &host, now);
+        let news = host.events.since(old.events.pushed());
+        if !news.is_empty() {
+            let subject = event::Subject { id: host.id.to_string(), pool: host.pool.clone() };
+            let news: Vec<ObjectEvent> = news.iter().map(|e| e.event.clone()).collect();
+            self.events.recorded(event::EventType::HostEvent, &subject, &news, now);
+        }
+        let schedulable = crate::cluster::can_place(&host);
+        let (old_status, new_status) = (old.status, host.status);
+        let pool = host.pool.clone();
+        let left = host.status == HostStatus::Deregistered;
+        self.state.apply(rev, Change::Host(ix, host));
+        if left {
+            // A pool without a provider answers this at once (`health.rs`).
+            self.ask(Work::Capacity(pool.clone()));
+        }
+        self.health_due_ms[ix as usize] = 0;
+        let opened = schedulable && !self.sched.is_schedulable(ix);
+        let turned = schedulable != self.sched.is_schedulable(ix) || old_status != new_status;
+        self.sched.set_schedulable(ix, schedulable);
+        if turned {
+            self.ask_daemons(&pool);
+        }
+        if opened {
+            self.capacity_opened(pool);
+        }
+    }
+
+    /// Puts a committed task record, recording what changed in its events.
+    pub(in crate::cluster) fn put_task(
+        &mut self,
+        task: Task,
+        version: Revision,
+        placement: Option<Placement>,
+    ) {
+        let old = self.state.tasks().get(&task.id).map(|e| &e.task);
+        if task.host_id.is_some() && old.is_none_or(|o| o.host_id.is_none()) {
+            self.live.placed(&task.pool, self.now_ms.saturating_sub(task.created_at_ms));
+        }
+        // A task placed as it is created keeps no `Placed` entry (its events show one from the
+        // record); the event stream and its history are told all the same.
+        let placed_at_once = old.is_none() && task.host_id.is_some();
+        let news = changes::task_changes(old, &task);
+        let (id, pool) = (task.id, task.pool.clone());
+        self.apply(version, Change::Task(task, placement));
+        if placed_at_once {
+            self.publish_task(&id, &pool, &[TaskChange::Placed]);
+        }
+        self.record_task(id, pool, news);
+    }
+
+    /// Records changes in a task's events and publishes them in words.
+    pub(in crate::cluster) fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<TaskChange>) {
+        if news.is_empty() {
+            return;
+        }
+        self.publish_task(&id, &pool, &news);
+        self.state.record_task(&id, self.now_ms, news);
+    }
+
+    /// Publishes changes of a task's events in words (`task.event`).
+    pub(in crate::cluster) fn publish_task(&self, id: &TaskId, pool: &PoolName, news: &[TaskChange]) {
+        if let Some(e) = self.state.tasks().get(id) {
+            let words: Vec<ObjectEvent> = news.iter().map(|c| changes::render(c, &e.task)).collect();
+            let subject = event::Subject { id: id.to_string(), pool: pool.clone() };
+            self.events.recorded(event::EventType::TaskEvent, &subject, &words, self.now_ms);
+        }
+    }
+
+    /// Asks for the pool's DAEMON services (a host turned: their task counts follow it).
+    pub(in crate::cluster) fn ask_daemons(&mut self, pool: &PoolName) {
+        let daemons: Vec<ServiceName> = (self.state.services().values())
+            .filter(|v| v.value.pool == *pool && v.value.scheduling_strategy == SchedulingStrategy::Daemon)
+            .map(|v| v.value.name.clone())
+            .collect();
+        for name in daemons {
+            self.ask(Work::Service(name));
+        }
+    }
+
+    /// Capacity came back in `pool` (a host or a GPU opened): its waiting tasks are placed,
+    /// and its services may spread onto it at once.
+    pub(in crate::cluster) fn capacity_opened(&mut self, pool: PoolName) {
+        let services: Vec<ServiceName> = (self.state.services().values())
+            .filter(|v| v.value.pool == pool)
+            .map(|v| v.value.name.clone())
+            .collect();
+        for s in services {
+            self.ask(Work::Service(s));
+        }
+        self.ask(Work::Placement(pool));
+    }
+
+    /// Records an entry in `pool`'s events, in one commit, then publishes it.
+    pub(in crate::cluster) fn pool_event(
+        &mut self,
+        pool: &PoolName,
+        reason: &str,
+        message: String,
+    ) -> Result<(), Error> {
+        self.change_pool(pool, reason, message, |_| {})
+    }
+
+    /// Changes `pool`'s record with `change` and records an entry in its events, in one
+    /// commit, then publishes the entry.
+    pub(in crate::cluster) fn change_pool(
+        &mut self,
+        pool: &PoolName,
+        reason: &str,
+        message: String,
+        change: impl FnOnce(&mut Pool),
+    ) -> Result<(), Error> {
+        let Some(current) = self.state.pools().get(pool).cloned() else { return Ok(()) };
+        let mut p = current.value;
+        change(&mut p);
+        let entry = ObjectEvent::new(reason, message);
+        p.events.push(self.now_ms, entry.clone());
+        let put = Op::put_json(POOL, p.name.as_str(), &p, Precondition::Version(current.version))?;
+        self.write(&[put], [Change::Pool(p)])?;
+        self.publish_pool_event(pool, entry);
+        Ok(())
+    }
+
+    /// Publishes an entry of `pool`'s events on the stream.
+    pub(in crate::cluster) fn publish_pool_event(&self, pool: &PoolName, entry: ObjectEvent) {
+        let subject = event::Subject { id: pool.to_string(), pool: pool.clone() };
+        self.events.recorded(event::EventType::PoolEvent, &subject, &[entry], self.now_ms);
     }
 
     /// Compacts the store's change feed to what [`FEED_MAX_REVISIONS`], [`FEED_MAX_AGE_MS`] and

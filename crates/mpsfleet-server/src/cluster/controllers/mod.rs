@@ -6,18 +6,19 @@
 //! is in its context or its arguments, and the dispatch in `cluster/work.rs` builds both.
 //! kube-runtime's `Controller` and its `Context` are the model.
 //!
-//! Moved here so far: retention. The others (services, placement, remediation, capacity,
-//! drills, host health) still run as `Cluster` methods, dispatched from the same queue.
+//! Moved here so far: retention, drills and placement. The others (services, remediation,
+//! capacity, host health) still run as `Cluster` methods, dispatched from the same queue.
 
+pub mod drills;
+pub mod placement;
 pub mod retention;
 
 use super::write::Writer;
-use mpsfleet_core::scheduler::Scheduler;
 
 /// What a controller's reconcile reads and writes.
 pub(in crate::cluster) struct Ctx<'a> {
-    /// The state, and the one way to change it.
+    /// The state, the one way to change it, the scheduler's index and the queue to ask for
+    /// other keys.
     pub(in crate::cluster) w: Writer<'a>,
-    pub(in crate::cluster) sched: &'a mut Scheduler,
     pub(in crate::cluster) now_ms: u64,
 }

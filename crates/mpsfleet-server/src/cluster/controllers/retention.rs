@@ -48,8 +48,8 @@ impl Retention {
     ) -> Result<(Action, Vec<String>), Error> {
         ctx.w.compact_feed()?;
         let now = ctx.now_ms;
-        let services = ctx.w.state().services();
-        ctx.sched.forget_groups(|group| match group.split_once('/') {
+        let services = ctx.w.state.services();
+        ctx.w.sched.forget_groups(|group| match group.split_once('/') {
             None => true,
             Some((svc, d)) => ServiceName::new(svc)
                 .ok()
