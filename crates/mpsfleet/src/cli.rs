@@ -959,15 +959,27 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
                 t.id.to_string(),
                 t.task_definition.to_string(),
                 t.last_status.as_str().into(),
-                t.desired_status.as_str().into(),
+                // Leaving traffic before its stop: told to stop, after its delay.
+                match t.draining {
+                    Some(_) => "STOPPED (draining)".into(),
+                    None => t.desired_status.as_str().into(),
+                },
                 task_health(t),
                 opt(&t.host_id),
                 crate::describe::gpus(t),
-                t.pending_reason.clone().or_else(|| t.stopped_reason.clone()).unwrap_or_default(),
+                (t.pending_reason.clone().or_else(|| t.stopped_reason.clone()))
+                    .or_else(|| t.draining.as_ref().map(draining_words))
+                    .unwrap_or_default(),
                 output::age(now, t.created_at_ms),
             ]
         })
         .collect()
+}
+
+/// A replica leaving traffic, in words: why, and when its stop follows.
+fn draining_words(d: &mpsfleet_types::Draining) -> String {
+    let left = d.until_ms.saturating_sub(now_ms());
+    format!("{}: leaving traffic, stopped in {}", d.reason, mpsfleet_core::health::fmt_ms(left))
 }
 
 /// The wall clock, for AGE columns.

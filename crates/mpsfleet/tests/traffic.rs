@@ -293,6 +293,103 @@ async fn a_rolling_deployment_under_load_fails_no_request() {
     .await;
 }
 
+/// The replica `id` once it is STOPPED.
+async fn stopped(admin: &mpsfleet_client::Client, id: &TaskId) -> Task {
+    eventually(WAIT, "the replica stopped", || async {
+        let t = admin.describe_task(&id.to_string()).await.ok()?;
+        (t.last_status == TaskStatus::Stopped).then_some(t)
+    })
+    .await
+}
+
+/// Whether the SRV answer holds a target with weight 0 (a replica leaving traffic).
+fn leaving(m: &Message) -> bool {
+    m.answers.iter().any(|r| matches!(&r.data, RData::SRV(s) if s.weight == 0))
+}
+
+/// An operator's `task stop` of a service's replica and a host's drain are planned stops: the
+/// replica leaves DNS (weight 0) for the service's delay before it gets its stop, as a
+/// deployment's are; ECS sees it DEACTIVATING, desired STOPPED, meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_stop_and_a_host_drain_take_the_replica_out_of_traffic_first() {
+    within(async {
+        let web = Web::start("web", 2).await;
+        let admin = &web.admin;
+        web.published(2).await;
+        let live = |tasks: Vec<Task>| -> Vec<Task> {
+            tasks
+                .into_iter()
+                .filter(|t| t.last_status == TaskStatus::Running && t.draining.is_none())
+                .collect()
+        };
+
+        // `task stop`: weight 0 at once, the stop 2 s later, a replacement in its place.
+        let victim = live(admin.list_tasks(&Default::default()).await.unwrap()).remove(0);
+        let answered = admin.stop_task(&victim.id.to_string(), None).await.unwrap();
+        let d = answered.draining.clone().expect("a replica in traffic drains before its stop");
+        assert_eq!((d.stop_code, d.until_ms - d.since_ms), (StopCode::UserInitiated, 2_000));
+        assert_eq!(answered.desired_status, TaskStatus::Running, "it runs on while it drains");
+        // Within its 2 s out of traffic (the zone is rebuilt at most every 50 ms).
+        eventually(Duration::from_millis(1_500), "the stopped replica at weight 0", || async {
+            leaving(&ask(&web.dns, SRV_NAME, RecordType::SRV, false).await).then_some(())
+        })
+        .await;
+        let t = stopped(admin, &victim.id).await;
+        assert_eq!(t.stop_code, Some(StopCode::UserInitiated));
+        assert!(t.stopped_at_ms.is_some_and(|at| at >= d.until_ms), "{t:?} stopped before {}", d.until_ms);
+        web.published(2).await;
+
+        // A host's drain: its replicas move to a second host, leaving traffic before they stop.
+        let docker = docker_env();
+        let _h2 = Agent::start_docker(&web._server, &web.dir.path().join("b"), "gpu", "h2", &docker, &[]);
+        let hosts = eventually(WAIT, "h2 ACTIVE", || async {
+            let hosts = admin.list_hosts(None).await.ok()?;
+            let id = |name: &str| hosts.iter().find(|h| h.hostname == name).map(|h| (h.id.clone(), h.status));
+            match (id("h1"), id("h2")) {
+                (Some((h1, _)), Some((h2, HostStatus::Active))) => Some((h1, h2)),
+                _ => None,
+            }
+        })
+        .await;
+        let (h1, h2) = hosts;
+        let on_h1 = live(admin.list_tasks(&Default::default()).await.unwrap());
+        assert!(on_h1.iter().all(|t| t.host_id.as_ref() == Some(&h1)), "{on_h1:?}");
+        admin.host_action(h1.as_str(), "drain").await.unwrap();
+        let drained = eventually(WAIT, "h1's replicas leaving traffic", || async {
+            let tasks = admin.list_tasks(&Default::default()).await.ok()?;
+            let leaving: Vec<Task> = (tasks.into_iter())
+                .filter(|t| t.draining.as_ref().is_some_and(|d| d.stop_code == StopCode::HostReplaced))
+                .collect();
+            (!leaving.is_empty()).then_some(leaving)
+        })
+        .await;
+        for t in drained {
+            let d = t.draining.clone().unwrap();
+            assert_eq!(d.stop_code, StopCode::HostReplaced, "{t:?}");
+            let s = stopped(admin, &t.id).await;
+            assert_eq!(s.stop_code, Some(StopCode::HostReplaced));
+            assert!(
+                s.stopped_at_ms.is_some_and(|at| at >= d.until_ms),
+                "{s:?} stopped before {}",
+                d.until_ms
+            );
+        }
+        web.published(2).await;
+        let on: Vec<Option<HostId>> = live(admin.list_tasks(&Default::default()).await.unwrap())
+            .into_iter()
+            .map(|t| t.host_id)
+            .collect();
+        assert!(on.iter().all(|h| h.as_ref() == Some(&h2)), "{on:?}");
+        // Each replica was moved once, not again while it drained: 2 first, 1 replacing the
+        // stopped one, 2 moved.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let all = admin.list_tasks(&Default::default()).await.unwrap();
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert_eq!(admin.describe_host(h1.as_str()).await.unwrap().status, HostStatus::Draining);
+    })
+    .await;
+}
+
 /// A host whose agent stops answering takes its replicas out of DNS at its first missed
 /// heartbeats, long before the server's grace declares the host (no incident yet), while the
 /// container still runs; heartbeats again bring the replica back.

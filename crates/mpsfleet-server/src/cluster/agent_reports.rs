@@ -270,9 +270,9 @@ impl Cluster {
         }
         let code = t.stop_code;
         let reason = t.stopped_reason.clone();
-        let was = self.replica_state(&task);
-        let now_state = self.replica_state(&t);
-        self.write_tasks(vec![t])?;
+        let was = self.reader().replica_state(&task);
+        let now_state = self.reader().replica_state(&t);
+        self.writing(|w| w.write_tasks(vec![t]))?;
         if report.last_status == TaskStatus::Stopped {
             // The host's faults (a daemon that did not answer, a drain, a replacement) are not
             // the task's, nor is a stop that was asked for: they do not count toward its
@@ -420,16 +420,5 @@ impl Cluster {
         for s in services {
             self.ask(Work::Service(s));
         }
-    }
-
-    /// Whether `t` runs on a GPU whose MPS daemon's failure is confirmed: a `restart`
-    /// service counts it no more, and starts a copy elsewhere at once.
-    pub(super) fn at_risk(&self, t: &Task) -> bool {
-        if self.work.failed_daemon_hosts.is_empty() {
-            return false;
-        }
-        let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
-        let failed = &self.state.hosts()[ix as usize].failed_daemons;
-        !failed.is_empty() && t.gpu_ids.iter().any(|g| failed.contains(g))
     }
 }

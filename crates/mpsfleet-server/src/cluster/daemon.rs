@@ -11,13 +11,6 @@ use mpsfleet_core::deployment::{self, Bounds, DaemonHost, DaemonStop, Replica};
 use mpsfleet_types::service::ObjectEvent;
 
 impl Cluster {
-    /// The desired count of a DAEMON service of `pool` now: the pool's ACTIVE hosts (what a
-    /// create answers with; every reconcile keeps it up to date).
-    pub(super) fn active_hosts_of(&self, pool: &PoolName) -> u32 {
-        let active = |h: &Host| h.pool == *pool && h.status == HostStatus::Active;
-        self.state.hosts().iter().filter(|e| active(e.host())).count() as u32
-    }
-
     /// One step of a DAEMON service: its desired count follows the pool's ACTIVE hosts, then
     /// the planner's stops and starts are written, and the service's events say what was done.
     /// Returns the bounds the step kept to, for settling its deployments.
@@ -56,7 +49,7 @@ impl Cluster {
                 id: t.id,
                 current: t.task_definition == svc.task_definition
                     && forced_at.is_none_or(|at| t.created_at_ms >= at),
-                state: self.replica_state(t),
+                state: self.reader().replica_state(t),
                 seq: e.seq,
             };
             let on = e
@@ -96,9 +89,9 @@ impl Cluster {
                     )
                 }
             };
-            stops.push(self.stopped_record(&e.task, StopCode::ServiceSchedulerInitiated, &reason));
+            stops.push(self.reader().stopped_record(&e.task, StopCode::ServiceSchedulerInitiated, &reason));
         }
-        self.write_tasks(stops)?;
+        self.writing(|w| w.write_tasks(stops))?;
         if left > 0 && !deleted {
             let msg = format!("stopped {left} task(s) on hosts no longer ACTIVE in pool {}", svc.pool);
             svc.events.push(now, ObjectEvent::new("ScaledIn", msg));
@@ -119,7 +112,7 @@ impl Cluster {
         for i in plan.start_on {
             let ix = order[i];
             let task = Task::new(
-                self.next_task_id(),
+                self.writer().next_task_id(),
                 svc.task_definition.clone(),
                 svc.pool.clone(),
                 Some(svc.name.clone()),
@@ -127,7 +120,7 @@ impl Cluster {
                 now,
             );
             let host = self.sched.host_id(ix).clone();
-            match self.start_one_on(task, ix)? {
+            match self.writing(|w| w.start_one_on(task, ix))? {
                 Ok(_) => started.push(host.to_string()),
                 Err(why) => unplaced.push(format!("{host}: {why}")),
             }

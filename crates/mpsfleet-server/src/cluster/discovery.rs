@@ -5,9 +5,10 @@
 //! A replica is in traffic while it is RUNNING, ready and healthy (where its definition has a
 //! health check), its GPU's MPS daemon has not failed and its host has not missed
 //! [`MISSED_HEARTBEATS`] heartbeats in a row; it is leaving (weight 0) while a
-//! planned stop drains it ([`Cluster::planned_stop`]), and gone once it is told to stop.
+//! planned stop drains it ([`Reader::planned_stop`]), and gone once it is told to stop.
 //! Anything else is not published.
 
+use super::read::Reader;
 use super::*;
 use mpsfleet_core::deployment::ReplicaState;
 use mpsfleet_types::discovery::{DiscoveredPort, DiscoveredReplica, DiscoveredService, Traffic};
@@ -32,7 +33,7 @@ impl Cluster {
             if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
                 continue;
             }
-            out.extend(self.bindings_of(t));
+            out.extend(self.reader().bindings_of(t));
         }
         Ok(out)
     }
@@ -40,6 +41,7 @@ impl Cluster {
     /// What service discovery publishes of every service (of `pools` only, when given), in
     /// name order: module docs.
     pub fn discovery(&self, pools: Option<&BTreeSet<String>>) -> Vec<DiscoveredService> {
+        let r = self.reader();
         let mut out = Vec::new();
         for v in self.state.services().values() {
             let svc = &v.value;
@@ -49,8 +51,8 @@ impl Cluster {
             let mut replicas = Vec::new();
             for id in self.state.tasks().of_service(&svc.name) {
                 let Some(e) = self.state.tasks().get(id) else { continue };
-                if let Some(r) = self.discovered(&e.task) {
-                    replicas.push(r);
+                if let Some(d) = r.discovered(&e.task) {
+                    replicas.push(d);
                 }
             }
             out.push(DiscoveredService {
@@ -61,10 +63,12 @@ impl Cluster {
         }
         out
     }
+}
 
+impl Reader<'_> {
     /// A replica as discovery publishes it, or None when it takes no traffic and is not
     /// leaving it (or has no address a record can carry).
-    fn discovered(&self, t: &Task) -> Option<DiscoveredReplica> {
+    pub(in crate::cluster) fn discovered(&self, t: &Task) -> Option<DiscoveredReplica> {
         if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
             return None;
         }
@@ -99,11 +103,18 @@ impl Cluster {
         Some(DiscoveredReplica { task: t.id, address, traffic, ports })
     }
 
-    /// The record of a stop its service planned (a deployment, a scale-in, a move): a replica
-    /// in traffic with ports first leaves discovery for `delay_s` (`Task::draining`), and its
-    /// service stops it once that is over; any other stops at once.
-    pub(super) fn planned_stop(&self, t: &Task, delay_s: u32, reason: &str, now: u64) -> Task {
-        let code = StopCode::ServiceSchedulerInitiated;
+    /// The record of a planned stop (its service's deployment, scale-in or move, an operator's
+    /// `task stop`, a host's drain): a replica in traffic with ports first leaves discovery for
+    /// `delay_s` (`Task::draining`), and its service stops it once that is over with `code`;
+    /// any other stops at once.
+    pub(in crate::cluster) fn planned_stop(
+        &self,
+        t: &Task,
+        delay_s: u32,
+        code: StopCode,
+        reason: &str,
+        now: u64,
+    ) -> Task {
         let in_traffic = self.discovered(t).is_some_and(|r| r.traffic == Traffic::In && !r.ports.is_empty());
         if delay_s == 0 || t.draining.is_some() || !in_traffic {
             return self.stopped_record(t, code, reason);
@@ -119,19 +130,19 @@ impl Cluster {
     /// interval its agent reports, at least a second's worth): the first sign that the host
     /// or its agent is gone, long before its grace declares it. A server that has heard
     /// nothing since it started does not judge.
-    fn heartbeats_missed(&self, t: &Task) -> bool {
+    pub(in crate::cluster) fn heartbeats_missed(&self, t: &Task) -> bool {
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
         let e = &self.state.hosts()[ix as usize];
         // The interval is the agent's word: bounded as the recovery bounds bound it.
         let interval = e.heartbeat_ms.unwrap_or(1_000).min(super::bounds::MAX_HEARTBEAT_MS);
         let limit = (interval * MISSED_HEARTBEATS).max(1_000);
-        e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) > limit)
+        e.last_heartbeat_ms.is_some_and(|at| self.now_ms.saturating_sub(at) > limit)
     }
 
     /// Where a running task's ports are reached: its containers' bindings at the host's
     /// address, or at the task's own for awsvpc (`service_endpoints`). A process task maps no
     /// ports (placement keeps a definition with port mappings off process hosts).
-    fn bindings_of(&self, t: &Task) -> Vec<ServiceEndpoint> {
+    pub(in crate::cluster) fn bindings_of(&self, t: &Task) -> Vec<ServiceEndpoint> {
         let mut out = Vec::new();
         let Some(host) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return out };
         let entry = &self.state.hosts()[host as usize];

@@ -826,7 +826,12 @@ impl Cluster {
                     None => TaskOwner::Standalone,
                 },
                 last_status: t.task.last_status,
-                desired_status: t.task.desired_status,
+                // A replica leaving traffic is told to stop: its service stops it after its
+                // delay, and it is not moved again.
+                desired_status: match t.task.draining {
+                    Some(_) => TaskStatus::Stopped,
+                    None => t.task.desired_status,
+                },
             })
             .collect();
         let progress = self.work.provider_progress.get(&incident.id).cloned().unwrap_or_default();
@@ -966,7 +971,7 @@ impl Cluster {
                     .filter_map(|id| self.state.tasks().get(id))
                     .map(|e| self.forced_stop(&e.task, *stop_code, &reason, gone))
                     .collect();
-                self.write_tasks(stopped)?;
+                self.writing(|w| w.write_tasks(stopped))?;
             }
             Action::TerminateOldHost => {
                 if self.provider_for(&incident.pool.clone()).is_some() {
@@ -995,7 +1000,7 @@ impl Cluster {
 
     /// A stop that does not wait for an agent that will never answer.
     fn forced_stop(&self, task: &Task, code: StopCode, reason: &str, host_gone: bool) -> Task {
-        let mut t = self.stopped_record(task, code, reason);
+        let mut t = self.reader().stopped_record(task, code, reason);
         if host_gone && t.last_status != TaskStatus::Stopped {
             force_stop(&mut t);
             t.stopped_at_ms = Some(self.now());
@@ -1024,10 +1029,22 @@ impl Cluster {
             let t = i.value.timing();
             t.first_failure_at_ms.or(t.detected_at_ms).unwrap_or(u64::MAX)
         });
+        // An operator's drain is planned: a replica in traffic on a host that still answers
+        // leaves traffic for its service's delay before it stops (`planned_stop`), while its
+        // replacement starts elsewhere. A failure's move stops at once.
+        let planned = !gone
+            && (self.state.incidents().get(incident))
+                .is_some_and(|i| i.value.operator_requested == Some(OperatorAction::Drain));
+        let now = self.now();
         for m in moves {
             let Some(old) = self.state.tasks().get(&m.task_id).map(|e| e.task.clone()) else { continue };
             let Some(svc) = self.state.services().get(&m.service).map(|s| s.value.clone()) else { continue };
-            let stopped = self.forced_stop(&old, StopCode::HostReplaced, &reason, gone);
+            let stopped = if planned {
+                let delay = svc.deregistration_delay_seconds;
+                self.reader().planned_stop(&old, delay, StopCode::HostReplaced, &reason, now)
+            } else {
+                self.forced_stop(&old, StopCode::HostReplaced, &reason, gone)
+            };
             let version = self.state.tasks().get(&old.id).map_or(0, |e| e.version);
             batch.ops.push(Op::put_json(TASK, old.id.to_string(), &stopped, Precondition::Version(version))?);
             stops.push(stopped);
@@ -1040,8 +1057,8 @@ impl Cluster {
             }
             let spec = services::tasks_of(&svc);
             let before = batch.created.len();
-            if let Err(e) = self.create_tasks(&spec, 1, &mut batch) {
-                self.rollback(&batch);
+            if let Err(e) = self.writer().create_tasks(&spec, 1, &mut batch) {
+                self.writer().rollback(&batch);
                 return Err(e);
             }
             if let Some((new, _, _)) = batch.created.get(before) {
@@ -1051,15 +1068,19 @@ impl Cluster {
         let rev = match self.commit(&batch.ops) {
             Ok(rev) => rev,
             Err(e) => {
-                self.rollback(&batch);
+                self.writer().rollback(&batch);
                 return Err(e);
             }
         };
         for t in stops {
-            self.apply_task_update(t, rev)?;
+            // Its service stops a replica leaving traffic once its delay is over.
+            if let Some(g) = t.group.as_ref().filter(|_| t.draining.is_some()) {
+                self.ask(Work::Service(g.clone()));
+            }
+            self.writer().apply_task_update(t, rev)?;
         }
         for (task, placement, _) in batch.created {
-            self.insert_task(task, rev, placement, true);
+            self.writer().insert_task(task, rev, placement, true);
         }
         self.tell_services_of_moves(&pairs, moves, &host_id, incident)?;
         Ok(pairs)
@@ -1127,7 +1148,9 @@ impl Cluster {
             .iter()
             .filter_map(|id| self.state.tasks().get(id))
             .map(|e| &e.task)
-            .filter(|t| t.id != old.id && t.desired_status != TaskStatus::Stopped && !self.at_risk(t))
+            .filter(|t| {
+                t.id != old.id && t.desired_status != TaskStatus::Stopped && !self.reader().at_risk(t)
+            })
             .collect();
         if (counted.len() as u32) < svc.desired_count {
             return None;
@@ -1157,7 +1180,7 @@ impl Cluster {
             .filter(|e| e.task.desired_status == TaskStatus::Stopped)
             .map(|e| self.forced_stop(&e.task, StopCode::HostReplaced, reason, true))
             .collect();
-        self.write_tasks(stopped)
+        self.writing(|w| w.write_tasks(stopped))
     }
 
     /// A provider call failed and will be tried again after `failed.backoff_ms`: noted on the

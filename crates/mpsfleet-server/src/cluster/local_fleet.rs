@@ -30,14 +30,14 @@ impl Cluster {
             .map(|e| &e.task)
             .filter(|t| t.pool == pool && t.host_id.is_some() && t.last_status != TaskStatus::Stopped)
             .map(|t| {
-                let mut t = self.stopped_record(t, StopCode::UserInitiated, reason);
+                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
                 force_stop(&mut t);
                 t.stopped_at_ms.get_or_insert(now);
                 t
             })
             .collect();
         let n = stopped.len();
-        self.write_tasks(stopped)?;
+        self.writing(|w| w.write_tasks(stopped))?;
         Ok(n)
     }
 
@@ -63,13 +63,13 @@ impl Cluster {
             .map(|e| &e.task)
             .filter(|t| t.host_id.as_ref() == Some(id) && t.last_status != TaskStatus::Stopped)
             .map(|t| {
-                let mut t = self.stopped_record(t, StopCode::UserInitiated, reason);
+                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
                 force_stop(&mut t);
                 t.stopped_at_ms.get_or_insert(now);
                 t
             })
             .collect();
-        self.write_tasks(stopped)?;
+        self.writing(|w| w.write_tasks(stopped))?;
         let what = format!("{} runtime, was {}: {reason}", runtime.as_str(), h.runtime.as_str());
         h.events.push(now, ObjectEvent::new("RuntimeChanged", what));
         h.runtime = runtime;

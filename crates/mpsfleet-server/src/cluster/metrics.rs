@@ -57,7 +57,7 @@ impl Cluster {
                 self.state.tasks().of_service(&svc.name).iter().filter_map(|id| self.state.tasks().get(id))
             {
                 s.running += i64::from(e.task.last_status == TaskStatus::Running);
-                s.healthy += i64::from(self.replica_state(&e.task) == ReplicaState::Healthy);
+                s.healthy += i64::from(self.reader().replica_state(&e.task) == ReplicaState::Healthy);
             }
             let p = at(pools, &svc.pool);
             for d in svc.deployments.iter().filter(|d| d.status != DeploymentStatus::Inactive) {

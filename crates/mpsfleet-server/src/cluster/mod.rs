@@ -33,6 +33,7 @@ mod operator;
 mod pools;
 mod protection;
 mod providers;
+mod read;
 use pools::pool_config;
 pub use providers::ProviderContext;
 #[cfg(test)]
@@ -61,6 +62,7 @@ mod service_tests;
 mod services;
 mod state;
 mod write;
+mod write_tasks;
 use state::{Change, HostEntry};
 mod task_policy;
 mod tasks;
@@ -243,8 +245,7 @@ pub struct Cluster {
     /// The pools' capacity providers (`providers.rs`).
     providers: providers::Providers,
     /// Task ids count up from a random base chosen at load (`next_task_id`).
-    id_base: u64,
-    id_counter: u64,
+    ids: write_tasks::TaskIds,
     /// When each retained revision of the change feed was written, and its size (compaction).
     feed: write::FeedLedger,
     /// Console sign-in links not yet used, by their code's digest (memory only).
@@ -325,8 +326,7 @@ impl Cluster {
             },
             cluster_cas: Vec::new(),
             call: Default::default(),
-            id_base: auth::random_u64()?,
-            id_counter: 0,
+            ids: write_tasks::TaskIds { base: auth::random_u64()?, counter: 0 },
             events: crate::events::Events::default(),
             console_links: HashMap::new(),
             output: logs::LogSnapshots::default(),
@@ -391,7 +391,7 @@ impl Cluster {
                 let req = placement::request_for(&self.state, &mut self.sched, &task)?;
                 self.sched.reserve(&req, p);
             }
-            self.insert_task(task, version, placement, false);
+            self.writer().insert_task(task, version, placement, false);
         }
         Ok(())
     }
@@ -463,7 +463,20 @@ impl Cluster {
             wake: &mut self.work.wake,
             health_due_ms: &mut self.work.health_due_ms,
             breaker_counts: &mut self.work.breaker_counts,
+            failed_daemon_hosts: &self.work.failed_daemon_hosts,
+            ids: &mut self.ids,
+            local_runs_images: providers::local_runs_images(self.providers.ctx.as_ref()),
             riders: Vec::new(),
+            now_ms: self.clock.now_ms(),
+        }
+    }
+
+    /// What requests read beyond single records (`read.rs`).
+    fn reader(&self) -> read::Reader<'_> {
+        read::Reader {
+            state: &self.state,
+            sched: &self.sched,
+            failed_daemon_hosts: &self.work.failed_daemon_hosts,
             now_ms: self.clock.now_ms(),
         }
     }
@@ -902,109 +915,11 @@ impl Cluster {
         Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
     }
 
-    /// Ids count up from a random base chosen at load, skipping any already taken: consecutive
-    /// ids keep a batch's store rows together at one end of the store's key index, where
-    /// scattered ids would rewrite a page per task.
-    fn next_task_id(&mut self) -> TaskId {
-        loop {
-            self.id_counter += 1;
-            let id = TaskId(self.id_base.wrapping_add(self.id_counter));
-            if self.state.tasks().get(&id).is_none() {
-                return id;
-            }
-        }
-    }
-
-    /// Puts a committed new task; `record`: in its events (not for a task loaded from the
-    /// store, whose past this server did not see).
-    fn insert_task(&mut self, task: Task, version: Revision, placement: Option<Placement>, record: bool) {
-        if placement.is_none() && task.last_status == TaskStatus::Pending {
-            self.ask_scaling(&task.pool.clone());
-        }
-        if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
-            let e = self.state.host_mut(p.host);
-            e.epoch = e.epoch.max(version);
-        }
-        if record {
-            self.writer().put_task(task, version, placement);
-        } else {
-            self.apply(version, Change::Task(task, placement));
-        }
-    }
-
     /// A task's events in words, oldest first.
     pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
         let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
         let e = self.state.tasks().get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
         Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
-    }
-
-    /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
-    /// Nothing is committed here: see [`Cluster::start_tasks`].
-    fn create_tasks(&mut self, spec: &NewTasks, count: u32, batch: &mut Batch) -> Result<(), Error> {
-        let now = self.now();
-        // Every task of the spec makes the same request.
-        let mut same: Option<Request> = None;
-        batch.ops.reserve(count as usize);
-        batch.created.reserve(count as usize);
-        for _ in 0..count {
-            let id = self.next_task_id();
-            let mut task = Task::new(
-                id,
-                spec.task_definition.clone(),
-                spec.pool.clone(),
-                spec.group.clone(),
-                spec.started_by.clone(),
-                now,
-            );
-            task.labels = spec.labels.clone();
-            task.deployment = spec.deployment.clone();
-            let req = match same {
-                Some(r) => r,
-                None => *same.insert(placement::request_for(&self.state, &mut self.sched, &task)?),
-            };
-            let outcome = self.sched.place(&req);
-            placement::apply_placement(
-                &self.state,
-                &self.sched,
-                self.now(),
-                &mut task,
-                &outcome,
-                self.local_runs_images(),
-            );
-            batch.ops.push(Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)?);
-            batch.created.push((task, outcome.ok(), req));
-        }
-        Ok(())
-    }
-
-    /// Gives back the capacity an uncommitted batch took.
-    fn rollback(&mut self, batch: &Batch) {
-        for (_, placement, req) in batch.created.iter().rev() {
-            if let Some(p) = placement {
-                self.sched.release(req, p);
-            }
-        }
-    }
-
-    /// Creates and commits new tasks as one atomic batch; on any failure nothing stays.
-    fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, Error> {
-        let mut batch = Batch::default();
-        let created = self.create_tasks(&spec, count, &mut batch);
-        let committed = created.and_then(|()| self.commit(&batch.ops));
-        let rev = match committed {
-            Ok(rev) => rev,
-            Err(e) => {
-                self.rollback(&batch);
-                return Err(e);
-            }
-        };
-        let mut out = Vec::with_capacity(batch.created.len());
-        for (task, placement, _) in batch.created {
-            out.push(task.clone());
-            self.insert_task(task, rev, placement, true);
-        }
-        Ok(out)
     }
 
     /// ECS's StartTask: one task of `req` on host `host`, placed now, or why it does not fit
@@ -1025,44 +940,9 @@ impl Cluster {
         let labels = run_labels(req, td)?;
         let reference = td.reference();
         let started_by = format!("run:{:016x}", auth::random_u64()?);
-        let mut task = Task::new(self.next_task_id(), reference, pool, None, started_by, self.now());
+        let mut task = Task::new(self.writer().next_task_id(), reference, pool, None, started_by, self.now());
         task.labels = labels;
-        self.start_one_on(task, ix)
-    }
-
-    /// Places a new task on host `ix` only and commits it, or says why it does not fit there
-    /// (nothing is written then).
-    fn start_one_on(
-        &mut self,
-        mut task: Task,
-        ix: HostIx,
-    ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let request = placement::request_for(&self.state, &mut self.sched, &task)?;
-        let outcome = self.sched.place_on(&request, ix);
-        let placement = match outcome {
-            Ok(p) => p,
-            Err(why) => return Ok(Err(why)),
-        };
-        placement::apply_placement(
-            &self.state,
-            &self.sched,
-            self.now(),
-            &mut task,
-            &Ok(placement.clone()),
-            self.local_runs_images(),
-        );
-        let committed = Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)
-            .map_err(Error::from)
-            .and_then(|op| self.commit(&[op]));
-        let rev = match committed {
-            Ok(rev) => rev,
-            Err(e) => {
-                self.sched.release(&request, &placement);
-                return Err(e);
-            }
-        };
-        self.insert_task(task.clone(), rev, Some(placement), true);
-        Ok(Ok(task))
+        self.writing(|w| w.start_one_on(task, ix))
     }
 
     pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, Error> {
@@ -1085,7 +965,7 @@ impl Cluster {
         let labels = run_labels(&req, td)?;
         let td = td.reference();
         let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels, deployment: None };
-        let tasks = self.start_tasks(spec, req.count)?;
+        let tasks = self.writing(|w| w.start_tasks(spec, req.count))?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
     }
@@ -1139,91 +1019,28 @@ impl Cluster {
             .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
     }
 
-    /// The record a stop request produces: an unplaced task stops at once; a placed one is
-    /// asked to stop and its agent reports when it has.
-    fn stopped_record(&self, task: &Task, code: StopCode, reason: &str) -> Task {
-        let mut t = task.clone();
-        // A stop request applies in every state (a stopped task's changes nothing).
-        if let Err(e) = task_lifecycle::apply(&mut t, task_lifecycle::Event::StopRequested) {
-            tracing::error!(task.id = %t.id, "a stop request was refused: {e}");
-        }
-        if t.last_status == TaskStatus::Stopped {
-            t.pending_reason = None;
-            t.pending_code = None;
-            t.unplaceable = false;
-            t.stopped_at_ms.get_or_insert(self.now());
-        }
-        t.stop_code.get_or_insert(code);
-        t.stopped_reason.get_or_insert_with(|| reason.to_string());
-        t
-    }
-
     pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, Error> {
         let task = self.task(id)?;
         if task.desired_status == TaskStatus::Stopped {
             return Ok(task);
         }
+        if task.draining.is_some() {
+            // Already leaving traffic: its service stops it when its delay is over.
+            return Ok(task);
+        }
         let reason = reason.unwrap_or_else(|| "stopped by the user".to_string());
-        let t = self.stopped_record(&task, StopCode::UserInitiated, &reason);
+        // A service's replica in traffic leaves it first, as a planned stop does.
+        let delay = task.group.as_ref().and_then(|g| self.state.services().get(g));
+        let delay = delay.map_or(0, |s| s.value.deregistration_delay_seconds);
+        let t = self.reader().planned_stop(&task, delay, StopCode::UserInitiated, &reason, self.now());
         if matches!(self.broken, broken::Switch::LostStops) {
             return Ok(t);
         }
-        self.write_tasks(vec![t])?;
+        self.writing(|w| w.write_tasks(vec![t]))?;
         // Its service (if any) starts a replacement on the next pass of the work queue; the
         // stop, committed, is not answered with an error of that reconcile.
         self.ask_for_group(task.group.as_ref());
         self.task(id)
-    }
-
-    /// Commits new versions of existing tasks and applies them: capacity released for those
-    /// that stopped, epochs moved for the hosts whose agents must act.
-    fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), Error> {
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        let mut ops = Vec::with_capacity(tasks.len());
-        for t in &tasks {
-            let version = self.state.tasks().get(&t.id).map_or(0, |e| e.version);
-            ops.push(Op::put_json(TASK, t.id.to_string(), t, Precondition::Version(version))?);
-        }
-        let rev = self.commit(&ops)?;
-        let mut freed = BTreeSet::new();
-        for t in tasks {
-            let pool = t.pool.clone();
-            let group = t.group.clone();
-            if self.apply_task_update(t, rev)? {
-                freed.insert(pool);
-                // Its service may have waited for it (a rebalance waits for every stop).
-                self.ask_for_group(group.as_ref());
-            }
-        }
-        for pool in freed {
-            self.ask(Work::Placement(pool));
-        }
-        Ok(())
-    }
-
-    /// Applies a committed new version of an existing task; true when it just stopped (its
-    /// capacity is free again).
-    fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, Error> {
-        let id = t.id;
-        let Some(old) = self.state.tasks().get(&id) else { return Ok(false) };
-        let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
-        let mut placement = old.placement.clone();
-        // A task that just stopped gives its capacity back.
-        let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
-        if let Some((p, old_task)) = freed {
-            let req = placement::request_for(&self.state, &mut self.sched, &old_task)?;
-            self.sched.release(&req, &p);
-        }
-        if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
-            self.state.host_mut(h).epoch = rev;
-        }
-        if stopped_now {
-            self.events.task_stopped(&t, self.now());
-        }
-        self.writer().put_task(t, rev, placement);
-        Ok(stopped_now)
     }
 
     /// Drops change-feed entries older than the last `keep` revisions (objects stay).

@@ -42,7 +42,7 @@ impl Cluster {
             changed.push(t);
         }
         let groups: BTreeSet<ServiceName> = changed.iter().filter_map(|t| t.group.clone()).collect();
-        self.write_tasks(changed.clone())?;
+        self.writing(|w| w.write_tasks(changed.clone()))?;
         // Its service may stop it now that its protection has ended.
         for g in groups {
             self.ask(super::work::Work::Service(g));

@@ -48,14 +48,6 @@ impl Cluster {
         self.ask_capacity_everywhere();
     }
 
-    /// Whether a `local` provider's agents run containers (they do unless started with
-    /// `--runtime process`).
-    pub(super) fn local_runs_images(&self) -> bool {
-        self.providers.ctx.as_ref().is_none_or(|ctx| {
-            !ctx.local_agent_args.windows(2).any(|w| w[0] == "--runtime" && w[1] == "process")
-        })
-    }
-
     pub(super) fn has_provider(&self, pool: &PoolName) -> bool {
         self.providers.built.contains_key(pool)
             || self.state.pools().get(pool).is_some_and(|p| p.value.provider.is_some())
@@ -133,4 +125,10 @@ impl Cluster {
             incident: String::new(),
         }
     }
+}
+
+/// Whether a `local` provider's agents run containers (they do unless started with
+/// `--runtime process`).
+pub(super) fn local_runs_images(ctx: Option<&ProviderContext>) -> bool {
+    ctx.is_none_or(|ctx| !ctx.local_agent_args.windows(2).any(|w| w[0] == "--runtime" && w[1] == "process"))
 }

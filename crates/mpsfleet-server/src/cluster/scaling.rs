@@ -286,16 +286,6 @@ impl Cluster {
     pub fn last_scaling_decision(&self, pool: &PoolName) -> Option<(u64, String)> {
         self.work.scaling.get(pool).and_then(|m| m.last.clone())
     }
-
-    /// A task waits in `pool`: a scaling pool looks at its demand now.
-    pub(super) fn ask_scaling(&mut self, pool: &PoolName) {
-        let scales = (self.state.pools().get(pool))
-            .and_then(|p| p.value.provider.as_ref())
-            .is_some_and(|prov| prov.scaling().is_some());
-        if scales {
-            self.ask(Work::Capacity(pool.clone()));
-        }
-    }
 }
 
 /// A task's CPU units and memory in MiB as a host must hold them: the task-level `cpu` and

@@ -113,7 +113,7 @@ fn counts(c: &Cluster) -> (usize, usize) {
         .filter_map(|id| c.state.tasks().get(id))
         .map(|e| &e.task)
         .collect();
-    let healthy = live.iter().filter(|t| c.replica_state(t) == ReplicaState::Healthy).count();
+    let healthy = live.iter().filter(|t| c.reader().replica_state(t) == ReplicaState::Healthy).count();
     (healthy, live.len())
 }
 

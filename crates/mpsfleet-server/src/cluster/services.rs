@@ -54,7 +54,7 @@ impl Cluster {
         let now = self.now();
         let desired_count = match strategy {
             SchedulingStrategy::Replica => req.desired_count,
-            SchedulingStrategy::Daemon => self.active_hosts_of(&pool),
+            SchedulingStrategy::Daemon => self.reader().active_hosts_of(&pool),
         };
         let mut svc = Service {
             name: name.clone(),
@@ -92,7 +92,9 @@ impl Cluster {
         // them as RunTask's does; everything after is the service controller's.
         let mut batch = Batch::default();
         let first = match strategy {
-            SchedulingStrategy::Replica => self.create_tasks(&tasks_of(&svc), svc.desired_count, &mut batch),
+            SchedulingStrategy::Replica => {
+                self.writer().create_tasks(&tasks_of(&svc), svc.desired_count, &mut batch)
+            }
             SchedulingStrategy::Daemon => Ok(()),
         };
         let started: Vec<Task> = batch.created.iter().map(|(t, _, _)| t.clone()).collect();
@@ -103,14 +105,14 @@ impl Cluster {
         let rev = match committed {
             Ok(rev) => rev,
             Err(e) => {
-                self.rollback(&batch);
+                self.writer().rollback(&batch);
                 return Err(e);
             }
         };
         self.publish_service_events(0, &svc);
         self.apply(rev, Change::Service(svc));
         for (task, placement, _) in batch.created {
-            self.insert_task(task, rev, placement, true);
+            self.writer().insert_task(task, rev, placement, true);
         }
         self.ask_now(Work::Service(name.clone()));
         self.service(name.as_str())
@@ -231,57 +233,6 @@ impl Cluster {
         }
     }
 
-    /// Where a live task stands as its service's rollout counts it: healthy once RUNNING,
-    /// ready, and passing its essential containers' health checks when it has any.
-    pub(super) fn replica_state(&self, t: &Task) -> ReplicaState {
-        replica_state_of(t, || self.health_checked(&t.task_definition))
-    }
-
-    /// Whether a definition's health counts: one of its essential containers has a check.
-    fn health_checked(&self, td: &TaskDefRef) -> bool {
-        self.state.taskdefs().get(&(td.family.clone(), td.revision)).is_some_and(|d| {
-            d.value.container_definitions.iter().any(|c| c.essential && c.health_check.is_some())
-        })
-    }
-
-    /// The service's live tasks as replicas of its rollout. A `restart` service does not count
-    /// a task whose GPU's MPS daemon has failed (confirmed, local repair still trying): its
-    /// rollout starts a copy elsewhere at once, and once the daemon answers again the task
-    /// counts again and the extra copies stop, the newest first. A `fenced` service counts it
-    /// until its host's incident confirms it gone.
-    fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
-        // A service's tasks share one or two definitions: each is looked up once in a row.
-        let mut last: Option<(&TaskDefRef, bool)> = None;
-        let restart = svc.resumption == ResumptionBoundary::Restart;
-        let forced_at = svc.deployments.first().and_then(|d| d.forced_at_ms);
-        self.state
-            .tasks()
-            .of_service(&svc.name)
-            .iter()
-            .filter_map(|id| self.state.tasks().get(id))
-            .filter(|e| !(restart && e.task.desired_status != TaskStatus::Stopped && self.at_risk(&e.task)))
-            .map(|e| {
-                let td = &e.task.task_definition;
-                let state = replica_state_of(&e.task, || match last {
-                    Some((d, checked)) if d == td => checked,
-                    _ => {
-                        let checked = self.health_checked(td);
-                        last = Some((td, checked));
-                        checked
-                    }
-                });
-                Replica {
-                    id: e.task.id,
-                    current: *td == svc.task_definition
-                        && !svc.moving.contains(&e.task.id)
-                        && forced_at.is_none_or(|at| e.task.created_at_ms >= at),
-                    state,
-                    seq: e.seq,
-                }
-            })
-            .collect()
-    }
-
     fn view_of(&self, svc: &Service) -> ServiceView {
         let live = Some(self.state.tasks().of_service(&svc.name));
         let count = |f: &dyn Fn(&Task) -> bool| {
@@ -293,8 +244,8 @@ impl Cluster {
             service: svc.clone(),
             running_count: count(&|t| t.last_status == TaskStatus::Running),
             pending_count: count(&|t| t.last_status < TaskStatus::Running),
-            healthy_count: count(&|t| self.replica_state(t) == ReplicaState::Healthy),
-            health_checked: self.health_checked(&svc.task_definition),
+            healthy_count: count(&|t| self.reader().replica_state(t) == ReplicaState::Healthy),
+            health_checked: self.reader().health_checked(&svc.task_definition),
         }
     }
 
@@ -314,7 +265,7 @@ impl Cluster {
                 running_count: 0,
                 pending_count: 0,
                 healthy_count: 0,
-                health_checked: self.health_checked(&d.task_definition),
+                health_checked: self.reader().health_checked(&d.task_definition),
             })
             .collect();
         for id in self.state.tasks().of_service(&svc.name) {
@@ -326,7 +277,7 @@ impl Cluster {
             }) else {
                 continue;
             };
-            match self.replica_state(t) {
+            match self.reader().replica_state(t) {
                 ReplicaState::Stopping => {}
                 ReplicaState::Healthy => {
                     v.healthy_count += 1;
@@ -381,17 +332,17 @@ impl Cluster {
         let may_start = !failed && !held;
         if svc.scheduling_strategy == SchedulingStrategy::Daemon {
             let bounds = self.daemon_step(&mut svc, may_start, now)?;
-            let replicas = self.replicas(&svc);
+            let replicas = self.reader().replicas(&svc);
             return self.settle_and_write(svc, before, &replicas, &bounds, wake, now);
         }
         let fenced = svc.resumption == ResumptionBoundary::Fenced;
         let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
         let live = self.state.tasks().of_service(name);
         svc.moving.retain(|id| live.contains(id));
-        let mut replicas = self.replicas(&svc);
+        let mut replicas = self.reader().replicas(&svc);
         // A replica marked as moving is no longer current.
         if may_start && svc.moving.is_empty() && self.rebalance(&mut svc, &replicas, now) {
-            replicas = self.replicas(&svc);
+            replicas = self.reader().replicas(&svc);
         }
         let mut plan = deployment::plan(bounds, &replicas, may_start);
         // A protected task stays until its protection ends; the service looks again then.
@@ -428,7 +379,9 @@ impl Cluster {
                     "service scaled in".to_string()
                 }
             };
-            let record = self.planned_stop(&e.task, svc.deregistration_delay_seconds, &reason, now);
+            let delay = svc.deregistration_delay_seconds;
+            let record =
+                self.reader().planned_stop(&e.task, delay, StopCode::ServiceSchedulerInitiated, &reason, now);
             if let Some(d) = &record.draining {
                 wake = Some(wake.map_or(d.until_ms, |w| w.min(d.until_ms)));
             }
@@ -439,7 +392,7 @@ impl Cluster {
             let Some(e) = self.state.tasks().get(id) else { continue };
             match &e.task.draining {
                 Some(d) if e.task.desired_status != TaskStatus::Stopped && d.until_ms <= now => {
-                    to_stop.push(self.stopped_record(&e.task, d.stop_code, &d.reason));
+                    to_stop.push(self.reader().stopped_record(&e.task, d.stop_code, &d.reason));
                 }
                 Some(d) if e.task.desired_status != TaskStatus::Stopped => {
                     wake = Some(wake.map_or(d.until_ms, |w| w.min(d.until_ms)));
@@ -448,7 +401,7 @@ impl Cluster {
             }
         }
         let unchanged = unchanged && to_stop.is_empty();
-        self.write_tasks(to_stop)?;
+        self.writing(|w| w.write_tasks(to_stop))?;
         if replaced > 0 {
             let msg = format!("stopped {replaced} task(s) of older definitions ({})", bounds_words(&bounds));
             svc.events.push(now, ObjectEvent::new("TasksReplaced", msg));
@@ -465,13 +418,13 @@ impl Cluster {
             svc.events.push(now, ObjectEvent::new("ScaledIn", msg));
         }
         if plan.start > 0 {
-            let started = self.start_tasks(tasks_of(&svc), plan.start)?;
+            let started = self.writing(|w| w.start_tasks(tasks_of(&svc), plan.start))?;
             // Replicas on a daemon whose failure is confirmed are not counted: their copies
             // start now, and the service runs more than its count until they stop or their
             // daemon answers again (at least once, never fewer).
             let at_risk = (self.state.tasks().of_service(name).iter())
                 .filter_map(|id| self.state.tasks().get(id))
-                .filter(|e| e.task.desired_status != TaskStatus::Stopped && self.at_risk(&e.task))
+                .filter(|e| e.task.desired_status != TaskStatus::Stopped && self.reader().at_risk(&e.task))
                 .count();
             let why = if at_risk > 0 {
                 format!(
@@ -484,7 +437,7 @@ impl Cluster {
             push_started(&mut svc, &started, why, now);
         }
         // Tasks stopped or started: their replicas are looked at again.
-        let replicas = if unchanged { replicas } else { self.replicas(&svc) };
+        let replicas = if unchanged { replicas } else { self.reader().replicas(&svc) };
         self.settle_and_write(svc, before, &replicas, &bounds, wake, now)
     }
 
@@ -947,28 +900,6 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Err
 
 /// A daemon a replica runs under: its host and first GPU, or its host alone without GPUs.
 type Daemon = (HostIx, Option<u32>);
-
-/// A task's state as a replica; `checked` says whether its definition's health counts
-/// (asked only for a running task).
-fn replica_state_of(t: &Task, checked: impl FnOnce() -> bool) -> ReplicaState {
-    if t.desired_status == TaskStatus::Stopped || t.last_status == TaskStatus::Stopped || t.draining.is_some()
-    {
-        return ReplicaState::Stopping;
-    }
-    if t.host_id.is_none() {
-        return ReplicaState::Waiting;
-    }
-    let healthy = match t.health_status {
-        TaskHealth::Healthy => true,
-        TaskHealth::Unknown => !checked(),
-        TaskHealth::Unhealthy => false,
-    };
-    if t.last_status == TaskStatus::Running && t.ready && healthy {
-        ReplicaState::Healthy
-    } else {
-        ReplicaState::Starting
-    }
-}
 
 /// One replica the rebalancer moves to spread a service over hosts, with the replicas of the
 /// service each host held when it was chosen.

@@ -170,7 +170,7 @@ impl Cluster {
                 Work::Placement(pool) => {
                     let outlook = Outlook {
                         launching: self.work.capacity_launches.get(pool).map_or(0, |l| l.len()),
-                        local_runs_images: self.local_runs_images(),
+                        local_runs_images: super::providers::local_runs_images(self.providers.ctx.as_ref()),
                     };
                     Placer::reconcile(&mut self.controller_ctx(), pool, &outlook)
                 }

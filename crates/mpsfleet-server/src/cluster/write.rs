@@ -8,6 +8,7 @@
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
 use super::health::PoolCounts;
+use super::read::Reader;
 use super::state::{Change, State};
 use super::work::Work;
 use super::{Error, HOST, POOL};
@@ -19,7 +20,7 @@ use mpsfleet_types::{
     event, HealthStatus, Host, HostStatus, ObjectEvent, Pool, PoolName, SchedulingStrategy, ServiceName,
     Task, TaskId,
 };
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The most revisions of the change feed kept for watchers.
 pub const FEED_MAX_REVISIONS: u64 = 100_000;
@@ -92,6 +93,11 @@ pub(in crate::cluster) struct Writer<'a> {
     /// When the health tick evaluates each host next (`work::Controllers::health_due_ms`).
     pub(super) health_due_ms: &'a mut Vec<u64>,
     pub(super) breaker_counts: &'a mut BTreeMap<PoolName, PoolCounts>,
+    pub(super) failed_daemon_hosts: &'a BTreeSet<HostIx>,
+    /// New task ids (`write_tasks.rs`).
+    pub(super) ids: &'a mut super::write_tasks::TaskIds,
+    /// Whether a `local` provider's agents run containers (placement's waiting reasons).
+    pub(super) local_runs_images: bool,
     /// The ops the call being served adds to its first commit (its audit entry, its client
     /// token: `call.rs`), taken by that commit; empty for a controller.
     pub(super) riders: Vec<Op>,
@@ -102,6 +108,16 @@ impl Writer<'_> {
     /// The state, to read.
     pub(in crate::cluster) fn state(&self) -> &State {
         self.state
+    }
+
+    /// What the writer's state reads as (`read.rs`).
+    pub(in crate::cluster) fn reader(&self) -> Reader<'_> {
+        Reader {
+            state: self.state,
+            sched: self.sched,
+            failed_daemon_hosts: self.failed_daemon_hosts,
+            now_ms: self.now_ms,
+        }
     }
 
     /// Asks for `work` at the next pass; an incident wakes the pass at once.

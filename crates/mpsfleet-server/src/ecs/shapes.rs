@@ -296,8 +296,18 @@ pub fn task<'a>(
         task_definition_arn: a.task_definition(t.task_definition.family.as_str(), t.task_definition.revision),
         container_instance_arn: t.host_id.as_ref().map(|h| a.container_instance(t.pool.as_str(), h.as_str())),
         task_arn,
-        last_status: t.last_status.as_str(),
-        desired_status: t.desired_status.as_str(),
+        // A replica leaving traffic before its stop is what ECS calls DEACTIVATING (deregistered
+        // from its load balancer, not yet sent SIGTERM), already desired STOPPED.
+        last_status: if t.draining.is_some() && t.last_status == TaskStatus::Running {
+            "DEACTIVATING"
+        } else {
+            t.last_status.as_str()
+        },
+        desired_status: if t.draining.is_some() {
+            TaskStatus::Stopped.as_str()
+        } else {
+            t.desired_status.as_str()
+        },
         health_status: t.health_status.as_str(),
         containers,
         // As given when the definition sets them; else what its containers add up to, as ECS

@@ -1,0 +1,232 @@
+//! The task writes every path shares ([`Writer`]): new tasks created, placed and committed
+//! as one batch (a request's RunTask, a service's replicas, an incident's moves), a task
+//! started on a given host, and new versions of existing tasks written, each applied with
+//! what it affects: capacity given back when a task stops, its service and pool asked for,
+//! a scaling pool asked when a task waits.
+
+use super::controllers::placement;
+use super::state::Change;
+use super::work::Work;
+use super::write::Writer;
+use super::{Batch, Error, NewTasks, TASK};
+use mpsfleet_core::scheduler::{HostIx, Placement, Request};
+use mpsfleet_store::{Op, Precondition, Revision};
+use mpsfleet_types::{PoolName, Task, TaskId, TaskStatus};
+use std::collections::BTreeSet;
+
+/// Where new task ids come from: a base chosen at load (or set, for the simulator) and a
+/// counter; an id already taken is skipped.
+#[derive(Debug)]
+pub(in crate::cluster) struct TaskIds {
+    pub(in crate::cluster) base: u64,
+    pub(in crate::cluster) counter: u64,
+}
+
+impl Writer<'_> {
+    /// Ids count up from a random base chosen at load, skipping any already taken: consecutive
+    /// ids keep a batch's store rows together at one end of the store's key index, where
+    /// scattered ids would rewrite a page per task.
+    pub(in crate::cluster) fn next_task_id(&mut self) -> TaskId {
+        loop {
+            self.ids.counter += 1;
+            let id = TaskId(self.ids.base.wrapping_add(self.ids.counter));
+            if self.state.tasks().get(&id).is_none() {
+                return id;
+            }
+        }
+    }
+
+    /// Puts a committed new task; `record`: in its events (not for a task loaded from the
+    /// store, whose past this server did not see).
+    pub(in crate::cluster) fn insert_task(
+        &mut self,
+        task: Task,
+        version: Revision,
+        placement: Option<Placement>,
+        record: bool,
+    ) {
+        if placement.is_none() && task.last_status == TaskStatus::Pending {
+            self.ask_scaling(&task.pool.clone());
+        }
+        if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
+            let e = self.state.host_mut(p.host);
+            e.epoch = e.epoch.max(version);
+        }
+        if record {
+            self.put_task(task, version, placement);
+        } else {
+            self.apply(version, Change::Task(task, placement));
+        }
+    }
+
+    /// Creates `count` tasks into `batch`, placing what fits now; the rest wait with a reason.
+    /// Nothing is committed here: see [`Cluster::start_tasks`].
+    pub(in crate::cluster) fn create_tasks(
+        &mut self,
+        spec: &NewTasks,
+        count: u32,
+        batch: &mut Batch,
+    ) -> Result<(), Error> {
+        let now = self.now_ms;
+        // Every task of the spec makes the same request.
+        let mut same: Option<Request> = None;
+        batch.ops.reserve(count as usize);
+        batch.created.reserve(count as usize);
+        for _ in 0..count {
+            let id = self.next_task_id();
+            let mut task = Task::new(
+                id,
+                spec.task_definition.clone(),
+                spec.pool.clone(),
+                spec.group.clone(),
+                spec.started_by.clone(),
+                now,
+            );
+            task.labels = spec.labels.clone();
+            task.deployment = spec.deployment.clone();
+            let req = match same {
+                Some(r) => r,
+                None => *same.insert(placement::request_for(self.state, self.sched, &task)?),
+            };
+            let outcome = self.sched.place(&req);
+            placement::apply_placement(
+                self.state,
+                self.sched,
+                self.now_ms,
+                &mut task,
+                &outcome,
+                self.local_runs_images,
+            );
+            batch.ops.push(Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)?);
+            batch.created.push((task, outcome.ok(), req));
+        }
+        Ok(())
+    }
+
+    /// Gives back the capacity an uncommitted batch took.
+    pub(in crate::cluster) fn rollback(&mut self, batch: &Batch) {
+        for (_, placement, req) in batch.created.iter().rev() {
+            if let Some(p) = placement {
+                self.sched.release(req, p);
+            }
+        }
+    }
+
+    /// Creates and commits new tasks as one atomic batch; on any failure nothing stays.
+    pub(in crate::cluster) fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, Error> {
+        let mut batch = Batch::default();
+        let created = self.create_tasks(&spec, count, &mut batch);
+        let committed = created.and_then(|()| self.commit(&batch.ops));
+        let rev = match committed {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.rollback(&batch);
+                return Err(e);
+            }
+        };
+        let mut out = Vec::with_capacity(batch.created.len());
+        for (task, placement, _) in batch.created {
+            out.push(task.clone());
+            self.insert_task(task, rev, placement, true);
+        }
+        Ok(out)
+    }
+
+    /// Places a new task on host `ix` only and commits it, or says why it does not fit there
+    /// (nothing is written then).
+    pub(in crate::cluster) fn start_one_on(
+        &mut self,
+        mut task: Task,
+        ix: HostIx,
+    ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
+        let request = placement::request_for(self.state, self.sched, &task)?;
+        let outcome = self.sched.place_on(&request, ix);
+        let placement = match outcome {
+            Ok(p) => p,
+            Err(why) => return Ok(Err(why)),
+        };
+        placement::apply_placement(
+            self.state,
+            self.sched,
+            self.now_ms,
+            &mut task,
+            &Ok(placement.clone()),
+            self.local_runs_images,
+        );
+        let committed = Op::put_json(TASK, task.id.to_string(), &task, Precondition::Absent)
+            .map_err(Error::from)
+            .and_then(|op| self.commit(&[op]));
+        let rev = match committed {
+            Ok(rev) => rev,
+            Err(e) => {
+                self.sched.release(&request, &placement);
+                return Err(e);
+            }
+        };
+        self.insert_task(task.clone(), rev, Some(placement), true);
+        Ok(Ok(task))
+    }
+
+    /// Commits new versions of existing tasks and applies them: capacity released for those
+    /// that stopped, epochs moved for the hosts whose agents must act.
+    pub(in crate::cluster) fn write_tasks(&mut self, tasks: Vec<Task>) -> Result<(), Error> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let mut ops = Vec::with_capacity(tasks.len());
+        for t in &tasks {
+            let version = self.state.tasks().get(&t.id).map_or(0, |e| e.version);
+            ops.push(Op::put_json(TASK, t.id.to_string(), t, Precondition::Version(version))?);
+        }
+        let rev = self.commit(&ops)?;
+        let mut freed = BTreeSet::new();
+        for t in tasks {
+            let pool = t.pool.clone();
+            let group = t.group.clone();
+            if self.apply_task_update(t, rev)? {
+                freed.insert(pool);
+                // Its service may have waited for it (a rebalance waits for every stop).
+                if let Some(g) = group {
+                    self.ask(Work::Service(g));
+                }
+            }
+        }
+        for pool in freed {
+            self.ask(Work::Placement(pool));
+        }
+        Ok(())
+    }
+
+    /// Applies a committed new version of an existing task; true when it just stopped (its
+    /// capacity is free again).
+    pub(in crate::cluster) fn apply_task_update(&mut self, t: Task, rev: Revision) -> Result<bool, Error> {
+        let id = t.id;
+        let Some(old) = self.state.tasks().get(&id) else { return Ok(false) };
+        let stopped_now = t.last_status == TaskStatus::Stopped && old.task.last_status != TaskStatus::Stopped;
+        let mut placement = old.placement.clone();
+        // A task that just stopped gives its capacity back.
+        let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
+        if let Some((p, old_task)) = freed {
+            let req = placement::request_for(self.state, self.sched, &old_task)?;
+            self.sched.release(&req, &p);
+        }
+        if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
+            self.state.host_mut(h).epoch = rev;
+        }
+        if stopped_now {
+            self.events.task_stopped(&t, self.now_ms);
+        }
+        self.put_task(t, rev, placement);
+        Ok(stopped_now)
+    }
+
+    /// A task waits in `pool`: a scaling pool looks at its demand now.
+    pub(in crate::cluster) fn ask_scaling(&mut self, pool: &PoolName) {
+        let scales = (self.state.pools().get(pool))
+            .and_then(|p| p.value.provider.as_ref())
+            .is_some_and(|prov| prov.scaling().is_some());
+        if scales {
+            self.ask(Work::Capacity(pool.clone()));
+        }
+    }
+}
