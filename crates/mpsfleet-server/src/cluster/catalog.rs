@@ -104,7 +104,7 @@ impl Cluster {
         }
         let tasks: Vec<TaskId> =
             self.state.tasks().values().filter(|e| e.task.pool == pool.name).map(|e| e.task.id).collect();
-        let (mut ops, kept) = self.keep_deleted(DeletedObject::Pool(Box::new(pool.clone())))?;
+        let (mut ops, kept) = self.writer().keep_deleted(DeletedObject::Pool(Box::new(pool.clone())))?;
         ops.push(Op::delete(POOL, name, Precondition::Any));
         ops.extend(tasks.iter().map(|id| Op::delete(TASK, id.to_string(), Precondition::Any)));
         let rev = self.commit(&ops)?;
@@ -112,7 +112,7 @@ impl Cluster {
             self.apply(rev, Change::TaskRemoved(id));
         }
         self.apply(rev, Change::PoolRemoved(pool.name.clone()));
-        self.kept_deleted(rev, kept);
+        self.writer().kept_deleted(rev, kept);
         tracing::info!(pool = %name, "pool deleted");
         Ok(pool)
     }
@@ -250,7 +250,7 @@ impl Cluster {
                 let mut svc = self.service_record(s)?.value;
                 change(&mut svc.tags)?;
                 let tags = svc.tags.clone();
-                self.write_service(svc)?;
+                self.writing(|w| controllers::services::write_service(w, svc))?;
                 Ok(tags)
             }
             Tagged::Task(t) => {

@@ -54,18 +54,21 @@ impl Deleted {
     }
 }
 
-/// What [`Cluster::keep_deleted`]'s ops write: the new record, and the oldest ones they delete.
+/// What `Writer::keep_deleted`'s ops write: the new record, and the oldest ones they delete.
 pub(super) struct Keeping {
     record: Deleted,
     evicted: Vec<String>,
 }
 
-impl Cluster {
+impl super::write::Writer<'_> {
     /// The ops that keep `object` as deleted now, to commit with its removal, and what they
     /// keep; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply with
-    /// [`Cluster::kept_deleted`] once committed.
-    pub(super) fn keep_deleted(&self, object: DeletedObject) -> Result<(Vec<Op>, Keeping), Error> {
-        let record = Deleted { deleted_at_ms: self.now(), object };
+    /// `Writer::kept_deleted` once committed.
+    pub(in crate::cluster) fn keep_deleted(
+        &self,
+        object: DeletedObject,
+    ) -> Result<(Vec<Op>, Keeping), Error> {
+        let record = Deleted { deleted_at_ms: self.now_ms, object };
         let kind = format!("{}-", record.kind());
         let same: Vec<&String> = self.state.deleted().keys().filter(|k| k.starts_with(&kind)).collect();
         let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
@@ -76,14 +79,16 @@ impl Cluster {
         Ok((ops, Keeping { record, evicted }))
     }
 
-    /// Applies what [`Cluster::keep_deleted`]'s ops committed at `rev`.
-    pub(super) fn kept_deleted(&mut self, rev: Revision, kept: Keeping) {
+    /// Applies what `Writer::keep_deleted`'s ops committed at `rev`.
+    pub(in crate::cluster) fn kept_deleted(&mut self, rev: Revision, kept: Keeping) {
         for k in kept.evicted {
             self.apply(rev, Change::DeletedRemoved(k));
         }
         self.apply(rev, Change::Deleted(Box::new(kept.record)));
     }
+}
 
+impl Cluster {
     pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
         for r in self.store.list(DELETED)? {
             self.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));

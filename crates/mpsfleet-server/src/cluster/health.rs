@@ -1111,7 +1111,7 @@ impl Cluster {
                 words.join(", ")
             );
             svc.events.push(now, ObjectEvent::new("TasksMovedByIncident", msg));
-            self.write_service(svc)?;
+            self.writing(|w| controllers::services::write_service(w, svc))?;
         }
         Ok(())
     }

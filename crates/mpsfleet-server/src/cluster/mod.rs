@@ -15,7 +15,6 @@ mod call;
 pub mod capacity_providers;
 pub mod catalog;
 pub mod console_links;
-mod daemon;
 pub mod deleted;
 mod discovery;
 pub mod drills;

@@ -36,6 +36,7 @@
 use super::controllers::drills::Drills;
 use super::controllers::placement::{Outlook, Placer};
 use super::controllers::retention::Retention;
+use super::controllers::services::Services;
 use super::health::{PoolCounts, ProviderProgress};
 use super::{Cluster, Error, ProviderJob};
 use mpsfleet_core::controller::{Action, WorkQueue};
@@ -166,7 +167,12 @@ impl Cluster {
     fn run_pass(&mut self, now: u64) {
         for key in self.work.queue.take_due(now) {
             let result = match &key {
-                Work::Service(name) => self.reconcile_service_once(name),
+                Work::Service(name) => {
+                    let mut failures = std::mem::take(&mut self.work.service_failures);
+                    let result = Services::reconcile(&mut self.controller_ctx(), name, &mut failures);
+                    self.work.service_failures = failures;
+                    result
+                }
                 Work::Placement(pool) => {
                     let outlook = Outlook {
                         launching: self.work.capacity_launches.get(pool).map_or(0, |l| l.len()),
