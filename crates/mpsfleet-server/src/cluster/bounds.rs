@@ -115,11 +115,13 @@ impl Cluster {
         });
         bounds.of(kind).map(|k| IncidentBounds::of(k, fenced))
     }
+}
 
+impl super::write::Writer<'_> {
     /// Records the phases of incident `id` that have run past their bound since the last
     /// pass: on the incident (committed with it), in its pool's events and the metrics.
-    pub(super) fn judge_incident(&mut self, id: &str) -> Result<(), Error> {
-        let now = self.now();
+    pub(in crate::cluster) fn judge_incident(&mut self, id: &str) -> Result<(), Error> {
+        let now = self.now_ms;
         let Some(incident) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(()) };
         let found = incident.new_breaches(now);
         if found.is_empty() {
@@ -128,7 +130,7 @@ impl Cluster {
         let mut incident = incident.clone();
         let mut words = Vec::new();
         for (phase, measured_ms, bound_ms) in found {
-            let cause = self.breach_cause(&incident, phase);
+            let cause = self.reader().breach_cause(&incident, phase);
             let breach = BoundBreach { phase, at_ms: now, bound_ms, measured_ms, cause };
             let detail = format!("recovery bound breached: {}", breach.words());
             incident.push(now, Step::BoundBreached, detail, None);
@@ -139,11 +141,17 @@ impl Cluster {
         let message = format!("incident {} on host {}: {}", incident.id, incident.host_id, words.join("; "));
         tracing::warn!(incident.id = %incident.id, pool = %pool, "{message}");
         self.write_incident(incident)?;
-        self.writing(|w| w.pool_event(&pool, "RecoveryBoundBreached", message))
+        self.pool_event(&pool, "RecoveryBoundBreached", message)
     }
+}
 
+impl super::read::Reader<'_> {
     /// Why `phase` of `incident` ran long, when the record or the world says.
-    pub(super) fn breach_cause(&self, incident: &Incident, phase: RecoveryPhase) -> Option<BreachCause> {
+    pub(in crate::cluster) fn breach_cause(
+        &self,
+        incident: &Incident,
+        phase: RecoveryPhase,
+    ) -> Option<BreachCause> {
         let t = incident.timing();
         let began = match phase {
             RecoveryPhase::Detect | RecoveryPhase::Total => t.first_failure_at_ms.or(t.detected_at_ms),

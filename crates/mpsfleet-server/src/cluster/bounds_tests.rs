@@ -133,9 +133,9 @@ fn a_detect_breach_of_a_slower_failure_says_so() {
     // Each kill 1.5 s after its restart: the two restarts end 4.5 s after the first failure,
     // against the 3 s the bound counts for them (a start, then a backoff and a start).
     let slow = incident(vec![now - 8_000, now - 5_500]);
-    assert_eq!(w.c.breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
+    assert_eq!(w.c.reader().breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
     let fast = incident(vec![now - 9_000, now - 8_000]);
-    assert_eq!(w.c.breach_cause(&fast, RecoveryPhase::Detect), None);
+    assert_eq!(w.c.reader().breach_cause(&fast, RecoveryPhase::Detect), None);
 }
 
 /// After one repaired crash and then a failure of the same daemon that exhausts its local

@@ -247,7 +247,7 @@ impl Cluster {
             )));
         }
         if pool.mode == OwnershipMode::Managed {
-            let counts = self.pool_counts(&pool.name);
+            let counts = self.reader().pool_counts(&pool.name);
             let allowed =
                 mpsfleet_core::remediation::storm_breaker_allowed(counts.total, &pool.remediation_policy);
             if u64::from(counts.unhealthy) + want as u64 > allowed {

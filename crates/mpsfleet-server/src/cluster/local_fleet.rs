@@ -90,7 +90,7 @@ impl Cluster {
         if self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered {
             return Ok(());
         }
-        self.deregister(ix, reason)?;
+        self.writing(|w| w.deregister(ix, reason))?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         h.events.push(self.now(), ObjectEvent::new("Retired", reason));
         self.write_host(ix, h)

@@ -69,7 +69,7 @@ impl Cluster {
             *at(pools, &v.value.pool).incidents.entry(v.value.state.as_str()).or_default() += 1;
         }
         for (name, pool) in self.state.pools() {
-            let counts = self.pool_counts(name);
+            let counts = self.reader().pool_counts(name);
             let allowed = mpsfleet_core::remediation::storm_breaker_allowed(
                 counts.total,
                 &pool.value.remediation_policy,

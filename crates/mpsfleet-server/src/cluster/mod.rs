@@ -464,6 +464,7 @@ impl Cluster {
             breaker_counts: &mut self.work.breaker_counts,
             failed_daemon_hosts: &self.work.failed_daemon_hosts,
             ids: &mut self.ids,
+            loaded_at_ms: self.loaded_at_ms,
             local_runs_images: providers::local_runs_images(self.providers.ctx.as_ref()),
             riders: Vec::new(),
             now_ms: self.clock.now_ms(),
@@ -476,6 +477,7 @@ impl Cluster {
             state: &self.state,
             sched: &self.sched,
             failed_daemon_hosts: &self.work.failed_daemon_hosts,
+            loaded_at_ms: self.loaded_at_ms,
             now_ms: self.clock.now_ms(),
         }
     }

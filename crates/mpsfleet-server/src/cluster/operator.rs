@@ -46,7 +46,7 @@ impl Cluster {
                 )));
             }
         }
-        self.deregister(ix, &format!("host forgotten by {by}"))?;
+        self.writing(|w| w.deregister(ix, &format!("host forgotten by {by}")))?;
         tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, force, "host forgotten: its GPUs are free");
         Ok(self.host_view(ix))
     }
@@ -137,7 +137,7 @@ impl Cluster {
         let id = incident.id.clone();
         // Written and asked for: the controllers carry the command out at once.
         let key = Work::Incident(incident.opened_at_ms, incident.id.clone());
-        self.write_incident(incident)?;
+        self.writing(|w| w.write_incident(incident))?;
         self.ask(key);
         self.incident(&id)
     }
@@ -250,7 +250,7 @@ impl Cluster {
         }
         i.acknowledged_by = Some(by.to_string());
         i.push(self.now(), Step::Acknowledged, "acknowledged by operator", Some(by.to_string()));
-        self.write_incident(i)?;
+        self.writing(|w| w.write_incident(i))?;
         self.incident(id)
     }
 
@@ -272,7 +272,7 @@ impl Cluster {
         let now = self.now();
         let (replacement, job) = self.cancel_replacement(&mut i, now);
         mpsfleet_core::remediation::resolve(&mut i, now, format!("resolved by operator: {reason}"), by);
-        self.write_incident(i.clone())?;
+        self.writing(|w| w.write_incident(i.clone()))?;
         self.work.pending_jobs.extend(job);
         Ok(OperatorOutcome { incident: self.shown(i), replacement })
     }
@@ -339,7 +339,7 @@ impl Cluster {
             Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
         ];
         let rev = self.commit(&ops)?;
-        self.apply_incident(incident, rev);
+        self.writer().apply_incident(incident, rev);
         self.apply(rev, Change::Host(ix, host));
         Ok(())
     }

@@ -4,14 +4,17 @@
 //! index and the time, so a request's view (`Cluster::reader`) and a controller's
 //! (`Writer::reader`) answer alike.
 
+use super::health::PoolCounts;
 use super::state::State;
 use super::HostIx;
 use mpsfleet_core::deployment::{Replica, ReplicaState};
+use mpsfleet_core::health::Verdict;
 use mpsfleet_core::lifecycle::task as task_lifecycle;
 use mpsfleet_core::scheduler::Scheduler;
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::{
-    Host, HostStatus, PoolName, Service, StopCode, Task, TaskDefRef, TaskHealth, TaskId, TaskStatus,
+    Host, HostId, HostStatus, Incident, OperatorAction, PoolName, Service, StopCode, Task, TaskDefRef,
+    TaskHealth, TaskId, TaskStatus,
 };
 use std::collections::BTreeSet;
 
@@ -23,6 +26,8 @@ pub(in crate::cluster) struct Reader<'a> {
     /// Hosts with a confirmed MPS daemon failure (`work::Controllers::failed_daemon_hosts`):
     /// while there is none, no task is at risk and none is looked up.
     pub(super) failed_daemon_hosts: &'a BTreeSet<HostIx>,
+    /// When this server loaded the store: what began before it was not seen.
+    pub(super) loaded_at_ms: u64,
     pub(super) now_ms: u64,
 }
 
@@ -106,11 +111,60 @@ impl Reader<'_> {
         t
     }
 
+    /// A stop that does not wait for an agent that will never answer (`host_gone`): recorded
+    /// as STOPPED at once.
+    pub(in crate::cluster) fn forced_stop(
+        &self,
+        task: &Task,
+        code: StopCode,
+        reason: &str,
+        host_gone: bool,
+    ) -> Task {
+        let mut t = self.stopped_record(task, code, reason);
+        if host_gone && t.last_status != TaskStatus::Stopped {
+            super::force_stop(&mut t);
+            t.stopped_at_ms = Some(self.now_ms);
+        }
+        t
+    }
+
     /// The desired count of a DAEMON service of `pool` now: the pool's ACTIVE hosts (what a
     /// create answers with; every reconcile keeps it up to date).
     pub(in crate::cluster) fn active_hosts_of(&self, pool: &PoolName) -> u32 {
         let active = |h: &Host| h.pool == *pool && h.status == HostStatus::Active;
         self.state.hosts().iter().filter(|e| active(e.host())).count() as u32
+    }
+
+    /// The storm breaker's view of a pool: hosts that are ACTIVE or DRAINING, less the
+    /// replacements of unresolved incidents (so that joining replacements do not dilute the
+    /// share). A host is unhealthy while its health is not, and while an incident about it is
+    /// unresolved: a host being drained still counts, so a correlated failure declared host by
+    /// host cannot slip past the breaker one incident at a time.
+    pub(in crate::cluster) fn pool_counts(&self, pool: &PoolName) -> PoolCounts {
+        let open: Vec<&Incident> = self.state.incidents().unresolved().filter(|i| &i.pool == pool).collect();
+        let replacements: BTreeSet<&HostId> =
+            open.iter().filter_map(|i| i.replacement.as_ref().and_then(|r| r.host_id.as_ref())).collect();
+        // A host an operator drained on purpose (maintenance) is not a failure the breaker
+        // should count; one that is also unhealthy still counts through its verdict.
+        let in_incident: BTreeSet<&HostId> = open
+            .iter()
+            .filter(|i| i.operator_requested != Some(OperatorAction::Drain))
+            .map(|i| &i.host_id)
+            .collect();
+        let mut c = PoolCounts::default();
+        for h in self.state.hosts() {
+            if &h.host().pool != pool
+                || !matches!(h.host().status, HostStatus::Active | HostStatus::Draining)
+                || replacements.contains(&h.host().id)
+            {
+                continue;
+            }
+            c.total += 1;
+            if !matches!(h.health.verdict, Verdict::Healthy) || in_incident.contains(&h.host().id) {
+                c.unhealthy += 1;
+            }
+        }
+        c
     }
 }
 

@@ -12,7 +12,7 @@
 //! provider call's end (its own reconcile's writes ask for nothing), and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
 //! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
 //! when the pool, its incidents or a provider call change, a host joins or leaves it, and
-//! every `health::CAPACITY_RESYNC_MS`) and retention
+//! every `controllers::capacity::CAPACITY_RESYNC_MS`) and retention
 //! (`Work::Retention`, one key: the change feed compacted and old records removed,
 //! `controllers/retention.rs`, every `RETENTION_INTERVAL_MS` once [`Cluster::start_retention`] asked for
 //! it; the simulator does not, so its reports keep every record).
@@ -33,8 +33,10 @@
 //! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
 //! settings changed) asks for the pool's placement instead of placing inline.
 
+use super::controllers::capacity::{Capacity, Lent as CapacityLent};
 use super::controllers::drills::Drills;
 use super::controllers::placement::{Outlook, Placer};
+use super::controllers::remediation::{Lent, Remediation};
 use super::controllers::retention::Retention;
 use super::controllers::services::Services;
 use super::health::{PoolCounts, ProviderProgress};
@@ -83,7 +85,7 @@ pub(super) struct Controllers {
     pub(super) launches_asked: HashMap<(PoolName, String), u64>,
     pub(super) launch_times: HashMap<PoolName, VecDeque<u64>>,
     /// What managed scaling keeps between its runs, by pool (`scaling.rs`).
-    pub(super) scaling: HashMap<PoolName, super::scaling::ScalingMemory>,
+    pub(super) scaling: HashMap<PoolName, super::controllers::scaling::ScalingMemory>,
     /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
     /// pass should run now.
     pub(super) wake: bool,
@@ -180,8 +182,27 @@ impl Cluster {
                     };
                     Placer::reconcile(&mut self.controller_ctx(), pool, &outlook)
                 }
-                Work::Incident(_, id) => self.reconcile_incident(id),
-                Work::Capacity(pool) => self.reconcile_capacity(pool),
+                Work::Incident(_, id) => {
+                    // Whether the incident's pool has a provider is asked first: building one
+                    // from its configuration is the cluster's.
+                    let pool = self.state.incidents().get(id).map(|i| i.value.pool.clone());
+                    let has_provider = pool.is_some_and(|p| self.provider_for(&p).is_some());
+                    let mut progress = std::mem::take(&mut self.work.provider_progress);
+                    let mut asked = std::mem::take(&mut self.work.launches_asked);
+                    let mut jobs = std::mem::take(&mut self.work.pending_jobs);
+                    let mut lent = Lent {
+                        progress: &mut progress,
+                        has_provider,
+                        launches_asked: &mut asked,
+                        jobs: &mut jobs,
+                    };
+                    let result = Remediation::reconcile(&mut self.controller_ctx(), id, &mut lent);
+                    self.work.provider_progress = progress;
+                    self.work.launches_asked = asked;
+                    self.work.pending_jobs = jobs;
+                    result
+                }
+                Work::Capacity(pool) => self.run_capacity(pool),
                 Work::Retention => self.run_retention(),
                 Work::Drill(id) => Drills::reconcile(&mut self.controller_ctx(), id),
             };
@@ -191,6 +212,38 @@ impl Cluster {
             let now = self.now();
             self.work.queue.finish(key, &result, now);
         }
+    }
+
+    /// Runs the capacity controller (`controllers/capacity.rs`) for `pool`, with what it
+    /// borrows from the cluster, then mints a launch token for each host it launches: a
+    /// launch token is the cluster's credential, scoped to that one host.
+    fn run_capacity(&mut self, pool: &PoolName) -> Result<Action, Error> {
+        let has_provider = self.provider_for(pool).is_some();
+        let w = &mut self.work;
+        let (mut launches, mut asked) =
+            (std::mem::take(&mut w.capacity_launches), std::mem::take(&mut w.launches_asked));
+        let (mut scaling, mut jobs) = (std::mem::take(&mut w.scaling), std::mem::take(&mut w.pending_jobs));
+        let mut lent = CapacityLent {
+            has_provider,
+            launches: &mut launches,
+            launches_asked: &mut asked,
+            scaling: &mut scaling,
+            jobs: &mut jobs,
+            to_launch: Vec::new(),
+        };
+        let result = Capacity::reconcile(&mut self.controller_ctx(), pool, &mut lent);
+        let to_launch = std::mem::take(&mut lent.to_launch);
+        // A launched host counts as in flight until it registers (`host_joined`).
+        self.creds.launch_tokens.retain(|_, (p, name)| launches.get(p).is_some_and(|l| l.contains(name)));
+        let w = &mut self.work;
+        (w.capacity_launches, w.launches_asked, w.scaling, w.pending_jobs) = (launches, asked, scaling, jobs);
+        for name in to_launch {
+            let token = self.mint_launch_token(pool, &name);
+            let job =
+                ProviderJob::Launch { incident: String::new(), pool: pool.clone(), name, token: Some(token) };
+            self.work.pending_jobs.push(job);
+        }
+        result
     }
 
     /// Runs the retention controller (`controllers/retention.rs`); the incidents it removed

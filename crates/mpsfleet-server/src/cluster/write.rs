@@ -8,17 +8,19 @@
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
 use super::health::PoolCounts;
+use super::health::INCIDENT;
 use super::read::Reader;
 use super::state::{Change, State};
 use super::work::Work;
 use super::{Error, HOST, POOL};
 use mpsfleet_core::changes::{self, TaskChange};
 use mpsfleet_core::controller::WorkQueue;
+use mpsfleet_core::lifecycle::host as host_lifecycle;
 use mpsfleet_core::scheduler::{HostIx, Placement, Scheduler};
 use mpsfleet_store::{Op, Precondition, Revision, Store};
 use mpsfleet_types::{
-    event, HealthStatus, Host, HostStatus, ObjectEvent, Pool, PoolName, SchedulingStrategy, ServiceName,
-    Task, TaskId,
+    event, HealthStatus, Host, HostStatus, Incident, IncidentState, ObjectEvent, Pool, PoolName,
+    SchedulingStrategy, ServiceName, StopCode, Task, TaskId, TaskStatus,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -96,6 +98,8 @@ pub(in crate::cluster) struct Writer<'a> {
     pub(super) failed_daemon_hosts: &'a BTreeSet<HostIx>,
     /// New task ids (`write_tasks.rs`).
     pub(super) ids: &'a mut super::write_tasks::TaskIds,
+    /// When this server loaded the store (`Reader::loaded_at_ms`).
+    pub(super) loaded_at_ms: u64,
     /// Whether a `local` provider's agents run containers (placement's waiting reasons).
     pub(super) local_runs_images: bool,
     /// The ops the call being served adds to its first commit (its audit entry, its client
@@ -116,6 +120,7 @@ impl Writer<'_> {
             state: self.state,
             sched: self.sched,
             failed_daemon_hosts: self.failed_daemon_hosts,
+            loaded_at_ms: self.loaded_at_ms,
             now_ms: self.now_ms,
         }
     }
@@ -284,6 +289,65 @@ impl Writer<'_> {
             let subject = event::Subject { id: id.to_string(), pool: pool.clone() };
             self.events.recorded(event::EventType::TaskEvent, &subject, &words, self.now_ms);
         }
+    }
+
+    /// Commits an incident, then applies it; an incident equal to the stored one is not
+    /// written again (nothing to say, nothing to store).
+    pub(in crate::cluster) fn write_incident(&mut self, incident: Incident) -> Result<(), Error> {
+        let expect = match self.state.incidents().get(&incident.id) {
+            Some(v) if v.value == incident => return Ok(()),
+            Some(v) => Precondition::Version(v.version),
+            None => Precondition::Absent,
+        };
+        let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
+        self.apply_incident(incident, rev);
+        Ok(())
+    }
+
+    /// Applies a committed incident: announces what changed, counts it in the metrics, and
+    /// asks for what depends on it.
+    pub(in crate::cluster) fn apply_incident(&mut self, incident: Incident, rev: Revision) {
+        let old = self.state.incidents().get(&incident.id).map(|v| &v.value);
+        self.live.incident(old, &incident);
+        self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now_ms);
+        // Whether the host's verdict opens an incident depends on its incidents.
+        if let Some(ix) = self.sched.host(&incident.host_id) {
+            self.health_due_ms[ix as usize] = 0;
+        }
+        let pool = incident.pool.clone();
+        // A new incident gets its key; one already keyed asks for itself every
+        // `INCIDENT_RESYNC_MS` while unresolved, and whoever changes it from outside its
+        // reconcile (an operator, a heartbeat, a provider call) asks for it at once. Its own
+        // reconcile's writes ask for nothing: it has just planned them.
+        let new = old.is_none() && incident.state != IncidentState::Resolved;
+        let key = Work::Incident(incident.opened_at_ms, incident.id.clone());
+        self.apply(rev, Change::Incident(Box::new(incident)));
+        if new {
+            self.ask(key);
+        }
+        // A replacement asked for or ready changes what the pool's capacity counts (a pool
+        // without a provider answers this at once).
+        self.ask(Work::Capacity(pool));
+    }
+
+    /// The host leaves the fleet: DEREGISTERED, unschedulable, and what still ran there is
+    /// recorded as stopped (the machine is gone).
+    pub(in crate::cluster) fn deregister(&mut self, ix: HostIx, reason: &str) -> Result<(), Error> {
+        let mut h = self.state.hosts()[ix as usize].host().clone();
+        if h.status == HostStatus::Deregistered {
+            return Ok(());
+        }
+        host_lifecycle::apply(&mut h, host_lifecycle::Event::Deregister)
+            .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
+        // Its GPUs and credential leave the indexes with the record (`State::apply`).
+        self.write_host(ix, h)?;
+        let r = self.reader();
+        let stopped: Vec<Task> = (r.state.tasks().on_host(ix).iter())
+            .filter_map(|id| r.state.tasks().get(id))
+            .filter(|e| e.task.desired_status == TaskStatus::Stopped)
+            .map(|e| r.forced_stop(&e.task, StopCode::HostReplaced, reason, true))
+            .collect();
+        self.write_tasks(stopped)
     }
 
     /// Asks for the pool's DAEMON services (a host turned: their task counts follow it).

@@ -6,13 +6,16 @@
 //! is in its context or its arguments, and the dispatch in `cluster/work.rs` builds both.
 //! kube-runtime's `Controller` and its `Context` are the model.
 //!
-//! Moved here so far: retention, drills, placement and services. The others (remediation,
-//! capacity, host health) still run as `Cluster` methods, dispatched from the same queue.
+//! Moved here so far: retention, drills, placement, services, remediation, capacity and
+//! managed scaling. Host health still run as `Cluster` methods, dispatched from the same queue.
 
+pub mod capacity;
 pub mod daemon;
 pub mod drills;
 pub mod placement;
+pub mod remediation;
 pub mod retention;
+pub mod scaling;
 pub mod services;
 
 use super::write::Writer;
