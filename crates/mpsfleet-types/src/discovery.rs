@@ -3,6 +3,7 @@
 //! (`Cluster::discovery`); the DNS server (`mpsfleet-server`'s `dns/`) publishes it.
 
 use crate::ids::TaskId;
+use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
 /// One service as discovery publishes it.
@@ -59,4 +60,30 @@ pub fn unpublishable(pool: &str, service: &str) -> Option<String> {
     } else {
         None
     }
+}
+
+/// Where a live replica stands in its service's traffic, as `service describe` and the
+/// console show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TrafficState {
+    /// Not taking requests yet: not running, not ready, or its health check not passing yet.
+    Joining,
+    /// Published in service discovery: takes requests.
+    In,
+    /// Published with weight 0 before its planned stop: finishes what it has, takes nothing new.
+    Leaving,
+    /// Running but not published: its MPS daemon failed, or its host stopped answering.
+    Out,
+}
+
+/// One live replica's traffic state, and why when it takes none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaTraffic {
+    pub task_id: TaskId,
+    pub state: TrafficState,
+    /// Empty while it takes requests.
+    #[serde(default)]
+    pub why: String,
 }

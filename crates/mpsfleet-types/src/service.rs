@@ -316,6 +316,9 @@ pub struct ServiceView {
     /// "healthy" only means running and ready, and is not said.
     #[serde(default)]
     pub health_checked: bool,
+    /// Each live replica's place in the service's traffic, in task order.
+    #[serde(default)]
+    pub traffic: Vec<crate::discovery::ReplicaTraffic>,
 }
 
 /// Body of `POST /v1/services`.

@@ -412,8 +412,26 @@ pub fn service(
     }
     let live = tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped);
     out.push_str(&placed_tasks("Replicas", live, true));
+    // Each replica's place in the service's traffic, as service discovery publishes it.
+    let traffic: Vec<Vec<String>> = (v.traffic.iter())
+        .map(|r| vec![r.task_id.to_string(), traffic_word(r.state).to_string(), r.why.clone()])
+        .collect();
+    if !traffic.is_empty() {
+        out.push_str(&section("Traffic by replica", &["TASK", "STATE", "WHY"], &traffic));
+    }
     out.push_str(&events_section(&s.events));
     out
+}
+
+/// A replica's traffic state as `service describe` says it.
+fn traffic_word(s: mpsfleet_types::discovery::TrafficState) -> &'static str {
+    use mpsfleet_types::discovery::TrafficState as T;
+    match s {
+        T::Joining => "JOINING",
+        T::In => "IN",
+        T::Leaving => "LEAVING (weight 0)",
+        T::Out => "OUT",
+    }
 }
 
 /// A section of tasks where they run, sorted by where: (host,) GPUs, task, definition,

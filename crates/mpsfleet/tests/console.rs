@@ -169,6 +169,14 @@ async fn a_viewer_signs_in_opens_a_host_and_sees_an_incident_arrive_live() {
         b.until(WAIT, "document.body.dataset.rendered === '#/services'", "the services view").await;
         let text = b.eval("document.querySelector('[data-service=web]').innerText").as_str().unwrap().to_string();
         assert!(text.contains("no health check") && !text.contains("Healthy"), "{text}");
+        // Its replica's place in traffic is the one the API says, with its reason.
+        let shown = admin.describe_service("web").await.unwrap().traffic;
+        assert_eq!(shown.len(), 1, "{shown:?}");
+        let row = b.eval("document.querySelector('[data-traffic=web] tbody tr').innerText");
+        let row = row.as_str().unwrap_or_default().to_string();
+        let state = serde_json::to_value(shown[0].state).unwrap();
+        assert!(row.contains(&shown[0].task_id.to_string()) && row.contains(state.as_str().unwrap()), "{row}");
+        assert!(shown[0].state != mpsfleet_types::discovery::TrafficState::In, "the host is impaired: {shown:?}");
         drop(agent);
     })
     .await;

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
+use mpsfleet_types::discovery::TrafficState;
 use mpsfleet_types::service::RolloutState;
 use mpsfleet_types::*;
 use std::path::Path;
@@ -334,6 +335,18 @@ async fn an_operators_stop_and_a_host_drain_take_the_replica_out_of_traffic_firs
             leaving(&ask(&web.dns, SRV_NAME, RecordType::SRV, false).await).then_some(())
         })
         .await;
+        // What `service describe` shows is what DNS publishes: the stopped one leaving, the
+        // other in.
+        let shown = admin.describe_service("web").await.unwrap().traffic;
+        let state_of =
+            |id: &TaskId| shown.iter().find(|r| &r.task_id == id).map(|r| (r.state, r.why.clone()));
+        let (state, why) = state_of(&victim.id).expect("the stopped replica is listed");
+        assert_eq!(state, TrafficState::Leaving, "{shown:?}");
+        assert!(why.contains("stopped by the user"), "{why}");
+        assert!(
+            shown.iter().any(|r| r.task_id != victim.id && r.state == TrafficState::In && r.why.is_empty()),
+            "{shown:?}"
+        );
         let t = stopped(admin, &victim.id).await;
         assert_eq!(t.stop_code, Some(StopCode::UserInitiated));
         assert!(t.stopped_at_ms.is_some_and(|at| at >= d.until_ms), "{t:?} stopped before {}", d.until_ms);
@@ -403,10 +416,27 @@ async fn a_silent_host_leaves_dns_before_it_is_declared() {
         assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
         web.published(0).await;
         assert!(admin.list_incidents().await.unwrap().is_empty(), "the host is not declared yet");
+        let shown = admin.describe_service("web").await.unwrap().traffic;
+        assert_eq!(shown.len(), 1, "{shown:?}");
+        assert_eq!(shown[0].state, TrafficState::Out, "{shown:?}");
+        assert!(shown[0].why.contains("missed 3 heartbeats"), "{shown:?}");
+        // And the CLI says so, under "Traffic by replica".
+        let s = &web._server;
+        let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+            .args(["service", "describe", "web"])
+            .args(["--server", &s.url, "--token", &s.admin_token(), "--ca-file", &s.ca_file()])
+            .output()
+            .expect("run the CLI");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let section =
+            text.split("\nTraffic by replica:\n").nth(1).unwrap_or_else(|| panic!("no section: {text}"));
+        assert!(section.contains(&format!("{}", shown[0].task_id)) && section.contains("OUT"), "{text}");
         let task = admin.list_tasks(&Default::default()).await.unwrap().remove(0);
         assert_eq!(task.last_status, TaskStatus::Running, "the replica itself runs on");
         assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
         web.published(1).await;
+        let shown = admin.describe_service("web").await.unwrap().traffic;
+        assert_eq!(shown[0].state, TrafficState::In, "{shown:?}");
     })
     .await;
 }

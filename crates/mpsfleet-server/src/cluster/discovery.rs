@@ -11,7 +11,9 @@
 use super::read::Reader;
 use super::*;
 use mpsfleet_core::deployment::ReplicaState;
-use mpsfleet_types::discovery::{DiscoveredPort, DiscoveredReplica, DiscoveredService, Traffic};
+use mpsfleet_types::discovery::{
+    DiscoveredPort, DiscoveredReplica, DiscoveredService, Traffic, TrafficState,
+};
 use mpsfleet_types::service::ServiceEndpoint;
 use mpsfleet_types::Draining;
 use std::net::IpAddr;
@@ -101,6 +103,38 @@ impl Reader<'_> {
             })
             .collect();
         Some(DiscoveredReplica { task: t.id, address, traffic, ports })
+    }
+
+    /// Where a live replica stands in its service's traffic, and why when it takes none
+    /// (`service describe`, the console). Leaving and in are what discovery publishes.
+    pub(in crate::cluster) fn traffic_of(&self, t: &Task) -> (TrafficState, String) {
+        if let Some(d) = t.draining.as_ref().filter(|_| t.desired_status != TaskStatus::Stopped) {
+            let left = d.until_ms.saturating_sub(self.now_ms);
+            let why = format!("{}; stopped in {}", d.reason, mpsfleet_core::health::fmt_ms(left));
+            return (TrafficState::Leaving, why);
+        }
+        if t.last_status != TaskStatus::Running {
+            return (TrafficState::Joining, format!("{}, not running yet", t.last_status.as_str()));
+        }
+        if self.discovered(t).is_some() {
+            return (TrafficState::In, String::new());
+        }
+        if self.replica_state(t) != ReplicaState::Healthy {
+            let why = if !t.ready {
+                "not ready (its readiness check)"
+            } else {
+                "its health check is not passing yet"
+            };
+            return (TrafficState::Joining, why.to_string());
+        }
+        let why = if self.at_risk(t) {
+            "its GPU's MPS daemon failed".to_string()
+        } else if self.heartbeats_missed(t) {
+            format!("its host missed {MISSED_HEARTBEATS} heartbeats in a row")
+        } else {
+            "no address a DNS record can carry (a hostname, not an IP address)".to_string()
+        };
+        (TrafficState::Out, why)
     }
 
     /// The record of a planned stop (its service's deployment, scale-in or move, an operator's

@@ -16,6 +16,7 @@ use super::work::Work;
 use super::*;
 use mpsfleet_core::deployment::{Bounds, ReplicaState};
 use mpsfleet_core::lifecycle::service as service_lifecycle;
+use mpsfleet_types::discovery::ReplicaTraffic;
 use mpsfleet_types::labels::check_tags;
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
@@ -213,18 +214,26 @@ impl Cluster {
     }
 
     fn view_of(&self, svc: &Service) -> ServiceView {
-        let live = Some(self.state.tasks().of_service(&svc.name));
-        let count = |f: &dyn Fn(&Task) -> bool| {
-            live.map_or(0, |ids| {
-                ids.iter().filter_map(|id| self.state.tasks().get(id)).filter(|e| f(&e.task)).count()
-            }) as u32
-        };
+        let r = self.reader();
+        let tasks: Vec<&Task> = (self.state.tasks().of_service(&svc.name).iter())
+            .filter_map(|id| self.state.tasks().get(id))
+            .map(|e| &e.task)
+            .collect();
+        let count = |f: &dyn Fn(&Task) -> bool| tasks.iter().filter(|t| f(t)).count() as u32;
+        let traffic = (tasks.iter())
+            .filter(|t| t.last_status != TaskStatus::Stopped && t.desired_status != TaskStatus::Stopped)
+            .map(|t| {
+                let (state, why) = r.traffic_of(t);
+                ReplicaTraffic { task_id: t.id, state, why }
+            })
+            .collect();
         ServiceView {
             service: svc.clone(),
             running_count: count(&|t| t.last_status == TaskStatus::Running),
             pending_count: count(&|t| t.last_status < TaskStatus::Running),
-            healthy_count: count(&|t| self.reader().replica_state(t) == ReplicaState::Healthy),
-            health_checked: self.reader().health_checked(&svc.task_definition),
+            healthy_count: count(&|t| r.replica_state(t) == ReplicaState::Healthy),
+            health_checked: r.health_checked(&svc.task_definition),
+            traffic,
         }
     }
 

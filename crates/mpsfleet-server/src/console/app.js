@@ -230,7 +230,10 @@ async function services() {
           : 'none']]),
       table(['DEPLOYMENT', 'STATUS', 'ROLLOUT', 'DESIRED', 'RUNNING', 'FAILED'], deployments.map((d) => [
         d.id, status(d.status), status(d.rolloutState), String(d.desiredCount), String(d.runningCount ?? '-'),
-        String(d.failedTasks ?? 0)]))));
+        String(d.failedTasks ?? 0)])),
+      // Each replica's place in the service's traffic (what service discovery publishes).
+      (s.traffic || []).length ? el('div', { 'data-traffic': s.name }, table(['REPLICA', 'TRAFFIC', 'WHY'],
+        s.traffic.map((r) => [r.taskId, status(r.state), r.why || '-']))) : null));
   }
   return out;
 }

@@ -174,6 +174,7 @@ fn inactive(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str, tags: bool) 
         pending_count: 0,
         healthy_count: 0,
         health_checked: false,
+        traffic: Vec::new(),
     };
     let mut v = shapes::service(arns, &view, &[], tags);
     v["status"] = json!("INACTIVE");
