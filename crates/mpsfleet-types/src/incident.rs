@@ -122,6 +122,10 @@ pub enum Step {
     Blocked,
     /// A phase of the recovery ran past the bound the incident is held to.
     BoundBreached,
+    /// The host's service replicas left service discovery: when their host stopped answering
+    /// or their MPS daemon failed (recorded as the incident opens, at the time it happened),
+    /// or as an operator's drain takes them out before their stop.
+    LeftTraffic,
 }
 
 impl Step {
@@ -146,6 +150,7 @@ impl Step {
             Step::Resolved => "RESOLVED",
             Step::Blocked => "BLOCKED",
             Step::BoundBreached => "RECOVERY_BOUND_BREACHED",
+            Step::LeftTraffic => "LEFT_TRAFFIC",
         }
     }
 }
@@ -386,6 +391,20 @@ impl Incident {
     pub fn push(&mut self, at_ms: u64, step: Step, detail: impl Into<String>, by: Option<String>) {
         self.reached.entry(step).or_insert(at_ms);
         self.timeline.push(at_ms, TimelineEvent { step, detail: detail.into(), by });
+    }
+
+    /// Records what happened before the incident opened, in time order among the entries of
+    /// its opening (first failure, local repairs, DETECTED): for a new incident only.
+    pub fn record_before_open(&mut self, at_ms: u64, step: Step, detail: impl Into<String>) {
+        let mut entries: Vec<(u64, TimelineEvent)> =
+            self.timeline.iter().map(|e| (e.at_ms, e.event.clone())).collect();
+        entries.push((at_ms, TimelineEvent { step, detail: detail.into(), by: None }));
+        entries.sort_by_key(|e| e.0);
+        self.timeline = Timeline::new();
+        for (at, event) in entries {
+            self.timeline.push(at, event);
+        }
+        self.reached.entry(step).or_insert(at_ms);
     }
 
     /// Fills `reached` from the timeline for records written before it existed.

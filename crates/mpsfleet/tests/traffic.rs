@@ -399,6 +399,12 @@ async fn an_operators_stop_and_a_host_drain_take_the_replica_out_of_traffic_firs
         let all = admin.list_tasks(&Default::default()).await.unwrap();
         assert_eq!(all.len(), 5, "{all:?}");
         assert_eq!(admin.describe_host(h1.as_str()).await.unwrap().status, HostStatus::Draining);
+        // The drain's incident says when they left traffic, before their stop.
+        let incident = admin.list_incidents().await.unwrap().into_iter().find(|i| i.incident.host_id == h1);
+        let incident = incident.expect("the drain's incident").incident;
+        let left = incident.timeline.iter().find(|e| e.step == Step::LeftTraffic);
+        let left = left.unwrap_or_else(|| panic!("no LEFT_TRAFFIC: {:?}", incident.timeline));
+        assert!(left.detail.starts_with("2 replica(s) left service discovery"), "{}", left.detail);
     })
     .await;
 }
@@ -437,6 +443,56 @@ async fn a_silent_host_leaves_dns_before_it_is_declared() {
         web.published(1).await;
         let shown = admin.describe_service("web").await.unwrap().traffic;
         assert_eq!(shown[0].state, TrafficState::In, "{shown:?}");
+    })
+    .await;
+}
+
+/// The wall clock in milliseconds since the Unix epoch (the server's clock on this machine).
+fn wall_ms() -> u64 {
+    mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock)
+}
+
+/// The incident of a host that stops answering records when its replicas left service
+/// discovery, and that time is the one a DNS client saw: after the agent stopped, no later
+/// than the first answer without the replica, before DETECTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_hosts_incident_records_when_its_replicas_left_traffic() {
+    within(async {
+        let web = Web::start("web", 1).await;
+        let admin = &web.admin;
+        web.published(1).await;
+        let pid = web.agent.child.id().to_string();
+        let stopped_at = wall_ms();
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        let seen_out_at = loop {
+            if ask(&web.dns, SRV_NAME, RecordType::SRV, false).await.answers.is_empty() {
+                break wall_ms();
+            }
+            assert!(wall_ms() < stopped_at + 30_000, "the replica never left DNS");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let incident = eventually(WAIT, "the host declared bad", || async {
+            admin.list_incidents().await.ok()?.into_iter().next()
+        })
+        .await
+        .incident;
+        assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        let steps: Vec<(u64, Step)> = incident.timeline.iter().map(|e| (e.at_ms, e.step)).collect();
+        let left = incident.timeline.iter().find(|e| e.step == Step::LeftTraffic).unwrap_or_else(|| {
+            panic!("no LEFT_TRAFFIC in {steps:?}");
+        });
+        assert!(
+            left.detail.contains("1 replica(s) of web") && left.detail.contains("missed 3 heartbeats"),
+            "{}",
+            left.detail
+        );
+        assert!(
+            left.at_ms > stopped_at && left.at_ms <= seen_out_at,
+            "left traffic at {} but the agent stopped at {stopped_at} and DNS dropped it by {seen_out_at}",
+            left.at_ms
+        );
+        let at = |s: Step| steps.iter().position(|(_, x)| *x == s).unwrap();
+        assert!(at(Step::LeftTraffic) < at(Step::Detected), "{steps:?}");
     })
     .await;
 }

@@ -407,7 +407,14 @@ impl Cluster {
         } else {
             self.work.failed_daemon_hosts.insert(ix);
         }
-        self.state.host_mut(ix).failed_daemons = now;
+        let since = match (entry.failed_daemons_since_ms, now.is_empty()) {
+            (_, true) => None,
+            (Some(at), false) => Some(at),
+            (None, false) => Some(self.now()),
+        };
+        let e = self.state.host_mut(ix);
+        e.failed_daemons = now;
+        e.failed_daemons_since_ms = since;
         let services: BTreeSet<ServiceName> = self
             .state
             .tasks()

@@ -166,11 +166,45 @@ impl Reader<'_> {
     /// nothing since it started does not judge.
     pub(in crate::cluster) fn heartbeats_missed(&self, t: &Task) -> bool {
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
+        self.silent_since(ix).is_some_and(|at| self.now_ms > at)
+    }
+
+    /// When host `ix`'s replicas leave traffic if no heartbeat comes: its last heartbeat and
+    /// [`MISSED_HEARTBEATS`] of its interval (as the agent reports it, bounded as the recovery
+    /// bounds bound it; at least a second's worth). None before its first heartbeat.
+    fn silent_since(&self, ix: HostIx) -> Option<u64> {
         let e = &self.state.hosts()[ix as usize];
-        // The interval is the agent's word: bounded as the recovery bounds bound it.
         let interval = e.heartbeat_ms.unwrap_or(1_000).min(super::bounds::MAX_HEARTBEAT_MS);
         let limit = (interval * MISSED_HEARTBEATS).max(1_000);
-        e.last_heartbeat_ms.is_some_and(|at| self.now_ms.saturating_sub(at) > limit)
+        e.last_heartbeat_ms.map(|at| at + limit)
+    }
+
+    /// When host `ix`'s service replicas that are out of traffic now left it, and what the
+    /// incident's timeline says of them (`Step::LeftTraffic`); None when none is out.
+    pub(in crate::cluster) fn left_traffic(&self, ix: HostIx) -> Option<(u64, String)> {
+        let e = &self.state.hosts()[ix as usize];
+        let out: Vec<&Task> = (self.state.tasks().on_host(ix).iter())
+            .filter_map(|id| self.state.tasks().get(id))
+            .map(|e| &e.task)
+            .filter(|t| t.group.is_some() && t.last_status == TaskStatus::Running)
+            .filter(|t| t.desired_status != TaskStatus::Stopped && t.draining.is_none())
+            .filter(|t| self.traffic_of(t).0 == TrafficState::Out)
+            .collect();
+        if out.is_empty() {
+            return None;
+        }
+        let (at, why) = if out.iter().any(|t| self.heartbeats_missed(t)) {
+            let why = format!("the host missed {MISSED_HEARTBEATS} heartbeats in a row");
+            (self.silent_since(ix).unwrap_or(self.now_ms), why)
+        } else {
+            (e.failed_daemons_since_ms.unwrap_or(self.now_ms), "their GPU's MPS daemon failed".to_string())
+        };
+        let mut services: Vec<String> =
+            out.iter().filter_map(|t| t.group.as_ref()).map(|g| g.to_string()).collect();
+        services.dedup();
+        let detail =
+            format!("{} replica(s) of {} left service discovery: {why}", out.len(), services.join(", "));
+        Some((at.min(self.now_ms), detail))
     }
 
     /// Where a running task's ports are reached: its containers' bindings at the host's

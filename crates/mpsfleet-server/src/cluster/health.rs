@@ -327,6 +327,9 @@ impl Cluster {
                     Incident::open(id, host_id.clone(), pool.clone(), owner, trigger, impaired_since_ms, now);
                 incident.bounds = bounds;
                 incident.drill = self.drill_striking(&host_id);
+                if let Some((at, detail)) = self.reader().left_traffic(ix) {
+                    incident.record_before_open(at, Step::LeftTraffic, detail);
+                }
                 tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
                 self.writing(|w| w.write_incident(incident))?;
             }

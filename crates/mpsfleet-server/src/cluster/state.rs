@@ -180,6 +180,7 @@ impl State {
                     gpu_use: Vec::new(),
                     heartbeat_ms: None,
                     failed_daemons: Default::default(),
+                    failed_daemons_since_ms: None,
                     accepts_faults: false,
                     recent_repairs: Vec::new(),
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
@@ -417,6 +418,9 @@ pub(super) struct HostEntry {
     /// The GPUs whose MPS daemon's failure is confirmed: reported IMPAIRED, and not yet
     /// answering again for good (its check still counts the failure, `firstFailureAgeMs`).
     pub(super) failed_daemons: std::collections::BTreeSet<GpuUuid>,
+    /// Since when `failed_daemons` has not been empty (server clock): when the host's replicas
+    /// on them left service discovery. Memory only.
+    pub(super) failed_daemons_since_ms: Option<u64>,
     /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
     /// its last full heartbeat said.
     pub(super) accepts_faults: bool,

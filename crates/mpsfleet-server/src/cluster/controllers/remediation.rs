@@ -444,7 +444,21 @@ fn execute(
                     Some(Err("the pool has no capacity provider".into()));
             }
         },
-        Action::StartReplacements { tasks } => moved = move_tasks(w, ix, tasks, &incident.id)?,
+        Action::StartReplacements { tasks } => {
+            moved = move_tasks(w, ix, tasks, &incident.id)?;
+            // An operator's drain takes replicas in traffic out of it before their stop.
+            let draining = (tasks.iter())
+                .filter_map(|m| w.state.tasks().get(&m.task_id))
+                .filter(|e| e.task.draining.is_some() && e.task.desired_status != TaskStatus::Stopped)
+                .count();
+            if draining > 0 {
+                let detail = format!(
+                    "{draining} replica(s) left service discovery (weight 0) for their service's \
+                     deregistration delay before their stop"
+                );
+                incident.push(w.now_ms, Step::LeftTraffic, detail, None);
+            }
+        }
         Action::StopStandalone { task_ids, stop_code } => {
             let gone = w.state.hosts()[ix as usize].host().status == HostStatus::Deregistered;
             let reason = match stop_code {
