@@ -3,7 +3,8 @@
 //! replicas that take traffic, and those leaving it).
 //!
 //! A replica is in traffic while it is RUNNING, ready and healthy (where its definition has a
-//! health check), its GPU's MPS daemon has not failed and its host has not missed
+//! health check), its GPU's MPS daemon shows no failed signal (`daemon_failing_since`: at the
+//! first one, before the failure is confirmed) and its host has not missed
 //! [`MISSED_HEARTBEATS`] heartbeats in a row; it is leaving (weight 0) while a
 //! planned stop drains it ([`Reader::planned_stop`]), and gone once it is told to stop.
 //! Anything else is not published.
@@ -77,7 +78,7 @@ impl Reader<'_> {
         let traffic = if t.draining.is_some() {
             Traffic::Leaving
         } else if self.replica_state(t) == ReplicaState::Healthy
-            && !self.at_risk(t)
+            && self.daemon_failing_since(t).is_none()
             && !self.heartbeats_missed(t)
         {
             Traffic::In
@@ -127,8 +128,8 @@ impl Reader<'_> {
             };
             return (TrafficState::Joining, why.to_string());
         }
-        let why = if self.at_risk(t) {
-            "its GPU's MPS daemon failed".to_string()
+        let why = if self.daemon_failing_since(t).is_some() {
+            "its GPU's MPS daemon is failing (at its first signal, before local repair)".to_string()
         } else if self.heartbeats_missed(t) {
             format!("its host missed {MISSED_HEARTBEATS} heartbeats in a row")
         } else {
@@ -169,6 +170,29 @@ impl Reader<'_> {
         self.silent_since(ix).is_some_and(|at| self.now_ms > at)
     }
 
+    /// Since when the MPS daemon (or GPU) under the task has been failing, at its first
+    /// signal: a check of its GPU that is not OK, or that counts a failure not over yet
+    /// (`firstFailureAgeMs`: a probe failed, the daemon exited and local repair is at work),
+    /// before the failure is confirmed and whatever local repair does. The age is placed on
+    /// the server's clock at the report's arrival. None while every check of its GPUs is clean.
+    pub(in crate::cluster) fn daemon_failing_since(&self, t: &Task) -> Option<u64> {
+        if t.gpu_ids.is_empty() {
+            return None;
+        }
+        let ix = t.host_id.as_ref().and_then(|h| self.sched.host(h))?;
+        let e = &self.state.hosts()[ix as usize];
+        let reported = e.checks_at_ms.unwrap_or(self.now_ms);
+        (e.checks.iter())
+            .filter(|c| c.gpu_id.as_ref().is_some_and(|g| t.gpu_ids.contains(g)))
+            .filter_map(|c| match (c.status, c.first_failure_age_ms) {
+                (_, Some(age)) => Some(reported.saturating_sub(age)),
+                (HealthStatus::Ok, None) => None,
+                // Not OK with no failure's age (a GPU check): since the report said so.
+                (_, None) => Some(reported),
+            })
+            .min()
+    }
+
     /// When host `ix`'s replicas leave traffic if no heartbeat comes: its last heartbeat and
     /// [`MISSED_HEARTBEATS`] of its interval (as the agent reports it, bounded as the recovery
     /// bounds bound it; at least a second's worth). None before its first heartbeat.
@@ -197,7 +221,9 @@ impl Reader<'_> {
             let why = format!("the host missed {MISSED_HEARTBEATS} heartbeats in a row");
             (self.silent_since(ix).unwrap_or(self.now_ms), why)
         } else {
-            (e.failed_daemons_since_ms.unwrap_or(self.now_ms), "their GPU's MPS daemon failed".to_string())
+            let first = out.iter().filter_map(|t| self.daemon_failing_since(t)).min();
+            let at = first.or(e.failed_daemons_since_ms).unwrap_or(self.now_ms);
+            (at, "their GPU's MPS daemon failed (its first signal)".to_string())
         };
         let mut services: Vec<String> =
             out.iter().filter_map(|t| t.group.as_ref()).map(|g| g.to_string()).collect();

@@ -125,3 +125,50 @@ fn a_server_that_does_not_hold_the_checks_asks_for_them_and_takes_nothing() {
     assert_eq!(again.host_status(&host, &full(checks(&gpu, None, now), 3)).unwrap().checks_rev, Some(3));
     assert_eq!(again.host_status(&host, &repeat(3)).unwrap().checks_rev, Some(3));
 }
+
+/// A replica leaves traffic at its daemon's first failed signal, while the check is still OK
+/// (a probe failed below the threshold, or local repair is restarting the daemon), timed at
+/// that signal on the server's clock; it is back once the failure is over, and a replica on
+/// another GPU of the host is not touched.
+#[test]
+fn a_replica_leaves_traffic_at_its_daemons_first_failed_signal() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let mut reg = w.registration("h");
+    reg.gpus.push(GpuInventory::emulated_h200(GpuUuid::new("GPU-other").unwrap(), 1));
+    let (gpu, other) = (reg.gpus[0].uuid.clone(), reg.gpus[1].uuid.clone());
+    let host = w.c.register_host(reg).unwrap().host_id;
+    w.heartbeat(&host, HealthStatus::Ok);
+    let mut task = Task::new(
+        TaskId(7),
+        TaskDefRef::parse("web:1").unwrap(),
+        PoolName::new("p").unwrap(),
+        None,
+        "x".into(),
+        0,
+    );
+    (task.host_id, task.gpu_ids, task.last_status, task.ready) =
+        (Some(host.clone()), vec![gpu.clone()], TaskStatus::Running, true);
+    let mut neighbour = task.clone();
+    neighbour.gpu_ids = vec![other];
+    assert_eq!(w.c.reader().daemon_failing_since(&task), None);
+
+    // A failed probe 300 ms before the report: the check still says OK.
+    w.advance(1_000);
+    let reported_at = w.clock.now_ms();
+    let check = HostCheck { first_failure_age_ms: Some(300), ..w.mps_check(&host, HealthStatus::Ok) };
+    w.c.host_status(&host, &w.report(vec![check])).unwrap();
+    let r = w.c.reader();
+    assert_eq!(r.daemon_failing_since(&task), Some(reported_at - 300));
+    let (state, why) = r.traffic_of(&task);
+    assert_eq!(state, mpsfleet_types::discovery::TrafficState::Out, "{why}");
+    assert!(why.contains("first signal"), "{why}");
+    assert_eq!(r.daemon_failing_since(&neighbour), None, "another GPU's replica stays");
+
+    // The failure is over: its daemon no longer keeps the replica out.
+    w.advance(1_000);
+    w.heartbeat(&host, HealthStatus::Ok);
+    assert_eq!(w.c.reader().daemon_failing_since(&task), None);
+    // (Out still, here, for its want of an address: a task record made up for the test.)
+    let why = w.c.reader().traffic_of(&task).1;
+    assert!(!why.contains("MPS daemon"), "{why}");
+}
