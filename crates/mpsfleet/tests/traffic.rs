@@ -513,7 +513,7 @@ fn the_traffic_bench_counts_every_request_through_each_event() {
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let events = last["events"].as_array().unwrap();
     let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
-    assert_eq!(names, ["deployment", "scale-in", "drain"]);
+    assert_eq!(names, ["deployment", "scale-in", "drain", "drill"]);
     for e in events {
         // 50 a second through each event's window (it lasts a few seconds at least).
         assert!(e["sent"].as_u64().unwrap() >= 50, "{e}");
@@ -525,6 +525,10 @@ fn the_traffic_bench_counts_every_request_through_each_event() {
     assert!(events[0]["last_served_by_leaving_ms"].is_number(), "{}", events[0]);
     assert!(events[0]["first_served_by_new_ms"].is_number(), "{}", events[0]);
     assert_eq!(last["sent"], events.iter().map(|e| e["sent"].as_u64().unwrap()).sum::<u64>());
+    // The drill killed the daemon under one replica for good: that replica left, and a new
+    // one served in its place.
+    assert!(events[3]["last_served_by_leaving_ms"].is_number(), "{}", events[3]);
+    assert!(events[3]["first_served_by_new_ms"].is_number(), "{}", events[3]);
 }
 
 /// The configuration shipped in deploy/haproxy/ is one HAProxy accepts as it is.

@@ -4,7 +4,9 @@
 //! with the configuration shipped in deploy/haproxy/, finds them only through the server's
 //! DNS; an open-loop client sends a fixed rate of GET requests through it (each sent at its
 //! time whatever the others do) and records each one's start, status, latency and the replica
-//! that answered. Through each event (a rolling deployment, a scale-in 3 -> 2, a host drain):
+//! that answered. Through each event (a rolling deployment, a scale-in 3 -> 2, a host drain,
+//! and a drill that kills one host's MPS daemon for good, again after each local restart,
+//! until the incident it opens has moved the replica and replaced the host):
 //! requests sent and failed, latency p50/p99 against the steady state before, the time from
 //! the event to the last request a leaving replica served, and to the first one a new
 //! replica served. One summary line per event, then a JSON line.
@@ -18,6 +20,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The events a run may go through.
+const EVENTS: [&str; 4] = ["deployment", "scale-in", "drain", "drill"];
+
 /// The configuration users run, as shipped.
 const HAPROXY_CFG: &str = include_str!("../../../../deploy/haproxy/haproxy.cfg");
 
@@ -29,8 +34,9 @@ pub struct TrafficBench {
     /// Requests a second, sent open-loop (1 to 2000).
     #[arg(long, default_value_t = 100)]
     rate: u32,
-    /// The events, in order: `deployment`, `scale-in`, `drain`.
-    #[arg(long, value_delimiter = ',', default_value = "deployment,scale-in,drain")]
+    /// The events, in order: `deployment`, `scale-in`, `drain`, `drill` (a daemon killed for
+    /// good under one replica, through a drill's `daemon-exit` fault).
+    #[arg(long, value_delimiter = ',', default_value = "deployment,scale-in,drain,drill")]
     events: Vec<String>,
     /// The image to serve from [default: MPSFLEET_TEST_IMAGE]: busybox's `httpd` is enough.
     #[arg(long, env = "MPSFLEET_TEST_IMAGE")]
@@ -38,6 +44,10 @@ pub struct TrafficBench {
     /// The service's `deregistrationDelaySeconds`.
     #[arg(long, default_value_t = 2)]
     deregistration_delay: u32,
+    /// Run HAProxy without its retries (`retries 0`, no `retry-on`, no `option redispatch`):
+    /// what the failures are when nothing resends a request.
+    #[arg(long)]
+    no_retries: bool,
     /// The HAProxy binary (Debian's haproxy).
     #[arg(long, default_value = "haproxy")]
     haproxy: String,
@@ -78,10 +88,7 @@ pub fn traffic(b: TrafficBench) -> Result<()> {
     anyhow::ensure!((1..=2000).contains(&b.rate), "--rate must be from 1 to 2000, got {}", b.rate);
     anyhow::ensure!((1..=100).contains(&b.runs), "--runs must be from 1 to 100, got {}", b.runs);
     for e in &b.events {
-        anyhow::ensure!(
-            ["deployment", "scale-in", "drain"].contains(&e.as_str()),
-            "--events: {e:?} is not deployment, scale-in or drain"
-        );
+        anyhow::ensure!(EVENTS.contains(&e.as_str()), "--events: {e:?} is not one of {}", EVENTS.join(", "));
     }
     let image =
         b.image.clone().context("--image (or MPSFLEET_TEST_IMAGE) is required: an image with busybox")?;
@@ -114,6 +121,7 @@ pub fn traffic(b: TrafficBench) -> Result<()> {
         "runs": b.runs,
         "rate": b.rate,
         "deregistration_delay_s": b.deregistration_delay,
+        "haproxy_retries": !b.no_retries,
         "sent": all.iter().map(|f| f.sent).sum::<usize>(),
         "failed": all.iter().map(|f| f.failed).sum::<usize>(),
         "events": all,
@@ -125,7 +133,7 @@ pub fn traffic(b: TrafficBench) -> Result<()> {
 async fn one_run(b: &TrafficBench, image: &str, dir: &std::path::Path) -> Result<Vec<EventFigures>> {
     let dns = format!("127.0.0.1:{}", free_port()?);
     let agent_args = "--emulate-gpus H200:143771:1 --heartbeat-ms 200 --stop-tasks-on-exit --runtime docker \
-                      --mps-model --image-pull-behavior prefer-cached";
+                      --mps-model --image-pull-behavior prefer-cached --allow-fault-injection";
     let fleet =
         Fleet::start_with(dir, agent_args, "bench", 3, HealthPolicy::default(), &["--dns-listen", &dns])
             .await?;
@@ -160,6 +168,7 @@ async fn one_run(b: &TrafficBench, image: &str, dir: &std::path::Path) -> Result
         .replace("bind 127.0.0.1:8080", &format!("bind 127.0.0.1:{front}"))
         .replace("/tmp/haproxy-mpsfleet.sock", &dir.join("haproxy.sock").display().to_string())
         .replace("_http._tcp.web.default.mpsfleet", "_http._tcp.web.bench.mpsfleet");
+    let cfg = if b.no_retries { without_retries(&cfg)? } else { cfg };
     std::fs::write(dir.join("haproxy.cfg"), cfg)?;
     let mut haproxy = std::process::Command::new(&b.haproxy)
         .args(["-db", "-f"])
@@ -206,6 +215,7 @@ async fn events(
     let steady_until = ms_since(start);
     let mut windows = Vec::new();
     for e in &b.events {
+        let mut drained = None;
         let before = replicas(admin).await?;
         let at = ms_since(start);
         match e.as_str() {
@@ -220,20 +230,40 @@ async fn events(
                     .await?;
                 settled(admin, 2).await?;
             }
-            _ => {
-                let tasks = admin.list_tasks(&Default::default()).await?;
-                let host = tasks
-                    .iter()
-                    .find(|t| t.desired_status != TaskStatus::Stopped)
-                    .and_then(|t| t.host_id.clone())
-                    .context("no replica to drain a host under")?;
+            "drain" => {
+                let host = a_replicas_host(admin).await?;
                 admin.host_action(host.as_str(), "drain").await?;
                 settled_off(admin, 3, &host).await?;
+                drained = Some(host);
+            }
+            _ => {
+                // The drill picks its target among the pool's healthy hosts, each running one
+                // replica: the daemon under one replica, killed for good.
+                let req = mpsfleet_types::drill::CreateDrill {
+                    pool: "bench".into(),
+                    fault: "daemon-exit".into(),
+                    hosts: Some("1".into()),
+                    dry_run: false,
+                    once: false,
+                };
+                let drill = match admin.run_drill(&req).await? {
+                    mpsfleet_client::DrillAnswer::Started(d) => d,
+                    mpsfleet_client::DrillAnswer::Plan(_) => anyhow::bail!("the drill answered a plan"),
+                };
+                let host =
+                    drill.targets.first().map(|t| t.host_id.clone()).context("a drill without a target")?;
+                settled_off(admin, 3, &host).await?;
+                drill_ended(admin, &drill.id).await?;
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = replicas(admin).await?;
         windows.push((e.clone(), at, ms_since(start), before, after));
+        // The drained host back in service (its incident resolved), outside any window: a
+        // drill starts only in a pool without an open incident.
+        if let Some(host) = drained {
+            admin.activate_host(host.as_str()).await?;
+        }
         // Back to three replicas before the next event, outside any window.
         if e == "scale-in" {
             admin
@@ -318,6 +348,21 @@ async fn load(
     }
 }
 
+/// The shipped configuration with its retries taken out; an error if it no longer has them.
+fn without_retries(cfg: &str) -> Result<String> {
+    let retrying = ["retries 3", "option redispatch 1", "retry-on "];
+    let out: Vec<&str> = (cfg.lines())
+        .map(|l| if l.trim_start().starts_with("retries 3") { "    retries 0" } else { l })
+        .filter(|l| !retrying[1..].iter().any(|r| l.trim_start().starts_with(r)))
+        .collect();
+    let found = retrying.iter().all(|r| cfg.lines().any(|l| l.trim_start().starts_with(r)));
+    anyhow::ensure!(
+        found,
+        "deploy/haproxy/haproxy.cfg changed shape: its retries are not where --no-retries looks"
+    );
+    Ok(out.join("\n") + "\n")
+}
+
 fn ms_since(start: std::time::Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1000.0
 }
@@ -347,6 +392,28 @@ async fn settled(admin: &mpsfleet_client::Client, n: usize) -> Result<()> {
     }
 }
 
+/// The host of one of the service's live replicas.
+async fn a_replicas_host(admin: &mpsfleet_client::Client) -> Result<HostId> {
+    let tasks = admin.list_tasks(&Default::default()).await?;
+    (tasks.iter())
+        .find(|t| t.desired_status != TaskStatus::Stopped)
+        .and_then(|t| t.host_id.clone())
+        .context("no replica to drain a host under")
+}
+
+/// Waits (up to 120 s) until drill `id` has ended, its verdict given.
+async fn drill_ended(admin: &mpsfleet_client::Client, id: &str) -> Result<()> {
+    let until = now() + Duration::from_secs(120);
+    loop {
+        let d = admin.list_drills().await?.into_iter().find(|d| d.id == id);
+        if d.is_some_and(|d| d.status == mpsfleet_types::drill::DrillStatus::Ended) {
+            return Ok(());
+        }
+        anyhow::ensure!(now() < until, "drill {id} did not end within 120 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits (up to 120 s) until `n` replicas run and none on `host`.
 async fn settled_off(admin: &mpsfleet_client::Client, n: usize, host: &HostId) -> Result<()> {
     let until = now() + Duration::from_secs(120);
@@ -359,5 +426,22 @@ async fn settled_off(admin: &mpsfleet_client::Client, n: usize, host: &HostId) -
         }
         anyhow::ensure!(now() < until, "the replicas did not leave host {host} within 120 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--no-retries` takes every retry out of the shipped configuration, and refuses one that
+    /// no longer has them where it looks.
+    #[test]
+    fn no_retries_takes_out_every_retry_of_the_shipped_configuration() {
+        let out = super::without_retries(super::HAPROXY_CFG).unwrap();
+        assert!(out.contains("    retries 0\n"), "{out}");
+        let settings: Vec<&str> = out.lines().map(str::trim_start).filter(|l| !l.starts_with('#')).collect();
+        for gone in ["retries 3", "option redispatch", "retry-on"] {
+            assert!(!settings.iter().any(|l| l.starts_with(gone)), "{gone} is still in:\n{out}");
+        }
+        assert_eq!(out.lines().count(), super::HAPROXY_CFG.lines().count() - 2);
+        assert!(super::without_retries("defaults\n    mode http\n").is_err());
     }
 }
