@@ -32,7 +32,7 @@ pub fn intervals() -> Intervals {
             as u64,
         daemon_start_ms: DAEMON_START_MS,
         health_tick_ms: crate::HEALTH_INTERVAL.as_millis() as u64,
-        incident_pass_ms: super::health::INCIDENT_RESYNC_MS,
+        incident_pass_ms: super::controllers::remediation::INCIDENT_RESYNC_MS,
         task_start_ms: TASK_START_ALLOWANCE_MS,
         webhook_ms: webhook.as_millis() as u64,
     }

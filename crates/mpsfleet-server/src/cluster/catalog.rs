@@ -4,7 +4,7 @@
 //! stays, marked, and starts nothing new), and tagging pools, task definitions, services and
 //! tasks (`TagResource`, `UntagResource`). Each is one committed change of the object's record.
 
-use super::deleted::DeletedObject;
+use super::deleted::{Deleted, DeletedObject, DELETED, KEPT_MS};
 use super::*;
 use mpsfleet_types::labels::{check_tags, merge_tags, Tag};
 use std::collections::BTreeMap;
@@ -328,5 +328,55 @@ impl Cluster {
         let deleted: Vec<String> = self.state.deleted().keys().cloned().collect();
         self.forget_deleted(deleted);
         Ok(())
+    }
+}
+
+/// Deleted pools and services as the API shows them (`deleted.rs`: the records).
+impl Cluster {
+    pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
+        for r in self.store.list(DELETED)? {
+            self.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
+        }
+        Ok(())
+    }
+
+    /// Every deleted record still within `deleted::KEPT_MS`, oldest first.
+    fn recently_deleted(&self) -> impl Iterator<Item = &Deleted> {
+        let since = self.now().saturating_sub(KEPT_MS);
+        self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
+    }
+
+    /// The pools deleted within `deleted::KEPT_MS` whose name no live pool has taken again, oldest
+    /// first (ECS's INACTIVE clusters).
+    pub fn deleted_pools(&self) -> impl Iterator<Item = &Pool> {
+        self.recently_deleted().filter_map(|d| match &d.object {
+            DeletedObject::Pool(p) if !self.state.pools().contains_key(&p.name) => Some(p.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The services of `pool` deleted within `deleted::KEPT_MS`, oldest first, each with when
+    /// (ECS's INACTIVE services; a live service may have the name again).
+    pub fn deleted_services<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = (&'a Service, u64)> + 'a {
+        self.recently_deleted().filter_map(move |d| match &d.object {
+            DeletedObject::Service(s) if s.pool.as_str() == pool => Some((s.as_ref(), d.deleted_at_ms)),
+            _ => None,
+        })
+    }
+
+    /// Deletes these records in one commit (the conformance reset forgets them all).
+    pub(super) fn forget_deleted(&mut self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+        match self.commit(&ops) {
+            Ok(rev) => {
+                for k in keys {
+                    self.apply(rev, Change::DeletedRemoved(k));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later"),
+        }
     }
 }

@@ -9,10 +9,15 @@
 //! (the retention pass removes older ones). The name is free again at once: a live pool or
 //! service of that name is always the one a name finds.
 
-use super::*;
+use super::error::Error;
+use super::state::Change;
+use super::write::Writer;
+use mpsfleet_store::{Op, Precondition, Revision};
+use mpsfleet_types::{Pool, Service};
+use serde::{Deserialize, Serialize};
 
 /// Store kind of deleted pools and services, keyed by [`Deleted::key`].
-pub(super) const DELETED: &str = "deleted";
+pub(super) use super::kinds::DELETED;
 /// How long a deleted pool or service stays discoverable (ms).
 pub const KEPT_MS: u64 = 60 * 60 * 1000;
 /// The most deleted objects of one kind kept.
@@ -60,7 +65,7 @@ pub(super) struct Keeping {
     evicted: Vec<String>,
 }
 
-impl super::write::Writer<'_> {
+impl Writer<'_> {
     /// The ops that keep `object` as deleted now, to commit with its removal, and what they
     /// keep; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply with
     /// `Writer::kept_deleted` once committed.
@@ -85,54 +90,5 @@ impl super::write::Writer<'_> {
             self.apply(rev, Change::DeletedRemoved(k));
         }
         self.apply(rev, Change::Deleted(Box::new(kept.record)));
-    }
-}
-
-impl Cluster {
-    pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
-        for r in self.store.list(DELETED)? {
-            self.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
-        }
-        Ok(())
-    }
-
-    /// Every deleted record still within [`KEPT_MS`], oldest first.
-    fn recently_deleted(&self) -> impl Iterator<Item = &Deleted> {
-        let since = self.now().saturating_sub(KEPT_MS);
-        self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
-    }
-
-    /// The pools deleted within [`KEPT_MS`] whose name no live pool has taken again, oldest
-    /// first (ECS's INACTIVE clusters).
-    pub fn deleted_pools(&self) -> impl Iterator<Item = &Pool> {
-        self.recently_deleted().filter_map(|d| match &d.object {
-            DeletedObject::Pool(p) if !self.state.pools().contains_key(&p.name) => Some(p.as_ref()),
-            _ => None,
-        })
-    }
-
-    /// The services of `pool` deleted within [`KEPT_MS`], oldest first, each with when
-    /// (ECS's INACTIVE services; a live service may have the name again).
-    pub fn deleted_services<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = (&'a Service, u64)> + 'a {
-        self.recently_deleted().filter_map(move |d| match &d.object {
-            DeletedObject::Service(s) if s.pool.as_str() == pool => Some((s.as_ref(), d.deleted_at_ms)),
-            _ => None,
-        })
-    }
-
-    /// Deletes these records in one commit (the conformance reset forgets them all).
-    pub(super) fn forget_deleted(&mut self, keys: Vec<String>) {
-        if keys.is_empty() {
-            return;
-        }
-        let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
-        match self.commit(&ops) {
-            Ok(rev) => {
-                for k in keys {
-                    self.apply(rev, Change::DeletedRemoved(k));
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later"),
-        }
     }
 }

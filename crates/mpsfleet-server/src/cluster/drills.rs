@@ -10,6 +10,8 @@
 //! (`controllers/drills.rs`) follows it to its verdict. The lifecycle is
 //! `mpsfleet_core::lifecycle::drill`.
 
+use super::controllers::drills::SELF_MANAGED_HOLD_MS;
+use super::kinds::{DRILL, DRILL_SWITCH};
 use super::*;
 use mpsfleet_core::lifecycle::drill::Event as DrillEvent;
 use mpsfleet_types::bounds::KindBounds;
@@ -17,20 +19,9 @@ use mpsfleet_types::drill::*;
 
 /// Drills kept; the oldest ended ones leave when a new one starts.
 pub const MAX_DRILLS: usize = 100;
-/// How often a drill is looked at while it runs or restores.
-pub const DRILL_PASS_MS: u64 = 250;
 /// Beyond the bound it measures, how long a drill waits for the owner before it takes the
 /// fault back.
 pub const DRILL_SLACK_MS: u64 = 60_000;
-/// A self-managed pool's drill takes the fault back this long after the notification.
-pub const SELF_MANAGED_HOLD_MS: u64 = 2_000;
-/// Tasks of the pool waiting for placement longer than this abort a running drill.
-pub const PENDING_ABORT_MS: u64 = 120_000;
-/// How long a drill waits for its targets to be back after taking the fault back.
-pub const RESTORE_TIMEOUT_MS: u64 = 60_000;
-
-pub(super) const DRILL: &str = "drill";
-const DRILL_SWITCH: &str = "drill-switch";
 const SWITCH_KEY: &str = "cluster";
 
 /// What `POST /v1/drills` did.

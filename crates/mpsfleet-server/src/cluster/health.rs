@@ -8,85 +8,16 @@
 //! back with [`Cluster::provider_done`].
 
 use super::*;
-use crate::provider::{AttemptRecord, Retry};
+use crate::provider::AttemptRecord;
 use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 
-pub(super) const INCIDENT: &str = "incident";
-
-/// How often an unresolved incident is planned again when nothing asked for it (the health
-/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
-pub const INCIDENT_RESYNC_MS: u64 = 250;
+pub(super) use super::controllers::remediation::{ProviderJob, ProviderOutcome, TERMINATE_RETRY};
+pub(super) use super::kinds::INCIDENT;
+pub(super) use super::read::PoolCounts;
 
 /// The longest a GPU stays closed to MPS tasks after its daemon did not answer, once its
 /// check is OK again.
 pub const MPS_CLOSED_HOLD_MS: u64 = 1_000;
-
-/// How long a replacement's one-time registration token is valid after it is minted.
-pub const REPLACEMENT_TOKEN_TTL_MS: u64 = 60 * 60 * 1000;
-
-/// A provider call the remediation wants made, outside the cluster lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProviderJob {
-    /// `token` is the one-time registration token of an incident's replacement (the launched
-    /// host joins with it instead of the join token); None for launches that keep a pool at
-    /// its size.
-    Launch {
-        incident: String,
-        pool: PoolName,
-        name: String,
-        token: Option<RegistrationToken>,
-    },
-    Terminate {
-        incident: String,
-        pool: PoolName,
-        name: String,
-    },
-}
-
-/// A secret that joins one host: shown to the provider once, never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RegistrationToken(pub String);
-
-impl std::fmt::Debug for RegistrationToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// A pool's hosts as the storm breaker counts them (see `Cluster::pool_counts`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct PoolCounts {
-    pub total: u32,
-    pub unhealthy: u32,
-}
-
-/// What a provider call came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProviderOutcome {
-    Done,
-    Failed(String),
-}
-
-/// In-memory progress of one incident's provider calls (the timeline is the durable record;
-/// after a restart, a requested replacement that never joined is requested again).
-#[derive(Debug, Clone, Default)]
-pub(super) struct ProviderProgress {
-    pub launch: Option<Result<(), String>>,
-    pub launching: bool,
-    pub terminate: Option<Result<(), String>>,
-    pub terminating: bool,
-    /// Terminations of the old host that failed in a row, and when to ask again: a provider
-    /// that keeps failing is asked less and less often, not in a tight loop.
-    pub terminate_failures: u32,
-    pub terminate_retry_at_ms: u64,
-}
-
-/// How a failed termination of an old host is asked for again: 5 s, doubling up to 5 min.
-pub(super) const TERMINATE_RETRY: Retry = Retry {
-    initial_backoff: std::time::Duration::from_secs(5),
-    max_backoff: std::time::Duration::from_secs(300),
-    max_attempts: u32::MAX,
-};
 
 impl Cluster {
     pub(super) fn load_incidents(&mut self) -> Result<(), Error> {
@@ -583,10 +514,4 @@ fn mps_daemon_ok(checks: &[HostCheck], gpu: &GpuUuid) -> bool {
             c.name == mpsfleet_core::health::MPS_DAEMON && c.gpu_id.as_ref().is_none_or(|id| id == gpu)
         })
         .all(|c| c.status == HealthStatus::Ok)
-}
-
-/// The name the replacement host of an incident joins under (deterministic, so a restarted
-/// server recognises it).
-pub fn replacement_name(incident: &Incident) -> String {
-    format!("{}-r", incident.id)
 }

@@ -23,6 +23,7 @@ mod health;
 mod idempotency;
 mod incident_table;
 mod introspect;
+mod kinds;
 mod local_fleet;
 mod logs;
 mod metrics;
@@ -33,8 +34,8 @@ mod pools;
 mod protection;
 mod providers;
 mod read;
-use pools::pool_config;
 pub use providers::ProviderContext;
+use read::pool_config;
 #[cfg(test)]
 mod bounds_tests;
 #[cfg(test)]
@@ -82,12 +83,13 @@ pub struct AgentLink {
     pub last_heartbeat_ms: Option<u64>,
     pub platform: HostPlatform,
 }
+pub use controllers::remediation::{
+    replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, INCIDENT_RESYNC_MS,
+    REPLACEMENT_TOKEN_TTL_MS,
+};
 pub use controllers::retention::{
     MAX_RESOLVED_INCIDENTS, MAX_STOPPED_TASKS, RESOLVED_INCIDENT_RETENTION_MS, RETENTION_INTERVAL_MS,
     STOPPED_TASK_RETENTION_MS,
-};
-pub use health::{
-    replacement_name, ProviderJob, ProviderOutcome, RegistrationToken, REPLACEMENT_TOKEN_TTL_MS,
 };
 pub use operator::OperatorOutcome;
 pub use register::{HostRequest, RegistrationQueue, ValidTaskDef, Waiting};
@@ -101,7 +103,7 @@ use crate::provider::{CapacityProvider, ExecConfig, ExecProvider, LaunchRequest,
 use mpsfleet_core::clock::Clock;
 use mpsfleet_core::lifecycle::host as host_lifecycle;
 use mpsfleet_core::lifecycle::task as task_lifecycle;
-use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, PoolConfig, Request, Scheduler};
+use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, Scheduler};
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
 use mpsfleet_types::api::{
     Assignments, HostStatusAnswer, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse,
@@ -113,20 +115,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-/// Store kinds.
-const POOL: &str = "pool";
-const HOST: &str = "host";
-const TASKDEF: &str = "taskdef";
-const TASK: &str = "task";
-const SERVICE: &str = "service";
-const AUTH: &str = "auth";
+use kinds::{AUTH, HOST, POOL, SERVICE, TASK, TASKDEF};
+use write_tasks::{Batch, NewTasks};
 
 /// The most tasks one `task run` may start.
 pub const MAX_RUN_COUNT: u32 = 10_000;
-/// A service whose tasks failed this many times within the window gets no replacement until
-/// the oldest failure leaves the window (crash-loop backoff).
-pub const SERVICE_RESTART_BURST: usize = 5;
-pub const SERVICE_RESTART_WINDOW_MS: u64 = 30_000;
+pub use controllers::services::{SERVICE_RESTART_BURST, SERVICE_RESTART_WINDOW_MS};
 
 /// The most replicas a service may ask for.
 pub const MAX_DESIRED_COUNT: u32 = 10_000;
@@ -165,18 +159,6 @@ fn force_stop(t: &mut Task) {
     }
 }
 
-/// What new tasks are made of.
-struct NewTasks {
-    task_definition: TaskDefRef,
-    pool: PoolName,
-    group: Option<ServiceName>,
-    started_by: String,
-    /// What a task run gave of ECS's `overrides`, `startedBy`, `group` and `tags`.
-    labels: Option<Box<TaskLabels>>,
-    /// The service's deployment that starts them (its PRIMARY one).
-    deployment: Option<String>,
-}
-
 /// A task run's labels (ECS's `overrides`, `startedBy`, `group`, `tags`), checked against ECS's
 /// limits and the run's definition; None when it gave none.
 fn run_labels(req: &RunTask, td: &TaskDefinition) -> Result<Option<Box<TaskLabels>>, Error> {
@@ -202,13 +184,6 @@ fn run_labels(req: &RunTask, td: &TaskDefinition) -> Result<Option<Box<TaskLabel
         protected_until_ms: None,
     };
     Ok((!labels.is_empty()).then(|| Box::new(labels)))
-}
-
-/// Tasks created and placed in memory, not yet committed.
-#[derive(Default)]
-struct Batch {
-    ops: Vec<Op>,
-    created: Vec<(Task, Option<Placement>, Request)>,
 }
 
 /// What the API returned for one run request.

@@ -190,7 +190,3 @@ pub(super) fn check_pool(p: &Pool) -> Result<(), Error> {
     }
     bounds::check_max_resume(p)
 }
-
-pub(super) fn pool_config(p: &Pool) -> PoolConfig {
-    PoolConfig { strategy: p.strategy, compute_bound: p.compute_overcommit_percent }
-}

@@ -4,7 +4,6 @@
 //! index and the time, so a request's view (`Cluster::reader`) and a controller's
 //! (`Writer::reader`) answer alike.
 
-use super::health::PoolCounts;
 use super::state::State;
 use super::HostIx;
 use mpsfleet_core::deployment::{Replica, ReplicaState};
@@ -17,6 +16,13 @@ use mpsfleet_types::{
     TaskHealth, TaskId, TaskStatus,
 };
 use std::collections::BTreeSet;
+
+/// A pool's hosts as the storm breaker counts them (`Reader::pool_counts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(in crate::cluster) struct PoolCounts {
+    pub total: u32,
+    pub unhealthy: u32,
+}
 
 /// The state, the scheduler's index and the time, to read.
 #[derive(Clone, Copy)]
@@ -188,4 +194,9 @@ pub(in crate::cluster) fn replica_state_of(t: &Task, checked: impl FnOnce() -> b
     } else {
         ReplicaState::Starting
     }
+}
+
+/// What the scheduler keeps of a pool: its strategy and compute overcommit.
+pub(in crate::cluster) fn pool_config(p: &mpsfleet_types::Pool) -> mpsfleet_core::scheduler::PoolConfig {
+    mpsfleet_core::scheduler::PoolConfig { strategy: p.strategy, compute_bound: p.compute_overcommit_percent }
 }

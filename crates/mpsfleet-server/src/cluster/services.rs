@@ -11,18 +11,16 @@
 //! (`note_service_failure`), which fails the deployment and, when asked, rolls back to the
 //! last one that completed.
 
-use super::controllers::services;
+use super::controllers::services::{self, push_started, start_deployment, tasks_of};
 use super::work::Work;
 use super::*;
-use mpsfleet_core::deployment::{Bounds, ReplicaState};
+use mpsfleet_core::deployment::ReplicaState;
 use mpsfleet_core::lifecycle::service as service_lifecycle;
 use mpsfleet_types::discovery::ReplicaTraffic;
 use mpsfleet_types::labels::check_tags;
-use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
-    RolloutState, SchedulingStrategy, DEFAULT_DEREGISTRATION_DELAY_S, DEPLOYMENTS_KEPT,
-    MAX_DEREGISTRATION_DELAY_S,
+    RolloutState, SchedulingStrategy, DEFAULT_DEREGISTRATION_DELAY_S, MAX_DEREGISTRATION_DELAY_S,
 };
 
 impl Cluster {
@@ -363,65 +361,6 @@ impl Cluster {
     }
 }
 
-/// Makes a new PRIMARY deployment of the service's current definition; the previous PRIMARY
-/// becomes ACTIVE (its tasks are replaced by the new one's).
-pub(super) fn start_deployment(svc: &mut Service, now: u64, reason: String) {
-    for d in &mut svc.deployments {
-        if d.status == DeploymentStatus::Primary {
-            // PRIMARY takes Superseded in every rollout state: this cannot fail.
-            let _ =
-                service_lifecycle::apply_deployment(d, service_lifecycle::DeploymentEvent::Superseded, now);
-        }
-    }
-    let n = svc.next_deployment.max(1);
-    svc.next_deployment = n + 1;
-    let id = format!("d-{n}");
-    let mut why = reason;
-    if svc.resumption == ResumptionBoundary::Fenced {
-        why.push_str("; fenced: each old task stops before its replacement starts (at most one copy)");
-    }
-    let msg = format!("deployment {id} of {}: {why}", svc.task_definition);
-    svc.events.push(now, ObjectEvent::new("DeploymentStarted", msg));
-    svc.deployments.insert(
-        0,
-        Deployment {
-            id,
-            status: DeploymentStatus::Primary,
-            task_definition: svc.task_definition.clone(),
-            desired_count: svc.desired_count,
-            rollout_state: RolloutState::InProgress,
-            rollout_state_reason: why,
-            failed_tasks: 0,
-            created_at_ms: now,
-            updated_at_ms: now,
-            failures: Vec::new(),
-            forced_at_ms: None,
-        },
-    );
-    trim_deployments(svc);
-}
-
-/// Keeps the newest [`DEPLOYMENTS_KEPT`] deployments, dropping the oldest INACTIVE ones.
-pub(super) fn trim_deployments(svc: &mut Service) {
-    while svc.deployments.len() > DEPLOYMENTS_KEPT {
-        match svc.deployments.iter().rposition(|d| d.status == DeploymentStatus::Inactive) {
-            Some(i) => {
-                svc.deployments.remove(i);
-            }
-            None => break,
-        }
-    }
-}
-
-/// The bounds in words, for the service's events.
-pub(super) fn bounds_words(b: &Bounds) -> String {
-    let mut s = format!("at least {} healthy, at most {} in all", b.min_healthy, b.max_total);
-    if b.one_at_a_time {
-        s.push_str("; one at a time, since the configured bounds left no room");
-    }
-    s
-}
-
 /// `deregistrationDelaySeconds`, checked: 0 to [`MAX_DEREGISTRATION_DELAY_S`]; the default
 /// when not given.
 fn check_deregistration_delay(s: Option<u32>) -> Result<u32, Error> {
@@ -490,31 +429,4 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Err
         ));
     }
     Ok(())
-}
-
-/// What a service's new tasks are: its definition, in its pool, of its PRIMARY deployment.
-pub(super) fn tasks_of(svc: &Service) -> NewTasks {
-    NewTasks {
-        task_definition: svc.task_definition.clone(),
-        pool: svc.pool.clone(),
-        group: Some(svc.name.clone()),
-        started_by: format!("service:{}", svc.name),
-        labels: Default::default(),
-        deployment: svc.deployments.first().map(|d| d.id.clone()),
-    }
-}
-
-/// The service's events for tasks it started (`why`: what the count is for, or empty), and
-/// why those it could not place wait.
-pub(super) fn push_started(svc: &mut Service, started: &[Task], why: String, now: u64) {
-    if started.is_empty() {
-        return;
-    }
-    let msg = format!("started {} task(s) of {}{why}", started.len(), svc.task_definition);
-    svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
-    if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
-        let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
-        let msg = format!("unable to place {waiting} task(s): {reason}");
-        svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
-    }
 }

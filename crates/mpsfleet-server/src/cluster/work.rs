@@ -5,7 +5,7 @@
 //! key that fails backs off on its own while the others go on.
 //!
 //! Six controllers run on it: drills (`Work::Drill`, `controllers/drills.rs`, every
-//! `drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
+//! `controllers::drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
 //! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
 //! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
 //! when it opens, by an operator's command, by a heartbeat that changed something and by a
@@ -36,10 +36,11 @@
 use super::controllers::capacity::{Capacity, Lent as CapacityLent};
 use super::controllers::drills::Drills;
 use super::controllers::placement::{Outlook, Placer};
+use super::controllers::remediation::ProviderProgress;
 use super::controllers::remediation::{Lent, Remediation};
 use super::controllers::retention::Retention;
 use super::controllers::services::Services;
-use super::health::{PoolCounts, ProviderProgress};
+use super::read::PoolCounts;
 use super::{Cluster, Error, ProviderJob};
 use mpsfleet_core::controller::{Action, WorkQueue};
 use mpsfleet_core::scheduler::GpuIx;

@@ -7,12 +7,12 @@
 //! (its audit entry, its client token) on its first commit; the controllers in
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
+use super::error::Error;
 use super::health::PoolCounts;
-use super::health::INCIDENT;
+use super::kinds::{HOST, INCIDENT, POOL};
 use super::read::Reader;
 use super::state::{Change, State};
 use super::work::Work;
-use super::{Error, HOST, POOL};
 use mpsfleet_core::changes::{self, TaskChange};
 use mpsfleet_core::controller::WorkQueue;
 use mpsfleet_core::lifecycle::host as host_lifecycle;

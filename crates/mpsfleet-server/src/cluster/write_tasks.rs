@@ -5,14 +5,35 @@
 //! a scaling pool asked when a task waits.
 
 use super::controllers::placement;
+use super::error::Error;
+use super::kinds::TASK;
 use super::state::Change;
 use super::work::Work;
 use super::write::Writer;
-use super::{Batch, Error, NewTasks, TASK};
 use mpsfleet_core::scheduler::{HostIx, Placement, Request};
 use mpsfleet_store::{Op, Precondition, Revision};
-use mpsfleet_types::{PoolName, Task, TaskId, TaskStatus};
+use mpsfleet_types::labels::TaskLabels;
+use mpsfleet_types::{PoolName, ServiceName, Task, TaskDefRef, TaskId, TaskStatus};
 use std::collections::BTreeSet;
+
+/// What new tasks are made of.
+pub(in crate::cluster) struct NewTasks {
+    pub(in crate::cluster) task_definition: TaskDefRef,
+    pub(in crate::cluster) pool: PoolName,
+    pub(in crate::cluster) group: Option<ServiceName>,
+    pub(in crate::cluster) started_by: String,
+    /// What a task run gave of ECS's `overrides`, `startedBy`, `group` and `tags`.
+    pub(in crate::cluster) labels: Option<Box<TaskLabels>>,
+    /// The service's deployment that starts them (its PRIMARY one).
+    pub(in crate::cluster) deployment: Option<String>,
+}
+
+/// Tasks created and placed in memory, not yet committed.
+#[derive(Default)]
+pub(in crate::cluster) struct Batch {
+    pub(in crate::cluster) ops: Vec<Op>,
+    pub(in crate::cluster) created: Vec<(Task, Option<Placement>, Request)>,
+}
 
 /// Where new task ids come from: a base chosen at load (or set, for the simulator) and a
 /// counter; an id already taken is skipped.

@@ -7,11 +7,11 @@
 //! [`CAPACITY_RESYNC_MS`]. Launches leave as `ProviderJob`s, each with a launch token of its
 //! own that the cluster mints for the names this answers ([`Lent::to_launch`]).
 
+use super::remediation::ProviderJob;
 use super::scaling::{scale, ScalingMemory};
 use super::Ctx;
-use crate::cluster::health::ProviderJob;
+use crate::cluster::error::Error;
 use crate::cluster::write::Writer;
-use crate::cluster::Error;
 use mpsfleet_core::controller::Action;
 use mpsfleet_types::{HostStatus, PoolName, Step};
 use std::collections::{BTreeSet, HashMap};

@@ -6,9 +6,10 @@
 //! `mpsfleet_core::deployment::plan_daemon`; this file gathers its input and carries out its
 //! answer. A host that opens or closes asks for the pool's DAEMON services (`Writer::apply`).
 
+use crate::cluster::error::Error;
 use crate::cluster::write::Writer;
-use crate::cluster::{Error, HostIx};
 use mpsfleet_core::deployment::{self, Bounds, DaemonHost, DaemonStop, Replica};
+use mpsfleet_core::scheduler::HostIx;
 use mpsfleet_types::service::ObjectEvent;
 use mpsfleet_types::{HostStatus, Service, ServiceStatus, StopCode, Task, TaskId};
 use std::collections::BTreeMap;

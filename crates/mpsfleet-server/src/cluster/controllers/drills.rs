@@ -7,18 +7,25 @@
 //! `mpsfleet_core::lifecycle::drill`, the one place a drill's status changes.
 
 use super::Ctx;
-use crate::cluster::drills::{
-    DRILL, DRILL_PASS_MS, PENDING_ABORT_MS, RESTORE_TIMEOUT_MS, SELF_MANAGED_HOLD_MS,
-};
+use crate::cluster::error::Error;
+use crate::cluster::kinds::DRILL;
 use crate::cluster::state::{Change, State};
 use crate::cluster::write::Writer;
-use crate::cluster::Error;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::lifecycle::drill::{self as drill_lifecycle, Event as DrillEvent};
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::drill::*;
 use mpsfleet_types::{HealthStatus, HostId, HostStatus, Incident, IncidentState, ObjectEvent};
 use std::collections::BTreeSet;
+
+/// How often a drill is looked at while it runs or restores.
+pub const DRILL_PASS_MS: u64 = 250;
+/// A self-managed pool's drill takes the fault back this long after the notification.
+pub const SELF_MANAGED_HOLD_MS: u64 = 2_000;
+/// Tasks of the pool waiting for placement longer than this abort a running drill.
+pub const PENDING_ABORT_MS: u64 = 120_000;
+/// How long a drill waits for its targets to be back after taking the fault back.
+pub const RESTORE_TIMEOUT_MS: u64 = 60_000;
 
 /// The drill controller. It keeps nothing between its passes: a drill's progress is its
 /// record.

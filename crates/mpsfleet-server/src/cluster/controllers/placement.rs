@@ -7,8 +7,9 @@
 //! try.
 
 use super::Ctx;
+use crate::cluster::error::Error;
+use crate::cluster::kinds::TASK;
 use crate::cluster::state::State;
-use crate::cluster::{Error, TASK};
 use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::scheduler::{Needs, Placement, Request, Scheduler, Unplaced};

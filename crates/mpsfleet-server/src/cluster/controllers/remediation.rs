@@ -9,16 +9,16 @@
 //! its recovery bounds (`Writer::judge_incident`).
 
 use super::services;
+use super::services::tasks_of;
 use super::Ctx;
 use crate::auth;
-use crate::cluster::health::{
-    replacement_name, PoolCounts, ProviderJob, ProviderProgress, RegistrationToken,
-};
-use crate::cluster::health::{INCIDENT_RESYNC_MS, REPLACEMENT_TOKEN_TTL_MS, TERMINATE_RETRY};
-use crate::cluster::services::tasks_of;
+use crate::cluster::error::Error;
+use crate::cluster::kinds::TASK;
+use crate::cluster::read::PoolCounts;
 use crate::cluster::work::Work;
 use crate::cluster::write::Writer;
-use crate::cluster::{Batch, Error, HostIx, TASK};
+use crate::cluster::write_tasks::Batch;
+use crate::provider::Retry;
 use mpsfleet_core::controller::Action as Requeue;
 use mpsfleet_core::health::Verdict;
 use mpsfleet_core::lifecycle::host as host_lifecycle;
@@ -26,11 +26,82 @@ use mpsfleet_core::remediation::{
     self, Action, HostState, HostTask, MoveTask, PoolView, ReplacementState, TaskOwner, TerminationState,
     WorldView,
 };
+use mpsfleet_core::scheduler::HostIx;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
 use mpsfleet_types::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How often an unresolved incident is planned again when nothing asked for it (the health
+/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
+pub const INCIDENT_RESYNC_MS: u64 = 250;
+
+/// How long a replacement's one-time registration token is valid after it is minted.
+pub const REPLACEMENT_TOKEN_TTL_MS: u64 = 60 * 60 * 1000;
+
+/// A provider call the remediation wants made, outside the cluster lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderJob {
+    /// `token` is the one-time registration token of an incident's replacement (the launched
+    /// host joins with it instead of the join token); None for launches that keep a pool at
+    /// its size.
+    Launch {
+        incident: String,
+        pool: PoolName,
+        name: String,
+        token: Option<RegistrationToken>,
+    },
+    Terminate {
+        incident: String,
+        pool: PoolName,
+        name: String,
+    },
+}
+
+/// A secret that joins one host: shown to the provider once, never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistrationToken(pub String);
+
+impl std::fmt::Debug for RegistrationToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// What a provider call came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderOutcome {
+    Done,
+    Failed(String),
+}
+
+/// In-memory progress of one incident's provider calls (the timeline is the durable record;
+/// after a restart, a requested replacement that never joined is requested again).
+#[derive(Debug, Clone, Default)]
+pub(in crate::cluster) struct ProviderProgress {
+    pub launch: Option<Result<(), String>>,
+    pub launching: bool,
+    pub terminate: Option<Result<(), String>>,
+    pub terminating: bool,
+    /// Terminations of the old host that failed in a row, and when to ask again: a provider
+    /// that keeps failing is asked less and less often, not in a tight loop.
+    pub terminate_failures: u32,
+    pub terminate_retry_at_ms: u64,
+}
+
+/// How a failed termination of an old host is asked for again: 5 s, doubling up to 5 min.
+pub(in crate::cluster) const TERMINATE_RETRY: Retry = Retry {
+    initial_backoff: std::time::Duration::from_secs(5),
+    max_backoff: std::time::Duration::from_secs(300),
+    max_attempts: u32::MAX,
+};
+
+/// The name the replacement host of an incident joins under (deterministic, so a restarted
+/// server recognises it).
+pub fn replacement_name(incident: &Incident) -> String {
+    format!("{}-r", incident.id)
+}
 
 /// Tasks moved off a host: the old copy, its replacement, and where that was placed.
 type Moved = Vec<(TaskId, TaskId, Option<HostId>)>;

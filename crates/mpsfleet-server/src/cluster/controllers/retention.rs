@@ -10,11 +10,10 @@
 //! - the scheduler forgets the spread groups of deployments no service keeps.
 
 use super::Ctx;
-use crate::cluster::deleted::{DELETED, KEPT_MS};
-use crate::cluster::health::INCIDENT;
+use crate::cluster::deleted::KEPT_MS;
+use crate::cluster::error::Error;
+use crate::cluster::kinds::{DELETED, INCIDENT, TASK};
 use crate::cluster::state::Change;
-use crate::cluster::Error;
-use crate::cluster::TASK;
 use mpsfleet_core::controller::Action;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::{IncidentState, ServiceName, TaskStatus};

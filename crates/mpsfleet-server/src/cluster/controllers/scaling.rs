@@ -19,12 +19,14 @@
 //! come, never scaled in, and scale-in waits while an incident is open or a drill runs.
 
 use super::capacity::{hosts_to_come, Lent};
-use crate::cluster::health::ProviderJob;
-use crate::cluster::pools;
+use super::remediation::ProviderJob;
+use crate::cluster::error::Error;
+use crate::cluster::read::pool_config;
 use crate::cluster::work::Work;
 use crate::cluster::write::Writer;
-use crate::cluster::{can_place, Error, HostIx};
+use mpsfleet_core::lifecycle::host::can_place;
 use mpsfleet_core::scaling::{self, Input, Shape, Step as ScaleStep, Waiting};
+use mpsfleet_core::scheduler::HostIx;
 use mpsfleet_types::drill::DrillStatus;
 use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
 use mpsfleet_types::*;
@@ -67,7 +69,7 @@ pub(in crate::cluster) fn scale(
         gpus: hs.gpus,
         gpu_memory_mib: hs.gpu_memory_mib,
         max_clients: hs.max_mps_clients,
-        compute_bound: pools::pool_config(&p).compute_bound,
+        compute_bound: pool_config(&p).compute_bound,
         cpu: hs.cpu,
         memory_mib: hs.memory_mib,
     };

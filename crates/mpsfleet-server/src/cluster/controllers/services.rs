@@ -13,19 +13,30 @@ use super::daemon::daemon_step;
 use super::placement;
 use super::Ctx;
 use crate::cluster::deleted::DeletedObject;
-use crate::cluster::services::{bounds_words, push_started, start_deployment, tasks_of, trim_deployments};
+use crate::cluster::error::Error;
+use crate::cluster::kinds::SERVICE;
 use crate::cluster::state::Change;
 use crate::cluster::write::Writer;
-use crate::cluster::{Error, HostIx, SERVICE, SERVICE_RESTART_BURST, SERVICE_RESTART_WINDOW_MS};
+use crate::cluster::write_tasks::NewTasks;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
 use mpsfleet_core::lifecycle::service as service_lifecycle;
+use mpsfleet_core::scheduler::HostIx;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::event::{EventType, Subject};
 use mpsfleet_types::policy::ResumptionBoundary;
-use mpsfleet_types::service::{DeploymentStatus, ObjectEvent, RolloutState, SchedulingStrategy};
-use mpsfleet_types::{HostId, Service, ServiceName, ServiceStatus, StopCode, TaskDefRef, TaskId, TaskStatus};
+use mpsfleet_types::service::{
+    Deployment, DeploymentStatus, ObjectEvent, RolloutState, SchedulingStrategy, DEPLOYMENTS_KEPT,
+};
+use mpsfleet_types::{
+    HostId, Service, ServiceName, ServiceStatus, StopCode, Task, TaskDefRef, TaskId, TaskStatus,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// A service whose tasks failed this many times within the window gets no replacement until
+/// the oldest failure leaves the window (crash-loop backoff).
+pub const SERVICE_RESTART_BURST: usize = 5;
+pub const SERVICE_RESTART_WINDOW_MS: u64 = 30_000;
 
 /// The services controller. What it keeps between runs is each service's recent task
 /// failures (for the crash-loop hold-back), lent to each reconcile.
@@ -458,4 +469,90 @@ struct HostMove {
     from_held: usize,
     to: HostId,
     to_held: usize,
+}
+
+/// Makes a new PRIMARY deployment of the service's current definition; the previous PRIMARY
+/// becomes ACTIVE (its tasks are replaced by the new one's).
+pub(in crate::cluster) fn start_deployment(svc: &mut Service, now: u64, reason: String) {
+    for d in &mut svc.deployments {
+        if d.status == DeploymentStatus::Primary {
+            // PRIMARY takes Superseded in every rollout state: this cannot fail.
+            let _ =
+                service_lifecycle::apply_deployment(d, service_lifecycle::DeploymentEvent::Superseded, now);
+        }
+    }
+    let n = svc.next_deployment.max(1);
+    svc.next_deployment = n + 1;
+    let id = format!("d-{n}");
+    let mut why = reason;
+    if svc.resumption == ResumptionBoundary::Fenced {
+        why.push_str("; fenced: each old task stops before its replacement starts (at most one copy)");
+    }
+    let msg = format!("deployment {id} of {}: {why}", svc.task_definition);
+    svc.events.push(now, ObjectEvent::new("DeploymentStarted", msg));
+    svc.deployments.insert(
+        0,
+        Deployment {
+            id,
+            status: DeploymentStatus::Primary,
+            task_definition: svc.task_definition.clone(),
+            desired_count: svc.desired_count,
+            rollout_state: RolloutState::InProgress,
+            rollout_state_reason: why,
+            failed_tasks: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+            failures: Vec::new(),
+            forced_at_ms: None,
+        },
+    );
+    trim_deployments(svc);
+}
+
+/// Keeps the newest [`DEPLOYMENTS_KEPT`] deployments, dropping the oldest INACTIVE ones.
+pub(in crate::cluster) fn trim_deployments(svc: &mut Service) {
+    while svc.deployments.len() > DEPLOYMENTS_KEPT {
+        match svc.deployments.iter().rposition(|d| d.status == DeploymentStatus::Inactive) {
+            Some(i) => {
+                svc.deployments.remove(i);
+            }
+            None => break,
+        }
+    }
+}
+
+/// The bounds in words, for the service's events.
+pub(in crate::cluster) fn bounds_words(b: &Bounds) -> String {
+    let mut s = format!("at least {} healthy, at most {} in all", b.min_healthy, b.max_total);
+    if b.one_at_a_time {
+        s.push_str("; one at a time, since the configured bounds left no room");
+    }
+    s
+}
+
+/// What a service's new tasks are: its definition, in its pool, of its PRIMARY deployment.
+pub(in crate::cluster) fn tasks_of(svc: &Service) -> NewTasks {
+    NewTasks {
+        task_definition: svc.task_definition.clone(),
+        pool: svc.pool.clone(),
+        group: Some(svc.name.clone()),
+        started_by: format!("service:{}", svc.name),
+        labels: Default::default(),
+        deployment: svc.deployments.first().map(|d| d.id.clone()),
+    }
+}
+
+/// The service's events for tasks it started (`why`: what the count is for, or empty), and
+/// why those it could not place wait.
+pub(in crate::cluster) fn push_started(svc: &mut Service, started: &[Task], why: String, now: u64) {
+    if started.is_empty() {
+        return;
+    }
+    let msg = format!("started {} task(s) of {}{why}", started.len(), svc.task_definition);
+    svc.events.push(now, ObjectEvent::new("TasksStarted", msg));
+    if let Some(reason) = started.iter().find_map(|t| t.pending_reason.clone()) {
+        let waiting = started.iter().filter(|t| t.host_id.is_none()).count();
+        let msg = format!("unable to place {waiting} task(s): {reason}");
+        svc.events.push(now, ObjectEvent::new("Unplaceable", msg));
+    }
 }
