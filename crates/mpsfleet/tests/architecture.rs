@@ -261,6 +261,91 @@ fn no_controller_names_cluster() {
     assert!(found.is_empty(), "a controller names Cluster:\n{}", found.join("\n"));
 }
 
+/// The cluster's bottom layer: the records and the one way to read and write them. These
+/// files name no `Cluster` and no controller, and import nothing wholesale (`use super::*`).
+const CLUSTER_BOTTOM: [&str; 13] = [
+    "state.rs",
+    "read.rs",
+    "write.rs",
+    "write_tasks.rs",
+    "place.rs",
+    "traffic.rs",
+    "deleted.rs",
+    "kinds.rs",
+    "work.rs",
+    "intervals.rs",
+    "error.rs",
+    "tasks.rs",
+    "incident_table.rs",
+];
+
+/// What breaks the layering in `file` (a path under `crates/mpsfleet-server/src/cluster/`):
+/// a bottom file reaching up, or a controller importing a room above the bottom layer.
+fn layering_violations(file: &str, code: &str) -> Vec<String> {
+    let Some(rel) = file.strip_prefix("crates/mpsfleet-server/src/cluster/") else { return Vec::new() };
+    let mut out = Vec::new();
+    if CLUSTER_BOTTOM.contains(&rel) {
+        out.extend(naming(file, code, &["Cluster", "controllers"]));
+        out.extend(
+            code.lines()
+                .enumerate()
+                .filter(|(_, l)| l.trim() == "use super::*;")
+                .map(|(n, l)| format!("{file}:{}: {}", n + 1, l.trim())),
+        );
+    }
+    if rel.starts_with("controllers/") {
+        for (n, line) in code.lines().enumerate() {
+            let code_part = line.split("//").next().unwrap_or("");
+            for (at, _) in code_part.match_indices("crate::cluster::") {
+                let rest = &code_part[at + "crate::cluster::".len()..];
+                let module: String =
+                    rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !CLUSTER_BOTTOM.contains(&format!("{module}.rs").as_str()) {
+                    out.push(format!("{file}:{}: {} (crate::cluster::{module})", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The cluster is layered, so no two of its files depend on each other in a circle: the
+/// records and the one way to read and write them at the bottom (`CLUSTER_BOTTOM`), the
+/// controllers above them (importing only the bottom and each other), the `Cluster` facade
+/// and its request rooms on top.
+#[test]
+fn the_cluster_is_layered() {
+    let root = root();
+    let mut found = Vec::new();
+    let mut bottom = 0;
+    for (file, code) in production_sources(&root) {
+        let rel = file.strip_prefix("crates/mpsfleet-server/src/cluster/").unwrap_or("");
+        bottom += usize::from(CLUSTER_BOTTOM.contains(&rel));
+        found.extend(layering_violations(&file, &code));
+    }
+    assert_eq!(bottom, CLUSTER_BOTTOM.len(), "a bottom file is missing");
+    assert!(found.is_empty(), "the layering is broken:\n{}", found.join("\n"));
+}
+
+/// The layering check catches a bottom file reaching up and a controller importing a room
+/// above the bottom layer, and passes what is allowed.
+#[test]
+fn a_broken_layering_is_caught() {
+    let up = layering_violations(
+        "crates/mpsfleet-server/src/cluster/write.rs",
+        "use super::*;\nfn f(c: &Cluster) {}\n",
+    );
+    assert_eq!(up.len(), 2, "{up:?}");
+    let into_room = layering_violations(
+        "crates/mpsfleet-server/src/cluster/controllers/x.rs",
+        "use crate::cluster::health::INCIDENT;\nuse crate::cluster::write::Writer;\n",
+    );
+    assert_eq!(into_room.len(), 1, "{into_room:?}");
+    assert!(into_room[0].contains("crate::cluster::health"), "{into_room:?}");
+    let room = layering_violations("crates/mpsfleet-server/src/cluster/health.rs", "use super::*;\n");
+    assert!(room.is_empty(), "a room on top may import anything: {room:?}");
+}
+
 /// Provider calls are the controllers' effects (`loops.rs`), never the HTTP layer's: nothing
 /// in `api.rs`, `api/` or `ecs/` names a provider job or calls a provider.
 #[test]

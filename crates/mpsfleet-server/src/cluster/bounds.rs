@@ -6,37 +6,10 @@
 
 use super::*;
 use mpsfleet_core::bounds::{self as core_bounds, Intervals};
-use mpsfleet_types::bounds::{
-    BoundBreach, BreachCause, FailureKind, IncidentBounds, RecoveryBounds, RecoveryPhase,
-};
+use mpsfleet_types::bounds::{FailureKind, IncidentBounds, RecoveryBounds};
 
-/// The agent's heartbeat interval by default (`mpsfleet agent --heartbeat-ms`).
-pub const AGENT_HEARTBEAT_MS: u64 = 1_000;
-/// The longest heartbeat interval an agent's report is taken at (the longest grace).
-pub(super) const MAX_HEARTBEAT_MS: u64 = 600_000;
-/// A daemon's start, and a persistent fault seen again after it.
-pub const DAEMON_START_MS: u64 = 1_000;
-/// A replacement task's start to RUNNING and ready: its image present, its readiness check
-/// passing. A task that takes longer is the task's own (`task-slow-to-start`).
-pub const TASK_START_ALLOWANCE_MS: u64 = 30_000;
-
-/// The intervals this server and its agents run on, as the bounds take them.
-pub fn intervals() -> Intervals {
-    let webhook = crate::events::WEBHOOK_TIMEOUT * crate::events::WEBHOOK_ATTEMPTS as u32
-        + crate::events::WEBHOOK_BACKOFF[..crate::events::WEBHOOK_ATTEMPTS - 1]
-            .iter()
-            .sum::<std::time::Duration>();
-    Intervals {
-        agent_heartbeat_ms: AGENT_HEARTBEAT_MS,
-        restart_backoff_ms: mpsfleet_core::lifecycle::mps::MpsPolicy::default().restart_backoff.as_millis()
-            as u64,
-        daemon_start_ms: DAEMON_START_MS,
-        health_tick_ms: crate::HEALTH_INTERVAL.as_millis() as u64,
-        incident_pass_ms: super::controllers::remediation::INCIDENT_RESYNC_MS,
-        task_start_ms: TASK_START_ALLOWANCE_MS,
-        webhook_ms: webhook.as_millis() as u64,
-    }
-}
+use super::intervals::MAX_HEARTBEAT_MS;
+pub use super::intervals::{intervals, AGENT_HEARTBEAT_MS, DAEMON_START_MS, TASK_START_ALLOWANCE_MS};
 
 /// Why `pool`'s policy is refused for `maxResumeSeconds`, if it is.
 pub(super) fn check_max_resume(pool: &Pool) -> Result<(), Error> {
@@ -114,98 +87,5 @@ impl Cluster {
                 .is_some_and(|s| s.value.resumption == ResumptionBoundary::Fenced)
         });
         bounds.of(kind).map(|k| IncidentBounds::of(k, fenced))
-    }
-}
-
-impl super::write::Writer<'_> {
-    /// Records the phases of incident `id` that have run past their bound since the last
-    /// pass: on the incident (committed with it), in its pool's events and the metrics.
-    pub(in crate::cluster) fn judge_incident(&mut self, id: &str) -> Result<(), Error> {
-        let now = self.now_ms;
-        let Some(incident) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(()) };
-        let found = incident.new_breaches(now);
-        if found.is_empty() {
-            return Ok(());
-        }
-        let mut incident = incident.clone();
-        let mut words = Vec::new();
-        for (phase, measured_ms, bound_ms) in found {
-            let cause = self.reader().breach_cause(&incident, phase);
-            let breach = BoundBreach { phase, at_ms: now, bound_ms, measured_ms, cause };
-            let detail = format!("recovery bound breached: {}", breach.words());
-            incident.push(now, Step::BoundBreached, detail, None);
-            words.push(breach.words());
-            incident.breaches.push(breach);
-        }
-        let pool = incident.pool.clone();
-        let message = format!("incident {} on host {}: {}", incident.id, incident.host_id, words.join("; "));
-        tracing::warn!(incident.id = %incident.id, pool = %pool, "{message}");
-        self.write_incident(incident)?;
-        self.pool_event(&pool, "RecoveryBoundBreached", message)
-    }
-}
-
-impl super::read::Reader<'_> {
-    /// Why `phase` of `incident` ran long, when the record or the world says.
-    pub(in crate::cluster) fn breach_cause(
-        &self,
-        incident: &Incident,
-        phase: RecoveryPhase,
-    ) -> Option<BreachCause> {
-        let t = incident.timing();
-        let began = match phase {
-            RecoveryPhase::Detect | RecoveryPhase::Total => t.first_failure_at_ms.or(t.detected_at_ms),
-            RecoveryPhase::Decide => t.detected_at_ms,
-            RecoveryPhase::Replace => t.decided_at_ms,
-        };
-        if began.is_some_and(|b| b < self.loaded_at_ms) {
-            return Some(BreachCause::ControlPlaneRestart);
-        }
-        if incident.has(Step::Blocked) && phase != RecoveryPhase::Detect {
-            let provider =
-                incident.timeline.iter().any(|e| e.step == Step::Blocked && e.detail.contains("provider"));
-            return Some(if provider { BreachCause::ProviderSlow } else { BreachCause::BreakerOpen });
-        }
-        match phase {
-            RecoveryPhase::Detect => self.slower_failure(incident),
-            RecoveryPhase::Decide => None,
-            // A launch not joined within its timeout counts as failed: the provider's.
-            RecoveryPhase::Replace => Some(BreachCause::ProviderSlow),
-            RecoveryPhase::Total => {
-                let replacements: Vec<&Task> = incident
-                    .affected_tasks
-                    .iter()
-                    .filter_map(|a| a.replacement.and_then(|r| self.state.tasks().get(&r)).map(|e| &e.task))
-                    .collect();
-                let waiting =
-                    incident.affected_tasks.iter().any(|a| a.service.is_some() && a.replacement.is_none());
-                if replacements.iter().any(|t| t.host_id.is_none() && t.last_status != TaskStatus::Stopped) {
-                    Some(BreachCause::NoCapacity)
-                } else if waiting && incident.has(Step::ProviderRetry) {
-                    Some(BreachCause::ProviderSlow)
-                } else if !replacements.is_empty() && replacements.iter().all(|t| t.host_id.is_some()) {
-                    Some(BreachCause::TaskSlowToStart)
-                } else {
-                    None
-                }
-            }
-        }
-    }
-
-    /// A daemon whose local restarts came further apart than the `daemon-exit` bound counts
-    /// (each restart killed again at once, the n-th after (n-1) x restartBackoffMs and its
-    /// start): the failure, not the server, took the time.
-    fn slower_failure(&self, incident: &Incident) -> Option<BreachCause> {
-        if incident.bounds?.kind != mpsfleet_types::bounds::FailureKind::DaemonExit {
-            return None;
-        }
-        let first = incident.trigger.first_failure_at_ms?;
-        let last = *incident.trigger.local_repairs_at_ms.last()?;
-        let h = &self.state.pools().get(&incident.pool)?.value.health_policy;
-        let iv = intervals();
-        let exits = h.mps_failure_threshold.min(h.local_daemon_restarts + 1);
-        let assumed: u64 =
-            (1..u64::from(exits)).map(|n| (n - 1) * iv.restart_backoff_ms + iv.daemon_start_ms).sum();
-        (last.saturating_sub(first) > assumed).then_some(BreachCause::SlowerFailure)
     }
 }

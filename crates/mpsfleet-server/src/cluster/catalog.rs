@@ -307,10 +307,9 @@ impl Cluster {
         let rev = self.commit(&ops)?;
         for id in tasks {
             if let Some(e) = self.state.tasks().get(&id) {
-                if let (Some(p), Ok(req)) = (
-                    e.placement.clone(),
-                    placement::request_for(&self.state, &mut self.sched, &e.task.clone()),
-                ) {
+                if let (Some(p), Ok(req)) =
+                    (e.placement.clone(), place::request_for(&self.state, &mut self.sched, &e.task.clone()))
+                {
                     self.sched.release(&req, &p);
                 }
             }

@@ -9,10 +9,6 @@
 //! (the retention pass removes older ones). The name is free again at once: a live pool or
 //! service of that name is always the one a name finds.
 
-use super::error::Error;
-use super::state::Change;
-use super::write::Writer;
-use mpsfleet_store::{Op, Precondition, Revision};
 use mpsfleet_types::{Pool, Service};
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +35,7 @@ pub enum DeletedObject {
 }
 
 impl Deleted {
-    fn kind(&self) -> &'static str {
+    pub(super) fn kind(&self) -> &'static str {
         match &self.object {
             DeletedObject::Pool(_) => "pool",
             DeletedObject::Service(_) => "service",
@@ -61,34 +57,6 @@ impl Deleted {
 
 /// What `Writer::keep_deleted`'s ops write: the new record, and the oldest ones they delete.
 pub(super) struct Keeping {
-    record: Deleted,
-    evicted: Vec<String>,
-}
-
-impl Writer<'_> {
-    /// The ops that keep `object` as deleted now, to commit with its removal, and what they
-    /// keep; the oldest of its kind beyond [`KEPT_PER_KIND`] go in the same ops. Apply with
-    /// `Writer::kept_deleted` once committed.
-    pub(in crate::cluster) fn keep_deleted(
-        &self,
-        object: DeletedObject,
-    ) -> Result<(Vec<Op>, Keeping), Error> {
-        let record = Deleted { deleted_at_ms: self.now_ms, object };
-        let kind = format!("{}-", record.kind());
-        let same: Vec<&String> = self.state.deleted().keys().filter(|k| k.starts_with(&kind)).collect();
-        let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
-        let evicted: Vec<String> = same.into_iter().take(over).cloned().collect();
-        let mut ops: Vec<Op> =
-            evicted.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
-        ops.push(Op::put_json(DELETED, record.key(), &record, Precondition::Any)?);
-        Ok((ops, Keeping { record, evicted }))
-    }
-
-    /// Applies what `Writer::keep_deleted`'s ops committed at `rev`.
-    pub(in crate::cluster) fn kept_deleted(&mut self, rev: Revision, kept: Keeping) {
-        for k in kept.evicted {
-            self.apply(rev, Change::DeletedRemoved(k));
-        }
-        self.apply(rev, Change::Deleted(Box::new(kept.record)));
-    }
+    pub(super) record: Deleted,
+    pub(super) evicted: Vec<String>,
 }

@@ -13,7 +13,6 @@ use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 
 pub(super) use super::controllers::remediation::{ProviderJob, ProviderOutcome, TERMINATE_RETRY};
 pub(super) use super::kinds::INCIDENT;
-pub(super) use super::read::PoolCounts;
 
 /// The longest a GPU stays closed to MPS tasks after its daemon did not answer, once its
 /// check is OK again.

@@ -7,6 +7,6 @@ impl Cluster {
     /// Makes new task ids a pure function of `base` and the order in which tasks are created,
     /// instead of a random base chosen at load. Ids already taken are skipped as usual.
     pub fn reseed_task_ids(&mut self, base: u64) {
-        self.ids = write_tasks::TaskIds { base, counter: 0 };
+        self.ids = write::TaskIds { base, counter: 0 };
     }
 }

@@ -22,6 +22,7 @@ pub mod error;
 mod health;
 mod idempotency;
 mod incident_table;
+mod intervals;
 mod introspect;
 mod kinds;
 mod local_fleet;
@@ -30,6 +31,7 @@ mod metrics;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
+mod place;
 mod pools;
 mod protection;
 mod providers;
@@ -64,11 +66,12 @@ mod state;
 mod write;
 mod write_tasks;
 use state::{Change, HostEntry};
+mod dispatch;
 mod task_policy;
 mod tasks;
 mod tokens;
+mod traffic;
 mod work;
-use controllers::placement;
 pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 use work::Work;
 
@@ -206,7 +209,7 @@ pub struct Cluster {
     state: state::State,
     sched: Scheduler,
     /// The controllers: their work queue and what they keep between runs (`work.rs`).
-    work: work::Controllers,
+    work: dispatch::Controllers,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
     live: Arc<crate::metrics::Live>,
     /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
@@ -219,7 +222,7 @@ pub struct Cluster {
     /// The pools' capacity providers (`providers.rs`).
     providers: providers::Providers,
     /// Task ids count up from a random base chosen at load (`next_task_id`).
-    ids: write_tasks::TaskIds,
+    ids: write::TaskIds,
     /// When each retained revision of the change feed was written, and its size (compaction).
     feed: write::FeedLedger,
     /// Console sign-in links not yet used, by their code's digest (memory only).
@@ -300,7 +303,7 @@ impl Cluster {
             },
             cluster_cas: Vec::new(),
             call: Default::default(),
-            ids: write_tasks::TaskIds { base: auth::random_u64()?, counter: 0 },
+            ids: write::TaskIds { base: auth::random_u64()?, counter: 0 },
             events: crate::events::Events::default(),
             console_links: HashMap::new(),
             output: logs::LogSnapshots::default(),
@@ -357,12 +360,12 @@ impl Cluster {
         tasks.sort_by_key(|(t, _)| (t.created_at_ms, t.id));
         for (task, version) in tasks {
             let placement = if task.holds_capacity() {
-                placement::placement_of(&self.state, &self.sched, &task)
+                place::placement_of(&self.state, &self.sched, &task)
             } else {
                 None
             };
             if let Some(p) = &placement {
-                let req = placement::request_for(&self.state, &mut self.sched, &task)?;
+                let req = place::request_for(&self.state, &mut self.sched, &task)?;
                 self.sched.reserve(&req, p);
             }
             self.writer().insert_task(task, version, placement, false);
@@ -1059,23 +1062,6 @@ pub fn can_place(h: &Host) -> bool {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
-}
-
-/// The address a host is reached at: the host part of its agent's logs endpoint (the address
-/// its heartbeats come from, see `HostEntry::logs_url`), unless that is unspecified (0.0.0.0),
-/// else its hostname.
-fn host_address(entry: &HostEntry) -> String {
-    let from_url = entry.logs_url.as_deref().and_then(|u| {
-        let rest = u.split_once("://").map_or(u, |(_, r)| r);
-        let authority = rest.split('/').next().unwrap_or(rest);
-        let host = match authority.rsplit_once(':') {
-            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
-            _ => authority,
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        (!host.is_empty() && host != "0.0.0.0" && host != "::").then(|| host.to_string())
-    });
-    from_url.unwrap_or_else(|| entry.host().hostname.clone())
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub(in crate::cluster) struct PoolCounts {
 pub(in crate::cluster) struct Reader<'a> {
     pub(super) state: &'a State,
     pub(super) sched: &'a Scheduler,
-    /// Hosts with a confirmed MPS daemon failure (`work::Controllers::failed_daemon_hosts`):
+    /// Hosts with a confirmed MPS daemon failure (`dispatch::Controllers::failed_daemon_hosts`):
     /// while there is none, no task is at risk and none is looked up.
     pub(super) failed_daemon_hosts: &'a BTreeSet<HostIx>,
     /// When this server loaded the store: what began before it was not seen.

@@ -13,7 +13,7 @@
 //! What is not a record lives beside the records and is written by its own named methods:
 //! what a host's agent last reported (checks, addresses, GPU use) and the server's evaluation
 //! of it, a task's in-memory events and pending reason. The controllers' own bookkeeping
-//! (health due times, breaker counts, provider progress: `work::Controllers`) and the
+//! (health due times, breaker counts, provider progress: `dispatch::Controllers`) and the
 //! scheduler's capacity index are `Cluster`'s.
 
 use super::audit::AuditLog;

@@ -7,9 +7,10 @@
 //! (its audit entry, its client token) on its first commit; the controllers in
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
+use super::deleted::{Deleted, DeletedObject, Keeping, KEPT_PER_KIND};
 use super::error::Error;
-use super::health::PoolCounts;
-use super::kinds::{HOST, INCIDENT, POOL};
+use super::kinds::{DELETED, HOST, INCIDENT, POOL};
+use super::read::PoolCounts;
 use super::read::Reader;
 use super::state::{Change, State};
 use super::work::Work;
@@ -79,6 +80,14 @@ pub(super) fn batch_bytes(ops: &[Op]) -> u64 {
         .sum()
 }
 
+/// Where new task ids come from: a base chosen at load (or set, for the simulator) and a
+/// counter; an id already taken is skipped.
+#[derive(Debug)]
+pub(in crate::cluster) struct TaskIds {
+    pub(in crate::cluster) base: u64,
+    pub(in crate::cluster) counter: u64,
+}
+
 /// What writing a record takes: the store, the state, the feed's ledger, the metrics, the
 /// event stream, the scheduler and the controllers' queue (a change asks for the keys it
 /// affects), and what is dropped when a record it counts changes.
@@ -92,12 +101,12 @@ pub(in crate::cluster) struct Writer<'a> {
     pub(super) queue: &'a mut WorkQueue<Work>,
     /// Set when a key that should run at once was asked for (`Cluster::take_wake`).
     pub(super) wake: &'a mut bool,
-    /// When the health tick evaluates each host next (`work::Controllers::health_due_ms`).
+    /// When the health tick evaluates each host next (`dispatch::Controllers::health_due_ms`).
     pub(super) health_due_ms: &'a mut Vec<u64>,
     pub(super) breaker_counts: &'a mut BTreeMap<PoolName, PoolCounts>,
     pub(super) failed_daemon_hosts: &'a BTreeSet<HostIx>,
     /// New task ids (`write_tasks.rs`).
-    pub(super) ids: &'a mut super::write_tasks::TaskIds,
+    pub(super) ids: &'a mut TaskIds,
     /// When this server loaded the store (`Reader::loaded_at_ms`).
     pub(super) loaded_at_ms: u64,
     /// Whether a `local` provider's agents run containers (placement's waiting reasons).
@@ -420,5 +429,34 @@ impl Writer<'_> {
             self.feed.drop_before(from);
         }
         Ok(())
+    }
+}
+
+/// Deleted pools and services kept (`deleted.rs`).
+impl Writer<'_> {
+    /// The ops that keep `object` as deleted now, to commit with its removal, and what they
+    /// keep; the oldest of its kind beyond `deleted::KEPT_PER_KIND` go in the same ops. Apply with
+    /// `Writer::kept_deleted` once committed.
+    pub(in crate::cluster) fn keep_deleted(
+        &self,
+        object: DeletedObject,
+    ) -> Result<(Vec<Op>, Keeping), Error> {
+        let record = Deleted { deleted_at_ms: self.now_ms, object };
+        let kind = format!("{}-", record.kind());
+        let same: Vec<&String> = self.state.deleted().keys().filter(|k| k.starts_with(&kind)).collect();
+        let over = (same.len() + 1).saturating_sub(KEPT_PER_KIND);
+        let evicted: Vec<String> = same.into_iter().take(over).cloned().collect();
+        let mut ops: Vec<Op> =
+            evicted.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+        ops.push(Op::put_json(DELETED, record.key(), &record, Precondition::Any)?);
+        Ok((ops, Keeping { record, evicted }))
+    }
+
+    /// Applies what `Writer::keep_deleted`'s ops committed at `rev`.
+    pub(in crate::cluster) fn kept_deleted(&mut self, rev: Revision, kept: Keeping) {
+        for k in kept.evicted {
+            self.apply(rev, Change::DeletedRemoved(k));
+        }
+        self.apply(rev, Change::Deleted(Box::new(kept.record)));
     }
 }

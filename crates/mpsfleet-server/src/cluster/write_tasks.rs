@@ -4,9 +4,9 @@
 //! what it affects: capacity given back when a task stops, its service and pool asked for,
 //! a scaling pool asked when a task waits.
 
-use super::controllers::placement;
 use super::error::Error;
 use super::kinds::TASK;
+use super::place;
 use super::state::Change;
 use super::work::Work;
 use super::write::Writer;
@@ -33,14 +33,6 @@ pub(in crate::cluster) struct NewTasks {
 pub(in crate::cluster) struct Batch {
     pub(in crate::cluster) ops: Vec<Op>,
     pub(in crate::cluster) created: Vec<(Task, Option<Placement>, Request)>,
-}
-
-/// Where new task ids come from: a base chosen at load (or set, for the simulator) and a
-/// counter; an id already taken is skipped.
-#[derive(Debug)]
-pub(in crate::cluster) struct TaskIds {
-    pub(in crate::cluster) base: u64,
-    pub(in crate::cluster) counter: u64,
 }
 
 impl Writer<'_> {
@@ -107,10 +99,10 @@ impl Writer<'_> {
             task.deployment = spec.deployment.clone();
             let req = match same {
                 Some(r) => r,
-                None => *same.insert(placement::request_for(self.state, self.sched, &task)?),
+                None => *same.insert(place::request_for(self.state, self.sched, &task)?),
             };
             let outcome = self.sched.place(&req);
-            placement::apply_placement(
+            place::apply_placement(
                 self.state,
                 self.sched,
                 self.now_ms,
@@ -160,13 +152,13 @@ impl Writer<'_> {
         mut task: Task,
         ix: HostIx,
     ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let request = placement::request_for(self.state, self.sched, &task)?;
+        let request = place::request_for(self.state, self.sched, &task)?;
         let outcome = self.sched.place_on(&request, ix);
         let placement = match outcome {
             Ok(p) => p,
             Err(why) => return Ok(Err(why)),
         };
-        placement::apply_placement(
+        place::apply_placement(
             self.state,
             self.sched,
             self.now_ms,
@@ -228,7 +220,7 @@ impl Writer<'_> {
         // A task that just stopped gives its capacity back.
         let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
         if let Some((p, old_task)) = freed {
-            let req = placement::request_for(self.state, self.sched, &old_task)?;
+            let req = place::request_for(self.state, self.sched, &old_task)?;
             self.sched.release(&req, &p);
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {

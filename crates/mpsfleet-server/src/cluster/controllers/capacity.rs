@@ -8,7 +8,7 @@
 //! own that the cluster mints for the names this answers ([`Lent::to_launch`]).
 
 use super::remediation::ProviderJob;
-use super::scaling::{scale, ScalingMemory};
+use super::scaling::{scale, Borrowed, ScalingMemory};
 use super::Ctx;
 use crate::cluster::error::Error;
 use crate::cluster::write::Writer;
@@ -51,7 +51,9 @@ impl Capacity {
         if !l.has_provider {
             return Ok(Action::AwaitChange);
         }
-        if let Some(wait) = scale(w, l, pool)? {
+        let to_come = hosts_to_come(w, l.launches, pool);
+        let mut borrowed = Borrowed { memory: l.scaling, to_come, jobs: l.jobs };
+        if let Some(wait) = scale(w, &mut borrowed, pool)? {
             return Ok(Action::RequeueAfter(wait));
         }
         let desired = (w.state.pools().get(pool))

@@ -1,21 +1,17 @@
-//! Placement (`Work::Placement`): a pool's waiting tasks placed where they now fit, oldest
-//! first, in one commit; and what every placement shares with the requests that place their
-//! own tasks (RunTask, StartTask, a service's first replicas): what a task asks of the
-//! scheduler ([`request_for`]), the placement a stored task holds ([`placement_of`]), and a
-//! task's record after the scheduler answered ([`apply_placement`]). Nothing here writes a
-//! host; a waiting task's reason is derived state, refreshed in memory, not written on every
-//! try.
+//! The placement controller (`Work::Placement`): a pool's waiting tasks placed where they
+//! now fit, oldest first, in one commit, by the rules of `cluster/place.rs`. Nothing here
+//! writes a host; a waiting task's reason is derived state, refreshed in memory, not written
+//! on every try.
 
 use super::Ctx;
 use crate::cluster::error::Error;
 use crate::cluster::kinds::TASK;
-use crate::cluster::state::State;
+use crate::cluster::place::{apply_placement, request_for, scaling_note, waiting_reason};
 use mpsfleet_core::changes::TaskChange;
 use mpsfleet_core::controller::Action;
-use mpsfleet_core::scheduler::{Needs, Placement, Request, Scheduler, Unplaced};
+use mpsfleet_core::scheduler::{Placement, Request};
 use mpsfleet_store::{Op, Precondition};
-use mpsfleet_types::policy::ProviderKind;
-use mpsfleet_types::{HostStatus, PendingCode, PoolName, Task, TaskStatus};
+use mpsfleet_types::{PendingCode, PoolName, Task, TaskStatus};
 
 /// What placement knows beyond the state: managed scaling's launches in progress for the pool,
 /// and whether a `local` provider's agents run containers.
@@ -89,156 +85,5 @@ impl Placer {
             w.put_task(task, rev, Some(p));
         }
         Ok(Action::AwaitChange)
-    }
-}
-
-/// What `task` asks of the scheduler: its pool, GPU demand, spread group and needs.
-pub(in crate::cluster) fn request_for(
-    state: &State,
-    sched: &mut Scheduler,
-    task: &Task,
-) -> Result<Request, Error> {
-    let pool = sched
-        .pool(task.pool.as_str())
-        .ok_or_else(|| Error::StoreCorrupt(format!("task {} names unknown pool {}", task.id, task.pool)))?;
-    let (demand, needs) = state
-        .taskdefs()
-        .get(&(task.task_definition.family.clone(), task.task_definition.revision))
-        .map(|v| {
-            let td = &v.value;
-            // More static host ports than one task may hold make a task that waits with that
-            // reason (`Unplaced::TooManyHostPorts`), not a refused call.
-            (td.gpu_demand(), Needs::new(td.needs_container_runtime(), &td.static_host_ports()))
-        })
-        .ok_or_else(|| {
-            Error::StoreCorrupt(format!("task {} names unknown {}", task.id, task.task_definition))
-        })?;
-    // A service's tasks spread by deployment: a rollout's new tasks spread among themselves, as
-    // they will be once the older ones stop.
-    let group = task.group.as_ref().map(|g| match &task.deployment {
-        Some(d) => sched.group(&format!("{g}/{d}")),
-        None => sched.group(g.as_str()),
-    });
-    Ok(Request { pool, demand, group, needs })
-}
-
-/// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).
-pub(in crate::cluster) fn placement_of(state: &State, sched: &Scheduler, task: &Task) -> Option<Placement> {
-    let host = sched.host(task.host_id.as_ref()?)?;
-    let inv = &state.hosts()[host as usize].host().gpus;
-    let first = sched.host_gpus(host).start;
-    let gpus = task
-        .gpu_ids
-        .iter()
-        .filter_map(|u| inv.iter().position(|g| &g.uuid == u).map(|p| first + p as u32))
-        .collect();
-    Some(Placement { host, gpus })
-}
-
-/// `task`'s record after the scheduler answered `outcome`: its host and GPUs, or why it waits.
-pub(in crate::cluster) fn apply_placement(
-    state: &State,
-    sched: &Scheduler,
-    now_ms: u64,
-    task: &mut Task,
-    outcome: &Result<Placement, Unplaced>,
-    local_runs_images: bool,
-) {
-    match outcome {
-        Ok(p) => {
-            let entry = &state.hosts()[p.host as usize];
-            let first = sched.host_gpus(p.host).start;
-            if task.host_id.as_ref() != Some(&entry.host().id) {
-                task.placed_at_ms = Some(now_ms);
-            }
-            task.host_id = Some(entry.host().id.clone());
-            task.gpu_ids =
-                p.gpus.iter().map(|&g| entry.host().gpus[(g - first) as usize].uuid.clone()).collect();
-            task.pending_reason = None;
-            task.pending_code = None;
-            task.unplaceable = false;
-        }
-        Err(unplaced) => {
-            let (why, code, unplaceable) = waiting_reason(state, task, unplaced, local_runs_images);
-            task.host_id = None;
-            task.placed_at_ms = None;
-            task.gpu_ids.clear();
-            task.pending_reason = Some(why);
-            task.pending_code = Some(code);
-            task.unplaceable = unplaceable;
-        }
-    }
-}
-
-/// Why a task waits: its reason (naming the task definition's field that asks for what no host
-/// offers), its code, and whether nothing will ever place it by itself.
-fn waiting_reason(
-    state: &State,
-    task: &Task,
-    unplaced: &Unplaced,
-    local_runs_images: bool,
-) -> (String, PendingCode, bool) {
-    let field = || {
-        let key = (task.task_definition.family.clone(), task.task_definition.revision);
-        let td = state.taskdefs().get(&key);
-        td.and_then(|v| v.value.container_runtime_field()).unwrap_or_else(|| "its task definition".into())
-    };
-    match unplaced {
-        Unplaced::NoContainerHost { pool } => {
-            let mut why = format!(
-                "no schedulable host in pool {pool} runs containers, which {} needs; start an agent with \
-                 --runtime docker",
-                field()
-            );
-            let never = !may_ever_run_containers(state, &task.pool, local_runs_images);
-            if never {
-                why +=
-                    "; no host of the pool runs containers and its provider launches none: nothing places \
-                        the task until such a host joins";
-            }
-            (why, unplaced.code(), never)
-        }
-        Unplaced::NoFittingContainerHost { pool } => (
-            format!(
-                "no host in pool {pool} that runs containers has room for the task, which {} needs; free \
-                 capacity there or start an agent with --runtime docker",
-                field()
-            ),
-            unplaced.code(),
-            false,
-        ),
-        other => (other.to_string(), other.code(), false),
-    }
-}
-
-/// Whether a host that runs containers is in the pool (in any state but DEREGISTERED: a
-/// cordoned or impaired one may come back) or may come from its provider: any but a local one
-/// whose agents do not run containers.
-fn may_ever_run_containers(state: &State, pool: &PoolName, local_runs_images: bool) -> bool {
-    let mut hosts = state.hosts().iter().map(|e| e.host());
-    if hosts.any(|h| &h.pool == pool && h.status != HostStatus::Deregistered && h.runtime.runs_images()) {
-        return true;
-    }
-    match state.pools().get(pool).and_then(|p| p.value.provider.as_ref()).map(|pr| pr.kind) {
-        None => false,
-        Some(ProviderKind::Local) => local_runs_images,
-        Some(_) => true,
-    }
-}
-
-/// What a waiting task's reason adds about managed scaling: hosts being launched (and the
-/// code `SCALING_OUT`), or the pool at its `maxHosts`.
-pub(in crate::cluster) fn scaling_note(state: &State, pool: &PoolName, launching: usize) -> (String, bool) {
-    let none = (String::new(), false);
-    let Some(p) = state.pools().get(pool) else { return none };
-    let Some((prov, m)) = p.value.provider.as_ref().and_then(|prov| Some((prov, prov.scaling()?))) else {
-        return none;
-    };
-    if launching > 0 {
-        (format!("; managed scaling is launching {launching} host(s)"), true)
-    } else if prov.desired_hosts >= m.max_hosts {
-        (format!("; the pool is at its maxHosts ({})", m.max_hosts), false)
-    } else {
-        none
     }
 }

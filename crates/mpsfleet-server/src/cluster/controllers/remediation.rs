@@ -13,8 +13,9 @@ use super::services::tasks_of;
 use super::Ctx;
 use crate::auth;
 use crate::cluster::error::Error;
+use crate::cluster::intervals::intervals;
 use crate::cluster::kinds::TASK;
-use crate::cluster::read::PoolCounts;
+use crate::cluster::read::{PoolCounts, Reader};
 use crate::cluster::work::Work;
 use crate::cluster::write::Writer;
 use crate::cluster::write_tasks::Batch;
@@ -28,14 +29,13 @@ use mpsfleet_core::remediation::{
 };
 use mpsfleet_core::scheduler::HostIx;
 use mpsfleet_store::{Op, Precondition};
+use mpsfleet_types::bounds::{BoundBreach, BreachCause, RecoveryPhase};
 use mpsfleet_types::policy::ResumptionBoundary;
 use mpsfleet_types::service::{ObjectEvent, SchedulingStrategy};
 use mpsfleet_types::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// How often an unresolved incident is planned again when nothing asked for it (the health
-/// tick's period: its plan depends on heartbeat ages and on its pool's other hosts).
-pub const INCIDENT_RESYNC_MS: u64 = 250;
+pub use crate::cluster::intervals::INCIDENT_RESYNC_MS;
 
 /// How long a replacement's one-time registration token is valid after it is minted.
 pub const REPLACEMENT_TOKEN_TTL_MS: u64 = 60 * 60 * 1000;
@@ -731,5 +731,99 @@ pub(in crate::cluster) fn launch_asked(
 ) {
     if asked.len() < MAX_LAUNCHES_TRACKED {
         asked.entry((pool.clone(), name.to_string())).or_insert(now);
+    }
+}
+
+/// Each pass judges its incident against the bounds it is held to.
+impl Writer<'_> {
+    /// Records the phases of incident `id` that have run past their bound since the last
+    /// pass: on the incident (committed with it), in its pool's events and the metrics.
+    pub(in crate::cluster) fn judge_incident(&mut self, id: &str) -> Result<(), Error> {
+        let now = self.now_ms;
+        let Some(incident) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(()) };
+        let found = incident.new_breaches(now);
+        if found.is_empty() {
+            return Ok(());
+        }
+        let mut incident = incident.clone();
+        let mut words = Vec::new();
+        for (phase, measured_ms, bound_ms) in found {
+            let cause = self.reader().breach_cause(&incident, phase);
+            let breach = BoundBreach { phase, at_ms: now, bound_ms, measured_ms, cause };
+            let detail = format!("recovery bound breached: {}", breach.words());
+            incident.push(now, Step::BoundBreached, detail, None);
+            words.push(breach.words());
+            incident.breaches.push(breach);
+        }
+        let pool = incident.pool.clone();
+        let message = format!("incident {} on host {}: {}", incident.id, incident.host_id, words.join("; "));
+        tracing::warn!(incident.id = %incident.id, pool = %pool, "{message}");
+        self.write_incident(incident)?;
+        self.pool_event(&pool, "RecoveryBoundBreached", message)
+    }
+}
+
+impl Reader<'_> {
+    /// Why `phase` of `incident` ran long, when the record or the world says.
+    pub(in crate::cluster) fn breach_cause(
+        &self,
+        incident: &Incident,
+        phase: RecoveryPhase,
+    ) -> Option<BreachCause> {
+        let t = incident.timing();
+        let began = match phase {
+            RecoveryPhase::Detect | RecoveryPhase::Total => t.first_failure_at_ms.or(t.detected_at_ms),
+            RecoveryPhase::Decide => t.detected_at_ms,
+            RecoveryPhase::Replace => t.decided_at_ms,
+        };
+        if began.is_some_and(|b| b < self.loaded_at_ms) {
+            return Some(BreachCause::ControlPlaneRestart);
+        }
+        if incident.has(Step::Blocked) && phase != RecoveryPhase::Detect {
+            let provider =
+                incident.timeline.iter().any(|e| e.step == Step::Blocked && e.detail.contains("provider"));
+            return Some(if provider { BreachCause::ProviderSlow } else { BreachCause::BreakerOpen });
+        }
+        match phase {
+            RecoveryPhase::Detect => self.slower_failure(incident),
+            RecoveryPhase::Decide => None,
+            // A launch not joined within its timeout counts as failed: the provider's.
+            RecoveryPhase::Replace => Some(BreachCause::ProviderSlow),
+            RecoveryPhase::Total => {
+                let replacements: Vec<&Task> = incident
+                    .affected_tasks
+                    .iter()
+                    .filter_map(|a| a.replacement.and_then(|r| self.state.tasks().get(&r)).map(|e| &e.task))
+                    .collect();
+                let waiting =
+                    incident.affected_tasks.iter().any(|a| a.service.is_some() && a.replacement.is_none());
+                if replacements.iter().any(|t| t.host_id.is_none() && t.last_status != TaskStatus::Stopped) {
+                    Some(BreachCause::NoCapacity)
+                } else if waiting && incident.has(Step::ProviderRetry) {
+                    Some(BreachCause::ProviderSlow)
+                } else if !replacements.is_empty() && replacements.iter().all(|t| t.host_id.is_some()) {
+                    Some(BreachCause::TaskSlowToStart)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// A daemon whose local restarts came further apart than the `daemon-exit` bound counts
+    /// (each restart killed again at once, the n-th after (n-1) x restartBackoffMs and its
+    /// start): the failure, not the server, took the time.
+    fn slower_failure(&self, incident: &Incident) -> Option<BreachCause> {
+        if incident.bounds?.kind != mpsfleet_types::bounds::FailureKind::DaemonExit {
+            return None;
+        }
+        let first = incident.trigger.first_failure_at_ms?;
+        let last = *incident.trigger.local_repairs_at_ms.last()?;
+        let h = &self.state.pools().get(&incident.pool)?.value.health_policy;
+        let iv = intervals();
+        let exits = h.mps_failure_threshold.min(h.local_daemon_restarts + 1);
+        let assumed: u64 =
+            (1..u64::from(exits)).map(|n| (n - 1) * iv.restart_backoff_ms + iv.daemon_start_ms).sum();
+        (last.saturating_sub(first) > assumed).then_some(BreachCause::SlowerFailure)
     }
 }

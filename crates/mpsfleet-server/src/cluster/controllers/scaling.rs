@@ -18,7 +18,6 @@
 //! Repair is apart: incident replacements are launched by remediation and counted as hosts to
 //! come, never scaled in, and scale-in waits while an incident is open or a drill runs.
 
-use super::capacity::{hosts_to_come, Lent};
 use super::remediation::ProviderJob;
 use crate::cluster::error::Error;
 use crate::cluster::read::pool_config;
@@ -54,12 +53,20 @@ pub(crate) struct ScalingMemory {
     pub(crate) reservation_percent: u64,
 }
 
+/// What the scaling step borrows of the capacity controller's: its memory of each pool, the
+/// hosts asked for and not joined yet, and where the terminations of removed hosts go.
+pub(in crate::cluster) struct Borrowed<'a> {
+    pub(in crate::cluster) memory: &'a mut HashMap<PoolName, ScalingMemory>,
+    pub(in crate::cluster) to_come: u32,
+    pub(in crate::cluster) jobs: &'a mut Vec<ProviderJob>,
+}
+
 /// The scaling step of `pool` if its provider scales (module docs). Returns how long to
 /// wait while a burst of waiting tasks settles, or None once the step is taken (or there
 /// is none to take) and the capacity controller may go on.
 pub(in crate::cluster) fn scale(
     w: &mut Writer<'_>,
-    l: &mut Lent<'_>,
+    l: &mut Borrowed<'_>,
     pool: &PoolName,
 ) -> Result<Option<u64>, Error> {
     let Some(p) = w.state.pools().get(pool).map(|v| v.value.clone()) else { return Ok(None) };
@@ -75,7 +82,7 @@ pub(in crate::cluster) fn scale(
     };
     let now = w.now_ms;
     let waiting = waiting_demand(w, pool);
-    let mem = l.scaling.entry(pool.clone()).or_default();
+    let mem = l.memory.entry(pool.clone()).or_default();
     if waiting.len() != mem.waiting {
         mem.waiting = waiting.len();
         mem.changed_ms = now;
@@ -107,7 +114,7 @@ pub(in crate::cluster) fn scale(
             input.busy += 1;
         }
     }
-    let mem = l.scaling.entry(pool.clone()).or_default();
+    let mem = l.memory.entry(pool.clone()).or_default();
     let empty_now: BTreeSet<&HostId> = seen_empty.iter().collect();
     mem.empty_since.retain(|id, _| empty_now.contains(id));
     for (i, id) in seen_empty.into_iter().enumerate() {
@@ -116,7 +123,7 @@ pub(in crate::cluster) fn scale(
         empty.push((i as u64, id));
     }
     input.since_last_step_ms = mem.last_step_ms.map(|t| now.saturating_sub(t));
-    input.launching = hosts_to_come(w, l.launches, pool);
+    input.launching = l.to_come;
     input.paused = w.state.incidents().unresolved().any(|i| &i.pool == pool)
         || w.state.drills().values().any(|d| &d.value.pool == pool && d.value.status != DrillStatus::Ended);
 
@@ -134,7 +141,7 @@ pub(in crate::cluster) fn scale(
             (why.clone(), Some((input.hosts + input.launching).saturating_sub(removed)))
         }
     };
-    let mem = l.scaling.entry(pool.clone()).or_default();
+    let mem = l.memory.entry(pool.clone()).or_default();
     mem.last = Some((now, why.clone()));
     let have = u64::from(input.hosts + input.launching);
     mem.reservation_percent = u64::from(input.busy + input.packing.hosts) * 100 / have.max(1);
@@ -198,7 +205,7 @@ fn runs_work(w: &Writer<'_>, ix: HostIx) -> bool {
 /// through the provider. False when it was not empty after all.
 fn scale_in_host(
     w: &mut Writer<'_>,
-    l: &mut Lent<'_>,
+    l: &mut Borrowed<'_>,
     pool: &PoolName,
     id: &HostId,
     why: &str,

@@ -10,11 +10,11 @@
 //! Only core's `lifecycle::service` changes a service's or a deployment's status.
 
 use super::daemon::daemon_step;
-use super::placement;
 use super::Ctx;
 use crate::cluster::deleted::DeletedObject;
 use crate::cluster::error::Error;
 use crate::cluster::kinds::SERVICE;
+use crate::cluster::place;
 use crate::cluster::state::Change;
 use crate::cluster::write::Writer;
 use crate::cluster::write_tasks::NewTasks;
@@ -317,7 +317,7 @@ fn host_moves(
         };
         let Some(&(_, id)) = per_host[&from].iter().max() else { break };
         let Some(task) = w.state.tasks().get(&id).map(|e| e.task.clone()) else { break };
-        let Ok(req) = placement::request_for(w.state, w.sched, &task) else { break };
+        let Ok(req) = place::request_for(w.state, w.sched, &task) else { break };
         let Ok(p) = w.sched.place(&req) else { break };
         let (from_held, to_held) = (count(&per_host, &arriving, from), count(&per_host, &arriving, p.host));
         let to = p.host;
@@ -352,7 +352,7 @@ fn daemon_move(w: &mut Writer<'_>, replicas: &[Replica<TaskId>]) -> Option<(Task
     }
     let &(_, id) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max())?;
     let task = w.state.tasks().get(&id).map(|e| e.task.clone())?;
-    let req = placement::request_for(w.state, w.sched, &task).ok()?;
+    let req = place::request_for(w.state, w.sched, &task).ok()?;
     // Where a new replica would go; given back at once.
     let p = w.sched.place(&req).ok()?;
     w.sched.release(&req, &p);

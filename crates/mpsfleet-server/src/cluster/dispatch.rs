@@ -1,0 +1,275 @@
+//! The work the controllers are asked for, as keys on one [`WorkQueue`]
+//! (`mpsfleet_core::controller`): a request or an agent's report commits its own change and
+//! asks for the key it touched; [`Cluster::run_work`] (called by every health tick, in the
+//! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
+//! key that fails backs off on its own while the others go on.
+//!
+//! Six controllers run on it: drills (`Work::Drill`, `controllers/drills.rs`, every
+//! `controllers::drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
+//! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
+//! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
+//! when it opens, by an operator's command, by a heartbeat that changed something and by a
+//! provider call's end (its own reconcile's writes ask for nothing), and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
+//! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
+//! when the pool, its incidents or a provider call change, a host joins or leaves it, and
+//! every `controllers::capacity::CAPACITY_RESYNC_MS`) and retention
+//! (`Work::Retention`, one key: the change feed compacted and old records removed,
+//! `controllers/retention.rs`, every `RETENTION_INTERVAL_MS` once [`Cluster::start_retention`] asked for
+//! it; the simulator does not, so its reports keep every record).
+//!
+//! Keys run on the controllers' own pass, never inside a request: the health tick runs what
+//! is due every 250 ms, and an incident asked for by a request or a report wakes the pass at
+//! once ([`Cluster::take_wake`]; the server's health loop, the simulator after each call), so
+//! recovery does not wait for the next tick. Requests for a queued key
+//! merge, so a burst of reports about one service's tasks (a host's tasks starting, a drain)
+//! reconciles the service once per pass, not once per report, and capacity freed by many
+//! stops places a pool's waiting tasks once. A reconcile that waits for a time (a crash-loop
+//! hold-back, a rebalance's settle time) asks for its key again at that time; every
+//! [`SERVICE_RESYNC_MS`] the resync asks for every service, and every resync for every pool
+//! with waiting tasks: the safety net for a change nothing asked for.
+//!
+//! A request that creates tasks still places them in its own commit (a pure decision, so
+//! `task run` answers at once with what cannot be placed); capacity that frees or opens later
+//! (a task stopped, a host onboarded or activated, a daemon answering again, a pool's
+//! settings changed) asks for the pool's placement instead of placing inline.
+
+use super::controllers::capacity::{Capacity, Lent as CapacityLent};
+use super::controllers::drills::Drills;
+use super::controllers::placement::{Outlook, Placer};
+use super::controllers::remediation::ProviderProgress;
+use super::controllers::remediation::{Lent, Remediation};
+use super::controllers::retention::Retention;
+use super::controllers::services::Services;
+use super::read::PoolCounts;
+use super::work::Work;
+use super::{Cluster, Error, ProviderJob};
+use mpsfleet_core::controller::{Action, WorkQueue};
+use mpsfleet_core::scheduler::GpuIx;
+use mpsfleet_types::{PoolName, ServiceName};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// How often every service is reconciled whether or not anything asked for it.
+pub const SERVICE_RESYNC_MS: u64 = 60_000;
+
+/// The most passes one [`Cluster::run_work`] makes: a key that a pass asked for (a service an
+/// incident touched) runs in the next pass of the same call, not a tick later.
+const PASSES: usize = 4;
+
+/// The controllers' queue, when the services' next resync is due, and what the controllers
+/// keep between their runs (in memory only; none of it is a record).
+#[derive(Default)]
+pub(super) struct Controllers {
+    pub(super) queue: WorkQueue<Work>,
+    next_service_resync_ms: u64,
+    /// When the health tick must evaluate each host again (by `HostIx`, apart from the hosts'
+    /// records so that the tick reads a few bytes per host): the time its evaluation can
+    /// next change without a report (`health::next_change_at_ms`), or 0 when something it
+    /// depends on changed (its record, its pool, an incident about it).
+    pub(super) health_due_ms: Vec<u64>,
+    /// Each pool's storm-breaker counts (`health::PoolCounts`), kept between health ticks and
+    /// dropped whenever what they count changes: a host's record or verdict, or an incident.
+    pub(super) breaker_counts: BTreeMap<PoolName, PoolCounts>,
+    /// When each service's tasks last failed (in memory; for the crash-loop backoff).
+    pub(super) service_failures: HashMap<ServiceName, VecDeque<u64>>,
+    /// Provider calls in progress or done, by incident (see `health.rs`).
+    pub(super) provider_progress: HashMap<String, ProviderProgress>,
+    /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
+    pub(super) mps_closed: HashMap<GpuIx, u64>,
+    /// Provider calls decided inside an API call, for the caller to run.
+    pub(super) pending_jobs: Vec<ProviderJob>,
+    /// Hosts with a GPU whose MPS daemon's failure is confirmed (`HostEntry::failed_daemons`
+    /// not empty): while there is none, no replica is at risk and none is looked up.
+    pub(super) failed_daemon_hosts: BTreeSet<super::HostIx>,
+    /// Hosts being launched to keep managed pools at their size, by pool.
+    pub(super) capacity_launches: HashMap<PoolName, BTreeSet<String>>,
+    /// When each launch still to join was asked for, by (pool, host name); and how long the
+    /// latest launches of each pool took to join (`scaling.rs`, `launch_times`).
+    pub(super) launches_asked: HashMap<(PoolName, String), u64>,
+    pub(super) launch_times: HashMap<PoolName, VecDeque<u64>>,
+    /// What managed scaling keeps between its runs, by pool (`scaling.rs`).
+    pub(super) scaling: HashMap<PoolName, super::controllers::scaling::ScalingMemory>,
+    /// An incident was asked for since the last [`Cluster::take_wake`]: the controllers'
+    /// pass should run now.
+    pub(super) wake: bool,
+}
+
+impl Cluster {
+    /// Asks for `work` to run at the next pass.
+    pub(super) fn ask(&mut self, work: Work) {
+        self.writer().ask(work);
+    }
+
+    /// Asks for `work` on behalf of a request that changed it: the controllers' pass runs at
+    /// once, outside the request ([`Cluster::take_wake`]), so the request's answer never waits
+    /// for a reconcile and the change does not wait for the next tick.
+    pub(super) fn ask_now(&mut self, work: Work) {
+        self.work.wake = true;
+        self.ask(work);
+    }
+
+    /// Whether an incident, or a key a request changed, was asked for since the last call: the caller runs
+    /// [`Cluster::run_work`] soon (the server wakes its health loop).
+    /// Provider calls a request or a report decided count too: requests never run them, the
+    /// controllers' loop does.
+    pub fn take_wake(&mut self) -> bool {
+        std::mem::take(&mut self.work.wake) || !self.work.pending_jobs.is_empty()
+    }
+
+    /// Starts retention: it runs now, then every `RETENTION_INTERVAL_MS` (the server does this
+    /// once it serves; the simulator does not).
+    pub fn start_retention(&mut self) {
+        self.ask(Work::Retention);
+    }
+
+    /// Asks for placement in every pool that has waiting tasks (capacity came back).
+    pub(super) fn ask_placement_everywhere(&mut self) {
+        for p in self.state.tasks().pools_with_pending() {
+            self.ask(Work::Placement(p));
+        }
+    }
+
+    /// Asks for the service of a task, if it has one.
+    pub(super) fn ask_for_group(&mut self, group: Option<&ServiceName>) {
+        if let Some(g) = group {
+            self.ask(Work::Service(g.clone()));
+        }
+    }
+
+    /// Reconciles every key that is due, each on its own: one that fails is logged and tried
+    /// again after its backoff; the others go on. Keys asked for by a pass and due at once run
+    /// in the next pass, up to [`PASSES`].
+    pub fn run_work(&mut self) {
+        for _ in 0..PASSES {
+            let now = self.now();
+            if self.work.queue.next_due().is_none_or(|due| due > now) {
+                // Nothing due: what woke the controllers has run.
+                self.work.wake = false;
+                break;
+            }
+            self.run_pass(now);
+        }
+    }
+
+    fn run_pass(&mut self, now: u64) {
+        for key in self.work.queue.take_due(now) {
+            let result = match &key {
+                Work::Service(name) => {
+                    let mut failures = std::mem::take(&mut self.work.service_failures);
+                    let result = Services::reconcile(&mut self.controller_ctx(), name, &mut failures);
+                    self.work.service_failures = failures;
+                    result
+                }
+                Work::Placement(pool) => {
+                    let outlook = Outlook {
+                        launching: self.work.capacity_launches.get(pool).map_or(0, |l| l.len()),
+                        local_runs_images: super::providers::local_runs_images(self.providers.ctx.as_ref()),
+                    };
+                    Placer::reconcile(&mut self.controller_ctx(), pool, &outlook)
+                }
+                Work::Incident(_, id) => {
+                    // Whether the incident's pool has a provider is asked first: building one
+                    // from its configuration is the cluster's.
+                    let pool = self.state.incidents().get(id).map(|i| i.value.pool.clone());
+                    let has_provider = pool.is_some_and(|p| self.provider_for(&p).is_some());
+                    let mut progress = std::mem::take(&mut self.work.provider_progress);
+                    let mut asked = std::mem::take(&mut self.work.launches_asked);
+                    let mut jobs = std::mem::take(&mut self.work.pending_jobs);
+                    let mut lent = Lent {
+                        progress: &mut progress,
+                        has_provider,
+                        launches_asked: &mut asked,
+                        jobs: &mut jobs,
+                    };
+                    let result = Remediation::reconcile(&mut self.controller_ctx(), id, &mut lent);
+                    self.work.provider_progress = progress;
+                    self.work.launches_asked = asked;
+                    self.work.pending_jobs = jobs;
+                    result
+                }
+                Work::Capacity(pool) => self.run_capacity(pool),
+                Work::Retention => self.run_retention(),
+                Work::Drill(id) => Drills::reconcile(&mut self.controller_ctx(), id),
+            };
+            if let Err(e) = &result {
+                tracing::warn!(work = ?key, error = %e, "reconcile failed; retrying after its backoff");
+            }
+            let now = self.now();
+            self.work.queue.finish(key, &result, now);
+        }
+    }
+
+    /// Runs the capacity controller (`controllers/capacity.rs`) for `pool`, with what it
+    /// borrows from the cluster, then mints a launch token for each host it launches: a
+    /// launch token is the cluster's credential, scoped to that one host.
+    fn run_capacity(&mut self, pool: &PoolName) -> Result<Action, Error> {
+        let has_provider = self.provider_for(pool).is_some();
+        let w = &mut self.work;
+        let (mut launches, mut asked) =
+            (std::mem::take(&mut w.capacity_launches), std::mem::take(&mut w.launches_asked));
+        let (mut scaling, mut jobs) = (std::mem::take(&mut w.scaling), std::mem::take(&mut w.pending_jobs));
+        let mut lent = CapacityLent {
+            has_provider,
+            launches: &mut launches,
+            launches_asked: &mut asked,
+            scaling: &mut scaling,
+            jobs: &mut jobs,
+            to_launch: Vec::new(),
+        };
+        let result = Capacity::reconcile(&mut self.controller_ctx(), pool, &mut lent);
+        let to_launch = std::mem::take(&mut lent.to_launch);
+        // A launched host counts as in flight until it registers (`host_joined`).
+        self.creds.launch_tokens.retain(|_, (p, name)| launches.get(p).is_some_and(|l| l.contains(name)));
+        let w = &mut self.work;
+        (w.capacity_launches, w.launches_asked, w.scaling, w.pending_jobs) = (launches, asked, scaling, jobs);
+        for name in to_launch {
+            let token = self.mint_launch_token(pool, &name);
+            let job =
+                ProviderJob::Launch { incident: String::new(), pool: pool.clone(), name, token: Some(token) };
+            self.work.pending_jobs.push(job);
+        }
+        result
+    }
+
+    /// Runs the retention controller (`controllers/retention.rs`); the incidents it removed
+    /// leave the remediation's memory of their provider calls.
+    pub(super) fn run_retention(&mut self) -> Result<Action, Error> {
+        // Lent out while the context borrows the cluster's fields, and put back whatever
+        // the reconcile answers.
+        let progress = std::mem::take(&mut self.work.provider_progress);
+        let launching = |id: &str| progress.get(id).is_some_and(|p| p.launching);
+        let result = Retention::reconcile(&mut self.controller_ctx(), &launching);
+        self.work.provider_progress = progress;
+        let (action, removed) = result?;
+        for id in removed {
+            self.work.provider_progress.remove(&id);
+        }
+        Ok(action)
+    }
+
+    /// The periodic pass: asks for every service once its resync is due and for placement in
+    /// every pool with waiting tasks, and reconciles what is due. Each service and pool on its
+    /// own: one that fails is logged with its key and retried after its backoff; the others
+    /// go on.
+    pub fn resync(&mut self) -> Result<(), Error> {
+        let now = self.now();
+        if now >= self.work.next_service_resync_ms {
+            self.work.next_service_resync_ms = now + SERVICE_RESYNC_MS;
+            let names: Vec<ServiceName> = self.state.services().keys().cloned().collect();
+            for n in names {
+                self.work.queue.enqueue_at(Work::Service(n), now);
+            }
+        }
+        self.ask_placement_everywhere();
+        // The safety net of the incidents' and capacity's own requeues.
+        self.ask_incidents();
+        self.ask_capacity_everywhere();
+        self.run_work();
+        Ok(())
+    }
+
+    /// The keys waiting, in words (for tests).
+    #[cfg(test)]
+    pub(super) fn work_keys(&self) -> Vec<String> {
+        self.work.queue.keys().map(|k| format!("{k:?}")).collect()
+    }
+}
