@@ -1,15 +1,9 @@
-//! Services: keep N tasks of a task definition running, and roll them over to a new one
-//! through deployments, as ECS does.
-//!
-//! A service record holds its deployments, newest (PRIMARY) first. `reconcile_service_once` takes
-//! where every replica stands, asks the pure planner (`mpsfleet_core::deployment::plan`) what
-//! the deployment's bounds allow now, stops and starts that, and then settles the
-//! deployments: the PRIMARY one completes once all its desired tasks are healthy and no older
-//! task is left; an older one turns INACTIVE when its last task has stopped. It runs on every
-//! change to a replica (placed, running, ready, healthy, stopped) and at every resync. A task
-//! of the PRIMARY deployment that fails counts toward its circuit breaker
+//! Services as requests and reports change them: create, update and delete (each commits and
+//! asks for the service's key; a REPLICA service's first tasks are placed in its create's own
+//! commit), the views, and a failed task's count toward its deployment's circuit breaker
 //! (`note_service_failure`), which fails the deployment and, when asked, rolls back to the
-//! last one that completed.
+//! last one that completed. The rollout itself is the services controller's
+//! (`controllers/services.rs`).
 
 use super::controllers::services::{self, push_started, start_deployment, tasks_of};
 use super::work::Work;
