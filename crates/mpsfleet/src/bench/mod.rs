@@ -55,7 +55,7 @@ pub enum BenchCommand {
     /// The whole system under random faults from a seed, checked at the process level.
     Soak(soak::SoakBench),
     /// Failed requests through HAProxy reading the server's DNS, through deployments,
-    /// scale-ins and host drains.
+    /// scale-ins, host drains and a daemon killed for good (a drill).
     Traffic(traffic::TrafficBench),
 }
 
