@@ -1,21 +1,22 @@
 //! The work the controllers are asked for, as keys on one [`WorkQueue`]
-//! (`mpsfleet_core::controller`): a request or an agent's report commits its own change and
-//! asks for the key it touched; [`Cluster::run_work`] (called by every health tick, in the
-//! server and in the simulator alike) reconciles the keys that are due, one at a time, and a
-//! key that fails backs off on its own while the others go on.
+//! (`mpsfleet_core::controller`; the keys are `work.rs`'s `Work`): a request or an agent's
+//! report commits its own change and asks for the key it touched; [`Cluster::run_work`]
+//! (called by every health tick, in the server and in the simulator alike) hands each due key
+//! to its controller (`controllers/`), one at a time, and a key that fails backs off on its
+//! own while the others go on.
 //!
-//! Six controllers run on it: drills (`Work::Drill`, `controllers/drills.rs`, every
-//! `controllers::drills::DRILL_PASS_MS` until the drill has ended), services (`Work::Service`, `services.rs`), placement
-//! (`Work::Placement`, a pool's waiting tasks placed oldest first), remediation
-//! (`Work::Incident`, one unresolved incident planned and executed, `health.rs`; asked for
-//! when it opens, by an operator's command, by a heartbeat that changed something and by a
-//! provider call's end (its own reconcile's writes ask for nothing), and again every `health::INCIDENT_RESYNC_MS` while it is unresolved), capacity
-//! (`Work::Capacity`, a pool with a provider kept at its host count, `health.rs`; asked for
-//! when the pool, its incidents or a provider call change, a host joins or leaves it, and
-//! every `controllers::capacity::CAPACITY_RESYNC_MS`) and retention
-//! (`Work::Retention`, one key: the change feed compacted and old records removed,
-//! `controllers/retention.rs`, every `RETENTION_INTERVAL_MS` once [`Cluster::start_retention`] asked for
-//! it; the simulator does not, so its reports keep every record).
+//! The controllers and who asks for their keys:
+//! - services (`Work::Service`): every change to a replica, and the resync;
+//! - placement (`Work::Placement`): capacity freed or opened in a pool;
+//! - remediation (`Work::Incident`): an incident opening, an operator's command, a heartbeat
+//!   that changed something, a provider call's end (its own writes ask for nothing), and
+//!   every `INCIDENT_RESYNC_MS` while unresolved;
+//! - capacity (`Work::Capacity`): the pool, its incidents or a provider call changing, a host
+//!   joining or leaving, and every `CAPACITY_RESYNC_MS`;
+//! - drills (`Work::Drill`): every `DRILL_PASS_MS` until the drill has ended;
+//! - retention (`Work::Retention`): every `RETENTION_INTERVAL_MS` once
+//!   [`Cluster::start_retention`] asked (the simulator does not, so its reports keep every
+//!   record).
 //!
 //! Keys run on the controllers' own pass, never inside a request: the health tick runs what
 //! is due every 250 ms, and an incident asked for by a request or a report wakes the pass at

@@ -1,13 +1,14 @@
 //! The controllers, each a type of its own in a module of its own, reconciling one key at a
-//! time over a small context ([`Ctx`]): the state to read, the one way to write it
-//! (`Writer`), the scheduler and the time (the work queue joins it with the first controller
-//! here that asks for other keys). No module
-//! here names `Cluster` (`tests/architecture.rs` fails if one does): what a controller needs
-//! is in its context or its arguments, and the dispatch in `cluster/work.rs` builds both.
+//! time over a small context ([`Ctx`]): a `Writer`, which holds the state to read, the one way
+//! to write it, the scheduler's index and the queue to ask for other keys; and the time. What a
+//! controller keeps between its runs is lent to its reconcile by the dispatch
+//! (`cluster/dispatch.rs`). No module here names `Cluster`, and each imports only the bottom
+//! layer of `cluster/` and its sibling controllers (`tests/architecture.rs` fails otherwise).
 //! kube-runtime's `Controller` and its `Context` are the model.
 //!
-//! Moved here so far: retention, drills, placement, services, remediation, capacity and
-//! managed scaling. Host health still run as `Cluster` methods, dispatched from the same queue.
+//! Here: services (with DAEMON services' step), placement, remediation, capacity (with
+//! managed scaling), drills and retention. Host health is still evaluated by `Cluster`
+//! (`cluster/health.rs`), on heartbeats and on the health tick.
 
 pub mod capacity;
 pub mod daemon;
