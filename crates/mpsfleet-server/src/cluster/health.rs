@@ -1,11 +1,8 @@
-//! Host health and incidents in the server: evaluates each host's checks on every heartbeat
-//! and on a tick, takes impaired hosts out of placement at once, opens an incident when a
-//! host is declared bad, and drives each incident with the pure planner of
-//! `mpsfleet_core::remediation`, executing its actions and recording them.
-//!
-//! Capacity provider calls (launch, terminate) are slow and run outside the cluster lock:
-//! the planner's actions are turned into [`ProviderJob`]s that the caller runs and reports
-//! back with [`Cluster::provider_done`].
+//! Host health in the server: evaluates each host's checks on every heartbeat and on a tick,
+//! takes impaired hosts out of placement at once, and opens an incident when a host is
+//! declared bad; the remediation controller (`controllers/remediation.rs`) drives it from
+//! there. Provider calls (launch, terminate) are slow and run outside the cluster lock: the
+//! controllers' [`ProviderJob`]s come back here with [`Cluster::provider_done`].
 
 use super::*;
 use crate::provider::AttemptRecord;
