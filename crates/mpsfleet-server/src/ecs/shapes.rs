@@ -303,11 +303,7 @@ pub fn task<'a>(
         } else {
             t.last_status.as_str()
         },
-        desired_status: if t.draining.is_some() {
-            TaskStatus::Stopped.as_str()
-        } else {
-            t.desired_status.as_str()
-        },
+        desired_status: ecs_desired(t).as_str(),
         health_status: t.health_status.as_str(),
         containers,
         // As given when the definition sets them; else what its containers add up to, as ECS
@@ -605,4 +601,56 @@ pub fn container_instance(
         },
         "gpuDevices": gpu_devices,
     })
+}
+
+/// A task's desired status as ECS says it: STOPPED already while it drains before its stop
+/// (mpsfleet's own record keeps it RUNNING, so its agent runs it on). What `DescribeTasks`
+/// answers and `ListTasks` filters on.
+pub(super) fn ecs_desired(t: &Task) -> TaskStatus {
+    if t.draining.is_some() {
+        TaskStatus::Stopped
+    } else {
+        t.desired_status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpsfleet_types::{PoolName, StopCode, TaskDefRef, TaskId};
+
+    /// A replica draining before its stop reads as ECS's DEACTIVATING, desired STOPPED, in
+    /// `DescribeTasks`, and `ListTasks` files it under STOPPED by the same rule; once it is not
+    /// draining it reads as its own record.
+    #[test]
+    fn a_draining_replica_is_deactivating_and_desired_stopped() {
+        let a = Arns { region: "us-east-2".into(), account: "123456789012".into() };
+        let mut t = Task::new(
+            TaskId(9),
+            TaskDefRef::parse("web:1").unwrap(),
+            PoolName::new("gpu").unwrap(),
+            None,
+            "x".into(),
+            1,
+        );
+        t.last_status = TaskStatus::Running;
+        let shown = serde_json::to_value(task(&a, &t, None, None, false)).unwrap();
+        assert_eq!(
+            (shown["lastStatus"].as_str(), shown["desiredStatus"].as_str()),
+            (Some("RUNNING"), Some("RUNNING"))
+        );
+        assert_eq!(ecs_desired(&t), TaskStatus::Running);
+        t.draining = Some(mpsfleet_types::Draining {
+            since_ms: 1,
+            until_ms: 2_001,
+            stop_code: StopCode::UserInitiated,
+            reason: "stopped by the user".into(),
+        });
+        let shown = serde_json::to_value(task(&a, &t, None, None, false)).unwrap();
+        assert_eq!(
+            (shown["lastStatus"].as_str(), shown["desiredStatus"].as_str()),
+            (Some("DEACTIVATING"), Some("STOPPED"))
+        );
+        assert_eq!(ecs_desired(&t), TaskStatus::Stopped, "ListTasks files it where DescribeTasks says");
+    }
 }

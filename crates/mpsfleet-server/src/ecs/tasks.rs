@@ -264,9 +264,9 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
                 let wanted = match desired {
                     // ECS's PENDING: wanted running, not running yet.
                     TaskStatus::Pending => {
-                        t.desired_status == TaskStatus::Running && t.last_status < TaskStatus::Running
+                        shapes::ecs_desired(t) == TaskStatus::Running && t.last_status < TaskStatus::Running
                     }
-                    d => t.desired_status == d,
+                    d => shapes::ecs_desired(t) == d,
                 };
                 let started_by =
                     t.labels.as_ref().and_then(|l| l.started_by.as_deref()).unwrap_or(&t.started_by);
