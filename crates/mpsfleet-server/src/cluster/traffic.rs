@@ -178,9 +178,10 @@ impl Reader<'_> {
             let at = first.or(e.failed_daemons_since_ms).unwrap_or(self.now_ms);
             (at, "their GPU's MPS daemon failed (its first signal)".to_string())
         };
-        let mut services: Vec<String> =
-            out.iter().filter_map(|t| t.group.as_ref()).map(|g| g.to_string()).collect();
-        services.dedup();
+        // Each service once, by name (a host's tasks interleave their services).
+        let services: std::collections::BTreeSet<&str> =
+            out.iter().filter_map(|t| t.group.as_ref()).map(|g| g.as_str()).collect();
+        let services: Vec<&str> = services.into_iter().collect();
         let detail =
             format!("{} replica(s) of {} left service discovery: {why}", out.len(), services.join(", "));
         Some((at.min(self.now_ms), detail))
