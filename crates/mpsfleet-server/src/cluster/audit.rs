@@ -65,7 +65,7 @@ fn key(seq: u64) -> String {
 impl Cluster {
     pub(super) fn load_audit(&mut self) -> Result<(), Error> {
         let keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
-        self.apply(0, Change::AuditLoaded(keys));
+        self.state.apply(0, Change::AuditLoaded(keys));
         Ok(())
     }
 
@@ -112,7 +112,7 @@ impl Cluster {
             call.written = true;
         }
         let rev = self.state.revision();
-        self.apply(rev, Change::AuditWritten { dropped });
+        self.writer().apply(rev, Change::AuditWritten { dropped });
     }
 
     /// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.

@@ -85,7 +85,7 @@ impl Cluster {
             )));
         }
         p.created_at_ms = self.now();
-        self.commit(&[Op::put_json(CAPACITY_PROVIDER, &p.name, &p, Precondition::Absent)?])?;
+        self.write(&[Op::put_json(CAPACITY_PROVIDER, &p.name, &p, Precondition::Absent)?], [])?;
         Ok(p)
     }
 
@@ -100,7 +100,7 @@ impl Cluster {
             .capacity_provider_record(name)?
             .ok_or_else(|| Error::not_found("capacity provider", name))?;
         p.managed_scaling = scaling;
-        self.commit(&[Op::put_json(CAPACITY_PROVIDER, name, &p, Precondition::Version(version))?])?;
+        self.write(&[Op::put_json(CAPACITY_PROVIDER, name, &p, Precondition::Version(version))?], [])?;
         for pool in self.pools_using(name) {
             self.apply_capacity_provider(&pool, &p)?;
         }
@@ -117,7 +117,7 @@ impl Cluster {
                 "capacity provider {name} is used by pool {pool}: put the pool's capacity providers without it first"
             )));
         }
-        self.commit(&[Op::delete(CAPACITY_PROVIDER, name, Precondition::Version(version))])?;
+        self.write(&[Op::delete(CAPACITY_PROVIDER, name, Precondition::Version(version))], [])?;
         Ok(p)
     }
 
@@ -134,7 +134,7 @@ impl Cluster {
         mpsfleet_types::labels::merge_tags(&mut p.tags, add);
         p.tags.retain(|t| !remove.contains(&t.key));
         check_tags("tags", &p.tags).map_err(|(f, m)| Error::invalid(f, m))?;
-        self.commit(&[Op::put_json(CAPACITY_PROVIDER, name, &p, Precondition::Version(version))?])?;
+        self.write(&[Op::put_json(CAPACITY_PROVIDER, name, &p, Precondition::Version(version))?], [])?;
         Ok(p.tags)
     }
 

@@ -107,11 +107,8 @@ impl Cluster {
         let (mut ops, kept) = self.writer().keep_deleted(DeletedObject::Pool(Box::new(pool.clone())))?;
         ops.push(Op::delete(POOL, name, Precondition::Any));
         ops.extend(tasks.iter().map(|id| Op::delete(TASK, id.to_string(), Precondition::Any)));
-        let rev = self.commit(&ops)?;
-        for id in tasks {
-            self.apply(rev, Change::TaskRemoved(id));
-        }
-        self.apply(rev, Change::PoolRemoved(pool.name.clone()));
+        let removed = tasks.into_iter().map(Change::TaskRemoved);
+        let rev = self.write(&ops, removed.chain([Change::PoolRemoved(pool.name.clone())]))?;
         self.writer().kept_deleted(rev, kept);
         tracing::info!(pool = %name, "pool deleted");
         Ok(pool)
@@ -136,9 +133,10 @@ impl Cluster {
 
     /// Commits a changed pool record over the `version` it was read at.
     pub(super) fn write_pool(&mut self, pool: Pool, version: Revision) -> Result<(), Error> {
-        let rev =
-            self.commit(&[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?])?;
-        self.apply(rev, Change::Pool(pool));
+        self.write(
+            &[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?],
+            [Change::Pool(pool)],
+        )?;
         Ok(())
     }
 
@@ -178,12 +176,14 @@ impl Cluster {
                 out.push(Err(format!("{r} is still used by a task or a service: stop them first")));
                 continue;
             }
-            let rev = self.commit(&[Op::delete(
-                TASKDEF,
-                taskdef_key(&parsed.family, parsed.revision),
-                Precondition::Version(current.version),
-            )])?;
-            self.apply(rev, Change::TaskDefRemoved(parsed.family, parsed.revision));
+            self.write(
+                &[Op::delete(
+                    TASKDEF,
+                    taskdef_key(&parsed.family, parsed.revision),
+                    Precondition::Version(current.version),
+                )],
+                [Change::TaskDefRemoved(parsed.family, parsed.revision)],
+            )?;
             out.push(Ok(current.value));
         }
         Ok(out)
@@ -203,9 +203,9 @@ impl Cluster {
 
     fn write_taskdef(&mut self, td: TaskDefinition, version: Revision) -> Result<Arc<TaskDefinition>, Error> {
         let key = taskdef_key(&td.family, td.revision);
-        let rev = self.commit(&[Op::put_json(TASKDEF, &key, &td, Precondition::Version(version))?])?;
+        let op = Op::put_json(TASKDEF, &key, &td, Precondition::Version(version))?;
         let td = Arc::new(td);
-        self.apply(rev, Change::TaskDef(td.clone()));
+        self.write(&[op], [Change::TaskDef(td.clone())])?;
         Ok(td)
     }
 
@@ -261,15 +261,10 @@ impl Cluster {
                     task.labels = None;
                 }
                 let version = self.state.tasks().get(&task.id).map_or(0, |e| e.version);
-                let rev = self.commit(&[Op::put_json(
-                    TASK,
-                    task.id.to_string(),
-                    &task,
-                    Precondition::Version(version),
-                )?])?;
+                let op = Op::put_json(TASK, task.id.to_string(), &task, Precondition::Version(version))?;
                 let tags = task.tags().to_vec();
                 let placement = self.state.tasks().get(&task.id).and_then(|e| e.placement.clone());
-                self.apply(rev, Change::Task(task, placement));
+                self.write(&[op], [Change::Task(task, placement)])?;
                 Ok(tags)
             }
         }
@@ -304,25 +299,23 @@ impl Cluster {
         if ops.is_empty() {
             return Ok(());
         }
-        let rev = self.commit(&ops)?;
-        for id in tasks {
-            if let Some(e) = self.state.tasks().get(&id) {
+        let mut placed = Vec::new();
+        for id in &tasks {
+            if let Some(e) = self.state.tasks().get(id) {
                 if let (Some(p), Ok(req)) =
                     (e.placement.clone(), place::request_for(&self.state, &mut self.sched, &e.task.clone()))
                 {
-                    self.sched.release(&req, &p);
+                    placed.push((req, p));
                 }
             }
-            self.apply(rev, Change::TaskRemoved(id));
         }
-        for s in services {
-            self.apply(rev, Change::ServiceRemoved(s));
-        }
-        for (f, r) in defs {
-            self.apply(rev, Change::TaskDefRemoved(f, r));
-        }
-        for p in pools {
-            self.apply(rev, Change::PoolRemoved(p));
+        let changes = (tasks.into_iter().map(Change::TaskRemoved))
+            .chain(services.into_iter().map(Change::ServiceRemoved))
+            .chain(defs.into_iter().map(|(f, r)| Change::TaskDefRemoved(f, r)))
+            .chain(pools.into_iter().map(Change::PoolRemoved));
+        self.write(&ops, changes)?;
+        for (req, p) in placed {
+            self.sched.release(&req, &p);
         }
         let deleted: Vec<String> = self.state.deleted().keys().cloned().collect();
         self.forget_deleted(deleted);
@@ -334,7 +327,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
         for r in self.store.list(DELETED)? {
-            self.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
+            self.state.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
         }
         Ok(())
     }
@@ -369,13 +362,8 @@ impl Cluster {
             return;
         }
         let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
-        match self.commit(&ops) {
-            Ok(rev) => {
-                for k in keys {
-                    self.apply(rev, Change::DeletedRemoved(k));
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later"),
+        if let Err(e) = self.write(&ops, keys.into_iter().map(Change::DeletedRemoved)) {
+            tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later");
         }
     }
 }

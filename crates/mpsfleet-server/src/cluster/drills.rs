@@ -38,14 +38,14 @@ impl Cluster {
             let d: Drill = decode(&r)?;
             let running = d.status != DrillStatus::Ended;
             let id = d.id.clone();
-            self.apply(r.version, Change::Drill(Box::new(d)));
+            self.state.apply(r.version, Change::Drill(Box::new(d)));
             if running {
                 self.ask(Work::Drill(id));
             }
         }
         if let Some(r) = self.store.get(DRILL_SWITCH, SWITCH_KEY)? {
             let s: DrillSwitch = decode(&r)?;
-            self.apply(r.version, Change::DrillSwitch(s));
+            self.state.apply(r.version, Change::DrillSwitch(s));
         }
         Ok(())
     }
@@ -71,8 +71,7 @@ impl Cluster {
             Some(v) => Precondition::Version(v.version),
             None => Precondition::Absent,
         };
-        let rev = self.commit(&[Op::put_json(DRILL_SWITCH, SWITCH_KEY, &s, expect)?])?;
-        self.apply(rev, Change::DrillSwitch(s.clone()));
+        self.write(&[Op::put_json(DRILL_SWITCH, SWITCH_KEY, &s, expect)?], [Change::DrillSwitch(s.clone())])?;
         if !enabled {
             for id in self.running_drills() {
                 self.ask(Work::Drill(id));
@@ -191,11 +190,8 @@ impl Cluster {
         let dropped: Vec<String> = ended[..excess].iter().map(|d| d.id.clone()).collect();
         let mut ops = vec![Op::put_json(DRILL, id.clone(), &drill, Precondition::Absent)?];
         ops.extend(dropped.iter().map(|d| Op::delete(DRILL, d.clone(), Precondition::Any)));
-        let rev = self.commit(&ops)?;
-        for d in dropped {
-            self.apply(rev, Change::DrillRemoved(d));
-        }
-        self.apply(rev, Change::Drill(Box::new(drill.clone())));
+        let removed = dropped.into_iter().map(Change::DrillRemoved);
+        self.write(&ops, removed.chain([Change::Drill(Box::new(drill.clone()))]))?;
         tracing::warn!(drill.id = %id, pool = %pool, "drill started: {what}");
         self.writing(|w| w.pool_event(&pool, "DrillStarted", format!("drill {id}: {what}")))?;
         self.ask(Work::Drill(id));

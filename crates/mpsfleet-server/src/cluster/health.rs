@@ -20,7 +20,7 @@ impl Cluster {
         for r in self.store.list(INCIDENT)? {
             let mut i: Incident = decode(&r)?;
             i.normalize();
-            self.apply(r.version, Change::Incident(Box::new(i)));
+            self.state.apply(r.version, Change::Incident(Box::new(i)));
         }
         Ok(())
     }
@@ -339,16 +339,6 @@ impl Cluster {
         let Some(b) = i.replacement.as_mut() else { return Ok(None) };
         b.host_id = Some(host.clone());
         Ok(Some(i))
-    }
-
-    /// Applies an incident whose replacement host was committed with it: the token is spent.
-    pub(super) fn apply_replacement_binding(&mut self, incident: Incident, rev: Revision) {
-        if let Some(b) = &incident.replacement {
-            // The digest stays indexed while the incident is kept, so a reuse is refused as
-            // such ("already used") rather than as an unknown token.
-            tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
-        }
-        self.apply(rev, Change::Incident(Box::new(incident)));
     }
 
     /// Keeps the server's evaluation of a host; a new verdict drops the storm breaker's counts,

@@ -115,7 +115,7 @@ impl Cluster {
         }
         all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
         for (key, rec) in all {
-            self.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
+            self.state.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
         }
         Ok(())
     }
@@ -188,7 +188,7 @@ impl Cluster {
         let Some((key, rec)) = self.call.token.take() else { return };
         let pruned = std::mem::take(&mut self.call.pruning);
         let rev = self.state.revision();
-        self.apply(rev, Change::ClientToken { key, rec, pruned });
+        self.writer().apply(rev, Change::ClientToken { key, rec, pruned });
     }
 
     pub fn client_token_count(&self) -> usize {

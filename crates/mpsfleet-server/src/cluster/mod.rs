@@ -326,7 +326,7 @@ impl Cluster {
         for r in self.store.list(POOL)? {
             let pool: Pool = decode(&r)?;
             self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
-            self.apply(r.version, Change::Pool(pool));
+            self.state.apply(r.version, Change::Pool(pool));
         }
         let mut hosts: Vec<Versioned<Host>> = Vec::new();
         for r in self.store.list(HOST)? {
@@ -339,7 +339,7 @@ impl Cluster {
         }
         for r in self.store.list(TASKDEF)? {
             let td: TaskDefinition = decode(&r)?;
-            self.apply(r.version, Change::TaskDef(Arc::new(td)));
+            self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
         self.load_incidents()?;
         self.load_drills()?;
@@ -351,7 +351,7 @@ impl Cluster {
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
-            self.apply(r.version, Change::Service(svc));
+            self.state.apply(r.version, Change::Service(svc));
         }
         let mut tasks: Vec<(Task, Revision)> = Vec::new();
         for r in self.store.list(TASK)? {
@@ -400,15 +400,12 @@ impl Cluster {
         }
     }
 
-    // ---- commit helper ------------------------------------------------------------------
+    // ---- the one way to write ---------------------------------------------------------
 
-    fn commit(&mut self, ops: &[Op]) -> Result<Revision, Error> {
-        self.writing(|w| w.commit(ops))
-    }
-
-    /// Applies a committed change (`Writer::apply`).
-    fn apply(&mut self, version: Revision, change: Change) {
-        self.writer().apply(version, change);
+    /// Commits `ops` and applies `changes` at its revision (`Writer::write`): the one way a
+    /// request writes, with the call's riders on its commit.
+    fn write(&mut self, ops: &[Op], changes: impl IntoIterator<Item = Change>) -> Result<Revision, Error> {
+        self.writing(|w| w.write(ops, changes))
     }
 
     /// Runs `f` with the one way to write records (`write.rs`), the call being served riding
@@ -514,7 +511,7 @@ impl Cluster {
     /// Commits `ops`, which change state kept outside the cluster's own objects (the TLS CA
     /// records), with the audit entry of the API call being served.
     pub(crate) fn commit_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        self.commit(ops).map(|_| ())
+        self.write(ops, []).map(|_| ())
     }
 
     /// The bearer the server presents to a host's agent: derived from the host id under the
@@ -755,7 +752,7 @@ impl Cluster {
             .map_err(|e| Error::invalid("gpus", e.to_string()))?;
         self.sched.set_schedulable(ix, can_place(&host));
         let pool = host.pool.clone();
-        self.apply(version, Change::NewHost(ix, host));
+        self.writer().apply(version, Change::NewHost(ix, host));
         self.ask_capacity(&pool);
         self.work.health_due_ms.push(0);
         Ok(ix)

@@ -338,9 +338,7 @@ impl Cluster {
             Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version()))?,
             Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
         ];
-        let rev = self.commit(&ops)?;
-        self.writer().apply_incident(incident, rev);
-        self.apply(rev, Change::Host(ix, host));
+        self.write(&ops, [Change::Incident(Box::new(incident)), Change::Host(ix, host)])?;
         Ok(())
     }
 }

@@ -30,9 +30,11 @@ impl Cluster {
         };
         check_pool(&pool)?;
         self.check_provider_configured(&pool)?;
-        let rev = self.commit(&[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?])?;
+        self.write(
+            &[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?],
+            [Change::Pool(pool.clone())],
+        )?;
         self.sched.upsert_pool(name.as_str(), pool_config(&pool));
-        self.apply(rev, Change::Pool(pool.clone()));
         self.ask(Work::Capacity(pool.name.clone()));
         self.work.health_due_ms.fill(0);
         Ok(pool)
@@ -83,14 +85,13 @@ impl Cluster {
         }
         if pool != current.value {
             let expect = Precondition::Version(current.version);
-            let rev = self.commit(&[Op::put_json(POOL, name, &pool, expect)?])?;
+            self.write(&[Op::put_json(POOL, name, &pool, expect)?], [Change::Pool(pool.clone())])?;
             // A provider built from the old configuration is built again from the new one
             // (providers set from outside, such as the simulator's, stay).
             if pool.provider != current.value.provider && !self.providers.fixed.contains(&pool.name) {
                 self.providers.built.remove(&pool.name);
             }
             self.sched.upsert_pool(name, pool_config(&pool));
-            self.apply(rev, Change::Pool(pool.clone()));
             if let Some(entry) = changed {
                 self.writer().publish_pool_event(&pool.name, entry);
             }

@@ -114,13 +114,12 @@ impl Cluster {
         let registered_at_ms = self.now();
         let value = v.record(&family, revision, registered_at_ms)?;
         let key = super::taskdef_key(&family, revision);
-        let rev =
-            self.commit(&[Op::Put { kind: TASKDEF.into(), key, value, expect: Precondition::Absent }])?;
         let mut td = v.parsed.definition;
         td.revision = revision;
         td.registered_at_ms = registered_at_ms;
         let reference = td.reference();
-        self.apply(rev, Change::TaskDef(Arc::new(td)));
+        let op = Op::Put { kind: TASKDEF.into(), key, value, expect: Precondition::Absent };
+        self.write(&[op], [Change::TaskDef(Arc::new(td))])?;
         Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
     }
 }
@@ -341,13 +340,10 @@ impl Cluster {
                 }
             }
         }
-        match self.commit(&ops) {
+        match self.write(&ops, bound.iter().map(spend_replacement_token)) {
             Ok(rev) => {
                 for m in batch.members {
                     out[m.slot] = self.index_host(m.host, rev).map(|_| m.answer);
-                }
-                for i in bound {
-                    self.apply_replacement_binding(i, rev);
                 }
             }
             Err(e) if batch.members.len() == 1 => {
@@ -375,13 +371,8 @@ impl Cluster {
                             }
                         }
                     }
-                    out[m.slot] = match self.commit(&ops) {
-                        Ok(rev) => {
-                            if let Some(i) = binding {
-                                self.apply_replacement_binding(i, rev);
-                            }
-                            self.index_host(m.host, rev).map(|_| m.answer)
-                        }
+                    out[m.slot] = match self.write(&ops, binding.iter().map(spend_replacement_token)) {
+                        Ok(rev) => self.index_host(m.host, rev).map(|_| m.answer),
                         Err(e) => Err(e),
                     };
                 }
@@ -625,4 +616,14 @@ mod tests {
         assert!(q.take().is_empty());
         assert!(q.push(w()), "stopped: the next push starts them again");
     }
+}
+
+/// The change that applies an incident whose replacement host commits with it: its token is
+/// spent. The digest stays indexed while the incident is kept, so that a reuse is refused as
+/// such ("already used") rather than as an unknown token.
+fn spend_replacement_token(incident: &Incident) -> Change {
+    if let Some(b) = &incident.replacement {
+        tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
+    }
+    Change::Incident(Box::new(incident.clone()))
 }

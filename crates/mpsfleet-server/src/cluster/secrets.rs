@@ -135,7 +135,7 @@ impl Cluster {
             created_at_ms: now,
             updated_at_ms: now,
         };
-        self.commit(&[Op::put_json(SECRET, req.name.as_str(), &rec, Precondition::Absent)?])?;
+        self.write(&[Op::put_json(SECRET, req.name.as_str(), &rec, Precondition::Absent)?], [])?;
         tracing::info!(secret = %rec.name, bytes = rec.size, "secret stored");
         Ok(rec.info())
     }
@@ -152,7 +152,7 @@ impl Cluster {
 
     pub fn delete_secret(&mut self, name: &str) -> Result<SecretInfo, Error> {
         let (rec, version) = self.secret_record(name)?.ok_or_else(|| Error::not_found("secret", name))?;
-        self.commit(&[Op::delete(SECRET, name, Precondition::Version(version))])?;
+        self.write(&[Op::delete(SECRET, name, Precondition::Version(version))], [])?;
         tracing::info!(secret = %name, "secret deleted");
         Ok(rec.info())
     }

@@ -92,7 +92,7 @@ impl Cluster {
         push_started(&mut svc, &started, String::new(), now);
         let committed = first
             .and_then(|()| Ok(Op::put_json(SERVICE, name.as_str(), &svc, Precondition::Absent)?))
-            .and_then(|op| self.commit(&[&[op][..], &batch.ops].concat()));
+            .and_then(|op| self.write(&[&[op][..], &batch.ops].concat(), [Change::Service(svc.clone())]));
         let rev = match committed {
             Ok(rev) => rev,
             Err(e) => {
@@ -101,7 +101,6 @@ impl Cluster {
             }
         };
         services::publish_service_events(&self.writer(), 0, &svc);
-        self.apply(rev, Change::Service(svc));
         for (task, placement, _) in batch.created {
             self.writer().insert_task(task, rev, placement, true);
         }

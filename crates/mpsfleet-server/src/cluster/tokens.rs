@@ -189,7 +189,7 @@ impl Cluster {
     pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(API_TOKEN)? {
             let rec: TokenRecord = decode(&r)?;
-            self.apply(r.version, Change::ApiToken(rec));
+            self.state.apply(r.version, Change::ApiToken(rec));
         }
         Ok(())
     }
@@ -264,8 +264,7 @@ impl Cluster {
         };
         let id = view.id.clone();
         let rec = TokenRecord { view, sha256: auth::digest(token), sealed_secret };
-        let rev = self.commit(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?])?;
-        self.apply(rev, Change::ApiToken(rec));
+        self.write(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?], [Change::ApiToken(rec)])?;
         Ok(())
     }
 
@@ -391,10 +390,10 @@ impl Cluster {
         }
         let ops: Vec<Op> =
             gone.iter().map(|r| Op::delete(API_TOKEN, &r.view.id, Precondition::Any)).collect();
-        let rev = self.commit(&ops)?;
-        for r in gone {
-            tracing::info!(token.id = %r.view.id, by, "API token revoked");
-            self.apply(rev, Change::ApiTokenRevoked(r.sha256));
+        let ids: Vec<String> = gone.iter().map(|r| r.view.id.clone()).collect();
+        self.write(&ops, gone.into_iter().map(|r| Change::ApiTokenRevoked(r.sha256)))?;
+        for id in ids {
+            tracing::info!(token.id = %id, by, "API token revoked");
         }
         Ok(())
     }
@@ -416,7 +415,7 @@ impl Cluster {
 impl Cluster {
     pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
         for r in self.store.list(JOIN_TOKEN)? {
-            self.apply(r.version, Change::JoinToken(decode(&r)?));
+            self.state.apply(r.version, Change::JoinToken(decode(&r)?));
         }
         Ok(())
     }
@@ -445,13 +444,15 @@ impl Cluster {
         let digest = auth::digest(&token);
         // Console sign-ins made from the old admin token go with it.
         self.revoke_made_from(ADMIN_PARENT, "admin token rotation")?;
-        let rev = self.commit(&[Op::put_json(
-            super::AUTH,
-            "admin",
-            &super::AuthRecord { sha256: digest.clone() },
-            Precondition::Any,
-        )?])?;
-        self.apply(rev, Change::AdminToken(digest));
+        self.write(
+            &[Op::put_json(
+                super::AUTH,
+                "admin",
+                &super::AuthRecord { sha256: digest.clone() },
+                Precondition::Any,
+            )?],
+            [Change::AdminToken(digest)],
+        )?;
         Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
     }
 
@@ -489,10 +490,12 @@ impl Cluster {
         }
         let secret = auth::new_token("mpsf_join_")?;
         let rec = Self::join_token_record(self.now(), auth::digest(&secret), &req, by)?;
-        let rev = self.commit(&[Op::put_json(JOIN_TOKEN, &rec.view.id, &rec, Precondition::Absent)?])?;
-        tracing::info!(token.id = %rec.view.id, by, expires_at_ms = rec.view.expires_at_ms, "join token created");
         let view = rec.view.clone();
-        self.apply(rev, Change::JoinToken(rec));
+        self.write(
+            &[Op::put_json(JOIN_TOKEN, &view.id, &rec, Precondition::Absent)?],
+            [Change::JoinToken(rec)],
+        )?;
+        tracing::info!(token.id = %view.id, by, expires_at_ms = view.expires_at_ms, "join token created");
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
     }
 
@@ -516,8 +519,10 @@ impl Cluster {
             .find(|r| r.view.id == id)
             .cloned()
             .ok_or_else(|| Error::not_found("join token", id))?;
-        let rev = self.commit(&[Op::delete(JOIN_TOKEN, id, Precondition::Any)])?;
-        self.apply(rev, Change::JoinTokenRevoked(rec.sha256));
+        self.write(
+            &[Op::delete(JOIN_TOKEN, id, Precondition::Any)],
+            [Change::JoinTokenRevoked(rec.sha256.clone())],
+        )?;
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
     }

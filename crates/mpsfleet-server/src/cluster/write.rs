@@ -188,6 +188,7 @@ impl Writer<'_> {
         }
         match change {
             Change::Host(ix, host) => self.apply_host(version, ix, host),
+            Change::Incident(incident) => self.apply_incident(*incident, version),
             change => self.state.apply(version, change),
         }
     }
@@ -315,7 +316,7 @@ impl Writer<'_> {
 
     /// Applies a committed incident: announces what changed, counts it in the metrics, and
     /// asks for what depends on it.
-    pub(in crate::cluster) fn apply_incident(&mut self, incident: Incident, rev: Revision) {
+    fn apply_incident(&mut self, incident: Incident, rev: Revision) {
         let old = self.state.incidents().get(&incident.id).map(|v| &v.value);
         self.live.incident(old, &incident);
         self.events.incident(old.map(|o| (&o.state, o.timeline.pushed())), &incident, self.now_ms);
@@ -330,7 +331,7 @@ impl Writer<'_> {
         // reconcile's writes ask for nothing: it has just planned them.
         let new = old.is_none() && incident.state != IncidentState::Resolved;
         let key = Work::Incident(incident.opened_at_ms, incident.id.clone());
-        self.apply(rev, Change::Incident(Box::new(incident)));
+        self.state.apply(rev, Change::Incident(Box::new(incident)));
         if new {
             self.ask(key);
         }

@@ -125,18 +125,33 @@ impl Writer<'_> {
         }
     }
 
+    /// Commits `ops` with a batch's new tasks, then applies `changes`; on failure the batch's
+    /// capacity is given back and nothing is applied. The tasks are the caller's to insert
+    /// (`insert_task`), after what it applies at the revision.
+    pub(in crate::cluster) fn write_batch(
+        &mut self,
+        ops: &[Op],
+        changes: impl IntoIterator<Item = Change>,
+        batch: &Batch,
+    ) -> Result<Revision, Error> {
+        let all: Vec<Op>;
+        let ops = if batch.ops.is_empty() {
+            ops
+        } else {
+            all = ops.iter().chain(&batch.ops).cloned().collect();
+            &all
+        };
+        self.write(ops, changes).inspect_err(|_| self.rollback(batch))
+    }
+
     /// Creates and commits new tasks as one atomic batch; on any failure nothing stays.
     pub(in crate::cluster) fn start_tasks(&mut self, spec: NewTasks, count: u32) -> Result<Vec<Task>, Error> {
         let mut batch = Batch::default();
-        let created = self.create_tasks(&spec, count, &mut batch);
-        let committed = created.and_then(|()| self.commit(&batch.ops));
-        let rev = match committed {
-            Ok(rev) => rev,
-            Err(e) => {
-                self.rollback(&batch);
-                return Err(e);
-            }
-        };
+        if let Err(e) = self.create_tasks(&spec, count, &mut batch) {
+            self.rollback(&batch);
+            return Err(e);
+        }
+        let rev = self.write_batch(&[], [], &batch)?;
         let mut out = Vec::with_capacity(batch.created.len());
         for (task, placement, _) in batch.created {
             out.push(task.clone());

@@ -627,13 +627,7 @@ fn move_tasks(w: &mut Writer<'_>, ix: HostIx, moves: &[MoveTask], incident: &str
             pairs.push((old.id, new.id, new.host_id.clone()));
         }
     }
-    let rev = match w.commit(&batch.ops) {
-        Ok(rev) => rev,
-        Err(e) => {
-            w.rollback(&batch);
-            return Err(e);
-        }
-    };
+    let rev = w.write_batch(&[], [], &batch)?;
     for t in stops {
         // Its service stops a replica leaving traffic once its delay is over.
         if let Some(g) = t.group.as_ref().filter(|_| t.draining.is_some()) {

@@ -209,8 +209,7 @@ fn settle_and_write(
         svc.updated_at_ms = now;
         let (mut ops, kept) = w.keep_deleted(DeletedObject::Service(Box::new(svc)))?;
         ops.push(Op::delete(SERVICE, name.as_str(), Precondition::Version(version)));
-        let rev = w.commit(&ops)?;
-        w.apply(rev, Change::ServiceRemoved(name.clone()));
+        let rev = w.write(&ops, [Change::ServiceRemoved(name.clone())])?;
         w.kept_deleted(rev, kept);
         return Ok(Action::AwaitChange);
     }
@@ -442,10 +441,10 @@ fn failing_too_fast(
 }
 pub(in crate::cluster) fn write_service(w: &mut Writer<'_>, svc: Service) -> Result<(), Error> {
     let version = w.state.services().get(&svc.name).map_or(0, |v| v.version);
-    let rev = w.commit(&[Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?])?;
+    let op = Op::put_json(SERVICE, svc.name.as_str(), &svc, Precondition::Version(version))?;
     let seen = w.state.services().get(&svc.name).map_or(0, |v| v.value.events.pushed());
+    w.write(&[op], [Change::Service(svc.clone())])?;
     publish_service_events(w, seen, &svc);
-    w.apply(rev, Change::Service(svc));
     Ok(())
 }
 
