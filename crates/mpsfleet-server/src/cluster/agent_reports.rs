@@ -2,6 +2,7 @@
 //! and the full one that evaluates the host and may open an incident), the tasks a host should
 //! run, and reports about those tasks, bounded in what they may store.
 
+use super::controllers::health::{self, HostHealth};
 use super::*;
 
 impl Cluster {
@@ -47,7 +48,7 @@ impl Cluster {
                 .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
             self.write_host(ix, h)?;
         }
-        self.evaluate_host(ix)?;
+        self.writing(|w| HostHealth::reconcile(w, ix))?;
         // What this heartbeat changed (a new incident, a health status, an onboarded
         // replacement) asks for the incidents, which the controllers plan at once (the server
         // wakes them after this call); a heartbeat that committed nothing leaves them to
@@ -82,7 +83,9 @@ impl Cluster {
             return Ok(None);
         }
         let now = self.now();
-        if report.checks_unchanged && self.evaluation_holds(ix, now) {
+        if report.checks_unchanged
+            && health::evaluation_holds(&self.state, ix, self.work.health_due_ms[ix as usize], now)
+        {
             // The checks it was evaluated from, its agent heard from in time, and no time has
             // come at which they could evaluate otherwise (`health_due_ms`): evaluating them
             // with this heartbeat gives the health the host has, but for the time of the
@@ -103,7 +106,7 @@ impl Cluster {
             return Ok(None);
         }
         let same_checks = || report.checks_unchanged || e.checks_match(&report.checks);
-        if e.evaluated && same_checks() && self.stays_healthy(ix, now) {
+        if e.evaluated && same_checks() && health::stays_healthy(&self.state, ix, now) {
             // The same checks, all OK: evaluating them with this heartbeat gives the health the
             // host has, but for the time of the agent's last heartbeat.
             let entry = self.state.host_mut(ix);
@@ -120,7 +123,7 @@ impl Cluster {
             true => (e.checks.as_slice(), e.checks_at_ms),
             false => (report.checks.as_slice(), Some(now)),
         };
-        let health = self.assess_host(ix, checks, Some(now), reported_at, now);
+        let health = health::assess(&self.reader(), ix, checks, Some(now), reported_at);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
             if h.status != e.host().health_status || declared_bad {
@@ -133,10 +136,7 @@ impl Cluster {
         entry.keep_reported(report);
         entry.evaluated = health.is_some();
         self.daemons_changed(ix);
-        if let Some(h) = health {
-            self.set_evaluation(ix, h);
-        }
-        self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
+        HostHealth::keep(&mut self.writer(), ix, health);
         Ok(Some(self.status_answer(ix)))
     }
 

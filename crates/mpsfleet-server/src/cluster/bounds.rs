@@ -5,10 +5,9 @@
 //! one, on the incident, in the pool's events and in the metrics.
 
 use super::*;
-use mpsfleet_core::bounds::{self as core_bounds, Intervals};
-use mpsfleet_types::bounds::{FailureKind, IncidentBounds, RecoveryBounds};
+use mpsfleet_core::bounds as core_bounds;
+use mpsfleet_types::bounds::RecoveryBounds;
 
-use super::intervals::MAX_HEARTBEAT_MS;
 pub use super::intervals::{intervals, AGENT_HEARTBEAT_MS, DAEMON_START_MS, TASK_START_ALLOWANCE_MS};
 
 /// Why `pool`'s policy is refused for `maxResumeSeconds`, if it is.
@@ -63,29 +62,5 @@ impl Cluster {
     /// The pool's bounds as `pool explain` shows them.
     pub fn pool_bounds(&self, name: &str) -> Result<RecoveryBounds, Error> {
         Ok(core_bounds::derive(&self.pool(name)?, &intervals()))
-    }
-
-    /// The bounds an incident on host `ix` with `trigger` is held to: its kind's row of the
-    /// pool's bounds, with the fenced total when any service task on the host is fenced.
-    pub(super) fn incident_bounds(
-        &self,
-        pool: &Pool,
-        ix: HostIx,
-        trigger: &Trigger,
-    ) -> Option<IncidentBounds> {
-        let kind = FailureKind::of_trigger(&trigger.check, &trigger.reason);
-        // An agent that heartbeats less often than the default waits longer to report.
-        let reported = self.state.hosts()[ix as usize].heartbeat_ms.unwrap_or(0).min(MAX_HEARTBEAT_MS);
-        let iv = Intervals { agent_heartbeat_ms: reported.max(AGENT_HEARTBEAT_MS), ..intervals() };
-        let bounds = core_bounds::derive(pool, &iv);
-        let fenced = self.state.tasks().on_host(ix).iter().any(|id| {
-            self.state
-                .tasks()
-                .get(id)
-                .and_then(|e| e.task.group.as_ref())
-                .and_then(|s| self.state.services().get(s))
-                .is_some_and(|s| s.value.resumption == ResumptionBoundary::Fenced)
-        });
-        bounds.of(kind).map(|k| IncidentBounds::of(k, fenced))
     }
 }

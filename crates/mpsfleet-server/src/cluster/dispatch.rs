@@ -36,6 +36,7 @@
 
 use super::controllers::capacity::{Capacity, Lent as CapacityLent};
 use super::controllers::drills::Drills;
+use super::controllers::health::HostHealth;
 use super::controllers::placement::{Outlook, Placer};
 use super::controllers::remediation::ProviderProgress;
 use super::controllers::remediation::{Lent, Remediation};
@@ -74,8 +75,8 @@ pub(super) struct Controllers {
     pub(super) service_failures: HashMap<ServiceName, VecDeque<u64>>,
     /// Provider calls in progress or done, by incident (see `health.rs`).
     pub(super) provider_progress: HashMap<String, ProviderProgress>,
-    /// GPUs closed to new MPS tasks (their daemon did not answer), and when each may open.
-    pub(super) mps_closed: HashMap<GpuIx, u64>,
+    /// The host health controller, and the GPUs it closed to MPS tasks.
+    pub(super) health: HostHealth,
     /// Provider calls decided inside an API call, for the caller to run.
     pub(super) pending_jobs: Vec<ProviderJob>,
     /// Hosts with a GPU whose MPS daemon's failure is confirmed (`HostEntry::failed_daemons`
@@ -127,6 +128,14 @@ impl Cluster {
         for p in self.state.tasks().pools_with_pending() {
             self.ask(Work::Placement(p));
         }
+    }
+
+    /// Closes host `ix`'s GPUs whose daemon does not answer to new MPS tasks, and those in
+    /// `refused` (`HostHealth::close_mps_gpus`).
+    pub(super) fn close_mps_gpus(&mut self, ix: super::HostIx, refused: &[GpuIx]) {
+        let mut health = std::mem::take(&mut self.work.health);
+        health.close_mps_gpus(&mut self.writer(), ix, refused);
+        self.work.health = health;
     }
 
     /// Asks for the service of a task, if it has one.

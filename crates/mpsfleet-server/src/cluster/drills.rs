@@ -94,17 +94,6 @@ impl Cluster {
         self.state.drills().values().flat_map(|d| d.value.faults_for(host)).collect()
     }
 
-    /// The running drill striking `host`, if one is.
-    pub(super) fn drill_striking(&self, host: &HostId) -> Option<String> {
-        self.state
-            .drills()
-            .values()
-            .find(|d| {
-                d.value.status == DrillStatus::Running && d.value.targets.iter().any(|t| &t.host_id == host)
-            })
-            .map(|d| d.value.id.clone())
-    }
-
     /// `drill run`: checks, picks the targets and starts the drill (or, for a dry run, says
     /// what it would do).
     pub fn start_drill(&mut self, req: CreateDrill, by: &str) -> Result<DrillStarted, Error> {

@@ -1,19 +1,14 @@
-//! Host health in the server: evaluates each host's checks on every heartbeat and on a tick,
-//! takes impaired hosts out of placement at once, and opens an incident when a host is
-//! declared bad; the remediation controller (`controllers/remediation.rs`) drives it from
-//! there. Provider calls (launch, terminate) are slow and run outside the cluster lock: the
-//! controllers' [`ProviderJob`]s come back here with [`Cluster::provider_done`].
+//! Incidents as the API shows them, the health tick's entry, and the ends of provider calls:
+//! a host's health is the host health controller's (`controllers/health.rs`), an incident's
+//! remediation the remediation controller's (`controllers/remediation.rs`). Provider calls
+//! (launch, terminate) are slow and run outside the cluster lock: the controllers'
+//! [`ProviderJob`]s come back here with [`Cluster::provider_done`].
 
 use super::*;
 use crate::provider::AttemptRecord;
-use mpsfleet_core::health::{evaluate, HealthInput, Verdict};
 
 pub(super) use super::controllers::remediation::{ProviderJob, ProviderOutcome, TERMINATE_RETRY};
 pub(super) use super::kinds::INCIDENT;
-
-/// The longest a GPU stays closed to MPS tasks after its daemon did not answer, once its
-/// check is OK again.
-pub const MPS_CLOSED_HOLD_MS: u64 = 1_000;
 
 impl Cluster {
     pub(super) fn load_incidents(&mut self) -> Result<(), Error> {
@@ -54,90 +49,17 @@ impl Cluster {
         self.state.incidents().unresolved().find(|i| &i.host_id == host)
     }
 
-    /// Evaluates every host (heartbeat grace runs out without any report) and drives every
-    /// incident; returns the provider calls to make.
+    /// Evaluates every host that is due (heartbeat grace runs out without any report) and
+    /// drives every incident; returns the provider calls to make.
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
         self.run_work();
-        let now = self.now();
-        for ix in 0..self.state.hosts().len() as HostIx {
-            // Only a host whose evaluation can have changed since the last one.
-            if self.work.health_due_ms[ix as usize] > now {
-                continue;
-            }
-            // One host's failure (a failed commit) is logged and left for the next tick; the
-            // others are evaluated all the same.
-            if let Err(e) = self.evaluate_host(ix) {
-                let host = &self.state.hosts()[ix as usize].host().id;
-                tracing::warn!(host.id = %host, error = %e, "host evaluation failed; retrying at the next tick");
-            }
-        }
-        self.reopen_mps_gpus();
+        let mut health = std::mem::take(&mut self.work.health);
+        health.tick(&mut self.controller_ctx());
+        self.work.health = health;
         // What this tick asked for (an incident just opened, a pool whose GPUs opened again)
         // runs now, not a tick later.
         self.run_work();
         Ok(self.take_jobs())
-    }
-
-    /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, or
-    /// after a task there was refused because its daemon did not answer (`refused`): a
-    /// replacement placed back on that GPU at once would only be refused again. A closed GPU
-    /// opens once the hold (the pool's probe interval, at most [`MPS_CLOSED_HOLD_MS`]) has
-    /// passed and the host's latest check of it is OK: at worst one refused start per GPU per
-    /// hold, never a loop.
-    pub(super) fn close_mps_gpus(&mut self, ix: HostIx, refused: &[mpsfleet_core::scheduler::GpuIx]) {
-        let e = &self.state.hosts()[ix as usize];
-        let hold = self
-            .state
-            .pools()
-            .get(&e.host().pool)
-            .map_or(MPS_CLOSED_HOLD_MS, |p| p.value.health_policy.mps_probe_interval_ms)
-            .clamp(250, MPS_CLOSED_HOLD_MS);
-        let until = self.now() + hold;
-        let mut close: Vec<mpsfleet_core::scheduler::GpuIx> = refused.to_vec();
-        for (g, inv) in self.sched.host_gpus(ix).zip(&e.host().gpus) {
-            if !mps_daemon_ok(&e.checks, &inv.uuid) {
-                close.push(g);
-            }
-        }
-        for g in close {
-            let at = self.work.mps_closed.entry(g).or_insert(until);
-            *at = (*at).max(until);
-            self.sched.set_mps_open(g, false);
-        }
-    }
-
-    /// Opens the closed GPUs whose hold has passed and whose daemon the host reports OK.
-    fn reopen_mps_gpus(&mut self) {
-        if self.work.mps_closed.is_empty() {
-            return;
-        }
-        let now = self.now();
-        let due: Vec<mpsfleet_core::scheduler::GpuIx> =
-            self.work.mps_closed.iter().filter(|(_, &at)| now >= at).map(|(&g, _)| g).collect();
-        let mut pools = BTreeSet::new();
-        for g in due {
-            let ix = self.sched.gpu(g).host;
-            let e = &self.state.hosts()[ix as usize];
-            if e.host().status == HostStatus::Deregistered {
-                // Gone: forgotten, and no longer counted as closed (it takes nothing anyway).
-                self.work.mps_closed.remove(&g);
-                self.sched.set_mps_open(g, true);
-                continue;
-            }
-            let Some(inv) =
-                self.sched.host_gpus(ix).zip(&e.host().gpus).find(|(x, _)| *x == g).map(|(_, i)| i)
-            else {
-                continue;
-            };
-            if mps_daemon_ok(&e.checks, &inv.uuid) {
-                self.work.mps_closed.remove(&g);
-                self.sched.set_mps_open(g, true);
-                pools.insert(e.host().pool.clone());
-            }
-        }
-        for p in pools {
-            self.writer().capacity_opened(p);
-        }
     }
 
     /// Asks for the capacity of every pool with a provider (the resync's safety net).
@@ -153,132 +75,6 @@ impl Cluster {
         if self.has_provider(pool) {
             self.ask(Work::Capacity(pool.clone()));
         }
-    }
-
-    /// What the health of an ACTIVE or DRAINING host comes to with these checks (reported at
-    /// `reported_at_ms`) and last heartbeat; `None` for a host that is not evaluated (other
-    /// statuses, or no pool).
-    pub(super) fn assess_host(
-        &self,
-        ix: HostIx,
-        checks: &[HostCheck],
-        last_heartbeat_ms: Option<u64>,
-        reported_at_ms: Option<u64>,
-        now: u64,
-    ) -> Option<mpsfleet_core::health::HostHealth> {
-        let e = &self.state.hosts()[ix as usize];
-        if !matches!(e.host().status, HostStatus::Active | HostStatus::Draining) {
-            return None;
-        }
-        let policy = &self.state.pools().get(&e.host().pool)?.value.health_policy;
-        let registered_at_ms = e.host().registered_at_ms.max(self.loaded_at_ms);
-        let input = HealthInput { checks, last_heartbeat_ms, registered_at_ms, reported_at_ms };
-        Some(evaluate(&e.health, &input, policy, now))
-    }
-
-    /// Whether a heartbeat that repeats the checks host `ix` was last evaluated from leaves
-    /// its health as it is: the evaluation is current (its record's health is the evaluated
-    /// one, in a status that is evaluated), its agent was heard from in time (so one more
-    /// heartbeat changes nothing), and no time at which it could change has come.
-    pub(super) fn evaluation_holds(&self, ix: HostIx, now: u64) -> bool {
-        let e = &self.state.hosts()[ix as usize];
-        e.evaluated
-            && now < self.work.health_due_ms[ix as usize]
-            && e.host().health_status == e.health.status
-            && matches!(e.host().status, HostStatus::Active | HostStatus::Draining)
-            && e.health.checks.first().is_some_and(|c| {
-                c.gpu_id.is_none() && c.name == mpsfleet_core::health::AGENT && c.status == HealthStatus::Ok
-            })
-    }
-
-    /// Whether evaluating the host again, with the report and heartbeat it was last evaluated
-    /// from, must give the same health: every check OK and the last heartbeat within the grace
-    /// (the only input that moves with time while all is OK).
-    pub(super) fn stays_healthy(&self, ix: HostIx, now: u64) -> bool {
-        let e = &self.state.hosts()[ix as usize];
-        let Some(pool) = self.state.pools().get(&e.host().pool) else { return false };
-        e.health.status == HealthStatus::Ok
-            && e.host().health_status == HealthStatus::Ok
-            && matches!(e.health.verdict, Verdict::Healthy)
-            && matches!(e.host().status, HostStatus::Active | HostStatus::Draining)
-            && e.last_heartbeat_ms
-                .is_some_and(|t| now.saturating_sub(t) <= pool.value.health_policy.agent_heartbeat_grace_ms)
-    }
-
-    /// Re-evaluates one host: a changed health status is written and applied to placement at
-    /// once; a host declared bad gets an incident (one per episode).
-    pub(super) fn evaluate_host(&mut self, ix: HostIx) -> Result<(), Error> {
-        let now = self.now();
-        let e = &self.state.hosts()[ix as usize];
-        if e.evaluated && self.stays_healthy(ix, now) {
-            self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
-            return Ok(());
-        }
-        let Some(health) = self.assess_host(ix, &e.checks, e.last_heartbeat_ms, e.checks_at_ms, now) else {
-            // Not evaluated in its status: a change of its record or pool makes it due again.
-            self.work.health_due_ms[ix as usize] = u64::MAX;
-            return Ok(());
-        };
-        self.state.host_mut(ix).evaluated = true;
-        let e = &self.state.hosts()[ix as usize];
-        // A server that has just loaded the state (a restart, a new leader) has heard nothing
-        // from the hosts yet: "waiting for the first heartbeat" is its own news, not the host's.
-        // The stored health stands until the host reports or its grace, counted from the load,
-        // runs out; writing it would cost one commit per host at every start and takeover.
-        let not_heard_since_load = e.last_heartbeat_ms.is_none()
-            && e.host().registered_at_ms < self.loaded_at_ms
-            && health.status == HealthStatus::InsufficientData;
-        let changed = health.status != e.host().health_status && !not_heard_since_load;
-        let verdict = health.verdict.clone();
-        self.set_evaluation(ix, health);
-        if changed {
-            let mut h = self.state.hosts()[ix as usize].host().clone();
-            tracing::info!(host.id = %h.id, from = h.health_status.as_str(), to = self.state.hosts()[ix as usize].health.status.as_str(), "host health changed");
-            host_lifecycle::set_health(&mut h, self.state.hosts()[ix as usize].health.status);
-            self.write_host(ix, h)?;
-        }
-        if let Verdict::DeclaredBad { mut trigger, impaired_since_ms } = verdict {
-            // The restarts an earlier failure of the daemon used of the same budget.
-            if let (Some(g), Some(first)) = (&trigger.gpu_id, trigger.first_failure_at_ms) {
-                trigger.earlier_repairs_at_ms = self.state.hosts()[ix as usize].repairs_before(g, first);
-            }
-            let host_id = self.state.hosts()[ix as usize].host().id.clone();
-            let pool = &self.state.hosts()[ix as usize].host().pool;
-            let Some(mode) = self.state.pools().get(pool).map(|p| p.value.mode) else { return Ok(()) };
-            if self.open_incident_of(&host_id).is_none() {
-                let id = format!("inc-{:012x}", auth::random_u64()? >> 16);
-                let owner = IncidentOwner::for_mode(mode);
-                let bounds =
-                    self.state.pools().get(pool).and_then(|p| self.incident_bounds(&p.value, ix, &trigger));
-                let mut incident =
-                    Incident::open(id, host_id.clone(), pool.clone(), owner, trigger, impaired_since_ms, now);
-                incident.bounds = bounds;
-                incident.drill = self.drill_striking(&host_id);
-                if let Some((at, detail)) = self.reader().left_traffic(ix) {
-                    incident.record_before_open(at, Step::LeftTraffic, detail);
-                }
-                tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
-                self.writing(|w| w.write_incident(incident))?;
-            }
-        }
-        self.work.health_due_ms[ix as usize] = self.next_evaluation_ms(ix);
-        Ok(())
-    }
-
-    /// When evaluating host `ix` again, with what it was last evaluated from, can next give
-    /// another health (its heartbeat grace running out, an IMPAIRED check reaching the
-    /// toleration); `u64::MAX` when only a report or a change of its record can.
-    pub(super) fn next_evaluation_ms(&self, ix: HostIx) -> u64 {
-        let e = &self.state.hosts()[ix as usize];
-        let Some(pool) = self.state.pools().get(&e.host().pool) else { return u64::MAX };
-        let input = HealthInput {
-            checks: &e.checks,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            registered_at_ms: e.host().registered_at_ms.max(self.loaded_at_ms),
-            reported_at_ms: e.checks_at_ms,
-        };
-        mpsfleet_core::health::next_change_at_ms(&e.health, &input, &pool.value.health_policy)
-            .unwrap_or(u64::MAX)
     }
 
     /// Asks for every unresolved incident (a heartbeat changed something, a provider call
@@ -339,15 +135,6 @@ impl Cluster {
         let Some(b) = i.replacement.as_mut() else { return Ok(None) };
         b.host_id = Some(host.clone());
         Ok(Some(i))
-    }
-
-    /// Keeps the server's evaluation of a host; a new verdict drops the storm breaker's counts,
-    /// which count verdicts.
-    pub(super) fn set_evaluation(&mut self, ix: HostIx, health: mpsfleet_core::health::HostHealth) {
-        if health.verdict != self.state.hosts()[ix as usize].health.verdict {
-            self.work.breaker_counts.clear();
-        }
-        self.state.host_mut(ix).health = health;
     }
 
     /// A provider call failed and will be tried again after `failed.backoff_ms`: noted on the
@@ -489,15 +276,4 @@ impl Cluster {
         self.ask_incidents();
         Ok(Vec::new())
     }
-}
-
-/// Whether every MPS daemon check the host reports for this GPU (its own, or the host's
-/// single daemon) is OK.
-fn mps_daemon_ok(checks: &[HostCheck], gpu: &GpuUuid) -> bool {
-    checks
-        .iter()
-        .filter(|c| {
-            c.name == mpsfleet_core::health::MPS_DAEMON && c.gpu_id.as_ref().is_none_or(|id| id == gpu)
-        })
-        .all(|c| c.status == HealthStatus::Ok)
 }

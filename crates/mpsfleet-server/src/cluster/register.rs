@@ -434,6 +434,16 @@ impl RegistrationQueue {
     }
 }
 
+/// The change that applies an incident whose replacement host commits with it: its token is
+/// spent. The digest stays indexed while the incident is kept, so that a reuse is refused as
+/// such ("already used") rather than as an unknown token.
+fn spend_replacement_token(incident: &Incident) -> Change {
+    if let Some(b) = &incident.replacement {
+        tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
+    }
+    Change::Incident(Box::new(incident.clone()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,12 +628,3 @@ mod tests {
     }
 }
 
-/// The change that applies an incident whose replacement host commits with it: its token is
-/// spent. The digest stays indexed while the incident is kept, so that a reuse is refused as
-/// such ("already used") rather than as an unknown token.
-fn spend_replacement_token(incident: &Incident) -> Change {
-    if let Some(b) = &incident.replacement {
-        tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
-    }
-    Change::Incident(Box::new(incident.clone()))
-}

@@ -6,13 +6,13 @@
 //! layer of `cluster/` and its sibling controllers (`tests/architecture.rs` fails otherwise).
 //! kube-runtime's `Controller` and its `Context` are the model.
 //!
-//! Here: services (with DAEMON services' step), placement, remediation, capacity (with
-//! managed scaling), drills and retention. Host health is still evaluated by `Cluster`
-//! (`cluster/health.rs`), on heartbeats and on the health tick.
+//! Here: host health, services (with DAEMON services' step), placement, remediation, capacity
+//! (with managed scaling), drills and retention.
 
 pub mod capacity;
 pub mod daemon;
 pub mod drills;
+pub mod health;
 pub mod placement;
 pub mod remediation;
 pub mod retention;
