@@ -4,8 +4,7 @@
 //! change. A call that changed nothing, or was refused by the cluster, gets an entry of its
 //! own. Agents' calls are not audited. The log keeps the newest [`MAX_AUDIT_ENTRIES`].
 
-use super::*;
-use mpsfleet_types::access::{AuditEntry, AuditEvent, Role};
+use mpsfleet_types::access::Role;
 
 /// Store kind of audit entries, keyed by a zero-padded sequence number.
 pub(super) const AUDIT: &str = "audit";
@@ -58,106 +57,14 @@ impl AuditLog {
     }
 }
 
-fn key(seq: u64) -> String {
+pub(super) fn key(seq: u64) -> String {
     format!("{seq:020}")
-}
-
-impl Cluster {
-    pub(super) fn load_audit(&mut self) -> Result<(), Error> {
-        let keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
-        self.state.apply(0, Change::AuditLoaded(keys));
-        Ok(())
-    }
-
-    /// From now until [`Cluster::end_audit`], the first commit carries an entry for `ctx`.
-    pub fn begin_audit(&mut self, ctx: Option<AuditContext>) {
-        self.call.audit = ctx.map(|ctx| AuditCall { ctx, written: false });
-    }
-
-    /// Ends the call: one that committed nothing gets an entry of its own, with its result
-    /// (`failure`: the error, as the caller was answered; `None`: it succeeded).
-    pub fn end_audit(&mut self, failure: Option<String>) {
-        let Some(call) = self.call.audit.take() else { return };
-        if call.written {
-            return;
-        }
-        let result = failure.unwrap_or_else(|| "ok (no change)".to_string());
-        let ops = match self.audit_ops(&call.ctx, result, None) {
-            Ok(ops) => ops,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot encode an audit entry");
-                return;
-            }
-        };
-        match self.writer().commit(&ops) {
-            Ok(_) => self.audit_written(ops.len() - 1),
-            Err(e) => tracing::error!(error = %e, action = %call.ctx.action, "cannot write an audit entry"),
-        }
-    }
-
-    /// The ops a commit adds for the call being served, the first time: its entry, and the
-    /// removal of the oldest when the log is full. [`Cluster::audit_written`] once committed.
-    pub(super) fn audit_ops_for_commit(&mut self) -> Result<Vec<Op>, Error> {
-        let Some(call) = self.call.audit.as_ref().filter(|c| !c.written) else { return Ok(Vec::new()) };
-        let ctx = call.ctx.clone();
-        // The revision this commit gets: the cluster is the store's one writer, and a commit
-        // that writes counts the store's revision one up.
-        let revision = self.state.revision() + 1;
-        self.audit_ops(&ctx, "ok".into(), Some(revision))
-    }
-
-    /// The entry of [`Cluster::audit_ops_for_commit`] is in the store, `dropped` old ones gone.
-    pub(super) fn audit_written(&mut self, dropped: usize) {
-        if let Some(call) = self.call.audit.as_mut() {
-            call.written = true;
-        }
-        let rev = self.state.revision();
-        self.writer().apply(rev, Change::AuditWritten { dropped });
-    }
-
-    /// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
-    fn audit_ops(&self, ctx: &AuditContext, result: String, revision: Option<u64>) -> Result<Vec<Op>, Error> {
-        let event = AuditEvent {
-            actor: ctx.actor.clone(),
-            role: ctx.role,
-            action: ctx.action.clone(),
-            target: ctx.target.clone(),
-            from: ctx.from.clone(),
-            result,
-            revision,
-        };
-        let entry = AuditEntry::new(self.now(), event);
-        let mut ops =
-            vec![Op::put_json(AUDIT, key(self.state.audit_log().next_seq), &entry, Precondition::Absent)?];
-        let over = (self.state.audit_log().keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
-        ops.extend(
-            self.state
-                .audit_log()
-                .keys
-                .iter()
-                .take(over)
-                .map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
-        );
-        Ok(ops)
-    }
-
-    /// `audit list`: the newest `limit` entries, oldest first.
-    pub fn audit_entries(&self, limit: usize) -> Result<Vec<AuditEntry>, Error> {
-        let limit = limit.min(MAX_AUDIT_LIST);
-        let start = self.state.audit_log().keys.len().saturating_sub(limit);
-        let mut out = Vec::with_capacity(limit);
-        for k in self.state.audit_log().keys.iter().skip(start) {
-            if let Some(r) = self.store.get(AUDIT, k)? {
-                out.push(decode(&r)?);
-            }
-        }
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::*;
     use mpsfleet_core::clock::ManualClock;
 
     fn ctx(action: &str) -> AuditContext {

@@ -57,10 +57,3 @@ pub(super) fn bounds_change(before: &RecoveryBounds, after: &RecoveryBounds) -> 
         words
     })
 }
-
-impl Cluster {
-    /// The pool's bounds as `pool explain` shows them.
-    pub fn pool_bounds(&self, name: &str) -> Result<RecoveryBounds, Error> {
-        Ok(core_bounds::derive(&self.pool(name)?, &intervals()))
-    }
-}

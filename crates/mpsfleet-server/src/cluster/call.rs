@@ -8,7 +8,6 @@
 
 use super::audit::AuditCall;
 use super::idempotency::ClientTokenRecord;
-use super::*;
 
 /// What the call being served adds to its first commit.
 #[derive(Debug, Default)]
@@ -19,24 +18,4 @@ pub(super) struct ServedCall {
     pub(super) token: Option<(String, ClientTokenRecord)>,
     /// The oldest client token records that commit deletes.
     pub(super) pruning: Vec<String>,
-}
-
-impl Cluster {
-    /// The ops the call being served adds to a commit: its audit entry (the first commit
-    /// only) and its client token; and how many of them are the audit log's.
-    pub(super) fn riders(&mut self) -> Result<(Vec<Op>, usize), Error> {
-        let mut ops = self.audit_ops_for_commit()?;
-        let audit = ops.len();
-        ops.extend(self.client_token_ops()?);
-        Ok((ops, audit))
-    }
-
-    /// The riders of [`Cluster::riders`] are committed (`audit`: how many of them were the
-    /// audit log's).
-    pub(super) fn riders_written(&mut self, audit: usize) {
-        if audit > 0 {
-            self.audit_written(audit - 1);
-        }
-        self.client_token_written();
-    }
 }

@@ -40,13 +40,16 @@ use super::controllers::health::HostHealth;
 use super::controllers::placement::{Outlook, Placer};
 use super::controllers::remediation::ProviderProgress;
 use super::controllers::remediation::{Lent, Remediation};
+use super::controllers::remediation::{ProviderOutcome, TERMINATE_RETRY};
 use super::controllers::retention::Retention;
 use super::controllers::services::Services;
 use super::read::PoolCounts;
 use super::work::Work;
 use super::{Cluster, Error, ProviderJob};
+use crate::provider::AttemptRecord;
 use mpsfleet_core::controller::{Action, WorkQueue};
 use mpsfleet_core::scheduler::GpuIx;
+use mpsfleet_types::Step;
 use mpsfleet_types::{PoolName, ServiceName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -160,7 +163,7 @@ impl Cluster {
         }
     }
 
-    fn run_pass(&mut self, now: u64) {
+    pub(super) fn run_pass(&mut self, now: u64) {
         for key in self.work.queue.take_due(now) {
             let result = match &key {
                 Work::Service(name) => {
@@ -211,7 +214,7 @@ impl Cluster {
     /// Runs the capacity controller (`controllers/capacity.rs`) for `pool`, with what it
     /// borrows from the cluster, then mints a launch token for each host it launches: a
     /// launch token is the cluster's credential, scoped to that one host.
-    fn run_capacity(&mut self, pool: &PoolName) -> Result<Action, Error> {
+    pub(super) fn run_capacity(&mut self, pool: &PoolName) -> Result<Action, Error> {
         let has_provider = self.provider_for(pool).is_some();
         let w = &mut self.work;
         let (mut launches, mut asked) =
@@ -281,5 +284,201 @@ impl Cluster {
     #[cfg(test)]
     pub(super) fn work_keys(&self) -> Vec<String> {
         self.work.queue.keys().map(|k| format!("{k:?}")).collect()
+    }
+}
+
+impl Cluster {
+    /// A provider call finished; the incident moves on at the next remediation.
+    pub fn provider_done(
+        &mut self,
+        job: &ProviderJob,
+        outcome: ProviderOutcome,
+    ) -> Result<Vec<ProviderJob>, Error> {
+        let result = match outcome {
+            ProviderOutcome::Done => Ok(()),
+            ProviderOutcome::Failed(reason) => Err(reason),
+        };
+        let pool = match job {
+            ProviderJob::Launch { pool, .. } | ProviderJob::Terminate { pool, .. } => pool,
+        };
+        self.ask_capacity(pool);
+        match job {
+            // A launch to keep the pool at its size (no incident).
+            ProviderJob::Launch { incident, pool, name, .. } if incident.is_empty() => {
+                // A launched host stays in flight until it registers; a failed one is retried.
+                if let Err(reason) = result {
+                    if let Some(l) = self.work.capacity_launches.get_mut(pool) {
+                        l.remove(name);
+                    }
+                    self.creds.launch_tokens.retain(|_, (p, n)| !(p == pool && n == name));
+                    tracing::error!(pool = %pool, host = %name, %reason, "could not launch a host");
+                }
+            }
+            ProviderJob::Launch { incident, pool, name, .. } => {
+                let p = self.work.provider_progress.entry(incident.clone()).or_default();
+                p.launching = false;
+                let launched = result.is_ok();
+                p.launch = Some(result);
+                // The incident ended while the launch was in flight: the replacement was
+                // cancelled (its token revoked), so the machine the provider made goes again.
+                let cancelled = self
+                    .state
+                    .incidents()
+                    .get(incident)
+                    .and_then(|i| i.value.replacement.as_ref())
+                    .is_some_and(|b| b.revoked && b.host_id.is_none());
+                if launched && cancelled {
+                    self.work.pending_jobs.push(ProviderJob::Terminate {
+                        incident: incident.clone(),
+                        pool: pool.clone(),
+                        name: name.clone(),
+                    });
+                }
+            }
+            // A host scaled in (no incident): it is deregistered already.
+            ProviderJob::Terminate { incident, pool, name } if incident.is_empty() => {
+                if let Err(reason) = result {
+                    let msg =
+                        format!("could not terminate scaled-in host {name}: {reason}; terminate it by hand");
+                    tracing::error!(pool = %pool, host = %name, %reason, "could not terminate a scaled-in host");
+                    self.writing(|w| w.pool_event(pool, "ScaleInTerminateFailed", msg))?;
+                }
+            }
+            ProviderJob::Terminate { incident, name, .. } => {
+                let cancelled_replacement = self
+                    .state
+                    .incidents()
+                    .get(incident)
+                    .and_then(|i| i.value.replacement.as_ref())
+                    .is_some_and(|b| &b.name == name && b.revoked);
+                if cancelled_replacement {
+                    match &result {
+                        Ok(()) => tracing::info!(%incident, host = %name, "cancelled replacement terminated"),
+                        Err(reason) => {
+                            tracing::error!(%incident, host = %name, %reason, "could not terminate a cancelled replacement; terminate it by hand")
+                        }
+                    }
+                    self.ask_incidents();
+                    return Ok(Vec::new());
+                }
+                let now = self.now();
+                let p = self.work.provider_progress.entry(incident.clone()).or_default();
+                p.terminating = false;
+                p.terminate = Some(result.clone());
+                if let Err(reason) = &result {
+                    p.terminate_failures += 1;
+                    let backoff = TERMINATE_RETRY.backoff_after(p.terminate_failures).as_millis() as u64;
+                    p.terminate_retry_at_ms = now + backoff;
+                    let detail = format!(
+                        "terminate {name} failed: {reason}; asked again in {}",
+                        mpsfleet_core::health::fmt_ms(backoff)
+                    );
+                    if let Some(mut i) =
+                        self.state.incidents().get(incident.as_str()).map(|v| v.value.clone())
+                    {
+                        i.push(now, Step::ProviderRetry, detail, None);
+                        self.writing(|w| w.write_incident(i))?;
+                    }
+                } else {
+                    p.terminate_failures = 0;
+                }
+                if result.is_ok() {
+                    if let Some(host) = self.state.incidents().get(incident).map(|i| i.value.host_id.clone())
+                    {
+                        // Only the machine the job named: a termination of another (a cancelled
+                        // replacement) never deregisters the incident's host.
+                        let named = self
+                            .sched
+                            .host(&host)
+                            .filter(|&ix| &self.state.hosts()[ix as usize].host().hostname == name);
+                        if let Some(ix) = named {
+                            self.writing(|w| w.deregister(ix, "the provider terminated the host"))?;
+                        }
+                    }
+                }
+            }
+        }
+        self.ask_incidents();
+        Ok(Vec::new())
+    }
+
+    /// A provider call failed and will be tried again after `failed.backoff_ms`: noted on the
+    /// incident's timeline (and so announced as an event) before the wait, so a slow or failing
+    /// provider shows while it happens. Calls that keep the pool at its size have no incident;
+    /// they are only logged.
+    pub fn provider_attempt_failed(
+        &mut self,
+        job: &ProviderJob,
+        failed: &AttemptRecord,
+    ) -> Result<(), Error> {
+        let (op, incident, name) = match job {
+            ProviderJob::Launch { incident, name, .. } => ("launch", incident, name),
+            ProviderJob::Terminate { incident, name, .. } => ("terminate", incident, name),
+        };
+        let retry_in = failed.backoff_ms.map_or_else(
+            || "no further attempt".to_string(),
+            |ms| format!("next attempt in {}", mpsfleet_core::health::fmt_ms(ms)),
+        );
+        let detail = format!("{op} {name}: attempt {} failed: {}; {retry_in}", failed.attempt, failed.error);
+        tracing::warn!(%incident, "{detail}");
+        let Some(mut i) = self.state.incidents().get(incident.as_str()).map(|v| v.value.clone()) else {
+            return Ok(());
+        };
+        i.push(self.now(), Step::ProviderRetry, detail, None);
+        self.writing(|w| w.write_incident(i))
+    }
+
+    /// Asks for every unresolved incident (a heartbeat changed something, a provider call
+    /// ended).
+    pub(super) fn ask_incidents(&mut self) {
+        let keys: Vec<Work> = self
+            .state
+            .incidents()
+            .unresolved()
+            .map(|i| Work::Incident(i.opened_at_ms, i.id.clone()))
+            .collect();
+        for k in keys {
+            self.ask(k);
+        }
+    }
+
+    /// Asks for the pool's capacity when it has a provider.
+    pub(super) fn ask_capacity(&mut self, pool: &PoolName) {
+        if self.has_provider(pool) {
+            self.ask(Work::Capacity(pool.clone()));
+        }
+    }
+
+    /// Asks for the capacity of every pool with a provider (the resync's safety net).
+    pub(super) fn ask_capacity_everywhere(&mut self) {
+        let pools: Vec<PoolName> = self.state.pools().keys().cloned().collect();
+        for p in pools {
+            self.ask_capacity(&p);
+        }
+    }
+
+    /// Evaluates every host that is due (heartbeat grace runs out without any report) and
+    /// drives every incident; returns the provider calls to make.
+    pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
+        self.run_work();
+        let mut health = std::mem::take(&mut self.work.health);
+        health.tick(&mut self.controller_ctx());
+        self.work.health = health;
+        // What this tick asked for (an incident just opened, a pool whose GPUs opened again)
+        // runs now, not a tick later.
+        self.run_work();
+        Ok(self.take_jobs())
+    }
+}
+
+impl Cluster {
+    /// Drops change-feed entries older than the last `keep` revisions (objects stay).
+    pub fn compact_feed(&mut self, keep: u64) -> Result<(), Error> {
+        Ok(self.store.compact(self.state.revision().saturating_sub(keep))?)
+    }
+
+    /// Provider calls decided during the last API calls, for the caller to run.
+    pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
+        std::mem::take(&mut self.work.pending_jobs)
     }
 }

@@ -27,7 +27,7 @@ pub const MAX_CLIENT_TOKENS: usize = 100_000;
 /// The longest client token (ECS allows 64 characters for RunTask).
 pub const MAX_CLIENT_TOKEN_LEN: usize = 64;
 /// The most old records one commit deletes.
-const PRUNE_PER_COMMIT: usize = 16;
+pub(super) const PRUNE_PER_COMMIT: usize = 16;
 
 /// How a call with a client token is answered again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,9 +43,9 @@ pub(super) enum Replay {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct ClientTokenRecord {
-    request_sha256: String,
-    replay: Replay,
-    created_at_ms: u64,
+    pub(super) request_sha256: String,
+    pub(super) replay: Replay,
+    pub(super) created_at_ms: u64,
 }
 
 /// The records, oldest first (the one the call being served will commit is the call's,
@@ -53,7 +53,7 @@ pub(super) struct ClientTokenRecord {
 #[derive(Debug, Default)]
 pub(super) struct ClientTokens {
     pub(super) by_key: HashMap<String, ClientTokenRecord>,
-    order: VecDeque<(u64, String)>,
+    pub(super) order: VecDeque<(u64, String)>,
 }
 
 impl ClientTokens {
@@ -91,11 +91,11 @@ pub(super) enum Claim {
 
 /// A replay of another kind than its route's: the route is part of the token's key, so this
 /// would be a corrupt record.
-fn mismatched() -> Error {
+pub(super) fn mismatched() -> Error {
     Error::StoreCorrupt("a client token's record answers for another kind of call".into())
 }
 
-fn check_token(token: &str) -> Result<(), Error> {
+pub(super) fn check_token(token: &str) -> Result<(), Error> {
     if token.is_empty() || token.len() > MAX_CLIENT_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic())
     {
         return Err(Error::invalid(
@@ -104,186 +104,6 @@ fn check_token(token: &str) -> Result<(), Error> {
         ));
     }
     Ok(())
-}
-
-impl Cluster {
-    pub(super) fn load_client_tokens(&mut self) -> Result<(), Error> {
-        let mut all = Vec::new();
-        for r in self.store.list(CLIENT_TOKEN)? {
-            let rec: ClientTokenRecord = decode(&r)?;
-            all.push((r.key.clone(), rec));
-        }
-        all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
-        for (key, rec) in all {
-            self.state.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
-        }
-        Ok(())
-    }
-
-    /// Claims `token` for a call by `actor` on `route` with `request`, which is answered again
-    /// as `replay` says if it is retried. A retry with another request is refused.
-    pub(super) fn claim_client_token(
-        &mut self,
-        actor: &str,
-        route: &str,
-        token: &str,
-        request: &impl Serialize,
-        replay: Replay,
-    ) -> Result<Claim, Error> {
-        check_token(token)?;
-        let key = crate::auth::digest(&format!("{actor}\n{route}\n{token}"));
-        let body =
-            serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encode a request: {e}")))?;
-        let request_sha256 = crate::auth::digest(&format!("{route}\n{}", String::from_utf8_lossy(&body)));
-        let now = self.now();
-        if let Some(rec) = self.state.client_tokens().by_key.get(&key) {
-            if now.saturating_sub(rec.created_at_ms) < CLIENT_TOKEN_TTL_MS {
-                if rec.request_sha256 != request_sha256 {
-                    return Err(Error::Conflict(format!(
-                        "client token {token:?} was used with another request (within the last {} h): a \
-                         client token names one request; use a new one for a new request",
-                        CLIENT_TOKEN_TTL_MS / 3_600_000
-                    )));
-                }
-                return Ok(Claim::Retry(rec.replay.clone()));
-            }
-        }
-        self.call.token = Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
-        Ok(Claim::First)
-    }
-
-    /// The call is over: a token it did not commit is forgotten.
-    pub(super) fn release_client_token(&mut self) {
-        self.call.token = None;
-        self.call.pruning.clear();
-    }
-
-    /// The ops that store the pending token, and delete the oldest records when they are past
-    /// their time or too many.
-    pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, Error> {
-        let Some((key, rec)) = &self.call.token else { return Ok(Vec::new()) };
-        let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
-        let now = self.now();
-        let tokens = self.state.client_tokens();
-        let over = (tokens.by_key.len() + 1).saturating_sub(MAX_CLIENT_TOKENS);
-        let pruning: Vec<String> = tokens
-            .order()
-            .iter()
-            .enumerate()
-            .take_while(|(i, (at, _))| *i < over || now.saturating_sub(*at) >= CLIENT_TOKEN_TTL_MS)
-            .take(PRUNE_PER_COMMIT.max(over))
-            .map(|(_, (_, k))| k.clone())
-            .collect();
-        // The pending key itself may be among them (claimed again past its time): it is
-        // written, not deleted.
-        ops.extend(
-            pruning.iter().filter(|k| *k != key).map(|k| Op::delete(CLIENT_TOKEN, k, Precondition::Any)),
-        );
-        self.call.pruning = pruning;
-        Ok(ops)
-    }
-
-    /// [`Cluster::client_token_ops`] are committed.
-    pub(super) fn client_token_written(&mut self) {
-        let Some((key, rec)) = self.call.token.take() else { return };
-        let pruned = std::mem::take(&mut self.call.pruning);
-        let rev = self.state.revision();
-        self.writer().apply(rev, Change::ClientToken { key, rec, pruned });
-    }
-
-    pub fn client_token_count(&self) -> usize {
-        self.state.client_tokens().by_key.len()
-    }
-
-    /// Runs `first` on `req` unless `token` (taken from it) names an earlier call by `actor`
-    /// on `route` (the first argument) with the same request: then answers that call again with `again`. The
-    /// token goes in the first commit `first` makes (see the module's doc).
-    fn idempotent<R: Serialize, T>(
-        &mut self,
-        (actor, route, token): (&str, &str, Option<String>),
-        req: R,
-        replay: Replay,
-        first: impl FnOnce(&mut Self, R) -> Result<T, Error>,
-        again: impl FnOnce(&Self, Replay) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let Some(token) = token else { return first(self, req) };
-        let out = match self.claim_client_token(actor, route, &token, &req, replay) {
-            Ok(Claim::First) => first(self, req),
-            Ok(Claim::Retry(replay)) => again(self, replay),
-            Err(e) => Err(e),
-        };
-        self.release_client_token();
-        out
-    }
-
-    /// `task run` with its client token, if any, for `actor`.
-    pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, Error> {
-        let token = req.client_token.take();
-        let started_by = format!("run:{:016x}", crate::auth::random_u64()?);
-        let replay = Replay::Tasks { started_by: started_by.clone() };
-        self.idempotent(
-            (actor, "POST /v1/tasks", token),
-            req,
-            replay,
-            |c, req| c.run_tasks_started_by(req, started_by),
-            |c, replay| match replay {
-                Replay::Tasks { started_by } => Ok(c.tasks_started_by(&started_by)),
-                Replay::Service { .. } => Err(mismatched()),
-            },
-        )
-    }
-
-    /// `service create` with its client token, if any, for `actor`.
-    pub fn create_service_as(&mut self, mut req: CreateService, actor: &str) -> Result<ServiceView, Error> {
-        let token = req.client_token.take();
-        let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
-        let route = "POST /v1/services";
-        self.idempotent(
-            (actor, route, token),
-            req,
-            replay,
-            Cluster::create_service,
-            Cluster::replayed_service,
-        )
-    }
-
-    /// `service update` with its client token, if any, for `actor`.
-    pub fn update_service_as(
-        &mut self,
-        name: &str,
-        mut req: UpdateService,
-        actor: &str,
-    ) -> Result<ServiceView, Error> {
-        let token = req.client_token.take();
-        let pool = self.service_record(name)?.value.pool.to_string();
-        let replay = Replay::Service { name: name.to_string(), pool };
-        let route = format!("PATCH /v1/services/{name}");
-        let update = |c: &mut Self, req| c.update_service(name, req);
-        self.idempotent((actor, &route, token), req, replay, update, Cluster::replayed_service)
-    }
-
-    /// The service a client token's call was about, as it is now: refused when the name is
-    /// another pool's service now (the one the call made is gone).
-    fn replayed_service(&self, replay: Replay) -> Result<ServiceView, Error> {
-        let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
-        let view = self.service(&name)?;
-        if view.service.pool.as_str() != pool {
-            return Err(Error::Conflict(format!(
-                "the client token answered for service {name} of pool {pool}, which is gone"
-            )));
-        }
-        Ok(view)
-    }
-
-    /// The tasks started with `started_by`, as a task run's answer, in the order they were made.
-    fn tasks_started_by(&self, started_by: &str) -> RunOutcome {
-        let mut found: Vec<&TaskEntry> =
-            self.state.tasks().values().filter(|e| e.task.started_by == started_by).collect();
-        found.sort_by_key(|e| e.seq);
-        let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
-        let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
-        RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks }
-    }
 }
 
 #[cfg(test)]

@@ -16,91 +16,10 @@
 //!   ([`Cluster::change_local_host_runtime`]): same id and name, its tasks recorded as stopped,
 //!   a `RuntimeChanged` event, placement by the new runtime from then on.
 
-use super::*;
-
-impl Cluster {
-    /// Records every task that ran on the pool's hosts (placed there and not STOPPED) as
-    /// STOPPED by the user with `reason`, now. For after the hosts were stopped with their
-    /// tasks while the server was down; a task still waiting for a host is left waiting.
-    /// Returns how many were recorded.
-    pub fn record_stopped_with_hosts(&mut self, pool: &str, reason: &str) -> Result<usize, Error> {
-        let pool = self.pool(pool)?.name;
-        let now = self.now();
-        let stopped: Vec<Task> = (self.state.tasks().values())
-            .map(|e| &e.task)
-            .filter(|t| t.pool == pool && t.host_id.is_some() && t.last_status != TaskStatus::Stopped)
-            .map(|t| {
-                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
-                force_stop(&mut t);
-                t.stopped_at_ms.get_or_insert(now);
-                t
-            })
-            .collect();
-        let n = stopped.len();
-        self.writing(|w| w.write_tasks(stopped))?;
-        Ok(n)
-    }
-
-    /// Brings one of `up`'s hosts back with another runtime (see the module's documentation):
-    /// the caller has not started the host yet and vouches that nothing of it runs, so its
-    /// tasks are recorded as STOPPED with `reason` (their services start them again, where
-    /// the new runtime fits).
-    pub fn change_local_host_runtime(
-        &mut self,
-        id: &HostId,
-        runtime: RuntimeKind,
-        version: Option<String>,
-        plugins: RuntimePlugins,
-        reason: &str,
-    ) -> Result<(), Error> {
-        let ix = self.host_ix(id.as_str())?;
-        let mut h = self.state.hosts()[ix as usize].host().clone();
-        if h.runtime == runtime || h.status == HostStatus::Deregistered {
-            return Ok(());
-        }
-        let now = self.now();
-        let stopped: Vec<Task> = (self.state.tasks().values())
-            .map(|e| &e.task)
-            .filter(|t| t.host_id.as_ref() == Some(id) && t.last_status != TaskStatus::Stopped)
-            .map(|t| {
-                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
-                force_stop(&mut t);
-                t.stopped_at_ms.get_or_insert(now);
-                t
-            })
-            .collect();
-        self.writing(|w| w.write_tasks(stopped))?;
-        let what = format!("{} runtime, was {}: {reason}", runtime.as_str(), h.runtime.as_str());
-        h.events.push(now, ObjectEvent::new("RuntimeChanged", what));
-        h.runtime = runtime;
-        h.runtime_version = version;
-        h.plugins = plugins;
-        self.write_host(ix, h)?;
-        self.sched.set_runs_images(ix, runtime.runs_images());
-        self.ask(Work::Placement(self.state.hosts()[ix as usize].host().pool.clone()));
-        Ok(())
-    }
-
-    /// A host whose machine is gone for good, known by its owner (`up`, whose hosts' directories
-    /// are gone), leaves the fleet quietly: DEREGISTERED with `reason` in its events, its tasks
-    /// recorded as stopped. No incident is opened; unlike `host forget`, the caller vouches that
-    /// nothing runs it.
-    pub fn retire_host(&mut self, id: &HostId, reason: &str) -> Result<(), Error> {
-        let ix = self.host_ix(id.as_str())?;
-        if self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered {
-            return Ok(());
-        }
-        self.writing(|w| w.deregister(ix, reason))?;
-        let mut h = self.state.hosts()[ix as usize].host().clone();
-        h.events.push(self.now(), ObjectEvent::new("Retired", reason));
-        self.write_host(ix, h)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::recovery_tests::World;
-    use super::*;
+    use crate::cluster::*;
 
     #[test]
     fn up_records_its_stopped_tasks_and_retires_a_gone_host_without_an_incident() {

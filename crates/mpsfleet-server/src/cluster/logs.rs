@@ -13,10 +13,8 @@
 //!   again with their next change). One snapshot is far below etcd's 1.5 MiB per write, so
 //!   keeping them under a kind of their own in the store remains possible.
 
-use super::Cluster;
-use super::Error;
 use mpsfleet_types::logs::{LogSnapshot, SNAPSHOT_MAX_BYTES};
-use mpsfleet_types::{HostId, HostStatus, PoolName, TaskId};
+use mpsfleet_types::TaskId;
 use std::collections::{BTreeSet, HashMap};
 
 /// The most all kept snapshots may cost together: [`LogSnapshot::cost`] plus
@@ -25,23 +23,23 @@ pub const SNAPSHOTS_MAX_BYTES: usize = 64 << 20;
 /// What keeping one snapshot costs beyond its lines (its key, indexes, allocation).
 pub const ENTRY_OVERHEAD_BYTES: usize = 128;
 
-struct Kept {
-    snapshot: LogSnapshot,
-    received_at_ms: u64,
-    key: EvictKey,
+pub(super) struct Kept {
+    pub(super) snapshot: LogSnapshot,
+    pub(super) received_at_ms: u64,
+    pub(super) key: EvictKey,
 }
 
 /// Eviction order: final snapshots (false sorts first), then by when they were received.
-type EvictKey = (bool, u64, u64, TaskId);
+pub(super) type EvictKey = (bool, u64, u64, TaskId);
 
 /// The latest snapshot of each task, within the fleet-wide budget.
 pub struct LogSnapshots {
-    by_task: HashMap<TaskId, Kept>,
-    order: BTreeSet<EvictKey>,
-    total: usize,
-    max: usize,
+    pub(super) by_task: HashMap<TaskId, Kept>,
+    pub(super) order: BTreeSet<EvictKey>,
+    pub(super) total: usize,
+    pub(super) max: usize,
     /// Tie-breaker so that keys are unique and follow arrival order.
-    seq: u64,
+    pub(super) seq: u64,
 }
 
 impl Default for LogSnapshots {
@@ -74,7 +72,7 @@ impl LogSnapshots {
         }
     }
 
-    fn remove(&mut self, id: &TaskId) {
+    pub(super) fn remove(&mut self, id: &TaskId) {
         if let Some(old) = self.by_task.remove(id) {
             self.order.remove(&old.key);
             self.total -= old.snapshot.cost() + ENTRY_OVERHEAD_BYTES;
@@ -87,12 +85,12 @@ impl LogSnapshots {
     }
 
     #[cfg(test)]
-    fn total(&self) -> usize {
+    pub(super) fn total(&self) -> usize {
         self.total
     }
 
     #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.by_task.len()
     }
 }
@@ -122,65 +120,6 @@ pub struct LogsPlan {
     pub task_id: TaskId,
     pub agent: Result<AgentEndpoint, String>,
     pub snapshot: Option<(u64, LogSnapshot)>,
-}
-
-impl Cluster {
-    /// Keeps the output snapshot that came with a task report.
-    pub(super) fn keep_output(&mut self, id: TaskId, snapshot: LogSnapshot, last: bool) {
-        let now = self.now();
-        self.output.keep(id, snapshot, last, now);
-    }
-
-    /// Where to read a task's logs from. A task that is no longer known but has a snapshot (it
-    /// was removed) is served from the snapshot; without either it is not found.
-    pub fn logs_plan(&self, id: &str) -> Result<LogsPlan, Error> {
-        let snapshot = |task_id: &TaskId| self.output.get(task_id).map(|(at, s)| (at, s.clone()));
-        let task = match self.task(id) {
-            Ok(t) => t,
-            Err(e) => {
-                let Some(task_id) = TaskId::parse(id).ok() else { return Err(e) };
-                let Some(snapshot) = snapshot(&task_id) else { return Err(e) };
-                return Ok(LogsPlan {
-                    task_id,
-                    agent: Err(format!("task {id} is no longer known")),
-                    snapshot: Some(snapshot),
-                });
-            }
-        };
-        let agent = match task.host_id.as_ref() {
-            None => Err(format!("task {id} never ran on a host")),
-            Some(h) => self.agent_endpoint(h),
-        };
-        Ok(LogsPlan { task_id: task.id, agent, snapshot: snapshot(&task.id) })
-    }
-
-    /// Where a host's agent serves its endpoint (logs, metrics), or why it cannot be asked.
-    pub fn agent_endpoint(&self, h: &HostId) -> Result<AgentEndpoint, String> {
-        let Some(ix) = self.sched.host(h) else { return Err(format!("host {h} is no longer registered")) };
-        let e = &self.state.hosts()[ix as usize];
-        if e.host().status == HostStatus::Deregistered {
-            return Err(format!("host {h} is deregistered"));
-        }
-        e.logs_url
-            .clone()
-            .map(|url| AgentEndpoint {
-                url,
-                token: self.agent_token(&e.host().id, &e.host().legacy_agent_token),
-                cert_sha256: e.logs_cert.clone(),
-            })
-            .ok_or_else(|| format!("the agent of host {h} has not reported where it serves its endpoint"))
-    }
-
-    /// The hosts whose agents can be scraped (through `GET /v1/hosts/{id}/metrics`): every
-    /// registered host with an endpoint, with its pool and hostname.
-    pub fn metrics_targets(&self) -> Vec<(HostId, PoolName, String)> {
-        self.state
-            .hosts()
-            .iter()
-            .filter(|e| e.host().status != HostStatus::Deregistered && e.logs_url.is_some())
-            .map(|e| (e.host().id.clone(), e.host().pool.clone(), e.host().hostname.clone()))
-            .collect()
-    }
 }
 
 #[cfg(test)]

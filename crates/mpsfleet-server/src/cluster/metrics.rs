@@ -1,87 +1,78 @@
 //! What `GET /metrics` reads from the cluster (aggregates by pool; `crate::metrics` renders
 //! them and holds the live counters that the cluster feeds from here).
 
+use super::controllers::scaling::ScalingMemory;
+use super::read::Reader;
 use super::*;
 use crate::metrics::{PoolState, ServiceState, State};
 use mpsfleet_core::deployment::ReplicaState;
 
-const MIB: i64 = 1 << 20;
+pub(super) const MIB: i64 = 1 << 20;
 
-impl Cluster {
-    /// The counters and histograms this cluster feeds; the API layer shares them.
-    pub fn live_metrics(&self) -> Arc<crate::metrics::Live> {
-        self.live.clone()
+/// The state's figures now, by pool: one pass over hosts, GPUs, tasks, services and
+/// incidents.
+pub(super) fn figures(r: &Reader<'_>, scaling: &HashMap<PoolName, ScalingMemory>) -> State {
+    let mut state = State { leader: true, ..State::default() };
+    let pools = &mut state.pools;
+    fn at<'a>(pools: &'a mut BTreeMap<String, PoolState>, p: &PoolName) -> &'a mut PoolState {
+        pools.entry(p.to_string()).or_default()
     }
-
-    /// The state's figures now, by pool: one pass over hosts, GPUs, tasks, services and
-    /// incidents.
-    pub fn metrics_state(&self) -> State {
-        let mut state = State { leader: true, ..State::default() };
-        let pools = &mut state.pools;
-        fn at<'a>(pools: &'a mut BTreeMap<String, PoolState>, p: &PoolName) -> &'a mut PoolState {
-            pools.entry(p.to_string()).or_default()
-        }
-        for name in self.state.pools().keys() {
-            at(pools, name);
-        }
-        for (ix, e) in self.state.hosts().iter().enumerate() {
-            let p = at(pools, &e.host().pool);
-            *p.hosts.entry((e.host().status.as_str(), e.host().health_status.as_str())).or_default() += 1;
-            if e.host().status == HostStatus::Deregistered {
-                continue;
-            }
-            for g in self.sched.host_gpus(ix as HostIx) {
-                let s = self.sched.gpu(g);
-                let mode = s.mode();
-                *p.gpus.entry(mode.as_str()).or_default() += 1;
-                p.gpu_memory_bytes += s.total_mib as i64 * MIB;
-                if e.host().mps_available && mode != SharingMode::Dedicated {
-                    p.mps_memory_reserved_bytes += s.used_mib as i64 * MIB;
-                    p.mps_memory_free_bytes += s.remaining_mib() as i64 * MIB;
-                    p.mps_clients += i64::from(s.clients);
-                }
-            }
-        }
-        for e in self.state.tasks().values() {
-            let t = &e.task;
-            let p = at(pools, &t.pool);
-            *p.tasks.entry(t.last_status.as_str()).or_default() += 1;
-            if t.host_id.is_none() && t.last_status != TaskStatus::Stopped {
-                *p.pending.entry(t.pending_code).or_default() += 1;
-            }
-        }
-        for v in self.state.services().values() {
-            let svc = &v.value;
-            let mut s = ServiceState { desired: i64::from(svc.desired_count), ..ServiceState::default() };
-            for e in
-                self.state.tasks().of_service(&svc.name).iter().filter_map(|id| self.state.tasks().get(id))
-            {
-                s.running += i64::from(e.task.last_status == TaskStatus::Running);
-                s.healthy += i64::from(self.reader().replica_state(&e.task) == ReplicaState::Healthy);
-            }
-            let p = at(pools, &svc.pool);
-            for d in svc.deployments.iter().filter(|d| d.status != DeploymentStatus::Inactive) {
-                *p.deployments.entry(d.rollout_state.as_str()).or_default() += 1;
-            }
-            p.services.insert(svc.name.to_string(), s);
-        }
-        for v in self.state.incidents().values().filter(|v| v.value.state != IncidentState::Resolved) {
-            *at(pools, &v.value.pool).incidents.entry(v.value.state.as_str()).or_default() += 1;
-        }
-        for (name, pool) in self.state.pools() {
-            let counts = self.reader().pool_counts(name);
-            let allowed = mpsfleet_core::remediation::storm_breaker_allowed(
-                counts.total,
-                &pool.value.remediation_policy,
-            );
-            at(pools, name).storm_breaker_tripped = u64::from(counts.unhealthy) > allowed;
-            if let Some(prov) = pool.value.provider.as_ref().filter(|p| p.scaling().is_some()) {
-                let reservation = self.work.scaling.get(name).map_or(0, |m| m.reservation_percent);
-                at(pools, name).scaling = Some((i64::from(prov.desired_hosts), reservation as i64));
-            }
-        }
-        state
+    for name in r.state.pools().keys() {
+        at(pools, name);
     }
+    for (ix, e) in r.state.hosts().iter().enumerate() {
+        let p = at(pools, &e.host().pool);
+        *p.hosts.entry((e.host().status.as_str(), e.host().health_status.as_str())).or_default() += 1;
+        if e.host().status == HostStatus::Deregistered {
+            continue;
+        }
+        for g in r.sched.host_gpus(ix as HostIx) {
+            let s = r.sched.gpu(g);
+            let mode = s.mode();
+            *p.gpus.entry(mode.as_str()).or_default() += 1;
+            p.gpu_memory_bytes += s.total_mib as i64 * MIB;
+            if e.host().mps_available && mode != SharingMode::Dedicated {
+                p.mps_memory_reserved_bytes += s.used_mib as i64 * MIB;
+                p.mps_memory_free_bytes += s.remaining_mib() as i64 * MIB;
+                p.mps_clients += i64::from(s.clients);
+            }
+        }
+    }
+    for e in r.state.tasks().values() {
+        let t = &e.task;
+        let p = at(pools, &t.pool);
+        *p.tasks.entry(t.last_status.as_str()).or_default() += 1;
+        if t.host_id.is_none() && t.last_status != TaskStatus::Stopped {
+            *p.pending.entry(t.pending_code).or_default() += 1;
+        }
+    }
+    for v in r.state.services().values() {
+        let svc = &v.value;
+        let mut s = ServiceState { desired: i64::from(svc.desired_count), ..ServiceState::default() };
+        for e in r.state.tasks().of_service(&svc.name).iter().filter_map(|id| r.state.tasks().get(id)) {
+            s.running += i64::from(e.task.last_status == TaskStatus::Running);
+            s.healthy += i64::from(r.replica_state(&e.task) == ReplicaState::Healthy);
+        }
+        let p = at(pools, &svc.pool);
+        for d in svc.deployments.iter().filter(|d| d.status != DeploymentStatus::Inactive) {
+            *p.deployments.entry(d.rollout_state.as_str()).or_default() += 1;
+        }
+        p.services.insert(svc.name.to_string(), s);
+    }
+    for v in r.state.incidents().values().filter(|v| v.value.state != IncidentState::Resolved) {
+        *at(pools, &v.value.pool).incidents.entry(v.value.state.as_str()).or_default() += 1;
+    }
+    for (name, pool) in r.state.pools() {
+        let counts = r.pool_counts(name);
+        let allowed =
+            mpsfleet_core::remediation::storm_breaker_allowed(counts.total, &pool.value.remediation_policy);
+        at(pools, name).storm_breaker_tripped = u64::from(counts.unhealthy) > allowed;
+        if let Some(prov) = pool.value.provider.as_ref().filter(|p| p.scaling().is_some()) {
+            let reservation = scaling.get(name).map_or(0, |m| m.reservation_percent);
+            at(pools, name).scaling = Some((i64::from(prov.desired_hosts), reservation as i64));
+        }
+    }
+    state
 }
 
 #[cfg(test)]

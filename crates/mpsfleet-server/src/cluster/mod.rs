@@ -7,6 +7,7 @@
 //! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
 //! queues, indexes) is recomputed from the records rather than stored.
 
+mod access;
 mod agent_reports;
 mod audit;
 pub mod bounds;
@@ -16,24 +17,23 @@ pub mod capacity_providers;
 pub mod catalog;
 pub mod console_links;
 pub mod deleted;
-mod discovery;
 pub mod drills;
 pub mod error;
-mod health;
+mod hosts;
 mod idempotency;
 mod incident_table;
+mod incidents;
 mod intervals;
-mod introspect;
 mod kinds;
 mod local_fleet;
 mod logs;
 mod metrics;
+mod workloads;
 pub use idempotency::{CLIENT_TOKEN_TTL_MS, MAX_CLIENT_TOKENS, MAX_CLIENT_TOKEN_LEN};
 pub use logs::AgentEndpoint;
 mod operator;
 mod place;
 mod pools;
-mod protection;
 mod providers;
 mod read;
 pub use providers::ProviderContext;
@@ -52,7 +52,6 @@ mod heartbeat_tests;
 #[cfg(test)]
 mod recovery_tests;
 mod register;
-mod scaling;
 #[cfg(test)]
 mod scaling_tests;
 mod schema;
@@ -108,9 +107,7 @@ use mpsfleet_core::lifecycle::host as host_lifecycle;
 use mpsfleet_core::lifecycle::task as task_lifecycle;
 use mpsfleet_core::scheduler::{GpuSpec, HostIx, HostSpec, Placement, Scheduler};
 use mpsfleet_store::{decode, Op, Precondition, Revision, Store};
-use mpsfleet_types::api::{
-    Assignments, HostStatusAnswer, HostStatusReport, RegisterHostResponse, RegisterTaskDefResponse,
-};
+use mpsfleet_types::api::{Assignments, HostStatusAnswer, HostStatusReport};
 use mpsfleet_types::labels::TaskLabels;
 use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::*;
@@ -250,7 +247,7 @@ impl Cluster {
         clock: Arc<dyn Clock>,
         keep_tokens: impl FnOnce(&FirstStart) -> Result<(), Error>,
     ) -> Result<Cluster, Error> {
-        Self::migrate(store.as_ref())?;
+        schema::migrate(store.as_ref())?;
         let admin_sha256 = match store.get(AUTH, "admin")? {
             Some(a) => decode::<AuthRecord>(&a)?.sha256,
             None => {
@@ -537,15 +534,10 @@ impl Cluster {
         }
     }
 
-    pub(super) fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
+    fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
         let token = self.creds.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
         self.creds.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
         RegistrationToken(token)
-    }
-
-    /// Provider calls decided during the last API calls, for the caller to run.
-    pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
-        std::mem::take(&mut self.work.pending_jobs)
     }
 
     /// The cluster clock's time, in ms since the epoch.
@@ -555,473 +547,6 @@ impl Cluster {
 
     fn now(&self) -> u64 {
         self.clock.now_ms()
-    }
-
-    // ---- pools --------------------------------------------------------------------------
-
-    // ---- task definitions ---------------------------------------------------------------
-
-    /// Parses and registers a definition. The API parses before it takes the cluster lock and
-    /// calls [`Cluster::register_valid_taskdef`].
-    pub fn register_taskdef(&mut self, body: &[u8]) -> Result<RegisterTaskDefResponse, Error> {
-        self.register_valid_taskdef(ValidTaskDef::parse(body)?)
-    }
-
-    /// The newest revision of `family`, deregistered or not: the next one registered follows it.
-    fn latest_revision(&self, family: &Family) -> Option<u32> {
-        self.state
-            .taskdefs()
-            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
-            .next_back()
-            .map(|((_, r), _)| *r)
-    }
-
-    /// The newest revision of `family` still registered.
-    fn latest_active_revision(&self, family: &Family) -> Option<u32> {
-        self.state
-            .taskdefs()
-            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
-            .rev()
-            .find(|(_, v)| v.value.deregistered_at_ms.is_none())
-            .map(|((_, r), _)| *r)
-    }
-
-    /// [`Cluster::taskdef`] for a new task or deployment: a deregistered revision starts
-    /// nothing new.
-    pub(super) fn taskdef_to_run(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
-        let td = self.taskdef(field, reference)?;
-        if td.deregistered_at_ms.is_some() {
-            return Err(Error::invalid(
-                field,
-                format!("{} is deregistered (INACTIVE): register a new revision", td.reference()),
-            ));
-        }
-        Ok(td)
-    }
-
-    /// Resolves `family` (latest revision) or `family:revision`.
-    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
-        let (family, revision) = match reference.rsplit_once(':') {
-            Some(_) => {
-                let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid(field, e.to_string()))?;
-                (r.family, Some(r.revision))
-            }
-            None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
-        };
-        let revision = revision.or_else(|| self.latest_active_revision(&family));
-        revision
-            .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
-            .map(|v| v.value.as_ref())
-            .ok_or_else(|| Error::not_found("task definition", reference))
-    }
-
-    /// The definitions (of `family`), shared: the caller encodes them after the lock.
-    pub fn taskdefs(&self, family: Option<&str>) -> Vec<Arc<TaskDefinition>> {
-        self.state
-            .taskdefs()
-            .values()
-            .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
-            .map(|v| v.value.clone())
-            .collect()
-    }
-
-    // ---- hosts --------------------------------------------------------------------------
-
-    /// Registers one host for the join token. The API checks and mints before it takes the
-    /// cluster lock ([`HostRequest::new`]) and registers concurrent hosts with one commit
-    /// ([`Cluster::register_hosts`]).
-    pub fn register_host(&mut self, reg: HostRegistration) -> Result<RegisterHostResponse, Error> {
-        let req = HostRequest::new(reg)?;
-        self.register_hosts(vec![(Principal::Joiner, req)])
-            .pop()
-            .unwrap_or_else(|| Err(Error::Internal("a registration went unanswered".into())))
-    }
-
-    /// Registers one host with `token` as its bearer (the join token, or an incident's
-    /// one-time replacement token), as `POST /v1/agent/register` does.
-    pub fn register_host_with_token(
-        &mut self,
-        reg: HostRegistration,
-        token: &str,
-    ) -> Result<RegisterHostResponse, Error> {
-        let who = self.authenticate(token)?;
-        if !who.may_join() {
-            return Err(Error::Forbidden("this token cannot register hosts".into()));
-        }
-        let req = HostRequest::new(reg)?;
-        self.register_hosts(vec![(who, req)])
-            .pop()
-            .unwrap_or_else(|| Err(Error::Internal("a registration went unanswered".into())))
-    }
-
-    /// One registration by `who`: its checks against the state and against the earlier
-    /// registrations of its group commit (`batch`), and the host record it makes. The checks
-    /// that need no state are in [`HostRequest::new`], done before the lock.
-    fn admit_host(
-        &self,
-        who: &Principal,
-        req: HostRequest,
-        batch: &register::HostBatch,
-    ) -> Result<(Host, RegisterHostResponse), Error> {
-        let pool = self.pool_name("pool", req.reg.pool.as_str())?;
-        if let Principal::Launch { pool: launched_into, name } = who {
-            if launched_into != &pool || name != &req.reg.hostname {
-                return Err(Error::Forbidden(format!(
-                    "this launch token registers host {name} into pool {launched_into}, not host {} into pool {pool}",
-                    req.reg.hostname
-                )));
-            }
-            if self.state.hosts().iter().any(|h| &h.host().hostname == name) || batch.claims_hostname(name) {
-                return Err(Error::Unauthorized("this launch token was already used"));
-            }
-        }
-        for g in &req.reg.gpus {
-            if let Some(&holder) = self.state.gpu_hosts().get(&g.uuid) {
-                let h = self.state.hosts()[holder as usize].host();
-                return Err(Error::GpuTaken {
-                    uuid: g.uuid.to_string(),
-                    host: h.id.to_string(),
-                    hostname: h.hostname.clone(),
-                });
-            }
-            if batch.claims_gpu(&g.uuid) {
-                return Err(Error::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
-            }
-        }
-        if !self.room_for_gpus(batch, req.reg.gpus.len()) {
-            return Err(Error::invalid(
-                "gpus",
-                format!("the cluster holds at most {} GPUs", mpsfleet_core::scheduler::MAX_GPUS),
-            ));
-        }
-        if self.sched.host(&req.id).is_some() || batch.claims_id(&req.id) {
-            return Err(Error::Conflict(format!("host id {} is taken; retry the request", req.id)));
-        }
-        let HostRequest { reg, id, credential, credential_sha256 } = req;
-        let agent_token = self.agent_token(&id, "");
-        let mut host = Host {
-            id: id.clone(),
-            pool,
-            hostname: reg.hostname,
-            status: HostStatus::Onboarding,
-            health_status: HealthStatus::Initializing,
-            cordoned: false,
-            emulated: reg.emulated,
-            mps_available: reg.mps_available,
-            gpus: reg.gpus,
-            runtime: reg.runtime,
-            runtime_version: reg.runtime_version,
-            plugins: reg.plugins,
-            platform: reg.platform,
-            seq: (self.state.hosts().len() + batch.len()) as u64,
-            registered_at_ms: self.now(),
-            credential_sha256,
-            credential_revoked_at_ms: None,
-            legacy_agent_token: String::new(),
-            events: History::new(),
-            rechecks: 0,
-        };
-        let registered = format!(
-            "registered by its agent: {} GPU(s){}, {} runtime",
-            host.gpus.len(),
-            if host.emulated { " (emulated)" } else { "" },
-            host.runtime.as_str()
-        );
-        host.events.push(host.registered_at_ms, ObjectEvent::new("Registered", registered));
-        Ok((host, RegisterHostResponse { host_id: id, credential, agent_token }))
-    }
-
-    fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, Error> {
-        self.host_joined(&host.pool, &host.hostname);
-        let pool = self.sched.pool(host.pool.as_str()).ok_or_else(|| {
-            Error::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
-        })?;
-        let ix = self
-            .sched
-            .add_host(HostSpec {
-                id: host.id.clone(),
-                pool,
-                mps_available: host.mps_available,
-                runs_images: host.runtime.runs_images(),
-                gpus: host
-                    .gpus
-                    .iter()
-                    .map(|g| GpuSpec { memory_mib: g.memory_mib, max_clients: g.max_mps_clients })
-                    .collect(),
-            })
-            .map_err(|e| Error::invalid("gpus", e.to_string()))?;
-        self.sched.set_schedulable(ix, can_place(&host));
-        let pool = host.pool.clone();
-        self.writer().apply(version, Change::NewHost(ix, host));
-        self.ask_capacity(&pool);
-        self.work.health_due_ms.push(0);
-        Ok(ix)
-    }
-
-    fn host_ix(&self, id: &str) -> Result<HostIx, Error> {
-        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| Error::not_found("host", id))
-    }
-
-    pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, Error> {
-        let ix = self.host_ix(id)?;
-        let mut h = self.state.hosts()[ix as usize].host().clone();
-        if !cordoned && h.status == HostStatus::Draining {
-            return Err(Error::Conflict(format!(
-                "host {} is DRAINING: uncordon does not return it to service; once it is repaired (every \
-                 check OK), run `mpsfleet host activate {}`",
-                h.id, h.id
-            )));
-        }
-        if h.cordoned != cordoned {
-            h.cordoned = cordoned;
-            self.write_host(ix, h)?;
-        }
-        Ok(self.host_view(ix))
-    }
-
-    /// Commits a host record, then applies it (`Writer::write_host`).
-    fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), Error> {
-        self.writing(|w| w.write_host(ix, host))
-    }
-
-    pub fn host_view(&self, ix: HostIx) -> HostView {
-        let e = &self.state.hosts()[ix as usize];
-        let gpus = self
-            .sched
-            .host_gpus(ix)
-            .zip(&e.host().gpus)
-            .map(|(g, inv)| {
-                let s = self.sched.gpu(g);
-                GpuView {
-                    gpu_id: inv.uuid.clone(),
-                    index: inv.index,
-                    model: inv.model.clone(),
-                    sharing_mode: s.mode(),
-                    total_memory_mib: s.total_mib,
-                    remaining_memory_mib: s.remaining_mib(),
-                    client_count: s.clients,
-                    max_clients: s.max_clients,
-                    compute_percent_sum: s.compute_percent,
-                }
-            })
-            .collect();
-        HostView {
-            id: e.host().id.clone(),
-            pool: e.host().pool.clone(),
-            hostname: e.host().hostname.clone(),
-            status: e.host().status,
-            health_status: e.host().health_status,
-            cordoned: e.host().cordoned,
-            emulated: e.host().emulated,
-            mps_available: e.host().mps_available,
-            runtime: e.host().runtime,
-            runtime_version: e.host().runtime_version.clone(),
-            plugins: e.host().plugins.clone(),
-            platform: e.host().platform.clone(),
-            gpus,
-            gpu_use: if e.host().status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
-            task_count: self.state.tasks().on_host(ix).len() as u32,
-            registered_at_ms: e.host().registered_at_ms,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            checks: if e.health.checks.is_empty() { e.checks.clone() } else { self.evaluated_checks(ix) },
-            logs_url: e.logs_url.clone(),
-            logs_cert_sha256: e.logs_cert.clone(),
-            credential_revoked_at_ms: e.host().credential_revoked_at_ms,
-            events: Default::default(),
-        }
-    }
-
-    /// The server's evaluation of a host's checks, with the restart counts the agent reported.
-    fn evaluated_checks(&self, ix: HostIx) -> Vec<HostCheck> {
-        let e = &self.state.hosts()[ix as usize];
-        let mut out = e.health.host_checks();
-        for c in &mut out {
-            if let Some(r) = e.checks.iter().find(|r| r.name == c.name && r.gpu_id == c.gpu_id) {
-                c.restarts = r.restarts;
-            }
-        }
-        out
-    }
-
-    pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
-        self.hosts_page(pool, false, 0, usize::MAX).0
-    }
-
-    /// Hosts `skip..skip + limit` in registration order (of `pool`; without the DEREGISTERED
-    /// ones when `live`), and how many there are in all: only the page's views are built.
-    pub fn hosts_page(
-        &self,
-        pool: Option<&str>,
-        live: bool,
-        skip: usize,
-        limit: usize,
-    ) -> (Vec<HostView>, usize) {
-        let shown = |ix: &HostIx| {
-            let h = self.state.hosts()[*ix as usize].host();
-            pool.is_none_or(|p| h.pool.as_str() == p) && !(live && h.status == HostStatus::Deregistered)
-        };
-        let all = (0..self.state.hosts().len() as HostIx).filter(shown);
-        let total = all.clone().count();
-        (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
-    }
-
-    /// One host, with its events (lists leave them out).
-    /// How host `id` stands for the tasks on it (ECS's task `connectivity`): whether its
-    /// agent's heartbeats come within its pool's heartbeat grace, its last heartbeat, and its
-    /// platform. None for an unknown host.
-    pub fn agent_link(&self, id: &HostId) -> Option<AgentLink> {
-        let ix = self.host_ix(id.as_str()).ok()?;
-        let e = &self.state.hosts()[ix as usize];
-        let grace = self
-            .state
-            .pools()
-            .get(&e.host().pool)
-            .map_or(0, |p| p.value.health_policy.agent_heartbeat_grace_ms);
-        let connected = e.host().status != HostStatus::Deregistered
-            && e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) <= grace);
-        Some(AgentLink {
-            connected,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            platform: e.host().platform.clone(),
-        })
-    }
-
-    pub fn host(&self, id: &str) -> Result<HostView, Error> {
-        let ix = self.host_ix(id)?;
-        Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
-    }
-
-    /// A task's events in words, oldest first.
-    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
-        let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
-        let e = self.state.tasks().get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
-        Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
-    }
-
-    /// ECS's StartTask: one task of `req` on host `host`, placed now, or why it does not fit
-    /// there (nothing is made then). The host must be in `req.pool`.
-    pub fn start_task_on(
-        &mut self,
-        req: &RunTask,
-        host: &str,
-    ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let pool = self.pool_name("cluster", &req.pool)?;
-        let ix = self.host_ix(host)?;
-        if self.state.hosts()[ix as usize].host().pool != pool {
-            return Err(Error::not_found("host", host));
-        }
-        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
-        self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
-        let labels = run_labels(req, td)?;
-        let reference = td.reference();
-        let started_by = format!("run:{:016x}", auth::random_u64()?);
-        let mut task = Task::new(self.writer().next_task_id(), reference, pool, None, started_by, self.now());
-        task.labels = labels;
-        self.writing(|w| w.start_one_on(task, ix))
-    }
-
-    pub fn run_tasks(&mut self, req: RunTask) -> Result<RunOutcome, Error> {
-        let started_by = format!("run:{:016x}", auth::random_u64()?);
-        self.run_tasks_started_by(req, started_by)
-    }
-
-    /// A task run whose tasks carry `started_by`.
-    fn run_tasks_started_by(&mut self, req: RunTask, started_by: String) -> Result<RunOutcome, Error> {
-        if req.count == 0 || req.count > MAX_RUN_COUNT {
-            return Err(Error::invalid(
-                "count",
-                format!("must be an integer from 1 to {MAX_RUN_COUNT}, got {}", req.count),
-            ));
-        }
-        let pool = self.pool_name("pool", &req.pool)?;
-        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
-        self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
-        let labels = run_labels(&req, td)?;
-        let td = td.reference();
-        let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels, deployment: None };
-        let tasks = self.writing(|w| w.start_tasks(spec, req.count))?;
-        let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
-        Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
-    }
-
-    pub fn task(&self, id: &str) -> Result<Task, Error> {
-        TaskId::parse(id)
-            .ok()
-            .and_then(|id| self.state.tasks().get(&id))
-            .map(|e| e.task.clone())
-            .ok_or_else(|| Error::not_found("task", id))
-    }
-
-    pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
-        if let Some(stale) = self.broken.stale_tasks(filter) {
-            return stale;
-        }
-        let mut out: Vec<&TaskEntry> = self.matching_tasks(filter).collect();
-        if filter.newest_first {
-            out.sort_by_key(|e| std::cmp::Reverse(e.seq));
-        } else {
-            out.sort_by_key(|e| e.seq);
-        }
-        out.into_iter().skip(filter.skip).take(filter.limit).map(|e| e.task.clone()).collect()
-    }
-
-    /// Every task `filter` matches, unordered, read in place (nothing is copied): for counts
-    /// and for lists that keep a few fields of each. `skip`, `limit` and the order are the
-    /// caller's.
-    pub fn visit_tasks(&self, filter: &TaskFilter, mut f: impl FnMut(&Task)) {
-        self.matching_tasks(filter).for_each(|e| f(&e.task));
-    }
-
-    fn matching_tasks<'a>(&'a self, filter: &'a TaskFilter) -> impl Iterator<Item = &'a TaskEntry> + 'a {
-        self.state
-            .tasks()
-            .values()
-            .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
-            .filter(|e| {
-                filter
-                    .service
-                    .as_deref()
-                    .is_none_or(|s| e.task.group.as_ref().is_some_and(|g| g.as_str() == s))
-            })
-            .filter(|e| {
-                filter
-                    .host
-                    .as_deref()
-                    .is_none_or(|h| e.task.host_id.as_ref().is_some_and(|x| x.as_str() == h))
-            })
-            .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
-            .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
-    }
-
-    pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, Error> {
-        let task = self.task(id)?;
-        if task.desired_status == TaskStatus::Stopped {
-            return Ok(task);
-        }
-        if task.draining.is_some() {
-            // Already leaving traffic: its service stops it when its delay is over.
-            return Ok(task);
-        }
-        let reason = reason.unwrap_or_else(|| "stopped by the user".to_string());
-        // A service's replica in traffic leaves it first, as a planned stop does.
-        let delay = task.group.as_ref().and_then(|g| self.state.services().get(g));
-        let delay = delay.map_or(0, |s| s.value.deregistration_delay_seconds);
-        let t = self.reader().planned_stop(&task, delay, StopCode::UserInitiated, &reason, self.now());
-        if matches!(self.broken, broken::Switch::LostStops) {
-            return Ok(t);
-        }
-        self.writing(|w| w.write_tasks(vec![t]))?;
-        // Its service (if any) starts a replacement on the next pass of the work queue; the
-        // stop, committed, is not answered with an error of that reconcile.
-        self.ask_for_group(task.group.as_ref());
-        self.task(id)
-    }
-
-    /// Drops change-feed entries older than the last `keep` revisions (objects stay).
-    pub fn compact_feed(&mut self, keep: u64) -> Result<(), Error> {
-        Ok(self.store.compact(self.state.revision().saturating_sub(keep))?)
     }
 }
 
@@ -1059,6 +584,46 @@ pub fn can_place(h: &Host) -> bool {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
+}
+
+impl Cluster {
+    /// The riders of [`Cluster::riders`] are committed (`audit`: how many of them were the
+    /// audit log's).
+    fn riders_written(&mut self, audit: usize) {
+        if audit > 0 {
+            self.audit_written(audit - 1);
+        }
+        self.client_token_written();
+    }
+
+    /// The ops the call being served adds to a commit: its audit entry (the first commit
+    /// only) and its client token; and how many of them are the audit log's.
+    fn riders(&mut self) -> Result<(Vec<Op>, usize), Error> {
+        let mut ops = self.audit_ops_for_commit()?;
+        let audit = ops.len();
+        ops.extend(self.client_token_ops()?);
+        Ok((ops, audit))
+    }
+}
+
+impl Cluster {
+    /// Makes new task ids a pure function of `base` and the order in which tasks are created,
+    /// instead of a random base chosen at load. Ids already taken are skipped as usual.
+    pub fn reseed_task_ids(&mut self, base: u64) {
+        self.ids = write::TaskIds { base, counter: 0 };
+    }
+}
+
+impl Cluster {
+    /// The state's figures now, by pool (`metrics.rs`).
+    pub fn metrics_state(&self) -> crate::metrics::State {
+        metrics::figures(&self.reader(), &self.work.scaling)
+    }
+
+    /// The counters and histograms this cluster feeds; the API layer shares them.
+    pub fn live_metrics(&self) -> Arc<crate::metrics::Live> {
+        self.live.clone()
+    }
 }
 
 #[cfg(test)]

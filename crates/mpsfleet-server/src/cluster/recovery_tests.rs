@@ -298,11 +298,11 @@ fn an_old_state_is_migrated_and_a_newer_one_refused() {
     v["timeline"] = serde_json::Value::Array(old);
     v.as_object_mut().unwrap().remove("reached");
     let store = w.c.store.clone();
-    let version = store.get(super::health::INCIDENT, &i.id).unwrap().unwrap().version;
+    let version = store.get(super::kinds::INCIDENT, &i.id).unwrap().unwrap().version;
     store
         .commit(&[
             Op::put(
-                super::health::INCIDENT,
+                super::kinds::INCIDENT,
                 i.id.clone(),
                 serde_json::to_vec(&v).unwrap(),
                 Precondition::Version(version),
@@ -316,7 +316,7 @@ fn an_old_state_is_migrated_and_a_newer_one_refused() {
     assert_eq!(back.timeline.total(), 300);
     assert_eq!(back.first(Step::Detected), Some(1_000));
     let stored: serde_json::Value =
-        serde_json::from_slice(&store.get(super::health::INCIDENT, &i.id).unwrap().unwrap().value).unwrap();
+        serde_json::from_slice(&store.get(super::kinds::INCIDENT, &i.id).unwrap().unwrap().value).unwrap();
     assert_eq!(stored["reached"]["DETECTED"], serde_json::json!(1_000));
     assert!(stored["timeline"]["entries"].as_array().unwrap().len() <= 64);
     let schema: serde_json::Value =
@@ -370,7 +370,7 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     w.advance(RESOLVED_INCIDENT_RETENTION_MS);
     w.c.run_retention().unwrap();
     assert!(w.c.incident(&i.id).is_err());
-    assert!(w.c.store.get(super::health::INCIDENT, &i.id).unwrap().is_none());
+    assert!(w.c.store.get(super::kinds::INCIDENT, &i.id).unwrap().is_none());
 
     // Everything in the feed is older than its age limit now.
     let rev = w.c.revision();

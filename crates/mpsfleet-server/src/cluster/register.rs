@@ -9,15 +9,13 @@
 //! group, commits the ones that pass as one batch and answers each only after that commit.
 
 use super::Error;
-use super::{Change, Cluster, HOST, TASKDEF};
-use crate::auth::{self, Principal};
-use mpsfleet_core::scheduler::MAX_GPUS;
+use super::{Change, HOST};
+use crate::auth::{self};
 use mpsfleet_core::taskdef::{parse_task_definition, ParsedTaskDefinition};
 use mpsfleet_store::{Op, Precondition};
-use mpsfleet_types::api::{FieldError, RegisterHostResponse, RegisterTaskDefResponse};
+use mpsfleet_types::api::{FieldError, RegisterHostResponse};
 use mpsfleet_types::{Family, GpuUuid, Host, HostId, HostRegistration, Incident};
 use std::collections::HashSet;
-use std::sync::Arc;
 
 /// The most GPUs one host may register.
 pub const MAX_HOST_GPUS: usize = 64;
@@ -42,9 +40,9 @@ pub const MAX_GROUP: usize = 1024;
 /// A task definition that passed validation, with everything but its family, revision and
 /// registration time already encoded as JSON.
 pub struct ValidTaskDef {
-    parsed: ParsedTaskDefinition,
+    pub(super) parsed: ParsedTaskDefinition,
     /// The definition's other fields as a JSON object's members, without its braces.
-    rest_json: Vec<u8>,
+    pub(super) rest_json: Vec<u8>,
 }
 
 impl ValidTaskDef {
@@ -88,7 +86,12 @@ impl ValidTaskDef {
     }
 
     /// The stored record, as `TaskDefinition` encodes it, from the encoded fields.
-    fn record(&self, family: &Family, revision: u32, registered_at_ms: u64) -> Result<Vec<u8>, Error> {
+    pub(super) fn record(
+        &self,
+        family: &Family,
+        revision: u32,
+        registered_at_ms: u64,
+    ) -> Result<Vec<u8>, Error> {
         let family = serde_json::to_string(family)
             .map_err(|e| Error::Internal(format!("encoding a task definition: {e}")))?;
         let mut out = Vec::with_capacity(self.rest_json.len() + family.len() + 96);
@@ -103,24 +106,6 @@ impl ValidTaskDef {
         }
         out.push(b'}');
         Ok(out)
-    }
-}
-
-impl Cluster {
-    /// Registers a validated definition as the next revision of its family.
-    pub fn register_valid_taskdef(&mut self, v: ValidTaskDef) -> Result<RegisterTaskDefResponse, Error> {
-        let family = v.parsed.definition.family.clone();
-        let revision = self.latest_revision(&family).map_or(1, |r| r + 1);
-        let registered_at_ms = self.now();
-        let value = v.record(&family, revision, registered_at_ms)?;
-        let key = super::taskdef_key(&family, revision);
-        let mut td = v.parsed.definition;
-        td.revision = revision;
-        td.registered_at_ms = registered_at_ms;
-        let reference = td.reference();
-        let op = Op::Put { kind: TASKDEF.into(), key, value, expect: Precondition::Absent };
-        self.write(&[op], [Change::TaskDef(Arc::new(td))])?;
-        Ok(RegisterTaskDefResponse { task_definition: reference, ignored_fields: v.parsed.ignored_fields })
     }
 }
 
@@ -232,18 +217,18 @@ impl HostRequest {
 /// The hosts of one group commit, in order, and what they claim.
 #[derive(Default)]
 pub(super) struct HostBatch {
-    members: Vec<Member>,
-    gpus: HashSet<GpuUuid>,
-    ids: HashSet<HostId>,
-    gpu_count: usize,
+    pub(super) members: Vec<Member>,
+    pub(super) gpus: HashSet<GpuUuid>,
+    pub(super) ids: HashSet<HostId>,
+    pub(super) gpu_count: usize,
 }
 
-struct Member {
-    host: Host,
-    op: Op,
-    answer: RegisterHostResponse,
+pub(super) struct Member {
+    pub(super) host: Host,
+    pub(super) op: Op,
+    pub(super) answer: RegisterHostResponse,
     /// Where the answer goes in the caller's list.
-    slot: usize,
+    pub(super) slot: usize,
 }
 
 impl HostBatch {
@@ -280,113 +265,6 @@ impl HostBatch {
     }
 }
 
-impl Cluster {
-    /// Registers hosts, each for the caller beside it, with one store commit. Each request is
-    /// checked against the state and
-    /// the earlier requests of the list (of two claiming one GPU, the second is refused); one
-    /// that fails its checks gets its error and does not affect the others. The ones that pass
-    /// are committed as one batch and indexed only after the commit returns. Should that commit
-    /// fail, each is committed on its own, so that one record's failure fails only its request.
-    /// Answers are in the order of `requests`.
-    pub fn register_hosts(
-        &mut self,
-        requests: Vec<(Principal, HostRequest)>,
-    ) -> Vec<Result<RegisterHostResponse, Error>> {
-        let mut out: Vec<Result<RegisterHostResponse, Error>> = Vec::with_capacity(requests.len());
-        let mut batch = HostBatch::default();
-        // Incidents whose replacement registers in this batch, with the updated record.
-        let mut bound: Vec<Incident> = Vec::new();
-        for (slot, (who, req)) in requests.into_iter().enumerate() {
-            // A placeholder until the batch is committed.
-            out.push(Err(Error::Internal("registration not committed".into())));
-            let binding = match &who {
-                Principal::Replacement(incident) if bound.iter().any(|i| &i.id == incident) => {
-                    out[slot] = Err(Error::Unauthorized("this replacement token was already used"));
-                    continue;
-                }
-                Principal::Replacement(incident) => {
-                    match self.bind_replacement(incident, &req.id, &req.reg.pool) {
-                        Ok(i) => i,
-                        Err(e) => {
-                            out[slot] = Err(e);
-                            continue;
-                        }
-                    }
-                }
-                _ => None,
-            };
-            let admitted =
-                self.admit_host(&who, req, &batch).and_then(|(host, answer)| batch.add(host, answer, slot));
-            match admitted {
-                Err(e) => out[slot] = Err(e),
-                Ok(()) => bound.extend(binding),
-            }
-        }
-        if batch.members.is_empty() {
-            return out;
-        }
-        let mut ops: Vec<Op> = batch.members.iter().map(|m| m.op.clone()).collect();
-        for i in &bound {
-            let version = self.state.incidents().get(&i.id).map_or(0, |v| v.version);
-            match Op::put_json(super::health::INCIDENT, i.id.clone(), i, Precondition::Version(version)) {
-                Ok(op) => ops.push(op),
-                Err(e) => {
-                    // Never a replacement without its binding: nothing of this batch commits.
-                    tracing::error!(incident.id = %i.id, error = %e, "encoding a replacement binding failed");
-                    for m in &batch.members {
-                        out[m.slot] = Err(Error::Internal(format!("encoding a replacement binding: {e}")));
-                    }
-                    return out;
-                }
-            }
-        }
-        match self.write(&ops, bound.iter().map(spend_replacement_token)) {
-            Ok(rev) => {
-                for m in batch.members {
-                    out[m.slot] = self.index_host(m.host, rev).map(|_| m.answer);
-                }
-            }
-            Err(e) if batch.members.len() == 1 => {
-                let slot = batch.members[0].slot;
-                out[slot] = Err(e);
-            }
-            Err(_) => {
-                for m in batch.members {
-                    // A replacement commits with its incident's binding, or not at all.
-                    let binding =
-                        bound.iter().position(|i| i.is_replacement(&m.host.id)).map(|k| bound.remove(k));
-                    let mut ops = vec![m.op.clone()];
-                    if let Some(i) = &binding {
-                        let version = self.state.incidents().get(&i.id).map_or(0, |v| v.version);
-                        match Op::put_json(
-                            super::health::INCIDENT,
-                            i.id.clone(),
-                            i,
-                            Precondition::Version(version),
-                        ) {
-                            Ok(op) => ops.push(op),
-                            Err(e) => {
-                                out[m.slot] = Err(e.into());
-                                continue;
-                            }
-                        }
-                    }
-                    out[m.slot] = match self.write(&ops, binding.iter().map(spend_replacement_token)) {
-                        Ok(rev) => self.index_host(m.host, rev).map(|_| m.answer),
-                        Err(e) => Err(e),
-                    };
-                }
-            }
-        }
-        out
-    }
-
-    /// Whether the scheduler has room for `gpus` more GPUs after the batch's.
-    pub(super) fn room_for_gpus(&self, batch: &HostBatch, gpus: usize) -> bool {
-        self.sched.gpu_count() + batch.gpu_count() + gpus <= MAX_GPUS
-    }
-}
-
 // ---- group commit -----------------------------------------------------------------------
 
 /// One registration waiting for its group commit.
@@ -403,13 +281,13 @@ pub struct Waiting {
 /// next.
 #[derive(Default)]
 pub struct RegistrationQueue {
-    state: std::sync::Mutex<QueueState>,
+    pub(super) state: std::sync::Mutex<QueueState>,
 }
 
 #[derive(Default)]
-struct QueueState {
-    waiting: Vec<Waiting>,
-    committing: bool,
+pub(super) struct QueueState {
+    pub(super) waiting: Vec<Waiting>,
+    pub(super) committing: bool,
 }
 
 impl RegistrationQueue {
@@ -437,7 +315,7 @@ impl RegistrationQueue {
 /// The change that applies an incident whose replacement host commits with it: its token is
 /// spent. The digest stays indexed while the incident is kept, so that a reuse is refused as
 /// such ("already used") rather than as an unknown token.
-fn spend_replacement_token(incident: &Incident) -> Change {
+pub(super) fn spend_replacement_token(incident: &Incident) -> Change {
     if let Some(b) = &incident.replacement {
         tracing::info!(incident.id = %incident.id, host.id = ?b.host_id, "replacement host registered with its token");
     }
@@ -447,6 +325,7 @@ fn spend_replacement_token(incident: &Incident) -> Change {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::*;
     use mpsfleet_types::TaskDefinition;
     use std::sync::Arc;
 
@@ -627,4 +506,3 @@ mod tests {
         assert!(q.push(w()), "stopped: the next push starts them again");
     }
 }
-

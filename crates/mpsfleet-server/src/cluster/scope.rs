@@ -19,7 +19,7 @@
 //! The role is checked as for any token: a scoped operator still cannot do what an operator
 //! cannot. Admin tokens are never scoped.
 
-use super::{Cluster, Error};
+use super::Error;
 use crate::auth::Principal;
 
 /// What one operation touches, for a scoped token.
@@ -57,51 +57,6 @@ impl Kind {
             Kind::Service => "service",
             Kind::Incident => "incident",
             Kind::Drill => "drill",
-        }
-    }
-}
-
-impl Cluster {
-    /// Whether `who` may make an operation that touches `touch`, on the state as it is now.
-    pub fn admit(&self, who: &Principal, touch: &Touch) -> Result<(), Error> {
-        if who.scope().is_none() {
-            return Ok(());
-        }
-        match touch {
-            Touch::NoPool | Touch::List => Ok(()),
-            Touch::Object(kind, id) => match self.pool_of(*kind, id) {
-                Some(p) if !who.sees_pool(p) => Err(Error::not_found(kind.noun(), id.clone())),
-                _ => Ok(()),
-            },
-            Touch::NewIn(pool) if who.sees_pool(pool) => Ok(()),
-            Touch::NewIn(pool) => Err(outside(who, &format!("pool {pool:?}"))),
-            Touch::Cluster => Err(Error::Forbidden(format!(
-                "this endpoint is not open to {}: it reaches beyond one pool",
-                who.describe()
-            ))),
-        }
-    }
-
-    /// The pool of the object of `kind` named `id`, read from its record; None when there is
-    /// none.
-    fn pool_of(&self, kind: Kind, id: &str) -> Option<&str> {
-        let state = &self.state;
-        match kind {
-            Kind::Pool => {
-                let name = mpsfleet_types::PoolName::new(id).ok()?;
-                state.pools().get_key_value(&name).map(|(p, _)| p.as_str())
-            }
-            Kind::Host => self.host_ix(id).ok().map(|ix| state.hosts()[ix as usize].host().pool.as_str()),
-            Kind::Task => {
-                let id = mpsfleet_types::TaskId::parse(id).ok()?;
-                state.tasks().get(&id).map(|e| e.task.pool.as_str())
-            }
-            Kind::Service => {
-                let name = mpsfleet_types::ServiceName::new(id).ok()?;
-                state.services().get(&name).map(|s| s.value.pool.as_str())
-            }
-            Kind::Incident => state.incidents().get(id).map(|i| i.value.pool.as_str()),
-            Kind::Drill => state.drills().get(id).map(|d| d.value.pool.as_str()),
         }
     }
 }

@@ -9,38 +9,33 @@
 //! read decrypts the record. The plaintext goes to one place: the agent of the host a task is
 //! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
 
-use super::sealed::{open, seal, Sealed};
-use super::Cluster;
-use super::Error;
-use mpsfleet_store::{decode, Op, Precondition};
-use mpsfleet_types::secret::{check_secret_name, check_secret_value, CreateSecret, SecretInfo, TaskSecrets};
-use mpsfleet_types::{HostId, TaskDefinition, TaskId, TaskStatus};
+use mpsfleet_types::secret::SecretInfo;
+use mpsfleet_types::TaskDefinition;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// Store kind of secrets, keyed by name.
-const SECRET: &str = "secret";
+pub(super) const SECRET: &str = "secret";
 /// What the encryption key is derived for.
-const KEY_PURPOSE: &str = "secrets";
+pub(super) const KEY_PURPOSE: &str = "secrets";
 /// The most secrets the server keeps.
 pub const MAX_SECRETS: usize = 10_000;
 
 /// A secret as stored: never its value.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SecretRecord {
-    name: String,
+pub(super) struct SecretRecord {
+    pub(super) name: String,
     /// 12 random bytes, hex.
-    nonce: String,
+    pub(super) nonce: String,
     /// The value encrypted, with its 16-byte tag, hex.
-    ciphertext: String,
-    size: usize,
-    created_at_ms: u64,
-    updated_at_ms: u64,
+    pub(super) ciphertext: String,
+    pub(super) size: usize,
+    pub(super) created_at_ms: u64,
+    pub(super) updated_at_ms: u64,
 }
 
 impl SecretRecord {
-    fn info(&self) -> SecretInfo {
+    pub(super) fn info(&self) -> SecretInfo {
         SecretInfo {
             name: self.name.clone(),
             created_at_ms: self.created_at_ms,
@@ -87,7 +82,7 @@ pub fn secret_uses(td: &TaskDefinition) -> Vec<SecretUse> {
 /// ECS's form for one key of a JSON secret:
 /// `arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME:JSON-KEY:VERSION-STAGE:VERSION-ID`.
 /// Returns the secret's ARN (its first seven fields), the key, and whether a version was named.
-fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
+pub(super) fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
     let fields: Vec<&str> = name.split(':').collect();
     if fields.len() <= 7 || fields[2] != "secretsmanager" || fields[5] != "secret" {
         return None;
@@ -96,147 +91,13 @@ fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
     Some((fields[..7].join(":"), fields[7], versioned))
 }
 
-impl Cluster {
-    fn secret_record(&self, name: &str) -> Result<Option<(SecretRecord, mpsfleet_store::Revision)>, Error> {
-        match self.store.get(SECRET, name)? {
-            Some(r) => Ok(Some((decode(&r)?, r.version))),
-            None => Ok(None),
-        }
-    }
-
-    fn decrypt(&self, rec: &SecretRecord) -> Result<String, Error> {
-        let corrupt = |why: &str| Error::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
-        let sealed = Sealed { nonce: rec.nonce.clone(), ciphertext: rec.ciphertext.clone() };
-        let plain = open(&self.creds.key, KEY_PURPOSE, &rec.name, &sealed).map_err(corrupt)?;
-        String::from_utf8(plain).map_err(|_| corrupt("not UTF-8 after decryption"))
-    }
-
-    /// Stores a new secret. A name already stored is refused (delete it first).
-    pub fn create_secret(&mut self, req: CreateSecret) -> Result<SecretInfo, Error> {
-        check_secret_name(&req.name).map_err(|m| Error::invalid("name", m))?;
-        check_secret_value(&req.value).map_err(|m| Error::invalid("value", m))?;
-        if self.secret_record(&req.name)?.is_some() {
-            return Err(Error::AlreadyExists { kind: "secret", id: req.name });
-        }
-        let count = self.store.list(SECRET)?.len();
-        if count >= MAX_SECRETS {
-            return Err(Error::invalid(
-                "name",
-                format!("the server keeps at most {MAX_SECRETS} secrets, and has {count}: delete some first"),
-            ));
-        }
-        let sealed = seal(&self.creds.key, KEY_PURPOSE, &req.name, req.value.as_bytes())?;
-        let now = self.now();
-        let rec = SecretRecord {
-            name: req.name.clone(),
-            nonce: sealed.nonce,
-            ciphertext: sealed.ciphertext,
-            size: req.value.len(),
-            created_at_ms: now,
-            updated_at_ms: now,
-        };
-        self.write(&[Op::put_json(SECRET, req.name.as_str(), &rec, Precondition::Absent)?], [])?;
-        tracing::info!(secret = %rec.name, bytes = rec.size, "secret stored");
-        Ok(rec.info())
-    }
-
-    /// The stored secrets' names and times, by name; never their values.
-    pub fn secrets(&self) -> Result<Vec<SecretInfo>, Error> {
-        let mut out = Vec::new();
-        for r in self.store.list(SECRET)? {
-            out.push(decode::<SecretRecord>(&r)?.info());
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
-    }
-
-    pub fn delete_secret(&mut self, name: &str) -> Result<SecretInfo, Error> {
-        let (rec, version) = self.secret_record(name)?.ok_or_else(|| Error::not_found("secret", name))?;
-        self.write(&[Op::delete(SECRET, name, Precondition::Version(version))], [])?;
-        tracing::info!(secret = %name, "secret deleted");
-        Ok(rec.info())
-    }
-
-    /// The value `name` stands for: a stored secret of that name, or one key of a stored JSON
-    /// secret in ECS's `…:secret:NAME:JSON-KEY::` form. `Err(message)` says why there is none.
-    fn resolve_secret(&self, name: &str) -> Result<Result<String, String>, Error> {
-        if let Some((rec, _)) = self.secret_record(name)? {
-            return Ok(Ok(self.decrypt(&rec)?));
-        }
-        let Some((base, key, versioned)) = json_key_form(name) else {
-            return Ok(Err(format!("no secret named {name:?} is stored (mpsfleet secret create)")));
-        };
-        if versioned {
-            return Ok(Err(format!(
-                "names a version stage or id of {base:?}, and stored secrets have no versions: \
-                 leave the last two fields empty ({base}:{key}::)"
-            )));
-        }
-        let Some((rec, _)) = self.secret_record(&base)? else {
-            return Ok(Err(format!(
-                "no secret named {name:?} or {base:?} is stored (mpsfleet secret create)"
-            )));
-        };
-        if key.is_empty() {
-            return Ok(Ok(self.decrypt(&rec)?));
-        }
-        let value = self.decrypt(&rec)?;
-        let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(&value) else {
-            return Ok(Err(format!("names the key {key:?} of {base:?}, whose value is not a JSON object")));
-        };
-        Ok(match obj.get(key) {
-            Some(serde_json::Value::String(s)) => Ok(s.clone()),
-            Some(v) => Ok(v.to_string()),
-            None => Err(format!("names the key {key:?} of {base:?}, which has no such key")),
-        })
-    }
-
-    /// Refuses a definition that names a secret that is not stored (at task run and service
-    /// create: such a task could never start).
-    pub(super) fn check_task_secrets(&self, td: &TaskDefinition) -> Result<(), Error> {
-        for u in secret_uses(td) {
-            if let Err(why) = self.resolve_secret(&u.name)? {
-                return Err(Error::invalid(u.path, why));
-            }
-        }
-        Ok(())
-    }
-
-    /// The values task `id`'s definition names, for the agent of the host it is placed on.
-    pub fn task_secrets(&self, host: &HostId, id: &str) -> Result<TaskSecrets, Error> {
-        let task = TaskId::parse(id)
-            .ok()
-            .and_then(|id| self.state.tasks().get(&id))
-            .map(|e| &e.task)
-            .ok_or_else(|| Error::not_found("task", id))?;
-        if task.host_id.as_ref() != Some(host) || task.last_status == TaskStatus::Stopped {
-            return Err(Error::Forbidden(format!("task {id} is not running on host {host}")));
-        }
-        let r = &task.task_definition;
-        let td = self
-            .state
-            .taskdefs()
-            .get(&(r.family.clone(), r.revision))
-            .ok_or_else(|| Error::not_found("task definition", r.to_string()))?;
-        let mut values = BTreeMap::new();
-        for u in secret_uses(&td.value) {
-            match self.resolve_secret(&u.name)? {
-                Ok(v) => {
-                    values.insert(u.name, v);
-                }
-                Err(why) => return Err(Error::invalid(u.path, why)),
-            }
-        }
-        tracing::debug!(task = %id, host = %host, secrets = values.len(), "task secrets handed out");
-        Ok(TaskSecrets { values })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::*;
     use mpsfleet_core::clock::ManualClock;
     use mpsfleet_store::{MemoryStore, Store};
+    use mpsfleet_types::secret::CreateSecret;
     use std::sync::Arc;
 
     fn cluster() -> (Cluster, Arc<MemoryStore>) {

@@ -6,12 +6,15 @@
 //! (`controllers/services.rs`).
 
 use super::controllers::services::{self, push_started, start_deployment, tasks_of};
+use super::idempotency::*;
 use super::work::Work;
 use super::*;
 use mpsfleet_core::deployment::ReplicaState;
 use mpsfleet_core::lifecycle::service as service_lifecycle;
+use mpsfleet_types::discovery::DiscoveredService;
 use mpsfleet_types::discovery::ReplicaTraffic;
 use mpsfleet_types::labels::check_tags;
+use mpsfleet_types::service::ServiceEndpoint;
 use mpsfleet_types::service::{
     CircuitBreaker, Deployment, DeploymentConfiguration, DeploymentStatus, DeploymentView, ObjectEvent,
     RolloutState, SchedulingStrategy, DEFAULT_DEREGISTRATION_DELAY_S, MAX_DEREGISTRATION_DELAY_S,
@@ -180,7 +183,7 @@ impl Cluster {
 
     /// Why service discovery will not publish `svc` (docs/traffic.md), if it will not: a name
     /// that is not a DNS label, or one another service of its pool has but for case.
-    fn not_in_discovery(&self, svc: &Service) -> Option<String> {
+    pub(super) fn not_in_discovery(&self, svc: &Service) -> Option<String> {
         if let Some(why) = mpsfleet_types::discovery::unpublishable(svc.pool.as_str(), svc.name.as_str()) {
             return Some(why);
         }
@@ -204,7 +207,7 @@ impl Cluster {
             .ok_or_else(|| Error::not_found("service", name))
     }
 
-    fn view_of(&self, svc: &Service) -> ServiceView {
+    pub(super) fn view_of(&self, svc: &Service) -> ServiceView {
         let r = self.reader();
         let tasks: Vec<&Task> = (self.state.tasks().of_service(&svc.name).iter())
             .filter_map(|id| self.state.tasks().get(id))
@@ -422,4 +425,94 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Err
         ));
     }
     Ok(())
+}
+
+impl Cluster {
+    /// What service discovery publishes of every service (of `pools` only, when given), in
+    /// name order: module docs.
+    pub fn discovery(&self, pools: Option<&BTreeSet<String>>) -> Vec<DiscoveredService> {
+        let r = self.reader();
+        let mut out = Vec::new();
+        for v in self.state.services().values() {
+            let svc = &v.value;
+            if pools.is_some_and(|p| !p.contains(svc.pool.as_str())) {
+                continue;
+            }
+            let mut replicas = Vec::new();
+            for id in self.state.tasks().of_service(&svc.name) {
+                let Some(e) = self.state.tasks().get(id) else { continue };
+                if let Some(d) = r.discovered(&e.task) {
+                    replicas.push(d);
+                }
+            }
+            out.push(DiscoveredService {
+                pool: svc.pool.to_string(),
+                service: svc.name.to_string(),
+                replicas,
+            });
+        }
+        out
+    }
+
+    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
+    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
+    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
+    /// each container port of its definition, at the address its containers report.
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
+        let svc = self.service_record(name)?.value.name.clone();
+        let mut out = Vec::new();
+        for id in self.state.tasks().of_service(&svc) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
+            let t = &e.task;
+            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            out.extend(self.reader().bindings_of(t));
+        }
+        Ok(out)
+    }
+}
+
+impl Cluster {
+    /// The service a client token's call was about, as it is now: refused when the name is
+    /// another pool's service now (the one the call made is gone).
+    pub(super) fn replayed_service(&self, replay: Replay) -> Result<ServiceView, Error> {
+        let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
+        let view = self.service(&name)?;
+        if view.service.pool.as_str() != pool {
+            return Err(Error::Conflict(format!(
+                "the client token answered for service {name} of pool {pool}, which is gone"
+            )));
+        }
+        Ok(view)
+    }
+
+    /// `service update` with its client token, if any, for `actor`.
+    pub fn update_service_as(
+        &mut self,
+        name: &str,
+        mut req: UpdateService,
+        actor: &str,
+    ) -> Result<ServiceView, Error> {
+        let token = req.client_token.take();
+        let pool = self.service_record(name)?.value.pool.to_string();
+        let replay = Replay::Service { name: name.to_string(), pool };
+        let route = format!("PATCH /v1/services/{name}");
+        let update = |c: &mut Self, req| c.update_service(name, req);
+        self.idempotent((actor, &route, token), req, replay, update, Cluster::replayed_service)
+    }
+
+    /// `service create` with its client token, if any, for `actor`.
+    pub fn create_service_as(&mut self, mut req: CreateService, actor: &str) -> Result<ServiceView, Error> {
+        let token = req.client_token.take();
+        let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
+        let route = "POST /v1/services";
+        self.idempotent(
+            (actor, route, token),
+            req,
+            replay,
+            Cluster::create_service,
+            Cluster::replayed_service,
+        )
+    }
 }

@@ -6,13 +6,9 @@
 //! unless told otherwise, the first start's one too) and rotate by making a new one and
 //! revoking the old; stored as digests, like API tokens.
 
-use super::sealed::{open, seal, Sealed};
+use super::sealed::Sealed;
 use super::*;
-use mpsfleet_types::access::{
-    CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
-    DEFAULT_JOIN_TOKEN_LIFETIME_S,
-};
-use std::collections::HashSet;
+use mpsfleet_types::access::{JoinTokenView, TokenView};
 
 /// Store kind of API tokens, keyed by token id.
 pub(super) const API_TOKEN: &str = "token";
@@ -66,12 +62,12 @@ impl AdminDigest {
 /// (registrations are authenticated while a group commit holds it through its fsync).
 #[derive(Clone)]
 pub struct JoinDigests {
-    by_digest: Arc<std::sync::RwLock<HashMap<String, JoinTokenRecord>>>,
-    clock: Arc<dyn Clock>,
+    pub(super) by_digest: Arc<std::sync::RwLock<HashMap<String, JoinTokenRecord>>>,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl JoinDigests {
-    fn new(clock: Arc<dyn Clock>) -> Self {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
         JoinDigests { by_digest: Arc::default(), clock }
     }
 
@@ -102,7 +98,7 @@ impl JoinDigests {
 
 /// Checks a token's description and lifetime as `token create` and `join-token create` take
 /// them.
-fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), Error> {
+pub(super) fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(), Error> {
     if description.chars().count() > MAX_TOKEN_DESCRIPTION || description.chars().any(char::is_control) {
         return Err(Error::invalid(
             "description",
@@ -119,7 +115,7 @@ fn check_token_request(description: &str, expires_in_s: Option<u64>) -> Result<(
 }
 
 /// A new token id with `prefix`.
-fn token_id(prefix: &str) -> Result<String, Error> {
+pub(super) fn token_id(prefix: &str) -> Result<String, Error> {
     Ok(format!("{prefix}{:012x}", auth::random_u64()? >> 16))
 }
 
@@ -148,10 +144,10 @@ pub struct AwsKey {
 }
 
 /// What the secret access keys of AWS access keys are sealed for.
-const AWS_KEY_PURPOSE: &str = "aws-access-keys";
+pub(super) const AWS_KEY_PURPOSE: &str = "aws-access-keys";
 
 /// A new AWS access key id: `AKMF` and 16 letters or digits, 20 characters as AWS's are.
-fn access_key_id() -> Result<String, Error> {
+pub(super) fn access_key_id() -> Result<String, Error> {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)
@@ -176,362 +172,20 @@ pub(super) struct Credentials {
 pub(super) const ADMIN_PARENT: &str = "admin";
 
 /// What a stored token made for `--ecs-conformance` by an older server says made it.
-const CONFORMANCE_CREATOR: &str = "--ecs-conformance";
+pub(super) const CONFORMANCE_CREATOR: &str = "--ecs-conformance";
 
 /// The conformance suite's fixed access key (`--ecs-conformance`), held in memory only.
 pub(super) struct ConformanceKey {
-    access_key_id: String,
-    secret: String,
-    digest: String,
-}
-
-impl Cluster {
-    pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
-        for r in self.store.list(API_TOKEN)? {
-            let rec: TokenRecord = decode(&r)?;
-            self.state.apply(r.version, Change::ApiToken(rec));
-        }
-        Ok(())
-    }
-
-    /// The principal of an API token's digest: `Ok(None)` when it is none of them.
-    pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, Error> {
-        let Some(rec) = self.state.api_tokens().get(digest) else { return Ok(None) };
-        if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
-            return Err(Error::Unauthorized("this token has expired"));
-        }
-        Ok(Some(Principal::Token {
-            id: rec.view.id.clone(),
-            role: rec.view.role,
-            pool: rec.view.pool.clone(),
-        }))
-    }
-
-    /// The caller an AWS access key id names, with its secret access key: `Ok(None)` when it is
-    /// none of them; refused when its token has expired.
-    pub fn aws_key(&self, access_key_id: &str) -> Result<Option<AwsKey>, Error> {
-        if let Some(k) = self.creds.conformance.as_ref().filter(|k| k.access_key_id == access_key_id) {
-            let who = self
-                .conformance_principal(&k.digest)
-                .ok_or_else(|| Error::Internal("conformance key".into()))?;
-            let (secret, digest) = (k.secret.clone(), k.digest.clone());
-            return Ok(Some(AwsKey { who, secret, digest, now_ms: self.now() }));
-        }
-        let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
-        let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
-        let who = self.api_token(&rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
-        let sealed = rec.sealed_secret.as_ref().ok_or_else(|| corrupt("no sealed secret"))?;
-        let secret = open(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, sealed).map_err(corrupt)?;
-        let secret = String::from_utf8(secret).map_err(|_| corrupt("not UTF-8"))?;
-        Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now() }))
-    }
-
-    /// Sets the fixed admin access key the moto conformance suite signs with
-    /// (`--ecs-conformance` only: a key anyone knows is no credential). It is kept in memory
-    /// alone, so it works exactly while the flag is on; a key an older server stored for the
-    /// flag is removed here, whether or not the flag is on now.
-    pub fn set_conformance_key(&mut self, key: Option<(&str, &str)>) -> Result<(), Error> {
-        let stored: Vec<String> = self
-            .state
-            .api_tokens()
-            .values()
-            .filter(|r| r.view.created_by == CONFORMANCE_CREATOR)
-            .map(|r| r.view.id.clone())
-            .collect();
-        for id in stored {
-            self.revoke_api_token(&id, "server start")?;
-        }
-        self.creds.conformance = key.map(|(id, secret)| ConformanceKey {
-            access_key_id: id.to_string(),
-            secret: secret.to_string(),
-            digest: auth::digest(secret),
-        });
-        Ok(())
-    }
-
-    /// The conformance key's principal, if `digest` is its secret's.
-    pub(super) fn conformance_principal(&self, digest: &str) -> Option<Principal> {
-        let key = self.creds.conformance.as_ref().filter(|k| k.digest == digest)?;
-        Some(Principal::Token { id: key.access_key_id.clone(), role: Role::Admin, pool: None })
-    }
-
-    /// Stores token `token` with its record `view`: its digest, and for an AWS access key the
-    /// token sealed under the server's key.
-    fn store_api_token(&mut self, view: TokenView, token: &str) -> Result<(), Error> {
-        let sealed_secret = match &view.access_key_id {
-            Some(key) => Some(seal(&self.creds.key, AWS_KEY_PURPOSE, key, token.as_bytes())?),
-            None => None,
-        };
-        let id = view.id.clone();
-        let rec = TokenRecord { view, sha256: auth::digest(token), sealed_secret };
-        self.write(&[Op::put_json(API_TOKEN, &id, &rec, Precondition::Absent)?], [Change::ApiToken(rec)])?;
-        Ok(())
-    }
-
-    /// `token create`: a new token with `req.role`, shown once.
-    pub fn create_api_token(&mut self, req: CreateToken, by: &str) -> Result<CreatedToken, Error> {
-        self.create_token_from(req, by, None)
-    }
-
-    /// [`Cluster::create_api_token`] for a token made from another (`parent`: its id, and
-    /// when it expires): the new one expires no later, and is revoked with it.
-    pub(super) fn create_token_from(
-        &mut self,
-        req: CreateToken,
-        by: &str,
-        parent: Option<(String, Option<u64>)>,
-    ) -> Result<CreatedToken, Error> {
-        check_token_request(&req.description, req.expires_in_s)?;
-        if let Some(pool) = &req.pool {
-            if req.role == Role::Admin {
-                return Err(Error::invalid(
-                    "pool",
-                    "an admin token acts on the whole cluster (pools, tokens, secrets): scope viewer or \
-                     operator tokens only",
-                ));
-            }
-            if !self.state.pools().keys().any(|k| k.as_str() == pool) {
-                return Err(Error::invalid("pool", format!("no pool named {pool:?}")));
-            }
-        }
-        if self.state.api_tokens().len() >= MAX_API_TOKENS {
-            return Err(Error::Conflict(format!(
-                "the cluster holds {MAX_API_TOKENS} tokens, the most it keeps: revoke some first"
-            )));
-        }
-        let token = auth::new_token(match req.role {
-            Role::Viewer => "mpsf_view_",
-            Role::Operator => "mpsf_op_",
-            Role::Admin => "mpsf_adm_",
-        })?;
-        let now = self.now();
-        let id = token_id("tok-")?;
-        let view = TokenView {
-            id: id.clone(),
-            role: req.role,
-            description: req.description,
-            created_at_ms: now,
-            expires_at_ms: {
-                let asked = req.expires_in_s.map(|s| now.saturating_add(s.saturating_mul(1000)));
-                let parent_ends = parent.as_ref().and_then(|(_, at)| *at);
-                asked.into_iter().chain(parent_ends).min()
-            },
-            created_by: by.to_string(),
-            pool: req.pool,
-            access_key_id: if req.aws { Some(access_key_id()?) } else { None },
-            parent: parent.map(|(id, _)| id),
-        };
-        self.store_api_token(view.clone(), &token)?;
-        tracing::info!(token.id = %id, role = req.role.as_str(), by, "API token created");
-        Ok(CreatedToken { token, view })
-    }
-
-    /// `token list`: every API token's record, oldest first, each followed by the tokens made
-    /// from it (console sign-ins), depth first.
-    pub fn api_tokens(&self) -> Vec<TokenView> {
-        let mut all: Vec<&TokenView> = self.state.api_tokens().values().map(|r| &r.view).collect();
-        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        let ids: HashSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
-        let mut children: HashMap<&str, Vec<&TokenView>> = HashMap::new();
-        let mut roots = Vec::new();
-        for t in &all {
-            match t.parent.as_deref().filter(|p| ids.contains(p)) {
-                Some(p) => children.entry(p).or_default().push(t),
-                None => roots.push(*t),
-            }
-        }
-        let mut out = Vec::with_capacity(all.len());
-        let mut stack: Vec<&TokenView> = roots.into_iter().rev().collect();
-        while let Some(t) = stack.pop() {
-            out.push(t.clone());
-            if let Some(kids) = children.get(t.id.as_str()) {
-                stack.extend(kids.iter().rev());
-            }
-        }
-        out
-    }
-
-    /// Token `id` and every token made from it, transitively (console sign-ins): the records.
-    pub(super) fn with_descendants(&self, id: &str) -> Vec<TokenRecord> {
-        let mut out: Vec<TokenRecord> = Vec::new();
-        let mut next = vec![id.to_string()];
-        while let Some(parent) = next.pop() {
-            for r in self.state.api_tokens().values() {
-                let made_from = r.view.parent.as_deref() == Some(parent.as_str());
-                if (r.view.id == parent || made_from) && !out.iter().any(|o| o.view.id == r.view.id) {
-                    if r.view.id != parent {
-                        next.push(r.view.id.clone());
-                    }
-                    out.push(r.clone());
-                }
-            }
-        }
-        out
-    }
-
-    /// Revokes the tokens made from `parent` (a token id, or `admin`), transitively, in one
-    /// commit.
-    pub(super) fn revoke_made_from(&mut self, parent: &str, by: &str) -> Result<(), Error> {
-        let gone: Vec<TokenRecord> = self
-            .state
-            .api_tokens()
-            .values()
-            .filter(|r| r.view.parent.as_deref() == Some(parent))
-            .flat_map(|r| self.with_descendants(&r.view.id))
-            .collect();
-        self.revoke_records(gone, by)
-    }
-
-    pub(super) fn revoke_records(&mut self, mut gone: Vec<TokenRecord>, by: &str) -> Result<(), Error> {
-        gone.sort_by(|a, b| a.view.id.cmp(&b.view.id));
-        gone.dedup_by(|a, b| a.view.id == b.view.id);
-        if gone.is_empty() {
-            return Ok(());
-        }
-        let ops: Vec<Op> =
-            gone.iter().map(|r| Op::delete(API_TOKEN, &r.view.id, Precondition::Any)).collect();
-        let ids: Vec<String> = gone.iter().map(|r| r.view.id.clone()).collect();
-        self.write(&ops, gone.into_iter().map(|r| Change::ApiTokenRevoked(r.sha256)))?;
-        for id in ids {
-            tracing::info!(token.id = %id, by, "API token revoked");
-        }
-        Ok(())
-    }
-
-    /// `token revoke`: the token stops working at once, and so does every token made from it
-    /// (console sign-ins), transitively, in the same commit.
-    pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
-        let all = self.with_descendants(id);
-        let view = all
-            .iter()
-            .find(|r| r.view.id == id)
-            .map(|r| r.view.clone())
-            .ok_or_else(|| Error::not_found("token", id))?;
-        self.revoke_records(all, by)?;
-        Ok(view)
-    }
-}
-
-impl Cluster {
-    pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
-        for r in self.store.list(JOIN_TOKEN)? {
-            self.state.apply(r.version, Change::JoinToken(decode(&r)?));
-        }
-        Ok(())
-    }
-
-    /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
-    /// has expired.
-    pub(super) fn join_token(&self, digest: &str) -> Result<bool, Error> {
-        self.state.join_tokens().check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
-    }
-
-    /// The join tokens' digests, for authentication without the cluster lock.
-    pub fn join_digests(&self) -> JoinDigests {
-        self.state.join_tokens().clone()
-    }
-
-    pub fn admin_digest(&self) -> AdminDigest {
-        self.state.admin().clone()
-    }
-
-    /// Replaces the bootstrap admin token with `token` (a new one, [`auth::new_token`]): the
-    /// old one is refused from now on.
-    pub fn rotate_admin_token(
-        &mut self,
-        token: String,
-    ) -> Result<mpsfleet_types::access::RotatedAdminToken, Error> {
-        let digest = auth::digest(&token);
-        // Console sign-ins made from the old admin token go with it.
-        self.revoke_made_from(ADMIN_PARENT, "admin token rotation")?;
-        self.write(
-            &[Op::put_json(
-                super::AUTH,
-                "admin",
-                &super::AuthRecord { sha256: digest.clone() },
-                Precondition::Any,
-            )?],
-            [Change::AdminToken(digest)],
-        )?;
-        Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
-    }
-
-    pub(super) fn new_join_index(clock: Arc<dyn Clock>) -> JoinDigests {
-        JoinDigests::new(clock)
-    }
-
-    /// The record of a new join token (its digest `sha256`), for `join-token create` and the
-    /// first start.
-    pub(super) fn join_token_record(
-        now: u64,
-        sha256: String,
-        req: &CreateJoinToken,
-        by: &str,
-    ) -> Result<JoinTokenRecord, Error> {
-        check_token_request(&req.description, req.expires_in_s)?;
-        let lifetime_ms = req.expires_in_s.unwrap_or(DEFAULT_JOIN_TOKEN_LIFETIME_S).saturating_mul(1000);
-        let view = JoinTokenView {
-            id: token_id("join-")?,
-            description: req.description.clone(),
-            created_at_ms: now,
-            expires_at_ms: now.saturating_add(lifetime_ms),
-            created_by: by.to_string(),
-        };
-        Ok(JoinTokenRecord { view, sha256 })
-    }
-
-    /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
-    /// when the server serves HTTPS.
-    pub fn create_join_token(&mut self, req: CreateJoinToken, by: &str) -> Result<CreatedJoinToken, Error> {
-        if self.state.join_tokens().map().len() >= MAX_JOIN_TOKENS {
-            return Err(Error::Conflict(format!(
-                "the cluster holds {MAX_JOIN_TOKENS} join tokens, the most it keeps: revoke some first"
-            )));
-        }
-        let secret = auth::new_token("mpsf_join_")?;
-        let rec = Self::join_token_record(self.now(), auth::digest(&secret), &req, by)?;
-        let view = rec.view.clone();
-        self.write(
-            &[Op::put_json(JOIN_TOKEN, &view.id, &rec, Precondition::Absent)?],
-            [Change::JoinToken(rec)],
-        )?;
-        tracing::info!(token.id = %view.id, by, expires_at_ms = view.expires_at_ms, "join token created");
-        Ok(CreatedJoinToken { token: self.join_string(&secret), view })
-    }
-
-    /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
-    /// first.
-    pub fn join_tokens(&self) -> Vec<JoinTokenView> {
-        let mut all: Vec<JoinTokenView> =
-            self.state.join_tokens().map().values().map(|r| r.view.clone()).collect();
-        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        all
-    }
-
-    /// `join-token revoke`: the join token stops working at once (hosts it registered keep
-    /// their own credentials).
-    pub fn revoke_join_token(&mut self, id: &str, by: &str) -> Result<JoinTokenView, Error> {
-        let rec = self
-            .state
-            .join_tokens()
-            .map()
-            .values()
-            .find(|r| r.view.id == id)
-            .cloned()
-            .ok_or_else(|| Error::not_found("join token", id))?;
-        self.write(
-            &[Op::delete(JOIN_TOKEN, id, Precondition::Any)],
-            [Change::JoinTokenRevoked(rec.sha256.clone())],
-        )?;
-        tracing::info!(token.id = %id, by, "join token revoked");
-        Ok(rec.view)
-    }
+    pub(super) access_key_id: String,
+    pub(super) secret: String,
+    pub(super) digest: String,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use mpsfleet_core::clock::ManualClock;
+    use mpsfleet_types::access::*;
 
     #[test]
     fn tokens_carry_their_role_expire_and_are_revoked() {
