@@ -13,11 +13,10 @@ use super::Error;
 use super::*;
 use crate::auth::Principal;
 use mpsfleet_store::{decode, Op, Precondition};
-use mpsfleet_types::access::{AuditEntry, AuditEvent};
+use mpsfleet_types::access::AuditEntry;
 use mpsfleet_types::access::{ConsoleLink, ConsoleSession};
 use mpsfleet_types::access::{
     CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
-    DEFAULT_JOIN_TOKEN_LIFETIME_S,
 };
 use mpsfleet_types::secret::{check_secret_name, check_secret_value, CreateSecret, SecretInfo, TaskSecrets};
 use mpsfleet_types::{HostId, TaskDefinition, TaskId, TaskStatus};
@@ -30,30 +29,14 @@ impl Cluster {
     /// `token revoke`: the token stops working at once, and so does every token made from it
     /// (console sign-ins), transitively, in the same commit.
     pub fn revoke_api_token(&mut self, id: &str, by: &str) -> Result<TokenView, Error> {
-        let all = self.with_descendants(id);
+        let all = with_descendants(&self.state, id);
         let view = all
             .iter()
             .find(|r| r.view.id == id)
             .map(|r| r.view.clone())
             .ok_or_else(|| Error::not_found("token", id))?;
-        self.revoke_records(all, by)?;
+        self.writing(|w| revoke_records(w, all, by))?;
         Ok(view)
-    }
-
-    pub(super) fn revoke_records(&mut self, mut gone: Vec<TokenRecord>, by: &str) -> Result<(), Error> {
-        gone.sort_by(|a, b| a.view.id.cmp(&b.view.id));
-        gone.dedup_by(|a, b| a.view.id == b.view.id);
-        if gone.is_empty() {
-            return Ok(());
-        }
-        let ops: Vec<Op> =
-            gone.iter().map(|r| Op::delete(API_TOKEN, &r.view.id, Precondition::Any)).collect();
-        let ids: Vec<String> = gone.iter().map(|r| r.view.id.clone()).collect();
-        self.write(&ops, gone.into_iter().map(|r| Change::ApiTokenRevoked(r.sha256)))?;
-        for id in ids {
-            tracing::info!(token.id = %id, by, "API token revoked");
-        }
-        Ok(())
     }
 
     /// Revokes the tokens made from `parent` (a token id, or `admin`), transitively, in one
@@ -64,27 +47,9 @@ impl Cluster {
             .api_tokens()
             .values()
             .filter(|r| r.view.parent.as_deref() == Some(parent))
-            .flat_map(|r| self.with_descendants(&r.view.id))
+            .flat_map(|r| with_descendants(&self.state, &r.view.id))
             .collect();
-        self.revoke_records(gone, by)
-    }
-
-    /// Token `id` and every token made from it, transitively (console sign-ins): the records.
-    pub(super) fn with_descendants(&self, id: &str) -> Vec<TokenRecord> {
-        let mut out: Vec<TokenRecord> = Vec::new();
-        let mut next = vec![id.to_string()];
-        while let Some(parent) = next.pop() {
-            for r in self.state.api_tokens().values() {
-                let made_from = r.view.parent.as_deref() == Some(parent.as_str());
-                if (r.view.id == parent || made_from) && !out.iter().any(|o| o.view.id == r.view.id) {
-                    if r.view.id != parent {
-                        next.push(r.view.id.clone());
-                    }
-                    out.push(r.clone());
-                }
-            }
-        }
-        out
+        self.writing(|w| revoke_records(w, gone, by))
     }
 
     /// `token list`: every API token's record, oldest first, each followed by the tokens made
@@ -224,32 +189,11 @@ impl Cluster {
         }
         let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
         let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
-        let who = self.api_token(&rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
+        let who = api_token(&self.reader(), &rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
         let sealed = rec.sealed_secret.as_ref().ok_or_else(|| corrupt("no sealed secret"))?;
         let secret = open(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, sealed).map_err(corrupt)?;
         let secret = String::from_utf8(secret).map_err(|_| corrupt("not UTF-8"))?;
         Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now() }))
-    }
-
-    /// The principal of an API token's digest: `Ok(None)` when it is none of them.
-    pub(super) fn api_token(&self, digest: &str) -> Result<Option<Principal>, Error> {
-        let Some(rec) = self.state.api_tokens().get(digest) else { return Ok(None) };
-        if rec.view.expires_at_ms.is_some_and(|at| self.now() >= at) {
-            return Err(Error::Unauthorized("this token has expired"));
-        }
-        Ok(Some(Principal::Token {
-            id: rec.view.id.clone(),
-            role: rec.view.role,
-            pool: rec.view.pool.clone(),
-        }))
-    }
-
-    pub(super) fn load_api_tokens(&mut self) -> Result<(), Error> {
-        for r in self.store.list(API_TOKEN)? {
-            let rec: TokenRecord = decode(&r)?;
-            self.state.apply(r.version, Change::ApiToken(rec));
-        }
-        Ok(())
     }
 
     /// `join-token revoke`: the join token stops working at once (hosts it registered keep
@@ -289,7 +233,7 @@ impl Cluster {
             )));
         }
         let secret = auth::new_token("mpsf_join_")?;
-        let rec = Self::join_token_record(self.now(), auth::digest(&secret), &req, by)?;
+        let rec = join_token_record(self.now(), auth::digest(&secret), &req, by)?;
         let view = rec.view.clone();
         self.write(
             &[Op::put_json(JOIN_TOKEN, &view.id, &rec, Precondition::Absent)?],
@@ -297,30 +241,6 @@ impl Cluster {
         )?;
         tracing::info!(token.id = %view.id, by, expires_at_ms = view.expires_at_ms, "join token created");
         Ok(CreatedJoinToken { token: self.join_string(&secret), view })
-    }
-
-    /// The record of a new join token (its digest `sha256`), for `join-token create` and the
-    /// first start.
-    pub(super) fn join_token_record(
-        now: u64,
-        sha256: String,
-        req: &CreateJoinToken,
-        by: &str,
-    ) -> Result<JoinTokenRecord, Error> {
-        check_token_request(&req.description, req.expires_in_s)?;
-        let lifetime_ms = req.expires_in_s.unwrap_or(DEFAULT_JOIN_TOKEN_LIFETIME_S).saturating_mul(1000);
-        let view = JoinTokenView {
-            id: token_id("join-")?,
-            description: req.description.clone(),
-            created_at_ms: now,
-            expires_at_ms: now.saturating_add(lifetime_ms),
-            created_by: by.to_string(),
-        };
-        Ok(JoinTokenRecord { view, sha256 })
-    }
-
-    pub(super) fn new_join_index(clock: Arc<dyn Clock>) -> JoinDigests {
-        JoinDigests::new(clock)
     }
 
     /// Replaces the bootstrap admin token with `token` (a new one, [`auth::new_token`]): the
@@ -351,19 +271,6 @@ impl Cluster {
     /// The join tokens' digests, for authentication without the cluster lock.
     pub fn join_digests(&self) -> JoinDigests {
         self.state.join_tokens().clone()
-    }
-
-    /// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
-    /// has expired.
-    pub(super) fn join_token(&self, digest: &str) -> Result<bool, Error> {
-        self.state.join_tokens().check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
-    }
-
-    pub(super) fn load_join_tokens(&mut self) -> Result<(), Error> {
-        for r in self.store.list(JOIN_TOKEN)? {
-            self.state.apply(r.version, Change::JoinToken(decode(&r)?));
-        }
-        Ok(())
     }
 }
 
@@ -520,37 +427,6 @@ impl Cluster {
         Ok(out)
     }
 
-    /// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
-    pub(super) fn audit_ops(
-        &self,
-        ctx: &AuditContext,
-        result: String,
-        revision: Option<u64>,
-    ) -> Result<Vec<Op>, Error> {
-        let event = AuditEvent {
-            actor: ctx.actor.clone(),
-            role: ctx.role,
-            action: ctx.action.clone(),
-            target: ctx.target.clone(),
-            from: ctx.from.clone(),
-            result,
-            revision,
-        };
-        let entry = AuditEntry::new(self.now(), event);
-        let mut ops =
-            vec![Op::put_json(AUDIT, key(self.state.audit_log().next_seq), &entry, Precondition::Absent)?];
-        let over = (self.state.audit_log().keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
-        ops.extend(
-            self.state
-                .audit_log()
-                .keys
-                .iter()
-                .take(over)
-                .map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
-        );
-        Ok(ops)
-    }
-
     /// The entry of [`Cluster::audit_ops_for_commit`] is in the store, `dropped` old ones gone.
     pub(super) fn audit_written(&mut self, dropped: usize) {
         if let Some(call) = self.call.audit.as_mut() {
@@ -568,7 +444,7 @@ impl Cluster {
         // The revision this commit gets: the cluster is the store's one writer, and a commit
         // that writes counts the store's revision one up.
         let revision = self.state.revision() + 1;
-        self.audit_ops(&ctx, "ok".into(), Some(revision))
+        audit_ops(&self.reader(), &ctx, "ok".into(), Some(revision))
     }
 
     /// Ends the call: one that committed nothing gets an entry of its own, with its result
@@ -579,7 +455,7 @@ impl Cluster {
             return;
         }
         let result = failure.unwrap_or_else(|| "ok (no change)".to_string());
-        let ops = match self.audit_ops(&call.ctx, result, None) {
+        let ops = match audit_ops(&self.reader(), &call.ctx, result, None) {
             Ok(ops) => ops,
             Err(e) => {
                 tracing::error!(error = %e, "cannot encode an audit entry");
@@ -595,12 +471,6 @@ impl Cluster {
     /// From now until [`Cluster::end_audit`], the first commit carries an entry for `ctx`.
     pub fn begin_audit(&mut self, ctx: Option<AuditContext>) {
         self.call.audit = ctx.map(|ctx| AuditCall { ctx, written: false });
-    }
-
-    pub(super) fn load_audit(&mut self) -> Result<(), Error> {
-        let keys: Vec<String> = self.store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
-        self.state.apply(0, Change::AuditLoaded(keys));
-        Ok(())
     }
 }
 
@@ -636,9 +506,9 @@ impl Cluster {
             .values()
             .filter(|r| r.view.description.starts_with(SESSION_DESCRIPTION))
             .filter(|r| r.view.expires_at_ms.is_some_and(|at| at <= now))
-            .flat_map(|r| self.with_descendants(&r.view.id))
+            .flat_map(|r| with_descendants(&self.state, &r.view.id))
             .collect();
-        self.revoke_records(expired, "console sign-in")?;
+        self.writing(|w| revoke_records(w, expired, "console sign-in"))?;
         let req = CreateToken {
             role: link.role,
             expires_in_s: Some(CONSOLE_SESSION_S),

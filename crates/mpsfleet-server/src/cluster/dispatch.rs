@@ -126,26 +126,12 @@ impl Cluster {
         self.ask(Work::Retention);
     }
 
-    /// Asks for placement in every pool that has waiting tasks (capacity came back).
-    pub(super) fn ask_placement_everywhere(&mut self) {
-        for p in self.state.tasks().pools_with_pending() {
-            self.ask(Work::Placement(p));
-        }
-    }
-
     /// Closes host `ix`'s GPUs whose daemon does not answer to new MPS tasks, and those in
     /// `refused` (`HostHealth::close_mps_gpus`).
     pub(super) fn close_mps_gpus(&mut self, ix: super::HostIx, refused: &[GpuIx]) {
         let mut health = std::mem::take(&mut self.work.health);
         health.close_mps_gpus(&mut self.writer(), ix, refused);
         self.work.health = health;
-    }
-
-    /// Asks for the service of a task, if it has one.
-    pub(super) fn ask_for_group(&mut self, group: Option<&ServiceName>) {
-        if let Some(g) = group {
-            self.ask(Work::Service(g.clone()));
-        }
     }
 
     /// Reconciles every key that is due, each on its own: one that fails is logged and tried
@@ -272,9 +258,9 @@ impl Cluster {
                 self.work.queue.enqueue_at(Work::Service(n), now);
             }
         }
-        self.ask_placement_everywhere();
+        self.writer().ask_placement_everywhere();
         // The safety net of the incidents' and capacity's own requeues.
-        self.ask_incidents();
+        self.writer().ask_incidents();
         self.ask_capacity_everywhere();
         self.run_work();
         Ok(())
@@ -358,7 +344,7 @@ impl Cluster {
                             tracing::error!(%incident, host = %name, %reason, "could not terminate a cancelled replacement; terminate it by hand")
                         }
                     }
-                    self.ask_incidents();
+                    self.writer().ask_incidents();
                     return Ok(Vec::new());
                 }
                 let now = self.now();
@@ -398,7 +384,7 @@ impl Cluster {
                 }
             }
         }
-        self.ask_incidents();
+        self.writer().ask_incidents();
         Ok(Vec::new())
     }
 
@@ -426,20 +412,6 @@ impl Cluster {
         };
         i.push(self.now(), Step::ProviderRetry, detail, None);
         self.writing(|w| w.write_incident(i))
-    }
-
-    /// Asks for every unresolved incident (a heartbeat changed something, a provider call
-    /// ended).
-    pub(super) fn ask_incidents(&mut self) {
-        let keys: Vec<Work> = self
-            .state
-            .incidents()
-            .unresolved()
-            .map(|i| Work::Incident(i.opened_at_ms, i.id.clone()))
-            .collect();
-        for k in keys {
-            self.ask(k);
-        }
     }
 
     /// Asks for the pool's capacity when it has a provider.

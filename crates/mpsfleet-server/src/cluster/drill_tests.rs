@@ -72,7 +72,7 @@ fn the_safety_conditions_refuse_with_their_reasons() {
     assert_eq!(plan.targets.len(), 1);
     assert!(plan.expected.iter().any(|l| l.contains("detected")), "{:?}", plan.expected);
     assert!(w.c.drills().is_empty());
-    assert!(hosts.iter().all(|h| w.c.faults_for(h).is_empty()));
+    assert!(hosts.iter().all(|h| faults_for(&w.c.state, h).is_empty()));
     // An open incident in the pool refuses a drill.
     w.run(5, &[(hosts[0].clone(), HealthStatus::Impaired), (hosts[1].clone(), HealthStatus::Ok)], |_| {
         ProviderOutcome::Done
@@ -94,13 +94,13 @@ fn a_managed_drill_runs_to_its_verdict_through_the_real_remediation() {
     };
     assert_eq!((d.status, d.owner.as_str(), d.targets.len()), (DrillStatus::Running, "mpsfleet", 1));
     let target = d.targets[0].host_id.clone();
-    let faults = w.c.faults_for(&target);
+    let faults = faults_for(&w.c.state, &target);
     assert_eq!(faults.len(), 1);
     assert_eq!(
         (faults[0].fault, faults[0].persistent, &faults[0].drill),
         (DrillFault::DaemonExit, true, &d.id)
     );
-    assert!(hosts.iter().filter(|h| **h != target).all(|h| w.c.faults_for(h).is_empty()));
+    assert!(hosts.iter().filter(|h| **h != target).all(|h| faults_for(&w.c.state, h).is_empty()));
 
     let mut beats: Vec<(HostId, HealthStatus)> = hosts
         .iter()
@@ -119,7 +119,7 @@ fn a_managed_drill_runs_to_its_verdict_through_the_real_remediation() {
     assert_eq!(done.verdict, Some(DrillVerdict::WithinBounds), "{:#?}", done.phases);
     assert_eq!(done.incidents, std::slice::from_ref(&incident.id));
     assert!(!done.phases.is_empty());
-    assert!(w.c.faults_for(&target).is_empty(), "the fault is taken back");
+    assert!(faults_for(&w.c.state, &target).is_empty(), "the fault is taken back");
     let reasons: Vec<String> = w.c.pool("p").unwrap().events.iter().map(|e| e.event.reason.clone()).collect();
     assert!(
         reasons.contains(&"DrillStarted".into()) && reasons.contains(&"DrillEnded".into()),
@@ -136,7 +136,7 @@ fn another_incident_aborts_a_running_drill() {
         DrillStarted::Started(d) => *d,
         DrillStarted::Plan(p) => panic!("{p:?}"),
     };
-    assert!(!w.c.faults_for(&d.targets[0].host_id)[0].persistent, "--once");
+    assert!(!faults_for(&w.c.state, &d.targets[0].host_id)[0].persistent, "--once");
     let other = hosts.iter().find(|h| **h != d.targets[0].host_id).unwrap().clone();
     let beats: Vec<(HostId, HealthStatus)> = hosts
         .iter()
@@ -150,7 +150,7 @@ fn another_incident_aborts_a_running_drill() {
         }
         other => panic!("{other:?}: {done:#?}"),
     }
-    assert!(w.c.faults_for(&d.targets[0].host_id).is_empty());
+    assert!(faults_for(&w.c.state, &d.targets[0].host_id).is_empty());
     assert!(
         w.c.incidents().iter().all(|i| i.drill.is_none()),
         "the other host's incident is not the drill's"

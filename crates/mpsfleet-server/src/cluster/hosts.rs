@@ -123,10 +123,10 @@ impl Cluster {
                 self.work.service_failures.entry(g.clone()).or_default().push_back(now);
                 self.note_service_failure(&task, reason.as_deref().unwrap_or("no reason given"))?;
             }
-            self.ask_for_group(task.group.as_ref());
+            self.writer().ask_for_group(task.group.as_ref());
         } else if was != now_state {
             // Turned healthy (or stopped being): the rollout may take its next step.
-            self.ask_for_group(task.group.as_ref());
+            self.writer().ask_for_group(task.group.as_ref());
         }
         self.task(id)
     }
@@ -182,7 +182,7 @@ impl Cluster {
             cluster_ca_sha256: self.cluster_cas.clone(),
             rechecks: entry.host().rechecks,
             checks_rev: entry.checks_rev,
-            faults: self.faults_for(&entry.host().id),
+            faults: faults_for(&self.state, &entry.host().id),
         }
     }
 
@@ -310,7 +310,7 @@ impl Cluster {
         // wakes them after this call); a heartbeat that committed nothing leaves them to
         // their own requeue.
         if self.state.revision() != revision {
-            self.ask_incidents();
+            self.writer().ask_incidents();
         }
         Ok(self.status_answer(ix))
     }
@@ -387,7 +387,7 @@ impl Cluster {
                     continue;
                 }
                 Principal::Replacement(incident) => {
-                    match self.bind_replacement(incident, &req.id, &req.reg.pool) {
+                    match bind_replacement(&self.state, incident, &req.id, &req.reg.pool) {
                         Ok(i) => i,
                         Err(e) => {
                             out[slot] = Err(e);
@@ -481,11 +481,11 @@ impl Cluster {
         h.rechecks += 1;
         let what = "host recheck: the agent re-arms its local repair and restarts what it gave up on";
         h.events.push(now, ObjectEvent::new("RecheckRequested", format!("{what} (by {by})")));
-        let incident = match self.open_incident_of(&h.id).cloned() {
+        let incident = match open_incident_of(&self.state, &h.id).cloned() {
             Some(mut i) => {
                 i.push(now, Step::OperatorCommand, what, Some(by.to_string()));
                 self.write_host_and_incident(ix, h, i.clone())?;
-                Some(self.shown(i))
+                Some(shown(&self.state, i))
             }
             None => {
                 self.write_host(ix, h)?;
@@ -538,7 +538,7 @@ impl Cluster {
         }
         let now = self.now();
         let mut outcome = None;
-        if let Some(open) = self.open_incident_of(&h.id).cloned() {
+        if let Some(open) = open_incident_of(&self.state, &h.id).cloned() {
             let terminating = self.work.provider_progress.get(&open.id).is_some_and(|p| p.terminating);
             if terminating {
                 return Err(Error::Conflict(format!(
@@ -554,11 +554,11 @@ impl Cluster {
             // incident that says it is being drained.
             self.write_host_and_incident(ix, activated, i.clone())?;
             self.work.pending_jobs.extend(job);
-            outcome = Some(OperatorOutcome { incident: self.shown(i), replacement });
+            outcome = Some(OperatorOutcome { incident: shown(&self.state, i), replacement });
         } else if h.status != activated.status || h.cordoned {
             self.write_host(ix, activated)?;
         }
-        self.ask_placement_everywhere();
+        self.writer().ask_placement_everywhere();
         Ok((self.host_view(ix), outcome))
     }
 
@@ -585,7 +585,7 @@ impl Cluster {
             )));
         }
         let now = self.now();
-        let mut incident = match self.open_incident_of(&h.id) {
+        let mut incident = match open_incident_of(&self.state, &h.id) {
             Some(i) => i.clone(),
             None => {
                 let owner = self
@@ -795,54 +795,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// Binds a host that registered with the incident's replacement token: it becomes the
-    /// replacement, and the token is spent. Returns the updated incident for the caller to
-    /// commit with the host.
-    pub(super) fn bind_replacement(
-        &self,
-        incident: &str,
-        host: &HostId,
-        pool: &PoolName,
-    ) -> Result<Option<Incident>, Error> {
-        let Some(mut i) = self.state.incidents().get(incident).map(|v| v.value.clone()) else {
-            return Ok(None);
-        };
-        if &i.pool != pool {
-            return Err(Error::invalid(
-                "pool",
-                format!(
-                    "a replacement token joins pool {}, the pool of incident {}, not {pool}",
-                    i.pool, i.id
-                ),
-            ));
-        }
-        let Some(b) = i.replacement.as_mut() else { return Ok(None) };
-        b.host_id = Some(host.clone());
-        Ok(Some(i))
-    }
-
-    /// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
-    /// is no replacement token at all; an error naming why when it was one and is not usable.
-    pub(super) fn replacement_incident(&self, digest: &str) -> Result<Option<String>, Error> {
-        let Some(id) = self.state.replacement_tokens().get(digest) else { return Ok(None) };
-        let Some(i) = self.state.incidents().get(id).map(|v| &v.value) else { return Ok(None) };
-        let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
-            return Ok(None);
-        };
-        if b.host_id.is_some() {
-            return Err(Error::Unauthorized("this replacement token was already used"));
-        }
-        if b.revoked || i.state == IncidentState::Resolved {
-            return Err(Error::Unauthorized("this replacement token was revoked: its incident ended"));
-        }
-        if self.now() >= b.expires_at_ms {
-            return Err(Error::Unauthorized("this replacement token has expired"));
-        }
-        Ok(Some(id.clone()))
-    }
-}
-
-impl Cluster {
     /// A host registered: its launch is no longer in flight, and if it was asked for, how
     /// long it took is kept (the latest [`LAUNCH_TIMES_KEPT`] per pool).
     pub(super) fn host_joined(&mut self, pool: &PoolName, name: &str) {
@@ -908,18 +860,6 @@ impl Cluster {
         self.hosts_page(pool, false, 0, usize::MAX).0
     }
 
-    /// The server's evaluation of a host's checks, with the restart counts the agent reported.
-    pub(super) fn evaluated_checks(&self, ix: HostIx) -> Vec<HostCheck> {
-        let e = &self.state.hosts()[ix as usize];
-        let mut out = e.health.host_checks();
-        for c in &mut out {
-            if let Some(r) = e.checks.iter().find(|r| r.name == c.name && r.gpu_id == c.gpu_id) {
-                c.restarts = r.restarts;
-            }
-        }
-        out
-    }
-
     pub fn host_view(&self, ix: HostIx) -> HostView {
         let e = &self.state.hosts()[ix as usize];
         let gpus = self
@@ -959,7 +899,11 @@ impl Cluster {
             task_count: self.state.tasks().on_host(ix).len() as u32,
             registered_at_ms: e.host().registered_at_ms,
             last_heartbeat_ms: e.last_heartbeat_ms,
-            checks: if e.health.checks.is_empty() { e.checks.clone() } else { self.evaluated_checks(ix) },
+            checks: if e.health.checks.is_empty() {
+                e.checks.clone()
+            } else {
+                evaluated_checks(&self.state, ix)
+            },
             logs_url: e.logs_url.clone(),
             logs_cert_sha256: e.logs_cert.clone(),
             credential_revoked_at_ms: e.host().credential_revoked_at_ms,
@@ -1029,7 +973,7 @@ impl Cluster {
         req: HostRequest,
         batch: &register::HostBatch,
     ) -> Result<(Host, RegisterHostResponse), Error> {
-        let pool = self.pool_name("pool", req.reg.pool.as_str())?;
+        let pool = pool_name(&self.state, "pool", req.reg.pool.as_str())?;
         if let Principal::Launch { pool: launched_into, name } = who {
             if launched_into != &pool || name != &req.reg.hostname {
                 return Err(Error::Forbidden(format!(
@@ -1125,4 +1069,59 @@ impl Cluster {
             .pop()
             .unwrap_or_else(|| Err(Error::Internal("a registration went unanswered".into())))
     }
+}
+
+/// The incident whose unspent replacement token has this digest: `Ok(None)` when the digest
+/// is no replacement token at all; an error naming why when it was one and is not usable.
+pub(super) fn replacement_incident(r: &Reader<'_>, digest: &str) -> Result<Option<String>, Error> {
+    let Some(id) = r.state.replacement_tokens().get(digest) else { return Ok(None) };
+    let Some(i) = r.state.incidents().get(id).map(|v| &v.value) else { return Ok(None) };
+    let Some(b) = i.replacement.as_ref().filter(|_| i.has_replacement_token(digest)) else {
+        return Ok(None);
+    };
+    if b.host_id.is_some() {
+        return Err(Error::Unauthorized("this replacement token was already used"));
+    }
+    if b.revoked || i.state == IncidentState::Resolved {
+        return Err(Error::Unauthorized("this replacement token was revoked: its incident ended"));
+    }
+    if r.now_ms >= b.expires_at_ms {
+        return Err(Error::Unauthorized("this replacement token has expired"));
+    }
+    Ok(Some(id.clone()))
+}
+
+/// Binds a host that registered with the incident's replacement token: it becomes the
+/// replacement, and the token is spent. Returns the updated incident for the caller to
+/// commit with the host.
+pub(super) fn bind_replacement(
+    state: &State,
+    incident: &str,
+    host: &HostId,
+    pool: &PoolName,
+) -> Result<Option<Incident>, Error> {
+    let Some(mut i) = state.incidents().get(incident).map(|v| v.value.clone()) else {
+        return Ok(None);
+    };
+    if &i.pool != pool {
+        return Err(Error::invalid(
+            "pool",
+            format!("a replacement token joins pool {}, the pool of incident {}, not {pool}", i.pool, i.id),
+        ));
+    }
+    let Some(b) = i.replacement.as_mut() else { return Ok(None) };
+    b.host_id = Some(host.clone());
+    Ok(Some(i))
+}
+
+/// The server's evaluation of a host's checks, with the restart counts the agent reported.
+pub(super) fn evaluated_checks(state: &State, ix: HostIx) -> Vec<HostCheck> {
+    let e = &state.hosts()[ix as usize];
+    let mut out = e.health.host_checks();
+    for c in &mut out {
+        if let Some(r) = e.checks.iter().find(|r| r.name == c.name && r.gpu_id == c.gpu_id) {
+            c.restarts = r.restarts;
+        }
+    }
+    out
 }

@@ -14,42 +14,19 @@ use mpsfleet_types::drill::*;
 use super::operator::*;
 
 impl Cluster {
-    pub(super) fn open_incident_of(&self, host: &HostId) -> Option<&Incident> {
-        self.state.incidents().unresolved().find(|i| &i.host_id == host)
-    }
-
-    /// An incident as it is shown: a replacement task placed after the incident recorded it
-    /// (it waited for capacity, say until the host came back) names the host it landed on.
-    pub(super) fn shown(&self, mut i: Incident) -> Incident {
-        for a in i.affected_tasks.iter_mut().filter(|a| a.replacement_host.is_none()) {
-            a.replacement_host =
-                a.replacement.and_then(|r| self.state.tasks().get(&r)).and_then(|e| e.task.host_id.clone());
-        }
-        i
-    }
-
     pub fn incident(&self, id: &str) -> Result<Incident, Error> {
         self.state
             .incidents()
             .get(id)
-            .map(|v| self.shown(v.value.clone()))
+            .map(|v| shown(&self.state, v.value.clone()))
             .ok_or_else(|| Error::not_found("incident", id))
     }
 
     pub fn incidents(&self) -> Vec<Incident> {
         let mut v: Vec<Incident> =
-            self.state.incidents().values().map(|v| self.shown(v.value.clone())).collect();
+            self.state.incidents().values().map(|v| shown(&self.state, v.value.clone())).collect();
         v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
         v
-    }
-
-    pub(super) fn load_incidents(&mut self) -> Result<(), Error> {
-        for r in self.store.list(INCIDENT)? {
-            let mut i: Incident = decode(&r)?;
-            i.normalize();
-            self.state.apply(r.version, Change::Incident(Box::new(i)));
-        }
-        Ok(())
     }
 }
 
@@ -65,112 +42,6 @@ impl Cluster {
         self.drill(id)
     }
 
-    /// The hosts a drill strikes: healthy ACTIVE hosts of the pool whose agents accept
-    /// injected faults, the busiest first (a fault where no work runs would go unseen), and
-    /// on each the GPU with the most tasks. Refuses what would break a safety condition.
-    pub(super) fn drill_targets(
-        &self,
-        pool: &Pool,
-        fault: DrillFault,
-        hosts: Option<&str>,
-    ) -> Result<Vec<DrillTarget>, Error> {
-        let live: Vec<(HostIx, &HostEntry)> = self
-            .state
-            .hosts()
-            .iter()
-            .enumerate()
-            .map(|(ix, e)| (ix as HostIx, e))
-            .filter(|(_, e)| e.host().pool == pool.name && e.host().status == HostStatus::Active)
-            .collect();
-        let healthy: Vec<(HostIx, &HostEntry)> = live
-            .iter()
-            .copied()
-            .filter(|(_, e)| e.host().health_status == HealthStatus::Ok && !e.host().cordoned)
-            .collect();
-        let want = match hosts.map(str::trim) {
-            None | Some("") => 1,
-            Some(s) => parse_count(s, live.len()).map_err(|why| Error::invalid("hosts", why))?,
-        };
-        if want >= healthy.len() {
-            return Err(Error::Conflict(format!(
-                "a drill never strikes a pool's last healthy host: pool {} has {} healthy ACTIVE host(s), so \
-                 a drill may strike at most {}, not {want}",
-                pool.name,
-                healthy.len(),
-                healthy.len().saturating_sub(1)
-            )));
-        }
-        if pool.mode == OwnershipMode::Managed {
-            let counts = self.reader().pool_counts(&pool.name);
-            let allowed =
-                mpsfleet_core::remediation::storm_breaker_allowed(counts.total, &pool.remediation_policy);
-            if u64::from(counts.unhealthy) + want as u64 > allowed {
-                return Err(Error::Conflict(format!(
-                    "striking {want} host(s) would exceed the storm breaker's budget: {} of {} hosts are \
-                     unhealthy and remediationPolicy.stormBreakerPercent ({}%) lets {allowed} be replaced at once",
-                    counts.unhealthy, counts.total, pool.remediation_policy.storm_breaker_percent
-                )));
-            }
-        }
-        let mut eligible: Vec<(usize, &HostEntry, Option<GpuUuid>)> = Vec::new();
-        let mut refused = Vec::new();
-        for (ix, e) in healthy {
-            if !e.accepts_faults {
-                refused.push(e.host().hostname.clone());
-                continue;
-            }
-            if fault.per_gpu()
-                && (e.host().gpus.is_empty()
-                    || (fault != DrillFault::GpuCheckFail && !e.host().mps_available))
-            {
-                continue;
-            }
-            let live_tasks: Vec<&Task> = self
-                .state
-                .tasks()
-                .on_host(ix)
-                .iter()
-                .filter_map(|id| self.state.tasks().get(id))
-                .map(|t| &t.task)
-                .filter(|t| t.desired_status != TaskStatus::Stopped)
-                .collect();
-            let gpu = fault.per_gpu().then(|| {
-                e.host()
-                    .gpus
-                    .iter()
-                    .map(|g| (live_tasks.iter().filter(|t| t.gpu_ids.contains(&g.uuid)).count(), &g.uuid))
-                    .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)))
-                    .map(|(_, u)| u.clone())
-            });
-            eligible.push((live_tasks.len(), e, gpu.flatten()));
-        }
-        if eligible.len() < want {
-            let why = if refused.is_empty() {
-                "they have no GPU the fault could strike".to_string()
-            } else {
-                format!(
-                    "the agents of {} do not accept injected faults: start them with --allow-fault-injection",
-                    refused.join(", ")
-                )
-            };
-            return Err(Error::Conflict(format!(
-                "pool {} has {} host(s) a drill can strike, fewer than {want}: {why}",
-                pool.name,
-                eligible.len()
-            )));
-        }
-        eligible.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.host().id.cmp(&b.1.host().id)));
-        Ok(eligible
-            .into_iter()
-            .take(want)
-            .map(|(_, e, gpu_id)| DrillTarget {
-                host_id: e.host().id.clone(),
-                hostname: e.host().hostname.clone(),
-                gpu_id,
-            })
-            .collect())
-    }
-
     /// `drill run`: checks, picks the targets and starts the drill (or, for a dry run, says
     /// what it would do).
     pub fn start_drill(&mut self, req: CreateDrill, by: &str) -> Result<DrillStarted, Error> {
@@ -178,7 +49,7 @@ impl Cluster {
             let all: Vec<&str> = DrillFault::ALL.iter().map(|f| f.as_str()).collect();
             Error::invalid("fault", format!("must be one of {}, got {:?}", all.join(", "), req.fault))
         })?;
-        let pool = self.pool_name("pool", &req.pool)?;
+        let pool = pool_name(&self.state, "pool", &req.pool)?;
         let p = self.pool(pool.as_str())?;
         if !self.drill_switch().enabled {
             return Err(Error::Conflict(
@@ -203,7 +74,7 @@ impl Cluster {
                 d.value.status.as_str()
             )));
         }
-        let targets = self.drill_targets(&p, fault, req.hosts.as_deref())?;
+        let targets = drill_targets(&self.reader(), &p, fault, req.hosts.as_deref())?;
         let bounds = super::bounds::intervals();
         let derived = mpsfleet_core::bounds::derive(&p, &bounds);
         let row = *derived.of(fault.kind()).expect("every kind has bounds");
@@ -264,20 +135,6 @@ impl Cluster {
         Ok(DrillStarted::Started(Box::new(drill)))
     }
 
-    /// The faults the running drills ask `host`'s agent to inject.
-    pub(super) fn faults_for(&self, host: &HostId) -> Vec<InjectedFault> {
-        self.state.drills().values().flat_map(|d| d.value.faults_for(host)).collect()
-    }
-
-    pub(super) fn running_drills(&self) -> Vec<String> {
-        self.state
-            .drills()
-            .values()
-            .filter(|d| d.value.status == DrillStatus::Running)
-            .map(|d| d.value.id.clone())
-            .collect()
-    }
-
     /// The cluster-wide switch: off blocks new drills and aborts the running ones.
     pub fn set_drill_switch(&mut self, enabled: bool, by: &str) -> Result<DrillSwitch, Error> {
         let s = DrillSwitch { enabled, changed_by: Some(by.to_string()), changed_at_ms: Some(self.now()) };
@@ -287,7 +144,7 @@ impl Cluster {
         };
         self.write(&[Op::put_json(DRILL_SWITCH, SWITCH_KEY, &s, expect)?], [Change::DrillSwitch(s.clone())])?;
         if !enabled {
-            for id in self.running_drills() {
+            for id in running_drills(&self.state) {
                 self.ask(Work::Drill(id));
             }
         }
@@ -387,7 +244,7 @@ impl Cluster {
         mpsfleet_core::remediation::resolve(&mut i, now, format!("resolved by operator: {reason}"), by);
         self.writing(|w| w.write_incident(i.clone()))?;
         self.work.pending_jobs.extend(job);
-        Ok(OperatorOutcome { incident: self.shown(i), replacement })
+        Ok(OperatorOutcome { incident: shown(&self.state, i), replacement })
     }
 
     /// `incident acknowledge`: an operator has taken the incident; nothing else changes.
@@ -431,4 +288,146 @@ impl Cluster {
         self.write(&ops, [Change::Incident(Box::new(incident)), Change::Host(ix, host)])?;
         Ok(())
     }
+}
+
+pub(super) fn load_incidents(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    for r in store.list(INCIDENT)? {
+        let mut i: Incident = decode(&r)?;
+        i.normalize();
+        state.apply(r.version, Change::Incident(Box::new(i)));
+    }
+    Ok(())
+}
+
+/// An incident as it is shown: a replacement task placed after the incident recorded it
+/// (it waited for capacity, say until the host came back) names the host it landed on.
+pub(super) fn shown(state: &State, mut i: Incident) -> Incident {
+    for a in i.affected_tasks.iter_mut().filter(|a| a.replacement_host.is_none()) {
+        a.replacement_host =
+            a.replacement.and_then(|r| state.tasks().get(&r)).and_then(|e| e.task.host_id.clone());
+    }
+    i
+}
+
+pub(super) fn open_incident_of<'a>(state: &'a State, host: &HostId) -> Option<&'a Incident> {
+    state.incidents().unresolved().find(|i| &i.host_id == host)
+}
+
+pub(super) fn running_drills(state: &State) -> Vec<String> {
+    state
+        .drills()
+        .values()
+        .filter(|d| d.value.status == DrillStatus::Running)
+        .map(|d| d.value.id.clone())
+        .collect()
+}
+
+/// The faults the running drills ask `host`'s agent to inject.
+pub(super) fn faults_for(state: &State, host: &HostId) -> Vec<InjectedFault> {
+    state.drills().values().flat_map(|d| d.value.faults_for(host)).collect()
+}
+
+/// The hosts a drill strikes: healthy ACTIVE hosts of the pool whose agents accept
+/// injected faults, the busiest first (a fault where no work runs would go unseen), and
+/// on each the GPU with the most tasks. Refuses what would break a safety condition.
+pub(super) fn drill_targets(
+    r: &Reader<'_>,
+    pool: &Pool,
+    fault: DrillFault,
+    hosts: Option<&str>,
+) -> Result<Vec<DrillTarget>, Error> {
+    let live: Vec<(HostIx, &HostEntry)> = r
+        .state
+        .hosts()
+        .iter()
+        .enumerate()
+        .map(|(ix, e)| (ix as HostIx, e))
+        .filter(|(_, e)| e.host().pool == pool.name && e.host().status == HostStatus::Active)
+        .collect();
+    let healthy: Vec<(HostIx, &HostEntry)> = live
+        .iter()
+        .copied()
+        .filter(|(_, e)| e.host().health_status == HealthStatus::Ok && !e.host().cordoned)
+        .collect();
+    let want = match hosts.map(str::trim) {
+        None | Some("") => 1,
+        Some(s) => parse_count(s, live.len()).map_err(|why| Error::invalid("hosts", why))?,
+    };
+    if want >= healthy.len() {
+        return Err(Error::Conflict(format!(
+            "a drill never strikes a pool's last healthy host: pool {} has {} healthy ACTIVE host(s), so \
+             a drill may strike at most {}, not {want}",
+            pool.name,
+            healthy.len(),
+            healthy.len().saturating_sub(1)
+        )));
+    }
+    if pool.mode == OwnershipMode::Managed {
+        let counts = r.pool_counts(&pool.name);
+        let allowed =
+            mpsfleet_core::remediation::storm_breaker_allowed(counts.total, &pool.remediation_policy);
+        if u64::from(counts.unhealthy) + want as u64 > allowed {
+            return Err(Error::Conflict(format!(
+                "striking {want} host(s) would exceed the storm breaker's budget: {} of {} hosts are \
+                 unhealthy and remediationPolicy.stormBreakerPercent ({}%) lets {allowed} be replaced at once",
+                counts.unhealthy, counts.total, pool.remediation_policy.storm_breaker_percent
+            )));
+        }
+    }
+    let mut eligible: Vec<(usize, &HostEntry, Option<GpuUuid>)> = Vec::new();
+    let mut refused = Vec::new();
+    for (ix, e) in healthy {
+        if !e.accepts_faults {
+            refused.push(e.host().hostname.clone());
+            continue;
+        }
+        if fault.per_gpu()
+            && (e.host().gpus.is_empty() || (fault != DrillFault::GpuCheckFail && !e.host().mps_available))
+        {
+            continue;
+        }
+        let live_tasks: Vec<&Task> = r
+            .state
+            .tasks()
+            .on_host(ix)
+            .iter()
+            .filter_map(|id| r.state.tasks().get(id))
+            .map(|t| &t.task)
+            .filter(|t| t.desired_status != TaskStatus::Stopped)
+            .collect();
+        let gpu = fault.per_gpu().then(|| {
+            e.host()
+                .gpus
+                .iter()
+                .map(|g| (live_tasks.iter().filter(|t| t.gpu_ids.contains(&g.uuid)).count(), &g.uuid))
+                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)))
+                .map(|(_, u)| u.clone())
+        });
+        eligible.push((live_tasks.len(), e, gpu.flatten()));
+    }
+    if eligible.len() < want {
+        let why = if refused.is_empty() {
+            "they have no GPU the fault could strike".to_string()
+        } else {
+            format!(
+                "the agents of {} do not accept injected faults: start them with --allow-fault-injection",
+                refused.join(", ")
+            )
+        };
+        return Err(Error::Conflict(format!(
+            "pool {} has {} host(s) a drill can strike, fewer than {want}: {why}",
+            pool.name,
+            eligible.len()
+        )));
+    }
+    eligible.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.host().id.cmp(&b.1.host().id)));
+    Ok(eligible
+        .into_iter()
+        .take(want)
+        .map(|(_, e, gpu_id)| DrillTarget {
+            host_id: e.host().id.clone(),
+            hostname: e.host().hostname.clone(),
+            gpu_id,
+        })
+        .collect())
 }

@@ -71,8 +71,19 @@ mod tasks;
 mod tokens;
 mod traffic;
 mod work;
+use audit::load_audit;
 pub use tokens::{AdminDigest, AwsKey, JoinDigests};
+
+use hosts::*;
+use incidents::*;
+use pools::*;
+use read::Reader;
+use services::*;
+use state::State;
+use tokens::{api_token, join_token, join_token_record, load_api_tokens, load_join_tokens, new_join_index};
 use work::Work;
+use workloads::*;
+use write::Writer;
 
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
@@ -254,7 +265,7 @@ impl Cluster {
                 let admin_token = auth::new_token("mpsf_adm_")?;
                 let join_token = auth::new_token("mpsf_join_")?;
                 let a = auth::digest(&admin_token);
-                let join = Self::join_token_record(
+                let join = join_token_record(
                     clock.now_ms(),
                     auth::digest(&join_token),
                     &Default::default(),
@@ -272,7 +283,7 @@ impl Cluster {
         // token that expires a day from now (run `mpsfleet join-token create` for another).
         if let Some(j) = store.get(AUTH, "join")? {
             let sha256 = decode::<AuthRecord>(&j)?.sha256;
-            let join = Self::join_token_record(clock.now_ms(), sha256, &Default::default(), "first start")?;
+            let join = join_token_record(clock.now_ms(), sha256, &Default::default(), "first start")?;
             store.commit(&[
                 Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
                 Op::delete(AUTH, "join", Precondition::Version(j.version)),
@@ -281,10 +292,7 @@ impl Cluster {
         }
         let join_clock = clock.clone();
         let mut c = Cluster {
-            state: state::State::new(
-                tokens::AdminDigest::new(admin_sha256),
-                Self::new_join_index(join_clock),
-            ),
+            state: state::State::new(tokens::AdminDigest::new(admin_sha256), new_join_index(join_clock)),
             feed: write::FeedLedger::default(),
             store,
             loaded_at_ms: clock.now_ms(),
@@ -338,13 +346,13 @@ impl Cluster {
             let td: TaskDefinition = decode(&r)?;
             self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
         }
-        self.load_incidents()?;
+        load_incidents(self.store.as_ref(), &mut self.state)?;
         self.load_drills()?;
-        self.load_api_tokens()?;
-        self.load_join_tokens()?;
-        self.load_audit()?;
-        self.load_client_tokens()?;
-        self.load_deleted()?;
+        load_api_tokens(self.store.as_ref(), &mut self.state)?;
+        load_join_tokens(self.store.as_ref(), &mut self.state)?;
+        load_audit(self.store.as_ref(), &mut self.state)?;
+        load_client_tokens(self.store.as_ref(), &mut self.state)?;
+        load_deleted(self.store.as_ref(), &mut self.state)?;
         for r in self.store.list(SERVICE)? {
             let svc: Service = decode(&r)?;
             self.sched.group(svc.name.as_str());
@@ -380,13 +388,13 @@ impl Cluster {
     pub fn authenticate_digest(&self, d: &str) -> Result<Principal, Error> {
         if self.state.admin().is(d) {
             Ok(Principal::Admin)
-        } else if self.join_token(d)? {
+        } else if join_token(&self.state, d)? {
             Ok(Principal::Joiner)
         } else if let Some(&h) = self.state.host_credentials().get(d) {
             Ok(Principal::Host(self.state.hosts()[h as usize].host().id.clone()))
-        } else if let Some(incident) = self.replacement_incident(d)? {
+        } else if let Some(incident) = replacement_incident(&self.reader(), d)? {
             Ok(Principal::Replacement(incident))
-        } else if let Some(p) = self.api_token(d)? {
+        } else if let Some(p) = api_token(&self.reader(), d)? {
             Ok(p)
         } else if let Some(p) = self.conformance_principal(d) {
             Ok(p)

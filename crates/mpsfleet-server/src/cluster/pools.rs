@@ -172,17 +172,6 @@ impl Cluster {
             .map(|(_, p)| p.value.clone())
             .ok_or_else(|| Error::not_found("pool", name))
     }
-
-    pub(super) fn pool_name(&self, field: &str, name: &str) -> Result<PoolName, Error> {
-        let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
-        if !self.state.pools().contains_key(&p) {
-            return Err(Error::invalid(
-                field,
-                format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
-            ));
-        }
-        Ok(p)
-    }
 }
 
 /// Checks a pool's settings; errors name the field and its range.
@@ -205,20 +194,6 @@ pub(super) fn check_pool(p: &Pool) -> Result<(), Error> {
 }
 
 impl Cluster {
-    /// The pools whose capacity providers name `name`.
-    pub(super) fn pools_using(&self, name: &str) -> Vec<PoolName> {
-        (self.state.pools().values())
-            .filter(|p| {
-                p.value
-                    .kept_fields
-                    .get("capacityProviders")
-                    .and_then(|v| v.as_array())
-                    .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(name)))
-            })
-            .map(|p| p.value.name.clone())
-            .collect()
-    }
-
     /// Deleting every capacity provider: for the conformance reset.
     pub(super) fn capacity_provider_deletes(&self) -> Result<Vec<Op>, Error> {
         let names: Vec<String> = self.capacity_providers()?.into_iter().map(|p| p.name).collect();
@@ -253,7 +228,7 @@ impl Cluster {
         }
         provider.managed_scaling = Some(scaling);
         provider.validate().map_err(|e| Error::invalid("capacityProviders", format!("pool {pool}: {e}")))?;
-        self.write_pool(p, current.version)?;
+        self.writing(|w| write_pool(w, p, current.version))?;
         self.ask_capacity(pool);
         Ok(())
     }
@@ -262,7 +237,7 @@ impl Cluster {
     /// one's managed scaling becomes the pool provider's. An empty list leaves the pool's
     /// scaling as it is and forgets the names.
     pub fn put_pool_capacity_providers(&mut self, pool: &str, names: &[String]) -> Result<Pool, Error> {
-        let pool_name = self.pool_name("cluster", pool)?;
+        let pool_name = pool_name(&self.state, "cluster", pool)?;
         let mut chosen = Vec::new();
         for n in names {
             chosen.push(self.capacity_provider(n).map_err(|_| {
@@ -276,7 +251,7 @@ impl Cluster {
             self.state.pools().get(&pool_name).cloned().ok_or_else(|| Error::not_found("pool", pool))?;
         let mut p = current.value.clone();
         p.kept_fields.insert("capacityProviders".into(), serde_json::json!(names));
-        self.write_pool(p.clone(), current.version)?;
+        self.writing(|w| write_pool(w, p.clone(), current.version))?;
         Ok(p)
     }
 
@@ -302,7 +277,7 @@ impl Cluster {
         let (p, version) = self
             .capacity_provider_record(name)?
             .ok_or_else(|| Error::not_found("capacity provider", name))?;
-        if let Some(pool) = self.pools_using(name).first() {
+        if let Some(pool) = pools_using(&self.state, name).first() {
             return Err(Error::Conflict(format!(
                 "capacity provider {name} is used by pool {pool}: put the pool's capacity providers without it first"
             )));
@@ -323,7 +298,7 @@ impl Cluster {
             .ok_or_else(|| Error::not_found("capacity provider", name))?;
         p.managed_scaling = scaling;
         self.write(&[Op::put_json(CAPACITY_PROVIDER, name, &p, Precondition::Version(version))?], [])?;
-        for pool in self.pools_using(name) {
+        for pool in pools_using(&self.state, name) {
             self.apply_capacity_provider(&pool, &p)?;
         }
         Ok(p)
@@ -502,15 +477,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// Commits a changed pool record over the `version` it was read at.
-    pub(super) fn write_pool(&mut self, pool: Pool, version: Revision) -> Result<(), Error> {
-        self.write(
-            &[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?],
-            [Change::Pool(pool)],
-        )?;
-        Ok(())
-    }
-
     /// Replaces the kept ECS fields of pool `name` that `fields` names (ECS's `UpdateCluster`:
     /// `settings`, `configuration`).
     pub fn keep_pool_fields(
@@ -518,12 +484,12 @@ impl Cluster {
         name: &str,
         fields: BTreeMap<String, serde_json::Value>,
     ) -> Result<Pool, Error> {
-        let current = self.state.pools().get(&self.pool_name("cluster", name)?).cloned();
+        let current = self.state.pools().get(&pool_name(&self.state, "cluster", name)?).cloned();
         let current = current.ok_or_else(|| Error::not_found("pool", name))?;
         let mut pool = current.value.clone();
         pool.kept_fields.extend(fields);
         if pool != current.value {
-            self.write_pool(pool.clone(), current.version)?;
+            self.writing(|w| write_pool(w, pool.clone(), current.version))?;
         }
         Ok(pool)
     }
@@ -559,7 +525,7 @@ impl Cluster {
     /// (active or being deleted) and its tasks by phase. What a pool must be empty of to be
     /// deleted, and what ECS's DescribeClusters counts.
     pub fn pool_contents(&self, name: &str) -> Result<PoolContents, Error> {
-        let pool = self.pool_name("cluster", name).map_err(|_| Error::not_found("pool", name))?;
+        let pool = pool_name(&self.state, "cluster", name).map_err(|_| Error::not_found("pool", name))?;
         let hosts = self
             .state
             .hosts()
@@ -580,17 +546,6 @@ impl Cluster {
             }
         }
         Ok(n)
-    }
-
-    /// Deletes these records in one commit (the conformance reset forgets them all).
-    pub(super) fn forget_deleted(&mut self, keys: Vec<String>) {
-        if keys.is_empty() {
-            return;
-        }
-        let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
-        if let Err(e) = self.write(&ops, keys.into_iter().map(Change::DeletedRemoved)) {
-            tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later");
-        }
     }
 
     /// The services of `pool` deleted within `deleted::KEPT_MS`, oldest first, each with when
@@ -616,11 +571,56 @@ impl Cluster {
         let since = self.now().saturating_sub(KEPT_MS);
         self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
     }
+}
 
-    pub(super) fn load_deleted(&mut self) -> Result<(), Error> {
-        for r in self.store.list(DELETED)? {
-            self.state.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
-        }
-        Ok(())
+pub(super) fn pool_name(state: &State, field: &str, name: &str) -> Result<PoolName, Error> {
+    let p = PoolName::new(name).map_err(|e| Error::invalid(field, e.to_string()))?;
+    if !state.pools().contains_key(&p) {
+        return Err(Error::invalid(
+            field,
+            format!("pool {p} does not exist; create it with 'mpsfleet pool create {p}'"),
+        ));
     }
+    Ok(p)
+}
+
+/// The pools whose capacity providers name `name`.
+pub(super) fn pools_using(state: &State, name: &str) -> Vec<PoolName> {
+    (state.pools().values())
+        .filter(|p| {
+            p.value
+                .kept_fields
+                .get("capacityProviders")
+                .and_then(|v| v.as_array())
+                .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(name)))
+        })
+        .map(|p| p.value.name.clone())
+        .collect()
+}
+
+pub(super) fn load_deleted(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    for r in store.list(DELETED)? {
+        state.apply(r.version, Change::Deleted(Box::new(decode(&r)?)));
+    }
+    Ok(())
+}
+
+/// Deletes these records in one commit (the conformance reset forgets them all).
+pub(super) fn forget_deleted(w: &mut Writer<'_>, keys: Vec<String>) {
+    if keys.is_empty() {
+        return;
+    }
+    let ops: Vec<Op> = keys.iter().map(|k| Op::delete(DELETED, k.as_str(), Precondition::Any)).collect();
+    if let Err(e) = w.write(&ops, keys.into_iter().map(Change::DeletedRemoved)) {
+        tracing::warn!(error = %e, "forgetting deleted objects failed; retrying later");
+    }
+}
+
+/// Commits a changed pool record over the `version` it was read at.
+pub(super) fn write_pool(w: &mut Writer<'_>, pool: Pool, version: Revision) -> Result<(), Error> {
+    w.write(
+        &[Op::put_json(POOL, pool.name.as_str(), &pool, Precondition::Version(version))?],
+        [Change::Pool(pool)],
+    )?;
+    Ok(())
 }

@@ -40,7 +40,7 @@ impl Cluster {
         };
         check_deployment_configuration(&config)?;
         check_daemon_configuration(strategy, &config)?;
-        let pool = self.pool_name("pool", &req.pool)?;
+        let pool = pool_name(&self.state, "pool", &req.pool)?;
         let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
@@ -78,7 +78,7 @@ impl Cluster {
             );
             svc.events.push(now, ObjectEvent::new("FieldsKept", msg));
         }
-        if let Some(why) = self.not_in_discovery(&svc) {
+        if let Some(why) = not_in_discovery(&self.state, &svc) {
             svc.events.push(now, ObjectEvent::new("NotInDiscovery", format!("not published in DNS: {why}")));
         }
         start_deployment(&mut svc, now, "service created".into());
@@ -112,7 +112,7 @@ impl Cluster {
     }
 
     pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, Error> {
-        let current = self.service_record(name)?;
+        let current = service_record(&self.state, name)?;
         if current.value.status == ServiceStatus::Draining {
             return Err(Error::Conflict(format!("service {name} is being deleted")));
         }
@@ -166,7 +166,7 @@ impl Cluster {
 
     /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
     pub fn delete_service(&mut self, name: &str) -> Result<ServiceView, Error> {
-        let current = self.service_record(name)?;
+        let current = service_record(&self.state, name)?;
         let mut svc = current.value.clone();
         if svc.status != ServiceStatus::Draining {
             service_lifecycle::apply_service(&mut svc, service_lifecycle::ServiceEvent::Delete)
@@ -176,69 +176,19 @@ impl Cluster {
             svc.events.push(svc.updated_at_ms, ObjectEvent::new("ServiceDeleted", "stopping every task"));
             self.writing(|w| services::write_service(w, svc.clone()))?;
         }
-        let view = self.view_of(&svc);
+        let view = view_of(&self.reader(), &svc);
         self.ask_now(Work::Service(svc.name.clone()));
         Ok(view)
     }
 
-    /// Why service discovery will not publish `svc` (docs/traffic.md), if it will not: a name
-    /// that is not a DNS label, or one another service of its pool has but for case.
-    pub(super) fn not_in_discovery(&self, svc: &Service) -> Option<String> {
-        if let Some(why) = mpsfleet_types::discovery::unpublishable(svc.pool.as_str(), svc.name.as_str()) {
-            return Some(why);
-        }
-        let twin = self.state.services().values().map(|v| &v.value).find(|o| {
-            o.pool == svc.pool
-                && o.name != svc.name
-                && o.name.as_str().eq_ignore_ascii_case(svc.name.as_str())
-        })?;
-        Some(format!(
-            "service {} of pool {} has the same name but for case: neither is published",
-            twin.name, svc.pool
-        ))
-    }
-
-    pub(super) fn service_record(&self, name: &str) -> Result<Versioned<Service>, Error> {
-        self.state
-            .services()
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| Error::not_found("service", name))
-    }
-
-    pub(super) fn view_of(&self, svc: &Service) -> ServiceView {
-        let r = self.reader();
-        let tasks: Vec<&Task> = (self.state.tasks().of_service(&svc.name).iter())
-            .filter_map(|id| self.state.tasks().get(id))
-            .map(|e| &e.task)
-            .collect();
-        let count = |f: &dyn Fn(&Task) -> bool| tasks.iter().filter(|t| f(t)).count() as u32;
-        let traffic = (tasks.iter())
-            .filter(|t| t.last_status != TaskStatus::Stopped && t.desired_status != TaskStatus::Stopped)
-            .map(|t| {
-                let (state, why) = r.traffic_of(t);
-                ReplicaTraffic { task_id: t.id, state, why }
-            })
-            .collect();
-        ServiceView {
-            service: svc.clone(),
-            running_count: count(&|t| t.last_status == TaskStatus::Running),
-            pending_count: count(&|t| t.last_status < TaskStatus::Running),
-            healthy_count: count(&|t| r.replica_state(t) == ReplicaState::Healthy),
-            health_checked: r.health_checked(&svc.task_definition),
-            traffic,
-        }
-    }
-
     pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
-        Ok(self.view_of(&self.service_record(name)?.value))
+        Ok(view_of(&self.reader(), &service_record(&self.state, name)?.value))
     }
 
     /// The service's deployments, newest first, with the counts of their tasks (a task
     /// counts toward the newest live deployment of its definition).
     pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, Error> {
-        let svc = self.service_record(name)?.value;
+        let svc = service_record(&self.state, name)?.value;
         let mut views: Vec<DeploymentView> = svc
             .deployments
             .iter()
@@ -273,7 +223,7 @@ impl Cluster {
     }
 
     pub fn services(&self) -> Vec<ServiceView> {
-        self.state.services().values().map(|v| self.view_of(&v.value)).collect()
+        self.state.services().values().map(|v| view_of(&self.reader(), &v.value)).collect()
     }
 
     /// A task of the service stopped failing (`reason` is its stop reason). The service's
@@ -459,7 +409,7 @@ impl Cluster {
     /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
     /// each container port of its definition, at the address its containers report.
     pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
-        let svc = self.service_record(name)?.value.name.clone();
+        let svc = service_record(&self.state, name)?.value.name.clone();
         let mut out = Vec::new();
         for id in self.state.tasks().of_service(&svc) {
             let Some(e) = self.state.tasks().get(id) else { continue };
@@ -495,7 +445,7 @@ impl Cluster {
         actor: &str,
     ) -> Result<ServiceView, Error> {
         let token = req.client_token.take();
-        let pool = self.service_record(name)?.value.pool.to_string();
+        let pool = service_record(&self.state, name)?.value.pool.to_string();
         let replay = Replay::Service { name: name.to_string(), pool };
         let route = format!("PATCH /v1/services/{name}");
         let update = |c: &mut Self, req| c.update_service(name, req);
@@ -515,4 +465,52 @@ impl Cluster {
             Cluster::replayed_service,
         )
     }
+}
+
+pub(super) fn view_of(r: &Reader<'_>, svc: &Service) -> ServiceView {
+    let r = r;
+    let tasks: Vec<&Task> = (r.state.tasks().of_service(&svc.name).iter())
+        .filter_map(|id| r.state.tasks().get(id))
+        .map(|e| &e.task)
+        .collect();
+    let count = |f: &dyn Fn(&Task) -> bool| tasks.iter().filter(|t| f(t)).count() as u32;
+    let traffic = (tasks.iter())
+        .filter(|t| t.last_status != TaskStatus::Stopped && t.desired_status != TaskStatus::Stopped)
+        .map(|t| {
+            let (state, why) = r.traffic_of(t);
+            ReplicaTraffic { task_id: t.id, state, why }
+        })
+        .collect();
+    ServiceView {
+        service: svc.clone(),
+        running_count: count(&|t| t.last_status == TaskStatus::Running),
+        pending_count: count(&|t| t.last_status < TaskStatus::Running),
+        healthy_count: count(&|t| r.replica_state(t) == ReplicaState::Healthy),
+        health_checked: r.health_checked(&svc.task_definition),
+        traffic,
+    }
+}
+
+pub(super) fn service_record(state: &State, name: &str) -> Result<Versioned<Service>, Error> {
+    state
+        .services()
+        .iter()
+        .find(|(k, _)| k.as_str() == name)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| Error::not_found("service", name))
+}
+
+/// Why service discovery will not publish `svc` (docs/traffic.md), if it will not: a name
+/// that is not a DNS label, or one another service of its pool has but for case.
+pub(super) fn not_in_discovery(state: &State, svc: &Service) -> Option<String> {
+    if let Some(why) = mpsfleet_types::discovery::unpublishable(svc.pool.as_str(), svc.name.as_str()) {
+        return Some(why);
+    }
+    let twin = state.services().values().map(|v| &v.value).find(|o| {
+        o.pool == svc.pool && o.name != svc.name && o.name.as_str().eq_ignore_ascii_case(svc.name.as_str())
+    })?;
+    Some(format!(
+        "service {} of pool {} has the same name but for case: neither is published",
+        twin.name, svc.pool
+    ))
 }

@@ -43,7 +43,7 @@ impl Cluster {
         self.writing(|w| w.write_tasks(vec![t]))?;
         // Its service (if any) starts a replacement on the next pass of the work queue; the
         // stop, committed, is not answered with an error of that reconcile.
-        self.ask_for_group(task.group.as_ref());
+        self.writer().ask_for_group(task.group.as_ref());
         self.task(id)
     }
 
@@ -111,7 +111,7 @@ impl Cluster {
                 format!("must be an integer from 1 to {MAX_RUN_COUNT}, got {}", req.count),
             ));
         }
-        let pool = self.pool_name("pool", &req.pool)?;
+        let pool = pool_name(&self.state, "pool", &req.pool)?;
         let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
@@ -135,7 +135,7 @@ impl Cluster {
         req: &RunTask,
         host: &str,
     ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let pool = self.pool_name("cluster", &req.pool)?;
+        let pool = pool_name(&self.state, "cluster", &req.pool)?;
         let ix = self.host_ix(host)?;
         if self.state.hosts()[ix as usize].host().pool != pool {
             return Err(Error::not_found("host", host));
@@ -177,7 +177,7 @@ impl Cluster {
             }
             None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
         };
-        let revision = revision.or_else(|| self.latest_active_revision(&family));
+        let revision = revision.or_else(|| latest_active_revision(&self.state, &family));
         revision
             .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
             .map(|v| v.value.as_ref())
@@ -197,25 +197,6 @@ impl Cluster {
         Ok(td)
     }
 
-    /// The newest revision of `family` still registered.
-    pub(super) fn latest_active_revision(&self, family: &Family) -> Option<u32> {
-        self.state
-            .taskdefs()
-            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
-            .rev()
-            .find(|(_, v)| v.value.deregistered_at_ms.is_none())
-            .map(|((_, r), _)| *r)
-    }
-
-    /// The newest revision of `family`, deregistered or not: the next one registered follows it.
-    pub(super) fn latest_revision(&self, family: &Family) -> Option<u32> {
-        self.state
-            .taskdefs()
-            .range((family.clone(), 0)..=(family.clone(), u32::MAX))
-            .next_back()
-            .map(|((_, r), _)| *r)
-    }
-
     // ---- pools --------------------------------------------------------------------------
 
     // ---- task definitions ---------------------------------------------------------------
@@ -231,7 +212,7 @@ impl Cluster {
     /// Registers a validated definition as the next revision of its family.
     pub fn register_valid_taskdef(&mut self, v: ValidTaskDef) -> Result<RegisterTaskDefResponse, Error> {
         let family = v.parsed.definition.family.clone();
-        let revision = self.latest_revision(&family).map_or(1, |r| r + 1);
+        let revision = latest_revision(&self.state, &family).map_or(1, |r| r + 1);
         let registered_at_ms = self.now();
         let value = v.record(&family, revision, registered_at_ms)?;
         let key = super::taskdef_key(&family, revision);
@@ -246,16 +227,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// A task definition by `family:revision` exactly, with its record's version.
-    pub(super) fn taskdef_revision(&self, reference: &str) -> Result<Versioned<Arc<TaskDefinition>>, Error> {
-        let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid("taskDefinition", e.to_string()))?;
-        self.state
-            .taskdefs()
-            .get(&(r.family, r.revision))
-            .cloned()
-            .ok_or_else(|| Error::not_found("task definition", reference))
-    }
-
     /// Adds `add` to the tags of what `target` names (a key there takes the new value) and
     /// removes the keys in `remove`; at most 50 tags stay.
     pub fn retag(&mut self, target: &Tagged, add: &[Tag], remove: &[String]) -> Result<Vec<Tag>, Error> {
@@ -268,22 +239,22 @@ impl Cluster {
         match target {
             Tagged::CapacityProvider(n) => self.retag_capacity_provider(n, add, remove),
             Tagged::Pool(p) => {
-                let current = self.state.pools().get(&self.pool_name("resourceArn", p)?).cloned();
+                let current = self.state.pools().get(&pool_name(&self.state, "resourceArn", p)?).cloned();
                 let current = current.ok_or_else(|| Error::not_found("pool", p))?;
                 let mut pool = current.value.clone();
                 change(&mut pool.tags)?;
                 let tags = pool.tags.clone();
-                self.write_pool(pool, current.version)?;
+                self.writing(|w| write_pool(w, pool, current.version))?;
                 Ok(tags)
             }
             Tagged::TaskDef(r) => {
-                let current = self.taskdef_revision(r)?;
+                let current = taskdef_revision(&self.state, r)?;
                 let mut td = (*current.value).clone();
                 change(&mut td.tags)?;
-                Ok(self.write_taskdef(td, current.version)?.tags.clone())
+                Ok(self.writing(|w| write_taskdef(w, td, current.version))?.tags.clone())
             }
             Tagged::Service(s) => {
-                let mut svc = self.service_record(s)?.value;
+                let mut svc = service_record(&self.state, s)?.value;
                 change(&mut svc.tags)?;
                 let tags = svc.tags.clone();
                 self.writing(|w| controllers::services::write_service(w, svc))?;
@@ -310,35 +281,23 @@ impl Cluster {
     pub fn tags_of(&self, target: &Tagged) -> Result<Vec<Tag>, Error> {
         Ok(match target {
             Tagged::Pool(p) => self.pool(p)?.tags,
-            Tagged::TaskDef(r) => self.taskdef_revision(r)?.value.tags.clone(),
-            Tagged::Service(s) => self.service_record(s)?.value.tags,
+            Tagged::TaskDef(r) => taskdef_revision(&self.state, r)?.value.tags.clone(),
+            Tagged::Service(s) => service_record(&self.state, s)?.value.tags,
             Tagged::Task(t) => self.task(t)?.tags().to_vec(),
             Tagged::CapacityProvider(n) => self.capacity_provider(n)?.tags,
         })
     }
 
-    pub(super) fn write_taskdef(
-        &mut self,
-        td: TaskDefinition,
-        version: Revision,
-    ) -> Result<Arc<TaskDefinition>, Error> {
-        let key = taskdef_key(&td.family, td.revision);
-        let op = Op::put_json(TASKDEF, &key, &td, Precondition::Version(version))?;
-        let td = Arc::new(td);
-        self.write(&[op], [Change::TaskDef(td.clone())])?;
-        Ok(td)
-    }
-
     /// Marks a task definition revision deregistered: what runs it goes on, nothing new
     /// starts from it, and `family` alone names the latest revision still registered.
     pub fn deregister_taskdef(&mut self, reference: &str) -> Result<Arc<TaskDefinition>, Error> {
-        let current = self.taskdef_revision(reference)?;
+        let current = taskdef_revision(&self.state, reference)?;
         if current.value.deregistered_at_ms.is_some() {
             return Ok(current.value);
         }
         let mut td = (*current.value).clone();
         td.deregistered_at_ms = Some(self.now());
-        self.write_taskdef(td, current.version)
+        self.writing(|w| write_taskdef(w, td, current.version))
     }
 
     /// Deletes deregistered task definition revisions (ECS's `DeleteTaskDefinitions`): a
@@ -426,7 +385,7 @@ impl Cluster {
             self.sched.release(&req, &p);
         }
         let deleted: Vec<String> = self.state.deleted().keys().cloned().collect();
-        self.forget_deleted(deleted);
+        forget_deleted(&mut self.writer(), deleted);
         Ok(())
     }
 }
@@ -476,16 +435,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// The tasks started with `started_by`, as a task run's answer, in the order they were made.
-    pub(super) fn tasks_started_by(&self, started_by: &str) -> RunOutcome {
-        let mut found: Vec<&TaskEntry> =
-            self.state.tasks().values().filter(|e| e.task.started_by == started_by).collect();
-        found.sort_by_key(|e| e.seq);
-        let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
-        let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
-        RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks }
-    }
-
     /// `task run` with its client token, if any, for `actor`.
     pub fn run_tasks_as(&mut self, mut req: RunTask, actor: &str) -> Result<RunOutcome, Error> {
         let token = req.client_token.take();
@@ -497,7 +446,7 @@ impl Cluster {
             replay,
             |c, req| c.run_tasks_started_by(req, started_by),
             |c, replay| match replay {
-                Replay::Tasks { started_by } => Ok(c.tasks_started_by(&started_by)),
+                Replay::Tasks { started_by } => Ok(tasks_started_by(&c.state, &started_by)),
                 Replay::Service { .. } => Err(mismatched()),
             },
         )
@@ -598,19 +547,6 @@ impl Cluster {
         self.call.token = Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
         Ok(Claim::First)
     }
-
-    pub(super) fn load_client_tokens(&mut self) -> Result<(), Error> {
-        let mut all = Vec::new();
-        for r in self.store.list(CLIENT_TOKEN)? {
-            let rec: ClientTokenRecord = decode(&r)?;
-            all.push((r.key.clone(), rec));
-        }
-        all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
-        for (key, rec) in all {
-            self.state.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
-        }
-        Ok(())
-    }
 }
 
 impl Cluster {
@@ -642,4 +578,67 @@ impl Cluster {
         let now = self.now();
         self.output.keep(id, snapshot, last, now);
     }
+}
+
+/// The newest revision of `family`, deregistered or not: the next one registered follows it.
+pub(super) fn latest_revision(state: &State, family: &Family) -> Option<u32> {
+    state.taskdefs().range((family.clone(), 0)..=(family.clone(), u32::MAX)).next_back().map(|((_, r), _)| *r)
+}
+
+/// The newest revision of `family` still registered.
+pub(super) fn latest_active_revision(state: &State, family: &Family) -> Option<u32> {
+    state
+        .taskdefs()
+        .range((family.clone(), 0)..=(family.clone(), u32::MAX))
+        .rev()
+        .find(|(_, v)| v.value.deregistered_at_ms.is_none())
+        .map(|((_, r), _)| *r)
+}
+
+pub(super) fn write_taskdef(
+    w: &mut Writer<'_>,
+    td: TaskDefinition,
+    version: Revision,
+) -> Result<Arc<TaskDefinition>, Error> {
+    let key = taskdef_key(&td.family, td.revision);
+    let op = Op::put_json(TASKDEF, &key, &td, Precondition::Version(version))?;
+    let td = Arc::new(td);
+    w.write(&[op], [Change::TaskDef(td.clone())])?;
+    Ok(td)
+}
+
+/// A task definition by `family:revision` exactly, with its record's version.
+pub(super) fn taskdef_revision(
+    state: &State,
+    reference: &str,
+) -> Result<Versioned<Arc<TaskDefinition>>, Error> {
+    let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid("taskDefinition", e.to_string()))?;
+    state
+        .taskdefs()
+        .get(&(r.family, r.revision))
+        .cloned()
+        .ok_or_else(|| Error::not_found("task definition", reference))
+}
+
+pub(super) fn load_client_tokens(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    let mut all = Vec::new();
+    for r in store.list(CLIENT_TOKEN)? {
+        let rec: ClientTokenRecord = decode(&r)?;
+        all.push((r.key.clone(), rec));
+    }
+    all.sort_by_key(|(k, r)| (r.created_at_ms, k.clone()));
+    for (key, rec) in all {
+        state.apply(0, Change::ClientToken { key, rec, pruned: Vec::new() });
+    }
+    Ok(())
+}
+
+/// The tasks started with `started_by`, as a task run's answer, in the order they were made.
+pub(super) fn tasks_started_by(state: &State, started_by: &str) -> RunOutcome {
+    let mut found: Vec<&TaskEntry> =
+        state.tasks().values().filter(|e| e.task.started_by == started_by).collect();
+    found.sort_by_key(|e| e.seq);
+    let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
+    let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
+    RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks }
 }

@@ -118,6 +118,34 @@ pub(in crate::cluster) struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// Asks for the service of a task, if it has one.
+    pub(in crate::cluster) fn ask_for_group(&mut self, group: Option<&ServiceName>) {
+        if let Some(g) = group {
+            self.ask(Work::Service(g.clone()));
+        }
+    }
+
+    /// Asks for placement in every pool that has waiting tasks (capacity came back).
+    pub(in crate::cluster) fn ask_placement_everywhere(&mut self) {
+        for p in self.state.tasks().pools_with_pending() {
+            self.ask(Work::Placement(p));
+        }
+    }
+
+    /// Asks for every unresolved incident (a heartbeat changed something, a provider call
+    /// ended).
+    pub(in crate::cluster) fn ask_incidents(&mut self) {
+        let keys: Vec<Work> = self
+            .state
+            .incidents()
+            .unresolved()
+            .map(|i| Work::Incident(i.opened_at_ms, i.id.clone()))
+            .collect();
+        for k in keys {
+            self.ask(k);
+        }
+    }
+
     /// The state, to read.
     pub(in crate::cluster) fn state(&self) -> &State {
         self.state
