@@ -113,7 +113,7 @@ fn agent_client() -> reqwest::Client {
 
 impl AppState {
     pub fn new(cluster: Cluster) -> Self {
-        let rev = cluster.revision();
+        let rev = cluster.read().revision();
         let events = cluster.events().clone();
         let metrics = cluster.live_metrics();
         AppState {
@@ -203,13 +203,13 @@ impl AppState {
                     who.describe()
                 ))));
             }
-            c.admit(&who, &touch)?;
-            let before = c.revision();
+            c.read().admit(&who, &touch)?;
+            let before = c.read().revision();
             c.begin_audit(audit);
             let out = f(&mut c, who).map_err(ApiError::from);
             c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.status_and_code().1)));
-            if c.revision() != before {
-                changed.send_replace(c.revision());
+            if c.read().revision() != before {
+                changed.send_replace(c.read().revision());
             }
             // An incident asked for, or a provider call decided: the controllers' loop runs it.
             if c.take_wake() {
@@ -628,7 +628,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
         let describe = |name: &'static str| {
-            st.call(&headers, viewer, Touch::Object(Kind::Pool, name.into()), move |c, _| c.pool(name))
+            st.call(&headers, viewer, Touch::Object(Kind::Pool, name.into()), move |c, _| c.read().pool(name))
         };
         let other = describe("b").await.unwrap_err();
         assert!(matches!(other, ApiError::Domain(Error::NotFound { kind: "pool", .. })), "{other}");

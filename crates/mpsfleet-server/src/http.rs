@@ -364,7 +364,9 @@ fn app_with(
     let (admin, joins, forward_key) = state
         .cluster
         .lock()
-        .map(|c| (c.admin_digest(), c.join_digests(), crate::forward::forwarding_key(c.server_key())))
+        .map(|c| {
+            (c.read().admin_digest(), c.read().join_digests(), crate::forward::forwarding_key(c.server_key()))
+        })
         .expect("the cluster lock at start");
     let guard_state = Guard {
         state: state.clone(),

@@ -135,7 +135,7 @@ fn settle_admin_token(data_dir: &Path, cluster: &Cluster) -> Result<(), Error> {
     let staged = staged_admin_token(&file);
     let Ok(token) = std::fs::read_to_string(&staged) else { return Ok(()) };
     let unavailable = |e: std::io::Error| Error::StoreUnavailable(format!("{}: {e}", staged.display()));
-    if cluster.admin_digest().is(&auth::digest(token.trim())) {
+    if cluster.read().admin_digest().is(&auth::digest(token.trim())) {
         tracing::warn!(path = %file.display(), "finishing an admin token rotation a crash interrupted");
         std::fs::rename(&staged, &file).map_err(unavailable)
     } else {

@@ -24,10 +24,10 @@ impl AppState {
         let wake = self.wake.clone();
         let jobs = tokio::task::spawn_blocking(move || {
             let mut c = cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
-            let before = c.revision();
+            let before = c.read().revision();
             let jobs = f(&mut c);
-            if c.revision() != before {
-                changed.send_replace(c.revision());
+            if c.read().revision() != before {
+                changed.send_replace(c.read().revision());
             }
             if c.take_wake() {
                 wake.notify_one();
@@ -86,7 +86,7 @@ pub(crate) async fn resync_loop(state: AppState, mut stopping: tokio::sync::watc
             () = stopped(&mut stopping) => return,
         }
         if let Some(tls) = &state.tls {
-            let now = state.cluster.lock().map(|c| c.now_ms()).unwrap_or_default();
+            let now = state.cluster.lock().map(|c| c.read().now_ms()).unwrap_or_default();
             if let Err(e) = tls.renew_if_due(now) {
                 tracing::error!(error = %e, "cannot renew the server certificate; retrying at the next interval");
             }
@@ -94,11 +94,11 @@ pub(crate) async fn resync_loop(state: AppState, mut stopping: tokio::sync::watc
         let st = state.clone();
         let res = tokio::task::spawn_blocking(move || {
             let mut c = st.cluster.lock().map_err(|_| Error::Internal("state lock poisoned".into()))?;
-            let before = c.revision();
+            let before = c.read().revision();
             // Retention is a key of the work queue (`Work::Retention`), run by `resync` too.
             let r = c.resync();
-            if c.revision() != before {
-                st.changed.send_replace(c.revision());
+            if c.read().revision() != before {
+                st.changed.send_replace(c.read().revision());
             }
             r
         })

@@ -29,20 +29,20 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// Everything the fixture's fleet holds, read back through the cluster.
 fn assert_the_fleet(c: &Cluster, data_dir: &Path) {
-    let pools = c.pools();
+    let pools = c.read().pools();
     let gpu = pools.iter().find(|p| p.name.as_str() == "gpu").expect("pool gpu");
     assert_eq!(serde_json::to_value(gpu.mode).unwrap(), "managed");
 
-    let hosts = c.hosts(Some("gpu"));
+    let hosts = c.read().hosts(Some("gpu"));
     assert_eq!(hosts.len(), 1, "{hosts:?}");
     assert_eq!(hosts[0].gpus.len(), 2, "two emulated H200s");
 
-    let defs = c.taskdefs(Some("sleeper"));
+    let defs = c.read().taskdefs(Some("sleeper"));
     assert_eq!(defs.len(), 1);
     assert_eq!(defs[0].revision, 1);
     assert_eq!(defs[0].container_definitions[0].name, "main");
 
-    let services = c.services();
+    let services = c.read().services();
     let web = services.iter().find(|s| s.service.name.as_str() == "web").expect("service web");
     assert_eq!(web.service.desired_count, 2);
 
@@ -53,9 +53,9 @@ fn assert_the_fleet(c: &Cluster, data_dir: &Path) {
     assert_eq!((of_web, standalone), (2, 1), "{tasks:?}");
     assert!(tasks.iter().all(|t| t.desired_status == TaskStatus::Running), "{tasks:?}");
 
-    let tokens = c.api_tokens();
+    let tokens = c.read().api_tokens();
     assert!(tokens.iter().any(|t| t.description == "fixture"), "{tokens:?}");
-    let join = c.join_tokens();
+    let join = c.read().join_tokens();
     assert!(join.iter().any(|t| t.description == "fixture"), "{join:?}");
     let secrets = c.secrets().expect("secrets");
     assert_eq!(secrets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["db-password"]);

@@ -60,14 +60,18 @@ fn reports_move_a_task_forward_only_and_a_stopped_task_stays_stopped() {
         Err(Error::Conflict(m)) => assert!(m.contains("RUNNING cannot go back to PENDING"), "{m}"),
         other => panic!("a report of an earlier status was not refused: {other:?}"),
     }
-    assert_eq!(c.task(&id).unwrap().last_status, TaskStatus::Running, "a refused report changed the task");
+    assert_eq!(
+        c.read().task(&id).unwrap().last_status,
+        TaskStatus::Running,
+        "a refused report changed the task"
+    );
 
     let stopped = c.report_task(&host, &id, report("STOPPED")).unwrap();
     assert_eq!(stopped.last_status, TaskStatus::Stopped);
     // A late report (sent before the exit, delivered after) changes nothing.
     let late = c.report_task(&host, &id, report("RUNNING")).unwrap();
     assert_eq!((late.last_status, late.desired_status), (TaskStatus::Stopped, TaskStatus::Stopped));
-    assert_eq!(c.task(&id).unwrap(), stopped, "a stopped task came back to life");
+    assert_eq!(c.read().task(&id).unwrap(), stopped, "a stopped task came back to life");
 }
 
 /// Static host ports are a placement resource and image tasks need a container host, as in
@@ -131,13 +135,17 @@ fn static_host_ports_keep_tasks_on_different_container_hosts() {
     c.report_task(&hosts[0], &a.id.to_string(), report("STOPPED")).expect("report");
     // The freed port asks for the pool's placement, which the next pass of the work runs.
     assert_eq!(
-        c.task(&waiting.id.to_string()).unwrap().host_id,
+        c.read().task(&waiting.id.to_string()).unwrap().host_id,
         None,
         "placed inline, not by the controller"
     );
     c.run_work();
-    let placed = c.task(&waiting.id.to_string()).unwrap();
+    let placed = c.read().task(&waiting.id.to_string()).unwrap();
     assert_eq!(placed.host_id.as_ref(), Some(&hosts[0]), "the freed port was not reused: {placed:?}");
     assert_eq!(placed.pending_reason, None);
-    assert_eq!(c.task(&after.id.to_string()).unwrap().host_id, None, "only one task may take the port");
+    assert_eq!(
+        c.read().task(&after.id.to_string()).unwrap().host_id,
+        None,
+        "only one task may take the port"
+    );
 }

@@ -491,7 +491,7 @@ impl Sim {
 
     /// The label of the host an incident is about.
     fn incident_label(&self, incident: &str) -> Option<(usize, String)> {
-        let i = self.cluster.as_ref()?.incident(incident).ok()?;
+        let i = self.cluster.as_ref()?.read().incident(incident).ok()?;
         let h = self.world.by_id(&i.host_id)?;
         Some((h, self.world[h].label.clone()))
     }
@@ -1037,7 +1037,7 @@ impl Sim {
             return;
         }
         let Some(id) = self.world[h].id().cloned() else { return };
-        let Ok((_, a)) = self.c().assignments(&id) else { return };
+        let Ok((_, a)) = self.c().read().assignments(&id) else { return };
         let mut listed = BTreeSet::new();
         let mut tasks = a.tasks;
         tasks.sort_by_key(|t| (t.created_at_ms, t.id));

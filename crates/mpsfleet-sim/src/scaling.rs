@@ -320,7 +320,7 @@ pub fn run(cfg: &ScalingConfig) -> Result<ScalingReport, String> {
                 report.server_errors += 1;
             }
             if now.is_multiple_of(1_000) {
-                if let Ok((_, a)) = c.assignments(&id) {
+                if let Ok((_, a)) = c.read().assignments(&id) {
                     for t in a.tasks {
                         if t.desired_status == TaskStatus::Stopped || m.running.contains_key(&t.id) {
                             continue;
@@ -361,7 +361,7 @@ pub fn run(cfg: &ScalingConfig) -> Result<ScalingReport, String> {
     for t in launched_ms.values() {
         host_ms += cfg.duration_ms - t;
     }
-    if let Ok(p) = c.pool(POOL) {
+    if let Ok(p) = c.read().pool(POOL) {
         scaled_out = p.events.iter().filter(|e| e.reason == "ScaledOut").count() as u64;
     }
     let mut waits: Vec<u64> = jobs.values().filter_map(|j| j.placed_ms.map(|p| p - j.created_ms)).collect();
@@ -406,8 +406,11 @@ fn registration(name: &str, gpus: u32) -> HostRegistration {
 
 /// A healthy agent's heartbeat: onboarded, every GPU's MPS daemon answering.
 fn heartbeat(c: &Cluster, id: &HostId) -> HostStatusReport {
-    let gpus =
-        c.host(id.as_str()).map(|h| h.gpus.iter().map(|g| g.gpu_id.clone()).collect()).unwrap_or_default();
+    let gpus = c
+        .read()
+        .host(id.as_str())
+        .map(|h| h.gpus.iter().map(|g| g.gpu_id.clone()).collect())
+        .unwrap_or_default();
     let gpus: Vec<GpuUuid> = gpus;
     HostStatusReport {
         onboarded: true,

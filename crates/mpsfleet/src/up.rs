@@ -179,9 +179,10 @@ async fn up(args: UpArgs) -> Result<()> {
         );
         local = scaling_provider(local, &args, max)?;
         // The hosts the pool had when `up` last stopped come back, not --hosts.
-        if opened.cluster.pool(&args.pool).is_ok() {
+        if opened.cluster.read().pool(&args.pool).is_ok() {
             let had = opened
                 .cluster
+                .read()
                 .hosts(Some(&args.pool))
                 .iter()
                 .filter(|h| h.status != HostStatus::Deregistered)
@@ -189,7 +190,7 @@ async fn up(args: UpArgs) -> Result<()> {
             local.desired_hosts = (had as u32).clamp(hosts, max);
         }
     }
-    if opened.cluster.pool(&args.pool).is_err() {
+    if opened.cluster.read().pool(&args.pool).is_err() {
         opened.cluster.create_pool(CreatePool {
             name: args.pool.clone(),
             mode: Some(mode),
@@ -283,7 +284,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // The hosts of a self-managed pool join with a join token of this run's own (the data
     // dir's first one expires a day after it was made); the previous run's is revoked.
     const UP_JOIN_TOKEN: &str = "mpsfleet up";
-    for old in opened.cluster.join_tokens().into_iter().filter(|t| t.description == UP_JOIN_TOKEN) {
+    for old in opened.cluster.read().join_tokens().into_iter().filter(|t| t.description == UP_JOIN_TOKEN) {
         opened.cluster.revoke_join_token(&old.id, "mpsfleet up")?;
     }
     let req =
@@ -292,7 +293,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // The hosts of an earlier run come back as themselves (same names, directories and so host
     // ids); one whose directory is gone retires quietly (mpsfleet_server's `local_fleet`).
     let mut launch: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    for h in opened.cluster.hosts(Some(&args.pool)) {
+    for h in opened.cluster.read().hosts(Some(&args.pool)) {
         if h.status == HostStatus::Deregistered {
             continue;
         }
@@ -307,7 +308,7 @@ async fn up(args: UpArgs) -> Result<()> {
     // Hosts that registered with another runtime than the machine's now (Docker Engine started
     // or stopped since) come back with this one: the banner's runtime is every host's.
     let runtime = if docker.is_ok() { RuntimeKind::Docker } else { RuntimeKind::Process };
-    for h in opened.cluster.hosts(Some(&args.pool)) {
+    for h in opened.cluster.read().hosts(Some(&args.pool)) {
         if h.runtime == runtime || !launch.contains(&h.hostname) {
             continue;
         }

@@ -29,7 +29,7 @@ pub(super) fn ca_rotation(c: &Cluster, cas: &crate::tls::CaSet) -> mpsfleet_type
         hosts_not_trusting_next: cas
             .next
             .as_ref()
-            .map(|n| c.hosts_not_trusting(&n.hash()))
+            .map(|n| c.read().hosts_not_trusting(&n.hash()))
             .unwrap_or_default(),
     }
 }
@@ -61,7 +61,7 @@ pub(super) async fn cluster_status(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::ClusterStatus>, ApiError> {
-    let revision = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.revision())).await?;
+    let revision = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.read().revision())).await?;
     let Some(ha) = st.ha.clone() else {
         return Ok(Json(mpsfleet_types::access::ClusterStatus {
             store: "sqlite".into(),
@@ -124,7 +124,7 @@ pub(super) async fn begin_ca_rotation(
     };
     let out = ca_step(&st, &headers, move |tls, c| {
         let key = c.server_key().clone();
-        tls.begin_ca_rotation(given.as_ref(), &key, c.now_ms(), &mut |ops| c.commit_ops(ops))
+        tls.begin_ca_rotation(given.as_ref(), &key, c.read().now_ms(), &mut |ops| c.commit_ops(ops))
     })
     .await?;
     Ok((StatusCode::CREATED, Json(out)))
@@ -148,7 +148,7 @@ pub(super) async fn activate_ca(
         if body.is_empty() { Default::default() } else { parse(&body)? };
     let out = ca_step(&st, &headers, move |tls, c| {
         if let (Some(next), false) = (&tls.cas().next, req.force) {
-            let behind = c.hosts_not_trusting(&next.hash());
+            let behind = c.read().hosts_not_trusting(&next.hash());
             if !behind.is_empty() {
                 return Err(Error::Conflict(format!(
                     "{} host(s) have not reported trusting the next CA yet ({}): their agents could \
@@ -159,7 +159,7 @@ pub(super) async fn activate_ca(
                 )));
             }
         }
-        tls.activate_ca(c.now_ms(), &mut |ops| c.commit_ops(ops))
+        tls.activate_ca(c.read().now_ms(), &mut |ops| c.commit_ops(ops))
     })
     .await?;
     Ok(Json(out))
@@ -209,7 +209,7 @@ pub(super) async fn rotate_certificate(
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::ServerCertificate>, ApiError> {
     let tls = serving_tls(&st)?;
-    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, _| tls.rotate(c.now_ms())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, move |c, _| tls.rotate(c.read().now_ms())).await?))
 }
 
 // ---- tokens -----------------------------------------------------------------------------
@@ -284,7 +284,7 @@ pub(super) async fn list_tokens(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<TokenView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.api_tokens())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.read().api_tokens())).await?))
 }
 
 #[utoipa::path(
@@ -333,7 +333,7 @@ pub(super) async fn list_join_tokens(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<mpsfleet_types::access::JoinTokenView>>, ApiError> {
-    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.join_tokens())).await?))
+    Ok(Json(st.call(&headers, admin, Touch::Cluster, |c, _| Ok(c.read().join_tokens())).await?))
 }
 
 #[utoipa::path(
@@ -446,7 +446,7 @@ pub(super) async fn open_console_session(
             .lock()
             .map_err(|_| ApiError::from(Error::Internal("state lock poisoned; restart the server".into())))?;
         let out = c.open_console_session(&code).map_err(ApiError::from);
-        changed.send_replace(c.revision());
+        changed.send_replace(c.read().revision());
         out
     })
     .await

@@ -226,7 +226,7 @@ pub(super) async fn host_metrics(
 ) -> Result<Response, ApiError> {
     let agent = st
         .call(&headers, viewer, Touch::Object(Kind::Host, id.clone()), move |c, _| {
-            let h = c.host(&id)?;
+            let h = c.read().host(&id)?;
             c.agent_endpoint(&h.id).map_err(Error::Conflict)
         })
         .await?;
@@ -273,7 +273,7 @@ pub(super) async fn metrics_targets(
         .and_then(|v| v.to_str().ok())
         .filter(|h| h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b)))
         .map(str::to_string);
-    let targets = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.metrics_targets())).await?;
+    let targets = st.call(&headers, viewer, Touch::Cluster, |c, _| Ok(c.read().metrics_targets())).await?;
     // The address the caller reached this server at (Prometheus scrapes it there).
     let Some(host) = host else {
         return Err(ApiError::invalid(

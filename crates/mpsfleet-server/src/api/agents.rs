@@ -50,7 +50,7 @@ pub(super) fn commit_registrations(st: &AppState) {
                 }
                 continue;
             };
-            let before = c.revision();
+            let before = c.read().revision();
             let mut requests = Vec::with_capacity(group.len());
             let mut refused = Vec::new();
             let mut senders = Vec::with_capacity(group.len());
@@ -71,8 +71,8 @@ pub(super) fn commit_registrations(st: &AppState) {
                 }
             }
             let results = c.register_hosts(requests);
-            if c.revision() != before {
-                st.changed.send_replace(c.revision());
+            if c.read().revision() != before {
+                st.changed.send_replace(c.read().revision());
             }
             if c.take_wake() {
                 st.wake.notify_one();
@@ -320,8 +320,9 @@ pub(super) async fn assignments(
     let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
-        let a =
-            st.call(&headers, host, Touch::Cluster, |c, who| c.shared_assignments(&host_id(who)?)).await?;
+        let a = st
+            .call(&headers, host, Touch::Cluster, |c, who| c.read().shared_assignments(&host_id(who)?))
+            .await?;
         let epoch = a.epoch;
         // A stopping server answers at once, so that it is not kept waiting for the poll.
         if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {

@@ -43,7 +43,7 @@ pub(super) async fn list_drills(
 ) -> Result<Json<Vec<Drill>>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::List, |c, who| {
-            Ok(c.drills().into_iter().filter(|d| who.sees_pool(d.pool.as_str())).collect())
+            Ok(c.read().drills().into_iter().filter(|d| who.sees_pool(d.pool.as_str())).collect())
         })
         .await?,
     ))
@@ -63,7 +63,8 @@ pub(super) async fn describe_drill(
     Path(id): Path<String>,
 ) -> Result<Json<Drill>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, Touch::Object(Kind::Drill, id.clone()), move |c, _| c.drill(&id)).await?,
+        st.call(&headers, viewer, Touch::Object(Kind::Drill, id.clone()), move |c, _| c.read().drill(&id))
+            .await?,
     ))
 }
 
@@ -99,7 +100,7 @@ pub(super) async fn drill_switch(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<DrillSwitch>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, Touch::NoPool, |c, _| Ok(c.drill_switch())).await?))
+    Ok(Json(st.call(&headers, viewer, Touch::NoPool, |c, _| Ok(c.read().drill_switch())).await?))
 }
 
 #[utoipa::path(

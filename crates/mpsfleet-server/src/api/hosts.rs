@@ -20,7 +20,12 @@ pub(super) async fn list_hosts(
     let (limit, skip) = paging(q.limit.as_ref(), q.skip.as_ref(), usize::MAX)?;
     let (page, total) = st
         .call(&headers, viewer, Touch::List, move |c, who| {
-            Ok(c.hosts_page(scoped_pool(&who, q.pool)?.as_deref(), q.live.unwrap_or(false), skip, limit))
+            Ok(c.read().hosts_page(
+                scoped_pool(&who, q.pool)?.as_deref(),
+                q.live.unwrap_or(false),
+                skip,
+                limit,
+            ))
         })
         .await?;
     Ok(([("x-total-count", total.to_string())], Json(page)).into_response())
@@ -39,7 +44,10 @@ pub(super) async fn describe_host(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<HostView>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, Touch::Object(Kind::Host, id.clone()), move |c, _| c.host(&id)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Host, id.clone()), move |c, _| c.read().host(&id))
+            .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -233,5 +241,5 @@ pub(super) async fn forget_host(
 /// command out (they run it outside the request, at once).
 async fn carried_out(st: &AppState, i: Incident) -> Result<Incident, ApiError> {
     st.settled().await;
-    st.read(move |c| c.incident(&i.id)).await
+    st.read(move |c| c.read().incident(&i.id)).await
 }

@@ -64,7 +64,11 @@ pub(super) async fn list_incidents(
 ) -> Result<Json<Vec<IncidentView>>, ApiError> {
     let list = st
         .call(&headers, viewer, Touch::List, |c, who| {
-            Ok(c.incidents().into_iter().filter(|i| who.sees_pool(i.pool.as_str())).collect::<Vec<_>>())
+            Ok(c.read()
+                .incidents()
+                .into_iter()
+                .filter(|i| who.sees_pool(i.pool.as_str()))
+                .collect::<Vec<_>>())
         })
         .await?;
     Ok(Json(list.into_iter().map(IncidentView::of).collect()))
@@ -84,8 +88,10 @@ pub(super) async fn describe_incident(
     Path(id): Path<String>,
 ) -> Result<Json<IncidentView>, ApiError> {
     Ok(Json(IncidentView::of(
-        st.call(&headers, viewer, Touch::Object(Kind::Incident, id.clone()), move |c, _| c.incident(&id))
-            .await?,
+        st.call(&headers, viewer, Touch::Object(Kind::Incident, id.clone()), move |c, _| {
+            c.read().incident(&id)
+        })
+        .await?,
     )))
 }
 

@@ -32,7 +32,7 @@ pub(super) async fn list_pools(
 ) -> Result<Json<Vec<Pool>>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::List, |c, who| {
-            Ok(c.pools().into_iter().filter(|p| who.sees_pool(p.name.as_str())).collect())
+            Ok(c.read().pools().into_iter().filter(|p| who.sees_pool(p.name.as_str())).collect())
         })
         .await?,
     ))
@@ -52,7 +52,8 @@ pub(super) async fn describe_pool(
     Path(name): Path<String>,
 ) -> Result<Json<Pool>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, Touch::Object(Kind::Pool, name.clone()), move |c, _| c.pool(&name)).await?,
+        st.call(&headers, viewer, Touch::Object(Kind::Pool, name.clone()), move |c, _| c.read().pool(&name))
+            .await?,
     ))
 }
 

@@ -37,7 +37,7 @@ pub(super) async fn list_services(
 ) -> Result<Json<Vec<ServiceView>>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::List, |c, who| {
-            Ok(c.services().into_iter().filter(|s| who.sees_pool(s.service.pool.as_str())).collect())
+            Ok(c.read().services().into_iter().filter(|s| who.sees_pool(s.service.pool.as_str())).collect())
         })
         .await?,
     ))
@@ -57,8 +57,10 @@ pub(super) async fn describe_service(
     Path(name): Path<String>,
 ) -> Result<Json<ServiceView>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| c.service(&name))
-            .await?,
+        st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| {
+            c.read().service(&name)
+        })
+        .await?,
     ))
 }
 
@@ -77,7 +79,7 @@ pub(super) async fn service_endpoints(
 ) -> Result<Json<Vec<ServiceEndpoint>>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| {
-            c.service_endpoints(&name)
+            c.read().service_endpoints(&name)
         })
         .await?,
     ))
@@ -98,7 +100,7 @@ pub(super) async fn service_deployments(
 ) -> Result<Json<Vec<DeploymentView>>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::Object(Kind::Service, name.clone()), move |c, _| {
-            c.service_deployments(&name)
+            c.read().service_deployments(&name)
         })
         .await?,
     ))

@@ -45,8 +45,9 @@ pub(super) async fn list_taskdefs(
     Q(q): Q<FamilyQuery>,
 ) -> Result<Response, ApiError> {
     // Shared records out of the lock, encoded here.
-    let list =
-        st.call(&headers, viewer, Touch::NoPool, move |c, _| Ok(c.taskdefs(q.family.as_deref()))).await?;
+    let list = st
+        .call(&headers, viewer, Touch::NoPool, move |c, _| Ok(c.read().taskdefs(q.family.as_deref())))
+        .await?;
     let list: Vec<&TaskDefinition> = list.iter().map(AsRef::as_ref).collect();
     Ok(Json(list).into_response())
 }
@@ -66,7 +67,7 @@ pub(super) async fn describe_taskdef(
 ) -> Result<Json<TaskDefinition>, ApiError> {
     Ok(Json(
         st.call(&headers, viewer, Touch::NoPool, move |c, _| {
-            c.taskdef("taskDefinition", &reference).cloned()
+            c.read().taskdef("taskDefinition", &reference).cloned()
         })
         .await?,
     ))

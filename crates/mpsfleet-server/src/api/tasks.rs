@@ -88,7 +88,10 @@ pub(super) async fn describe_task(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
-    Ok(Json(st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.task(&id)).await?))
+    Ok(Json(
+        st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.read().task(&id))
+            .await?,
+    ))
 }
 
 #[utoipa::path(
@@ -105,8 +108,10 @@ pub(super) async fn task_events(
     Path(id): Path<String>,
 ) -> Result<Json<mpsfleet_types::History<mpsfleet_types::ObjectEvent>>, ApiError> {
     Ok(Json(
-        st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| c.task_events(&id))
-            .await?,
+        st.call(&headers, viewer, Touch::Object(Kind::Task, id.clone()), move |c, _| {
+            c.read().task_events(&id)
+        })
+        .await?,
     ))
 }
 

@@ -52,31 +52,6 @@ impl Cluster {
         self.writing(|w| revoke_records(w, gone, by))
     }
 
-    /// `token list`: every API token's record, oldest first, each followed by the tokens made
-    /// from it (console sign-ins), depth first.
-    pub fn api_tokens(&self) -> Vec<TokenView> {
-        let mut all: Vec<&TokenView> = self.state.api_tokens().values().map(|r| &r.view).collect();
-        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        let ids: HashSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
-        let mut children: HashMap<&str, Vec<&TokenView>> = HashMap::new();
-        let mut roots = Vec::new();
-        for t in &all {
-            match t.parent.as_deref().filter(|p| ids.contains(p)) {
-                Some(p) => children.entry(p).or_default().push(t),
-                None => roots.push(*t),
-            }
-        }
-        let mut out = Vec::with_capacity(all.len());
-        let mut stack: Vec<&TokenView> = roots.into_iter().rev().collect();
-        while let Some(t) = stack.pop() {
-            out.push(t.clone());
-            if let Some(kids) = children.get(t.id.as_str()) {
-                stack.extend(kids.iter().rev());
-            }
-        }
-        out
-    }
-
     /// [`Cluster::create_api_token`] for a token made from another (`parent`: its id, and
     /// when it expires): the new one expires no later, and is revoked with it.
     pub(super) fn create_token_from(
@@ -189,7 +164,7 @@ impl Cluster {
         }
         let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
         let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
-        let who = api_token(&self.reader(), &rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
+        let who = api_token(&self.read(), &rec.sha256)?.ok_or_else(|| corrupt("no token"))?;
         let sealed = rec.sealed_secret.as_ref().ok_or_else(|| corrupt("no sealed secret"))?;
         let secret = open(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, sealed).map_err(corrupt)?;
         let secret = String::from_utf8(secret).map_err(|_| corrupt("not UTF-8"))?;
@@ -213,15 +188,6 @@ impl Cluster {
         )?;
         tracing::info!(token.id = %id, by, "join token revoked");
         Ok(rec.view)
-    }
-
-    /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
-    /// first.
-    pub fn join_tokens(&self) -> Vec<JoinTokenView> {
-        let mut all: Vec<JoinTokenView> =
-            self.state.join_tokens().map().values().map(|r| r.view.clone()).collect();
-        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        all
     }
 
     /// `join-token create`: a new join token, shown once, with the cluster CA's hash after it
@@ -262,15 +228,6 @@ impl Cluster {
             [Change::AdminToken(digest)],
         )?;
         Ok(mpsfleet_types::access::RotatedAdminToken { token, rotated_at_ms: self.now() })
-    }
-
-    pub fn admin_digest(&self) -> AdminDigest {
-        self.state.admin().clone()
-    }
-
-    /// The join tokens' digests, for authentication without the cluster lock.
-    pub fn join_digests(&self) -> JoinDigests {
-        self.state.join_tokens().clone()
     }
 }
 
@@ -444,7 +401,7 @@ impl Cluster {
         // The revision this commit gets: the cluster is the store's one writer, and a commit
         // that writes counts the store's revision one up.
         let revision = self.state.revision() + 1;
-        audit_ops(&self.reader(), &ctx, "ok".into(), Some(revision))
+        audit_ops(&self.read(), &ctx, "ok".into(), Some(revision))
     }
 
     /// Ends the call: one that committed nothing gets an entry of its own, with its result
@@ -455,7 +412,7 @@ impl Cluster {
             return;
         }
         let result = failure.unwrap_or_else(|| "ok (no change)".to_string());
-        let ops = match audit_ops(&self.reader(), &call.ctx, result, None) {
+        let ops = match audit_ops(&self.read(), &call.ctx, result, None) {
             Ok(ops) => ops,
             Err(e) => {
                 tracing::error!(error = %e, "cannot encode an audit entry");
@@ -571,7 +528,70 @@ impl Cluster {
     }
 }
 
-impl Cluster {
+impl<'a> Reader<'a> {
+    /// The join tokens' digests, for authentication without the cluster lock.
+    pub fn join_digests(&self) -> JoinDigests {
+        self.state.join_tokens().clone()
+    }
+
+    pub fn admin_digest(&self) -> AdminDigest {
+        self.state.admin().clone()
+    }
+
+    /// `join-token list`: every join token's record (expired ones too, until revoked), oldest
+    /// first.
+    pub fn join_tokens(&self) -> Vec<JoinTokenView> {
+        let mut all: Vec<JoinTokenView> =
+            self.state.join_tokens().map().values().map(|r| r.view.clone()).collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        all
+    }
+
+    /// `token list`: every API token's record, oldest first, each followed by the tokens made
+    /// from it (console sign-ins), depth first.
+    pub fn api_tokens(&self) -> Vec<TokenView> {
+        let mut all: Vec<&TokenView> = self.state.api_tokens().values().map(|r| &r.view).collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        let ids: HashSet<&str> = all.iter().map(|t| t.id.as_str()).collect();
+        let mut children: HashMap<&str, Vec<&TokenView>> = HashMap::new();
+        let mut roots = Vec::new();
+        for t in &all {
+            match t.parent.as_deref().filter(|p| ids.contains(p)) {
+                Some(p) => children.entry(p).or_default().push(t),
+                None => roots.push(*t),
+            }
+        }
+        let mut out = Vec::with_capacity(all.len());
+        let mut stack: Vec<&TokenView> = roots.into_iter().rev().collect();
+        while let Some(t) = stack.pop() {
+            out.push(t.clone());
+            if let Some(kids) = children.get(t.id.as_str()) {
+                stack.extend(kids.iter().rev());
+            }
+        }
+        out
+    }
+
+    /// Whether `who` may make an operation that touches `touch`, on the state as it is now.
+    pub fn admit(&self, who: &Principal, touch: &Touch) -> Result<(), Error> {
+        if who.scope().is_none() {
+            return Ok(());
+        }
+        match touch {
+            Touch::NoPool | Touch::List => Ok(()),
+            Touch::Object(kind, id) => match self.pool_of(*kind, id) {
+                Some(p) if !who.sees_pool(p) => Err(Error::not_found(kind.noun(), id.clone())),
+                _ => Ok(()),
+            },
+            Touch::NewIn(pool) if who.sees_pool(pool) => Ok(()),
+            Touch::NewIn(pool) => Err(outside(who, &format!("pool {pool:?}"))),
+            Touch::Cluster => Err(Error::Forbidden(format!(
+                "this endpoint is not open to {}: it reaches beyond one pool",
+                who.describe()
+            ))),
+        }
+    }
+
     /// The pool of the object of `kind` named `id`, read from its record; None when there is
     /// none.
     pub(super) fn pool_of(&self, kind: Kind, id: &str) -> Option<&str> {
@@ -592,26 +612,6 @@ impl Cluster {
             }
             Kind::Incident => state.incidents().get(id).map(|i| i.value.pool.as_str()),
             Kind::Drill => state.drills().get(id).map(|d| d.value.pool.as_str()),
-        }
-    }
-
-    /// Whether `who` may make an operation that touches `touch`, on the state as it is now.
-    pub fn admit(&self, who: &Principal, touch: &Touch) -> Result<(), Error> {
-        if who.scope().is_none() {
-            return Ok(());
-        }
-        match touch {
-            Touch::NoPool | Touch::List => Ok(()),
-            Touch::Object(kind, id) => match self.pool_of(*kind, id) {
-                Some(p) if !who.sees_pool(p) => Err(Error::not_found(kind.noun(), id.clone())),
-                _ => Ok(()),
-            },
-            Touch::NewIn(pool) if who.sees_pool(pool) => Ok(()),
-            Touch::NewIn(pool) => Err(outside(who, &format!("pool {pool:?}"))),
-            Touch::Cluster => Err(Error::Forbidden(format!(
-                "this endpoint is not open to {}: it reaches beyond one pool",
-                who.describe()
-            ))),
         }
     }
 }

@@ -115,11 +115,11 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
         let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
-        let before = c.revision();
+        let before = c.read().revision();
         c.begin_audit(Some(ctx("POST /v1/pools")));
         let out = c.create_pool(CreatePool { name: "gpu".into(), ..Default::default() });
         c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.code())));
-        assert_eq!(c.revision(), before + 1, "the pool and its entry are one commit");
+        assert_eq!(c.read().revision(), before + 1, "the pool and its entry are one commit");
         c.begin_audit(Some(ctx("POST /v1/pools")));
         let out = c.create_pool(CreatePool { name: "gpu".into(), ..Default::default() });
         c.end_audit(out.as_ref().err().map(|e| format!("{}: {e}", e.code())));

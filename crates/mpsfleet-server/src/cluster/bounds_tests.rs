@@ -20,10 +20,10 @@ fn with_provider(launch_timeout_seconds: u32) -> UpdatePool {
 #[test]
 fn a_policy_change_moves_the_bounds_and_is_recorded() {
     let mut w = World::new(OwnershipMode::Managed);
-    let before = w.c.pool_bounds("p").unwrap();
+    let before = w.c.read().pool_bounds("p").unwrap();
     let health = HealthPolicy { mps_probe_interval_ms: 7_000, ..HealthPolicy::default() };
     let p = w.c.update_pool("p", UpdatePool { health_policy: Some(health), ..Default::default() }).unwrap();
-    let after = w.c.pool_bounds("p").unwrap();
+    let after = w.c.read().pool_bounds("p").unwrap();
     let hang = |b: &mpsfleet_types::RecoveryBounds| b.of(FailureKind::DaemonHang).unwrap().detect_ms;
     // Two more seconds for each of the (threshold - 1) intervals before the check turns IMPAIRED.
     assert_eq!(hang(&after) - hang(&before), 2 * 2_000);
@@ -47,7 +47,7 @@ fn max_resume_seconds_refuses_a_policy_that_cannot_meet_it() {
     let text = err.to_string();
     assert!(text.starts_with("maxResumeSeconds: the pool's policy bounds"), "{text}");
     assert!(text.contains("(daemon-hang), more than maxResumeSeconds (20s)"), "{text}");
-    assert_eq!(w.c.pool("p").unwrap().max_resume_seconds, None, "nothing changed");
+    assert_eq!(w.c.read().pool("p").unwrap().max_resume_seconds, None, "nothing changed");
     // Within it: accepted; a policy that would then exceed it is refused, naming the limit.
     w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(60), ..Default::default() }).unwrap();
     let slow = HealthPolicy { agent_heartbeat_grace_ms: 60_000, ..HealthPolicy::default() };
@@ -58,7 +58,7 @@ fn max_resume_seconds_refuses_a_policy_that_cannot_meet_it() {
     assert!(err.unwrap_err().to_string().contains("must be between 1 and 86400"));
     // 0 removes the limit.
     w.c.update_pool("p", UpdatePool { max_resume_seconds: Some(0), ..Default::default() }).unwrap();
-    assert_eq!(w.c.pool("p").unwrap().max_resume_seconds, None);
+    assert_eq!(w.c.read().pool("p").unwrap().max_resume_seconds, None);
 }
 
 /// A launch that never joins: after `launchTimeoutSeconds` the replacement counts as failed,
@@ -71,13 +71,13 @@ fn a_replacement_past_its_launch_timeout_breaches_the_replace_bound() {
     let bad = w.join("bad", &join).unwrap();
     w.run(2, &[(bad.clone(), HealthStatus::Ok)], |_| ProviderOutcome::Done);
     w.run(8, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
-    let i = w.c.incidents().pop().unwrap();
+    let i = w.c.read().incidents().pop().unwrap();
     let b = i.bounds.expect("bounds fixed at open");
     assert_eq!(b.kind, FailureKind::DaemonHang, "{:?}", i.trigger.reason);
     assert_eq!(b.replace_ms, Some(10_250));
     assert!(i.breaches.is_empty(), "{:?}", i.breaches);
     w.run(20, &[(bad.clone(), HealthStatus::Impaired)], |_| ProviderOutcome::Done);
-    let i = w.c.incidents().pop().unwrap();
+    let i = w.c.read().incidents().pop().unwrap();
     assert_eq!(i.breaches.len(), 1, "{:?}", i.breaches);
     let breach = &i.breaches[0];
     assert_eq!((breach.phase, breach.cause), (RecoveryPhase::Replace, Some(BreachCause::ProviderSlow)));
@@ -93,13 +93,13 @@ fn a_replacement_past_its_launch_timeout_breaches_the_replace_bound() {
     assert_eq!(replace.verdict, PhaseVerdict::Breached);
     let detect = judged.iter().find(|j| j.phase == RecoveryPhase::Detect).unwrap();
     assert_eq!(detect.verdict, PhaseVerdict::Within, "{judged:?}");
-    let events: Vec<_> = w.c.pool("p").unwrap().events.iter().map(|e| e.event.clone()).collect();
+    let events: Vec<_> = w.c.read().pool("p").unwrap().events.iter().map(|e| e.event.clone()).collect();
     let breached: Vec<_> = events.iter().filter(|e| e.reason == "RecoveryBoundBreached").collect();
     assert_eq!(breached.len(), 1, "{events:?}");
     assert!(breached[0].message.contains("replace ran") && breached[0].message.contains("(provider-slow)"));
     // Later passes record nothing more.
     w.run(10, &[(bad, HealthStatus::Impaired)], |_| ProviderOutcome::Done);
-    assert_eq!(w.c.incidents().pop().unwrap().breaches.len(), 1);
+    assert_eq!(w.c.read().incidents().pop().unwrap().breaches.len(), 1);
 }
 
 /// A daemon that exits again only a while after each local restart detects later than the
@@ -126,16 +126,16 @@ fn a_detect_breach_of_a_slower_failure_says_so() {
         let pool = PoolName::new("p").unwrap();
         let mut i =
             Incident::open("inc-1".into(), host.clone(), pool, IncidentOwner::Mpsfleet, trigger, now, now);
-        let bounds = w.c.pool_bounds("p").unwrap();
+        let bounds = w.c.read().pool_bounds("p").unwrap();
         i.bounds = Some(IncidentBounds::of(bounds.of(FailureKind::DaemonExit).unwrap(), false));
         i
     };
     // Each kill 1.5 s after its restart: the two restarts end 4.5 s after the first failure,
     // against the 3 s the bound counts for them (a start, then a backoff and a start).
     let slow = incident(vec![now - 8_000, now - 5_500]);
-    assert_eq!(w.c.reader().breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
+    assert_eq!(w.c.read().breach_cause(&slow, RecoveryPhase::Detect), Some(BreachCause::SlowerFailure));
     let fast = incident(vec![now - 9_000, now - 8_000]);
-    assert_eq!(w.c.reader().breach_cause(&fast, RecoveryPhase::Detect), None);
+    assert_eq!(w.c.read().breach_cause(&fast, RecoveryPhase::Detect), None);
 }
 
 /// After one repaired crash and then a failure of the same daemon that exhausts its local
@@ -174,7 +174,7 @@ fn an_earlier_failures_restart_is_counted_in_the_incidents_timeline() {
         w.advance(250);
         w.c.health_tick().unwrap();
     }
-    let i = w.c.incidents().pop().expect("an incident");
+    let i = w.c.read().incidents().pop().expect("an incident");
     assert_eq!(i.trigger.earlier_repairs_at_ms.len(), 1, "{:?}", i.trigger);
     let repairs: Vec<&str> =
         i.timeline.iter().filter(|e| e.step == Step::LocalRepairAttempt).map(|e| e.detail.as_str()).collect();

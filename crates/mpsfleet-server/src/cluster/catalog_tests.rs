@@ -27,15 +27,15 @@ fn only_an_empty_pool_is_deleted_and_its_stopped_tasks_go_with_it() {
     let mut w = world();
     w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
     let t = w.c.run_tasks(run("q")).unwrap().tasks[0].id.to_string();
-    let n = w.c.pool_contents("q").unwrap();
+    let n = w.c.read().pool_contents("q").unwrap();
     assert_eq!((n.hosts, n.services, n.pending, n.running, n.live_tasks()), (0, 0, 1, 0, 1));
     let e = w.c.delete_pool("q").unwrap_err();
     assert!(matches!(e, Error::Conflict(ref m) if m.contains("not stopped")), "{e}");
     w.c.stop_task(&t, None).unwrap();
-    assert_eq!(w.c.pool_contents("q").unwrap().live_tasks(), 0, "a stopped task is not in the count");
+    assert_eq!(w.c.read().pool_contents("q").unwrap().live_tasks(), 0, "a stopped task is not in the count");
     w.c.delete_pool("q").unwrap();
-    assert!(w.c.pool("q").is_err() && w.c.task(&t).is_err());
-    assert!(matches!(w.c.pool_contents("q"), Err(Error::NotFound { kind: "pool", .. })));
+    assert!(w.c.read().pool("q").is_err() && w.c.read().task(&t).is_err());
+    assert!(matches!(w.c.read().pool_contents("q"), Err(Error::NotFound { kind: "pool", .. })));
     // A pool with a host stays.
     let join = w.join_token.clone();
     w.join("h1", &join).unwrap();
@@ -46,7 +46,7 @@ fn only_an_empty_pool_is_deleted_and_its_stopped_tasks_go_with_it() {
 #[test]
 fn a_deleted_pool_stays_discoverable_for_an_hour_until_created_again_across_restarts() {
     let mut w = world();
-    let names = |c: &Cluster| c.deleted_pools().map(|p| p.name.to_string()).collect::<Vec<_>>();
+    let names = |c: &Cluster| c.read().deleted_pools().map(|p| p.name.to_string()).collect::<Vec<_>>();
     for n in ["q", "r"] {
         w.c.create_pool(CreatePool { name: n.into(), ..Default::default() }).unwrap();
         w.c.delete_pool(n).unwrap();
@@ -80,16 +80,16 @@ fn deleted_services_are_kept_in_the_store_their_name_free_at_once_and_bounded() 
     w.c.run_work();
     w.c.delete_service("web").unwrap();
     w.c.run_work();
-    assert!(w.c.service("web").is_err(), "no task left: the record goes at once");
-    let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
+    assert!(w.c.read().service("web").is_err(), "no task left: the record goes at once");
+    let kept: Vec<String> = w.c.read().deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
     assert_eq!(kept, ["web"]);
     // The name is free again at once, and the deleted one is still kept beside the new one.
     w.c.create_service(svc("web")).unwrap();
     w.c.run_work();
-    assert_eq!(w.c.deleted_services("p").count(), 1);
+    assert_eq!(w.c.read().deleted_services("p").count(), 1);
     let again = Cluster::load(w.c.store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
-    assert_eq!(again.deleted_services("p").count(), 1, "a restart keeps it");
-    assert!(again.service("web").is_ok());
+    assert_eq!(again.read().deleted_services("p").count(), 1, "a restart keeps it");
+    assert!(again.read().service("web").is_ok());
     // At most KEPT_PER_KIND of a kind: the oldest go in the commit of a new one.
     for i in 0..deleted::KEPT_PER_KIND {
         let name = format!("s{i}");
@@ -99,7 +99,7 @@ fn deleted_services_are_kept_in_the_store_their_name_free_at_once_and_bounded() 
         w.c.delete_service(&name).unwrap();
         w.c.run_work();
     }
-    let kept: Vec<String> = w.c.deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
+    let kept: Vec<String> = w.c.read().deleted_services("p").map(|(s, _)| s.name.to_string()).collect();
     assert_eq!(kept.len(), deleted::KEPT_PER_KIND);
     assert_eq!(kept[0], "s0", "the first deleted, web, went: {kept:?}");
     assert_eq!(w.c.store.list(deleted::DELETED).unwrap().len(), deleted::KEPT_PER_KIND);
@@ -112,14 +112,14 @@ fn a_deregistered_revision_starts_nothing_and_only_it_can_be_deleted() {
         .unwrap();
     w.c.deregister_taskdef("app:2").unwrap();
     // The family alone names the newest revision still registered.
-    assert_eq!(w.c.taskdef("t", "app").unwrap().revision, 1);
+    assert_eq!(w.c.read().taskdef("t", "app").unwrap().revision, 1);
     let e = w.c.run_tasks(RunTask { task_definition: "app:2".into(), ..run("p") }).unwrap_err();
     assert!(e.to_string().contains("deregistered"), "{e}");
     let out = w.c.delete_taskdefs(&["app:1".into(), "app:2".into(), "nope:1".into()]).unwrap();
     assert!(out[0].as_ref().unwrap_err().contains("ACTIVE"));
     assert_eq!(out[1].as_ref().unwrap().revision, 2);
     assert!(out[2].as_ref().unwrap_err().contains("does not exist"));
-    assert!(w.c.taskdef("t", "app:2").is_err());
+    assert!(w.c.read().taskdef("t", "app:2").is_err());
     // The next revision still follows the newest ever made.
     let again =
         w.c.register_taskdef(br#"{"family": "app", "containerDefinitions": [{"name": "m", "image": "z"}]}"#);
@@ -133,7 +133,7 @@ fn tags_merge_new_first_are_removed_by_key_and_are_checked() {
     assert_eq!(w.c.retag(&pool, &[tag("a", "1"), tag("b", "2")], &[]).unwrap().len(), 2);
     let tags = w.c.retag(&pool, &[tag("b", "3")], &["a".into()]).unwrap();
     assert_eq!(tags, vec![tag("b", "3")]);
-    assert_eq!(w.c.pool("p").unwrap().tags, tags, "committed");
+    assert_eq!(w.c.read().pool("p").unwrap().tags, tags, "committed");
     let many: Vec<Tag> = (0..51).map(|i| tag(&format!("k{i}"), "")).collect();
     assert!(w.c.retag(&pool, &many, &[]).is_err());
     let td = Tagged::TaskDef("app:1".into());
@@ -160,7 +160,7 @@ fn a_run_keeps_its_labels_and_overrides_and_refuses_bad_ones() {
         ..run("p")
     };
     let t = w.c.run_tasks(req).unwrap().tasks.remove(0);
-    let t = w.c.task(&t.id.to_string()).unwrap();
+    let t = w.c.read().task(&t.id.to_string()).unwrap();
     let labels = t.labels.as_deref().expect("the run's labels");
     assert_eq!(labels.overrides, Some(overrides));
     assert_eq!((labels.started_by.as_deref(), labels.group.as_deref()), (Some("nightly"), Some("batch")));
@@ -214,8 +214,8 @@ fn the_conformance_reset_empties_what_the_ecs_api_shows() {
     w.c.create_pool(CreatePool { name: "q".into(), ..Default::default() }).unwrap();
     w.c.delete_pool("q").unwrap();
     w.c.empty_for_conformance().unwrap();
-    assert!(w.c.pools().is_empty() && w.c.taskdefs(None).is_empty());
-    assert_eq!(w.c.deleted_pools().count(), 0, "nor the pools deleted before");
+    assert!(w.c.read().pools().is_empty() && w.c.read().taskdefs(None).is_empty());
+    assert_eq!(w.c.read().deleted_pools().count(), 0, "nor the pools deleted before");
     assert!(w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() }).is_empty());
     w.c.create_pool(CreatePool { name: "p".into(), ..Default::default() }).unwrap();
 }

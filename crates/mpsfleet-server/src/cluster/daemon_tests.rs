@@ -50,7 +50,7 @@ fn a_daemon_runs_one_task_per_active_host_and_follows_the_hosts() {
     agents(&mut w, |_| false, &mut |c| one_per_host(c));
     let by_host = live_by_host(&w.c);
     assert_eq!(by_host.keys().cloned().collect::<Vec<_>>(), hosts);
-    let v = w.c.service("agent").unwrap();
+    let v = w.c.read().service("agent").unwrap();
     assert_eq!((v.service.desired_count, v.running_count, v.healthy_count), (3, 3, 3));
     assert_eq!(v.service.deployments[0].rollout_state, RolloutState::Completed);
 
@@ -61,7 +61,7 @@ fn a_daemon_runs_one_task_per_active_host_and_follows_the_hosts() {
     agents(&mut w, |_| false, &mut |c| one_per_host(c));
     assert_eq!(live_by_host(&w.c).len(), 4);
     assert!(live_by_host(&w.c).contains_key(&fourth));
-    assert_eq!(w.c.service("agent").unwrap().service.desired_count, 4);
+    assert_eq!(w.c.read().service("agent").unwrap().service.desired_count, 4);
 
     // A host drains: its task stops and starts nowhere else.
     w.c.operator_action(hosts[0].as_str(), OperatorAction::Drain, "test").unwrap();
@@ -70,7 +70,7 @@ fn a_daemon_runs_one_task_per_active_host_and_follows_the_hosts() {
     let by_host = live_by_host(&w.c);
     assert!(!by_host.contains_key(&hosts[0]), "{by_host:?}");
     assert_eq!(by_host.len(), 3);
-    let v = w.c.service("agent").unwrap();
+    let v = w.c.read().service("agent").unwrap();
     assert_eq!((v.service.desired_count, v.running_count), (3, 3));
 }
 
@@ -86,7 +86,7 @@ fn a_daemon_deployment_replaces_each_hosts_task_in_place() {
     let by_host = live_by_host(&w.c);
     assert_eq!(by_host.len(), 4);
     assert!(by_host.values().all(|v| v == &[2]), "{by_host:?}");
-    let v = w.c.service("agent").unwrap();
+    let v = w.c.read().service("agent").unwrap();
     assert_eq!(v.service.deployments[0].rollout_state, RolloutState::Completed);
     assert!(v.service.events.iter().any(|e| e.reason == "TasksReplaced"), "{:#?}", v.service.events);
 }
@@ -120,5 +120,5 @@ fn a_daemon_refuses_a_count_and_a_surge() {
     w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
     w.c.run_work();
-    assert!(w.c.service("agent").is_err());
+    assert!(w.c.read().service("agent").is_err());
 }

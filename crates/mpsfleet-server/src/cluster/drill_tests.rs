@@ -71,13 +71,13 @@ fn the_safety_conditions_refuse_with_their_reasons() {
     };
     assert_eq!(plan.targets.len(), 1);
     assert!(plan.expected.iter().any(|l| l.contains("detected")), "{:?}", plan.expected);
-    assert!(w.c.drills().is_empty());
+    assert!(w.c.read().drills().is_empty());
     assert!(hosts.iter().all(|h| faults_for(&w.c.state, h).is_empty()));
     // An open incident in the pool refuses a drill.
     w.run(5, &[(hosts[0].clone(), HealthStatus::Impaired), (hosts[1].clone(), HealthStatus::Ok)], |_| {
         ProviderOutcome::Done
     });
-    assert!(!w.c.incidents().is_empty());
+    assert!(!w.c.read().incidents().is_empty());
     let why = conflict(&mut w, req("daemon-exit"));
     assert!(why.contains("is open in pool p"), "{why}");
 }
@@ -107,20 +107,21 @@ fn a_managed_drill_runs_to_its_verdict_through_the_real_remediation() {
         .map(|h| (h.clone(), if *h == target { HealthStatus::Impaired } else { HealthStatus::Ok }))
         .collect();
     let jobs = w.run(6, &beats, |_| ProviderOutcome::Done);
-    let incident = w.c.incidents().into_iter().find(|i| i.host_id == target).expect("an incident");
+    let incident = w.c.read().incidents().into_iter().find(|i| i.host_id == target).expect("an incident");
     assert_eq!(incident.drill.as_deref(), Some(d.id.as_str()), "marked as the drill's");
     // The replacement joins with its token; the old host is terminated.
     let token = launch_token(&jobs).expect("a replacement launched");
     let r = w.join("replacement", &token).unwrap();
     beats.push((r, HealthStatus::Ok));
     w.run(10, &beats, |_| ProviderOutcome::Done);
-    let done = w.c.drill(&d.id).unwrap();
+    let done = w.c.read().drill(&d.id).unwrap();
     assert_eq!(done.status, DrillStatus::Ended, "{done:#?}");
     assert_eq!(done.verdict, Some(DrillVerdict::WithinBounds), "{:#?}", done.phases);
     assert_eq!(done.incidents, std::slice::from_ref(&incident.id));
     assert!(!done.phases.is_empty());
     assert!(faults_for(&w.c.state, &target).is_empty(), "the fault is taken back");
-    let reasons: Vec<String> = w.c.pool("p").unwrap().events.iter().map(|e| e.event.reason.clone()).collect();
+    let reasons: Vec<String> =
+        w.c.read().pool("p").unwrap().events.iter().map(|e| e.event.reason.clone()).collect();
     assert!(
         reasons.contains(&"DrillStarted".into()) && reasons.contains(&"DrillEnded".into()),
         "{reasons:?}"
@@ -143,7 +144,7 @@ fn another_incident_aborts_a_running_drill() {
         .map(|h| (h.clone(), if *h == other { HealthStatus::Impaired } else { HealthStatus::Ok }))
         .collect();
     w.run(6, &beats, |_| ProviderOutcome::Done);
-    let done = w.c.drill(&d.id).unwrap();
+    let done = w.c.read().drill(&d.id).unwrap();
     match &done.verdict {
         Some(DrillVerdict::Aborted { condition }) => {
             assert!(condition.contains("which the drill did not strike"), "{condition}")
@@ -152,7 +153,7 @@ fn another_incident_aborts_a_running_drill() {
     }
     assert!(faults_for(&w.c.state, &d.targets[0].host_id).is_empty());
     assert!(
-        w.c.incidents().iter().all(|i| i.drill.is_none()),
+        w.c.read().incidents().iter().all(|i| i.drill.is_none()),
         "the other host's incident is not the drill's"
     );
 }

@@ -40,9 +40,10 @@ type Seen = (IncidentState, u64, Option<u64>);
 
 /// What a user sees of the host and its incidents.
 fn seen(w: &World, host: &HostId) -> (HealthStatus, Vec<Seen>, String) {
-    let view = w.c.host(host.as_str()).unwrap();
+    let view = w.c.read().host(host.as_str()).unwrap();
     let incidents =
-        w.c.incidents()
+        w.c.read()
+            .incidents()
             .into_iter()
             .map(|i| (i.state.clone(), i.opened_at_ms, i.timing().first_failure_at_ms))
             .collect();
@@ -150,14 +151,14 @@ fn a_replica_leaves_traffic_at_its_daemons_first_failed_signal() {
         (Some(host.clone()), vec![gpu.clone()], TaskStatus::Running, true);
     let mut neighbour = task.clone();
     neighbour.gpu_ids = vec![other];
-    assert_eq!(w.c.reader().daemon_failing_since(&task), None);
+    assert_eq!(w.c.read().daemon_failing_since(&task), None);
 
     // A failed probe 300 ms before the report: the check still says OK.
     w.advance(1_000);
     let reported_at = w.clock.now_ms();
     let check = HostCheck { first_failure_age_ms: Some(300), ..w.mps_check(&host, HealthStatus::Ok) };
     w.c.host_status(&host, &w.report(vec![check])).unwrap();
-    let r = w.c.reader();
+    let r = w.c.read();
     assert_eq!(r.daemon_failing_since(&task), Some(reported_at - 300));
     let (state, why) = r.traffic_of(&task);
     assert_eq!(state, mpsfleet_types::discovery::TrafficState::Out, "{why}");
@@ -167,8 +168,8 @@ fn a_replica_leaves_traffic_at_its_daemons_first_failed_signal() {
     // The failure is over: its daemon no longer keeps the replica out.
     w.advance(1_000);
     w.heartbeat(&host, HealthStatus::Ok);
-    assert_eq!(w.c.reader().daemon_failing_since(&task), None);
+    assert_eq!(w.c.read().daemon_failing_since(&task), None);
     // (Out still, here, for its want of an address: a task record made up for the test.)
-    let why = w.c.reader().traffic_of(&task).1;
+    let why = w.c.read().traffic_of(&task).1;
     assert!(!why.contains("MPS daemon"), "{why}");
 }

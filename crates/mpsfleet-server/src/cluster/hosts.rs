@@ -35,7 +35,7 @@ impl Cluster {
         id: &str,
         mut report: TaskStateReport,
     ) -> Result<Task, Error> {
-        let task = self.task(id)?;
+        let task = self.read().task(id)?;
         if task.host_id.as_ref() != Some(host) {
             return Err(Error::Forbidden(format!("task {id} is not placed on host {host}")));
         }
@@ -101,8 +101,8 @@ impl Cluster {
         }
         let code = t.stop_code;
         let reason = t.stopped_reason.clone();
-        let was = self.reader().replica_state(&task);
-        let now_state = self.reader().replica_state(&t);
+        let was = self.read().replica_state(&task);
+        let now_state = self.read().replica_state(&t);
         self.writing(|w| w.write_tasks(vec![t]))?;
         if report.last_status == TaskStatus::Stopped {
             // The host's faults (a daemon that did not answer, a drain, a replacement) are not
@@ -128,47 +128,7 @@ impl Cluster {
             // Turned healthy (or stopped being): the rollout may take its next step.
             self.writer().ask_for_group(task.group.as_ref());
         }
-        self.task(id)
-    }
-
-    /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
-    /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
-    /// every host's long-poll.
-    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, Error> {
-        let ix = self.host_ix(host.as_str())?;
-        let e = &self.state.hosts()[ix as usize];
-        let tasks: Vec<Task> = self
-            .state
-            .tasks()
-            .on_host(ix)
-            .iter()
-            .filter_map(|id| self.state.tasks().get(id))
-            .map(|t| t.task.clone())
-            .collect();
-        let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
-        let task_definitions = refs
-            .iter()
-            .filter_map(|r| self.state.taskdefs().get(&(r.family.clone(), r.revision)))
-            .map(|v| v.value.clone())
-            .collect();
-        let allow_task_users =
-            self.state.pools().get(&e.host().pool).is_some_and(|p| p.value.allow_task_users);
-        Ok(HostAssignments { epoch: e.epoch, tasks, definitions: task_definitions, allow_task_users })
-    }
-
-    /// The tasks an agent should run (or stop), and the host's change epoch.
-    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), Error> {
-        let a = self.shared_assignments(host)?;
-        let task_definitions = a.definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
-        Ok((
-            a.epoch,
-            Assignments {
-                revision: a.epoch,
-                tasks: a.tasks,
-                task_definitions,
-                allow_task_users: a.allow_task_users,
-            },
-        ))
+        self.read().task(id)
     }
 
     /// What a heartbeat is answered with: the host's pool's health policy.
@@ -196,7 +156,7 @@ impl Cluster {
         host: &HostId,
         report: &HostStatusReport,
     ) -> Result<Option<HostStatusAnswer>, Error> {
-        let ix = self.host_ix_of(host)?;
+        let ix = self.read().host_ix_of(host)?;
         let e = &self.state.hosts()[ix as usize];
         if !e.holds_checks_of(report) {
             // It repeats checks this server does not hold (it restarted, or is a new leader):
@@ -250,7 +210,7 @@ impl Cluster {
             true => (e.checks.as_slice(), e.checks_at_ms),
             false => (report.checks.as_slice(), Some(now)),
         };
-        let health = health::assess(&self.reader(), ix, checks, Some(now), reported_at);
+        let health = health::assess(&self.read(), ix, checks, Some(now), reported_at);
         if let Some(h) = &health {
             let declared_bad = matches!(h.verdict, mpsfleet_core::health::Verdict::DeclaredBad { .. });
             if h.status != e.host().health_status || declared_bad {
@@ -277,7 +237,7 @@ impl Cluster {
         if let Some(answer) = self.quiet_heartbeat(host, report)? {
             return Ok(answer);
         }
-        let ix = self.host_ix_of(host)?;
+        let ix = self.read().host_ix_of(host)?;
         let now = self.now();
         let revision = self.state.revision();
         let entry = self.state.host_mut(ix);
@@ -313,11 +273,6 @@ impl Cluster {
             self.writer().ask_incidents();
         }
         Ok(self.status_answer(ix))
-    }
-
-    /// [`Cluster::host_ix`] of an id already parsed (a heartbeat's): no copy, no second parse.
-    pub(super) fn host_ix_of(&self, id: &HostId) -> Result<HostIx, Error> {
-        self.sched.host(id).ok_or_else(|| Error::not_found("host", id.as_str()))
     }
 
     /// A daemon's failure confirmed or over: the `restart` services with tasks on its GPU are
@@ -358,11 +313,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// Whether the scheduler has room for `gpus` more GPUs after the batch's.
-    pub(super) fn room_for_gpus(&self, batch: &HostBatch, gpus: usize) -> bool {
-        self.sched.gpu_count() + batch.gpu_count() + gpus <= MAX_GPUS
-    }
-
     /// Registers hosts, each for the caller beside it, with one store commit. Each request is
     /// checked against the state and
     /// the earlier requests of the list (of two claiming one GPU, the second is refused); one
@@ -472,7 +422,7 @@ impl Cluster {
     /// activate` returns a drained host to service once they are OK). Recorded on the open
     /// incident's timeline (OPERATOR_COMMAND, by) and in the host's events.
     pub fn recheck_host(&mut self, host: &str, by: &str) -> Result<(HostView, Option<Incident>), Error> {
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!("host {} is deregistered: no agent runs it", h.id)));
@@ -493,7 +443,7 @@ impl Cluster {
             }
         };
         tracing::info!(host.id = %self.state.hosts()[ix as usize].host().id, by, "host recheck");
-        Ok((self.host_view(ix), incident))
+        Ok((self.read().host_view(ix), incident))
     }
 
     /// `host activate`: returns a repaired host to ACTIVE and schedulable. Refused, naming the
@@ -504,7 +454,7 @@ impl Cluster {
         host: &str,
         by: &str,
     ) -> Result<(HostView, Option<OperatorOutcome>), Error> {
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         let e = &self.state.hosts()[ix as usize];
         let h = e.host().clone();
         let mut activated = h.clone();
@@ -559,7 +509,7 @@ impl Cluster {
             self.write_host(ix, activated)?;
         }
         self.writer().ask_placement_everywhere();
-        Ok((self.host_view(ix), outcome))
+        Ok((self.read().host_view(ix), outcome))
     }
 
     /// `host drain` or `host replace`: recorded on the host's incident (one is opened if there
@@ -571,7 +521,7 @@ impl Cluster {
         action: OperatorAction,
         by: &str,
     ) -> Result<Incident, Error> {
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         let h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!("host {} is already deregistered", h.id)));
@@ -628,7 +578,7 @@ impl Cluster {
         let key = Work::Incident(incident.opened_at_ms, incident.id.clone());
         self.writing(|w| w.write_incident(incident))?;
         self.ask(key);
-        self.incident(&id)
+        self.read().incident(&id)
     }
 
     /// `host revoke-credential`: the host's credential is refused from now on (a leaked one,
@@ -636,7 +586,7 @@ impl Cluster {
     /// policy takes it from there (an incident after the heartbeat grace; a managed pool
     /// replaces it). The machine joins again as a new host (`host forget` frees its GPUs).
     pub fn revoke_host_credential(&mut self, host: &str, by: &str) -> Result<HostView, Error> {
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!(
@@ -650,7 +600,7 @@ impl Cluster {
         h.credential_revoked_at_ms = Some(self.now());
         self.write_host(ix, h)?;
         tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, "host credential revoked");
-        Ok(self.host_view(ix))
+        Ok(self.read().host_view(ix))
     }
 
     /// `host forget`: a host that does not exist (a machine that is gone, or a registration
@@ -658,7 +608,7 @@ impl Cluster {
     /// recorded as stopped, its credential revoked and its GPU UUIDs free for the machine that
     /// really has them. Refused while the host heartbeats (it exists) unless `force`.
     pub fn forget_host(&mut self, host: &str, force: bool, by: &str) -> Result<HostView, Error> {
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         let e = &self.state.hosts()[ix as usize];
         if e.host().status == HostStatus::Deregistered {
             return Err(Error::Conflict(format!("host {} is already deregistered", e.host().id)));
@@ -681,7 +631,7 @@ impl Cluster {
         }
         self.writing(|w| w.deregister(ix, &format!("host forgotten by {by}")))?;
         tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, force, "host forgotten: its GPUs are free");
-        Ok(self.host_view(ix))
+        Ok(self.read().host_view(ix))
     }
 }
 
@@ -691,7 +641,7 @@ impl Cluster {
     /// recorded as stopped. No incident is opened; unlike `host forget`, the caller vouches that
     /// nothing runs it.
     pub fn retire_host(&mut self, id: &HostId, reason: &str) -> Result<(), Error> {
-        let ix = self.host_ix(id.as_str())?;
+        let ix = self.read().host_ix(id.as_str())?;
         if self.state.hosts()[ix as usize].host().status == HostStatus::Deregistered {
             return Ok(());
         }
@@ -713,7 +663,7 @@ impl Cluster {
         plugins: RuntimePlugins,
         reason: &str,
     ) -> Result<(), Error> {
-        let ix = self.host_ix(id.as_str())?;
+        let ix = self.read().host_ix(id.as_str())?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         if h.runtime == runtime || h.status == HostStatus::Deregistered {
             return Ok(());
@@ -723,7 +673,7 @@ impl Cluster {
             .map(|e| &e.task)
             .filter(|t| t.host_id.as_ref() == Some(id) && t.last_status != TaskStatus::Stopped)
             .map(|t| {
-                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
+                let mut t = self.read().stopped_record(t, StopCode::UserInitiated, reason);
                 force_stop(&mut t);
                 t.stopped_at_ms.get_or_insert(now);
                 t
@@ -746,13 +696,13 @@ impl Cluster {
     /// tasks while the server was down; a task still waiting for a host is left waiting.
     /// Returns how many were recorded.
     pub fn record_stopped_with_hosts(&mut self, pool: &str, reason: &str) -> Result<usize, Error> {
-        let pool = self.pool(pool)?.name;
+        let pool = self.read().pool(pool)?.name;
         let now = self.now();
         let stopped: Vec<Task> = (self.state.tasks().values())
             .map(|e| &e.task)
             .filter(|t| t.pool == pool && t.host_id.is_some() && t.last_status != TaskStatus::Stopped)
             .map(|t| {
-                let mut t = self.reader().stopped_record(t, StopCode::UserInitiated, reason);
+                let mut t = self.read().stopped_record(t, StopCode::UserInitiated, reason);
                 force_stop(&mut t);
                 t.stopped_at_ms.get_or_insert(now);
                 t
@@ -765,17 +715,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// The hosts whose agents can be scraped (through `GET /v1/hosts/{id}/metrics`): every
-    /// registered host with an endpoint, with its pool and hostname.
-    pub fn metrics_targets(&self) -> Vec<(HostId, PoolName, String)> {
-        self.state
-            .hosts()
-            .iter()
-            .filter(|e| e.host().status != HostStatus::Deregistered && e.logs_url.is_some())
-            .map(|e| (e.host().id.clone(), e.host().pool.clone(), e.host().hostname.clone()))
-            .collect()
-    }
-
     /// Where a host's agent serves its endpoint (logs, metrics), or why it cannot be asked.
     pub fn agent_endpoint(&self, h: &HostId) -> Result<AgentEndpoint, String> {
         let Some(ix) = self.sched.host(h) else { return Err(format!("host {h} is no longer registered")) };
@@ -812,112 +751,13 @@ impl Cluster {
 }
 
 impl Cluster {
-    pub fn host(&self, id: &str) -> Result<HostView, Error> {
-        let ix = self.host_ix(id)?;
-        Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
-    }
-
-    /// One host, with its events (lists leave them out).
-    /// How host `id` stands for the tasks on it (ECS's task `connectivity`): whether its
-    /// agent's heartbeats come within its pool's heartbeat grace, its last heartbeat, and its
-    /// platform. None for an unknown host.
-    pub fn agent_link(&self, id: &HostId) -> Option<AgentLink> {
-        let ix = self.host_ix(id.as_str()).ok()?;
-        let e = &self.state.hosts()[ix as usize];
-        let grace = self
-            .state
-            .pools()
-            .get(&e.host().pool)
-            .map_or(0, |p| p.value.health_policy.agent_heartbeat_grace_ms);
-        let connected = e.host().status != HostStatus::Deregistered
-            && e.last_heartbeat_ms.is_some_and(|at| self.now().saturating_sub(at) <= grace);
-        Some(AgentLink {
-            connected,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            platform: e.host().platform.clone(),
-        })
-    }
-
-    /// Hosts `skip..skip + limit` in registration order (of `pool`; without the DEREGISTERED
-    /// ones when `live`), and how many there are in all: only the page's views are built.
-    pub fn hosts_page(
-        &self,
-        pool: Option<&str>,
-        live: bool,
-        skip: usize,
-        limit: usize,
-    ) -> (Vec<HostView>, usize) {
-        let shown = |ix: &HostIx| {
-            let h = self.state.hosts()[*ix as usize].host();
-            pool.is_none_or(|p| h.pool.as_str() == p) && !(live && h.status == HostStatus::Deregistered)
-        };
-        let all = (0..self.state.hosts().len() as HostIx).filter(shown);
-        let total = all.clone().count();
-        (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
-    }
-
-    pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
-        self.hosts_page(pool, false, 0, usize::MAX).0
-    }
-
-    pub fn host_view(&self, ix: HostIx) -> HostView {
-        let e = &self.state.hosts()[ix as usize];
-        let gpus = self
-            .sched
-            .host_gpus(ix)
-            .zip(&e.host().gpus)
-            .map(|(g, inv)| {
-                let s = self.sched.gpu(g);
-                GpuView {
-                    gpu_id: inv.uuid.clone(),
-                    index: inv.index,
-                    model: inv.model.clone(),
-                    sharing_mode: s.mode(),
-                    total_memory_mib: s.total_mib,
-                    remaining_memory_mib: s.remaining_mib(),
-                    client_count: s.clients,
-                    max_clients: s.max_clients,
-                    compute_percent_sum: s.compute_percent,
-                }
-            })
-            .collect();
-        HostView {
-            id: e.host().id.clone(),
-            pool: e.host().pool.clone(),
-            hostname: e.host().hostname.clone(),
-            status: e.host().status,
-            health_status: e.host().health_status,
-            cordoned: e.host().cordoned,
-            emulated: e.host().emulated,
-            mps_available: e.host().mps_available,
-            runtime: e.host().runtime,
-            runtime_version: e.host().runtime_version.clone(),
-            plugins: e.host().plugins.clone(),
-            platform: e.host().platform.clone(),
-            gpus,
-            gpu_use: if e.host().status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
-            task_count: self.state.tasks().on_host(ix).len() as u32,
-            registered_at_ms: e.host().registered_at_ms,
-            last_heartbeat_ms: e.last_heartbeat_ms,
-            checks: if e.health.checks.is_empty() {
-                e.checks.clone()
-            } else {
-                evaluated_checks(&self.state, ix)
-            },
-            logs_url: e.logs_url.clone(),
-            logs_cert_sha256: e.logs_cert.clone(),
-            credential_revoked_at_ms: e.host().credential_revoked_at_ms,
-            events: Default::default(),
-        }
-    }
-
     /// Commits a host record, then applies it (`Writer::write_host`).
     pub(super) fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), Error> {
         self.writing(|w| w.write_host(ix, host))
     }
 
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, Error> {
-        let ix = self.host_ix(id)?;
+        let ix = self.read().host_ix(id)?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         if !cordoned && h.status == HostStatus::Draining {
             return Err(Error::Conflict(format!(
@@ -930,11 +770,7 @@ impl Cluster {
             h.cordoned = cordoned;
             self.write_host(ix, h)?;
         }
-        Ok(self.host_view(ix))
-    }
-
-    pub(super) fn host_ix(&self, id: &str) -> Result<HostIx, Error> {
-        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| Error::not_found("host", id))
+        Ok(self.read().host_view(ix))
     }
 
     pub(super) fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, Error> {
@@ -998,7 +834,7 @@ impl Cluster {
                 return Err(Error::AlreadyExists { kind: "GPU", id: g.uuid.to_string() });
             }
         }
-        if !self.room_for_gpus(batch, req.reg.gpus.len()) {
+        if !self.read().room_for_gpus(batch, req.reg.gpus.len()) {
             return Err(Error::invalid(
                 "gpus",
                 format!("the cluster holds at most {} GPUs", mpsfleet_core::scheduler::MAX_GPUS),
@@ -1124,4 +960,170 @@ pub(super) fn evaluated_checks(state: &State, ix: HostIx) -> Vec<HostCheck> {
         }
     }
     out
+}
+
+impl<'a> Reader<'a> {
+    /// [`Cluster::host_ix`] of an id already parsed (a heartbeat's): no copy, no second parse.
+    pub(super) fn host_ix_of(&self, id: &HostId) -> Result<HostIx, Error> {
+        self.sched.host(id).ok_or_else(|| Error::not_found("host", id.as_str()))
+    }
+
+    /// The tasks an agent should run (or stop), and the host's change epoch.
+    pub fn assignments(&self, host: &HostId) -> Result<(u64, Assignments), Error> {
+        let a = self.shared_assignments(host)?;
+        let task_definitions = a.definitions.iter().map(|d| TaskDefinition::clone(d)).collect();
+        Ok((
+            a.epoch,
+            Assignments {
+                revision: a.epoch,
+                tasks: a.tasks,
+                task_definitions,
+                allow_task_users: a.allow_task_users,
+            },
+        ))
+    }
+
+    /// [`Cluster::assignments`] with the definitions shared rather than copied, for a caller
+    /// that encodes them after the lock: a definition may be 256 KiB, and every change wakes
+    /// every host's long-poll.
+    pub fn shared_assignments(&self, host: &HostId) -> Result<HostAssignments, Error> {
+        let ix = self.host_ix(host.as_str())?;
+        let e = &self.state.hosts()[ix as usize];
+        let tasks: Vec<Task> = self
+            .state
+            .tasks()
+            .on_host(ix)
+            .iter()
+            .filter_map(|id| self.state.tasks().get(id))
+            .map(|t| t.task.clone())
+            .collect();
+        let refs: BTreeSet<TaskDefRef> = tasks.iter().map(|t| t.task_definition.clone()).collect();
+        let task_definitions = refs
+            .iter()
+            .filter_map(|r| self.state.taskdefs().get(&(r.family.clone(), r.revision)))
+            .map(|v| v.value.clone())
+            .collect();
+        let allow_task_users =
+            self.state.pools().get(&e.host().pool).is_some_and(|p| p.value.allow_task_users);
+        Ok(HostAssignments { epoch: e.epoch, tasks, definitions: task_definitions, allow_task_users })
+    }
+
+    /// Whether the scheduler has room for `gpus` more GPUs after the batch's.
+    pub(super) fn room_for_gpus(&self, batch: &HostBatch, gpus: usize) -> bool {
+        self.sched.gpu_count() + batch.gpu_count() + gpus <= MAX_GPUS
+    }
+
+    /// The hosts whose agents can be scraped (through `GET /v1/hosts/{id}/metrics`): every
+    /// registered host with an endpoint, with its pool and hostname.
+    pub fn metrics_targets(&self) -> Vec<(HostId, PoolName, String)> {
+        self.state
+            .hosts()
+            .iter()
+            .filter(|e| e.host().status != HostStatus::Deregistered && e.logs_url.is_some())
+            .map(|e| (e.host().id.clone(), e.host().pool.clone(), e.host().hostname.clone()))
+            .collect()
+    }
+
+    pub(super) fn host_ix(&self, id: &str) -> Result<HostIx, Error> {
+        HostId::new(id).ok().and_then(|h| self.sched.host(&h)).ok_or_else(|| Error::not_found("host", id))
+    }
+
+    pub fn host_view(&self, ix: HostIx) -> HostView {
+        let e = &self.state.hosts()[ix as usize];
+        let gpus = self
+            .sched
+            .host_gpus(ix)
+            .zip(&e.host().gpus)
+            .map(|(g, inv)| {
+                let s = self.sched.gpu(g);
+                GpuView {
+                    gpu_id: inv.uuid.clone(),
+                    index: inv.index,
+                    model: inv.model.clone(),
+                    sharing_mode: s.mode(),
+                    total_memory_mib: s.total_mib,
+                    remaining_memory_mib: s.remaining_mib(),
+                    client_count: s.clients,
+                    max_clients: s.max_clients,
+                    compute_percent_sum: s.compute_percent,
+                }
+            })
+            .collect();
+        HostView {
+            id: e.host().id.clone(),
+            pool: e.host().pool.clone(),
+            hostname: e.host().hostname.clone(),
+            status: e.host().status,
+            health_status: e.host().health_status,
+            cordoned: e.host().cordoned,
+            emulated: e.host().emulated,
+            mps_available: e.host().mps_available,
+            runtime: e.host().runtime,
+            runtime_version: e.host().runtime_version.clone(),
+            plugins: e.host().plugins.clone(),
+            platform: e.host().platform.clone(),
+            gpus,
+            gpu_use: if e.host().status == HostStatus::Deregistered { Vec::new() } else { e.gpu_use.clone() },
+            task_count: self.state.tasks().on_host(ix).len() as u32,
+            registered_at_ms: e.host().registered_at_ms,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+            checks: if e.health.checks.is_empty() {
+                e.checks.clone()
+            } else {
+                evaluated_checks(&self.state, ix)
+            },
+            logs_url: e.logs_url.clone(),
+            logs_cert_sha256: e.logs_cert.clone(),
+            credential_revoked_at_ms: e.host().credential_revoked_at_ms,
+            events: Default::default(),
+        }
+    }
+
+    pub fn hosts(&self, pool: Option<&str>) -> Vec<HostView> {
+        self.hosts_page(pool, false, 0, usize::MAX).0
+    }
+
+    /// Hosts `skip..skip + limit` in registration order (of `pool`; without the DEREGISTERED
+    /// ones when `live`), and how many there are in all: only the page's views are built.
+    pub fn hosts_page(
+        &self,
+        pool: Option<&str>,
+        live: bool,
+        skip: usize,
+        limit: usize,
+    ) -> (Vec<HostView>, usize) {
+        let shown = |ix: &HostIx| {
+            let h = self.state.hosts()[*ix as usize].host();
+            pool.is_none_or(|p| h.pool.as_str() == p) && !(live && h.status == HostStatus::Deregistered)
+        };
+        let all = (0..self.state.hosts().len() as HostIx).filter(shown);
+        let total = all.clone().count();
+        (all.skip(skip).take(limit).map(|ix| self.host_view(ix)).collect(), total)
+    }
+
+    /// One host, with its events (lists leave them out).
+    /// How host `id` stands for the tasks on it (ECS's task `connectivity`): whether its
+    /// agent's heartbeats come within its pool's heartbeat grace, its last heartbeat, and its
+    /// platform. None for an unknown host.
+    pub fn agent_link(&self, id: &HostId) -> Option<AgentLink> {
+        let ix = self.host_ix(id.as_str()).ok()?;
+        let e = &self.state.hosts()[ix as usize];
+        let grace = self
+            .state
+            .pools()
+            .get(&e.host().pool)
+            .map_or(0, |p| p.value.health_policy.agent_heartbeat_grace_ms);
+        let connected = e.host().status != HostStatus::Deregistered
+            && e.last_heartbeat_ms.is_some_and(|at| self.now_ms.saturating_sub(at) <= grace);
+        Some(AgentLink {
+            connected,
+            last_heartbeat_ms: e.last_heartbeat_ms,
+            platform: e.host().platform.clone(),
+        })
+    }
+
+    pub fn host(&self, id: &str) -> Result<HostView, Error> {
+        let ix = self.host_ix(id)?;
+        Ok(HostView { events: self.state.hosts()[ix as usize].host().events.clone(), ..self.host_view(ix) })
+    }
 }

@@ -155,11 +155,11 @@ mod tests {
         // Kept across a restart, and forgotten after its time, in the commit of a new one.
         let mut c = Cluster::load(store.clone(), clock.clone(), |_| Ok(())).unwrap();
         assert_eq!(ids(&c.run_tasks_as(run(2, "abc"), "admin").unwrap()), ids(&first));
-        assert_eq!(c.client_token_count(), 3);
+        assert_eq!(c.read().client_token_count(), 3);
         clock.advance(Duration::from_millis(CLIENT_TOKEN_TTL_MS));
         let fresh = c.run_tasks_as(run(2, "abc"), "admin").unwrap();
         assert_ne!(ids(&fresh), ids(&first), "past its time, the token is new again");
-        assert_eq!(c.client_token_count(), 1, "the expired ones went with the new one's commit");
+        assert_eq!(c.read().client_token_count(), 1, "the expired ones went with the new one's commit");
         assert_eq!(store.list(CLIENT_TOKEN).unwrap().len(), 1);
         // What a token may be.
         for bad in ["", "has space", &"x".repeat(MAX_CLIENT_TOKEN_LEN + 1)] {

@@ -14,32 +14,15 @@ use mpsfleet_types::drill::*;
 use super::operator::*;
 
 impl Cluster {
-    pub fn incident(&self, id: &str) -> Result<Incident, Error> {
-        self.state
-            .incidents()
-            .get(id)
-            .map(|v| shown(&self.state, v.value.clone()))
-            .ok_or_else(|| Error::not_found("incident", id))
-    }
-
-    pub fn incidents(&self) -> Vec<Incident> {
-        let mut v: Vec<Incident> =
-            self.state.incidents().values().map(|v| shown(&self.state, v.value.clone())).collect();
-        v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
-        v
-    }
-}
-
-impl Cluster {
     /// `drill abort ID`: takes the fault back now.
     pub fn abort_drill(&mut self, id: &str, by: &str) -> Result<Drill, Error> {
-        let d = self.drill(id)?;
+        let d = self.read().drill(id)?;
         if d.status == DrillStatus::Running {
             let abort = DrillEvent::Abort(format!("aborted by {by}"));
             self.writing(|w| controllers::drills::end_run(w, d, abort))?;
         }
         self.ask(Work::Drill(id.to_string()));
-        self.drill(id)
+        self.read().drill(id)
     }
 
     /// `drill run`: checks, picks the targets and starts the drill (or, for a dry run, says
@@ -50,8 +33,8 @@ impl Cluster {
             Error::invalid("fault", format!("must be one of {}, got {:?}", all.join(", "), req.fault))
         })?;
         let pool = pool_name(&self.state, "pool", &req.pool)?;
-        let p = self.pool(pool.as_str())?;
-        if !self.drill_switch().enabled {
+        let p = self.read().pool(pool.as_str())?;
+        if !self.read().drill_switch().enabled {
             return Err(Error::Conflict(
                 "drills are switched off cluster-wide: `mpsfleet drill switch on` allows them again".into(),
             ));
@@ -74,7 +57,7 @@ impl Cluster {
                 d.value.status.as_str()
             )));
         }
-        let targets = drill_targets(&self.reader(), &p, fault, req.hosts.as_deref())?;
+        let targets = drill_targets(&self.read(), &p, fault, req.hosts.as_deref())?;
         let bounds = super::bounds::intervals();
         let derived = mpsfleet_core::bounds::derive(&p, &bounds);
         let row = *derived.of(fault.kind()).expect("every kind has bounds");
@@ -151,20 +134,6 @@ impl Cluster {
         Ok(s)
     }
 
-    pub fn drill_switch(&self) -> DrillSwitch {
-        controllers::drills::switch(&self.state)
-    }
-
-    pub fn drill(&self, id: &str) -> Result<Drill, Error> {
-        self.state.drills().get(id).map(|d| d.value.clone()).ok_or_else(|| Error::not_found("drill", id))
-    }
-
-    pub fn drills(&self) -> Vec<Drill> {
-        let mut v: Vec<Drill> = self.state.drills().values().map(|d| d.value.clone()).collect();
-        v.sort_by(|a, b| (b.started_at_ms, &b.id).cmp(&(a.started_at_ms, &a.id)));
-        v
-    }
-
     pub(super) fn load_drills(&mut self) -> Result<(), Error> {
         for r in self.store.list(DRILL)? {
             let d: Drill = decode(&r)?;
@@ -235,7 +204,7 @@ impl Cluster {
                 "must be 1 to 1024 characters: say why the incident is resolved",
             ));
         }
-        let mut i = self.incident(id)?;
+        let mut i = self.read().incident(id)?;
         if i.state == IncidentState::Resolved {
             return Err(Error::Conflict(format!("incident {id} is already resolved")));
         }
@@ -249,7 +218,7 @@ impl Cluster {
 
     /// `incident acknowledge`: an operator has taken the incident; nothing else changes.
     pub fn acknowledge_incident(&mut self, id: &str, by: &str) -> Result<Incident, Error> {
-        let mut i = self.incident(id)?;
+        let mut i = self.read().incident(id)?;
         if i.state == IncidentState::Resolved {
             return Err(Error::Conflict(format!("incident {id} is already resolved")));
         }
@@ -259,7 +228,7 @@ impl Cluster {
         i.acknowledged_by = Some(by.to_string());
         i.push(self.now(), Step::Acknowledged, "acknowledged by operator", Some(by.to_string()));
         self.writing(|w| w.write_incident(i))?;
-        self.incident(id)
+        self.read().incident(id)
     }
 
     /// Commits a host and an incident about it as one batch, then applies both.
@@ -430,4 +399,35 @@ pub(super) fn drill_targets(
             gpu_id,
         })
         .collect())
+}
+
+impl<'a> Reader<'a> {
+    pub fn incidents(&self) -> Vec<Incident> {
+        let mut v: Vec<Incident> =
+            self.state.incidents().values().map(|v| shown(&self.state, v.value.clone())).collect();
+        v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
+        v
+    }
+
+    pub fn incident(&self, id: &str) -> Result<Incident, Error> {
+        self.state
+            .incidents()
+            .get(id)
+            .map(|v| shown(&self.state, v.value.clone()))
+            .ok_or_else(|| Error::not_found("incident", id))
+    }
+
+    pub fn drills(&self) -> Vec<Drill> {
+        let mut v: Vec<Drill> = self.state.drills().values().map(|d| d.value.clone()).collect();
+        v.sort_by(|a, b| (b.started_at_ms, &b.id).cmp(&(a.started_at_ms, &a.id)));
+        v
+    }
+
+    pub fn drill(&self, id: &str) -> Result<Drill, Error> {
+        self.state.drills().get(id).map(|d| d.value.clone()).ok_or_else(|| Error::not_found("drill", id))
+    }
+
+    pub fn drill_switch(&self) -> DrillSwitch {
+        controllers::drills::switch(&self.state)
+    }
 }

@@ -42,7 +42,7 @@ mod tests {
 
         assert_eq!(w.c.record_stopped_with_hosts("p", "stopped with up").unwrap(), 2);
         for t in &placed {
-            let t = w.c.task(&t.id.to_string()).unwrap();
+            let t = w.c.read().task(&t.id.to_string()).unwrap();
             assert_eq!(t.last_status, TaskStatus::Stopped);
             assert_eq!(
                 (t.stop_code, t.stopped_reason.as_deref()),
@@ -62,13 +62,13 @@ mod tests {
             w.heartbeat(&b, HealthStatus::Ok);
             w.c.health_tick().unwrap();
         }
-        let h = w.c.host(a.as_str()).unwrap();
+        let h = w.c.read().host(a.as_str()).unwrap();
         assert_eq!(h.status, HostStatus::Deregistered);
         assert!(
             h.events.iter().any(|e| e.reason == "Retired" && e.message.contains("hosts/a is gone")),
             "{:#?}",
             h.events
         );
-        assert!(w.c.incidents().is_empty(), "{:#?}", w.c.incidents());
+        assert!(w.c.read().incidents().is_empty(), "{:#?}", w.c.read().incidents());
     }
 }

@@ -77,7 +77,6 @@ pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 use hosts::*;
 use incidents::*;
 use pools::*;
-use read::Reader;
 use services::*;
 use state::State;
 use tokens::{api_token, join_token, join_token_record, load_api_tokens, load_join_tokens, new_join_index};
@@ -88,6 +87,7 @@ use write::Writer;
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
 pub use error::Error;
+pub use read::Reader;
 
 /// How a host's agent stands, for the tasks on it ([`Cluster::agent_link`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,9 +392,9 @@ impl Cluster {
             Ok(Principal::Joiner)
         } else if let Some(&h) = self.state.host_credentials().get(d) {
             Ok(Principal::Host(self.state.hosts()[h as usize].host().id.clone()))
-        } else if let Some(incident) = replacement_incident(&self.reader(), d)? {
+        } else if let Some(incident) = replacement_incident(&self.read(), d)? {
             Ok(Principal::Replacement(incident))
-        } else if let Some(p) = api_token(&self.reader(), d)? {
+        } else if let Some(p) = api_token(&self.read(), d)? {
             Ok(p)
         } else if let Some(p) = self.conformance_principal(d) {
             Ok(p)
@@ -452,7 +452,7 @@ impl Cluster {
     }
 
     /// What requests read beyond single records (`read.rs`).
-    fn reader(&self) -> read::Reader<'_> {
+    pub fn read(&self) -> Reader<'_> {
         read::Reader {
             state: &self.state,
             sched: &self.sched,
@@ -468,10 +468,6 @@ impl Cluster {
         let w = self.writer();
         let now_ms = w.now_ms;
         controllers::Ctx { w, now_ms }
-    }
-
-    pub fn revision(&self) -> Revision {
-        self.state.revision()
     }
 
     /// Where committed changes are announced from now on.
@@ -497,20 +493,6 @@ impl Cluster {
     /// servers and no other; heartbeat answers carry all, so agents follow a CA rotation.
     pub fn set_cluster_cas(&mut self, hashes: Vec<String>) {
         self.cluster_cas = hashes;
-    }
-
-    /// The hosts that may still call the server (not deregistered, credential not revoked)
-    /// whose agents have not reported that they trust the CA `hash`.
-    pub fn hosts_not_trusting(&self, hash: &str) -> Vec<String> {
-        self.state
-            .hosts()
-            .iter()
-            .filter(|e| {
-                e.host().status != HostStatus::Deregistered && e.host().credential_revoked_at_ms.is_none()
-            })
-            .filter(|e| !e.trusted_cas.iter().any(|h| h.eq_ignore_ascii_case(hash)))
-            .map(|e| e.host().id.to_string())
-            .collect()
     }
 
     /// Commits `ops`, which change state kept outside the cluster's own objects (the TLS CA
@@ -546,11 +528,6 @@ impl Cluster {
         let token = self.creds.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
         self.creds.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
         RegistrationToken(token)
-    }
-
-    /// The cluster clock's time, in ms since the epoch.
-    pub fn now_ms(&self) -> u64 {
-        self.now()
     }
 
     fn now(&self) -> u64 {
@@ -625,12 +602,37 @@ impl Cluster {
 impl Cluster {
     /// The state's figures now, by pool (`metrics.rs`).
     pub fn metrics_state(&self) -> crate::metrics::State {
-        metrics::figures(&self.reader(), &self.work.scaling)
+        metrics::figures(&self.read(), &self.work.scaling)
     }
 
     /// The counters and histograms this cluster feeds; the API layer shares them.
     pub fn live_metrics(&self) -> Arc<crate::metrics::Live> {
         self.live.clone()
+    }
+}
+
+impl<'a> Reader<'a> {
+    /// The cluster clock's time, in ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// The hosts that may still call the server (not deregistered, credential not revoked)
+    /// whose agents have not reported that they trust the CA `hash`.
+    pub fn hosts_not_trusting(&self, hash: &str) -> Vec<String> {
+        self.state
+            .hosts()
+            .iter()
+            .filter(|e| {
+                e.host().status != HostStatus::Deregistered && e.host().credential_revoked_at_ms.is_none()
+            })
+            .filter(|e| !e.trusted_cas.iter().any(|h| h.eq_ignore_ascii_case(hash)))
+            .map(|e| e.host().id.to_string())
+            .collect()
+    }
+
+    pub fn revision(&self) -> Revision {
+        self.state.revision()
     }
 }
 
@@ -708,11 +710,11 @@ mod tests {
                 reported_at_ms: Some(now),
             };
             let expected = evaluate(&before, &input, &policy, now);
-            let rev = c.revision();
+            let rev = c.read().revision();
             c.host_status(&host, &r).unwrap();
             assert_eq!(c.state.hosts()[0].health, expected, "step {i}");
             assert_eq!(c.state.hosts()[0].host().health_status, expected.status, "step {i}");
-            assert_eq!(c.revision() != rev, commits, "step {i}");
+            assert_eq!(c.read().revision() != rev, commits, "step {i}");
             // The health tick finds nothing to change either.
             c.health_tick().unwrap();
             assert_eq!(c.state.hosts()[0].health, expected, "step {i}, after the tick");

@@ -149,7 +149,7 @@ impl Cluster {
     }
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
-        let pool = self.pool(name)?;
+        let pool = self.read().pool(name)?;
         let mut e = mpsfleet_core::explain::explain(&pool, &bounds::intervals());
         e.measured_launches = self.launch_times(&pool.name);
         if e.scaling.is_some() {
@@ -158,19 +158,6 @@ impl Cluster {
                 .map(|(at, why)| format!("{}: {why}", mpsfleet_types::time::utc(at)));
         }
         Ok(e)
-    }
-
-    pub fn pools(&self) -> Vec<Pool> {
-        self.state.pools().values().map(|p| p.value.clone()).collect()
-    }
-
-    pub fn pool(&self, name: &str) -> Result<Pool, Error> {
-        self.state
-            .pools()
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, p)| p.value.clone())
-            .ok_or_else(|| Error::not_found("pool", name))
     }
 }
 
@@ -442,13 +429,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// The pool's bounds as `pool explain` shows them.
-    pub fn pool_bounds(&self, name: &str) -> Result<RecoveryBounds, Error> {
-        Ok(core_bounds::derive(&self.pool(name)?, &intervals()))
-    }
-}
-
-impl Cluster {
     /// The last scaling decision of `pool` in words, and when (`pool explain`).
     pub fn last_scaling_decision(&self, pool: &PoolName) -> Option<(u64, String)> {
         self.work.scaling.get(pool).and_then(|m| m.last.clone())
@@ -497,8 +477,8 @@ impl Cluster {
     /// Deletes pool `name` when nothing is in it ([`Cluster::pool_contents`]): no host but
     /// deregistered ones, no service, no task that is not stopped. Its stopped tasks go with it.
     pub fn delete_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        let pool = self.pool(name)?;
-        let n = self.pool_contents(name)?;
+        let pool = self.read().pool(name)?;
+        let n = self.read().pool_contents(name)?;
         let refuse = |what: String| Err(Error::Conflict(format!("pool {name} has {what}")));
         if n.hosts > 0 {
             return refuse(format!("{} host(s): deregister them first (`mpsfleet host forget`)", n.hosts));
@@ -519,57 +499,6 @@ impl Cluster {
         self.writer().kept_deleted(rev, kept);
         tracing::info!(pool = %name, "pool deleted");
         Ok(pool)
-    }
-
-    /// What pool `name` holds, read in place: its hosts but deregistered ones, its services
-    /// (active or being deleted) and its tasks by phase. What a pool must be empty of to be
-    /// deleted, and what ECS's DescribeClusters counts.
-    pub fn pool_contents(&self, name: &str) -> Result<PoolContents, Error> {
-        let pool = pool_name(&self.state, "cluster", name).map_err(|_| Error::not_found("pool", name))?;
-        let hosts = self
-            .state
-            .hosts()
-            .iter()
-            .filter(|e| e.host().pool == pool && e.host().status != HostStatus::Deregistered)
-            .count();
-        let mut n = PoolContents { hosts, ..Default::default() };
-        for s in self.state.services().values().filter(|s| s.value.pool == pool) {
-            n.services += 1;
-            n.active_services += usize::from(s.value.status == ServiceStatus::Active);
-        }
-        for e in self.state.tasks().values().filter(|e| e.task.pool == pool) {
-            match e.task.last_status {
-                TaskStatus::Stopped => {}
-                TaskStatus::Running => n.running += 1,
-                s if s < TaskStatus::Running => n.pending += 1,
-                _ => n.stopping += 1,
-            }
-        }
-        Ok(n)
-    }
-
-    /// The services of `pool` deleted within `deleted::KEPT_MS`, oldest first, each with when
-    /// (ECS's INACTIVE services; a live service may have the name again).
-    pub fn deleted_services<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = (&'a Service, u64)> + 'a {
-        self.recently_deleted().filter_map(move |d| match &d.object {
-            DeletedObject::Service(s) if s.pool.as_str() == pool => Some((s.as_ref(), d.deleted_at_ms)),
-            _ => None,
-        })
-    }
-
-    /// The pools deleted within `deleted::KEPT_MS` whose name no live pool has taken again, oldest
-    /// first (ECS's INACTIVE clusters).
-    pub fn deleted_pools(&self) -> impl Iterator<Item = &Pool> {
-        self.recently_deleted().filter_map(|d| match &d.object {
-            DeletedObject::Pool(p) if !self.state.pools().contains_key(&p.name) => Some(p.as_ref()),
-            _ => None,
-        })
-    }
-
-    /// Every deleted record still within `deleted::KEPT_MS`, oldest first.
-    pub(super) fn recently_deleted(&self) -> impl Iterator<Item = &Deleted> {
-        let since = self.now().saturating_sub(KEPT_MS);
-        self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
     }
 }
 
@@ -623,4 +552,79 @@ pub(super) fn write_pool(w: &mut Writer<'_>, pool: Pool, version: Revision) -> R
         [Change::Pool(pool)],
     )?;
     Ok(())
+}
+
+impl<'a> Reader<'a> {
+    pub fn pool(&self, name: &str) -> Result<Pool, Error> {
+        self.state
+            .pools()
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, p)| p.value.clone())
+            .ok_or_else(|| Error::not_found("pool", name))
+    }
+
+    pub fn pools(&self) -> Vec<Pool> {
+        self.state.pools().values().map(|p| p.value.clone()).collect()
+    }
+
+    /// The pool's bounds as `pool explain` shows them.
+    pub fn pool_bounds(&self, name: &str) -> Result<RecoveryBounds, Error> {
+        Ok(core_bounds::derive(&self.pool(name)?, &intervals()))
+    }
+
+    /// Every deleted record still within `deleted::KEPT_MS`, oldest first.
+    pub(super) fn recently_deleted(&self) -> impl Iterator<Item = &'a Deleted> {
+        let since = self.now_ms.saturating_sub(KEPT_MS);
+        self.state.deleted().values().filter(move |d| d.deleted_at_ms >= since)
+    }
+
+    /// The pools deleted within `deleted::KEPT_MS` whose name no live pool has taken again, oldest
+    /// first (ECS's INACTIVE clusters).
+    pub fn deleted_pools(&self) -> impl Iterator<Item = &'a Pool> {
+        let state = self.state;
+        self.recently_deleted().filter_map(move |d| match &d.object {
+            DeletedObject::Pool(p) if !state.pools().contains_key(&p.name) => Some(p.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The services of `pool` deleted within `deleted::KEPT_MS`, oldest first, each with when
+    /// (ECS's INACTIVE services; a live service may have the name again).
+    pub fn deleted_services<'p>(&self, pool: &'p str) -> impl Iterator<Item = (&'a Service, u64)> + 'p
+    where
+        'a: 'p,
+    {
+        self.recently_deleted().filter_map(move |d| match &d.object {
+            DeletedObject::Service(s) if s.pool.as_str() == pool => Some((s.as_ref(), d.deleted_at_ms)),
+            _ => None,
+        })
+    }
+
+    /// What pool `name` holds, read in place: its hosts but deregistered ones, its services
+    /// (active or being deleted) and its tasks by phase. What a pool must be empty of to be
+    /// deleted, and what ECS's DescribeClusters counts.
+    pub fn pool_contents(&self, name: &str) -> Result<PoolContents, Error> {
+        let pool = pool_name(&self.state, "cluster", name).map_err(|_| Error::not_found("pool", name))?;
+        let hosts = self
+            .state
+            .hosts()
+            .iter()
+            .filter(|e| e.host().pool == pool && e.host().status != HostStatus::Deregistered)
+            .count();
+        let mut n = PoolContents { hosts, ..Default::default() };
+        for s in self.state.services().values().filter(|s| s.value.pool == pool) {
+            n.services += 1;
+            n.active_services += usize::from(s.value.status == ServiceStatus::Active);
+        }
+        for e in self.state.tasks().values().filter(|e| e.task.pool == pool) {
+            match e.task.last_status {
+                TaskStatus::Stopped => {}
+                TaskStatus::Running => n.running += 1,
+                s if s < TaskStatus::Running => n.pending += 1,
+                _ => n.stopping += 1,
+            }
+        }
+        Ok(n)
+    }
 }

@@ -26,7 +26,7 @@ pub(in crate::cluster) struct PoolCounts {
 
 /// The state, the scheduler's index and the time, to read.
 #[derive(Clone, Copy)]
-pub(in crate::cluster) struct Reader<'a> {
+pub struct Reader<'a> {
     pub(super) state: &'a State,
     pub(super) sched: &'a Scheduler,
     /// Hosts with a confirmed MPS daemon failure (`dispatch::Controllers::failed_daemon_hosts`):

@@ -131,7 +131,7 @@ impl World {
     }
 
     fn only_incident(&self) -> Incident {
-        let all = self.c.incidents();
+        let all = self.c.read().incidents();
         assert_eq!(all.len(), 1, "{all:#?}");
         all.into_iter().next().unwrap()
     }
@@ -174,7 +174,7 @@ fn a_failed_launch_that_boots_anyway_stays_bounded_and_binds_by_token() {
     assert!(i.is_replacement(&real) && !i.is_replacement(&impostor), "{:?}", i.replacement);
 
     // Minutes of heartbeats with every termination failing.
-    let rev = w.c.revision();
+    let rev = w.c.read().revision();
     let hb = [
         (bad.clone(), HealthStatus::Impaired),
         (real.clone(), HealthStatus::Ok),
@@ -187,7 +187,7 @@ fn a_failed_launch_that_boots_anyway_stays_bounded_and_binds_by_token() {
         ProviderJob::Launch { .. } => ProviderOutcome::Done,
     });
     let terminations = jobs.iter().filter(|j| matches!(j, ProviderJob::Terminate { .. })).count();
-    let commits = w.c.revision() - rev;
+    let commits = w.c.read().revision() - rev;
     // 5 s doubling to 5 min: about 8 asks in 10 minutes, each a few commits.
     assert!((3..=12).contains(&terminations), "{terminations} terminations asked for in 10 minutes");
     assert!(commits < 100, "{commits} commits in 10 minutes of a stuck incident");
@@ -199,9 +199,9 @@ fn a_failed_launch_that_boots_anyway_stays_bounded_and_binds_by_token() {
     // Still open, and saying what it waits for: the operator can resolve it or retry.
     assert_eq!(i.state, IncidentState::Remediating);
     // Another hour changes little: the asks are 5 minutes apart now.
-    let rev = w.c.revision();
+    let rev = w.c.read().revision();
     w.run(3_600, &hb, |_| ProviderOutcome::Failed("still failing".into()));
-    assert!(w.c.revision() - rev < 100, "{} commits in an hour", w.c.revision() - rev);
+    assert!(w.c.read().revision() - rev < 100, "{} commits in an hour", w.c.read().revision() - rev);
 }
 
 /// An expired replacement token is refused, naming why.
@@ -270,8 +270,9 @@ fn self_managed_drain_repair_activate() {
 fn an_operators_command_is_recorded_by_the_request_and_carried_out_by_the_controller() {
     let (mut w, host, id) = impaired_self_managed_host();
     w.c.take_wake();
-    let steps =
-        |w: &World| -> Vec<Step> { w.c.incident(&id).unwrap().timeline.iter().map(|e| e.step).collect() };
+    let steps = |w: &World| -> Vec<Step> {
+        w.c.read().incident(&id).unwrap().timeline.iter().map(|e| e.step).collect()
+    };
     w.c.operator_action(host.as_str(), OperatorAction::Drain, "admin").unwrap();
     assert!(w.c.take_wake(), "the command wakes the controllers");
     assert!(steps(&w).contains(&Step::OperatorCommand), "{:?}", steps(&w));
@@ -311,7 +312,7 @@ fn an_old_state_is_migrated_and_a_newer_one_refused() {
         ])
         .unwrap();
     let c = Cluster::load(store.clone(), w.clock.clone(), |_| Ok(())).unwrap();
-    let back = c.incident(&i.id).unwrap();
+    let back = c.read().incident(&i.id).unwrap();
     assert!(back.timeline.len() <= TimelineEvent::HEAD + TimelineEvent::TAIL);
     assert_eq!(back.timeline.total(), 300);
     assert_eq!(back.first(Step::Detected), Some(1_000));
@@ -356,24 +357,24 @@ fn stopped_tasks_resolved_incidents_and_old_feed_entries_leave() {
     let report: TaskStateReport =
         serde_json::from_value(serde_json::json!({"lastStatus": "STOPPED"})).unwrap();
     w.c.report_task(&host, &task.to_string(), report).unwrap();
-    assert_eq!(w.c.task(&task.to_string()).unwrap().last_status, TaskStatus::Stopped);
+    assert_eq!(w.c.read().task(&task.to_string()).unwrap().last_status, TaskStatus::Stopped);
 
     w.c.run_retention().unwrap();
-    assert!(w.c.task(&task.to_string()).is_ok(), "kept within its retention");
-    assert!(w.c.incident(&i.id).is_ok(), "kept within its retention");
+    assert!(w.c.read().task(&task.to_string()).is_ok(), "kept within its retention");
+    assert!(w.c.read().incident(&i.id).is_ok(), "kept within its retention");
 
     w.advance(STOPPED_TASK_RETENTION_MS + 1);
     w.c.run_retention().unwrap();
-    assert!(w.c.task(&task.to_string()).is_err());
+    assert!(w.c.read().task(&task.to_string()).is_err());
     assert!(w.c.store.get(TASK, &task.to_string()).unwrap().is_none());
-    assert!(w.c.incident(&i.id).is_ok());
+    assert!(w.c.read().incident(&i.id).is_ok());
     w.advance(RESOLVED_INCIDENT_RETENTION_MS);
     w.c.run_retention().unwrap();
-    assert!(w.c.incident(&i.id).is_err());
+    assert!(w.c.read().incident(&i.id).is_err());
     assert!(w.c.store.get(super::kinds::INCIDENT, &i.id).unwrap().is_none());
 
     // Everything in the feed is older than its age limit now.
-    let rev = w.c.revision();
+    let rev = w.c.read().revision();
     w.c.run_retention().unwrap();
     let err = w.c.store.changes_since(0, 10).unwrap_err();
     assert!(matches!(err, mpsfleet_store::StoreError::Compacted { .. }), "{err}");
@@ -410,17 +411,17 @@ fn retention_runs_on_the_work_queue_once_started() {
     let first = stop(&mut w);
     w.advance(STOPPED_TASK_RETENTION_MS + 1);
     w.c.run_work();
-    assert!(w.c.task(&first).is_ok(), "removed before retention was started");
+    assert!(w.c.read().task(&first).is_ok(), "removed before retention was started");
 
     w.c.start_retention();
     w.c.run_work();
-    assert!(w.c.task(&first).is_err(), "kept past its retention once retention started");
+    assert!(w.c.read().task(&first).is_err(), "kept past its retention once retention started");
     assert!(w.c.work.queue.is_queued(&Work::Retention), "retention asks for its next run");
 
     let second = stop(&mut w);
     w.advance(STOPPED_TASK_RETENTION_MS + 1);
     w.c.run_work();
-    assert!(w.c.task(&second).is_err(), "the next run removes the next stopped task");
+    assert!(w.c.read().task(&second).is_err(), "the next run removes the next stopped task");
 }
 
 /// A replacement token joins its incident's pool only; the refusal spends nothing.
@@ -436,7 +437,7 @@ fn a_replacement_token_joins_its_incidents_pool_only() {
     reg.pool = PoolName::new("q").unwrap();
     let err = w.c.register_host_with_token(reg, &token).unwrap_err();
     assert!(err.to_string().contains("joins pool p"), "{err}");
-    assert!(w.c.hosts(Some("q")).is_empty());
+    assert!(w.c.read().hosts(Some("q")).is_empty());
     let real = w.join("right-pool", &token).unwrap();
     assert!(w.only_incident().is_replacement(&real));
 }
@@ -455,7 +456,7 @@ fn capacity_launches_carry_a_launch_token_scoped_to_one_host() {
         ..Default::default()
     })
     .unwrap();
-    let mut pool = w.c.pool("p").unwrap();
+    let mut pool = w.c.read().pool("p").unwrap();
     pool.provider = Some(Provider::local(1));
     w.c.update_pool("p", UpdatePool { provider: pool.provider.clone(), ..Default::default() }).unwrap();
     let jobs = w.run(1, &[], |_| ProviderOutcome::Done);

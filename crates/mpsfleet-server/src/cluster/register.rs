@@ -402,7 +402,7 @@ mod tests {
         assert!(out[1].as_ref().unwrap_err().to_string().contains("GPU-a1"), "{:?}", out[1]);
         assert!(out[3].as_ref().unwrap_err().to_string().contains("GPU-old"), "{:?}", out[3]);
         // "e" may have GPU-b0: "b", which listed it, was refused.
-        let names: Vec<_> = c.hosts(None).into_iter().map(|h| h.hostname).collect();
+        let names: Vec<_> = c.read().hosts(None).into_iter().map(|h| h.hostname).collect();
         assert_eq!(names, ["old", "a", "e"]);
         // Committed and indexed: the records are in the store, and the credentials work.
         assert_eq!(store.list(HOST).unwrap().len(), 3);
@@ -414,7 +414,7 @@ mod tests {
         let reloaded =
             Cluster::load(store.clone(), Arc::new(mpsfleet_core::clock::ManualClock::new(2)), |_| Ok(()))
                 .unwrap();
-        let names: Vec<_> = reloaded.hosts(None).into_iter().map(|h| h.hostname).collect();
+        let names: Vec<_> = reloaded.read().hosts(None).into_iter().map(|h| h.hostname).collect();
         assert_eq!(names, ["old", "a", "e"]);
         // And the GPU index is rebuilt with it.
         let mut reloaded = reloaded;

@@ -53,7 +53,7 @@ fn boot(w: &mut World, hosts: &mut Vec<HostId>, secs: u64) -> Vec<ProviderJob> {
     for _ in 0..secs {
         let beats: Vec<(HostId, HealthStatus)> = hosts
             .iter()
-            .filter(|h| w.c.host(h.as_str()).is_ok_and(|v| v.status != HostStatus::Deregistered))
+            .filter(|h| w.c.read().host(h.as_str()).is_ok_and(|v| v.status != HostStatus::Deregistered))
             .map(|h| (h.clone(), HealthStatus::Ok))
             .collect();
         let jobs = w.run(1, &beats, |_| ProviderOutcome::Done);
@@ -73,7 +73,7 @@ fn run(w: &mut World, family: &str, count: u32) -> Vec<Task> {
 }
 
 fn scaled(w: &World, reason: &str) -> usize {
-    w.c.pool("p").unwrap().events.iter().filter(|e| e.reason == reason).count()
+    w.c.read().pool("p").unwrap().events.iter().filter(|e| e.reason == reason).count()
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touchin
     let waiting: Vec<GpuDemand> = tasks
         .iter()
         .filter(|t| t.host_id.is_none())
-        .map(|t| w.c.taskdef("taskDefinition", &t.task_definition.to_string()).unwrap().gpu_demand())
+        .map(|t| w.c.read().taskdef("taskDefinition", &t.task_definition.to_string()).unwrap().gpu_demand())
         .collect();
     let shape = Shape {
         gpus: 1,
@@ -100,7 +100,7 @@ fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touchin
     let jobs = boot(&mut w, &mut hosts, 15);
     let launches = jobs.iter().filter(|j| matches!(j, ProviderJob::Launch { .. })).count();
     assert_eq!(launches as u32, needed, "one step sized to the burst");
-    assert_eq!(scaled(&w, "ScaledOut"), 1, "{:#?}", w.c.pool("p").unwrap().events);
+    assert_eq!(scaled(&w, "ScaledOut"), 1, "{:#?}", w.c.read().pool("p").unwrap().events);
     let all = w.c.tasks(&TaskFilter { limit: usize::MAX, ..Default::default() });
     assert!(all.iter().all(|t| t.host_id.is_some()), "every task placed");
     let (_, why) = w.c.last_scaling_decision(&PoolName::new("p").unwrap()).unwrap();
@@ -127,11 +127,11 @@ fn a_burst_grows_the_pool_in_one_step_and_the_quiet_pool_shrinks_without_touchin
         .collect();
     assert_eq!(terminated.len() as u32, needed, "{terminated:?}");
     let live: Vec<HostView> =
-        w.c.hosts(None).into_iter().filter(|h| h.status != HostStatus::Deregistered).collect();
+        w.c.read().hosts(None).into_iter().filter(|h| h.status != HostStatus::Deregistered).collect();
     assert_eq!(live.len(), 1, "back to one host");
     assert_eq!(Some(&live[0].id), keep.host_id.as_ref(), "the host with work stays");
     assert!(scaled(&w, "ScaledIn") >= 1);
-    assert_eq!(w.c.pool("p").unwrap().provider.unwrap().desired_hosts, 1);
+    assert_eq!(w.c.read().pool("p").unwrap().provider.unwrap().desired_hosts, 1);
 }
 
 #[test]
@@ -175,12 +175,12 @@ fn a_capacity_provider_put_on_a_pool_sets_its_scaling_and_follows_updates() {
     let e = w.c.put_pool_capacity_providers("p", &["nope".into()]).unwrap_err().to_string();
     assert!(e.contains("capacityProviders") && e.contains("nope"), "{e}");
     w.c.put_pool_capacity_providers("p", &["gpu".into()]).unwrap();
-    let s = w.c.pool("p").unwrap().provider.unwrap().managed_scaling.unwrap();
+    let s = w.c.read().pool("p").unwrap().provider.unwrap().managed_scaling.unwrap();
     // ECS's fields from the capacity provider, the host bounds kept from the pool.
     assert_eq!((s.target_capacity, s.maximum_scaling_step_size, s.min_hosts, s.max_hosts), (80, 3, 1, 10));
     let updated = ManagedScaling { target_capacity: 60, ..s };
     w.c.update_capacity_provider("gpu", updated).unwrap();
-    assert_eq!(w.c.pool("p").unwrap().provider.unwrap().managed_scaling.unwrap().target_capacity, 60);
+    assert_eq!(w.c.read().pool("p").unwrap().provider.unwrap().managed_scaling.unwrap().target_capacity, 60);
     let e = w.c.delete_capacity_provider("gpu").unwrap_err().to_string();
     assert!(e.contains("used by pool p"), "{e}");
     w.c.put_pool_capacity_providers("p", &[]).unwrap();
@@ -208,7 +208,7 @@ fn a_capacity_provider_put_on_a_pool_sets_its_scaling_and_follows_updates() {
 #[test]
 fn a_pool_at_its_most_hosts_says_so_in_the_waiting_tasks_reason() {
     let (mut w, mut hosts) = scaling_pool();
-    let mut p = w.c.pool("p").unwrap().provider.unwrap();
+    let mut p = w.c.read().pool("p").unwrap().provider.unwrap();
     p.managed_scaling.as_mut().unwrap().max_hosts = 2;
     w.c.update_pool("p", UpdatePool { provider: Some(p), ..Default::default() }).unwrap();
     run(&mut w, "m70", 8);

@@ -88,17 +88,17 @@ mod tests {
         let host = w.join("h", &join).unwrap().to_string();
         let (a, b) = (scoped("p"), scoped("q"));
         let on_host = Touch::Object(Kind::Host, host.clone());
-        assert!(w.c.admit(&a, &on_host).is_ok());
-        let e = w.c.admit(&b, &on_host).unwrap_err();
+        assert!(w.c.read().admit(&a, &on_host).is_ok());
+        let e = w.c.read().admit(&b, &on_host).unwrap_err();
         assert!(matches!(e, Error::NotFound { kind: "host", .. }), "{e:?}");
         // An object that does not exist is left to the operation, which says so.
-        assert!(w.c.admit(&b, &Touch::Object(Kind::Task, "t-0000000000000001".into())).is_ok());
-        assert!(w.c.admit(&a, &Touch::NewIn("p".into())).is_ok());
-        assert!(matches!(w.c.admit(&a, &Touch::NewIn("q".into())), Err(Error::Forbidden(_))));
-        assert!(matches!(w.c.admit(&a, &Touch::Cluster), Err(Error::Forbidden(_))));
-        assert!(w.c.admit(&a, &Touch::List).is_ok() && w.c.admit(&a, &Touch::NoPool).is_ok());
+        assert!(w.c.read().admit(&b, &Touch::Object(Kind::Task, "t-0000000000000001".into())).is_ok());
+        assert!(w.c.read().admit(&a, &Touch::NewIn("p".into())).is_ok());
+        assert!(matches!(w.c.read().admit(&a, &Touch::NewIn("q".into())), Err(Error::Forbidden(_))));
+        assert!(matches!(w.c.read().admit(&a, &Touch::Cluster), Err(Error::Forbidden(_))));
+        assert!(w.c.read().admit(&a, &Touch::List).is_ok() && w.c.read().admit(&a, &Touch::NoPool).is_ok());
         for t in [on_host, Touch::NewIn("q".into()), Touch::Cluster] {
-            assert!(w.c.admit(&Principal::Admin, &t).is_ok());
+            assert!(w.c.read().admit(&Principal::Admin, &t).is_ok());
         }
     }
 }

@@ -113,7 +113,7 @@ fn counts(c: &Cluster) -> (usize, usize) {
         .filter_map(|id| c.state.tasks().get(id))
         .map(|e| &e.task)
         .collect();
-    let healthy = live.iter().filter(|t| c.reader().replica_state(t) == ReplicaState::Healthy).count();
+    let healthy = live.iter().filter(|t| c.read().replica_state(t) == ReplicaState::Healthy).count();
     (healthy, live.len())
 }
 
@@ -127,7 +127,7 @@ fn a_rolling_update_keeps_half_healthy_and_never_exceeds_the_desired_count() {
     service(&mut w, 6, config);
     agents(&mut w, |_| false, &mut |_| {});
     assert_eq!(counts(&w.c), (6, 6));
-    let first = w.c.service_deployments("web").unwrap();
+    let first = w.c.read().service_deployments("web").unwrap();
     assert_eq!(first[0].deployment.rollout_state, RolloutState::Completed);
 
     update(&mut w, "app:2");
@@ -142,12 +142,12 @@ fn a_rolling_update_keeps_half_healthy_and_never_exceeds_the_desired_count() {
     });
     assert_eq!(lowest, 3, "the rollout used the room its minimum gave it");
     assert!(transitions >= 12);
-    let d = w.c.service_deployments("web").unwrap();
+    let d = w.c.read().service_deployments("web").unwrap();
     assert_eq!(d[0].deployment.task_definition.to_string(), "app:2");
     assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
     assert_eq!(d[0].healthy_count, 6);
     assert_eq!(d[1].deployment.status, DeploymentStatus::Inactive);
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     let reasons: Vec<&str> = svc.events.iter().map(|e| e.reason.as_str()).collect();
     for r in ["DeploymentStarted", "TasksReplaced", "TasksStarted", "DeploymentCompleted"] {
         assert!(reasons.contains(&r), "{r} missing from {reasons:?}");
@@ -165,14 +165,14 @@ fn failing_new_tasks_trip_the_breaker_and_roll_back() {
     let mut lowest = usize::MAX;
     agents(&mut w, |td| td.revision == 2, &mut |c| lowest = lowest.min(counts(c).0));
     assert_eq!(lowest, 4, "the old tasks kept serving throughout");
-    let d = w.c.service_deployments("web").unwrap();
+    let d = w.c.read().service_deployments("web").unwrap();
     assert_eq!(d[0].deployment.task_definition.to_string(), "app:1", "{d:#?}");
     assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
     let failed = d.iter().find(|d| d.deployment.task_definition.revision == 2).unwrap();
     assert_eq!(failed.deployment.rollout_state, RolloutState::Failed);
     assert_eq!(failed.deployment.failed_tasks, CircuitBreaker::threshold(4));
     assert_eq!(counts(&w.c), (4, 4));
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     assert_eq!(svc.task_definition.to_string(), "app:1");
     assert!(svc.events.iter().any(|e| e.reason == "DeploymentRolledBack"));
 }
@@ -189,7 +189,7 @@ fn a_tripped_breaker_without_rollback_starts_nothing_more() {
     w.advance(60_000);
     w.c.resync().unwrap();
     agents(&mut w, |td| td.revision == 2, &mut |_| {});
-    let d = w.c.service_deployments("web").unwrap();
+    let d = w.c.read().service_deployments("web").unwrap();
     assert_eq!(d[0].deployment.rollout_state, RolloutState::Failed);
     assert_eq!(d[0].deployment.failed_tasks, 3);
     assert_eq!(counts(&w.c), (2, 2), "the old tasks still run");
@@ -205,7 +205,7 @@ fn a_tripped_breaker_without_rollback_starts_nothing_more() {
         "{}",
         d[0].deployment.rollout_state_reason
     );
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     let failed: Vec<&str> =
         svc.events.iter().filter(|e| e.reason == "TasksFailed").map(|e| e.message.as_str()).collect();
     assert_eq!(failed.first(), Some(&format!("1 task(s) of app:2 stopped: {why}").as_str()), "{failed:?}");
@@ -235,7 +235,7 @@ fn crash_looping() -> World {
 #[test]
 fn a_crash_loop_is_held_back_and_says_why() {
     let w = crash_looping();
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     let held: Vec<_> = svc.events.iter().filter(|e| e.reason == "ReplacementsHeldBack").collect();
     let failures = svc.events.iter().filter(|e| e.reason == "TasksFailed").count();
     assert!(!held.is_empty() && held.len() < failures, "{:#?}", svc.events);
@@ -250,7 +250,8 @@ fn a_crash_loop_is_held_back_and_says_why() {
 fn a_held_back_service_starts_again_when_its_window_passes_without_a_resync() {
     let mut w = crash_looping();
     let events = |w: &World, reason: &str| {
-        w.c.service("web")
+        w.c.read()
+            .service("web")
             .unwrap()
             .service
             .events
@@ -292,9 +293,9 @@ fn a_fenced_service_stops_each_task_before_its_replacement_starts() {
     agents(&mut w, |_| false, &mut |_| {});
     update(&mut w, "app:2");
     agents(&mut w, |_| false, &mut |c| assert!(counts(c).1 <= 3));
-    let d = w.c.service_deployments("web").unwrap();
+    let d = w.c.read().service_deployments("web").unwrap();
     assert_eq!(d[0].deployment.rollout_state, RolloutState::Completed);
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     let started = svc.events.iter().rfind(|e| e.reason == "DeploymentStarted").unwrap();
     assert!(
         started.message.contains("fenced: each old task stops before its replacement starts"),
@@ -332,7 +333,7 @@ fn bad_deployment_configurations_name_their_field() {
             .unwrap_err();
         assert!(e.to_string().contains(field), "{e}");
     }
-    assert!(w.c.services().is_empty());
+    assert!(w.c.read().services().is_empty());
 }
 
 /// A task no GPU of the pool could ever hold is refused at `task run`, `service create` and a
@@ -377,7 +378,7 @@ fn a_task_larger_than_any_gpu_is_refused_with_the_reason() {
         .update_service("web", UpdateService { task_definition: Some("huge".into()), ..Default::default() });
     w.c.run_work();
     assert!(e.unwrap_err().to_string().contains("can never be placed"));
-    assert_eq!(w.c.service("web").unwrap().service.task_definition.to_string(), "app:1");
+    assert_eq!(w.c.read().service("web").unwrap().service.task_definition.to_string(), "app:1");
     assert_eq!(
         w.c.tasks(&TaskFilter { limit: 100, ..Default::default() }).len(),
         before + 1,
@@ -468,7 +469,7 @@ fn spread_again_after_a_failure(config: DeploymentConfiguration, steps: usize, l
     assert_eq!(after.len(), 3, "one replica per daemon again");
     assert_eq!(lowest, lowest_allowed, "never below the minimum");
     assert_eq!(counts(&w.c), (3, 3));
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     let moved: Vec<_> = svc.events.iter().filter(|e| e.reason == "ReplicaMoved").collect();
     assert_eq!(moved.len(), steps, "{:#?}", svc.events);
     if steps == 1 {
@@ -508,7 +509,7 @@ fn a_bunched_service_is_spread_by_its_next_deployment() {
     update(&mut w, "app:2");
     let mut at_completion = None;
     agents(&mut w, |_| false, &mut |c| {
-        let d = c.service_deployments("web").unwrap();
+        let d = c.read().service_deployments("web").unwrap();
         if at_completion.is_none() && d[0].deployment.rollout_state == RolloutState::Completed {
             at_completion = Some(hosts_of(c));
         }
@@ -516,7 +517,7 @@ fn a_bunched_service_is_spread_by_its_next_deployment() {
     let mut spread = hosts.clone();
     spread.sort();
     assert_eq!(at_completion, Some(spread), "one replica per host when the deployment completes");
-    let svc = w.c.service("web").unwrap().service;
+    let svc = w.c.read().service("web").unwrap().service;
     assert!(!svc.events.iter().any(|e| e.reason == "ReplicaMoved"), "{:#?}", svc.events);
     assert!(of_web(&w.c)
         .iter()
@@ -530,7 +531,7 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
     service(&mut w, 1, DeploymentConfiguration::default());
     agents(&mut w, |_| false, &mut |_| {});
     let task = w.c.state.tasks().values().next().unwrap().task.clone();
-    let events = w.c.task_events(&task.id.to_string()).unwrap();
+    let events = w.c.read().task_events(&task.id.to_string()).unwrap();
     let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
     assert_eq!(reasons, ["Placed", "Started", "Ready", "Healthy"], "{events:?}");
 
@@ -561,7 +562,7 @@ fn tasks_hosts_and_services_record_their_events_and_stream_them() {
     w.c.host_status(&hosts[0], &beat(0)).unwrap();
     w.c.host_status(&hosts[0], &beat(1)).unwrap();
     w.c.host_status(&hosts[0], &beat(1)).unwrap();
-    let host = w.c.host(hosts[0].as_str()).unwrap();
+    let host = w.c.read().host(hosts[0].as_str()).unwrap();
     let restarted: Vec<_> = host.events.iter().filter(|e| e.reason == "DaemonRestarted").collect();
     assert_eq!(restarted.len(), 1, "{:?}", host.events);
     assert!(restarted[0].message.contains(gpu.as_str()), "{}", restarted[0].message);
@@ -649,9 +650,9 @@ fn a_service_change_answers_once_committed_and_leaves_the_rest_to_the_controller
         desired_count: 1,
         ..Default::default()
     };
-    let before = c.revision();
+    let before = c.read().revision();
     let view = c.create_service(req).expect("create");
-    assert_eq!(c.revision(), before + 1, "the service and its first task are one commit");
+    assert_eq!(c.read().revision(), before + 1, "the service and its first task are one commit");
     assert_eq!(view.pending_count, 1, "the answer shows its task");
     let name = ServiceName::new("web").unwrap();
     assert_eq!(c.state.tasks().of_service(&name).len(), 1);
@@ -708,7 +709,7 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
                 assert_eq!(elsewhere, 2, "{resumption:?}: {live:#?}");
                 assert_eq!(live.len(), 2 + on_failed, "the old copies run on while repair tries");
                 // Its events say why it runs above its count.
-                let events = w.c.service("web").unwrap().service.events;
+                let events = w.c.read().service("web").unwrap().service.events;
                 assert!(
                     events.iter().any(|e| e.reason == "TasksStarted"
                         && e.message.contains(&format!(
@@ -744,7 +745,7 @@ fn capacity_back_asks_the_services_to_spread_at_once() {
     service(&mut w, 3, DeploymentConfiguration::default());
     agents(&mut w, |_| false, &mut |_| {});
     let moves = |c: &Cluster| {
-        c.service("web").unwrap().service.events.iter().filter(|e| e.reason == "ReplicaMoved").count()
+        c.read().service("web").unwrap().service.events.iter().filter(|e| e.reason == "ReplicaMoved").count()
     };
     assert_eq!(moves(&w.c), 0);
     for h in &hosts[1..] {
@@ -752,7 +753,7 @@ fn capacity_back_asks_the_services_to_spread_at_once() {
     }
     // No resync: only what the uncordon asked for.
     w.c.run_work();
-    assert_eq!(moves(&w.c), 1, "{:#?}", w.c.service("web").unwrap().service.events);
+    assert_eq!(moves(&w.c), 1, "{:#?}", w.c.read().service("web").unwrap().service.events);
 }
 
 /// A replica an incident moves (here an operator's drain) is told in its service's events:
@@ -767,7 +768,7 @@ fn a_replica_moved_by_an_incident_is_in_its_services_events() {
     w.c.operator_action(drained.as_str(), OperatorAction::Drain, "admin").unwrap();
     w.c.run_work();
     agents(&mut w, |_| false, &mut |_| {});
-    let events = w.c.service("web").unwrap().service.events;
+    let events = w.c.read().service("web").unwrap().service.events;
     let moved: Vec<&str> =
         events.iter().filter(|e| e.reason == "TasksMovedByIncident").map(|e| e.message.as_str()).collect();
     assert_eq!(moved.len(), 1, "{events:#?}");

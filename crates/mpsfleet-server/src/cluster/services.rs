@@ -41,14 +41,14 @@ impl Cluster {
         check_deployment_configuration(&config)?;
         check_daemon_configuration(strategy, &config)?;
         let pool = pool_name(&self.state, "pool", &req.pool)?;
-        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
+        let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
         let td = td.reference();
         let now = self.now();
         let desired_count = match strategy {
             SchedulingStrategy::Replica => req.desired_count,
-            SchedulingStrategy::Daemon => self.reader().active_hosts_of(&pool),
+            SchedulingStrategy::Daemon => self.read().active_hosts_of(&pool),
         };
         let mut svc = Service {
             name: name.clone(),
@@ -108,7 +108,7 @@ impl Cluster {
             self.writer().insert_task(task, rev, placement, true);
         }
         self.ask_now(Work::Service(name.clone()));
-        self.service(name.as_str())
+        self.read().service(name.as_str())
     }
 
     pub fn update_service(&mut self, name: &str, req: UpdateService) -> Result<ServiceView, Error> {
@@ -136,7 +136,7 @@ impl Cluster {
             }
         }
         if let Some(td) = &req.task_definition {
-            let def = self.taskdef_to_run("taskDefinition", td)?;
+            let def = self.read().taskdef_to_run("taskDefinition", td)?;
             self.check_task_secrets(def)?;
             self.check_task_policy(&svc.pool, def)?;
             let r = def.reference();
@@ -161,7 +161,7 @@ impl Cluster {
         }
         let name = current.value.name;
         self.ask_now(Work::Service(name.clone()));
-        self.service(name.as_str())
+        self.read().service(name.as_str())
     }
 
     /// Marks the service DRAINING; its tasks are stopped and the record goes with the last one.
@@ -176,54 +176,9 @@ impl Cluster {
             svc.events.push(svc.updated_at_ms, ObjectEvent::new("ServiceDeleted", "stopping every task"));
             self.writing(|w| services::write_service(w, svc.clone()))?;
         }
-        let view = view_of(&self.reader(), &svc);
+        let view = view_of(&self.read(), &svc);
         self.ask_now(Work::Service(svc.name.clone()));
         Ok(view)
-    }
-
-    pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
-        Ok(view_of(&self.reader(), &service_record(&self.state, name)?.value))
-    }
-
-    /// The service's deployments, newest first, with the counts of their tasks (a task
-    /// counts toward the newest live deployment of its definition).
-    pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, Error> {
-        let svc = service_record(&self.state, name)?.value;
-        let mut views: Vec<DeploymentView> = svc
-            .deployments
-            .iter()
-            .map(|d| DeploymentView {
-                deployment: d.clone(),
-                running_count: 0,
-                pending_count: 0,
-                healthy_count: 0,
-                health_checked: self.reader().health_checked(&d.task_definition),
-            })
-            .collect();
-        for id in self.state.tasks().of_service(&svc.name) {
-            let Some(e) = self.state.tasks().get(id) else { continue };
-            let t = &e.task;
-            let Some(v) = views.iter_mut().find(|v| {
-                v.deployment.task_definition == t.task_definition
-                    && v.deployment.status != DeploymentStatus::Inactive
-            }) else {
-                continue;
-            };
-            match self.reader().replica_state(t) {
-                ReplicaState::Stopping => {}
-                ReplicaState::Healthy => {
-                    v.healthy_count += 1;
-                    v.running_count += 1;
-                }
-                _ if t.last_status == TaskStatus::Running => v.running_count += 1,
-                _ => v.pending_count += 1,
-            }
-        }
-        Ok(views)
-    }
-
-    pub fn services(&self) -> Vec<ServiceView> {
-        self.state.services().values().map(|v| view_of(&self.reader(), &v.value)).collect()
     }
 
     /// A task of the service stopped failing (`reason` is its stop reason). The service's
@@ -378,65 +333,6 @@ fn check_deployment_configuration(c: &DeploymentConfiguration) -> Result<(), Err
 }
 
 impl Cluster {
-    /// What service discovery publishes of every service (of `pools` only, when given), in
-    /// name order: module docs.
-    pub fn discovery(&self, pools: Option<&BTreeSet<String>>) -> Vec<DiscoveredService> {
-        let r = self.reader();
-        let mut out = Vec::new();
-        for v in self.state.services().values() {
-            let svc = &v.value;
-            if pools.is_some_and(|p| !p.contains(svc.pool.as_str())) {
-                continue;
-            }
-            let mut replicas = Vec::new();
-            for id in self.state.tasks().of_service(&svc.name) {
-                let Some(e) = self.state.tasks().get(id) else { continue };
-                if let Some(d) = r.discovered(&e.task) {
-                    replicas.push(d);
-                }
-            }
-            out.push(DiscoveredService {
-                pool: svc.pool.to_string(),
-                service: svc.name.to_string(),
-                replicas,
-            });
-        }
-        out
-    }
-
-    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
-    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
-    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
-    /// each container port of its definition, at the address its containers report.
-    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
-        let svc = service_record(&self.state, name)?.value.name.clone();
-        let mut out = Vec::new();
-        for id in self.state.tasks().of_service(&svc) {
-            let Some(e) = self.state.tasks().get(id) else { continue };
-            let t = &e.task;
-            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
-                continue;
-            }
-            out.extend(self.reader().bindings_of(t));
-        }
-        Ok(out)
-    }
-}
-
-impl Cluster {
-    /// The service a client token's call was about, as it is now: refused when the name is
-    /// another pool's service now (the one the call made is gone).
-    pub(super) fn replayed_service(&self, replay: Replay) -> Result<ServiceView, Error> {
-        let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
-        let view = self.service(&name)?;
-        if view.service.pool.as_str() != pool {
-            return Err(Error::Conflict(format!(
-                "the client token answered for service {name} of pool {pool}, which is gone"
-            )));
-        }
-        Ok(view)
-    }
-
     /// `service update` with its client token, if any, for `actor`.
     pub fn update_service_as(
         &mut self,
@@ -449,7 +345,9 @@ impl Cluster {
         let replay = Replay::Service { name: name.to_string(), pool };
         let route = format!("PATCH /v1/services/{name}");
         let update = |c: &mut Self, req| c.update_service(name, req);
-        self.idempotent((actor, &route, token), req, replay, update, Cluster::replayed_service)
+        self.idempotent((actor, &route, token), req, replay, update, |c: &Cluster, replay| {
+            c.read().replayed_service(replay)
+        })
     }
 
     /// `service create` with its client token, if any, for `actor`.
@@ -457,13 +355,9 @@ impl Cluster {
         let token = req.client_token.take();
         let replay = Replay::Service { name: req.name.clone(), pool: req.pool.clone() };
         let route = "POST /v1/services";
-        self.idempotent(
-            (actor, route, token),
-            req,
-            replay,
-            Cluster::create_service,
-            Cluster::replayed_service,
-        )
+        self.idempotent((actor, route, token), req, replay, Cluster::create_service, |c: &Cluster, replay| {
+            c.read().replayed_service(replay)
+        })
     }
 }
 
@@ -513,4 +407,108 @@ pub(super) fn not_in_discovery(state: &State, svc: &Service) -> Option<String> {
         "service {} of pool {} has the same name but for case: neither is published",
         twin.name, svc.pool
     ))
+}
+
+impl<'a> Reader<'a> {
+    pub fn services(&self) -> Vec<ServiceView> {
+        self.state.services().values().map(|v| view_of(self, &v.value)).collect()
+    }
+
+    /// The service's deployments, newest first, with the counts of their tasks (a task
+    /// counts toward the newest live deployment of its definition).
+    pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, Error> {
+        let svc = service_record(&self.state, name)?.value;
+        let mut views: Vec<DeploymentView> = svc
+            .deployments
+            .iter()
+            .map(|d| DeploymentView {
+                deployment: d.clone(),
+                running_count: 0,
+                pending_count: 0,
+                healthy_count: 0,
+                health_checked: self.health_checked(&d.task_definition),
+            })
+            .collect();
+        for id in self.state.tasks().of_service(&svc.name) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
+            let t = &e.task;
+            let Some(v) = views.iter_mut().find(|v| {
+                v.deployment.task_definition == t.task_definition
+                    && v.deployment.status != DeploymentStatus::Inactive
+            }) else {
+                continue;
+            };
+            match self.replica_state(t) {
+                ReplicaState::Stopping => {}
+                ReplicaState::Healthy => {
+                    v.healthy_count += 1;
+                    v.running_count += 1;
+                }
+                _ if t.last_status == TaskStatus::Running => v.running_count += 1,
+                _ => v.pending_count += 1,
+            }
+        }
+        Ok(views)
+    }
+
+    pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
+        Ok(view_of(self, &service_record(&self.state, name)?.value))
+    }
+
+    /// Every binding of every RUNNING replica of a service, in task order: where its traffic
+    /// can go. The host's address is the one its agent is reached at (its logs endpoint), or
+    /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
+    /// each container port of its definition, at the address its containers report.
+    pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
+        let svc = service_record(&self.state, name)?.value.name.clone();
+        let mut out = Vec::new();
+        for id in self.state.tasks().of_service(&svc) {
+            let Some(e) = self.state.tasks().get(id) else { continue };
+            let t = &e.task;
+            if t.last_status != TaskStatus::Running || t.desired_status == TaskStatus::Stopped {
+                continue;
+            }
+            out.extend(self.bindings_of(t));
+        }
+        Ok(out)
+    }
+
+    /// What service discovery publishes of every service (of `pools` only, when given), in
+    /// name order: module docs.
+    pub fn discovery(&self, pools: Option<&BTreeSet<String>>) -> Vec<DiscoveredService> {
+        let r = *self;
+        let mut out = Vec::new();
+        for v in self.state.services().values() {
+            let svc = &v.value;
+            if pools.is_some_and(|p| !p.contains(svc.pool.as_str())) {
+                continue;
+            }
+            let mut replicas = Vec::new();
+            for id in self.state.tasks().of_service(&svc.name) {
+                let Some(e) = self.state.tasks().get(id) else { continue };
+                if let Some(d) = r.discovered(&e.task) {
+                    replicas.push(d);
+                }
+            }
+            out.push(DiscoveredService {
+                pool: svc.pool.to_string(),
+                service: svc.name.to_string(),
+                replicas,
+            });
+        }
+        out
+    }
+
+    /// The service a client token's call was about, as it is now: refused when the name is
+    /// another pool's service now (the one the call made is gone).
+    pub(super) fn replayed_service(&self, replay: Replay) -> Result<ServiceView, Error> {
+        let Replay::Service { name, pool } = replay else { return Err(mismatched()) };
+        let view = self.service(&name)?;
+        if view.service.pool.as_str() != pool {
+            return Err(Error::Conflict(format!(
+                "the client token answered for service {name} of pool {pool}, which is gone"
+            )));
+        }
+        Ok(view)
+    }
 }

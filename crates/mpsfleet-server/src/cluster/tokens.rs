@@ -296,7 +296,7 @@ mod tests {
             Principal::Token { id: viewer.view.id.clone(), role: Role::Viewer, pool: None }
         );
         let op = c.create_api_token(req(Role::Operator, None), "admin").unwrap();
-        assert_eq!(c.api_tokens().len(), 2);
+        assert_eq!(c.read().api_tokens().len(), 2);
         // The store holds digests only, and a restarted server knows the tokens again.
         let stored = format!("{:?}", store.list(API_TOKEN).unwrap());
         assert!(!stored.contains(&op.token) && !stored.contains(&viewer.token));
@@ -326,7 +326,7 @@ mod tests {
         .unwrap();
         let first = first.unwrap();
         assert_eq!(c.authenticate(&first).unwrap(), Principal::Joiner);
-        let listed = c.join_tokens();
+        let listed = c.read().join_tokens();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].expires_at_ms, 1_000_000 + DEFAULT_JOIN_TOKEN_LIFETIME_S * 1000);
         assert_eq!(listed[0].created_by, "first start");
@@ -351,10 +351,10 @@ mod tests {
         assert!(c.authenticate(&first).is_err());
         // Rotation: a new one, and the old ones revoked.
         let next = c.create_join_token(CreateJoinToken::default(), "admin").unwrap();
-        for old in c.join_tokens().into_iter().filter(|t| t.id != next.view.id) {
+        for old in c.read().join_tokens().into_iter().filter(|t| t.id != next.view.id) {
             c.revoke_join_token(&old.id, "admin").unwrap();
         }
-        assert_eq!(c.join_tokens().len(), 1);
+        assert_eq!(c.read().join_tokens().len(), 1);
         assert_eq!(c.authenticate(&next.token).unwrap(), Principal::Joiner);
         assert_eq!(c.authenticate(&first).unwrap_err().to_string(), "unknown token");
         let e = c
@@ -384,7 +384,7 @@ mod tests {
         let short = token(&mut c, Role::Viewer, Some(4));
         let s1 = session(&mut c, &short.token).unwrap();
         let s2 = session(&mut c, &s1).unwrap();
-        let listed = c.api_tokens();
+        let listed = c.read().api_tokens();
         let ids: Vec<(&str, Option<&str>)> =
             listed.iter().map(|t| (t.id.as_str(), t.parent.as_deref())).collect();
         assert_eq!(ids.len(), 3);
@@ -411,8 +411,12 @@ mod tests {
         let other = token(&mut c, Role::Viewer, None);
         let s1 = session(&mut c, &other.token).unwrap();
         let s2 = session(&mut c, &s1).unwrap();
-        let s1_id =
-            c.api_tokens().into_iter().find(|t| t.parent.as_deref() == Some(other.view.id.as_str())).unwrap();
+        let s1_id = c
+            .read()
+            .api_tokens()
+            .into_iter()
+            .find(|t| t.parent.as_deref() == Some(other.view.id.as_str()))
+            .unwrap();
         c.revoke_api_token(&s1_id.id, "admin").unwrap();
         assert!(c.authenticate(&s2).is_err());
         assert!(c.authenticate(&other.token).is_ok());
@@ -450,7 +454,7 @@ mod tests {
         c.set_conformance_key(None).unwrap();
         assert!(c.aws_key("FOOBARKEY").unwrap().is_none());
         assert!(c.authenticate("FOOBARSECRET").is_err());
-        assert!(c.api_tokens().is_empty() && store.list(API_TOKEN).unwrap().is_empty());
+        assert!(c.read().api_tokens().is_empty() && store.list(API_TOKEN).unwrap().is_empty());
         c.set_conformance_key(Some(("FOOBARKEY", "FOOBARSECRET"))).unwrap();
         let key = c.aws_key("FOOBARKEY").unwrap().expect("the key while the flag is on");
         assert_eq!(key.secret, "FOOBARSECRET");

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 
 impl Cluster {
     pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, Error> {
-        let task = self.task(id)?;
+        let task = self.read().task(id)?;
         if task.desired_status == TaskStatus::Stopped {
             return Ok(task);
         }
@@ -36,7 +36,7 @@ impl Cluster {
         // A service's replica in traffic leaves it first, as a planned stop does.
         let delay = task.group.as_ref().and_then(|g| self.state.services().get(g));
         let delay = delay.map_or(0, |s| s.value.deregistration_delay_seconds);
-        let t = self.reader().planned_stop(&task, delay, StopCode::UserInitiated, &reason, self.now());
+        let t = self.read().planned_stop(&task, delay, StopCode::UserInitiated, &reason, self.now());
         if matches!(self.broken, broken::Switch::LostStops) {
             return Ok(t);
         }
@@ -44,59 +44,20 @@ impl Cluster {
         // Its service (if any) starts a replacement on the next pass of the work queue; the
         // stop, committed, is not answered with an error of that reconcile.
         self.writer().ask_for_group(task.group.as_ref());
-        self.task(id)
-    }
-
-    pub(super) fn matching_tasks<'a>(
-        &'a self,
-        filter: &'a TaskFilter,
-    ) -> impl Iterator<Item = &'a TaskEntry> + 'a {
-        self.state
-            .tasks()
-            .values()
-            .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
-            .filter(|e| {
-                filter
-                    .service
-                    .as_deref()
-                    .is_none_or(|s| e.task.group.as_ref().is_some_and(|g| g.as_str() == s))
-            })
-            .filter(|e| {
-                filter
-                    .host
-                    .as_deref()
-                    .is_none_or(|h| e.task.host_id.as_ref().is_some_and(|x| x.as_str() == h))
-            })
-            .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
-            .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
-    }
-
-    /// Every task `filter` matches, unordered, read in place (nothing is copied): for counts
-    /// and for lists that keep a few fields of each. `skip`, `limit` and the order are the
-    /// caller's.
-    pub fn visit_tasks(&self, filter: &TaskFilter, mut f: impl FnMut(&Task)) {
-        self.matching_tasks(filter).for_each(|e| f(&e.task));
+        self.read().task(id)
     }
 
     pub fn tasks(&self, filter: &TaskFilter) -> Vec<Task> {
         if let Some(stale) = self.broken.stale_tasks(filter) {
             return stale;
         }
-        let mut out: Vec<&TaskEntry> = self.matching_tasks(filter).collect();
+        let mut out: Vec<&TaskEntry> = self.read().matching_tasks(filter).collect();
         if filter.newest_first {
             out.sort_by_key(|e| std::cmp::Reverse(e.seq));
         } else {
             out.sort_by_key(|e| e.seq);
         }
         out.into_iter().skip(filter.skip).take(filter.limit).map(|e| e.task.clone()).collect()
-    }
-
-    pub fn task(&self, id: &str) -> Result<Task, Error> {
-        TaskId::parse(id)
-            .ok()
-            .and_then(|id| self.state.tasks().get(&id))
-            .map(|e| e.task.clone())
-            .ok_or_else(|| Error::not_found("task", id))
     }
 
     /// A task run whose tasks carry `started_by`.
@@ -112,7 +73,7 @@ impl Cluster {
             ));
         }
         let pool = pool_name(&self.state, "pool", &req.pool)?;
-        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
+        let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
         let labels = run_labels(&req, td)?;
@@ -136,11 +97,11 @@ impl Cluster {
         host: &str,
     ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
         let pool = pool_name(&self.state, "cluster", &req.pool)?;
-        let ix = self.host_ix(host)?;
+        let ix = self.read().host_ix(host)?;
         if self.state.hosts()[ix as usize].host().pool != pool {
             return Err(Error::not_found("host", host));
         }
-        let td = self.taskdef_to_run("taskDefinition", &req.task_definition)?;
+        let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.check_task_policy(&pool, td)?;
         let labels = run_labels(req, td)?;
@@ -149,52 +110,6 @@ impl Cluster {
         let mut task = Task::new(self.writer().next_task_id(), reference, pool, None, started_by, self.now());
         task.labels = labels;
         self.writing(|w| w.start_one_on(task, ix))
-    }
-
-    /// A task's events in words, oldest first.
-    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
-        let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
-        let e = self.state.tasks().get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
-        Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
-    }
-
-    /// The definitions (of `family`), shared: the caller encodes them after the lock.
-    pub fn taskdefs(&self, family: Option<&str>) -> Vec<Arc<TaskDefinition>> {
-        self.state
-            .taskdefs()
-            .values()
-            .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
-            .map(|v| v.value.clone())
-            .collect()
-    }
-
-    /// Resolves `family` (latest revision) or `family:revision`.
-    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
-        let (family, revision) = match reference.rsplit_once(':') {
-            Some(_) => {
-                let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid(field, e.to_string()))?;
-                (r.family, Some(r.revision))
-            }
-            None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
-        };
-        let revision = revision.or_else(|| latest_active_revision(&self.state, &family));
-        revision
-            .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
-            .map(|v| v.value.as_ref())
-            .ok_or_else(|| Error::not_found("task definition", reference))
-    }
-
-    /// [`Cluster::taskdef`] for a new task or deployment: a deregistered revision starts
-    /// nothing new.
-    pub(super) fn taskdef_to_run(&self, field: &str, reference: &str) -> Result<&TaskDefinition, Error> {
-        let td = self.taskdef(field, reference)?;
-        if td.deregistered_at_ms.is_some() {
-            return Err(Error::invalid(
-                field,
-                format!("{} is deregistered (INACTIVE): register a new revision", td.reference()),
-            ));
-        }
-        Ok(td)
     }
 
     // ---- pools --------------------------------------------------------------------------
@@ -261,7 +176,7 @@ impl Cluster {
                 Ok(tags)
             }
             Tagged::Task(t) => {
-                let mut task = self.task(t)?;
+                let mut task = self.read().task(t)?;
                 let labels = task.labels.get_or_insert_with(Default::default);
                 change(&mut labels.tags)?;
                 if labels.is_empty() {
@@ -280,10 +195,10 @@ impl Cluster {
     /// The tags of what `target` names.
     pub fn tags_of(&self, target: &Tagged) -> Result<Vec<Tag>, Error> {
         Ok(match target {
-            Tagged::Pool(p) => self.pool(p)?.tags,
+            Tagged::Pool(p) => self.read().pool(p)?.tags,
             Tagged::TaskDef(r) => taskdef_revision(&self.state, r)?.value.tags.clone(),
             Tagged::Service(s) => service_record(&self.state, s)?.value.tags,
-            Tagged::Task(t) => self.task(t)?.tags().to_vec(),
+            Tagged::Task(t) => self.read().task(t)?.tags().to_vec(),
             Tagged::CapacityProvider(n) => self.capacity_provider(n)?.tags,
         })
     }
@@ -411,7 +326,7 @@ impl Cluster {
         let until = enabled.then(|| now + u64::from(minutes) * 60_000);
         let mut changed = Vec::with_capacity(ids.len());
         for id in ids {
-            let mut t = self.task(id)?;
+            let mut t = self.read().task(id)?;
             if t.desired_status == TaskStatus::Stopped {
                 return Err(Error::Conflict(format!(
                     "task {id} is stopped or stopping: it cannot be protected"
@@ -471,10 +386,6 @@ impl Cluster {
         };
         self.release_client_token();
         out
-    }
-
-    pub fn client_token_count(&self) -> usize {
-        self.state.client_tokens().by_key.len()
     }
 
     /// [`Cluster::client_token_ops`] are committed.
@@ -554,7 +465,7 @@ impl Cluster {
     /// was removed) is served from the snapshot; without either it is not found.
     pub fn logs_plan(&self, id: &str) -> Result<LogsPlan, Error> {
         let snapshot = |task_id: &TaskId| self.output.get(task_id).map(|(at, s)| (at, s.clone()));
-        let task = match self.task(id) {
+        let task = match self.read().task(id) {
             Ok(t) => t,
             Err(e) => {
                 let Some(task_id) = TaskId::parse(id).ok() else { return Err(e) };
@@ -641,4 +552,97 @@ pub(super) fn tasks_started_by(state: &State, started_by: &str) -> RunOutcome {
     let tasks: Vec<Task> = found.into_iter().map(|e| e.task.clone()).collect();
     let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
     RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks }
+}
+
+impl<'a> Reader<'a> {
+    /// [`Cluster::taskdef`] for a new task or deployment: a deregistered revision starts
+    /// nothing new.
+    pub(super) fn taskdef_to_run(&self, field: &str, reference: &str) -> Result<&'a TaskDefinition, Error> {
+        let td = self.taskdef(field, reference)?;
+        if td.deregistered_at_ms.is_some() {
+            return Err(Error::invalid(
+                field,
+                format!("{} is deregistered (INACTIVE): register a new revision", td.reference()),
+            ));
+        }
+        Ok(td)
+    }
+
+    /// Resolves `family` (latest revision) or `family:revision`.
+    pub fn taskdef(&self, field: &str, reference: &str) -> Result<&'a TaskDefinition, Error> {
+        let (family, revision) = match reference.rsplit_once(':') {
+            Some(_) => {
+                let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid(field, e.to_string()))?;
+                (r.family, Some(r.revision))
+            }
+            None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
+        };
+        let revision = revision.or_else(|| latest_active_revision(&self.state, &family));
+        revision
+            .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
+            .map(|v| v.value.as_ref())
+            .ok_or_else(|| Error::not_found("task definition", reference))
+    }
+
+    /// The definitions (of `family`), shared: the caller encodes them after the lock.
+    pub fn taskdefs(&self, family: Option<&str>) -> Vec<Arc<TaskDefinition>> {
+        self.state
+            .taskdefs()
+            .values()
+            .filter(|v| family.is_none_or(|f| v.value.family.as_str() == f))
+            .map(|v| v.value.clone())
+            .collect()
+    }
+
+    /// A task's events in words, oldest first.
+    pub fn task_events(&self, id: &str) -> Result<History<ObjectEvent>, Error> {
+        let id = TaskId::parse(id).map_err(|_| Error::not_found("task", id))?;
+        let e = self.state.tasks().get(&id).ok_or_else(|| Error::not_found("task", id.to_string()))?;
+        Ok(mpsfleet_core::changes::task_events(&e.task, &e.events))
+    }
+
+    pub fn task(&self, id: &str) -> Result<Task, Error> {
+        TaskId::parse(id)
+            .ok()
+            .and_then(|id| self.state.tasks().get(&id))
+            .map(|e| e.task.clone())
+            .ok_or_else(|| Error::not_found("task", id))
+    }
+
+    /// Every task `filter` matches, unordered, read in place (nothing is copied): for counts
+    /// and for lists that keep a few fields of each. `skip`, `limit` and the order are the
+    /// caller's.
+    pub fn visit_tasks(&self, filter: &TaskFilter, mut f: impl FnMut(&Task)) {
+        self.matching_tasks(filter).for_each(|e| f(&e.task));
+    }
+
+    pub(super) fn matching_tasks<'f>(
+        &self,
+        filter: &'f TaskFilter,
+    ) -> impl Iterator<Item = &'a TaskEntry> + 'f
+    where
+        'a: 'f,
+    {
+        (self.state.tasks())
+            .values()
+            .filter(|e| filter.pool.as_deref().is_none_or(|p| e.task.pool.as_str() == p))
+            .filter(|e| {
+                filter
+                    .service
+                    .as_deref()
+                    .is_none_or(|s| e.task.group.as_ref().is_some_and(|g| g.as_str() == s))
+            })
+            .filter(|e| {
+                filter
+                    .host
+                    .as_deref()
+                    .is_none_or(|h| e.task.host_id.as_ref().is_some_and(|x| x.as_str() == h))
+            })
+            .filter(|e| filter.status.is_none_or(|s| e.task.last_status == s))
+            .filter(|e| !filter.live || e.task.last_status != TaskStatus::Stopped)
+    }
+
+    pub fn client_token_count(&self) -> usize {
+        self.state.client_tokens().by_key.len()
+    }
 }

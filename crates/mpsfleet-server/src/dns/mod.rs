@@ -83,8 +83,8 @@ async fn refresh_loop(state: AppState, pools: Option<BTreeSet<String>>, zone: Ar
         let pools = pools.clone();
         let built = tokio::task::spawn_blocking(move || {
             let c = st.cluster.lock().ok()?;
-            let published = c.discovery(pools.as_ref());
-            let serial = c.revision() as u32;
+            let published = c.read().discovery(pools.as_ref());
+            let serial = c.read().revision() as u32;
             drop(c);
             Some(Zone::build(&published, serial))
         })

@@ -230,7 +230,7 @@ pub(super) async fn put_cluster(call: &Call, r: PutCluster) -> Result<Value, Ecs
     let arns = call.arns.clone();
     call.run(api::admin, Touch::List, move |c, who| {
         let name = pool_in(c, &who, &arns, Some(&r.cluster))?;
-        c.admit(&who, &Touch::Object(crate::cluster::Kind::Pool, name.clone()))?;
+        c.read().admit(&who, &Touch::Object(crate::cluster::Kind::Pool, name.clone()))?;
         let names: Vec<String> = (r.capacity_providers.iter())
             .map(|n| arns.short("capacity-provider", n).unwrap_or(n).to_string())
             .collect();
@@ -238,7 +238,7 @@ pub(super) async fn put_cluster(call: &Call, r: PutCluster) -> Result<Value, Ecs
         let strategy = serde_json::Value::Array(r.default_capacity_provider_strategy);
         let pool =
             c.keep_pool_fields(&name, [("defaultCapacityProviderStrategy".to_string(), strategy)].into())?;
-        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &c.pool_contents(&name)?, false) }))
+        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &c.read().pool_contents(&name)?, false) }))
     })
     .await
 }

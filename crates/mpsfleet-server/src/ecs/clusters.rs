@@ -37,7 +37,7 @@ pub(super) async fn create(call: &Call, req: Create) -> Result<Value, EcsError> 
     let arns = call.arns.clone();
     call.run(api::admin, Touch::Cluster, move |c, _| {
         // As ECS does, a cluster that exists is answered as it is.
-        let pool = match c.pool(&name) {
+        let pool = match c.read().pool(&name) {
             Ok(p) => p,
             Err(_) => c.create_pool(CreatePool {
                 name,
@@ -46,7 +46,7 @@ pub(super) async fn create(call: &Call, req: Create) -> Result<Value, EcsError> 
                 ..Default::default()
             })?,
         };
-        let n = c.pool_contents(pool.name.as_str())?;
+        let n = c.read().pool_contents(pool.name.as_str())?;
         Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &n, true) }))
     })
     .await
@@ -63,7 +63,7 @@ pub(super) async fn delete(call: &Call, req: Delete) -> Result<Value, EcsError> 
         .run(api::admin, Touch::List, move |c, who| {
             let name = pool_in(c, &who, &arns, Some(&req.cluster))?;
             // ECS names what is left in its refusal; the domain refuses the same (delete_pool).
-            let n = c.pool_contents(&name)?;
+            let n = c.read().pool_contents(&name)?;
             let refuse = |code: &'static str, what: &str| -> Result<Result<Value, EcsError>, Error> {
                 Ok(Err(EcsError {
                     code,
@@ -96,7 +96,7 @@ fn inactive(arns: &arn::Arns, pool: &Pool) -> Value {
 /// The pool deleted lately that `given` names, if the caller may see it.
 fn deleted<'c>(c: &'c Cluster, who: &Principal, arns: &arn::Arns, given: &str) -> Option<&'c Pool> {
     let name = arns.short("cluster", given)?;
-    c.deleted_pools().filter(|p| p.name.as_str() == name && who.sees_pool(name)).last()
+    c.read().deleted_pools().filter(|p| p.name.as_str() == name && who.sees_pool(name)).last()
 }
 
 #[derive(Deserialize)]
@@ -124,8 +124,8 @@ pub(super) async fn describe(call: &Call, req: Describe) -> Result<Value, EcsErr
         for given in asked {
             match pool_in(c, &who, &arns, given.as_deref()) {
                 Ok(name) => {
-                    let pool = c.pool(&name)?;
-                    found.push(shapes::cluster(&arns, &pool, &c.pool_contents(&name)?, tags));
+                    let pool = c.read().pool(&name)?;
+                    found.push(shapes::cluster(&arns, &pool, &c.read().pool_contents(&name)?, tags));
                 }
                 Err(Error::NotFound { .. }) => {
                     let given = given.unwrap_or_else(|| "default".into());
@@ -155,8 +155,8 @@ pub(super) async fn list(call: &Call, req: List) -> Result<Value, EcsError> {
     let arns = call.arns.clone();
     let names: Vec<String> = call
         .read(move |c, who| {
-            let active = c.pools().into_iter().map(|p| p.name.to_string());
-            let inactive = c.deleted_pools().map(|p| p.name.to_string());
+            let active = c.read().pools().into_iter().map(|p| p.name.to_string());
+            let inactive = c.read().deleted_pools().map(|p| p.name.to_string());
             let mut names: Vec<String> = active.chain(inactive).filter(|p| who.sees_pool(p)).collect();
             names.sort();
             Ok(names)
@@ -180,7 +180,7 @@ pub(super) async fn update(call: &Call, req: Update) -> Result<Value, EcsError> 
     call.run(api::admin, Touch::List, move |c, who| {
         let name = pool_in(c, &who, &arns, Some(&req.cluster))?;
         let pool = c.keep_pool_fields(&name, kept(&req.rest))?;
-        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &c.pool_contents(&name)?, false) }))
+        Ok(json!({ "cluster": shapes::cluster(&arns, &pool, &c.read().pool_contents(&name)?, false) }))
     })
     .await
 }

@@ -176,8 +176,10 @@ fn full(arns: &arn::Arns, e: &Entry<'_>) -> Value {
 /// deleted ones still kept, newest first (each with whether it is live).
 fn find_services(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Vec<(Service, bool)> {
     let Some(name) = arns.short("service", given) else { return Vec::new() };
-    let live = c.service(name).ok().filter(|v| v.service.pool.as_str() == pool).map(|v| (v.service, true));
+    let live =
+        c.read().service(name).ok().filter(|v| v.service.pool.as_str() == pool).map(|v| (v.service, true));
     let mut deleted: Vec<(Service, bool)> = c
+        .read()
         .deleted_services(pool)
         .filter(|(s, _)| s.name.as_str() == name)
         .map(|(s, _)| (s.clone(), false))
@@ -188,7 +190,8 @@ fn find_services(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Vec<
 
 /// Each deployment of `svc` with its tasks counted (a deleted service has none).
 fn entries<'a>(c: &Cluster, svc: &'a Service, live: bool) -> Vec<Entry<'a>> {
-    let views = if live { c.service_deployments(svc.name.as_str()).unwrap_or_default() } else { Vec::new() };
+    let views =
+        if live { c.read().service_deployments(svc.name.as_str()).unwrap_or_default() } else { Vec::new() };
     (0..svc.deployments.len())
         .map(|at| {
             let d = &svc.deployments[at];

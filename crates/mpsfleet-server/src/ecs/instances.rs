@@ -33,6 +33,7 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
         .read(move |c, who| {
             let pool = pool_in(c, &who, &arns, l.cluster.as_deref())?;
             let hosts = c
+                .read()
                 .hosts(Some(&pool))
                 .iter()
                 .map(|h| (h.id.to_string(), shapes::instance_status(h.status)))
@@ -56,11 +57,11 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
 /// A host's ECS shape, with its task counts, what its live tasks reserve, and whether its
 /// agent answers.
 fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
-    let h = c.host(id)?;
+    let h = c.read().host(id)?;
     let filter = crate::cluster::TaskFilter { host: Some(id.to_string()), live: true, ..Default::default() };
     let (mut running, mut pending) = (0, 0);
     let mut used = shapes::Reserved::default();
-    c.visit_tasks(&filter, |t| {
+    c.read().visit_tasks(&filter, |t| {
         match t.last_status {
             TaskStatus::Running => running += 1,
             _ => pending += 1,
@@ -69,14 +70,14 @@ fn shape(c: &Cluster, arns: &arn::Arns, id: &str) -> Result<Value, Error> {
         used.add(t, run.as_deref());
     });
     // Connected: its agent's heartbeats come within the pool's heartbeat grace.
-    let connected = c.agent_link(&h.id).is_some_and(|l| l.connected);
+    let connected = c.read().agent_link(&h.id).is_some_and(|l| l.connected);
     Ok(shapes::container_instance(arns, &h, running, pending, &used, connected))
 }
 
 /// The host a caller's id or ARN names, in `pool`.
 fn host_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<String> {
     let id = arns.short("container-instance", given)?;
-    c.host(id).ok().filter(|h| h.pool.as_str() == pool).map(|h| h.id.to_string())
+    c.read().host(id).ok().filter(|h| h.pool.as_str() == pool).map(|h| h.id.to_string())
 }
 
 #[derive(Deserialize)]
@@ -158,7 +159,7 @@ pub(super) async fn update_state(call: &Call, u: UpdateState) -> Result<Value, E
                     failures.push(failure(&arn, "MISSING", None));
                     continue;
                 };
-                let status = c.host(&id)?.status;
+                let status = c.read().host(&id)?.status;
                 let changed = match (drain, status) {
                     (true, HostStatus::Draining) | (false, HostStatus::Active) => Ok(()),
                     (true, _) => c.operator_action(&id, OperatorAction::Drain, &actor).map(|_| ()),

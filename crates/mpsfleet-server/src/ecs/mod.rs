@@ -335,8 +335,13 @@ fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) 
     let name = match given.filter(|g| !g.is_empty()) {
         Some(g) => arns.short("cluster", g).ok_or_else(|| Error::not_found("pool", g))?.to_string(),
         None => {
-            let seen: Vec<String> =
-                c.pools().into_iter().map(|p| p.name.to_string()).filter(|p| who.sees_pool(p)).collect();
+            let seen: Vec<String> = c
+                .read()
+                .pools()
+                .into_iter()
+                .map(|p| p.name.to_string())
+                .filter(|p| who.sees_pool(p))
+                .collect();
             match seen.as_slice() {
                 [only] => only.clone(),
                 _ => "default".to_string(),
@@ -346,14 +351,14 @@ fn pool_in(c: &Cluster, who: &Principal, arns: &arn::Arns, given: Option<&str>) 
     if !who.sees_pool(&name) {
         return Err(Error::not_found("pool", name));
     }
-    c.pool(&name)?;
+    c.read().pool(&name)?;
     Ok(name)
 }
 
 /// What task `t` runs: its definition with its run's overrides applied (None when the
 /// definition is gone).
 fn run_definition<'c>(c: &'c Cluster, t: &Task) -> Option<std::borrow::Cow<'c, TaskDefinition>> {
-    let td = c.taskdef("taskDefinition", &t.task_definition.to_string()).ok();
+    let td = c.read().taskdef("taskDefinition", &t.task_definition.to_string()).ok();
     match (td, t.overrides()) {
         (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
         (d, _) => d.map(std::borrow::Cow::Borrowed),

@@ -66,11 +66,11 @@ pub(super) async fn update(call: &Call, u: Update) -> Result<Value, EcsError> {
     call.run(api::operator, Touch::List, move |c, who| {
         check_count(&u.tasks)?;
         let pool = pool_in(c, &who, &arns, u.cluster.as_deref())?;
-        c.admit(&who, &Touch::Object(crate::cluster::Kind::Pool, pool.clone()))?;
+        c.read().admit(&who, &Touch::Object(crate::cluster::Kind::Pool, pool.clone()))?;
         let (found, failures) = named(c, &arns, &pool, &u.tasks);
         let ids: Vec<String> = found.iter().map(|t| t.id.to_string()).collect();
         let changed = c.protect_tasks(&ids, u.protection_enabled, u.expires_in_minutes)?;
-        let now = c.now_ms();
+        let now = c.read().now_ms();
         let answered: Vec<Value> = changed.iter().map(|t| protected(&arns, t, now)).collect();
         Ok(json!({ "protectedTasks": answered, "failures": failures }))
     })
@@ -91,7 +91,7 @@ pub(super) async fn get(call: &Call, g: Get) -> Result<Value, EcsError> {
         check_count(&g.tasks)?;
         let pool = pool_in(c, &who, &arns, g.cluster.as_deref())?;
         let (found, failures) = named(c, &arns, &pool, &g.tasks);
-        let now = c.now_ms();
+        let now = c.read().now_ms();
         let answered: Vec<Value> = found.iter().map(|t| protected(&arns, t, now)).collect();
         Ok(json!({ "protectedTasks": answered, "failures": failures }))
     })

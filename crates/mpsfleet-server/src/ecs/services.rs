@@ -89,7 +89,7 @@ fn kept(rest: &serde_json::Map<String, Value>) -> std::collections::BTreeMap<Str
 
 /// The service's answer: its view with deployments.
 fn shape(c: &Cluster, arns: &arn::Arns, v: &ServiceView, tags: bool) -> Result<Value, Error> {
-    let deployments = c.service_deployments(v.service.name.as_str())?;
+    let deployments = c.read().service_deployments(v.service.name.as_str())?;
     Ok(shapes::service(arns, v, &deployments, tags))
 }
 
@@ -128,8 +128,8 @@ pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
     let actor = api::actor(&call.who);
     call.run(api::operator, Touch::List, move |c, who| {
         let pool = pool_in(c, &who, &arns, r.cluster.as_deref())?;
-        c.admit(&who, &Touch::NewIn(pool.clone()))?;
-        if c.service(&r.service_name).is_ok() {
+        c.read().admit(&who, &Touch::NewIn(pool.clone()))?;
+        if c.read().service(&r.service_name).is_ok() {
             return Err(Error::invalid("serviceName", "Creation of service was not idempotent."));
         }
         let daemon = strategy == SchedulingStrategy::Daemon;
@@ -160,14 +160,14 @@ pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
 /// The service a caller's name or ARN names, in `pool`.
 fn service_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<ServiceView> {
     let name = arns.short("service", given)?;
-    c.service(name).ok().filter(|s| s.service.pool.as_str() == pool)
+    c.read().service(name).ok().filter(|s| s.service.pool.as_str() == pool)
 }
 
 /// The newest service `given` names in `pool` that was deleted within the hour, as ECS's
 /// INACTIVE service (no tasks are left of it).
 fn inactive(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str, tags: bool) -> Option<Value> {
     let name = arns.short("service", given)?;
-    let (svc, _) = c.deleted_services(pool).filter(|(s, _)| s.name.as_str() == name).last()?;
+    let (svc, _) = c.read().deleted_services(pool).filter(|(s, _)| s.name.as_str() == name).last()?;
     let view = ServiceView {
         service: svc.clone(),
         running_count: 0,
@@ -261,10 +261,10 @@ pub(super) async fn delete(call: &Call, d: Delete) -> Result<Value, EcsError> {
             }
             let name = current.service.name.to_string();
             let v = c.delete_service(&name)?;
-            let deployments = c.service_deployments(&name).unwrap_or_default();
+            let deployments = c.read().service_deployments(&name).unwrap_or_default();
             let mut answer = shapes::service(&arns, &v, &deployments, false);
             // Its record goes once its last task has stopped: then it is ECS's INACTIVE.
-            if c.service(&name).is_err() {
+            if c.read().service(&name).is_err() {
                 answer["status"] = json!("INACTIVE");
             }
             Ok(Ok(json!({ "service": answer })))
@@ -328,6 +328,7 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
         .read(move |c, who| {
             let pool = pool_in(c, &who, &arns, l.cluster.as_deref())?;
             let names = c
+                .read()
                 .services()
                 .iter()
                 .filter(|s| s.service.pool.as_str() == pool)

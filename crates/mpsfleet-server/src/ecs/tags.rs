@@ -53,8 +53,8 @@ fn missing(t: &Tagged) -> Error {
 /// The object exists in the pool its ARN names, or it is not found.
 fn check_cluster(c: &Cluster, t: &Tagged, cluster: Option<&str>) -> Result<(), Error> {
     let pool = match t {
-        Tagged::Service(s) => c.service(s)?.service.pool.to_string(),
-        Tagged::Task(id) => c.task(id)?.pool.to_string(),
+        Tagged::Service(s) => c.read().service(s)?.service.pool.to_string(),
+        Tagged::Task(id) => c.read().task(id)?.pool.to_string(),
         Tagged::Pool(_) | Tagged::TaskDef(_) | Tagged::CapacityProvider(_) => return Ok(()),
     };
     match cluster {

@@ -67,7 +67,7 @@ pub(super) async fn register(call: &Call, mut body: Value) -> Result<Value, EcsE
     let arns = call.arns.clone();
     call.run(api::operator, Touch::Cluster, move |c, _| {
         let done = c.register_valid_taskdef(valid)?;
-        let td = c.taskdef("taskDefinition", &done.task_definition.to_string())?;
+        let td = c.read().taskdef("taskDefinition", &done.task_definition.to_string())?;
         Ok(json!({ "taskDefinition": shapes::task_definition(&arns, td, false), "tags": shapes::tags(&td.tags) }))
     })
     .await
@@ -93,7 +93,7 @@ pub(super) async fn describe(call: &Call, req: Describe) -> Result<Value, EcsErr
     let r = reference(&arns, &req.task_definition)?.to_string();
     let out = call
         .read(move |c, _| {
-            let Ok(td) = c.taskdef("taskDefinition", &r) else {
+            let Ok(td) = c.read().taskdef("taskDefinition", &r) else {
                 return Ok(Err(EcsError::client("Unable to describe task definition.")));
             };
             let mut v = json!({ "taskDefinition": shapes::task_definition(&arns, td, false) });
@@ -140,7 +140,8 @@ pub(super) async fn list(call: &Call, req: List) -> Result<Value, EcsError> {
     let defs: Vec<(String, u32)> = call
         .read(move |c, _| {
             // ECS's familyPrefix of this call is the whole family name.
-            Ok(c.taskdefs(None)
+            Ok(c.read()
+                .taskdefs(None)
                 .iter()
                 .filter(|d| prefix.is_empty() || d.family.as_str() == prefix)
                 .filter(|d| inactive.is_none_or(|i| d.deregistered_at_ms.is_some() == i))
@@ -170,7 +171,7 @@ pub(super) async fn families(call: &Call, req: Families) -> Result<Value, EcsErr
     let families: Vec<String> = call
         .read(move |c, _| {
             let mut active: std::collections::BTreeMap<String, bool> = Default::default();
-            for d in c.taskdefs(None).iter().filter(|d| d.family.as_str().starts_with(&prefix)) {
+            for d in c.read().taskdefs(None).iter().filter(|d| d.family.as_str().starts_with(&prefix)) {
                 *active.entry(d.family.to_string()).or_default() |= d.deregistered_at_ms.is_none();
             }
             // A family is ACTIVE while a revision of it is; INACTIVE once none is.

@@ -86,7 +86,7 @@ fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: &[Value]) -> 
 /// A task as ECS's `Task` in JSON: what it runs is its definition with its run's overrides.
 fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<String, Error> {
     let run = run_definition(c, t);
-    let host = t.host_id.as_ref().and_then(|h| c.agent_link(h));
+    let host = t.host_id.as_ref().and_then(|h| c.read().agent_link(h));
     serde_json::to_string(&shapes::task(arns, t, run.as_deref(), host.as_ref(), tags))
         .map_err(|e| Error::Internal(format!("encoding a task: {e}")))
 }
@@ -102,7 +102,7 @@ pub(super) async fn run(call: &Call, r: Run) -> Result<String, EcsError> {
     let partial = run_request(call, &r, count, String::new())?;
     call.run(api::operator, Touch::List, move |c, who| {
         let pool = pool_in(c, &who, &arns, given.as_deref())?;
-        c.admit(&who, &Touch::NewIn(pool.clone()))?;
+        c.read().admit(&who, &Touch::NewIn(pool.clone()))?;
         let req = RunTask { pool: pool.clone(), ..partial };
         // A shape no host of the cluster could ever hold is a failure, as in ECS; one that only
         // lacks room now waits PENDING.
@@ -132,7 +132,7 @@ pub(super) async fn start(call: &Call, s: Start) -> Result<String, EcsError> {
     let hosts = s.container_instances;
     call.run(api::operator, Touch::List, move |c, who| {
         let pool = pool_in(c, &who, &arns, given.as_deref())?;
-        c.admit(&who, &Touch::NewIn(pool.clone()))?;
+        c.read().admit(&who, &Touch::NewIn(pool.clone()))?;
         if hosts.is_empty() || hosts.len() > MAX_COUNT as usize {
             return Err(Error::invalid(
                 "containerInstances",
@@ -171,7 +171,7 @@ pub(super) struct Stop {
 /// The id a task's name or ARN gives, checked to be in `pool`.
 pub(super) fn task_in(c: &Cluster, arns: &arn::Arns, pool: &str, given: &str) -> Option<Task> {
     let id = arns.short("task", given)?;
-    c.task(id).ok().filter(|t| t.pool.as_str() == pool)
+    c.read().task(id).ok().filter(|t| t.pool.as_str() == pool)
 }
 
 pub(super) async fn stop(call: &Call, s: Stop) -> Result<String, EcsError> {
@@ -260,7 +260,7 @@ pub(super) async fn list(call: &Call, l: List) -> Result<Value, EcsError> {
             };
             // Read in place: a pool's tasks are not copied to list their ids.
             let mut ids = Vec::new();
-            c.visit_tasks(&filter, |t| {
+            c.read().visit_tasks(&filter, |t| {
                 let wanted = match desired {
                     // ECS's PENDING: wanted running, not running yet.
                     TaskStatus::Pending => {

@@ -14,7 +14,7 @@ impl Sim {
 
     pub(super) fn after_step(&mut self) {
         let Some(c) = self.cluster.as_ref() else { return };
-        let rev = c.revision();
+        let rev = c.read().revision();
         let mut changed_hosts = BTreeSet::new();
         if rev != self.feed_rev {
             let changes = match self.store.changes_since(self.feed_rev, usize::MAX) {
@@ -66,7 +66,7 @@ impl Sim {
         let Some(id) = host.id() else { return };
         let Some(c) = self.cluster.as_ref() else { return };
         // The records as the agent's long-poll gets them, without copying the definitions.
-        let Ok(a) = c.shared_assignments(id) else { return };
+        let Ok(a) = c.read().shared_assignments(id) else { return };
         let mut load: Vec<GpuLoad> = vec![GpuLoad::default(); host.gpu_uuids.len()];
         for t in a.tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped) {
             let demand = self.demands.get(&t.task_definition).copied().unwrap_or(FAMILIES[0].1);
@@ -155,7 +155,7 @@ impl Sim {
         let pool_mode = self
             .cluster
             .as_ref()
-            .and_then(|c| c.pool(i.pool.as_str()).ok())
+            .and_then(|c| c.read().pool(i.pool.as_str()).ok())
             .map(|p| (p.mode, p.remediation_policy));
         let seen_breaches = self.incidents.get(&i.id).map_or(0, |p| p.breaches.len());
         self.incidents.insert(i.id.clone(), i.clone());
@@ -204,6 +204,7 @@ impl Sim {
         }
         if cfg!(debug_assertions) {
             let views: Vec<(ServiceName, u32, u32)> = c
+                .read()
                 .services()
                 .into_iter()
                 .map(|v| (v.service.name, v.running_count, v.service.desired_count))
@@ -257,7 +258,8 @@ impl Sim {
         let mut all: Vec<Incident> = self.incidents.values().cloned().collect();
         all.sort_by(|a, b| (a.opened_at_ms, &a.host_id).cmp(&(b.opened_at_ms, &b.host_id)));
         for i in all {
-            let mode = self.cluster.as_ref().and_then(|c| c.pool(i.pool.as_str()).ok()).map(|p| p.mode);
+            let mode =
+                self.cluster.as_ref().and_then(|c| c.read().pool(i.pool.as_str()).ok()).map(|p| p.mode);
             let Some(mode) = mode else { continue };
             self.checker.checks += 1;
             if let Some(why) = invariants::incident_record(&i, mode) {
@@ -288,7 +290,7 @@ impl Sim {
         self.stats.spread = self.spread.stats();
         self.stats.replicas_desired = desired;
         if let Some(c) = self.cluster.as_ref() {
-            for v in c.services() {
+            for v in c.read().services() {
                 self.stats.services_at_end.push((
                     v.service.name.to_string(),
                     v.running_count,
@@ -296,7 +298,7 @@ impl Sim {
                 ));
             }
             for p in &self.pool_names {
-                let hosts = c.hosts(Some(p.as_str()));
+                let hosts = c.read().hosts(Some(p.as_str()));
                 let blocked = self
                     .incidents
                     .values()

@@ -338,7 +338,7 @@ impl Sim {
     /// placements on their GPUs), and building every host's view costs O(hosts).
     pub(super) fn spare_capacity(&mut self, pool: &str) -> (bool, bool) {
         let Some(c) = self.cluster.as_ref() else { return (false, false) };
-        let rev = c.revision();
+        let rev = c.read().revision();
         if let Some(&(at, room)) = self.room_cache.get(pool) {
             if at == rev {
                 return room;
@@ -358,7 +358,7 @@ pub(super) type RoomCache = BTreeMap<String, (Revision, (bool, bool))>;
 pub(super) fn spare_capacity(c: &Cluster, pool: &str) -> (bool, bool) {
     let biggest = FAMILIES.iter().filter(|f| f.1.mps).map(|f| f.1.memory_mib).max().unwrap_or(0);
     let mut out = (false, false);
-    for h in c.hosts(Some(pool)) {
+    for h in c.read().hosts(Some(pool)) {
         if h.status != HostStatus::Active || h.health_status != HealthStatus::Ok || h.cordoned {
             continue;
         }

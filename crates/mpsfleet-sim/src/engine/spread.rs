@@ -174,7 +174,7 @@ impl Sim {
             let compute_bound = self.spread.pools.get(&w.pool).and_then(|p| p.1);
             let views = views.entry(w.pool.clone()).or_insert_with(|| {
                 let c = self.cluster.as_ref().expect("checked above");
-                c.hosts(Some(&w.pool)).into_iter().map(|v| (v.id.clone(), v)).collect()
+                c.read().hosts(Some(&w.pool)).into_iter().map(|v| (v.id.clone(), v)).collect()
             });
             let room: Vec<usize> = reachable
                 .into_iter()
