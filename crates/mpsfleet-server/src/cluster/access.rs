@@ -5,7 +5,7 @@
 
 use super::audit::*;
 use super::console_links::*;
-use super::sealed::{open, seal, Sealed};
+use super::sealed::{open, seal};
 use super::secrets::*;
 use super::tokens::*;
 use super::Cluster;
@@ -123,12 +123,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// The conformance key's principal, if `digest` is its secret's.
-    pub(super) fn conformance_principal(&self, digest: &str) -> Option<Principal> {
-        let key = self.creds.conformance.as_ref().filter(|k| k.digest == digest)?;
-        Some(Principal::Token { id: key.access_key_id.clone(), role: Role::Admin, pool: None })
-    }
-
     /// Sets the fixed admin access key the moto conformance suite signs with
     /// (`--ecs-conformance` only: a key anyone knows is no credential). It is kept in memory
     /// alone, so it works exactly while the flag is on; a key an older server stored for the
@@ -156,7 +150,7 @@ impl Cluster {
     /// none of them; refused when its token has expired.
     pub fn aws_key(&self, access_key_id: &str) -> Result<Option<AwsKey>, Error> {
         if let Some(k) = self.creds.conformance.as_ref().filter(|k| k.access_key_id == access_key_id) {
-            let who = self
+            let who = (self.creds)
                 .conformance_principal(&k.digest)
                 .ok_or_else(|| Error::Internal("conformance key".into()))?;
             let (secret, digest) = (k.secret.clone(), k.digest.clone());
@@ -276,7 +270,7 @@ impl Cluster {
     /// secret in ECS's `…:secret:NAME:JSON-KEY::` form. `Err(message)` says why there is none.
     pub(super) fn resolve_secret(&self, name: &str) -> Result<Result<String, String>, Error> {
         if let Some((rec, _)) = self.secret_record(name)? {
-            return Ok(Ok(self.decrypt(&rec)?));
+            return Ok(Ok(self.creds.decrypt(&rec)?));
         }
         let Some((base, key, versioned)) = json_key_form(name) else {
             return Ok(Err(format!("no secret named {name:?} is stored (mpsfleet secret create)")));
@@ -293,9 +287,9 @@ impl Cluster {
             )));
         };
         if key.is_empty() {
-            return Ok(Ok(self.decrypt(&rec)?));
+            return Ok(Ok(self.creds.decrypt(&rec)?));
         }
-        let value = self.decrypt(&rec)?;
+        let value = self.creds.decrypt(&rec)?;
         let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(&value) else {
             return Ok(Err(format!("names the key {key:?} of {base:?}, whose value is not a JSON object")));
         };
@@ -352,13 +346,6 @@ impl Cluster {
         Ok(rec.info())
     }
 
-    pub(super) fn decrypt(&self, rec: &SecretRecord) -> Result<String, Error> {
-        let corrupt = |why: &str| Error::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
-        let sealed = Sealed { nonce: rec.nonce.clone(), ciphertext: rec.ciphertext.clone() };
-        let plain = open(&self.creds.key, KEY_PURPOSE, &rec.name, &sealed).map_err(corrupt)?;
-        String::from_utf8(plain).map_err(|_| corrupt("not UTF-8 after decryption"))
-    }
-
     pub(super) fn secret_record(
         &self,
         name: &str,
@@ -384,26 +371,6 @@ impl Cluster {
         Ok(out)
     }
 
-    /// The entry of [`Cluster::audit_ops_for_commit`] is in the store, `dropped` old ones gone.
-    pub(super) fn audit_written(&mut self, dropped: usize) {
-        if let Some(call) = self.call.audit.as_mut() {
-            call.written = true;
-        }
-        let rev = self.state.revision();
-        self.writer().apply(rev, Change::AuditWritten { dropped });
-    }
-
-    /// The ops a commit adds for the call being served, the first time: its entry, and the
-    /// removal of the oldest when the log is full. [`Cluster::audit_written`] once committed.
-    pub(super) fn audit_ops_for_commit(&mut self) -> Result<Vec<Op>, Error> {
-        let Some(call) = self.call.audit.as_ref().filter(|c| !c.written) else { return Ok(Vec::new()) };
-        let ctx = call.ctx.clone();
-        // The revision this commit gets: the cluster is the store's one writer, and a commit
-        // that writes counts the store's revision one up.
-        let revision = self.state.revision() + 1;
-        audit_ops(&self.read(), &ctx, "ok".into(), Some(revision))
-    }
-
     /// Ends the call: one that committed nothing gets an entry of its own, with its result
     /// (`failure`: the error, as the caller was answered; `None`: it succeeded).
     pub fn end_audit(&mut self, failure: Option<String>) {
@@ -419,9 +386,9 @@ impl Cluster {
                 return;
             }
         };
-        match self.writer().commit(&ops) {
-            Ok(_) => self.audit_written(ops.len() - 1),
-            Err(e) => tracing::error!(error = %e, action = %call.ctx.action, "cannot write an audit entry"),
+        let written = Change::AuditWritten { dropped: ops.len() - 1 };
+        if let Err(e) = self.writer().write(&ops, [written]) {
+            tracing::error!(error = %e, action = %call.ctx.action, "cannot write an audit entry");
         }
     }
 

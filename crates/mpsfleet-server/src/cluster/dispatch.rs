@@ -221,7 +221,7 @@ impl Cluster {
         let w = &mut self.work;
         (w.capacity_launches, w.launches_asked, w.scaling, w.pending_jobs) = (launches, asked, scaling, jobs);
         for name in to_launch {
-            let token = self.mint_launch_token(pool, &name);
+            let token = self.creds.mint_launch_token(pool, &name);
             let job =
                 ProviderJob::Launch { incident: String::new(), pool: pool.clone(), name, token: Some(token) };
             self.work.pending_jobs.push(job);

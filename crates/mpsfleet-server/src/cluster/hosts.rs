@@ -726,7 +726,7 @@ impl Cluster {
             .clone()
             .map(|url| AgentEndpoint {
                 url,
-                token: self.agent_token(&e.host().id, &e.host().legacy_agent_token),
+                token: self.creds.agent_token(&e.host().id, &e.host().legacy_agent_token),
                 cert_sha256: e.logs_cert.clone(),
             })
             .ok_or_else(|| format!("the agent of host {h} has not reported where it serves its endpoint"))
@@ -844,7 +844,7 @@ impl Cluster {
             return Err(Error::Conflict(format!("host id {} is taken; retry the request", req.id)));
         }
         let HostRequest { reg, id, credential, credential_sha256 } = req;
-        let agent_token = self.agent_token(&id, "");
+        let agent_token = self.creds.agent_token(&id, "");
         let mut host = Host {
             id: id.clone(),
             pool,

@@ -396,7 +396,7 @@ impl Cluster {
             Ok(Principal::Replacement(incident))
         } else if let Some(p) = api_token(&self.read(), d)? {
             Ok(p)
-        } else if let Some(p) = self.conformance_principal(d) {
+        } else if let Some(p) = self.creds.conformance_principal(d) {
             Ok(p)
         } else if let Some((pool, name)) = self.creds.launch_tokens.get(d) {
             Ok(Principal::Launch { pool: pool.clone(), name: name.clone() })
@@ -416,16 +416,18 @@ impl Cluster {
     /// Runs `f` with the one way to write records (`write.rs`), the call being served riding
     /// on its first commit: its audit entry and the client token it claimed (`call.rs`).
     fn writing<R>(&mut self, f: impl FnOnce(&mut write::Writer<'_>) -> Result<R, Error>) -> Result<R, Error> {
-        let (riders, audit) = self.riders()?;
-        let had = !riders.is_empty();
-        let mut w = self.writer();
-        w.riders = riders;
-        let result = f(&mut w);
-        let rode = had && w.riders.is_empty();
-        drop(w);
-        if rode {
-            self.riders_written(audit);
-        }
+        let mut call = std::mem::take(&mut self.call);
+        let result = call.riders(&self.read()).and_then(|(riders, audit)| {
+            let had = !riders.is_empty();
+            let mut w = self.writer();
+            w.riders = riders;
+            let result = f(&mut w);
+            if had && w.riders.is_empty() {
+                call.riders_written(&mut w, audit);
+            }
+            result
+        });
+        self.call = call;
         result
     }
 
@@ -501,17 +503,6 @@ impl Cluster {
         self.write(ops, []).map(|_| ())
     }
 
-    /// The bearer the server presents to a host's agent: derived from the host id under the
-    /// server's key, so that it is stored nowhere on the server. A host registered by an older
-    /// server keeps the token that server stored (`legacy`).
-    fn agent_token(&self, host: &HostId, legacy: &str) -> String {
-        if legacy.is_empty() {
-            self.creds.key.derive("mpsf_agent_", "agent", &[host.as_str()])
-        } else {
-            legacy.to_string()
-        }
-    }
-
     /// The one-time token a host launched to keep `pool` at its size joins with: derived
     /// from the pool and the host's name, so that a restarted server that launches the same
     /// name again (providers launch by name idempotently) hands out the same token.
@@ -522,12 +513,6 @@ impl Cluster {
             Some(hash) => mpsfleet_client::tls::pinned(secret, hash),
             None => secret.to_string(),
         }
-    }
-
-    fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
-        let token = self.creds.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
-        self.creds.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
-        RegistrationToken(token)
     }
 
     fn now(&self) -> u64 {
@@ -569,26 +554,6 @@ pub fn can_place(h: &Host) -> bool {
 
 fn taskdef_key(family: &Family, revision: u32) -> String {
     format!("{family}:{revision:010}")
-}
-
-impl Cluster {
-    /// The riders of [`Cluster::riders`] are committed (`audit`: how many of them were the
-    /// audit log's).
-    fn riders_written(&mut self, audit: usize) {
-        if audit > 0 {
-            self.audit_written(audit - 1);
-        }
-        self.client_token_written();
-    }
-
-    /// The ops the call being served adds to a commit: its audit entry (the first commit
-    /// only) and its client token; and how many of them are the audit log's.
-    fn riders(&mut self) -> Result<(Vec<Op>, usize), Error> {
-        let mut ops = self.audit_ops_for_commit()?;
-        let audit = ops.len();
-        ops.extend(self.client_token_ops()?);
-        Ok((ops, audit))
-    }
 }
 
 impl Cluster {

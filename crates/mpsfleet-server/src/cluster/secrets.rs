@@ -9,6 +9,8 @@
 //! read decrypts the record. The plaintext goes to one place: the agent of the host a task is
 //! placed on, for that task's definition's names ([`Cluster::task_secrets`]).
 
+use super::error::Error;
+use super::sealed::{open, Sealed};
 use mpsfleet_types::secret::SecretInfo;
 use mpsfleet_types::TaskDefinition;
 use serde::{Deserialize, Serialize};
@@ -91,6 +93,15 @@ pub(super) fn json_key_form(name: &str) -> Option<(String, &str, bool)> {
     Some((fields[..7].join(":"), fields[7], versioned))
 }
 
+impl super::tokens::Credentials {
+    pub(in crate::cluster) fn decrypt(&self, rec: &SecretRecord) -> Result<String, Error> {
+        let corrupt = |why: &str| Error::StoreCorrupt(format!("secret {:?}: {why}", rec.name));
+        let sealed = Sealed { nonce: rec.nonce.clone(), ciphertext: rec.ciphertext.clone() };
+        let plain = open(&self.key, KEY_PURPOSE, &rec.name, &sealed).map_err(corrupt)?;
+        String::from_utf8(plain).map_err(|_| corrupt("not UTF-8 after decryption"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,7 +132,7 @@ mod tests {
         // The same ciphertext under another name does not decrypt.
         let mut moved: SecretRecord = decode(&raw).unwrap();
         moved.name = "other".into();
-        assert!(c.decrypt(&moved).unwrap_err().to_string().contains("server key"));
+        assert!(c.creds.decrypt(&moved).unwrap_err().to_string().contains("server key"));
         // Two values never share a nonce.
         create(&mut c, "db-pass-2", "hunter2-very-secret").unwrap();
         let a: SecretRecord = decode(&raw).unwrap();

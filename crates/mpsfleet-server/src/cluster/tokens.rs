@@ -271,6 +271,37 @@ pub(super) fn revoke_records(w: &mut Writer<'_>, mut gone: Vec<TokenRecord>, by:
     Ok(())
 }
 
+impl Credentials {
+    /// The conformance key's principal, if `digest` is its secret's.
+    pub(in crate::cluster) fn conformance_principal(&self, digest: &str) -> Option<Principal> {
+        let key = self.conformance.as_ref().filter(|k| k.digest == digest)?;
+        Some(Principal::Token {
+            id: key.access_key_id.clone(),
+            role: mpsfleet_types::access::Role::Admin,
+            pool: None,
+        })
+    }
+}
+
+impl Credentials {
+    pub(in crate::cluster) fn mint_launch_token(&mut self, pool: &PoolName, name: &str) -> RegistrationToken {
+        let token = self.key.derive("mpsf_launch_", "launch", &[pool.as_str(), name]);
+        self.launch_tokens.insert(auth::digest(&token), (pool.clone(), name.to_string()));
+        RegistrationToken(token)
+    }
+
+    /// The bearer the server presents to a host's agent: derived from the host id under the
+    /// server's key, so that it is stored nowhere on the server. A host registered by an older
+    /// server keeps the token that server stored (`legacy`).
+    pub(in crate::cluster) fn agent_token(&self, host: &HostId, legacy: &str) -> String {
+        if legacy.is_empty() {
+            self.key.derive("mpsf_agent_", "agent", &[host.as_str()])
+        } else {
+            legacy.to_string()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

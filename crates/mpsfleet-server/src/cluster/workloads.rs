@@ -379,84 +379,16 @@ impl Cluster {
         again: impl FnOnce(&Self, Replay) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let Some(token) = token else { return first(self, req) };
-        let out = match self.claim_client_token(actor, route, &token, &req, replay) {
+        let mut call = std::mem::take(&mut self.call);
+        let claim = call.claim_client_token(&self.read(), actor, route, &token, &req, replay);
+        self.call = call;
+        let out = match claim {
             Ok(Claim::First) => first(self, req),
             Ok(Claim::Retry(replay)) => again(self, replay),
             Err(e) => Err(e),
         };
-        self.release_client_token();
+        self.call.release_client_token();
         out
-    }
-
-    /// [`Cluster::client_token_ops`] are committed.
-    pub(super) fn client_token_written(&mut self) {
-        let Some((key, rec)) = self.call.token.take() else { return };
-        let pruned = std::mem::take(&mut self.call.pruning);
-        let rev = self.state.revision();
-        self.writer().apply(rev, Change::ClientToken { key, rec, pruned });
-    }
-
-    /// The ops that store the pending token, and delete the oldest records when they are past
-    /// their time or too many.
-    pub(super) fn client_token_ops(&mut self) -> Result<Vec<Op>, Error> {
-        let Some((key, rec)) = &self.call.token else { return Ok(Vec::new()) };
-        let mut ops = vec![Op::put_json(CLIENT_TOKEN, key, rec, Precondition::Any)?];
-        let now = self.now();
-        let tokens = self.state.client_tokens();
-        let over = (tokens.by_key.len() + 1).saturating_sub(MAX_CLIENT_TOKENS);
-        let pruning: Vec<String> = tokens
-            .order()
-            .iter()
-            .enumerate()
-            .take_while(|(i, (at, _))| *i < over || now.saturating_sub(*at) >= CLIENT_TOKEN_TTL_MS)
-            .take(PRUNE_PER_COMMIT.max(over))
-            .map(|(_, (_, k))| k.clone())
-            .collect();
-        // The pending key itself may be among them (claimed again past its time): it is
-        // written, not deleted.
-        ops.extend(
-            pruning.iter().filter(|k| *k != key).map(|k| Op::delete(CLIENT_TOKEN, k, Precondition::Any)),
-        );
-        self.call.pruning = pruning;
-        Ok(ops)
-    }
-
-    /// The call is over: a token it did not commit is forgotten.
-    pub(super) fn release_client_token(&mut self) {
-        self.call.token = None;
-        self.call.pruning.clear();
-    }
-
-    /// Claims `token` for a call by `actor` on `route` with `request`, which is answered again
-    /// as `replay` says if it is retried. A retry with another request is refused.
-    pub(super) fn claim_client_token(
-        &mut self,
-        actor: &str,
-        route: &str,
-        token: &str,
-        request: &impl Serialize,
-        replay: Replay,
-    ) -> Result<Claim, Error> {
-        check_token(token)?;
-        let key = crate::auth::digest(&format!("{actor}\n{route}\n{token}"));
-        let body =
-            serde_json::to_vec(request).map_err(|e| Error::Internal(format!("encode a request: {e}")))?;
-        let request_sha256 = crate::auth::digest(&format!("{route}\n{}", String::from_utf8_lossy(&body)));
-        let now = self.now();
-        if let Some(rec) = self.state.client_tokens().by_key.get(&key) {
-            if now.saturating_sub(rec.created_at_ms) < CLIENT_TOKEN_TTL_MS {
-                if rec.request_sha256 != request_sha256 {
-                    return Err(Error::Conflict(format!(
-                        "client token {token:?} was used with another request (within the last {} h): a \
-                         client token names one request; use a new one for a new request",
-                        CLIENT_TOKEN_TTL_MS / 3_600_000
-                    )));
-                }
-                return Ok(Claim::Retry(rec.replay.clone()));
-            }
-        }
-        self.call.token = Some((key, ClientTokenRecord { request_sha256, replay, created_at_ms: now }));
-        Ok(Claim::First)
     }
 }
 
