@@ -53,6 +53,9 @@ use mpsfleet_types::Step;
 use mpsfleet_types::{PoolName, ServiceName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+/// Launch times kept per pool, and launches followed at once (a bound on memory).
+const LAUNCH_TIMES_KEPT: usize = 32;
+
 /// How often every service is reconciled whether or not anything asked for it.
 pub const SERVICE_RESYNC_MS: u64 = 60_000;
 
@@ -265,12 +268,6 @@ impl Cluster {
         self.run_work();
         Ok(())
     }
-
-    /// The keys waiting, in words (for tests).
-    #[cfg(test)]
-    pub(super) fn work_keys(&self) -> Vec<String> {
-        self.work.queue.keys().map(|k| format!("{k:?}")).collect()
-    }
 }
 
 impl Cluster {
@@ -452,5 +449,70 @@ impl Cluster {
     /// Provider calls decided during the last API calls, for the caller to run.
     pub fn take_jobs(&mut self) -> Vec<ProviderJob> {
         std::mem::take(&mut self.work.pending_jobs)
+    }
+}
+
+impl Controllers {
+    /// A host registered: its launch is no longer in flight, and if it was asked for, how
+    /// long it took is kept (the latest [`LAUNCH_TIMES_KEPT`] per pool).
+    pub(super) fn host_joined(&mut self, pool: &PoolName, name: &str, now: u64) {
+        if let Some(l) = self.capacity_launches.get_mut(pool) {
+            l.remove(name);
+        }
+        let Some(asked) = self.launches_asked.remove(&(pool.clone(), name.to_string())) else { return };
+        let took = now.saturating_sub(asked);
+        let times = self.launch_times.entry(pool.clone()).or_default();
+        if times.len() == LAUNCH_TIMES_KEPT {
+            times.pop_front();
+        }
+        times.push_back(took);
+    }
+
+    /// Ends the incident's replacement before it is used: revokes its token (in the record the
+    /// caller commits) and, when the provider launched it, gives the termination to ask for once
+    /// that commit is done (one still launching is terminated when it reports back). Says what
+    /// it did.
+    pub(in crate::cluster) fn cancel_replacement(
+        &mut self,
+        i: &mut mpsfleet_types::Incident,
+        now: u64,
+    ) -> (Option<String>, Option<ProviderJob>) {
+        let Some(b) = i.replacement.as_ref() else { return (None, None) };
+        if let Some(host) = b.host_id.clone() {
+            return (Some(format!("replacement host {host} stays in the pool as an ordinary host")), None);
+        }
+        if b.revoked {
+            return (None, None);
+        }
+        let name = b.name.clone();
+        if let Some(b) = i.replacement.as_mut() {
+            b.revoked = true;
+        }
+        let progress = self.provider_progress.get(&i.id);
+        let launching = progress.is_some_and(|p| p.launching);
+        let launched = progress.is_some_and(|p| matches!(p.launch, Some(Ok(()))));
+        let job = (launched && !launching).then(|| ProviderJob::Terminate {
+            incident: i.id.clone(),
+            pool: i.pool.clone(),
+            name: name.clone(),
+        });
+        let detail = if launched || launching {
+            format!(
+                "replacement {name} cancelled: its registration token is revoked and the provider is asked \
+                 to terminate it"
+            )
+        } else {
+            format!("replacement {name} cancelled: its registration token is revoked")
+        };
+        i.push(now, Step::ReplacementCancelled, detail.clone(), None);
+        (Some(detail), job)
+    }
+}
+
+impl Controllers {
+    /// The keys waiting, in words (for tests).
+    #[cfg(test)]
+    pub(in crate::cluster) fn work_keys(&self) -> Vec<String> {
+        self.queue.keys().map(|k| format!("{k:?}")).collect()
     }
 }

@@ -7,8 +7,6 @@
 
 use super::*;
 
-/// Launch times kept per pool, and launches followed at once (a bound on memory).
-const LAUNCH_TIMES_KEPT: usize = 32;
 use super::agent_reports::*;
 use super::controllers::health::{self, HostHealth};
 use super::operator::*;
@@ -40,7 +38,7 @@ impl Cluster {
             return Err(Error::Forbidden(format!("task {id} is not placed on host {host}")));
         }
         if let Some(output) = report.output.take() {
-            self.keep_output(task.id, output, report.last_status == TaskStatus::Stopped);
+            self.output.keep(task.id, output, report.last_status == TaskStatus::Stopped, self.now());
         }
         // A stopped task never comes back (late reports change nothing); none moves back.
         if task_lifecycle::is_terminal(task.last_status) {
@@ -253,7 +251,7 @@ impl Cluster {
             for ev in restarts {
                 h.events.push(now, ev);
             }
-            self.write_host(ix, h)?;
+            self.writing(|w| w.write_host(ix, h))?;
         }
         self.daemons_changed(ix);
         self.close_mps_gpus(ix, &[]);
@@ -262,7 +260,7 @@ impl Cluster {
             let mut h = entry.host().clone();
             host_lifecycle::apply(&mut h, host_lifecycle::Event::Onboarded)
                 .map_err(|e| Error::Conflict(format!("host {}: {e}", h.id)))?;
-            self.write_host(ix, h)?;
+            self.writing(|w| w.write_host(ix, h))?;
         }
         self.writing(|w| HostHealth::reconcile(w, ix))?;
         // What this heartbeat changed (a new incident, a health status, an onboarded
@@ -434,11 +432,11 @@ impl Cluster {
         let incident = match open_incident_of(&self.state, &h.id).cloned() {
             Some(mut i) => {
                 i.push(now, Step::OperatorCommand, what, Some(by.to_string()));
-                self.write_host_and_incident(ix, h, i.clone())?;
+                self.writing(|w| write_host_and_incident(w, ix, h, i.clone()))?;
                 Some(shown(&self.state, i))
             }
             None => {
-                self.write_host(ix, h)?;
+                self.writing(|w| w.write_host(ix, h))?;
                 None
             }
         };
@@ -498,15 +496,15 @@ impl Cluster {
             }
             let mut i = open;
             i.push(now, Step::HostActivated, "host returned to ACTIVE by operator", Some(by.to_string()));
-            let (replacement, job) = self.cancel_replacement(&mut i, now);
+            let (replacement, job) = self.work.cancel_replacement(&mut i, now);
             mpsfleet_core::remediation::resolve(&mut i, now, "host is healthy and active again", by);
             // The host and the incident in one commit: the host is never active under an
             // incident that says it is being drained.
-            self.write_host_and_incident(ix, activated, i.clone())?;
+            self.writing(|w| write_host_and_incident(w, ix, activated, i.clone()))?;
             self.work.pending_jobs.extend(job);
             outcome = Some(OperatorOutcome { incident: shown(&self.state, i), replacement });
         } else if h.status != activated.status || h.cordoned {
-            self.write_host(ix, activated)?;
+            self.writing(|w| w.write_host(ix, activated))?;
         }
         self.writer().ask_placement_everywhere();
         Ok((self.read().host_view(ix), outcome))
@@ -598,7 +596,7 @@ impl Cluster {
             return Err(Error::Conflict(format!("host {}'s credential is already revoked", h.id)));
         }
         h.credential_revoked_at_ms = Some(self.now());
-        self.write_host(ix, h)?;
+        self.writing(|w| w.write_host(ix, h))?;
         tracing::warn!(host.id = %self.state.hosts()[ix as usize].host().id, by, "host credential revoked");
         Ok(self.read().host_view(ix))
     }
@@ -648,7 +646,7 @@ impl Cluster {
         self.writing(|w| w.deregister(ix, reason))?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
         h.events.push(self.now(), ObjectEvent::new("Retired", reason));
-        self.write_host(ix, h)
+        self.writing(|w| w.write_host(ix, h))
     }
 
     /// Brings one of `up`'s hosts back with another runtime (see the module's documentation):
@@ -685,7 +683,7 @@ impl Cluster {
         h.runtime = runtime;
         h.runtime_version = version;
         h.plugins = plugins;
-        self.write_host(ix, h)?;
+        self.writing(|w| w.write_host(ix, h))?;
         self.sched.set_runs_images(ix, runtime.runs_images());
         self.ask(Work::Placement(self.state.hosts()[ix as usize].host().pool.clone()));
         Ok(())
@@ -734,28 +732,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// A host registered: its launch is no longer in flight, and if it was asked for, how
-    /// long it took is kept (the latest [`LAUNCH_TIMES_KEPT`] per pool).
-    pub(super) fn host_joined(&mut self, pool: &PoolName, name: &str) {
-        if let Some(l) = self.work.capacity_launches.get_mut(pool) {
-            l.remove(name);
-        }
-        let Some(asked) = self.work.launches_asked.remove(&(pool.clone(), name.to_string())) else { return };
-        let took = self.now().saturating_sub(asked);
-        let times = self.work.launch_times.entry(pool.clone()).or_default();
-        if times.len() == LAUNCH_TIMES_KEPT {
-            times.pop_front();
-        }
-        times.push_back(took);
-    }
-}
-
-impl Cluster {
-    /// Commits a host record, then applies it (`Writer::write_host`).
-    pub(super) fn write_host(&mut self, ix: HostIx, host: Host) -> Result<(), Error> {
-        self.writing(|w| w.write_host(ix, host))
-    }
-
     pub fn set_cordoned(&mut self, id: &str, cordoned: bool) -> Result<HostView, Error> {
         let ix = self.read().host_ix(id)?;
         let mut h = self.state.hosts()[ix as usize].host().clone();
@@ -768,13 +744,14 @@ impl Cluster {
         }
         if h.cordoned != cordoned {
             h.cordoned = cordoned;
-            self.write_host(ix, h)?;
+            self.writing(|w| w.write_host(ix, h))?;
         }
         Ok(self.read().host_view(ix))
     }
 
     pub(super) fn index_host(&mut self, host: Host, version: Revision) -> Result<HostIx, Error> {
-        self.host_joined(&host.pool, &host.hostname);
+        let now = self.now();
+        self.work.host_joined(&host.pool, &host.hostname, now);
         let pool = self.sched.pool(host.pool.as_str()).ok_or_else(|| {
             Error::StoreCorrupt(format!("host {} names unknown pool {}", host.id, host.pool))
         })?;

@@ -3,7 +3,6 @@
 //! opened by the host health controller and driven by the remediation controller
 //! (`controllers/`); drills are run by the drills controller.
 
-use super::controllers::remediation::ProviderJob;
 use super::drills::*;
 use super::kinds::INCIDENT;
 use super::kinds::{DRILL, DRILL_SWITCH};
@@ -153,46 +152,6 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// Ends the incident's replacement before it is used: revokes its token (in the record the
-    /// caller commits) and, when the provider launched it, gives the termination to ask for once
-    /// that commit is done (one still launching is terminated when it reports back). Says what
-    /// it did.
-    pub(super) fn cancel_replacement(
-        &mut self,
-        i: &mut Incident,
-        now: u64,
-    ) -> (Option<String>, Option<ProviderJob>) {
-        let Some(b) = i.replacement.as_ref() else { return (None, None) };
-        if let Some(host) = b.host_id.clone() {
-            return (Some(format!("replacement host {host} stays in the pool as an ordinary host")), None);
-        }
-        if b.revoked {
-            return (None, None);
-        }
-        let name = b.name.clone();
-        if let Some(b) = i.replacement.as_mut() {
-            b.revoked = true;
-        }
-        let progress = self.work.provider_progress.get(&i.id);
-        let launching = progress.is_some_and(|p| p.launching);
-        let launched = progress.is_some_and(|p| matches!(p.launch, Some(Ok(()))));
-        let job = (launched && !launching).then(|| ProviderJob::Terminate {
-            incident: i.id.clone(),
-            pool: i.pool.clone(),
-            name: name.clone(),
-        });
-        let detail = if launched || launching {
-            format!(
-                "replacement {name} cancelled: its registration token is revoked and the provider is asked \
-                 to terminate it"
-            )
-        } else {
-            format!("replacement {name} cancelled: its registration token is revoked")
-        };
-        i.push(now, Step::ReplacementCancelled, detail.clone(), None);
-        (Some(detail), job)
-    }
-
     /// `incident resolve --reason`: the operator closes the incident. The host is left as it
     /// is (a drained host stays cordoned and DRAINING until `host activate`); a replacement in
     /// flight is cancelled.
@@ -209,7 +168,7 @@ impl Cluster {
             return Err(Error::Conflict(format!("incident {id} is already resolved")));
         }
         let now = self.now();
-        let (replacement, job) = self.cancel_replacement(&mut i, now);
+        let (replacement, job) = self.work.cancel_replacement(&mut i, now);
         mpsfleet_core::remediation::resolve(&mut i, now, format!("resolved by operator: {reason}"), by);
         self.writing(|w| w.write_incident(i.clone()))?;
         self.work.pending_jobs.extend(job);
@@ -229,33 +188,6 @@ impl Cluster {
         i.push(self.now(), Step::Acknowledged, "acknowledged by operator", Some(by.to_string()));
         self.writing(|w| w.write_incident(i))?;
         self.read().incident(id)
-    }
-
-    /// Commits a host and an incident about it as one batch, then applies both.
-    pub(super) fn write_host_and_incident(
-        &mut self,
-        ix: HostIx,
-        mut host: Host,
-        incident: Incident,
-    ) -> Result<(), Error> {
-        self.writer().record_host_changes(ix, &mut host);
-        // The incident's new steps are the host's news too (drained, replaced, ...).
-        let seen = self.state.incidents().get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
-        for s in incident.timeline.since(seen) {
-            let msg = format!("incident {}: {} {}", incident.id, s.step.as_str(), s.detail);
-            host.events.push(s.latest_ms(), ObjectEvent::new("Remediation", msg));
-        }
-        let e = &self.state.hosts()[ix as usize];
-        let expect = match self.state.incidents().get(&incident.id) {
-            Some(v) => Precondition::Version(v.version),
-            None => Precondition::Absent,
-        };
-        let ops = [
-            Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version()))?,
-            Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
-        ];
-        self.write(&ops, [Change::Incident(Box::new(incident)), Change::Host(ix, host)])?;
-        Ok(())
     }
 }
 
@@ -430,4 +362,31 @@ impl<'a> Reader<'a> {
     pub fn drill_switch(&self) -> DrillSwitch {
         controllers::drills::switch(&self.state)
     }
+}
+
+/// Commits a host and an incident about it as one batch, then applies both.
+pub(super) fn write_host_and_incident(
+    w: &mut Writer<'_>,
+    ix: HostIx,
+    mut host: Host,
+    incident: Incident,
+) -> Result<(), Error> {
+    w.record_host_changes(ix, &mut host);
+    // The incident's new steps are the host's news too (drained, replaced, ...).
+    let seen = w.state.incidents().get(&incident.id).map_or(0, |v| v.value.timeline.pushed());
+    for s in incident.timeline.since(seen) {
+        let msg = format!("incident {}: {} {}", incident.id, s.step.as_str(), s.detail);
+        host.events.push(s.latest_ms(), ObjectEvent::new("Remediation", msg));
+    }
+    let e = &w.state.hosts()[ix as usize];
+    let expect = match w.state.incidents().get(&incident.id) {
+        Some(v) => Precondition::Version(v.version),
+        None => Precondition::Absent,
+    };
+    let ops = [
+        Op::put_json(HOST, host.id.as_str(), &host, Precondition::Version(e.version()))?,
+        Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?,
+    ];
+    w.write(&ops, [Change::Incident(Box::new(incident)), Change::Host(ix, host)])?;
+    Ok(())
 }

@@ -41,7 +41,7 @@ impl Cluster {
             kept_fields: req.kept_fields,
         };
         check_pool(&pool)?;
-        self.check_provider_configured(&pool)?;
+        self.providers.check_provider_configured(&pool)?;
         self.write(
             &[Op::put_json(POOL, name.as_str(), &pool, Precondition::Absent)?],
             [Change::Pool(pool.clone())],
@@ -88,7 +88,7 @@ impl Cluster {
             pool.max_resume_seconds = (max > 0).then_some(max);
         }
         check_pool(&pool)?;
-        self.check_provider_configured(&pool)?;
+        self.providers.check_provider_configured(&pool)?;
         let before = mpsfleet_core::bounds::derive(&current.value, &bounds::intervals());
         let after = mpsfleet_core::bounds::derive(&pool, &bounds::intervals());
         let changed = bounds::bounds_change(&before, &after).map(|w| ObjectEvent::new("BoundsChanged", w));
@@ -113,39 +113,6 @@ impl Cluster {
             self.ask(Work::Placement(pool.name.clone()));
         }
         Ok(pool)
-    }
-
-    /// An exec or aws-ec2 provider a pool names is one of the server's configuration.
-    pub(super) fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
-        let Some(provider) = pool.provider.as_ref() else { return Ok(()) };
-        let Some(name) = provider.name.as_ref() else { return Ok(()) };
-        let ctx = self.providers.ctx.as_ref();
-        let (what, known): (&str, Vec<&str>) = match provider.kind {
-            ProviderKind::AwsEc2 => (
-                "aws-ec2 provider",
-                ctx.map(|c| c.ec2_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
-            ),
-            // A name with `local` is refused by the pool's own validation.
-            ProviderKind::Exec | ProviderKind::Local => (
-                "exec provider",
-                ctx.map(|c| c.exec_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
-            ),
-        };
-        if known.contains(&name.as_str()) {
-            return Ok(());
-        }
-        let configured = match (known.is_empty(), provider.kind) {
-            (true, ProviderKind::AwsEc2) => {
-                "it has none (define ec2Providers in the file of --config FILE, see docs/providers.md)"
-                    .to_string()
-            }
-            (true, _) => "it has none (start it with --config FILE, see docs/providers.md)".to_string(),
-            (false, _) => format!("it has {}", known.join(", ")),
-        };
-        Err(Error::invalid(
-            "provider.name",
-            format!("the server's configuration has no {what} {name:?}: {configured}"),
-        ))
     }
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {

@@ -39,3 +39,38 @@ pub struct ProviderContext {
 pub(super) fn local_runs_images(ctx: Option<&ProviderContext>) -> bool {
     ctx.is_none_or(|ctx| !ctx.local_agent_args.windows(2).any(|w| w[0] == "--runtime" && w[1] == "process"))
 }
+
+impl Providers {
+    /// An exec or aws-ec2 provider a pool names is one of the server's configuration.
+    pub(in crate::cluster) fn check_provider_configured(&self, pool: &Pool) -> Result<(), Error> {
+        let Some(provider) = pool.provider.as_ref() else { return Ok(()) };
+        let Some(name) = provider.name.as_ref() else { return Ok(()) };
+        let ctx = self.ctx.as_ref();
+        let (what, known): (&str, Vec<&str>) = match provider.kind {
+            ProviderKind::AwsEc2 => (
+                "aws-ec2 provider",
+                ctx.map(|c| c.ec2_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
+            ),
+            // A name with `local` is refused by the pool's own validation.
+            ProviderKind::Exec | ProviderKind::Local => (
+                "exec provider",
+                ctx.map(|c| c.exec_providers.keys().map(String::as_str).collect()).unwrap_or_default(),
+            ),
+        };
+        if known.contains(&name.as_str()) {
+            return Ok(());
+        }
+        let configured = match (known.is_empty(), provider.kind) {
+            (true, ProviderKind::AwsEc2) => {
+                "it has none (define ec2Providers in the file of --config FILE, see docs/providers.md)"
+                    .to_string()
+            }
+            (true, _) => "it has none (start it with --config FILE, see docs/providers.md)".to_string(),
+            (false, _) => format!("it has {}", known.join(", ")),
+        };
+        Err(Error::invalid(
+            "provider.name",
+            format!("the server's configuration has no {what} {name:?}: {configured}"),
+        ))
+    }
+}

@@ -273,7 +273,7 @@ fn a_held_back_service_starts_again_when_its_window_passes_without_a_resync() {
     }
     assert!(waited > 5_000, "started {waited} ms after the last failure, inside the window");
     // Its key is not left queued (the unresolved incidents' keys requeue on their own).
-    let keys = w.c.work_keys();
+    let keys = w.c.work.work_keys();
     assert!(!keys.iter().any(|k| k.starts_with("Service")), "{keys:?}");
 }
 
@@ -664,11 +664,11 @@ fn a_service_change_answers_once_committed_and_leaves_the_rest_to_the_controller
     let view = c.update_service("web", UpdateService { desired_count: Some(2), ..Default::default() });
     assert_eq!(view.expect("the request answers: its change is committed").service.desired_count, 2);
     assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the request started nothing itself");
-    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    assert!(c.work.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work.work_keys());
     assert!(c.take_wake(), "the request wakes the controllers' pass");
     c.run_work();
     assert_eq!(c.state.tasks().of_service(&name).len(), 1, "the reconcile's commit failed");
-    assert!(c.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work_keys());
+    assert!(c.work.work_keys().iter().any(|k| k.starts_with("Service")), "{:?}", c.work.work_keys());
     clock.advance(std::time::Duration::from_secs(60));
     c.run_work();
     assert_eq!(c.state.tasks().of_service(&name).len(), 2, "the work queue started its task");

@@ -18,7 +18,6 @@ use mpsfleet_types::Family;
 use std::sync::Arc;
 
 use super::logs::*;
-use mpsfleet_types::logs::LogSnapshot;
 use mpsfleet_types::{PoolName, TaskId};
 use std::collections::BTreeSet;
 
@@ -414,12 +413,6 @@ impl Cluster {
             Some(h) => self.agent_endpoint(h),
         };
         Ok(LogsPlan { task_id: task.id, agent, snapshot: snapshot(&task.id) })
-    }
-
-    /// Keeps the output snapshot that came with a task report.
-    pub(super) fn keep_output(&mut self, id: TaskId, snapshot: LogSnapshot, last: bool) {
-        let now = self.now();
-        self.output.keep(id, snapshot, last, now);
     }
 }
 
