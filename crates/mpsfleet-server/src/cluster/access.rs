@@ -13,7 +13,7 @@ use super::Error;
 use super::*;
 use crate::auth::Principal;
 use mpsfleet_store::{decode, Op, Precondition};
-use mpsfleet_types::access::AuditEntry;
+use mpsfleet_types::access::{AuditEntry, AuditEvent};
 use mpsfleet_types::access::{ConsoleLink, ConsoleSession};
 use mpsfleet_types::access::{
     CreateJoinToken, CreateToken, CreatedJoinToken, CreatedToken, JoinTokenView, Role, TokenView,
@@ -581,4 +581,98 @@ impl<'a> Reader<'a> {
             Kind::Drill => state.drills().get(id).map(|d| d.value.pool.as_str()),
         }
     }
+}
+
+pub(super) fn load_join_tokens(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    for r in store.list(JOIN_TOKEN)? {
+        state.apply(r.version, Change::JoinToken(decode(&r)?));
+    }
+    Ok(())
+}
+
+/// Whether `digest` is a join token's: `Ok(false)` when it is none; refused when it
+/// has expired.
+pub(super) fn join_token(state: &State, digest: &str) -> Result<bool, Error> {
+    state.join_tokens().check(digest).map(|valid| valid.map(|()| true)).unwrap_or(Ok(false))
+}
+
+pub(super) fn load_api_tokens(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    for r in store.list(API_TOKEN)? {
+        let rec: TokenRecord = decode(&r)?;
+        state.apply(r.version, Change::ApiToken(rec));
+    }
+    Ok(())
+}
+
+/// The principal of an API token's digest: `Ok(None)` when it is none of them.
+pub(super) fn api_token(r: &Reader<'_>, digest: &str) -> Result<Option<Principal>, Error> {
+    let Some(rec) = r.state.api_tokens().get(digest) else { return Ok(None) };
+    if rec.view.expires_at_ms.is_some_and(|at| r.now_ms >= at) {
+        return Err(Error::Unauthorized("this token has expired"));
+    }
+    Ok(Some(Principal::Token { id: rec.view.id.clone(), role: rec.view.role, pool: rec.view.pool.clone() }))
+}
+
+/// Token `id` and every token made from it, transitively (console sign-ins): the records.
+pub(super) fn with_descendants(state: &State, id: &str) -> Vec<TokenRecord> {
+    let mut out: Vec<TokenRecord> = Vec::new();
+    let mut next = vec![id.to_string()];
+    while let Some(parent) = next.pop() {
+        for r in state.api_tokens().values() {
+            let made_from = r.view.parent.as_deref() == Some(parent.as_str());
+            if (r.view.id == parent || made_from) && !out.iter().any(|o| o.view.id == r.view.id) {
+                if r.view.id != parent {
+                    next.push(r.view.id.clone());
+                }
+                out.push(r.clone());
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn revoke_records(w: &mut Writer<'_>, mut gone: Vec<TokenRecord>, by: &str) -> Result<(), Error> {
+    gone.sort_by(|a, b| a.view.id.cmp(&b.view.id));
+    gone.dedup_by(|a, b| a.view.id == b.view.id);
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let ops: Vec<Op> = gone.iter().map(|r| Op::delete(API_TOKEN, &r.view.id, Precondition::Any)).collect();
+    let ids: Vec<String> = gone.iter().map(|r| r.view.id.clone()).collect();
+    w.write(&ops, gone.into_iter().map(|r| Change::ApiTokenRevoked(r.sha256)))?;
+    for id in ids {
+        tracing::info!(token.id = %id, by, "API token revoked");
+    }
+    Ok(())
+}
+
+pub(super) fn load_audit(store: &dyn Store, state: &mut State) -> Result<(), Error> {
+    let keys: Vec<String> = store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
+    state.apply(0, Change::AuditLoaded(keys));
+    Ok(())
+}
+
+/// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
+pub(super) fn audit_ops(
+    r: &Reader<'_>,
+    ctx: &AuditContext,
+    result: String,
+    revision: Option<u64>,
+) -> Result<Vec<Op>, Error> {
+    let event = AuditEvent {
+        actor: ctx.actor.clone(),
+        role: ctx.role,
+        action: ctx.action.clone(),
+        target: ctx.target.clone(),
+        from: ctx.from.clone(),
+        result,
+        revision,
+    };
+    let entry = AuditEntry::new(r.now_ms, event);
+    let mut ops = vec![Op::put_json(AUDIT, key(r.state.audit_log().next_seq), &entry, Precondition::Absent)?];
+    let over = (r.state.audit_log().keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
+    ops.extend(
+        r.state.audit_log().keys.iter().take(over).map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
+    );
+    Ok(ops)
 }

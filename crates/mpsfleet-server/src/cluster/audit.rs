@@ -4,10 +4,7 @@
 //! change. A call that changed nothing, or was refused by the cluster, gets an entry of its
 //! own. Agents' calls are not audited. The log keeps the newest [`MAX_AUDIT_ENTRIES`].
 
-use super::read::Reader;
-use super::state::State;
-use super::*;
-use mpsfleet_types::access::{AuditEntry, AuditEvent, Role};
+use mpsfleet_types::access::Role;
 
 /// Store kind of audit entries, keyed by a zero-padded sequence number.
 pub(super) const AUDIT: &str = "audit";
@@ -64,40 +61,10 @@ pub(super) fn key(seq: u64) -> String {
     format!("{seq:020}")
 }
 
-pub(super) fn load_audit(store: &dyn Store, state: &mut State) -> Result<(), Error> {
-    let keys: Vec<String> = store.list(AUDIT)?.into_iter().map(|r| r.key).collect();
-    state.apply(0, Change::AuditLoaded(keys));
-    Ok(())
-}
-
-/// An entry for `ctx` under the next key, and deletes of the oldest entries past the bound.
-pub(super) fn audit_ops(
-    r: &Reader<'_>,
-    ctx: &AuditContext,
-    result: String,
-    revision: Option<u64>,
-) -> Result<Vec<Op>, Error> {
-    let event = AuditEvent {
-        actor: ctx.actor.clone(),
-        role: ctx.role,
-        action: ctx.action.clone(),
-        target: ctx.target.clone(),
-        from: ctx.from.clone(),
-        result,
-        revision,
-    };
-    let entry = AuditEntry::new(r.now_ms, event);
-    let mut ops = vec![Op::put_json(AUDIT, key(r.state.audit_log().next_seq), &entry, Precondition::Absent)?];
-    let over = (r.state.audit_log().keys.len() + 1).saturating_sub(MAX_AUDIT_ENTRIES);
-    ops.extend(
-        r.state.audit_log().keys.iter().take(over).map(|k| Op::delete(AUDIT, k.clone(), Precondition::Any)),
-    );
-    Ok(ops)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::*;
     use mpsfleet_core::clock::ManualClock;
 
     fn ctx(action: &str) -> AuditContext {

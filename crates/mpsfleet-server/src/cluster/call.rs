@@ -6,7 +6,8 @@
 //! claimed by the operation that takes one (`Cluster::idempotent`). Agents' and the
 //! controllers' calls carry neither.
 
-use super::audit::{audit_ops, AuditCall};
+use super::access::audit_ops;
+use super::audit::AuditCall;
 use super::error::Error;
 use super::idempotency::*;
 use super::read::Reader;

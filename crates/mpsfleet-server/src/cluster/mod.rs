@@ -71,7 +71,7 @@ mod tasks;
 mod tokens;
 mod traffic;
 mod work;
-use audit::load_audit;
+use access::{api_token, join_token, load_api_tokens, load_audit, load_join_tokens};
 pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 
 use hosts::*;
@@ -79,7 +79,7 @@ use incidents::*;
 use pools::*;
 use services::*;
 use state::State;
-use tokens::{api_token, join_token, join_token_record, load_api_tokens, load_join_tokens, new_join_index};
+use tokens::{join_token_record, new_join_index};
 use work::Work;
 use workloads::*;
 use write::Writer;

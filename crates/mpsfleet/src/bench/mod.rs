@@ -14,6 +14,7 @@ mod recovery;
 mod register;
 mod scaling;
 mod soak;
+mod soak_faults;
 mod soak_judge;
 mod soak_probe;
 mod start;

@@ -10,10 +10,10 @@
 //! sampler saw. See docs/benchmarks.md "Soak".
 
 use super::recovery::epoch_ms;
+use super::soak_faults::{Fault, FaultKind, Scope, Target};
 use super::soak_judge::{self, bound_for, History, IncidentRecord, Judgement, ServicePlan, Violation};
 use super::soak_probe::{
-    data_dir_bytes, inject, processes_of, service_tag, Fault, FaultKind, Sampler, Schedule, Scope,
-    ServerProc, Target, SERVICE_ENV,
+    data_dir_bytes, inject, processes_of, service_tag, Sampler, Schedule, ServerProc, SERVICE_ENV,
 };
 use anyhow::{Context, Result};
 use clap::Args;

@@ -2,38 +2,14 @@
 //! incidents, the sampler's observations, what the live checks saw), so that a history with a
 //! broken promise can be fed to it in a test. See docs/benchmarks.md "Soak".
 
-use super::soak_probe::{Fault, FaultKind};
-use mpsfleet_types::bounds::{FailureKind, RecoveryBounds};
+use super::soak_faults::{Bound, Fault, FaultKind};
+use mpsfleet_types::bounds::RecoveryBounds;
 use mpsfleet_types::HostId;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How far before a fault (by the bench's clock) an incident it caused may say it opened: the
 /// server stamps it on the same machine, but not at the same instant.
 pub const CLOCK_SLACK_MS: u64 = 1_000;
-
-/// The bounds a fault's recovery is held to, from its kind's stated totals, each plus how
-/// long the fault was held: every service back at its replicas within the total for the
-/// resumption its target ran (`fenced` where a fenced service had a task there), and every
-/// incident closed within the kind's longest total, the fenced one (an incident in a pool with
-/// a provider closes only once its old host is terminated, the step the fenced total waits for).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bound {
-    pub judged_as: FailureKind,
-    pub fenced: bool,
-    pub resume_ms: u64,
-    pub close_ms: u64,
-    pub held_ms: u64,
-}
-
-impl Bound {
-    pub fn resumed(&self) -> u64 {
-        self.resume_ms + self.held_ms
-    }
-
-    pub fn closed(&self) -> u64 {
-        self.close_ms + self.held_ms
-    }
-}
 
 /// `kind`'s bound under the pool's `bounds`; None where the pool states no total for it.
 pub fn bound_for(kind: FaultKind, bounds: &RecoveryBounds, fenced: bool, held_ms: u64) -> Option<Bound> {
@@ -361,7 +337,7 @@ fn overlaps(h: &History, j: &mut Judgement) -> Vec<Violation> {
 #[cfg(test)]
 mod tests {
     use super::super::soak::figures;
-    use super::super::soak_probe::{Scope, Target};
+    use super::super::soak_faults::{Scope, Target};
     use super::*;
     use FaultKind::*;
 

@@ -4,9 +4,10 @@
 //! records are judged by is in `soak_judge`.
 
 use super::recovery::epoch_ms;
-use super::soak_judge::{Bound, Copy, Observation};
+use super::soak_faults::*;
+use super::soak_judge::{Copy, Observation};
 use anyhow::{Context, Result};
-use mpsfleet_types::{FailureKind, HostId, HostView};
+use mpsfleet_types::HostView;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -24,134 +25,6 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 pub const SERVICE_ENV: &str = "MPSFLEET_SOAK_SERVICE";
 /// The variable the agent gives every task's processes (and containers): its task id.
 const TASK_ENV: &str = "MPSFLEET_TASK_ID";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FaultKind {
-    AgentKill,
-    AgentStop,
-    DaemonKill,
-    DaemonHang,
-    ServerKill,
-    DockerRestart,
-    DiskFull,
-}
-
-/// What a fault hits: one host, or every host at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Host,
-    Fleet,
-}
-
-impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
-        FaultKind::AgentKill,
-        FaultKind::AgentStop,
-        FaultKind::DaemonKill,
-        FaultKind::DaemonHang,
-        FaultKind::ServerKill,
-        FaultKind::DockerRestart,
-        FaultKind::DiskFull,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::AgentKill => "agent-kill",
-            FaultKind::AgentStop => "agent-stop",
-            FaultKind::DaemonKill => "daemon-kill",
-            FaultKind::DaemonHang => "daemon-hang",
-            FaultKind::ServerKill => "server-kill",
-            FaultKind::DockerRestart => "docker-restart",
-            FaultKind::DiskFull => "disk-full",
-        }
-    }
-
-    /// The failure whose stated bounds its recovery is judged by (docs/benchmarks.md "Soak"):
-    /// - an agent killed or stopped: `agent-lost`, what the server sees;
-    /// - a daemon killed: `daemon-exit`; a daemon stopped: `daemon-hang`;
-    /// - the server killed and restarted: `agent-lost`, counted from its return: to the server
-    ///   every host has been silent, and it gives each its heartbeat grace again;
-    /// - the Docker Engine restarted: `daemon-hang`, as the server judges an incident of the
-    ///   engine's `CONTAINER_RUNTIME` check (any check but `AGENT`, `GPU` and an exited daemon);
-    /// - the hosts' disk full: `daemon-hang`, the widest of the host's own checks a full disk
-    ///   can fail (a daemon, an agent or the engine that cannot write).
-    pub fn judged_as(self) -> FailureKind {
-        match self {
-            FaultKind::AgentKill | FaultKind::AgentStop | FaultKind::ServerKill => FailureKind::AgentLost,
-            FaultKind::DaemonKill => FailureKind::DaemonExit,
-            FaultKind::DaemonHang | FaultKind::DockerRestart | FaultKind::DiskFull => FailureKind::DaemonHang,
-        }
-    }
-
-    pub fn scope(self) -> Scope {
-        match self {
-            FaultKind::ServerKill | FaultKind::DockerRestart | FaultKind::DiskFull => Scope::Fleet,
-            _ => Scope::Host,
-        }
-    }
-}
-
-/// What an injected fault hit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Host {
-        id: HostId,
-        gpu: Option<u32>,
-    },
-    /// Every host (the server, the one Docker Engine, the hosts' one disk).
-    Fleet,
-    /// Nothing was found to inject into, and why: the fault did not happen.
-    Missed(String),
-}
-
-/// One fault: what was done, to what, and how the fleet came back.
-#[derive(Debug, Clone)]
-pub struct Fault {
-    pub kind: FaultKind,
-    pub target: Target,
-    pub at_ms: u64,
-    /// How long a SIGSTOP, a full disk, the server's or the engine's absence lasted.
-    pub held_ms: Option<u64>,
-    /// From the fault to every service back at its replicas on live hosts (the start of the
-    /// last stretch of them all there before the fleet settled).
-    pub resumed_ms: Option<u64>,
-    /// From the fault to the fleet settled: every service back, and no incident open.
-    pub settled_ms: Option<u64>,
-    /// The stated bound it is judged by; None where the pool states none.
-    pub bound: Option<Bound>,
-}
-
-impl Fault {
-    pub fn new(kind: FaultKind, target: Target, at_ms: u64) -> Fault {
-        Fault { kind, target, at_ms, held_ms: None, resumed_ms: None, settled_ms: None, bound: None }
-    }
-
-    /// Whether it found something to inject into.
-    pub fn happened(&self) -> bool {
-        !matches!(self.target, Target::Missed(_))
-    }
-
-    /// Whether it hit `host`.
-    pub fn covers(&self, host: &HostId) -> bool {
-        match &self.target {
-            Target::Host { id, .. } => id == host,
-            Target::Fleet => true,
-            Target::Missed(_) => false,
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        let target = match &self.target {
-            Target::Host { id, gpu: Some(g) } => format!(" on host {id} GPU {g}"),
-            Target::Host { id, gpu: None } => format!(" on host {id}"),
-            Target::Fleet if self.kind == FaultKind::DiskFull => " on the hosts' disk".to_owned(),
-            Target::Fleet => String::new(),
-            Target::Missed(why) => format!(": no target ({why})"),
-        };
-        let held = self.held_ms.map_or(String::new(), |ms| format!(" for {ms} ms"));
-        format!("{}{target}{held}", self.kind.name())
-    }
-}
 
 /// A planned kind that found no target this many times is given up (and reported).
 pub const MAX_MISSES: u32 = 3;
