@@ -2,6 +2,7 @@
 //! the repository root, or by its tail, as `cluster/work.rs` names
 //! `crates/mpsfleet-server/src/cluster/work.rs`), and every relative link points at a file.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const NAMED: &[&str] =
@@ -338,11 +339,11 @@ fn a_broken_layering_is_caught() {
     assert_eq!(up.len(), 2, "{up:?}");
     let into_room = layering_violations(
         "crates/mpsfleet-server/src/cluster/controllers/x.rs",
-        "use crate::cluster::health::INCIDENT;\nuse crate::cluster::write::Writer;\n",
+        "use crate::cluster::hosts::LAUNCH;\nuse crate::cluster::write::Writer;\n",
     );
     assert_eq!(into_room.len(), 1, "{into_room:?}");
-    assert!(into_room[0].contains("crate::cluster::health"), "{into_room:?}");
-    let room = layering_violations("crates/mpsfleet-server/src/cluster/health.rs", "use super::*;\n");
+    assert!(into_room[0].contains("crate::cluster::hosts"), "{into_room:?}");
+    let room = layering_violations("crates/mpsfleet-server/src/cluster/hosts.rs", "use super::*;\n");
     assert!(room.is_empty(), "a room on top may import anything: {room:?}");
 }
 
@@ -537,4 +538,168 @@ fn architecture_md_names_only_what_exists_and_stays_short() {
         "ARCHITECTURE.md: {lines} lines (at most {MAX_LINES}); names that do not exist:\n{}",
         missing.join("\n")
     );
+}
+
+/// The most methods `Cluster` may have, and the most files its `impl` blocks may span: it is
+/// the facade of the operations the API and the agents call, each validating and committing;
+/// what they share is in the rooms beside them (`State`, `Reader`, `Writer`, the controllers).
+const CLUSTER_MAX_METHODS: usize = 130;
+const CLUSTER_MAX_FILES: usize = 8;
+
+/// The methods of each file's `impl Cluster` blocks, by file.
+fn cluster_methods(sources: &[(String, String)]) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for (file, code) in sources {
+        let mut inside = false;
+        let mut names = Vec::new();
+        for line in code.lines() {
+            if line == "impl Cluster {" {
+                inside = true;
+            } else if line == "}" {
+                inside = false;
+            } else if let Some(rest) = line.strip_prefix("    ").filter(|_| inside) {
+                let rest = rest.trim_start_matches("pub(crate) ").trim_start_matches("pub(super) ");
+                let rest = rest.trim_start_matches("pub ").trim_start_matches("async ");
+                if let Some(name) = rest.strip_prefix("fn ") {
+                    names.push(name.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect());
+                }
+            }
+        }
+        if !names.is_empty() {
+            out.insert(file.clone(), names);
+        }
+    }
+    out
+}
+
+/// What makes `Cluster` more than a facade: too many methods, or too many files.
+fn facade_violations(methods: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let count: usize = methods.values().map(Vec::len).sum();
+    let mut out = Vec::new();
+    if count > CLUSTER_MAX_METHODS {
+        out.push(format!("{count} methods (at most {CLUSTER_MAX_METHODS})"));
+    }
+    if methods.len() > CLUSTER_MAX_FILES {
+        out.push(format!("{} files (at most {CLUSTER_MAX_FILES})", methods.len()));
+    }
+    out
+}
+
+fn server_sources() -> Vec<(String, String)> {
+    let all = production_sources(&root());
+    all.into_iter().filter(|(f, _)| f.starts_with("crates/mpsfleet-server/src/")).collect()
+}
+
+#[test]
+fn cluster_is_a_facade_of_few_methods_in_few_files() {
+    let methods = cluster_methods(&server_sources());
+    let found = facade_violations(&methods);
+    let by_file: Vec<String> = methods.iter().map(|(f, m)| format!("{f}: {}", m.len())).collect();
+    assert!(found.is_empty(), "Cluster grew: {}\n{}", found.join("; "), by_file.join("\n"));
+    // The count reads the real blocks: the rooms are where their operations are.
+    assert!(methods.keys().any(|f| f.ends_with("cluster/hosts.rs")), "{by_file:?}");
+}
+
+#[test]
+fn a_grown_facade_is_caught() {
+    let room = |n: usize| {
+        let fns: String = (0..n).map(|i| format!("    pub fn op{i}(&self) {{}}\n")).collect();
+        format!("impl Cluster {{\n{fns}}}\n")
+    };
+    let many: Vec<(String, String)> = (0..9).map(|i| (format!("r{i}.rs"), room(1))).collect();
+    assert_eq!(facade_violations(&cluster_methods(&many)), vec!["9 files (at most 8)"]);
+    let big = vec![("r.rs".to_string(), room(CLUSTER_MAX_METHODS + 1))];
+    assert_eq!(facade_violations(&cluster_methods(&big)), vec!["131 methods (at most 130)"]);
+    let other = vec![("r.rs".to_string(), room(3).replace("impl Cluster", "impl Writer<'_>"))];
+    assert!(cluster_methods(&other).is_empty(), "another type's methods are not Cluster's");
+}
+
+/// Which files each file with `Cluster` methods calls methods of (`self.op(`, `c.op(`, as a
+/// chain split over lines too), by the file that defines them.
+fn room_calls(sources: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let methods = cluster_methods(sources);
+    let defined: BTreeMap<&str, &str> =
+        methods.iter().flat_map(|(f, ms)| ms.iter().map(move |m| (m.as_str(), f.as_str()))).collect();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (file, code) in sources.iter().filter(|(f, _)| methods.contains_key(f)) {
+        let joined: String = code
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .flat_map(|l| l.chars().filter(|c| !c.is_whitespace()))
+            .collect();
+        for (name, home) in &defined {
+            if home == file {
+                continue;
+            }
+            let called = ["self.", "c."].iter().any(|recv| {
+                let pattern = format!("{recv}{name}(");
+                joined
+                    .match_indices(&pattern)
+                    .any(|(at, _)| !joined[..at].chars().next_back().is_some_and(word))
+            });
+            if called {
+                out.entry(file.clone()).or_default().insert(home.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// A circle of files calling each other's `Cluster` methods, if there is one.
+fn call_circle(calls: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        calls: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            let mut circle = path[i..].to_vec();
+            circle.push(at.to_string());
+            return Some(circle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in calls.get(at).into_iter().flatten() {
+            if let Some(c) = visit(next, calls, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(at.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    calls.keys().find_map(|start| visit(start, calls, &mut Vec::new(), &mut done))
+}
+
+/// No two of the server's files call each other's `Cluster` methods in a circle (imports are
+/// `the_cluster_is_layered`'s; calls of one object's methods are no imports, so they are
+/// counted here): `mod.rs` holds the one way to write and to ask, the
+/// rooms call it and each other one way, `dispatch.rs` (loading, the controllers' pass) calls
+/// the rooms.
+#[test]
+fn no_two_rooms_call_each_other_in_a_circle() {
+    let calls = room_calls(&server_sources());
+    assert!(calls.len() >= 6, "the rooms were not found: {calls:?}");
+    assert_eq!(call_circle(&calls), None, "{calls:#?}");
+}
+
+#[test]
+fn a_method_call_circle_is_caught() {
+    let src = |name: &str, calls: &str| {
+        let code = format!("impl Cluster {{\n    pub fn {name}(&self) {{\n        self\n            .{calls}();\n    }}\n}}\n");
+        (format!("{name}.rs"), code)
+    };
+    let circle = vec![src("a", "b"), src("b", "c"), src("c", "a")];
+    assert_eq!(call_circle(&room_calls(&circle)).map(|c| c.len()), Some(4), "{:?}", room_calls(&circle));
+    let line = vec![src("a", "b"), src("b", "c"), src("c", "read")];
+    assert_eq!(call_circle(&room_calls(&line)), None);
+    // A call on another object of the same name is not a call on the cluster.
+    let other =
+        vec![src("a", "b"), ("b.rs".to_string(), "impl Cluster {\n    fn b(&self) { w.a(); }\n}\n".into())];
+    assert_eq!(call_circle(&room_calls(&other)), None);
 }

@@ -45,10 +45,10 @@ use super::controllers::retention::Retention;
 use super::controllers::services::Services;
 use super::read::PoolCounts;
 use super::work::Work;
+use super::*;
 use super::{Cluster, Error, ProviderJob};
 use crate::provider::AttemptRecord;
 use mpsfleet_core::controller::{Action, WorkQueue};
-use mpsfleet_core::scheduler::GpuIx;
 use mpsfleet_types::Step;
 use mpsfleet_types::{PoolName, ServiceName};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -79,7 +79,7 @@ pub(super) struct Controllers {
     pub(super) breaker_counts: BTreeMap<PoolName, PoolCounts>,
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     pub(super) service_failures: HashMap<ServiceName, VecDeque<u64>>,
-    /// Provider calls in progress or done, by incident (see `health.rs`).
+    /// Provider calls in progress or done, by incident (`Cluster::provider_done`).
     pub(super) provider_progress: HashMap<String, ProviderProgress>,
     /// The host health controller, and the GPUs it closed to MPS tasks.
     pub(super) health: HostHealth,
@@ -102,19 +102,6 @@ pub(super) struct Controllers {
 }
 
 impl Cluster {
-    /// Asks for `work` to run at the next pass.
-    pub(super) fn ask(&mut self, work: Work) {
-        self.writer().ask(work);
-    }
-
-    /// Asks for `work` on behalf of a request that changed it: the controllers' pass runs at
-    /// once, outside the request ([`Cluster::take_wake`]), so the request's answer never waits
-    /// for a reconcile and the change does not wait for the next tick.
-    pub(super) fn ask_now(&mut self, work: Work) {
-        self.work.wake = true;
-        self.ask(work);
-    }
-
     /// Whether an incident, or a key a request changed, was asked for since the last call: the caller runs
     /// [`Cluster::run_work`] soon (the server wakes its health loop).
     /// Provider calls a request or a report decided count too: requests never run them, the
@@ -127,14 +114,6 @@ impl Cluster {
     /// once it serves; the simulator does not).
     pub fn start_retention(&mut self) {
         self.ask(Work::Retention);
-    }
-
-    /// Closes host `ix`'s GPUs whose daemon does not answer to new MPS tasks, and those in
-    /// `refused` (`HostHealth::close_mps_gpus`).
-    pub(super) fn close_mps_gpus(&mut self, ix: super::HostIx, refused: &[GpuIx]) {
-        let mut health = std::mem::take(&mut self.work.health);
-        health.close_mps_gpus(&mut self.writer(), ix, refused);
-        self.work.health = health;
     }
 
     /// Reconciles every key that is due, each on its own: one that fails is logged and tried
@@ -411,21 +390,6 @@ impl Cluster {
         self.writing(|w| w.write_incident(i))
     }
 
-    /// Asks for the pool's capacity when it has a provider.
-    pub(super) fn ask_capacity(&mut self, pool: &PoolName) {
-        if self.has_provider(pool) {
-            self.ask(Work::Capacity(pool.clone()));
-        }
-    }
-
-    /// Asks for the capacity of every pool with a provider (the resync's safety net).
-    pub(super) fn ask_capacity_everywhere(&mut self) {
-        let pools: Vec<PoolName> = self.state.pools().keys().cloned().collect();
-        for p in pools {
-            self.ask_capacity(&p);
-        }
-    }
-
     /// Evaluates every host that is due (heartbeat grace runs out without any report) and
     /// drives every incident; returns the provider calls to make.
     pub fn health_tick(&mut self) -> Result<Vec<ProviderJob>, Error> {
@@ -514,5 +478,137 @@ impl Controllers {
     #[cfg(test)]
     pub(in crate::cluster) fn work_keys(&self) -> Vec<String> {
         self.queue.keys().map(|k| format!("{k:?}")).collect()
+    }
+}
+
+impl Cluster {
+    fn rebuild(&mut self) -> Result<(), Error> {
+        for r in self.store.list(POOL)? {
+            let pool: Pool = decode(&r)?;
+            self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
+            self.state.apply(r.version, Change::Pool(pool));
+        }
+        let mut hosts: Vec<Versioned<Host>> = Vec::new();
+        for r in self.store.list(HOST)? {
+            hosts.push(Versioned { value: decode(&r)?, version: r.version });
+        }
+        // Registration order keeps placement decisions the same after a restart.
+        hosts.sort_by_key(|h| h.value.seq);
+        for h in hosts {
+            self.index_host(h.value, h.version)?;
+        }
+        for r in self.store.list(TASKDEF)? {
+            let td: TaskDefinition = decode(&r)?;
+            self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
+        }
+        load_incidents(self.store.as_ref(), &mut self.state)?;
+        for id in load_drills(self.store.as_ref(), &mut self.state)? {
+            self.ask(Work::Drill(id));
+        }
+        load_api_tokens(self.store.as_ref(), &mut self.state)?;
+        load_join_tokens(self.store.as_ref(), &mut self.state)?;
+        load_audit(self.store.as_ref(), &mut self.state)?;
+        load_client_tokens(self.store.as_ref(), &mut self.state)?;
+        load_deleted(self.store.as_ref(), &mut self.state)?;
+        for r in self.store.list(SERVICE)? {
+            let svc: Service = decode(&r)?;
+            self.sched.group(svc.name.as_str());
+            self.state.apply(r.version, Change::Service(svc));
+        }
+        let mut tasks: Vec<(Task, Revision)> = Vec::new();
+        for r in self.store.list(TASK)? {
+            tasks.push((decode(&r)?, r.version));
+        }
+        tasks.sort_by_key(|(t, _)| (t.created_at_ms, t.id));
+        for (task, version) in tasks {
+            let placement = if task.holds_capacity() {
+                place::placement_of(&self.state, &self.sched, &task)
+            } else {
+                None
+            };
+            if let Some(p) = &placement {
+                let req = place::request_for(&self.state, &mut self.sched, &task)?;
+                self.sched.reserve(&req, p);
+            }
+            self.writer().insert_task(task, version, placement, false);
+        }
+        Ok(())
+    }
+
+    /// Loads the state from the store, creating the admin and join tokens on first start.
+    /// On first start, `keep_tokens` is called with the new tokens before their digests are
+    /// committed, so that a crash in between cannot leave a token nobody knows.
+    pub fn load(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        keep_tokens: impl FnOnce(&FirstStart) -> Result<(), Error>,
+    ) -> Result<Cluster, Error> {
+        schema::migrate(store.as_ref())?;
+        let admin_sha256 = match store.get(AUTH, "admin")? {
+            Some(a) => decode::<AuthRecord>(&a)?.sha256,
+            None => {
+                let admin_token = auth::new_token("mpsf_adm_")?;
+                let join_token = auth::new_token("mpsf_join_")?;
+                let a = auth::digest(&admin_token);
+                let join = join_token_record(
+                    clock.now_ms(),
+                    auth::digest(&join_token),
+                    &Default::default(),
+                    "first start",
+                )?;
+                keep_tokens(&FirstStart { admin_token, join_token })?;
+                store.commit(&[
+                    Op::put_json(AUTH, "admin", &AuthRecord { sha256: a.clone() }, Precondition::Any)?,
+                    Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
+                ])?;
+                a
+            }
+        };
+        // The one join token of a data dir made before join tokens expired: it becomes a join
+        // token that expires a day from now (run `mpsfleet join-token create` for another).
+        if let Some(j) = store.get(AUTH, "join")? {
+            let sha256 = decode::<AuthRecord>(&j)?.sha256;
+            let join = join_token_record(clock.now_ms(), sha256, &Default::default(), "first start")?;
+            store.commit(&[
+                Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
+                Op::delete(AUTH, "join", Precondition::Version(j.version)),
+            ])?;
+            tracing::warn!(token.id = %join.view.id, "the data dir's join token now expires in a day");
+        }
+        let join_clock = clock.clone();
+        let mut c = Cluster {
+            state: state::State::new(tokens::AdminDigest::new(admin_sha256), new_join_index(join_clock)),
+            feed: write::FeedLedger::default(),
+            store,
+            loaded_at_ms: clock.now_ms(),
+            clock,
+            sched: Scheduler::new(),
+            work: Default::default(),
+            live: Arc::default(),
+            providers: Default::default(),
+            creds: tokens::Credentials {
+                key: auth::ServerKey::random()?,
+                launch_tokens: HashMap::new(),
+                conformance: None,
+            },
+            cluster_cas: Vec::new(),
+            call: Default::default(),
+            ids: write::TaskIds { base: auth::random_u64()?, counter: 0 },
+            events: crate::events::Events::default(),
+            console_links: HashMap::new(),
+            output: logs::LogSnapshots::default(),
+            broken: broken::Switch::Off,
+        };
+        let rev = c.store.revision()?;
+        c.state.committed(rev);
+        c.rebuild()?;
+        // The feed's revisions from before this load count as written now (their sizes are
+        // unknown): they age out of the feed like new ones.
+        let (rev, now) = (c.state.revision(), c.now());
+        c.feed.record(rev, now, 0);
+        // Capacity may have changed since the tasks waited (or a crash came between a stop and
+        // the retry): place what fits and refresh the reasons of the rest.
+        c.resync()?;
+        Ok(c)
     }
 }

@@ -1047,7 +1047,7 @@ impl<'a> Reader<'a> {
             checks: if e.health.checks.is_empty() {
                 e.checks.clone()
             } else {
-                evaluated_checks(&self.state, ix)
+                evaluated_checks(self.state, ix)
             },
             logs_url: e.logs_url.clone(),
             logs_cert_sha256: e.logs_cert.clone(),

@@ -5,7 +5,7 @@
 //!
 //! A token is scoped to its caller (the token id or `admin`) and route. The first call with it
 //! stores a record in the same store commit as its change (the audit entry's way, see
-//! [`Cluster::commit`]): the request's SHA-256 and how to answer it again (the tag its tasks
+//! `ServedCall::riders`): the request's SHA-256 and how to answer it again (the tag its tasks
 //! were started with, or the service's name). A retry with the same request gets the answer
 //! built from the current state (the tasks as they are now; the service as it is now); the same
 //! token with another request is refused (409). A call that fails commits nothing, its token

@@ -132,23 +132,6 @@ impl Cluster {
         }
         Ok(s)
     }
-
-    pub(super) fn load_drills(&mut self) -> Result<(), Error> {
-        for r in self.store.list(DRILL)? {
-            let d: Drill = decode(&r)?;
-            let running = d.status != DrillStatus::Ended;
-            let id = d.id.clone();
-            self.state.apply(r.version, Change::Drill(Box::new(d)));
-            if running {
-                self.ask(Work::Drill(id));
-            }
-        }
-        if let Some(r) = self.store.get(DRILL_SWITCH, SWITCH_KEY)? {
-            let s: DrillSwitch = decode(&r)?;
-            self.state.apply(r.version, Change::DrillSwitch(s));
-        }
-        Ok(())
-    }
 }
 
 impl Cluster {
@@ -336,7 +319,7 @@ pub(super) fn drill_targets(
 impl<'a> Reader<'a> {
     pub fn incidents(&self) -> Vec<Incident> {
         let mut v: Vec<Incident> =
-            self.state.incidents().values().map(|v| shown(&self.state, v.value.clone())).collect();
+            self.state.incidents().values().map(|v| shown(self.state, v.value.clone())).collect();
         v.sort_by(|a, b| (a.opened_at_ms, &a.id).cmp(&(b.opened_at_ms, &b.id)));
         v
     }
@@ -345,7 +328,7 @@ impl<'a> Reader<'a> {
         self.state
             .incidents()
             .get(id)
-            .map(|v| shown(&self.state, v.value.clone()))
+            .map(|v| shown(self.state, v.value.clone()))
             .ok_or_else(|| Error::not_found("incident", id))
     }
 
@@ -360,7 +343,7 @@ impl<'a> Reader<'a> {
     }
 
     pub fn drill_switch(&self) -> DrillSwitch {
-        controllers::drills::switch(&self.state)
+        controllers::drills::switch(self.state)
     }
 }
 
@@ -389,4 +372,22 @@ pub(super) fn write_host_and_incident(
     ];
     w.write(&ops, [Change::Incident(Box::new(incident)), Change::Host(ix, host)])?;
     Ok(())
+}
+
+/// Loads the drills and the switch; returns the drills still running (their keys are asked
+/// for once loaded).
+pub(super) fn load_drills(store: &dyn Store, state: &mut State) -> Result<Vec<String>, Error> {
+    let mut running = Vec::new();
+    for r in store.list(DRILL)? {
+        let d: Drill = decode(&r)?;
+        if d.status != DrillStatus::Ended {
+            running.push(d.id.clone());
+        }
+        state.apply(r.version, Change::Drill(Box::new(d)));
+    }
+    if let Some(r) = store.get(DRILL_SWITCH, SWITCH_KEY)? {
+        let s: DrillSwitch = decode(&r)?;
+        state.apply(r.version, Change::DrillSwitch(s));
+    }
+    Ok(running)
 }

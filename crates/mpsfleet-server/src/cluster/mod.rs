@@ -6,6 +6,13 @@
 //! So what the API acknowledges is on disk, and a crash between the two steps loses nothing:
 //! at start-up the state is rebuilt from the store, and derived state (GPU usage, pending
 //! queues, indexes) is recomputed from the records rather than stored.
+//!
+//! `Cluster` is the facade the API and the agents call: its operations live in rooms by what
+//! they change (`hosts.rs`, `workloads.rs`, `services.rs`, `pools.rs`, `incidents.rs`,
+//! `access.rs`), its queries on [`Reader`] beside them, loading and the controllers' pass in
+//! `dispatch.rs`, and here what every room stands on: the one way to write
+//! (`Cluster::write`, `Cluster::writing`), to read ([`Cluster::read`]) and to ask for a
+//! controller's key. No room calls another's methods in a circle (`tests/architecture.rs`).
 
 mod access;
 mod agent_reports;
@@ -75,6 +82,7 @@ use access::{api_token, join_token, load_api_tokens, load_audit, load_join_token
 pub use tokens::{AdminDigest, AwsKey, JoinDigests};
 
 use hosts::*;
+use idempotency::{Claim, Replay};
 use incidents::*;
 use pools::*;
 use services::*;
@@ -250,134 +258,6 @@ pub struct FirstStart {
 }
 
 impl Cluster {
-    /// Loads the state from the store, creating the admin and join tokens on first start.
-    /// On first start, `keep_tokens` is called with the new tokens before their digests are
-    /// committed, so that a crash in between cannot leave a token nobody knows.
-    pub fn load(
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        keep_tokens: impl FnOnce(&FirstStart) -> Result<(), Error>,
-    ) -> Result<Cluster, Error> {
-        schema::migrate(store.as_ref())?;
-        let admin_sha256 = match store.get(AUTH, "admin")? {
-            Some(a) => decode::<AuthRecord>(&a)?.sha256,
-            None => {
-                let admin_token = auth::new_token("mpsf_adm_")?;
-                let join_token = auth::new_token("mpsf_join_")?;
-                let a = auth::digest(&admin_token);
-                let join = join_token_record(
-                    clock.now_ms(),
-                    auth::digest(&join_token),
-                    &Default::default(),
-                    "first start",
-                )?;
-                keep_tokens(&FirstStart { admin_token, join_token })?;
-                store.commit(&[
-                    Op::put_json(AUTH, "admin", &AuthRecord { sha256: a.clone() }, Precondition::Any)?,
-                    Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
-                ])?;
-                a
-            }
-        };
-        // The one join token of a data dir made before join tokens expired: it becomes a join
-        // token that expires a day from now (run `mpsfleet join-token create` for another).
-        if let Some(j) = store.get(AUTH, "join")? {
-            let sha256 = decode::<AuthRecord>(&j)?.sha256;
-            let join = join_token_record(clock.now_ms(), sha256, &Default::default(), "first start")?;
-            store.commit(&[
-                Op::put_json(tokens::JOIN_TOKEN, &join.view.id, &join, Precondition::Absent)?,
-                Op::delete(AUTH, "join", Precondition::Version(j.version)),
-            ])?;
-            tracing::warn!(token.id = %join.view.id, "the data dir's join token now expires in a day");
-        }
-        let join_clock = clock.clone();
-        let mut c = Cluster {
-            state: state::State::new(tokens::AdminDigest::new(admin_sha256), new_join_index(join_clock)),
-            feed: write::FeedLedger::default(),
-            store,
-            loaded_at_ms: clock.now_ms(),
-            clock,
-            sched: Scheduler::new(),
-            work: Default::default(),
-            live: Arc::default(),
-            providers: Default::default(),
-            creds: tokens::Credentials {
-                key: auth::ServerKey::random()?,
-                launch_tokens: HashMap::new(),
-                conformance: None,
-            },
-            cluster_cas: Vec::new(),
-            call: Default::default(),
-            ids: write::TaskIds { base: auth::random_u64()?, counter: 0 },
-            events: crate::events::Events::default(),
-            console_links: HashMap::new(),
-            output: logs::LogSnapshots::default(),
-            broken: broken::Switch::Off,
-        };
-        let rev = c.store.revision()?;
-        c.state.committed(rev);
-        c.rebuild()?;
-        // The feed's revisions from before this load count as written now (their sizes are
-        // unknown): they age out of the feed like new ones.
-        let (rev, now) = (c.state.revision(), c.now());
-        c.feed.record(rev, now, 0);
-        // Capacity may have changed since the tasks waited (or a crash came between a stop and
-        // the retry): place what fits and refresh the reasons of the rest.
-        c.resync()?;
-        Ok(c)
-    }
-
-    fn rebuild(&mut self) -> Result<(), Error> {
-        for r in self.store.list(POOL)? {
-            let pool: Pool = decode(&r)?;
-            self.sched.upsert_pool(pool.name.as_str(), pool_config(&pool));
-            self.state.apply(r.version, Change::Pool(pool));
-        }
-        let mut hosts: Vec<Versioned<Host>> = Vec::new();
-        for r in self.store.list(HOST)? {
-            hosts.push(Versioned { value: decode(&r)?, version: r.version });
-        }
-        // Registration order keeps placement decisions the same after a restart.
-        hosts.sort_by_key(|h| h.value.seq);
-        for h in hosts {
-            self.index_host(h.value, h.version)?;
-        }
-        for r in self.store.list(TASKDEF)? {
-            let td: TaskDefinition = decode(&r)?;
-            self.state.apply(r.version, Change::TaskDef(Arc::new(td)));
-        }
-        load_incidents(self.store.as_ref(), &mut self.state)?;
-        self.load_drills()?;
-        load_api_tokens(self.store.as_ref(), &mut self.state)?;
-        load_join_tokens(self.store.as_ref(), &mut self.state)?;
-        load_audit(self.store.as_ref(), &mut self.state)?;
-        load_client_tokens(self.store.as_ref(), &mut self.state)?;
-        load_deleted(self.store.as_ref(), &mut self.state)?;
-        for r in self.store.list(SERVICE)? {
-            let svc: Service = decode(&r)?;
-            self.sched.group(svc.name.as_str());
-            self.state.apply(r.version, Change::Service(svc));
-        }
-        let mut tasks: Vec<(Task, Revision)> = Vec::new();
-        for r in self.store.list(TASK)? {
-            tasks.push((decode(&r)?, r.version));
-        }
-        tasks.sort_by_key(|(t, _)| (t.created_at_ms, t.id));
-        for (task, version) in tasks {
-            let placement = if task.holds_capacity() {
-                place::placement_of(&self.state, &self.sched, &task)
-            } else {
-                None
-            };
-            if let Some(p) = &placement {
-                let req = place::request_for(&self.state, &mut self.sched, &task)?;
-                self.sched.reserve(&req, p);
-            }
-            self.writer().insert_task(task, version, placement, false);
-        }
-        Ok(())
-    }
-
     // ---- auth ---------------------------------------------------------------------------
 
     pub fn authenticate(&self, token: &str) -> Result<Principal, Error> {
@@ -598,6 +478,77 @@ impl<'a> Reader<'a> {
 
     pub fn revision(&self) -> Revision {
         self.state.revision()
+    }
+}
+
+impl Cluster {
+    /// Closes host `ix`'s GPUs whose daemon does not answer to new MPS tasks, and those in
+    /// `refused` (`HostHealth::close_mps_gpus`).
+    fn close_mps_gpus(&mut self, ix: HostIx, refused: &[mpsfleet_core::scheduler::GpuIx]) {
+        let mut health = std::mem::take(&mut self.work.health);
+        health.close_mps_gpus(&mut self.writer(), ix, refused);
+        self.work.health = health;
+    }
+
+    /// Asks for `work` on behalf of a request that changed it: the controllers' pass runs at
+    /// once, outside the request ([`Cluster::take_wake`]), so the request's answer never waits
+    /// for a reconcile and the change does not wait for the next tick.
+    fn ask_now(&mut self, work: Work) {
+        self.work.wake = true;
+        self.ask(work);
+    }
+
+    /// Asks for `work` to run at the next pass.
+    fn ask(&mut self, work: Work) {
+        self.writer().ask(work);
+    }
+
+    /// Asks for the capacity of every pool with a provider (the resync's safety net).
+    fn ask_capacity_everywhere(&mut self) {
+        let pools: Vec<PoolName> = self.state.pools().keys().cloned().collect();
+        for p in pools {
+            self.ask_capacity(&p);
+        }
+    }
+
+    /// Asks for the pool's capacity when it has a provider.
+    fn ask_capacity(&mut self, pool: &PoolName) {
+        if self.has_provider(pool) {
+            self.ask(Work::Capacity(pool.clone()));
+        }
+    }
+}
+
+impl Cluster {
+    fn has_provider(&self, pool: &PoolName) -> bool {
+        self.providers.built.contains_key(pool)
+            || self.state.pools().get(pool).is_some_and(|p| p.value.provider.is_some())
+    }
+}
+
+impl Cluster {
+    /// Runs `first` on `req` unless `token` (taken from it) names an earlier call by `actor`
+    /// on `route` (the first argument) with the same request: then answers that call again with `again`. The
+    /// token goes in the first commit `first` makes (see the module's doc).
+    fn idempotent<R: Serialize, T>(
+        &mut self,
+        (actor, route, token): (&str, &str, Option<String>),
+        req: R,
+        replay: Replay,
+        first: impl FnOnce(&mut Self, R) -> Result<T, Error>,
+        again: impl FnOnce(&Self, Replay) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let Some(token) = token else { return first(self, req) };
+        let mut call = std::mem::take(&mut self.call);
+        let claim = call.claim_client_token(&self.read(), actor, route, &token, &req, replay);
+        self.call = call;
+        let out = match claim {
+            Ok(Claim::First) => first(self, req),
+            Ok(Claim::Retry(replay)) => again(self, replay),
+            Err(e) => Err(e),
+        };
+        self.call.release_client_token();
+        out
     }
 }
 

@@ -376,11 +376,6 @@ impl Cluster {
         Some(provider)
     }
 
-    pub(super) fn has_provider(&self, pool: &PoolName) -> bool {
-        self.providers.built.contains_key(pool)
-            || self.state.pools().get(pool).is_some_and(|p| p.value.provider.is_some())
-    }
-
     /// What the server needs to build the providers its pools name.
     pub fn set_provider_context(&mut self, ctx: ProviderContext) {
         self.providers.ctx = Some(ctx);
@@ -572,7 +567,7 @@ impl<'a> Reader<'a> {
     /// (active or being deleted) and its tasks by phase. What a pool must be empty of to be
     /// deleted, and what ECS's DescribeClusters counts.
     pub fn pool_contents(&self, name: &str) -> Result<PoolContents, Error> {
-        let pool = pool_name(&self.state, "cluster", name).map_err(|_| Error::not_found("pool", name))?;
+        let pool = pool_name(self.state, "cluster", name).map_err(|_| Error::not_found("pool", name))?;
         let hosts = self
             .state
             .hosts()

@@ -1,8 +1,9 @@
 //! What controllers and requests read beyond single records ([`Reader`]): where a task
 //! stands as its service counts it, whether its MPS daemon failed, what a stop of it writes,
-//! and (in `discovery.rs`) whether it takes traffic. Read-only over the state, the scheduler's
-//! index and the time, so a request's view (`Cluster::reader`) and a controller's
-//! (`Writer::reader`) answer alike.
+//! and (in `traffic.rs`) whether it takes traffic. Read-only over the state, the scheduler's
+//! index and the time, so a request's view (`Cluster::read`) and a controller's
+//! (`Writer::reader`) answer alike. The API's queries are `Reader`'s too, each beside its
+//! room's operations (`hosts.rs`, `services.rs`, …).
 
 use super::state::State;
 use super::HostIx;

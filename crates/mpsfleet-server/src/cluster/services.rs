@@ -362,7 +362,6 @@ impl Cluster {
 }
 
 pub(super) fn view_of(r: &Reader<'_>, svc: &Service) -> ServiceView {
-    let r = r;
     let tasks: Vec<&Task> = (r.state.tasks().of_service(&svc.name).iter())
         .filter_map(|id| r.state.tasks().get(id))
         .map(|e| &e.task)
@@ -417,7 +416,7 @@ impl<'a> Reader<'a> {
     /// The service's deployments, newest first, with the counts of their tasks (a task
     /// counts toward the newest live deployment of its definition).
     pub fn service_deployments(&self, name: &str) -> Result<Vec<DeploymentView>, Error> {
-        let svc = service_record(&self.state, name)?.value;
+        let svc = service_record(self.state, name)?.value;
         let mut views: Vec<DeploymentView> = svc
             .deployments
             .iter()
@@ -452,7 +451,7 @@ impl<'a> Reader<'a> {
     }
 
     pub fn service(&self, name: &str) -> Result<ServiceView, Error> {
-        Ok(view_of(self, &service_record(&self.state, name)?.value))
+        Ok(view_of(self, &service_record(self.state, name)?.value))
     }
 
     /// Every binding of every RUNNING replica of a service, in task order: where its traffic
@@ -460,7 +459,7 @@ impl<'a> Reader<'a> {
     /// its hostname until the agent has said. An awsvpc task's ports are at its own address:
     /// each container port of its definition, at the address its containers report.
     pub fn service_endpoints(&self, name: &str) -> Result<Vec<ServiceEndpoint>, Error> {
-        let svc = service_record(&self.state, name)?.value.name.clone();
+        let svc = service_record(self.state, name)?.value.name.clone();
         let mut out = Vec::new();
         for id in self.state.tasks().of_service(&svc) {
             let Some(e) = self.state.tasks().get(id) else { continue };

@@ -365,30 +365,6 @@ impl Cluster {
             },
         )
     }
-
-    /// Runs `first` on `req` unless `token` (taken from it) names an earlier call by `actor`
-    /// on `route` (the first argument) with the same request: then answers that call again with `again`. The
-    /// token goes in the first commit `first` makes (see the module's doc).
-    pub(super) fn idempotent<R: Serialize, T>(
-        &mut self,
-        (actor, route, token): (&str, &str, Option<String>),
-        req: R,
-        replay: Replay,
-        first: impl FnOnce(&mut Self, R) -> Result<T, Error>,
-        again: impl FnOnce(&Self, Replay) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let Some(token) = token else { return first(self, req) };
-        let mut call = std::mem::take(&mut self.call);
-        let claim = call.claim_client_token(&self.read(), actor, route, &token, &req, replay);
-        self.call = call;
-        let out = match claim {
-            Ok(Claim::First) => first(self, req),
-            Ok(Claim::Retry(replay)) => again(self, replay),
-            Err(e) => Err(e),
-        };
-        self.call.release_client_token();
-        out
-    }
 }
 
 impl Cluster {
@@ -502,7 +478,7 @@ impl<'a> Reader<'a> {
             }
             None => (Family::new(reference).map_err(|e| Error::invalid(field, e.to_string()))?, None),
         };
-        let revision = revision.or_else(|| latest_active_revision(&self.state, &family));
+        let revision = revision.or_else(|| latest_active_revision(self.state, &family));
         revision
             .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
             .map(|v| v.value.as_ref())

@@ -3,7 +3,7 @@
 //! the storm breaker's counts dropped, a host's events published and the keys its change
 //! asks for (its pool's capacity, daemons, placement and services), and the feed's ledger
 //! told. A failed commit changes nothing in memory. Requests reach it through
-//! `Cluster::commit`, `Cluster::apply` and `Cluster::writing`, which put the call's riders
+//! `Cluster::write` and `Cluster::writing`, which put the call's riders
 //! (its audit entry, its client token) on its first commit; the controllers in
 //! `controllers/` hold a `Writer` in their context and never see `Cluster`.
 
@@ -273,7 +273,7 @@ impl Writer<'_> {
         let left = host.status == HostStatus::Deregistered;
         self.state.apply(rev, Change::Host(ix, host));
         if left {
-            // A pool without a provider answers this at once (`health.rs`).
+            // A pool without a provider answers this at once (`Cluster::ask_capacity`).
             self.ask(Work::Capacity(pool.clone()));
         }
         self.health_due_ms[ix as usize] = 0;
