@@ -429,8 +429,9 @@ fn certified(issued: Issued) -> Result<(Arc<CertifiedKey>, ServerCertificate), E
     Ok((Arc::new(CertifiedKey::new(issued.chain, key)), issued.info))
 }
 
-/// A store commit, with the audit entry of the API call that makes it (`Cluster::commit_ops`).
-pub type Commit<'a> = &'a mut dyn FnMut(&[Op]) -> Result<(), Error>;
+/// A store commit of the CA records and the hashes of the CAs they leave trusted, with the
+/// audit entry of the API call that makes it (`Cluster::write_cas`).
+pub type Commit<'a> = &'a mut dyn FnMut(&[Op], Vec<String>) -> Result<(), Error>;
 
 impl ServerTls {
     /// Serves a certificate for `names` under the active CA of `cas`, issued now; writes the
@@ -521,8 +522,9 @@ impl ServerTls {
         if next.hash() == cas.active.hash() {
             return Err(Error::invalid("caCertPem", "is the cluster's CA already"));
         }
-        commit(&[Op::put_json(TLS, CA_NEXT_KEY, &next.record, Precondition::Absent)?])?;
+        let op = Op::put_json(TLS, CA_NEXT_KEY, &next.record, Precondition::Absent)?;
         let cas = CaSet { active: cas.active, next: Some(Arc::new(next)) };
+        commit(&[op], cas.hashes())?;
         self.set_cas(cas.clone());
         tracing::info!(next = %cas.hashes()[1], "CA rotation begun: clients trust the next CA too");
         Ok(cas)
@@ -533,11 +535,12 @@ impl ServerTls {
     pub fn activate_ca(&self, now_ms: u64, commit: Commit<'_>) -> Result<CaSet, Error> {
         let cas = self.cas();
         let next = cas.next.clone().ok_or_else(no_rotation)?;
-        commit(&[
+        let ops = [
             Op::put_json(TLS, CA_KEY, &next.record, Precondition::Any)?,
             Op::delete(TLS, CA_NEXT_KEY, Precondition::Any),
-        ])?;
+        ];
         let cas = CaSet { active: next, next: None };
+        commit(&ops, cas.hashes())?;
         self.set_cas(cas.clone());
         // Committed: a certificate that cannot be issued now is issued by the next renewal
         // check, which sees it is under the old CA.
@@ -554,8 +557,8 @@ impl ServerTls {
         if cas.next.is_none() {
             return Err(no_rotation());
         }
-        commit(&[Op::delete(TLS, CA_NEXT_KEY, Precondition::Any)])?;
         let cas = CaSet { active: cas.active, next: None };
+        commit(&[Op::delete(TLS, CA_NEXT_KEY, Precondition::Any)], cas.hashes())?;
         self.set_cas(cas.clone());
         Ok(cas)
     }
@@ -768,7 +771,7 @@ mod tests {
         )
         .unwrap();
         let old_pem = tls.ca().cert_pem().to_string();
-        let mut commit = |ops: &[Op]| store.commit(ops).map(|_| ()).map_err(Error::from);
+        let mut commit = |ops: &[Op], _cas: Vec<String>| store.commit(ops).map(|_| ()).map_err(Error::from);
         assert!(tls.activate_ca(now, &mut commit).is_err(), "nothing staged");
         let staged = tls.begin_ca_rotation(None, &key, now, &mut commit).unwrap();
         let next_hash = staged.next.as_ref().unwrap().hash();

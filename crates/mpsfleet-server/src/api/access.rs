@@ -44,7 +44,6 @@ pub(super) async fn ca_step(
     let tls = serving_tls(st)?;
     st.call(headers, admin, Touch::Cluster, move |c, _| {
         let cas = step(&tls, c)?;
-        c.set_cluster_cas(cas.hashes());
         Ok(ca_rotation(c, &cas))
     })
     .await
@@ -124,7 +123,7 @@ pub(super) async fn begin_ca_rotation(
     };
     let out = ca_step(&st, &headers, move |tls, c| {
         let key = c.server_key().clone();
-        tls.begin_ca_rotation(given.as_ref(), &key, c.read().now_ms(), &mut |ops| c.commit_ops(ops))
+        tls.begin_ca_rotation(given.as_ref(), &key, c.read().now_ms(), &mut |ops, cas| c.write_cas(ops, cas))
     })
     .await?;
     Ok((StatusCode::CREATED, Json(out)))
@@ -159,7 +158,7 @@ pub(super) async fn activate_ca(
                 )));
             }
         }
-        tls.activate_ca(c.read().now_ms(), &mut |ops| c.commit_ops(ops))
+        tls.activate_ca(c.read().now_ms(), &mut |ops, cas| c.write_cas(ops, cas))
     })
     .await?;
     Ok(Json(out))
@@ -176,7 +175,8 @@ pub(super) async fn cancel_ca_rotation(
     State(st): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<mpsfleet_types::access::CaRotation>, ApiError> {
-    let out = ca_step(&st, &headers, |tls, c| tls.cancel_ca_rotation(&mut |ops| c.commit_ops(ops))).await?;
+    let out = ca_step(&st, &headers, |tls, c| tls.cancel_ca_rotation(&mut |ops, cas| c.write_cas(ops, cas)))
+        .await?;
     Ok(Json(out))
 }
 

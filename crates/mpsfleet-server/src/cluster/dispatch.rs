@@ -591,7 +591,6 @@ impl Cluster {
                 launch_tokens: HashMap::new(),
                 conformance: None,
             },
-            cluster_cas: Vec::new(),
             call: Default::default(),
             ids: write::TaskIds { base: auth::random_u64()?, counter: 0 },
             events: crate::events::Events::default(),

@@ -137,7 +137,7 @@ impl Cluster {
         let entry = &self.state.hosts()[ix as usize];
         HostStatusAnswer {
             health_policy,
-            cluster_ca_sha256: self.cluster_cas.clone(),
+            cluster_ca_sha256: self.state.cas().to_vec(),
             rechecks: entry.host().rechecks,
             checks_rev: entry.checks_rev,
             faults: faults_for(&self.state, &entry.host().id),

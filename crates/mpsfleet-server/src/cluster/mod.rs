@@ -228,9 +228,6 @@ pub struct Cluster {
     work: dispatch::Controllers,
     /// The metrics' counters and histograms (`crate::metrics`), shared with the API layer.
     live: Arc<crate::metrics::Live>,
-    /// The hashes of the cluster CAs clients should trust, the active one first (empty for a
-    /// plain-HTTP server): join strings carry the first, heartbeat answers all of them.
-    cluster_cas: Vec<String>,
     /// The credentials that are not records: the server key, launch tokens (`tokens.rs`).
     creds: tokens::Credentials,
     /// The API call being served: what it adds to its first commit (`call.rs`).
@@ -370,17 +367,19 @@ impl Cluster {
         &self.creds.key
     }
 
-    /// The hashes of the cluster's CAs (`tls::CaSet::hashes`), the active one first: the
-    /// tokens launched hosts join with carry the first, so their agents trust this cluster's
-    /// servers and no other; heartbeat answers carry all, so agents follow a CA rotation.
+    /// Loads the hashes of the cluster's CAs (`tls::CaSet::hashes`, read from their records
+    /// with the server key) when the server serves HTTPS, the active one first: the tokens
+    /// launched hosts join with carry the first, so their agents trust this cluster's servers
+    /// and no other; heartbeat answers carry all, so agents follow a CA rotation.
     pub fn set_cluster_cas(&mut self, hashes: Vec<String>) {
-        self.cluster_cas = hashes;
+        let rev = self.state.revision();
+        self.state.apply(rev, Change::Cas(hashes));
     }
 
-    /// Commits `ops`, which change state kept outside the cluster's own objects (the TLS CA
-    /// records), with the audit entry of the API call being served.
-    pub(crate) fn commit_ops(&mut self, ops: &[Op]) -> Result<(), Error> {
-        self.write(ops, []).map(|_| ())
+    /// Commits a CA rotation's step (`ops`, the TLS CA records) with the audit entry of the
+    /// API call being served, and applies the CAs it leaves (`cas`, their hashes).
+    pub(crate) fn write_cas(&mut self, ops: &[Op], cas: Vec<String>) -> Result<(), Error> {
+        self.write(ops, [Change::Cas(cas)]).map(|_| ())
     }
 
     /// The one-time token a host launched to keep `pool` at its size joins with: derived
@@ -389,7 +388,7 @@ impl Cluster {
     /// `secret` as a host joins with it: with the cluster CA's hash after it when the server
     /// serves HTTPS ([`mpsfleet_client::tls::pinned`]).
     pub fn join_string(&self, secret: &str) -> String {
-        match self.cluster_cas.first() {
+        match self.state.cas().first() {
             Some(hash) => mpsfleet_client::tls::pinned(secret, hash),
             None => secret.to_string(),
         }

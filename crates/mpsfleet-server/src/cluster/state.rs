@@ -77,6 +77,9 @@ pub(super) enum Change {
     /// A pool or service kept as deleted (`deleted.rs`), and one forgotten, by key.
     Deleted(Box<super::deleted::Deleted>),
     DeletedRemoved(String),
+    /// The hashes of the cluster CAs clients trust, the active one first (the CA records of a
+    /// server that serves HTTPS; none for plain HTTP).
+    Cas(Vec<String>),
 }
 
 pub(super) struct State {
@@ -117,6 +120,9 @@ pub(super) struct State {
     drill_switch: Option<Versioned<DrillSwitch>>,
     /// Pools and services deleted lately, by key (`deleted.rs`): one kind's oldest first.
     deleted: BTreeMap<String, super::deleted::Deleted>,
+    /// The hashes of the cluster CAs clients should trust, the active one first: join strings
+    /// carry the first, heartbeat answers all of them.
+    cas: Vec<String>,
 }
 
 impl State {
@@ -142,6 +148,7 @@ impl State {
             drills: BTreeMap::new(),
             drill_switch: None,
             deleted: BTreeMap::new(),
+            cas: Vec::new(),
         }
     }
 
@@ -257,6 +264,7 @@ impl State {
             Change::DeletedRemoved(key) => {
                 self.deleted.remove(&key);
             }
+            Change::Cas(hashes) => self.cas = hashes,
         }
     }
 
@@ -285,6 +293,11 @@ impl State {
 
     pub(super) fn deleted(&self) -> &BTreeMap<String, super::deleted::Deleted> {
         &self.deleted
+    }
+
+    /// The hashes of the cluster CAs clients should trust, the active one first.
+    pub(super) fn cas(&self) -> &[String] {
+        &self.cas
     }
 
     pub(super) fn drills(&self) -> &BTreeMap<String, Versioned<Drill>> {
