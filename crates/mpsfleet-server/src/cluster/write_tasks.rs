@@ -116,6 +116,29 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Commits waiting tasks placed (`ops`: their records), then applies each on its host; a
+    /// failed commit gives back what they reserved and applies nothing.
+    pub(in crate::cluster) fn write_placed(
+        &mut self,
+        ops: &[Op],
+        placed: Vec<(Task, Placement, Request)>,
+    ) -> Result<(), Error> {
+        let rev = match self.commit(ops) {
+            Ok(rev) => rev,
+            Err(e) => {
+                for (_, p, req) in placed.iter().rev() {
+                    self.sched.release(req, p);
+                }
+                return Err(e);
+            }
+        };
+        for (task, p, _) in placed {
+            self.state.host_mut(p.host).epoch = rev;
+            self.put_task(task, rev, Some(p));
+        }
+        Ok(())
+    }
+
     /// Gives back the capacity an uncommitted batch took.
     pub(in crate::cluster) fn rollback(&mut self, batch: &Batch) {
         for (_, placement, req) in batch.created.iter().rev() {

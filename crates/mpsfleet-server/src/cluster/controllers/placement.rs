@@ -71,19 +71,7 @@ impl Placer {
         if placed.is_empty() {
             return Ok(Action::AwaitChange);
         }
-        let rev = match w.commit(&ops) {
-            Ok(rev) => rev,
-            Err(e) => {
-                for (_, p, req) in placed.iter().rev() {
-                    w.sched.release(req, p);
-                }
-                return Err(e);
-            }
-        };
-        for (task, p, _) in placed {
-            w.state.host_mut(p.host).epoch = rev;
-            w.put_task(task, rev, Some(p));
-        }
+        w.write_placed(&ops, placed)?;
         Ok(Action::AwaitChange)
     }
 }
