@@ -387,7 +387,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         report_task,
         task_secrets,
         events::stream,
-        events::replica
+        events::replica,
+        events::discovery_replica
     ),
     components(schemas(mpsfleet_types::api::ErrorBody, mpsfleet_types::access::AuditEvent)),
     modifiers(&BearerAuth),
@@ -441,6 +442,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/drills/{id}/abort", post(abort_drill))
         .route("/v1/events", get(events::stream))
         .route("/v1/events/replica", get(events::replica))
+        .route("/v1/discovery/replica", get(events::discovery_replica))
         .route("/v1/tasks", post(run_tasks).get(list_tasks))
         .route("/v1/tasks/{id}", get(describe_task))
         .route("/v1/tasks/{id}/stop", post(stop_task))

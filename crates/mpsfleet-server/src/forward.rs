@@ -163,6 +163,39 @@ pub async fn copy_events(
     }
 }
 
+/// Fetches what the leader publishes in DNS (`GET /v1/discovery/replica`), for a follower
+/// answering DNS from a copy (`dns::serve_copy`).
+pub struct DiscoveryCopier {
+    http: reqwest::Client,
+    key: [u8; 32],
+    leader: Arc<dyn LeaderLookup>,
+}
+
+impl DiscoveryCopier {
+    pub fn new(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> Result<Self, ApiError> {
+        Ok(DiscoveryCopier { http: leader_client(ca_pem)?, key: forwarding_key(key), leader })
+    }
+
+    /// The leader's published services now; None when no leader answers in time.
+    pub async fn fetch(&self) -> Option<crate::dns::DiscoveryCopy> {
+        let lookup = self.leader.clone();
+        let url = tokio::task::spawn_blocking(move || lookup.leader_url()).await.ok().flatten()?;
+        let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
+        let resp = (self.http)
+            .get(format!("{}/v1/discovery/replica", url.trim_end_matches('/')))
+            .header(REPLICA, replica_header(&self.key, now_ms))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            tracing::warn!(leader = %url, status = resp.status().as_u16(), "the leader refused to share what it publishes in DNS");
+            return None;
+        }
+        resp.json().await.ok()
+    }
+}
+
 /// Copies from the leader at `url` until its stream ends or fails; returns how many events.
 async fn copy_from(
     http: &reqwest::Client,

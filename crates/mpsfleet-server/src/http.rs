@@ -82,10 +82,17 @@ async fn drain(body: Body, timeout: Duration) -> bool {
 }
 
 /// The routes anyone may call, without a token.
-/// (`/v1/events/replica` checks its own caller: a server of the cluster, by a signed header;
-/// `/v1/console/session` takes a one-time sign-in code instead of a token.)
-pub const PUBLIC_ROUTES: &[&str] =
-    &["/v1/healthz", "/v1/cluster/ca", "/v1/openapi.json", "/v1/events/replica", "/v1/console/session"];
+/// (`/v1/events/replica` and `/v1/discovery/replica` check their own caller: a server of the
+/// cluster, by a signed header; `/v1/console/session` takes a one-time sign-in code instead of
+/// a token.)
+pub const PUBLIC_ROUTES: &[&str] = &[
+    "/v1/healthz",
+    "/v1/cluster/ca",
+    "/v1/openapi.json",
+    "/v1/events/replica",
+    "/v1/discovery/replica",
+    "/v1/console/session",
+];
 
 /// Who may call a route with a body, and the longest body it takes.
 fn route_rules(path: &str) -> (fn(&Principal) -> bool, usize) {

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
 /// One service as discovery publishes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DiscoveredService {
     pub pool: String,
     pub service: String,
@@ -18,14 +19,16 @@ pub struct DiscoveredService {
 /// A replica's traffic state as discovery publishes it: [`Traffic::In`] takes requests;
 /// [`Traffic::Leaving`] is still listed, with weight 0, so that load balancers stop sending
 /// it new requests while those in flight finish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum Traffic {
     In,
     Leaving,
 }
 
 /// One replica: where it is reached and on which ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DiscoveredReplica {
     pub task: TaskId,
     pub address: IpAddr,
@@ -36,7 +39,8 @@ pub struct DiscoveredReplica {
 /// One port of a replica: its mapping's name (ECS's `portMappings[].name`), if it has one,
 /// the container port, and the port it is reached at (the host port; in awsvpc mode the
 /// container port at the task's own address).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DiscoveredPort {
     pub name: Option<String>,
     pub container_port: u16,

@@ -20,8 +20,19 @@ fn etcd_endpoints() -> String {
 
 /// Starts `mpsfleet server --store etcd` on `port`; the receiver gets each line it prints.
 fn start_server(dir: &Path, port: u16, prefix: &str) -> (Server, std::sync::mpsc::Receiver<String>) {
+    start_server_with(dir, port, prefix, &[])
+}
+
+fn start_server_with(
+    dir: &Path,
+    port: u16,
+    prefix: &str,
+    more: &[&str],
+) -> (Server, std::sync::mpsc::Receiver<String>) {
     let etcd = etcd_endpoints();
-    let args = ["--store", "etcd", "--etcd-endpoints", &etcd, "--etcd-prefix", prefix, "--leader-ttl", "2"];
+    let mut args =
+        vec!["--store", "etcd", "--etcd-endpoints", &etcd, "--etcd-prefix", prefix, "--leader-ttl", "2"];
+    args.extend(more);
     let (child, lines) = Server::spawn(dir, &format!("127.0.0.1:{port}"), &args);
     (Server { child, url: format!("https://127.0.0.1:{port}"), data_dir: dir.to_path_buf() }, lines)
 }
@@ -269,4 +280,80 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes
         1,
         "nothing placed twice: {tasks:?} (the paused leader answered {first_answer:?})"
     );
+}
+
+/// A follower answers DNS from a copy of the leader's records: the same answers, a change
+/// made at the leader seen within a second, and SERVFAIL rather than an old copy once the
+/// leader is gone (until this server leads and answers from its own state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_answers_dns_from_the_leaders_records() {
+    use common::dns::{ask, soa_serial, try_ask};
+    use hickory_proto::op::ResponseCode;
+    use hickory_proto::rr::RecordType;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let prefix = format!("/ha-test/dns-{}-{}", std::process::id(), free_port());
+    let ports = [free_port(), free_port()];
+    let dns: Vec<String> = (0..2).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let dirs: Vec<_> = (1..=2).map(|i| tmp.path().join(format!("s{i}"))).collect();
+    let (mut first, rx1) = start_server_with(&dirs[0], ports[0], &prefix, &["--dns-listen", &dns[0]]);
+    wait_for_line(&rx1, "mpsfleet server listening on ");
+    std::fs::create_dir_all(&dirs[1]).expect("dir");
+    std::fs::copy(dirs[0].join("server.key"), dirs[1].join("server.key")).expect("copy server.key");
+    let (_second, rx2) = start_server_with(&dirs[1], ports[1], &prefix, &["--dns-listen", &dns[1]]);
+    wait_for_line(&rx2, "answering DNS on ");
+
+    let leader = Server {
+        child: Command::new("true").spawn().expect("placeholder"),
+        url: format!("https://127.0.0.1:{}", ports[0]),
+        data_dir: dirs[0].clone(),
+    };
+    let serial = |m: hickory_proto::op::Message| (m.metadata.response_code, soa_serial(&m));
+    let name = "nothing.gpu.mpsfleet.";
+    // The same answer from both, as the leader's state is now.
+    let seen = eventually(Duration::from_secs(5), "the follower's copy", || {
+        let dns = dns.clone();
+        async move {
+            let at_leader = serial(ask(&dns[0], name, RecordType::A, false).await);
+            let at_follower = serial(ask(&dns[1], name, RecordType::A, true).await);
+            (at_leader == at_follower).then_some(at_leader)
+        }
+    })
+    .await;
+    assert_eq!(seen.0, ResponseCode::NXDomain);
+    // A change at the leader reaches the follower's answers within a second.
+    create_pool(&leader.admin(), "gpu").await;
+    let after = serial(ask(&dns[0], name, RecordType::A, false).await);
+    assert!(after.1 > seen.1, "the leader's serial follows its revision: {seen:?} {after:?}");
+    let copied = std::time::Instant::now();
+    eventually(Duration::from_secs(5), "the follower to copy the change", || {
+        let dns = dns.clone();
+        async move { (serial(ask(&dns[1], name, RecordType::A, false).await) == after).then_some(()) }
+    })
+    .await;
+    assert!(copied.elapsed() < Duration::from_secs(1), "copied in {:?}", copied.elapsed());
+
+    // The leader dies. The follower answers from its copy while it is fresh, then SERVFAIL
+    // (`dns::COPY_STALE_MS`; checked on its own in the server's DNS tests), then, leading, from
+    // its own state; while it switches its listener over, a query may go unanswered.
+    first.kill9();
+    let killed = std::time::Instant::now();
+    let mut answers = Vec::new();
+    loop {
+        assert!(killed.elapsed() < Duration::from_secs(30), "the follower never took over: {answers:?}");
+        let got = try_ask(&dns[1], name, RecordType::A).await.map(serial);
+        answers.push((killed.elapsed(), got));
+        if matches!(got, Some((ResponseCode::NXDomain, _))) && killed.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_line(&rx2, "elected leader: ");
+    println!("the follower's answers after the leader's death: {answers:?}");
+    for (at, got) in &answers {
+        match got {
+            Some((ResponseCode::NXDomain, s)) => assert!(*s >= after.1, "at {at:?}: {answers:?}"),
+            Some((ResponseCode::ServFail, _)) | None => {}
+            Some(other) => panic!("at {at:?}: {other:?} in {answers:?}"),
+        }
+    }
 }

@@ -4,59 +4,18 @@
 
 mod common;
 
+use common::dns::{ask, srv};
 use common::*;
-use hickory_proto::op::{Message, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, RecordType};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::{RData, RecordType};
 use mpsfleet_types::discovery::TrafficState;
 use mpsfleet_types::service::RolloutState;
 use mpsfleet_types::*;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Asks the DNS server at `addr` for `name`'s records of type `t`, over UDP or TCP.
-async fn ask(addr: &str, name: &str, t: RecordType, tcp: bool) -> Message {
-    let mut q = Message::query();
-    q.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
-    let bytes = q.to_vec().unwrap();
-    let answer = if tcp {
-        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        conn.write_all(&(bytes.len() as u16).to_be_bytes()).await.unwrap();
-        conn.write_all(&bytes).await.unwrap();
-        let mut len = [0u8; 2];
-        conn.read_exact(&mut len).await.unwrap();
-        let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
-        conn.read_exact(&mut buf).await.unwrap();
-        buf
-    } else {
-        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        sock.send_to(&bytes, addr).await.unwrap();
-        let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(2), sock.recv(&mut buf))
-            .await
-            .expect("an answer")
-            .unwrap();
-        buf.truncate(n);
-        buf
-    };
-    let m = Message::from_vec(&answer).expect("a DNS message");
-    assert_eq!(m.metadata.id, q.metadata.id);
-    m
-}
-
-/// The SRV answer's (target, port) pairs.
-fn srv(m: &Message) -> Vec<(String, u16)> {
-    m.answers
-        .iter()
-        .filter_map(|r| match &r.data {
-            RData::SRV(s) => Some((s.target.to_ascii(), s.port)),
-            _ => None,
-        })
-        .collect()
-}
 
 /// Stock HAProxy with deploy/haproxy/haproxy.cfg, pointed at `dns`, fronting `port`, for
 /// `srv_name`. Killed when dropped.

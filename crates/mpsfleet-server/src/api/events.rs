@@ -142,6 +142,18 @@ pub(super) async fn replica(
     headers: HeaderMap,
     Q(q): Q<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    from_a_peer(&st, &headers, "only another server of this cluster may copy the event history").await?;
+    let from = From { after: q.from()?.and_then(|f| f.after).or(Some(Cursor::default())), since_ms: None };
+    Ok(replay_then_follow(&st.events, Filter(u32::MAX), Some(from), true))
+}
+
+/// Refuses, with `refusal`, a caller that is not another server of this cluster (a header
+/// signed with the cluster's key, [`crate::forward::verify_replica`]).
+pub(super) async fn from_a_peer(
+    st: &AppState,
+    headers: &HeaderMap,
+    refusal: &'static str,
+) -> Result<(), ApiError> {
     // The cluster lock may be held a while (a large commit): taken off the async workers.
     let cluster = st.cluster.clone();
     let key = tokio::task::spawn_blocking(move || {
@@ -154,12 +166,37 @@ pub(super) async fn replica(
     let signed = headers.get(crate::forward::REPLICA).and_then(|v| v.to_str().ok());
     let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
     if !signed.is_some_and(|v| crate::forward::verify_replica(&key, v, now_ms)) {
-        return Err(ApiError::from(crate::cluster::Error::Unauthorized(
-            "only another server of this cluster may copy the event history",
-        )));
+        return Err(ApiError::from(crate::cluster::Error::Unauthorized(refusal)));
     }
-    let from = From { after: q.from()?.and_then(|f| f.after).or(Some(Cursor::default())), since_ms: None };
-    Ok(replay_then_follow(&st.events, Filter(u32::MAX), Some(from), true))
+    Ok(())
+}
+
+/// `GET /v1/discovery/replica`: what this leader publishes in DNS, every pool, with the
+/// revision it was read at, for a follower answering DNS from a copy (`dns::serve_copy`).
+/// Only another server of the cluster may ask.
+#[utoipa::path(
+    get,
+    path = "/v1/discovery/replica",
+    tag = "events",
+    summary = "For the servers of an HA cluster: what the leader publishes in DNS (every pool), for a follower's copy. Needs the x-mpsfleet-replica header signed with the cluster's key; no token.",
+    responses((status = 200, description = "The published services and the revision.", body = Object), crate::openapi::Errors)
+)]
+pub(super) async fn discovery_replica(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<axum::Json<crate::dns::DiscoveryCopy>, ApiError> {
+    from_a_peer(&st, &headers, "only another server of this cluster may copy what it publishes").await?;
+    let cluster = st.cluster.clone();
+    let copy = tokio::task::spawn_blocking(move || {
+        let c = cluster.lock().ok()?;
+        let r = c.read();
+        Some(crate::dns::DiscoveryCopy { revision: r.revision(), services: r.discovery(None) })
+    })
+    .await
+    .ok()
+    .flatten()
+    .ok_or_else(|| ApiError::from(crate::cluster::Error::Internal("the cluster lock is poisoned".into())))?;
+    Ok(axum::Json(copy))
 }
 
 /// The stream: the history's events `from` asks for, then (when `follow`) the live ones after

@@ -46,6 +46,17 @@ pub fn answer(zone: &Zone, request: &[u8], udp: bool) -> Option<Vec<u8>> {
     out.to_vec().ok()
 }
 
+/// SERVFAIL to `request`: this server cannot answer now (a follower whose copy of the leader's
+/// zone is out of date); the client asks another nameserver. None when it is not a header.
+pub fn unavailable(request: &[u8]) -> Option<Vec<u8>> {
+    let id = u16::from_be_bytes([*request.first()?, *request.get(1)?]);
+    let mut out = Message::error_msg(id, OpCode::Query, ResponseCode::ServFail);
+    if let Ok(msg) = Message::from_vec(request) {
+        out.queries = msg.queries;
+    }
+    out.to_vec().ok()
+}
+
 fn respond(zone: &Zone, msg: &Message) -> Message {
     let id = msg.metadata.id;
     if msg.metadata.message_type != MessageType::Query || msg.metadata.op_code != OpCode::Query {

@@ -107,11 +107,16 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
             r = campaign => Some(r),
             _ = stopping.wait_for(|s| *s) => None,
         };
-        if let Some((handle, stop_forwarding)) = follower {
+        if let Some((handle, stop_forwarding, dns)) = follower {
             let _ = stop_forwarding.send(());
             let abort = handle.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), handle).await.is_err() {
                 abort.abort(); // requests still in flight (long polls) end here
+            }
+            // Its DNS sockets are closed before a leader's bind the same address.
+            if let Some(dns) = dns {
+                dns.abort();
+                let _ = dns.await;
             }
         }
         let leadership = match outcome {
@@ -174,7 +179,8 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
 }
 
 /// A follower's server: every request forwarded to the leader (`mpsfleet_server::forward`),
-/// and the leader's event history copied into `history`. `None` until the cluster has its CA and this server has the shared `server.key`, which the
+/// the leader's event history copied into `history`, and DNS (`--dns-listen`) answered from a
+/// copy of what the leader publishes (`mpsfleet_server::dns::serve_copy`). `None` until the cluster has its CA and this server has the shared `server.key`, which the
 /// follower needs to serve TLS and to sign the peers it forwards.
 async fn forward(
     args: &ServerArgs,
@@ -182,7 +188,7 @@ async fn forward(
     me: &Candidate,
     listen: std::net::SocketAddr,
     history: Arc<mpsfleet_server::events::history::History>,
-) -> Result<Option<(tokio::task::JoinHandle<std::io::Result<()>>, tokio::sync::oneshot::Sender<()>)>> {
+) -> Result<Option<Follower>> {
     let key_file = args.data_dir.join(mpsfleet_server::SERVER_KEY_FILE);
     if !key_file.exists() {
         tracing::warn!(path = %key_file.display(), "no server.key yet (copy the first server's): not forwarding");
@@ -207,6 +213,7 @@ async fn forward(
     let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> =
         Arc::new(EtcdLeader(store.clone(), me.url.clone()));
     let app = mpsfleet_server::forward::router(lookup.clone(), ca_pem.as_bytes(), &key)?;
+    let dns = follower_dns(args, lookup.clone(), ca_pem.as_bytes(), &key).await?;
     let listener = bind(listen).await?;
     let copier = {
         let ca_pem = ca_pem.clone();
@@ -225,7 +232,41 @@ async fn forward(
         copier.abort();
     }));
     say(&format!("forwarding requests to the leader on {listen}"));
-    Ok(Some((handle, tx)))
+    Ok(Some((handle, tx, dns)))
+}
+
+/// What follows while this server follows: its forwarding server, what stops it, and its DNS.
+type Follower = (
+    tokio::task::JoinHandle<std::io::Result<()>>,
+    tokio::sync::oneshot::Sender<()>,
+    Option<tokio::task::JoinHandle<()>>,
+);
+
+/// Answers DNS on `--dns-listen`, if given, from a copy of what the leader publishes. The
+/// address was a leader's a moment ago perhaps: it is tried for a few seconds.
+async fn follower_dns(
+    args: &ServerArgs,
+    lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup>,
+    ca_pem: &[u8],
+    key: &mpsfleet_server::auth::ServerKey,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = args.dns_listen else { return Ok(None) };
+    let mut bound = mpsfleet_server::dns::bind(addr).await;
+    for _ in 0..20 {
+        if bound.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bound = mpsfleet_server::dns::bind(addr).await;
+    }
+    let bound = bound.with_context(|| format!("cannot answer DNS on {addr} (--dns-listen)"))?;
+    let copier = Arc::new(mpsfleet_server::forward::DiscoveryCopier::new(lookup, ca_pem, key)?);
+    let pools = (!args.dns_pools.is_empty()).then(|| args.dns_pools.iter().cloned().collect());
+    say(&format!("answering DNS on {addr} from the leader's records"));
+    Ok(Some(tokio::spawn(mpsfleet_server::dns::serve_copy(bound, pools, move || {
+        let copier = copier.clone();
+        async move { copier.fetch().await }
+    }))))
 }
 
 /// The leader's URL, as its election key has it; never this server's own.

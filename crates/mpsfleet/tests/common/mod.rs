@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub mod dns;
 pub mod up;
 
 pub const H200_MIB: u64 = mpsfleet_types::H200_MEMORY_MIB;
