@@ -286,6 +286,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_steps_down_when_it_resumes
 /// made at the leader seen within a second, and SERVFAIL rather than an old copy once the
 /// leader is gone (until this server leads and answers from its own state).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::disallowed_methods)] // the test's own clock: how long the copy takes, from outside
 async fn a_follower_answers_dns_from_the_leaders_records() {
     use common::dns::{ask, soa_serial, try_ask};
     use hickory_proto::op::ResponseCode;

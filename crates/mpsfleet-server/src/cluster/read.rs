@@ -52,14 +52,27 @@ impl Reader<'_> {
         })
     }
 
+    /// Whether a definition's replicas take traffic: one of its containers maps a port.
+    pub(in crate::cluster) fn publishes_ports(&self, td: &TaskDefRef) -> bool {
+        self.state
+            .taskdefs()
+            .get(&(td.family.clone(), td.revision))
+            .is_some_and(|d| d.value.container_definitions.iter().any(|c| !c.port_mappings.is_empty()))
+    }
+
     /// The service's live tasks as replicas of its rollout. A `restart` service does not count
     /// a task whose GPU's MPS daemon has failed (confirmed, local repair still trying): its
     /// rollout starts a copy elsewhere at once, and once the daemon answers again the task
     /// counts again and the extra copies stop, the newest first. A `fenced` service counts it
     /// until its host's incident confirms it gone.
+    ///
+    /// A replica that takes traffic (its definition maps a port) counts as started only while
+    /// it is in discovery: one that left it at a failure's first signal (its daemon failing,
+    /// its host silent: `traffic.rs`) counts as starting, so a deployment neither completes
+    /// on it nor stops an old replica for it.
     pub(in crate::cluster) fn replicas(&self, svc: &Service) -> Vec<Replica<TaskId>> {
         // A service's tasks share one or two definitions: each is looked up once in a row.
-        let mut last: Option<(&TaskDefRef, bool)> = None;
+        let mut last: Option<(&TaskDefRef, bool, bool)> = None;
         let restart = svc.resumption == ResumptionBoundary::Restart;
         let forced_at = svc.deployments.first().and_then(|d| d.forced_at_ms);
         self.state
@@ -70,14 +83,18 @@ impl Reader<'_> {
             .filter(|e| !(restart && e.task.desired_status != TaskStatus::Stopped && self.at_risk(&e.task)))
             .map(|e| {
                 let td = &e.task.task_definition;
-                let state = replica_state_of(&e.task, || match last {
-                    Some((d, checked)) if d == td => checked,
+                let (checked, publishes) = match last {
+                    Some((d, checked, publishes)) if d == td => (checked, publishes),
                     _ => {
-                        let checked = self.health_checked(td);
-                        last = Some((td, checked));
-                        checked
+                        let (checked, publishes) = (self.health_checked(td), self.publishes_ports(td));
+                        last = Some((td, checked, publishes));
+                        (checked, publishes)
                     }
-                });
+                };
+                let mut state = replica_state_of(&e.task, || checked);
+                if state == ReplicaState::Healthy && publishes && self.left_traffic_at_a_signal(&e.task) {
+                    state = ReplicaState::Starting;
+                }
                 Replica {
                     id: e.task.id,
                     current: *td == svc.task_definition

@@ -852,3 +852,59 @@ fn a_service_dns_cannot_publish_says_why() {
         "{underscore:?}"
     );
 }
+
+/// A replica that takes traffic counts as started only while discovery publishes it: when its
+/// host goes silent (heartbeats missed, long before any incident) its rollout counts it as
+/// starting, and healthy again once the host is heard; a replica without ports is not touched.
+#[test]
+fn a_replica_counts_as_started_only_while_it_is_in_discovery() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let mut reg = w.registration("h");
+    reg.runtime = mpsfleet_types::RuntimeKind::Docker;
+    let host = w.c.register_host(reg).unwrap().host_id;
+    w.heartbeat(&host, HealthStatus::Ok);
+    for (family, ports) in [("web", r#""portMappings": [{"containerPort": 8080}],"#), ("batch", "")] {
+        let td = format!(
+            r#"{{"family": "{family}", "containerDefinitions": [{{"name": "c", "image": "demo", {ports}
+                "resourceRequirements": [{{"type": "GPU",
+                    "sharingStrategy": {{"nvidiaMps": {{"memory": 1000, "maxComputePercent": 10}}}}}}]}}]}}"#
+        );
+        w.c.register_taskdef(td.as_bytes()).unwrap();
+        let req = CreateService {
+            name: family.into(),
+            pool: "p".into(),
+            task_definition: format!("{family}:1"),
+            desired_count: 1,
+            ..Default::default()
+        };
+        w.c.create_service(req).unwrap();
+    }
+    w.c.run_work();
+    agents(&mut w, |_| false, &mut |_| {});
+    let states = |c: &Cluster| -> Vec<ReplicaState> {
+        ["web", "batch"]
+            .iter()
+            .map(|s| {
+                let svc = c.state.services().get(&ServiceName::new(*s).unwrap()).unwrap().value.clone();
+                let replicas = c.read().replicas(&svc);
+                assert_eq!(replicas.len(), 1, "{s}: {replicas:?}");
+                replicas[0].state
+            })
+            .collect()
+    };
+    assert_eq!(states(&w.c), [ReplicaState::Healthy, ReplicaState::Healthy]);
+    // Three heartbeats missed: the replica with a port is out of discovery, and so not started.
+    w.advance(3_500);
+    let web = of_service(&w.c, "web");
+    assert!(w.c.read().discovered(&web).is_none(), "out of discovery");
+    assert_eq!(states(&w.c), [ReplicaState::Starting, ReplicaState::Healthy]);
+    // Heard again: in discovery and started again.
+    w.heartbeat(&host, HealthStatus::Ok);
+    assert_eq!(states(&w.c), [ReplicaState::Healthy, ReplicaState::Healthy]);
+}
+
+fn of_service(c: &Cluster, name: &str) -> Task {
+    let name = ServiceName::new(name).unwrap();
+    let id = *c.state.tasks().of_service(&name).iter().next().unwrap();
+    c.state.tasks().get(&id).unwrap().task.clone()
+}

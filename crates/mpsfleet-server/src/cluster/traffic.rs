@@ -30,10 +30,7 @@ impl Reader<'_> {
         }
         let traffic = if t.draining.is_some() {
             Traffic::Leaving
-        } else if self.replica_state(t) == ReplicaState::Healthy
-            && self.daemon_failing_since(t).is_none()
-            && !self.heartbeats_missed(t)
-        {
+        } else if self.replica_state(t) == ReplicaState::Healthy && !self.left_traffic_at_a_signal(t) {
             Traffic::In
         } else {
             return None;
@@ -121,6 +118,12 @@ impl Reader<'_> {
     pub(in crate::cluster) fn heartbeats_missed(&self, t: &Task) -> bool {
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
         self.silent_since(ix).is_some_and(|at| self.now_ms > at)
+    }
+
+    /// Whether a healthy replica is out of traffic for a failure's first signal: its GPU's
+    /// MPS daemon failing, or its host silent (what `discovered` leaves it out for).
+    pub(in crate::cluster) fn left_traffic_at_a_signal(&self, t: &Task) -> bool {
+        self.daemon_failing_since(t).is_some() || self.heartbeats_missed(t)
     }
 
     /// Since when the MPS daemon (or GPU) under the task has been failing, at its first
