@@ -11,6 +11,8 @@
 mod checks;
 mod shortfall;
 mod spread;
+mod traffic;
+pub use traffic::REQUESTS_PER_SECOND;
 
 use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, Sabotage, WARMUP_MS};
 use crate::invariants::{Checker, Violation};
@@ -171,6 +173,8 @@ pub struct Sim {
     all_dirty: bool,
     /// Index of the event being processed, for the report.
     pub steps: u64,
+    /// Replicas a fault struck, until the server takes them out of rotation (`traffic.rs`).
+    rotation: traffic::Rotation,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -215,6 +219,7 @@ impl Sim {
             dirty_svcs: BTreeSet::new(),
             all_dirty: true,
             steps: 0,
+            rotation: traffic::Rotation::default(),
         };
         sim.setup()?;
         Ok(sim)
@@ -361,6 +366,7 @@ impl Sim {
             self.steps += 1;
             self.handle(ev);
             self.after_step();
+            self.follow_rotation();
             if cfg!(debug_assertions) {
                 // Debug builds (the tests) rebuild every index from the records after every
                 // step: a drifted index is a bug of the simulator, not of the control plane.
@@ -374,6 +380,7 @@ impl Sim {
         }
         self.now = end;
         self.clock_set(end);
+        self.finish_rotation();
         self.finish_accounting();
         if self.violation.is_none() {
             self.final_checks();
@@ -919,6 +926,20 @@ impl Sim {
         }
         if gpus == 0 && !matches!(f.kind, FaultKind::Partition { .. } | FaultKind::Vanish) {
             return;
+        }
+        // The replicas it stops from serving (what it kills), noted before it is applied.
+        let struck = match f.kind {
+            FaultKind::DaemonCrash { gpu, .. } => {
+                Some((Some(self.busy_gpu(h, gpu_of(gpu)).unwrap_or(gpu_of(gpu))), true))
+            }
+            FaultKind::ServerFault { gpu, .. } => self.busy_gpu(h, gpu_of(gpu)).map(|g| (Some(g), true)),
+            FaultKind::BadDriver => Some((None, true)),
+            FaultKind::GpuXid { gpu } => Some((Some(gpu_of(gpu)), false)),
+            FaultKind::Vanish => Some((None, false)),
+            _ => None,
+        };
+        if let Some((gpu, mps_only)) = struck {
+            self.strike(h, gpu, mps_only);
         }
         match f.kind {
             FaultKind::DaemonCrash { gpu, for_good } => {

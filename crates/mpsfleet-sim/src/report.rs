@@ -133,11 +133,33 @@ pub struct Stats {
     pub spread: SpreadStats,
     /// By incident id (the server's, random): only ever read in an order of our own.
     incidents: BTreeMap<String, IncStat>,
+    /// Replicas struck by a fault while in rotation: how long each stayed in it (`engine/traffic.rs`).
+    rotation: RotationStats,
+}
+
+/// What the traffic model saw: each struck replica's time in rotation after its fault, and
+/// the requests it was sent meanwhile.
+#[derive(Debug, Default)]
+struct RotationStats {
+    ms: Vec<u64>,
+    /// Still in rotation when the run ended.
+    never_out: u64,
+    /// Requests sent to replicas that could not answer, at the model's rate (thousandths).
+    failed_milli: u128,
 }
 
 impl Stats {
     pub fn breach(&mut self, phase: &str, cause: &str) {
         *self.breaches.entry(format!("{phase} {cause}")).or_default() += 1;
+    }
+
+    /// A replica struck by a fault stayed in rotation `ms` after it (`never_out`: until the
+    /// end of the run), one of its service's `replicas`.
+    pub fn out_of_rotation(&mut self, ms: u64, replicas: u32, never_out: bool) {
+        self.rotation.ms.push(ms);
+        self.rotation.never_out += u64::from(never_out);
+        let rate = u128::from(crate::engine::REQUESTS_PER_SECOND);
+        self.rotation.failed_milli += u128::from(ms) * rate / u128::from(replicas.max(1));
     }
 
     pub fn fault(&mut self, cause: &'static str) {
@@ -251,6 +273,13 @@ pub struct Report {
     pub services_at_end: Vec<(String, u32, u32)>,
     pub pools_at_end: Vec<(String, usize, usize, usize)>,
     pub spread: SpreadStats,
+    /// Replicas a fault stopped from serving: from the fault to out of rotation (what a load
+    /// balancer reading the server's DNS keeps sending them), and the requests that fail
+    /// meanwhile at the model's rate, without retries.
+    pub out_of_rotation: Percentiles,
+    pub out_of_rotation_max_ms: u64,
+    pub never_out_of_rotation: u64,
+    pub requests_failed: u64,
     pub invariant_checks: u64,
     pub violation: Option<String>,
 }
@@ -324,6 +353,10 @@ impl Report {
             services_at_end: stats.services_at_end.clone(),
             pools_at_end: stats.pools_at_end.clone(),
             spread: stats.spread,
+            out_of_rotation: percentiles(stats.rotation.ms.clone()),
+            out_of_rotation_max_ms: stats.rotation.ms.iter().copied().max().unwrap_or(0),
+            never_out_of_rotation: stats.rotation.never_out,
+            requests_failed: (stats.rotation.failed_milli / 1000) as u64,
             invariant_checks: checks,
             violation: violation.map(|v| format!("{} at {}: {}", v.invariant, fmt_time(v.at_ms), v.detail)),
         }
@@ -396,6 +429,17 @@ impl Report {
             self.provider_attempts_failed
         );
         let _ = writeln!(s, "breaker trips:        {}", self.breaker_trips);
+        let _ = writeln!(
+            s,
+            "out of rotation:      median {}  p99 {}  max {}  (n={}, {} never)  {} requests failed at {}/s per service, no retries",
+            ms(self.out_of_rotation.median_ms),
+            ms(self.out_of_rotation.p99_ms),
+            ms(Some(self.out_of_rotation_max_ms)),
+            self.out_of_rotation.count,
+            self.never_out_of_rotation,
+            self.requests_failed,
+            crate::engine::REQUESTS_PER_SECOND
+        );
         let _ = writeln!(
             s,
             "tasks:                {} killed by faults, {} refused to start without their daemon",

@@ -46,6 +46,9 @@ fn steady() {
 #[test]
 fn daemon_crash() {
     let o = sim(Scenario::DaemonCrash, 2);
+    // The replicas a crash kills leave rotation with the agent's report of their exit.
+    let r = &o.report;
+    assert!(r.out_of_rotation.count > 0 && r.out_of_rotation_max_ms < 1_000, "{}", r.render());
     // Two crashes for good (one per pool); the recoverable ones restart locally, no incident.
     assert_eq!(
         count(&o.report.incidents_by_cause, "daemon-crash-for-good"),
@@ -107,6 +110,13 @@ fn vanish() {
     assert_eq!(count(&o.report.incidents_by_cause, "vanish"), 3, "{:?}", o.report.incidents_by_cause);
     assert_eq!(o.report.replacements_requested, 2);
     assert!(pool_recovered(&o, "gpu"));
+    // A vanished host's replicas leave rotation once it has missed 3 heartbeats (1 s apart),
+    // long before its incident: between 2 and 3 s after the fault (a step's slack).
+    let (r, hb) = (&o.report, o.report.heartbeat_ms);
+    assert!(r.out_of_rotation.count > 0 && r.never_out_of_rotation == 0, "{}", r.render());
+    assert!(r.out_of_rotation.median_ms.is_some_and(|m| m >= 2 * hb), "{}", r.render());
+    assert!(r.out_of_rotation_max_ms <= 3 * hb + 250, "{}", r.render());
+    assert!(r.requests_failed > 0, "{}", r.render());
 }
 
 #[test]

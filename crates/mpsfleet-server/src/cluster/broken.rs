@@ -48,18 +48,3 @@ impl Switch {
         Some(shown.skip(filter.skip).take(filter.limit).cloned().collect())
     }
 }
-
-impl super::Cluster {
-    /// Turns a deliberate bug on (tests only; see the module's documentation).
-    pub fn break_for_tests(&mut self, broken: Broken) {
-        tracing::warn!(?broken, "this server breaks a promise on purpose (a test switch)");
-        self.broken = match broken {
-            Broken::StaleReads => {
-                let mut all: Vec<&super::TaskEntry> = self.state.tasks().values().collect();
-                all.sort_by_key(|e| e.seq);
-                Switch::StaleReads(all.into_iter().map(|e| e.task.clone()).collect())
-            }
-            Broken::LostStops => Switch::LostStops,
-        };
-    }
-}

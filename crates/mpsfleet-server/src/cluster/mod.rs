@@ -436,6 +436,21 @@ fn taskdef_key(family: &Family, revision: u32) -> String {
 }
 
 impl Cluster {
+    /// Turns a deliberate bug on (tests only; see the module's documentation).
+    pub fn break_for_tests(&mut self, broken: broken::Broken) {
+        tracing::warn!(?broken, "this server breaks a promise on purpose (a test switch)");
+        self.broken = match broken {
+            broken::Broken::StaleReads => {
+                let mut all: Vec<&TaskEntry> = self.state.tasks().values().collect();
+                all.sort_by_key(|e| e.seq);
+                broken::Switch::StaleReads(all.into_iter().map(|e| e.task.clone()).collect())
+            }
+            broken::Broken::LostStops => broken::Switch::LostStops,
+        };
+    }
+}
+
+impl Cluster {
     /// Makes new task ids a pure function of `base` and the order in which tasks are created,
     /// instead of a random base chosen at load. Ids already taken are skipped as usual.
     pub fn reseed_task_ids(&mut self, base: u64) {

@@ -43,7 +43,7 @@ impl Cluster {
         let pool = pool_name(&self.state, "pool", &req.pool)?;
         let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
+        self.read().check_task_policy(&pool, td)?;
         let td = td.reference();
         let now = self.now();
         let desired_count = match strategy {
@@ -138,7 +138,7 @@ impl Cluster {
         if let Some(td) = &req.task_definition {
             let def = self.read().taskdef_to_run("taskDefinition", td)?;
             self.check_task_secrets(def)?;
-            self.check_task_policy(&svc.pool, def)?;
+            self.read().check_task_policy(&svc.pool, def)?;
             let r = def.reference();
             if r != svc.task_definition {
                 let why = format!("{} replaces {}", r, svc.task_definition);

@@ -9,7 +9,7 @@ use mpsfleet_core::fit::{never_fits, Shape};
 use mpsfleet_types::{Host, HostStatus, NetworkMode, Pool, PoolName, RuntimeKind, TaskDefinition};
 use std::collections::BTreeSet;
 
-impl super::Cluster {
+impl super::read::Reader<'_> {
     /// [`check`] against the pool's policy and its hosts.
     /// And the task's GPU demand against the largest host the pool has or its provider
     /// launches (`mpsfleet_core::fit`).

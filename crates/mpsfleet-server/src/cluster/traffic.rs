@@ -30,7 +30,7 @@ impl Reader<'_> {
         }
         let traffic = if t.draining.is_some() {
             Traffic::Leaving
-        } else if self.replica_state(t) == ReplicaState::Healthy && !self.left_traffic_at_a_signal(t) {
+        } else if self.takes_traffic(t) {
             Traffic::In
         } else {
             return None;
@@ -118,6 +118,17 @@ impl Reader<'_> {
     pub(in crate::cluster) fn heartbeats_missed(&self, t: &Task) -> bool {
         let Some(ix) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) else { return false };
         self.silent_since(ix).is_some_and(|at| self.now_ms > at)
+    }
+
+    /// Whether a replica takes new requests: RUNNING, started (ready, healthy where it has a
+    /// check), not leaving, and showing no failure's first signal. What discovery publishes
+    /// as in traffic, whatever its address (the simulator's traffic model reads it too).
+    pub fn takes_traffic(&self, t: &Task) -> bool {
+        t.last_status == TaskStatus::Running
+            && t.desired_status != TaskStatus::Stopped
+            && t.draining.is_none()
+            && self.replica_state(t) == ReplicaState::Healthy
+            && !self.left_traffic_at_a_signal(t)
     }
 
     /// Whether a healthy replica is out of traffic for a failure's first signal: its GPU's

@@ -74,7 +74,7 @@ impl Cluster {
         let pool = pool_name(&self.state, "pool", &req.pool)?;
         let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
+        self.read().check_task_policy(&pool, td)?;
         let labels = run_labels(&req, td)?;
         let td = td.reference();
         let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels, deployment: None };
@@ -102,7 +102,7 @@ impl Cluster {
         }
         let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
-        self.check_task_policy(&pool, td)?;
+        self.read().check_task_policy(&pool, td)?;
         let labels = run_labels(req, td)?;
         let reference = td.reference();
         let started_by = format!("run:{:016x}", auth::random_u64()?);
