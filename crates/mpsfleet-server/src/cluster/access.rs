@@ -5,11 +5,10 @@
 
 use super::audit::*;
 use super::console_links::*;
+use super::scope::*;
 use super::sealed::{open, seal};
 use super::secrets::*;
 use super::tokens::*;
-use super::Cluster;
-use super::Error;
 use super::*;
 use crate::auth::Principal;
 use mpsfleet_store::{decode, Op, Precondition};
@@ -22,8 +21,6 @@ use mpsfleet_types::secret::{check_secret_name, check_secret_value, CreateSecret
 use mpsfleet_types::{HostId, TaskDefinition, TaskId, TaskStatus};
 use std::collections::BTreeMap;
 use std::collections::HashSet;
-
-use super::scope::*;
 
 impl Cluster {
     /// `token revoke`: the token stops working at once, and so does every token made from it

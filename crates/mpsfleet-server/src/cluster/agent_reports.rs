@@ -1,6 +1,6 @@
-//! What agents tell the server and ask of it: heartbeats (the quiet path that commits nothing,
-//! and the full one that evaluates the host and may open an incident), the tasks a host should
-//! run, and reports about those tasks, bounded in what they may store.
+//! The bounds of what an agent's report about a task may store (its containers, bindings and
+//! notes), and which MPS daemon failures a heartbeat confirms (`confirmed_failures`). The
+//! reports themselves, and heartbeats, are `Cluster`'s, in `hosts.rs`.
 
 use super::*;
 

@@ -3,6 +3,7 @@
 //! the change itself, so that a change is never without its entry nor an entry without its
 //! change. A call that changed nothing, or was refused by the cluster, gets an entry of its
 //! own. Agents' calls are not audited. The log keeps the newest [`MAX_AUDIT_ENTRIES`].
+//! The operations are `Cluster`'s, in `access.rs`; what they share is here.
 
 use mpsfleet_types::access::Role;
 

@@ -3,6 +3,8 @@
 //! opens; and the judgement of every unresolved incident on each of its controller's passes,
 //! which records a phase seen past its bound once, with its cause when the server can name
 //! one, on the incident, in the pool's events and in the metrics.
+//! The operations are `Cluster`'s, in `pools.rs` (an incident's own bounds are set where it
+//! opens, `controllers/health.rs`); what they share is here.
 
 use super::*;
 use mpsfleet_core::bounds as core_bounds;

@@ -6,6 +6,7 @@
 //! `managedTerminationProtection` are kept as given (scale-in never removes a host with work
 //! anyway). Records are read from the store when asked for, as secrets are: there are few,
 //! and nothing on a hot path reads them.
+//! The operations are `Cluster`'s, in `pools.rs`; what they share is here.
 
 use super::*;
 use mpsfleet_types::labels::Tag;

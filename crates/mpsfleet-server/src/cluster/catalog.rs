@@ -3,6 +3,7 @@
 //! ECS's deleted clusters do: `deleted.rs`), deregistering a task definition (`DeregisterTaskDefinition`: it
 //! stays, marked, and starts nothing new), and tagging pools, task definitions, services and
 //! tasks (`TagResource`, `UntagResource`). Each is one committed change of the object's record.
+//! The operations are `Cluster`'s, in `workloads.rs` and `pools.rs`; what they share is here.
 
 use super::*;
 

@@ -6,6 +6,7 @@
 //! send), and is useless once used or expired. Links are kept in memory by the server that
 //! made them (a failover forgets them: ask again); console tokens expire after
 //! [`CONSOLE_SESSION_S`] and the expired ones are removed when the next one is made.
+//! The operations are `Cluster`'s, in `access.rs`; what they share is here.
 
 use mpsfleet_types::access::Role;
 

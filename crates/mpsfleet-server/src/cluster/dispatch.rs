@@ -46,7 +46,6 @@ use super::controllers::services::Services;
 use super::read::PoolCounts;
 use super::work::Work;
 use super::*;
-use super::{Cluster, Error, ProviderJob};
 use crate::provider::AttemptRecord;
 use mpsfleet_core::controller::{Action, WorkQueue};
 use mpsfleet_types::Step;

@@ -1,5 +1,6 @@
 //! Drills (docs/drills.md): a real fault injected through the agents of chosen hosts, handled
 //! by the pool's owner exactly as a real failure, and measured against the pool's bounds.
+//! The operations are `Cluster`'s, in `incidents.rs`; what they share is here.
 //!
 //! `start_drill` checks the safety conditions (the cluster-wide switch, no incident open in
 //! the pool, never its last healthy host, within the storm breaker's budget, agents that

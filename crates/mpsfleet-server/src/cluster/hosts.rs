@@ -5,21 +5,17 @@
 //! activate, recheck, forget, revoke). What the methods here share lives beside them:
 //! `register.rs` (batching), `operator.rs`, `local_fleet.rs`, `logs.rs`.
 
-use super::*;
-
 use super::agent_reports::*;
 use super::controllers::health::{self, HostHealth};
+use super::logs::*;
 use super::operator::*;
 use super::register::*;
-use super::Error;
-use super::{Change, Cluster};
+use super::*;
 use crate::auth::{self, Principal};
 use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::api::RegisterHostResponse;
 use mpsfleet_types::{GpuUuid, Host, HostId, HostRegistration, Incident};
-
-use super::logs::*;
 use mpsfleet_types::{HostStatus, PoolName};
 use std::collections::BTreeSet;
 

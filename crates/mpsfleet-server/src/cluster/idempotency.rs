@@ -2,6 +2,8 @@
 //! as ECS's RunTask and CreateService do), so that a client that does not know whether its
 //! call went through (a timeout, a lost connection, a server that failed over) can send it
 //! again and get the first call's answer instead of a second change.
+//! The operations are `Cluster`'s, in `mod.rs` (`Cluster::idempotent`), `workloads.rs` and
+//! `services.rs`; what they share is here.
 //!
 //! A token is scoped to its caller (the token id or `admin`) and route. The first call with it
 //! stores a record in the same store commit as its change (the audit entry's way, see

@@ -6,11 +6,10 @@
 use super::drills::*;
 use super::kinds::INCIDENT;
 use super::kinds::{DRILL, DRILL_SWITCH};
+use super::operator::*;
 use super::*;
 use mpsfleet_core::lifecycle::drill::Event as DrillEvent;
 use mpsfleet_types::drill::*;
-
-use super::operator::*;
 
 impl Cluster {
     /// `drill abort ID`: takes the fault back now.

@@ -1,5 +1,6 @@
 //! What `mpsfleet up` does to its own fleet between two runs, while no controller runs: its
 //! hosts stop with it and start again with it, so a clean stop and start is a non-event.
+//! The operations are `Cluster`'s, in `hosts.rs`; what they share is here.
 //!
 //! - **Stop.** `up` stops the server, then its hosts (each agent stops its tasks as it exits),
 //!   then records what that did: every task that ran on the pool's hosts is STOPPED with the

@@ -1,5 +1,6 @@
 //! The last output snapshot of each task, as its agent reported it, so that `task logs` has
 //! something to show once the task's host is gone or its agent does not answer.
+//! The operations are `Cluster`'s, in `workloads.rs` and `hosts.rs`; what they share is here.
 //!
 //! Agents send a task's snapshot with its state reports when the output changed (at most
 //! every 30 s) and always with the STOPPED report; the latest one per task is kept here.

@@ -3,6 +3,7 @@
 //! incident's timeline with who ran it (the identity of the token used) and when, and then the
 //! same planner as automatic remediation runs (`remediation::plan`), so an operator's command
 //! and mpsfleet's own steps read as one record.
+//! The operations are `Cluster`'s, in `hosts.rs` and `incidents.rs`; what they share is here.
 //!
 //! A command that ends an incident while its replacement host is in flight cancels the
 //! replacement: its one-time registration token is revoked (a host that registers with it is

@@ -2,6 +2,7 @@
 //! server's, for `exec` and `aws-ec2` providers) the first time it is needed, or set by the
 //! caller (tests, the simulator). Providers are processes, commands and API clients, not
 //! records: nothing here is stored.
+//! The operations are `Cluster`'s, in `pools.rs`; what they share is here.
 
 use super::*;
 use crate::provider::Ec2Config;

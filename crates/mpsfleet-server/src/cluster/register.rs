@@ -1,4 +1,5 @@
 //! Registration without slow work under the cluster lock.
+//! The operations are `Cluster`'s, in `hosts.rs` and `workloads.rs`; what they share is here.
 //!
 //! A task definition is parsed, validated and encoded before the lock is taken
 //! ([`ValidTaskDef`]); under it only the revision is chosen and the record committed. A host

@@ -1,5 +1,6 @@
 //! What a token scoped to one pool may reach (`token create --pool P`), checked for each
 //! operation against the objects it touches, on the state the operation acts on.
+//! The operations are `Cluster`'s, in `access.rs`; what they share is here.
 //!
 //! Every call into the cluster names what it touches ([`Touch`]), and [`Cluster::admit`]
 //! checks it under the same lock the operation then runs under, so an object deleted and made

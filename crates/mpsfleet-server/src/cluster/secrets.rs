@@ -1,6 +1,7 @@
 //! Stored secrets: values the containers of a task get as environment variables (ECS
 //! `secrets[].valueFrom`), the credentials of a private registry (`repositoryCredentials`) and
 //! log driver options (`logConfiguration.secretOptions`).
+//! The operations are `Cluster`'s, in `access.rs`; what they share is here.
 //!
 //! A value is encrypted with ChaCha20-Poly1305 under a key derived from the server's key
 //! ([`crate::auth::ServerKey::derive_key`]), with a random nonce per value and the secret's name

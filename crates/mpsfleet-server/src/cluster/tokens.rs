@@ -1,6 +1,7 @@
 //! API tokens with roles (`token create|list|revoke`): made by an admin for people and tools,
 //! stored as their SHA-256 digest only, optionally expiring. The bootstrap admin token of the
 //! data dir stays an admin token.
+//! The operations are `Cluster`'s, in `access.rs`; what they share is here.
 //!
 //! Join tokens (`join-token create|list|revoke`) register hosts. They always expire (a day
 //! unless told otherwise, the first start's one too) and rotate by making a new one and

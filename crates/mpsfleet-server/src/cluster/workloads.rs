@@ -5,21 +5,18 @@
 
 use super::catalog::*;
 use super::idempotency::*;
+use super::logs::*;
 use super::register::*;
-use super::Error;
 use super::*;
-use super::{Change, Cluster, TASKDEF};
-use crate::auth::{self};
+use crate::auth;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::api::RegisterTaskDefResponse;
 use mpsfleet_types::labels::{check_tags, merge_tags, Tag};
 use mpsfleet_types::labels::{DEFAULT_PROTECTION_MINUTES, MAX_PROTECTION_MINUTES};
 use mpsfleet_types::Family;
-use std::sync::Arc;
-
-use super::logs::*;
 use mpsfleet_types::{PoolName, TaskId};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 impl Cluster {
     pub fn stop_task(&mut self, id: &str, reason: Option<String>) -> Result<Task, Error> {
