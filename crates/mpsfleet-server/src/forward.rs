@@ -169,17 +169,34 @@ pub struct DiscoveryCopier {
     http: reqwest::Client,
     key: [u8; 32],
     leader: Arc<dyn LeaderLookup>,
+    /// The leader last copied from: looked up again only once a copy from it fails.
+    url: std::sync::Mutex<Option<String>>,
 }
 
 impl DiscoveryCopier {
     pub fn new(leader: Arc<dyn LeaderLookup>, ca_pem: &[u8], key: &ServerKey) -> Result<Self, ApiError> {
-        Ok(DiscoveryCopier { http: leader_client(ca_pem)?, key: forwarding_key(key), leader })
+        let http = leader_client(ca_pem)?;
+        Ok(DiscoveryCopier { http, key: forwarding_key(key), leader, url: Default::default() })
     }
 
     /// The leader's published services now; None when no leader answers in time.
     pub async fn fetch(&self) -> Option<crate::dns::DiscoveryCopy> {
-        let lookup = self.leader.clone();
-        let url = tokio::task::spawn_blocking(move || lookup.leader_url()).await.ok().flatten()?;
+        let known = self.url.lock().ok().and_then(|u| u.clone());
+        let url = match known {
+            Some(u) => u,
+            None => {
+                let lookup = self.leader.clone();
+                tokio::task::spawn_blocking(move || lookup.leader_url()).await.ok().flatten()?
+            }
+        };
+        let copy = self.fetch_from(&url).await;
+        if let Ok(mut u) = self.url.lock() {
+            *u = copy.is_some().then_some(url);
+        }
+        copy
+    }
+
+    async fn fetch_from(&self, url: &str) -> Option<crate::dns::DiscoveryCopy> {
         let now_ms = mpsfleet_core::clock::Clock::now_ms(&mpsfleet_core::clock::SystemClock);
         let resp = (self.http)
             .get(format!("{}/v1/discovery/replica", url.trim_end_matches('/')))

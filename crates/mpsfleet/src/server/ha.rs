@@ -213,7 +213,14 @@ async fn forward(
     let lookup: Arc<dyn mpsfleet_server::forward::LeaderLookup> =
         Arc::new(EtcdLeader(store.clone(), me.url.clone()));
     let app = mpsfleet_server::forward::router(lookup.clone(), ca_pem.as_bytes(), &key)?;
-    let dns = follower_dns(args, lookup.clone(), ca_pem.as_bytes(), &key).await?;
+    // Forwarding goes on without DNS, if its address cannot be had.
+    let dns = match follower_dns(args, lookup.clone(), ca_pem.as_bytes(), &key).await {
+        Ok(dns) => dns,
+        Err(e) => {
+            tracing::warn!(error = %e, "not answering DNS while following");
+            None
+        }
+    };
     let listener = bind(listen).await?;
     let copier = {
         let ca_pem = ca_pem.clone();
