@@ -57,6 +57,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/drills/{id}/abort", Open::Role(Role::Operator)),
     ("GET", "/v1/events", Open::Role(Role::Viewer)),
     ("GET", "/v1/events/replica", Open::Servers),
+    ("GET", "/v1/discovery/replica", Open::Servers),
     ("POST", "/v1/console/links", Open::Role(Role::Viewer)),
     // No token: a one-time code in a header (without one, 400 to anyone).
     ("POST", "/v1/console/session", Open::Public),
