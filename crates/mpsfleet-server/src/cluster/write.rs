@@ -337,9 +337,8 @@ impl Writer<'_> {
             Some(v) => Precondition::Version(v.version),
             None => Precondition::Absent,
         };
-        let rev = self.commit(&[Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?])?;
-        self.apply_incident(incident, rev);
-        Ok(())
+        let op = Op::put_json(INCIDENT, incident.id.clone(), &incident, expect)?;
+        self.write(&[op], [Change::Incident(Box::new(incident))]).map(|_| ())
     }
 
     /// Applies a committed incident: announces what changed, counts it in the metrics, and

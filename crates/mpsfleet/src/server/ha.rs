@@ -180,8 +180,9 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
 
 /// A follower's server: every request forwarded to the leader (`mpsfleet_server::forward`),
 /// the leader's event history copied into `history`, and DNS (`--dns-listen`) answered from a
-/// copy of what the leader publishes (`mpsfleet_server::dns::serve_copy`). `None` until the cluster has its CA and this server has the shared `server.key`, which the
-/// follower needs to serve TLS and to sign the peers it forwards.
+/// copy of what the leader publishes (`mpsfleet_server::dns::serve_copy`). `None` until the
+/// cluster has its CA and this server has the shared `server.key`, which the follower needs
+/// to serve TLS and to sign the peers it forwards.
 async fn forward(
     args: &ServerArgs,
     store: &Arc<EtcdStore>,
