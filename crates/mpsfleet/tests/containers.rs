@@ -272,13 +272,16 @@ async fn overrides_win() {
 async fn a_memory_limit_kills_with_out_of_memory() {
     within(async {
         let f = Fleet::start("oom", 1, &[]).await;
-        // dd allocates its whole block (256 MiB) against a limit of 8 MiB.
+        // dd allocates its whole block (256 MiB) against a limit of 8 MiB. It waits a second
+        // first: an OOM kill in the container's first milliseconds can come before containerd
+        // watches its cgroup, and then Docker Engine never learns of it (no `oom` event, no
+        // `OOMKilled`), which no agent can make up for.
         f.register(def(
             "oom",
             &f.docker.image,
             serde_json::json!({
                 "memory": 8,
-                "command": ["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=4"],
+                "command": ["sh", "-c", "sleep 1; exec dd if=/dev/zero of=/dev/null bs=256M count=4"],
             }),
         ))
         .await;
