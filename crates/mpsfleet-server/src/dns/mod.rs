@@ -64,7 +64,8 @@ pub struct DiscoveryCopy {
     pub services: Vec<DiscoveredService>,
 }
 
-/// The zone a listener answers from, and until when it is true (a leader's always is).
+/// The zone a listener answers from, and until when it is true (a leader's always is, once
+/// built).
 struct Served {
     zone: RwLock<Arc<Zone>>,
     fresh_until_ms: AtomicU64,
@@ -122,7 +123,9 @@ impl Bound {
 /// Serves DNS from the cluster in `state` until `state.stopping` is set, or until this future
 /// is dropped: its sockets close with it (a leadership that ends frees the port for the next).
 pub async fn serve(bound: Bound, state: AppState, pools: Option<BTreeSet<String>>) {
-    let served = Served::new(u64::MAX);
+    // Nothing is answered from before the first zone is built (SERVFAIL, not an empty zone's
+    // NXDOMAIN): a server just elected would otherwise deny every name for a moment.
+    let served = Served::new(0);
     let mut stopping = state.stopping.subscribe();
     tokio::select! {
         () = refresh_loop(state.clone(), pools, served.clone()) => {}
@@ -187,6 +190,8 @@ async fn refresh_loop(state: AppState, pools: Option<BTreeSet<String>>, served: 
             }
             skipped_before.clone_from(&z.skipped);
             served.set(z);
+            // The leader's own state: true from now on.
+            served.fresh_until_ms.store(u64::MAX, Ordering::Relaxed);
         }
         tokio::time::sleep(MIN_GAP).await;
         tokio::select! {
