@@ -11,7 +11,7 @@
 
 use crate::health::fmt_ms;
 pub use mpsfleet_types::bounds::Intervals;
-use mpsfleet_types::bounds::{BoundInputs, FailureKind, KindBounds, RecoveryBounds};
+use mpsfleet_types::bounds::{BoundInputs, FailureKind, FullPoolBounds, KindBounds, RecoveryBounds};
 use mpsfleet_types::policy::ProviderKind;
 use mpsfleet_types::{OwnershipMode, Pool};
 
@@ -72,6 +72,7 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
                 replace_ms: replace,
                 total_ms: total,
                 total_fenced_ms: total_fenced,
+                total_full_pool_ms: None,
             }
         })
         .collect();
@@ -91,7 +92,54 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
         formulas: formulas(managed, launch.is_some(), exits),
         inputs,
         max_resume_ms: pool.max_resume_seconds.map(|s| u64::from(s) * 1000),
+        full_pool: None,
     }
+}
+
+/// Adds to `b` (the pool's bounds) how a full pool recovers: where the pool's `preemption`
+/// lets recovery preempt, a recovering replica waits for its victims' stop (`victim_stop_ms`,
+/// the longest over the pool's running tasks) instead of a launch: total = detect + decide +
+/// victim stop + incidentPassMs + healthTickMs + taskStartMs; else a launched host: total =
+/// detect + decide + replace + incidentPassMs + healthTickMs + taskStartMs; else none.
+/// Victims get no shorter grace than a planned stop gives them: a shorter one would fail
+/// their in-flight requests, one service's outage turned into another's errors.
+pub fn add_full_pool(b: &mut RecoveryBounds, pool: &Pool, iv: &Intervals, victim_stop_ms: u64) {
+    let preempts = pool.preemption.allows(true) && pool.mode == OwnershipMode::Managed;
+    let by = if preempts {
+        "preemption"
+    } else if b.kinds.iter().any(|k| k.replace_ms.is_some()) {
+        "launch"
+    } else {
+        "none"
+    };
+    let start = iv.incident_pass_ms + iv.health_tick_ms + iv.task_start_ms;
+    for k in &mut b.kinds {
+        let make_room = if preempts { Some(victim_stop_ms) } else { k.replace_ms };
+        k.total_full_pool_ms = k.decide_ms.zip(make_room).map(|(d, r)| k.detect_ms + d + r + start);
+    }
+    b.formulas.push(match by {
+        "preemption" => format!(
+            "total (full pool, preemption {}) = detect + decide + victim stop ({}: the victims' \
+             deregistrationDelaySeconds + stopTimeout, longest over the pool's running tasks) + incidentPassMs + \
+             healthTickMs + taskStartMs",
+            pool.preemption.as_str(),
+            fmt_ms(victim_stop_ms)
+        ),
+        "launch" => format!(
+            "total (full pool, preemption {}) = detect + decide + replace + incidentPassMs + healthTickMs + \
+             taskStartMs: a launched host makes the room",
+            pool.preemption.as_str()
+        ),
+        _ => format!(
+            "total (full pool, preemption {}): none; nothing makes room, the replicas wait for capacity",
+            pool.preemption.as_str()
+        ),
+    });
+    b.full_pool = Some(FullPoolBounds {
+        preemption: pool.preemption,
+        by: by.to_string(),
+        victim_stop_ms: preempts.then_some(victim_stop_ms),
+    });
 }
 
 fn formulas(managed: bool, provider: bool, exits: u32) -> Vec<String> {
@@ -186,6 +234,7 @@ mod tests {
             allow_task_users: false,
             task_policy: Default::default(),
             max_resume_seconds: None,
+            preemption: Default::default(),
             events: Default::default(),
             created_at_ms: 0,
             tags: Vec::new(),

@@ -25,6 +25,8 @@ pub enum TaskChange {
     Healthy,
     Stopping,
     Stopped,
+    /// Chosen to stop to make room for a higher-priority task (the words name both).
+    Preempted(String),
 }
 
 impl mpsfleet_types::HistoryEvent for TaskChange {}
@@ -133,6 +135,7 @@ pub fn render(c: &TaskChange, t: &Task) -> ObjectEvent {
             ObjectEvent::new("Stopping", t.stopped_reason.clone().unwrap_or_else(|| "stop requested".into()))
         }
         TaskChange::Stopped => ObjectEvent::new("Stopped", stopped_message(t)),
+        TaskChange::Preempted(words) => ObjectEvent::new("Preempted", words.clone()),
     }
 }
 

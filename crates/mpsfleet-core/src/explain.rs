@@ -279,6 +279,7 @@ mod tests {
             allow_task_users: false,
             task_policy: Default::default(),
             max_resume_seconds: None,
+            preemption: Default::default(),
             events: Default::default(),
             created_at_ms: 0,
             tags: Vec::new(),

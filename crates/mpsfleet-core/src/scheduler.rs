@@ -21,6 +21,11 @@
 //! hosts whose runtime runs them, and static host ports are a per-host resource, so two tasks
 //! needing the same (protocol, port) never share a host. Candidates are filtered by these needs
 //! only when a request has some; a request without needs costs what it did before.
+//!
+//! A request may name its [`Tenant`] (the server's task, its priority): the scheduler then
+//! keeps it in its host's tenant list, so that [`Scheduler::preempt`] (`scheduler/preempt.rs`)
+//! can choose which lower-priority tasks to stop when nothing fits, without a scan of the
+//! server's records.
 
 use mpsfleet_types::{GpuDemand, HostId, PlacementStrategy, Protocol, SharingMode};
 use std::cell::Cell;
@@ -75,6 +80,37 @@ pub struct Request {
     pub group: Option<GroupIx>,
     /// What the task needs of its host besides GPUs; [`Needs::NONE`] for most tasks.
     pub needs: Needs,
+    /// Who the placement is for; None for a placement that is neither counted as anyone's nor
+    /// ever preempted (tests, trial placements).
+    pub tenant: Option<Tenant>,
+}
+
+/// Who holds a placement, as preemption weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    /// The caller's key (the server's task id).
+    pub id: u64,
+    /// 1 to 100.
+    pub priority: u8,
+    /// When the task was created: among sets of equal cost, the newest tasks go first.
+    pub since_ms: u64,
+    /// Not preempted before this time (a preempted service's replacement; 0: no shield).
+    pub shield_until_ms: u64,
+    /// A preemptor's hold on the room its victims free: counted as used, never a victim.
+    pub hold: bool,
+}
+
+/// A tenant as its host keeps it: what it holds, and what the server last said of it.
+#[derive(Debug, Clone)]
+struct Held {
+    tenant: Tenant,
+    demand: GpuDemand,
+    gpus: Vec<GpuIx>,
+    ports: HostPorts,
+    /// Told to stop: its room is counted as coming free, and it is never chosen again.
+    stopping: bool,
+    /// Protected from scale-in (and so from preemption) until this time.
+    protected_until_ms: u64,
 }
 
 /// The most static host ports one task may need ([`HostPorts`] holds them inline).
@@ -395,6 +431,8 @@ struct HostSlot {
     /// Static host ports held by the tasks placed here, sorted; a port appears once per task
     /// holding it (more than once only if stored state was loaded over the limit).
     ports: Vec<u32>,
+    /// The placements here that named their tenant.
+    tenants: Vec<Held>,
 }
 
 #[derive(Debug)]
@@ -588,6 +626,7 @@ impl Scheduler {
             idle: spec.gpus.len() as u32,
             cpu_tasks: 0,
             ports: Vec::new(),
+            tenants: Vec::new(),
         });
         Ok(ix)
     }
@@ -712,8 +751,54 @@ impl Scheduler {
         self.account(req, placement, false);
     }
 
+    /// Says what the server knows of a placed tenant now: told to stop, protected until, its
+    /// priority (a service's priority changed). False when the host holds no such tenant.
+    pub fn set_tenant(
+        &mut self,
+        host: HostIx,
+        id: u64,
+        stopping: bool,
+        protected_until_ms: u64,
+        priority: u8,
+    ) -> bool {
+        let Some(h) = self.hosts.get_mut(host as usize) else { return false };
+        match h.tenants.iter_mut().find(|t| t.tenant.id == id && !t.tenant.hold) {
+            Some(t) => {
+                t.stopping = stopping;
+                t.protected_until_ms = protected_until_ms;
+                t.tenant.priority = priority;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many tenants a host holds (holds included).
+    pub fn tenant_count(&self, host: HostIx) -> usize {
+        self.hosts[host as usize].tenants.len()
+    }
+
     fn account(&mut self, req: &Request, placement: &Placement, add: bool) {
         let host = placement.host;
+        // A task with neither GPUs nor static ports holds nothing preemption could free: it is
+        // not kept, so a host's list stays as short as its GPUs' clients (a few hundred at most).
+        let holds_room = !matches!(req.demand, GpuDemand::None) || !req.needs.ports.is_empty();
+        if let Some(t) = req.tenant.filter(|_| holds_room) {
+            let held = &mut self.hosts[host as usize].tenants;
+            if add {
+                held.push(Held {
+                    tenant: t,
+                    demand: req.demand,
+                    gpus: placement.gpus.clone(),
+                    ports: req.needs.ports,
+                    stopping: false,
+                    protected_until_ms: 0,
+                });
+            } else if let Some(at) = held.iter().position(|h| h.tenant.id == t.id && h.tenant.hold == t.hold)
+            {
+                held.swap_remove(at);
+            }
+        }
         if !req.needs.ports.is_empty() {
             let held = &mut self.hosts[host as usize].ports;
             for &k in req.needs.ports.keys() {
@@ -1060,5 +1145,10 @@ fn bump<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: K, add: bool) {
     }
 }
 
+mod preempt;
+pub use preempt::{Preemption, PreemptionCost};
+
+#[cfg(test)]
+mod preempt_tests;
 #[cfg(test)]
 mod tests;

@@ -56,6 +56,15 @@ struct DrillLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PreemptionLabels {
+    pool: String,
+    /// The stopped task's priority band (`low`, `normal`, `high`).
+    band: &'static str,
+    /// The band of the task it made room for.
+    for_band: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreachLabels {
     pool: String,
     phase: &'static str,
@@ -102,6 +111,7 @@ pub struct Live {
     breaches: Family<BreachLabels, Counter>,
     drill_incidents: Family<PoolLabels, Counter>,
     drills: Family<DrillLabels, Counter>,
+    preemptions: Family<PreemptionLabels, Counter>,
 }
 
 impl std::fmt::Debug for Live {
@@ -128,6 +138,7 @@ impl Default for Live {
         let breaches = Family::<BreachLabels, Counter>::default();
         let drill_incidents = Family::<PoolLabels, Counter>::default();
         let drills = Family::<DrillLabels, Counter>::default();
+        let preemptions = Family::<PreemptionLabels, Counter>::default();
         // Counters are registered without `_total`: the encoder adds it.
         registry.register(
             "mpsfleet_api_requests",
@@ -176,6 +187,11 @@ impl Default for Live {
         );
         registry.register("mpsfleet_drill_incidents", "Incidents a drill caused", drill_incidents.clone());
         registry.register("mpsfleet_drills", "Drills ended, by result", drills.clone());
+        registry.register(
+            "mpsfleet_preemptions",
+            "Tasks stopped to make room for higher-priority ones, by the stopped task's priority band and the band it made room for",
+            preemptions.clone(),
+        );
         Live {
             registry,
             requests,
@@ -193,6 +209,7 @@ impl Default for Live {
             breaches,
             drill_incidents,
             drills,
+            preemptions,
         }
     }
 }
@@ -252,6 +269,17 @@ impl Live {
             Some(DrillVerdict::Aborted { .. }) | None => "aborted",
         };
         self.drills.get_or_create(&DrillLabels { pool: p.to_string(), result }).inc();
+    }
+
+    /// A task of priority `victim` stopped to make room for one of priority `preemptor`.
+    pub fn preempted(&self, p: &mpsfleet_types::PoolName, victim: u8, preemptor: u8) {
+        use mpsfleet_types::priority::priority_band;
+        let labels = PreemptionLabels {
+            pool: p.to_string(),
+            band: priority_band(victim),
+            for_band: priority_band(preemptor),
+        };
+        self.preemptions.get_or_create(&labels).inc();
     }
 
     /// An incident written: `old` is what was stored before (None for a new one). Counts what

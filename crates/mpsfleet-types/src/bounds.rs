@@ -117,6 +117,27 @@ pub struct KindBounds {
     /// Total for services with resumption `fenced`: they wait for the old host's
     /// termination, so only a pool with a provider bounds it.
     pub total_fenced_ms: Option<u64>,
+    /// The total when the pool's healthy hosts have no room (a full pool): by preemption
+    /// where the pool's policy lets recovery preempt (the victims' stop instead of a launch),
+    /// else by a launched host; None when neither can make room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_full_pool_ms: Option<u64>,
+}
+
+/// How a full pool (no room on its healthy hosts) recovers, and what bounds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FullPoolBounds {
+    /// The pool's `preemption` policy.
+    pub preemption: crate::priority::Preemption,
+    /// `preemption` (lower-priority tasks stop to make room), `launch` (a new host joins) or
+    /// `none` (nothing makes room: the replicas wait).
+    pub by: String,
+    /// The longest a victim takes to stop, when recovery preempts: its service's
+    /// deregistration delay plus its containers' stopTimeout (30 s when unset), over the
+    /// pool's running tasks now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub victim_stop_ms: Option<u64>,
 }
 
 /// What the bounds are made of: the pool's settings, and the server's and agent's own
@@ -172,6 +193,9 @@ pub struct RecoveryBounds {
     /// The pool's `maxResumeSeconds`, in ms, when it sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_resume_ms: Option<u64>,
+    /// How a full pool recovers (`KindBounds::total_full_pool_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_pool: Option<FullPoolBounds>,
 }
 
 impl RecoveryBounds {
@@ -208,6 +232,10 @@ pub struct IncidentBounds {
     /// Whether `totalMs` is the fenced one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fenced: bool,
+    /// What a preemption adds to the total: the victims' stop (`FullPoolBounds`). An incident
+    /// whose recovery preempted (a PREEMPTED step) is held to `totalMs` plus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_ms: Option<u64>,
 }
 
 impl IncidentBounds {
@@ -219,6 +247,7 @@ impl IncidentBounds {
             replace_ms: k.replace_ms,
             total_ms: if fenced { k.total_fenced_ms } else { k.total_ms },
             fenced,
+            preempt_ms: None,
         }
     }
 

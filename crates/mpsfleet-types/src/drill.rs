@@ -280,6 +280,7 @@ mod tests {
                 replace_ms: None,
                 total_ms: None,
                 total_fenced_ms: None,
+                total_full_pool_ms: None,
             },
             owner: owner.into(),
             incidents: Vec::new(),

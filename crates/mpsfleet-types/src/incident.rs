@@ -126,6 +126,9 @@ pub enum Step {
     /// or their MPS daemon failed (recorded as the incident opens, at the time it happened),
     /// or as an operator's drain takes them out before their stop.
     LeftTraffic,
+    /// A lower-priority task was stopped to make room for a replica replacing one lost on
+    /// the host ("preempted t-… on h-… to make room for t-…").
+    Preempted,
 }
 
 impl Step {
@@ -151,6 +154,7 @@ impl Step {
             Step::Blocked => "BLOCKED",
             Step::BoundBreached => "RECOVERY_BOUND_BREACHED",
             Step::LeftTraffic => "LEFT_TRAFFIC",
+            Step::Preempted => "PREEMPTED",
         }
     }
 }
@@ -548,10 +552,21 @@ impl Incident {
             .into_iter()
             .filter(|&p| self.phase_applies(p) && !self.breaches.iter().any(|x| x.phase == p))
             .filter_map(|p| {
-                let (bound, measured) = (b.bound(p)?, self.phase_ms(p, now_ms)?);
+                let (bound, measured) = (self.bound(&b, p)?, self.phase_ms(p, now_ms)?);
                 (measured > bound).then_some((p, measured, bound))
             })
             .collect()
+    }
+
+    /// The bound of `phase`: the total of a recovery that preempted (a PREEMPTED step) has the
+    /// victims' stop added (`IncidentBounds::preempt_ms`).
+    fn bound(&self, b: &IncidentBounds, phase: RecoveryPhase) -> Option<u64> {
+        let base = b.bound(phase)?;
+        let preempted = self.reached.contains_key(&Step::Preempted);
+        Some(match (phase, b.preempt_ms) {
+            (RecoveryPhase::Total, Some(extra)) if preempted => base + extra,
+            _ => base,
+        })
     }
 
     /// Each phase against its bound: what `incident describe` shows. Empty without bounds.
@@ -561,7 +576,7 @@ impl Incident {
         RecoveryPhase::ALL
             .into_iter()
             .map(|phase| {
-                let bound_ms = b.bound(phase);
+                let bound_ms = self.bound(&b, phase);
                 let measured_ms = match phase {
                     RecoveryPhase::Detect => t.detect_ms,
                     RecoveryPhase::Decide => t.decide_ms,

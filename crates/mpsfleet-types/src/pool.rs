@@ -76,6 +76,11 @@ pub struct Pool {
     /// bounds"). None: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_resume_seconds: Option<u32>,
+    /// Which placements may stop lower-priority tasks to make room when nothing fits:
+    /// `off`, `recovery` (the default: only replicas replacing ones lost to a failure) or
+    /// `all` (docs/pools.md "Priorities and preemption"). Always shown.
+    #[serde(default)]
+    pub preemption: crate::priority::Preemption,
     /// What happened to the pool itself, newest last: its bounds changed, a recovery ran past
     /// them, drills. Bounded like every object's events.
     #[serde(default, skip_serializing_if = "crate::History::is_empty")]
@@ -115,6 +120,9 @@ pub struct CreatePool {
     /// 1 to 86400; in an update, 0 removes the limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_resume_seconds: Option<u32>,
+    /// `Pool::preemption`: `off`, `recovery` or `all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<crate::priority::Preemption>,
     /// Its tags (ECS's cluster tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<crate::tags::Tag>,
@@ -146,6 +154,9 @@ pub struct UpdatePool {
     /// 1 to 86400; in an update, 0 removes the limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_resume_seconds: Option<u32>,
+    /// `Pool::preemption`: `off`, `recovery` or `all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<crate::priority::Preemption>,
 }
 
 /// A pool's task policy: what container options its tasks may use beyond a container's own

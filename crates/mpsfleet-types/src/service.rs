@@ -68,6 +68,13 @@ pub struct Service {
     /// shows them (`loadBalancers`, `serviceRegistries`, `placementStrategy`, `placementConstraints`, `roleArn`; mpsfleet wires no load balancer).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
+    /// 1 to 100 (50 by default): its tasks' priority (`Task::priority`).
+    #[serde(default = "crate::priority::default_priority")]
+    pub priority: u8,
+    /// When one of its replicas was last preempted: replicas placed after it are not
+    /// preempted within `PREEMPTION_BACKOFF_MS` of their placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_at_ms: Option<u64>,
 }
 
 /// Deployments a service record keeps (the older INACTIVE ones are dropped).
@@ -350,6 +357,9 @@ pub struct CreateService {
     /// shows them (see `Service::kept_fields`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
+    /// 1 to 100 (default: the task definition's `mpsfleet:priority` tag, else 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
 }
 
 /// Body of `PATCH /v1/services/{name}`.
@@ -373,6 +383,9 @@ pub struct UpdateService {
     /// `forceNewDeployment`): every task of the service is replaced.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force_new_deployment: bool,
+    /// 1 to 100: the service's priority, and its running tasks' at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
     /// ECS fields mpsfleet takes without acting on them, kept as given so that a description
     /// shows them (replacing those given; see `Service::kept_fields`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

@@ -79,6 +79,9 @@ pub enum StopCode {
     CannotPullContainerError,
     /// A container went past its memory limit and was killed.
     OutOfMemory,
+    /// Stopped to make room for a task at least 10 priority above it (its reason names that
+    /// task and both priorities).
+    Preempted,
 }
 
 impl StopCode {
@@ -95,6 +98,7 @@ impl StopCode {
             StopCode::HostLost => "HostLost",
             StopCode::CannotPullContainerError => "CannotPullContainerError",
             StopCode::OutOfMemory => "OutOfMemory",
+            StopCode::Preempted => "Preempted",
         }
     }
 }
@@ -172,6 +176,15 @@ pub struct Task {
     /// the requests in flight finish first (docs/traffic.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining: Option<Draining>,
+    /// 1 to 100 (50 by default): its run's or its service's `priority`. A task that finds no
+    /// room may stop tasks at least 10 below it, where its pool's `preemption` allows.
+    #[serde(default = "crate::priority::default_priority")]
+    pub priority: u8,
+    /// The host whose failure this replica replaces one lost on (a copy started for a replica
+    /// on a failed MPS daemon, or the replacement of one stopped by its host's or daemon's
+    /// failure): under the pool's `recovery` preemption, only such a task preempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_from: Option<HostId>,
 }
 
 /// A task leaving traffic before it is stopped (`Task::draining`).
@@ -335,6 +348,8 @@ impl Task {
             labels: None,
             deployment: None,
             draining: None,
+            priority: crate::priority::DEFAULT_PRIORITY,
+            recovery_from: None,
         }
     }
 
@@ -382,6 +397,9 @@ pub struct RunTask {
     pub group: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<crate::tags::Tag>,
+    /// 1 to 100 (default: the task definition's `mpsfleet:priority` tag, else 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.
@@ -468,10 +486,13 @@ pub enum PendingCode {
     /// No host has room now and managed scaling is launching hosts for it (its
     /// `pendingReason` says what room is missing).
     ScalingOut,
+    /// It stopped lower-priority tasks to make room and waits for them to stop (its
+    /// `pendingReason` names them and the host).
+    Preempting,
 }
 
 impl PendingCode {
-    pub const ALL: [PendingCode; 11] = [
+    pub const ALL: [PendingCode; 12] = [
         PendingCode::NoSchedulableHost,
         PendingCode::NoMpsHost,
         PendingCode::InsufficientGpuMemory,
@@ -483,6 +504,7 @@ impl PendingCode {
         PendingCode::HostPortsInUse,
         PendingCode::TooManyHostPorts,
         PendingCode::ScalingOut,
+        PendingCode::Preempting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -498,6 +520,7 @@ impl PendingCode {
             PendingCode::HostPortsInUse => "HOST_PORTS_IN_USE",
             PendingCode::TooManyHostPorts => "TOO_MANY_HOST_PORTS",
             PendingCode::ScalingOut => "SCALING_OUT",
+            PendingCode::Preempting => "PREEMPTING",
         }
     }
 }

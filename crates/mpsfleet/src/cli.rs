@@ -110,6 +110,11 @@ pub enum TaskCommand {
         /// selects by it.
         #[arg(long = "tag", value_name = "KEY=VALUE")]
         tags: Vec<String>,
+        /// The tasks' priority, 1 to 100: where the pool's preemption allows, a task that finds
+        /// no room may stop tasks at least 10 below it [default: the `mpsfleet:priority` tag of
+        /// the run, else of the task definition, else 50].
+        #[arg(long, value_name = "N")]
+        priority: Option<u32>,
         #[command(flatten)]
         wait: crate::wait::WaitFlags,
     },
@@ -292,8 +297,13 @@ pub enum PoolCommand {
         /// policy whose stated bound is longer is refused (docs/pools.md "Recovery bounds").
         #[arg(long)]
         max_resume_seconds: Option<u32>,
-        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy and
-        /// maxResumeSeconds (see docs/pools.md).
+        /// Which placements may stop tasks at least 10 priority below them when nothing fits:
+        /// none (off), replicas replacing ones lost to a failure (recovery), or any (all)
+        /// [default: recovery].
+        #[arg(long, value_parser = ["off", "recovery", "all"])]
+        preemption: Option<String>,
+        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy,
+        /// maxResumeSeconds and preemption (see docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -315,8 +325,12 @@ pub enum PoolCommand {
         /// removes the limit.
         #[arg(long)]
         max_resume_seconds: Option<u32>,
-        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy and
-        /// maxResumeSeconds (docs/pools.md).
+        /// Which placements may stop tasks at least 10 priority below them when nothing fits:
+        /// off, recovery or all.
+        #[arg(long, value_parser = ["off", "recovery", "all"])]
+        preemption: Option<String>,
+        /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy,
+        /// maxResumeSeconds and preemption (docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -366,6 +380,11 @@ pub enum ServiceCommand {
         /// (docs/traffic.md) [default: 2 on create].
         #[arg(long, value_name = "SECONDS")]
         deregistration_delay: Option<u32>,
+        /// Its tasks' priority, 1 to 100: where the pool's preemption allows, a task that finds no
+        /// room may stop tasks at least 10 below it [default: the `mpsfleet:priority` tag of the
+        /// task definition, else 50].
+        #[arg(long, value_name = "N")]
+        priority: Option<u32>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -392,6 +411,9 @@ pub enum ServiceCommand {
         /// (docs/traffic.md) [default: 2 on create].
         #[arg(long, value_name = "SECONDS")]
         deregistration_delay: Option<u32>,
+        /// Its priority, 1 to 100; its running tasks take the new one at once.
+        #[arg(long, value_name = "N")]
+        priority: Option<u32>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -970,6 +992,7 @@ fn task_rows(tasks: &[Task]) -> Vec<Vec<String>> {
                 (t.pending_reason.clone().or_else(|| t.stopped_reason.clone()))
                     .or_else(|| t.draining.as_ref().map(draining_words))
                     .unwrap_or_default(),
+                t.priority.to_string(),
                 output::age(now, t.created_at_ms),
             ]
         })
@@ -996,30 +1019,33 @@ fn task_health(t: &Task) -> String {
     }
 }
 
-const TASK_HEADERS: [&str; 9] =
-    ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON", "AGE"];
+const TASK_HEADERS: [&str; 10] =
+    ["ID", "TASK DEFINITION", "LAST", "DESIRED", "HEALTH", "HOST", "GPUS", "REASON", "PRIORITY", "AGE"];
+
+/// `task run`'s body: its flags, with `--tag KEY=VALUE`s as tags.
+fn run_request(
+    taskdef: String,
+    count: u32,
+    pool: String,
+    client_token: Option<String>,
+    tags: &[String],
+    priority: Option<u32>,
+) -> RunTask {
+    let tags = tags
+        .iter()
+        .map(|t| {
+            let (key, value) = t.split_once('=').unwrap_or((t, ""));
+            mpsfleet_types::tags::Tag { key: key.to_string(), value: value.to_string() }
+        })
+        .collect();
+    RunTask { task_definition: taskdef, count, pool, client_token, tags, priority, ..Default::default() }
+}
 
 async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
-        TaskCommand::Run { taskdef, count, pool, client_token, tags, wait } => {
+        TaskCommand::Run { taskdef, count, pool, client_token, tags, priority, wait } => {
             let pool = resolve_pool(c, pool).await?;
-            let tags = tags
-                .iter()
-                .map(|t| {
-                    let (key, value) = t.split_once('=').unwrap_or((t, ""));
-                    mpsfleet_types::tags::Tag { key: key.to_string(), value: value.to_string() }
-                })
-                .collect();
-            let r = c
-                .run_task(&RunTask {
-                    task_definition: taskdef,
-                    count,
-                    pool,
-                    client_token,
-                    tags,
-                    ..Default::default()
-                })
-                .await?;
+            let r = c.run_task(&run_request(taskdef, count, pool, client_token, &tags, priority)).await?;
             match f {
                 Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
                     output::print(f, &r, &[], vec![])
@@ -1271,6 +1297,11 @@ fn strategy_of(s: &str) -> PlacementStrategy {
     }
 }
 
+/// `--preemption`'s value (clap allows only the policy names).
+fn preemption_of(s: &str) -> Preemption {
+    Preemption::parse(s).unwrap_or_default()
+}
+
 fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
     pools
         .iter()
@@ -1286,14 +1317,23 @@ fn pool_rows(pools: &[Pool]) -> Vec<Vec<String>> {
                 ),
                 if p.allow_task_users { "definition's" } else { "own unprivileged" }.into(),
                 task_policy_cell(&p.task_policy),
+                p.preemption.as_str().into(),
             ]
         })
         .collect()
 }
 
 async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
-    const HEADERS: [&str; 7] =
-        ["NAME", "MODE", "STRATEGY", "COMPUTE BOUND", "PROVIDER", "PROCESS TASK USER", "TASK POLICY ALLOWS"];
+    const HEADERS: [&str; 8] = [
+        "NAME",
+        "MODE",
+        "STRATEGY",
+        "COMPUTE BOUND",
+        "PROVIDER",
+        "PROCESS TASK USER",
+        "TASK POLICY ALLOWS",
+        "PREEMPTION",
+    ];
     let one = match cmd {
         PoolCommand::Create {
             name,
@@ -1302,6 +1342,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             compute_overcommit_percent,
             allow_task_users,
             max_resume_seconds,
+            preemption,
             file,
         } => {
             let mut req: CreatePool = read_json(file.as_ref())?;
@@ -1314,6 +1355,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
             req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
+            req.preemption = preemption.as_deref().map(preemption_of).or(req.preemption);
             c.create_pool(&req).await?
         }
         PoolCommand::Update {
@@ -1322,6 +1364,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             compute_overcommit_percent,
             allow_task_users,
             max_resume_seconds,
+            preemption,
             file,
         } => {
             let mut req: UpdatePool = read_json(file.as_ref())?;
@@ -1329,6 +1372,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             req.compute_overcommit_percent = compute_overcommit_percent.or(req.compute_overcommit_percent);
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
             req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
+            req.preemption = preemption.as_deref().map(preemption_of).or(req.preemption);
             c.update_pool(&name, &req).await?
         }
         PoolCommand::Explain { name } => {
@@ -1365,6 +1409,7 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
                 s.service.desired_count.to_string(),
                 s.running_count.to_string(),
                 s.pending_count.to_string(),
+                s.service.priority.to_string(),
                 output::age(now, s.service.created_at_ms),
             ]
         })
@@ -1372,8 +1417,8 @@ fn service_rows(list: &[ServiceView]) -> Vec<Vec<String>> {
 }
 
 async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
-    const HEADERS: [&str; 8] =
-        ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING", "AGE"];
+    const HEADERS: [&str; 9] =
+        ["NAME", "POOL", "TASK DEFINITION", "STATUS", "DESIRED", "RUNNING", "PENDING", "PRIORITY", "AGE"];
     let one = match cmd {
         ServiceCommand::Create {
             name,
@@ -1383,6 +1428,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             pool,
             resumption,
             deregistration_delay,
+            priority,
             deployment,
             client_token,
             wait,
@@ -1407,6 +1453,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 }),
                 deregistration_delay_seconds: deregistration_delay,
                 client_token,
+                priority,
                 ..Default::default()
             };
             let one = c.create_service(&req).await?;
@@ -1421,6 +1468,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             taskdef,
             desired,
             deregistration_delay,
+            priority,
             deployment,
             client_token,
             wait,
@@ -1437,6 +1485,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 deployment_configuration,
                 deregistration_delay_seconds: deregistration_delay,
                 client_token,
+                priority,
                 ..Default::default()
             };
             let one = c.update_service(&name, &req).await?;
@@ -1498,4 +1547,77 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
     };
     output::print(f, &one, &HEADERS, service_rows(std::slice::from_ref(&one)));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(line: &str) -> Result<crate::Command, clap::Error> {
+        crate::Cli::try_parse_from(line.split(' ')).map(|c| c.command)
+    }
+
+    fn task_run(line: &str) -> RunTask {
+        let Ok(crate::Command::Task(g)) = parse(line) else { panic!("{line} does not parse") };
+        let TaskCommand::Run { taskdef, count, pool, client_token, tags, priority, .. } = g.command else {
+            panic!("{line}: not task run")
+        };
+        run_request(taskdef, count, pool.unwrap_or_default(), client_token, &tags, priority)
+    }
+
+    /// `--priority` goes into the body as given (the server checks 1 to 100); without it the
+    /// body names none, and the server takes the `mpsfleet:priority` tag or 50.
+    #[test]
+    fn a_runs_priority_reaches_its_body() {
+        let body = serde_json::to_value(task_run(
+            "mpsfleet task run --taskdef infer --pool gpu --priority 90 --tag team=ml",
+        ))
+        .unwrap();
+        assert_eq!(body["priority"], 90, "{body}");
+        assert_eq!(body["tags"][0]["key"], "team", "{body}");
+        let body = serde_json::to_value(task_run("mpsfleet task run --taskdef infer --pool gpu")).unwrap();
+        assert!(body.get("priority").is_none(), "{body}");
+        assert_eq!(task_run("mpsfleet task run --taskdef infer --pool gpu --priority 0").priority, Some(0));
+        let err = parse("mpsfleet task run --taskdef infer --priority high").err().unwrap().to_string();
+        assert!(err.contains("--priority"), "{err}");
+    }
+
+    #[test]
+    fn services_take_a_priority_on_create_and_update() {
+        let Ok(crate::Command::Service(g)) =
+            parse("mpsfleet service create api --taskdef web:1 --desired 2 --priority 90")
+        else {
+            panic!("service create does not parse")
+        };
+        assert!(matches!(g.command, ServiceCommand::Create { priority: Some(90), .. }));
+        let Ok(crate::Command::Service(g)) = parse("mpsfleet service update api --priority 10") else {
+            panic!("service update does not parse")
+        };
+        assert!(matches!(g.command, ServiceCommand::Update { priority: Some(10), desired: None, .. }));
+    }
+
+    #[test]
+    fn a_pools_preemption_is_one_of_the_policies() {
+        for (line, want) in [
+            ("mpsfleet pool create batch --preemption all", Preemption::All),
+            ("mpsfleet pool create batch --preemption off", Preemption::Off),
+            ("mpsfleet pool update batch --preemption recovery", Preemption::Recovery),
+        ] {
+            let given = match parse(line) {
+                Ok(crate::Command::Pool(g)) => match g.command {
+                    PoolCommand::Create { preemption, .. } | PoolCommand::Update { preemption, .. } => {
+                        preemption
+                    }
+                    _ => None,
+                },
+                _ => panic!("{line} does not parse"),
+            };
+            assert_eq!(given.as_deref().map(preemption_of), Some(want), "{line}");
+        }
+        let req = CreatePool { preemption: Some(preemption_of("all")), ..Default::default() };
+        assert_eq!(serde_json::to_value(&req).unwrap()["preemption"], "all");
+        let err = parse("mpsfleet pool create batch --preemption sometimes").err().unwrap().to_string();
+        assert!(err.contains("--preemption") && err.contains("off, recovery, all"), "{err}");
+    }
 }

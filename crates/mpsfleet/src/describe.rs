@@ -7,7 +7,7 @@ use mpsfleet_types::service::{CircuitBreaker, DeploymentStatus, DeploymentView, 
 use mpsfleet_types::taskdef::{GpuRequirement, ResourceRequirement};
 use mpsfleet_types::{
     GpuDemand, HealthStatus, History, HostStatus, HostView, IncidentState, IncidentView, ObjectEvent,
-    OwnershipMode, Pool, ServiceView, Task, TaskDefinition, TaskGpuUse, TaskStatus,
+    OwnershipMode, Pool, Preemption, ServiceView, Task, TaskDefinition, TaskGpuUse, TaskStatus,
 };
 
 /// A duration in the largest unit that keeps it whole: `500ms`, `2s`, `10m`, `1h`.
@@ -102,6 +102,7 @@ pub fn task(
         ("Task definition", t.task_definition.to_string()),
         ("Pool", t.pool.to_string()),
         ("Service", opt(&t.group)),
+        ("Priority", t.priority.to_string()),
         ("Status", format!("{} (desired {})", t.last_status.as_str(), t.desired_status.as_str())),
         ("Health", health),
         ("Host", opt(&t.host_id)),
@@ -354,6 +355,7 @@ pub fn service(
                 )
             },
         ),
+        ("Priority", service_priority(s)),
         ("Resumption", s.resumption.as_str().to_string()),
         (
             "Deployment",
@@ -421,6 +423,14 @@ pub fn service(
     }
     out.push_str(&events_section(&s.events));
     out
+}
+
+/// A service's priority, and when one of its replicas was last preempted.
+fn service_priority(s: &mpsfleet_types::Service) -> String {
+    match s.preempted_at_ms {
+        Some(at) => format!("{}; a replica was last preempted at {}", s.priority, utc_time(at)),
+        None => s.priority.to_string(),
+    }
 }
 
 /// A replica's traffic state as `service describe` says it.
@@ -528,6 +538,7 @@ pub fn pool(p: &Pool) -> String {
         ("Provider", provider),
         ("Task user", user.to_string()),
         ("Task policy allows", task_policy_cell(&p.task_policy)),
+        ("Preemption", preemption_words(p.preemption)),
         (
             "Max resume",
             p.max_resume_seconds.map_or_else(
@@ -542,6 +553,21 @@ pub fn pool(p: &Pool) -> String {
         ),
         ("Created", utc_time(p.created_at_ms)),
     ]) + &events_section(&p.events)
+}
+
+/// A pool's preemption policy in words: who may stop lower-priority tasks to make room.
+fn preemption_words(p: Preemption) -> String {
+    let gap = mpsfleet_types::priority::PREEMPTION_GAP;
+    match p {
+        Preemption::Off => "off: a task that finds no room waits for capacity".into(),
+        Preemption::Recovery => format!(
+            "recovery: a service replica replacing one lost to a host's or MPS daemon's failure may stop \
+             tasks at least {gap} priority below it to make room"
+        ),
+        Preemption::All => {
+            format!("all: a task that finds no room may stop tasks at least {gap} priority below it")
+        }
+    }
 }
 
 /// The columns of a service's deployments, as `service deployments` and `service describe`
@@ -689,6 +715,35 @@ mod tests {
         let out = super::task(&t, None, &[], &Default::default(), trouble);
         let line = out.lines().find(|l| l.starts_with("Host health")).unwrap();
         assert!(line.ends_with('-') && !line.contains("OK"), "{out}");
+    }
+
+    /// Task and service describe name the priority; a pool's the preemption policy in words.
+    #[test]
+    fn priorities_and_the_preemption_policy_are_shown() {
+        let t: mpsfleet_types::Task = serde_json::from_value(serde_json::json!({
+            "id": "t-0000000000000001", "taskDefinition": "web:1", "pool": "p",
+            "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "healthStatus": "UNKNOWN",
+            "startedBy": "run:x", "createdAtMs": 1, "priority": 20, "stopCode": "Preempted",
+            "stoppedReason": "preempted: stopped to make room",
+        }))
+        .expect("task json");
+        let out = super::task(&t, None, &[], &Default::default(), None);
+        assert!(out.lines().any(|l| l.starts_with("Priority") && l.ends_with(" 20")), "{out}");
+        assert!(out.lines().any(|l| l.starts_with("Stop code") && l.ends_with("Preempted")), "{out}");
+        let mut s: mpsfleet_types::Service = serde_json::from_value(serde_json::json!({
+            "name": "api", "pool": "p", "taskDefinition": "web:1", "desiredCount": 1,
+            "status": "ACTIVE", "createdAtMs": 1, "updatedAtMs": 1,
+        }))
+        .expect("service json");
+        assert_eq!(super::service_priority(&s), "50");
+        s.priority = 90;
+        s.preempted_at_ms = Some(0);
+        let words = super::service_priority(&s);
+        assert!(words.starts_with("90; a replica was last preempted at 1970-01-01T00:00:00"), "{words}");
+        use mpsfleet_types::Preemption;
+        assert!(super::preemption_words(Preemption::Off).starts_with("off: "));
+        assert!(super::preemption_words(Preemption::All).contains("at least 10 priority below"));
+        assert!(super::preemption_words(Preemption::Recovery).starts_with("recovery: a service replica"));
     }
 
     #[test]

@@ -858,3 +858,113 @@ async fn host_recheck_rearms_local_repair_after_the_operator_fixed_the_host() {
     let h = admin.describe_host(host.id.as_str()).await.unwrap();
     assert!(h.events.iter().any(|e| e.reason == "RecheckRequested"), "{:#?}", h.events);
 }
+
+/// A full pool recovers its important service by preemption: two 1-GPU hosts, each full with
+/// one replica of a priority-90 service and two of a priority-10 one; the daemon under a
+/// priority-90 replica dies for good. The replica runs again on the surviving, full host
+/// before the replacement host serves anything, the priority-10 tasks there stop with a
+/// reason naming the preemption, and the priority-10 service is back at its count once the
+/// replacement host has joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_preempts_low_priority_work_to_recover_at_once() {
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let args = agent_args(&mps, 0).replace("H200:143771:2", "H200:143771:1");
+    let server =
+        Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
+    let admin = server.admin();
+    let health = HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: 0,
+        toleration_ms: 500,
+    };
+    admin
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            health_policy: Some(health),
+            provider: Some(Provider::local(2)),
+            preemption: Some(Preemption::Recovery),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let fleet = Fleet { dir, server, admin, agent_args: args };
+    let admin = &fleet.admin;
+    eventually(WAIT, "two ACTIVE hosts", || async {
+        let hs = admin.list_hosts(None).await.ok()?;
+        (hs.len() == 2 && hs.iter().all(|h| h.status == HostStatus::Active)).then_some(())
+    })
+    .await;
+    // 71,885 + 2 x 35,942 = 143,769 of each GPU's 143,771 MiB: nothing else fits anywhere.
+    for (name, memory, count, priority) in [("infer", 71_885, 2, 90), ("batch", 35_942, 4, 10)] {
+        admin.register_taskdef(mps_taskdef(name, memory)).await.unwrap();
+        let svc = CreateService {
+            name: name.into(),
+            pool: "gpu".into(),
+            task_definition: name.into(),
+            desired_count: count,
+            deregistration_delay_seconds: Some(0),
+            priority: Some(priority),
+            ..Default::default()
+        };
+        admin.create_service(&svc).await.unwrap();
+        running(admin, name, count).await;
+    }
+    let infer = running(admin, "infer", 2).await;
+    assert!(infer.iter().all(|t| t.priority == 90), "{infer:?}");
+    let (lost, kept) = (&infer[0], &infer[1]);
+    assert_ne!(lost.host_id, kept.host_id, "one replica per host");
+    let survivor = kept.host_id.clone().unwrap();
+    let bad = kill_daemon_of(&fleet, lost).await;
+
+    // A copy of the lost replica runs on the surviving host, which was full.
+    let copy = eventually(WAIT, "the priority-90 copy RUNNING on the surviving host", || async {
+        let q = TaskQuery { service: Some("infer".into()), ..Default::default() };
+        let ts = admin.list_tasks(&q).await.ok()?;
+        ts.into_iter().find(|t| {
+            t.id != lost.id
+                && t.id != kept.id
+                && t.host_id.as_ref() == Some(&survivor)
+                && t.last_status == TaskStatus::Running
+        })
+    })
+    .await;
+    assert_eq!(copy.recovery_from.as_ref(), Some(&bad.id), "{copy:?}");
+    // Before any replacement host served it: none had a task RUNNING before the copy started.
+    let hosts = admin.list_hosts(None).await.unwrap();
+    for h in hosts.iter().filter(|h| h.id != survivor && h.id != bad.id) {
+        let q = TaskQuery { host: Some(h.id.to_string()), ..Default::default() };
+        for t in admin.list_tasks(&q).await.unwrap() {
+            let started = t.started_at_ms.unwrap_or(u64::MAX);
+            assert!(started >= copy.started_at_ms.unwrap(), "{} ran on {} first: {t:?}", t.id, h.id);
+        }
+    }
+    // The priority-10 tasks of the surviving host stopped, saying why.
+    let q = TaskQuery { service: Some("batch".into()), ..Default::default() };
+    let batch = admin.list_tasks(&q).await.unwrap();
+    let preempted: Vec<&Task> = batch.iter().filter(|t| t.stop_code == Some(StopCode::Preempted)).collect();
+    assert!(!preempted.is_empty(), "no task preempted: {batch:?}");
+    for t in &preempted {
+        assert_eq!(t.host_id.as_ref(), Some(&survivor), "{t:?}");
+        let why = t.stopped_reason.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("preempted") && why.contains(&copy.id.to_string()) && why.contains("priority 90"),
+            "{why}"
+        );
+        assert!(why.contains("priority being 10"), "{why}");
+    }
+    let events = admin.describe_service("batch").await.unwrap();
+    assert!(
+        events.service.events.iter().any(|e| e.event.reason == "Preempted"),
+        "{:?}",
+        events.service.events
+    );
+    // Capacity returns (the incident's replacement host): the priority-10 service is whole again.
+    running(admin, "batch", 4).await;
+    let incident = incident_of(admin, &bad.id).await;
+    let done = resolved(admin, &incident.incident.id).await;
+    assert!(steps(&done.incident).contains(&Step::Preempted), "{:?}", steps(&done.incident));
+}

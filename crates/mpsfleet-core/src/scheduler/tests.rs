@@ -28,7 +28,7 @@ fn fleet(strategy: PlacementStrategy, hosts: &[&[u64]]) -> (Scheduler, PoolIx) {
 }
 
 fn req(pool: PoolIx, demand: GpuDemand) -> Request {
-    Request { pool, demand, group: None, needs: Needs::NONE }
+    Request { pool, demand, group: None, needs: Needs::NONE, tenant: None }
 }
 
 #[test]
@@ -199,7 +199,13 @@ fn service_replicas_spread_over_hosts_then_gpus() {
     let mut gpus = Vec::new();
     for _ in 0..4 {
         let pl = s
-            .place(&Request { pool: p, demand: mps(1_000, None), group: Some(g), needs: Needs::NONE })
+            .place(&Request {
+                pool: p,
+                demand: mps(1_000, None),
+                group: Some(g),
+                needs: Needs::NONE,
+                tenant: None,
+            })
             .unwrap();
         hosts.push(pl.host);
         gpus.push(pl.gpus[0]);
@@ -246,7 +252,7 @@ fn mixed(hosts: &[(bool, &[u64])]) -> (Scheduler, PoolIx) {
 }
 
 fn needing(pool: PoolIx, demand: GpuDemand, images: bool, ports: &[(Protocol, u16)]) -> Request {
-    Request { pool, demand, group: None, needs: Needs::new(images, ports) }
+    Request { pool, demand, group: None, needs: Needs::new(images, ports), tenant: None }
 }
 
 /// One demand of each chooser: GPU-less, whole GPU, MPS.
@@ -374,7 +380,13 @@ fn a_port_loaded_twice_on_one_host_is_free_only_after_both_release() {
 fn a_group_spreads_among_hosts_that_meet_the_needs() {
     let (mut s, p) = mixed(&[(false, &[]), (true, &[]), (true, &[])]);
     let g = s.group("svc");
-    let r = Request { pool: p, demand: GpuDemand::None, group: Some(g), needs: Needs::new(true, &[]) };
+    let r = Request {
+        pool: p,
+        demand: GpuDemand::None,
+        group: Some(g),
+        needs: Needs::new(true, &[]),
+        tenant: None,
+    };
     let hosts: Vec<HostIx> = (0..4).map(|_| s.place(&r).unwrap().host).collect();
     assert_eq!(hosts, vec![1, 2, 1, 2]);
 }
@@ -497,6 +509,7 @@ fn run(case: &FleetCase) -> Vec<Result<Placement, Unplaced>> {
                     demand: *demand,
                     group: group.map(|g| groups[g as usize]),
                     needs: *needs,
+                    tenant: None,
                 };
                 let before: Vec<GpuState> = (0..s.gpu_count() as GpuIx).map(|g| *s.gpu(g)).collect();
                 let out = s.place(&r);

@@ -78,6 +78,8 @@ pub(super) struct Controllers {
     pub(super) breaker_counts: BTreeMap<PoolName, PoolCounts>,
     /// When each service's tasks last failed (in memory; for the crash-loop backoff).
     pub(super) service_failures: HashMap<ServiceName, VecDeque<u64>>,
+    /// The room preemptors hold until their victims have stopped (`controllers/preemption.rs`).
+    pub(super) holds: super::controllers::preemption::Holds,
     /// Provider calls in progress or done, by incident (`Cluster::provider_done`).
     pub(super) provider_progress: HashMap<String, ProviderProgress>,
     /// The host health controller, and the GPUs it closed to MPS tasks.
@@ -144,7 +146,10 @@ impl Cluster {
                         launching: self.work.capacity_launches.get(pool).map_or(0, |l| l.len()),
                         local_runs_images: super::providers::local_runs_images(self.providers.ctx.as_ref()),
                     };
-                    Placer::reconcile(&mut self.controller_ctx(), pool, &outlook)
+                    let mut holds = std::mem::take(&mut self.work.holds);
+                    let result = Placer::reconcile(&mut self.controller_ctx(), pool, &outlook, &mut holds);
+                    self.work.holds = holds;
+                    result
                 }
                 Work::Incident(_, id) => {
                     // Whether the incident's pool has a provider is asked first: building one
@@ -526,7 +531,7 @@ impl Cluster {
                 None
             };
             if let Some(p) = &placement {
-                let req = place::request_for(&self.state, &mut self.sched, &task)?;
+                let req = place::request_for(&self.state, &mut self.sched, &task, self.clock.now_ms())?;
                 self.sched.reserve(&req, p);
             }
             self.writer().insert_task(task, version, placement, false);

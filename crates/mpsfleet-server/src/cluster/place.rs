@@ -6,15 +6,18 @@
 
 use super::error::Error;
 use super::state::State;
-use mpsfleet_core::scheduler::{Needs, Placement, Request, Scheduler, Unplaced};
+use mpsfleet_core::scheduler::{Needs, Placement, Request, Scheduler, Tenant, Unplaced};
 use mpsfleet_types::policy::ProviderKind;
+use mpsfleet_types::priority::PREEMPTION_BACKOFF_MS;
 use mpsfleet_types::{HostStatus, PendingCode, PoolName, Task};
 
-/// What `task` asks of the scheduler: its pool, GPU demand, spread group and needs.
+/// What `task` asks of the scheduler: its pool, GPU demand, spread group, needs, and who it
+/// is for preemption ([`tenant_of`]); `now_ms` stands for its placement time while it has none.
 pub(in crate::cluster) fn request_for(
     state: &State,
     sched: &mut Scheduler,
     task: &Task,
+    now_ms: u64,
 ) -> Result<Request, Error> {
     let pool = sched
         .pool(task.pool.as_str())
@@ -37,7 +40,78 @@ pub(in crate::cluster) fn request_for(
         Some(d) => sched.group(&format!("{g}/{d}")),
         None => sched.group(g.as_str()),
     });
-    Ok(Request { pool, demand, group, needs })
+    Ok(Request { pool, demand, group, needs, tenant: Some(tenant_of(state, task, now_ms)) })
+}
+
+/// `task` as preemption weighs it: its priority and age, and its shield: a service's replica
+/// placed after one of the service's replicas was preempted is not preempted within
+/// [`PREEMPTION_BACKOFF_MS`] of its placement.
+pub(in crate::cluster) fn tenant_of(state: &State, task: &Task, now_ms: u64) -> Tenant {
+    let placed = task.placed_at_ms.unwrap_or(now_ms);
+    let preempted =
+        task.group.as_ref().and_then(|g| state.services().get(g)).and_then(|s| s.value.preempted_at_ms);
+    let shield_until_ms = match preempted {
+        Some(at) if placed >= at => placed + PREEMPTION_BACKOFF_MS,
+        _ => 0,
+    };
+    Tenant {
+        id: task.id.0,
+        priority: task.priority,
+        since_ms: task.created_at_ms,
+        shield_until_ms,
+        hold: false,
+    }
+}
+
+/// The priority of a new service or run: `given` (the request's `priority`), else an
+/// `mpsfleet:priority` tag of the request, else of its task definition, else 50; out of range
+/// is refused naming the field or tag.
+pub(in crate::cluster) fn priority_for(
+    given: Option<u32>,
+    tags: &[mpsfleet_types::tags::Tag],
+    td: &mpsfleet_types::TaskDefinition,
+) -> Result<u8, Error> {
+    use mpsfleet_types::priority::{check_priority, parse_priority_tag, DEFAULT_PRIORITY, PRIORITY_TAG};
+    if let Some(p) = given {
+        return check_priority("priority", p).map_err(|m| Error::invalid("priority", m));
+    }
+    let tag = |tags: &[mpsfleet_types::tags::Tag]| {
+        tags.iter().find(|t| t.key == PRIORITY_TAG).map(|t| t.value.clone())
+    };
+    match tag(tags).or_else(|| tag(&td.tags)) {
+        Some(v) => parse_priority_tag(&v).map_err(|m| Error::invalid("tags", m)),
+        None => Ok(DEFAULT_PRIORITY),
+    }
+}
+
+/// The stop timeout of a container that names none (the agent's, as ECS's agent).
+const DEFAULT_STOP_TIMEOUT_MS: u64 = 30_000;
+
+/// The longest a task of `pool` running now takes to stop once preempted: its service's
+/// deregistration delay (it leaves discovery first) plus its containers' longest
+/// `stopTimeout`; with no task running, a task with the defaults
+/// (`DEFAULT_DEREGISTRATION_DELAY_S` and 30 s).
+pub(in crate::cluster) fn victim_stop_ms(state: &State, pool: &PoolName) -> u64 {
+    let default =
+        u64::from(mpsfleet_types::service::DEFAULT_DEREGISTRATION_DELAY_S) * 1000 + DEFAULT_STOP_TIMEOUT_MS;
+    let hosts = state.hosts().iter().enumerate().filter(|(_, e)| &e.host().pool == pool);
+    let tasks =
+        hosts.flat_map(|(ix, _)| state.tasks().on_host(ix as mpsfleet_core::scheduler::HostIx).iter());
+    tasks
+        .filter_map(|id| state.tasks().get(id))
+        .map(|e| {
+            let t = &e.task;
+            let delay = (t.group.as_ref())
+                .and_then(|g| state.services().get(g))
+                .map_or(0, |s| u64::from(s.value.deregistration_delay_seconds) * 1000);
+            let stop =
+                (state.taskdefs().get(&(t.task_definition.family.clone(), t.task_definition.revision)))
+                    .and_then(|td| td.value.container_definitions.iter().filter_map(|c| c.stop_timeout).max())
+                    .map_or(DEFAULT_STOP_TIMEOUT_MS, |s| u64::from(s) * 1000);
+            delay + stop
+        })
+        .max()
+        .unwrap_or(default)
 }
 
 /// The scheduler placement a stored task holds (host and GPU uuids mapped to indices).

@@ -35,6 +35,7 @@ impl Cluster {
             allow_task_users: req.allow_task_users.unwrap_or(false),
             task_policy: req.task_policy.unwrap_or_default(),
             max_resume_seconds: req.max_resume_seconds,
+            preemption: req.preemption.unwrap_or_default(),
             events: Default::default(),
             created_at_ms: self.now(),
             tags: req.tags,
@@ -84,6 +85,9 @@ impl Cluster {
         if let Some(policy) = req.task_policy {
             pool.task_policy = policy;
         }
+        if let Some(p) = req.preemption {
+            pool.preemption = p;
+        }
         if let Some(max) = req.max_resume_seconds {
             pool.max_resume_seconds = (max > 0).then_some(max);
         }
@@ -117,7 +121,10 @@ impl Cluster {
 
     pub fn explain_pool(&self, name: &str) -> Result<mpsfleet_core::explain::Explanation, Error> {
         let pool = self.read().pool(name)?;
-        let mut e = mpsfleet_core::explain::explain(&pool, &bounds::intervals());
+        let iv = bounds::intervals();
+        let mut e = mpsfleet_core::explain::explain(&pool, &iv);
+        let victim_stop = place::victim_stop_ms(&self.state, &pool.name);
+        mpsfleet_core::bounds::add_full_pool(&mut e.bounds, &pool, &iv, victim_stop);
         e.measured_launches = self.launch_times(&pool.name);
         if e.scaling.is_some() {
             e.last_scaling_decision = self

@@ -44,6 +44,7 @@ impl Cluster {
         let td = self.read().taskdef_to_run("taskDefinition", &req.task_definition)?;
         self.check_task_secrets(td)?;
         self.read().check_task_policy(&pool, td)?;
+        let priority = place::priority_for(req.priority, &req.tags, td)?;
         let td = td.reference();
         let now = self.now();
         let desired_count = match strategy {
@@ -68,6 +69,8 @@ impl Cluster {
             moving: Vec::new(),
             tags: req.tags,
             kept_fields: req.kept_fields,
+            priority,
+            preempted_at_ms: None,
         };
         if !svc.kept_fields.is_empty() {
             let fields: Vec<&str> = svc.kept_fields.keys().map(String::as_str).collect();
@@ -147,6 +150,10 @@ impl Cluster {
             }
         }
         svc.kept_fields.extend(req.kept_fields);
+        if let Some(p) = req.priority {
+            svc.priority = mpsfleet_types::priority::check_priority("priority", p)
+                .map_err(|m| Error::invalid("priority", m))?;
+        }
         if req.force_new_deployment {
             if svc.task_definition == current.value.task_definition {
                 start_deployment(&mut svc, now, "a new deployment was forced: every task is replaced".into());
@@ -157,7 +164,16 @@ impl Cluster {
         }
         if svc != current.value {
             svc.updated_at_ms = now;
-            self.writing(|w| services::write_service(w, svc))?;
+            // A new priority is its running tasks' at once: what preemption weighs now.
+            let retagged: Vec<Task> = (self.state.tasks().of_service(&svc.name).iter())
+                .filter_map(|id| self.state.tasks().get(id))
+                .filter(|e| e.task.priority != svc.priority && e.task.last_status != TaskStatus::Stopped)
+                .map(|e| Task { priority: svc.priority, ..e.task.clone() })
+                .collect();
+            self.writing(|w| {
+                services::write_service(w, svc)?;
+                w.write_tasks(retagged)
+            })?;
         }
         let name = current.value.name;
         self.ask_now(Work::Service(name.clone()));

@@ -29,7 +29,7 @@ use mpsfleet_types::api::HostStatusReport;
 use mpsfleet_types::check_key as checks_key;
 use mpsfleet_types::drill::{Drill, DrillSwitch};
 use mpsfleet_types::{
-    Family, GpuUuid, Host, HostCheck, HostStatus, Incident, PendingCode, Pool, PoolName, Service,
+    Family, GpuUuid, Host, HostCheck, HostId, HostStatus, Incident, PendingCode, Pool, PoolName, Service,
     ServiceName, Task, TaskDefinition, TaskGpuUse, TaskId,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -120,6 +120,10 @@ pub(super) struct State {
     drill_switch: Option<Versioned<DrillSwitch>>,
     /// Pools and services deleted lately, by key (`deleted.rs`): one kind's oldest first.
     deleted: BTreeMap<String, super::deleted::Deleted>,
+    /// Replicas of each service lost to their host's or MPS daemon's failure and not yet
+    /// replaced, by the host they ran on (memory only): the service's next starts replace them
+    /// as recovery (`Task::recovery_from`).
+    lost_replicas: HashMap<ServiceName, Vec<HostId>>,
     /// The hashes of the cluster CAs clients should trust, the active one first: join strings
     /// carry the first, heartbeat answers all of them.
     cas: Vec<String>,
@@ -148,8 +152,28 @@ impl State {
             drills: BTreeMap::new(),
             drill_switch: None,
             deleted: BTreeMap::new(),
+            lost_replicas: HashMap::new(),
             cas: Vec::new(),
         }
+    }
+
+    /// A replica of `svc` on `host` was lost to the host's or its MPS daemon's failure (at most
+    /// [`MAX_LOST_REPLICAS`] are kept per service; more are replaced as ordinary starts).
+    pub(super) fn note_lost_replica(&mut self, svc: &ServiceName, host: HostId) {
+        let lost = self.lost_replicas.entry(svc.clone()).or_default();
+        if lost.len() < MAX_LOST_REPLICAS {
+            lost.push(host);
+        }
+    }
+
+    /// Up to `n` of `svc`'s lost replicas' hosts, taken: the starts that replace them.
+    pub(super) fn take_lost_replicas(&mut self, svc: &ServiceName, n: usize) -> Vec<HostId> {
+        let Some(lost) = self.lost_replicas.get_mut(svc) else { return Vec::new() };
+        let taken: Vec<HostId> = lost.drain(..n.min(lost.len())).collect();
+        if lost.is_empty() {
+            self.lost_replicas.remove(svc);
+        }
+        taken
     }
 
     /// Applies one committed change at `version`, the store revision that wrote it.
@@ -188,6 +212,7 @@ impl State {
                     heartbeat_ms: None,
                     failed_daemons: Default::default(),
                     failed_daemons_since_ms: None,
+                    preemptions: Vec::new(),
                     accepts_faults: false,
                     recent_repairs: Vec::new(),
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
@@ -400,6 +425,12 @@ pub(super) const RESTART_WINDOW_MS: u64 = 600_000;
 /// The most restarts a host entry remembers (a budget is a few per GPU).
 const MAX_RECENT_REPAIRS: usize = 256;
 
+/// The most lost replicas remembered per service (`State::note_lost_replica`).
+const MAX_LOST_REPLICAS: usize = 1024;
+
+/// The most preemption notes a host keeps for the incident that may open about it.
+pub(super) const PREEMPTION_NOTES: usize = 32;
+
 /// A host's record and version, with what its agent last reported and the server's
 /// evaluation of it (in memory only).
 #[derive(Debug)]
@@ -434,6 +465,10 @@ pub(super) struct HostEntry {
     /// Since when `failed_daemons` has not been empty (server clock): when the host's replicas
     /// on them left service discovery. Memory only.
     pub(super) failed_daemons_since_ms: Option<u64>,
+    /// Preemptions made for replicas that replace ones lost on this host, not yet in an
+    /// incident about it (time, words): the incident that opens records them at their time.
+    /// Memory only; the newest [`PREEMPTION_NOTES`] are kept.
+    pub(super) preemptions: Vec<(u64, String)>,
     /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
     /// its last full heartbeat said.
     pub(super) accepts_faults: bool,

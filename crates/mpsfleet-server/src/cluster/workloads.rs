@@ -73,8 +73,18 @@ impl Cluster {
         self.check_task_secrets(td)?;
         self.read().check_task_policy(&pool, td)?;
         let labels = run_labels(&req, td)?;
+        let priority = place::priority_for(req.priority, &req.tags, td)?;
         let td = td.reference();
-        let spec = NewTasks { task_definition: td, pool, group: None, started_by, labels, deployment: None };
+        let spec = NewTasks {
+            task_definition: td,
+            pool,
+            group: None,
+            started_by,
+            labels,
+            deployment: None,
+            priority,
+            recovery_from: None,
+        };
         let tasks = self.writing(|w| w.start_tasks(spec, req.count))?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
         Ok(RunOutcome { pending: tasks.len() as u32 - placed, placed, tasks })
@@ -280,9 +290,10 @@ impl Cluster {
         let mut placed = Vec::new();
         for id in &tasks {
             if let Some(e) = self.state.tasks().get(id) {
-                if let (Some(p), Ok(req)) =
-                    (e.placement.clone(), place::request_for(&self.state, &mut self.sched, &e.task.clone()))
-                {
+                if let (Some(p), Ok(req)) = (
+                    e.placement.clone(),
+                    place::request_for(&self.state, &mut self.sched, &e.task.clone(), 0),
+                ) {
                     placed.push((req, p));
                 }
             }

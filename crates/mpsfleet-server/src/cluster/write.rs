@@ -217,6 +217,14 @@ impl Writer<'_> {
         match change {
             Change::Host(ix, host) => self.apply_host(version, ix, host),
             Change::Incident(incident) => self.apply_incident(*incident, version),
+            Change::Task(task, Some(p)) => {
+                // What preemption weighs of a placed task follows its record: told to stop (or
+                // leaving traffic to stop), protected, its priority.
+                let stopping = task.desired_status == TaskStatus::Stopped || task.draining.is_some();
+                let protected = task.labels.as_ref().and_then(|l| l.protected_until_ms).unwrap_or(0);
+                self.sched.set_tenant(p.host, task.id.0, stopping, protected, task.priority);
+                self.state.apply(version, Change::Task(task, Some(p)))
+            }
             change => self.state.apply(version, change),
         }
     }

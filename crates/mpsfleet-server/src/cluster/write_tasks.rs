@@ -13,7 +13,7 @@ use super::write::Writer;
 use mpsfleet_core::scheduler::{HostIx, Placement, Request};
 use mpsfleet_store::{Op, Precondition, Revision};
 use mpsfleet_types::labels::TaskLabels;
-use mpsfleet_types::{PoolName, ServiceName, Task, TaskDefRef, TaskId, TaskStatus};
+use mpsfleet_types::{PoolName, ServiceName, StopCode, Task, TaskDefRef, TaskId, TaskStatus};
 use std::collections::BTreeSet;
 
 /// What new tasks are made of.
@@ -26,6 +26,10 @@ pub(in crate::cluster) struct NewTasks {
     pub(in crate::cluster) labels: Option<Box<TaskLabels>>,
     /// The service's deployment that starts them (its PRIMARY one).
     pub(in crate::cluster) deployment: Option<String>,
+    /// Their priority (the run's or the service's).
+    pub(in crate::cluster) priority: u8,
+    /// The host whose failure they replace replicas lost on (`Task::recovery_from`).
+    pub(in crate::cluster) recovery_from: Option<mpsfleet_types::HostId>,
 }
 
 /// Tasks created and placed in memory, not yet committed.
@@ -60,6 +64,11 @@ impl Writer<'_> {
     ) {
         if placement.is_none() && task.last_status == TaskStatus::Pending {
             self.ask_scaling(&task.pool.clone());
+            // A task that may preempt does not wait for capacity to change: placement looks
+            // for room it can make now.
+            if self.may_preempt(&task) {
+                self.ask(Work::Placement(task.pool.clone()));
+            }
         }
         if let Some(p) = placement.as_ref().filter(|_| task.last_status != TaskStatus::Stopped) {
             let e = self.state.host_mut(p.host);
@@ -97,9 +106,12 @@ impl Writer<'_> {
             );
             task.labels = spec.labels.clone();
             task.deployment = spec.deployment.clone();
+            task.priority = spec.priority;
+            task.recovery_from = spec.recovery_from.clone();
             let req = match same {
-                Some(r) => r,
-                None => *same.insert(place::request_for(self.state, self.sched, &task)?),
+                // The same request but for its tenant: each task is its own to preemption.
+                Some(r) => Request { tenant: Some(place::tenant_of(self.state, &task, now)), ..r },
+                None => *same.insert(place::request_for(self.state, self.sched, &task, self.now_ms)?),
             };
             let outcome = self.sched.place(&req);
             place::apply_placement(
@@ -190,7 +202,7 @@ impl Writer<'_> {
         mut task: Task,
         ix: HostIx,
     ) -> Result<Result<Task, mpsfleet_core::scheduler::Unplaced>, Error> {
-        let request = place::request_for(self.state, self.sched, &task)?;
+        let request = place::request_for(self.state, self.sched, &task, self.now_ms)?;
         let outcome = self.sched.place_on(&request, ix);
         let placement = match outcome {
             Ok(p) => p,
@@ -258,7 +270,7 @@ impl Writer<'_> {
         // A task that just stopped gives its capacity back.
         let freed = if stopped_now { placement.take().map(|p| (p, old.task.clone())) } else { None };
         if let Some((p, old_task)) = freed {
-            let req = place::request_for(self.state, self.sched, &old_task)?;
+            let req = place::request_for(self.state, self.sched, &old_task, self.now_ms)?;
             self.sched.release(&req, &p);
         }
         if let Some(h) = t.host_id.as_ref().and_then(|h| self.sched.host(h)) {
@@ -266,9 +278,34 @@ impl Writer<'_> {
         }
         if stopped_now {
             self.events.task_stopped(&t, self.now_ms);
+            self.note_if_lost(&t);
         }
         self.put_task(t, rev, placement);
         Ok(stopped_now)
+    }
+
+    /// A service replica that stopped for its host's or MPS daemon's failure (lost, replaced,
+    /// its daemon not answering, drained by an incident) is remembered, so that its
+    /// replacement is started as recovery (`Task::recovery_from`).
+    fn note_if_lost(&mut self, t: &Task) {
+        let (Some(g), Some(host)) = (&t.group, &t.host_id) else { return };
+        let lost = match t.stop_code {
+            Some(StopCode::HostLost | StopCode::HostReplaced | StopCode::MpsDaemonUnavailable) => true,
+            Some(StopCode::HostDrained) => self.state.incidents().unresolved().any(|i| &i.host_id == host),
+            _ => false,
+        };
+        if lost {
+            self.state.note_lost_replica(g, host.clone());
+        }
+    }
+
+    /// Whether `task` may preempt under its pool's `preemption` policy, and has a priority
+    /// anything could be below by the gap.
+    pub(in crate::cluster) fn may_preempt(&self, task: &Task) -> bool {
+        use mpsfleet_types::priority::{MIN_PRIORITY, PREEMPTION_GAP};
+        task.priority >= MIN_PRIORITY + PREEMPTION_GAP
+            && (self.state.pools().get(&task.pool))
+                .is_some_and(|p| p.value.preemption.allows(task.recovery_from.is_some()))
     }
 
     /// A task waits in `pool`: a scaling pool looks at its demand now.

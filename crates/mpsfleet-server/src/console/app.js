@@ -208,9 +208,9 @@ async function tasks() {
   const rows = list.map((t) => [t.id, t.taskDefinition.family + ':' + t.taskDefinition.revision, t.group || '-',
     status(t.lastStatus), status(t.healthStatus),
     t.lastStatus === 'STOPPED' ? (t.hostId || '-') : hostCell(t.hostId, byHost),
-    (t.gpuIds || []).join(', ') || '-', t.pendingReason || '-']);
+    (t.gpuIds || []).join(', ') || '-', t.pendingReason || '-', String(t.priority ?? 50)]);
   return [el('h1', {}, 'Tasks (', String(list.length), ')', state.all ? '' : ' without STOPPED'),
-    table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING', 'CREATED'],
+    table(['ID', 'DEFINITION', 'SERVICE', 'STATUS', 'HEALTH', 'HOST', 'GPUS', 'WAITING', 'PRIORITY', 'CREATED'],
       rows.map((r, n) => r.concat([when(list[n].createdAtMs)])))];
 }
 
@@ -222,7 +222,8 @@ async function services() {
     const replicas = await api('/v1/tasks?service=' + seg(s.name) + '&live=true').catch(() => []);
     const impaired = replicas.filter((t) => t.hostId && byHost.has(t.hostId));
     out.push(el('section', { 'data-service': s.name }, el('h2', {}, s.name),
-      fields([['Pool', s.pool], ['Desired', String(s.desiredCount)], ['Running', String(s.runningCount)],
+      fields([['Pool', s.pool], ['Priority', String(s.priority ?? 50)],
+        ['Desired', String(s.desiredCount)], ['Running', String(s.runningCount)],
         // "Healthy" only of tasks with a health check; without one it would mean running.
         s.healthChecked ? ['Healthy', String(s.healthyCount)] : ['Health', 'no health check'],
         ['On impaired hosts', impaired.length

@@ -41,7 +41,8 @@ fn lacking(code: PendingCode) -> &'static str {
         | PendingCode::NotEnoughIdleGpus
         | PendingCode::MpsDaemonsNotAnswering
         | PendingCode::GpuLimits
-        | PendingCode::ScalingOut => "RESOURCE:GPU",
+        | PendingCode::ScalingOut
+        | PendingCode::Preempting => "RESOURCE:GPU",
         PendingCode::HostPortsInUse | PendingCode::TooManyHostPorts => "RESOURCE:PORTS",
         PendingCode::NoContainerHost | PendingCode::NoFittingContainerHost => "ATTRIBUTE",
         PendingCode::NoSchedulableHost => "AGENT",
@@ -74,6 +75,8 @@ fn run_request(call: &Call, r: &Run, count: u32, pool: String) -> Result<RunTask
         started_by: r.started_by.clone(),
         group: r.group.clone(),
         tags: r.tags.clone(),
+        // From the `mpsfleet:priority` tag of the run or its task definition.
+        priority: None,
     })
 }
 

@@ -80,6 +80,11 @@ pub struct SchedulerBench {
     /// Seed of the generated workload; the same seed gives the same tasks.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Instead: fill every GPU with `--tasks` / (hosts x GPUs) tasks of random priorities
+    /// (1 to 80), then time this many preempting decisions for a priority-90 task of half a
+    /// GPU that fits nowhere (`Scheduler::preempt`).
+    #[arg(long, default_value_t = 0)]
+    preempt: u32,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -156,6 +161,9 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
     if b.hosts == 0 || b.gpus_per_host == 0 {
         bail!("--hosts and --gpus-per-host must be at least 1");
     }
+    if b.preempt > 0 {
+        return preempt(b);
+    }
     let strategy =
         if b.strategy == "spread" { PlacementStrategy::Spread } else { PlacementStrategy::Binpack };
     let mut s = Scheduler::new();
@@ -186,7 +194,7 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
         .map(|_| {
             let (demand, in_service) = workload_item(&mut rng);
             let group = in_service.then(|| services[rng.below(services.len() as u64) as usize]);
-            Request { pool, demand, group, needs: Needs::NONE }
+            Request { pool, demand, group, needs: Needs::NONE, tenant: None }
         })
         .collect();
     let family = TaskDefRef::parse("bench:1")?;
@@ -228,6 +236,72 @@ fn scheduler(b: SchedulerBench) -> Result<()> {
     });
     println!("{report}");
     drop(records);
+    Ok(())
+}
+
+/// `bench scheduler --preempt N`: a full fleet of tenants with priorities, then N decisions
+/// of who to preempt for a task that fits nowhere, each timed alone.
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+fn preempt(b: SchedulerBench) -> Result<()> {
+    use mpsfleet_core::scheduler::Tenant;
+    let gpus = u64::from(b.hosts) * u64::from(b.gpus_per_host);
+    let per_gpu = (u64::from(b.tasks) / gpus).max(1);
+    let mut s = Scheduler::new();
+    let pool = s.upsert_pool("bench", PoolConfig::default());
+    for h in 0..b.hosts {
+        let spec = GpuSpec { memory_mib: b.gpu_memory_mib, max_clients: 48 };
+        let ix = s.add_host(HostSpec {
+            id: HostId::new(format!("h-{h:08x}"))?,
+            pool,
+            mps_available: true,
+            runs_images: false,
+            gpus: vec![spec; b.gpus_per_host as usize],
+        })?;
+        s.set_schedulable(ix, true);
+    }
+    let mut rng = Rng(b.seed);
+    let memory = b.gpu_memory_mib / per_gpu;
+    let mps = |memory_mib| GpuDemand::Mps { memory_mib, clients: 1, compute_percent: 10 };
+    let mut placed = 0u64;
+    for id in 0..gpus * per_gpu {
+        let priority = 1 + rng.below(80) as u8;
+        let tenant = Tenant { id, priority, since_ms: id, shield_until_ms: 0, hold: false };
+        let r = Request { pool, demand: mps(memory), group: None, needs: Needs::NONE, tenant: Some(tenant) };
+        placed += u64::from(s.place(&r).is_ok());
+    }
+    let tenant = Tenant { id: u64::MAX, priority: 90, since_ms: 0, shield_until_ms: 0, hold: false };
+    let req = Request {
+        pool,
+        demand: mps(b.gpu_memory_mib / 2),
+        group: None,
+        needs: Needs::NONE,
+        tenant: Some(tenant),
+    };
+    if s.place(&Request { tenant: None, ..req }).is_ok() {
+        bail!("the fleet is not full: raise --tasks");
+    }
+    let mut ms: Vec<f64> = Vec::with_capacity(b.preempt as usize);
+    let mut victims = 0;
+    for _ in 0..b.preempt {
+        let start = Instant::now();
+        let got = s.preempt(&req, 0);
+        ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        victims = got.map_or(0, |p| p.victims.len());
+    }
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    let report = serde_json::json!({
+        "bench": "preempt",
+        "hosts": b.hosts,
+        "gpus": gpus,
+        "tasks": placed,
+        "decisions": b.preempt,
+        "victims": victims,
+        "median_ms": (at(0.5) * 1000.0).round() / 1000.0,
+        "p99_ms": (at(0.99) * 1000.0).round() / 1000.0,
+        "max_ms": (at(1.0) * 1000.0).round() / 1000.0,
+    });
+    println!("{report}");
     Ok(())
 }
 

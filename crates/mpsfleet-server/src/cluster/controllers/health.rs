@@ -204,9 +204,17 @@ fn open_incident(
     if let Some((at, detail)) = w.reader().left_traffic(ix) {
         incident.record_before_open(at, Step::LeftTraffic, detail);
     }
+    // Preemptions made for the host's replicas before the incident opened (restart copies).
+    let notes = std::mem::take(&mut w.state.host_mut(ix).preemptions);
+    for (at, words) in notes.into_iter().filter(|(at, _)| at + PREEMPTION_NOTE_TTL_MS >= w.now_ms) {
+        incident.record_before_open(at, Step::Preempted, words);
+    }
     tracing::warn!(incident.id = %incident.id, host.id = %host_id, owner = owner.as_str(), "host declared bad");
     w.write_incident(incident)
 }
+
+/// How long a preemption note waits for an incident about its host to open.
+const PREEMPTION_NOTE_TTL_MS: u64 = 600_000;
 
 /// The bounds an incident on host `ix` with `trigger` is held to: its kind's row of the pool's
 /// bounds, with the fenced total when any service task on the host is fenced.
@@ -222,7 +230,10 @@ fn incident_bounds(state: &State, pool: &Pool, ix: HostIx, trigger: &Trigger) ->
             .and_then(|s| state.services().get(s))
             .is_some_and(|s| s.value.resumption == ResumptionBoundary::Fenced)
     });
-    bounds.of(kind).map(|k| IncidentBounds::of(k, fenced))
+    // Where recovery may preempt, a recovery that did is held to the victims' stop as well.
+    let preempt_ms = (pool.preemption.allows(true) && pool.mode == mpsfleet_types::OwnershipMode::Managed)
+        .then(|| crate::cluster::place::victim_stop_ms(state, &pool.name));
+    bounds.of(kind).map(|k| IncidentBounds { preempt_ms, ..IncidentBounds::of(k, fenced) })
 }
 
 /// The running drill striking `host`, if one is.

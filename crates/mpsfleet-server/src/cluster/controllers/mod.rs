@@ -6,14 +6,15 @@
 //! layer of `cluster/` and its sibling controllers (`tests/architecture.rs` fails otherwise).
 //! kube-runtime's `Controller` and its `Context` are the model.
 //!
-//! Here: host health, services (with DAEMON services' step), placement, remediation, capacity
-//! (with managed scaling), drills and retention.
+//! Here: host health, services (with DAEMON services' step), placement (with preemption),
+//! remediation, capacity (with managed scaling), drills and retention.
 
 pub mod capacity;
 pub mod daemon;
 pub mod drills;
 pub mod health;
 pub mod placement;
+pub mod preemption;
 pub mod remediation;
 pub mod retention;
 pub mod scaling;

@@ -19,6 +19,7 @@ use crate::cluster::read::{PoolCounts, Reader};
 use crate::cluster::work::Work;
 use crate::cluster::write::Writer;
 use crate::cluster::write_tasks::Batch;
+use crate::cluster::write_tasks::NewTasks;
 use crate::provider::Retry;
 use mpsfleet_core::controller::Action as Requeue;
 use mpsfleet_core::health::Verdict;
@@ -617,7 +618,9 @@ fn move_tasks(w: &mut Writer<'_>, ix: HostIx, moves: &[MoveTask], incident: &str
             pairs.push((old.id, copy, host));
             continue;
         }
-        let spec = tasks_of(&svc);
+        // The replacement of a replica lost to the host's failure: under the pool's
+        // `recovery` preemption, it may make room in a full pool.
+        let spec = NewTasks { recovery_from: old.host_id.clone(), ..tasks_of(&svc) };
         let before = batch.created.len();
         if let Err(e) = w.create_tasks(&spec, 1, &mut batch) {
             w.rollback(&batch);

@@ -166,7 +166,7 @@ impl Services {
             svc.events.push(now, ObjectEvent::new("ScaledIn", msg));
         }
         if plan.start > 0 {
-            let started = w.start_tasks(tasks_of(&svc), plan.start)?;
+            let started = start_replicas(w, &svc, plan.start)?;
             // Replicas on a daemon whose failure is confirmed are not counted: their copies
             // start now, and the service runs more than its count until they stop or their
             // daemon answers again (at least once, never fewer).
@@ -247,6 +247,16 @@ fn rebalance(w: &mut Writer<'_>, svc: &mut Service, replicas: &[Replica<TaskId>]
     {
         return false;
     }
+    // An incident that moved the service's replicas and waits for them to run is recovery under
+    // way: a move now would stop the replacement it waits for (a preemptor placed beside its
+    // sibling on the one host with room, say).
+    let recovering = w.state.incidents().unresolved().any(|i| {
+        !i.has(mpsfleet_types::Step::TasksRunningAgain)
+            && i.affected_tasks.iter().any(|a| a.service.as_ref() == Some(&svc.name))
+    });
+    if recovering {
+        return false;
+    }
     let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
     let at_once = bounds.max_total.saturating_sub(bounds.desired).max(1) as usize;
     let mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>> = BTreeMap::new();
@@ -316,7 +326,7 @@ fn host_moves(
         };
         let Some(&(_, id)) = per_host[&from].iter().max() else { break };
         let Some(task) = w.state.tasks().get(&id).map(|e| e.task.clone()) else { break };
-        let Ok(req) = place::request_for(w.state, w.sched, &task) else { break };
+        let Ok(req) = place::request_for(w.state, w.sched, &task, w.now_ms) else { break };
         let Ok(p) = w.sched.place(&req) else { break };
         let (from_held, to_held) = (count(&per_host, &arriving, from), count(&per_host, &arriving, p.host));
         let to = p.host;
@@ -351,7 +361,7 @@ fn daemon_move(w: &mut Writer<'_>, replicas: &[Replica<TaskId>]) -> Option<(Task
     }
     let &(_, id) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max())?;
     let task = w.state.tasks().get(&id).map(|e| e.task.clone())?;
-    let req = place::request_for(w.state, w.sched, &task).ok()?;
+    let req = place::request_for(w.state, w.sched, &task, w.now_ms).ok()?;
     // Where a new replica would go; given back at once.
     let p = w.sched.place(&req).ok()?;
     w.sched.release(&req, &p);
@@ -529,6 +539,35 @@ pub(in crate::cluster) fn bounds_words(b: &Bounds) -> String {
     s
 }
 
+/// Starts `count` replicas of `svc`; those that replace replicas lost to a failure (a copy of
+/// one on a failed MPS daemon, a replica its host or daemon lost) start as recovery, naming
+/// that host (`Task::recovery_from`): under the pool's `recovery` preemption only they may
+/// make room in a full pool.
+fn start_replicas(w: &mut Writer<'_>, svc: &Service, count: u32) -> Result<Vec<Task>, Error> {
+    let mut hosts: Vec<HostId> = (w.state.tasks().of_service(&svc.name).iter())
+        .filter_map(|id| w.state.tasks().get(id))
+        .filter(|e| e.task.desired_status != TaskStatus::Stopped && w.reader().at_risk(&e.task))
+        .filter_map(|e| e.task.host_id.clone())
+        .take(count as usize)
+        .collect();
+    let more = count as usize - hosts.len();
+    hosts.extend(w.state.take_lost_replicas(&svc.name, more));
+    let mut by_host: BTreeMap<HostId, u32> = BTreeMap::new();
+    for h in hosts {
+        *by_host.entry(h).or_default() += 1;
+    }
+    let mut started = Vec::with_capacity(count as usize);
+    let mut left = count;
+    for (host, n) in by_host {
+        started.extend(w.start_tasks(NewTasks { recovery_from: Some(host), ..tasks_of(svc) }, n)?);
+        left -= n;
+    }
+    if left > 0 {
+        started.extend(w.start_tasks(tasks_of(svc), left)?);
+    }
+    Ok(started)
+}
+
 /// What a service's new tasks are: its definition, in its pool, of its PRIMARY deployment.
 pub(in crate::cluster) fn tasks_of(svc: &Service) -> NewTasks {
     NewTasks {
@@ -538,6 +577,8 @@ pub(in crate::cluster) fn tasks_of(svc: &Service) -> NewTasks {
         started_by: format!("service:{}", svc.name),
         labels: Default::default(),
         deployment: svc.deployments.first().map(|d| d.id.clone()),
+        priority: svc.priority,
+        recovery_from: None,
     }
 }
 
