@@ -57,6 +57,8 @@ mod drill_tests;
 #[cfg(test)]
 mod heartbeat_tests;
 #[cfg(test)]
+mod preemption_tests;
+#[cfg(test)]
 mod recovery_tests;
 mod register;
 #[cfg(test)]

@@ -111,10 +111,12 @@ impl Cluster {
         self.check_task_secrets(td)?;
         self.read().check_task_policy(&pool, td)?;
         let labels = run_labels(req, td)?;
+        let priority = place::priority_for(req.priority, &req.tags, td)?;
         let reference = td.reference();
         let started_by = format!("run:{:016x}", auth::random_u64()?);
         let mut task = Task::new(self.writer().next_task_id(), reference, pool, None, started_by, self.now());
         task.labels = labels;
+        task.priority = priority;
         self.writing(|w| w.start_one_on(task, ix))
     }
 

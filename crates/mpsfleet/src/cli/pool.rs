@@ -47,6 +47,7 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
                 s(k.replace_ms),
                 s(k.total_ms),
                 s(k.total_fenced_ms),
+                s(k.total_full_pool_ms),
             ]
         })
         .collect();
@@ -57,9 +58,29 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
         "nothing to bound: no provider)\n"
     });
     out.push_str(&output::table(
-        &["FAILURE", "DETECT", "NOTIFY", "DECIDE", "REPLACE", "TOTAL (RESTART)", "TOTAL (FENCED)"],
+        &[
+            "FAILURE",
+            "DETECT",
+            "NOTIFY",
+            "DECIDE",
+            "REPLACE",
+            "TOTAL (RESTART)",
+            "TOTAL (FENCED)",
+            "TOTAL (FULL POOL)",
+        ],
         &rows,
     ));
+    if let Some(f) = &b.full_pool {
+        let how = match (f.by.as_str(), f.victim_stop_ms) {
+            ("preemption", Some(ms)) => format!(
+                "by preemption: lower-priority tasks stop to make room, at most {} (their deregistration delay + stopTimeout)",
+                mpsfleet_types::time::secs(ms)
+            ),
+            ("launch", _) => "by a launched host (no preemption)".to_string(),
+            _ => "nothing makes room: the replicas wait for capacity".to_string(),
+        };
+        out.push_str(&format!("full pool (preemption {}): {how}\n", f.preemption.as_str()));
+    }
     if let Some(max) = b.max_resume_ms {
         out.push_str(&format!("maxResumeSeconds: {}\n", mpsfleet_types::time::secs(max)));
     }

@@ -164,8 +164,12 @@ fn waiting_demand(w: &Writer<'_>, pool: &PoolName) -> Vec<Waiting> {
     let mut last: Option<(&TaskDefRef, Waiting)> = None;
     let mut out = Vec::new();
     for id in w.state.tasks().pending_in(pool) {
-        let Some(e) = w.state.tasks().get(&id).filter(|e| e.task.desired_status != TaskStatus::Stopped)
-        else {
+        // A preemptor holds the room its victims free: it asks for no host. Its victims' services'
+        // replacements wait like any task and are counted.
+        let Some(e) = w.state.tasks().get(&id).filter(|e| {
+            e.task.desired_status != TaskStatus::Stopped
+                && e.task.pending_code != Some(mpsfleet_types::PendingCode::Preempting)
+        }) else {
             continue;
         };
         let td = &e.task.task_definition;
