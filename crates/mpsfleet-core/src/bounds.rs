@@ -264,6 +264,31 @@ mod tests {
         assert_eq!(b.kinds.len(), FailureKind::ALL.len());
     }
 
+    /// A full pool recovers by preemption (the victims' stop in place of a launch), by a
+    /// launch when its policy is `off`, and not at all without a provider.
+    #[test]
+    fn a_full_pool_is_bounded_by_the_victims_stop_or_the_launch() {
+        let mut p = pool(OwnershipMode::Managed, Some(Provider::local(2)));
+        let mut b = derive(&p, &IV);
+        add_full_pool(&mut b, &p, &IV, 32_000);
+        let exit = b.of(FailureKind::DaemonExit).unwrap();
+        assert_eq!(exit.total_full_pool_ms, Some(6_500 + 500 + 32_000 + 250 + 250 + 30_000));
+        let f = b.full_pool.clone().unwrap();
+        assert_eq!((f.by.as_str(), f.victim_stop_ms), ("preemption", Some(32_000)));
+        assert!(b.formulas.last().unwrap().contains("victim stop (32s"), "{:?}", b.formulas.last());
+        p.preemption = mpsfleet_types::Preemption::Off;
+        let mut b = derive(&p, &IV);
+        add_full_pool(&mut b, &p, &IV, 32_000);
+        let exit = b.of(FailureKind::DaemonExit).unwrap();
+        assert_eq!(exit.total_full_pool_ms, Some(6_500 + 500 + 60_250 + 250 + 250 + 30_000));
+        assert_eq!(b.full_pool.unwrap().by, "launch");
+        p.provider = None;
+        let mut b = derive(&p, &IV);
+        add_full_pool(&mut b, &p, &IV, 32_000);
+        assert_eq!(b.of(FailureKind::DaemonExit).unwrap().total_full_pool_ms, None);
+        assert_eq!(b.full_pool.unwrap().by, "none");
+    }
+
     #[test]
     fn the_probe_interval_moves_the_hang_bound_by_threshold_minus_one_intervals() {
         let mut p = pool(OwnershipMode::Managed, None);

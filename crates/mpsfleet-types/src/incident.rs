@@ -699,6 +699,32 @@ mod tests {
         }
     }
 
+    /// A recovery that preempted is held to its total plus the victims' stop; one that did not,
+    /// to its total alone.
+    #[test]
+    fn a_preempting_recovery_is_judged_against_the_preemption_bound() {
+        let bounds = IncidentBounds {
+            kind: crate::bounds::FailureKind::DaemonExit,
+            detect_ms: 1_000,
+            decide_ms: Some(500),
+            replace_ms: None,
+            total_ms: Some(5_000),
+            fenced: false,
+            preempt_ms: Some(4_000),
+        };
+        let total = |steps: &[(u64, Step)]| {
+            let mut i = incident(Some(400), steps);
+            i.bounds = Some(bounds);
+            let j = i.judgement().into_iter().find(|j| j.phase == RecoveryPhase::Total).unwrap();
+            (j.bound_ms, j.verdict, i.new_breaches(20_000).iter().any(|b| b.0 == RecoveryPhase::Total))
+        };
+        // First failure at 400, running again at 8,400: 8 s.
+        let plain = [(1_500, Step::Decided), (8_400, Step::TasksRunningAgain)];
+        assert_eq!(total(&plain), (Some(5_000), PhaseVerdict::Breached, true));
+        let preempted = [(1_500, Step::Decided), (2_000, Step::Preempted), (8_400, Step::TasksRunningAgain)];
+        assert_eq!(total(&preempted), (Some(9_000), PhaseVerdict::Within, false));
+    }
+
     /// The timing record: moments on the server's clock and the phases between them; local
     /// repairs take their place on the timeline before the incident opened.
     #[test]

@@ -918,6 +918,7 @@ async fn a_full_pool_preempts_low_priority_work_to_recover_at_once() {
     let (lost, kept) = (&infer[0], &infer[1]);
     assert_ne!(lost.host_id, kept.host_id, "one replica per host");
     let survivor = kept.host_id.clone().unwrap();
+    let killed_at = epoch_ms();
     let bad = kill_daemon_of(&fleet, lost).await;
 
     // A copy of the lost replica runs on the surviving host, which was full.
@@ -933,6 +934,8 @@ async fn a_full_pool_preempts_low_priority_work_to_recover_at_once() {
     })
     .await;
     assert_eq!(copy.recovery_from.as_ref(), Some(&bad.id), "{copy:?}");
+    let after = copy.started_at_ms.unwrap().saturating_sub(killed_at);
+    println!("the priority-90 copy RUNNING {after} ms after its daemon was killed");
     // Before any replacement host served it: none had a task RUNNING before the copy started.
     let hosts = admin.list_hosts(None).await.unwrap();
     for h in hosts.iter().filter(|h| h.id != survivor && h.id != bad.id) {
