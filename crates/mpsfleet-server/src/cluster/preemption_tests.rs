@@ -90,6 +90,13 @@ fn only_the_pools_policy_lets_a_run_preempt() {
     assert!(events.iter().any(|e| e.event.reason == "Preempted"), "{events:?}");
     let pool = w.c.read().pool("p").unwrap();
     assert!(pool.events.iter().any(|e| e.event.reason == "Preempted"), "{:?}", pool.events);
+    let text = crate::metrics::render(&w.c.metrics_state(), &w.c.live_metrics());
+    let counted = r#"mpsfleet_preemptions_total{pool="p",band="low",for_band="high"} 1"#;
+    assert!(
+        text.contains(counted),
+        "{}",
+        text.lines().filter(|l| l.contains("preempt")).collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]
