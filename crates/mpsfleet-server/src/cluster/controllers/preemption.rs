@@ -46,6 +46,13 @@ pub(in crate::cluster) enum Held {
 #[derive(Default)]
 pub(in crate::cluster) struct Holds(HashMap<TaskId, Hold>);
 
+/// The most victim searches one placement pass makes: each scans the pool (a few ms at
+/// 10,000 hosts), and a backlog of waiting tasks must not hold the controllers long. The
+/// tasks a pass does not reach are searched for in the next (the next change of capacity, or
+/// the resync within 5 s); a search that found nothing is not repeated in the same pass for a
+/// task asking the same at no higher priority.
+pub(in crate::cluster) const SEARCHES_PER_PASS: usize = 16;
+
 impl Holds {
     /// Gives back the holds of `pool` whose task no longer waits (placed, stopped, removed).
     pub(in crate::cluster) fn settle(&mut self, w: &mut Writer<'_>, pool: &PoolName) {
@@ -109,7 +116,21 @@ impl Holds {
         if !pool.value.preemption.allows(task.recovery_from.is_some()) {
             return None;
         }
-        let Preemption { placement, victims, awaits, .. } = w.sched.preempt(req, w.now_ms)?;
+        // A search that found nothing for a priority finds nothing for a lower one asking the
+        // same: it is not made again in this pass.
+        let no_set_for =
+            |(p, d): &(u8, Request)| *p >= task.priority && d.demand == req.demand && d.needs == req.needs;
+        if done.fruitless.iter().any(no_set_for) {
+            return None;
+        }
+        if done.searches >= SEARCHES_PER_PASS {
+            return None;
+        }
+        done.searches += 1;
+        let Some(Preemption { placement, victims, awaits, .. }) = w.sched.preempt(req, w.now_ms) else {
+            done.fruitless.push((task.priority, *req));
+            return None;
+        };
         // Every victim must be a live task placed there: the scheduler's tenants follow the
         // records, and a mismatch is refused rather than acted on.
         let host_ix = placement.host;
@@ -204,11 +225,15 @@ impl Note {
     }
 }
 
-/// A placement pass's preemptions: the victims' stops, and what to record of each.
+/// A placement pass's preemptions: the victims' stops, what to record of each, and the
+/// searches made.
 #[derive(Default)]
 pub(in crate::cluster) struct Preempted {
     stops: Vec<Task>,
     notes: Vec<Note>,
+    searches: usize,
+    /// Requests (with their priority) for which no set exists now.
+    fruitless: Vec<(u8, Request)>,
 }
 
 impl Preempted {
@@ -231,7 +256,7 @@ impl Preempted {
             holds.undo(w, &preemptors, &victims);
             return Err(e);
         }
-        Preempted { stops: Vec::new(), notes: self.notes }.record(w, pool)
+        Preempted { stops: Vec::new(), notes: self.notes, ..Default::default() }.record(w, pool)
     }
 
     /// Records each committed preemption: the victim's event, its service's (with
