@@ -97,12 +97,15 @@ impl Cluster {
         let reason = t.stopped_reason.clone();
         let was = self.read().replica_state(&task);
         let now_state = self.read().replica_state(&t);
+        // On a daemon whose failure is confirmed, the task's exit is the daemon's doing.
+        let daemon_failed = self.read().at_risk(&task);
         self.writing(|w| w.write_tasks(vec![t]))?;
         if report.last_status == TaskStatus::Stopped {
-            // The host's faults (a daemon that did not answer, a drain, a replacement) are not
-            // the task's, nor is a stop that was asked for: they do not count toward its
+            // The host's faults (a daemon that did not answer or failed under it, a drain, a
+            // replacement) are not the task's, nor is a stop that was asked for: they do not count toward its
             // service's crash-loop hold-back or its deployment's circuit breaker.
             let failed = task.desired_status != TaskStatus::Stopped
+                && !daemon_failed
                 && !matches!(
                     code,
                     Some(

@@ -123,7 +123,7 @@ pub(super) struct State {
     /// Replicas of each service lost to their host's or MPS daemon's failure and not yet
     /// replaced, by the host they ran on (memory only): the service's next starts replace them
     /// as recovery (`Task::recovery_from`).
-    lost_replicas: HashMap<ServiceName, Vec<HostId>>,
+    lost_replicas: HashMap<ServiceName, Vec<(HostId, u64)>>,
     /// The hashes of the cluster CAs clients should trust, the active one first: join strings
     /// carry the first, heartbeat answers all of them.
     cas: Vec<String>,
@@ -157,19 +157,23 @@ impl State {
         }
     }
 
-    /// A replica of `svc` on `host` was lost to the host's or its MPS daemon's failure (at most
-    /// [`MAX_LOST_REPLICAS`] are kept per service; more are replaced as ordinary starts).
-    pub(super) fn note_lost_replica(&mut self, svc: &ServiceName, host: HostId) {
+    /// A replica of `svc` on `host` was lost at `at_ms` to the host's or its MPS daemon's
+    /// failure (at most [`MAX_LOST_REPLICAS`] are kept per service; more are replaced as
+    /// ordinary starts).
+    pub(super) fn note_lost_replica(&mut self, svc: &ServiceName, host: HostId, at_ms: u64) {
         let lost = self.lost_replicas.entry(svc.clone()).or_default();
         if lost.len() < MAX_LOST_REPLICAS {
-            lost.push(host);
+            lost.push((host, at_ms));
         }
     }
 
-    /// Up to `n` of `svc`'s lost replicas' hosts, taken: the starts that replace them.
-    pub(super) fn take_lost_replicas(&mut self, svc: &ServiceName, n: usize) -> Vec<HostId> {
+    /// Up to `n` of `svc`'s lost replicas' hosts, taken: the starts that replace them. A note
+    /// older than [`LOST_REPLICA_TTL_MS`] is dropped instead: its replica was replaced another
+    /// way (a copy started while its daemon failed), and an unrelated start must not take it.
+    pub(super) fn take_lost_replicas(&mut self, svc: &ServiceName, n: usize, now_ms: u64) -> Vec<HostId> {
         let Some(lost) = self.lost_replicas.get_mut(svc) else { return Vec::new() };
-        let taken: Vec<HostId> = lost.drain(..n.min(lost.len())).collect();
+        lost.retain(|(_, at)| at + LOST_REPLICA_TTL_MS >= now_ms);
+        let taken: Vec<HostId> = lost.drain(..n.min(lost.len())).map(|(h, _)| h).collect();
         if lost.is_empty() {
             self.lost_replicas.remove(svc);
         }
@@ -427,6 +431,9 @@ const MAX_RECENT_REPAIRS: usize = 256;
 
 /// The most lost replicas remembered per service (`State::note_lost_replica`).
 const MAX_LOST_REPLICAS: usize = 1024;
+/// How long a lost replica waits for the start that replaces it (a service's reconcile follows
+/// the stop within milliseconds; its crash-loop hold-back, 30 s, is the longest wait).
+const LOST_REPLICA_TTL_MS: u64 = 60_000;
 
 /// The most preemption notes a host keeps for the incident that may open about it.
 pub(super) const PREEMPTION_NOTES: usize = 32;

@@ -292,10 +292,12 @@ impl Writer<'_> {
         let lost = match t.stop_code {
             Some(StopCode::HostLost | StopCode::HostReplaced | StopCode::MpsDaemonUnavailable) => true,
             Some(StopCode::HostDrained) => self.state.incidents().unresolved().any(|i| &i.host_id == host),
+            // Any other exit on a daemon whose failure is confirmed: the daemon took it down.
+            Some(StopCode::EssentialContainerExited | StopCode::Unhealthy) => self.reader().at_risk(t),
             _ => false,
         };
         if lost {
-            self.state.note_lost_replica(g, host.clone());
+            self.state.note_lost_replica(g, host.clone(), self.now_ms);
         }
     }
 

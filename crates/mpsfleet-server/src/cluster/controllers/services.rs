@@ -21,7 +21,7 @@ use crate::cluster::write_tasks::NewTasks;
 use mpsfleet_core::controller::Action;
 use mpsfleet_core::deployment::{self, Bounds, Replica, ReplicaState, StopWhy};
 use mpsfleet_core::lifecycle::service as service_lifecycle;
-use mpsfleet_core::scheduler::HostIx;
+use mpsfleet_core::scheduler::{HostIx, Request};
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::event::{EventType, Subject};
 use mpsfleet_types::policy::ResumptionBoundary;
@@ -247,16 +247,6 @@ fn rebalance(w: &mut Writer<'_>, svc: &mut Service, replicas: &[Replica<TaskId>]
     {
         return false;
     }
-    // An incident that moved the service's replicas and waits for them to run is recovery under
-    // way: a move now would stop the replacement it waits for (a preemptor placed beside its
-    // sibling on the one host with room, say).
-    let recovering = w.state.incidents().unresolved().any(|i| {
-        !i.has(mpsfleet_types::Step::TasksRunningAgain)
-            && i.affected_tasks.iter().any(|a| a.service.as_ref() == Some(&svc.name))
-    });
-    if recovering {
-        return false;
-    }
     let bounds = Bounds::new(svc.desired_count, &svc.deployment_configuration, fenced);
     let at_once = bounds.max_total.saturating_sub(bounds.desired).max(1) as usize;
     let mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>> = BTreeMap::new();
@@ -265,9 +255,10 @@ fn rebalance(w: &mut Writer<'_>, svc: &mut Service, replicas: &[Replica<TaskId>]
             per_host.entry(p.host).or_default().push((r.seq, r.id));
         }
     }
-    let moves = host_moves(w, per_host, at_once);
+    let pinned = awaited_replacements(w);
+    let moves = host_moves(w, per_host, at_once, &pinned);
     let msg = match moves.as_slice() {
-        [] => match daemon_move(w, replicas) {
+        [] => match daemon_move(w, replicas, &pinned) {
             Some((id, msg)) => {
                 svc.moving.push(id);
                 msg
@@ -298,6 +289,16 @@ fn rebalance(w: &mut Writer<'_>, svc: &mut Service, replicas: &[Replica<TaskId>]
     true
 }
 
+/// The replacements unresolved incidents wait for to run (not yet TASKS_RUNNING_AGAIN): a
+/// move would stop the very task an incident waits for (a preemptor placed beside its sibling
+/// on the one host with room, say), so none of them is moved.
+fn awaited_replacements(w: &Writer<'_>) -> BTreeSet<TaskId> {
+    (w.state.incidents().unresolved())
+        .filter(|i| !i.has(mpsfleet_types::Step::TasksRunningAgain))
+        .flat_map(|i| i.affected_tasks.iter().filter_map(|a| a.replacement))
+        .collect()
+}
+
 /// Up to `at_once` moves that spread the replicas (`per_host`: each host's replicas of the
 /// service, with their sequence numbers) over hosts: the newest replica of the most
 /// crowded host, to where the scheduler would place it, while that host holds at least two
@@ -307,6 +308,7 @@ fn host_moves(
     w: &mut Writer<'_>,
     mut per_host: BTreeMap<HostIx, Vec<(u64, TaskId)>>,
     at_once: usize,
+    pinned: &BTreeSet<TaskId>,
 ) -> Vec<HostMove> {
     let mut held = Vec::new();
     let mut moves = Vec::new();
@@ -324,9 +326,12 @@ fn host_moves(
         else {
             break;
         };
-        let Some(&(_, id)) = per_host[&from].iter().max() else { break };
+        let Some(&(_, id)) = per_host[&from].iter().filter(|(_, t)| !pinned.contains(t)).max() else { break };
         let Some(task) = w.state.tasks().get(&id).map(|e| e.task.clone()) else { break };
         let Ok(req) = place::request_for(w.state, w.sched, &task, w.now_ms) else { break };
+        // A trial placement, given back below: it names no tenant, so that giving it back
+        // cannot take the task's own entry off the scheduler's host.
+        let req = Request { tenant: None, ..req };
         let Ok(p) = w.sched.place(&req) else { break };
         let (from_held, to_held) = (count(&per_host, &arriving, from), count(&per_host, &arriving, p.host));
         let to = p.host;
@@ -349,7 +354,11 @@ fn host_moves(
 
 /// One replica that shares its daemon with another, when the scheduler would place it on
 /// a daemon with none of the service's replicas; with the event's message.
-fn daemon_move(w: &mut Writer<'_>, replicas: &[Replica<TaskId>]) -> Option<(TaskId, String)> {
+fn daemon_move(
+    w: &mut Writer<'_>,
+    replicas: &[Replica<TaskId>],
+    pinned: &BTreeSet<TaskId>,
+) -> Option<(TaskId, String)> {
     let daemon = |id: &TaskId| {
         w.state.tasks().get(id).and_then(|e| e.placement.as_ref()).map(|p| (p.host, p.gpus.first().copied()))
     };
@@ -359,9 +368,11 @@ fn daemon_move(w: &mut Writer<'_>, replicas: &[Replica<TaskId>]) -> Option<(Task
             on.entry(d).or_default().push((r.seq, r.id));
         }
     }
-    let &(_, id) = on.values().filter(|v| v.len() > 1).find_map(|v| v.iter().max())?;
+    let &(_, id) = (on.values().filter(|v| v.len() > 1))
+        .find_map(|v| v.iter().filter(|(_, t)| !pinned.contains(t)).max())?;
     let task = w.state.tasks().get(&id).map(|e| e.task.clone())?;
-    let req = place::request_for(w.state, w.sched, &task, w.now_ms).ok()?;
+    // A trial placement (given back at once): no tenant, as in `host_moves`.
+    let req = Request { tenant: None, ..place::request_for(w.state, w.sched, &task, w.now_ms).ok()? };
     // Where a new replica would go; given back at once.
     let p = w.sched.place(&req).ok()?;
     w.sched.release(&req, &p);
@@ -551,7 +562,7 @@ fn start_replicas(w: &mut Writer<'_>, svc: &Service, count: u32) -> Result<Vec<T
         .take(count as usize)
         .collect();
     let more = count as usize - hosts.len();
-    hosts.extend(w.state.take_lost_replicas(&svc.name, more));
+    hosts.extend(w.state.take_lost_replicas(&svc.name, more, w.now_ms));
     let mut by_host: BTreeMap<HostId, u32> = BTreeMap::new();
     for h in hosts {
         *by_host.entry(h).or_default() += 1;
