@@ -29,10 +29,15 @@ pub enum Scenario {
     ControlPlaneRestart,
     /// Every fault kind at `fault_rate`, plus a control-plane restart every six hours.
     Mixed,
+    /// One managed pool (preemption `recovery`) filled to its MPS memory by high-priority and
+    /// low-priority services; daemons die for good on a few hosts, so the high-priority
+    /// replicas they held can only come back by preempting low-priority ones until the
+    /// replacement hosts join.
+    FullPool,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Steady,
         Scenario::DaemonCrash,
         Scenario::Hang,
@@ -44,6 +49,7 @@ impl Scenario {
         Scenario::DriverRollout,
         Scenario::ControlPlaneRestart,
         Scenario::Mixed,
+        Scenario::FullPool,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +65,7 @@ impl Scenario {
             Scenario::DriverRollout => "driver-rollout",
             Scenario::ControlPlaneRestart => "control-plane-restart",
             Scenario::Mixed => "mixed",
+            Scenario::FullPool => "full-pool",
         }
     }
 
@@ -220,6 +227,9 @@ pub struct Config {
     pub launch_timeout_seconds: u32,
     /// The share of the managed pool a `driver-rollout` takes out.
     pub rollout_percent: u32,
+    /// The pools' `preemption`; None: `recovery` for `full-pool` (said), the server's default
+    /// otherwise. `off` shows what a full pool does without it.
+    pub preemption: Option<mpsfleet_types::Preemption>,
     /// Replay exactly these faults instead of planning them from the seed.
     pub faults: Option<Vec<Fault>>,
     /// Stop the run at this virtual time (a replayed prefix).
@@ -261,6 +271,7 @@ impl Default for Config {
             provider: ProviderModel::default(),
             launch_timeout_seconds: 120,
             rollout_percent: 33,
+            preemption: None,
             faults: None,
             stop_at_ms: None,
             minimise: true,
@@ -269,8 +280,26 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// The managed and the self-managed pool's sizes: [`pool_sizes`], except that `full-pool`
+    /// puts every host in the managed pool (it measures one pool's preemption).
+    pub fn pools(&self) -> (u32, u32) {
+        if self.scenario == Scenario::FullPool {
+            (self.hosts, 0)
+        } else {
+            pool_sizes(self.hosts)
+        }
+    }
+}
+
 /// When scripted faults start: the fleet has settled by then.
 pub const WARMUP_MS: u64 = 10 * 60_000;
+
+/// When the scripted and random faults start: at the end of the warm-up, or a quarter into a
+/// shorter run.
+pub fn faults_start_ms(cfg: &Config) -> u64 {
+    WARMUP_MS.min(cfg.duration_ms / 4)
+}
 
 /// The managed pool and the self-managed pool: two thirds of the hosts are managed.
 pub fn pool_sizes(hosts: u32) -> (u32, u32) {
@@ -284,9 +313,9 @@ pub fn pool_sizes(hosts: u32) -> (u32, u32) {
 /// The faults of a run, planned from the seed: the scenario's scripted ones, then random host
 /// faults at `fault_rate`, in time order.
 pub fn plan_faults(cfg: &Config) -> Vec<Fault> {
-    let (managed, _) = pool_sizes(cfg.hosts);
+    let (managed, _) = cfg.pools();
     let gpus = cfg.gpus_per_host.max(1);
-    let t0 = WARMUP_MS.min(cfg.duration_ms / 4);
+    let t0 = faults_start_ms(cfg);
     let mut out = Vec::new();
     let mut at = |at_ms: u64, slot: u32, kind: FaultKind| out.push(Fault { at_ms, slot, kind });
     // Scripted faults hit managed slots from the front and self-managed slots from the back.
@@ -344,6 +373,13 @@ pub fn plan_faults(cfg: &Config) -> Vec<Fault> {
             at(t0 + 200_000, last, FaultKind::DaemonCrash { gpu: 0, for_good: true });
             at(t0 + 215_000, 0, FaultKind::ControlPlaneRestart);
         }
+        Scenario::FullPool => {
+            // Two hosts 20 s apart lose one GPU's daemon for good (their replacements
+            // overlap); once the pool is whole again a third loses every daemon at once.
+            at(t0, 0, FaultKind::DaemonCrash { gpu: 0, for_good: true });
+            at(t0 + 20_000, 1.min(last), FaultKind::DaemonCrash { gpu: 1.min(gpus - 1), for_good: true });
+            at(t0 + 300_000, 2.min(last), FaultKind::BadDriver);
+        }
     }
     if cfg.scenario == Scenario::Mixed {
         let mut t = 6 * 3_600_000;
@@ -376,7 +412,10 @@ pub fn plan_faults(cfg: &Config) -> Vec<Fault> {
 fn random_kind(scenario: Scenario, r: &mut Rng, gpus: u32) -> FaultKind {
     let gpu = r.range(0, u64::from(gpus - 1)) as u32;
     let pick = match scenario {
-        Scenario::DaemonCrash | Scenario::ProviderFlaky | Scenario::ControlPlaneRestart => {
+        Scenario::DaemonCrash
+        | Scenario::ProviderFlaky
+        | Scenario::ControlPlaneRestart
+        | Scenario::FullPool => {
             if r.chance(0.8) {
                 0
             } else {

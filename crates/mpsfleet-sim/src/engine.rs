@@ -9,12 +9,13 @@
 //! own labels, and makes task ids a function of the seed (see `reseed_task_ids`).
 
 mod checks;
+mod preempt;
 mod shortfall;
 mod spread;
 mod traffic;
 pub use traffic::REQUESTS_PER_SECOND;
 
-use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, Sabotage, WARMUP_MS};
+use crate::config::{fmt_time, plan_faults, Config, Fault, FaultKind, Sabotage, Scenario, WARMUP_MS};
 use crate::invariants::{Checker, Violation};
 use crate::report::Stats;
 use crate::rng::Rng;
@@ -46,6 +47,8 @@ pub struct SvcSpec {
     pub family: &'static str,
     pub desired: u32,
     pub resumption: ResumptionBoundary,
+    /// `CreateService.priority`; None: the server's default (50).
+    pub priority: Option<u32>,
 }
 
 /// The task definitions: two MPS shapes and one whole-GPU job.
@@ -54,6 +57,27 @@ pub const FAMILIES: [(&str, Demand); 3] = [
     ("embed", Demand { mps: true, memory_mib: 10_240 }),
     ("train", Demand { mps: false, memory_mib: 0 }),
 ];
+
+/// The `full-pool` scenario's task definitions: a high-priority shape of half a GPU's memory
+/// and a low-priority one of a quarter (each a little less, so that four quarters fit in
+/// 81,559 MiB): a GPU holds 80,000 MiB of them however they mix, and is full.
+pub const FULL_POOL_FAMILIES: [(&str, Demand); 2] = [
+    ("critical", Demand { mps: true, memory_mib: 40_000 }),
+    ("batch", Demand { mps: true, memory_mib: 20_000 }),
+];
+
+/// The priorities of the `full-pool` scenario's services: 80 apart, so that every
+/// high-priority replica may preempt every low-priority one.
+pub const HIGH_PRIORITY: u32 = 90;
+pub const LOW_PRIORITY: u32 = 10;
+
+/// The task definitions a scenario registers.
+pub fn families(scenario: Scenario) -> &'static [(&'static str, Demand)] {
+    match scenario {
+        Scenario::FullPool => &FULL_POOL_FAMILIES,
+        _ => &FAMILIES,
+    }
+}
 
 /// The compute share each MPS task of the workload asks for (`maxComputePercent`).
 pub const MPS_COMPUTE_PERCENT: u32 = 50;
@@ -71,11 +95,40 @@ pub fn workload(pool: &str, hosts: u32, gpus_per_host: u32) -> Vec<SvcSpec> {
         family,
         desired: desired.max(1),
         resumption,
+        priority: None,
     };
     vec![
         svc("infer", "infer", gpus / 2, ResumptionBoundary::Restart),
         svc("embed", "embed", gpus / 2, ResumptionBoundary::Fenced),
         svc("train", "train", gpus / 8, ResumptionBoundary::Restart),
+    ]
+}
+
+/// The `full-pool` workload: a quarter of the pool's MPS memory in two high-priority
+/// services (`critical`, half a GPU each), the other three quarters in two low-priority ones
+/// (`batch`, a quarter each). Placed highest priority first, they fill every GPU to 80,000
+/// MiB, so no replica fits anywhere once one is lost. All `restart`: a lost replica may start
+/// again at once wherever there is room.
+pub fn full_pool_workload(pool: &str, hosts: u32, gpus_per_host: u32) -> Vec<SvcSpec> {
+    let gpus = hosts * gpus_per_host;
+    if gpus == 0 {
+        return Vec::new();
+    }
+    let high = gpus / 2;
+    let low = 4 * gpus - 2 * high;
+    let svc = |suffix: &str, family, desired: u32, priority| SvcSpec {
+        name: format!("{pool}-{suffix}"),
+        pool: pool.to_string(),
+        family,
+        desired: desired.max(1),
+        resumption: ResumptionBoundary::Restart,
+        priority: Some(priority),
+    };
+    vec![
+        svc("critical-a", "critical", high / 2, HIGH_PRIORITY),
+        svc("critical-b", "critical", high - high / 2, HIGH_PRIORITY),
+        svc("batch-a", "batch", low / 2, LOW_PRIORITY),
+        svc("batch-b", "batch", low - low / 2, LOW_PRIORITY),
     ]
 }
 
@@ -175,6 +228,10 @@ pub struct Sim {
     pub steps: u64,
     /// Replicas a fault struck, until the server takes them out of rotation (`traffic.rs`).
     rotation: traffic::Rotation,
+    /// The preemptions seen, for their invariants, and each service's replicas lost and not
+    /// yet back (`preempt.rs`).
+    preemptions: crate::preemption::History,
+    losses: preempt::Losses,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -220,6 +277,8 @@ impl Sim {
             all_dirty: true,
             steps: 0,
             rotation: traffic::Rotation::default(),
+            preemptions: Default::default(),
+            losses: Default::default(),
         };
         sim.setup()?;
         Ok(sim)
@@ -240,7 +299,11 @@ impl Sim {
 
     /// Pools, task definitions, services and the initial hosts.
     fn setup(&mut self) -> Result<(), String> {
-        let (managed, self_managed) = crate::config::pool_sizes(self.cfg.hosts);
+        let (managed, self_managed) = self.cfg.pools();
+        let full_pool = self.cfg.scenario == Scenario::FullPool;
+        // Said for full-pool (only replicas replacing ones lost to a failure preempt, the
+        // server's default), unless the run names its own.
+        let preemption = self.cfg.preemption.or(full_pool.then_some(Preemption::Recovery));
         let mut specs = Vec::new();
         for (i, (name, mode, size)) in [
             (MANAGED_POOL, OwnershipMode::Managed, managed),
@@ -262,6 +325,7 @@ impl Sim {
                     name: name.to_string(),
                     mode: Some(mode),
                     provider,
+                    preemption,
                     ..CreatePool::default()
                 })
                 .map_err(err)?;
@@ -284,9 +348,14 @@ impl Sim {
             self.spread.add_pool(&pool);
             self.stats.spread = self.spread.stats();
             self.pool_names.push(pool.name.clone());
-            specs.extend(workload(name, size, self.cfg.gpus_per_host));
+            if full_pool {
+                specs.extend(full_pool_workload(name, size, self.cfg.gpus_per_host));
+            } else {
+                specs.extend(workload(name, size, self.cfg.gpus_per_host));
+            }
         }
-        for (family, demand) in FAMILIES {
+        let families = families(self.cfg.scenario);
+        for &(family, demand) in families {
             let gpu = if demand.mps {
                 serde_json::json!({"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": demand.memory_mib, "maxComputePercent": MPS_COMPUTE_PERCENT}}})
             } else {
@@ -298,7 +367,7 @@ impl Sim {
             self.demands.insert(r.task_definition, demand);
         }
         for s in specs {
-            let demand = FAMILIES.iter().find(|f| f.0 == s.family).map(|f| f.1).unwrap_or(FAMILIES[0].1);
+            let demand = families.iter().find(|f| f.0 == s.family).map(|f| f.1).unwrap_or(families[0].1);
             let view = self
                 .c()
                 .create_service(CreateService {
@@ -309,6 +378,7 @@ impl Sim {
                     resumption: Some(s.resumption),
                     deployment_configuration: None,
                     client_token: None,
+                    priority: s.priority,
                     ..Default::default()
                 })
                 .map_err(err)?;
@@ -320,6 +390,7 @@ impl Sim {
                     demand,
                     fenced: s.resumption == ResumptionBoundary::Fenced,
                     rebalance_fenced: view.service.deployment_configuration.rebalance_fenced,
+                    priority: view.service.priority,
                     running: 0,
                     last_ms: WARMUP_MS,
                     shortfall: Vec::new(),
@@ -1175,6 +1246,7 @@ impl Sim {
         if let Some(s) = svc {
             self.mirror.world_changed(&s, t, &self.world);
             self.svc_change(&s, 1);
+            self.replica_back(&s);
             if let Some(w) = self.svcs.get(&s) {
                 self.checker.checks += 1;
                 if w.fenced && w.running > w.desired {
@@ -1214,6 +1286,7 @@ impl Sim {
             if let Some(s) = &l.service {
                 self.mirror.world_changed(s, t, &self.world);
                 self.svc_change(s, -1);
+                self.replica_lost(s, l.stop_code == Some(StopCode::Preempted));
             }
         }
         for g in l.gpus {

@@ -88,8 +88,11 @@ pub fn incident_record(i: &Incident, mode: OwnershipMode) -> Option<String> {
         return Some("no detector: the trigger names no check or evidence".into());
     }
     // What came before detection (the first failed signal, local repairs, the replicas
-    // leaving service discovery) may precede it; nothing else may.
-    let before = |s: Step| matches!(s, Step::FirstFailure | Step::LocalRepairAttempt | Step::LeftTraffic);
+    // leaving service discovery, preemptions made for copies of its replicas started before
+    // it opened) may precede it; nothing else may.
+    let before = |s: Step| {
+        matches!(s, Step::FirstFailure | Step::LocalRepairAttempt | Step::LeftTraffic | Step::Preempted)
+    };
     if i.timeline.iter().find(|e| !before(e.step)).map(|e| e.step) != Some(Step::Detected) {
         return Some("the timeline does not start with DETECTED (after the first failure)".into());
     }

@@ -9,6 +9,7 @@
 //! - `world`: the simulated hosts, their daemons and task processes, and the indexes the loop
 //!   finds them by (host id, name, fault slot; running task to host).
 //! - [`invariants`]: what must hold after every step, and the service recovery bound.
+//! - [`preemption`]: the preemption invariants, over the preemptions the records show.
 //! - [`report`]: counters and the report.
 //!
 //! Same configuration and seed, same run: the report and the trace are equal byte for byte
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod engine;
 pub mod invariants;
+pub mod preemption;
 pub mod report;
 pub mod rng;
 pub mod scaling;

@@ -135,6 +135,28 @@ pub struct Stats {
     incidents: BTreeMap<String, IncStat>,
     /// Replicas struck by a fault while in rotation: how long each stayed in it (`engine/traffic.rs`).
     rotation: RotationStats,
+    /// What preemption did (`engine/preempt.rs`).
+    pub preemption: PreemptionStats,
+}
+
+/// What preemption did, as the world saw it (`engine/preempt.rs` says how it is counted).
+#[derive(Debug, Default)]
+pub struct PreemptionStats {
+    /// Victims stopped to make room for a higher-priority task.
+    pub preemptions: u64,
+    /// High-priority (70 and above) services: from a replica's loss once faults start to the
+    /// service running one more again, each.
+    pub high_recovery_ms: Vec<u64>,
+    /// Such losses not back by the end.
+    pub high_not_back: u64,
+    /// Victims' services: from each victim's stop until its service ran one more again (or
+    /// the end), summed.
+    pub preempted_lost_ms: u128,
+    pub victims_back: u64,
+    pub victims_not_back: u64,
+    /// The bound a high-priority replica's recovery in a full pool is held to
+    /// (`engine::full_pool_bound_ms`).
+    pub bound_ms: u64,
 }
 
 /// What the traffic model saw: each struck replica's time in rotation after its fault, and
@@ -222,6 +244,29 @@ fn percentiles(mut v: Vec<u64>) -> Percentiles {
     Percentiles { count: v.len(), median_ms: at(0.5), p99_ms: at(0.99) }
 }
 
+/// What preemption did and what it cost: shown for `full-pool`, and for any run that
+/// preempted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptionReport {
+    /// Victims stopped to make room for a higher-priority task.
+    pub preemptions: u64,
+    /// High-priority (70 and above) services' replicas: from a replica's loss (its process
+    /// ended, leaving the service below its count) to the service running one more again,
+    /// losses and returns paired first in, first out per service; losses once faults start.
+    pub high_recovery: Percentiles,
+    pub high_recovery_max_ms: u64,
+    /// Such losses the run ended before the service made good.
+    pub high_not_back: u64,
+    /// Preempted work: for every victim, from its process's stop until its service ran one
+    /// more replica again (paired as above), or until the end of the run; in task-hours.
+    pub preempted_task_hours_lost: f64,
+    pub victims_not_back: u64,
+    /// The full-pool recovery bound the high-priority recovery times are held to by the
+    /// `full-pool` test: detect + decide + victim stop + incident pass + tick + start.
+    pub bound_ms: u64,
+}
+
 /// The outcome of a run. Everything here is a function of the configuration and the seed;
 /// the wall time is kept apart ([`crate::Outcome::wall_ms`]).
 #[derive(Debug, Clone, Serialize)]
@@ -280,6 +325,7 @@ pub struct Report {
     pub out_of_rotation_max_ms: u64,
     pub never_out_of_rotation: u64,
     pub requests_failed: u64,
+    pub preemption: PreemptionReport,
     pub invariant_checks: u64,
     pub violation: Option<String>,
 }
@@ -357,6 +403,15 @@ impl Report {
             out_of_rotation_max_ms: stats.rotation.ms.iter().copied().max().unwrap_or(0),
             never_out_of_rotation: stats.rotation.never_out,
             requests_failed: (stats.rotation.failed_milli / 1000) as u64,
+            preemption: PreemptionReport {
+                preemptions: stats.preemption.preemptions,
+                high_recovery: percentiles(stats.preemption.high_recovery_ms.clone()),
+                high_recovery_max_ms: stats.preemption.high_recovery_ms.iter().copied().max().unwrap_or(0),
+                high_not_back: stats.preemption.high_not_back,
+                preempted_task_hours_lost: hours(stats.preemption.preempted_lost_ms),
+                victims_not_back: stats.preemption.victims_not_back,
+                bound_ms: stats.preemption.bound_ms,
+            },
             invariant_checks: checks,
             violation: violation.map(|v| format!("{} at {}: {}", v.invariant, fmt_time(v.at_ms), v.detail)),
         }
@@ -440,6 +495,29 @@ impl Report {
             self.requests_failed,
             crate::engine::REQUESTS_PER_SECOND
         );
+        let p = &self.preemption;
+        if self.scenario == crate::Scenario::FullPool.name() || p.preemptions > 0 {
+            let _ = writeln!(
+                s,
+                "preemptions:          {} (lower-priority tasks stopped to make room for one at least 10 above)",
+                p.preemptions
+            );
+            let _ = writeln!(
+                s,
+                "  high-priority back: median {}  p99 {}  max {}  (n={}, {} not back by the end; full-pool bound {}): a replica's loss to its service running one more",
+                ms(p.high_recovery.median_ms),
+                ms(p.high_recovery.p99_ms),
+                ms(Some(p.high_recovery_max_ms)),
+                p.high_recovery.count,
+                p.high_not_back,
+                ms(Some(p.bound_ms).filter(|&b| b > 0))
+            );
+            let _ = writeln!(
+                s,
+                "  preempted work:     {:.2} task-hours lost: each victim's stop to its service running one more ({} not back by the end, counted to it)",
+                p.preempted_task_hours_lost, p.victims_not_back
+            );
+        }
         let _ = writeln!(
             s,
             "tasks:                {} killed by faults, {} refused to start without their daemon",

@@ -214,6 +214,69 @@ fn a_restarted_control_plane_waits_for_slow_heartbeats() {
 }
 
 #[test]
+fn full_pool() {
+    // Every GPU of the (one, managed) pool is full: priority-90 replicas of half a GPU and
+    // priority-10 ones of a quarter. Two hosts lose a daemon for good at 10:00 and 10:20, a third
+    // every daemon at 15:00.
+    let o = sim(Scenario::FullPool, 42);
+    let (r, p) = (&o.report, &o.report.preemption);
+    assert_eq!(count(&r.incidents_by_cause, "daemon-crash-for-good"), 2, "{}", r.render());
+    assert_eq!(count(&r.incidents_by_cause, "bad-driver"), 1, "{}", r.render());
+    // The lost high-priority replicas came back by preempting low-priority ones.
+    assert!(p.preemptions >= 1, "{}", r.render());
+    assert!(o.trace.iter().any(|l| l.contains("preempted gpu-batch-") && l.contains("for gpu-critical-")));
+    // Each within the full pool's bound: detect 6.5 s + decide 0.5 s + the victims' stop 32 s
+    // (a 2 s deregistration delay and the 30 s stopTimeout) + incident pass and tick 0.5 s +
+    // start 30 s.
+    assert_eq!(p.bound_ms, 69_500);
+    assert!(p.high_recovery.count >= 4 && p.high_not_back == 0, "{}", r.render());
+    assert!(p.high_recovery_max_ms <= p.bound_ms, "{}", r.render());
+    // The victims waited for capacity: the replacement hosts joined, and every service,
+    // the low-priority ones too, is back at its count; no victim is left waiting.
+    assert!(p.preempted_task_hours_lost > 0.0 && p.victims_not_back == 0, "{}", r.render());
+    for host in ["gpu-0r", "gpu-1r", "gpu-2r"] {
+        assert!(o.trace.iter().any(|l| l.ends_with(&format!("host {host} joined"))), "{host} never joined");
+    }
+    assert_eq!(r.hosts_terminated, 3, "{}", r.render());
+    assert!(pool_recovered(&o, "gpu"), "{:?}", r.services_at_end);
+    // A bad driver on a host of 8 GPUs kills 8 of each high-priority service's replicas at
+    // once, their exits reported before the daemons' failure is confirmed: they are the
+    // daemons' losses all the same (no crash-loop hold-back, recovery replacements).
+    let wide = Config {
+        hosts: 12,
+        gpus_per_host: 8,
+        duration_ms: 20 * 60_000,
+        seed: 42,
+        fault_rate: 0.0,
+        scenario: Scenario::FullPool,
+        ..Config::default()
+    };
+    let w = run(&wide).expect("runs");
+    assert!(w.violation.is_none(), "{}", mpsfleet_sim::failure_text(&wide, &w));
+    let q = &w.report.preemption;
+    assert_eq!(count(&w.report.incidents_by_cause, "bad-driver"), 1, "{}", w.report.render());
+    assert!(q.high_recovery.count >= 16 && q.high_not_back == 0, "{}", w.report.render());
+    assert!(q.high_recovery_max_ms <= q.bound_ms, "{}", w.report.render());
+    // Without preemption the same losses wait for the replacement hosts: longer than the bound.
+    let cfg = Config {
+        hosts: 12,
+        gpus_per_host: 2,
+        duration_ms: 40 * 60_000,
+        seed: 42,
+        fault_rate: 0.0,
+        scenario: Scenario::FullPool,
+        preemption: Some(mpsfleet_types::Preemption::Off),
+        ..Config::default()
+    };
+    let off = run(&cfg).expect("runs");
+    assert!(off.violation.is_none(), "{}", mpsfleet_sim::failure_text(&cfg, &off));
+    let q = &off.report.preemption;
+    assert_eq!(q.preemptions, 0, "{}", off.report.render());
+    assert!(q.high_recovery_max_ms > p.bound_ms, "{}", off.report.render());
+    assert!(pool_recovered(&off, "gpu"), "{:?}", off.report.services_at_end);
+}
+
+#[test]
 fn mixed() {
     let cfg = Config {
         hosts: 20,

@@ -29,8 +29,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.01)]
     fault_rate: f64,
     /// steady, daemon-crash, hang, server-fault, xid, partition, vanish, provider-flaky,
-    /// driver-rollout, control-plane-restart or mixed; or scaling (managed scaling under a
-    /// day of demand: --hosts is the pool's maxHosts, --duration 24h for a whole day).
+    /// driver-rollout, control-plane-restart, full-pool (a full pool recovering by preemption)
+    /// or mixed; or scaling (managed scaling under a day of demand: --hosts is the pool's
+    /// maxHosts, --duration 24h for a whole day).
     #[arg(long, default_value = "mixed")]
     scenario: String,
     /// How often simulated agents heartbeat (the agent's own default is 1000).

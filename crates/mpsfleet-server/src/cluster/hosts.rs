@@ -97,8 +97,8 @@ impl Cluster {
         let reason = t.stopped_reason.clone();
         let was = self.read().replica_state(&task);
         let now_state = self.read().replica_state(&t);
-        // On a daemon whose failure is confirmed, the task's exit is the daemon's doing.
-        let daemon_failed = self.read().at_risk(&task);
+        // On a daemon that is failing (or whose failure is confirmed), the exit is the daemon's.
+        let daemon_failed = self.read().at_risk(&task) || self.read().daemon_failing_since(&task).is_some();
         self.writing(|w| w.write_tasks(vec![t]))?;
         if report.last_status == TaskStatus::Stopped {
             // The host's faults (a daemon that did not answer or failed under it, a drain, a
@@ -306,8 +306,62 @@ impl Cluster {
         for s in services {
             self.ask(Work::Service(s));
         }
+        self.recover_exits_on(ix, &changed);
+    }
+
+    /// A daemon's failure just confirmed: the replicas that exited on its GPU shortly before
+    /// (their processes died with it, reported before the failure was known) were lost to
+    /// it, so their services' waiting replacements are recovery (`Task::recovery_from`) and
+    /// may make room in a full pool. Best effort: a failed write leaves them ordinary starts.
+    fn recover_exits_on(&mut self, ix: HostIx, confirmed: &BTreeSet<GpuUuid>) {
+        let now = self.now();
+        let host = self.state.hosts()[ix as usize].host().id.clone();
+        let exits = std::mem::take(&mut self.state.host_mut(ix).recent_exits);
+        let (theirs, keep): (Vec<_>, Vec<_>) = exits.into_iter().partition(|(g, _, _)| confirmed.contains(g));
+        self.state.host_mut(ix).recent_exits = keep;
+        let mut lost: BTreeMap<ServiceName, Vec<u64>> = BTreeMap::new();
+        for (_, svc, at) in theirs {
+            if at + EXIT_BEFORE_CONFIRMATION_MS >= now {
+                lost.entry(svc).or_default().push(at);
+            }
+        }
+        let mut marked = Vec::new();
+        for (svc, times) in lost {
+            // Not the tasks' failures: out of the crash-loop hold-back's count.
+            if let Some(f) = self.work.service_failures.get_mut(&svc) {
+                for at in &times {
+                    if let Some(i) = f.iter().position(|x| x == at) {
+                        f.remove(i);
+                    }
+                }
+            }
+            let waiting: Vec<Task> = (self.state.tasks().of_service(&svc).iter())
+                .filter_map(|id| self.state.tasks().get(id))
+                .filter(|e| e.task.host_id.is_none() && e.task.recovery_from.is_none())
+                .filter(|e| e.task.desired_status != TaskStatus::Stopped)
+                .take(times.len())
+                .map(|e| Task { recovery_from: Some(host.clone()), ..e.task.clone() })
+                .collect();
+            // Those not replaced yet (held back) are replaced as recovery when they are.
+            for _ in waiting.len()..times.len() {
+                self.state.note_lost_replica(&svc, host.clone(), now);
+            }
+            marked.extend(waiting);
+            self.ask(Work::Service(svc));
+        }
+        let pools: BTreeSet<PoolName> = marked.iter().map(|t| t.pool.clone()).collect();
+        if let Err(e) = self.writing(|w| w.write_tasks(marked)) {
+            tracing::warn!(host.id = %host, "replacements not marked as recovery: {e}");
+        }
+        for p in pools {
+            self.ask(Work::Placement(p));
+        }
     }
 }
+
+/// How long before its daemon's failure is confirmed a replica's exit counts as the daemon's
+/// (the local restarts, probes and report the confirmation waits for, with room to spare).
+const EXIT_BEFORE_CONFIRMATION_MS: u64 = 30_000;
 
 impl Cluster {
     /// Registers hosts, each for the caller beside it, with one store commit. Each request is

@@ -167,6 +167,17 @@ impl State {
         }
     }
 
+    /// A replica of `svc` exited on `gpu` of host `ix` at `at_ms`, its daemon not (yet) known
+    /// to be failing: if the daemon's failure is confirmed soon after, the exit was its doing
+    /// (`Cluster::daemons_changed`). The newest [`RECENT_EXITS`] per host are kept.
+    pub(super) fn note_exit(&mut self, ix: HostIx, gpu: GpuUuid, svc: ServiceName, at_ms: u64) {
+        let exits = &mut self.host_mut(ix).recent_exits;
+        if exits.len() >= RECENT_EXITS {
+            exits.remove(0);
+        }
+        exits.push((gpu, svc, at_ms));
+    }
+
     /// Up to `n` of `svc`'s lost replicas' hosts, taken: the starts that replace them. A note
     /// older than [`LOST_REPLICA_TTL_MS`] is dropped instead: its replica was replaced another
     /// way (a copy started while its daemon failed), and an unrelated start must not take it.
@@ -217,6 +228,7 @@ impl State {
                     failed_daemons: Default::default(),
                     failed_daemons_since_ms: None,
                     preemptions: Vec::new(),
+                    recent_exits: Vec::new(),
                     accepts_faults: false,
                     recent_repairs: Vec::new(),
                     health: mpsfleet_core::health::HostHealth::new(registered_at_ms),
@@ -429,6 +441,8 @@ pub(super) const RESTART_WINDOW_MS: u64 = 600_000;
 /// The most restarts a host entry remembers (a budget is a few per GPU).
 const MAX_RECENT_REPAIRS: usize = 256;
 
+/// The most replica exits a host remembers (`State::note_exit`).
+pub(super) const RECENT_EXITS: usize = 64;
 /// The most lost replicas remembered per service (`State::note_lost_replica`).
 const MAX_LOST_REPLICAS: usize = 1024;
 /// How long a lost replica waits for the start that replaces it (a service's reconcile follows
@@ -476,6 +490,9 @@ pub(super) struct HostEntry {
     /// incident about it (time, words): the incident that opens records them at their time.
     /// Memory only; the newest [`PREEMPTION_NOTES`] are kept.
     pub(super) preemptions: Vec<(u64, String)>,
+    /// Service replicas that exited here lately (GPU, service, time; `State::note_exit`).
+    /// Memory only.
+    pub(super) recent_exits: Vec<(GpuUuid, ServiceName, u64)>,
     /// Whether the agent accepts a drill's injected faults (`--allow-fault-injection`), as
     /// its last full heartbeat said.
     pub(super) accepts_faults: bool,

@@ -292,12 +292,20 @@ impl Writer<'_> {
         let lost = match t.stop_code {
             Some(StopCode::HostLost | StopCode::HostReplaced | StopCode::MpsDaemonUnavailable) => true,
             Some(StopCode::HostDrained) => self.state.incidents().unresolved().any(|i| &i.host_id == host),
-            // Any other exit on a daemon whose failure is confirmed: the daemon took it down.
-            Some(StopCode::EssentialContainerExited | StopCode::Unhealthy) => self.reader().at_risk(t),
+            // Any other exit on a daemon that is failing (its first signal seen, or its failure
+            // confirmed): the daemon took it down.
+            Some(StopCode::EssentialContainerExited | StopCode::Unhealthy) => {
+                let r = self.reader();
+                r.at_risk(t) || r.daemon_failing_since(t).is_some()
+            }
             _ => false,
         };
         if lost {
             self.state.note_lost_replica(g, host.clone(), self.now_ms);
+        } else if let (Some(StopCode::EssentialContainerExited | StopCode::Unhealthy), Some(gpu), Some(ix)) =
+            (t.stop_code, t.gpu_ids.first(), self.sched.host(host))
+        {
+            self.state.note_exit(ix, gpu.clone(), g.clone(), self.now_ms);
         }
     }
 

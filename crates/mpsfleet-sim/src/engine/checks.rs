@@ -32,6 +32,7 @@ impl Sim {
                     "task" => {
                         if let Ok(t) = serde_json::from_slice::<Task>(&value) {
                             self.mirror_task(&t);
+                            self.observe_preemption(&t);
                             if let Some(h) = t.host_id.as_ref().and_then(|id| self.world.by_id(id)) {
                                 changed_hosts.insert(h);
                             }
@@ -79,7 +80,26 @@ impl Sim {
         self.checker.checks += 1;
         if let Some(why) = invariants::gpu_limits(&load, GPU_MEMORY_MIB, MAX_MPS_CLIENTS) {
             let label = self.world[h].label.clone();
-            self.fail("gpu-limits", format!("server placement on {label}: {why}"));
+            // The live records, to read the failure by.
+            let records: Vec<String> = (a.tasks.iter().filter(|t| t.last_status != TaskStatus::Stopped))
+                .map(|t| {
+                    let gpus: Vec<String> =
+                        t.gpu_ids.iter().filter_map(|u| host.gpu_index(u)).map(|g| g.to_string()).collect();
+                    format!(
+                        "{} {} gpu {} {}/{}{}",
+                        t.id,
+                        t.group.as_ref().map_or("-", |g| g.as_str()),
+                        gpus.join(","),
+                        t.last_status.as_str(),
+                        t.desired_status.as_str(),
+                        t.stop_code.map(|c| format!(" {}", c.as_str())).unwrap_or_default()
+                    )
+                })
+                .collect();
+            self.fail(
+                "gpu-limits",
+                format!("server placement on {label}: {why} (live: {})", records.join("; ")),
+            );
         }
     }
 
@@ -275,6 +295,7 @@ impl Sim {
     }
 
     pub(super) fn finish_accounting(&mut self) {
+        self.finish_preemption();
         let names: Vec<ServiceName> = self.svcs.keys().cloned().collect();
         for s in names {
             self.svc_change(&s, 0);

@@ -7,7 +7,7 @@
 //! count (a self-managed host held for the operator) costs what it lacks at every step, not
 //! what it has.
 
-use super::{Sim, FAMILIES};
+use super::Sim;
 use crate::config::WARMUP_MS;
 use crate::report::Shortfall;
 use crate::world::{Demand, World};
@@ -25,6 +25,8 @@ pub(super) struct SvcWorld {
     /// `deploymentConfiguration.rebalanceFenced`: the server may move a fenced replica to
     /// spread the service.
     pub rebalance_fenced: bool,
+    /// The service's priority (`Service::priority`).
+    pub priority: u8,
     pub running: u32,
     pub last_ms: u64,
     /// Why the missing replicas are missing, as classified at the end of the last step that
@@ -97,6 +99,7 @@ impl Mirror {
                         | StopCode::ServiceSchedulerInitiated
                         | StopCode::HostReplaced
                         | StopCode::HostLost
+                        | StopCode::Preempted
                 )
             );
             if old.is_some() && failed {
@@ -344,7 +347,13 @@ impl Sim {
                 return room;
             }
         }
-        let room = spare_capacity(c, pool);
+        let biggest = super::families(self.cfg.scenario)
+            .iter()
+            .filter(|f| f.1.mps)
+            .map(|f| f.1.memory_mib)
+            .max()
+            .unwrap_or(0);
+        let room = spare_capacity(c, pool, biggest);
         self.room_cache.insert(pool.to_string(), (rev, room));
         room
     }
@@ -353,10 +362,9 @@ impl Sim {
 /// The cache of [`Sim::spare_capacity`]: per pool, the cluster revision and the answer.
 pub(super) type RoomCache = BTreeMap<String, (Revision, (bool, bool))>;
 
-/// Whether a pool has room now for one more MPS task of the largest shape (`.0`) and for a
-/// whole-GPU task (`.1`), on hosts that take new work.
-pub(super) fn spare_capacity(c: &Cluster, pool: &str) -> (bool, bool) {
-    let biggest = FAMILIES.iter().filter(|f| f.1.mps).map(|f| f.1.memory_mib).max().unwrap_or(0);
+/// Whether a pool has room now for one more MPS task of the largest shape (`biggest` MiB,
+/// `.0`) and for a whole-GPU task (`.1`), on hosts that take new work.
+pub(super) fn spare_capacity(c: &Cluster, pool: &str, biggest: u64) -> (bool, bool) {
     let mut out = (false, false);
     for h in c.read().hosts(Some(pool)) {
         if h.status != HostStatus::Active || h.health_status != HealthStatus::Ok || h.cordoned {

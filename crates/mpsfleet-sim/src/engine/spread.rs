@@ -13,7 +13,8 @@
 //!   (an idle one for a whole-GPU task; for an MPS task one whose daemon the server holds OK,
 //!   with the memory and a client slot left). The replicas counted are those on these hosts.
 //!   A host that can take no more cannot help spread the service, so neither it nor its
-//!   replicas count, unless it is the host judged. With this, a host over the bound means a
+//!   replicas count, unless it is the host judged; a host is judged only when some other
+//!   host has room (in a full pool nothing can move). With this, a host over the bound means a
 //!   host with room holds at least two fewer replicas of the service: exactly what the
 //!   server's rebalancer moves a replica for (`rebalance` in
 //!   crates/mpsfleet-server/src/cluster/services.rs); a spread the rebalancer is done with
@@ -187,6 +188,12 @@ impl Sim {
             let on_room: u32 = room.iter().map(|&h| count(h)).sum();
             let fewest = room.iter().map(|&h| count(h)).min().unwrap_or(0);
             for (&h, &c) in &counts {
+                // Spreading needs a host to move to: with no host with room but this one (a
+                // full pool), nothing can be moved, and the excess taken from this host's
+                // count alone may be running elsewhere.
+                if room.iter().all(|&r| r == h) {
+                    continue;
+                }
                 let bound =
                     invariants::spread_bound(on_room, room.len() as u32, excess, c, room.contains(&h));
                 self.checker.checks += 1;
