@@ -100,12 +100,17 @@ pub struct Tenant {
     pub hold: bool,
 }
 
+/// The GPUs of a host a tenant's placement can name: a placement on a GPU past them is not
+/// kept as a tenant (the server registers at most 64 per host).
+const MAX_TENANT_GPUS: u32 = 64;
+
 /// A tenant as its host keeps it: what it holds, and what the server last said of it.
 #[derive(Debug, Clone)]
 struct Held {
     tenant: Tenant,
     demand: GpuDemand,
-    gpus: Vec<GpuIx>,
+    /// Its GPUs, bit i for the host's i-th (a host has at most 64: `MAX_TENANT_GPUS`).
+    gpus: u64,
     ports: HostPorts,
     /// Told to stop: its room is counted as coming free, and it is never chosen again.
     stopping: bool,
@@ -762,7 +767,8 @@ impl Scheduler {
         priority: u8,
     ) -> bool {
         let Some(h) = self.hosts.get_mut(host as usize) else { return false };
-        match h.tenants.iter_mut().find(|t| t.tenant.id == id && !t.tenant.hold) {
+        // From the newest: a record applied right after its placement is the last one kept.
+        match h.tenants.iter_mut().rev().find(|t| t.tenant.id == id && !t.tenant.hold) {
             Some(t) => {
                 t.stopping = stopping;
                 t.protected_until_ms = protected_until_ms;
@@ -784,19 +790,26 @@ impl Scheduler {
         // not kept, so a host's list stays as short as its GPUs' clients (a few hundred at most).
         let holds_room = !matches!(req.demand, GpuDemand::None) || !req.needs.ports.is_empty();
         if let Some(t) = req.tenant.filter(|_| holds_room) {
-            let held = &mut self.hosts[host as usize].tenants;
-            if add {
-                held.push(Held {
+            let h = &mut self.hosts[host as usize];
+            let offsets = placement.gpus.iter().map(|&g| g.wrapping_sub(h.first_gpu));
+            let gpus = offsets.clone().fold(0u64, |m, i| if i < MAX_TENANT_GPUS { m | (1 << i) } else { m });
+            let kept = offsets.clone().all(|i| i < MAX_TENANT_GPUS);
+            if add && kept {
+                h.tenants.push(Held {
                     tenant: t,
                     demand: req.demand,
-                    gpus: placement.gpus.clone(),
+                    gpus,
                     ports: req.needs.ports,
                     stopping: false,
                     protected_until_ms: 0,
                 });
-            } else if let Some(at) = held.iter().position(|h| h.tenant.id == t.id && h.tenant.hold == t.hold)
-            {
-                held.swap_remove(at);
+            } else if !add {
+                // From the newest: a batch not committed gives back what it just took.
+                if let Some(at) =
+                    h.tenants.iter().rposition(|x| x.tenant.id == t.id && x.tenant.hold == t.hold)
+                {
+                    h.tenants.swap_remove(at);
+                }
             }
         }
         if !req.needs.ports.is_empty() {

@@ -167,6 +167,7 @@ impl Scheduler {
         awaits: &mut Vec<usize>,
     ) -> Option<(Vec<GpuIx>, Vec<usize>)> {
         let tenants = &self.hosts[host as usize].tenants;
+        let first = self.hosts[host as usize].first_gpu;
         let mut options: Vec<(PreemptionCost, GpuIx, Vec<usize>, Vec<usize>)> = Vec::new();
         'gpu: for g in self.host_gpus(host) {
             let s = &self.gpus[g as usize];
@@ -177,7 +178,7 @@ impl Scheduler {
             let (mut go, mut wait) = (Vec::new(), Vec::new());
             let mut left = Usage::of(s);
             for (i, t) in tenants.iter().enumerate() {
-                if !t.gpus.contains(&g) {
+                if t.gpus & (1 << (g - first)) == 0 {
                     continue;
                 }
                 if t.stopping {
@@ -227,6 +228,7 @@ impl Scheduler {
         scratch: &mut Scratch,
     ) -> Option<(Vec<GpuIx>, Vec<usize>)> {
         let tenants = &self.hosts[host as usize].tenants;
+        let first = self.hosts[host as usize].first_gpu;
         let compute_bound = self.pools[req.pool as usize].config.compute_bound;
         let mut best: Option<(PreemptionCost, GpuIx, Vec<usize>, Vec<usize>)> = None;
         for g in self.host_gpus(host) {
@@ -242,7 +244,7 @@ impl Scheduler {
             wait.clear();
             candidates.clear();
             for (i, t) in tenants.iter().enumerate() {
-                if !t.gpus.contains(&g) {
+                if t.gpus & (1 << (g - first)) == 0 {
                     continue;
                 }
                 if t.stopping {

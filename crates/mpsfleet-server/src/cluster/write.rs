@@ -219,10 +219,22 @@ impl Writer<'_> {
             Change::Incident(incident) => self.apply_incident(*incident, version),
             Change::Task(task, Some(p)) => {
                 // What preemption weighs of a placed task follows its record: told to stop (or
-                // leaving traffic to stop), protected, its priority.
-                let stopping = task.desired_status == TaskStatus::Stopped || task.draining.is_some();
-                let protected = task.labels.as_ref().and_then(|l| l.protected_until_ms).unwrap_or(0);
-                self.sched.set_tenant(p.host, task.id.0, stopping, protected, task.priority);
+                // leaving traffic to stop), protected, its priority. A placement starts as
+                // none of these at its record's priority, so only a change is told (the submit
+                // path tells nothing).
+                let weighed = |t: &Task| {
+                    let stopping = t.desired_status == TaskStatus::Stopped || t.draining.is_some();
+                    (stopping, t.labels.as_ref().and_then(|l| l.protected_until_ms).unwrap_or(0), t.priority)
+                };
+                let now = weighed(&task);
+                // What the scheduler holds: the previous record's, if it was placed there too;
+                // else a fresh placement's.
+                let before = (self.state.tasks().get(&task.id))
+                    .filter(|e| e.placement.as_ref().is_some_and(|q| q.host == p.host))
+                    .map_or((false, 0, task.priority), |e| weighed(&e.task));
+                if before != now {
+                    self.sched.set_tenant(p.host, task.id.0, now.0, now.1, now.2);
+                }
                 self.state.apply(version, Change::Task(task, Some(p)))
             }
             change => self.state.apply(version, change),
