@@ -88,12 +88,10 @@ impl Holds {
         let open = w.sched.is_schedulable(h.placement.host)
             && h.placement.gpus.iter().all(|&g| !w.sched.gpu(g).mps_closed);
         if !left.is_empty() && !broken && open {
-            let host = w.sched.host_id(h.placement.host);
-            let names: Vec<String> = left.iter().map(|v| v.to_string()).collect();
-            return Some(Held::Waiting(format!(
-                "preempted {} task(s) on host {host} to make room; waits for {} to stop",
+            return Some(Held::Waiting(waiting_words(
+                w.sched.host_id(h.placement.host),
                 h.waits_for.len(),
-                names.join(", ")
+                &left,
             )));
         }
         let h = self.0.remove(id)?;
@@ -174,12 +172,7 @@ impl Holds {
             });
             waits_for.push(v);
         }
-        let names: Vec<String> = waits_for.iter().map(|v| v.to_string()).collect();
-        let why = format!(
-            "preempted {} task(s) on host {host} to make room; waits for {} to stop",
-            waits_for.len(),
-            names.join(", ")
-        );
+        let why = waiting_words(&host, waits_for.len(), &waits_for);
         self.0.insert(task.id, Hold { pool: task.pool.clone(), req: hold_req, placement, waits_for });
         Some(why)
     }
@@ -203,6 +196,12 @@ impl Holds {
             }
         }
     }
+}
+
+/// A preemptor's waiting reason: how many tasks it stopped on `host`, and those `left` to stop.
+fn waiting_words(host: &HostId, stopped: usize, left: &[TaskId]) -> String {
+    let names: Vec<String> = left.iter().map(|v| v.to_string()).collect();
+    format!("preempted {stopped} task(s) on host {host} to make room; waits for {} to stop", names.join(", "))
 }
 
 /// One preemption, as its records and events tell it.
