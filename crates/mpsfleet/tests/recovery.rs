@@ -61,40 +61,33 @@ impl Fleet {
     }
 }
 
-/// Fast detection: probes every second with a 200 ms timeout, IMPAIRED after 2 failures,
-/// declared bad after 500 ms; `restarts` local daemon restarts.
-fn fast_health(restarts: u32) -> HealthPolicy {
-    HealthPolicy {
+async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> {
+    let health = HealthPolicy {
         agent_heartbeat_grace_ms: 3_000,
         mps_probe_interval_ms: 1_000,
         mps_probe_timeout_ms: 200,
         mps_failure_threshold: 2,
         local_daemon_restarts: restarts,
         toleration_ms: 500,
-    }
-}
-
-async fn fleet(mode: OwnershipMode, hosts: u32, restarts: u32) -> Option<Fleet> {
-    fleet_with(mode, hosts, fast_health(restarts)).await
+    };
+    fleet_with(mode, hosts, health).await
 }
 
 async fn fleet_with(mode: OwnershipMode, hosts: u32, health: HealthPolicy) -> Option<Fleet> {
-    let pool = CreatePool { mode: Some(mode), health_policy: Some(health), ..Default::default() };
-    fleet_of(pool, hosts, 2).await
-}
-
-/// A server whose local provider starts `hosts` hosts of `gpus` emulated H200s each in pool
-/// `gpu`, made as `pool` says (its name and provider set here).
-async fn fleet_of(pool: CreatePool, hosts: u32, gpus: u32) -> Option<Fleet> {
     let mps = mps_control()?;
     let dir = tempfile::tempdir().unwrap();
-    let restarts = pool.health_policy.as_ref().map_or(0, |h| h.local_daemon_restarts);
-    let args = agent_args(&mps, restarts).replace("H200:143771:2", &format!("H200:143771:{gpus}"));
+    let args = agent_args(&mps, health.local_daemon_restarts);
     let server =
         Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
     let admin = server.admin();
     admin
-        .create_pool(&CreatePool { name: "gpu".into(), provider: Some(Provider::local(hosts)), ..pool })
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            mode: Some(mode),
+            health_policy: Some(health),
+            provider: Some(Provider::local(hosts)),
+            ..Default::default()
+        })
         .await
         .unwrap();
     let fleet = Fleet { dir, server, admin, agent_args: args };
@@ -874,13 +867,37 @@ async fn host_recheck_rearms_local_repair_after_the_operator_fixed_the_host() {
 /// replacement host has joined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_pool_preempts_low_priority_work_to_recover_at_once() {
-    let pool = CreatePool {
-        health_policy: Some(fast_health(0)),
-        preemption: Some(Preemption::Recovery),
-        ..Default::default()
+    let Some(mps) = mps_control() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let args = agent_args(&mps, 0).replace("H200:143771:2", "H200:143771:1");
+    let server =
+        Server::start_with(&dir.path().join("server"), "127.0.0.1:0", &["--local-agent-args", &args]);
+    let admin = server.admin();
+    let health = HealthPolicy {
+        agent_heartbeat_grace_ms: 3_000,
+        mps_probe_interval_ms: 1_000,
+        mps_probe_timeout_ms: 200,
+        mps_failure_threshold: 2,
+        local_daemon_restarts: 0,
+        toleration_ms: 500,
     };
-    let Some(fleet) = fleet_of(pool, 2, 1).await else { return };
+    admin
+        .create_pool(&CreatePool {
+            name: "gpu".into(),
+            health_policy: Some(health),
+            provider: Some(Provider::local(2)),
+            preemption: Some(Preemption::Recovery),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let fleet = Fleet { dir, server, admin, agent_args: args };
     let admin = &fleet.admin;
+    eventually(WAIT, "two ACTIVE hosts", || async {
+        let hs = admin.list_hosts(None).await.ok()?;
+        (hs.len() == 2 && hs.iter().all(|h| h.status == HostStatus::Active)).then_some(())
+    })
+    .await;
     // 71,885 + 2 x 35,942 = 143,769 of each GPU's 143,771 MiB: nothing else fits anywhere.
     for (name, memory, count, priority) in [("infer", 71_885, 2, 90), ("batch", 35_942, 4, 10)] {
         admin.register_taskdef(mps_taskdef(name, memory)).await.unwrap();

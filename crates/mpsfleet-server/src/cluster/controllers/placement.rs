@@ -41,7 +41,7 @@ impl Placer {
         let w = &mut ctx.w;
         holds.settle(w, pool);
         let mut waiting = w.state.tasks().pending_in(pool);
-        waiting.sort_by_cached_key(|id| Reverse(w.state.tasks().get(id).map_or(0, |e| e.task.priority)));
+        waiting.sort_by_key(|id| Reverse(w.state.tasks().get(id).map_or(0, |e| e.task.priority)));
         let (scaling, scaling_out) = scaling_note(w.state, pool, o.launching);
         let mut placed: Vec<(Task, Placement, Request)> = Vec::new();
         let mut ops = Vec::new();

@@ -88,10 +88,12 @@ impl Holds {
         let open = w.sched.is_schedulable(h.placement.host)
             && h.placement.gpus.iter().all(|&g| !w.sched.gpu(g).mps_closed);
         if !left.is_empty() && !broken && open {
-            return Some(Held::Waiting(waiting_words(
-                w.sched.host_id(h.placement.host),
+            let host = w.sched.host_id(h.placement.host);
+            let names: Vec<String> = left.iter().map(|v| v.to_string()).collect();
+            return Some(Held::Waiting(format!(
+                "preempted {} task(s) on host {host} to make room; waits for {} to stop",
                 h.waits_for.len(),
-                &left,
+                names.join(", ")
             )));
         }
         let h = self.0.remove(id)?;
@@ -172,7 +174,12 @@ impl Holds {
             });
             waits_for.push(v);
         }
-        let why = waiting_words(&host, waits_for.len(), &waits_for);
+        let names: Vec<String> = waits_for.iter().map(|v| v.to_string()).collect();
+        let why = format!(
+            "preempted {} task(s) on host {host} to make room; waits for {} to stop",
+            waits_for.len(),
+            names.join(", ")
+        );
         self.0.insert(task.id, Hold { pool: task.pool.clone(), req: hold_req, placement, waits_for });
         Some(why)
     }
@@ -196,12 +203,6 @@ impl Holds {
             }
         }
     }
-}
-
-/// A preemptor's waiting reason: how many tasks it stopped on `host`, and those `left` to stop.
-fn waiting_words(host: &HostId, stopped: usize, left: &[TaskId]) -> String {
-    let names: Vec<String> = left.iter().map(|v| v.to_string()).collect();
-    format!("preempted {stopped} task(s) on host {host} to make room; waits for {} to stop", names.join(", "))
 }
 
 /// One preemption, as its records and events tell it.
