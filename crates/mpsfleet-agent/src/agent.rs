@@ -759,7 +759,8 @@ struct Reported {
     cas: CaTrust,
 }
 
-/// How often the heartbeat loop looks for a changed check between heartbeats.
+/// How often the heartbeat loop looks for a changed check between heartbeats (a GPU's or the
+/// runtime's; an MPS daemon's supervisor wakes it at once).
 const CHANGE_POLL: Duration = Duration::from_millis(100);
 
 /// Posts the host's checks every `every`, and at once when a check's status changes; each answer carries the pool's health policy, which
@@ -773,12 +774,24 @@ async fn heartbeat_loop(
     mut reported: Reported,
     mut policy: MpsPolicy,
 ) {
-    // Wakes every `CHANGE_POLL` to see whether a check's status changed, which is reported at
-    // once (a daemon's confirmed failure reaches the server within a poll, not a heartbeat);
+    // Wakes every `CHANGE_POLL`, and as soon as an MPS supervisor publishes a check, to see
+    // whether a check's status changed or a failure began or ended, which is reported at once
+    // (a daemon's exit reaches the server in milliseconds, not at the next heartbeat);
     // otherwise a heartbeat goes every `every`.
     let mut tick = tokio::time::interval(CHANGE_POLL.min(every));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sent: Option<(tokio::time::Instant, Vec<HealthStatus>)> = None;
+    let published = Arc::new(tokio::sync::Notify::new());
+    // Dropped with the loop, which ends its watchers.
+    let mut watchers = tokio::task::JoinSet::new();
+    for s in sources.supervisors.values() {
+        let (mut rx, published) = (s.subscribe(), published.clone());
+        watchers.spawn(async move {
+            while rx.changed().await.is_ok() {
+                published.notify_one();
+            }
+        });
+    }
+    let mut last_sent: Option<(tokio::time::Instant, Vec<(HealthStatus, bool)>)> = None;
     let mut failing_since_logged = false;
     // The server's count of `host recheck`s, as of the last answer (None before the first).
     let mut rechecks: Option<u64> = None;
@@ -787,14 +800,18 @@ async fn heartbeat_loop(
     let mut ca_file_warned = false;
     let mut sent_checks = crate::reported_checks::ReportedChecks::default();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = published.notified() => {}
+        }
         if faults.silent() {
             // A drill's agent-stop: the host goes silent as a lost agent would.
             continue;
         }
         let now_ms = SystemClock.now_ms();
         let checks = checks(&sources.supervisors, &sources.gpu_watch, sources.runtime.as_ref(), now_ms);
-        let statuses: Vec<HealthStatus> = checks.iter().map(|c| c.status).collect();
+        let statuses: Vec<(HealthStatus, bool)> =
+            checks.iter().map(|c| (c.status, c.first_failure_age_ms.is_some())).collect();
         let due = match &last_sent {
             None => true,
             Some((at, sent)) => at.elapsed() >= every || *sent != statuses,
@@ -820,7 +837,9 @@ async fn heartbeat_loop(
             ..HostStatusReport::default()
         };
         sent_checks.fill(&mut report, checks, now_ms);
+        mpsfleet_core::timeline!("checks-sent");
         let mut result = agent.report_host_status(&report).await;
+        mpsfleet_core::timeline!("checks-answered");
         if let Ok(answer) = &result {
             if sent_checks.answered(&report, answer) {
                 // The server does not hold the checks this heartbeat left out: send them now.

@@ -535,6 +535,7 @@ impl State {
             };
             // A task run's overrides apply to the definition its containers start from.
             let def = t.overrides().map_or_else(|| (*def).clone(), |o| o.apply(def));
+            mpsfleet_core::timeline!("start-received", task = t.id);
             let mut rec = Record::new(t.clone(), def);
             if t.desired_status == TaskStatus::Stopped {
                 rec.status = TaskStatus::Stopped;
@@ -664,6 +665,7 @@ impl State {
             local.rec.ready = local.not_ready.is_empty() && local.starting.is_empty();
             let rec = local.rec.clone();
             self.persist(&rec);
+            mpsfleet_core::timeline!("task-started", task = id);
             tracing::info!(task.id = %id, "running");
         }
     }
@@ -1148,6 +1150,9 @@ impl State {
                         local.tails.clear();
                     }
                     if local.rec.reported.as_ref() != Some(&local.rec.current()) {
+                        if local.rec.status == TaskStatus::Running {
+                            mpsfleet_core::timeline!("running-reported", task = id);
+                        }
                         local.rec.reported = Some(local.rec.current());
                         let rec = local.rec.clone();
                         self.persist(&rec);
@@ -1415,6 +1420,7 @@ fn launch(
             s.ensure_answering(MPS_CHECK_RETRIES, MPS_CHECK_DELAY).map_err(|e| {
                 (StopCode::MpsDaemonUnavailable, format!("not started without MPS limits: GPU {gpu}: {e}"))
             })?;
+            mpsfleet_core::timeline!("daemon-checked", task = rec.task.id);
             Some(s.pipe_dir().to_path_buf())
         }
     };

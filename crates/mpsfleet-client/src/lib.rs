@@ -37,7 +37,7 @@ pub enum ClientError {
 pub enum DrillAnswer {
     Started(Box<mpsfleet_types::drill::Drill>),
     /// A dry run: nothing injected.
-    Plan(mpsfleet_types::drill::DrillPlan),
+    Plan(Box<mpsfleet_types::drill::DrillPlan>),
 }
 
 impl ClientError {
@@ -319,7 +319,7 @@ impl Client {
     pub async fn run_drill(&self, req: &mpsfleet_types::drill::CreateDrill) -> Result<DrillAnswer> {
         let v: serde_json::Value = self.send(Method::POST, "/v1/drills", req).await?;
         let parsed = if v.get("expected").is_some() {
-            serde_json::from_value(v).map(DrillAnswer::Plan)
+            serde_json::from_value(v).map(|p| DrillAnswer::Plan(Box::new(p)))
         } else {
             serde_json::from_value(v).map(|d| DrillAnswer::Started(Box::new(d)))
         };

@@ -12,7 +12,7 @@
 use crate::health::fmt_ms;
 pub use mpsfleet_types::bounds::Intervals;
 use mpsfleet_types::bounds::{BoundInputs, FailureKind, FullPoolBounds, KindBounds, RecoveryBounds};
-use mpsfleet_types::policy::ProviderKind;
+use mpsfleet_types::policy::{ProviderKind, RestartCopies};
 use mpsfleet_types::{OwnershipMode, Pool};
 
 /// How long a provider's launch may take before it counts as failed, by default: a local
@@ -50,6 +50,10 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
     let decide = managed.then_some(iv.health_tick_ms + iv.incident_pass_ms);
     let replace = launch.map(|l| l + iv.incident_pass_ms);
     let start = iv.incident_pass_ms + iv.health_tick_ms + iv.task_start_ms;
+    // A `restart` service's copies: the failure the pool's `restartCopies` acts on, reported,
+    // the services' pass (woken at once; a tick at most), the copies' start.
+    let first_exit = pool.restart_copies == RestartCopies::FirstExit;
+    let copies_after = report + iv.health_tick_ms + iv.task_start_ms;
     let kinds = FailureKind::ALL
         .into_iter()
         .map(|kind| {
@@ -64,6 +68,12 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
             // provider call held to the same limit.
             let total_fenced =
                 decide.zip(launch).map(|(d, l)| detect + d + (l + iv.incident_pass_ms) + l + start);
+            let copies_ms = match kind {
+                FailureKind::DaemonExit if first_exit => Some(iv.daemon_start_ms + copies_after),
+                FailureKind::DaemonExit => Some(repairs + copies_after),
+                FailureKind::DaemonHang => Some(hang + copies_after),
+                _ => None,
+            };
             KindBounds {
                 kind,
                 detect_ms: detect,
@@ -73,6 +83,7 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
                 total_ms: total,
                 total_fenced_ms: total_fenced,
                 total_full_pool_ms: None,
+                copies_ms,
             }
         })
         .collect();
@@ -89,10 +100,11 @@ pub fn derive(pool: &Pool, iv: &Intervals) -> RecoveryBounds {
     RecoveryBounds {
         owner: if managed { "mpsfleet" } else { "operator" }.to_string(),
         kinds,
-        formulas: formulas(managed, launch.is_some(), exits),
+        formulas: formulas(managed, launch.is_some(), exits, pool.restart_copies),
         inputs,
         max_resume_ms: pool.max_resume_seconds.map(|s| u64::from(s) * 1000),
         full_pool: None,
+        restart_copies: Some(pool.restart_copies),
     }
 }
 
@@ -142,7 +154,20 @@ pub fn add_full_pool(b: &mut RecoveryBounds, pool: &Pool, iv: &Intervals, victim
     });
 }
 
-fn formulas(managed: bool, provider: bool, exits: u32) -> Vec<String> {
+fn formulas(managed: bool, provider: bool, exits: u32, copies: RestartCopies) -> Vec<String> {
+    let copies_exit = match copies {
+        RestartCopies::FirstExit => {
+            "copies (daemon-exit, restartCopies first-exit) = daemonStartMs (the exit \
+             seen and its first local restart) + agentHeartbeatMs + healthTickMs + healthTickMs + \
+             taskStartMs: a restart service's copies start at the daemon's first exit"
+                .to_string()
+        }
+        RestartCopies::Confirmed => format!(
+            "copies (daemon-exit, restartCopies confirmed) = the local restarts before the check turns \
+             IMPAIRED (at most {}) + agentHeartbeatMs + healthTickMs + healthTickMs + taskStartMs",
+            exits.saturating_sub(1)
+        ),
+    };
     let mut f = vec![
         format!(
             "detect (daemon-exit) = the local restarts before the check turns IMPAIRED (at most {} for \
@@ -159,6 +184,10 @@ fn formulas(managed: bool, provider: bool, exits: u32) -> Vec<String> {
          healthTickMs, counted from the last heartbeat"
             .into(),
         "notify = webhookMs after detection (every attempt, its timeout and backoff)".into(),
+        copies_exit,
+        "copies (daemon-hang) = (mpsFailureThreshold - 1) x mpsProbeIntervalMs + mpsProbeTimeoutMs + \
+         agentHeartbeatMs + healthTickMs + healthTickMs + taskStartMs: at the failure confirmed"
+            .into(),
     ];
     if managed {
         f.push("decide = healthTickMs + incidentPassMs".into());
@@ -235,11 +264,33 @@ mod tests {
             task_policy: Default::default(),
             max_resume_seconds: None,
             preemption: Default::default(),
+            restart_copies: Default::default(),
             events: Default::default(),
             created_at_ms: 0,
             tags: Vec::new(),
             kept_fields: Default::default(),
         }
+    }
+
+    /// Restart copies: at the first exit, the exit seen and restarted (daemonStartMs), reported
+    /// (a heartbeat and a tick), the services' pass (a tick) and the start: 32.5 s; once
+    /// confirmed, the two restarts before IMPAIRED (1 s + 2 s) instead: 34.5 s. A hang's copies
+    /// wait for its confirmation under either policy; other kinds have none.
+    #[test]
+    fn restart_copies_are_bounded_from_the_first_exit_or_the_confirmation() {
+        let mut p = pool(OwnershipMode::Managed, None);
+        let at = |p: &Pool, kind| derive(p, &IV).of(kind).unwrap().copies_ms;
+        assert_eq!(p.restart_copies, RestartCopies::FirstExit);
+        assert_eq!(at(&p, FailureKind::DaemonExit), Some(1_000 + 1_250 + 250 + 30_000));
+        let hang = at(&p, FailureKind::DaemonHang);
+        assert_eq!(hang, Some(2 * 5_000 + 3_000 + 1_250 + 250 + 30_000));
+        assert_eq!(at(&p, FailureKind::HostLost), None);
+        p.restart_copies = RestartCopies::Confirmed;
+        assert_eq!(at(&p, FailureKind::DaemonExit), Some(3_000 + 1_250 + 250 + 30_000));
+        assert_eq!(at(&p, FailureKind::DaemonHang), hang);
+        let b = derive(&p, &IV);
+        assert_eq!(b.restart_copies, Some(RestartCopies::Confirmed));
+        assert!(b.formulas.iter().any(|f| f.contains("restartCopies confirmed")), "{:?}", b.formulas);
     }
 
     /// The default policy's figures, worked by hand from the formulas.

@@ -53,6 +53,26 @@ impl Stopwatch {
     }
 }
 
+/// Microseconds since the Unix epoch, for the `timeline` log lines only ([`timeline!`]):
+/// a measurement of the recovery path that no decision reads.
+#[allow(clippy::disallowed_methods)] // a measurement, never a decision
+pub fn wall_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Logs one step of the recovery path at target `timeline` (off unless asked for:
+/// `MPSFLEET_LOG=error,timeline=info`), with its wall time in `at_us`: the daemon's exit seen,
+/// each local restart, the check sent and received, a copy decided, placed, its start
+/// received and made, RUNNING reported and received. `bench recovery` reads them back from
+/// the server's and agents' logs to break a recovery into its steps. The fields are only
+/// evaluated when the target is on.
+#[macro_export]
+macro_rules! timeline {
+    ($step:literal $(, $k:ident = $v:expr)* $(,)?) => {
+        tracing::info!(target: "timeline", $($k = %$v,)* at_us = $crate::clock::wall_us(), $step)
+    };
+}
+
 /// A clock that moves only when told to; for tests and the simulator.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);

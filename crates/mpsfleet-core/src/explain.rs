@@ -280,6 +280,7 @@ mod tests {
             task_policy: Default::default(),
             max_resume_seconds: None,
             preemption: Default::default(),
+            restart_copies: Default::default(),
             events: Default::default(),
             created_at_ms: 0,
             tags: Vec::new(),

@@ -122,6 +122,12 @@ pub struct KindBounds {
     /// else by a launched host; None when neither can make room.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_full_pool_ms: Option<u64>,
+    /// First failed signal to a `restart` service's copies of the replicas on the failed
+    /// daemon RUNNING on healthy ones (given room), under the pool's `restartCopies`: at the
+    /// first exit, or once the failure is confirmed. For `daemon-exit` and `daemon-hang`; the
+    /// copies run while local repair goes on, before any incident.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies_ms: Option<u64>,
 }
 
 /// How a full pool (no room on its healthy hosts) recovers, and what bounds it.
@@ -196,6 +202,9 @@ pub struct RecoveryBounds {
     /// How a full pool recovers (`KindBounds::total_full_pool_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub full_pool: Option<FullPoolBounds>,
+    /// The pool's `restartCopies`, which `KindBounds::copies_ms` follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_copies: Option<crate::policy::RestartCopies>,
 }
 
 impl RecoveryBounds {

@@ -281,6 +281,7 @@ mod tests {
                 total_ms: None,
                 total_fenced_ms: None,
                 total_full_pool_ms: None,
+                copies_ms: None,
             },
             owner: owner.into(),
             incidents: Vec::new(),

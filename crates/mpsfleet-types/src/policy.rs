@@ -346,6 +346,44 @@ pub enum ResumptionBoundary {
     Fenced,
 }
 
+/// When a pool's `restart` services start copies of their replicas on a failing MPS daemon
+/// elsewhere (docs/pools.md "Restart copies").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartCopies {
+    /// At the daemon's first exit (or failed start): its servers ended and took their
+    /// clients' GPU contexts with them, so the replicas there need replacing whatever local
+    /// repair does. The copies beyond the service's count stop again, newest first, once
+    /// local repair has the daemon answering. The default.
+    #[default]
+    FirstExit,
+    /// Once the daemon's failure is confirmed (`mpsFailureThreshold` failures in a row, or
+    /// local repair given up): no copy for a failure that local repair mends, at the cost of
+    /// its restarts and backoffs.
+    Confirmed,
+}
+
+impl RestartCopies {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartCopies::FirstExit => "first-exit",
+            RestartCopies::Confirmed => "confirmed",
+        }
+    }
+}
+
+impl std::str::FromStr for RestartCopies {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "first-exit" => Ok(RestartCopies::FirstExit),
+            "confirmed" => Ok(RestartCopies::Confirmed),
+            _ => Err(format!("restartCopies must be first-exit or confirmed, got '{s}'")),
+        }
+    }
+}
+
 impl ResumptionBoundary {
     pub fn as_str(self) -> &'static str {
         match self {

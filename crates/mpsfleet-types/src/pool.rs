@@ -81,6 +81,11 @@ pub struct Pool {
     /// `all` (docs/pools.md "Priorities and preemption"). Always shown.
     #[serde(default)]
     pub preemption: crate::priority::Preemption,
+    /// When its `restart` services start copies of the replicas on a failing MPS daemon:
+    /// `first-exit` (the default) or `confirmed` (docs/pools.md "Restart copies"). Always
+    /// shown.
+    #[serde(default)]
+    pub restart_copies: crate::policy::RestartCopies,
     /// What happened to the pool itself, newest last: its bounds changed, a recovery ran past
     /// them, drills. Bounded like every object's events.
     #[serde(default, skip_serializing_if = "crate::History::is_empty")]
@@ -123,6 +128,9 @@ pub struct CreatePool {
     /// `Pool::preemption`: `off`, `recovery` or `all`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<crate::priority::Preemption>,
+    /// `Pool::restart_copies`: `first-exit` or `confirmed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_copies: Option<crate::policy::RestartCopies>,
     /// Its tags (ECS's cluster tags).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<crate::tags::Tag>,
@@ -157,6 +165,9 @@ pub struct UpdatePool {
     /// `Pool::preemption`: `off`, `recovery` or `all`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<crate::priority::Preemption>,
+    /// `Pool::restart_copies`: `first-exit` or `confirmed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_copies: Option<crate::policy::RestartCopies>,
 }
 
 /// A pool's task policy: what container options its tasks may use beyond a container's own

@@ -302,8 +302,12 @@ pub enum PoolCommand {
         /// [default: recovery].
         #[arg(long, value_parser = ["off", "recovery", "all"])]
         preemption: Option<String>,
+        /// When a restart service's replicas on a failed MPS daemon get copies elsewhere: at
+        /// the daemon's first exit, or once its failure is confirmed [default: first-exit].
+        #[arg(long, value_parser = ["first-exit", "confirmed"])]
+        restart_copies: Option<String>,
         /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy,
-        /// maxResumeSeconds and preemption (see docs/pools.md).
+        /// maxResumeSeconds, preemption and restartCopies (see docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -329,8 +333,12 @@ pub enum PoolCommand {
         /// off, recovery or all.
         #[arg(long, value_parser = ["off", "recovery", "all"])]
         preemption: Option<String>,
+        /// When a restart service's replicas on a failed MPS daemon get copies elsewhere:
+        /// first-exit or confirmed.
+        #[arg(long, value_parser = ["first-exit", "confirmed"])]
+        restart_copies: Option<String>,
         /// JSON with any of healthPolicy, remediationPolicy, provider, taskPolicy,
-        /// maxResumeSeconds and preemption (docs/pools.md).
+        /// maxResumeSeconds, preemption and restartCopies (docs/pools.md).
         #[arg(long)]
         file: Option<PathBuf>,
     },
@@ -1343,6 +1351,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             allow_task_users,
             max_resume_seconds,
             preemption,
+            restart_copies,
             file,
         } => {
             let mut req: CreatePool = read_json(file.as_ref())?;
@@ -1356,6 +1365,8 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
             req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
             req.preemption = preemption.as_deref().map(preemption_of).or(req.preemption);
+            req.restart_copies =
+                restart_copies.as_deref().and_then(|r| r.parse().ok()).or(req.restart_copies);
             c.create_pool(&req).await?
         }
         PoolCommand::Update {
@@ -1365,6 +1376,7 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             allow_task_users,
             max_resume_seconds,
             preemption,
+            restart_copies,
             file,
         } => {
             let mut req: UpdatePool = read_json(file.as_ref())?;
@@ -1373,6 +1385,8 @@ async fn pool(c: &Client, f: Format, cmd: PoolCommand) -> Result<()> {
             req.allow_task_users = allow_task_users.or(req.allow_task_users);
             req.max_resume_seconds = max_resume_seconds.or(req.max_resume_seconds);
             req.preemption = preemption.as_deref().map(preemption_of).or(req.preemption);
+            req.restart_copies =
+                restart_copies.as_deref().and_then(|r| r.parse().ok()).or(req.restart_copies);
             c.update_pool(&name, &req).await?
         }
         PoolCommand::Explain { name } => {

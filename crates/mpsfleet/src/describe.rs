@@ -540,6 +540,18 @@ pub fn pool(p: &Pool) -> String {
         ("Task policy allows", task_policy_cell(&p.task_policy)),
         ("Preemption", preemption_words(p.preemption)),
         (
+            "Restart copies",
+            match p.restart_copies {
+                mpsfleet_types::policy::RestartCopies::FirstExit => {
+                    "first-exit: a restart service's replicas on an MPS daemon that exits get copies elsewhere at once"
+                }
+                mpsfleet_types::policy::RestartCopies::Confirmed => {
+                    "confirmed: a restart service's replicas get copies elsewhere once their daemon's failure is confirmed"
+                }
+            }
+            .into(),
+        ),
+        (
             "Max resume",
             p.max_resume_seconds.map_or_else(
                 || "no limit on the recovery bound".into(),

@@ -672,6 +672,7 @@ impl DockerRuntime {
         let auth = l.container.repository_credentials.as_ref().and_then(|r| r.resolved.as_ref());
         let pull_began = mpsfleet_core::clock::Stopwatch::start();
         let pulled_ms = self.ensure_image(&reference, auth, &mut notes)?;
+        mpsfleet_core::timeline!("image-ready", task = l.task.id);
         self.ensure_volumes(l)?;
         let needs_wiring = l.container.gpu().is_some() && !l.gpus_emulated && !l.task.gpu_ids.is_empty();
         let wiring = if needs_wiring {
@@ -722,6 +723,7 @@ impl DockerRuntime {
                 return Err(failed("CannotCreateContainerError", e));
             }
         };
+        mpsfleet_core::timeline!("container-created", task = l.task.id);
         for w in created.warnings.iter().filter(|w| !w.is_empty()) {
             notes.push(format!("docker: {w}"));
         }
@@ -735,6 +737,7 @@ impl DockerRuntime {
             self.remove_quietly(&name);
             return Err(failed("CannotStartContainerError", e));
         }
+        mpsfleet_core::timeline!("container-started", task = l.task.id);
         let handle = match self.inspect_state(&created.id) {
             Ok(Some(info)) => {
                 let state = state_of(&name, &info);

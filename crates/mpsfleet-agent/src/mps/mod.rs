@@ -301,6 +301,13 @@ pub trait MpsDaemon: Send + Sync {
     /// Non-blocking: how the daemon ended, once it has.
     fn try_exit(&self) -> Option<ExitInfo>;
 
+    /// Calls `notify` once the daemon's process has ended (from a thread of its own, without
+    /// reaping it), so that its supervisor sees the exit at once instead of at its next tick.
+    /// False where it cannot be watched (an adopted daemon, the model): the tick finds it.
+    fn notify_exit(&self, _notify: Box<dyn FnOnce() + Send>) -> bool {
+        false
+    }
+
     /// Stops the daemon with `quit -t`, waits a bounded time, then kills its process group and
     /// reaps it. Idempotent.
     fn stop(&self) -> Result<(), MpsError>;

@@ -258,6 +258,17 @@ fn log_tail(path: &Path, offset: u64) -> String {
 
 /// Non-blocking and non-reaping: whether `pid` (our child) has ended. Leaving the zombie in place
 /// keeps its process-group id from being reused until `stop` kills the group and reaps it.
+/// Blocks until the child `pid` has ended (or is no child of ours), without reaping it.
+fn await_exit(pid: u32) {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
+    loop {
+        match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return,
+        }
+    }
+}
+
 fn peek_exit(pid: u32) -> Option<ExitInfo> {
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
@@ -754,6 +765,18 @@ impl MpsDaemon for RealDaemon {
             }
         }
         inner.exit
+    }
+
+    fn notify_exit(&self, notify: Box<dyn FnOnce() + Send>) -> bool {
+        if !matches!(lock(&self.inner).leader, Some(Leader::Child(_))) {
+            return false;
+        }
+        let pid = self.pid;
+        let spawned = std::thread::Builder::new().name(format!("mps-exit-{pid}")).spawn(move || {
+            await_exit(pid);
+            notify();
+        });
+        spawned.is_ok()
     }
 
     fn stop(&self) -> Result<(), MpsError> {

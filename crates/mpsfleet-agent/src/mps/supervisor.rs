@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,7 +14,8 @@ use tokio::sync::watch;
 use super::health::{self, DaemonHealth, Effect, Event};
 use super::{Check, DaemonConfig, LogEvent, MpsControl, MpsDaemon, MpsError, MpsPolicy};
 
-/// How often the loop wakes to look for a daemon exit and new log lines.
+/// How often the loop wakes to look for new log lines, and for the exit of a daemon whose
+/// end it cannot be told of ([`MpsDaemon::notify_exit`]).
 const TICK: Duration = Duration::from_millis(100);
 /// Check transitions kept for `history`.
 const HISTORY: usize = 64;
@@ -39,7 +41,19 @@ struct Shared {
     rearm: Mutex<bool>,
     /// A drill's fault on this daemon, while it lasts ([`Supervisor::set_fault`]).
     fault: Mutex<Option<DaemonFault>>,
+    /// Set when the daemon's process ended ([`MpsDaemon::notify_exit`]): the loop looks again
+    /// at once rather than waiting out its tick.
+    exited: AtomicBool,
     wake: Condvar,
+}
+
+impl Shared {
+    /// Wakes the loop now (`exited` first, so a wake between its look and its wait is kept).
+    fn poke(&self) {
+        self.exited.store(true, Ordering::SeqCst);
+        let _stopping = lock(&self.stopping);
+        self.wake.notify_all();
+    }
 }
 
 /// The daemon's probes so far (for the agent's metrics).
@@ -119,6 +133,7 @@ impl Supervisor {
             stopping: Mutex::new(false),
             rearm: Mutex::new(false),
             fault: Mutex::new(None),
+            exited: AtomicBool::new(false),
             wake: Condvar::new(),
         });
         let thread = std::thread::Builder::new()
@@ -318,7 +333,7 @@ impl Drop for Supervisor {
 }
 
 /// The loop: wake every tick, look for an exit and log events, probe when due, run effects.
-fn run(shared: &Shared, mut state: DaemonHealth) {
+fn run(shared: &Arc<Shared>, mut state: DaemonHealth) {
     // When the last probe ran; `None`: probe at once (a new daemon).
     let mut last_probe_ms: Option<u64> = None;
     let mut events: Vec<Event> = vec![Event::Tick];
@@ -345,6 +360,7 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
                 }
             }
             if let Some(exit) = d.try_exit() {
+                mpsfleet_core::timeline!("daemon-exited", gpu = shared.label);
                 // Reap it and kill what is left of its group, then let the machine decide.
                 lock(&shared.daemon).take();
                 if let Err(e) = d.stop() {
@@ -404,7 +420,9 @@ fn run(shared: &Shared, mut state: DaemonHealth) {
         if *stopping {
             return;
         }
-        drop(shared.wake.wait_timeout(stopping, TICK));
+        if !shared.exited.swap(false, Ordering::SeqCst) {
+            drop(shared.wake.wait_timeout(stopping, TICK));
+        }
     }
 }
 
@@ -430,7 +448,8 @@ fn strike(shared: &Shared, d: &dyn MpsDaemon) {
 
 /// Stops whatever is left of the daemon and starts a new one; with `adopt`, first tries to
 /// adopt one an earlier agent left running. The daemon gets `policy`'s probe timeout.
-fn restart(shared: &Shared, policy: &MpsPolicy, adopt: bool) -> Event {
+fn restart(shared: &Arc<Shared>, policy: &MpsPolicy, adopt: bool) -> Event {
+    mpsfleet_core::timeline!("daemon-restart", gpu = shared.label);
     let cfg = DaemonConfig { probe_timeout: policy.probe_timeout, ..shared.cfg.clone() };
     // A restart only follows a failure (the daemon exited or stopped answering), so `quit`
     // would only wait out its timeout: the old daemon's group is killed at once.
@@ -456,8 +475,11 @@ fn restart(shared: &Shared, policy: &MpsPolicy, adopt: bool) -> Event {
     }
     match shared.control.start(&cfg) {
         Ok(d) => {
+            mpsfleet_core::timeline!("daemon-started", gpu = shared.label);
             tracing::info!(gpu = %shared.label, pid = d.pid(), "mps control daemon started");
-            *lock(&shared.daemon) = Some(Arc::from(d));
+            let d: Arc<dyn MpsDaemon> = Arc::from(d);
+            watch_exit(shared, &d);
+            *lock(&shared.daemon) = Some(d);
             Event::RestartSucceeded
         }
         Err(e) => {
@@ -467,7 +489,23 @@ fn restart(shared: &Shared, policy: &MpsPolicy, adopt: bool) -> Event {
     }
 }
 
+/// Has the loop woken as soon as `daemon`'s process ends.
+fn watch_exit(shared: &Arc<Shared>, daemon: &Arc<dyn MpsDaemon>) {
+    let weak = Arc::downgrade(shared);
+    daemon.notify_exit(Box::new(move || {
+        if let Some(shared) = weak.upgrade() {
+            shared.poke();
+        }
+    }));
+}
+
 fn publish(shared: &Shared, check: Check) {
+    mpsfleet_core::timeline!(
+        "check",
+        gpu = shared.label,
+        status = check.status.as_str(),
+        failing = check.failing_since_ms.is_some()
+    );
     tracing::info!(
         gpu = %shared.label,
         status = check.status.as_str(),

@@ -277,6 +277,9 @@ impl Runtime {
             return Err(RuntimeError::Io { what: "start the shim reaper for", path: dir, source });
         }
         let mut waited = Duration::ZERO;
+        // The shim records the task's pid within milliseconds: looked for often at first, then
+        // every `POLL`.
+        let mut pause = Duration::from_millis(1);
         loop {
             if let Some(proc) = read_proc(&dir)? {
                 tracing::info!(task.id = %l.task_id, container = %l.container, pid = proc.pid, dir = %dir.display(), "container started");
@@ -301,8 +304,9 @@ impl Runtime {
             if waited >= LAUNCH_WAIT {
                 return Err(RuntimeError::ShimSilent { dir });
             }
-            thread::sleep(POLL);
-            waited += POLL;
+            thread::sleep(pause);
+            waited += pause;
+            pause = (pause * 2).min(POLL);
         }
     }
 

@@ -102,6 +102,7 @@ mod tests {
                 total_ms: None,
                 total_fenced_ms: None,
                 total_full_pool_ms: None,
+                copies_ms: None,
             },
             owner: "mpsfleet".into(),
             incidents: Vec::new(),

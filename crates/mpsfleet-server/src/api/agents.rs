@@ -320,12 +320,16 @@ pub(super) async fn assignments(
     let mut stopping = st.stopping.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     loop {
-        let a = st
-            .call(&headers, host, Touch::Cluster, |c, who| c.read().shared_assignments(&host_id(who)?))
+        let (id, a) = st
+            .call(&headers, host, Touch::Cluster, |c, who| {
+                let id = host_id(who)?;
+                Ok((id.clone(), c.read().shared_assignments(&id)?))
+            })
             .await?;
         let epoch = a.epoch;
         // A stopping server answers at once, so that it is not kept waiting for the poll.
         if epoch > q.after || *stopping.borrow() || tokio::time::Instant::now() >= deadline {
+            mpsfleet_core::timeline!("assignments-sent", host = id, revision = epoch);
             let out = AssignmentsOut {
                 revision: epoch,
                 tasks: &a.tasks,

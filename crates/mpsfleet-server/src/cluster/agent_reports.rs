@@ -78,18 +78,27 @@ pub(super) fn check_container_reports(containers: &[ContainerReport]) -> Result<
     Ok(())
 }
 
-/// The GPUs whose MPS daemon's failure is confirmed, after `checks`: reported IMPAIRED
-/// (`mpsFailureThreshold` failures in a row, or local repair given up), or confirmed before
-/// (`before`) and still failing in the agent's count (a daemon restarted and killed again
-/// flips between OK and IMPAIRED; it is over once it has answered `mpsFailureThreshold`
-/// probes in a row, when the agent drops the failure's first signal).
-pub(super) fn confirmed_failures(checks: &[HostCheck], before: &BTreeSet<GpuUuid>) -> BTreeSet<GpuUuid> {
+/// The GPUs whose MPS daemon has failed, after `checks`, as the pool's `restartCopies` counts
+/// it: reported IMPAIRED (`mpsFailureThreshold` failures in a row, or local repair given up);
+/// with `first_exit`, also a failure that local repair has restarted the daemon for (it
+/// exited, or failed to start: the agent restarts a daemon that only fails its probes once
+/// they reach the threshold, when it is IMPAIRED anyway); or failed before (`before`) and
+/// still failing in the agent's count (a daemon restarted and killed again flips between OK
+/// and IMPAIRED; it is over once it has answered `mpsFailureThreshold` probes in a row, when
+/// the agent drops the failure's first signal).
+pub(super) fn failed_daemons(
+    checks: &[HostCheck],
+    before: &BTreeSet<GpuUuid>,
+    first_exit: bool,
+) -> BTreeSet<GpuUuid> {
     checks
         .iter()
         .filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON)
         .filter(|c| {
+            let failing = c.first_failure_age_ms.is_some();
             c.status == HealthStatus::Impaired
-                || (c.first_failure_age_ms.is_some() && c.gpu_id.as_ref().is_some_and(|g| before.contains(g)))
+                || (failing && first_exit && !c.repair_ages_ms.is_empty())
+                || (failing && c.gpu_id.as_ref().is_some_and(|g| before.contains(g)))
         })
         .filter_map(|c| c.gpu_id.clone())
         .collect()

@@ -26,7 +26,7 @@ pub(super) const SWITCH_KEY: &str = "cluster";
 #[derive(Debug, Clone)]
 pub enum DrillStarted {
     /// A dry run: what it would strike and expect.
-    Plan(DrillPlan),
+    Plan(Box<DrillPlan>),
     Started(Box<Drill>),
 }
 

@@ -15,6 +15,7 @@ use crate::auth::{self, Principal};
 use mpsfleet_core::scheduler::MAX_GPUS;
 use mpsfleet_store::{Op, Precondition};
 use mpsfleet_types::api::RegisterHostResponse;
+use mpsfleet_types::policy::RestartCopies;
 use mpsfleet_types::{GpuUuid, Host, HostId, HostRegistration, Incident};
 use mpsfleet_types::{HostStatus, PoolName};
 use std::collections::BTreeSet;
@@ -66,8 +67,9 @@ impl Cluster {
             let start = *t.pull_started_at_ms.get_or_insert(now.saturating_sub(p.began_ago_ms));
             t.pull_stopped_at_ms = Some(start.saturating_add(p.took_ms).min(now));
         }
-        if t.last_status == TaskStatus::Running {
-            t.started_at_ms.get_or_insert(now);
+        if t.last_status == TaskStatus::Running && t.started_at_ms.is_none() {
+            mpsfleet_core::timeline!("running-received", task = t.id);
+            t.started_at_ms = Some(now);
         }
         if t.last_status == TaskStatus::Stopped {
             t.ready = false;
@@ -272,11 +274,14 @@ impl Cluster {
         Ok(self.status_answer(ix))
     }
 
-    /// A daemon's failure confirmed or over: the `restart` services with tasks on its GPU are
-    /// asked for, to start copies elsewhere now (or to stop the extras once it answers again).
+    /// A daemon failed (at its first exit, or once its failure is confirmed: the pool's
+    /// `restartCopies`) or answers again: the `restart` services with tasks on its GPU are
+    /// asked for, at once, to start copies elsewhere now (or to stop the extras).
     pub(super) fn daemons_changed(&mut self, ix: HostIx) {
         let entry = &self.state.hosts()[ix as usize];
-        let now = confirmed_failures(&entry.checks, &entry.failed_daemons);
+        let first_exit = (self.state.pools().get(&entry.host().pool))
+            .is_none_or(|p| p.value.restart_copies == RestartCopies::FirstExit);
+        let now = failed_daemons(&entry.checks, &entry.failed_daemons, first_exit);
         if now == entry.failed_daemons {
             return;
         }
@@ -291,6 +296,10 @@ impl Cluster {
             (Some(at), false) => Some(at),
             (None, false) => Some(self.now()),
         };
+        let newly = now.difference(&entry.failed_daemons).count();
+        for g in now.difference(&entry.failed_daemons) {
+            mpsfleet_core::timeline!("daemon-failed", host = entry.host().id, gpu = g);
+        }
         let e = self.state.host_mut(ix);
         e.failed_daemons = now;
         e.failed_daemons_since_ms = since;
@@ -304,7 +313,11 @@ impl Cluster {
             .filter_map(|e| e.task.group.clone())
             .collect();
         for s in services {
-            self.ask(Work::Service(s));
+            self.ask_now(Work::Service(s));
+        }
+        if newly > 0 {
+            // No new MPS task there while it fails (nor its replicas' copies).
+            self.close_mps_gpus(ix, &[]);
         }
         self.recover_exits_on(ix, &changed);
     }

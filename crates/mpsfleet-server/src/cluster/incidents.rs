@@ -62,7 +62,14 @@ impl Cluster {
         let owner = derived.owner.clone();
         if req.dry_run {
             let expected = expected_timeline(&row, &owner, fault, req.once);
-            return Ok(DrillStarted::Plan(DrillPlan { pool, fault, targets, owner, bounds: row, expected }));
+            return Ok(DrillStarted::Plan(Box::new(DrillPlan {
+                pool,
+                fault,
+                targets,
+                owner,
+                bounds: row,
+                expected,
+            })));
         }
         let now = self.now();
         let id = format!("drill-{:012x}", auth::random_u64()? >> 16);

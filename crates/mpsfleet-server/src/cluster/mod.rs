@@ -51,6 +51,8 @@ mod bounds_tests;
 mod catalog_tests;
 pub(crate) mod controllers;
 #[cfg(test)]
+mod copies_tests;
+#[cfg(test)]
 mod daemon_tests;
 #[cfg(test)]
 mod drill_tests;

@@ -36,6 +36,7 @@ impl Cluster {
             task_policy: req.task_policy.unwrap_or_default(),
             max_resume_seconds: req.max_resume_seconds,
             preemption: req.preemption.unwrap_or_default(),
+            restart_copies: req.restart_copies.unwrap_or_default(),
             events: Default::default(),
             created_at_ms: self.now(),
             tags: req.tags,
@@ -87,6 +88,9 @@ impl Cluster {
         }
         if let Some(p) = req.preemption {
             pool.preemption = p;
+        }
+        if let Some(r) = req.restart_copies {
+            pool.restart_copies = r;
         }
         if let Some(max) = req.max_resume_seconds {
             pool.max_resume_seconds = (max > 0).then_some(max);

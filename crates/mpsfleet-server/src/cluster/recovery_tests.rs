@@ -130,7 +130,7 @@ impl World {
         seen
     }
 
-    fn only_incident(&self) -> Incident {
+    pub(super) fn only_incident(&self) -> Incident {
         let all = self.c.read().incidents();
         assert_eq!(all.len(), 1, "{all:#?}");
         all.into_iter().next().unwrap()

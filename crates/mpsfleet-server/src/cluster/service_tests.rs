@@ -674,65 +674,6 @@ fn a_service_change_answers_once_committed_and_leaves_the_rest_to_the_controller
     assert_eq!(c.state.tasks().of_service(&name).len(), 2, "the work queue started its task");
 }
 
-/// Once a daemon's failure is confirmed (its check IMPAIRED), a `restart` service starts
-/// copies of its tasks on that daemon elsewhere at once, while local repair goes on; when the
-/// daemon answers again, the service is above its count and stops the extras, the newest
-/// first. A `fenced` service starts nothing until its host's incident says the old copies are
-/// gone.
-#[test]
-fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_the_extras() {
-    for resumption in [ResumptionBoundary::Restart, ResumptionBoundary::Fenced] {
-        let (mut w, _) = world(2);
-        w.c.create_service(CreateService {
-            name: "web".into(),
-            pool: "p".into(),
-            task_definition: "app:1".into(),
-            desired_count: 2,
-            resumption: Some(resumption),
-            ..Default::default()
-        })
-        .unwrap();
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
-        let first: Vec<Task> = of_web(&w.c);
-        assert_eq!(first.len(), 2);
-        let failed = first[0].host_id.clone().unwrap();
-        let on_failed = first.iter().filter(|t| t.host_id.as_ref() == Some(&failed)).count();
-
-        w.heartbeat(&failed, HealthStatus::Impaired);
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
-        let live: Vec<Task> = of_web(&w.c);
-        let elsewhere = live.iter().filter(|t| t.host_id.as_ref() != Some(&failed)).count();
-        match resumption {
-            ResumptionBoundary::Restart => {
-                assert_eq!(elsewhere, 2, "{resumption:?}: {live:#?}");
-                assert_eq!(live.len(), 2 + on_failed, "the old copies run on while repair tries");
-                // Its events say why it runs above its count.
-                let events = w.c.read().service("web").unwrap().service.events;
-                assert!(
-                    events.iter().any(|e| e.reason == "TasksStarted"
-                        && e.message.contains(&format!(
-                            "for {on_failed} replica(s) on an MPS daemon whose failure is confirmed"
-                        ))),
-                    "{events:#?}"
-                );
-            }
-            ResumptionBoundary::Fenced => assert_eq!(live.len(), 2, "{resumption:?}: {live:#?}"),
-        }
-
-        // Local repair works: the daemon answers again, and the extras go, the newest first.
-        w.heartbeat(&failed, HealthStatus::Ok);
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
-        let mut live: Vec<TaskId> = of_web(&w.c).into_iter().map(|t| t.id).collect();
-        live.sort();
-        let mut kept: Vec<TaskId> = first.iter().map(|t| t.id).collect();
-        kept.sort();
-        assert_eq!(live, kept, "{resumption:?}: the first copies stay, the newer ones stopped");
-    }
-}
-
 /// Capacity coming back (hosts uncordoned) asks the pool's services at once: a service bunched
 /// on one host starts moving a replica on the next pass of the work queue, not at its next
 /// periodic resync.
@@ -780,7 +721,7 @@ fn a_replica_moved_by_an_incident_is_in_its_services_events() {
 }
 
 /// The live tasks of the service `web`.
-fn of_web(c: &Cluster) -> Vec<Task> {
+pub(super) fn of_web(c: &Cluster) -> Vec<Task> {
     let name = ServiceName::new("web").unwrap();
     c.state
         .tasks()

@@ -38,15 +38,45 @@ impl Fleet {
         health: HealthPolicy,
         server_args: &[&str],
     ) -> Result<Fleet> {
+        let create = CreatePool {
+            name: pool.into(),
+            mode: Some(OwnershipMode::Managed),
+            health_policy: Some(health),
+            provider: Some(Provider::local(hosts)),
+            ..Default::default()
+        };
+        Fleet::start_pool(dir, agent_args, create, hosts, server_args, false).await
+    }
+
+    /// A server whose pool is `create` (managed, with `hosts` local hosts). With `timeline`,
+    /// the server and its agents log the recovery path's steps (`mpsfleet_core::timeline!`):
+    /// the server's log is `dir/server.log`, each agent's its `agent.log`.
+    pub async fn start_pool(
+        dir: &Path,
+        agent_args: &str,
+        create: CreatePool,
+        hosts: u32,
+        server_args: &[&str],
+        timeline: bool,
+    ) -> Result<Fleet> {
         std::fs::create_dir_all(dir)?;
         let data = dir.join("server");
+        // Quiet unless asked otherwise: the figures are the output.
+        let mut log = std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into());
+        let stderr = if timeline {
+            log.push_str(",timeline=info");
+            std::process::Stdio::from(std::fs::File::create(dir.join("server.log"))?)
+        } else {
+            std::process::Stdio::inherit()
+        };
+        let pool = create.name.clone();
         let mut server = std::process::Command::new(std::env::current_exe()?)
             .args(["server", "--listen", "127.0.0.1:0", "--local-agent-args", agent_args, "--data-dir"])
             .arg(&data)
             .args(server_args)
-            // Quiet unless asked otherwise: the figures are the output.
-            .env("MPSFLEET_LOG", std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into()))
+            .env("MPSFLEET_LOG", log)
             .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
             .spawn()?;
         let stdout = server.stdout.take().ok_or_else(|| anyhow::anyhow!("no server output"))?;
         let mut lines = std::io::BufReader::new(stdout).lines();
@@ -60,18 +90,10 @@ impl Fleet {
         let token = std::fs::read_to_string(data.join("admin.token"))?.trim().to_string();
         let ca = std::fs::read(data.join(mpsfleet_server::CA_FILE))?;
         let admin = Client::with_trust(&url, Some(token), &mpsfleet_client::tls::Trust::Ca(ca))?;
-        admin
-            .create_pool(&CreatePool {
-                name: pool.into(),
-                mode: Some(OwnershipMode::Managed),
-                health_policy: Some(health),
-                provider: Some(Provider::local(hosts)),
-                ..Default::default()
-            })
-            .await?;
+        admin.create_pool(&create).await?;
         let until = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            let hs = admin.list_hosts(Some(pool)).await?;
+            let hs = admin.list_hosts(Some(&pool)).await?;
             let ready = hs
                 .iter()
                 .filter(|h| h.status == HostStatus::Active && h.health_status == HealthStatus::Ok)

@@ -19,6 +19,7 @@ mod soak_judge;
 mod soak_probe;
 mod start;
 mod submit;
+mod timeline;
 mod traffic;
 use ingest::{ingest, IngestBench};
 use mpsfleet_core::scheduler::{GpuSpec, HostSpec, Needs, PoolConfig, Request, Scheduler};

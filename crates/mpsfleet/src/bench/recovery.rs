@@ -1,8 +1,9 @@
 //! `mpsfleet bench recovery`: time from the first kill of an MPS daemon that cannot stay up
 //! (killed again after each local restart, as a user meets it) to its tasks running elsewhere.
 
-use super::fleet::{median, remove_containers, stop_everything_in, Fleet};
+use super::fleet::{median, quantile_f, remove_containers, stop_everything_in, Fleet};
 use super::kill::keep_killing;
+use super::timeline::{self, Steps};
 use anyhow::Result;
 use clap::Args;
 
@@ -10,7 +11,8 @@ use clap::Args;
 /// trial one daemon is killed, and killed again each time the agent's local repair restarts
 /// it, until the agent gives up; the times from the first kill to the incident opening, to the
 /// decision and to the service's every replica RUNNING elsewhere (on a healthy daemon) are
-/// measured, and the incident's own total (first failure to resumed) is reported beside them.
+/// measured, and the incident's own total (first failure to resumed) is reported beside them;
+/// and each step of the path, read from the server's and agents' `timeline` log lines.
 #[derive(Args)]
 pub struct RecoveryBench {
     /// Trials, each a fresh server and pool whose MPS daemon is killed (1 to 100).
@@ -32,6 +34,10 @@ pub struct RecoveryBench {
     /// The image the tasks run with `--runtime docker` [default: MPSFLEET_TEST_IMAGE].
     #[arg(long, env = "MPSFLEET_TEST_IMAGE")]
     image: Option<String>,
+    /// The pool's `restartCopies`: `first-exit` starts a `restart` service's copies at the
+    /// daemon's first exit, `confirmed` once its failure is confirmed.
+    #[arg(long, value_parser = ["first-exit", "confirmed"], default_value = "first-exit")]
+    restart_copies: String,
 }
 
 #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
@@ -50,8 +56,9 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
         "--runtime docker needs --image (or MPSFLEET_TEST_IMAGE)"
     );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let (mut detect, mut decide, mut running, mut recorded) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut detect, mut decide, mut running, mut recorded, mut acted) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
     let mut bound_s = f64::NAN;
     for trial in 1..=b.trials {
         let dir = std::env::temp_dir().join(format!("mpsf-bench-{}-{trial}", std::process::id()));
@@ -68,6 +75,15 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
              the first kill ({} kills); the incident's total {:.3}s",
             t.detected, t.decided, t.running, t.kills, t.recorded
         );
+        let words: Vec<String> = t.steps.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
+        println!("  steps (ms): {}", words.join(", "));
+        for (name, ms) in &t.steps {
+            match steps.iter_mut().find(|(n, _)| n == name) {
+                Some((_, v)) => v.push(*ms),
+                None => steps.push((name.clone(), vec![*ms])),
+            }
+        }
+        acted.push(t.acted_to_running);
         detect.push(t.detected);
         decide.push(t.decided);
         running.push(t.running);
@@ -85,9 +101,23 @@ pub fn recovery(b: RecoveryBench) -> Result<()> {
         "median_decide_s": (median(decide) * 1000.0).round() / 1000.0,
         "max_failure_to_running_s": (running.iter().copied().fold(0.0_f64, f64::max) * 1000.0).round() / 1000.0,
         "stated_bound_total_s": bound_s,
-        "median_failure_to_running_s": (median(running) * 1000.0).round() / 1000.0,
+        "median_failure_to_running_s": (median(running.clone()) * 1000.0).round() / 1000.0,
         "median_incident_total_s": (median(recorded) * 1000.0).round() / 1000.0,
+        "restart_copies": b.restart_copies,
+        "median_acted_to_running_s": (median(acted.clone()) * 1000.0).round() / 1000.0,
+        "p99_acted_to_running_s": (quantile_f(acted, 0.99) * 1000.0).round() / 1000.0,
+        "p99_failure_to_running_s": (quantile_f(running.clone(), 0.99) * 1000.0).round() / 1000.0,
+        "steps": steps.iter().map(|(name, v)| serde_json::json!({
+            "step": name,
+            "trials": v.len(),
+            "median_ms": (median(v.clone()) * 10.0).round() / 10.0,
+            "p99_ms": (quantile_f(v.clone(), 0.99) * 10.0).round() / 10.0,
+        })).collect::<Vec<_>>(),
     });
+    println!("{:<40} {:>10} {:>10}", "STEP", "MEDIAN MS", "P99 MS");
+    for (name, v) in &steps {
+        println!("{name:<40} {:>10.1} {:>10.1}", median(v.clone()), quantile_f(v.clone(), 0.99));
+    }
     println!("{report}");
     Ok(())
 }
@@ -102,6 +132,11 @@ struct Trial {
     kills: u32,
     /// The pool's stated total bound for a daemon that exits (restart services).
     bound: f64,
+    /// Each step of the path, in ms ([`timeline::steps`]).
+    steps: Steps,
+    /// From the check the server acted on (the failure confirmed, or the first exit) to every
+    /// replica RUNNING, in seconds.
+    acted_to_running: f64,
 }
 
 async fn recovery_trial(b: &RecoveryBench, mps: &std::path::Path, dir: &std::path::Path) -> Result<Trial> {
@@ -122,7 +157,15 @@ async fn recovery_trial(b: &RecoveryBench, mps: &std::path::Path, dir: &std::pat
     if let Some(t) = b.toleration_ms {
         health.toleration_ms = t;
     }
-    let fleet = Fleet::start(dir, &agent_args, "bench", b.hosts, health).await?;
+    let create = CreatePool {
+        name: "bench".into(),
+        mode: Some(OwnershipMode::Managed),
+        health_policy: Some(health),
+        provider: Some(Provider::local(b.hosts)),
+        restart_copies: Some(b.restart_copies.parse().map_err(anyhow::Error::msg)?),
+        ..Default::default()
+    };
+    let fleet = Fleet::start_pool(dir, &agent_args, create, b.hosts, &[], true).await?;
     let result = recovery_measure(&fleet, b, container).await;
     if b.runtime == "docker" {
         let hosts = fleet.host_ids().await?;
@@ -179,7 +222,8 @@ async fn recovery_measure(fleet: &Fleet, b: &RecoveryBench, container: serde_jso
     let daemon: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
     anyhow::ensure!(daemon["pid"].as_u64().is_some(), "no pid in {}", record.display());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let killed_at = epoch_ms();
+    let killed_us = mpsfleet_core::clock::wall_us();
+    let killed_at = killed_us / 1000;
     let killer = keep_killing(record, stop.clone());
     let on_daemon: Vec<TaskId> = tasks
         .iter()
@@ -189,20 +233,20 @@ async fn recovery_measure(fleet: &Fleet, b: &RecoveryBench, container: serde_jso
     // Every replica RUNNING again elsewhere, on a healthy daemon (copies on the failed one,
     // which a `restart` service no longer counts, may still run meanwhile): measured here.
     let until = deadline(90);
-    let running_at = loop {
+    let seen_us = loop {
         let ts = admin.list_tasks(&q).await?;
         let live: Vec<&Task> = ts
             .iter()
             .filter(|t| t.last_status == TaskStatus::Running && t.desired_status == TaskStatus::Running)
             .collect();
         if live.iter().filter(|t| !on_daemon.contains(&t.id)).count() >= replicas as usize {
-            break epoch_ms();
+            break mpsfleet_core::clock::wall_us();
         }
         if tokio::time::Instant::now() >= until {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
             anyhow::bail!("timed out waiting for the tasks to run again");
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
     let incident = loop {
         let list = admin.list_incidents().await?;
@@ -224,10 +268,31 @@ async fn recovery_measure(fleet: &Fleet, b: &RecoveryBench, container: serde_jso
     let bound =
         stated.of(FailureKind::DaemonExit).and_then(|k| k.total_ms).map_or(f64::NAN, |ms| ms as f64 / 1000.0);
     let since = |at: Option<u64>| at.map_or(f64::NAN, |t| t.saturating_sub(killed_at) as f64 / 1000.0);
+    let lines = |p: &std::path::Path| timeline::read(p);
+    let hosts = fleet.data.join("hosts");
+    let mut agents: Vec<timeline::Line> = std::fs::read_dir(&hosts)?
+        .filter_map(|e| e.ok())
+        .flat_map(|e| lines(&e.path().join("agent.log")))
+        .collect();
+    agents.sort_by_key(|l| l.at_us);
+    let gpu = victim.gpu_ids.first().map(ToString::to_string).unwrap_or_default();
+    let steps = timeline::steps(&timeline::Logs {
+        agent: &lines(&hosts.join(&host.hostname).join("agent.log")),
+        server: &lines(&fleet.data.with_file_name("server.log")),
+        agents: &agents,
+        gpu: &gpu,
+        killed_us,
+        seen_running_us: seen_us,
+    })
+    .map_err(|e| anyhow::anyhow!("breaking the recovery into steps: {e}"))?;
+    let from = steps.iter().position(|(n, _)| n == "reported to the server").unwrap_or(steps.len());
+    let acted_to_running = steps[from..].iter().map(|(_, ms)| ms).sum::<f64>() / 1000.0;
     Ok(Trial {
+        steps,
+        acted_to_running,
         detected: since(t.detected_at_ms),
         decided: since(t.decided_at_ms),
-        running: running_at.saturating_sub(killed_at) as f64 / 1000.0,
+        running: seen_us.saturating_sub(killed_us) as f64 / 1_000_000.0,
         recorded: t.total_ms.map_or(f64::NAN, |ms| ms as f64 / 1000.0),
         kills,
         bound,

@@ -3,6 +3,7 @@
 use super::*;
 use mpsfleet_core::explain::Explanation;
 use mpsfleet_types::bounds::RecoveryBounds;
+use mpsfleet_types::policy::RestartCopies;
 
 pub(super) fn print_explain(f: Format, e: &Explanation) {
     if f.is_data() {
@@ -48,6 +49,7 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
                 s(k.total_ms),
                 s(k.total_fenced_ms),
                 s(k.total_full_pool_ms),
+                s(k.copies_ms),
             ]
         })
         .collect();
@@ -67,9 +69,21 @@ pub(crate) fn bounds_words(b: &RecoveryBounds) -> String {
             "TOTAL (RESTART)",
             "TOTAL (FENCED)",
             "TOTAL (FULL POOL)",
+            "COPIES (RESTART)",
         ],
         &rows,
     ));
+    if let Some(c) = b.restart_copies {
+        let when = match c {
+            RestartCopies::FirstExit => "at an MPS daemon's first exit, while local repair goes on",
+            RestartCopies::Confirmed => "once an MPS daemon's failure is confirmed",
+        };
+        out.push_str(&format!(
+            "restart copies (restartCopies {}): a restart service's replicas on a failed daemon get copies elsewhere {when}; \
+             the extras stop, newest first, once the daemon answers again\n",
+            c.as_str()
+        ));
+    }
     if let Some(f) = &b.full_pool {
         let how = match (f.by.as_str(), f.victim_stop_ms) {
             ("preemption", Some(ms)) => format!(

@@ -119,12 +119,14 @@ impl HostHealth {
         Ok(next_evaluation(&w.reader(), ix))
     }
 
-    /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, or
-    /// after a task there was refused because its daemon did not answer (`refused`): a
-    /// replacement placed back on that GPU at once would only be refused again. A closed GPU
-    /// opens once the hold (the pool's probe interval, at most [`MPS_CLOSED_HOLD_MS`]) has
-    /// passed and the host's latest check of it is OK: at worst one refused start per GPU per
-    /// hold, never a loop.
+    /// Closes a host's GPUs to new MPS tasks while its agent reports their daemon not OK, all
+    /// of them while one of its daemons has been restarted for a failure still going on (a
+    /// host whose daemon exited is suspect: a restart copy placed on its other GPU would move
+    /// again if the host is replaced), or after a task there was refused because its daemon
+    /// did not answer (`refused`): a replacement placed back on that GPU at once would only be
+    /// refused again. A closed GPU opens once the hold (the pool's probe interval, at most
+    /// [`MPS_CLOSED_HOLD_MS`]) has passed and the host's latest check of it is OK: at worst one
+    /// refused start per GPU per hold, never a loop.
     pub(in crate::cluster) fn close_mps_gpus(&mut self, w: &mut Writer<'_>, ix: HostIx, refused: &[GpuIx]) {
         let e = &w.state.hosts()[ix as usize];
         let hold = (w.state.pools().get(&e.host().pool))
@@ -132,8 +134,9 @@ impl HostHealth {
             .clamp(250, MPS_CLOSED_HOLD_MS);
         let until = w.now_ms + hold;
         let mut close: Vec<GpuIx> = refused.to_vec();
+        let repairing = mps_daemon_repairing(&e.checks);
         for (g, inv) in w.sched.host_gpus(ix).zip(&e.host().gpus) {
-            if !mps_daemon_ok(&e.checks, &inv.uuid) {
+            if repairing || !mps_daemon_ok(&e.checks, &inv.uuid) {
                 close.push(g);
             }
         }
@@ -338,4 +341,11 @@ fn mps_daemon_ok(checks: &[HostCheck], gpu: &GpuUuid) -> bool {
             c.name == mpsfleet_core::health::MPS_DAEMON && c.gpu_id.as_ref().is_none_or(|id| id == gpu)
         })
         .all(|c| c.status == HealthStatus::Ok)
+}
+
+/// Whether local repair has restarted one of the host's daemons for a failure still going on
+/// (it exited: its check stays OK until the failure threshold).
+fn mps_daemon_repairing(checks: &[HostCheck]) -> bool {
+    (checks.iter().filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON))
+        .any(|c| c.first_failure_age_ms.is_some() && !c.repair_ages_ms.is_empty())
 }

@@ -104,6 +104,9 @@ impl Placer {
         if placed.is_empty() {
             return Ok(Action::AwaitChange);
         }
+        for (t, _, _) in &placed {
+            mpsfleet_core::timeline!("placed", task = t.id);
+        }
         w.write_placed(&ops, placed)?;
         Ok(Action::AwaitChange)
     }

@@ -446,14 +446,20 @@ fn world_of(w: &Writer<'_>, l: &Lent<'_>, incident: &Incident, counts: PoolCount
     } else {
         TerminationState::NotRequested
     };
+    // A replacement its service stopped (or that stopped) counts as RUNNING once the service
+    // runs its count without it (`service_at_count_since`).
+    let covered = |a: &mpsfleet_types::AffectedTask| {
+        a.service.as_ref().and_then(|s| service_at_count_since(w, s, &incident.host_id)).is_some()
+    };
     let replacement_tasks = incident
         .affected_tasks
         .iter()
-        .filter_map(|a| a.replacement)
+        .filter_map(|a| Some((a, a.replacement?)))
         // A replacement counts as RUNNING once it is also ready (its readiness check
         // passes, where it declares one): that is when the work has resumed.
-        .filter_map(|r| w.state.tasks().get(&r).map(|e| (r, &e.task)))
-        .map(|(r, t)| match t.last_status {
+        .filter_map(|(a, r)| w.state.tasks().get(&r).map(|e| (a, r, &e.task)))
+        .map(|(a, r, t)| match t.last_status {
+            _ if t.desired_status == TaskStatus::Stopped && covered(a) => (r, TaskStatus::Running),
             TaskStatus::Running if !t.ready => (r, TaskStatus::Activating),
             s => (r, s),
         })
@@ -675,14 +681,40 @@ fn tell_services_of_moves(
 }
 
 /// When the last replacement of the incident's moved service tasks started RUNNING, when
-/// every one has (None when one has not, or none was started).
+/// every one has (None when one has not, or none was started). A replacement that stopped
+/// (its service scaled it in as one too many, moved it, or it failed and was replaced) is
+/// followed no further: its task counts as resumed once its service runs its desired count
+/// on healthy daemons off the incident's host, at the start of the replica that made the
+/// count.
 fn replacements_running_since(w: &Writer<'_>, incident: &Incident) -> Option<u64> {
     let mut last = None;
     for a in incident.affected_tasks.iter().filter(|a| a.service.is_some() && !a.waiting) {
         let t = &w.state.tasks().get(&a.replacement?)?.task;
-        last = last.max(Some(t.started_at_ms?));
+        let at = match t.desired_status {
+            TaskStatus::Stopped => service_at_count_since(w, a.service.as_ref()?, &incident.host_id)?,
+            _ => t.started_at_ms?,
+        };
+        last = last.max(Some(at));
     }
     last
+}
+
+/// When `service` last reached its desired count of RUNNING replicas on healthy daemons off
+/// `host` (the start of the replica that made the count), if it runs that many now.
+fn service_at_count_since(w: &Writer<'_>, service: &ServiceName, host: &HostId) -> Option<u64> {
+    let desired = w.state.services().get(service)?.value.desired_count as usize;
+    let mut started: Vec<u64> = (w.state.tasks().of_service(service).iter())
+        .filter_map(|id| w.state.tasks().get(id))
+        .map(|e| &e.task)
+        .filter(|t| t.desired_status == TaskStatus::Running && t.last_status == TaskStatus::Running)
+        .filter(|t| t.host_id.as_ref() != Some(host) && !w.reader().at_risk(t))
+        .filter_map(|t| t.started_at_ms)
+        .collect();
+    if desired == 0 || started.len() < desired {
+        return None;
+    }
+    started.sort_unstable();
+    Some(started[desired - 1])
 }
 
 /// The copy a `restart` service already started elsewhere for `old` (on a daemon whose

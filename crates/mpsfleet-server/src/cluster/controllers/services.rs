@@ -167,7 +167,7 @@ impl Services {
         }
         if plan.start > 0 {
             let started = start_replicas(w, &svc, plan.start)?;
-            // Replicas on a daemon whose failure is confirmed are not counted: their copies
+            // Replicas on a failed daemon (the pool's `restartCopies`) are not counted: their copies
             // start now, and the service runs more than its count until they stop or their
             // daemon answers again (at least once, never fewer).
             let at_risk = (w.state.tasks().of_service(name).iter())
@@ -176,8 +176,8 @@ impl Services {
                 .count();
             let why = if at_risk > 0 {
                 format!(
-                    " for {at_risk} replica(s) on an MPS daemon whose failure is confirmed (the service runs above \
-                     its count until they stop or their daemon answers again)"
+                    " for {at_risk} replica(s) on a failed MPS daemon (the service runs above its count until \
+                     they stop or their daemon answers again)"
                 )
             } else {
                 String::new()
@@ -575,6 +575,9 @@ fn start_replicas(w: &mut Writer<'_>, svc: &Service, count: u32) -> Result<Vec<T
     }
     if left > 0 {
         started.extend(w.start_tasks(tasks_of(svc), left)?);
+    }
+    for t in &started {
+        mpsfleet_core::timeline!("replica-started", task = t.id, placed = t.host_id.is_some());
     }
     Ok(started)
 }
