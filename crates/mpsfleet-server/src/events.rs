@@ -163,7 +163,8 @@ impl Events {
                     task: task.id,
                     pool: task.pool.clone(),
                     host: task.host_id.clone(),
-                    gpus: task.gpu_ids.clone(),
+                    gpu: task.gpu_ids.first().cloned(),
+                    more_gpus: task.gpu_ids.get(1..).unwrap_or_default().into(),
                 })),
                 c => self.publish(task_event(task.id, &task.pool, changes::render(c, task), at_ms)),
             }
@@ -192,7 +193,9 @@ pub struct Placed {
     task: TaskId,
     pool: PoolName,
     host: Option<HostId>,
-    gpus: Vec<GpuUuid>,
+    /// Its first GPU, and the others (none allocates nothing: a task has one GPU or few).
+    gpu: Option<GpuUuid>,
+    more_gpus: Box<[GpuUuid]>,
 }
 
 impl Kept {
@@ -215,7 +218,8 @@ impl Kept {
         let ev = match self {
             Kept::Built(e) => Event::clone(e),
             Kept::Placed(p) => {
-                task_event(p.task, &p.pool, changes::placed(p.host.as_ref(), &p.gpus), p.at_ms)
+                let gpus: Vec<GpuUuid> = p.gpu.iter().chain(p.more_gpus.iter()).cloned().collect();
+                task_event(p.task, &p.pool, changes::placed(p.host.as_ref(), &gpus), p.at_ms)
             }
         };
         Event { id: Some(id.to_string()), ..ev }

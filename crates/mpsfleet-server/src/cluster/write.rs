@@ -323,11 +323,11 @@ impl Writer<'_> {
         // record); the event stream and its history are told all the same.
         let placed_at_once = old.is_none() && task.host_id.is_some();
         let news = changes::task_changes(old, &task);
+        if placed_at_once && self.events.wanted() {
+            self.events.task_changes(&task, &[TaskChange::Placed], self.now_ms);
+        }
         let id = task.id;
         self.apply(version, Change::Task(task, placement));
-        if placed_at_once {
-            self.publish_task(&id, &[TaskChange::Placed]);
-        }
         self.record_task(id, news);
     }
 
