@@ -6,7 +6,8 @@
 //! them in the objects' bounded histories; a repeat folds into a count there.
 
 use mpsfleet_types::{
-    HealthStatus, History, Host, HostCheck, HostStatus, ObjectEvent, Task, TaskHealth, TaskStatus,
+    GpuUuid, HealthStatus, History, Host, HostCheck, HostId, HostStatus, ObjectEvent, Task, TaskHealth,
+    TaskStatus,
 };
 
 /// What happened to a task, kept compact: the words come from the task's record when the
@@ -104,16 +105,7 @@ pub fn task_events(t: &Task, kept: &History<TaskChange>) -> History<ObjectEvent>
 /// One change in words, as `task describe` shows it.
 pub fn render(c: &TaskChange, t: &Task) -> ObjectEvent {
     match c {
-        TaskChange::Placed => {
-            let gpus = if t.gpu_ids.is_empty() {
-                "no GPU".to_string()
-            } else {
-                let ids: Vec<&str> = t.gpu_ids.iter().map(|g| g.as_str()).collect();
-                format!("GPU {}", ids.join(", "))
-            };
-            let host = t.host_id.as_ref().map_or("-", |h| h.as_str());
-            ObjectEvent::new("Placed", format!("placed on host {host}, {gpus}"))
-        }
+        TaskChange::Placed => placed(t.host_id.as_ref(), &t.gpu_ids),
         TaskChange::Unplaced(why) => ObjectEvent::new("FailedPlacement", format!("unable to place: {why}")),
         TaskChange::Pulled(name) => {
             let c = t.containers.iter().find(|c| &c.name == name);
@@ -137,6 +129,19 @@ pub fn render(c: &TaskChange, t: &Task) -> ObjectEvent {
         TaskChange::Stopped => ObjectEvent::new("Stopped", stopped_message(t)),
         TaskChange::Preempted(words) => ObjectEvent::new("Preempted", words.clone()),
     }
+}
+
+/// A task's `Placed` in words: where it was placed (what [`render`] says of it, for a reader
+/// that kept only the host and GPUs).
+pub fn placed(host: Option<&HostId>, gpus: &[GpuUuid]) -> ObjectEvent {
+    let gpus = if gpus.is_empty() {
+        "no GPU".to_string()
+    } else {
+        let ids: Vec<&str> = gpus.iter().map(|g| g.as_str()).collect();
+        format!("GPU {}", ids.join(", "))
+    };
+    let host = host.map_or("-", |h| h.as_str());
+    ObjectEvent::new("Placed", format!("placed on host {host}, {gpus}"))
 }
 
 /// `StopCode: reason; exit codes name=N, ...`.

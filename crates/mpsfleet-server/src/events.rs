@@ -9,10 +9,12 @@
 
 pub mod history;
 
-use history::History;
+use history::{Cursor, History};
+use mpsfleet_core::changes::{self, TaskChange};
 use mpsfleet_types::event::{Event, EventType, HostEvent, Subject};
 use mpsfleet_types::{
-    HealthStatus, Host, HostStatus, Incident, IncidentState, IncidentView, ObjectEvent, Task,
+    GpuUuid, HealthStatus, Host, HostId, HostStatus, Incident, IncidentState, IncidentView, ObjectEvent,
+    PoolName, Task, TaskId,
 };
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -96,17 +98,36 @@ impl Events {
     }
 
     pub fn publish(&self, ev: Event) {
-        self.history.record(self.term, ev, |id, ev| {
-            let out = || Event { id: Some(id.to_string()), ..ev.clone() };
-            if let Some(w) = &self.webhook {
-                if ev.kind.is_incident() || ev.kind == EventType::HostHealth {
-                    w.push(out());
-                }
+        self.keep(Kept::Built(Box::new(ev)));
+    }
+
+    /// Keeps `kept` in the history and hands it, in full, to whoever listens now: nothing is
+    /// built when nobody does (a compact entry is put in words when the history is read).
+    fn keep(&self, kept: Kept) {
+        let kind = kept.kind();
+        let webhook = self.webhook.as_ref().filter(|_| kind.is_incident() || kind == EventType::HostHealth);
+        if !self.history.keeps() && webhook.is_none() && self.tx.receiver_count() == 0 {
+            return;
+        }
+        self.history.record(self.term, kept, |id, kept| {
+            let live = self.tx.receiver_count() > 0;
+            if webhook.is_none() && !live {
+                return;
             }
-            if self.tx.receiver_count() > 0 {
-                let _ = self.tx.send(out());
+            let ev = kept.event(id);
+            if let Some(w) = webhook {
+                w.push(ev.clone());
+            }
+            if live {
+                let _ = self.tx.send(ev);
             }
         });
+    }
+
+    /// Whether an event published now would go anywhere (the history, a stream, the
+    /// webhook): a caller may skip finding what it would say when not.
+    pub fn wanted(&self) -> bool {
+        self.history.keeps() || self.webhook.is_some() || self.tx.receiver_count() > 0
     }
 
     /// After an incident write: `before` is the stored incident's state and its timeline's
@@ -132,12 +153,85 @@ impl Events {
         }
     }
 
+    /// Changes just recorded in `task`'s events, in words (`task.event`). A `Placed` is kept
+    /// compact, its host and GPUs only: its words are built when it is read.
+    pub fn task_changes(&self, task: &Task, news: &[TaskChange], at_ms: u64) {
+        for c in news {
+            match c {
+                TaskChange::Placed => self.keep(Kept::Placed(Placed {
+                    at_ms,
+                    task: task.id,
+                    pool: task.pool.clone(),
+                    host: task.host_id.clone(),
+                    gpu: task.gpu_ids.first().cloned(),
+                    more_gpus: task.gpu_ids.get(1..).unwrap_or_default().into(),
+                })),
+                c => self.publish(task_event(task.id, &task.pool, changes::render(c, task), at_ms)),
+            }
+        }
+    }
+
     /// After a task update that stopped the task.
     pub fn task_stopped(&self, task: &Task, at_ms: u64) {
         self.publish(Event {
             task: Some(Box::new(task.clone())),
             ..Event::new(EventType::TaskStopped, at_ms)
         });
+    }
+}
+
+/// An event as the history keeps it: built as it happened, or a task's `Placed` kept
+/// compact and built in words when it is read (one per task on the submit path).
+pub enum Kept {
+    Built(Box<Event>),
+    Placed(Placed),
+}
+
+/// What a task's `Placed` event says: where it was placed.
+pub struct Placed {
+    at_ms: u64,
+    task: TaskId,
+    pool: PoolName,
+    host: Option<HostId>,
+    /// Its first GPU, and the others (none allocates nothing: a task has one GPU or few).
+    gpu: Option<GpuUuid>,
+    more_gpus: Box<[GpuUuid]>,
+}
+
+impl Kept {
+    pub fn kind(&self) -> EventType {
+        match self {
+            Kept::Built(e) => e.kind,
+            Kept::Placed(_) => EventType::TaskEvent,
+        }
+    }
+
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Kept::Built(e) => e.at_ms,
+            Kept::Placed(p) => p.at_ms,
+        }
+    }
+
+    /// The event in full, with its id.
+    pub fn event(&self, id: Cursor) -> Event {
+        let ev = match self {
+            Kept::Built(e) => Event::clone(e),
+            Kept::Placed(p) => {
+                let gpus: Vec<GpuUuid> = p.gpu.iter().chain(p.more_gpus.iter()).cloned().collect();
+                task_event(p.task, &p.pool, changes::placed(p.host.as_ref(), &gpus), p.at_ms)
+            }
+        };
+        Event { id: Some(id.to_string()), ..ev }
+    }
+}
+
+/// A `task.event`: `entry` of task `id`'s events.
+fn task_event(id: TaskId, pool: &PoolName, entry: ObjectEvent, at_ms: u64) -> Event {
+    Event {
+        subject: Some(Subject { id: id.to_string(), pool: pool.clone() }),
+        event: Some(entry),
+        ..Event::new(EventType::TaskEvent, at_ms)
     }
 }
 
@@ -341,7 +435,7 @@ impl Webhook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mpsfleet_types::{HostId, IncidentOwner, PoolName, Step, Trigger};
+    use mpsfleet_types::{IncidentOwner, Step, Trigger};
 
     fn incident(state: IncidentState, steps: &[Step]) -> Incident {
         let trigger = Trigger {
@@ -406,6 +500,82 @@ mod tests {
         assert_eq!(ev[0].host.as_ref().unwrap().id, HostId::new("h-1").unwrap());
         assert_eq!(ev[1].host.as_ref().unwrap().previous_health_status, Some(HealthStatus::Ok));
         assert!(host_events((HostStatus::Draining, HealthStatus::Impaired), &host, 9).is_empty());
+    }
+
+    fn placed_task(n: u64, gpus: &[&str]) -> Task {
+        let mut t = Task::new(
+            TaskId(n),
+            mpsfleet_types::TaskDefRef::parse("bench:1").unwrap(),
+            PoolName::new("gpu").unwrap(),
+            None,
+            "admin".into(),
+            1_000 + n,
+        );
+        t.host_id = Some(HostId::new("h-1").unwrap());
+        t.gpu_ids = gpus.iter().map(|g| GpuUuid::new(*g).unwrap()).collect();
+        t
+    }
+
+    /// The event a task's change made when every entry was built as it happened.
+    fn eager(t: &Task, c: &TaskChange, at_ms: u64, id: &str) -> Event {
+        Event {
+            id: Some(id.into()),
+            subject: Some(Subject { id: t.id.to_string(), pool: t.pool.clone() }),
+            event: Some(changes::render(c, t)),
+            ..Event::new(EventType::TaskEvent, at_ms)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_placed_entry_built_when_read_is_the_one_built_as_it_happened() {
+        let events = Events::default();
+        let mut live = events.subscribe();
+        let (a, b, mut stopped) =
+            (placed_task(1, &["GPU-a", "GPU-b"]), placed_task(2, &[]), placed_task(3, &["GPU-c"]));
+        stopped.last_status = mpsfleet_types::TaskStatus::Stopped;
+        stopped.stopped_reason = Some("done".into());
+        events.task_changes(&a, &[TaskChange::Placed], 10);
+        events.publish(Event::new(EventType::HostHealth, 11));
+        events.task_changes(&b, &[TaskChange::Placed], 12);
+        events.task_changes(&stopped, &[TaskChange::Placed, TaskChange::Stopped], 13);
+        let want = [
+            eager(&a, &TaskChange::Placed, 10, "0-1"),
+            Event { id: Some("0-2".into()), ..Event::new(EventType::HostHealth, 11) },
+            eager(&b, &TaskChange::Placed, 12, "0-3"),
+            eager(&stopped, &TaskChange::Placed, 13, "0-4"),
+            eager(&stopped, &TaskChange::Stopped, 13, "0-5"),
+        ];
+        let (read, last) = events.history().read(history::From::default(), |_| true);
+        assert_eq!(read, want, "read from the history: words, times, ids and order");
+        assert_eq!(last, Cursor { term: 0, n: 5 });
+        for w in &want {
+            assert_eq!(&live.recv().await.unwrap(), w, "as a live stream got it");
+        }
+        // Byte for byte as the API writes them.
+        let json = |v: &[Event]| v.iter().map(|e| serde_json::to_string(e).unwrap()).collect::<Vec<_>>();
+        assert_eq!(json(&read), json(&want));
+        assert_eq!(
+            read[0].event.as_ref().map(|e| e.message.as_str()),
+            Some("placed on host h-1, GPU GPU-a, GPU-b")
+        );
+        assert_eq!(read[2].event.as_ref().map(|e| e.message.as_str()), Some("placed on host h-1, no GPU"));
+        // Only of the types asked for.
+        let (health, _) = events.history().read(history::From::default(), |k| k == EventType::HostHealth);
+        assert_eq!(health, want[1..2]);
+    }
+
+    #[test]
+    fn with_the_history_off_nothing_is_kept_but_streams_still_get_events() {
+        let events = Events::new(None, Arc::new(History::with_limit(0)), 0);
+        assert!(!events.wanted(), "nobody would get an event");
+        events.task_changes(&placed_task(1, &["GPU-a"]), &[TaskChange::Placed], 10);
+        let mut live = events.subscribe();
+        assert!(events.wanted());
+        events.task_changes(&placed_task(2, &["GPU-a"]), &[TaskChange::Placed], 11);
+        assert!(events.history().read(history::From::default(), |_| true).0.is_empty());
+        let got = live.try_recv().unwrap();
+        assert_eq!(got.event.map(|e| e.message), Some("placed on host h-1, GPU GPU-a".to_string()));
+        assert!(got.id.is_some());
     }
 
     #[tokio::test]

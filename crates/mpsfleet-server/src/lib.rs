@@ -222,6 +222,9 @@ pub struct ServeOptions {
     pub webhook_secret: Option<[u8; 32]>,
     /// A CA (PEM) an `https://` webhook receiver is verified against, besides the system's.
     pub webhook_ca: Option<Vec<u8>>,
+    /// The most events the history keeps (0: none); `None`: [`events::history::HISTORY_EVENTS`].
+    /// Under a leadership the history is [`HaRole::events_history`], made with its own limit.
+    pub events_history: Option<usize>,
     /// Connection timeouts and cap.
     pub http: http::HttpLimits,
     /// Request rates of each kind of caller.
@@ -272,7 +275,10 @@ pub async fn serve(
     // Under a leadership, events go on from the history this server copied while it followed.
     let (history, term) = match &options.ha {
         Some(h) => (h.events_history.clone(), u64::try_from(h.leadership.fence()).unwrap_or(0)),
-        None => (Arc::default(), 0),
+        None => {
+            let limit = options.events_history.unwrap_or(events::history::HISTORY_EVENTS);
+            (Arc::new(events::history::History::with_limit(limit)), 0)
+        }
     };
     let events = events::Events::new(webhook, history, term);
     cluster.set_events(events.clone());

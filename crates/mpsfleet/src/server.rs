@@ -116,6 +116,12 @@ pub struct ServerArgs {
     /// A CA (PEM) to verify an https:// webhook receiver with, besides the system's roots.
     #[arg(long)]
     webhook_ca_file: Option<PathBuf>,
+    /// Events kept for readers that were not listening (`events list`, `GET /v1/events
+    /// ?since_ms=`): those of the last hour, at most this many. 0 keeps none (streams and the
+    /// webhook still get each event as it happens); see docs/api.md, "Events and webhook".
+    #[arg(long, env = "MPSFLEET_EVENTS_HISTORY", value_name = "N",
+          default_value_t = mpsfleet_server::events::history::HISTORY_EVENTS)]
+    events_history: usize,
     /// Answer service discovery over DNS (UDP and TCP) on HOST:PORT: SRV records
     /// `_<port>._tcp.<service>.<pool>.mpsfleet.` a load balancer reads (docs/traffic.md). DNS
     /// carries no credentials: whoever reaches it reads the replicas' addresses.
@@ -354,6 +360,7 @@ pub(crate) async fn lead(
         webhook: args.webhook.clone(),
         webhook_secret,
         webhook_ca,
+        events_history: Some(args.events_history),
         http,
         rate_limits,
         tls,

@@ -211,7 +211,7 @@ fn replay_then_follow(
     let rx = follow.then(|| events.subscribe());
     let stopping = events.stopping();
     let (past, upto) = match from {
-        Some(from) => events.history().read(from, |e| filter.wants(e.kind)),
+        Some(from) => events.history().read(from, |kind| filter.wants(kind)),
         None => (Vec::new(), events.history().last()),
     };
     let past = futures_util::stream::iter(past.into_iter().map(|e| Ok(sse(&e))));

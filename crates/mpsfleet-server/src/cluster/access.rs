@@ -135,6 +135,8 @@ impl Cluster {
         for id in stored {
             self.revoke_api_token(&id, "server start")?;
         }
+        // Copies of the old key taken earlier no longer hold.
+        self.state.credentials.fetch_add(1, std::sync::atomic::Ordering::Release);
         self.creds.conformance = key.map(|(id, secret)| ConformanceKey {
             access_key_id: id.to_string(),
             secret: secret.to_string(),
@@ -151,7 +153,8 @@ impl Cluster {
                 .conformance_principal(&k.digest)
                 .ok_or_else(|| Error::Internal("conformance key".into()))?;
             let (secret, digest) = (k.secret.clone(), k.digest.clone());
-            return Ok(Some(AwsKey { who, secret, digest, now_ms: self.now() }));
+            let valid = KeyValidity::new(&self.state.credentials, None, self.clock.clone());
+            return Ok(Some(AwsKey { who, secret, digest, now_ms: self.now(), valid }));
         }
         let Some(rec) = self.state.access_key(access_key_id) else { return Ok(None) };
         let corrupt = |why: &str| Error::StoreCorrupt(format!("access key {access_key_id}: {why}"));
@@ -159,7 +162,8 @@ impl Cluster {
         let sealed = rec.sealed_secret.as_ref().ok_or_else(|| corrupt("no sealed secret"))?;
         let secret = open(&self.creds.key, AWS_KEY_PURPOSE, access_key_id, sealed).map_err(corrupt)?;
         let secret = String::from_utf8(secret).map_err(|_| corrupt("not UTF-8"))?;
-        Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now() }))
+        let valid = KeyValidity::new(&self.state.credentials, rec.view.expires_at_ms, self.clock.clone());
+        Ok(Some(AwsKey { who, secret, digest: rec.sha256.clone(), now_ms: self.now(), valid }))
     }
 
     /// `join-token revoke`: the join token stops working at once (hosts it registered keep

@@ -83,7 +83,7 @@ mod tokens;
 mod traffic;
 mod work;
 use access::{api_token, join_token, load_api_tokens, load_audit, load_join_tokens};
-pub use tokens::{AdminDigest, AwsKey, JoinDigests};
+pub use tokens::{AdminDigest, AwsKey, JoinDigests, KeyValidity};
 
 use hosts::*;
 use idempotency::{Claim, Replay};

@@ -102,6 +102,9 @@ pub(super) struct State {
     api_tokens: HashMap<String, TokenRecord>,
     /// AWS access key id to its API token's digest.
     access_keys: HashMap<String, String>,
+    /// Counts the changes of API tokens (and so of AWS access keys): a copy of a key taken
+    /// earlier still holds while it has not moved (`ecs`'s keys).
+    pub(super) credentials: Arc<std::sync::atomic::AtomicU64>,
     /// Join tokens by digest, shared with the HTTP layer (read without the cluster lock).
     join_tokens: JoinDigests,
     /// The bootstrap admin token's digest, shared with the HTTP layer.
@@ -144,6 +147,7 @@ impl State {
             host_credentials: HashMap::new(),
             api_tokens: HashMap::new(),
             access_keys: HashMap::new(),
+            credentials: Arc::default(),
             join_tokens,
             admin,
             replacement_tokens: HashMap::new(),
@@ -274,12 +278,14 @@ impl State {
                 }
             }
             Change::ApiToken(rec) => {
+                self.credentials.fetch_add(1, std::sync::atomic::Ordering::Release);
                 if let Some(key) = &rec.view.access_key_id {
                     self.access_keys.insert(key.clone(), rec.sha256.clone());
                 }
                 self.api_tokens.insert(rec.sha256.clone(), rec);
             }
             Change::ApiTokenRevoked(digest) => {
+                self.credentials.fetch_add(1, std::sync::atomic::Ordering::Release);
                 if let Some(key) = self.api_tokens.remove(&digest).and_then(|r| r.view.access_key_id) {
                     self.access_keys.remove(&key);
                 }

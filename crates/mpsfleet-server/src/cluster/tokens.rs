@@ -134,6 +134,7 @@ pub(super) struct TokenRecord {
 }
 
 /// An AWS access key as the ECS-compatible API checks a signature with it.
+#[derive(Clone)]
 pub struct AwsKey {
     pub who: Principal,
     /// The secret access key: the token itself.
@@ -142,6 +143,36 @@ pub struct AwsKey {
     pub digest: String,
     /// The server's clock, for the signature's age.
     pub now_ms: u64,
+    /// Whether this copy still holds later, without the cluster lock.
+    pub valid: KeyValidity,
+}
+
+/// Whether a copy of an [`AwsKey`] taken earlier still holds: no API token changed since, and
+/// its token has not expired. The call it signs is authenticated again under the lock.
+#[derive(Clone)]
+pub struct KeyValidity {
+    credentials: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    generation: u64,
+    expires_at_ms: Option<u64>,
+    clock: std::sync::Arc<dyn mpsfleet_core::clock::Clock>,
+}
+
+impl KeyValidity {
+    pub(super) fn new(
+        credentials: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+        expires_at_ms: Option<u64>,
+        clock: std::sync::Arc<dyn mpsfleet_core::clock::Clock>,
+    ) -> Self {
+        let generation = credentials.load(std::sync::atomic::Ordering::Acquire);
+        KeyValidity { credentials: credentials.clone(), generation, expires_at_ms, clock }
+    }
+
+    /// The server's clock now, when the copy still holds.
+    pub fn now_ms(&self) -> Option<u64> {
+        let now = self.clock.now_ms();
+        let same = self.credentials.load(std::sync::atomic::Ordering::Acquire) == self.generation;
+        (same && self.expires_at_ms.is_none_or(|at| now < at)).then_some(now)
+    }
 }
 
 /// What the secret access keys of AWS access keys are sealed for.
@@ -429,5 +460,41 @@ mod tests {
             Principal::Token { role: Role::Admin, .. }
         ));
         assert!(store.list(API_TOKEN).unwrap().is_empty(), "never written to the store");
+    }
+
+    #[test]
+    fn a_copy_of_an_access_key_holds_until_a_token_changes_or_it_expires() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store: Arc<dyn mpsfleet_store::Store> = Arc::new(mpsfleet_store::MemoryStore::new());
+        let mut c = Cluster::load(store, clock.clone(), |_| Ok(())).unwrap();
+        let req = |expires_in_s| CreateToken {
+            role: Role::Operator,
+            expires_in_s,
+            description: "ci".into(),
+            pool: None,
+            aws: true,
+        };
+        let made = c.create_api_token(req(Some(60)), "admin").unwrap();
+        let id = made.view.access_key_id.clone().unwrap();
+        let key = c.aws_key(&id).unwrap().unwrap();
+        assert_eq!(key.valid.now_ms(), Some(1_000_000));
+        clock.advance(std::time::Duration::from_secs(1));
+        assert_eq!(key.valid.now_ms(), Some(1_001_000), "the clock's time now");
+        // Any token made or revoked: copies taken before no longer hold.
+        let other = c.create_api_token(req(None), "admin").unwrap();
+        assert_eq!(key.valid.now_ms(), None);
+        let again = c.aws_key(&id).unwrap().unwrap();
+        assert!(again.valid.now_ms().is_some());
+        c.revoke_api_token(&other.view.id, "admin").unwrap();
+        assert_eq!(again.valid.now_ms(), None, "a revocation");
+        let last = c.aws_key(&id).unwrap().unwrap();
+        clock.advance(std::time::Duration::from_secs(60));
+        assert_eq!(last.valid.now_ms(), None, "its token expired");
+        assert!(c.aws_key(&id).is_err(), "and the lookup refuses it");
+        c.set_conformance_key(Some(("FOOBARKEY", "FOOBARSECRET"))).unwrap();
+        let conformance = c.aws_key("FOOBARKEY").unwrap().unwrap();
+        assert!(conformance.valid.now_ms().is_some());
+        c.set_conformance_key(None).unwrap();
+        assert_eq!(conformance.valid.now_ms(), None, "the conformance key gone");
     }
 }

@@ -481,6 +481,11 @@ impl<'a> Reader<'a> {
 
     /// Resolves `family` (latest revision) or `family:revision`.
     pub fn taskdef(&self, field: &str, reference: &str) -> Result<&'a TaskDefinition, Error> {
+        self.taskdef_shared(field, reference).map(|td| td.as_ref())
+    }
+
+    /// [`Reader::taskdef`], shared: for a caller that encodes it after the lock.
+    pub fn taskdef_shared(&self, field: &str, reference: &str) -> Result<&'a Arc<TaskDefinition>, Error> {
         let (family, revision) = match reference.rsplit_once(':') {
             Some(_) => {
                 let r = TaskDefRef::parse(reference).map_err(|e| Error::invalid(field, e.to_string()))?;
@@ -491,7 +496,7 @@ impl<'a> Reader<'a> {
         let revision = revision.or_else(|| latest_active_revision(self.state, &family));
         revision
             .and_then(|r| self.state.taskdefs().get(&(family.clone(), r)))
-            .map(|v| v.value.as_ref())
+            .map(|v| &v.value)
             .ok_or_else(|| Error::not_found("task definition", reference))
     }
 

@@ -323,29 +323,27 @@ impl Writer<'_> {
         // record); the event stream and its history are told all the same.
         let placed_at_once = old.is_none() && task.host_id.is_some();
         let news = changes::task_changes(old, &task);
-        let (id, pool) = (task.id, task.pool.clone());
-        self.apply(version, Change::Task(task, placement));
-        if placed_at_once {
-            self.publish_task(&id, &pool, &[TaskChange::Placed]);
+        if placed_at_once && self.events.wanted() {
+            self.events.task_changes(&task, &[TaskChange::Placed], self.now_ms);
         }
-        self.record_task(id, pool, news);
+        let id = task.id;
+        self.apply(version, Change::Task(task, placement));
+        self.record_task(id, news);
     }
 
     /// Records changes in a task's events and publishes them in words.
-    pub(in crate::cluster) fn record_task(&mut self, id: TaskId, pool: PoolName, news: Vec<TaskChange>) {
+    pub(in crate::cluster) fn record_task(&mut self, id: TaskId, news: Vec<TaskChange>) {
         if news.is_empty() {
             return;
         }
-        self.publish_task(&id, &pool, &news);
+        self.publish_task(&id, &news);
         self.state.record_task(&id, self.now_ms, news);
     }
 
-    /// Publishes changes of a task's events in words (`task.event`).
-    pub(in crate::cluster) fn publish_task(&self, id: &TaskId, pool: &PoolName, news: &[TaskChange]) {
-        if let Some(e) = self.state.tasks().get(id) {
-            let words: Vec<ObjectEvent> = news.iter().map(|c| changes::render(c, &e.task)).collect();
-            let subject = event::Subject { id: id.to_string(), pool: pool.clone() };
-            self.events.recorded(event::EventType::TaskEvent, &subject, &words, self.now_ms);
+    /// Publishes changes of a task's events (`task.event`; in words when they are read).
+    pub(in crate::cluster) fn publish_task(&self, id: &TaskId, news: &[TaskChange]) {
+        if let Some(e) = self.state.tasks().get(id).filter(|_| self.events.wanted()) {
+            self.events.task_changes(&e.task, news, self.now_ms);
         }
     }
 

@@ -109,6 +109,35 @@ pub struct Serving {
 struct Ecs {
     serving: Serving,
     options: Arc<EcsOptions>,
+    keys: Arc<Keys>,
+}
+
+/// The access keys recent calls were signed with, opened, by access key id: a call signed by
+/// one again is verified without the cluster lock while its copy holds
+/// ([`crate::cluster::KeyValidity`]: no API token changed since, and it has not expired).
+#[derive(Default)]
+struct Keys(std::sync::Mutex<std::collections::HashMap<String, crate::cluster::AwsKey>>);
+
+/// The most keys [`Keys`] holds; when full it starts afresh.
+const KEYS_HELD: usize = 1024;
+
+impl Keys {
+    /// The key `id`, when a copy is held and still holds: with the clock's time now.
+    fn get(&self, id: &str) -> Option<crate::cluster::AwsKey> {
+        let keys = self.0.lock().ok()?;
+        let k = keys.get(id)?;
+        let now_ms = k.valid.now_ms()?;
+        Some(crate::cluster::AwsKey { now_ms, ..k.clone() })
+    }
+
+    fn put(&self, id: &str, key: &crate::cluster::AwsKey) {
+        if let Ok(mut keys) = self.0.lock() {
+            if keys.len() >= KEYS_HELD && !keys.contains_key(id) {
+                keys.clear();
+            }
+            keys.insert(id.to_string(), key.clone());
+        }
+    }
 }
 
 /// `POST /` (and in conformance mode `POST /moto-api/reset`), beside the console's `GET /`.
@@ -118,7 +147,7 @@ pub fn router(serving: Serving, options: EcsOptions) -> Router {
     if conformance {
         r = r.route("/moto-api/reset", post(conformance::reset));
     }
-    r.with_state(Ecs { serving, options: Arc::new(options) })
+    r.with_state(Ecs { serving, options: Arc::new(options), keys: Arc::default() })
 }
 
 /// One call being served: who makes it, and how its answer names things.
@@ -184,18 +213,25 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let authorization = text("authorization").ok_or_else(EcsError::missing_token)?;
     let auth = sigv4::parse_authorization(authorization).map_err(EcsError::from)?;
-    // The key is looked up on this thread while the cluster lock is free (as bearer tokens are),
-    // on a blocking thread otherwise.
-    let fast = st
-        .cluster
-        .try_lock()
-        .ok()
-        .map(|c| c.aws_key(&auth.access_key_id).map_err(crate::error::ApiError::from));
-    let found = match fast {
-        Some(found) => found,
+    // A key a recent call was signed with is taken from the copy while it holds; else it is
+    // looked up on this thread while the cluster lock is free (as bearer tokens are), on a
+    // blocking thread otherwise.
+    let found = match ecs.keys.get(&auth.access_key_id) {
+        Some(held) => Ok(Some(held)),
         None => {
-            let key = auth.access_key_id.clone();
-            st.read(move |c| c.aws_key(&key)).await
+            let fast = (st.cluster.try_lock().ok())
+                .map(|c| c.aws_key(&auth.access_key_id).map_err(crate::error::ApiError::from));
+            let found = match fast {
+                Some(found) => found,
+                None => {
+                    let key = auth.access_key_id.clone();
+                    st.read(move |c| c.aws_key(&key)).await
+                }
+            };
+            if let Ok(Some(key)) = &found {
+                ecs.keys.put(&auth.access_key_id, key);
+            }
+            found
         }
     };
     let s = &ecs.serving;
@@ -218,7 +254,7 @@ async fn serve(ecs: &Ecs, peer: SocketAddr, headers: &HeaderMap, body: Body) -> 
         }
         Err(e) => return Err(EcsError::from(e)),
     };
-    let crate::cluster::AwsKey { who, secret, digest, now_ms } = key;
+    let crate::cluster::AwsKey { who, secret, digest, now_ms, .. } = key;
     let bytes = read_body(ecs, body).await?;
     let target = text("x-amz-target").unwrap_or("");
     let pairs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes())).collect();
@@ -362,6 +398,15 @@ fn run_definition<'c>(c: &'c Cluster, t: &Task) -> Option<std::borrow::Cow<'c, T
     match (td, t.overrides()) {
         (Some(d), Some(o)) => Some(std::borrow::Cow::Owned(o.apply(d))),
         (d, _) => d.map(std::borrow::Cow::Borrowed),
+    }
+}
+
+/// [`run_definition`], shared: for an answer encoded after the lock.
+fn run_definition_shared(c: &Cluster, t: &Task) -> Option<Arc<TaskDefinition>> {
+    let td = c.read().taskdef_shared("taskDefinition", &t.task_definition.to_string()).ok();
+    match (td, t.overrides()) {
+        (Some(d), Some(o)) => Some(Arc::new(o.apply(d))),
+        (d, _) => d.cloned(),
     }
 }
 

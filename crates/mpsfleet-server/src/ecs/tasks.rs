@@ -80,18 +80,51 @@ fn run_request(call: &Call, r: &Run, count: u32, pool: String) -> Result<RunTask
     })
 }
 
-/// The answer of a run: the tasks (as [`task_json`]) and the failures.
-fn answer(c: &Cluster, arns: &arn::Arns, tasks: &[Task], failures: &[Value]) -> Result<String, Error> {
-    let tasks = tasks.iter().map(|t| task_json(c, arns, t, false)).collect::<Result<Vec<_>, _>>()?;
-    Ok(format!(r#"{{"tasks":[{}],"failures":{}}}"#, tasks.join(","), json!(failures)))
+/// A task as ECS's `Task` will show it, taken under the cluster lock and encoded after it (as
+/// the REST API encodes its answers): what it runs, its definition with its run's overrides
+/// applied, and how its host's agent stands.
+pub(super) struct Shown {
+    task: Task,
+    run: Option<Arc<TaskDefinition>>,
+    host: Option<crate::cluster::AgentLink>,
 }
 
-/// A task as ECS's `Task` in JSON: what it runs is its definition with its run's overrides.
-fn task_json(c: &Cluster, arns: &arn::Arns, t: &Task, tags: bool) -> Result<String, Error> {
-    let run = run_definition(c, t);
-    let host = t.host_id.as_ref().and_then(|h| c.read().agent_link(h));
-    serde_json::to_string(&shapes::task(arns, t, run.as_deref(), host.as_ref(), tags))
-        .map_err(|e| Error::Internal(format!("encoding a task: {e}")))
+/// `tasks` as [`Shown`]: the tasks of one run share their definition (looked up once).
+fn shown(c: &Cluster, tasks: Vec<Task>) -> Vec<Shown> {
+    let mut out: Vec<Shown> = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let run = match out.last() {
+            Some(p)
+                if p.task.task_definition == task.task_definition
+                    && p.task.overrides() == task.overrides() =>
+            {
+                p.run.clone()
+            }
+            _ => run_definition_shared(c, &task),
+        };
+        let host = task.host_id.as_ref().and_then(|h| c.read().agent_link(h));
+        out.push(Shown { task, run, host });
+    }
+    out
+}
+
+/// The answer of a run or a describe: the tasks (ECS's `Task`, with their tags when `tags`)
+/// and the failures, encoded into one buffer.
+fn answer(arns: &arn::Arns, tasks: &[Shown], failures: &[Value], tags: bool) -> Result<String, EcsError> {
+    let encoding = |e: serde_json::Error| EcsError::from(Error::Internal(format!("encoding a task: {e}")));
+    let mut out = Vec::with_capacity(1024 * tasks.len() + 64);
+    out.extend_from_slice(br#"{"tasks":["#);
+    for (i, s) in tasks.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let task = shapes::task(arns, &s.task, s.run.as_deref(), s.host.as_ref(), tags);
+        serde_json::to_writer(&mut out, &task).map_err(encoding)?;
+    }
+    out.extend_from_slice(br#"],"failures":"#);
+    serde_json::to_writer(&mut out, failures).map_err(encoding)?;
+    out.push(b'}');
+    String::from_utf8(out).map_err(|e| EcsError::from(Error::Internal(format!("encoding a task: {e}"))))
 }
 
 pub(super) async fn run(call: &Call, r: Run) -> Result<String, EcsError> {
@@ -110,14 +143,15 @@ pub(super) async fn run(call: &Call, r: Run) -> Result<String, EcsError> {
         // A shape no host of the cluster could ever hold is a failure, as in ECS; one that only
         // lacks room now waits PENDING.
         match c.run_tasks_as(req, &actor) {
-            Ok(out) => answer(c, &arns, &out.tasks, &[]),
+            Ok(out) => Ok((shown(c, out.tasks), Vec::new())),
             Err(Error::NeverFits { message, .. }) => {
-                answer(c, &arns, &[], &[failure(&arns.cluster(&pool), "RESOURCE:GPU", Some(message))])
+                Ok((Vec::new(), vec![failure(&arns.cluster(&pool), "RESOURCE:GPU", Some(message))]))
             }
             Err(e) => Err(e),
         }
     })
     .await
+    .and_then(|(tasks, failures)| answer(&call.arns, &tasks, &failures, false))
 }
 
 #[derive(Deserialize)]
@@ -158,9 +192,10 @@ pub(super) async fn start(call: &Call, s: Start) -> Result<String, EcsError> {
                 Err(e) => return Err(e),
             }
         }
-        answer(c, &arns, &tasks, &failures)
+        Ok((shown(c, tasks), failures))
     })
     .await
+    .and_then(|(tasks, failures)| answer(&call.arns, &tasks, &failures, false))
 }
 
 #[derive(Deserialize)]
@@ -185,9 +220,16 @@ pub(super) async fn stop(call: &Call, s: Stop) -> Result<String, EcsError> {
             return Err(Error::invalid("task", "The referenced task was not found."));
         };
         let t = c.stop_task(&t.id.to_string(), s.reason)?;
-        Ok(format!(r#"{{"task":{}}}"#, task_json(c, &arns, &t, false)?))
+        Ok(shown(c, vec![t]))
     })
     .await
+    .and_then(|t| {
+        let t = &t[0];
+        let task = shapes::task(&call.arns, &t.task, t.run.as_deref(), t.host.as_ref(), false);
+        let json = serde_json::to_string(&task)
+            .map_err(|e| EcsError::from(Error::Internal(format!("encoding a task: {e}"))))?;
+        Ok(format!(r#"{{"task":{json}}}"#))
+    })
 }
 
 #[derive(Deserialize)]
@@ -201,6 +243,7 @@ pub(super) struct Describe {
 
 pub(super) async fn describe(call: &Call, d: Describe) -> Result<String, EcsError> {
     let arns = call.arns.clone();
+    let tags = with_tags(&d.include);
     call.read(move |c, who| {
         let pool = pool_in(c, &who, &arns, d.cluster.as_deref())?;
         if d.tasks.is_empty() || d.tasks.len() > MAX_DESCRIBE {
@@ -209,20 +252,20 @@ pub(super) async fn describe(call: &Call, d: Describe) -> Result<String, EcsErro
                 format!("Tasks cannot be empty, nor more than {MAX_DESCRIBE}."),
             ));
         }
-        let tags = with_tags(&d.include);
         let (mut found, mut failures) = (Vec::new(), Vec::new());
         for given in &d.tasks {
             match task_in(c, &arns, &pool, given) {
-                Some(t) => found.push(task_json(c, &arns, &t, tags)?),
+                Some(t) => found.push(t),
                 None => {
                     let arn = if given.starts_with("arn:") { given.clone() } else { arns.task(&pool, given) };
                     failures.push(failure(&arn, "MISSING", None));
                 }
             }
         }
-        Ok(format!(r#"{{"tasks":[{}],"failures":{}}}"#, found.join(","), json!(failures)))
+        Ok((shown(c, found), failures))
     })
     .await
+    .and_then(|(tasks, failures)| answer(&call.arns, &tasks, &failures, tags))
 }
 
 #[derive(Deserialize)]

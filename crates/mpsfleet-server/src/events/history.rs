@@ -9,7 +9,8 @@
 //! `GET /v1/events/replica`), and keeps it when elected: the new leader's history goes on
 //! from what its predecessor had recorded, and its own events sort after it.
 
-use mpsfleet_types::event::Event;
+use super::Kept;
+use mpsfleet_types::event::{Event, EventType};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -54,24 +55,41 @@ pub struct From {
     pub since_ms: Option<u64>,
 }
 
-/// The history: events in cursor order, the oldest first.
-#[derive(Default)]
+/// The history: events in cursor order, the oldest first, at most `limit` of them.
 pub struct History {
     inner: Mutex<Inner>,
+    /// The most events kept; 0: none (the history is off: `mpsfleet server --events-history 0`).
+    limit: usize,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History::with_limit(HISTORY_EVENTS)
+    }
 }
 
 #[derive(Default)]
 struct Inner {
-    events: VecDeque<(Cursor, Event)>,
+    events: VecDeque<(Cursor, Kept)>,
     last: Cursor,
 }
 
 impl History {
+    /// A history of at most `limit` events; 0 keeps none.
+    pub fn with_limit(limit: usize) -> Self {
+        History { inner: Mutex::default(), limit }
+    }
+
+    /// Whether any event is kept (the limit is not 0).
+    pub fn keeps(&self) -> bool {
+        self.limit > 0
+    }
+
     /// Records `ev` under `term` and hands its id and it to `then` while the history is still
     /// locked (so that live readers see events in the order of their ids). The id is written
     /// into the copies that leave the history, not into the kept event (one string less per
-    /// event on the submit path).
-    pub fn record(&self, term: u64, ev: Event, then: impl FnOnce(Cursor, &Event)) {
+    /// event on the submit path); a compact entry is put in words only when it is read.
+    pub fn record(&self, term: u64, ev: Kept, then: impl FnOnce(Cursor, &Kept)) {
         let mut h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A new leadership's events sort after everything before it; a term that is not
         // greater than the last (a lone server's 0) goes on counting in the last one.
@@ -81,7 +99,10 @@ impl History {
             Cursor { term: h.last.term, n: h.last.n + 1 }
         };
         then(cursor, &ev);
-        h.push(cursor, ev);
+        h.last = cursor;
+        if self.keeps() {
+            h.push(cursor, ev, self.limit);
+        }
     }
 
     /// Keeps an event copied from the leader's history, when it is newer than what this one
@@ -92,7 +113,10 @@ impl History {
         if cursor <= h.last {
             return false;
         }
-        h.push(cursor, ev);
+        h.last = cursor;
+        if self.keeps() {
+            h.push(cursor, Kept::Built(Box::new(ev)), self.limit);
+        }
         true
     }
 
@@ -101,9 +125,10 @@ impl History {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).last
     }
 
-    /// The events `from` asks for, oldest first, and the cursor the history stood at: a live
-    /// reader that subscribed before this call skips what is at or before it.
-    pub fn read(&self, from: From, mut keep: impl FnMut(&Event) -> bool) -> (Vec<Event>, Cursor) {
+    /// The events `from` asks for (of the types `keep` wants), oldest first, and the cursor
+    /// the history stood at: a live reader that subscribed before this call skips what is at
+    /// or before it.
+    pub fn read(&self, from: From, mut keep: impl FnMut(EventType) -> bool) -> (Vec<Event>, Cursor) {
         let h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let start = match from.after {
             Some(after) => h.events.partition_point(|(c, _)| *c <= after),
@@ -112,8 +137,8 @@ impl History {
         let out = h
             .events
             .range(start..)
-            .filter(|(_, e)| from.since_ms.is_none_or(|s| e.at_ms >= s) && keep(e))
-            .map(|(c, e)| Event { id: Some(c.to_string()), ..e.clone() })
+            .filter(|(_, e)| from.since_ms.is_none_or(|s| e.at_ms() >= s) && keep(e.kind()))
+            .map(|(c, e)| e.event(*c))
             .collect();
         (out, h.last)
     }
@@ -125,12 +150,10 @@ impl History {
 }
 
 impl Inner {
-    fn push(&mut self, cursor: Cursor, ev: Event) {
-        let oldest = ev.at_ms.saturating_sub(HISTORY_AGE.as_millis() as u64);
-        self.last = cursor;
+    fn push(&mut self, cursor: Cursor, ev: Kept, limit: usize) {
+        let oldest = ev.at_ms().saturating_sub(HISTORY_AGE.as_millis() as u64);
         self.events.push_back((cursor, ev));
-        while self.events.len() > HISTORY_EVENTS || self.events.front().is_some_and(|(_, e)| e.at_ms < oldest)
-        {
+        while self.events.len() > limit || self.events.front().is_some_and(|(_, e)| e.at_ms() < oldest) {
             self.events.pop_front();
         }
     }
@@ -141,8 +164,8 @@ mod tests {
     use super::*;
     use mpsfleet_types::event::EventType;
 
-    fn ev(at_ms: u64) -> Event {
-        Event::new(EventType::TaskEvent, at_ms)
+    fn ev(at_ms: u64) -> Kept {
+        Kept::Built(Box::new(Event::new(EventType::TaskEvent, at_ms)))
     }
 
     fn ids(v: &[Event]) -> Vec<&str> {
@@ -185,9 +208,7 @@ mod tests {
         let leader = History::default();
         let follower = History::default();
         for t in 1..=3 {
-            leader.record(5, ev(t), |c, e| {
-                assert!(follower.copy(Event { id: Some(c.to_string()), ..e.clone() }))
-            });
+            leader.record(5, ev(t), |c, e| assert!(follower.copy(e.event(c))));
         }
         assert!(!follower.copy(leader.read(From::default(), |_| true).0[0].clone()), "a copy is kept once");
         // Elected under a greater fence: its own events sort after the copied ones.
@@ -197,5 +218,19 @@ mod tests {
         // A lone server's history (term 0) after copies never goes back.
         follower.record(0, ev(5), |_, _| {});
         assert_eq!(follower.last(), Cursor { term: 9, n: 2 });
+    }
+
+    #[test]
+    fn a_limit_of_zero_keeps_nothing_but_ids_go_on_growing() {
+        let h = History::with_limit(0);
+        let mut seen = Vec::new();
+        for t in 1..=3 {
+            h.record(0, ev(t), |c, _| seen.push(c));
+        }
+        assert_eq!((h.len(), h.last()), (0, Cursor { term: 0, n: 3 }));
+        assert_eq!(seen.last(), Some(&Cursor { term: 0, n: 3 }), "live readers still get ids");
+        assert!(h.read(From::default(), |_| true).0.is_empty());
+        assert!(h.copy(Event { id: Some("4-1".into()), ..Event::new(EventType::TaskEvent, 4) }));
+        assert_eq!((h.len(), h.last()), (0, Cursor { term: 4, n: 1 }));
     }
 }

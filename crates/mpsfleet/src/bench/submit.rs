@@ -55,6 +55,10 @@ pub struct SubmitBench {
     /// state; run both orders to compare).
     #[arg(long, requires = "ecs")]
     ecs_first: bool,
+    /// The server's `--events-history`: events it keeps for later readers (0: none), to
+    /// compare the submit rate with the history kept and without it.
+    #[arg(long, value_name = "N")]
+    events_history: Option<usize>,
 }
 
 /// How a run's requests are made.
@@ -138,8 +142,10 @@ pub fn submit(b: SubmitBench) -> Result<()> {
     anyhow::ensure!((1..=64).contains(&b.gpus_per_host), "--gpus-per-host must be from 1 to 64");
     anyhow::ensure!((1..=143_771).contains(&b.memory_mib), "--memory-mib must be from 1 to 143771");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let history: Vec<String> =
+        b.events_history.iter().flat_map(|n| ["--events-history".to_string(), n.to_string()]).collect();
     if b.store == "sqlite" {
-        let server = ServerProcess::start("submit", b.insecure_http)?;
+        let server = ServerProcess::start_with("submit", b.insecure_http, "127.0.0.1:0", &history)?;
         return rt.block_on(run(&b, &server, serde_json::Value::Null));
     }
     let endpoints = b
@@ -168,6 +174,7 @@ pub fn submit(b: SubmitBench) -> Result<()> {
     let extra: Vec<String> = ["--store", "etcd", "--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix]
         .iter()
         .map(|s| s.to_string())
+        .chain(history)
         .collect();
     let server = ServerProcess::start_with("submit", b.insecure_http, &format!("127.0.0.1:{port}"), &extra)?;
     rt.block_on(run(&b, &server, raw))

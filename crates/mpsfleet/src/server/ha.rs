@@ -84,7 +84,7 @@ pub(super) async fn run(args: &ServerArgs, given_ca: Option<mpsfleet_server::tls
     });
     let mut failed_opens = 0;
     // The events' history outlives each term: copied while following, gone on with as leader.
-    let history = Arc::new(mpsfleet_server::events::history::History::default());
+    let history = Arc::new(mpsfleet_server::events::history::History::with_limit(args.events_history));
     loop {
         let stop = Arc::new(AtomicBool::new(false));
         let campaign = {

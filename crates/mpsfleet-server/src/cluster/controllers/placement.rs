@@ -57,7 +57,7 @@ impl Placer {
             let outcome = match holds.check(w, &id) {
                 Some(Held::Waiting(why)) => {
                     if w.state.set_pending_reason(&id, &why, PendingCode::Preempting, false) {
-                        w.record_task(id, pool.clone(), vec![TaskChange::Unplaced(why)]);
+                        w.record_task(id, vec![TaskChange::Unplaced(why)]);
                     }
                     continue;
                 }
@@ -82,13 +82,13 @@ impl Placer {
                             let why = format!("{why}{scaling}");
                             let code = if scaling_out { PendingCode::ScalingOut } else { code };
                             if w.state.set_pending_reason(&id, &why, code, unplaceable) {
-                                w.record_task(id, pool.clone(), vec![TaskChange::Unplaced(why)]);
+                                w.record_task(id, vec![TaskChange::Unplaced(why)]);
                             }
                             continue;
                         }
                     };
                     if w.state.set_pending_reason(&id, &why, code, false) {
-                        w.record_task(id, pool.clone(), vec![TaskChange::Unplaced(why)]);
+                        w.record_task(id, vec![TaskChange::Unplaced(why)]);
                     }
                 }
             }

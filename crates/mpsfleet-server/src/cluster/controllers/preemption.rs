@@ -269,11 +269,7 @@ impl Preempted {
         let mut by_service: BTreeMap<ServiceName, Vec<String>> = BTreeMap::new();
         for n in &notes {
             w.live.preempted(pool, n.victim_priority, n.priority);
-            w.record_task(
-                n.victim,
-                pool.clone(),
-                vec![mpsfleet_core::changes::TaskChange::Preempted(n.words())],
-            );
+            w.record_task(n.victim, vec![mpsfleet_core::changes::TaskChange::Preempted(n.words())]);
             if let Some(s) = &n.service {
                 by_service.entry(s.clone()).or_default().push(n.words());
             }
