@@ -279,8 +279,10 @@ impl Cluster {
     /// asked for, at once, to start copies elsewhere now (or to stop the extras).
     pub(super) fn daemons_changed(&mut self, ix: HostIx) {
         let entry = &self.state.hosts()[ix as usize];
-        let first_exit = (self.state.pools().get(&entry.host().pool))
-            .is_none_or(|p| p.value.restart_copies == RestartCopies::FirstExit);
+        // The pool is looked up only while a check reports a failure (not on every heartbeat).
+        let first_exit = entry.checks.iter().any(|c| c.first_failure_age_ms.is_some())
+            && (self.state.pools().get(&entry.host().pool))
+                .is_none_or(|p| p.value.restart_copies == RestartCopies::FirstExit);
         let now = failed_daemons(&entry.checks, &entry.failed_daemons, first_exit);
         if now == entry.failed_daemons {
             return;
