@@ -173,3 +173,44 @@ fn a_replica_leaves_traffic_at_its_daemons_first_failed_signal() {
     let why = w.c.read().traffic_of(&task).1;
     assert!(!why.contains("MPS daemon"), "{why}");
 }
+
+/// A pool's rooms (`Reader::host_rooms`) say what its host views say: status, cordon, the
+/// GPUs' figures, and whether each GPU's MPS daemon is OK by the view's checks, before the
+/// first heartbeat, with the reported checks, and with the evaluation of a failure.
+#[test]
+fn a_hosts_room_reads_as_its_view() {
+    let mut w = World::new(OwnershipMode::SelfManaged);
+    let mut reg = w.registration("h");
+    reg.gpus.push(GpuInventory::emulated_h200(GpuUuid::new("GPU-other").unwrap(), 1));
+    let host = w.c.register_host(reg).unwrap().host_id;
+    let pool = w.c.read().host(host.as_str()).unwrap().pool;
+    let agree = |w: &World| {
+        let (views, rooms) = (w.c.read().hosts(Some(pool.as_str())), w.c.read().host_rooms(pool.as_str()));
+        assert_eq!(views.len(), rooms.len());
+        for (v, r) in views.iter().zip(&rooms) {
+            let host = (&v.id, v.status, v.health_status, v.cordoned, v.mps_available);
+            assert_eq!(host, (&r.id, r.status, r.health_status, r.cordoned, r.mps_available));
+            assert_eq!(v.gpus.len(), r.gpus.len());
+            for (g, room) in v.gpus.iter().zip(&r.gpus) {
+                let ok = (v.checks.iter())
+                    .filter(|c| c.name == "MPS_DAEMON" && c.gpu_id.as_ref() == Some(&g.gpu_id))
+                    .all(|c| c.status == HealthStatus::Ok);
+                let figures = (g.sharing_mode, g.remaining_memory_mib, g.client_count, g.max_clients);
+                assert_eq!(
+                    figures,
+                    (room.sharing_mode, room.remaining_memory_mib, room.client_count, room.max_clients)
+                );
+                assert_eq!((g.compute_percent_sum, ok), (room.compute_percent_sum, room.daemon_ok));
+            }
+        }
+        rooms
+    };
+    agree(&w);
+    w.heartbeat(&host, HealthStatus::Ok);
+    agree(&w);
+    w.advance(1_000);
+    w.heartbeat(&host, HealthStatus::Impaired);
+    w.c.health_tick().unwrap();
+    let rooms = agree(&w);
+    assert_eq!(rooms[0].gpus.iter().map(|g| g.daemon_ok).collect::<Vec<_>>(), [false, true]);
+}

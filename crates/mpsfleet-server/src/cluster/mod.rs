@@ -26,6 +26,7 @@ pub mod console_links;
 pub mod deleted;
 pub mod drills;
 pub mod error;
+mod host_room;
 mod hosts;
 mod idempotency;
 mod incident_table;
@@ -99,6 +100,7 @@ use write::Writer;
 pub use audit::{AuditContext, MAX_AUDIT_ENTRIES, MAX_AUDIT_LIST};
 
 pub use error::Error;
+pub use host_room::{GpuRoom, HostRoom};
 pub use read::Reader;
 
 /// How a host's agent stands, for the tasks on it ([`Cluster::agent_link`]).

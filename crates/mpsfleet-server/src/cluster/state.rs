@@ -222,6 +222,7 @@ impl State {
                     last_heartbeat_ms: None,
                     checks: Vec::new(),
                     checks_key: checks_key::of(&[]),
+                    checks_clean: true,
                     checks_rev: None,
                     checks_at_ms: None,
                     logs_url: None,
@@ -475,6 +476,10 @@ pub(super) struct HostEntry {
     /// The agent's number for `checks` (`checksRev`), when it gave one: a heartbeat that
     /// repeats this number with `checksUnchanged` means these checks.
     pub(super) checks_rev: Option<u64>,
+    /// Whether every one of `checks` is OK and counts no failure (`firstFailureAgeMs`): then
+    /// no task here shows a failure's first signal (`Reader::daemon_failing_since`), which a
+    /// service's reconcile asks of each healthy replica. Set only with `checks`.
+    pub(super) checks_clean: bool,
     /// When the heartbeat that carried `checks` arrived: the ages they carry count back from it.
     pub(super) checks_at_ms: Option<u64>,
     pub(super) logs_url: Option<String>,
@@ -535,6 +540,8 @@ impl HostEntry {
         if !checks_key::matches(&report.checks, &self.checks_key) {
             checks_key::encode(&report.checks, &mut self.checks_key);
             self.checks = report.checks.clone();
+            self.checks_clean = (self.checks.iter())
+                .all(|c| c.status == mpsfleet_types::HealthStatus::Ok && c.first_failure_age_ms.is_none());
             self.note_repairs(now);
         }
         self.checks_rev = report.checks_rev;

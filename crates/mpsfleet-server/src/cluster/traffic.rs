@@ -148,6 +148,9 @@ impl Reader<'_> {
         }
         let ix = t.host_id.as_ref().and_then(|h| self.sched.host(h))?;
         let e = &self.state.hosts()[ix as usize];
+        if e.checks_clean {
+            return None;
+        }
         let reported = e.checks_at_ms.unwrap_or(self.now_ms);
         (e.checks.iter())
             .filter(|c| c.gpu_id.as_ref().is_some_and(|g| t.gpu_ids.contains(g)))

@@ -366,7 +366,7 @@ pub(super) type RoomCache = BTreeMap<String, (Revision, (bool, bool))>;
 /// `.0`) and for a whole-GPU task (`.1`), on hosts that take new work.
 pub(super) fn spare_capacity(c: &Cluster, pool: &str, biggest: u64) -> (bool, bool) {
     let mut out = (false, false);
-    for h in c.read().hosts(Some(pool)) {
+    for h in c.read().host_rooms(pool) {
         if h.status != HostStatus::Active || h.health_status != HealthStatus::Ok || h.cordoned {
             continue;
         }

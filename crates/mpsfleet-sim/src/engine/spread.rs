@@ -39,6 +39,7 @@ use crate::config::{fmt_time, WARMUP_MS};
 use crate::invariants::{self, SpreadBound};
 use crate::report::SpreadStats;
 use crate::world::Demand;
+use mpsfleet_server::cluster::HostRoom;
 use mpsfleet_types::*;
 use std::collections::BTreeMap;
 
@@ -82,16 +83,10 @@ impl Spread {
 }
 
 /// Whether a host, as the server shows it, could take one more task of `demand` now.
-fn takes_one_more(v: &HostView, demand: Demand, compute_bound: Option<u32>) -> bool {
+fn takes_one_more(v: &HostRoom, demand: Demand, compute_bound: Option<u32>) -> bool {
     if v.status != HostStatus::Active || v.health_status != HealthStatus::Ok || v.cordoned {
         return false;
     }
-    let daemon_ok = |g: &GpuView| {
-        v.checks
-            .iter()
-            .filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON && c.gpu_id.as_ref() == Some(&g.gpu_id))
-            .all(|c| c.status == HealthStatus::Ok)
-    };
     v.gpus.iter().any(|g| {
         if !demand.mps {
             return g.sharing_mode == SharingMode::Idle;
@@ -101,7 +96,7 @@ fn takes_one_more(v: &HostView, demand: Demand, compute_bound: Option<u32>) -> b
             && g.remaining_memory_mib >= demand.memory_mib
             && g.client_count < g.max_clients
             && compute_bound.is_none_or(|b| g.compute_percent_sum + MPS_COMPUTE_PERCENT <= b)
-            && daemon_ok(g)
+            && g.daemon_ok
     })
 }
 
@@ -151,7 +146,7 @@ impl Sim {
             }
         }
         let mut crowded: Vec<(ServiceName, Crowded)> = Vec::new();
-        let mut views: BTreeMap<String, BTreeMap<HostId, HostView>> = BTreeMap::new();
+        let mut views: BTreeMap<String, BTreeMap<HostId, HostRoom>> = BTreeMap::new();
         for (name, counts) in judged {
             let Some(w) = self.svcs.get(name) else { continue };
             let Some(most) = counts.values().copied().max().filter(|&m| m >= 2) else { continue };
@@ -175,7 +170,7 @@ impl Sim {
             let compute_bound = self.spread.pools.get(&w.pool).and_then(|p| p.1);
             let views = views.entry(w.pool.clone()).or_insert_with(|| {
                 let c = self.cluster.as_ref().expect("checked above");
-                c.read().hosts(Some(&w.pool)).into_iter().map(|v| (v.id.clone(), v)).collect()
+                c.read().host_rooms(&w.pool).into_iter().map(|v| (v.id.clone(), v)).collect()
             });
             let room: Vec<usize> = reachable
                 .into_iter()
