@@ -113,7 +113,8 @@ pub fn steps(l: &Logs<'_>) -> Result<Steps, String> {
     };
     out.push((what.into(), ms(at, acted.at_us)));
     out.push(("reported to the server".into(), ms(acted.at_us, failed.at_us)));
-    // The copy that the server saw RUNNING last.
+    // The copy that the server saw RUNNING last, of those RUNNING when the benchmark saw every
+    // replica run (later starts are the incident's own moves).
     let copies: Vec<&Line> = after(l.server, failed.at_us).filter(|x| x.step == "replica-started").collect();
     let running = |task: &str| {
         after(l.server, failed.at_us).find(|x| x.step == "running-received" && x.field("task") == Some(task))
@@ -121,6 +122,7 @@ pub fn steps(l: &Logs<'_>) -> Result<Steps, String> {
     let last = copies
         .iter()
         .filter_map(|c| Some((*c, running(c.field("task")?)?)))
+        .filter(|(_, r)| r.at_us <= l.seen_running_us)
         .max_by_key(|(_, r)| r.at_us)
         .ok_or_else(|| missing("running-received of a copy"))?;
     let (decided, received_running) = last;
@@ -197,6 +199,8 @@ mod tests {
             line(1_400, "assignments-sent", "host=h-2 revision=9"),
             line(2_000, "running-received", "task=t-1"),
             line(3_000, "running-received", "task=t-2"),
+            line(3_200, "replica-started", "task=t-3 placed=true"),
+            line(4_000, "running-received", "task=t-3"),
         ]
         .join("\n");
         let agents = [
