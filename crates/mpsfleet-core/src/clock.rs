@@ -60,8 +60,8 @@ pub fn wall_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Logs one step of the recovery path at target `timeline` (off unless asked for:
-/// `MPSFLEET_LOG=error,timeline=info`), with its wall time in `at_us`: the daemon's exit seen,
+/// Logs one step of the recovery path at target `timeline`, level DEBUG (off at the default
+/// levels; `MPSFLEET_LOG=error,timeline=debug` turns it on), with its wall time in `at_us`: the daemon's exit seen,
 /// each local restart, the check sent and received, a copy decided, placed, its start
 /// received and made, RUNNING reported and received. `bench recovery` reads them back from
 /// the server's and agents' logs to break a recovery into its steps. The fields are only
@@ -69,7 +69,7 @@ pub fn wall_us() -> u64 {
 #[macro_export]
 macro_rules! timeline {
     ($step:literal $(, $k:ident = $v:expr)* $(,)?) => {
-        tracing::info!(target: "timeline", $($k = %$v,)* at_us = $crate::clock::wall_us(), $step)
+        tracing::debug!(target: "timeline", $($k = %$v,)* at_us = $crate::clock::wall_us(), $step)
     };
 }
 

@@ -64,7 +64,7 @@ impl Fleet {
         // Quiet unless asked otherwise: the figures are the output.
         let mut log = std::env::var("MPSFLEET_LOG").unwrap_or_else(|_| "error".into());
         let stderr = if timeline {
-            log.push_str(",timeline=info");
+            log.push_str(",timeline=debug");
             std::process::Stdio::from(std::fs::File::create(dir.join("server.log"))?)
         } else {
             std::process::Stdio::inherit()

@@ -176,7 +176,7 @@ mod tests {
     use super::*;
 
     fn line(at_us: u64, step: &str, fields: &str) -> String {
-        format!("2026-12-06T20:00:00.000000Z  INFO timeline: {step} {fields} at_us={at_us}")
+        format!("2026-12-06T20:00:00.000000Z DEBUG timeline: {step} {fields} at_us={at_us}")
     }
 
     /// A first-exit recovery as the logs tell it: each step is the time between its line and
