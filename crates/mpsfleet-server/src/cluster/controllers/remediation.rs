@@ -717,10 +717,10 @@ fn service_at_count_since(w: &Writer<'_>, service: &ServiceName, host: &HostId) 
     Some(started[desired - 1])
 }
 
-/// The copy a `restart` service already started elsewhere for `old` (on a daemon whose
-/// failure was confirmed): when the service's counted replicas, `old` left out, already
-/// make its desired count, the newest of them created `since` the failure's first signal,
-/// not on `old`'s host and not yet named as a replacement.
+/// The copy a `restart` service already started elsewhere for `old` (on a failed daemon):
+/// when the service's counted replicas, `old` left out, already make its desired count, the
+/// newest of them created `since` the failure's first signal (or started for its host's
+/// failure), not on `old`'s host and not yet named as a replacement.
 fn early_copy(
     w: &Writer<'_>,
     svc: &Service,
@@ -743,9 +743,14 @@ fn early_copy(
     if (counted.len() as u32) < svc.desired_count {
         return None;
     }
+    // A copy started for this host's failure says so (`recovery_from`): it counts even when
+    // the failure's first signal, placed on this clock from a later report, reads a few
+    // milliseconds after the copy's creation.
+    let for_this = |t: &Task| t.recovery_from.is_some() && t.recovery_from == old.host_id;
     counted
         .into_iter()
-        .filter(|t| t.host_id != old.host_id && !taken.contains(&t.id) && t.created_at_ms >= since)
+        .filter(|t| t.host_id != old.host_id && !taken.contains(&t.id))
+        .filter(|t| t.created_at_ms >= since || for_this(t))
         .max_by_key(|t| (t.created_at_ms, t.id))
         .map(|t| (t.id, t.host_id.clone()))
 }
