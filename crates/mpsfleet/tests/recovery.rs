@@ -614,6 +614,11 @@ async fn an_incidents_total_runs_from_the_first_failure_to_resumed() {
     let health = two_restarts(3_000);
     let Some(fleet) = fleet_with(OwnershipMode::Managed, 3, health).await else { return };
     let admin = &fleet.admin;
+    // Copies once the failure is confirmed, as the incident's own record follows them; at the
+    // first exit (the default) they run seconds before the incident opens, which
+    // `tests/restart_copies.rs` checks.
+    let confirmed = UpdatePool { restart_copies: Some(RestartCopies::Confirmed), ..Default::default() };
+    admin.update_pool("gpu", &confirmed).await.unwrap();
     let tasks = service_of(admin, "web", 3).await;
     let victim = &tasks[0];
     let (host, pid) = daemon_pid_of(&fleet, victim).await;
