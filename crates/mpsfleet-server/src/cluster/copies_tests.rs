@@ -53,14 +53,7 @@ fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_t
         }
 
         // Local repair works: the daemon answers again, and the extras go, the newest first.
-        w.heartbeat(&failed, HealthStatus::Ok);
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
-        let mut live: Vec<TaskId> = of_web(&w.c).into_iter().map(|t| t.id).collect();
-        live.sort();
-        let mut kept: Vec<TaskId> = first.iter().map(|t| t.id).collect();
-        kept.sort();
-        assert_eq!(live, kept, "{resumption:?}: the first copies stay, the newer ones stopped");
+        repaired_keeps_the_first(&mut w, &failed, &first, &format!("{resumption:?}"));
     }
 }
 
@@ -107,15 +100,21 @@ fn a_first_exit_starts_restart_copies_only_where_the_pool_says_so() {
         }
 
         // Repaired: the daemon answers and the agent reports no failure any more.
-        w.heartbeat(&failed, HealthStatus::Ok);
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
-        let mut live: Vec<TaskId> = of_web(&w.c).into_iter().map(|t| t.id).collect();
-        live.sort();
-        let mut kept: Vec<TaskId> = first.iter().map(|t| t.id).collect();
-        kept.sort();
-        assert_eq!(live, kept, "{policy:?}: the first copies stay, the newer ones stopped");
+        repaired_keeps_the_first(&mut w, &failed, &first, &format!("{policy:?}"));
     }
+}
+
+/// The host's daemon answers again with no failure reported: the extras stop, the newest
+/// first, and `web` runs exactly its `first` replicas.
+fn repaired_keeps_the_first(w: &mut World, failed: &HostId, first: &[Task], case: &str) {
+    w.heartbeat(failed, HealthStatus::Ok);
+    w.c.run_work();
+    agents(w, |_| false, &mut |_| {});
+    let mut live: Vec<TaskId> = of_web(&w.c).into_iter().map(|t| t.id).collect();
+    live.sort();
+    let mut kept: Vec<TaskId> = first.iter().map(|t| t.id).collect();
+    kept.sort();
+    assert_eq!(live, kept, "{case}: the first copies stay, the newer ones stopped");
 }
 
 /// A heartbeat right after the host's daemon exited once: the check OK (one failure, under
