@@ -274,6 +274,15 @@ pub struct HostCheck {
     pub repair_ages_ms: Vec<u64>,
 }
 
+impl HostCheck {
+    /// A failure going on that local repair has restarted the daemon for: it exited (or
+    /// failed to start), which an `MPS_DAEMON` check reports while still OK, before the
+    /// failure threshold.
+    pub fn restarted_for_failure(&self) -> bool {
+        self.first_failure_age_ms.is_some() && !self.repair_ages_ms.is_empty()
+    }
+}
+
 /// The most local restarts one check may report the ages of.
 pub const MAX_REPAIR_AGES: usize = 16;
 

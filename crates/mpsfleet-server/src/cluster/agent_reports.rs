@@ -97,7 +97,7 @@ pub(super) fn failed_daemons(
         .filter(|c| {
             let failing = c.first_failure_age_ms.is_some();
             c.status == HealthStatus::Impaired
-                || (failing && first_exit && !c.repair_ages_ms.is_empty())
+                || (first_exit && c.restarted_for_failure())
                 || (failing && c.gpu_id.as_ref().is_some_and(|g| before.contains(g)))
         })
         .filter_map(|c| c.gpu_id.clone())

@@ -347,5 +347,5 @@ fn mps_daemon_ok(checks: &[HostCheck], gpu: &GpuUuid) -> bool {
 /// (it exited: its check stays OK until the failure threshold).
 fn mps_daemon_repairing(checks: &[HostCheck]) -> bool {
     (checks.iter().filter(|c| c.name == mpsfleet_core::health::MPS_DAEMON))
-        .any(|c| c.first_failure_age_ms.is_some() && !c.repair_ages_ms.is_empty())
+        .any(HostCheck::restarted_for_failure)
 }
