@@ -396,7 +396,13 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()> + Send) ->
         identity.agent_token_sha256.clone(),
         engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
     )
-    .merge(crate::metrics::router(sources.clone(), identity.agent_token_sha256.clone()));
+    .merge(crate::metrics::router(sources.clone(), identity.agent_token_sha256.clone()))
+    .merge(crate::exec::router(
+        cfg.data_dir.join("tasks"),
+        identity.agent_token_sha256.clone(),
+        engine_version.as_ref().and_then(|_| connect_docker(&cfg, Some(identity.host_id.to_string())).ok()),
+        cfg.shim.first().cloned().unwrap_or_else(|| "mpsfleet".into()),
+    ));
     // HTTPS with a certificate of its own, pinned by the server (crate::endpoint); plain HTTP
     // only for a plain-HTTP server.
     let (logs_url, logs_cert, logs) = if cfg.server.starts_with("https://") {

@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod docker;
 pub mod endpoint;
 pub mod env;
+pub mod exec;
 pub mod faults;
 pub mod gpu_health;
 pub mod gpu_use;

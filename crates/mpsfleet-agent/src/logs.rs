@@ -93,6 +93,23 @@ pub fn token_matches(digest: &str, presented: Option<&str>) -> bool {
 /// The most read of a task's record.json for its first container's name.
 const RECORD_READ_MAX: u64 = 4 << 20;
 
+/// The first container of task `id`'s definition, from its record under `tasks_dir`; None
+/// when the task is not known here.
+pub(crate) fn first_container(tasks_dir: &FsPath, id: &TaskId) -> Option<String> {
+    let record = FsPath::new(&id.to_string()).join("record.json");
+    let bytes = read_beneath(tasks_dir, &record, RECORD_READ_MAX).ok().flatten()?;
+    #[derive(Deserialize)]
+    struct Rec {
+        definition: TaskDefinition,
+    }
+    serde_json::from_slice::<Rec>(&bytes)
+        .ok()?
+        .definition
+        .container_definitions
+        .first()
+        .map(|c| c.name.clone())
+}
+
 fn plain(status: StatusCode, message: String) -> Response {
     (status, message).into_response()
 }
@@ -156,28 +173,9 @@ async fn task_logs(
     if !matches!(Dir::open_beneath(&st.tasks_dir, FsPath::new(&id.to_string())), Ok(Some(_))) {
         return plain(StatusCode::NOT_FOUND, format!("task {id} is not known on this host"));
     }
-    let container = match q.container {
+    let container = match q.container.or_else(|| first_container(&st.tasks_dir, &id)) {
         Some(c) => c,
-        None => {
-            // The first container of the task's definition.
-            let record = FsPath::new(&id.to_string()).join("record.json");
-            let first = read_beneath(&st.tasks_dir, &record, RECORD_READ_MAX).ok().flatten().and_then(|b| {
-                #[derive(Deserialize)]
-                struct Rec {
-                    definition: TaskDefinition,
-                }
-                serde_json::from_slice::<Rec>(&b)
-                    .ok()?
-                    .definition
-                    .container_definitions
-                    .first()
-                    .map(|c| c.name.clone())
-            });
-            match first {
-                Some(c) => c,
-                None => return plain(StatusCode::NOT_FOUND, format!("task {id} is not known on this host")),
-            }
-        }
+        None => return plain(StatusCode::NOT_FOUND, format!("task {id} is not known on this host")),
     };
     if let Err(e) = mpsfleet_types::check_name("container name", &container) {
         return plain(StatusCode::BAD_REQUEST, e.to_string());

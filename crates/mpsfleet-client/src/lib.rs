@@ -1,5 +1,6 @@
 //! A typed client of the mpsfleet REST API.
 
+pub mod exec;
 mod stream;
 pub mod tls;
 

@@ -41,6 +41,7 @@ mod agent_proxy;
 mod agents;
 mod drills;
 mod events;
+mod exec;
 mod hosts;
 mod incidents;
 mod pools;
@@ -53,6 +54,8 @@ use agent_proxy::*;
 pub use agent_proxy::{agent_answer_limit, AGENT_ANSWER_SLACK, MAX_LOG_TAIL};
 use agents::*;
 use drills::*;
+use exec::*;
+pub use exec::{ExecLimits, ExecSessions, DEFAULT_EXEC_IDLE};
 use hosts::*;
 use incidents::*;
 use pools::*;
@@ -92,6 +95,8 @@ pub struct AppState {
     /// The controllers' passes run by the health loop, counted under the cluster lock (see
     /// [`AppState::settled`]).
     pub passes: watch::Sender<u64>,
+    /// The `task exec` sessions open, and their limits.
+    pub exec: Arc<ExecSessions>,
 }
 
 /// The longest [`AppState::settled`] waits for the controllers' pass.
@@ -129,6 +134,7 @@ impl AppState {
             ha: None,
             wake: Arc::default(),
             passes: watch::Sender::new(0),
+            exec: Arc::default(),
         }
     }
 
@@ -371,6 +377,7 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         stop_task,
         protect_task,
         task_logs,
+        task_exec,
         create_service,
         list_services,
         describe_service,
@@ -448,6 +455,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/stop", post(stop_task))
         .route("/v1/tasks/{id}/protection", post(protect_task))
         .route("/v1/tasks/{id}/logs", get(task_logs))
+        .route("/v1/tasks/{id}/exec", post(task_exec))
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/services", post(create_service).get(list_services))
         .route("/v1/services/{name}/endpoints", get(service_endpoints))

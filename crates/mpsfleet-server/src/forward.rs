@@ -249,7 +249,7 @@ async fn copy_from(
 async fn forward(
     State(f): State<Arc<Forwarder>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
+    mut req: Request,
 ) -> Response {
     let leader = {
         let lookup = f.leader.clone();
@@ -280,8 +280,17 @@ async fn forward(
     if let Some(host) = req.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok()) {
         out = out.header(FORWARDED_HOST, forwarded_host(&f.key, host));
     }
-    let body = req.into_body().into_data_stream().map_err(std::io::Error::other);
-    let answer = match out.body(reqwest::Body::wrap_stream(body)).send().await {
+    // An upgrade (`task exec`) is asked for again, and the two connections joined once the
+    // leader has switched.
+    let upgrade = req.headers().get(axum::http::header::UPGRADE).cloned();
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    if let Some(protocol) = &upgrade {
+        out = out.header("connection", "upgrade").header("upgrade", protocol);
+    } else {
+        let body = req.into_body().into_data_stream().map_err(std::io::Error::other);
+        out = out.body(reqwest::Body::wrap_stream(body));
+    }
+    let answer = match out.send().await {
         Ok(a) => a,
         Err(e) => {
             // Expected while the leader changes; the client is told to retry.
@@ -292,6 +301,11 @@ async fn forward(
             );
         }
     };
+    if let (Some(client), Some(protocol), StatusCode::SWITCHING_PROTOCOLS) =
+        (client_upgrade, upgrade, answer.status())
+    {
+        return join_upgrades(client, protocol, answer).await;
+    }
     let mut resp = Response::builder().status(answer.status().as_u16());
     for (name, value) in answer.headers() {
         if !HOP_BY_HOP.contains(&name.as_str()) {
@@ -304,6 +318,32 @@ async fn forward(
     }
     let stream = answer.bytes_stream().map_err(std::io::Error::other);
     resp.body(Body::from_stream(stream)).unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// Answers the client `101` and joins its connection to the leader's, both ways, until either
+/// ends.
+async fn join_upgrades(
+    client: hyper::upgrade::OnUpgrade,
+    protocol: HeaderValue,
+    answer: reqwest::Response,
+) -> Response {
+    let leader = match answer.upgrade().await {
+        Ok(io) => io,
+        Err(e) => return unavailable("LeaderUnavailable", &format!("the leader's upgrade failed: {e}")),
+    };
+    tokio::spawn(async move {
+        if let Ok(client) = client.await {
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut leader = leader;
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut leader).await;
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(axum::http::header::CONNECTION, "upgrade")
+        .header(axum::http::header::UPGRADE, protocol)
+        .body(Body::empty())
+        .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
 }
 
 fn unavailable(code: &str, message: &str) -> Response {

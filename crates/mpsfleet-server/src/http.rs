@@ -692,7 +692,9 @@ async fn http_connection<I>(
         // keep-alive connection after the header timeout instead of the idle timeout.
         .header_read_timeout(None)
         .keep_alive(true)
-        .serve_connection(io, service);
+        .serve_connection(io, service)
+        // `task exec` takes its connection over (`api/exec.rs`).
+        .with_upgrades();
     tokio::pin!(conn);
     let idle_ms = u64::try_from(limits.idle_timeout.as_millis()).unwrap_or(u64::MAX);
     let header_ms = u64::try_from(limits.header_read_timeout.as_millis()).unwrap_or(u64::MAX);

@@ -237,6 +237,8 @@ pub struct ServeOptions {
     pub ha: Option<Arc<HaRole>>,
     /// How the ECS-compatible API (`POST /`) names this cluster.
     pub ecs: ecs::EcsOptions,
+    /// `task exec`'s limits.
+    pub exec: api::ExecLimits,
     /// Where service discovery is answered over DNS (`dns/`), if anywhere.
     pub dns: Option<dns::DnsOptions>,
 }
@@ -324,6 +326,7 @@ pub async fn serve(
     state.tls = options.tls.clone();
     state.admin_token_file = options.admin_token_file.clone();
     state.ha = options.ha.clone();
+    state.exec = Arc::new(api::ExecSessions::new(options.exec));
     let stopping = state.stopping.clone();
     // Aborted when `serve` returns, whatever ends it: the DNS port is free again at once.
     let _dns = dns.map(|(bound, pools)| AbortOnDrop(tokio::spawn(dns::serve(bound, state.clone(), pools))));

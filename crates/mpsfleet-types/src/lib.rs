@@ -8,6 +8,7 @@ pub mod check_key;
 pub mod discovery;
 pub mod drill;
 pub mod event;
+pub mod exec;
 pub mod history;
 pub mod host;
 pub mod ids;

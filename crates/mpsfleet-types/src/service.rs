@@ -75,6 +75,10 @@ pub struct Service {
     /// preempted within `PREEMPTION_BACKOFF_MS` of their placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_at_ms: Option<u64>,
+    /// Whether `task exec` may run commands in its tasks (ECS's `enableExecuteCommand`); a
+    /// change applies to the tasks it starts from then on, as in ECS.
+    #[serde(default = "crate::task::exec_default")]
+    pub enable_execute_command: bool,
 }
 
 /// Deployments a service record keeps (the older INACTIVE ones are dropped).
@@ -360,6 +364,9 @@ pub struct CreateService {
     /// 1 to 100 (default: the task definition's `mpsfleet:priority` tag, else 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u32>,
+    /// `Service::enable_execute_command` (true when not given here, false through the ECS API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_execute_command: Option<bool>,
 }
 
 /// Body of `PATCH /v1/services/{name}`.
@@ -390,6 +397,9 @@ pub struct UpdateService {
     /// shows them (replacing those given; see `Service::kept_fields`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub kept_fields: std::collections::BTreeMap<String, serde_json::Value>,
+    /// `Service::enable_execute_command`, for the tasks it starts from now on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_execute_command: Option<bool>,
 }
 
 /// Where one running replica of a service can be reached: `mpsfleet service endpoints NAME`.

@@ -185,6 +185,16 @@ pub struct Task {
     /// failure): under the pool's `recovery` preemption, only such a task preempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_from: Option<HostId>,
+    /// Whether `task exec` may run commands in it (ECS's `enableExecuteCommand`): the REST API
+    /// and the CLI start tasks with it on unless told otherwise, the ECS API with it off.
+    #[serde(default = "crate::task::exec_default")]
+    pub enable_execute_command: bool,
+}
+
+/// `Task::enable_execute_command` of a task stored before the field existed, and of a task
+/// the REST API runs without saying.
+pub fn exec_default() -> bool {
+    true
 }
 
 /// A task leaving traffic before it is stopped (`Task::draining`).
@@ -350,6 +360,7 @@ impl Task {
             draining: None,
             priority: crate::priority::DEFAULT_PRIORITY,
             recovery_from: None,
+            enable_execute_command: true,
         }
     }
 
@@ -400,6 +411,10 @@ pub struct RunTask {
     /// 1 to 100 (default: the task definition's `mpsfleet:priority` tag, else 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u32>,
+    /// Whether `task exec` may run commands in its tasks (ECS's `enableExecuteCommand`; true
+    /// when not given here, false through the ECS API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_execute_command: Option<bool>,
 }
 
 /// Body of `POST /v1/tasks/{id}/stop`.

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 mod access;
 pub mod complete;
 mod drill;
+pub mod exec;
 mod incident;
 mod logs;
 mod pool;
@@ -115,6 +116,10 @@ pub enum TaskCommand {
         /// the run, else of the task definition, else 50].
         #[arg(long, value_name = "N")]
         priority: Option<u32>,
+        /// Whether `task exec` may run commands in its tasks (ECS's enableExecuteCommand):
+        /// `--enable-execute-command=false` turns it off [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        enable_execute_command: Option<bool>,
         #[command(flatten)]
         wait: crate::wait::WaitFlags,
     },
@@ -163,6 +168,27 @@ pub enum TaskCommand {
         /// End the task's protection now.
         #[arg(long, conflicts_with = "minutes")]
         off: bool,
+    },
+    /// Run a command inside a running task's container, as kubectl exec and docker exec do:
+    /// in its Docker container, or for a process task as its uid with its environment and
+    /// working directory (its MPS variables included). Exits with the command's exit code;
+    /// 255 when the session ends without one (the task stopped, the session was idle too long).
+    Exec {
+        /// The task's id.
+        #[arg(add = complete::tasks())]
+        id: String,
+        /// The container to run in [default: the task definition's first].
+        #[arg(long, short = 'c')]
+        container: Option<String>,
+        /// Pass this terminal's stdin to the command.
+        #[arg(long, short = 'i')]
+        interactive: bool,
+        /// Run the command on a terminal (with its size, which follows this one's).
+        #[arg(long, short = 't')]
+        tty: bool,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
     },
     /// Stop a task (its containers get SIGTERM, then SIGKILL after their stopTimeout).
     Stop {
@@ -393,6 +419,10 @@ pub enum ServiceCommand {
         /// task definition, else 50].
         #[arg(long, value_name = "N")]
         priority: Option<u32>,
+        /// Whether `task exec` may run commands in its tasks (ECS's enableExecuteCommand):
+        /// `--enable-execute-command=false` turns it off [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        enable_execute_command: Option<bool>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -422,6 +452,10 @@ pub enum ServiceCommand {
         /// Its priority, 1 to 100; its running tasks take the new one at once.
         #[arg(long, value_name = "N")]
         priority: Option<u32>,
+        /// Whether `task exec` may run commands in its tasks (ECS's enableExecuteCommand):
+        /// `--enable-execute-command=false` turns it off (for the tasks it starts from now on).
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        enable_execute_command: Option<bool>,
         #[command(flatten)]
         deployment: DeploymentFlags,
         /// Makes the call idempotent, as ECS's clientToken: sent again with the same token, it
@@ -1051,9 +1085,22 @@ fn run_request(
 
 async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
     match cmd {
-        TaskCommand::Run { taskdef, count, pool, client_token, tags, priority, wait } => {
+        TaskCommand::Run {
+            taskdef,
+            count,
+            pool,
+            client_token,
+            tags,
+            priority,
+            enable_execute_command,
+            wait,
+        } => {
             let pool = resolve_pool(c, pool).await?;
-            let r = c.run_task(&run_request(taskdef, count, pool, client_token, &tags, priority)).await?;
+            let req = RunTask {
+                enable_execute_command,
+                ..run_request(taskdef, count, pool, client_token, &tags, priority)
+            };
+            let r = c.run_task(&req).await?;
             match f {
                 Format::Json | Format::Yaml | Format::Name | Format::Jsonpath | Format::CustomColumns => {
                     output::print(f, &r, &[], vec![])
@@ -1119,6 +1166,17 @@ async fn task(c: &Client, f: Format, cmd: TaskCommand) -> Result<()> {
             print!("{}", crate::describe::task(&t, def.as_ref(), &gpu_use, &events, trouble));
         }
         TaskCommand::Logs { id, opts } => logs::task_logs(c, f, &id, &opts).await?,
+        TaskCommand::Exec { id, container, interactive, tty, command } => {
+            let spec = mpsfleet_types::exec::ExecSpec {
+                container,
+                command,
+                interactive,
+                tty,
+                cols: None,
+                rows: None,
+            };
+            return Err(exec::run(c, &id, spec).await);
+        }
         TaskCommand::Protect { id, minutes, off } => {
             let req = ProtectTask { protection_enabled: !off, expires_in_minutes: (!off).then_some(minutes) };
             let t = c.protect_task(&id, &req).await?;
@@ -1443,6 +1501,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             resumption,
             deregistration_delay,
             priority,
+            enable_execute_command,
             deployment,
             client_token,
             wait,
@@ -1466,6 +1525,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                     DeploymentConfiguration::default()
                 }),
                 deregistration_delay_seconds: deregistration_delay,
+                enable_execute_command,
                 client_token,
                 priority,
                 ..Default::default()
@@ -1483,6 +1543,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
             desired,
             deregistration_delay,
             priority,
+            enable_execute_command,
             deployment,
             client_token,
             wait,
@@ -1498,6 +1559,7 @@ async fn service(c: &Client, f: Format, cmd: ServiceCommand) -> Result<()> {
                 desired_count: desired,
                 deployment_configuration,
                 deregistration_delay_seconds: deregistration_delay,
+                enable_execute_command,
                 client_token,
                 priority,
                 ..Default::default()

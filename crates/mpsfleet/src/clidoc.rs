@@ -17,6 +17,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("task list", "mpsfleet task list --service web --all -o wide"),
     ("task describe", "mpsfleet task describe t-00000000000000a1"),
     ("task protect", "mpsfleet task protect t-00000000000000a1 --minutes 60"),
+    ("task exec", "mpsfleet task exec t-00000000000000a1 -- sh -c 'id -u; ls /'"),
     ("task stop", "mpsfleet task stop t-00000000000000a1 --reason retrain --wait"),
     ("task logs", "mpsfleet task logs t-00000000000000a1 --tail 50 --follow"),
     ("host list", "mpsfleet host list --pool default --all"),

@@ -184,10 +184,18 @@ fn hoist_global_flags(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> 
 
 fn main() -> std::process::ExitCode {
     // `mpsfleet shim …` runs one task container under the agent; not a user command.
+    // `mpsfleet exec-tty …` starts a `task exec` command on its terminal; not one either.
     let mut args = std::env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == "shim") {
-        let code = mpsfleet_agent::runtime::shim_main_from_args(args);
-        return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+    match args.next() {
+        Some(a) if a == "shim" => {
+            let code = mpsfleet_agent::runtime::shim_main_from_args(args);
+            return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        Some(a) if a == "exec-tty" => {
+            let code = mpsfleet_agent::exec::tty_main(args);
+            return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        _ => {}
     }
     // A shell asking for completions (`COMPLETE=bash mpsfleet -- WORDS…`, or
     // MPSFLEET_COMPLETE) is answered here, and the process ends.
@@ -233,6 +241,10 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `task exec` ends with its command's code.
+        Err(e) if e.downcast_ref::<cli::exec::ExitWith>().is_some() => {
+            std::process::ExitCode::from(e.downcast_ref::<cli::exec::ExitWith>().map_or(1, |x| x.0))
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<wait::TimedOut>().is_some() {

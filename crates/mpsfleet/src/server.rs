@@ -122,6 +122,17 @@ pub struct ServerArgs {
     #[arg(long, env = "MPSFLEET_EVENTS_HISTORY", value_name = "N",
           default_value_t = mpsfleet_server::events::history::HISTORY_EVENTS)]
     events_history: usize,
+    /// Close a `task exec` session after this many seconds without input or output (1 to
+    /// 86400; AWS Session Manager's default).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1200,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    exec_idle_timeout: u64,
+    /// The most `task exec` sessions open on one task at once.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    exec_sessions_per_task: u64,
+    /// The most `task exec` sessions one token (or the admin) has open at once.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
+    exec_sessions_per_token: u64,
     /// Answer service discovery over DNS (UDP and TCP) on HOST:PORT: SRV records
     /// `_<port>._tcp.<service>.<pool>.mpsfleet.` a load balancer reads (docs/traffic.md). DNS
     /// carries no credentials: whoever reaches it reads the replicas' addresses.
@@ -361,6 +372,11 @@ pub(crate) async fn lead(
         webhook_secret,
         webhook_ca,
         events_history: Some(args.events_history),
+        exec: mpsfleet_server::api::ExecLimits {
+            per_task: args.exec_sessions_per_task as usize,
+            per_token: args.exec_sessions_per_token as usize,
+            idle: std::time::Duration::from_secs(args.exec_idle_timeout),
+        },
         http,
         rate_limits,
         tls,

@@ -67,6 +67,7 @@ const ROUTES: &[(&str, &str, Open)] = &[
     ("POST", "/v1/tasks/{id}/stop", Open::Role(Role::Operator)),
     ("POST", "/v1/tasks/{id}/protection", Open::Role(Role::Operator)),
     ("GET", "/v1/tasks/{id}/logs", Open::Role(Role::Viewer)),
+    ("POST", "/v1/tasks/{id}/exec", Open::Role(Role::Operator)),
     ("GET", "/v1/tasks/{id}/events", Open::Role(Role::Viewer)),
     ("POST", "/v1/services", Open::Role(Role::Operator)),
     ("GET", "/v1/services", Open::Role(Role::Viewer)),

@@ -357,6 +357,13 @@ fn the_readme_session_and_the_cli_examples_run_as_written() {
                 assert!(row.contains("loopback"), "{out}");
             }
         }
+        if line.starts_with("mpsfleet task exec") {
+            // Run inside the replica: its own id, and the page its entrypoint wrote there.
+            let id = web_task.clone().unwrap_or_default();
+            let mut lines = out.lines();
+            assert_eq!(lines.next(), Some(id.as_str()), "{out}");
+            assert!(out.contains(&format!("hello from {id}")), "{out}");
+        }
         if line.starts_with("mpsfleet task logs") {
             assert!(out.contains("demo: serving /www on port 8080"), "the demo's first line: {out}");
         }

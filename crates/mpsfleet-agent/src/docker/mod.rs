@@ -12,6 +12,7 @@
 //! ([`DockerRuntime::adopt`]) or by label ([`DockerRuntime::list_ours`]).
 
 pub mod awsvpc;
+mod exec;
 mod follow;
 mod images;
 pub mod logdriver;

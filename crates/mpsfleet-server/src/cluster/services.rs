@@ -71,6 +71,7 @@ impl Cluster {
             kept_fields: req.kept_fields,
             priority,
             preempted_at_ms: None,
+            enable_execute_command: req.enable_execute_command.unwrap_or(true),
         };
         if !svc.kept_fields.is_empty() {
             let fields: Vec<&str> = svc.kept_fields.keys().map(String::as_str).collect();
@@ -150,6 +151,9 @@ impl Cluster {
             }
         }
         svc.kept_fields.extend(req.kept_fields);
+        if let Some(on) = req.enable_execute_command {
+            svc.enable_execute_command = on;
+        }
         if let Some(p) = req.priority {
             svc.priority = mpsfleet_types::priority::check_priority("priority", p)
                 .map_err(|m| Error::invalid("priority", m))?;

@@ -84,6 +84,7 @@ impl Cluster {
             deployment: None,
             priority,
             recovery_from: None,
+            enable_execute_command: req.enable_execute_command.unwrap_or(true),
         };
         let tasks = self.writing(|w| w.start_tasks(spec, req.count))?;
         let placed = tasks.iter().filter(|t| t.host_id.is_some()).count() as u32;
@@ -117,6 +118,7 @@ impl Cluster {
         let mut task = Task::new(self.writer().next_task_id(), reference, pool, None, started_by, self.now());
         task.labels = labels;
         task.priority = priority;
+        task.enable_execute_command = req.enable_execute_command.unwrap_or(true);
         self.writing(|w| w.start_one_on(task, ix))
     }
 

@@ -30,6 +30,8 @@ pub(in crate::cluster) struct NewTasks {
     pub(in crate::cluster) priority: u8,
     /// The host whose failure they replace replicas lost on (`Task::recovery_from`).
     pub(in crate::cluster) recovery_from: Option<mpsfleet_types::HostId>,
+    /// Whether `task exec` may run commands in them (`Task::enable_execute_command`).
+    pub(in crate::cluster) enable_execute_command: bool,
 }
 
 /// Tasks created and placed in memory, not yet committed.
@@ -108,6 +110,7 @@ impl Writer<'_> {
             task.deployment = spec.deployment.clone();
             task.priority = spec.priority;
             task.recovery_from = spec.recovery_from.clone();
+            task.enable_execute_command = spec.enable_execute_command;
             let req = match same {
                 // The same request but for its tenant: each task is its own to preemption.
                 Some(r) => Request { tenant: Some(place::tenant_of(self.state, &task, now)), ..r },

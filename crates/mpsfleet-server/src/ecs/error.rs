@@ -53,6 +53,15 @@ impl EcsError {
         )
     }
 
+    /// ECS Exec needs AWS Session Manager, which does not exist here: the way in is named.
+    pub fn execute_command() -> Self {
+        Self::new(
+            "UnsupportedFeatureException",
+            "ExecuteCommand needs AWS Session Manager, which mpsfleet does not run: use `mpsfleet task exec \
+             TASK [-c CONTAINER] [-i] [-t] -- COMMAND` (a task must be started with enableExecuteCommand true)",
+        )
+    }
+
     /// A request field mpsfleet does not act on, refused rather than dropped.
     pub fn unsupported_field(field: &str) -> Self {
         Self::new(

@@ -359,6 +359,7 @@ async fn dispatch(call: &Call, op: &str, body: Value) -> Result<String, EcsError
         "PutClusterCapacityProviders" => capacity::put_cluster(call, request(body)?).await,
         "UpdateTaskProtection" => protection::update(call, request(body)?).await,
         "GetTaskProtection" => protection::get(call, request(body)?).await,
+        "ExecuteCommand" => Err(EcsError::execute_command()),
         other => Err(EcsError::unsupported(other)),
     };
     answer.map(|v| v.to_string())

@@ -61,6 +61,9 @@ pub(super) struct Create {
     tags: Vec<Tag>,
     launch_type: Option<String>,
     scheduling_strategy: Option<String>,
+    /// ECS's default: off (`task exec` refused in its tasks).
+    #[serde(default)]
+    enable_execute_command: bool,
     /// ECS's fields kept as given, not acted on ([`KEPT`]).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -149,6 +152,7 @@ pub(super) async fn create(call: &Call, r: Create) -> Result<Value, EcsError> {
             client_token: r.client_token,
             tags: r.tags,
             kept_fields,
+            enable_execute_command: Some(r.enable_execute_command),
             ..Default::default()
         };
         let v = c.create_service_as(req, &actor)?;
@@ -191,6 +195,7 @@ pub(super) struct Update {
     deployment_configuration: Option<DeploymentConfig>,
     #[serde(default)]
     force_new_deployment: bool,
+    enable_execute_command: Option<bool>,
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
 }
@@ -228,6 +233,7 @@ pub(super) async fn update(call: &Call, u: Update) -> Result<Value, EcsError> {
                     .map(|d| d.over(current.service.deployment_configuration)),
                 force_new_deployment: u.force_new_deployment,
                 kept_fields: kept(&u.rest),
+                enable_execute_command: u.enable_execute_command,
                 ..Default::default()
             };
             let v = c.update_service_as(&name, req, &actor)?;

@@ -345,7 +345,7 @@ pub fn task<'a>(
             .and_then(|h| if h.connected { t.placed_at_ms } else { h.last_heartbeat_ms })
             .map(secs),
         // No command runs inside a task from the API yet.
-        enable_execute_command: false,
+        enable_execute_command: t.enable_execute_command,
         version: 1,
         tags: with_tags.then_some(t.tags()),
     }
@@ -440,7 +440,7 @@ pub fn service(a: &Arns, s: &ServiceView, deployments: &[DeploymentView], with_t
         "deploymentController": {"type": "ECS"},
         "propagateTags": "NONE",
         "enableECSManagedTags": false,
-        "enableExecuteCommand": false,
+        "enableExecuteCommand": svc.enable_execute_command,
     });
     for (k, kept) in &svc.kept_fields {
         v[k.as_str()] = kept.clone();

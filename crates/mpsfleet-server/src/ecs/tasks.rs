@@ -31,6 +31,9 @@ pub(super) struct Run {
     launch_type: Option<String>,
     #[serde(default)]
     capacity_provider_strategy: Vec<Value>,
+    /// ECS's default: off (`task exec` refused).
+    #[serde(default)]
+    enable_execute_command: bool,
 }
 
 /// ECS's failure reason for a task that does not fit: what it lacks.
@@ -77,6 +80,7 @@ fn run_request(call: &Call, r: &Run, count: u32, pool: String) -> Result<RunTask
         tags: r.tags.clone(),
         // From the `mpsfleet:priority` tag of the run or its task definition.
         priority: None,
+        enable_execute_command: Some(r.enable_execute_command),
     })
 }
 

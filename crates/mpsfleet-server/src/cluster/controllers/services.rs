@@ -593,6 +593,7 @@ pub(in crate::cluster) fn tasks_of(svc: &Service) -> NewTasks {
         deployment: svc.deployments.first().map(|d| d.id.clone()),
         priority: svc.priority,
         recovery_from: None,
+        enable_execute_command: svc.enable_execute_command,
     }
 }
 
