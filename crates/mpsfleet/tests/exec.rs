@@ -177,6 +177,15 @@ async fn exec_runs_beside_a_process_task_as_it_runs_and_is_audited() {
     let operator = admin.create_token(&token_req(Role::Operator, false)).await.unwrap();
     let ran = cli(&server, &operator.token, &["task", "exec", &id, "--", "sh", "-c", "exit 7"], b"");
     assert_eq!(ran.code, 7, "{}", ran.stderr);
+    // An operator of another pool does not reach (or see) this one's tasks.
+    create_pool(&admin, "other").await;
+    let elsewhere = admin
+        .create_token(&CreateToken { pool: Some("other".into()), ..token_req(Role::Operator, false) })
+        .await
+        .unwrap()
+        .token;
+    let ran = cli(&server, &elsewhere, &["task", "exec", &id, "--", "true"], b"");
+    assert!(ran.code == 1 && ran.stderr.contains("not found"), "{}", ran.stderr);
 
     // The operator's session is audited: who, the task, the command line, its start and end.
     let audit = admin.audit(100).await.unwrap();

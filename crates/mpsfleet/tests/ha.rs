@@ -137,6 +137,26 @@ async fn the_leader_is_killed_and_another_server_takes_over_without_stopping_a_t
     task_reaching(&admin, &task, TaskStatus::Running, Duration::from_secs(30), |_| true, || agent.log())
         .await;
 
+    // `task exec` through the follower: it passes the upgrade on to the leader, and the
+    // command runs with the task's MPS variables, as its process has them.
+    let shown = admin.describe_task(&task.to_string()).await.expect("describe");
+    let pid =
+        shown.containers[0].runtime_id.as_deref().and_then(|r| r.strip_prefix("pid ")).expect("its pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the task's environment");
+    let pipe = String::from_utf8_lossy(&environ)
+        .split('\0')
+        .find_map(|kv| kv.strip_prefix("CUDA_MPS_PIPE_DIRECTORY=").map(str::to_string))
+        .expect("an MPS task has its daemon's pipe directory");
+    let out = Command::new(env!("CARGO_BIN_EXE_mpsfleet"))
+        .args(["task", "exec", &task.to_string(), "--", "sh", "-c", "echo $CUDA_MPS_PIPE_DIRECTORY; exit 5"])
+        .env("MPSFLEET_SERVER", &via_follower.url)
+        .env("MPSFLEET_TOKEN", via_follower.admin_token())
+        .env("MPSFLEET_CA_FILE", via_follower.ca_file())
+        .output()
+        .expect("task exec");
+    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{pipe}\n"));
+
     // The leader dies. Another takes over: it says so, and the client finds it.
     first.kill9();
     let new = eventually(Duration::from_secs(15), "another server to lead", || {

@@ -336,3 +336,22 @@ pub fn tty_main(args: impl Iterator<Item = OsString>) -> i32 {
     eprint!("{message}");
     code
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_is_found_in_the_tasks_path_past_a_directory_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (empty, full) = (dir.path().join("empty"), dir.path().join("full"));
+        std::fs::create_dir_all(&empty).unwrap();
+        std::fs::create_dir_all(&full).unwrap();
+        std::fs::write(full.join("tool"), "").unwrap();
+        let path = format!("{}:{}", empty.display(), full.display());
+        let env = vec![("PATH".into(), path.into())];
+        assert_eq!(find_program("tool", &env), Some(full.join("tool")));
+        assert_eq!(find_program("missing", &env), None);
+        assert_eq!(find_program("./here", &env), Some(PathBuf::from("./here")));
+    }
+}

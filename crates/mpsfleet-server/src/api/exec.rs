@@ -381,3 +381,28 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seats_are_bounded_per_task_and_per_caller_and_given_back() {
+        let s =
+            Arc::new(ExecSessions::new(ExecLimits { per_task: 2, per_token: 3, idle: DEFAULT_EXEC_IDLE }));
+        let (t1, t2) = (TaskId(1), TaskId(2));
+        let a = s.admit(&t1, "token:a").unwrap();
+        let _b = s.admit(&t1, "token:b").unwrap();
+        let full = s.admit(&t1, "token:c").err().unwrap().to_string();
+        assert!(full.contains("--exec-sessions-per-task"), "{full}");
+        drop(a);
+        let _a = s.admit(&t1, "token:a").unwrap();
+        let _c = s.admit(&t2, "token:a").unwrap();
+        let _d = s.admit(&t2, "token:a").unwrap();
+        let mine = s.admit(&TaskId(3), "token:a").err().unwrap().to_string();
+        assert!(mine.contains("--exec-sessions-per-token"), "{mine}");
+        drop((_a, _b, _c, _d));
+        let open = s.open.lock().unwrap();
+        assert!(open.0.is_empty() && open.1.is_empty(), "every seat given back");
+    }
+}
