@@ -125,8 +125,10 @@ impl DockerRuntime {
         });
         let kill = Box::new(move || {
             handle.spawn(async move {
-                // Engine has no way to stop an exec: its process is killed by pid.
-                if let Ok(pid) = docker.inspect_exec(&exec_id).await.map(|i| i.pid.unwrap_or(0)) {
+                // Engine has no way to stop an exec: its process is killed by pid, while Engine
+                // says it still runs (an ended exec's pid may be another process's by now).
+                let running = docker.inspect_exec(&exec_id).await.ok().filter(|i| i.running == Some(true));
+                if let Some(pid) = running.and_then(|i| i.pid) {
                     if let Ok(pid) = i32::try_from(pid) {
                         if pid > 1 {
                             let _ = nix::sys::signal::kill(

@@ -70,7 +70,10 @@ async fn session(c: &Client, id: &str, mut spec: ExecSpec) -> anyhow::Result<u8>
     let stream = c.exec(id, &spec).await?;
     let (mut rd, wr) = tokio::io::split(stream);
     let wr = Arc::new(Mutex::new(wr));
-    let raw = if spec.tty && std::io::stdin().is_terminal() { Some(RawMode::enter()?) } else { None };
+    // Raw only when keys go to the command (`-it`), as docker does: with `-t` alone, Ctrl-C
+    // still ends the CLI.
+    let keys = spec.tty && spec.interactive && std::io::stdin().is_terminal();
+    let raw = if keys { Some(RawMode::enter()?) } else { None };
     if spec.interactive {
         forward_stdin(wr.clone());
     }
