@@ -14,6 +14,9 @@ pub type ExecStream = reqwest::Upgraded;
 /// server closes it when idle or when its task stops long before.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How long the server has to open a session (it gives the agent 10 s of it).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl Client {
     /// Opens a `task exec` session on task `id` (`POST /v1/tasks/{id}/exec`, upgraded): the
     /// connection then carries frames both ways until the server sends `Exit` or `Ended`.
@@ -26,7 +29,14 @@ impl Client {
             let at = (start + attempt) % self.bases.len();
             let url = format!("{}{}", self.bases[at], path);
             let req = http.post(&url).bearer_auth(self.token.as_deref().unwrap_or_default());
-            match open_upgrade(req, spec).await {
+            let opened = match tokio::time::timeout(OPEN_TIMEOUT, open_upgrade(req, spec)).await {
+                Ok(opened) => opened,
+                Err(_) => {
+                    let message = format!("no answer within {} s", OPEN_TIMEOUT.as_secs());
+                    return Err(ClientError::Transport { url, message });
+                }
+            };
+            match opened {
                 Ok(s) => {
                     self.current.store(at, std::sync::atomic::Ordering::Relaxed);
                     return Ok(s);

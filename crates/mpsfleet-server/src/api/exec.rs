@@ -204,9 +204,16 @@ pub(super) async fn task_exec(
     let http = agent_http(&st.http, st.tls.is_some(), &plan.agent)
         .map_err(|e| ApiError::from(Error::Unavailable(format!("cannot reach the task's agent: {e}"))));
     let agent_io = match http {
-        Ok(http) => open_upgrade(http.post(&agent_url).bearer_auth(&plan.agent.token), &spec)
-            .await
-            .map_err(|e| agent_refused(&task_id, e)),
+        Ok(http) => {
+            let asked = open_upgrade(http.post(&agent_url).bearer_auth(&plan.agent.token), &spec);
+            match tokio::time::timeout(AGENT_ANSWER, asked).await {
+                Ok(answer) => answer.map_err(|e| agent_refused(&task_id, e)),
+                Err(_) => Err(ApiError::from(Error::Unavailable(format!(
+                    "the agent of task {task_id} did not answer within {} s",
+                    AGENT_ANSWER.as_secs()
+                )))),
+            }
+        }
         Err(e) => Err(e),
     };
     let agent_io = match agent_io {
@@ -264,6 +271,9 @@ async fn finish(st: &AppState, audit: Option<AuditContext>, result: String) {
     })
     .await;
 }
+
+/// How long the agent has to start the command and switch protocols.
+const AGENT_ANSWER: Duration = Duration::from_secs(10);
 
 /// How often an open session looks at its task and its idle time.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
