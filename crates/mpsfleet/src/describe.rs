@@ -113,6 +113,7 @@ pub fn task(
         ("GPUs", gpus(t)),
         ("GPU demand", demand),
         ("Started by", t.started_by.clone()),
+        ("Exec", exec_in_words(t.enable_execute_command)),
         ("Created", utc_time(t.created_at_ms)),
         ("Started", t.started_at_ms.map_or("-".into(), utc_time)),
     ];
@@ -356,6 +357,7 @@ pub fn service(
             },
         ),
         ("Priority", service_priority(s)),
+        ("Exec", exec_in_words(s.enable_execute_command)),
         ("Resumption", s.resumption.as_str().to_string()),
         (
             "Deployment",
@@ -626,6 +628,15 @@ pub(crate) fn task_policy_cell(p: &mpsfleet_types::TaskPolicy) -> String {
     }
 }
 
+/// Whether `task exec` may run commands in a task (its `enableExecuteCommand`).
+fn exec_in_words(on: bool) -> String {
+    if on {
+        "allowed (enableExecuteCommand)".into()
+    } else {
+        "refused: started with enableExecuteCommand false".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::duration;
@@ -742,6 +753,14 @@ mod tests {
         let out = super::task(&t, None, &[], &Default::default(), None);
         assert!(out.lines().any(|l| l.starts_with("Priority") && l.ends_with(" 20")), "{out}");
         assert!(out.lines().any(|l| l.starts_with("Stop code") && l.ends_with("Preempted")), "{out}");
+        // A task stored before enableExecuteCommand existed reads as the REST default.
+        assert!(
+            out.lines().any(|l| l.starts_with("Exec") && l.ends_with("allowed (enableExecuteCommand)")),
+            "{out}"
+        );
+        let off = mpsfleet_types::Task { enable_execute_command: false, ..t.clone() };
+        let out = super::task(&off, None, &[], &Default::default(), None);
+        assert!(out.lines().any(|l| l.starts_with("Exec") && l.contains("refused")), "{out}");
         let mut s: mpsfleet_types::Service = serde_json::from_value(serde_json::json!({
             "name": "api", "pool": "p", "taskDefinition": "web:1", "desiredCount": 1,
             "status": "ACTIVE", "createdAtMs": 1, "updatedAtMs": 1,
