@@ -15,7 +15,7 @@
 mod process;
 
 use crate::docker::DockerRuntime;
-use crate::logs::{first_container, token_matches};
+use crate::logs::{first_container, from_server};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -92,9 +92,7 @@ async fn exec(
     Query(q): Query<ExecQuery>,
     mut req: Request,
 ) -> Response {
-    let presented =
-        headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if !token_matches(&st.token_sha256, presented) {
+    if !from_server(&st.token_sha256, &headers) {
         return plain(StatusCode::UNAUTHORIZED, "only the server may run commands here".into());
     }
     let Ok(id) = TaskId::parse(&task) else {
@@ -165,7 +163,7 @@ where
     let (mut rd, mut wr) = tokio::io::split(io);
     // Client frames go to the command on a task of their own, so that a command not reading
     // its stdin never stops its output from flowing.
-    let reader = tokio::spawn(async move {
+    let mut reader = tokio::spawn(async move {
         loop {
             let sent = match read_frame(&mut rd).await {
                 Ok(Some(Frame::Stdin(b))) => input.send(Input::Stdin(b)).await,
@@ -182,7 +180,6 @@ where
         }
     });
     let mut finished = false;
-    let mut reader = reader;
     loop {
         tokio::select! {
             f = output.recv() => {

@@ -90,6 +90,14 @@ pub fn token_matches(digest: &str, presented: Option<&str>) -> bool {
     got.bytes().zip(digest.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
+/// Whether a request to the agent's endpoint carries the server's token (`Authorization:
+/// Bearer`), whose digest is `digest`.
+pub fn from_server(digest: &str, headers: &HeaderMap) -> bool {
+    let presented =
+        headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    token_matches(digest, presented)
+}
+
 /// The most read of a task's record.json for its first container's name.
 const RECORD_READ_MAX: u64 = 4 << 20;
 
@@ -144,9 +152,7 @@ async fn task_logs(
     Path(task): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Response {
-    let presented =
-        headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if !token_matches(&st.token_sha256, presented) {
+    if !from_server(&st.token_sha256, &headers) {
         return plain(StatusCode::UNAUTHORIZED, "only the server may read logs here".into());
     }
     let Ok(id) = TaskId::parse(&task) else {

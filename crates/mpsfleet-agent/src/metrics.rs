@@ -310,9 +310,7 @@ pub fn router(sources: Arc<Sources>, token_sha256: String) -> axum::Router {
 }
 
 async fn metrics(State(st): State<Arc<MetricsState>>, headers: HeaderMap) -> Response {
-    let presented =
-        headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if !crate::logs::token_matches(&st.token_sha256, presented) {
+    if !crate::logs::from_server(&st.token_sha256, &headers) {
         return (StatusCode::UNAUTHORIZED, "only the server may read metrics here").into_response();
     }
     // NVML and /proc are blocking calls.

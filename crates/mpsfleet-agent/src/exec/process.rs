@@ -262,13 +262,10 @@ fn tty(mut cmd: Command, spec: &ExecSpec) -> Result<Running, String> {
     grantpt(&master).map_err(|e| io(e.into()))?;
     unlockpt(&master).map_err(|e| io(e.into()))?;
     let name = ptsname(&master, Vec::new()).map_err(|e| io(e.into()))?;
-    let slave: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags_noctty()
-        .open(OsStr::from_bytes(name.as_bytes()))
-        .map_err(io)?
-        .into();
+    // O_NOCTTY: opening the terminal never makes it the agent's.
+    let mut open = std::fs::OpenOptions::new();
+    std::os::unix::fs::OpenOptionsExt::custom_flags(open.read(true).write(true), nix::libc::O_NOCTTY);
+    let slave: OwnedFd = open.open(OsStr::from_bytes(name.as_bytes())).map_err(io)?.into();
     if let (Some(cols), Some(rows)) = (spec.cols, spec.rows) {
         set_size(&master, cols, rows);
     }
@@ -292,17 +289,6 @@ fn tty(mut cmd: Command, spec: &ExecSpec) -> Result<Running, String> {
     feed(writer, rx, Some(master)).map_err(io)?;
     wait_then_exit(child, vec![reader], tx).map_err(io)?;
     Ok(Running { input, output, kill })
-}
-
-/// `OpenOptions` with `O_NOCTTY`: opening a terminal never makes it the agent's.
-trait NoCtty {
-    fn custom_flags_noctty(&mut self) -> &mut Self;
-}
-
-impl NoCtty for std::fs::OpenOptions {
-    fn custom_flags_noctty(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::custom_flags(self, nix::libc::O_NOCTTY)
-    }
 }
 
 /// `mpsfleet exec-tty --path PROGRAM -- COMMAND...`: becomes the leader of a new session whose

@@ -120,10 +120,15 @@ struct ExecPlan {
     pool: PoolName,
 }
 
+/// Whether a task may have sessions: RUNNING, and not told to stop (a draining replica is).
+fn takes_sessions(t: &Task) -> bool {
+    t.last_status == TaskStatus::Running && t.desired_status == TaskStatus::Running
+}
+
 /// Checks that `id` can take a session in `container` (its first when None).
 fn exec_plan(c: &Cluster, id: &str, container: Option<&str>) -> Result<ExecPlan, Error> {
     let task = c.read().task(id)?;
-    if task.last_status != TaskStatus::Running || task.desired_status != TaskStatus::Running {
+    if !takes_sessions(&task) {
         return Err(Error::Conflict(format!(
             "task {} is {} (desired {}): task exec needs a RUNNING task",
             task.id,
@@ -224,7 +229,7 @@ pub(super) async fn task_exec(
         }
     };
     let client_upgrade = hyper::upgrade::on(&mut req);
-    let session = Session { st: st.clone(), task: task_id, audit, seat };
+    let session = Session { st: st.clone(), task: task_id, audit, _seat: seat };
     tokio::spawn(async move {
         match client_upgrade.await {
             Ok(client) => session.run(hyper_util::rt::TokioIo::new(client), agent_io).await,
@@ -282,8 +287,8 @@ struct Session {
     st: AppState,
     task: TaskId,
     audit: Option<AuditContext>,
-    #[allow(dead_code)] // held for the session's life
-    seat: Seat,
+    /// Held for the session's life.
+    _seat: Seat,
 }
 
 /// Reads frames from `r` into a channel until it ends; the channel's end says so.
@@ -381,7 +386,7 @@ impl Session {
         let id = self.task.to_string();
         let task = self.st.read(move |c| c.read().task(&id)).await;
         match task {
-            Ok(t) if t.last_status == TaskStatus::Running && t.desired_status == TaskStatus::Running => None,
+            Ok(t) if takes_sessions(&t) => None,
             Ok(t) => Some(format!(
                 "task {} stopped{}",
                 t.id,

@@ -16,17 +16,7 @@ use mpsfleet_types::policy::RestartCopies;
 fn a_confirmed_daemon_failure_starts_restart_copies_elsewhere_and_repair_stops_the_extras() {
     for resumption in [ResumptionBoundary::Restart, ResumptionBoundary::Fenced] {
         let (mut w, _) = world(2);
-        w.c.create_service(CreateService {
-            name: "web".into(),
-            pool: "p".into(),
-            task_definition: "app:1".into(),
-            desired_count: 2,
-            resumption: Some(resumption),
-            ..Default::default()
-        })
-        .unwrap();
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
+        start_web(&mut w, Some(resumption));
         let first: Vec<Task> = of_web(&w.c);
         assert_eq!(first.len(), 2);
         let failed = first[0].host_id.clone().unwrap();
@@ -67,16 +57,7 @@ fn a_first_exit_starts_restart_copies_only_where_the_pool_says_so() {
     for policy in [RestartCopies::FirstExit, RestartCopies::Confirmed] {
         let (mut w, _) = world(2);
         w.c.update_pool("p", UpdatePool { restart_copies: Some(policy), ..Default::default() }).unwrap();
-        w.c.create_service(CreateService {
-            name: "web".into(),
-            pool: "p".into(),
-            task_definition: "app:1".into(),
-            desired_count: 2,
-            ..Default::default()
-        })
-        .unwrap();
-        w.c.run_work();
-        agents(&mut w, |_| false, &mut |_| {});
+        start_web(&mut w, None);
         let first: Vec<Task> = of_web(&w.c);
         let failed = first[0].host_id.clone().unwrap();
         let on_failed = first.iter().filter(|t| t.host_id.as_ref() == Some(&failed)).count();
@@ -106,6 +87,21 @@ fn a_first_exit_starts_restart_copies_only_where_the_pool_says_so() {
 
 /// The host's daemon answers again with no failure reported: the extras stop, the newest
 /// first, and `web` runs exactly its `first` replicas.
+/// Service "web" (2 replicas of app:1 in pool "p"), its replicas placed and RUNNING.
+fn start_web(w: &mut World, resumption: Option<ResumptionBoundary>) {
+    w.c.create_service(CreateService {
+        name: "web".into(),
+        pool: "p".into(),
+        task_definition: "app:1".into(),
+        desired_count: 2,
+        resumption,
+        ..Default::default()
+    })
+    .unwrap();
+    w.c.run_work();
+    agents(w, |_| false, &mut |_| {});
+}
+
 fn repaired_keeps_the_first(w: &mut World, failed: &HostId, first: &[Task], case: &str) {
     w.heartbeat(failed, HealthStatus::Ok);
     w.c.run_work();
@@ -143,16 +139,7 @@ fn an_incident_whose_replacement_stopped_resumes_once_its_service_is_at_count() 
     let td = r#"{"family": "app", "containerDefinitions": [{"name": "c", "command": ["sleep", "3600"],
         "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 1000}}}]}]}"#;
     w.c.register_taskdef(td.as_bytes()).unwrap();
-    w.c.create_service(CreateService {
-        name: "web".into(),
-        pool: "p".into(),
-        task_definition: "app:1".into(),
-        desired_count: 2,
-        ..Default::default()
-    })
-    .unwrap();
-    w.c.run_work();
-    agents(&mut w, |_| false, &mut |_| {});
+    start_web(&mut w, None);
     let bad = of_web(&w.c)[0].host_id.clone().unwrap();
     let heartbeats = |s: HealthStatus| -> Vec<(HostId, HealthStatus)> {
         hosts.iter().map(|h| (h.clone(), if *h == bad { s } else { HealthStatus::Ok })).collect()
