@@ -285,6 +285,34 @@ async fn exec_runs_beside_a_process_task_as_it_runs_and_is_audited() {
     )
     .await;
     assert_eq!(described["tasks"][0]["enableExecuteCommand"], false, "{described}");
+    // A service made through ECS starts its tasks with it off too, until UpdateService says so.
+    let (_, created) = ecs_call(
+        &http,
+        &server.url,
+        key_ref,
+        "CreateService",
+        serde_json::json!({"cluster": "gpu", "serviceName": "svc", "taskDefinition": "app", "desiredCount": 1}),
+    )
+    .await;
+    assert_eq!(created["service"]["enableExecuteCommand"], false, "{created}");
+    let svc_task = eventually(WAIT, "the service's task to run", || async {
+        let q = mpsfleet_client::TaskQuery { service: Some("svc".into()), live: true, ..Default::default() };
+        let tasks = admin.list_tasks(&q).await.ok()?;
+        tasks.into_iter().find(|t| t.last_status == TaskStatus::Running)
+    })
+    .await;
+    assert!(!svc_task.enable_execute_command);
+    let ran = cli(&server, &token, &["task", "exec", &svc_task.id.to_string(), "--", "true"], b"");
+    assert!(ran.code == 1 && ran.stderr.contains("enableExecuteCommand"), "{}", ran.stderr);
+    let (_, updated) = ecs_call(
+        &http,
+        &server.url,
+        key_ref,
+        "UpdateService",
+        serde_json::json!({"cluster": "gpu", "service": "svc", "enableExecuteCommand": true}),
+    )
+    .await;
+    assert_eq!(updated["service"]["enableExecuteCommand"], true, "{updated}");
     let (status, refused) = ecs_call(
         &http,
         &server.url,
